@@ -1,0 +1,1 @@
+//! mslc: compiler, planner and executor for `.msl` model descriptions.
