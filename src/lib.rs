@@ -1,1 +1,4 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
+
+pub mod diag;
+pub mod syntax;
