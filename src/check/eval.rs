@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::diag::{Code, Diagnostic, FileId, Sources};
+use crate::diag::{Code, Diagnostic, FileId};
 use crate::ops::{self, AttrValue, Attrs, DType, Op, TensorType};
 use crate::syntax::ast::{self, BinOp, Expr, ExprKind, Span, Stmt, UnOp};
 
@@ -99,8 +99,6 @@ pub struct ArgValue {
 pub struct Elaborator<'a> {
     /// All modules.
     pub modules: &'a Modules,
-    /// All sources (for names in messages).
-    pub sources: &'a Sources,
     /// Diagnostics found so far (deduplicated when taken).
     pub diags: Vec<Diagnostic>,
     /// The model under construction.
@@ -123,10 +121,9 @@ pub struct Elaborator<'a> {
 
 impl<'a> Elaborator<'a> {
     /// An elaborator filling `model`.
-    pub fn new(modules: &'a Modules, sources: &'a Sources, model: Model) -> Self {
+    pub fn new(modules: &'a Modules, model: Model) -> Self {
         Elaborator {
             modules,
-            sources,
             diags: Vec::new(),
             model,
             param_paths: HashMap::new(),

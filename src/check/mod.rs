@@ -106,7 +106,7 @@ pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
     for item in &root.ast.items {
         if let ast::Item::Model(m) = item {
             let (model, model_diags, model_used) =
-                model::elaborate_model(&modules, &sources, 0, m, &options.overrides);
+                model::elaborate_model(&modules, 0, m, &options.overrides);
             diags.extend(model_diags);
             used.extend(model_used);
             models.push(model);

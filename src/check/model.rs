@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::diag::{Code, Diagnostic, Sources};
+use crate::diag::{Code, Diagnostic};
 use crate::ops::{DType, TensorType};
 use crate::syntax::ast::{self, Dim, Span, Stmt};
 
@@ -237,7 +237,6 @@ fn show(v: &Value) -> String {
 /// Elaborates the model `item` of module `module`.
 pub fn elaborate_model(
     modules: &Modules,
-    sources: &Sources,
     module: usize,
     item: &ast::ModelItem,
     overrides: &Overrides,
@@ -257,7 +256,7 @@ pub fn elaborate_model(
         nodes: Vec::new(),
         outputs: Vec::new(),
     };
-    let mut elab = Elaborator::new(modules, sources, model);
+    let mut elab = Elaborator::new(modules, model);
     elab.overrides = overrides.clone();
     let mut frame = Frame {
         module,
