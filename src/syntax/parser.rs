@@ -81,6 +81,10 @@ fn syntax_diagnostic(file: FileId, text: &str, error: pest::error::Error<Rule>) 
             let mut names: Vec<&str> = positives.iter().filter_map(|r| rule_name(*r)).collect();
             names.sort_unstable();
             names.dedup();
+            let continuation = ["`(`", "`.`", "`[`", "an operator", "an annotation"];
+            if names.iter().any(|n| !continuation.contains(n)) {
+                names.retain(|n| !continuation.contains(n));
+            }
             format!("expected {}, found {found}", one_of(&names))
         }
         ErrorVariant::CustomError { message } => message.clone(),
@@ -209,9 +213,11 @@ fn pratt() -> &'static PrattParser<Rule> {
     })
 }
 
+/// The pair's span without the trailing whitespace pest's implicit skipping leaves in it.
 fn span_of(pair: &Pair<'_, Rule>) -> Span {
     let s = pair.as_span();
-    Span::new(s.start(), s.end())
+    let trimmed = s.as_str().trim_end().len();
+    Span::new(s.start(), s.start() + trimmed)
 }
 
 /// Keyword tokens carry no information once the rule matched; skip them.

@@ -1,0 +1,49 @@
+//! Printing diagnostics in the format and colour the user chose.
+
+use crate::diag::render::{render_human, render_json, RenderOptions};
+use crate::diag::{Diagnostic, Sources};
+
+use super::MessageFormat;
+
+/// Where and how diagnostics are printed.
+#[derive(Clone, Copy, Debug)]
+pub struct Reporter {
+    /// Human or JSON.
+    pub format: MessageFormat,
+    /// ANSI colours in human output.
+    pub color: bool,
+}
+
+impl Reporter {
+    /// Prints every diagnostic to stderr (JSON lines go to stdout, for tools).
+    pub fn emit(&self, diags: &[Diagnostic], sources: &Sources) {
+        for d in diags {
+            match self.format {
+                MessageFormat::Human => {
+                    let options = RenderOptions {
+                        color: self.color,
+                        width: 100,
+                    };
+                    eprint!("{}", render_human(d, sources, options));
+                }
+                MessageFormat::Json => println!("{}", render_json(d, sources)),
+            }
+        }
+        if self.format == MessageFormat::Human {
+            let errors = diags.iter().filter(|d| d.is_error()).count();
+            let warnings = diags.len() - errors;
+            if errors > 0 || warnings > 0 {
+                eprintln!("{}", summary_line(errors, warnings));
+            }
+        }
+    }
+}
+
+fn summary_line(errors: usize, warnings: usize) -> String {
+    let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    match (errors, warnings) {
+        (0, w) => plural(w, "warning"),
+        (e, 0) => plural(e, "error"),
+        (e, w) => format!("{}, {}", plural(e, "error"), plural(w, "warning")),
+    }
+}

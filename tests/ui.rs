@@ -1,0 +1,60 @@
+//! UI tests: every `tests/ui/*.msl` is checked, and its source plus the rendered diagnostics
+//! (no colour, fixed width) are snapshotted. Each case must produce at least one diagnostic,
+//! every code must be registered with a page, and nothing may panic.
+
+use std::path::Path;
+
+use mslc::check::{check_path, CheckOptions};
+use mslc::diag::render::{render_human, render_json, RenderOptions};
+
+fn render_case(path: &Path) -> String {
+    let checked = check_path(path, &CheckOptions::default());
+    let source = std::fs::read_to_string(path).unwrap_or_default();
+    let mut out = format!("--- source\n{source}\n--- diagnostics\n");
+    assert!(
+        !checked.diagnostics.is_empty(),
+        "{} produced no diagnostic",
+        path.display()
+    );
+    for d in &checked.diagnostics {
+        assert!(!d.code.page().is_empty());
+        out.push_str(&render_human(
+            d,
+            &checked.sources,
+            RenderOptions {
+                color: false,
+                width: 100,
+            },
+        ));
+        let json: serde_json::Value =
+            serde_json::from_str(&render_json(d, &checked.sources)).unwrap();
+        assert_eq!(json["code"], d.code.as_str());
+        assert!(json["line_start"].as_u64().unwrap() >= 1);
+    }
+    out
+}
+
+#[test]
+fn ui_cases() {
+    let mut cases: Vec<_> = std::fs::read_dir("tests/ui")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "msl"))
+        .collect();
+    cases.sort();
+    assert!(
+        cases.len() >= 30,
+        "expected at least 30 UI cases, found {}",
+        cases.len()
+    );
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("ui/snapshots");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for case in &cases {
+            let name = case.file_stem().unwrap().to_string_lossy().to_string();
+            insta::assert_snapshot!(name, render_case(case));
+        }
+    });
+}
