@@ -1,4 +1,10 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
 
+pub mod artifact;
+pub mod check;
+pub mod cli;
 pub mod diag;
+pub mod ir;
+pub mod ops;
+pub mod plan;
 pub mod syntax;

@@ -439,6 +439,11 @@ impl Elaborator<'_> {
     }
 
     fn lower_builtin(&mut self, frame: &mut Frame, b: &Builtin, bound: Bound, span: Span) -> Value {
+        if let (Lower::Op(op, 1), [Some((v, _))]) = (b.lower, bound.as_slice()) {
+            if let Some(folded) = v.as_f64().and_then(|x| fold_scalar(op, x)) {
+                return Value::Float(folded);
+            }
+        }
         match b.lower {
             Lower::Op(op, n) => {
                 let hint = bound.iter().take(n).flatten().find_map(|(v, _)| match v {
@@ -620,6 +625,23 @@ impl Elaborator<'_> {
         let (v, s) = slot.clone().unwrap_or((Value::Error, span));
         self.bad_arg(frame, "x", "a tensor", &v, s)
     }
+}
+
+/// A unary math builtin applied to a plain number is computed now, so `rsqrt(D)` stays a weak
+/// scalar instead of becoming an f32 tensor.
+fn fold_scalar(op: Op, x: f64) -> Option<f64> {
+    let y = match op {
+        Op::Neg => -x,
+        Op::Exp => x.exp(),
+        Op::Log => x.ln(),
+        Op::Sqrt => x.sqrt(),
+        Op::Rsqrt => 1.0 / x.sqrt(),
+        Op::Reciprocal => 1.0 / x,
+        Op::Abs => x.abs(),
+        Op::Tanh => x.tanh(),
+        _ => return None,
+    };
+    y.is_finite().then_some(y)
 }
 
 /// Pooling with no stride given moves by the kernel size (PyTorch's default).

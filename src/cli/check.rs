@@ -31,7 +31,7 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
         failed |= checked.has_errors();
         if args.summary && !checked.has_errors() {
             for model in &checked.models {
-                print!("{}", summary(model));
+                super::output::print_stdout(&summary(model));
             }
         }
     }

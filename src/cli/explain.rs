@@ -13,7 +13,7 @@ pub struct ExplainArgs {
 pub fn run(args: &ExplainArgs) -> u8 {
     match args.code.parse::<Code>() {
         Ok(code) => {
-            print!("{}", code.page());
+            super::output::print_stdout(code.page());
             0
         }
         Err(()) => {

@@ -26,7 +26,7 @@ impl Reporter {
                     };
                     eprint!("{}", render_human(d, sources, options));
                 }
-                MessageFormat::Json => println!("{}", render_json(d, sources)),
+                MessageFormat::Json => print_stdout(&format!("{}\n", render_json(d, sources))),
             }
         }
         if self.format == MessageFormat::Human {
@@ -37,6 +37,12 @@ impl Reporter {
             }
         }
     }
+}
+
+/// Writes to stdout, ignoring a closed pipe (`mslc check --summary … | head`).
+pub fn print_stdout(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 fn summary_line(errors: usize, warnings: usize) -> String {
