@@ -6,4 +6,4 @@ pub mod validate;
 pub mod write;
 
 pub use binary::{decode, encode, MirError};
-pub use module::{KernelChoice, Module, Step, Storage, ValueInfo};
+pub use module::{KernelChoice, KernelParam, Module, Step, Storage, ValueInfo};

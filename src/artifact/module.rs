@@ -42,13 +42,23 @@ pub struct ValueInfo {
     pub storage: Storage,
 }
 
+/// One tunable kernel parameter's value.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum KernelParam {
+    /// A size or count.
+    Int(i64),
+    /// A choice, e.g. the micro-kernel ISA.
+    Text(String),
+}
+
 /// The kernel chosen for a step and its tunable parameters.
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 pub struct KernelChoice {
-    /// Kernel name, e.g. `matmul.avx2` or `reference`.
+    /// Kernel name, e.g. `gemm` or `flash_attention`.
     pub name: String,
-    /// Tile sizes, thread split and the like.
-    pub params: BTreeMap<String, i64>,
+    /// Tile sizes, thread split and the like, by the field names of the kernel's parameter
+    /// struct.
+    pub params: BTreeMap<String, KernelParam>,
 }
 
 /// One op application in schedule order.
