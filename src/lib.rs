@@ -3,6 +3,7 @@
 pub mod artifact;
 pub mod check;
 pub mod cli;
+pub mod compile;
 pub mod diag;
 pub mod ir;
 pub mod ops;

@@ -14,7 +14,7 @@ pub struct ValueId(pub u32);
 
 /// How a parameter's initial values are drawn.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Init {
     /// All zeros.
     Zeros,

@@ -1,4 +1,8 @@
-//! Planning a compiled graph: the schedule, the memory plan, the cost estimate.
+//! Planning a compiled graph: the schedule, the kernel table, the memory plan, the cost estimate.
 
 pub mod arena;
+pub mod cost;
+pub mod kernels;
 pub mod memory;
+pub mod schedule;
+pub mod target;

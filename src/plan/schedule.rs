@@ -16,40 +16,90 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
     let order = graph.topo_order()?;
     let mut values = Vec::new();
     let mut index: HashMap<ValueRef, u32> = HashMap::new();
-    fn number(v: ValueRef, info: ValueInfo, values: &mut Vec<ValueInfo>, index: &mut HashMap<ValueRef, u32>) {
+    fn number(
+        v: ValueRef,
+        info: ValueInfo,
+        values: &mut Vec<ValueInfo>,
+        index: &mut HashMap<ValueRef, u32>,
+    ) {
         index.insert(v, values.len() as u32);
         values.push(info);
     }
     let leaves = |want_input: bool| {
-        order.iter().copied().filter(move |id| matches!(graph.node(*id).kind, NodeKind::Input { .. }) == want_input)
+        order
+            .iter()
+            .copied()
+            .filter(move |id| matches!(graph.node(*id).kind, NodeKind::Input { .. }) == want_input)
     };
     for id in leaves(true).chain(leaves(false)) {
         let node = graph.node(id);
         let storage = match &node.kind {
             NodeKind::Input { name } => Storage::Input { name: name.clone() },
-            NodeKind::Param { path, init, trainable } => {
-                Storage::Param { path: path.clone(), init: init.clone(), trainable: *trainable }
-            }
+            NodeKind::Param {
+                path,
+                init,
+                trainable,
+            } => Storage::Param {
+                path: path.clone(),
+                init: init.clone(),
+                trainable: *trainable,
+            },
             NodeKind::Op { .. } => continue,
         };
-        number(ValueRef { node: id, index: 0 }, ValueInfo { ty: node.outputs[0].clone(), storage }, &mut values, &mut index);
+        number(
+            ValueRef { node: id, index: 0 },
+            ValueInfo {
+                ty: node.outputs[0].clone(),
+                storage,
+            },
+            &mut values,
+            &mut index,
+        );
     }
     let mut steps = Vec::new();
     for id in &order {
         let node = graph.node(*id);
-        let NodeKind::Op { op, attrs } = &node.kind else { continue };
+        let NodeKind::Op { op, attrs } = &node.kind else {
+            continue;
+        };
         let inputs: Vec<u32> = graph.inputs(*id).iter().map(|v| index[v]).collect();
         let mut outputs = Vec::new();
         for (i, ty) in node.outputs.iter().enumerate() {
-            let v = ValueRef { node: *id, index: i as u32 };
+            let v = ValueRef {
+                node: *id,
+                index: i as u32,
+            };
             outputs.push(values.len() as u32);
-            number(v, ValueInfo { ty: ty.clone(), storage: Storage::Arena { offset: 0 } }, &mut values, &mut index);
+            number(
+                v,
+                ValueInfo {
+                    ty: ty.clone(),
+                    storage: Storage::Arena { offset: 0 },
+                },
+                &mut values,
+                &mut index,
+            );
         }
-        let input_types: Vec<_> = graph.inputs(*id).iter().map(|v| graph.ty(*v).clone()).collect();
+        let input_types: Vec<_> = graph
+            .inputs(*id)
+            .iter()
+            .map(|v| graph.ty(*v).clone())
+            .collect();
         let kernel = choose_kernel(*op, attrs, &input_types, target);
-        steps.push(Step { op: *op, attrs: attrs.clone(), inputs, outputs, origin: node.origin.clone(), kernel });
+        steps.push(Step {
+            op: *op,
+            attrs: attrs.clone(),
+            inputs,
+            outputs,
+            origin: node.origin.clone(),
+            kernel,
+        });
     }
-    let outputs = graph.outputs.iter().map(|(n, v)| (n.clone(), index[v])).collect();
+    let outputs = graph
+        .outputs
+        .iter()
+        .map(|(n, v)| (n.clone(), index[v]))
+        .collect();
     Some(Module {
         name: graph.name.clone(),
         target: target.name.clone(),
