@@ -1,4 +1,5 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
 
+pub mod check;
 pub mod diag;
 pub mod syntax;
