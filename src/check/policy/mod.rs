@@ -5,19 +5,27 @@
 
 mod args;
 mod fields;
+mod memory;
+mod optimizer;
 mod parallel;
 mod pattern;
 mod precision;
 mod report;
 mod shard;
 mod suggest;
+mod target;
 #[cfg(test)]
 mod testing;
+mod train;
 mod value;
 
+pub use memory::{check_memory, MemoryPolicy, Recompute};
+pub use optimizer::{Optimizer, OptimizerKind};
 pub use parallel::{
     check_parallel, OptimizerShard, ParallelMode, ParallelPolicy, Pipeline, PipelineSchedule,
 };
 pub use pattern::{pattern_matches, PatternError, ShardPattern};
 pub use precision::{check_precision, AmpLevel, LossScale, LowPrecision, PrecisionPolicy};
 pub use shard::{check_shards_against_params, ShardRule};
+pub use target::{check_target, PeakFlops, TargetSpec};
+pub use train::{check_train, check_train_against, unknown_reference, TrainSpec};

@@ -59,7 +59,7 @@ pub(crate) fn one_of<'a>(choices: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// A help line for an unknown name: the closest candidate if there is one, else all of them.
-pub(crate) fn help_for<'a>(name: &str, candidates: &[&'a str]) -> String {
+pub(crate) fn help_for(name: &str, candidates: &[&str]) -> String {
     match closest(name, candidates.iter().copied()) {
         Some(best) => format!("did you mean `{best}`?"),
         None if candidates.is_empty() => "there is nothing to choose from".to_string(),

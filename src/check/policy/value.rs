@@ -292,15 +292,19 @@ fn int_arith(op: BinOp, a: i64, b: i64, span: Span, rep: &mut Reporter) -> Optio
         BinOp::Sub => a.checked_sub(b),
         BinOp::Mul => a.checked_mul(b),
         BinOp::Div | BinOp::Rem if b == 0 => return division_by_zero(span, rep),
-        BinOp::Div if a % b != 0 => {
-            rep.push(
-                rep.error(Code::E0302, span, format!("{a} / {b} is not exact"))
-                    .with_label(format!("leaves a remainder of {}", a % b))
-                    .with_help("integer division must be exact; write a float (`1.0`) to divide"),
-            );
-            return None;
-        }
-        BinOp::Div => a.checked_div(b),
+        BinOp::Div => match a.checked_rem(b) {
+            Some(0) | None => a.checked_div(b),
+            Some(remainder) => {
+                rep.push(
+                    rep.error(Code::E0302, span, format!("{a} / {b} is not exact"))
+                        .with_label(format!("leaves a remainder of {remainder}"))
+                        .with_help(
+                            "integer division must be exact; write a float (`1.0`) to divide",
+                        ),
+                );
+                return None;
+            }
+        },
         BinOp::Rem => a.checked_rem(b),
         _ => {
             let (lhs, rhs) = (Val::Int(a), Val::Int(b));
@@ -438,6 +442,8 @@ mod tests {
         assert_eq!(codes("1 / 0"), vec![Code::E0308]);
         assert_eq!(codes("1.0 % 0"), vec![Code::E0308]);
         assert_eq!(codes("9223372036854775807 + 1"), vec![Code::E0308]);
+        assert_eq!(codes("(-9223372036854775807 - 1) / -1"), vec![Code::E0308]);
+        assert_eq!(codes("(-9223372036854775807 - 1) % -1"), vec![Code::E0308]);
         assert_eq!(codes("1GB + 1TB/s"), vec![Code::E0502]);
         assert_eq!(codes("true + 1"), vec![Code::E0502]);
         assert_eq!(codes("x[0]"), vec![Code::E0502]);
