@@ -6,7 +6,7 @@ use crate::syntax::ast::{DeclItem, Ident, Span};
 
 use super::args::{bind_record, slot_or, Param};
 use super::fields::{Extra, FieldSpec, Fields};
-use super::report::{Choices, Reporter};
+use super::report::{Choices, Reporter, WithRelatedIf};
 use super::shard::{shard_rule, ShardRule};
 use super::value::{Val, Value};
 
@@ -24,6 +24,16 @@ pub enum ParallelMode {
 }
 
 impl ParallelMode {
+    /// The mode's word in `.msl`.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            ParallelMode::StandAlone => "stand_alone",
+            ParallelMode::Data => "data",
+            ParallelMode::SemiAuto => "semi_auto",
+            ParallelMode::Auto => "auto",
+        }
+    }
+
     /// Whether shard rules and pipeline stages are honoured in this mode.
     pub fn splits_ops(self) -> bool {
         matches!(self, ParallelMode::SemiAuto | ParallelMode::Auto)
@@ -151,10 +161,9 @@ pub fn check_parallel(
 ) -> ParallelPolicy {
     let rep = &mut Reporter::new(file, diags);
     let fields = Fields::collect(decl, FIELDS, Extra::ShardRules, rep);
-    let mode_value = fields.value("mode", rep);
-    let mode = mode_value
-        .as_ref()
-        .and_then(|v| rep.word(v, "parallel mode", MODES));
+    let mode = fields
+        .value("mode", rep)
+        .and_then(|v| Some((rep.word(&v, "parallel mode", MODES)?, v.span)));
     let mesh_value = fields.value("mesh", rep);
     let mesh = mesh_value
         .as_ref()
@@ -162,83 +171,16 @@ pub fn check_parallel(
         .unwrap_or_default();
     let mesh_span = mesh_value.as_ref().map(|v| v.span);
     let devices = mesh_devices(&mesh, mesh_span, rep);
-
     if let Some(mode) = mode {
-        check_mode_fits_mesh(decl, mode, mode_value.as_ref(), mesh_span, devices, rep);
+        check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
     }
     if let Some(given) = fields.value("devices", rep) {
-        match rep.positive_int(&given, "the device count") {
-            Some(count) if count != devices => {
-                let mut diagnostic = rep
-                    .error(
-                        Code::E0507,
-                        given.span,
-                        format!("`devices` is {count}, but the mesh has {devices}"),
-                    )
-                    .with_label(format!("{count} devices"))
-                    .with_help(format!("set `devices = {devices}` or resize the mesh"));
-                if let Some(mesh_span) = mesh_span {
-                    let sizes: Vec<String> =
-                        mesh.iter().map(|(_, size)| size.to_string()).collect();
-                    diagnostic = diagnostic.with_related(
-                        file,
-                        mesh_span,
-                        format!("{} = {devices} devices", sizes.join(" × ")),
-                    );
-                }
-                rep.push(diagnostic);
-            }
-            _ => {}
-        }
+        check_device_count(&given, &mesh, mesh_span, devices, rep);
     }
-
-    let axes: Vec<&str> = mesh.iter().map(|(axis, _)| axis.name.as_str()).collect();
-    let mut shards: Vec<ShardRule> = Vec::new();
-    for (n, (pattern, spec)) in fields.shards.iter().enumerate() {
-        if let Some(first) = fields.shards[..n]
-            .iter()
-            .find(|(p, _)| p.name == pattern.name)
-        {
-            rep.push(
-                rep.error(
-                    Code::E0502,
-                    pattern.span,
-                    format!("shard pattern \"{}\" is given twice", pattern.name),
-                )
-                .with_label("given again here")
-                .with_related(file, first.0.span, "first given here")
-                .with_help("keep one rule per pattern"),
-            );
-            continue;
-        }
-        shards.extend(shard_rule(pattern, spec, &axes, mesh_span, rep));
-    }
-    if let (Some(mode), Some((first, _))) = (mode, fields.shards.first()) {
-        if !mode.splits_ops() {
-            let mut diagnostic = rep
-                .error(
-                    Code::E0502,
-                    first.span,
-                    format!(
-                        "shard rules have no effect in {} mode",
-                        MODES
-                            .iter()
-                            .find(|(_, m)| *m == mode)
-                            .map_or("this", |(s, _)| s[0])
-                    ),
-                )
-                .with_label("ignored in this mode")
-                .with_help("use `mode = semi_auto` or `mode = auto` to shard parameters");
-            if let Some(v) = &mode_value {
-                diagnostic = diagnostic.with_related(file, v.span, "mode set here");
-            }
-            rep.push(diagnostic);
-        }
-    }
-
+    let shards = shard_rules(&fields, &mesh, mesh_span, mode, rep);
     let pipeline = fields
         .value("pipeline", rep)
-        .and_then(|v| pipeline(&v, mode, mode_value.as_ref(), devices, mesh_span, rep));
+        .and_then(|v| pipeline(&v, mode, devices, mesh_span, rep));
     let optimizer_shard = fields
         .value("optimizer_shard", rep)
         .and_then(|v| match v.val {
@@ -248,7 +190,6 @@ pub fn check_parallel(
             _ => rep.word(&v, "optimizer shard level", OPTIMIZER_SHARDS),
         })
         .unwrap_or(OptimizerShard::None);
-
     ParallelPolicy {
         name: decl.name.clone(),
         file,
@@ -257,7 +198,7 @@ pub fn check_parallel(
             .map(|(axis, size)| (axis.name, size))
             .collect(),
         mesh_span: mesh_span.unwrap_or(decl.name.span),
-        mode: mode.unwrap_or(ParallelMode::StandAlone),
+        mode: mode.map_or(ParallelMode::StandAlone, |(m, _)| m),
         devices,
         shards,
         pipeline,
@@ -268,30 +209,29 @@ pub fn check_parallel(
 /// The mesh's axes with their sizes; axes with invalid sizes or repeated names are left out.
 fn mesh(value: &Value, rep: &mut Reporter) -> Option<Vec<(Ident, i64)>> {
     let Val::Record(entries) = &value.val else {
-        rep.expected(
-            value,
-            "a record of axis sizes",
-            "write the axes and their sizes, e.g. `{ dp: 2, mp: 4 }`".to_string(),
-        );
+        let help = "write the axes and their sizes, e.g. `{ dp: 2, mp: 4 }`".to_string();
+        rep.expected(value, "a record of axis sizes", help);
         return None;
     };
     if entries.is_empty() {
+        let help = "give at least one axis, e.g. `{ dp: 8 }`".to_string();
         rep.invalid(
             value.span,
             "the mesh has no axes".to_string(),
             "empty mesh",
-            "give at least one axis, e.g. `{ dp: 8 }`".to_string(),
+            help,
         );
         return None;
     }
     let mut axes: Vec<(Ident, i64)> = Vec::new();
     for (axis, size) in entries {
         if axis.name == "_" {
+            let help = "`_` marks an unsplit dim in shard specs; pick another name".to_string();
             rep.invalid(
                 axis.span,
                 "`_` cannot name a mesh axis".to_string(),
                 "reserved name",
-                "`_` marks an unsplit dim in shard specs; pick another name".to_string(),
+                help,
             );
         } else if let Some((first, _)) = axes.iter().find(|(a, _)| a.name == axis.name) {
             rep.push(
@@ -321,9 +261,10 @@ fn mesh_devices(mesh: &[(Ident, i64)], span: Option<Span>, rep: &mut Reporter) -
     match (product, span) {
         (Some(product), _) => product,
         (None, Some(span)) => {
+            let message = "the mesh has more devices than fit in 64 bits".to_string();
             rep.invalid(
                 span,
-                "the mesh has more devices than fit in 64 bits".to_string(),
+                message,
                 "too many devices",
                 "use smaller axis sizes".to_string(),
             );
@@ -336,27 +277,22 @@ fn mesh_devices(mesh: &[(Ident, i64)], span: Option<Span>, rep: &mut Reporter) -
 /// Stand-alone runs on one device and needs no mesh; every other mode needs one.
 fn check_mode_fits_mesh(
     decl: &DeclItem,
-    mode: ParallelMode,
-    mode_value: Option<&Value>,
+    (mode, mode_span): (ParallelMode, Span),
     mesh_span: Option<Span>,
     devices: i64,
     rep: &mut Reporter,
 ) {
     match (mode, mesh_span) {
-        (ParallelMode::StandAlone, Some(mesh_span)) if devices > 1 => {
-            let mut diagnostic = rep
-                .error(
-                    Code::E0502,
-                    mesh_span,
-                    format!("stand-alone mode runs on one device, but the mesh has {devices}"),
-                )
-                .with_label(format!("{devices} devices"))
-                .with_help("choose `mode = data`, `semi_auto` or `auto`, or remove the mesh");
-            if let Some(v) = mode_value {
-                diagnostic = diagnostic.with_related(rep.file(), v.span, "mode set here");
-            }
-            rep.push(diagnostic);
-        }
+        (ParallelMode::StandAlone, Some(mesh_span)) if devices > 1 => rep.push(
+            rep.error(
+                Code::E0502,
+                mesh_span,
+                format!("stand-alone mode runs on one device, but the mesh has {devices}"),
+            )
+            .with_label(format!("{devices} devices"))
+            .with_related(rep.file(), mode_span, "mode set here")
+            .with_help("choose `mode = data`, `semi_auto` or `auto`, or remove the mesh"),
+        ),
         (ParallelMode::StandAlone, _) | (_, Some(_)) => {}
         (_, None) => rep.push(
             rep.error(
@@ -370,80 +306,148 @@ fn check_mode_fits_mesh(
     }
 }
 
+/// E0507 unless `devices` equals the mesh's device count.
+fn check_device_count(
+    given: &Value,
+    mesh: &[(Ident, i64)],
+    mesh_span: Option<Span>,
+    devices: i64,
+    rep: &mut Reporter,
+) {
+    match rep.positive_int(given, "the device count") {
+        Some(count) if count != devices => {
+            let sizes: Vec<String> = mesh.iter().map(|(_, size)| size.to_string()).collect();
+            let diagnostic = rep
+                .error(
+                    Code::E0507,
+                    given.span,
+                    format!("`devices` is {count}, but the mesh has {devices}"),
+                )
+                .with_label(format!("{count} devices"))
+                .with_help(format!("set `devices = {devices}` or resize the mesh"))
+                .with_related_if(
+                    rep.file(),
+                    mesh_span,
+                    format!("{} = {devices} devices", sizes.join(" × ")),
+                );
+            rep.push(diagnostic);
+        }
+        _ => {}
+    }
+}
+
+/// The valid shard rules; a pattern given twice is reported and its repeat left out.
+fn shard_rules(
+    fields: &Fields,
+    mesh: &[(Ident, i64)],
+    mesh_span: Option<Span>,
+    mode: Option<(ParallelMode, Span)>,
+    rep: &mut Reporter,
+) -> Vec<ShardRule> {
+    let axes: Vec<&str> = mesh.iter().map(|(axis, _)| axis.name.as_str()).collect();
+    let mut rules: Vec<ShardRule> = Vec::new();
+    for (n, (pattern, spec)) in fields.shards.iter().enumerate() {
+        match fields.shards[..n]
+            .iter()
+            .find(|(p, _)| p.name == pattern.name)
+        {
+            Some((first, _)) => rep.push(
+                rep.error(
+                    Code::E0502,
+                    pattern.span,
+                    format!("shard pattern \"{}\" is given twice", pattern.name),
+                )
+                .with_label("given again here")
+                .with_related(rep.file(), first.span, "first given here")
+                .with_help("keep one rule per pattern"),
+            ),
+            None => rules.extend(shard_rule(pattern, spec, &axes, mesh_span, rep)),
+        }
+    }
+    if let (Some((mode, mode_span)), Some((first, _))) = (mode, fields.shards.first()) {
+        if !mode.splits_ops() {
+            rep.push(
+                rep.error(
+                    Code::E0502,
+                    first.span,
+                    format!("shard rules have no effect in {} mode", mode.keyword()),
+                )
+                .with_label("ignored in this mode")
+                .with_related(rep.file(), mode_span, "mode set here")
+                .with_help("use `mode = semi_auto` or `mode = auto` to shard parameters"),
+            );
+        }
+    }
+    rules
+}
+
 fn pipeline(
     value: &Value,
-    mode: Option<ParallelMode>,
-    mode_value: Option<&Value>,
+    mode: Option<(ParallelMode, Span)>,
     devices: i64,
     mesh_span: Option<Span>,
     rep: &mut Reporter,
 ) -> Option<Pipeline> {
     let Val::Record(entries) = &value.val else {
-        rep.expected(
-            value,
-            "a pipeline record",
-            "write e.g. `{ stages: 2, micro_batches: 8, schedule: 1f1b }`".to_string(),
-        );
+        let help = "write e.g. `{ stages: 2, micro_batches: 8, schedule: 1f1b }`".to_string();
+        rep.expected(value, "a pipeline record", help);
         return None;
     };
     let slots = bind_record("the pipeline", entries, value.span, PIPELINE_PARAMS, rep);
-    let stages = slots[0].and_then(|v| rep.positive_int(v, "the stage count"));
-    let micro_batches = slots[1].and_then(|v| rep.positive_int(v, "the micro-batch count"));
+    let stages = slots[0].and_then(|v| Some((rep.positive_int(v, "the stage count")?, v.span)));
+    let micro =
+        slots[1].and_then(|v| Some((rep.positive_int(v, "the micro-batch count")?, v.span)));
     let schedule = slot_or(slots[2], PipelineSchedule::OneFOneB, rep, |rep, v| {
         rep.word(v, "pipeline schedule", SCHEDULES)
     });
     let mut valid = true;
-    if let Some(mode) = mode.filter(|m| !m.splits_ops()) {
-        let mut diagnostic = rep
-            .error(
+    if let Some((mode, mode_span)) = mode.filter(|(m, _)| !m.splits_ops()) {
+        rep.push(
+            rep.error(
                 Code::E0510,
                 value.span,
                 "pipeline parallelism needs `semi_auto` or `auto` mode",
             )
-            .with_label("pipeline in a mode without stages")
-            .with_help(format!(
-                "MindSpore runs pipeline stages only in the semi-auto and auto modes, not {mode:?}"
-            ));
-        if let Some(v) = mode_value {
-            diagnostic = diagnostic.with_related(rep.file(), v.span, "mode set here");
-        }
-        rep.push(diagnostic);
+            .with_label(format!("pipeline in {} mode", mode.keyword()))
+            .with_related(rep.file(), mode_span, "mode set here")
+            .with_help("MindSpore runs pipeline stages only in the semi-auto and auto modes"),
+        );
         valid = false;
     }
-    if let (Some(stages), Some(micro), Some(micro_value)) = (stages, micro_batches, slots[1]) {
+    if let (Some((stages, stages_span)), Some((micro, micro_span))) = (stages, micro) {
         if micro < stages {
             rep.push(
-                rep.error(Code::E0510, micro_value.span, format!("{micro} micro-batches cannot fill {stages} pipeline stages"))
-                    .with_label("fewer micro-batches than stages")
-                    .with_related(rep.file(), slots[0].map_or(value.span, |v| v.span), format!("{stages} stages"))
-                    .with_help(format!("MindSpore requires micro_size ≥ stages; use at least {stages} (the idle bubble is (stages − 1) / micro_batches of each step)")),
+                rep.error(
+                    Code::E0510,
+                    micro_span,
+                    format!("{micro} micro-batches cannot fill {stages} pipeline stages"),
+                )
+                .with_label("fewer micro-batches than stages")
+                .with_related(rep.file(), stages_span, format!("{stages} stages"))
+                .with_help(format!(
+                    "MindSpore requires micro_size ≥ stages; use at least {stages} \
+                         (the idle bubble is (stages − 1) / micro_batches of each step)"
+                )),
             );
             valid = false;
         }
     }
-    if let (Some(stages), Some(stages_value)) = (stages, slots[0]) {
-        if devices % stages != 0 {
-            let mut diagnostic = rep
-                .error(
-                    Code::E0510,
-                    stages_value.span,
-                    format!(
-                        "{devices} devices cannot be split into {stages} equal pipeline stages"
-                    ),
-                )
-                .with_label(format!("{stages} stages"))
-                .with_help("use a stage count that divides the device count");
-            if let Some(mesh) = mesh_span {
-                diagnostic =
-                    diagnostic.with_related(rep.file(), mesh, format!("{devices} devices"));
-            }
-            rep.push(diagnostic);
-            valid = false;
-        }
+    if let Some((stages, stages_span)) = stages.filter(|(stages, _)| devices % stages != 0) {
+        rep.push(
+            rep.error(
+                Code::E0510,
+                stages_span,
+                format!("{devices} devices cannot be split into {stages} equal pipeline stages"),
+            )
+            .with_label(format!("{stages} stages"))
+            .with_related_if(rep.file(), mesh_span, format!("{devices} devices"))
+            .with_help("use a stage count that divides the device count"),
+        );
+        valid = false;
     }
     let pipeline = Pipeline {
-        stages: stages?,
-        micro_batches: micro_batches?,
+        stages: stages?.0,
+        micro_batches: micro?.0,
         schedule: schedule?,
         span: value.span,
     };

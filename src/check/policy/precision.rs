@@ -3,7 +3,7 @@
 //! per level.
 
 use crate::diag::{Code, Diagnostic, FileId};
-use crate::syntax::ast::{DeclItem, Ident};
+use crate::syntax::ast::{DeclItem, Ident, Span};
 
 use super::args::{bind_call, slot_or, Param};
 use super::fields::{Extra, FieldSpec, Fields};
@@ -163,7 +163,7 @@ pub fn check_precision(
     let fields = Fields::collect(decl, FIELDS, Extra::Nothing, rep);
     let level = fields
         .value("level", rep)
-        .and_then(|v| rep.word(&v, "amp level", LEVELS));
+        .and_then(|v| Some((rep.word(&v, "amp level", LEVELS)?, v.span)));
     let compute = fields
         .value("compute", rep)
         .and_then(|v| rep.word(&v, "low-precision type", LOW_PRECISIONS));
@@ -180,7 +180,7 @@ pub fn check_precision(
     if let Some(level) = level {
         warn_ineffective(level, &fields, rep);
     }
-    let level = level.unwrap_or(AmpLevel::O0);
+    let level = level.map_or(AmpLevel::O0, |(level, _)| level);
     PrecisionPolicy {
         name: decl.name.clone(),
         file,
@@ -317,32 +317,29 @@ fn at_least_one(rep: &mut Reporter, value: &Value, what: &str) -> Option<f64> {
 
 /// W0002 for settings the level ignores: at O0 nothing runs in low precision; MindSpore reads
 /// `keep_batchnorm_fp32` only at O2 and O3.
-fn warn_ineffective(level: AmpLevel, fields: &Fields, rep: &mut Reporter) {
+fn warn_ineffective((level, level_span): (AmpLevel, Span), fields: &Fields, rep: &mut Reporter) {
     let ignored: &[&str] = match level {
         AmpLevel::O0 => &["compute", "keep_f32", "loss_scale", "keep_batchnorm_f32"],
         AmpLevel::O1 => &["keep_batchnorm_f32"],
         AmpLevel::O2 | AmpLevel::O3 => &[],
     };
-    let level_span = fields.expr("level").map(|e| e.span);
     for key in ignored.iter().filter_map(|k| fields.key(k)) {
         let reason = if level == AmpLevel::O0 {
             "O0 computes everything in f32"
         } else {
             "O1 converts only its white-listed ops, and batch norm is not one of them"
         };
-        let mut warning = Diagnostic::warning(
+        let warning = Diagnostic::warning(
             Code::W0002,
             rep.file(),
             key.span,
             format!("`{}` has no effect at level {level:?}", key.name),
         )
         .with_label("ignored at this level")
+        .with_related(rep.file(), level_span, "level set here")
         .with_help(format!(
             "{reason}; remove the setting or choose another level"
         ));
-        if let Some(span) = level_span {
-            warning = warning.with_related(rep.file(), span, "level set here");
-        }
         rep.push(warning);
     }
 }

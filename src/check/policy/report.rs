@@ -12,6 +12,21 @@ use super::value::{Unit, Val, Value};
 /// the others are accepted aliases (MindSpore's names).
 pub(crate) type Choices<T> = [(&'static [&'static str], T)];
 
+/// `with_related` for a place that may be absent (a field left out).
+pub(crate) trait WithRelatedIf {
+    /// Adds the related span when there is one.
+    fn with_related_if(self, file: FileId, span: Option<Span>, message: impl Into<String>) -> Self;
+}
+
+impl WithRelatedIf for Diagnostic {
+    fn with_related_if(self, file: FileId, span: Option<Span>, message: impl Into<String>) -> Self {
+        match span {
+            Some(span) => self.with_related(file, span, message),
+            None => self,
+        }
+    }
+}
+
 /// Collects the diagnostics of one declaration's file.
 pub(crate) struct Reporter<'d> {
     file: FileId,

@@ -6,7 +6,7 @@ use crate::syntax::ast::{Expr, Ident, Span};
 
 use super::parallel::ParallelPolicy;
 use super::pattern::ShardPattern;
-use super::report::Reporter;
+use super::report::{Reporter, WithRelatedIf};
 use super::suggest;
 use super::value::{eval, Val};
 
@@ -77,17 +77,15 @@ pub(crate) fn shard_rule(
         };
         if let Some(axis) = axis {
             if !axes.contains(&axis.name.as_str()) {
-                let mut diagnostic = rep
+                let diagnostic = rep
                     .error(
                         Code::E0504,
                         axis.span,
                         format!("unknown mesh axis `{}`", axis.name),
                     )
                     .with_label("not an axis of the mesh")
+                    .with_related_if(rep.file(), mesh_span, "mesh declared here")
                     .with_help(suggest::help_for(&axis.name, axes));
-                if let Some(mesh) = mesh_span {
-                    diagnostic = diagnostic.with_related(rep.file(), mesh, "mesh declared here");
-                }
                 rep.push(diagnostic);
             } else if let Some(first) = entries
                 .iter()
