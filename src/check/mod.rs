@@ -6,6 +6,7 @@ mod builtins;
 mod eval;
 mod instance;
 mod model;
+pub mod policy;
 pub mod modules;
 pub mod program;
 mod suggest;
