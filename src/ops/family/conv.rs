@@ -1,0 +1,392 @@
+//! 2-D convolution and pooling over `[N, C, H, W]` tensors.
+
+use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::{fmt_dims, numel};
+use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::TensorType;
+
+/// `conv2d`: on MindSpore's O1 white list.
+pub const CONV2D: OpSpec = OpSpec {
+    inputs: &["x", "w"],
+    arity: Arity::Exact(2),
+    attrs: &[
+        AttrSpec::defaulted("stride", ConstAttr::Ints(&[1, 1])),
+        AttrSpec::defaulted("padding", ConstAttr::Ints(&[0, 0])),
+        AttrSpec::defaulted("dilation", ConstAttr::Ints(&[1, 1])),
+        AttrSpec::defaulted("groups", ConstAttr::Int(1)),
+    ],
+    infer: infer_conv2d,
+    cost: CostRule::Custom(cost_conv2d),
+    precision: PrecisionClass::LowPrecisionFriendly,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `max_pool2d` and `avg_pool2d` (`stride` defaults to `kernel`; average counts padding).
+pub const POOL2D: OpSpec = OpSpec {
+    inputs: &["x"],
+    arity: Arity::Exact(1),
+    attrs: &[
+        AttrSpec::required("kernel", AttrKind::Ints),
+        AttrSpec::optional("stride", AttrKind::Ints),
+        AttrSpec::defaulted("padding", ConstAttr::Ints(&[0, 0])),
+    ],
+    infer: infer_pool2d,
+    cost: CostRule::Custom(cost_pool2d),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `adaptive_avg_pool2d`: averages PyTorch's adaptive windows into `[N, C, oh, ow]`.
+pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
+    inputs: &["x"],
+    arity: Arity::Exact(1),
+    attrs: &[AttrSpec::required("output", AttrKind::Ints)],
+    infer: infer_adaptive,
+    cost: CostRule::PerInput(1),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// A sliding window over the spatial dims: its size, step, zero padding and dilation, and
+/// the output size it gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub kernel: [i64; 2],
+    pub stride: [i64; 2],
+    pub padding: [i64; 2],
+    pub dilation: [i64; 2],
+    /// Output height and width.
+    pub out: [i64; 2],
+}
+
+impl Window {
+    /// Applies the window to an input of spatial size `hw`, checking it fits.
+    fn over(
+        hw: [i64; 2],
+        kernel: [i64; 2],
+        stride: [i64; 2],
+        padding: [i64; 2],
+        dilation: [i64; 2],
+    ) -> Result<Window, OpError> {
+        let mut out = [0; 2];
+        for i in 0..2 {
+            // i128: every attribute is a user value, so nothing here may overflow.
+            let span = i128::from(dilation[i]) * (i128::from(kernel[i]) - 1) + 1;
+            let room = i128::from(hw[i]) + 2 * i128::from(padding[i]) - span;
+            if room < 0 {
+                return Err(OpError::at(
+                    0,
+                    format!(
+                        "the window (kernel {}, dilation {}, padding {}) does not fit the \
+                         spatial size {} of x",
+                        fmt_dims(&kernel),
+                        fmt_dims(&dilation),
+                        fmt_dims(&padding),
+                        fmt_dims(&hw)
+                    ),
+                ));
+            }
+            out[i] = i64::try_from(room / i128::from(stride[i]) + 1)
+                .map_err(|_| OpError::new("output size overflows an i64"))?;
+        }
+        Ok(Window {
+            kernel,
+            stride,
+            padding,
+            dilation,
+            out,
+        })
+    }
+}
+
+/// The geometry of one `conv2d` of `x [N, C, H, W]` by `w [O, C/groups, kh, kw]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dGeometry {
+    pub n: i64,
+    pub c: i64,
+    pub h: i64,
+    pub w: i64,
+    pub o: i64,
+    pub groups: i64,
+    pub window: Window,
+}
+
+impl Conv2dGeometry {
+    /// Reads and checks the geometry (attributes absent from `attrs` take their defaults).
+    pub fn of(x: &TensorType, w: &TensorType, attrs: &Attrs) -> Result<Conv2dGeometry, OpError> {
+        let [n, c, h, wd] = nchw(x, 0, "x", "[N, C, H, W]")?;
+        let [o, cg, kh, kw] = nchw(w, 1, "w", "[O, C/groups, kh, kw]")?;
+        let groups = attrs.opt_int("groups")?.unwrap_or(1);
+        if groups < 1 || c % groups != 0 || o % groups != 0 {
+            return Err(OpError::new(format!(
+                "`groups` {groups} must be positive and divide both the {c} input channels \
+                 and the {o} output channels"
+            )));
+        }
+        if kh < 1 || kw < 1 {
+            return Err(OpError::at(
+                1,
+                format!("w {} has an empty kernel", fmt_dims(&w.shape)),
+            ));
+        }
+        if cg != c / groups {
+            return Err(OpError::at(
+                1,
+                format!(
+                    "w {} must have C/groups = {} input channels, got {cg}",
+                    fmt_dims(&w.shape),
+                    c / groups
+                ),
+            ));
+        }
+        let window = Window::over(
+            [h, wd],
+            [kh, kw],
+            pair(attrs, "stride", 1, [1, 1])?,
+            pair(attrs, "padding", 0, [0, 0])?,
+            pair(attrs, "dilation", 1, [1, 1])?,
+        )?;
+        Ok(Conv2dGeometry {
+            n,
+            c,
+            h,
+            w: wd,
+            o,
+            groups,
+            window,
+        })
+    }
+
+    /// `2·N·O·oh·ow·(C/groups)·kh·kw` (saturating).
+    pub fn flops(&self) -> u64 {
+        let [kh, kw] = self.window.kernel;
+        let [oh, ow] = self.window.out;
+        numel(&[self.n, self.o, oh, ow, self.c / self.groups, kh, kw]).saturating_mul(2)
+    }
+}
+
+/// The window of a `max_pool2d` / `avg_pool2d` over `x [N, C, H, W]`; `stride` defaults to
+/// `kernel`, and padding may be at most half the kernel (as in PyTorch).
+pub fn pool_window(x: &TensorType, attrs: &Attrs) -> Result<Window, OpError> {
+    let [_, _, h, w] = nchw(x, 0, "x", "[N, C, H, W]")?;
+    let kernel = pair(attrs, "kernel", 1, [1, 1])?;
+    let stride = pair(attrs, "stride", 1, kernel)?;
+    let padding = pair(attrs, "padding", 0, [0, 0])?;
+    if padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2 {
+        return Err(OpError::new(format!(
+            "`padding` {} must be at most half of `kernel` {}",
+            fmt_dims(&padding),
+            fmt_dims(&kernel)
+        )));
+    }
+    Window::over([h, w], kernel, stride, padding, [1, 1])
+}
+
+/// The four dims of a rank-4 input, or an error pointing at it.
+fn nchw(t: &TensorType, i: usize, name: &str, layout: &str) -> Result<[i64; 4], OpError> {
+    match t.shape[..] {
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => Err(OpError::at(
+            i,
+            format!(
+                "expects {name} of rank 4 ({layout}), but {name} is {}{}",
+                t.dtype,
+                fmt_dims(&t.shape)
+            ),
+        )),
+    }
+}
+
+/// Attribute `name` as a (height, width) pair of values at least `min`; `default` when absent.
+fn pair(attrs: &Attrs, name: &str, min: i64, default: [i64; 2]) -> Result<[i64; 2], OpError> {
+    let Some(v) = attrs.opt_ints(name)? else {
+        return Ok(default);
+    };
+    match v[..] {
+        [a, b] if a >= min && b >= min => Ok([a, b]),
+        [_, _] => Err(OpError::new(format!(
+            "`{name}` must be at least {min} in both dims, got {}",
+            fmt_dims(&v)
+        ))),
+        _ => Err(OpError::new(format!(
+            "`{name}` must list 2 values (height, width), got {}",
+            fmt_dims(&v)
+        ))),
+    }
+}
+
+fn infer_conv2d(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let g = Conv2dGeometry::of(ctx.input(0), ctx.input(1), ctx.attrs)?;
+    let dtype = ctx.float_input(0)?;
+    ctx.same_dtype(0, 1)?;
+    let [oh, ow] = g.window.out;
+    Ok(vec![TensorType::new(dtype, [g.n, g.o, oh, ow])])
+}
+
+fn cost_conv2d(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = Conv2dGeometry::of(ctx.input(0), ctx.input(1), ctx.attrs).map_or(0, |g| g.flops());
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+fn infer_pool2d(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let x = ctx.input(0);
+    let win = pool_window(x, ctx.attrs)?;
+    ctx.float_input(0)?;
+    let [oh, ow] = win.out;
+    Ok(vec![TensorType::new(
+        x.dtype,
+        [x.shape[0], x.shape[1], oh, ow],
+    )])
+}
+
+fn cost_pool2d(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let window = pool_window(ctx.input(0), ctx.attrs).map_or(0, |w| numel(&w.kernel));
+    let out = outputs.iter().map(TensorType::numel).sum::<u64>();
+    Cost::streaming(out.saturating_mul(window), ctx.inputs, outputs)
+}
+
+fn infer_adaptive(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let x = ctx.input(0);
+    let [n, c, _, _] = nchw(x, 0, "x", "[N, C, H, W]")?;
+    ctx.float_input(0)?;
+    // `output` is required by the schema, so the default never applies.
+    let [oh, ow] = pair(ctx.attrs, "output", 1, [1, 1])?;
+    Ok(vec![TensorType::new(x.dtype, [n, c, oh, ow])])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::family::testing::*;
+    use crate::ops::{cost, DType, Op};
+
+    #[test]
+    fn conv2d_shapes() {
+        let x = f32t(&[2, 4, 10, 12]);
+        let w = f32t(&[8, 4, 3, 3]);
+        assert_eq!(
+            ok(Op::Conv2d, Attrs::new(), &[x.clone(), w.clone()]),
+            f32t(&[2, 8, 8, 10])
+        );
+        let a = Attrs::new()
+            .with("stride", vec![2, 2])
+            .with("padding", vec![1, 1])
+            .with("dilation", vec![2, 1]);
+        // H: (10 + 2 - 2*2 - 1) / 2 + 1 = 4; W: (12 + 2 - 2 - 1) / 2 + 1 = 6.
+        assert_eq!(ok(Op::Conv2d, a, &[x.clone(), w]), f32t(&[2, 8, 4, 6]));
+        let a = Attrs::new().with("groups", 2);
+        let wg = f32t(&[6, 2, 1, 1]);
+        assert_eq!(ok(Op::Conv2d, a, &[x, wg]), f32t(&[2, 6, 10, 12]));
+    }
+
+    #[test]
+    fn conv2d_errors() {
+        let x = f32t(&[2, 4, 10, 12]);
+        let e = err(Op::Conv2d, Attrs::new(), &[x.clone(), f32t(&[8, 3, 3, 3])]);
+        assert_eq!(
+            e.message,
+            "conv2d: w [8, 3, 3, 3] must have C/groups = 4 input channels, got 3"
+        );
+        assert_eq!(e.input, Some(1));
+        let e = err(
+            Op::Conv2d,
+            Attrs::new().with("groups", 3),
+            &[x.clone(), f32t(&[6, 1, 1, 1])],
+        );
+        assert!(e.message.contains("`groups` 3 must be positive and divide"));
+        let e = err(Op::Conv2d, Attrs::new(), &[x.clone(), f32t(&[8, 4, 11, 3])]);
+        assert!(
+            e.message.contains("does not fit the spatial size [10, 12]"),
+            "{}",
+            e.message
+        );
+        let e = err(
+            Op::Conv2d,
+            Attrs::new().with("stride", vec![0, 1]),
+            &[x.clone(), f32t(&[8, 4, 3, 3])],
+        );
+        assert_eq!(
+            e.message,
+            "conv2d: `stride` must be at least 1 in both dims, got [0, 1]"
+        );
+        let e = err(
+            Op::Conv2d,
+            Attrs::new().with("padding", vec![1]),
+            &[x.clone(), f32t(&[8, 4, 3, 3])],
+        );
+        assert_eq!(
+            e.message,
+            "conv2d: `padding` must list 2 values (height, width), got [1]"
+        );
+        let e = err(
+            Op::Conv2d,
+            Attrs::new(),
+            &[f32t(&[4, 10, 12]), f32t(&[8, 4, 3, 3])],
+        );
+        assert!(e.message.contains("expects x of rank 4 ([N, C, H, W])"));
+        let e = err(Op::Conv2d, Attrs::new(), &[x, t(DType::F16, &[8, 4, 3, 3])]);
+        assert!(e.message.contains("dtypes differ"));
+        let e = err(
+            Op::Conv2d,
+            Attrs::new().with("dilation", vec![i64::MAX, 1]),
+            &[f32t(&[1, 1, 4, 4]), f32t(&[1, 1, 3, 3])],
+        );
+        assert!(e.message.contains("does not fit"));
+    }
+
+    #[test]
+    fn conv2d_flops() {
+        let a = Attrs::new();
+        let c = cost(
+            Op::Conv2d,
+            &a,
+            &[f32t(&[2, 4, 10, 12]), f32t(&[8, 4, 3, 3])],
+        )
+        .unwrap();
+        assert_eq!(c.flops, 2 * 2 * 8 * 8 * 10 * 4 * 3 * 3);
+    }
+
+    #[test]
+    fn pools() {
+        let x = [f32t(&[1, 3, 8, 8])];
+        let a = Attrs::new().with("kernel", vec![2, 2]);
+        assert_eq!(ok(Op::MaxPool2d, a.clone(), &x), f32t(&[1, 3, 4, 4]));
+        let s = a
+            .clone()
+            .with("stride", vec![1, 1])
+            .with("padding", vec![1, 1]);
+        assert_eq!(ok(Op::AvgPool2d, s, &x), f32t(&[1, 3, 9, 9]));
+        let bad = a.clone().with("padding", vec![2, 0]);
+        assert_eq!(
+            err(Op::MaxPool2d, bad, &x).message,
+            "max_pool2d: `padding` [2, 0] must be at most half of `kernel` [2, 2]"
+        );
+        assert!(err(Op::MaxPool2d, Attrs::new(), &x)
+            .message
+            .contains("missing attribute"));
+        let c = cost(Op::AvgPool2d, &a, &x).unwrap();
+        assert_eq!(c.flops, 3 * 4 * 4 * 4);
+        let out = ok(
+            Op::AdaptiveAvgPool2d,
+            Attrs::new().with("output", vec![1, 1]),
+            &x,
+        );
+        assert_eq!(out, f32t(&[1, 3, 1, 1]));
+        let e = err(
+            Op::AdaptiveAvgPool2d,
+            Attrs::new().with("output", vec![0, 1]),
+            &x,
+        );
+        assert!(e.message.contains("at least 1"));
+    }
+}

@@ -1,0 +1,255 @@
+//! Ops only the fusion pass makes: `fused_matmul` and `fused_elementwise`. (The fused norms
+//! share their rules with the plain ones in `norm.rs`.)
+
+use super::matmul::{MatmulDims, TRANSPOSE_ATTRS};
+use super::program::ElementwiseProgram;
+use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::{broadcasts_to, fmt_dims};
+use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::{Op, TensorType};
+
+/// `fused_matmul`: `act(a @ b + bias)`, the bias optional.
+pub const FUSED_MATMUL: OpSpec = OpSpec {
+    inputs: &["a", "b", "bias"],
+    arity: Arity::Between(2, 3),
+    attrs: &[
+        TRANSPOSE_ATTRS[0],
+        TRANSPOSE_ATTRS[1],
+        AttrSpec::defaulted("has_bias", ConstAttr::Bool(false)),
+        AttrSpec::defaulted("activation", ConstAttr::Str("none")),
+    ],
+    infer: infer_fused_matmul,
+    cost: CostRule::Custom(cost_fused_matmul),
+    precision: PrecisionClass::LowPrecisionFriendly,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `fused_elementwise`: a chain of elementwise ops (see [`ElementwiseProgram`]) in one pass.
+pub const FUSED_ELEMENTWISE: OpSpec = OpSpec {
+    inputs: &["xs"],
+    arity: Arity::AtLeast(1),
+    attrs: &[AttrSpec::required("program", AttrKind::Str)],
+    infer: infer_fused_elementwise,
+    cost: CostRule::Custom(cost_fused_elementwise),
+    precision: PrecisionClass::FollowInput,
+    elementwise: true,
+    in_place: true,
+    grad: None,
+    shard: None,
+};
+
+/// The activation a `fused_matmul` applies after the bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Silu,
+    Tanh,
+}
+
+impl Activation {
+    const ALL: [Activation; 6] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Silu,
+        Activation::Tanh,
+    ];
+
+    /// The elementwise op it applies; `None` for no activation.
+    pub fn op(self) -> Option<Op> {
+        match self {
+            Activation::None => None,
+            Activation::Relu => Some(Op::Relu),
+            Activation::Gelu => Some(Op::Gelu),
+            Activation::GeluTanh => Some(Op::GeluTanh),
+            Activation::Silu => Some(Op::Silu),
+            Activation::Tanh => Some(Op::Tanh),
+        }
+    }
+
+    /// The attribute spelling: `"none"` or the op's name.
+    pub fn name(self) -> &'static str {
+        self.op().map_or("none", Op::name)
+    }
+
+    /// Reads the `activation` attribute (absent: none).
+    pub fn of(attrs: &Attrs) -> Result<Activation, OpError> {
+        let Some(name) = attrs.opt_str("activation")? else {
+            return Ok(Activation::None);
+        };
+        Activation::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Activation::ALL.iter().map(|a| a.name()).collect();
+                OpError::new(format!("unknown activation `{name}`"))
+                    .with_help(format!("expected one of: {}", names.join(", ")))
+            })
+    }
+}
+
+fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dims = MatmulDims::of(ctx.input(0), ctx.input(1), ctx.attrs)?;
+    let dtype = ctx.same_dtype(0, 1)?;
+    ctx.float_input(0)?;
+    Activation::of(ctx.attrs)?;
+    let has_bias = ctx.attrs.bool("has_bias")?;
+    if has_bias != (ctx.inputs.len() == 3) {
+        return Err(OpError::new(format!(
+            "`has_bias` is {has_bias} but {} inputs are given",
+            ctx.inputs.len()
+        )));
+    }
+    let out = dims.output_shape();
+    if has_bias {
+        ctx.same_dtype(0, 2)?;
+        let bias = &ctx.input(2).shape;
+        if !broadcasts_to(bias, &out) {
+            return Err(OpError::at(
+                2,
+                format!(
+                    "bias {} does not broadcast to the product {}",
+                    fmt_dims(bias),
+                    fmt_dims(&out)
+                ),
+            ));
+        }
+    }
+    Ok(vec![TensorType::new(dtype, out)])
+}
+
+fn cost_fused_matmul(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let matmul = MatmulDims::of(ctx.input(0), ctx.input(1), ctx.attrs).map_or(0, |d| d.flops());
+    let bias = u64::from(ctx.inputs.len() == 3);
+    let act = Activation::of(ctx.attrs)
+        .ok()
+        .and_then(Activation::op)
+        .and_then(|op| op.spec().flops_per_element())
+        .unwrap_or(0);
+    let out = outputs.iter().map(TensorType::numel).sum::<u64>();
+    Cost::streaming(
+        matmul.saturating_add(out.saturating_mul(bias + act)),
+        ctx.inputs,
+        outputs,
+    )
+}
+
+fn infer_fused_elementwise(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let program = ElementwiseProgram::parse(&ctx.attrs.str("program")?)?;
+    let mut types = program.step_types(ctx.inputs)?;
+    Ok(types.pop().into_iter().collect())
+}
+
+fn cost_fused_elementwise(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = ctx
+        .attrs
+        .str("program")
+        .and_then(|p| ElementwiseProgram::parse(&p))
+        .and_then(|p| Ok(p.flops(&p.step_types(ctx.inputs)?)))
+        .unwrap_or(0);
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::family::testing::*;
+    use crate::ops::{cost, DType};
+
+    #[test]
+    fn fused_matmul() {
+        let a = Attrs::new()
+            .with("has_bias", true)
+            .with("activation", "gelu")
+            .with("transpose_b", true);
+        let out = ok(
+            Op::FusedMatmul,
+            a.clone(),
+            &[f32t(&[4, 8]), f32t(&[5, 8]), f32t(&[5])],
+        );
+        assert_eq!(out, f32t(&[4, 5]));
+        let c = cost(
+            Op::FusedMatmul,
+            &a,
+            &[f32t(&[4, 8]), f32t(&[5, 8]), f32t(&[5])],
+        )
+        .unwrap();
+        assert_eq!(c.flops, 2 * 4 * 5 * 8 + 20 * (1 + 8));
+        let plain = ok(
+            Op::FusedMatmul,
+            Attrs::new(),
+            &[f32t(&[4, 8]), f32t(&[8, 5])],
+        );
+        assert_eq!(plain, f32t(&[4, 5]));
+    }
+
+    #[test]
+    fn fused_matmul_errors() {
+        let x = [f32t(&[4, 8]), f32t(&[8, 5])];
+        let e = err(
+            Op::FusedMatmul,
+            Attrs::new().with("activation", "swish"),
+            &x,
+        );
+        assert_eq!(e.message, "fused_matmul: unknown activation `swish`");
+        assert_eq!(
+            e.help.as_deref(),
+            Some("expected one of: none, relu, gelu, gelu_tanh, silu, tanh")
+        );
+        let e = err(Op::FusedMatmul, Attrs::new().with("has_bias", true), &x);
+        assert_eq!(
+            e.message,
+            "fused_matmul: `has_bias` is true but 2 inputs are given"
+        );
+        let with_bias = [f32t(&[4, 8]), f32t(&[8, 5]), f32t(&[4])];
+        let e = err(
+            Op::FusedMatmul,
+            Attrs::new().with("has_bias", true),
+            &with_bias,
+        );
+        assert_eq!(
+            e.message,
+            "fused_matmul: bias [4] does not broadcast to the product [4, 5]"
+        );
+        assert_eq!(e.input, Some(2));
+        let e = err(Op::FusedMatmul, Attrs::new().with("activation", 3i64), &x);
+        assert!(e.message.contains("must be a string"));
+    }
+
+    #[test]
+    fn fused_elementwise() {
+        let a = Attrs::new().with("program", "silu(x0); mul(t0, x1)");
+        let out = ok(
+            Op::FusedElementwise,
+            a.clone(),
+            &[f32t(&[2, 8]), f32t(&[2, 8])],
+        );
+        assert_eq!(out, f32t(&[2, 8]));
+        let c = cost(Op::FusedElementwise, &a, &[f32t(&[2, 8]), f32t(&[2, 8])]).unwrap();
+        assert_eq!((c.flops, c.bytes_read, c.bytes_written), (16 * 7, 128, 64));
+        let e = err(
+            Op::FusedElementwise,
+            a,
+            &[f32t(&[2, 8]), t(DType::I32, &[3])],
+        );
+        assert!(
+            e.message.starts_with("fused_elementwise: program step 1"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.input, Some(1));
+        let e = err(Op::FusedElementwise, Attrs::new(), &[f32t(&[2])]);
+        assert_eq!(
+            e.message,
+            "fused_elementwise: missing attribute `program` (a string)"
+        );
+    }
+}

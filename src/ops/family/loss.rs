@@ -1,0 +1,112 @@
+//! Losses: `cross_entropy` and `mse_loss`, both a scalar mean.
+
+use crate::ops::error::OpError;
+use crate::ops::shape::fmt_dims;
+use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::TensorType;
+
+/// `cross_entropy`: mean over positions of `-log_softmax(logits)[label]`; about 8 flops per
+/// logit (the log-softmax) and on the keep-f32 list.
+pub const CROSS_ENTROPY: OpSpec = OpSpec {
+    inputs: &["logits", "labels"],
+    arity: Arity::Exact(2),
+    attrs: &[],
+    infer: infer_cross_entropy,
+    cost: CostRule::PerInput(8),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `mse_loss`: mean of `(a - b)²` over equal shapes; on the keep-f32 list.
+pub const MSE_LOSS: OpSpec = OpSpec {
+    inputs: &["a", "b"],
+    infer: infer_mse,
+    cost: CostRule::PerInput(3),
+    ..CROSS_ENTROPY
+};
+
+fn infer_cross_entropy(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dtype = ctx.float_input(0)?;
+    ctx.expect_min_rank(0, 1, "[..., V]")?;
+    ctx.int_input(1)?;
+    let (logits, labels) = (ctx.input(0), ctx.input(1));
+    let positions = &logits.shape[..logits.rank() - 1];
+    if labels.shape != positions {
+        return Err(OpError::at(
+            1,
+            format!(
+                "labels {} must have the shape of logits {} without its last (class) dim, {}",
+                fmt_dims(&labels.shape),
+                fmt_dims(&logits.shape),
+                fmt_dims(positions)
+            ),
+        ));
+    }
+    Ok(vec![TensorType::scalar(dtype)])
+}
+
+fn infer_mse(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dtype = ctx.float_input(0)?;
+    ctx.same_dtype(0, 1)?;
+    let (a, b) = (ctx.input(0), ctx.input(1));
+    if a.shape != b.shape {
+        return Err(OpError::at(
+            1,
+            format!(
+                "shapes differ: a is {}, b is {}",
+                fmt_dims(&a.shape),
+                fmt_dims(&b.shape)
+            ),
+        ));
+    }
+    Ok(vec![TensorType::scalar(dtype)])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::family::testing::*;
+    use crate::ops::{Attrs, DType, Op, PrecisionClass};
+
+    #[test]
+    fn cross_entropy() {
+        let out = ok(
+            Op::CrossEntropy,
+            Attrs::new(),
+            &[f32t(&[2, 5, 11]), t(DType::I32, &[2, 5])],
+        );
+        assert_eq!(out, f32t(&[]));
+        let e = err(
+            Op::CrossEntropy,
+            Attrs::new(),
+            &[f32t(&[2, 5, 11]), t(DType::I32, &[2, 11])],
+        );
+        assert_eq!(
+            e.message,
+            "cross_entropy: labels [2, 11] must have the shape of logits [2, 5, 11] without \
+             its last (class) dim, [2, 5]"
+        );
+        assert_eq!(e.input, Some(1));
+        let e = err(
+            Op::CrossEntropy,
+            Attrs::new(),
+            &[f32t(&[2, 11]), f32t(&[2])],
+        );
+        assert!(e
+            .message
+            .contains("expects an integer tensor, but labels is f32[2]"));
+        assert_eq!(Op::CrossEntropy.spec().precision, PrecisionClass::KeepF32);
+    }
+
+    #[test]
+    fn mse() {
+        assert_eq!(
+            ok(Op::MseLoss, Attrs::new(), &[f32t(&[3, 2]), f32t(&[3, 2])]),
+            f32t(&[])
+        );
+        let e = err(Op::MseLoss, Attrs::new(), &[f32t(&[3, 2]), f32t(&[2])]);
+        assert_eq!(e.message, "mse_loss: shapes differ: a is [3, 2], b is [2]");
+    }
+}

@@ -1,0 +1,360 @@
+//! Transformer building blocks: `embedding`, `rope`, `attention`, `causal_mask`.
+
+use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::{fmt_dims, numel};
+use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::TensorType;
+
+/// `embedding`: rows of `table [V, H]` gathered by integer `ids [...]` into `[..., H]`.
+pub const EMBEDDING: OpSpec = OpSpec {
+    inputs: &["ids", "table"],
+    arity: Arity::Exact(2),
+    attrs: &[],
+    infer: infer_embedding,
+    cost: CostRule::Custom(cost_embedding),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `rope`: rotary position embedding (rotate-half form) of `x [B, S, heads, D]`, positions
+/// `0..S`, frequencies `theta^(-2i/D)`.
+pub const ROPE: OpSpec = OpSpec {
+    inputs: &["x"],
+    arity: Arity::Exact(1),
+    attrs: &[AttrSpec::defaulted("theta", ConstAttr::Float(10000.0))],
+    infer: infer_rope,
+    cost: CostRule::PerOutput(4),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `attention`: scaled dot-product attention with grouped-query heads.
+pub const ATTENTION: OpSpec = OpSpec {
+    inputs: &["q", "k", "v"],
+    arity: Arity::Exact(3),
+    attrs: &[
+        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
+        AttrSpec::optional("scale", AttrKind::Float),
+    ],
+    infer: infer_attention,
+    cost: CostRule::Custom(cost_attention),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `causal_mask`: `[size, size]`, 0 on and below the diagonal, -inf above.
+pub const CAUSAL_MASK: OpSpec = OpSpec {
+    inputs: &[],
+    arity: Arity::Exact(0),
+    attrs: &[
+        AttrSpec::required("size", AttrKind::Int),
+        AttrSpec::required("dtype", AttrKind::DType),
+    ],
+    infer: infer_causal_mask,
+    cost: CostRule::PerOutput(0),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// The geometry of one `attention`, as kernels and the cost rule need it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionDims {
+    /// Batch.
+    pub b: i64,
+    /// Query length.
+    pub s: i64,
+    /// Key / value length.
+    pub t: i64,
+    /// Query heads.
+    pub hq: i64,
+    /// Key / value heads; query head `h` reads kv head `h / (hq / hkv)`.
+    pub hkv: i64,
+    /// Head dim.
+    pub d: i64,
+    /// Query `i` sees keys `0..=i + (t - s)` (the last query aligns with the last key).
+    pub causal: bool,
+    /// Multiplies the scores; `1/√d` unless the `scale` attribute says otherwise.
+    pub scale: f64,
+}
+
+impl AttentionDims {
+    /// Reads and checks `q [B, S, Hq, D]`, `k [B, T, Hkv, D]`, `v [B, T, Hkv, D]`.
+    pub fn of(
+        q: &TensorType,
+        k: &TensorType,
+        v: &TensorType,
+        attrs: &Attrs,
+    ) -> Result<AttentionDims, OpError> {
+        let rank4 = |t: &TensorType, i: usize, name: &str, layout: &str| match t.shape[..] {
+            [a, b, c, d] => Ok([a, b, c, d]),
+            _ => Err(OpError::at(
+                i,
+                format!(
+                    "expects {name} of rank 4 ({layout}), but {name} is {}{}",
+                    t.dtype,
+                    fmt_dims(&t.shape)
+                ),
+            )),
+        };
+        let [b, s, hq, d] = rank4(q, 0, "q", "[B, S, Hq, D]")?;
+        let [kb, t, hkv, kd] = rank4(k, 1, "k", "[B, T, Hkv, D]")?;
+        rank4(v, 2, "v", "[B, T, Hkv, D]")?;
+        if kb != b || kd != d {
+            return Err(OpError::at(
+                1,
+                format!(
+                    "k {} does not match q {}: batch and head dim must agree",
+                    fmt_dims(&k.shape),
+                    fmt_dims(&q.shape)
+                ),
+            ));
+        }
+        if v.shape != k.shape {
+            return Err(OpError::at(
+                2,
+                format!(
+                    "v {} must have the shape of k {}",
+                    fmt_dims(&v.shape),
+                    fmt_dims(&k.shape)
+                ),
+            ));
+        }
+        if hkv == 0 || hq % hkv != 0 {
+            return Err(OpError::at(
+                1,
+                format!("k has {hkv} heads, which must divide the {hq} heads of q"),
+            )
+            .with_help("grouped-query attention shares each kv head among Hq / Hkv query heads"));
+        }
+        let scale = match attrs.opt_float("scale")? {
+            Some(x) if !x.is_finite() => {
+                return Err(OpError::new(format!("`scale` must be finite, got {x:?}")))
+            }
+            Some(x) => x,
+            None => 1.0 / (d.max(1) as f64).sqrt(),
+        };
+        Ok(AttentionDims {
+            b,
+            s,
+            t,
+            hq,
+            hkv,
+            d,
+            causal: attrs.opt_bool("causal")?.unwrap_or(false),
+            scale,
+        })
+    }
+
+    /// `4·B·Hq·S·T·D`: two matmuls over the full score matrix (saturating).
+    pub fn flops(&self) -> u64 {
+        numel(&[self.b, self.hq, self.s, self.t, self.d]).saturating_mul(4)
+    }
+}
+
+fn infer_embedding(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.int_input(0)?;
+    ctx.expect_rank(1, 2, "[V, H]")?;
+    let table = ctx.input(1);
+    let mut shape = ctx.input(0).shape.clone();
+    shape.push(table.shape[1]);
+    Ok(vec![TensorType::new(table.dtype, shape)])
+}
+
+fn cost_embedding(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let written = outputs.iter().map(TensorType::bytes).sum::<u64>();
+    Cost {
+        flops: 0,
+        bytes_read: ctx.input(0).bytes().saturating_add(written),
+        bytes_written: written,
+    }
+}
+
+fn infer_rope(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.float_input(0)?;
+    ctx.expect_rank(0, 4, "[B, S, heads, D]")?;
+    let d = ctx.input(0).shape[3];
+    if d % 2 != 0 {
+        return Err(OpError::at(
+            0,
+            format!("the head dim of x must be even to rotate halves, got {d}"),
+        ));
+    }
+    let theta = ctx.attrs.float("theta")?;
+    if !(theta > 0.0 && theta.is_finite()) {
+        return Err(OpError::new(format!(
+            "`theta` must be a finite positive number, got {theta:?}"
+        )));
+    }
+    Ok(vec![ctx.input(0).clone()])
+}
+
+fn infer_attention(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)?;
+    let dtype = ctx.float_input(0)?;
+    ctx.same_dtype(0, 1)?;
+    ctx.same_dtype(0, 2)?;
+    Ok(vec![TensorType::new(dtype, ctx.input(0).shape.clone())])
+}
+
+fn cost_attention(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
+        .map_or(0, |d| d.flops());
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+fn infer_causal_mask(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let size = ctx.attrs.int("size")?;
+    let dtype = ctx.attrs.dtype("dtype")?;
+    if size < 0 {
+        return Err(OpError::new(format!(
+            "`size` must be non-negative, got {size}"
+        )));
+    }
+    if !dtype.is_float() {
+        return Err(OpError::new(format!(
+            "`dtype` must be a float dtype to hold -inf, got {dtype}"
+        )));
+    }
+    Ok(vec![TensorType::new(dtype, [size, size])])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::family::testing::*;
+    use crate::ops::{cost, DType, Op};
+
+    #[test]
+    fn embedding() {
+        let out = ok(
+            Op::Embedding,
+            Attrs::new(),
+            &[t(DType::I32, &[2, 7]), t(DType::BF16, &[100, 16])],
+        );
+        assert_eq!(out, t(DType::BF16, &[2, 7, 16]));
+        let e = err(Op::Embedding, Attrs::new(), &[f32t(&[2]), f32t(&[10, 4])]);
+        assert_eq!(
+            e.message,
+            "embedding: expects an integer tensor, but ids is f32[2]"
+        );
+        assert_eq!(e.input, Some(0));
+        let e = err(
+            Op::Embedding,
+            Attrs::new(),
+            &[t(DType::I64, &[2]), f32t(&[10])],
+        );
+        assert_eq!(
+            e.message,
+            "embedding: expects table of rank 2 ([V, H]), but table is f32[10]"
+        );
+        let c = cost(
+            Op::Embedding,
+            &Attrs::new(),
+            &[t(DType::I32, &[3]), f32t(&[1000, 4])],
+        )
+        .unwrap();
+        assert_eq!((c.bytes_read, c.bytes_written), (12 + 48, 48));
+    }
+
+    #[test]
+    fn rope() {
+        let x = [f32t(&[1, 5, 2, 8])];
+        assert_eq!(ok(Op::Rope, Attrs::new(), &x), x[0]);
+        assert!(err(Op::Rope, Attrs::new(), &[f32t(&[1, 5, 2, 7])])
+            .message
+            .contains("must be even"));
+        assert!(err(Op::Rope, Attrs::new(), &[f32t(&[5, 8])])
+            .message
+            .contains("rank 4 ([B, S, heads, D])"));
+        let a = Attrs::new().with("theta", 0.0);
+        assert!(err(Op::Rope, a, &x).message.contains("`theta` must be"));
+    }
+
+    #[test]
+    fn attention_shapes_and_gqa() {
+        let q = f32t(&[2, 5, 8, 16]);
+        let kv = f32t(&[2, 7, 2, 16]);
+        let out = ok(
+            Op::Attention,
+            Attrs::new(),
+            &[q.clone(), kv.clone(), kv.clone()],
+        );
+        assert_eq!(out, q);
+        let bad_heads = f32t(&[2, 7, 3, 16]);
+        let e = err(
+            Op::Attention,
+            Attrs::new(),
+            &[q.clone(), bad_heads.clone(), bad_heads],
+        );
+        assert_eq!(
+            e.message,
+            "attention: k has 3 heads, which must divide the 8 heads of q"
+        );
+        let e = err(
+            Op::Attention,
+            Attrs::new(),
+            &[q.clone(), kv.clone(), f32t(&[2, 6, 2, 16])],
+        );
+        assert_eq!(
+            e.message,
+            "attention: v [2, 6, 2, 16] must have the shape of k [2, 7, 2, 16]"
+        );
+        assert_eq!(e.input, Some(2));
+        let e = err(
+            Op::Attention,
+            Attrs::new(),
+            &[q.clone(), f32t(&[2, 7, 2, 8]), kv.clone()],
+        );
+        assert!(e.message.contains("batch and head dim must agree"));
+        let kv16 = t(DType::F16, &[2, 7, 2, 16]);
+        let e = err(
+            Op::Attention,
+            Attrs::new(),
+            &[q.clone(), kv16.clone(), kv16],
+        );
+        assert_eq!(e.message, "attention: dtypes differ: q has f32, k has f16");
+    }
+
+    #[test]
+    fn attention_dims_and_cost() {
+        let (q, kv) = (f32t(&[2, 5, 8, 16]), f32t(&[2, 7, 2, 16]));
+        let d = AttentionDims::of(&q, &kv, &kv, &Attrs::new()).unwrap();
+        assert_eq!((d.hq / d.hkv, d.causal), (4, false));
+        assert!((d.scale - 0.25).abs() < 1e-15, "scale {}", d.scale);
+        let a = Attrs::new().with("causal", true).with("scale", 0.5);
+        let d = AttentionDims::of(&q, &kv, &kv, &a).unwrap();
+        assert_eq!((d.causal, d.scale), (true, 0.5));
+        let c = cost(Op::Attention, &a, &[q.clone(), kv.clone(), kv.clone()]).unwrap();
+        assert_eq!(c.flops, 4 * 2 * 8 * 5 * 7 * 16);
+        let a = Attrs::new().with("scale", f64::INFINITY);
+        assert!(err(Op::Attention, a, &[q, kv.clone(), kv])
+            .message
+            .contains("finite"));
+    }
+
+    #[test]
+    fn causal_mask() {
+        let a = Attrs::new().with("size", 4).with("dtype", DType::F32);
+        assert_eq!(ok(Op::CausalMask, a, &[]), f32t(&[4, 4]));
+        let a = Attrs::new().with("size", 4).with("dtype", DType::I32);
+        assert_eq!(
+            err(Op::CausalMask, a, &[]).message,
+            "causal_mask: `dtype` must be a float dtype to hold -inf, got i32"
+        );
+        let a = Attrs::new().with("size", -1).with("dtype", DType::F32);
+        assert!(err(Op::CausalMask, a, &[]).message.contains("non-negative"));
+    }
+}

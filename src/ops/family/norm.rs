@@ -1,0 +1,191 @@
+//! Normalisations over the last dim (`rms_norm`, `layer_norm` and their fused affine forms)
+//! and `batch_norm` over the channel dim.
+
+use crate::ops::attrs::{AttrSpec, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::{broadcasts_to, fmt_dims};
+use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::TensorType;
+
+const EPS: [AttrSpec; 1] = [AttrSpec::defaulted("eps", ConstAttr::Float(1e-5))];
+
+/// A normalisation of `x` over its last dim, costing `flops` per element; on the keep-f32
+/// list.
+pub const fn normalize(flops: u64) -> OpSpec {
+    OpSpec {
+        inputs: &["x"],
+        arity: Arity::Exact(1),
+        attrs: &EPS,
+        infer: infer_normalize,
+        cost: CostRule::PerInput(flops),
+        precision: PrecisionClass::KeepF32,
+        elementwise: false,
+        in_place: true,
+        grad: None,
+        shard: None,
+    }
+}
+
+/// A fused normalisation followed by elementwise scale (and shift) parameters named after
+/// `x` in `inputs`, each broadcasting to `x` and of `x`'s dtype.
+pub const fn normalize_affine(inputs: &'static [&'static str], flops: u64) -> OpSpec {
+    OpSpec {
+        inputs,
+        arity: Arity::Exact(inputs.len()),
+        infer: infer_normalize_affine,
+        ..normalize(flops)
+    }
+}
+
+/// `batch_norm`: inference normalisation of `x [N, C, ...]` by per-channel `mean` and `var`.
+pub const BATCH_NORM: OpSpec = OpSpec {
+    inputs: &["x", "mean", "var"],
+    arity: Arity::Exact(3),
+    infer: infer_batch_norm,
+    ..normalize(2)
+};
+
+fn check_eps(ctx: &OpCtx) -> Result<(), OpError> {
+    let eps = ctx.attrs.float("eps")?;
+    if eps >= 0.0 && eps.is_finite() {
+        Ok(())
+    } else {
+        Err(OpError::new(format!(
+            "`eps` must be a finite non-negative number, got {eps:?}"
+        )))
+    }
+}
+
+fn infer_normalize(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    check_eps(ctx)?;
+    ctx.float_input(0)?;
+    ctx.expect_min_rank(0, 1, "[..., H]")?;
+    Ok(vec![ctx.input(0).clone()])
+}
+
+fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_normalize(ctx)?;
+    let x = ctx.input(0);
+    for i in 1..ctx.inputs.len() {
+        ctx.same_dtype(0, i)?;
+        let p = ctx.input(i);
+        if !broadcasts_to(&p.shape, &x.shape) {
+            return Err(OpError::at(
+                i,
+                format!(
+                    "{} {} does not broadcast to x {}",
+                    ctx.arg_name(i),
+                    fmt_dims(&p.shape),
+                    fmt_dims(&x.shape)
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn infer_batch_norm(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    check_eps(ctx)?;
+    ctx.float_input(0)?;
+    ctx.expect_min_rank(0, 2, "[N, C, ...]")?;
+    let c = ctx.input(0).shape[1];
+    for i in 1..3 {
+        ctx.same_dtype(0, i)?;
+        if ctx.input(i).shape != [c] {
+            return Err(OpError::at(
+                i,
+                format!(
+                    "{} must be [{c}] (one per channel of x), got {}",
+                    ctx.arg_name(i),
+                    fmt_dims(&ctx.input(i).shape)
+                ),
+            ));
+        }
+    }
+    Ok(vec![ctx.input(0).clone()])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::family::testing::*;
+    use crate::ops::{Attrs, DType, Op, PrecisionClass};
+
+    #[test]
+    fn last_dim_norms() {
+        let x = [f32t(&[2, 8])];
+        assert_eq!(ok(Op::RmsNorm, Attrs::new(), &x), f32t(&[2, 8]));
+        let a = Attrs::new().with("eps", 1e-6);
+        assert_eq!(ok(Op::LayerNorm, a, &x), f32t(&[2, 8]));
+        let a = Attrs::new().with("eps", -1.0);
+        assert_eq!(
+            err(Op::RmsNorm, a, &x).message,
+            "rms_norm: `eps` must be a finite non-negative number, got -1.0"
+        );
+        assert_eq!(
+            err(Op::LayerNorm, Attrs::new(), &[f32t(&[])]).message,
+            "layer_norm: expects x of rank at least 1 ([..., H]), but x is f32[]"
+        );
+        assert!(err(Op::RmsNorm, Attrs::new(), &[t(DType::I32, &[3])])
+            .message
+            .contains("expects a float tensor"));
+        assert_eq!(Op::LayerNorm.spec().precision, PrecisionClass::KeepF32);
+    }
+
+    #[test]
+    fn fused_affine_forms() {
+        let out = ok(Op::RmsNormScale, Attrs::new(), &[f32t(&[2, 8]), f32t(&[8])]);
+        assert_eq!(out, f32t(&[2, 8]));
+        let out = ok(
+            Op::LayerNormAffine,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[8]), f32t(&[1, 8])],
+        );
+        assert_eq!(out, f32t(&[2, 8]));
+        let e = err(
+            Op::LayerNormAffine,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[8]), f32t(&[4])],
+        );
+        assert_eq!(
+            e.message,
+            "layer_norm_affine: b [4] does not broadcast to x [2, 8]"
+        );
+        assert_eq!(e.input, Some(2));
+        let e = err(
+            Op::RmsNormScale,
+            Attrs::new(),
+            &[f32t(&[2, 8]), t(DType::BF16, &[8])],
+        );
+        assert_eq!(
+            e.message,
+            "rms_norm_scale: dtypes differ: x has f32, w has bf16"
+        );
+    }
+
+    #[test]
+    fn batch_norm() {
+        let x = f32t(&[2, 3, 4, 4]);
+        let out = ok(
+            Op::BatchNorm,
+            Attrs::new(),
+            &[x.clone(), f32t(&[3]), f32t(&[3])],
+        );
+        assert_eq!(out, x);
+        let e = err(
+            Op::BatchNorm,
+            Attrs::new(),
+            &[x.clone(), f32t(&[3]), f32t(&[4])],
+        );
+        assert_eq!(
+            e.message,
+            "batch_norm: var must be [3] (one per channel of x), got [4]"
+        );
+        assert_eq!(e.input, Some(2));
+        let e = err(
+            Op::BatchNorm,
+            Attrs::new(),
+            &[f32t(&[3]), f32t(&[3]), f32t(&[3])],
+        );
+        assert!(e.message.contains("rank at least 2 ([N, C, ...])"));
+    }
+}

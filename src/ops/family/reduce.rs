@@ -1,0 +1,150 @@
+//! Reductions (`sum`, `mean`, `max`) and the normalising reductions `softmax`, `log_softmax`.
+
+use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::normalize_axes;
+use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::{Op, TensorType};
+
+const REDUCTION_ATTRS: [AttrSpec; 2] = [
+    AttrSpec::optional("axes", AttrKind::Ints),
+    AttrSpec::defaulted("keepdim", ConstAttr::Bool(false)),
+];
+
+/// A reduction over `axes` (absent: every axis; `[]`: none), keeping reduced dims as 1 when
+/// `keepdim`. One flop per input element.
+pub const fn reduction(precision: PrecisionClass) -> OpSpec {
+    OpSpec {
+        inputs: &["x"],
+        arity: Arity::Exact(1),
+        attrs: &REDUCTION_ATTRS,
+        infer: infer_reduction,
+        cost: CostRule::PerInput(1),
+        precision,
+        elementwise: false,
+        in_place: false,
+        grad: None,
+        shard: None,
+    }
+}
+
+/// `softmax` and `log_softmax` over `axis` (default -1): max, subtract, exp, sum, divide —
+/// about 8 flops per element; on the keep-f32 list.
+pub const SOFTMAX: OpSpec = OpSpec {
+    inputs: &["x"],
+    arity: Arity::Exact(1),
+    attrs: &[AttrSpec::defaulted("axis", ConstAttr::Int(-1))],
+    infer: infer_softmax,
+    cost: CostRule::PerInput(8),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: true,
+    grad: None,
+    shard: None,
+};
+
+/// The axes a reduction of a rank-`rank` tensor reduces, ascending: all of them when `axes`
+/// is absent.
+pub fn reduced_axes(attrs: &Attrs, rank: usize) -> Result<Vec<usize>, OpError> {
+    match attrs.opt_ints("axes")? {
+        None => Ok((0..rank).collect()),
+        Some(axes) => {
+            let mut v =
+                normalize_axes(&axes, rank).map_err(|m| OpError::new(format!("axes: {m}")))?;
+            v.sort_unstable();
+            Ok(v)
+        }
+    }
+}
+
+fn infer_reduction(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let x = ctx.input(0);
+    let dtype = match ctx.op {
+        Op::Mean => ctx.float_input(0)?,
+        Op::Sum => ctx.numeric_input(0)?,
+        _ => x.dtype,
+    };
+    let axes = reduced_axes(ctx.attrs, x.rank())?;
+    if ctx.op == Op::Max {
+        if let Some(&a) = axes.iter().find(|&&a| x.shape[a] == 0) {
+            return Err(OpError::at(
+                0,
+                format!("cannot take the max over axis {a}, which is empty"),
+            ));
+        }
+    }
+    let keepdim = ctx.attrs.bool("keepdim")?;
+    let shape = x
+        .shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdim) {
+            (false, _) => Some(d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect::<Vec<_>>();
+    Ok(vec![TensorType::new(dtype, shape)])
+}
+
+fn infer_softmax(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.float_input(0)?;
+    ctx.axis("axis", 0)?;
+    Ok(vec![ctx.input(0).clone()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::family::testing::*;
+    use crate::ops::{cost, DType};
+
+    #[test]
+    fn reductions() {
+        let x = [f32t(&[2, 3, 4])];
+        assert_eq!(ok(Op::Sum, Attrs::new(), &x), f32t(&[]));
+        let a = Attrs::new().with("axes", vec![-1, 0]);
+        assert_eq!(ok(Op::Mean, a, &x), f32t(&[3]));
+        let a = Attrs::new().with("axes", vec![1]).with("keepdim", true);
+        assert_eq!(ok(Op::Max, a, &x), f32t(&[2, 1, 4]));
+        let a = Attrs::new().with("axes", vec![]);
+        assert_eq!(ok(Op::Sum, a, &x), f32t(&[2, 3, 4]));
+        let i = [t(DType::I32, &[5])];
+        assert_eq!(ok(Op::Sum, Attrs::new(), &i), t(DType::I32, &[]));
+        assert_eq!(
+            err(Op::Mean, Attrs::new(), &i).message,
+            "mean: expects a float tensor, but x is i32[5]"
+        );
+        let a = Attrs::new().with("axes", vec![1, -2]);
+        assert_eq!(
+            err(Op::Sum, a, &x).message,
+            "sum: axes: axis -2 is listed twice (as 1)"
+        );
+        assert!(err(Op::Max, Attrs::new(), &[f32t(&[2, 0])])
+            .message
+            .contains("axis 1, which is empty"));
+        let a = Attrs::new().with("axes", vec![0]);
+        assert_eq!(ok(Op::Sum, a, &[f32t(&[0, 2])]), f32t(&[2]));
+    }
+
+    #[test]
+    fn softmax() {
+        assert_eq!(
+            ok(Op::Softmax, Attrs::new(), &[f32t(&[2, 5])]),
+            f32t(&[2, 5])
+        );
+        let a = Attrs::new().with("axis", 0);
+        assert_eq!(ok(Op::LogSoftmax, a, &[f32t(&[2, 5])]), f32t(&[2, 5]));
+        let a = Attrs::new().with("axis", 2);
+        assert!(err(Op::Softmax, a, &[f32t(&[2, 5])])
+            .message
+            .contains("out of range"));
+        assert!(err(Op::Softmax, Attrs::new(), &[f32t(&[])])
+            .message
+            .contains("rank-0"));
+        let c = cost(Op::Softmax, &Attrs::new(), &[f32t(&[2, 5])]).unwrap();
+        assert_eq!(c.flops, 80);
+        assert_eq!(Op::Sum.spec().precision, PrecisionClass::KeepF32);
+        assert_eq!(Op::Max.spec().precision, PrecisionClass::FollowInput);
+    }
+}

@@ -1,0 +1,161 @@
+//! The op registry: every op of `docs/ops.md` described once, with everything the stages
+//! need — argument and attribute schema, shape and dtype rule, cost, mixed-precision class,
+//! elementwise-ness, in-place reuse, and slots for gradient and sharding rules.
+//!
+//! Conventions all rules share: shapes are fully known `Vec<i64>` with non-negative dims;
+//! negative axes count from the end; broadcasting follows NumPy; only the elementwise binary
+//! ops promote mixed dtypes (`DType::promote`), every other op with several data inputs
+//! requires them to agree, so kernels see one dtype. Kernels live elsewhere and are linked
+//! by op name; the family modules expose what they need (resolved geometry, programs).
+
+mod attrs;
+mod dtype;
+mod error;
+pub mod family;
+mod registry;
+mod shape;
+mod spec;
+mod tensor_type;
+
+pub use attrs::{resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
+pub use dtype::DType;
+pub use error::OpError;
+pub use registry::Op;
+pub use shape::{broadcast, broadcasts_to, fmt_dims, normalize_axes, normalize_axis, numel};
+pub use spec::{
+    Arity, Cost, CostRule, DimLayout, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec,
+    PrecisionClass, ShardRule,
+};
+pub use tensor_type::TensorType;
+
+/// Checks `attrs` against the op's schema and returns them complete (defaults filled in,
+/// ints widened to floats where floats are declared); errors name the op.
+pub fn resolve_attrs(op: Op, attrs: &Attrs) -> Result<Attrs, OpError> {
+    resolve(op.spec().attrs, attrs).map_err(|e| e.context(op.name()))
+}
+
+/// The output types of `op` applied to `inputs` with `attrs`: validates arity, input shapes
+/// and attributes, then applies the op's shape and dtype rule. Every error names the op, and
+/// `input` points at the argument at fault where there is one.
+pub fn infer(op: Op, attrs: &Attrs, inputs: &[TensorType]) -> Result<Vec<TensorType>, OpError> {
+    let spec = op.spec();
+    if !spec.arity.accepts(inputs.len()) {
+        return Err(OpError::new(format!(
+            "{op}: expects {}, got {}",
+            spec.arity.describe(),
+            inputs.len()
+        )));
+    }
+    for (i, t) in inputs.iter().enumerate() {
+        well_formed(t).map_err(|m| OpError::at(i, format!("{op}: input {i} {m}")))?;
+    }
+    let attrs = resolve_attrs(op, attrs)?;
+    let ctx = OpCtx {
+        op,
+        attrs: &attrs,
+        inputs,
+    };
+    let outputs = (spec.infer)(&ctx).map_err(|e| e.context(op.name()))?;
+    for t in &outputs {
+        well_formed(t).map_err(|m| OpError::new(format!("{op}: the result {m}")))?;
+    }
+    Ok(outputs)
+}
+
+/// Flops and bytes moved by `op` on `inputs` (inferring its outputs first).
+pub fn cost(op: Op, attrs: &Attrs, inputs: &[TensorType]) -> Result<Cost, OpError> {
+    let outputs = infer(op, attrs, inputs)?;
+    let attrs = resolve_attrs(op, attrs)?;
+    let ctx = OpCtx {
+        op,
+        attrs: &attrs,
+        inputs,
+    };
+    Ok(match op.spec().cost {
+        CostRule::PerOutput(k) => {
+            let n = outputs.iter().map(TensorType::numel).sum::<u64>();
+            Cost::streaming(n.saturating_mul(k), inputs, &outputs)
+        }
+        CostRule::PerInput(k) => {
+            let n = inputs.first().map_or(0, TensorType::numel);
+            Cost::streaming(n.saturating_mul(k), inputs, &outputs)
+        }
+        CostRule::View => Cost::default(),
+        CostRule::Custom(f) => f(&ctx, &outputs),
+    })
+}
+
+/// Checks that a type has non-negative dims and an element count that fits in an `i64`.
+fn well_formed(t: &TensorType) -> Result<(), String> {
+    if let Some(d) = t.shape.iter().find(|&&d| d < 0) {
+        return Err(format!("has a negative dim {d} in {}", fmt_dims(&t.shape)));
+    }
+    if t.checked_numel().is_none() {
+        return Err(format!(
+            "has more elements than fit in an i64: {}",
+            fmt_dims(&t.shape)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::family::testing::*;
+    use super::*;
+
+    #[test]
+    fn generic_checks_name_the_op_and_input() {
+        let e = err(Op::Add, Attrs::new(), &[f32t(&[2])]);
+        assert_eq!(e.message, "add: expects 2 inputs, got 1");
+        let e = err(Op::Neg, Attrs::new(), &[f32t(&[2, -3])]);
+        assert_eq!(e.message, "neg: input 0 has a negative dim -3 in [2, -3]");
+        assert_eq!(e.input, Some(0));
+        let e = err(Op::Neg, Attrs::new(), &[f32t(&[1 << 40, 1 << 40])]);
+        assert!(
+            e.message.contains("more elements than fit"),
+            "{}",
+            e.message
+        );
+        let e = err(Op::Neg, Attrs::new().with("axis", 1), &[f32t(&[2])]);
+        assert_eq!(e.message, "neg: unknown attribute `axis`");
+        let e = err(
+            Op::BroadcastTo,
+            Attrs::new().with("shape", vec![1 << 40, 1 << 40]),
+            &[f32t(&[1])],
+        );
+        assert!(e.message.starts_with("broadcast_to: the result has more"));
+    }
+
+    #[test]
+    fn odd_calls_give_errors_not_panics() {
+        // Each op's error for no inputs and no attributes is an arity or attribute error,
+        // never a panic, whatever the entry.
+        for &op in Op::ALL {
+            let _ = infer(op, &Attrs::new(), &[]);
+            let _ = infer(op, &Attrs::new(), &[f32t(&[]), f32t(&[3])]);
+        }
+    }
+
+    #[test]
+    fn elementwise_cost() {
+        let c = cost(Op::Exp, &Attrs::new(), &[f32t(&[4, 8])]).unwrap();
+        assert_eq!(
+            c,
+            Cost {
+                flops: 128,
+                bytes_read: 128,
+                bytes_written: 128
+            }
+        );
+        let c = cost(Op::Add, &Attrs::new(), &[f32t(&[4, 8]), f32t(&[8])]).unwrap();
+        assert_eq!((c.flops, c.bytes_read, c.bytes_written), (32, 160, 128));
+        let c = cost(
+            Op::Reshape,
+            &Attrs::new().with("shape", vec![32]),
+            &[f32t(&[4, 8])],
+        )
+        .unwrap();
+        assert_eq!(c, Cost::default());
+    }
+}
