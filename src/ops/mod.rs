@@ -17,7 +17,7 @@ mod shape;
 mod spec;
 mod tensor_type;
 
-pub use attrs::{resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
+pub use attrs::{quote, resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
 pub use dtype::DType;
 pub use error::OpError;
 pub use registry::Op;
