@@ -8,26 +8,25 @@ fn f32t(s: &[i64]) -> TensorType {
     TensorType::new(DType::F32, s)
 }
 
-/// A small attention block: norm, q/k/v projections, rope, attention, output projection,
-/// residual; with origins and a few annotations.
-fn attention_block() -> Graph {
+/// A small attention layer reading `x [1, 8, 32]`: norm, q/k/v projections, rope,
+/// attention, output projection, residual; with origins and a few annotations.
+fn attention_layer(g: &mut Graph, x: ValueRef, layer: usize) -> ValueRef {
     let (s, h, heads, d) = (8, 32, 4, 8);
-    let mut g = Graph::new();
-    let x = g.add_input("x", f32t(&[1, s, h]));
+    let prefix = format!("layers.{layer}");
+    let scope = format!("model.{prefix}.self_attn");
     let norm_w = g.add_param(
-        "layers.0.input_layernorm.weight",
+        &format!("{prefix}.input_layernorm.weight"),
         f32t(&[h]),
         Init::Ones,
         true,
     );
-    let scope = "model.layers.0.self_attn";
     let normed = g
         .add_op(Op::RmsNorm, Attrs::new().with("eps", 1e-5), &[x])
         .unwrap()[0];
     let scaled = g.add_op(Op::Mul, Attrs::new(), &[normed, norm_w]).unwrap()[0];
     let proj = |g: &mut Graph, name: &str, input: ValueRef| {
         let w = g.add_param(
-            &format!("layers.0.self_attn.{name}.weight"),
+            &format!("{prefix}.self_attn.{name}.weight"),
             f32t(&[h, h]),
             Init::Normal {
                 mean: 0.0,
@@ -53,10 +52,10 @@ fn attention_block() -> Graph {
         )
         .unwrap()[0]
     };
-    let q = proj(&mut g, "q_proj", scaled);
-    let k = proj(&mut g, "k_proj", scaled);
-    let v = proj(&mut g, "v_proj", scaled);
-    let (q, k, v) = (split(&mut g, q), split(&mut g, k), split(&mut g, v));
+    let q = proj(g, "q_proj", scaled);
+    let k = proj(g, "k_proj", scaled);
+    let v = proj(g, "v_proj", scaled);
+    let (q, k, v) = (split(g, q), split(g, k), split(g, v));
     let q = g.add_op(Op::Rope, Attrs::new(), &[q]).unwrap()[0];
     let k = g.add_op(Op::Rope, Attrs::new(), &[k]).unwrap()[0];
     let a = g
@@ -65,18 +64,28 @@ fn attention_block() -> Graph {
     let ann = &mut g.node_mut(a.node).unwrap().annotations;
     ann.recompute = true;
     ann.keep_dtype = Some(DType::F32);
-    ann.shard = Some(vec![
-        vec![Some("dp".into()), None, Some("mp".into()), None],
-        vec![Some("dp".into()), None, Some("mp".into()), None],
-        vec![Some("dp".into()), None, Some("mp".into()), None],
-    ]);
+    let layout = vec![Some("dp".to_string()), None, Some("mp".to_string()), None];
+    ann.shard = Some(vec![layout.clone(), layout.clone(), layout]);
     let merged = g
         .add_op(Op::Reshape, Attrs::new().with("shape", vec![1, s, h]), &[a])
         .unwrap()[0];
-    let o = proj(&mut g, "o_proj", merged);
-    let out = g.add_op(Op::Add, Attrs::new(), &[x, o]).unwrap()[0];
-    g.set_output("hidden", out).unwrap();
+    let o = proj(g, "o_proj", merged);
+    g.add_op(Op::Add, Attrs::new(), &[x, o]).unwrap()[0]
+}
+
+/// `layers` attention layers over one input.
+fn attention_model(layers: usize) -> Graph {
+    let mut g = Graph::new();
+    let mut x = g.add_input("x", f32t(&[1, 8, 32]));
+    for layer in 0..layers {
+        x = attention_layer(&mut g, x, layer);
+    }
+    g.set_output("hidden", x).unwrap();
     g
+}
+
+fn attention_block() -> Graph {
+    attention_model(1)
 }
 
 #[test]
@@ -206,6 +215,16 @@ fn parse_errors_name_the_line() {
     assert!(err("%0 = input \"x\" : q32[4]").contains("unknown dtype `q32`"));
 }
 
+#[test]
+fn a_deep_model_verifies_and_round_trips() {
+    // 32 layers, ~600 nodes: the depth of a LLaMA-7B forward graph.
+    let g = attention_model(32);
+    assert_eq!(g.node_count(), 1 + 32 * 19);
+    verify(&g).unwrap();
+    let text = to_text(&g);
+    assert_eq!(to_text(&parse_text(&text).unwrap()), text);
+}
+
 /// A random chain of unary and binary elementwise ops over two inputs.
 fn any_chain() -> impl Strategy<Value = Graph> {
     let ops = vec![Op::Exp, Op::Neg, Op::Tanh, Op::Add, Op::Mul, Op::Maximum];
@@ -235,6 +254,23 @@ fn any_chain() -> impl Strategy<Value = Graph> {
 }
 
 proptest! {
+    #[test]
+    fn parsing_damaged_text_never_panics(
+        cut in 0usize..2000,
+        len in 0usize..6,
+        junk in "[%@{}\\[\\](),=:#\"a-z0-9 .-]{0,6}",
+    ) {
+        let text = to_text(&attention_block());
+        let mut chars: Vec<char> = text.chars().collect();
+        let at = cut % chars.len();
+        let end = (at + len).min(chars.len());
+        chars.splice(at..end, junk.chars());
+        let damaged: String = chars.into_iter().collect();
+        if let Ok(g) = parse_text(&damaged) {
+            let _ = verify(&g);
+        }
+    }
+
     #[test]
     fn random_graphs_verify_and_round_trip(g in any_chain()) {
         prop_assert_eq!(verify(&g), Ok(()));
