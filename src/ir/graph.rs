@@ -16,10 +16,12 @@ use std::fmt;
 pub struct NodeId(pub u32);
 
 impl NodeId {
+    /// The petgraph index behind the id.
     pub(crate) fn ix(self) -> NodeIndex<u32> {
         NodeIndex::new(self.0 as usize)
     }
 
+    /// The id of a petgraph index.
     pub(crate) fn of(ix: NodeIndex<u32>) -> NodeId {
         // Indices come from a `u32`-indexed graph, so they fit.
         NodeId(ix.index() as u32)
