@@ -1,1 +1,3 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
+
+pub mod plan;
