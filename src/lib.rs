@@ -1,3 +1,4 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
 
+pub mod io;
 pub mod plan;
