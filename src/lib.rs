@@ -6,5 +6,6 @@ pub mod cli;
 pub mod diag;
 pub mod ir;
 pub mod ops;
+pub mod passes;
 pub mod plan;
 pub mod syntax;
