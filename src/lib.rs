@@ -8,5 +8,6 @@ pub mod diag;
 pub mod io;
 pub mod ir;
 pub mod ops;
+pub mod passes;
 pub mod plan;
 pub mod syntax;
