@@ -7,9 +7,12 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::artifact::{encode, write::write_all_or_nothing};
+use crate::check::policy::LowPrecision;
 use crate::check::{check_path, Checked, Model};
 use crate::compile::{compile, CompileOptions, Compiled};
 use crate::diag::{Code, Diagnostic, FileId};
+use crate::ops::{DType, Op};
+use crate::passes::AmpConfig;
 use crate::plan::kernels::kernel_table_toml;
 use crate::plan::target::Target;
 use crate::syntax::ast::Span;
@@ -31,7 +34,14 @@ pub enum Emit {
 #[derive(clap::Args, Debug)]
 pub struct BuildArgs {
     /// The `.msl` file to build.
-    pub file: PathBuf,
+    #[arg(required_unless_present = "passes")]
+    pub file: Option<PathBuf>,
+    /// List the optimization passes and exit.
+    #[arg(long)]
+    pub passes: bool,
+    /// Turn operator fusion off.
+    #[arg(long)]
+    pub no_fuse: bool,
     /// The model to build (default: the file's only model, or the one its `train` names).
     #[arg(long)]
     pub entry: Option<String>,
@@ -70,6 +80,8 @@ struct Report<'a> {
     arena_over_lower_bound: f64,
     in_place_reuses: usize,
     memory_strategy: &'a str,
+    rewrites_by_label: &'a std::collections::BTreeMap<String, usize>,
+    passes: &'a [crate::passes::PassTiming],
     flops_per_forward: u64,
     estimated_seconds_per_forward: f64,
     stage_ms: StageMs,
@@ -87,8 +99,16 @@ struct StageMs {
 
 /// Runs the build; 0 on success, 1 on errors.
 pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
+    let Some(file) = args.file.as_deref().filter(|_| !args.passes) else {
+        let list: Vec<String> = crate::passes::pass_descriptions()
+            .iter()
+            .map(|(name, what)| format!("{name:<14} {what}"))
+            .collect();
+        print_stdout(&(list.join("\n") + "\n"));
+        return 0;
+    };
     let start = Instant::now();
-    let checked = check_path(&args.file, &args.model.check_options());
+    let checked = check_path(file, &args.model.check_options());
     let check_ms = start.elapsed().as_secs_f64() * 1e3;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
@@ -209,12 +229,35 @@ fn choose_target(
     })
 }
 
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
+}
+
 fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, Box<Diagnostic>> {
     let model = choose_model(args, checked)?;
     let target = choose_target(args, checked, model)?;
     let options = CompileOptions {
         target,
         verify: args.verify,
+        fuse: !args.no_fuse,
+        amp: amp_for(checked, model),
     };
     let compiled = compile(model, &options).map_err(|e| {
         cli_error(
@@ -304,10 +347,23 @@ fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a
         arena_over_lower_bound: c.memory.ratio,
         in_place_reuses: c.memory.in_place_reuses,
         memory_strategy: &c.memory.strategy,
+        rewrites_by_label: &c.passes.rewrites_by_label,
+        passes: &c.passes.passes,
         flops_per_forward: c.cost.flops,
         estimated_seconds_per_forward: c.cost.seconds,
         stage_ms,
     }
+}
+
+fn rewrites_text(by_label: &std::collections::BTreeMap<String, usize>) -> String {
+    if by_label.is_empty() {
+        return "none".to_string();
+    }
+    by_label
+        .iter()
+        .map(|(k, v)| format!("{k} ×{v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
@@ -317,6 +373,7 @@ fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
         format!("built {} for {} ({})", r.model, r.target, r.target_fingerprint),
         format!("  ops:        {} after lowering, {} after passes, {} steps", r.ops_before_passes, r.ops_after_passes, r.steps),
         format!("  parameters: {} ({:.1} MiB)", group_thousands(r.parameters), mib(r.parameter_bytes)),
+        format!("  rewrites:   {}", rewrites_text(r.rewrites_by_label)),
         format!(
             "  arena:      {:.2} MiB, lower bound {:.2} MiB, ratio {:.4} ({}, {} in-place)",
             mib(r.arena_bytes),

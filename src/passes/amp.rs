@@ -25,18 +25,7 @@ use crate::ir::{Graph, Node, NodeId, ValueRef};
 use crate::ops::family::program::ElementwiseProgram;
 use crate::ops::{self, Attrs, DType, Op, OpError, PrecisionClass, TensorType};
 
-/// MindSpore's mixed-precision levels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum AmpLevel {
-    /// Everything in f32.
-    O0,
-    /// Only the white list in low precision.
-    O1,
-    /// Everything but the black list in low precision.
-    O2,
-    /// Everything in low precision.
-    O3,
-}
+pub use crate::check::policy::AmpLevel;
 
 /// A mixed-precision policy, as a `precision` declaration states it.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -12,7 +12,7 @@ use super::suggest;
 use super::value::{Val, Value};
 
 /// MindSpore's amp levels: how much of the network runs in low precision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum AmpLevel {
     /// Everything in f32.
     O0,
