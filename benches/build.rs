@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use mslc::artifact::encode;
 use mslc::check::{check_source, CheckOptions, Overrides};
-use mslc::compile::{compile, CompileOptions};
+use mslc::compile::{amp_for, compile, CompileOptions};
 use mslc::plan::kernels::kernel_table_toml;
 use mslc::plan::target::Target;
 
@@ -44,14 +44,14 @@ fn main() {
             let checked = check_source("examples/llama2_70b.msl", &text, &opts);
             let check = t.elapsed().as_secs_f64() * 1e3;
             assert!(!checked.has_errors());
-            let compiled = compile(
-                &checked.models[0],
-                &CompileOptions {
-                    target: target.clone(),
-                    verify: false,
-                },
-            )
-            .unwrap();
+            let amp = amp_for(&checked, &checked.models[0]);
+            let options = CompileOptions {
+                target: target.clone(),
+                verify: false,
+                fuse: true,
+                amp,
+            };
+            let compiled = compile(&checked.models[0], &options).unwrap();
             let t = Instant::now();
             let bytes = encode(&compiled.module, None);
             let toml = kernel_table_toml(&compiled.module);

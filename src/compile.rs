@@ -6,8 +6,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::artifact::Module;
-use crate::check::Model;
+use crate::check::policy::LowPrecision;
+use crate::check::{Checked, Model};
 use crate::ir::{self, Graph};
+use crate::ops::{DType, Op};
 use crate::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
 use crate::plan::cost::{estimate, CostEstimate};
 use crate::plan::memory::{plan_memory, MemoryPlan};
@@ -76,6 +78,27 @@ impl std::fmt::Display for CompileError {
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
+}
+
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+pub fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
 }
 
 /// Compiles a checked model.

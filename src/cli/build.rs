@@ -7,12 +7,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::artifact::{encode, write::write_all_or_nothing};
-use crate::check::policy::LowPrecision;
 use crate::check::{check_path, Checked, Model};
-use crate::compile::{compile, CompileOptions, Compiled};
+use crate::compile::{amp_for, compile, CompileOptions, Compiled};
 use crate::diag::{Code, Diagnostic, FileId};
-use crate::ops::{DType, Op};
-use crate::passes::AmpConfig;
 use crate::plan::kernels::kernel_table_toml;
 use crate::plan::target::Target;
 use crate::syntax::ast::Span;
@@ -226,27 +223,6 @@ fn choose_target(
         bandwidth: spec.bandwidth_bytes_per_s,
         interconnect: spec.interconnect_bytes_per_s,
         devices_per_node: spec.devices_per_node,
-    })
-}
-
-/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
-fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
-    let train = checked
-        .decls
-        .trains
-        .iter()
-        .find(|t| t.spec.model.name == model.name)?;
-    let p = &checked.decls.precisions[train.precision?];
-    let compute = match p.compute {
-        LowPrecision::F16 => DType::F16,
-        LowPrecision::BF16 => DType::BF16,
-    };
-    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
-    Some(AmpConfig {
-        level: p.level,
-        compute,
-        keep_f32,
-        keep_batchnorm_f32: p.keep_batchnorm_f32,
     })
 }
 
