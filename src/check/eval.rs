@@ -154,6 +154,20 @@ impl<'a> Elaborator<'a> {
         self.diags.push(diag);
     }
 
+    /// Reports an error at `span` with `label` under it and gives the poison value.
+    pub fn fail(
+        &mut self,
+        frame: &Frame,
+        code: Code,
+        span: Span,
+        message: impl Into<String>,
+        label: impl Into<String>,
+    ) -> Value {
+        let d = Diagnostic::error(code, frame.file, span, message).with_label(label);
+        self.report(frame, d);
+        Value::Error
+    }
+
     /// An error at `span` of the frame's file.
     pub fn error(
         &mut self,
@@ -367,18 +381,13 @@ impl<'a> Elaborator<'a> {
             ExprKind::Str(s) => Value::Str(s.clone()),
             ExprKind::Quantity { value, unit, .. } => Value::Quantity(value * unit_scale(unit)),
             ExprKind::Name(name) => self.eval_name(frame, name, e.span),
-            ExprKind::Wildcard => {
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0305,
-                        e.span,
-                        "`_` is only allowed in shard specs and shape patterns",
-                    )
-                    .with_label("not a value here");
-                self.report(frame, d);
-                Value::Error
-            }
+            ExprKind::Wildcard => self.fail(
+                frame,
+                Code::E0305,
+                e.span,
+                "`_` is only allowed in shard specs and shape patterns",
+                "not a value here",
+            ),
             ExprKind::List(items) => {
                 Value::List(items.iter().map(|i| self.eval(frame, i)).collect())
             }
@@ -508,16 +517,13 @@ impl<'a> Elaborator<'a> {
                 return Value::Error;
             }
             Some(_) => {
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0305,
-                        span,
-                        format!("`{name}` is a declaration, not a value"),
-                    )
-                    .with_label("used as a value");
-                self.report(frame, d);
-                return Value::Error;
+                return self.fail(
+                    frame,
+                    Code::E0305,
+                    span,
+                    format!("`{name}` is a declaration, not a value"),
+                    "used as a value",
+                );
             }
             None => {}
         }
@@ -566,16 +572,13 @@ impl<'a> Elaborator<'a> {
             return v.clone();
         }
         if !self.const_busy.insert(key.clone()) {
-            let d = self
-                .error(
-                    frame,
-                    Code::E0210,
-                    span,
-                    format!("constant `{}` depends on itself", b.name.name),
-                )
-                .with_label("used here while being computed");
-            self.report(frame, d);
-            return Value::Error;
+            return self.fail(
+                frame,
+                Code::E0210,
+                span,
+                format!("constant `{}` depends on itself", b.name.name),
+                "used here while being computed",
+            );
         }
         let file = self.modules.modules[module].file;
         let mut const_frame = Frame {
@@ -628,26 +631,25 @@ impl<'a> Elaborator<'a> {
             (UnOp::Not, Value::Bool(b)) => Value::Bool(!b),
             (op, other) => {
                 let sym = if op == UnOp::Neg { "-" } else { "!" };
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0305,
-                        arg_span,
-                        format!("cannot apply `{sym}` to {}", other.describe()),
-                    )
-                    .with_label(format!("this is {}", other.describe()));
-                self.report(frame, d);
-                Value::Error
+                self.fail(
+                    frame,
+                    Code::E0305,
+                    arg_span,
+                    format!("cannot apply `{sym}` to {}", other.describe()),
+                    format!("this is {}", other.describe()),
+                )
             }
         }
     }
 
     fn overflow(&mut self, frame: &Frame, span: Span) -> Value {
-        let d = self
-            .error(frame, Code::E0308, span, "integer overflow")
-            .with_label("the result does not fit in 64 bits");
-        self.report(frame, d);
-        Value::Error
+        self.fail(
+            frame,
+            Code::E0308,
+            span,
+            "integer overflow",
+            "the result does not fit in 64 bits",
+        )
     }
 
     fn binary(
@@ -738,11 +740,13 @@ impl<'a> Elaborator<'a> {
             BinOp::Sub => x.checked_sub(y),
             BinOp::Mul => x.checked_mul(y),
             BinOp::Div | BinOp::Rem if y == 0 => {
-                let d = self
-                    .error(frame, Code::E0308, rhs_span, "division by zero")
-                    .with_label("this is 0");
-                self.report(frame, d);
-                return Value::Error;
+                return self.fail(
+                    frame,
+                    Code::E0308,
+                    rhs_span,
+                    "division by zero",
+                    "this is 0",
+                );
             }
             BinOp::Div if x % y != 0 => {
                 let d = self
@@ -768,16 +772,13 @@ impl<'a> Elaborator<'a> {
             BinOp::Gt => return Value::Bool(x > y),
             BinOp::Ge => return Value::Bool(x >= y),
             _ => {
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0305,
-                        span,
-                        format!("cannot apply `{}` to two ints", op.symbol()),
-                    )
-                    .with_label("unsupported operands");
-                self.report(frame, d);
-                return Value::Error;
+                return self.fail(
+                    frame,
+                    Code::E0305,
+                    span,
+                    format!("cannot apply `{}` to two ints", op.symbol()),
+                    "unsupported operands",
+                );
             }
         };
         match result {
@@ -929,16 +930,13 @@ impl<'a> Elaborator<'a> {
             (Value::Tensor(t), "T") => {
                 let rank = self.model.ty(*t).rank() as i64;
                 if rank < 2 {
-                    let d = self
-                        .error(
-                            frame,
-                            Code::E0303,
-                            name.span,
-                            format!("`.T` needs at least 2 dims, the tensor has {rank}"),
-                        )
-                        .with_label("transposes the last two dims");
-                    self.report(frame, d);
-                    return Value::Error;
+                    return self.fail(
+                        frame,
+                        Code::E0303,
+                        name.span,
+                        format!("`.T` needs at least 2 dims, the tensor has {rank}"),
+                        "transposes the last two dims",
+                    );
                 }
                 let mut perm: Vec<i64> = (0..rank).collect();
                 perm.swap(rank as usize - 2, rank as usize - 1);
@@ -962,18 +960,13 @@ impl<'a> Elaborator<'a> {
             (Value::Tensor(t), "rank") => Value::Int(self.model.ty(*t).rank() as i64),
             (Value::Record(fields), key) => match fields.iter().find(|(k, _)| k == key) {
                 Some((_, v)) => v.clone(),
-                None => {
-                    let d = self
-                        .error(
-                            frame,
-                            Code::E0200,
-                            name.span,
-                            format!("the record has no field `{key}`"),
-                        )
-                        .with_label("unknown field");
-                    self.report(frame, d);
-                    Value::Error
-                }
+                None => self.fail(
+                    frame,
+                    Code::E0200,
+                    name.span,
+                    format!("the record has no field `{key}`"),
+                    "unknown field",
+                ),
             },
             (other, key) => {
                 let d = self
@@ -1004,16 +997,13 @@ impl<'a> Elaborator<'a> {
                 if (0..n).contains(&k) {
                     items[k as usize].clone()
                 } else {
-                    let d = self
-                        .error(
-                            frame,
-                            Code::E0305,
-                            span,
-                            format!("index {i} is out of range for {n} elements"),
-                        )
-                        .with_label("out of range");
-                    self.report(frame, d);
-                    Value::Error
+                    self.fail(
+                        frame,
+                        Code::E0305,
+                        span,
+                        format!("index {i} is out of range for {n} elements"),
+                        "out of range",
+                    )
                 }
             }
             (Value::Tensor(_), _) => {
@@ -1024,18 +1014,13 @@ impl<'a> Elaborator<'a> {
                 self.report(frame, d);
                 Value::Error
             }
-            (v, i) => {
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0305,
-                        span,
-                        format!("cannot index {} with {}", v.describe(), i.describe()),
-                    )
-                    .with_label("bad index");
-                self.report(frame, d);
-                Value::Error
-            }
+            (v, i) => self.fail(
+                frame,
+                Code::E0305,
+                span,
+                format!("cannot index {} with {}", v.describe(), i.describe()),
+                "bad index",
+            ),
         }
     }
 

@@ -25,16 +25,13 @@ impl Elaborator<'_> {
         span: Span,
     ) -> Value {
         let ExprKind::Name(name) = &callee.kind else {
-            let d = self
-                .error(
-                    frame,
-                    Code::E0202,
-                    callee.span,
-                    "only named functions and blocks can be called",
-                )
-                .with_label("not callable");
-            self.report(frame, d);
-            return Value::Error;
+            return self.fail(
+                frame,
+                Code::E0202,
+                callee.span,
+                "only named functions and blocks can be called",
+                "not callable",
+            );
         };
         let modules = self.modules;
         let module = &modules.modules[frame.module];

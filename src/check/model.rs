@@ -62,22 +62,17 @@ impl Elaborator<'_> {
                             v
                         }
                         Value::Error => v,
-                        other => {
-                            let d = self
-                                .error(
-                                    frame,
-                                    Code::E0309,
-                                    b.value.span,
-                                    format!(
-                                        "dim `{}` must be a positive int, found {}",
-                                        b.name.name,
-                                        show(&other)
-                                    ),
-                                )
-                                .with_label("not a positive size");
-                            self.report(frame, d);
-                            Value::Error
-                        }
+                        other => self.fail(
+                            frame,
+                            Code::E0309,
+                            b.value.span,
+                            format!(
+                                "dim `{}` must be a positive int, found {}",
+                                b.name.name,
+                                show(&other)
+                            ),
+                            "not a positive size",
+                        ),
                     };
                     frame.bind(&b.name.name, v, b.name.span);
                 }
