@@ -1,1 +1,2 @@
 //! mslc: compiler, planner and executor for `.msl` model descriptions.
+pub mod kernels;
