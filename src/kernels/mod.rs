@@ -3,12 +3,14 @@
 //! `&[usize]` shapes. A leaf module: it depends on nothing else in the crate.
 
 pub mod activation;
+pub mod conv;
 pub mod cpu;
 pub mod elementwise;
 pub mod error;
 pub mod math;
 pub mod matmul;
 pub mod par;
+pub mod pool;
 pub mod reference;
 pub mod scratch;
 pub mod shape;

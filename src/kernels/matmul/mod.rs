@@ -38,7 +38,7 @@ pub struct MatmulParams {
 impl Default for MatmulParams {
     fn default() -> Self {
         Self {
-            mc: 72,
+            mc: 96,
             kc: 256,
             nc: 1024,
             tasks_per_thread: 1,
