@@ -6,6 +6,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use mslc::kernels::attention::{attention, AttentionParams};
 use mslc::kernels::matmul::kernel::{select, MR, NR};
 use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams};
 use mslc::kernels::TensorRef;
@@ -111,6 +112,34 @@ fn bench_microkernel(isa: Isa) {
     );
 }
 
+fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
+    let q = data(b * s * h * d, 3);
+    let k = data(b * s * h * d, 4);
+    let v = data(b * s * h * d, 5);
+    let shape = [b, s, h, d];
+    let mut out = vec![0.0f32; q.len()];
+    let params = AttentionParams::default();
+    let seconds = in_pool(threads, || time(|| {
+        attention(
+            TensorRef { data: &q, shape: &shape },
+            TensorRef { data: &k, shape: &shape },
+            TensorRef { data: &v, shape: &shape },
+            true,
+            None,
+            &params,
+            &mut out,
+        )
+        .expect("attention");
+        black_box(&out);
+    }));
+    report(
+        &format!("attention B={b} S={s} H={h} D={d} causal"),
+        threads,
+        4.0 * (b * h * s * s * d) as f64,
+        seconds,
+    );
+}
+
 /// Runs `f` in a rayon pool of `threads` threads.
 fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
@@ -138,6 +167,11 @@ fn main() {
                 bench_matmul(t, 128, k, n, false);
                 bench_matmul(t, 128, k, n, true);
             }
+        }
+    }
+    if wanted("attention") {
+        for t in threads {
+            bench_attention(t, 1, 128, 4, 64);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `&[usize]` shapes. A leaf module: it depends on nothing else in the crate.
 
 pub mod activation;
+pub mod attention;
 pub mod conv;
 pub mod cpu;
 pub mod elementwise;
@@ -12,6 +13,7 @@ pub mod matmul;
 pub mod par;
 pub mod pool;
 pub mod reference;
+pub mod rows;
 pub mod scratch;
 pub mod shape;
 pub mod tensor;
