@@ -6,6 +6,7 @@ pub mod cli;
 pub mod compile;
 pub mod diag;
 pub mod ir;
+pub mod kernels;
 pub mod ops;
 pub mod plan;
 pub mod syntax;
