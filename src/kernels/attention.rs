@@ -191,7 +191,7 @@ impl Problem4<'_> {
                 rows::scale(row, inv);
                 // SAFETY: row q0 + r of head h lies inside `out` and belongs to this task.
                 let dst = unsafe {
-                    std::slice::from_raw_parts_mut(out.0.add(((b * s + q0 + r) * self.hq + h) * d), d)
+                    std::slice::from_raw_parts_mut(out.get().add(((b * s + q0 + r) * self.hq + h) * d), d)
                 };
                 dst.copy_from_slice(row);
             }

@@ -14,6 +14,7 @@ pub mod norm;
 pub mod matmul;
 pub mod par;
 pub mod pool;
+pub mod reduce;
 pub mod reference;
 pub mod rope;
 pub mod rows;
@@ -23,6 +24,7 @@ pub mod softmax;
 pub mod tensor;
 #[cfg(test)]
 mod testing;
+pub mod transpose;
 
 pub use activation::Activation;
 pub use error::{KernelError, KernelResult};

@@ -74,7 +74,14 @@ fn rows_per_task(row_len: usize, min_work: usize) -> usize {
 /// A raw pointer that may cross threads. Used only where parallel tasks write provably disjoint
 /// parts of one output that slices cannot express (2-D tiles); every use states why it is sound.
 #[derive(Clone, Copy)]
-pub(crate) struct SyncPtr(pub *mut f32);
+pub(crate) struct SyncPtr(pub(crate) *mut f32);
+
+impl SyncPtr {
+    /// The pointer (a method, so that closures capture the whole `Sync` wrapper).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 // SAFETY: the pointer is only dereferenced by tasks writing disjoint elements, as argued at
 // each use site; the pointee outlives the parallel region that shares it.
