@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod elementwise;
 pub mod embedding;
 pub mod error;
+pub mod loss;
 pub mod math;
 pub mod norm;
 pub mod matmul;
