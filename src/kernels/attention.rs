@@ -191,7 +191,7 @@ impl Problem4<'_> {
                 rows::scale(row, inv);
                 // SAFETY: row q0 + r of head h lies inside `out` and belongs to this task.
                 let dst = unsafe {
-                    std::slice::from_raw_parts_mut(out.0.add(((b * s + q0 + r) * self.hq + h) * d), d)
+                    std::slice::from_raw_parts_mut(out.get().add(((b * s + q0 + r) * self.hq + h) * d), d)
                 };
                 dst.copy_from_slice(row);
             }
@@ -203,7 +203,7 @@ impl Problem4<'_> {
 mod tests {
     use super::*;
     use crate::kernels::reference;
-    use crate::kernels::testing::{assert_close, assert_same_bits, in_pool, Precision, Rng};
+    use crate::kernels::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
     use proptest::prelude::*;
 
     #[derive(Clone, Debug)]
@@ -289,7 +289,7 @@ mod tests {
         let two = in_pool(2, run);
         assert_same_bits("attention threads", &one, &two);
         // Outputs are convex combinations of values in [-1, 1].
-        assert_close("attention", &p.round_vec(one), &want.data, 2e-5, p.rtol(1e-4));
+        assert_close_in(p, "attention", &one, &want.data, 2e-5, 1e-4);
     }
 
     proptest! {

@@ -34,7 +34,7 @@ fn sum_sq_dev_body(xs: &[f32], mean: f32) -> f32 {
 
 /// Keeps the larger of `acc` and `x`; a NaN, once seen, sticks.
 #[inline(always)]
-fn max_step(acc: f32, x: f32) -> f32 {
+pub fn max_step(acc: f32, x: f32) -> f32 {
     if x > acc || x.is_nan() {
         x
     } else {

@@ -184,7 +184,7 @@ impl Gemm<'_> {
         // SAFETY: row r of this tile is c[c_offset + r * ldc + col0 .. + col1], inside the
         // buffer and owned by this task alone.
         let row = |r: usize| unsafe {
-            std::slice::from_raw_parts_mut(c.0.add(prob.c_offset + r * ldc + col0), col1 - col0)
+            std::slice::from_raw_parts_mut(c.get().add(prob.c_offset + r * ldc + col0), col1 - col0)
         };
         if k == 0 && !self.accumulate {
             (row0..row1).for_each(|r| row(r).fill(0.0));
@@ -200,7 +200,7 @@ impl Gemm<'_> {
                         &packed_a[((prob.a * grid.mp + ip) * k + p0) * MR..][..kcs * MR];
                     let rows = MR.min(m - ip * MR);
                     // SAFETY: inside this task's tile (see `row`).
-                    let c_tile = unsafe { c.0.add(prob.c_offset + ip * MR * ldc + jp * NR) };
+                    let c_tile = unsafe { c.get().add(prob.c_offset + ip * MR * ldc + jp * NR) };
                     if rows == MR && cols == NR {
                         // SAFETY: a full MR×NR tile of C; panels hold kcs steps.
                         unsafe {

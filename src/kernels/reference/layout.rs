@@ -6,27 +6,7 @@ use crate::kernels::shape::{
     broadcast_shapes, check_len, for_each_offset, normalize_axis, numel, strides,
 };
 use crate::kernels::tensor::{Tensor, TensorRef};
-
-/// Checks that `perm` is a permutation of the axes of a rank-`rank` tensor (negative axes count
-/// from the end) and returns it with non-negative entries.
-pub fn normalize_perm(op: &'static str, perm: &[i64], rank: usize) -> KernelResult<Vec<usize>> {
-    if perm.len() != rank {
-        return Err(KernelError::new(
-            op,
-            format!("perm {perm:?} has {} entries for rank {rank}", perm.len()),
-        ));
-    }
-    let mut seen = vec![false; rank];
-    let mut out = Vec::with_capacity(rank);
-    for &p in perm {
-        let a = normalize_axis(op, p, rank)?;
-        if std::mem::replace(&mut seen[a], true) {
-            return Err(KernelError::new(op, format!("perm {perm:?} repeats axis {p}")));
-        }
-        out.push(a);
-    }
-    Ok(out)
-}
+use crate::kernels::transpose::normalize_perm;
 
 /// `transpose`: output dim `i` is input dim `perm[i]`.
 pub fn transpose(x: TensorRef<'_>, perm: &[i64]) -> KernelResult<Tensor> {

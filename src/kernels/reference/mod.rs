@@ -4,6 +4,7 @@
 
 pub mod conv;
 pub mod elementwise;
+pub mod fused;
 pub mod layout;
 pub mod linalg;
 pub mod loss;
@@ -13,6 +14,7 @@ pub mod reduce;
 
 pub use conv::{adaptive_avg_pool2d, conv2d, pool2d};
 pub use elementwise::{binary, broadcast_values, cast, constant, dropout, unary, unary_scalar};
+pub use fused::fused_elementwise;
 pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};
 pub use loss::{cross_entropy, mse_loss};

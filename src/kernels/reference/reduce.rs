@@ -2,46 +2,8 @@
 
 use crate::kernels::error::{KernelError, KernelResult};
 use crate::kernels::shape::{check_len, normalize_axis, split_at_axis, strides};
+use crate::kernels::reduce::{axes_mask, reduced_shape, ReduceOp};
 use crate::kernels::tensor::{Tensor, TensorRef};
-use serde::{Deserialize, Serialize};
-
-/// Which reduction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReduceOp {
-    /// Sum (0 over nothing).
-    Sum,
-    /// Mean (NaN over nothing).
-    Mean,
-    /// Maximum (NaN if any element is NaN; an error over nothing).
-    Max,
-}
-
-/// Normalises reduction axes (negative count from the end; no repeats) into a per-dim mask.
-/// An empty list reduces nothing (NumPy's `axis=()`).
-pub fn axes_mask(op: &'static str, axes: &[i64], rank: usize) -> KernelResult<Vec<bool>> {
-    let mut mask = vec![false; rank];
-    for &a in axes {
-        let d = normalize_axis(op, a, rank)?;
-        if std::mem::replace(&mut mask[d], true) {
-            return Err(KernelError::new(op, format!("axes {axes:?} repeat axis {a}")));
-        }
-    }
-    Ok(mask)
-}
-
-/// Output shape of a reduction: reduced dims dropped, or kept as 1 with `keepdim`.
-pub fn reduced_shape(shape: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
-    shape
-        .iter()
-        .zip(mask)
-        .filter_map(|(&d, &r)| match (r, keepdim) {
-            (false, _) => Some(d),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect()
-}
 
 /// `sum` / `mean` / `max` over `axes`.
 pub fn reduce(x: TensorRef<'_>, op: ReduceOp, axes: &[i64], keepdim: bool) -> KernelResult<Tensor> {
