@@ -5,10 +5,11 @@
 //! (`first..=last`) it must hold its value. The planner places every buffer at a 64-byte-aligned
 //! offset such that two buffers live at a common step never share a byte. It tries several
 //! placement strategies (orderings after MindSpore SOMAS, XLA's heap simulator and TFLite's
-//! greedy-by-size, each with a best-fit or first-fit rule), keeps the smallest arena, and reports
-//! it against the lower bound no plan for this schedule can beat: the largest total of aligned
-//! bytes live at one step. Ties go to the strategy listed first in [`Strategy::ALL`], so the same
-//! requests always give the same plan.
+//! greedy-by-size and greedy-by-breadth, each with a best-fit or first-fit rule), keeps the
+//! smallest arena, and reports it against the lower bound no plan for this schedule can beat: the
+//! largest total of aligned bytes live at one step. Ties go to the strategy listed first in
+//! [`Strategy::ALL`], and trials stop at a plan that meets the bound, so the same requests always
+//! give the same plan, whatever the thread count.
 
 mod blocks;
 mod occupancy;
@@ -18,6 +19,7 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
+use rayon::prelude::*;
 use serde::Serialize;
 use std::fmt;
 
@@ -183,45 +185,48 @@ pub fn plan_arena_with(
     let items = place::items(reqs)?;
     let lower_bound_bytes = lower_bound_of(&items);
     let timeline = occupancy::Timeline::new(&items);
-    // A strategy whose order coincides with an earlier one's (lifelong-first without lifelong
-    // buffers is size-desc) reuses that placement instead of repeating it.
-    let mut runs: Vec<Run> = Vec::new();
+    // The distinct placements to make: a strategy whose fit and order coincide with an earlier
+    // one's (lifelong-first without lifelong buffers is size-desc) shares its placement.
+    let by_size = place::size_order(&items);
+    let mut runs: Vec<(Fit, Vec<usize>)> = Vec::new();
+    let run_of: Vec<usize> = strategies
+        .iter()
+        .map(|s| {
+            let order = place::placement_order(&items, &by_size, &timeline, s.order);
+            match runs
+                .iter()
+                .position(|(fit, o)| *fit == s.fit && *o == order)
+            {
+                Some(run) => run,
+                None => {
+                    runs.push((s.fit, order));
+                    runs.len() - 1
+                }
+            }
+        })
+        .collect();
+    let place_run = |(fit, order): &(Fit, Vec<usize>)| place::place(&items, &timeline, order, *fit);
+    // The first placement often reaches the lower bound, and then nothing can beat it; otherwise
+    // the others run in parallel.
+    let mut placed = vec![place_run(&runs[0])];
+    if placed[0].1 > lower_bound_bytes {
+        placed.par_extend(runs[1..].par_iter().map(place_run));
+    }
+    // Report as if the strategies ran one by one, stopping at one that reaches the lower bound.
     let mut best: Option<(Strategy, usize)> = None;
     let mut strategies_tried = Vec::with_capacity(strategies.len());
-    for &strategy in strategies {
-        let order = place::placement_order(&items, &timeline, strategy.order);
-        let run = match runs
-            .iter()
-            .position(|r| r.fit == strategy.fit && r.order == order)
-        {
-            Some(run) => run,
-            None => {
-                let (offsets, arena) = place::place(&items, &timeline, &order, strategy.fit);
-                runs.push(Run {
-                    fit: strategy.fit,
-                    order,
-                    offsets,
-                    arena,
-                });
-                runs.len() - 1
-            }
-        };
-        let arena = runs[run].arena;
+    for (&strategy, &run) in strategies.iter().zip(&run_of) {
+        let arena = placed[run].1;
         strategies_tried.push((strategy.name(), arena));
-        if best.is_none_or(|(_, b)| arena < runs[b].arena) {
+        if best.is_none_or(|(_, b)| arena < placed[b].1) {
             best = Some((strategy, run));
         }
         if arena == lower_bound_bytes {
-            // Optimal: no later strategy can do better.
             break;
         }
     }
     let (strategy, run) = best.ok_or(ArenaError::NoStrategy)?;
-    let Run {
-        offsets: placed,
-        arena: arena_bytes,
-        ..
-    } = runs.swap_remove(run);
+    let (placed, arena_bytes) = placed.swap_remove(run);
     let mut offsets = vec![0; reqs.len()];
     for (item, offset) in items.iter().zip(placed) {
         offsets[item.index] = offset;
@@ -233,15 +238,6 @@ pub fn plan_arena_with(
         strategy: strategy.name(),
         strategies_tried,
     })
-}
-
-/// One placement made while planning: the fit and item order it used, and what came out.
-struct Run {
-    fit: Fit,
-    order: Vec<usize>,
-    /// Offset of every item (same order as the items).
-    offsets: Vec<u64>,
-    arena: u64,
 }
 
 /// The largest total of aligned bytes live at one step: no placement can use a smaller arena.

@@ -1,22 +1,27 @@
 //! Which bytes are taken, over which steps: answers "what memory is used by placed buffers live
 //! at some step of this lifetime?" without visiting those buffers one by one.
 //!
-//! Steps are renumbered to the distinct `first`/`last` values (a monotone renumbering keeps every
-//! overlap). A segment tree over the steps stores each placed buffer's byte range in the
-//! O(log steps) canonical nodes tiling its lifetime (`cover`) and, merged into the union of
-//! everything below, in every node whose subtree holds one of those (`within`). A buffer placed
-//! earlier overlaps a lifetime exactly when one of its canonical nodes lies inside one of the
-//! lifetime's canonical nodes (seen in that node's `within`) or is an ancestor of one (then it
-//! covers a path node of the first or last step, seen in that node's `cover`). Because the
-//! stored sets are unions of byte ranges, and a good plan packs buffers side by side, a query
-//! reads a few blocks per node however many buffers are live.
+//! Steps are renumbered to the distinct start steps (a buffer's last step becomes the last start
+//! step not after it), which keeps every overlap. A placed buffer `j` overlaps a lifetime
+//! `[lo, hi]` exactly when it is live at `lo` or starts in `(lo, hi]`. Two segment trees over the
+//! steps answer the two halves:
+//! - `live`: each buffer's byte range is stored in the O(log steps) canonical nodes tiling its
+//!   lifetime, so the nodes on the path from leaf `lo` to the root hold exactly the buffers live
+//!   at `lo`;
+//! - `born`: each buffer's byte range is stored in every node on the path from its start leaf to
+//!   the root, so the canonical nodes tiling `(lo, hi]` hold exactly the buffers starting there.
+//!
+//! Each node keeps the union of its byte ranges as merged blocks; since a good plan packs buffers
+//! side by side, a query reads a few blocks per node however many buffers are live.
 
 use super::blocks::Blocks;
 use super::place::Item;
 
-/// The schedule's steps renumbered to `0..count`, and every item's lifetime in that numbering.
+/// The schedule's start steps renumbered to `0..count`, and every item's lifetime in that
+/// numbering.
 pub(super) struct Timeline {
-    /// Leaves of the segment tree: a power of two, at least the number of distinct steps.
+    /// Leaves of the segment tree: a power of two, at least the number of distinct start
+    /// steps.
     leaves: usize,
     /// `(first, last)` of every item, renumbered.
     spans: Vec<(usize, usize)>,
@@ -25,22 +30,24 @@ pub(super) struct Timeline {
 impl Timeline {
     /// Renumbers the steps of `items`.
     pub(super) fn new(items: &[Item]) -> Self {
-        let mut steps: Vec<usize> = items.iter().flat_map(|i| [i.first, i.last]).collect();
-        steps.sort_unstable();
-        steps.dedup();
-        let rank = |step: usize| steps.partition_point(|&s| s < step);
+        let mut starts: Vec<usize> = items.iter().map(|i| i.first).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        // Number of start steps at or before `step`; at least 1 for any step of a lifetime.
+        let upto = |step: usize| starts.partition_point(|&s| s <= step);
         let spans = items
             .iter()
-            .map(|i| (rank(i.first), rank(i.last)))
+            .map(|i| (upto(i.first) - 1, upto(i.last) - 1))
             .collect();
         Timeline {
-            leaves: steps.len().max(1).next_power_of_two(),
+            leaves: starts.len().max(1).next_power_of_two(),
             spans,
         }
     }
 
     /// For every item, the live bytes at the busiest step of its lifetime and that step (the
-    /// earliest on a tie).
+    /// earliest on a tie, renumbered). Live bytes only grow at start steps, so the busiest step of
+    /// any lifetime is a start step and the renumbering loses nothing.
     pub(super) fn busiest_steps(&self, items: &[Item]) -> Vec<(u64, usize)> {
         // Differences then running sums; entries may wrap, the sums (at most the total of all
         // sizes, which fits) come out exact.
@@ -75,50 +82,43 @@ impl Timeline {
             })
             .collect()
     }
+}
 
-    /// Calls `visit` with the tree nodes that exactly tile item `item`'s lifetime (at most two
-    /// per level), then returns the leaves of its first and last step.
-    fn canonical_nodes(&self, item: usize, mut visit: impl FnMut(usize)) -> (usize, usize) {
-        let (lo, hi) = self.spans[item];
-        let (mut l, mut r) = (lo + self.leaves, hi + self.leaves + 1);
-        while l < r {
-            if l & 1 == 1 {
-                visit(l);
-                l += 1;
-            }
-            if r & 1 == 1 {
-                r -= 1;
-                visit(r);
-            }
-            l >>= 1;
-            r >>= 1;
+/// Calls `visit` with the tree nodes whose leaf ranges exactly tile `lo..=hi` (at most two per
+/// level).
+fn for_each_canonical_node(leaves: usize, lo: usize, hi: usize, mut visit: impl FnMut(usize)) {
+    let (mut l, mut r) = (lo + leaves, hi + leaves + 1);
+    while l < r {
+        if l & 1 == 1 {
+            visit(l);
+            l += 1;
         }
-        (lo + self.leaves, hi + self.leaves)
+        if r & 1 == 1 {
+            r -= 1;
+            visit(r);
+        }
+        l >>= 1;
+        r >>= 1;
     }
 }
 
-/// Calls `visit` once for every node on the paths from leaves `a` and `b` to the root.
-fn for_each_path_node(mut a: usize, mut b: usize, mut visit: impl FnMut(usize)) {
-    while a != b {
-        visit(a);
-        visit(b);
-        a >>= 1;
-        b >>= 1;
-    }
-    while a >= 1 {
-        visit(a);
-        a >>= 1;
+/// Calls `visit` with every node on the path from leaf `step` to the root.
+fn for_each_path_node(leaves: usize, step: usize, mut visit: impl FnMut(usize)) {
+    let mut node = step + leaves;
+    while node >= 1 {
+        visit(node);
+        node >>= 1;
     }
 }
 
 /// The memory taken by the buffers placed so far, by step.
 pub(super) struct Occupancy<'t> {
     timeline: &'t Timeline,
-    /// Per node: byte ranges of buffers that have this node among their canonical nodes.
-    cover: Vec<Blocks>,
-    /// Per node: byte ranges of buffers live at some step of the node's range, including at least
-    /// every buffer with a canonical node in this node's subtree.
-    within: Vec<Blocks>,
+    /// Per node: byte ranges of buffers having this node among the canonical nodes of their
+    /// lifetime.
+    live: Vec<Blocks>,
+    /// Per node: byte ranges of buffers whose start step lies in the node's range.
+    born: Vec<Blocks>,
 }
 
 impl<'t> Occupancy<'t> {
@@ -127,31 +127,31 @@ impl<'t> Occupancy<'t> {
         let nodes = 2 * timeline.leaves;
         Occupancy {
             timeline,
-            cover: vec![Blocks::default(); nodes],
-            within: vec![Blocks::default(); nodes],
+            live: vec![Blocks::default(); nodes],
+            born: vec![Blocks::default(); nodes],
         }
     }
 
     /// Appends to `out` byte ranges whose union is the memory of every placed buffer live at some
     /// step of item `item`'s lifetime (ranges may overlap; none is empty).
     pub(super) fn taken_during(&self, item: usize, out: &mut Vec<(u64, u64)>) {
-        let (first, last) = self.timeline.canonical_nodes(item, |node| {
-            out.extend_from_slice(self.within[node].as_slice());
+        let (lo, hi) = self.timeline.spans[item];
+        let leaves = self.timeline.leaves;
+        for_each_path_node(leaves, lo, |node| {
+            out.extend_from_slice(self.live[node].as_slice());
         });
-        for_each_path_node(first, last, |node| {
-            out.extend_from_slice(self.cover[node].as_slice());
-        });
+        if lo < hi {
+            for_each_canonical_node(leaves, lo + 1, hi, |node| {
+                out.extend_from_slice(self.born[node].as_slice());
+            });
+        }
     }
 
     /// Records item `item` as occupying `[start, end)` during its lifetime.
     pub(super) fn insert(&mut self, item: usize, start: u64, end: u64) {
-        let (cover, within) = (&mut self.cover, &mut self.within);
-        let (first, last) = self.timeline.canonical_nodes(item, |node| {
-            cover[node].insert(start, end);
-            within[node].insert(start, end);
-        });
-        // Every ancestor of a canonical node lies on one of these paths, and every path node
-        // holds the first or the last step, so the buffer is live in its range.
-        for_each_path_node(first, last, |node| within[node].insert(start, end));
+        let (lo, hi) = self.timeline.spans[item];
+        let leaves = self.timeline.leaves;
+        for_each_canonical_node(leaves, lo, hi, |node| self.live[node].insert(start, end));
+        for_each_path_node(leaves, lo, |node| self.born[node].insert(start, end));
     }
 }

@@ -3,7 +3,7 @@ use super::Strategy;
 use super::*;
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn req(bytes: u64, first: usize, last: usize) -> BufferReq {
     BufferReq { bytes, first, last }
@@ -271,12 +271,10 @@ fn busiest_step_first_places_around_the_peak_first() {
         timeline.busiest_steps(&items),
         vec![(512, 0), (576, 2), (576, 2), (576, 2)]
     );
-    let order = place::placement_order(&items, &timeline, Order::BusiestStepFirst);
+    let by_size = place::size_order(&items);
+    assert_eq!(by_size, vec![0, 2, 3, 1]);
+    let order = place::placement_order(&items, &by_size, &timeline, Order::BusiestStepFirst);
     assert_eq!(order, vec![2, 3, 1, 0]);
-    assert_eq!(
-        place::placement_order(&items, &timeline, Order::SizeDesc),
-        vec![0, 3, 2, 1]
-    );
     assert_eq!(
         offsets_with(&reqs, Order::BusiestStepFirst, Fit::Best),
         vec![0, 512, 0, 256]
@@ -369,6 +367,10 @@ struct Shape {
     ffn: u64,
     seq: u64,
     heads: u64,
+    /// Key/value heads (fewer than `heads` with grouped-query attention).
+    kv_heads: u64,
+    /// Bytes per attention-score element (4 when softmax runs in f32).
+    score_bytes: u64,
     vocab: u64,
 }
 
@@ -379,8 +381,9 @@ fn transformer_schedule(s: &Shape, training: bool) -> Vec<BufferReq> {
     let (act, ffn, scores) = (
         s.seq * s.hidden * 2,
         s.seq * s.ffn * 2,
-        s.heads * s.seq * s.seq * 2,
+        s.heads * s.seq * s.seq * s.score_bytes,
     );
+    let kv = act / s.heads * s.kv_heads;
     let (w_h, w_f) = (s.hidden * s.hidden * 2, s.hidden * s.ffn * 2);
     let mut b = ScheduleBuilder::new();
     let tokens = b.op(&[], s.seq * 8);
@@ -390,10 +393,10 @@ fn transformer_schedule(s: &Shape, training: bool) -> Vec<BufferReq> {
     for _ in 0..s.layers {
         let n1 = b.op(&[x], act);
         let q = b.op(&[n1], act);
-        let k = b.op(&[n1], act);
-        let v = b.op(&[n1], act);
+        let k = b.op(&[n1], kv);
+        let v = b.op(&[n1], kv);
         let qr = b.op(&[q, rope], act);
-        let kr = b.op(&[k, rope], act);
+        let kr = b.op(&[k, rope], kv);
         let sc = b.op(&[qr, kr], scores);
         let p = b.op(&[sc], scores);
         let c = b.op(&[p, v], act);
@@ -435,12 +438,12 @@ fn transformer_schedule(s: &Shape, training: bool) -> Vec<BufferReq> {
         b.sink(&[dwo]);
         let dc = b.op(&[dx2], act);
         let dp = b.op(&[dc, v], scores);
-        let dv = b.op(&[p, dc], act);
+        let dv = b.op(&[p, dc], kv);
         let ds = b.op(&[dp, p], scores);
         let dqr = b.op(&[ds, kr, rope], act);
-        let dkr = b.op(&[ds, qr, rope], act);
+        let dkr = b.op(&[ds, qr, rope], kv);
         let dq = b.op(&[dqr], act);
-        let dk = b.op(&[dkr], act);
+        let dk = b.op(&[dkr], kv);
         for d in [dq, dk, dv] {
             let dw = b.op(&[n1, d], w_h);
             b.sink(&[dw]);
@@ -458,6 +461,8 @@ const LAYERS_80: Shape = Shape {
     ffn: 2816,
     seq: 512,
     heads: 16,
+    kv_heads: 16,
+    score_bytes: 2,
     vocab: 32000,
 };
 
@@ -471,6 +476,30 @@ fn transformer_80_layer_training_is_within_5_percent_of_the_lower_bound() {
         reqs.len(),
         plan.arena_bytes,
         plan.lower_bound_bytes,
+        plan.ratio(),
+        plan.strategy,
+        plan.strategies_tried
+    );
+    assert!(plan.ratio() <= 1.05, "ratio {}", plan.ratio());
+}
+
+#[test]
+fn transformer_80_layer_gqa_f32_softmax_training_is_within_5_percent() {
+    // Grouped-query attention (4 key/value heads for 32) and f32 scores give more varied sizes.
+    let shape = Shape {
+        hidden: 2048,
+        ffn: 5632,
+        heads: 32,
+        kv_heads: 4,
+        score_bytes: 4,
+        ..LAYERS_80
+    };
+    let reqs = transformer_schedule(&shape, true);
+    let plan = plan_arena(&reqs).unwrap();
+    assert_eq!(plan.verify(&reqs), Ok(()));
+    eprintln!(
+        "80-layer GQA training: {} buffers, ratio {:.4}, {} ({:?})",
+        reqs.len(),
         plan.ratio(),
         plan.strategy,
         plan.strategies_tried
@@ -493,75 +522,95 @@ fn transformer_80_layer_inference_is_within_5_percent_of_the_lower_bound() {
     assert!(plan.ratio() <= 1.05, "ratio {}", plan.ratio());
 }
 
+/// A random schedule in the style of a graph with skip connections: buffer `i` is born at step
+/// `i` with a size spread over 64 B..16 MiB; most die within a few steps, some tens of steps
+/// later, a few much later, and a handful are lifelong.
+fn random_schedule(seed: u64, n: usize) -> Vec<BufferReq> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut reqs = Vec::with_capacity(n + 4);
+    for i in 0..n {
+        let scale = 1u64 << (6 + next() % 18);
+        let bytes = scale + next() % scale;
+        let len = match next() % 100 {
+            0..70 => 1 + next() % 5,
+            70..95 => 1 + next() % 60,
+            _ => 1 + next() % n as u64,
+        };
+        reqs.push(req(bytes, i, (i + len as usize).min(n)));
+    }
+    for _ in 0..next() % 5 {
+        reqs.push(req(1 + next() % (1 << 20), 0, n));
+    }
+    reqs
+}
+
+#[test]
+fn random_schedules_are_planned_close_to_the_lower_bound() {
+    // Mixed sizes over five orders of magnitude are harder than a transformer's few shapes; the
+    // bound is not always reachable there, so the check is looser than for transformers.
+    for seed in 1..=6 {
+        let reqs = random_schedule(seed, 1500);
+        let plan = plan_arena(&reqs).unwrap();
+        assert_eq!(plan.verify(&reqs), Ok(()));
+        eprintln!(
+            "random schedule {seed}: ratio {:.4} with {}",
+            plan.ratio(),
+            plan.strategy
+        );
+        assert!(plan.ratio() <= 1.10, "seed {seed}: ratio {}", plan.ratio());
+    }
+}
+
+/// CPU time used so far by all threads of this process (the machine these tests run on is
+/// shared, so wall time says little), or `None` where `/proc` does not tell.
+fn process_cpu_time() -> Option<Duration> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
+}
+
 /// Speed check; run in release: `cargo test --release --lib plan::arena -- --ignored --nocapture`.
 #[test]
 #[ignore = "timing; meaningful only in release builds"]
-fn ten_thousand_buffers_plan_in_under_100_ms() {
+fn ten_thousand_buffers_plan_fast() {
     let shape = Shape {
         layers: 250,
         ..LAYERS_80
     };
-    let reqs = transformer_schedule(&shape, true);
-    assert!(reqs.len() >= 10_000, "{} buffers", reqs.len());
-    let start = Instant::now();
-    let plan = plan_arena(&reqs).unwrap();
-    let elapsed = start.elapsed();
-    eprintln!(
-        "{} buffers: {:.1} ms, ratio {:.4} ({})",
-        reqs.len(),
-        elapsed.as_secs_f64() * 1e3,
-        plan.ratio(),
-        plan.strategy
-    );
-    assert_eq!(plan.verify(&reqs), Ok(()));
-    assert!(elapsed.as_millis() < 100, "{elapsed:?}");
-}
-
-#[test]
-#[ignore]
-fn scratch_random_quality() {
-    let mut seed = 0x9E3779B97F4A7C15u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut wins = std::collections::BTreeMap::new();
-    let mut worst = 1.0f64;
-    let mut total_ms = 0.0;
-    for case in 0..40 {
-        let n = 2000 + (rnd() % 3000) as usize;
-        let mut reqs = Vec::new();
-        for i in 0..n {
-            let exp = 6 + rnd() % 18;
-            let bytes = (1u64 << exp) + rnd() % (1u64 << exp);
-            let r = rnd() % 100;
-            let len = if r < 70 {
-                1 + rnd() % 5
-            } else if r < 95 {
-                1 + rnd() % 60
-            } else {
-                1 + rnd() % (n as u64)
-            };
-            let last = (i + len as usize).min(n);
-            reqs.push(req(bytes, i, last));
-        }
-        for _ in 0..(rnd() % 5) {
-            reqs.push(req(1 + rnd() % (1 << 20), 0, n));
-        }
-        let t = Instant::now();
+    // The random schedule's sizes spread over five orders of magnitude and a twentieth of its
+    // buffers live for thousands of steps: memory stays fragmented and no strategy reaches the
+    // bound, so every strategy runs. It gets a looser limit than the transformer.
+    let cases = [
+        ("transformer", transformer_schedule(&shape, true), 100),
+        ("random", random_schedule(7, 10_000), 600),
+    ];
+    for (name, reqs, limit_ms) in cases {
+        assert!(reqs.len() >= 10_000, "{} buffers", reqs.len());
+        let (wall, cpu) = (Instant::now(), process_cpu_time());
         let plan = plan_arena(&reqs).unwrap();
-        total_ms += t.elapsed().as_secs_f64() * 1e3;
-        worst = worst.max(plan.ratio());
-        *wins.entry(plan.strategy).or_insert(0) += 1;
-        let lb = plan.lower_bound_bytes as f64;
-        let line: Vec<String> = plan
-            .strategies_tried
-            .iter()
-            .map(|(n, a)| format!("{}={:.3}", &n[..8], *a as f64 / lb))
-            .collect();
-        eprintln!("case {case} n={n} {}", line.join(" "));
+        let wall = wall.elapsed();
+        let spent = cpu
+            .zip(process_cpu_time())
+            .map_or(wall, |(before, after)| after - before);
+        eprintln!(
+            "{name}: {} buffers, {:.1} ms CPU, {:.1} ms wall, ratio {:.4} ({}, {} strategies tried)",
+            reqs.len(),
+            spent.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3,
+            plan.ratio(),
+            plan.strategy,
+            plan.strategies_tried.len()
+        );
+        assert_eq!(plan.verify(&reqs), Ok(()));
+        assert!(spent.as_millis() < limit_ms, "{name}: {spent:?}");
     }
-    eprintln!("wins {wins:?} worst {worst:.4} total {total_ms:.0} ms");
 }

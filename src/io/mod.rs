@@ -1,0 +1,10 @@
+//! Tensor files: NumPy `.npy` arrays and `.safetensors` weight files, read without surprises
+//! (every malformed input is a typed error) and written atomically.
+
+mod atomic;
+mod floats;
+pub mod npy;
+pub mod safetensors;
+
+#[cfg(test)]
+mod test_dir;
