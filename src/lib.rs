@@ -5,6 +5,7 @@ pub mod check;
 pub mod cli;
 pub mod compile;
 pub mod diag;
+pub mod exec;
 pub mod io;
 pub mod ir;
 pub mod kernels;

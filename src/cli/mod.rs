@@ -4,6 +4,7 @@
 mod check;
 mod explain;
 mod output;
+mod run;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -91,6 +92,8 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Explain a diagnostic code, e.g. `mslc explain E0301`.
     Explain(explain::ExplainArgs),
+    /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
+    Run(run::RunArgs),
 }
 
 /// Parses the process arguments and runs the command.
@@ -116,6 +119,7 @@ pub fn main() -> ExitCode {
     let code = match cli.command {
         Command::Check(args) => check::run(&args, &reporter),
         Command::Explain(args) => explain::run(&args),
+        Command::Run(args) => run::run(&args, &reporter),
     };
     ExitCode::from(code)
 }
