@@ -25,7 +25,8 @@ pub struct RunArgs {
     /// Weights, matched to parameters by path.
     #[arg(long, value_name = "FILE.safetensors")]
     pub weights: Option<PathBuf>,
-    /// Initialise parameters from their declared init with this seed instead of loading them.
+    /// Initialise parameters from their declared init with this seed instead of loading them
+    /// (inputs not given are seeded too).
     #[arg(long, value_name = "N")]
     pub init_seed: Option<u64>,
     /// An input value: `--input tokens=tokens.npy`.
@@ -134,6 +135,14 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     for (input, array) in &arrays {
         exec.set_input(input, array).map_err(|e| e.message)?;
     }
+    let mut notes = String::new();
+    if let Some(seed) = args.init_seed {
+        for input in exec.unset_inputs() {
+            let bound = exec.seed_input(&input, seed).map_err(|e| e.message)?;
+            let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
+            notes.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
+        }
+    }
     let mut times = Vec::with_capacity(args.iterations);
     for _ in 0..args.iterations {
         let start = Instant::now();
@@ -141,6 +150,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
         times.push(start.elapsed().as_secs_f64());
     }
     let mut report = summary(&name, flops, exec.threads(), &mut times);
+    report.push_str(&notes);
     if let Some(dir) = &args.output_dir {
         report.push_str(&write_outputs(&exec, dir)?);
     }

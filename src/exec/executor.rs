@@ -304,15 +304,61 @@ impl Executor {
         Ok(())
     }
 
-    /// Runs every step once. Inputs must be set and parameters loaded or initialised.
-    pub fn run(&mut self) -> ExecResult<()> {
-        let missing: Vec<&str> = self
-            .module
+    /// Inputs not set yet, by name.
+    pub fn unset_inputs(&self) -> Vec<String> {
+        self.module
             .inputs()
             .zip(&self.inputs_set)
             .filter(|(_, set)| !**set)
-            .map(|((n, _), _)| n)
-            .collect();
+            .map(|((n, _), _)| n.to_string())
+            .collect()
+    }
+
+    /// Sets input `name` to deterministic values from `seed`: floats from N(0, 1), integers
+    /// uniform below the size of the table or class count they index (0 when they index
+    /// nothing). Returns the integer bound used, if any.
+    pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
+        let Some((k, (_, v))) = self.module.inputs().enumerate().find(|(_, (n, _))| *n == name)
+        else {
+            return Err(ExecError::new(ExecErrorKind::Input, format!("the model has no input `{name}`")));
+        };
+        let ty = self.module.values[v as usize].ty.clone();
+        let n = ty.checked_numel().unwrap_or(0) as usize;
+        let mut values = vec![0f32; n];
+        let bound = if ty.dtype.is_float() {
+            let normal = crate::check::program::Init::Normal { mean: 0.0, std: 1.0 };
+            init::fill(&normal, seed, name, &mut values);
+            None
+        } else {
+            let bound = self.index_bound(v);
+            if let Some(b) = bound {
+                let uniform = crate::check::program::Init::Uniform { low: 0.0, high: b as f64 };
+                init::fill(&uniform, seed, name, &mut values);
+                values.iter_mut().for_each(|x| *x = x.floor().min((b - 1) as f32));
+            }
+            bound
+        };
+        store_f32(ty.dtype, &values, self.inputs[k].bytes_mut());
+        self.inputs_set[k] = true;
+        Ok(bound)
+    }
+
+    /// The number of rows (embedding) or classes (cross-entropy) value `v` indexes.
+    fn index_bound(&self, v: u32) -> Option<u64> {
+        self.module.steps.iter().zip(&self.plans).find_map(|(step, plan)| {
+            let j = plan.kernel.integer_input()?;
+            if step.inputs.get(j) != Some(&v) {
+                return None;
+            }
+            let table = &self.module.values[step.inputs[1 - j] as usize].ty;
+            let size = if j == 0 { table.shape.first() } else { table.shape.last() };
+            size.map(|&s| s as u64).filter(|&s| s > 0)
+        })
+    }
+
+    /// Runs every step once. Inputs must be set and parameters loaded or initialised.
+    pub fn run(&mut self) -> ExecResult<()> {
+        let missing = self.unset_inputs();
         if !missing.is_empty() {
             return Err(ExecError::new(
                 ExecErrorKind::Input,
