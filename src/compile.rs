@@ -6,8 +6,11 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::artifact::Module;
-use crate::check::Model;
+use crate::check::policy::LowPrecision;
+use crate::check::{Checked, Model};
 use crate::ir::{self, Graph};
+use crate::ops::{DType, Op};
+use crate::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
 use crate::plan::cost::{estimate, CostEstimate};
 use crate::plan::memory::{plan_memory, MemoryPlan};
 use crate::plan::schedule::schedule;
@@ -20,6 +23,10 @@ pub struct CompileOptions {
     pub target: Target,
     /// Run the IR verifier after lowering and after every pass.
     pub verify: bool,
+    /// Let the fusion pass rewrite.
+    pub fuse: bool,
+    /// Mixed precision to apply, from the model's precision policy.
+    pub amp: Option<AmpConfig>,
 }
 
 /// Milliseconds spent per stage.
@@ -48,6 +55,8 @@ pub struct Compiled {
     pub cost: CostEstimate,
     /// Op count after lowering, before the passes.
     pub ops_before: usize,
+    /// What the passes did.
+    pub passes: PipelineReport,
     /// Stage timings.
     pub times: StageTimes,
 }
@@ -71,11 +80,32 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+pub fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
+}
+
 /// Compiles a checked model.
 pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let mut times = StageTimes::default();
     let t = Instant::now();
-    let graph = ir::lower(model).map_err(|e| CompileError {
+    let mut graph = ir::lower(model).map_err(|e| CompileError {
         stage: "lower",
         message: e.message,
     })?;
@@ -87,6 +117,20 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
     }
     times.lower_ms = ms(t);
     let ops_before = graph.op_count();
+    let t = Instant::now();
+    let cx = PassContext {
+        verify: options.verify,
+        fuse: options.fuse,
+        training: false,
+        amp: options.amp.clone(),
+    };
+    let passes = default_pipeline(&cx)
+        .run(&mut graph, &cx)
+        .map_err(|e| CompileError {
+            stage: "passes",
+            message: e.to_string(),
+        })?;
+    times.passes_ms = ms(t);
     let t = Instant::now();
     let mut module = schedule(&graph, &options.target).ok_or_else(|| CompileError {
         stage: "schedule",
@@ -106,6 +150,7 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
         memory,
         cost,
         ops_before,
+        passes,
         times,
     })
 }

@@ -10,5 +10,6 @@ pub mod io;
 pub mod ir;
 pub mod kernels;
 pub mod ops;
+pub mod passes;
 pub mod plan;
 pub mod syntax;

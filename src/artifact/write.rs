@@ -1,28 +1,35 @@
-//! Atomic file output: write a temporary file next to the target, then rename it over, so a
-//! reader never sees half a file and a failed build leaves the old one intact.
+//! Writing a build's files all or nothing: every file goes to a temporary next to its target,
+//! and only when all of them are written are they renamed into place. A failure leaves neither
+//! half-written files nor a mix of old and new artifacts behind.
 
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+use crate::io::atomic::temp_path;
+
+/// Writes every `(path, bytes)`; on error removes what it wrote and returns the failing path.
+pub fn write_all_or_nothing(files: &[(PathBuf, Vec<u8>)]) -> Result<(), (PathBuf, std::io::Error)> {
+    let mut staged: Vec<(PathBuf, &Path)> = Vec::new();
+    let cleanup = |staged: &[(PathBuf, &Path)]| {
+        for (tmp, _) in staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+    };
+    for (path, bytes) in files {
+        let result = temp_path(path).and_then(|tmp| {
+            staged.push((tmp.clone(), path.as_path()));
+            std::fs::write(&tmp, bytes)?;
+            std::fs::File::open(&tmp)?.sync_all()
+        });
+        if let Err(e) = result {
+            cleanup(&staged);
+            return Err((path.clone(), e));
+        }
     }
-    result
+    for (i, (tmp, path)) in staged.iter().enumerate() {
+        if let Err(e) = std::fs::rename(tmp, path) {
+            cleanup(&staged[i..]);
+            return Err((path.to_path_buf(), e));
+        }
+    }
+    Ok(())
 }

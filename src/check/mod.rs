@@ -3,10 +3,12 @@
 //! checked program together with every diagnostic — it never stops at the first.
 
 mod builtins;
+pub mod decls;
 mod eval;
 mod instance;
 mod model;
 pub mod modules;
+pub mod policy;
 pub mod program;
 mod suggest;
 mod value;
@@ -36,6 +38,8 @@ pub struct Checked {
     pub sources: Sources,
     /// The root file's models, elaborated, in source order.
     pub models: Vec<Model>,
+    /// Policies, targets and trainings, checked against the models.
+    pub decls: decls::Declarations,
     /// All diagnostics, errors and warnings, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -113,9 +117,11 @@ pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
         }
     }
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
+    let decls = decls::check_declarations(&modules, &models, &mut diags);
     Checked {
         sources,
         models,
+        decls,
         diagnostics: dedup(diags),
     }
 }

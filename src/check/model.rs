@@ -32,7 +32,7 @@ impl Elaborator<'_> {
                 _ => "`output` inside a block",
             };
             let d = self
-                .error(frame, Code::E0208, span, format!("{what}"))
+                .error(frame, Code::E0208, span, what.to_string())
                 .with_label("only models declare this")
                 .with_help("blocks take values as parameters and give one back with `return`");
             self.report(frame, d);

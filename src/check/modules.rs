@@ -123,6 +123,14 @@ impl<'a> Loader<'a> {
         let key = ModuleKey::Path(canonical(Path::new(name)));
         let file = self.sources.add(name, text);
         self.finish_load(key, file, text, None);
+        // Targets are named by path (`std.targets.cpu`, `--target cpu`) without an import.
+        let targets = ModuleKey::Std("targets".to_string());
+        if !self.modules.by_key.contains_key(&targets) {
+            if let Some(Ok(text)) = self.read_std("targets") {
+                let file = self.sources.add("std/targets.msl", text.as_str());
+                self.finish_load(targets, file, &text, None);
+            }
+        }
         self.modules
     }
 

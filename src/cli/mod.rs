@@ -1,10 +1,13 @@
 //! The `mslc` command line: argument parsing, dispatch, and how diagnostics reach the terminal.
 //! Exit codes: 0 success (warnings allowed), 1 errors in the input, 2 usage errors.
 
+mod build;
 mod check;
 mod explain;
+mod inspect;
 mod output;
 mod run;
+mod weights;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -90,6 +93,10 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 pub enum Command {
     /// Check files and report every problem.
     Check(check::CheckArgs),
+    /// Compile a model and write its artifacts.
+    Build(build::BuildArgs),
+    /// Print a compiled `.mir` module as text.
+    Inspect(inspect::InspectArgs),
     /// Explain a diagnostic code, e.g. `mslc explain E0301`.
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
@@ -118,6 +125,8 @@ pub fn main() -> ExitCode {
     };
     let code = match cli.command {
         Command::Check(args) => check::run(&args, &reporter),
+        Command::Build(args) => build::run(&args, &reporter),
+        Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Run(args) => run::run(&args, &reporter),
     };

@@ -1,7 +1,7 @@
 //! `mslc run ARTIFACT.mir|FILE.msl`: execute a model on this CPU. A `.msl` is checked and
 //! compiled in memory for the shapes of the given inputs; weights come from safetensors, the
 //! artifact itself, or a seeded init; outputs are written as `.npy`; the median time per
-//! forward and the achieved GFLOP/s are printed.
+//! forward and the achieved GFLOP/s are printed. Output files are written all or nothing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,8 @@ use crate::artifact::{decode, Module};
 use crate::check::{check_path, CheckOptions, Checked};
 use crate::compile::{compile, CompileOptions};
 use crate::exec::{ExecOptions, Executor};
-use crate::io::npy::{read_npy, write_npy, NpyArray};
+use crate::artifact::write::write_all_or_nothing;
+use crate::io::npy::{read_npy, NpyArray};
 use crate::io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
 use crate::plan::target::Target;
 
@@ -44,6 +45,9 @@ pub struct RunArgs {
     /// Write a Chrome trace of the last forward pass (opens in Perfetto).
     #[arg(long, value_name = "F.json")]
     pub profile: Option<PathBuf>,
+    /// Compile a `.msl` without the fusion pass (to compare against the fused graph).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// The model to run when the source declares several.
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
@@ -151,14 +155,26 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     }
     let mut report = summary(&name, flops, exec.threads(), &mut times);
     report.push_str(&notes);
+    let mut files = Vec::new();
     if let Some(dir) = &args.output_dir {
-        report.push_str(&write_outputs(&exec, dir)?);
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+        for (name, v) in &exec.module().outputs {
+            let array = exec
+                .output_npy(name)
+                .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
+            let path = dir.join(format!("{name}.npy"));
+            let ty = &exec.module().values[*v as usize].ty;
+            report.push_str(&format!("  output:  {name} {ty} -> {}\n", path.display()));
+            files.push((path, array.to_npy_bytes()));
+        }
     }
     if let Some(path) = &args.profile {
-        crate::artifact::write::write_atomic(path, exec.profile_json().as_bytes())
-            .map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
         report.push_str(&format!("  profile: {}\n", path.display()));
+        files.push((path.clone(), exec.profile_json().into_bytes()));
     }
+    write_all_or_nothing(&files)
+        .map_err(|(path, e)| format!("cannot write `{}`: {e}", path.display()))?;
     let bad = exec.nonfinite_outputs();
     if !bad.is_empty() {
         eprintln!(
@@ -250,6 +266,8 @@ fn compile_source(
         &CompileOptions {
             target: host_target(),
             verify: false,
+            fuse: !args.no_fuse,
+            amp: None,
         },
     )
     .map_err(|e| format!("cannot compile `{entry}`: {e}"))?;
@@ -349,20 +367,4 @@ fn summary(name: &str, flops: u64, threads: usize, times: &mut [f64]) -> String 
         100.0 * rate / peak,
         peak / 1e9
     )
-}
-
-/// Writes every output as `DIR/NAME.npy` (each file atomically); the lines saying so.
-fn write_outputs(exec: &Executor, dir: &Path) -> Result<String, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
-    let mut lines = String::new();
-    for (name, v) in &exec.module().outputs {
-        let array = exec
-            .output_npy(name)
-            .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
-        let path = dir.join(format!("{name}.npy"));
-        write_npy(&path, &array).map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
-        let ty = &exec.module().values[*v as usize].ty;
-        lines.push_str(&format!("  output:  {name} {ty} -> {}\n", path.display()));
-    }
-    Ok(lines)
 }

@@ -83,7 +83,9 @@ codes! {
     E0508 => "shard pattern matches no parameter",
     E0509 => "unknown policy or target",
     E0510 => "invalid pipeline configuration",
-    W0001 => "unused binding",
+    E0600 => "cannot write build outputs",
+    E0601 => "weights do not match the model",
+    E0602 => "cannot read a weights or artifact file",
     W0002 => "precision setting has no effect",
 }
 

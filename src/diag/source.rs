@@ -42,6 +42,16 @@ impl Sources {
         &self.files[id.0 as usize]
     }
 
+    /// Number of files.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether no file was read.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
     /// Finds a file by its shown name.
     pub fn find(&self, name: &str) -> Option<FileId> {
         self.files

@@ -265,8 +265,15 @@ impl Executor {
             .collect();
         let found = weights::match_weights(&params, tensors)
             .map_err(|m| ExecError::new(ExecErrorKind::Weights, format!("the weights do not fit the model:\n{m}")))?;
-        for (buf, t) in self.params.iter_mut().zip(found) {
-            buf.bytes_mut().copy_from_slice(t.data);
+        for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found).zip(&params) {
+            let dtype = weights::dtype_of(t.dtype);
+            if dtype == ty.dtype {
+                buf.bytes_mut().copy_from_slice(t.data);
+            } else {
+                let mut values = vec![0f32; t.len()];
+                load_f32(dtype, t.data, &mut values);
+                store_f32(ty.dtype, &values, buf.bytes_mut());
+            }
         }
         self.params_ready = true;
         Ok(())

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// same directory, so the final rename cannot cross file systems). The temporary is flushed to
 /// disk and renamed over `path` only when `write` succeeds; otherwise it is removed and `path`
 /// is left as it was.
-pub(crate) fn write_atomic<E: From<io::Error>>(
+pub fn write_atomic<E: From<io::Error>>(
     path: &Path,
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
@@ -30,7 +30,7 @@ pub(crate) fn write_atomic<E: From<io::Error>>(
 }
 
 /// `.NAME.PID.N.tmp` next to `path`, unique within this process and across processes.
-fn temp_path(path: &Path) -> io::Result<PathBuf> {
+pub fn temp_path(path: &Path) -> io::Result<PathBuf> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(

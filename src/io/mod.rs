@@ -1,10 +1,11 @@
 //! Tensor files: NumPy `.npy` arrays and `.safetensors` weight files, read without surprises
 //! (every malformed input is a typed error) and written atomically.
 
-mod atomic;
+pub mod atomic;
 mod floats;
 pub mod npy;
 pub mod safetensors;
+pub mod weights;
 
 #[cfg(test)]
 mod test_dir;

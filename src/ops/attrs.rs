@@ -87,26 +87,28 @@ impl fmt::Display for AttrValue {
                 f.write_str("]")
             }
             AttrValue::DType(d) => write!(f, "{d}"),
-            AttrValue::Str(s) => write_quoted(f, s),
+            AttrValue::Str(s) => f.write_str(&quote(s)),
         }
     }
 }
 
-/// Writes `s` in double quotes, escaping `"`, `\`, newline, tab and other control characters
-/// (as `\u{..}`), so that any string survives a text round trip.
-fn write_quoted(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
-    f.write_str("\"")?;
+/// `s` in double quotes, escaping `"`, `\`, newline, tab and other control characters (as
+/// `\u{..}`), so that any string survives a text round trip (IR dumps use it for names too).
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
     for c in s.chars() {
         match c {
-            '"' => f.write_str("\\\"")?,
-            '\\' => f.write_str("\\\\")?,
-            '\n' => f.write_str("\\n")?,
-            '\t' => f.write_str("\\t")?,
-            c if c.is_control() => write!(f, "\\u{{{:x}}}", c as u32)?,
-            c => write!(f, "{c}")?,
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
         }
     }
-    f.write_str("\"")
+    out.push('"');
+    out
 }
 
 impl From<i64> for AttrValue {

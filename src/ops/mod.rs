@@ -17,7 +17,7 @@ mod shape;
 mod spec;
 mod tensor_type;
 
-pub use attrs::{resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
+pub use attrs::{quote, resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
 pub use dtype::DType;
 pub use error::OpError;
 pub use registry::Op;
@@ -103,6 +103,7 @@ fn well_formed(t: &TensorType) -> Result<(), String> {
 mod tests {
     use super::family::testing::*;
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn generic_checks_name_the_op_and_input() {
@@ -127,13 +128,50 @@ mod tests {
         assert!(e.message.starts_with("broadcast_to: the result has more"));
     }
 
-    #[test]
-    fn odd_calls_give_errors_not_panics() {
-        // Each op's error for no inputs and no attributes is an arity or attribute error,
-        // never a panic, whatever the entry.
-        for &op in Op::ALL {
-            let _ = infer(op, &Attrs::new(), &[]);
-            let _ = infer(op, &Attrs::new(), &[f32t(&[]), f32t(&[3])]);
+    fn any_value() -> impl Strategy<Value = AttrValue> {
+        let int = prop_oneof![-3i64..8, Just(i64::MAX), Just(i64::MIN)];
+        prop_oneof![
+            int.clone().prop_map(AttrValue::Int),
+            prop_oneof![Just(0.5), Just(-1.0), Just(f64::NAN), Just(1e300)]
+                .prop_map(AttrValue::Float),
+            any::<bool>().prop_map(AttrValue::Bool),
+            proptest::collection::vec(int, 0..5).prop_map(AttrValue::Ints),
+            proptest::sample::select(DType::ALL).prop_map(AttrValue::DType),
+            prop_oneof![Just("relu"), Just("exp(x0)"), Just("add(x0, t9)"), Just("")]
+                .prop_map(|s| AttrValue::Str(s.to_string())),
+        ]
+    }
+
+    fn any_call() -> impl Strategy<Value = (Op, Attrs, Vec<TensorType>)> {
+        let ty = (
+            proptest::sample::select(DType::ALL),
+            proptest::collection::vec(prop_oneof![0i64..6, Just(i64::MAX / 2)], 0..5),
+        )
+            .prop_map(|(d, s)| TensorType::new(d, s));
+        (
+            proptest::sample::select(Op::ALL),
+            proptest::collection::vec(ty, 0..4),
+            proptest::collection::vec((0usize..8, any_value()), 0..6),
+        )
+            .prop_map(|(op, inputs, picks)| {
+                // Mostly the op's own attribute names, so rules get past the schema.
+                let names = op.spec().attrs;
+                let attrs = picks
+                    .into_iter()
+                    .map(|(i, v)| (names.get(i).map_or("zz", |a| a.name), v))
+                    .collect();
+                (op, attrs, inputs)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn rules_never_panic((op, attrs, inputs) in any_call()) {
+            if let Ok(outputs) = infer(op, &attrs, &inputs) {
+                prop_assert!(outputs.iter().all(|t| t.checked_numel().is_some()));
+                prop_assert!(cost(op, &attrs, &inputs).is_ok());
+            }
         }
     }
 

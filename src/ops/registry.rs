@@ -3,8 +3,9 @@
 //! Adding an op means adding a line here and its entry in the family module that holds the
 //! rules it shares; no pass is edited.
 
+use super::error::OpError;
 use super::family::{conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce};
-use super::spec::{OpSpec, PrecisionClass};
+use super::spec::{GradRule, OpSpec, PrecisionClass, ShardRule};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -106,6 +107,22 @@ impl Op {
     }
 }
 
+impl Op {
+    /// The op's gradient rule, or an error saying it has none yet (autodiff reports it).
+    pub fn grad_rule(self) -> Result<GradRule, OpError> {
+        self.spec()
+            .grad
+            .ok_or_else(|| OpError::new(format!("the gradient of `{self}` is not defined yet")))
+    }
+
+    /// The op's sharding propagation rule, or an error saying it has none yet.
+    pub fn shard_rule(self) -> Result<ShardRule, OpError> {
+        self.spec().shard.ok_or_else(|| {
+            OpError::new(format!("the sharding rule of `{self}` is not defined yet"))
+        })
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -128,6 +145,7 @@ impl<'de> Deserialize<'de> for Op {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Arity;
     use std::collections::HashSet;
 
     #[test]
@@ -149,15 +167,22 @@ mod tests {
     }
 
     #[test]
+    fn missing_rules_are_errors() {
+        // No op has a gradient or sharding rule yet; asking says so instead of panicking.
+        let e = Op::Matmul.grad_rule().map(|_| ()).unwrap_err();
+        assert_eq!(e.message, "the gradient of `matmul` is not defined yet");
+        let e = Op::Add.shard_rule().map(|_| ()).unwrap_err();
+        assert_eq!(e.message, "the sharding rule of `add` is not defined yet");
+    }
+
+    #[test]
     fn every_entry_is_consistent() {
         for &op in Op::ALL {
             let spec = op.spec();
             match spec.arity {
-                super::super::spec::Arity::AtLeast(_) => assert_eq!(spec.inputs.len(), 1, "{op}"),
-                super::super::spec::Arity::Exact(n) => assert_eq!(spec.inputs.len(), n, "{op}"),
-                super::super::spec::Arity::Between(_, hi) => {
-                    assert_eq!(spec.inputs.len(), hi, "{op}")
-                }
+                Arity::AtLeast(_) => assert_eq!(spec.inputs.len(), 1, "{op}"),
+                Arity::Exact(n) => assert_eq!(spec.inputs.len(), n, "{op}"),
+                Arity::Between(_, hi) => assert_eq!(spec.inputs.len(), hi, "{op}"),
             }
             let mut names = HashSet::new();
             assert!(spec.attrs.iter().all(|a| names.insert(a.name)), "{op}");

@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(spec.reusable_inputs(&[c, a.clone()], &a), vec![1]);
         assert!(Op::Matmul
             .spec()
-            .reusable_inputs(&[a.clone()], &a)
+            .reusable_inputs(std::slice::from_ref(&a), &a)
             .is_empty());
     }
 }

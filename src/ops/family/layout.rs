@@ -182,8 +182,13 @@ fn infer_reshape(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     }
     let total = x.numel();
     if wildcards == 1 {
-        let known = numel(&shape.iter().map(|&d| d.max(1)).collect::<Vec<_>>());
-        if known == 0 || total % known != 0 {
+        let known = numel(
+            &shape
+                .iter()
+                .map(|&d| if d == -1 { 1 } else { d })
+                .collect::<Vec<_>>(),
+        );
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(OpError::new(format!(
                 "cannot reshape {} ({total} elements) to {}: no whole dim fits the -1",
                 fmt_dims(&x.shape),

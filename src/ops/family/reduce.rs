@@ -6,18 +6,18 @@ use crate::ops::shape::normalize_axes;
 use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
 use crate::ops::{Op, TensorType};
 
-/// A reduction over `axes` (absent: every axis; `[]`: none), keeping reduced dims as 1 when
-/// `keepdim`. One flop per input element.
-const REDUCTION_ATTRS: &[AttrSpec] = &[
+const REDUCTION_ATTRS: [AttrSpec; 2] = [
     AttrSpec::optional("axes", AttrKind::Ints),
     AttrSpec::defaulted("keepdim", ConstAttr::Bool(false)),
 ];
 
+/// A reduction over `axes` (absent: every axis; `[]`: none), keeping reduced dims as 1 when
+/// `keepdim`. One flop per input element.
 pub const fn reduction(precision: PrecisionClass) -> OpSpec {
     OpSpec {
         inputs: &["x"],
         arity: Arity::Exact(1),
-        attrs: REDUCTION_ATTRS,
+        attrs: &REDUCTION_ATTRS,
         infer: infer_reduction,
         cost: CostRule::PerInput(1),
         precision,

@@ -1,0 +1,213 @@
+//! `mslc build`: artifacts for every example, determinism across thread counts, the memory
+//! plan against its lower bound, and bad input that must fail cleanly with nothing written.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn mslc(args: &[&str], threads: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", threads)
+        .output()
+        .expect("run mslc")
+}
+
+fn json_codes(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["code"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn build(example: &str, dir: &Path, extra: &[&str], threads: &str) -> Output {
+    let mut args = vec![
+        "--message-format",
+        "json",
+        "build",
+        example,
+        "-o",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    mslc(&args, threads)
+}
+
+#[test]
+fn every_example_builds_within_5_percent_of_the_lower_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    for (example, name) in [
+        ("examples/mlp.msl", "Mlp"),
+        ("examples/tiny_llama.msl", "TinyLlama"),
+        ("examples/bert_base.msl", "BertBase"),
+        ("examples/resnet50.msl", "ResNet50"),
+        ("examples/llama2_7b.msl", "Llama2_7B"),
+        ("examples/llama2_70b.msl", "Llama2_70B"),
+        ("examples/gpt3_175b.msl", "Gpt3_175B"),
+    ] {
+        let out = build(example, dir.path(), &["--verify"], "2");
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(format!("{name}.memplan.json"))).unwrap(),
+        )
+        .unwrap();
+        let arena = plan["arena_bytes"].as_f64().unwrap();
+        let bound = plan["lower_bound_bytes"].as_f64().unwrap();
+        assert!(
+            arena >= bound && arena <= 1.05 * bound,
+            "{example}: arena {arena} vs lower bound {bound}"
+        );
+        for b in plan["buffers"].as_array().unwrap() {
+            assert_eq!(b["offset"].as_u64().unwrap() % 64, 0);
+            assert!(b["first"].as_u64() <= b["last"].as_u64());
+        }
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(format!("{name}.report.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(report["flops_per_forward"].as_u64().unwrap() > 0);
+        let table =
+            std::fs::read_to_string(dir.path().join(format!("{name}.kernels.toml"))).unwrap();
+        let parsed: toml::Value = table.parse().expect("the kernel table is valid TOML");
+        assert!(parsed["kernel"].as_array().is_some_and(|k| !k.is_empty()));
+        let inspect = mslc(
+            &[
+                "inspect",
+                dir.path().join(format!("{name}.mir")).to_str().unwrap(),
+            ],
+            "1",
+        );
+        assert!(inspect.status.success());
+    }
+}
+
+#[test]
+fn artifacts_are_byte_identical_whatever_the_thread_count() {
+    let one = tempfile::tempdir().unwrap();
+    let two = tempfile::tempdir().unwrap();
+    assert!(build("examples/tiny_llama.msl", one.path(), &[], "1")
+        .status
+        .success());
+    assert!(build("examples/tiny_llama.msl", two.path(), &[], "2")
+        .status
+        .success());
+    for file in ["TinyLlama.mir", "TinyLlama.memplan.json"] {
+        let a = std::fs::read(one.path().join(file)).unwrap();
+        let b = std::fs::read(two.path().join(file)).unwrap();
+        assert!(a == b, "{file} differs between 1 and 2 threads");
+    }
+}
+
+#[test]
+fn bad_build_input_fails_cleanly_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--entry", "Nope"], "E0403"),
+        (vec!["--target", "tpu9"], "E0509"),
+        (vec!["--dim", "S=4096"], "E0303"),
+        (vec!["--set", "nope=3"], "E0401"),
+    ];
+    for (extra, code) in cases {
+        let example = if extra.contains(&"S=4096") {
+            "examples/gpt3_175b.msl"
+        } else {
+            "examples/mlp.msl"
+        };
+        let out = build(example, &out_dir, &extra, "1");
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        assert!(
+            json_codes(&out).iter().any(|c| c == code),
+            "{extra:?}: expected {code}, got {:?}",
+            json_codes(&out)
+        );
+    }
+    assert!(
+        !out_dir.exists() || std::fs::read_dir(&out_dir).unwrap().next().is_none(),
+        "nothing may be written"
+    );
+
+    let file = dir.path().join("a_file");
+    std::fs::write(&file, "x").unwrap();
+    let out = build("examples/mlp.msl", &file, &[], "1");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_codes(&out), vec!["E0600".to_string()]);
+
+    let weights = dir.path().join("w.safetensors");
+    let data = vec![0u8; 16];
+    mslc::io::safetensors::write_safetensors(
+        &weights,
+        &[mslc::io::safetensors::TensorRef {
+            name: "not.a.param",
+            dtype: mslc::io::safetensors::StDType::F32,
+            shape: &[4],
+            data: &data,
+        }],
+    )
+    .unwrap();
+    let out = build(
+        "examples/mlp.msl",
+        &out_dir,
+        &["--embed-weights", weights.to_str().unwrap()],
+        "1",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_codes(&out), vec!["E0601".to_string()]);
+    let msg = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        msg.contains("not.a.param") && msg.contains("missing"),
+        "{msg}"
+    );
+    assert!(!out_dir.join("Mlp.mir").exists());
+}
+
+#[test]
+fn mir_reader_rejects_damaged_files() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(build("examples/mlp.msl", dir.path(), &[], "1")
+        .status
+        .success());
+    let good = std::fs::read(dir.path().join("Mlp.mir")).unwrap();
+    assert!(mslc::artifact::decode(&good).is_ok());
+    let mut wrong_magic = good.clone();
+    wrong_magic[0] = b'X';
+    let mut other_version = good.clone();
+    other_version[8] = 9;
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x40;
+    let truncated = &good[..good.len() - 10];
+    use mslc::artifact::MirError;
+    assert_eq!(
+        mslc::artifact::decode(&wrong_magic).unwrap_err(),
+        MirError::BadMagic
+    );
+    assert_eq!(
+        mslc::artifact::decode(&other_version).unwrap_err(),
+        MirError::Version { found: 9 }
+    );
+    assert_eq!(
+        mslc::artifact::decode(&flipped).unwrap_err(),
+        MirError::Checksum
+    );
+    assert_eq!(
+        mslc::artifact::decode(truncated).unwrap_err(),
+        MirError::Checksum
+    );
+    assert!(matches!(
+        mslc::artifact::decode(&good[..20]).unwrap_err(),
+        MirError::Truncated { .. }
+    ));
+    for cut in [0, 7, 30, good.len() / 3] {
+        let _ = mslc::artifact::decode(&good[..cut]);
+    }
+    let path = dir.path().join("bad.mir");
+    std::fs::write(&path, &flipped).unwrap();
+    let out = mslc(&["inspect", path.to_str().unwrap()], "1");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checksum"));
+}
