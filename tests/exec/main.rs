@@ -1,0 +1,4 @@
+//! Integration tests of the executor and `mslc run`.
+
+mod common;
+mod ops;
