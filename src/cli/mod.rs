@@ -6,6 +6,7 @@ mod check;
 mod explain;
 mod inspect;
 mod output;
+mod run;
 mod weights;
 
 use std::io::IsTerminal;
@@ -98,6 +99,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Explain a diagnostic code, e.g. `mslc explain E0301`.
     Explain(explain::ExplainArgs),
+    /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
+    Run(run::RunArgs),
 }
 
 /// Parses the process arguments and runs the command.
@@ -125,6 +128,7 @@ pub fn main() -> ExitCode {
         Command::Build(args) => build::run(&args, &reporter),
         Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
+        Command::Run(args) => run::run(&args, &reporter),
     };
     ExitCode::from(code)
 }

@@ -1,0 +1,177 @@
+//! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (2 cores × AVX2
+//! FMA ≈ 157 GFLOP/s) for the matmul and attention shapes the executor runs most.
+//!
+//! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use mslc::kernels::attention::{attention, AttentionParams};
+use mslc::kernels::matmul::kernel::{select, MR, NR};
+use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams};
+use mslc::kernels::TensorRef;
+
+/// The f32 peak of one core of the target (2 FMA × 8 lanes × 2 flop × ~2.45 GHz), in GFLOP/s.
+const CORE_PEAK_GFLOPS: f64 = 78.5;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Best and median seconds per call of `f`, timed over about a second after a warm-up. The
+/// best run estimates the kernel on an otherwise idle machine (the cores here are shared).
+fn time(mut f: impl FnMut()) -> (f64, f64) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(100) {
+        f();
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1000) || samples.len() < 5 {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    (samples[0], samples[samples.len() / 2])
+}
+
+/// Prints a result against the peak of `threads` cores.
+fn report(name: &str, threads: usize, flops: f64, (best, median): (f64, f64)) {
+    let gflops = flops / best / 1e9;
+    let peak = CORE_PEAK_GFLOPS * threads as f64;
+    println!(
+        "{name:<42} {threads}T best {:>8.1} us {gflops:>6.1} GFLOP/s {:>5.1} % of {peak:.0} | median {:>8.1} us {:>6.1} GFLOP/s",
+        best * 1e6,
+        100.0 * gflops / peak,
+        median * 1e6,
+        flops / median / 1e9,
+    );
+}
+
+fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool) {
+    let a = data(m * k, 1);
+    let b = data(k * n, 2);
+    let mut out = vec![0.0f32; m * n];
+    let a_shape = [m, k];
+    let b_shape = if transpose_b { [n, k] } else { [k, n] };
+    let opts = MatmulOptions {
+        transpose_b,
+        ..Default::default()
+    };
+    let params = MatmulParams::default();
+    let seconds = in_pool(threads, || time(|| {
+        matmul(
+            TensorRef { data: &a, shape: &a_shape },
+            TensorRef { data: &b, shape: &b_shape },
+            &opts,
+            &params,
+            &mut out,
+        )
+        .expect("matmul");
+        black_box(&out);
+    }));
+    let t = if transpose_b { " (b transposed)" } else { "" };
+    report(
+        &format!("matmul m={m} k={k} n={n}{t}"),
+        threads,
+        2.0 * (m * n * k) as f64,
+        seconds,
+    );
+}
+
+/// The micro-kernel alone on one thread, operands hot in L1: the ceiling for everything else.
+fn bench_microkernel(isa: Isa) {
+    const KC: usize = 256;
+    let a = data(KC * MR, 6);
+    let b = data(KC * NR, 7);
+    let mut c = vec![0.0f32; MR * NR];
+    let kernel = select(isa);
+    const CALLS: usize = 1000;
+    let seconds = time(|| {
+        for _ in 0..CALLS {
+            // SAFETY: the panels hold KC steps and `c` is one MR×NR tile of row stride NR.
+            unsafe { kernel(KC, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), NR, true) };
+        }
+        black_box(&c);
+    });
+    report(
+        &format!("micro-kernel {isa:?}, in L1"),
+        1,
+        2.0 * (CALLS * MR * NR * KC) as f64,
+        seconds,
+    );
+}
+
+fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
+    let q = data(b * s * h * d, 3);
+    let k = data(b * s * h * d, 4);
+    let v = data(b * s * h * d, 5);
+    let shape = [b, s, h, d];
+    let mut out = vec![0.0f32; q.len()];
+    let params = AttentionParams::default();
+    let seconds = in_pool(threads, || time(|| {
+        attention(
+            TensorRef { data: &q, shape: &shape },
+            TensorRef { data: &k, shape: &shape },
+            TensorRef { data: &v, shape: &shape },
+            true,
+            None,
+            &params,
+            &mut out,
+        )
+        .expect("attention");
+        black_box(&out);
+    }));
+    report(
+        &format!("attention B={b} S={s} H={h} D={d} causal"),
+        threads,
+        4.0 * (b * h * s * s * d) as f64,
+        seconds,
+    );
+}
+
+/// Runs `f` in a rayon pool of `threads` threads.
+fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+        .install(f)
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    let threads = [rayon::current_num_threads(), 1];
+    if wanted("micro") {
+        bench_microkernel(Isa::Auto);
+        bench_microkernel(Isa::Portable);
+    }
+    if wanted("matmul") {
+        for t in threads {
+            bench_matmul(t, 512, 512, 512, false);
+            for (k, n) in [(256, 256), (256, 688), (256, 1000), (688, 256)] {
+                bench_matmul(t, 128, k, n, false);
+                bench_matmul(t, 128, k, n, true);
+            }
+        }
+    }
+    if wanted("attention") {
+        for t in threads {
+            bench_attention(t, 1, 128, 4, 64);
+        }
+    }
+}

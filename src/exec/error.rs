@@ -1,0 +1,48 @@
+//! The executor's one error type: what went wrong, said so a user can act on it.
+
+use std::fmt;
+
+/// Which stage of running a module failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecErrorKind {
+    /// The module itself is inconsistent (a crafted or corrupted artifact).
+    Module,
+    /// Weights are missing, extra, or do not match the parameters.
+    Weights,
+    /// An input is missing, unknown, or has the wrong shape or dtype.
+    Input,
+    /// A kernel refused its operands at run time (an out-of-range id, for one).
+    Kernel,
+    /// The thread pool could not be built.
+    Threads,
+}
+
+/// Why a module could not be set up or run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecError {
+    /// The stage that failed.
+    pub kind: ExecErrorKind,
+    /// What was wrong; may span several lines when several problems are reported together.
+    pub message: String,
+}
+
+impl ExecError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ExecErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+/// Result of an executor operation.
+pub type ExecResult<T> = Result<T, ExecError>;

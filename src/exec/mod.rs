@@ -1,0 +1,18 @@
+//! The CPU executor ("NPU"): runs a compiled module step by step on the kernels of
+//! [`crate::kernels`], with one arena for every intermediate, weights from safetensors or a
+//! seeded init, inputs from `.npy`, and a per-step profile.
+
+mod buffer;
+mod dispatch;
+mod error;
+mod executor;
+mod init;
+mod inputs;
+mod prepare;
+mod profile;
+mod storage;
+mod weights;
+
+pub use error::{ExecError, ExecErrorKind, ExecResult};
+pub use executor::{ExecOptions, Executor};
+pub use profile::StepTime;

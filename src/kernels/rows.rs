@@ -1,0 +1,129 @@
+//! Vectorised whole-row helpers (max, sums, exp) for the row-wise kernels. Sums use eight
+//! fixed lanes combined in a fixed order, so results depend only on the row, never on threads.
+
+use super::cpu::dispatch_avx2;
+use super::math;
+
+const LANES: usize = 8;
+
+/// Σ f(x) over `xs` in eight interleaved partial sums, then a fixed pairwise combination.
+#[inline(always)]
+fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f(x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += f(x);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+#[inline(always)]
+fn sum_body(xs: &[f32]) -> f32 {
+    lane_sum(xs, |x| x)
+}
+
+#[inline(always)]
+fn sum_sq_dev_body(xs: &[f32], mean: f32) -> f32 {
+    lane_sum(xs, |x| (x - mean) * (x - mean))
+}
+
+/// Keeps the larger of `acc` and `x`; a NaN, once seen, sticks.
+#[inline(always)]
+pub fn max_step(acc: f32, x: f32) -> f32 {
+    if x > acc || x.is_nan() {
+        x
+    } else {
+        acc
+    }
+}
+
+#[inline(always)]
+fn max_body(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = max_step(*a, x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = max_step(*a, x);
+    }
+    acc.iter().copied().fold(f32::NEG_INFINITY, max_step)
+}
+
+#[inline(always)]
+fn exp_sum_body(xs: &mut [f32], scale: f32, shift: f32) -> f32 {
+    for x in xs.iter_mut() {
+        *x = math::exp(*x * scale - shift);
+    }
+    lane_sum(xs, |x| x)
+}
+
+#[inline(always)]
+fn scale_body(xs: &mut [f32], s: f32) {
+    for x in xs {
+        *x *= s;
+    }
+}
+
+#[inline(always)]
+fn shift_scale_body(xs: &mut [f32], shift: f32, s: f32) {
+    for x in xs {
+        *x = (*x - shift) * s;
+    }
+}
+
+dispatch_avx2! {
+    /// Σ xs (0 for an empty row).
+    pub fn sum(xs: &[f32]) -> f32 = sum_body;
+}
+dispatch_avx2! {
+    /// Σ (x - mean)².
+    pub fn sum_sq_dev(xs: &[f32], mean: f32) -> f32 = sum_sq_dev_body;
+}
+dispatch_avx2! {
+    /// The largest value (-inf for an empty row, NaN if any value is NaN).
+    pub fn max(xs: &[f32]) -> f32 = max_body;
+}
+dispatch_avx2! {
+    /// Replaces each x by e^(x·scale − shift) and returns their sum.
+    pub fn exp_sum(xs: &mut [f32], scale: f32, shift: f32) -> f32 = exp_sum_body;
+}
+dispatch_avx2! {
+    /// Multiplies every value by `s`.
+    pub fn scale(xs: &mut [f32], s: f32) = scale_body;
+}
+dispatch_avx2! {
+    /// Replaces each x by (x − shift)·s.
+    pub fn shift_scale(xs: &mut [f32], shift: f32, s: f32) = shift_scale_body;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_helpers_match_plain_loops() {
+        let xs: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let plain: f32 = xs.iter().sum();
+        assert!((sum(&xs) - plain).abs() < 1e-5);
+        assert_eq!(max(&xs), xs.iter().copied().fold(f32::MIN, f32::max));
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert!(max(&[1.0, f32::NAN]).is_nan());
+        let mean = plain / 37.0;
+        let dev: f32 = xs.iter().map(|x| (x - mean) * (x - mean)).sum();
+        assert!((sum_sq_dev(&xs, mean) - dev).abs() < 1e-5);
+        let mut e = xs.clone();
+        let s = exp_sum(&mut e, 2.0, 1.0);
+        for (a, b) in e.iter().zip(&xs) {
+            assert!((a - (2.0 * b - 1.0).exp()).abs() < 1e-6);
+        }
+        assert!((s - e.iter().sum::<f32>()).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,194 @@
+//! Helpers shared by the executor tests: a host target, in-process compilation, one-step
+//! modules, a scratch directory, a seeded RNG, and tolerance checks.
+
+use std::path::{Path, PathBuf};
+
+use mslc::artifact::{Module, Step, Storage, ValueInfo};
+use mslc::check::{check_path, CheckOptions};
+use mslc::compile::{compile, CompileOptions};
+use mslc::exec::{ExecOptions, Executor};
+use mslc::io::npy::{NpyArray, NpyDType};
+use mslc::ops::{infer, Attrs, DType, Op, TensorType};
+use mslc::plan::kernels::choose_kernel;
+use mslc::plan::target::Target;
+
+/// The CPU target the planner uses for this machine.
+pub fn host() -> Target {
+    Target {
+        name: "cpu".into(),
+        peak_f32: 157e9,
+        peak_f16: 157e9,
+        peak_bf16: 157e9,
+        memory_bytes: 24 << 30,
+        bandwidth: 25e9,
+        interconnect: 10e9,
+        devices_per_node: 1,
+    }
+}
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Checks and compiles `file` (relative to the root) with `--set` overrides, fused or not.
+pub fn compile_file(file: &str, sets: &[(&str, &str)], fuse: bool) -> Module {
+    let mut options = CheckOptions::default();
+    for (k, v) in sets {
+        options.overrides.sets.insert(k.to_string(), v.to_string());
+    }
+    let checked = check_path(&root().join(file), &options);
+    assert!(!checked.has_errors(), "{file}: {:?}", checked.diagnostics);
+    let options = CompileOptions {
+        target: host(),
+        verify: true,
+        fuse,
+        amp: None,
+    };
+    compile(&checked.models[0], &options).expect("compiles").module
+}
+
+/// A module of one `op` step over inputs `x0, x1, ...` of the given types, output `y`.
+pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
+    let out = infer(op, &attrs, inputs).expect("valid op")[0].clone();
+    let mut values: Vec<ValueInfo> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ValueInfo {
+            ty: t.clone(),
+            storage: Storage::Input {
+                name: format!("x{i}"),
+            },
+        })
+        .collect();
+    let arena_bytes = out.bytes().div_ceil(64) * 64;
+    values.push(ValueInfo {
+        ty: out,
+        storage: Storage::Arena { offset: 0 },
+    });
+    let y = (values.len() - 1) as u32;
+    Module {
+        name: format!("one_{op}"),
+        target: "cpu".into(),
+        target_fingerprint: String::new(),
+        values,
+        steps: vec![Step {
+            op,
+            kernel: choose_kernel(op, &attrs, inputs, &host()),
+            attrs,
+            inputs: (0..inputs.len() as u32).collect(),
+            outputs: vec![y],
+            origin: "test".into(),
+        }],
+        outputs: vec![("y".into(), y)],
+        arena_bytes,
+    }
+}
+
+/// An array of `values` stored as `dtype` (ints and bools from the values as written).
+pub fn array(dtype: DType, shape: &[usize], values: &[f32]) -> NpyArray {
+    let shape = shape.to_vec();
+    match dtype {
+        DType::I32 | DType::I64 => {
+            let ints: Vec<i64> = values.iter().map(|&v| v as i64).collect();
+            NpyArray::from_i64(shape, &ints).expect("array")
+        }
+        DType::F16 => {
+            let bytes = values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect();
+            NpyArray::new(NpyDType::F16, shape, bytes).expect("array")
+        }
+        _ => NpyArray::from_f32(shape, values).expect("array"),
+    }
+}
+
+/// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns output `y`.
+pub fn run_one(module: Module, inputs: &[NpyArray], threads: usize) -> Vec<f32> {
+    let mut exec = Executor::new(module, &ExecOptions { threads }).expect("setup");
+    for (i, a) in inputs.iter().enumerate() {
+        exec.set_input(&format!("x{i}"), a).expect("input");
+    }
+    exec.run().expect("run");
+    exec.output_f32("y").expect("output y").1
+}
+
+/// SplitMix64 values for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// `n` values uniform in [lo, hi).
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| lo + (hi - lo) * self.uniform()).collect()
+    }
+}
+
+/// Asserts `|got - want| <= atol + rtol * |want|` elementwise (NaNs must match).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs();
+        assert!(ok, "{what}: element {i}: got {g}, want {w} (atol {atol}, rtol {rtol})");
+    }
+}
+
+/// A directory removed when dropped.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    /// A fresh, empty directory named after `tag`.
+    pub fn new(tag: &str) -> TestDir {
+        let dir = std::env::temp_dir().join(format!("mslc-exec-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TestDir(dir)
+    }
+
+    /// A path inside the directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the `mslc` binary with `args`; (exit code, stdout, stderr).
+pub fn mslc(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("mslc runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether `python3` with NumPy is available.
+pub fn have_numpy() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A path as a `&str` for command lines.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}

@@ -1,0 +1,144 @@
+//! Whole models through the executor: tiny_llama against an independent NumPy implementation
+//! of HF LLaMA, fused against unfused graphs, 1 against 2 threads, in-place steps.
+
+use mslc::artifact::Module;
+use mslc::exec::{ExecOptions, Executor};
+use mslc::io::npy::{read_npy, write_npy, NpyArray};
+use mslc::io::safetensors::{write_safetensors, StDType, TensorRef};
+
+use super::common::{assert_close, compile_file, have_numpy, mslc, root, s, Rng, TestDir};
+
+/// Random HF-style weights for `module`'s parameters: norms near 1, projections ~U(±0.1),
+/// embeddings ~U(±1).
+fn random_weights(module: &Module, seed: u64) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let mut rng = Rng(seed);
+    module
+        .params()
+        .map(|(path, v)| {
+            let shape: Vec<usize> = module.values[v as usize].ty.shape.iter().map(|&d| d as usize).collect();
+            let n = shape.iter().product();
+            let values = if path.ends_with("norm.weight") {
+                rng.vec(n, 0.8, 1.2)
+            } else if path.contains("embed") {
+                rng.vec(n, -1.0, 1.0)
+            } else {
+                rng.vec(n, -0.1, 0.1)
+            };
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (path.to_string(), shape, bytes)
+        })
+        .collect()
+}
+
+fn write_weights(path: &std::path::Path, weights: &[(String, Vec<usize>, Vec<u8>)]) {
+    let refs: Vec<TensorRef<'_>> = weights
+        .iter()
+        .map(|(name, shape, data)| TensorRef {
+            name,
+            dtype: StDType::F32,
+            shape,
+            data,
+        })
+        .collect();
+    write_safetensors(path, &refs).expect("weights written");
+}
+
+#[test]
+fn tiny_llama_matches_numpy_hf_llama() {
+    if !have_numpy() {
+        eprintln!("note: python3 with numpy is not available; skipping the HF LLaMA comparison");
+        return;
+    }
+    let dir = TestDir::new("llama");
+    // 2 layers; the sequence length (32) comes from the tokens' shape.
+    let module = compile_file("examples/tiny_llama.msl", &[("layers", "2")], true);
+    write_weights(&dir.path("w.safetensors"), &random_weights(&module, 7));
+    let ids: Vec<i64> = Rng(3).vec(32, 0.0, 1000.0).iter().map(|&x| x as i64).collect();
+    write_npy(dir.path("tokens.npy"), &NpyArray::from_i64(vec![1, 32], &ids).unwrap()).unwrap();
+    let (code, out, err) = mslc(&[
+        "run",
+        "examples/tiny_llama.msl",
+        "--set",
+        "layers=2",
+        "--weights",
+        s(&dir.path("w.safetensors")),
+        "--input",
+        &format!("tokens={}", s(&dir.path("tokens.npy"))),
+        "--output-dir",
+        s(&dir.0),
+    ]);
+    assert_eq!(code, 0, "mslc run failed:\n{out}\n{err}");
+    let script = root().join("tests/reference/llama_ref.py");
+    let status = std::process::Command::new("python3")
+        .args([s(&script), s(&dir.path("w.safetensors")), s(&dir.path("tokens.npy"))])
+        .arg(dir.path("ref.npy"))
+        .args(["--layers", "2", "--heads", "4", "--kv-heads", "4", "--eps", "1e-6"])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the reference script failed");
+    let got = read_npy(dir.path("logits.npy")).unwrap();
+    let want = read_npy(dir.path("ref.npy")).unwrap();
+    assert_eq!(got.shape(), &[1, 32, 1000]);
+    assert_eq!(got.shape(), want.shape());
+    let (got, want) = (got.to_f32().unwrap(), want.to_f32().unwrap());
+    // Relative to the logits' scale: max |got − want| ≤ 1e-4 · max |want|.
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    eprintln!("tiny_llama vs HF LLaMA in NumPy: max error {worst:.3e}, logits scale {scale:.3}");
+    assert!(scale > 0.1, "degenerate logits (max {scale})");
+    assert!(worst <= 1e-4 * scale, "max error {worst} vs logits scale {scale}");
+}
+
+/// Runs `module` with seeded parameters and inputs on `threads` threads; output `name`.
+fn run_seeded(module: Module, threads: usize, name: &str) -> Vec<f32> {
+    let mut exec = Executor::new(module, &ExecOptions { threads }).expect("setup");
+    exec.init_params(5);
+    for input in exec.unset_inputs() {
+        exec.seed_input(&input, 9).expect("seeded input");
+    }
+    exec.run().expect("run");
+    exec.output_f32(name).expect("output").1
+}
+
+#[test]
+fn thread_count_does_not_change_a_bit() {
+    let module = compile_file("examples/tiny_llama.msl", &[("layers", "2")], true);
+    let one = run_seeded(module.clone(), 1, "logits");
+    let two = run_seeded(module, 2, "logits");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&one), bits(&two));
+}
+
+#[test]
+fn fused_and_unfused_graphs_agree() {
+    // Tolerance: |fused − unfused| ≤ 1e-5 + 1e-4·|unfused| (fusion reorders float sums).
+    for (file, sets, output) in [
+        ("examples/tiny_llama.msl", &[("layers", "1")][..], "logits"),
+        ("examples/mlp.msl", &[][..], "logits"),
+    ] {
+        let fused = compile_file(file, sets, true);
+        let plain = compile_file(file, sets, false);
+        assert!(fused.steps.len() < plain.steps.len(), "{file}: fusion changed nothing");
+        let a = run_seeded(fused, 2, output);
+        let b = run_seeded(plain, 2, output);
+        assert_close(file, &a, &b, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn repeated_runs_give_the_same_result() {
+    let module = compile_file("examples/mlp.msl", &[], true);
+    let mut exec = Executor::new(module, &ExecOptions { threads: 2 }).unwrap();
+    exec.init_params(1);
+    exec.seed_input("images", 2).unwrap();
+    exec.run().unwrap();
+    let first = exec.output_f32("logits").unwrap().1;
+    exec.run().unwrap();
+    assert_eq!(first, exec.output_f32("logits").unwrap().1);
+    assert!(exec.nonfinite_outputs().is_empty());
+    let trace: serde_json::Value = serde_json::from_str(&exec.profile_json()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert_eq!(events.len(), exec.module().steps.len() + 1);
+    assert_eq!(events[1]["ph"], "X");
+    assert!(events[1]["args"]["kernel"].is_string());
+}

@@ -1,0 +1,346 @@
+//! Every op of the registry through the executor (one-step modules, default kernel choices)
+//! against the naive reference kernels. Tolerance: |got − want| ≤ 1e-5 + 1e-4·|want| (fast
+//! kernels sum in another order and use vectorised exp/tanh/erf).
+
+use mslc::kernels::conv::Conv2dAttrs;
+use mslc::kernels::elementwise::{BinaryOp, CastTarget, UnaryOp};
+use mslc::kernels::pool::{Pool2dAttrs, PoolKind};
+use mslc::kernels::reduce::ReduceOp;
+use mslc::kernels::{reference as r, Activation, Tensor, TensorRef};
+use mslc::ops::{Attrs, DType, Op, TensorType};
+
+use super::common::{array, assert_close, one_step, run_one, Rng};
+
+const ATOL: f32 = 1e-5;
+const RTOL: f32 = 1e-4;
+
+/// One case: input dtypes, shapes and values, attributes, and the reference result.
+struct Case {
+    op: Op,
+    attrs: Attrs,
+    inputs: Vec<(DType, Vec<usize>, Vec<f32>)>,
+}
+
+impl Case {
+    fn new(op: Op, attrs: Attrs) -> Case {
+        Case {
+            op,
+            attrs,
+            inputs: Vec::new(),
+        }
+    }
+
+    fn input(mut self, dtype: DType, shape: &[usize], values: Vec<f32>) -> Case {
+        self.inputs.push((dtype, shape.to_vec(), values));
+        self
+    }
+
+    fn x(&self, i: usize) -> TensorRef<'_> {
+        let (_, shape, values) = &self.inputs[i];
+        TensorRef {
+            data: values,
+            shape,
+        }
+    }
+
+    fn ids(&self, i: usize) -> Vec<i64> {
+        self.inputs[i].2.iter().map(|&v| v as i64).collect()
+    }
+
+    /// Runs the case on 1 and 2 threads, checks both against `want` and each other.
+    fn check(self, want: Tensor) {
+        let types: Vec<TensorType> = self
+            .inputs
+            .iter()
+            .map(|(d, s, _)| TensorType::new(*d, s.iter().map(|&x| x as i64).collect::<Vec<_>>()))
+            .collect();
+        let arrays: Vec<_> = self
+            .inputs
+            .iter()
+            .map(|(d, s, v)| array(*d, s, v))
+            .collect();
+        let module = one_step(self.op, self.attrs.clone(), &types);
+        let one = run_one(module.clone(), &arrays, 1);
+        let two = run_one(module, &arrays, 2);
+        assert_close(self.op.name(), &one, &want.data, ATOL, RTOL);
+        assert_eq!(
+            one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            two.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{}: 1 and 2 threads differ",
+            self.op
+        );
+    }
+}
+
+fn rand(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    Rng(seed).vec(n, lo, hi)
+}
+
+#[test]
+fn elementwise_binary_ops_broadcast() {
+    let ops = [
+        (Op::Add, BinaryOp::Add),
+        (Op::Sub, BinaryOp::Sub),
+        (Op::Mul, BinaryOp::Mul),
+        (Op::Div, BinaryOp::Div),
+        (Op::Pow, BinaryOp::Pow),
+        (Op::Maximum, BinaryOp::Maximum),
+        (Op::Minimum, BinaryOp::Minimum),
+    ];
+    for (i, (op, bop)) in ops.into_iter().enumerate() {
+        for b_shape in [&[3, 1][..], &[2, 3, 4][..]] {
+            let case = Case::new(op, Attrs::new())
+                .input(DType::F32, &[2, 3, 4], rand(i as u64, 24, 0.5, 2.0))
+                .input(DType::F32, b_shape, rand(100 + i as u64, b_shape.iter().product(), 0.5, 2.0));
+            let want = r::binary(bop, case.x(0), case.x(1)).unwrap();
+            case.check(want);
+        }
+    }
+}
+
+#[test]
+fn elementwise_unary_ops() {
+    let ops = [
+        (Op::Neg, UnaryOp::Neg),
+        (Op::Exp, UnaryOp::Exp),
+        (Op::Log, UnaryOp::Log),
+        (Op::Sqrt, UnaryOp::Sqrt),
+        (Op::Rsqrt, UnaryOp::Rsqrt),
+        (Op::Reciprocal, UnaryOp::Reciprocal),
+        (Op::Abs, UnaryOp::Abs),
+        (Op::Tanh, UnaryOp::Tanh),
+        (Op::Sigmoid, UnaryOp::Sigmoid),
+        (Op::Relu, UnaryOp::Relu),
+        (Op::Gelu, UnaryOp::Gelu),
+        (Op::GeluTanh, UnaryOp::GeluTanh),
+        (Op::Silu, UnaryOp::Silu),
+        (Op::Erf, UnaryOp::Erf),
+    ];
+    for (i, (op, uop)) in ops.into_iter().enumerate() {
+        let positive = matches!(op, Op::Log | Op::Sqrt | Op::Rsqrt | Op::Reciprocal);
+        let lo = if positive { 0.1 } else { -3.0 };
+        let case = Case::new(op, Attrs::new()).input(DType::F32, &[3, 5], rand(i as u64, 15, lo, 3.0));
+        let want = r::unary(uop, case.x(0)).unwrap();
+        case.check(want);
+    }
+}
+
+#[test]
+fn constant_cast_dropout_reshape() {
+    let attrs = Attrs::new().with("value", 2.5).with("dtype", DType::F32);
+    Case::new(Op::Constant, attrs).check(r::constant(2.5));
+    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F16))
+        .input(DType::F32, &[4, 3], rand(1, 12, -70000.0, 70000.0));
+    let want = r::cast(case.x(0), CastTarget::F16).unwrap();
+    case.check(want);
+    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F32))
+        .input(DType::F16, &[4], vec![1.5, -2.0, 0.25, 3.0]);
+    let want = Tensor::new("t", vec![4], vec![1.5, -2.0, 0.25, 3.0]).unwrap();
+    case.check(want);
+    let case = Case::new(Op::Dropout, Attrs::new().with("p", 0.5)).input(DType::F32, &[5], rand(2, 5, -1.0, 1.0));
+    let want = r::dropout(case.x(0), 0.5).unwrap();
+    case.check(want);
+    let case = Case::new(Op::Reshape, Attrs::new().with("shape", vec![3i64, 4]))
+        .input(DType::F32, &[2, 6], rand(3, 12, -1.0, 1.0));
+    let want = r::reshape(case.x(0), &[3, 4]).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn matmul_and_fused_matmul() {
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let a_shape: &[usize] = if ta { &[2, 4, 3] } else { &[2, 3, 4] };
+        let b_shape: &[usize] = if tb { &[5, 4] } else { &[4, 5] };
+        let attrs = Attrs::new().with("transpose_a", ta).with("transpose_b", tb);
+        let case = Case::new(Op::Matmul, attrs)
+            .input(DType::F32, a_shape, rand(1, 24, -1.0, 1.0))
+            .input(DType::F32, b_shape, rand(2, 20, -1.0, 1.0));
+        let want = r::matmul(case.x(0), case.x(1), ta, tb).unwrap();
+        case.check(want);
+    }
+    let attrs = Attrs::new()
+        .with("transpose_b", true)
+        .with("has_bias", true)
+        .with("activation", "gelu");
+    let case = Case::new(Op::FusedMatmul, attrs)
+        .input(DType::F32, &[7, 9], rand(3, 63, -1.0, 1.0))
+        .input(DType::F32, &[5, 9], rand(4, 45, -1.0, 1.0))
+        .input(DType::F32, &[5], rand(5, 5, -1.0, 1.0));
+    let want = r::fused_matmul(case.x(0), case.x(1), Some(case.x(2)), false, true, Activation::Gelu).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn layout_ops() {
+    let case = Case::new(Op::Transpose, Attrs::new().with("perm", vec![2i64, 0, 1]))
+        .input(DType::F32, &[2, 3, 4], rand(1, 24, -1.0, 1.0));
+    let want = r::transpose(case.x(0), &[2, 0, 1]).unwrap();
+    case.check(want);
+    let case = Case::new(Op::BroadcastTo, Attrs::new().with("shape", vec![2i64, 3, 4]))
+        .input(DType::F32, &[3, 1], rand(2, 3, -1.0, 1.0));
+    let want = r::broadcast_to(case.x(0), &[2, 3, 4]).unwrap();
+    case.check(want);
+    let case = Case::new(Op::Concat, Attrs::new().with("axis", 1i64))
+        .input(DType::F32, &[2, 3], rand(3, 6, -1.0, 1.0))
+        .input(DType::F32, &[2, 2], rand(4, 4, -1.0, 1.0));
+    let want = r::concat(&[case.x(0), case.x(1)], 1).unwrap();
+    case.check(want);
+    let attrs = Attrs::new().with("axis", 1i64).with("start", 1i64).with("end", 4i64);
+    let case = Case::new(Op::Slice, attrs).input(DType::F32, &[4, 5], rand(5, 20, -1.0, 1.0));
+    let want = r::slice(case.x(0), 1, 1, 4).unwrap();
+    case.check(want);
+    let attrs = Attrs::new().with("axis", 0i64).with("index", 2i64);
+    let case = Case::new(Op::Select, attrs).input(DType::F32, &[3, 4], rand(6, 12, -1.0, 1.0));
+    let want = r::select(case.x(0), 0, 2).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn reductions_and_softmax() {
+    for (op, rop) in [(Op::Sum, ReduceOp::Sum), (Op::Mean, ReduceOp::Mean), (Op::Max, ReduceOp::Max)] {
+        for (axes, keepdim) in [(vec![1i64], false), (vec![0, 2], true)] {
+            let attrs = Attrs::new().with("axes", axes.clone()).with("keepdim", keepdim);
+            let case = Case::new(op, attrs).input(DType::F32, &[2, 3, 4], rand(1, 24, -1.0, 1.0));
+            let want = r::reduce(case.x(0), rop, &axes, keepdim).unwrap();
+            case.check(want);
+        }
+        let case = Case::new(op, Attrs::new()).input(DType::F32, &[2, 3], rand(2, 6, -1.0, 1.0));
+        let want = r::reduce(case.x(0), rop, &[0, 1], false).unwrap();
+        case.check(want);
+    }
+    for axis in [-1i64, 0] {
+        let case = Case::new(Op::Softmax, Attrs::new().with("axis", axis))
+            .input(DType::F32, &[3, 7], rand(3, 21, -4.0, 4.0));
+        let want = r::softmax(case.x(0), axis).unwrap();
+        case.check(want);
+        let case = Case::new(Op::LogSoftmax, Attrs::new().with("axis", axis))
+            .input(DType::F32, &[3, 7], rand(4, 21, -4.0, 4.0));
+        let want = r::log_softmax(case.x(0), axis).unwrap();
+        case.check(want);
+    }
+}
+
+#[test]
+fn norms() {
+    let eps = Attrs::new().with("eps", 1e-5);
+    let case = Case::new(Op::RmsNorm, eps.clone()).input(DType::F32, &[3, 8], rand(1, 24, -2.0, 2.0));
+    let want = r::rms_norm(case.x(0), 1e-5).unwrap();
+    case.check(want);
+    let case = Case::new(Op::LayerNorm, eps.clone()).input(DType::F32, &[3, 8], rand(2, 24, -2.0, 2.0));
+    let want = r::layer_norm(case.x(0), 1e-5).unwrap();
+    case.check(want);
+    let case = Case::new(Op::RmsNormScale, eps.clone())
+        .input(DType::F32, &[3, 8], rand(3, 24, -2.0, 2.0))
+        .input(DType::F32, &[8], rand(4, 8, 0.5, 1.5));
+    let want = r::rms_norm_scale(case.x(0), case.x(1), 1e-5).unwrap();
+    case.check(want);
+    let case = Case::new(Op::LayerNormAffine, eps.clone())
+        .input(DType::F32, &[3, 8], rand(5, 24, -2.0, 2.0))
+        .input(DType::F32, &[8], rand(6, 8, 0.5, 1.5))
+        .input(DType::F32, &[8], rand(7, 8, -0.5, 0.5));
+    let want = r::layer_norm_affine(case.x(0), case.x(1), case.x(2), 1e-5).unwrap();
+    case.check(want);
+    let case = Case::new(Op::BatchNorm, eps)
+        .input(DType::F32, &[2, 3, 4], rand(8, 24, -2.0, 2.0))
+        .input(DType::F32, &[3], rand(9, 3, -0.5, 0.5))
+        .input(DType::F32, &[3], rand(10, 3, 0.5, 2.0));
+    let want = r::batch_norm(case.x(0), case.x(1), case.x(2), 1e-5).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn transformer_ops() {
+    let ids: Vec<f32> = vec![0.0, 4.0, 2.0, 2.0, 1.0, 3.0];
+    for dtype in [DType::I32, DType::I64] {
+        let case = Case::new(Op::Embedding, Attrs::new())
+            .input(dtype, &[2, 3], ids.clone())
+            .input(DType::F32, &[5, 4], rand(1, 20, -1.0, 1.0));
+        let want = r::embedding(&case.ids(0), &[2, 3], case.x(1)).unwrap();
+        case.check(want);
+    }
+    let case = Case::new(Op::Rope, Attrs::new().with("theta", 10000.0))
+        .input(DType::F32, &[1, 5, 2, 8], rand(2, 80, -1.0, 1.0));
+    let want = r::rope(case.x(0), 10000.0).unwrap();
+    case.check(want);
+    for causal in [false, true] {
+        let case = Case::new(Op::Attention, Attrs::new().with("causal", causal))
+            .input(DType::F32, &[2, 6, 4, 8], rand(3, 384, -1.0, 1.0))
+            .input(DType::F32, &[2, 6, 2, 8], rand(4, 192, -1.0, 1.0))
+            .input(DType::F32, &[2, 6, 2, 8], rand(5, 192, -1.0, 1.0));
+        let want = r::attention(case.x(0), case.x(1), case.x(2), causal, None).unwrap();
+        case.check(want);
+    }
+    let attrs = Attrs::new().with("size", 4i64).with("dtype", DType::F32);
+    Case::new(Op::CausalMask, attrs).check(r::causal_mask(4));
+}
+
+#[test]
+fn vision_ops() {
+    let attrs = Attrs::new()
+        .with("stride", vec![2i64, 1])
+        .with("padding", vec![1i64, 1])
+        .with("groups", 1i64);
+    let case = Case::new(Op::Conv2d, attrs)
+        .input(DType::F32, &[2, 2, 5, 6], rand(1, 120, -1.0, 1.0))
+        .input(DType::F32, &[3, 2, 3, 3], rand(2, 54, -1.0, 1.0));
+    let conv = Conv2dAttrs {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    let want = r::conv2d(case.x(0), case.x(1), &conv).unwrap();
+    case.check(want);
+    for (op, kind) in [(Op::MaxPool2d, PoolKind::Max), (Op::AvgPool2d, PoolKind::Avg)] {
+        let attrs = Attrs::new()
+            .with("kernel", vec![3i64, 2])
+            .with("stride", vec![2i64, 2])
+            .with("padding", vec![1i64, 0]);
+        let case = Case::new(op, attrs).input(DType::F32, &[1, 2, 6, 7], rand(3, 84, -1.0, 1.0));
+        let pool = Pool2dAttrs {
+            kernel: [3, 2],
+            stride: [2, 2],
+            padding: [1, 0],
+        };
+        let want = r::pool2d(case.x(0), kind, &pool).unwrap();
+        case.check(want);
+    }
+    let case = Case::new(Op::AdaptiveAvgPool2d, Attrs::new().with("output", vec![2i64, 3]))
+        .input(DType::F32, &[1, 2, 5, 7], rand(4, 70, -1.0, 1.0));
+    let want = r::adaptive_avg_pool2d(case.x(0), [2, 3]).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn losses_and_fused_elementwise() {
+    let case = Case::new(Op::CrossEntropy, Attrs::new())
+        .input(DType::F32, &[4, 6], rand(1, 24, -2.0, 2.0))
+        .input(DType::I32, &[4], vec![0.0, 5.0, 2.0, 3.0]);
+    let want = r::cross_entropy(case.x(0), &case.ids(1), &[4]).unwrap();
+    case.check(want);
+    let case = Case::new(Op::MseLoss, Attrs::new())
+        .input(DType::F32, &[3, 4], rand(2, 12, -1.0, 1.0))
+        .input(DType::F32, &[3, 4], rand(3, 12, -1.0, 1.0));
+    let want = r::mse_loss(case.x(0), case.x(1)).unwrap();
+    case.check(want);
+    let attrs = Attrs::new().with("program", "silu(x0); mul(t0, x1); add(t1, x0)");
+    let case = Case::new(Op::FusedElementwise, attrs)
+        .input(DType::F32, &[3, 4], rand(4, 12, -2.0, 2.0))
+        .input(DType::F32, &[4], rand(5, 4, -2.0, 2.0));
+    let silu = r::unary(UnaryOp::Silu, case.x(0)).unwrap();
+    let prod = r::binary(BinaryOp::Mul, silu.view(), case.x(1)).unwrap();
+    let want = r::binary(BinaryOp::Add, prod.view(), case.x(0)).unwrap();
+    case.check(want);
+}
+
+#[test]
+fn every_op_has_a_case_here() {
+    let source = include_str!("ops.rs");
+    for op in Op::ALL {
+        let variant = format!("{op:?}");
+        assert!(
+            source.contains(&format!("Op::{variant},")) || source.contains(&format!("Op::{variant})")),
+            "no executor test for `{op}`"
+        );
+    }
+}
