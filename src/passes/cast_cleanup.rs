@@ -29,7 +29,7 @@ pub struct CastCleanup;
 const NAME: &str = "cast_cleanup";
 
 /// Whether every value of dtype `from` is exactly a value of dtype `to`.
-pub(crate) fn exact(from: DType, to: DType) -> bool {
+fn exact(from: DType, to: DType) -> bool {
     use DType::*;
     from == to
         || matches!(

@@ -31,7 +31,7 @@ struct Found {
 }
 
 /// `(op, attrs, operands)` of `v`'s producer, when `v` is single-use and produced by `op`.
-fn step<'g>(g: &'g Graph, v: ValueRef, op: Op) -> Option<(&'g Attrs, Vec<ValueRef>)> {
+fn step(g: &Graph, v: ValueRef, op: Op) -> Option<(&Attrs, Vec<ValueRef>)> {
     match producer(g, v)? {
         (o, attrs) if o == op && single_use(g, v) => Some((attrs, g.inputs(v.node))),
         _ => None,
