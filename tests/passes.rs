@@ -591,3 +591,78 @@ fn llama2_70b_through_the_default_pipeline() {
     assert!(report.ops_after < report.ops_before + 80 * 16);
     ir::verify(&g).unwrap();
 }
+
+// ------------------------------------------------------------------ cast numerics, exactly
+
+/// What a cast kernel does to one value: round to the nearest float of the target, or
+/// truncate and saturate to an integer (NaN to 0), or test for non-zero.
+fn convert(v: f64, to: DType) -> f64 {
+    match to {
+        DType::F64 => v,
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::I32 => v as i32 as f64,
+        DType::I64 => v as i64 as f64,
+        DType::Bool => f64::from(u8::from(v != 0.0)),
+    }
+}
+
+/// The dtypes of the casts between input `x` and output `y`, in order.
+fn cast_chain(g: &Graph) -> Vec<DType> {
+    let mut v = g.outputs[0].1;
+    let mut chain = Vec::new();
+    while let Some(op) = g.node(v.node).op() {
+        assert_eq!(op, Op::Cast);
+        chain.push(g.ty(v).dtype);
+        v = g.inputs(v.node)[0];
+    }
+    chain.reverse();
+    chain
+}
+
+const SAMPLES: [f64; 14] = [
+    0.0,
+    -0.0,
+    0.1,
+    -2.5,
+    1.0 / 3.0,
+    65504.0,
+    70000.0,
+    16777217.0,
+    3.0e38,
+    1.0e300,
+    2147483647.0,
+    -9.3e18,
+    f64::INFINITY,
+    f64::NAN,
+];
+
+proptest::proptest! {
+    /// cast_cleanup never changes what a chain of casts computes, on values picked to hit
+    /// rounding, overflow, saturation, NaN and signed zero.
+    #[test]
+    fn cast_cleanup_keeps_numerics(
+        from in proptest::sample::select(DType::ALL),
+        casts in proptest::collection::vec(proptest::sample::select(DType::ALL), 1..5),
+    ) {
+        let mut g = Graph::new("casts");
+        let mut v = g.add_input("x", TensorType::new(from, [2]));
+        for d in &casts {
+            v = g.add_op(Op::Cast, Attrs::new().with("dtype", *d), &[v], "").unwrap()[0];
+        }
+        g.set_output("y", v);
+        pipeline(&["cast_cleanup", "dce"]).run(&mut g, &cx()).unwrap();
+        let kept = cast_chain(&g);
+        proptest::prop_assert!(kept.len() <= casts.len());
+        for s in SAMPLES {
+            let x = convert(s, from);
+            let want = casts.iter().fold(x, |v, d| convert(v, *d));
+            let got = kept.iter().fold(x, |v, d| convert(v, *d));
+            proptest::prop_assert!(
+                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                "{from} {casts:?} -> {kept:?} on {s}: {want} vs {got}"
+            );
+        }
+    }
+}
