@@ -666,3 +666,28 @@ proptest::proptest! {
         }
     }
 }
+
+/// Attention over keys and values shared by every head (rank 3, broadcast by the matmuls) is
+/// left alone: the `attention` op needs them per batch and head.
+#[test]
+fn attention_with_broadcast_keys_is_not_fused() {
+    let mut g = Graph::new("g");
+    let f32t = |s: &[i64]| TensorType::new(DType::F32, s.to_vec());
+    let q = g.add_input("q", f32t(&[1, 2, 4, 8]));
+    let k = g.add_input("k", f32t(&[1, 2, 8]));
+    let v = g.add_input("v", f32t(&[1, 2, 8]));
+    let mut op = |op, attrs: Attrs, args: &[_]| g.add_op(op, attrs, args, "").unwrap()[0];
+    let s = op(Op::Matmul, Attrs::new().with("transpose_b", true), &[q, k]);
+    let c = op(
+        Op::Constant,
+        Attrs::new().with("value", 0.5).with("dtype", DType::F32),
+        &[],
+    );
+    let s = op(Op::Mul, Attrs::new(), &[s, c]);
+    let p = op(Op::Softmax, Attrs::new(), &[s]);
+    let y = op(Op::Matmul, Attrs::new(), &[p, v]);
+    g.set_output("y", y);
+    let stats = pass_by_name("fuse").unwrap().run(&mut g, &cx()).unwrap();
+    assert!(!stats.rewrites.contains_key("fuse.attention"), "{stats:?}");
+    ir::verify(&g).unwrap();
+}
