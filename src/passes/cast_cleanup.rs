@@ -29,7 +29,7 @@ pub struct CastCleanup;
 const NAME: &str = "cast_cleanup";
 
 /// Whether every value of dtype `from` is exactly a value of dtype `to`.
-pub(crate) fn exact(from: DType, to: DType) -> bool {
+fn exact(from: DType, to: DType) -> bool {
     use DType::*;
     from == to
         || matches!(
@@ -124,10 +124,10 @@ impl Cleaner<'_> {
         if g.node(id).op() != Some(Op::Cast) {
             return Ok(());
         }
-        let Some(&x) = g.inputs(id).first() else {
+        let (Some(&x), Some(out)) = (g.inputs(id).first(), g.node(id).outputs.first()) else {
             return Ok(());
         };
-        let to = g.node(id).outputs[0].dtype;
+        let to = out.dtype;
         if g.ty(x).dtype == to {
             replace_with(self.g, id, x);
             self.stats.record(NAME, "identity");

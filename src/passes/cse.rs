@@ -3,30 +3,18 @@
 //! the first. `dropout` is never merged (in training each application draws its own mask).
 
 use std::collections::HashMap;
-use std::fmt::Write;
 
 use super::{Pass, PassContext, PassError, PassStats};
-use crate::ir::{Graph, Node, NodeKind, ValueRef};
+use crate::ir::{Graph, Node, NodeId, ValueRef};
 use crate::ops::Op;
 
 /// The `cse` pass.
 pub struct Cse;
 
-/// What makes two op nodes interchangeable, apart from their operands: op, attributes and
-/// annotations, spelled out unambiguously.
-fn signature(node: &Node) -> Option<String> {
-    let NodeKind::Op { op, attrs } = &node.kind else {
-        return None;
-    };
-    if *op == Op::Dropout {
-        return None;
-    }
-    let mut key = op.name().to_string();
-    for (name, value) in attrs.iter() {
-        let _ = write!(key, " {name}={value}");
-    }
-    let _ = write!(key, " {:?}", node.annotations);
-    Some(key)
+/// Whether op nodes `a` and `b` (same op, same operands) compute the same values: equal
+/// attributes and annotations.
+fn same(a: &Node, b: &Node) -> bool {
+    a.attrs() == b.attrs() && a.annotations == b.annotations
 }
 
 impl Pass for Cse {
@@ -43,14 +31,18 @@ impl Pass for Cse {
         let order = g
             .topo_order()
             .ok_or_else(|| PassError::new(self.name(), "the graph has a cycle"))?;
-        let mut seen: HashMap<(String, Vec<ValueRef>), crate::ir::NodeId> = HashMap::new();
+        // Candidates by (op, operands); attributes and annotations are compared on a hit.
+        let mut seen: HashMap<(Op, Vec<ValueRef>), Vec<NodeId>> = HashMap::new();
         for id in order {
-            let Some(sig) = signature(g.node(id)) else {
+            let Some(op) = g.node(id).op() else {
                 continue;
             };
+            if op == Op::Dropout {
+                continue;
+            }
             // Operands were canonicalised already: the order is topological.
-            let key = (sig, g.inputs(id));
-            match seen.get(&key) {
+            let bucket = seen.entry((op, g.inputs(id))).or_default();
+            match bucket.iter().find(|n| same(g.node(**n), g.node(id))) {
                 Some(&first) => {
                     for index in 0..g.node(id).outputs.len() as u32 {
                         g.replace_all_uses(
@@ -61,9 +53,7 @@ impl Pass for Cse {
                     g.remove_node(id);
                     stats.record(self.name(), "merged");
                 }
-                None => {
-                    seen.insert(key, id);
-                }
+                None => bucket.push(id),
             }
         }
         Ok(stats)

@@ -111,13 +111,6 @@ impl PassStats {
     pub fn is_empty(&self) -> bool {
         self.rewrites.is_empty()
     }
-
-    /// Adds `other`'s counts to these.
-    pub fn merge(&mut self, other: &PassStats) {
-        for (label, n) in &other.rewrites {
-            *self.rewrites.entry(label.clone()).or_default() += n;
-        }
-    }
 }
 
 /// A graph-to-graph rewrite with a name the pipeline and the CLI refer to it by.

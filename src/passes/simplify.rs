@@ -1,13 +1,13 @@
 //! Algebraic and layout simplification: drops ops that do nothing (`x*1`, `x+0`, `x-0`,
 //! `x/1`, identity transposes, reshapes, broadcasts, full slices, one-input concats, casts to
-//! the value's own dtype, dropout in inference or with `p = 0`) and composes chains of
-//! transposes and of reshapes into one op. An arithmetic identity is only dropped when the
+//! the value's own dtype, dropout in inference or with `p = 0`), composes chains of
+//! transposes and of reshapes into one op, and cancels transposes across a slice. An arithmetic identity is only dropped when the
 //! result has exactly the type of the operand kept (no broadcast or promotion is lost).
 //!
 //! One sweep in topological order reaches a fixpoint on chains: each node sees its operands
 //! already simplified.
 
-use super::rewrite::{add_like, producer, replace_with, scalar_constant};
+use super::rewrite::{add_like, producer, replace_with, scalar_constant, single_use};
 use super::{Pass, PassContext, PassError, PassStats};
 use crate::ir::{Graph, NodeId, ValueRef};
 use crate::ops::family::layout::{permutation, SliceRange};
@@ -50,9 +50,13 @@ fn simplify_transpose(g: &Graph, id: NodeId, x: ValueRef) -> Option<(Rewrite, &'
     if is_identity(&perm) {
         return Some((Rewrite::Value(x), "identity_transpose"));
     }
-    let (Op::Transpose, inner) = producer(g, x)? else {
+    let (op, inner) = producer(g, x)?;
+    if op == Op::Slice {
+        return transpose_of_slice(g, &perm, x);
+    }
+    if op != Op::Transpose {
         return None;
-    };
+    }
     let inner = permutation(inner, rank).ok()?;
     // Output dim i is the inner transpose's dim perm[i], which is its input's inner[perm[i]].
     let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
@@ -66,6 +70,34 @@ fn simplify_transpose(g: &Graph, id: NodeId, x: ValueRef) -> Option<(Rewrite, &'
         Rewrite::Op(Op::Transpose, attrs, vec![y]),
         "transpose_transpose",
     ))
+}
+
+/// `transpose(slice(transpose(y, inner)), perm)` with `inner∘perm` the identity →
+/// `slice(y)` on the matching dim, when the slice has no other reader: how a head split
+/// followed by per-part slices meets the transposes the attention fusion adds. (Other
+/// compositions are left alone: a transpose next to a matmul may still become its flag.)
+fn transpose_of_slice(
+    g: &Graph,
+    perm: &[usize],
+    sliced: ValueRef,
+) -> Option<(Rewrite, &'static str)> {
+    if !single_use(g, sliced) {
+        return None;
+    }
+    let y = *g.inputs(sliced.node).first()?;
+    let (Op::Transpose, inner) = producer(g, y)? else {
+        return None;
+    };
+    let range = SliceRange::of(g.ty(y), g.node(sliced.node).attrs()?).ok()?;
+    let inner = permutation(inner, perm.len()).ok()?;
+    let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+    let axis = perm.iter().position(|&p| p == range.axis)?;
+    let base = *g.inputs(y.node).first()?;
+    let slice = Attrs::new()
+        .with("axis", axis as i64)
+        .with("start", range.start)
+        .with("end", range.end);
+    is_identity(&composed).then_some((Rewrite::Op(Op::Slice, slice, vec![base]), "transpose_slice"))
 }
 
 fn simplify_reshape(g: &Graph, id: NodeId, x: ValueRef) -> Option<(Rewrite, &'static str)> {

@@ -129,6 +129,7 @@ fn find(g: &Graph, root: NodeId) -> Option<Found> {
     absorbed.push(raw.node);
     let (tq, tk, tv) = (g.ty(q), g.ty(k), g.ty(v));
     let fits = tq.rank() == 4
+        && tk.rank() == 4
         && tk.shape == tv.shape
         && tq.shape[..2] == tk.shape[..2]
         && tq.shape[3] == tk.shape[3]

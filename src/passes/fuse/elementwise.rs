@@ -1,6 +1,6 @@
 //! Chains of elementwise ops → one `fused_elementwise` whose `program` replays them. Starting
 //! from the last op of a chain (visiting the graph from its outputs back), an operand joins
-//! the chain when an elementwise op produces it, nothing else reads it, it is not a model
+//! the chain when an elementwise op produces it, only the chain reads it, it is not a model
 //! output and it has the chain's output shape; existing `fused_elementwise` ops are inlined,
 //! so fusing again only merges.
 
@@ -10,7 +10,7 @@ use super::{topo, NAME};
 use crate::ir::{Graph, NodeId, ValueRef};
 use crate::ops::family::program::{ElementwiseProgram, Operand, Step};
 use crate::ops::{Attrs, Op, OpError};
-use crate::passes::rewrite::{add_like, replace_with, single_use};
+use crate::passes::rewrite::{add_like, replace_with};
 use crate::passes::PassStats;
 
 /// Whether node `id` can be a step (or, when fused already, several steps) of a program.
@@ -25,23 +25,34 @@ fn fusable(g: &Graph, id: NodeId) -> bool {
         && (op == Op::Cast || op == Op::FusedElementwise || spec.attrs.is_empty())
 }
 
-/// The chain ending at `root`, in topological order (root last).
+/// The chain ending at `root`, in topological order (root last): every elementwise producer
+/// of the chain's output shape all of whose readers are already in the chain, grown until
+/// nothing more joins.
 fn chain(g: &Graph, root: NodeId, position: &HashMap<NodeId, usize>) -> Vec<NodeId> {
     let shape = &g.node(root).outputs[0].shape;
-    let mut members = vec![root];
-    let mut stack = vec![root];
-    while let Some(n) = stack.pop() {
-        for v in g.inputs(n) {
-            let joins = fusable(g, v.node)
-                && single_use(g, v)
-                && &g.ty(v).shape == shape
-                && position.contains_key(&v.node);
-            if joins {
-                members.push(v.node);
-                stack.push(v.node);
+    let mut members: HashSet<NodeId> = HashSet::from([root]);
+    loop {
+        let mut joined = Vec::new();
+        for n in &members {
+            for v in g.inputs(*n) {
+                let joins = !members.contains(&v.node)
+                    && !joined.contains(&v.node)
+                    && position.contains_key(&v.node)
+                    && fusable(g, v.node)
+                    && &g.ty(v).shape == shape
+                    && !g.is_output(v)
+                    && g.users(v).iter().all(|(u, _)| members.contains(u));
+                if joins {
+                    joined.push(v.node);
+                }
             }
         }
+        if joined.is_empty() {
+            break;
+        }
+        members.extend(joined);
     }
+    let mut members: Vec<NodeId> = members.into_iter().collect();
     members.sort_by_key(|n| position.get(n).copied().unwrap_or(usize::MAX));
     members
 }
