@@ -374,7 +374,7 @@ impl<'a> Loader<'a> {
                 )
                 .with_label(match &key {
                     ModuleKey::Std(_) => "no such standard library module".to_string(),
-                    ModuleKey::Path(p) => format!("no file {}", p.display()),
+                    ModuleKey::Path(p) => format!("no file {}", display_path(p)),
                 });
                 if let ModuleKey::Std(name) = &key {
                     let names: Vec<&str> = EMBEDDED_STDLIB.iter().map(|(n, _)| *n).collect();
