@@ -10,7 +10,7 @@ mod model;
 pub mod modules;
 pub mod policy;
 pub mod program;
-mod suggest;
+pub(crate) mod suggest;
 mod value;
 
 use std::collections::HashSet;

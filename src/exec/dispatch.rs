@@ -101,9 +101,7 @@ impl StepKernel {
                 let v = loss::cross_entropy(x(0), ints, x(1).shape, p)?;
                 copy_into("cross_entropy", out, &[v])?
             }
-            StepKernel::BroadcastTo => {
-copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?
-            }
+            StepKernel::BroadcastTo => copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?,
             StepKernel::Concat(axis) => copy_tensor(out, reference::concat(inputs, *axis)?)?,
             StepKernel::Slice(axis, start, end) => {
                 copy_tensor(out, reference::slice(x(0), *axis, *start, *end)?)?
@@ -139,7 +137,11 @@ fn copy_into(op: &'static str, out: &mut [f32], src: &[f32]) -> KernelResult<()>
     if out.len() != src.len() {
         return Err(KernelError::new(
             op,
-            format!("result has {} elements, the output {}", src.len(), out.len()),
+            format!(
+                "result has {} elements, the output {}",
+                src.len(),
+                out.len()
+            ),
         ));
     }
     out.copy_from_slice(src);

@@ -5,7 +5,9 @@
 use crate::artifact::{KernelChoice, Step};
 use crate::kernels::attention::AttentionParams;
 use crate::kernels::conv::Conv2dAttrs;
-use crate::kernels::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
+use crate::kernels::elementwise::{
+    BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp,
+};
 use crate::kernels::matmul::MatmulParams;
 use crate::kernels::par::RowParams;
 use crate::kernels::pool::{Pool2dAttrs, PoolKind};
@@ -115,7 +117,11 @@ impl StepKernel {
 }
 
 /// Prepares `step` whose inputs have types `inputs` and whose output has type `output`.
-pub fn prepare(step: &Step, inputs: &[TensorType], output: &TensorType) -> Result<StepKernel, String> {
+pub fn prepare(
+    step: &Step,
+    inputs: &[TensorType],
+    output: &TensorType,
+) -> Result<StepKernel, String> {
     let op = step.op;
     let expected = KernelKind::for_op(op);
     if step.kernel.name != expected.name() {
@@ -182,12 +188,16 @@ pub fn prepare(step: &Step, inputs: &[TensorType], output: &TensorType) -> Resul
             let axes = axes.into_iter().map(|x| x as i64).collect();
             StepKernel::Reduce(rop, axes, a.bool("keepdim").map_err(err)?, params(k)?)
         }
-        Op::Softmax | Op::LogSoftmax => {
-            StepKernel::Softmax(a.int("axis").map_err(err)?, op == Op::LogSoftmax, params(k)?)
-        }
-        Op::RmsNorm | Op::RmsNormScale => {
-            StepKernel::RmsNorm(a.float("eps").map_err(err)?, op == Op::RmsNormScale, params(k)?)
-        }
+        Op::Softmax | Op::LogSoftmax => StepKernel::Softmax(
+            a.int("axis").map_err(err)?,
+            op == Op::LogSoftmax,
+            params(k)?,
+        ),
+        Op::RmsNorm | Op::RmsNormScale => StepKernel::RmsNorm(
+            a.float("eps").map_err(err)?,
+            op == Op::RmsNormScale,
+            params(k)?,
+        ),
         Op::LayerNorm | Op::LayerNormAffine => StepKernel::LayerNorm(
             a.float("eps").map_err(err)?,
             op == Op::LayerNormAffine,

@@ -6,8 +6,8 @@ use crate::diag::Code;
 use crate::syntax::ast::{Ident, Span};
 
 use super::report::Reporter;
-use super::suggest;
 use super::value::Value;
+use crate::check::suggest;
 
 /// A parameter of a call-like setting.
 pub(crate) struct Param {

@@ -6,8 +6,8 @@ use crate::diag::Code;
 use crate::syntax::ast::{DeclItem, Expr, Field, Ident, TensorType};
 
 use super::report::Reporter;
-use super::suggest;
 use super::value::{eval, Value};
+use crate::check::suggest;
 
 /// One `key = value` field a declaration kind accepts.
 pub(crate) struct FieldSpec {

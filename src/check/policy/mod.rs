@@ -12,7 +12,7 @@ mod pattern;
 mod precision;
 mod report;
 mod shard;
-mod suggest;
+
 mod target;
 #[cfg(test)]
 mod testing;

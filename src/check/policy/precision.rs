@@ -8,8 +8,8 @@ use crate::syntax::ast::{DeclItem, Ident, Span};
 use super::args::{bind_call, slot_or, Param};
 use super::fields::{Extra, FieldSpec, Fields};
 use super::report::{Choices, Reporter};
-use super::suggest;
 use super::value::{Val, Value};
+use crate::check::suggest;
 
 /// MindSpore's amp levels: how much of the network runs in low precision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

@@ -5,8 +5,8 @@
 use crate::diag::{Code, Diagnostic, FileId};
 use crate::syntax::ast::Span;
 
-use super::suggest;
 use super::value::{Unit, Val, Value};
+use crate::check::suggest;
 
 /// The words that spell an enum setting: the first spelling of each entry is the canonical one,
 /// the others are accepted aliases (MindSpore's names).

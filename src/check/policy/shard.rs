@@ -7,8 +7,8 @@ use crate::syntax::ast::{Expr, Ident, Span};
 use super::parallel::ParallelPolicy;
 use super::pattern::ShardPattern;
 use super::report::{Reporter, WithRelatedIf};
-use super::suggest;
 use super::value::{eval, Val};
+use crate::check::suggest;
 
 /// One `shard "pattern" = [axis | _, …]` rule.
 #[derive(Clone, Debug, PartialEq)]

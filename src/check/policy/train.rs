@@ -10,9 +10,9 @@ use super::memory::MemoryPolicy;
 use super::optimizer::{optimizer, Optimizer};
 use super::parallel::ParallelPolicy;
 use super::report::Reporter;
-use super::suggest;
 use super::target::TargetSpec;
 use super::value::Val;
+use crate::check::suggest;
 
 /// A checked `train` declaration.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,7 +15,10 @@ pub fn fused_elementwise(program: &Program, inputs: &[TensorRef<'_>]) -> KernelR
     }
     let shapes: Vec<&[usize]> = inputs.iter().map(|x| x.shape).collect();
     let shape = program.output_shape(&shapes)?;
-    let values: Vec<Vec<f32>> = inputs.iter().map(|&x| broadcast_values(x, &shape)).collect();
+    let values: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|&x| broadcast_values(x, &shape))
+        .collect();
     let count: usize = shape.iter().product();
     let mut data = Vec::with_capacity(count);
     let mut regs = Vec::with_capacity(program.instrs.len());
