@@ -61,7 +61,7 @@ impl Elaborator<'_> {
             .with_label("not a builtin or a block in scope");
         let mut candidates: Vec<&str> = super::builtins::builtin_names().collect();
         candidates.extend(blocks);
-        if let Some(s) = suggest::closest(name, candidates.into_iter()) {
+        if let Some(s) = suggest::closest(name, candidates) {
             d = d.with_help(format!("did you mean `{s}`?"));
         } else if name.starts_with(|c: char| c.is_ascii_uppercase()) {
             d = d.with_help(format!("import the block: `import std.nn.{name}`"));
