@@ -61,7 +61,10 @@ mod tests {
         assert_eq!(closest("o2", ["O0", "O2"]), Some("O2"));
         assert_eq!(closest("O5", ["O0", "O1", "O2"]), None);
         assert_eq!(closest("semi", ["data", "semi_auto"]), Some("semi_auto"));
-        assert_eq!(closest("hiden", ["hidden", "heads", "layers"]), Some("hidden"));
+        assert_eq!(
+            closest("hiden", ["hidden", "heads", "layers"]),
+            Some("hidden")
+        );
         assert_eq!(closest("vocab", ["hidden", "heads", "layers"]), None);
     }
 

@@ -2,10 +2,10 @@
 //! order, every value numbered (inputs, parameters, then results in order), each step with the
 //! kernel chosen for it. Memory offsets are filled in afterwards by the memory planner.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::artifact::{Module, Step, Storage, ValueInfo};
-use crate::ir::{Graph, NodeKind, ValueRef};
+use crate::ir::{Graph, NodeId, NodeKind, ValueRef};
 
 use super::kernels::choose_kernel;
 use super::target::Target;
@@ -13,7 +13,7 @@ use super::target::Target;
 /// Builds the (not yet memory-planned) module of `graph` for `target`. `None` if the graph has
 /// a cycle, which the verifier rules out.
 pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
-    let order = graph.topo_order()?;
+    let order = schedule_order(graph)?;
     let mut values = Vec::new();
     let mut index: HashMap<ValueRef, u32> = HashMap::new();
     fn number(
@@ -109,4 +109,41 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
         outputs,
         arena_bytes: 0,
     })
+}
+
+/// A deterministic order that computes every value just before it is first needed: a
+/// depth-first walk from the outputs (in declaration order) through each node's operands in
+/// slot order, emitting a node after its operands. Work that depends only on parameters —
+/// mixed precision's weight casts, constants, masks — lands right before its consumer instead
+/// of being hoisted to the start and kept alive across the schedule. Nodes no output needs come
+/// last, in topological order.
+fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
+    let topo = graph.topo_order()?;
+    let mut done: HashSet<NodeId> = HashSet::with_capacity(topo.len());
+    let mut order = Vec::with_capacity(topo.len());
+    let roots = graph
+        .outputs
+        .iter()
+        .map(|(_, v)| v.node)
+        .chain(topo.iter().copied());
+    for root in roots {
+        let mut stack: Vec<(NodeId, bool)> = vec![(root, false)];
+        while let Some((id, expanded)) = stack.pop() {
+            if done.contains(&id) {
+                continue;
+            }
+            if expanded {
+                done.insert(id);
+                order.push(id);
+                continue;
+            }
+            stack.push((id, true));
+            for v in graph.inputs(id).iter().rev() {
+                if !done.contains(&v.node) {
+                    stack.push((v.node, false));
+                }
+            }
+        }
+    }
+    Some(order)
 }
