@@ -3,3 +3,4 @@
 mod common;
 mod ops;
 mod models;
+mod errors;
