@@ -69,17 +69,25 @@ fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool)
         ..Default::default()
     };
     let params = MatmulParams::default();
-    let seconds = in_pool(threads, || time(|| {
-        matmul(
-            TensorRef { data: &a, shape: &a_shape },
-            TensorRef { data: &b, shape: &b_shape },
-            &opts,
-            &params,
-            &mut out,
-        )
-        .expect("matmul");
-        black_box(&out);
-    }));
+    let seconds = in_pool(threads, || {
+        time(|| {
+            matmul(
+                TensorRef {
+                    data: &a,
+                    shape: &a_shape,
+                },
+                TensorRef {
+                    data: &b,
+                    shape: &b_shape,
+                },
+                &opts,
+                &params,
+                &mut out,
+            )
+            .expect("matmul");
+            black_box(&out);
+        })
+    });
     let t = if transpose_b { " (b transposed)" } else { "" };
     report(
         &format!("matmul m={m} k={k} n={n}{t}"),
@@ -119,19 +127,30 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     let shape = [b, s, h, d];
     let mut out = vec![0.0f32; q.len()];
     let params = AttentionParams::default();
-    let seconds = in_pool(threads, || time(|| {
-        attention(
-            TensorRef { data: &q, shape: &shape },
-            TensorRef { data: &k, shape: &shape },
-            TensorRef { data: &v, shape: &shape },
-            true,
-            None,
-            &params,
-            &mut out,
-        )
-        .expect("attention");
-        black_box(&out);
-    }));
+    let seconds = in_pool(threads, || {
+        time(|| {
+            attention(
+                TensorRef {
+                    data: &q,
+                    shape: &shape,
+                },
+                TensorRef {
+                    data: &k,
+                    shape: &shape,
+                },
+                TensorRef {
+                    data: &v,
+                    shape: &shape,
+                },
+                true,
+                None,
+                &params,
+                &mut out,
+            )
+            .expect("attention");
+            black_box(&out);
+        })
+    });
     report(
         &format!("attention B={b} S={s} H={h} D={d} causal"),
         threads,

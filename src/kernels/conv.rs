@@ -87,24 +87,55 @@ impl Conv2dGeometry {
         let (&[n, c, h, wd], &[o, cg, kh, kw]) = (x.shape, w.shape) else {
             return Err(KernelError::new(
                 OP,
-                format!("x {:?} must be [N, C, H, W] and w {:?} [O, C/groups, kh, kw]", x.shape, w.shape),
+                format!(
+                    "x {:?} must be [N, C, H, W] and w {:?} [O, C/groups, kh, kw]",
+                    x.shape, w.shape
+                ),
             ));
         };
         if a.stride.contains(&0) || a.dilation.contains(&0) || a.groups == 0 {
-            return Err(KernelError::new(OP, format!("stride, dilation and groups must be at least 1: {a:?}")));
+            return Err(KernelError::new(
+                OP,
+                format!("stride, dilation and groups must be at least 1: {a:?}"),
+            ));
         }
         if c % a.groups != 0 || o % a.groups != 0 || cg != c / a.groups {
             return Err(KernelError::new(
                 OP,
-                format!("groups {} do not fit {c} input channels, {o} output channels and w {:?}", a.groups, w.shape),
+                format!(
+                    "groups {} do not fit {c} input channels, {o} output channels and w {:?}",
+                    a.groups, w.shape
+                ),
             ));
         }
         if kh == 0 || kw == 0 {
             return Err(KernelError::new(OP, "kernel must be at least 1×1"));
         }
-        let oh = window_output(OP, h, a.padding[0], a.dilation[0] * (kh - 1) + 1, a.stride[0])?;
-        let ow = window_output(OP, wd, a.padding[1], a.dilation[1] * (kw - 1) + 1, a.stride[1])?;
-        Ok(Self { n, c, h, w: wd, o, kh, kw, oh, ow })
+        let oh = window_output(
+            OP,
+            h,
+            a.padding[0],
+            a.dilation[0] * (kh - 1) + 1,
+            a.stride[0],
+        )?;
+        let ow = window_output(
+            OP,
+            wd,
+            a.padding[1],
+            a.dilation[1] * (kw - 1) + 1,
+            a.stride[1],
+        )?;
+        Ok(Self {
+            n,
+            c,
+            h,
+            w: wd,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+        })
     }
 
     /// `[N, O, oh, ow]`.
@@ -147,7 +178,14 @@ pub fn conv2d(
         return Ok(());
     }
     let weights: Vec<MatRef<'_>> = (0..groups)
-        .map(|grp| MatRef { data: w.data, offset: grp * og * kdim, rs: kdim, cs: 1, rows: og, cols: kdim })
+        .map(|grp| MatRef {
+            data: w.data,
+            offset: grp * og * kdim,
+            rs: kdim,
+            cs: 1,
+            rows: og,
+            cols: kdim,
+        })
         .collect();
     let problems: Vec<Problem> = (0..g.n * groups)
         .map(|i| Problem {
@@ -157,10 +195,7 @@ pub fn conv2d(
             bias_offset: 0,
         })
         .collect();
-    let direct = g.kh == 1
-        && g.kw == 1
-        && attrs.stride == [1, 1]
-        && attrs.padding == [0, 0];
+    let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     let mut run = |cols: &[f32], col_offset: usize| {
         let patches: Vec<MatRef<'_>> = (0..g.n * groups)
             .map(|i| MatRef {
@@ -215,7 +250,9 @@ fn im2col_row(x: &[f32], g: &Conv2dGeometry, a: &Conv2dAttrs, row: usize, dst: &
     let (ci, i, j) = (tap / (g.kh * g.kw), tap / g.kw % g.kh, tap % g.kw);
     let channel = &x[((n * g.c + grp * cg + ci) * g.h) * g.w..][..g.h * g.w];
     for (oy, out_row) in dst.chunks_exact_mut(g.ow).enumerate() {
-        let Some(iy) = Conv2dGeometry::input_index(oy, i, a.stride[0], a.dilation[0], a.padding[0], g.h) else {
+        let Some(iy) =
+            Conv2dGeometry::input_index(oy, i, a.stride[0], a.dilation[0], a.padding[0], g.h)
+        else {
             out_row.fill(0.0);
             continue;
         };
@@ -287,9 +324,15 @@ mod tests {
         let w3 = TensorRef::new("t", &x[..9], &[1, 1, 3, 3]).unwrap();
         let mut out = [0.0f32; 4];
         let p = MatmulParams::default();
-        let zero_stride = Conv2dAttrs { stride: [0, 1], ..Conv2dAttrs::default() };
+        let zero_stride = Conv2dAttrs {
+            stride: [0, 1],
+            ..Conv2dAttrs::default()
+        };
         assert!(conv2d(xt, w3, &zero_stride, &p, &mut out).is_err());
-        let groups = Conv2dAttrs { groups: 2, ..Conv2dAttrs::default() };
+        let groups = Conv2dAttrs {
+            groups: 2,
+            ..Conv2dAttrs::default()
+        };
         assert!(conv2d(xt, w3, &groups, &p, &mut out).is_err());
         let big = TensorRef::new("t", &x, &[1, 1, 4, 4]).unwrap();
         let tiny = TensorRef::new("t", &x[..4], &[1, 1, 2, 2]).unwrap();

@@ -5,14 +5,15 @@
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod convert;
 pub mod cpu;
 pub mod elementwise;
 pub mod embedding;
 pub mod error;
 pub mod loss;
 pub mod math;
-pub mod norm;
 pub mod matmul;
+pub mod norm;
 pub mod par;
 pub mod pool;
 pub mod reduce;

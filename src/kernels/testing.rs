@@ -97,10 +97,23 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
 
 /// Compares a kernel's f32 result with the reference once both are stored in precision `p`:
 /// `|p(got) - p(want)| <= atol + p.rtol(f32_rtol) * |p(want)|`.
-pub fn assert_close_in(p: Precision, what: &str, got: &[f32], want: &[f32], atol: f32, f32_rtol: f32) {
+pub fn assert_close_in(
+    p: Precision,
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    atol: f32,
+    f32_rtol: f32,
+) {
     let got: Vec<f32> = got.iter().map(|&x| p.round(x)).collect();
     let want: Vec<f32> = want.iter().map(|&x| p.round(x)).collect();
-    assert_close(&format!("{what} ({p:?})"), &got, &want, atol, p.rtol(f32_rtol));
+    assert_close(
+        &format!("{what} ({p:?})"),
+        &got,
+        &want,
+        atol,
+        p.rtol(f32_rtol),
+    );
 }
 
 /// Asserts two results are identical bit for bit.

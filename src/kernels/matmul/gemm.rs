@@ -196,8 +196,7 @@ impl Gemm<'_> {
                 let b_panel = &packed_b[((prob.b * grid.np + jp) * k + p0) * NR..][..kcs * NR];
                 let cols = NR.min(n - jp * NR);
                 for ip in ip0..ip1 {
-                    let a_panel =
-                        &packed_a[((prob.a * grid.mp + ip) * k + p0) * MR..][..kcs * MR];
+                    let a_panel = &packed_a[((prob.a * grid.mp + ip) * k + p0) * MR..][..kcs * MR];
                     let rows = MR.min(m - ip * MR);
                     // SAFETY: inside this task's tile (see `row`).
                     let c_tile = unsafe { c.get().add(prob.c_offset + ip * MR * ldc + jp * NR) };
@@ -221,8 +220,9 @@ impl Gemm<'_> {
                         };
                         for (i, src) in tmp.chunks_exact(NR).take(rows).enumerate() {
                             // SAFETY: rows × cols of this tile lie inside C.
-                            let dst =
-                                unsafe { std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols) };
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols)
+                            };
                             for (d, &s) in dst.iter_mut().zip(src) {
                                 *d = if acc { *d + s } else { s };
                             }

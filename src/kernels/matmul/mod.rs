@@ -151,7 +151,10 @@ pub fn matmul(
             if broadcast_shapes("matmul", &[&out_shape, bias.shape])? != out_shape {
                 return Err(KernelError::new(
                     "matmul",
-                    format!("bias shape {:?} does not broadcast to the output shape {out_shape:?}", bias.shape),
+                    format!(
+                        "bias shape {:?} does not broadcast to the output shape {out_shape:?}",
+                        bias.shape
+                    ),
                 ));
             }
             Some(broadcast_strides(bias.shape, &out_shape))
@@ -183,13 +186,25 @@ pub fn matmul(
         };
         (rows, vec![one])
     } else {
-        (m, batch_problems(batch_shape, a.shape, b.shape, bias_strides.as_deref(), m * n)?)
+        (
+            m,
+            batch_problems(
+                batch_shape,
+                a.shape,
+                b.shape,
+                bias_strides.as_deref(),
+                m * n,
+            )?,
+        )
     };
-    let bias = opts.bias.zip(bias_strides.as_ref()).map(|(bias, s)| BiasRef {
-        data: bias.data,
-        rs: s[rank - 2],
-        cs: s[rank - 1],
-    });
+    let bias = opts
+        .bias
+        .zip(bias_strides.as_ref())
+        .map(|(bias, s)| BiasRef {
+            data: bias.data,
+            rs: s[rank - 2],
+            cs: s[rank - 1],
+        });
     Gemm {
         m: gm,
         n,

@@ -88,7 +88,10 @@ pub fn pack_b_panel(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if cols == NR && crate::kernels::cpu::has_avx2_fma() {
             let starts: [usize; NR] = std::array::from_fn(start);
-            assert!(starts[NR - 1] + k <= b.data.len(), "pack: B panel outside its buffer");
+            assert!(
+                starts[NR - 1] + k <= b.data.len(),
+                "pack: B panel outside its buffer"
+            );
             // SAFETY: AVX2 is present; all NR source columns hold k values (checked above) and
             // `dst` holds k * NR values.
             unsafe { pack_b_transposed_avx2(b.data, &starts, k, dst) };

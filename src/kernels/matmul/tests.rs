@@ -67,7 +67,14 @@ fn case() -> impl Strategy<Value = Case> {
     );
     let prec = prop::sample::select(Precision::ALL.to_vec());
     (dims, layout, acts, params, prec, any::<u64>()).prop_map(
-        |((m, n, k), (batch, ta, tb, bias), activation, (mc, kc, nc, tasks, isa), precision, seed)| {
+        |(
+            (m, n, k),
+            (batch, ta, tb, bias),
+            activation,
+            (mc, kc, nc, tasks, isa),
+            precision,
+            seed,
+        )| {
             let (ab, bb) = batches(batch);
             let a_shape = operand(&ab, m, k, ta);
             let b_shape = operand(&bb, k, n, tb);
