@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::{Isa, MatmulParams};
+use super::matmul::{Isa, MatmulParams, MicroKernel};
 use super::par::{self, SyncPtr};
 use super::reference::nn::attention_dims;
 use super::scratch::with_scratch;
@@ -26,7 +26,7 @@ pub struct AttentionParams {
     pub block_k: usize,
     /// Problems with fewer flops (4·B·Hq·S·T·D) than this run on the calling thread.
     pub min_parallel_flops: usize,
-    /// Micro-kernel used by the tile products.
+    /// Micro-kernel used by the tile products; an ISA this CPU lacks is an error.
     pub isa: Isa,
 }
 
@@ -56,6 +56,7 @@ struct Problem4<'a> {
     block_q: usize,
     block_k: usize,
     gemm: MatmulParams,
+    kernel: MicroKernel,
 }
 
 /// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
@@ -79,6 +80,7 @@ pub fn attention(
             "block sizes must be at least 1",
         ));
     }
+    let kernel = MicroKernel::select(params.isa)?;
     let p = Problem4 {
         q: q.data,
         k: k.data,
@@ -100,6 +102,7 @@ pub fn attention(
             min_parallel_flops: usize::MAX,
             isa: params.isa,
         },
+        kernel,
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
@@ -182,6 +185,7 @@ impl Problem4<'_> {
                     accumulate: false,
                     bias: None,
                     activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(scores, &self.gemm);
                 for r in 0..bq {
@@ -226,6 +230,7 @@ impl Problem4<'_> {
                     accumulate: true,
                     bias: None,
                     activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(acc, &self.gemm);
             }

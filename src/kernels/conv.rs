@@ -6,7 +6,7 @@ use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::MatmulParams;
+use super::matmul::{MatmulParams, MicroKernel};
 use super::par;
 use super::scratch::with_scratch;
 use super::shape::check_len;
@@ -171,6 +171,7 @@ pub fn conv2d(
 ) -> KernelResult<()> {
     let g = Conv2dGeometry::new(x, w, attrs)?;
     check_len("conv2d", "out", out.len(), &g.output_shape())?;
+    let kernel = MicroKernel::select(params.isa)?;
     let groups = attrs.groups;
     let (cg, og) = (g.c / groups, g.o / groups);
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
@@ -218,6 +219,7 @@ pub fn conv2d(
             accumulate: false,
             bias: None,
             activation: Activation::None,
+            kernel,
         }
         .run(out, params);
     };

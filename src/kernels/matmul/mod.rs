@@ -12,7 +12,7 @@ use super::error::{KernelError, KernelResult};
 use super::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset, numel};
 use super::tensor::TensorRef;
 use gemm::{BiasRef, Gemm, Problem};
-pub use kernel::Isa;
+pub use kernel::{Isa, MicroKernel};
 use pack::MatRef;
 
 /// Tunable parameters of the GEMM. Every field is honoured; results are bit-identical for any
@@ -31,7 +31,7 @@ pub struct MatmulParams {
     pub tasks_per_thread: usize,
     /// Products with fewer flops than this run on the calling thread.
     pub min_parallel_flops: usize,
-    /// Micro-kernel choice.
+    /// Micro-kernel choice; an ISA this CPU lacks is an error.
     pub isa: Isa,
 }
 
@@ -197,6 +197,7 @@ pub fn matmul(
             )?,
         )
     };
+    let kernel = MicroKernel::select(params.isa)?;
     let bias = opts
         .bias
         .zip(bias_strides.as_ref())
@@ -216,6 +217,7 @@ pub fn matmul(
         accumulate: false,
         bias,
         activation: opts.activation,
+        kernel,
     }
     .run(out, params);
     Ok(())
