@@ -106,7 +106,9 @@ pub fn attention(
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
-    let flops = 4 * b * hq * s * t * d;
+    let flops = [b, hq, s, t, d]
+        .iter()
+        .fold(4usize, |f, &x| f.saturating_mul(x));
     let parallel = flops >= params.min_parallel_flops;
     let out_ptr = SyncPtr(out.as_mut_ptr());
     par::for_each_index(parallel, tasks, |task| {

@@ -117,7 +117,9 @@ impl Gemm<'_> {
                 "gemm: C block outside the output buffer"
             );
         }
-        let flops = 2 * self.m * self.n * self.k * self.problems.len();
+        let flops = [self.m, self.n, self.k, self.problems.len()]
+            .iter()
+            .fold(2usize, |f, &x| f.saturating_mul(x));
         let parallel = params.tasks_per_thread > 0
             && rayon::current_num_threads() > 1
             && flops >= params.min_parallel_flops;
