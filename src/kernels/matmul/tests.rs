@@ -296,3 +296,28 @@ fn bad_arguments_are_errors() {
     };
     assert!(matmul(short, t(&[3, 2]), &o, &p, &mut out).is_err());
 }
+
+#[test]
+fn default_params_on_larger_and_tiny_shapes() {
+    // Large enough to be split into parallel tiles with the default blocking, and the smallest.
+    for (batch, m, k, n) in [(2, 131, 300, 97), (1, 1, 1, 1), (3, 7, 2, 1)] {
+        let c = Case {
+            a_shape: vec![batch, m, k],
+            b_shape: vec![k, n],
+            bias_shape: Some(vec![n]),
+            transpose_a: false,
+            transpose_b: false,
+            activation: Activation::Silu,
+            params: MatmulParams::default(),
+            precision: Precision::F32,
+            seed: (m * n) as u64,
+        };
+        check(&c);
+        check(&Case {
+            b_shape: vec![batch, n, k],
+            transpose_b: true,
+            bias_shape: Some(vec![batch, m, n]),
+            ..c.clone()
+        });
+    }
+}
