@@ -33,8 +33,8 @@ pub struct AttentionParams {
 impl Default for AttentionParams {
     fn default() -> Self {
         Self {
-            block_q: 64,
-            block_k: 64,
+            block_q: 32,
+            block_k: 128,
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
         }
