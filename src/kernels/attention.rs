@@ -16,8 +16,9 @@ use super::tensor::TensorRef;
 use super::Activation;
 use super::{math, rows};
 
-/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count and
-/// `min_parallel_flops`; `block_q`, `block_k` and `isa` change the rounding.
+/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count,
+/// `block_q` and `min_parallel_flops`; `block_k` (the online-softmax steps) and the portable
+/// kernel change the rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionParams {
     /// Queries per task (the rows of one score tile).

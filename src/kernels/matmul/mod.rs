@@ -15,9 +15,10 @@ use gemm::{BiasRef, Gemm, Problem};
 pub use kernel::{Isa, MicroKernel};
 use pack::MatRef;
 
-/// Tunable parameters of the GEMM. Every field is honoured; results are bit-identical for any
-/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops` and thread count (only `kc` and `isa`
-/// change the order of floating-point operations).
+/// Tunable parameters of the GEMM. Every field is honoured. Results are bit-identical for any
+/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops` and thread count, and between the AVX2
+/// and AVX-512 kernels; only `kc` and the portable kernel (no fused multiply-add) change the
+/// rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MatmulParams {
     /// Most rows of C per task; the A block `mc × kc` should sit in L2.
