@@ -361,6 +361,38 @@ mod tests {
     }
 
     #[test]
+    fn query_tiling_does_not_change_bits() {
+        let mut rng = Rng::new(5);
+        let (qs, ks) = ([2, 37, 4, 24], [2, 41, 2, 24]);
+        let q = rng.vec(qs.iter().product(), 1.0);
+        let k = rng.vec(ks.iter().product(), 1.0);
+        let v = rng.vec(ks.iter().product(), 1.0);
+        let run = |block_q| {
+            let mut out = vec![0.0; q.len()];
+            let params = AttentionParams {
+                block_q,
+                ..Default::default()
+            };
+            let t = |d, s| TensorRef::new("t", d, s).unwrap();
+            attention(
+                t(&q, &qs),
+                t(&k, &ks),
+                t(&v, &ks),
+                true,
+                None,
+                &params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let base = run(1);
+        for bq in [7, 32, 64] {
+            assert_same_bits("block_q", &base, &run(bq));
+        }
+    }
+
+    #[test]
     fn rejects_bad_shapes() {
         let x = [0.0f32; 8];
         let mut out = [0.0f32; 8];
