@@ -188,20 +188,25 @@ pub fn conv2d(
             cols: kdim,
         })
         .collect();
-    let problems: Vec<Problem> = (0..g.n * groups)
-        .map(|i| Problem {
-            a: i % groups,
-            b: i,
-            c_offset: (i / groups * g.o + i % groups * og) * plane,
-            bias_offset: 0,
-        })
-        .collect();
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
-    let mut run = |cols: &[f32], col_offset: usize| {
-        let patches: Vec<MatRef<'_>> = (0..g.n * groups)
-            .map(|i| MatRef {
+    // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
+    // `cols[(i - n0·groups)·col_offset..]`.
+    let mut run = |cols: &[f32], col_offset: usize, n0: usize, n1: usize| {
+        let problems: Vec<Problem> = (0..(n1 - n0) * groups)
+            .map(|j| {
+                let i = n0 * groups + j;
+                Problem {
+                    a: i % groups,
+                    b: j,
+                    c_offset: (i / groups * g.o + i % groups * og) * plane,
+                    bias_offset: 0,
+                }
+            })
+            .collect();
+        let patches: Vec<MatRef<'_>> = (0..problems.len())
+            .map(|j| MatRef {
                 data: cols,
-                offset: i * col_offset,
+                offset: j * col_offset,
                 rs: plane,
                 cs: 1,
                 rows: kdim,
@@ -225,22 +230,28 @@ pub fn conv2d(
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
-        run(x.data, cg * plane);
+        run(x.data, cg * plane, 0, g.n);
         return Ok(());
     }
-    let per_problem = kdim * plane;
-    with_scratch(g.n * groups * per_problem, |cols| {
-        let parallel = cols.len() >= IM2COL_PARALLEL;
-        par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
-            im2col_row(x.data, &g, attrs, row, dst);
+    let per_image = groups * kdim * plane;
+    let images = (IM2COL_LIMIT / per_image.max(1)).clamp(1, g.n);
+    for n0 in (0..g.n).step_by(images) {
+        let n1 = (n0 + images).min(g.n);
+        with_scratch((n1 - n0) * per_image, |cols| {
+            let parallel = cols.len() >= IM2COL_PARALLEL;
+            par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
+                im2col_row(x.data, &g, attrs, n0 * groups * kdim + row, dst);
+            });
+            run(cols, kdim * plane, n0, n1);
         });
-        run(cols, per_problem);
-    });
+    }
     Ok(())
 }
 
 /// im2col buffers smaller than this are filled on the calling thread.
 const IM2COL_PARALLEL: usize = 1 << 15;
+/// Most f32 of patches laid out at once (whole images; at least one).
+const IM2COL_LIMIT: usize = 1 << 23;
 
 /// Fills row `row` of the stacked patch matrices: problem `row / kdim` (image, group), kernel
 /// tap `(ci, i, j)` = `row % kdim`, one value per output position.
@@ -317,6 +328,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn large_images_are_laid_out_one_chunk_at_a_time() {
+        // Each padded image has more patch values than half of IM2COL_LIMIT: two chunks.
+        let side = 2047;
+        let xs = [2, 1, side, side];
+        let x = Rng::new(9).vec(xs.iter().product(), 1.0);
+        let xt = TensorRef::new("t", &x, &xs).unwrap();
+        let wt = TensorRef::new("t", &[0.5, -2.0], &[2, 1, 1, 1]).unwrap();
+        let attrs = Conv2dAttrs {
+            padding: [1, 1],
+            ..Conv2dAttrs::default()
+        };
+        assert!((side + 2) * (side + 2) > IM2COL_LIMIT / 2);
+        let want = reference::conv2d(xt, wt, &attrs).unwrap();
+        let mut out = vec![f32::NAN; want.data.len()];
+        conv2d(xt, wt, &attrs, &MatmulParams::default(), &mut out).unwrap();
+        assert_same_bits("chunked conv2d", &out, &want.data);
     }
 
     #[test]
