@@ -82,13 +82,14 @@ impl Grid {
         let mut cb = np.div_ceil((params.nc / nr).max(1));
         if parallel {
             let target = rayon::current_num_threads().saturating_mul(params.tasks_per_thread);
-            while g.problems.len() * rb * cb < target {
-                if rb < mp {
+            // The largest task, in micro-tiles, for a given cut.
+            let largest = |rb: usize, cb: usize| mp.div_ceil(rb) * np.div_ceil(cb);
+            while g.problems.len() * rb * cb < target && (rb < mp || cb < np) {
+                // Cut the dimension that leaves the smaller largest task (rows on a tie).
+                if cb >= np || (rb < mp && largest(rb + 1, cb) <= largest(rb, cb + 1)) {
                     rb += 1;
-                } else if cb < np {
-                    cb += 1;
                 } else {
-                    break;
+                    cb += 1;
                 }
             }
         }

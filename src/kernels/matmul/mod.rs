@@ -28,7 +28,8 @@ pub struct MatmulParams {
     /// Most columns of C per task; the B block `kc × nc` should sit in L2/L3.
     pub nc: usize,
     /// Thread split: tiles are cut further until there are at least this many tasks per rayon
-    /// thread (rows first, then columns). 0 runs everything on the calling thread.
+    /// thread (each cut along rows or columns, whichever leaves the smaller largest task).
+    /// 0 runs everything on the calling thread.
     pub tasks_per_thread: usize,
     /// Products with fewer flops than this run on the calling thread.
     pub min_parallel_flops: usize,
