@@ -67,7 +67,10 @@ fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, transpos
         transpose_b,
         ..Default::default()
     };
-    let params = MatmulParams::default();
+    let params = MatmulParams {
+        isa,
+        ..MatmulParams::default()
+    };
     let seconds = in_pool(threads, || {
         time(|| {
             matmul(
