@@ -43,7 +43,7 @@ impl Default for AttentionParams {
 }
 
 /// The fixed facts of one call, shared by its tasks.
-struct Problem4<'a> {
+struct AttentionJob<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -82,7 +82,7 @@ pub fn attention(
         ));
     }
     let kernel = MicroKernel::select(params.isa)?;
-    let p = Problem4 {
+    let p = AttentionJob {
         q: q.data,
         k: k.data,
         v: v.data,
@@ -121,7 +121,7 @@ pub fn attention(
     Ok(())
 }
 
-impl Problem4<'_> {
+impl AttentionJob<'_> {
     /// Rows `d` wide, `stride` apart: the (batch, head) slice of a `[B, L, H, D]` tensor.
     fn rows<'a>(
         &self,
