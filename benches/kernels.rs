@@ -7,6 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use mslc::kernels::attention::{attention, AttentionParams};
+use mslc::kernels::convert;
 use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc::kernels::TensorRef;
 
@@ -165,6 +166,25 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
+/// f16 / bf16 conversion throughput over 4 Mi values (one thread), in values per nanosecond.
+fn bench_convert() {
+    let n = 1 << 22;
+    let x = data(n, 8);
+    let mut h = vec![half::f16::ZERO; n];
+    let mut b = vec![half::bf16::ZERO; n];
+    let mut back = vec![0.0f32; n];
+    let rate = |(best, _): (f64, f64)| n as f64 / best / 1e9;
+    let r = rate(time(|| convert::f32_to_f16(&x, &mut h).expect("f16")));
+    println!("convert f32 -> f16   {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::f16_to_f32(&h, &mut back).expect("f16")));
+    println!("convert f16 -> f32   {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::f32_to_bf16(&x, &mut b).expect("bf16")));
+    println!("convert f32 -> bf16  {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::bf16_to_f32(&b, &mut back).expect("bf16")));
+    println!("convert bf16 -> f32  {r:6.2} Gvalues/s");
+    black_box((&h, &b, &back));
+}
+
 /// Runs `f` in a rayon pool of `threads` threads.
 fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
@@ -200,6 +220,9 @@ fn main() {
                 }
             }
         }
+    }
+    if wanted("convert") {
+        bench_convert();
     }
     if wanted("attention") {
         for t in threads {
