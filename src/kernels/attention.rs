@@ -7,17 +7,18 @@ use serde::{Deserialize, Serialize};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::{Isa, MatmulParams};
+use super::matmul::{Isa, MatmulParams, MicroKernel};
 use super::par::{self, SyncPtr};
 use super::reference::nn::attention_dims;
-use super::{math, rows};
 use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
 use super::Activation;
+use super::{math, rows};
 
-/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count and
-/// `min_parallel_flops`; `block_q`, `block_k` and `isa` change the rounding.
+/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count,
+/// `block_q` and `min_parallel_flops`; `block_k` (the online-softmax steps) and the portable
+/// kernel change the rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionParams {
     /// Queries per task (the rows of one score tile).
@@ -26,15 +27,15 @@ pub struct AttentionParams {
     pub block_k: usize,
     /// Problems with fewer flops (4·B·Hq·S·T·D) than this run on the calling thread.
     pub min_parallel_flops: usize,
-    /// Micro-kernel used by the tile products.
+    /// Micro-kernel used by the tile products; an ISA this CPU lacks is an error.
     pub isa: Isa,
 }
 
 impl Default for AttentionParams {
     fn default() -> Self {
         Self {
-            block_q: 64,
-            block_k: 64,
+            block_q: 32,
+            block_k: 128,
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
         }
@@ -42,7 +43,7 @@ impl Default for AttentionParams {
 }
 
 /// The fixed facts of one call, shared by its tasks.
-struct Problem4<'a> {
+struct AttentionJob<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -56,6 +57,7 @@ struct Problem4<'a> {
     block_q: usize,
     block_k: usize,
     gemm: MatmulParams,
+    kernel: MicroKernel,
 }
 
 /// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
@@ -74,9 +76,13 @@ pub fn attention(
     let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
     check_len("attention", "out", out.len(), q.shape)?;
     if params.block_q == 0 || params.block_k == 0 {
-        return Err(KernelError::new("attention", "block sizes must be at least 1"));
+        return Err(KernelError::new(
+            "attention",
+            "block sizes must be at least 1",
+        ));
     }
-    let p = Problem4 {
+    let kernel = MicroKernel::select(params.isa)?;
+    let p = AttentionJob {
         q: q.data,
         k: k.data,
         v: v.data,
@@ -97,10 +103,13 @@ pub fn attention(
             min_parallel_flops: usize::MAX,
             isa: params.isa,
         },
+        kernel,
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
-    let flops = 4 * b * hq * s * t * d;
+    let flops = [b, hq, s, t, d]
+        .iter()
+        .fold(4usize, |f, &x| f.saturating_mul(x));
     let parallel = flops >= params.min_parallel_flops;
     let out_ptr = SyncPtr(out.as_mut_ptr());
     par::for_each_index(parallel, tasks, |task| {
@@ -112,9 +121,15 @@ pub fn attention(
     Ok(())
 }
 
-impl Problem4<'_> {
+impl AttentionJob<'_> {
     /// Rows `d` wide, `stride` apart: the (batch, head) slice of a `[B, L, H, D]` tensor.
-    fn rows<'a>(&self, data: &'a [f32], first_row: usize, rows: usize, stride: usize) -> MatRef<'a> {
+    fn rows<'a>(
+        &self,
+        data: &'a [f32],
+        first_row: usize,
+        rows: usize,
+        stride: usize,
+    ) -> MatRef<'a> {
         MatRef {
             data,
             offset: first_row,
@@ -137,9 +152,18 @@ impl Problem4<'_> {
         let (qs, ks) = (self.hq * d, self.hkv * d);
         let q_rows = self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs);
         // Keys a query of this tile may see: j < limit (the last query sees the most).
-        let limit = if self.causal { (q0 + bq + t).saturating_sub(s).min(t) } else { t };
+        let limit = if self.causal {
+            (q0 + bq + t).saturating_sub(s).min(t)
+        } else {
+            t
+        };
         let bk_max = self.block_k.min(t.max(1));
-        let one = [Problem { a: 0, b: 0, c_offset: 0, bias_offset: 0 }];
+        let one = [Problem {
+            a: 0,
+            b: 0,
+            c_offset: 0,
+            bias_offset: 0,
+        }];
         with_scratch(bq * bk_max + bq * d + 2 * bq, |buf| {
             let (scores, rest) = buf.split_at_mut(bq * bk_max);
             let (acc, rest) = rest.split_at_mut(bq * d);
@@ -154,8 +178,17 @@ impl Problem4<'_> {
                 let k_rows = [self.rows(self.k, first_key, bk, ks).t()];
                 let qa = [q_rows];
                 Gemm {
-                    m: bq, n: bk, k: d, a: &qa, b: &k_rows, problems: &one, ldc: bk,
-                    accumulate: false, bias: None, activation: Activation::None,
+                    m: bq,
+                    n: bk,
+                    k: d,
+                    a: &qa,
+                    b: &k_rows,
+                    problems: &one,
+                    ldc: bk,
+                    accumulate: false,
+                    bias: None,
+                    activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(scores, &self.gemm);
                 for r in 0..bq {
@@ -163,7 +196,10 @@ impl Problem4<'_> {
                     rows::scale(row, self.scale);
                     if self.causal {
                         // Query q0 + r sees keys j <= q0 + r + t - s.
-                        let visible = (q0 + r + 1 + t).saturating_sub(s).saturating_sub(t0).min(bk);
+                        let visible = (q0 + r + 1 + t)
+                            .saturating_sub(s)
+                            .saturating_sub(t0)
+                            .min(bk);
                         row[visible..].fill(f32::NEG_INFINITY);
                     }
                     let new_max = row_max[r].max(rows::max(row));
@@ -177,21 +213,44 @@ impl Problem4<'_> {
                     row_max[r] = new_max;
                     rows::scale(&mut acc[r * d..(r + 1) * d], correction);
                 }
-                let p = [MatRef { data: scores, offset: 0, rs: bk, cs: 1, rows: bq, cols: bk }];
+                let p = [MatRef {
+                    data: scores,
+                    offset: 0,
+                    rs: bk,
+                    cs: 1,
+                    rows: bq,
+                    cols: bk,
+                }];
                 let v_rows = [self.rows(self.v, first_key, bk, ks)];
                 Gemm {
-                    m: bq, n: d, k: bk, a: &p, b: &v_rows, problems: &one, ldc: d,
-                    accumulate: true, bias: None, activation: Activation::None,
+                    m: bq,
+                    n: d,
+                    k: bk,
+                    a: &p,
+                    b: &v_rows,
+                    problems: &one,
+                    ldc: d,
+                    accumulate: true,
+                    bias: None,
+                    activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(acc, &self.gemm);
             }
             for r in 0..bq {
-                let inv = if row_sum[r] > 0.0 { 1.0 / row_sum[r] } else { 0.0 };
+                let inv = if row_sum[r] > 0.0 {
+                    1.0 / row_sum[r]
+                } else {
+                    0.0
+                };
                 let row = &mut acc[r * d..(r + 1) * d];
                 rows::scale(row, inv);
                 // SAFETY: row q0 + r of head h lies inside `out` and belongs to this task.
                 let dst = unsafe {
-                    std::slice::from_raw_parts_mut(out.get().add(((b * s + q0 + r) * self.hq + h) * d), d)
+                    std::slice::from_raw_parts_mut(
+                        out.get().add(((b * s + q0 + r) * self.hq + h) * d),
+                        d,
+                    )
                 };
                 dst.copy_from_slice(row);
             }
@@ -302,18 +361,92 @@ mod tests {
     }
 
     #[test]
+    fn query_tiling_does_not_change_bits() {
+        let mut rng = Rng::new(5);
+        let (qs, ks) = ([2, 37, 4, 24], [2, 41, 2, 24]);
+        let q = rng.vec(qs.iter().product(), 1.0);
+        let k = rng.vec(ks.iter().product(), 1.0);
+        let v = rng.vec(ks.iter().product(), 1.0);
+        let run = |block_q| {
+            let mut out = vec![0.0; q.len()];
+            let params = AttentionParams {
+                block_q,
+                ..Default::default()
+            };
+            let t = |d, s| TensorRef::new("t", d, s).unwrap();
+            attention(
+                t(&q, &qs),
+                t(&k, &ks),
+                t(&v, &ks),
+                true,
+                None,
+                &params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let base = run(1);
+        for bq in [7, 32, 64] {
+            assert_same_bits("block_q", &base, &run(bq));
+        }
+    }
+
+    #[test]
     fn rejects_bad_shapes() {
         let x = [0.0f32; 8];
         let mut out = [0.0f32; 8];
-        let t = |s: &'static [usize]| TensorRef { data: &x[..s.iter().product::<usize>()], shape: s };
+        let t = |s: &'static [usize]| TensorRef {
+            data: &x[..s.iter().product::<usize>()],
+            shape: s,
+        };
         let p = AttentionParams::default();
         // Three query heads cannot share two kv heads.
-        assert!(attention(t(&[1, 1, 3, 2]), t(&[1, 1, 2, 2]), t(&[1, 1, 2, 2]), false, None, &p, &mut out[..6]).is_err());
+        assert!(attention(
+            t(&[1, 1, 3, 2]),
+            t(&[1, 1, 2, 2]),
+            t(&[1, 1, 2, 2]),
+            false,
+            None,
+            &p,
+            &mut out[..6]
+        )
+        .is_err());
         // Head dims differ.
-        assert!(attention(t(&[1, 1, 2, 2]), t(&[1, 2, 1, 1]), t(&[1, 2, 1, 1]), false, None, &p, &mut out[..4]).is_err());
+        assert!(attention(
+            t(&[1, 1, 2, 2]),
+            t(&[1, 2, 1, 1]),
+            t(&[1, 2, 1, 1]),
+            false,
+            None,
+            &p,
+            &mut out[..4]
+        )
+        .is_err());
         // Output too short.
-        assert!(attention(t(&[1, 2, 2, 2]), t(&[1, 2, 2, 2]), t(&[1, 2, 2, 2]), true, None, &p, &mut out[..7]).is_err());
-        let zero = AttentionParams { block_q: 0, ..Default::default() };
-        assert!(attention(t(&[1, 2, 2, 2]), t(&[1, 2, 2, 2]), t(&[1, 2, 2, 2]), true, None, &zero, &mut out).is_err());
+        assert!(attention(
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            true,
+            None,
+            &p,
+            &mut out[..7]
+        )
+        .is_err());
+        let zero = AttentionParams {
+            block_q: 0,
+            ..Default::default()
+        };
+        assert!(attention(
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            true,
+            None,
+            &zero,
+            &mut out
+        )
+        .is_err());
     }
 }

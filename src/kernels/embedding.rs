@@ -18,16 +18,26 @@ pub fn embedding(
     check_len(OP, "ids", ids.len(), ids_shape)?;
     check_len(OP, "table", table.data.len(), table.shape)?;
     let &[v, h] = table.shape else {
-        return Err(KernelError::new(OP, format!("table must be [V, H], got {:?}", table.shape)));
+        return Err(KernelError::new(
+            OP,
+            format!("table must be [V, H], got {:?}", table.shape),
+        ));
     };
     if out.len() != ids.len() * h {
         return Err(KernelError::new(
             OP,
-            format!("out has {} elements, expected {} ids × {h}", out.len(), ids.len()),
+            format!(
+                "out has {} elements, expected {} ids × {h}",
+                out.len(),
+                ids.len()
+            ),
         ));
     }
     if let Some(bad) = ids.iter().find(|&&id| id < 0 || id as u64 >= v as u64) {
-        return Err(KernelError::new(OP, format!("id {bad} is outside the table of {v} rows")));
+        return Err(KernelError::new(
+            OP,
+            format!("id {bad} is outside the table of {v} rows"),
+        ));
     }
     for_each_row_group(params, out.len(), out, h, |first, chunk| {
         for (row, &id) in chunk.chunks_exact_mut(h).zip(&ids[first..]) {

@@ -9,13 +9,21 @@ use super::shape::check_len;
 use super::tensor::TensorRef;
 
 /// The per-feature vector of a norm's parameter: shape `[D]` (or `[1, ..., D]`).
-fn feature_vector<'a>(op: &'static str, what: &str, p: TensorRef<'a>, d: usize) -> KernelResult<&'a [f32]> {
+fn feature_vector<'a>(
+    op: &'static str,
+    what: &str,
+    p: TensorRef<'a>,
+    d: usize,
+) -> KernelResult<&'a [f32]> {
     check_len(op, what, p.data.len(), p.shape)?;
     let ok = p.shape.last() == Some(&d) && p.shape.iter().rev().skip(1).all(|&x| x == 1);
     if !ok {
         return Err(KernelError::new(
             op,
-            format!("{what} must have shape [{d}] (one value per feature), got {:?}", p.shape),
+            format!(
+                "{what} must have shape [{d}] (one value per feature), got {:?}",
+                p.shape
+            ),
         ));
     }
     Ok(p.data)
@@ -77,7 +85,10 @@ pub fn rms_norm(
 ) -> KernelResult<()> {
     const OP: &str = "rms_norm";
     let d = row_len(OP, x, out)?;
-    let w = weight.map(|w| feature_vector(OP, "weight", w, d)).transpose()?.unwrap_or(&[]);
+    let w = weight
+        .map(|w| feature_vector(OP, "weight", w, d))
+        .transpose()?
+        .unwrap_or(&[]);
     for_each_row_group(params, x.data.len(), out, d, |first, chunk| {
         let src = &x.data[first * d..first * d + chunk.len()];
         for (xr, or) in src.chunks_exact(d).zip(chunk.chunks_exact_mut(d)) {
@@ -100,7 +111,10 @@ pub fn layer_norm(
     const OP: &str = "layer_norm";
     let d = row_len(OP, x, out)?;
     let (g, b): (&[f32], &[f32]) = match affine {
-        Some((g, b)) => (feature_vector(OP, "gain", g, d)?, feature_vector(OP, "bias", b, d)?),
+        Some((g, b)) => (
+            feature_vector(OP, "gain", g, d)?,
+            feature_vector(OP, "bias", b, d)?,
+        ),
         None => (&[], &[]),
     };
     for_each_row_group(params, x.data.len(), out, d, |first, chunk| {

@@ -61,7 +61,9 @@ pub fn for_each_chunk_mut<T: Send>(
             .enumerate()
             .for_each(|(i, c)| f(i, c));
     } else {
-        data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        data.chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
     }
 }
 

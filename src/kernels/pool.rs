@@ -35,13 +35,22 @@ pub fn pool2d_output_shape(x: TensorRef<'_>, a: &Pool2dAttrs) -> KernelResult<[u
     const OP: &str = "pool2d";
     check_len(OP, "x", x.data.len(), x.shape)?;
     let &[n, c, h, w] = x.shape else {
-        return Err(KernelError::new(OP, format!("x must be [N, C, H, W], got {:?}", x.shape)));
+        return Err(KernelError::new(
+            OP,
+            format!("x must be [N, C, H, W], got {:?}", x.shape),
+        ));
     };
     if a.kernel.contains(&0) || a.stride.contains(&0) {
-        return Err(KernelError::new(OP, format!("kernel and stride must be at least 1: {a:?}")));
+        return Err(KernelError::new(
+            OP,
+            format!("kernel and stride must be at least 1: {a:?}"),
+        ));
     }
     if a.padding[0] > a.kernel[0] / 2 || a.padding[1] > a.kernel[1] / 2 {
-        return Err(KernelError::new(OP, format!("padding must be at most half the kernel: {a:?}")));
+        return Err(KernelError::new(
+            OP,
+            format!("padding must be at most half the kernel: {a:?}"),
+        ));
     }
     let oh = window_output(OP, h, a.padding[0], a.kernel[0], a.stride[0])?;
     let ow = window_output(OP, w, a.padding[1], a.kernel[1], a.stride[1])?;
@@ -53,10 +62,16 @@ pub fn adaptive_output_shape(x: TensorRef<'_>, output: [usize; 2]) -> KernelResu
     const OP: &str = "adaptive_avg_pool2d";
     check_len(OP, "x", x.data.len(), x.shape)?;
     let &[n, c, h, w] = x.shape else {
-        return Err(KernelError::new(OP, format!("x must be [N, C, H, W], got {:?}", x.shape)));
+        return Err(KernelError::new(
+            OP,
+            format!("x must be [N, C, H, W], got {:?}", x.shape),
+        ));
     };
     if output.contains(&0) || h == 0 || w == 0 {
-        return Err(KernelError::new(OP, format!("cannot pool {:?} to {output:?}", x.shape)));
+        return Err(KernelError::new(
+            OP,
+            format!("cannot pool {:?} to {output:?}", x.shape),
+        ));
     }
     Ok([n, c, output[0], output[1]])
 }
@@ -68,7 +83,14 @@ pub fn adaptive_range(i: usize, out: usize, len: usize) -> (usize, usize) {
 
 /// One output row of a window pooling: the window's rows `[y0, y1)` of the plane, columns from
 /// each output's start (clipped to the input).
-fn pool_row(plane: &[f32], w: usize, rows: (usize, usize), kind: PoolKind, a: &Pool2dAttrs, out: &mut [f32]) {
+fn pool_row(
+    plane: &[f32],
+    w: usize,
+    rows: (usize, usize),
+    kind: PoolKind,
+    a: &Pool2dAttrs,
+    out: &mut [f32],
+) {
     let divisor = (a.kernel[0] * a.kernel[1]) as f32;
     for (ox, o) in out.iter_mut().enumerate() {
         let start = ox * a.stride[1];
@@ -108,7 +130,9 @@ pub fn pool2d(
             for (oy, row) in dst.chunks_exact_mut(ow).enumerate() {
                 let start = oy * attrs.stride[0];
                 let y0 = start.saturating_sub(attrs.padding[0]);
-                let y1 = (start + attrs.kernel[0]).saturating_sub(attrs.padding[0]).min(h);
+                let y1 = (start + attrs.kernel[0])
+                    .saturating_sub(attrs.padding[0])
+                    .min(h);
                 pool_row(plane, w, (y0, y1), kind, attrs, row);
             }
         }
@@ -134,7 +158,9 @@ pub fn adaptive_avg_pool2d(
                 let (y0, y1) = adaptive_range(oy, oh, h);
                 for (ox, o) in row.iter_mut().enumerate() {
                     let (x0, x1) = adaptive_range(ox, ow, w);
-                    let sum: f32 = (y0..y1).map(|y| plane[y * w + x0..y * w + x1].iter().sum::<f32>()).sum();
+                    let sum: f32 = (y0..y1)
+                        .map(|y| plane[y * w + x0..y * w + x1].iter().sum::<f32>())
+                        .sum();
                     *o = sum / ((y1 - y0) * (x1 - x0)) as f32;
                 }
             }
@@ -198,8 +224,19 @@ mod tests {
     fn oversized_padding_is_an_error() {
         let x = [0.0f32; 4];
         let t = TensorRef::new("t", &x, &[1, 1, 2, 2]).unwrap();
-        let attrs = Pool2dAttrs { kernel: [2, 2], stride: [1, 1], padding: [2, 0] };
-        assert!(pool2d(t, PoolKind::Max, &attrs, &RowParams::default(), &mut [0.0; 4]).is_err());
+        let attrs = Pool2dAttrs {
+            kernel: [2, 2],
+            stride: [1, 1],
+            padding: [2, 0],
+        };
+        assert!(pool2d(
+            t,
+            PoolKind::Max,
+            &attrs,
+            &RowParams::default(),
+            &mut [0.0; 4]
+        )
+        .is_err());
         assert!(adaptive_avg_pool2d(t, [0, 1], &RowParams::default(), &mut []).is_err());
     }
 }

@@ -32,7 +32,10 @@ pub fn axes_mask(op: &'static str, axes: &[i64], rank: usize) -> KernelResult<Ve
     for &a in axes {
         let d = normalize_axis(op, a, rank)?;
         if std::mem::replace(&mut mask[d], true) {
-            return Err(KernelError::new(op, format!("axes {axes:?} repeat axis {a}")));
+            return Err(KernelError::new(
+                op,
+                format!("axes {axes:?} repeat axis {a}"),
+            ));
         }
     }
     Ok(mask)
@@ -93,11 +96,25 @@ pub fn reduce(
     const OP: &str = "reduce";
     check_len(OP, "x", x.data.len(), x.shape)?;
     let mask = axes_mask(OP, axes, x.shape.len())?;
-    check_len(OP, "out", out.len(), &reduced_shape(x.shape, &mask, keepdim))?;
-    let count: usize = x.shape.iter().zip(&mask).filter(|(_, &r)| r).map(|(&d, _)| d).product();
+    check_len(
+        OP,
+        "out",
+        out.len(),
+        &reduced_shape(x.shape, &mask, keepdim),
+    )?;
+    let count: usize = x
+        .shape
+        .iter()
+        .zip(&mask)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
     if count == 0 {
         if op == ReduceOp::Max {
-            return Err(KernelError::new("max", "cannot take the maximum of no elements"));
+            return Err(KernelError::new(
+                "max",
+                "cannot take the maximum of no elements",
+            ));
         }
         out.fill(if op == ReduceOp::Sum { 0.0 } else { f32::NAN });
         return Ok(());
@@ -119,8 +136,14 @@ pub fn reduce(
         return Ok(());
     }
     // Several reduced runs: move every reduced dim to the end, then reduce rows.
-    let kept: Vec<i64> = (0..x.shape.len()).filter(|&d| !mask[d]).map(|d| d as i64).collect();
-    let reduced: Vec<i64> = (0..x.shape.len()).filter(|&d| mask[d]).map(|d| d as i64).collect();
+    let kept: Vec<i64> = (0..x.shape.len())
+        .filter(|&d| !mask[d])
+        .map(|d| d as i64)
+        .collect();
+    let reduced: Vec<i64> = (0..x.shape.len())
+        .filter(|&d| mask[d])
+        .map(|d| d as i64)
+        .collect();
     let perm: Vec<i64> = kept.into_iter().chain(reduced).collect();
     let tp = TransposeParams {
         task_elems: params.task_elems,
@@ -135,8 +158,22 @@ pub fn reduce(
 }
 
 /// Reduces the middle dim of a `[outer, len, inner]` block into `[outer, inner]`.
-fn reduce3(x: &[f32], outer: usize, len: usize, inner: usize, op: ReduceOp, params: &RowParams, out: &mut [f32]) {
-    let finish = |v: f32| if op == ReduceOp::Mean { v / len as f32 } else { v };
+fn reduce3(
+    x: &[f32],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    op: ReduceOp,
+    params: &RowParams,
+    out: &mut [f32],
+) {
+    let finish = |v: f32| {
+        if op == ReduceOp::Mean {
+            v / len as f32
+        } else {
+            v
+        }
+    };
     let max = op == ReduceOp::Max;
     let parallel = x.len() >= params.min_parallel_elems;
     if inner == 1 {
@@ -157,7 +194,8 @@ fn reduce3(x: &[f32], outer: usize, len: usize, inner: usize, op: ReduceOp, para
         let (o, c0) = (task / segs, task % segs * seg);
         let c1 = (c0 + seg).min(inner);
         // SAFETY: segment [c0, c1) of output row o belongs to this task alone, inside `out`.
-        let acc = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o * inner + c0), c1 - c0) };
+        let acc =
+            unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o * inner + c0), c1 - c0) };
         let block = &x[o * len * inner..(o + 1) * len * inner];
         acc.copy_from_slice(&block[c0..c1]);
         for l in 1..len {
@@ -217,11 +255,35 @@ mod tests {
         let x = [1.0, f32::NAN, 3.0, 4.0];
         let t = TensorRef::new("t", &x, &[2, 2]).unwrap();
         let mut out = [0.0; 2];
-        reduce(t, ReduceOp::Max, &[1], false, &RowParams::default(), &mut out).unwrap();
+        reduce(
+            t,
+            ReduceOp::Max,
+            &[1],
+            false,
+            &RowParams::default(),
+            &mut out,
+        )
+        .unwrap();
         assert!(out[0].is_nan());
         assert_eq!(out[1], 4.0);
         let e = TensorRef::new("t", &[], &[0, 2]).unwrap();
-        assert!(reduce(e, ReduceOp::Max, &[0], false, &RowParams::default(), &mut out).is_err());
-        assert!(reduce(t, ReduceOp::Sum, &[1, 1], false, &RowParams::default(), &mut out).is_err());
+        assert!(reduce(
+            e,
+            ReduceOp::Max,
+            &[0],
+            false,
+            &RowParams::default(),
+            &mut out
+        )
+        .is_err());
+        assert!(reduce(
+            t,
+            ReduceOp::Sum,
+            &[1, 1],
+            false,
+            &RowParams::default(),
+            &mut out
+        )
+        .is_err());
     }
 }

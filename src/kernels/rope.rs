@@ -30,10 +30,16 @@ pub fn rope(x: TensorRef<'_>, theta: f64, params: &RowParams, out: &mut [f32]) -
     let [_, s, h, d] = dims4("rope", "x", x)?;
     check_len("rope", "out", out.len(), x.shape)?;
     if d % 2 != 0 {
-        return Err(KernelError::new("rope", format!("head dim {d} must be even")));
+        return Err(KernelError::new(
+            "rope",
+            format!("head dim {d} must be even"),
+        ));
     }
     if theta.is_nan() || theta <= 0.0 {
-        return Err(KernelError::new("rope", format!("theta {theta} must be positive")));
+        return Err(KernelError::new(
+            "rope",
+            format!("theta {theta} must be positive"),
+        ));
     }
     let half = d / 2;
     // cos and sin of every (position, frequency), computed in f64 once.
@@ -50,7 +56,11 @@ pub fn rope(x: TensorRef<'_>, theta: f64, params: &RowParams, out: &mut [f32]) -
         let row = h * d;
         for_each_row_group(params, x.data.len(), out, row, |first, chunk| {
             let src = &x.data[first * row..first * row + chunk.len()];
-            for (r, (xr, or)) in src.chunks_exact(row).zip(chunk.chunks_exact_mut(row)).enumerate() {
+            for (r, (xr, or)) in src
+                .chunks_exact(row)
+                .zip(chunk.chunks_exact_mut(row))
+                .enumerate()
+            {
                 let pos = (first + r) % s;
                 let (c, sn) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
                 for (xh, oh) in xr.chunks_exact(d).zip(or.chunks_exact_mut(d)) {

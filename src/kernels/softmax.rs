@@ -11,7 +11,12 @@ use super::shape::{check_len, normalize_axis, split_at_axis};
 use super::tensor::TensorRef;
 
 /// `softmax(x, axis)` into `out` (same shape as x).
-pub fn softmax(x: TensorRef<'_>, axis: i64, params: &RowParams, out: &mut [f32]) -> KernelResult<()> {
+pub fn softmax(
+    x: TensorRef<'_>,
+    axis: i64,
+    params: &RowParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
     run("softmax", x, axis, false, params, out)
 }
 
@@ -68,7 +73,14 @@ fn row(x: &[f32], out: &mut [f32], log: bool) {
 }
 
 #[inline(always)]
-fn strided_body(x: &[f32], out: &mut [f32], inner: usize, log: bool, max: &mut [f32], sum: &mut [f32]) {
+fn strided_body(
+    x: &[f32],
+    out: &mut [f32],
+    inner: usize,
+    log: bool,
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
     max.fill(f32::NEG_INFINITY);
     sum.fill(0.0);
     for xr in x.chunks_exact(inner) {
@@ -147,9 +159,27 @@ mod tests {
     fn masked_and_invalid_rows() {
         let x = [0.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY];
         let mut out = [0.0; 4];
-        softmax(TensorRef::new("t", &x, &[2, 2]).unwrap(), -1, &RowParams::default(), &mut out).unwrap();
+        softmax(
+            TensorRef::new("t", &x, &[2, 2]).unwrap(),
+            -1,
+            &RowParams::default(),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [1.0, 0.0, 1.0, 0.0]);
-        assert!(softmax(TensorRef::new("t", &x, &[4]).unwrap(), 1, &RowParams::default(), &mut out).is_err());
-        assert!(softmax(TensorRef::new("t", &x, &[4]).unwrap(), 0, &RowParams::default(), &mut out[..3]).is_err());
+        assert!(softmax(
+            TensorRef::new("t", &x, &[4]).unwrap(),
+            1,
+            &RowParams::default(),
+            &mut out
+        )
+        .is_err());
+        assert!(softmax(
+            TensorRef::new("t", &x, &[4]).unwrap(),
+            0,
+            &RowParams::default(),
+            &mut out[..3]
+        )
+        .is_err());
     }
 }

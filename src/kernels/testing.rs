@@ -97,10 +97,23 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
 
 /// Compares a kernel's f32 result with the reference once both are stored in precision `p`:
 /// `|p(got) - p(want)| <= atol + p.rtol(f32_rtol) * |p(want)|`.
-pub fn assert_close_in(p: Precision, what: &str, got: &[f32], want: &[f32], atol: f32, f32_rtol: f32) {
+pub fn assert_close_in(
+    p: Precision,
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    atol: f32,
+    f32_rtol: f32,
+) {
     let got: Vec<f32> = got.iter().map(|&x| p.round(x)).collect();
     let want: Vec<f32> = want.iter().map(|&x| p.round(x)).collect();
-    assert_close(&format!("{what} ({p:?})"), &got, &want, atol, p.rtol(f32_rtol));
+    assert_close(
+        &format!("{what} ({p:?})"),
+        &got,
+        &want,
+        atol,
+        p.rtol(f32_rtol),
+    );
 }
 
 /// Asserts two results are identical bit for bit.
@@ -108,6 +121,16 @@ pub fn assert_same_bits(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert_eq!(x.to_bits(), y.to_bits(), "{what}: element {i}: {x} vs {y}");
+    }
+}
+
+/// Asserts two results are identical bit for bit except that any NaN matches any NaN (NaN
+/// payloads and signs are not specified by Rust and differ between scalar and vector code).
+pub fn assert_same_values(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+        assert!(same, "{what}: element {i}: {x} vs {y}");
     }
 }
 

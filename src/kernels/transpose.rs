@@ -43,7 +43,10 @@ pub fn normalize_perm(op: &'static str, perm: &[i64], rank: usize) -> KernelResu
     for &p in perm {
         let a = normalize_axis(op, p, rank)?;
         if std::mem::replace(&mut seen[a], true) {
-            return Err(KernelError::new(op, format!("perm {perm:?} repeats axis {p}")));
+            return Err(KernelError::new(
+                op,
+                format!("perm {perm:?} repeats axis {p}"),
+            ));
         }
         out.push(a);
     }
@@ -144,9 +147,18 @@ fn copy_runs(x: &[f32], dims: &[(usize, usize)], params: &RowParams, out: &mut [
 /// General case: the output's last dim reads input dim `a` (stride > 1) and the input's last
 /// dim (stride 1) lands in output dim `j`; each task transposes a band of `tile` values of j
 /// for one index of the other dims, tile by tile.
-fn tiled(x: &[f32], dims: &[(usize, usize)], perm: &[usize], params: &TransposeParams, out: &mut [f32]) {
+fn tiled(
+    x: &[f32],
+    dims: &[(usize, usize)],
+    perm: &[usize],
+    params: &TransposeParams,
+    out: &mut [f32],
+) {
     let rank = dims.len();
-    let j = perm.iter().position(|&p| p == rank - 1).expect("perm covers the last dim");
+    let j = perm
+        .iter()
+        .position(|&p| p == rank - 1)
+        .expect("perm covers the last dim");
     let (nj, na, sa) = (dims[j].0, dims[rank - 1].0, dims[rank - 1].1);
     let out_strides = strides(&dims.iter().map(|d| d.0).collect::<Vec<_>>());
     let osj = out_strides[j];
@@ -178,7 +190,10 @@ fn tiled(x: &[f32], dims: &[(usize, usize)], perm: &[usize], params: &TransposeP
                     // SAFETY: output row (o, u) of this band belongs to this task only and lies
                     // inside `out` (its length equals the input's).
                     let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.get().add(ob + u * osj + v0), v1 - v0)
+                        std::slice::from_raw_parts_mut(
+                            out_ptr.get().add(ob + u * osj + v0),
+                            v1 - v0,
+                        )
                     };
                     for (v, d) in (v0..v1).zip(dst) {
                         *d = x[ib + u + v * sa];

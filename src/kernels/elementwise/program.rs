@@ -51,7 +51,10 @@ impl Program {
         for (i, instr) in self.instrs.iter().enumerate() {
             let bad_reg = |r: usize| {
                 (r >= i).then(|| {
-                    KernelError::new(OP, format!("instruction {i} reads register {r}, not yet defined"))
+                    KernelError::new(
+                        OP,
+                        format!("instruction {i} reads register {r}, not yet defined"),
+                    )
                 })
             };
             let err = match *instr {
@@ -86,15 +89,25 @@ mod tests {
             instrs: vec![
                 Instr::Input(0),
                 Instr::Const(2.0),
-                Instr::Binary { op: BinaryOp::Mul, a: 0, b: 1 },
-                Instr::Unary { op: UnaryOp::Exp, x: 2 },
+                Instr::Binary {
+                    op: BinaryOp::Mul,
+                    a: 0,
+                    b: 1,
+                },
+                Instr::Unary {
+                    op: UnaryOp::Exp,
+                    x: 2,
+                },
             ],
         };
         assert!(ok.validate(1).is_ok());
         assert!(ok.validate(0).is_err());
         assert!(Program::default().validate(1).is_err());
         let forward = Program {
-            instrs: vec![Instr::Unary { op: UnaryOp::Neg, x: 0 }],
+            instrs: vec![Instr::Unary {
+                op: UnaryOp::Neg,
+                x: 0,
+            }],
         };
         assert!(forward.validate(1).is_err());
         let json = serde_json::to_string(&ok).unwrap();

@@ -23,13 +23,23 @@ pub fn conv2d(x: TensorRef<'_>, w: TensorRef<'_>, a: &Conv2dAttrs) -> KernelResu
                         let c = group * cg + ci;
                         for i in 0..g.kh {
                             let Some(iy) = Conv2dGeometry::input_index(
-                                oy, i, a.stride[0], a.dilation[0], a.padding[0], g.h,
+                                oy,
+                                i,
+                                a.stride[0],
+                                a.dilation[0],
+                                a.padding[0],
+                                g.h,
                             ) else {
                                 continue;
                             };
                             for j in 0..g.kw {
                                 let Some(ix) = Conv2dGeometry::input_index(
-                                    ox, j, a.stride[1], a.dilation[1], a.padding[1], g.w,
+                                    ox,
+                                    j,
+                                    a.stride[1],
+                                    a.dilation[1],
+                                    a.padding[1],
+                                    g.w,
                                 ) else {
                                     continue;
                                 };
@@ -65,7 +75,11 @@ pub fn pool2d(x: TensorRef<'_>, kind: PoolKind, a: &Pool2dAttrs) -> KernelResult
                         if let (Some(iy), Some(ix)) = (iy, ix) {
                             if iy < h && ix < w {
                                 let v = x.data[(plane * h + iy) * w + ix] as f64;
-                                max = if v.is_nan() || max.is_nan() { f64::NAN } else { max.max(v) };
+                                max = if v.is_nan() || max.is_nan() {
+                                    f64::NAN
+                                } else {
+                                    max.max(v)
+                                };
                                 sum += v;
                             }
                         }

@@ -26,7 +26,10 @@ pub fn reshape(x: TensorRef<'_>, shape: &[usize]) -> KernelResult<Tensor> {
     if numel("reshape", shape)? != x.data.len() {
         return Err(KernelError::new(
             "reshape",
-            format!("cannot reshape {:?} into {shape:?}: element counts differ", x.shape),
+            format!(
+                "cannot reshape {:?} into {shape:?}: element counts differ",
+                x.shape
+            ),
         ));
     }
     Tensor::new("reshape", shape.to_vec(), x.data.to_vec())
@@ -35,8 +38,7 @@ pub fn reshape(x: TensorRef<'_>, shape: &[usize]) -> KernelResult<Tensor> {
 /// `broadcast_to`: `x` repeated (NumPy rules) to exactly `shape`.
 pub fn broadcast_to(x: TensorRef<'_>, shape: &[usize]) -> KernelResult<Tensor> {
     check_len("broadcast_to", "x", x.data.len(), x.shape)?;
-    if x.shape.len() > shape.len()
-        || broadcast_shapes("broadcast_to", &[x.shape, shape])? != shape
+    if x.shape.len() > shape.len() || broadcast_shapes("broadcast_to", &[x.shape, shape])? != shape
     {
         return Err(KernelError::new(
             "broadcast_to",
@@ -57,12 +59,15 @@ pub fn concat(xs: &[TensorRef<'_>], axis: i64) -> KernelResult<Tensor> {
     shape[axis] = 0;
     for x in xs {
         check_len("concat", "input", x.data.len(), x.shape)?;
-        let agrees = x.shape.len() == rank
-            && (0..rank).all(|d| d == axis || x.shape[d] == first.shape[d]);
+        let agrees =
+            x.shape.len() == rank && (0..rank).all(|d| d == axis || x.shape[d] == first.shape[d]);
         if !agrees {
             return Err(KernelError::new(
                 "concat",
-                format!("shape {:?} does not match {:?} off axis {axis}", x.shape, first.shape),
+                format!(
+                    "shape {:?} does not match {:?} off axis {axis}",
+                    x.shape, first.shape
+                ),
             ));
         }
         shape[axis] += x.shape[axis];

@@ -71,7 +71,10 @@ pub fn fused_matmul(
         if broadcast_shapes("matmul", &[&shape, bias.shape])? != shape {
             return Err(KernelError::new(
                 "matmul",
-                format!("bias shape {:?} does not broadcast to {shape:?}", bias.shape),
+                format!(
+                    "bias shape {:?} does not broadcast to {shape:?}",
+                    bias.shape
+                ),
             ));
         }
         for (d, b) in data.iter_mut().zip(broadcast_values(bias, &shape)) {

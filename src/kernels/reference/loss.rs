@@ -20,14 +20,23 @@ pub fn cross_entropy_dims(
     if lead != labels_shape {
         return Err(KernelError::new(
             OP,
-            format!("labels {labels_shape:?} must be logits {:?} without the last dim", logits.shape),
+            format!(
+                "labels {labels_shape:?} must be logits {:?} without the last dim",
+                logits.shape
+            ),
         ));
     }
     if labels.is_empty() {
-        return Err(KernelError::new(OP, "the mean over no positions is undefined"));
+        return Err(KernelError::new(
+            OP,
+            "the mean over no positions is undefined",
+        ));
     }
     if let Some(bad) = labels.iter().find(|&&l| l < 0 || l as u64 >= v as u64) {
-        return Err(KernelError::new(OP, format!("label {bad} is outside 0..{v}")));
+        return Err(KernelError::new(
+            OP,
+            format!("label {bad} is outside 0..{v}"),
+        ));
     }
     Ok((labels.len(), v))
 }
@@ -41,8 +50,16 @@ pub fn cross_entropy(
     let (positions, v) = cross_entropy_dims(logits, labels, labels_shape)?;
     let mut total = 0.0f64;
     for (row, &label) in logits.data.chunks(v).zip(labels) {
-        let max = row.iter().map(|&x| x as f64).fold(f64::NEG_INFINITY, f64::max);
-        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        let max = row
+            .iter()
+            .map(|&x| x as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
         total += lse - row[label as usize] as f64;
     }
     Ok(Tensor {
@@ -58,9 +75,16 @@ pub fn mse_loss(a: TensorRef<'_>, b: TensorRef<'_>) -> KernelResult<Tensor> {
     let shape = broadcast_shapes("mse_loss", &[a.shape, b.shape])?;
     let (av, bv) = (broadcast_values(a, &shape), broadcast_values(b, &shape));
     if av.is_empty() {
-        return Err(KernelError::new("mse_loss", "the mean over no elements is undefined"));
+        return Err(KernelError::new(
+            "mse_loss",
+            "the mean over no elements is undefined",
+        ));
     }
-    let sum: f64 = av.iter().zip(&bv).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let sum: f64 = av
+        .iter()
+        .zip(&bv)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
     Ok(Tensor {
         shape: Vec::new(),
         data: vec![(sum / av.len() as f64) as f32],

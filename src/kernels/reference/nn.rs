@@ -48,10 +48,16 @@ pub fn dims4(op: &'static str, what: &str, x: TensorRef<'_>) -> KernelResult<[us
 pub fn rope(x: TensorRef<'_>, theta: f64) -> KernelResult<Tensor> {
     let [b, s, h, d] = dims4("rope", "x", x)?;
     if d % 2 != 0 {
-        return Err(KernelError::new("rope", format!("head dim {d} must be even")));
+        return Err(KernelError::new(
+            "rope",
+            format!("head dim {d} must be even"),
+        ));
     }
     if theta.is_nan() || theta <= 0.0 {
-        return Err(KernelError::new("rope", format!("theta {theta} must be positive")));
+        return Err(KernelError::new(
+            "rope",
+            format!("theta {theta} must be positive"),
+        ));
     }
     let half = d / 2;
     let mut data = vec![0.0f32; x.data.len()];
@@ -90,7 +96,10 @@ pub fn attention_dims(
     if bk != b || dk != d {
         return Err(KernelError::new(
             "attention",
-            format!("k {:?} does not match q {:?} in batch or head dim", k.shape, q.shape),
+            format!(
+                "k {:?} does not match q {:?} in batch or head dim",
+                k.shape, q.shape
+            ),
         ));
     }
     if hkv == 0 || hq % hkv != 0 {
@@ -127,13 +136,17 @@ pub fn attention(
             let kh = h / group;
             for i in 0..s {
                 let qrow = &q.data[((bi * s + i) * hq + h) * d..][..d];
-                let visible: Vec<usize> =
-                    (0..t).filter(|&j| !causal || causal_visible(i, j, s, t)).collect();
+                let visible: Vec<usize> = (0..t)
+                    .filter(|&j| !causal || causal_visible(i, j, s, t))
+                    .collect();
                 let scores: Vec<f64> = visible
                     .iter()
                     .map(|&j| {
                         let krow = &k.data[((bi * t + j) * hkv + kh) * d..][..d];
-                        qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>()
+                        qrow.iter()
+                            .zip(krow)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
                             * scale
                     })
                     .collect();
@@ -147,7 +160,11 @@ pub fn attention(
                         .zip(&weights)
                         .map(|(&j, &w)| w * v.data[((bi * t + j) * hkv + kh) * d + c] as f64)
                         .sum();
-                    *o = if visible.is_empty() { 0.0 } else { (acc / total) as f32 };
+                    *o = if visible.is_empty() {
+                        0.0
+                    } else {
+                        (acc / total) as f32
+                    };
                 }
             }
         }
@@ -158,7 +175,13 @@ pub fn attention(
 /// `causal_mask`: `[size, size]`, 0 on and below the diagonal, -inf above.
 pub fn causal_mask(size: usize) -> Tensor {
     let data = (0..size * size)
-        .map(|i| if i % size > i / size { f32::NEG_INFINITY } else { 0.0 })
+        .map(|i| {
+            if i % size > i / size {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
         .collect();
     Tensor {
         shape: vec![size, size],

@@ -58,7 +58,10 @@ fn apply_keeping_shape(
     if r.shape != a.shape {
         return Err(KernelError::new(
             op_name,
-            format!("parameter of shape {:?} does not broadcast to {:?}", b.shape, a.shape),
+            format!(
+                "parameter of shape {:?} does not broadcast to {:?}",
+                b.shape, a.shape
+            ),
         ));
     }
     Ok(r)

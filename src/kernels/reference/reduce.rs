@@ -1,20 +1,34 @@
 //! Reference reductions (`sum`, `mean`, `max`) and `softmax` / `log_softmax`.
 
 use crate::kernels::error::{KernelError, KernelResult};
-use crate::kernels::shape::{check_len, normalize_axis, split_at_axis, strides};
 use crate::kernels::reduce::{axes_mask, reduced_shape, ReduceOp};
+use crate::kernels::shape::{check_len, normalize_axis, split_at_axis, strides};
 use crate::kernels::tensor::{Tensor, TensorRef};
 
 /// `sum` / `mean` / `max` over `axes`.
 pub fn reduce(x: TensorRef<'_>, op: ReduceOp, axes: &[i64], keepdim: bool) -> KernelResult<Tensor> {
     check_len("reduce", "x", x.data.len(), x.shape)?;
     let mask = axes_mask("reduce", axes, x.shape.len())?;
-    let count: usize = x.shape.iter().zip(&mask).filter(|(_, &r)| r).map(|(&d, _)| d).product();
+    let count: usize = x
+        .shape
+        .iter()
+        .zip(&mask)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
     if op == ReduceOp::Max && count == 0 {
-        return Err(KernelError::new("max", "cannot take the maximum of no elements"));
+        return Err(KernelError::new(
+            "max",
+            "cannot take the maximum of no elements",
+        ));
     }
     // Output strides over the input's dims: 0 on reduced dims.
-    let kept: Vec<usize> = x.shape.iter().zip(&mask).map(|(&d, &r)| if r { 1 } else { d }).collect();
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .zip(&mask)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect();
     let kept_strides = strides(&kept);
     let in_strides = strides(x.shape);
     let out_len: usize = kept.iter().product();
@@ -58,7 +72,9 @@ pub fn softmax_general(x: TensorRef<'_>, axis: i64, log: bool) -> KernelResult<T
     for o in 0..outer {
         for i in 0..inner {
             let at = |l: usize| o * len * inner + l * inner + i;
-            let max = (0..len).map(|l| x.data[at(l)] as f64).fold(f64::NEG_INFINITY, f64::max);
+            let max = (0..len)
+                .map(|l| x.data[at(l)] as f64)
+                .fold(f64::NEG_INFINITY, f64::max);
             let sum: f64 = (0..len).map(|l| (x.data[at(l)] as f64 - max).exp()).sum();
             for l in 0..len {
                 let z = x.data[at(l)] as f64 - max;
