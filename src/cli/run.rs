@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::artifact::write::write_all_or_nothing;
 use crate::artifact::{decode, Module};
 use crate::check::{check_path, CheckOptions, Checked};
 use crate::compile::{compile, CompileOptions};
 use crate::exec::{ExecOptions, Executor};
-use crate::artifact::write::write_all_or_nothing;
 use crate::io::npy::{read_npy, NpyArray};
 use crate::io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
 use crate::plan::target::Target;
@@ -104,7 +104,9 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
         return Err("--threads must be at least 1".to_string().into());
     }
     if args.weights.is_some() && args.init_seed.is_some() {
-        return Err("give either --weights or --init-seed, not both".to_string().into());
+        return Err("give either --weights or --init-seed, not both"
+            .to_string()
+            .into());
     }
     let mut arrays = BTreeMap::new();
     for (name, file) in &args.inputs {
@@ -117,14 +119,15 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     let mir_bytes;
     let (module, embedded) = if is_mir {
         if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
-            return Err("--set and --dim apply to .msl sources; rebuild the .mir with them"
-                .to_string()
-                .into());
+            return Err(
+                "--set and --dim apply to .msl sources; rebuild the .mir with them"
+                    .to_string()
+                    .into(),
+            );
         }
         mir_bytes = std::fs::read(&args.file)
             .map_err(|e| format!("cannot read `{}`: {e}", args.file.display()))?;
-        let decoded =
-            decode(&mir_bytes).map_err(|e| format!("`{}`: {e}", args.file.display()))?;
+        let decoded = decode(&mir_bytes).map_err(|e| format!("`{}`: {e}", args.file.display()))?;
         (decoded.module, decoded.weights)
     } else {
         (compile_source(args, &arrays, reporter)?, None)
@@ -179,7 +182,10 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     if !bad.is_empty() {
         eprintln!(
             "warning: output(s) {} hold NaN or infinite values",
-            bad.iter().map(|b| format!("`{b}`")).collect::<Vec<_>>().join(", ")
+            bad.iter()
+                .map(|b| format!("`{b}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(report)
@@ -203,7 +209,10 @@ fn load_params(args: &RunArgs, exec: &mut Executor, embedded: Option<&[u8]>) -> 
         let mut tensors = Vec::new();
         for (name, view) in st.tensors() {
             let dtype = st_dtype(view.dtype()).ok_or_else(|| {
-                format!("embedded weight `{name}` has unsupported type {:?}", view.dtype())
+                format!(
+                    "embedded weight `{name}` has unsupported type {:?}",
+                    view.dtype()
+                )
             })?;
             tensors.push((name, dtype, view.shape().to_vec(), view.data()));
         }
@@ -216,8 +225,10 @@ fn load_params(args: &RunArgs, exec: &mut Executor, embedded: Option<&[u8]>) -> 
         return exec.load_weights(refs).map_err(|e| e.message);
     }
     if exec.module().params().next().is_some() {
-        return Err("the model has parameters: give --weights FILE.safetensors or --init-seed N"
-            .to_string());
+        return Err(
+            "the model has parameters: give --weights FILE.safetensors or --init-seed N"
+                .to_string(),
+        );
     }
     Ok(())
 }
@@ -279,7 +290,10 @@ fn entry_name(args: &RunArgs, checked: &Checked) -> Result<String, String> {
     let names: Vec<&str> = checked.models.iter().map(|m| m.name.as_str()).collect();
     match (&args.entry, names.as_slice()) {
         (Some(e), _) if names.contains(&e.as_str()) => Ok(e.clone()),
-        (Some(e), _) => Err(format!("no model `{e}` in the file (models: {})", names.join(", "))),
+        (Some(e), _) => Err(format!(
+            "no model `{e}` in the file (models: {})",
+            names.join(", ")
+        )),
         (None, [one]) => Ok(one.to_string()),
         (None, []) => Err(format!("`{}` declares no model", args.file.display())),
         (None, _) => Err(format!(
@@ -315,7 +329,10 @@ fn derive_dims(
             continue;
         }
         let mut probe = options.clone();
-        probe.overrides.dims.insert(dim.clone(), (value + 1).to_string());
+        probe
+            .overrides
+            .dims
+            .insert(dim.clone(), (value + 1).to_string());
         let probed = check_path(file, &probe);
         let Some(pm) = probed.model(entry) else {
             continue;

@@ -3,7 +3,6 @@
 
 use crate::kernels::elementwise::slice::{binary_in_place, unary_in_place};
 use crate::kernels::elementwise::{fused_elementwise, ElementwiseParams};
-use crate::kernels::matmul::{matmul, MatmulOptions};
 use crate::kernels::par::for_each_chunk_mut;
 use crate::kernels::{
     attention, conv, embedding, loss, norm, pool, reduce, reference, rope, softmax, transpose,
@@ -61,20 +60,18 @@ impl StepKernel {
                 fused_elementwise(program, inputs, p, out)?
             }
             StepKernel::Matmul {
-                transpose_a,
-                transpose_b,
+                plan,
                 bias,
                 activation,
                 params,
-            } => {
-                let opts = MatmulOptions {
-                    transpose_a: *transpose_a,
-                    transpose_b: *transpose_b,
-                    bias: bias.then(|| x(2)),
-                    activation: *activation,
-                };
-                matmul(x(0), x(1), &opts, params, out)?
-            }
+            } => plan.run(
+                x(0).data,
+                x(1).data,
+                bias.then(|| x(2).data),
+                *activation,
+                params,
+                out,
+            )?,
             StepKernel::Transpose(perm, p) => transpose::transpose(x(0), perm, p, out)?,
             StepKernel::Reduce(op, axes, keepdim, p) => {
                 reduce::reduce(x(0), *op, axes, *keepdim, p, out)?
@@ -101,9 +98,7 @@ impl StepKernel {
                 let v = loss::cross_entropy(x(0), ints, x(1).shape, p)?;
                 copy_into("cross_entropy", out, &[v])?
             }
-            StepKernel::BroadcastTo => {
-copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?
-            }
+            StepKernel::BroadcastTo => copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?,
             StepKernel::Concat(axis) => copy_tensor(out, reference::concat(inputs, *axis)?)?,
             StepKernel::Slice(axis, start, end) => {
                 copy_tensor(out, reference::slice(x(0), *axis, *start, *end)?)?
@@ -139,7 +134,11 @@ fn copy_into(op: &'static str, out: &mut [f32], src: &[f32]) -> KernelResult<()>
     if out.len() != src.len() {
         return Err(KernelError::new(
             op,
-            format!("result has {} elements, the output {}", src.len(), out.len()),
+            format!(
+                "result has {} elements, the output {}",
+                src.len(),
+                out.len()
+            ),
         ));
     }
     out.copy_from_slice(src);

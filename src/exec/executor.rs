@@ -9,6 +9,7 @@ use crate::artifact::validate::validate;
 use crate::artifact::{Module, Storage};
 use crate::io::npy::{NpyArray, NpyDType};
 use crate::io::safetensors::TensorRef as StTensor;
+use crate::kernels::scratch::with_scratch;
 use crate::kernels::{KernelResult, TensorRef};
 use crate::ops::DType;
 
@@ -103,7 +104,9 @@ fn module_error(message: impl Into<String>) -> ExecError {
 
 fn alloc(bytes: usize, what: &str) -> ExecResult<AlignedBuf> {
     AlignedBuf::zeroed(bytes).ok_or_else(|| {
-        module_error(format!("cannot allocate {bytes} bytes for {what}: out of memory"))
+        module_error(format!(
+            "cannot allocate {bytes} bytes for {what}: out of memory"
+        ))
     })
 }
 
@@ -145,7 +148,10 @@ impl Executor {
         for (s, step) in module.steps.iter().enumerate() {
             let at = || format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
             let [o] = step.outputs[..] else {
-                return Err(module_error(format!("{}: the executor runs one-output steps", at())));
+                return Err(module_error(format!(
+                    "{}: the executor runs one-output steps",
+                    at()
+                )));
             };
             let out = &slots[o as usize];
             let types: Vec<_> = step
@@ -210,8 +216,22 @@ impl Executor {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .build()
-            .map_err(|e| ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}")))?;
+            .map_err(|e| {
+                ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
+            })?;
         let threads = pool.current_num_threads();
+        let scratch = plans
+            .iter()
+            .zip(&module.steps)
+            .map(|(plan, step)| scratch_hint(&plan.kernel, &slots, &step.inputs, step.outputs[0]))
+            .max()
+            .unwrap_or(0)
+            .min(SCRATCH_KEEP_LIMIT);
+        pool.broadcast(|_| {
+            with_scratch(scratch, |_| {
+                with_scratch(scratch, |_| with_scratch(scratch, |_| ()))
+            })
+        });
         Ok(Executor {
             slots,
             plans,
@@ -263,8 +283,12 @@ impl Executor {
                 _ => None,
             })
             .collect();
-        let found = weights::match_weights(&params, tensors)
-            .map_err(|m| ExecError::new(ExecErrorKind::Weights, format!("the weights do not fit the model:\n{m}")))?;
+        let found = weights::match_weights(&params, tensors).map_err(|m| {
+            ExecError::new(
+                ExecErrorKind::Weights,
+                format!("the weights do not fit the model:\n{m}"),
+            )
+        })?;
         for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found).zip(&params) {
             let dtype = weights::dtype_of(t.dtype);
             if dtype == ty.dtype {
@@ -325,23 +349,38 @@ impl Executor {
     /// uniform below the size of the table or class count they index (0 when they index
     /// nothing). Returns the integer bound used, if any.
     pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
-        let Some((k, (_, v))) = self.module.inputs().enumerate().find(|(_, (n, _))| *n == name)
+        let Some((k, (_, v))) = self
+            .module
+            .inputs()
+            .enumerate()
+            .find(|(_, (n, _))| *n == name)
         else {
-            return Err(ExecError::new(ExecErrorKind::Input, format!("the model has no input `{name}`")));
+            return Err(ExecError::new(
+                ExecErrorKind::Input,
+                format!("the model has no input `{name}`"),
+            ));
         };
         let ty = self.module.values[v as usize].ty.clone();
         let n = ty.checked_numel().unwrap_or(0) as usize;
         let mut values = vec![0f32; n];
         let bound = if ty.dtype.is_float() {
-            let normal = crate::check::program::Init::Normal { mean: 0.0, std: 1.0 };
+            let normal = crate::check::program::Init::Normal {
+                mean: 0.0,
+                std: 1.0,
+            };
             init::fill(&normal, seed, name, &mut values);
             None
         } else {
             let bound = self.index_bound(v);
             if let Some(b) = bound {
-                let uniform = crate::check::program::Init::Uniform { low: 0.0, high: b as f64 };
+                let uniform = crate::check::program::Init::Uniform {
+                    low: 0.0,
+                    high: b as f64,
+                };
                 init::fill(&uniform, seed, name, &mut values);
-                values.iter_mut().for_each(|x| *x = x.floor().min((b - 1) as f32));
+                values
+                    .iter_mut()
+                    .for_each(|x| *x = x.floor().min((b - 1) as f32));
             }
             bound
         };
@@ -352,15 +391,23 @@ impl Executor {
 
     /// The number of rows (embedding) or classes (cross-entropy) value `v` indexes.
     fn index_bound(&self, v: u32) -> Option<u64> {
-        self.module.steps.iter().zip(&self.plans).find_map(|(step, plan)| {
-            let j = plan.kernel.integer_input()?;
-            if step.inputs.get(j) != Some(&v) {
-                return None;
-            }
-            let table = &self.module.values[step.inputs[1 - j] as usize].ty;
-            let size = if j == 0 { table.shape.first() } else { table.shape.last() };
-            size.map(|&s| s as u64).filter(|&s| s > 0)
-        })
+        self.module
+            .steps
+            .iter()
+            .zip(&self.plans)
+            .find_map(|(step, plan)| {
+                let j = plan.kernel.integer_input()?;
+                if step.inputs.get(j) != Some(&v) {
+                    return None;
+                }
+                let table = &self.module.values[step.inputs[1 - j] as usize].ty;
+                let size = if j == 0 {
+                    table.shape.first()
+                } else {
+                    table.shape.last()
+                };
+                size.map(|&s| s as u64).filter(|&s| s > 0)
+            })
     }
 
     /// Runs every step once. Inputs must be set and parameters loaded or initialised.
@@ -406,13 +453,22 @@ impl Executor {
                 // SAFETY: `new` validated that every arena value lies inside the arena and that
                 // a step's output overlaps none of its inputs except input 0 exactly, which the
                 // plan's modes never view while the output is borrowed.
-                unsafe { mem.run_step(plan, &step.inputs, step.outputs[0], in_stage, int_stage, out_stage) }
-                    .map_err(|e| {
-                        ExecError::new(
-                            ExecErrorKind::Kernel,
-                            format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
-                        )
-                    })?;
+                unsafe {
+                    mem.run_step(
+                        plan,
+                        &step.inputs,
+                        step.outputs[0],
+                        in_stage,
+                        int_stage,
+                        out_stage,
+                    )
+                }
+                .map_err(|e| {
+                    ExecError::new(
+                        ExecErrorKind::Kernel,
+                        format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
+                    )
+                })?;
                 times[s] = StepTime {
                     start: start - run_start,
                     duration: start.elapsed(),
@@ -497,7 +553,8 @@ fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, Str
         let Place::Arena(i) = slot.place else {
             continue;
         };
-        let disjoint = slot.bytes == 0 || out.bytes == 0 || i + slot.bytes <= o || o + out.bytes <= i;
+        let disjoint =
+            slot.bytes == 0 || out.bytes == 0 || i + slot.bytes <= o || o + out.bytes <= i;
         if disjoint {
             continue;
         }
@@ -508,6 +565,32 @@ fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, Str
         }
     }
     Ok(aliased)
+}
+
+/// Largest scratch buffer (in f32) the kernels keep for reuse; bigger ones are freed after use.
+const SCRATCH_KEEP_LIMIT: usize = 8 << 20;
+
+/// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
+/// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
+/// all within twice the operands plus these terms. Every pool thread gets buffers this large
+/// at setup, so no kernel allocates scratch while running.
+fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32) -> usize {
+    let numel = |v: u32| slots[v as usize].numel;
+    let operands: usize = inputs.iter().map(|&v| numel(v)).sum::<usize>() + numel(output);
+    let extra = match kernel {
+        StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
+            (program.instrs.len() + 1) * p.block
+        }
+        StepKernel::Conv2d(..) => {
+            // im2col: every output position of every image gets C/groups·kh·kw values.
+            let w = &slots[inputs[1] as usize].shape;
+            let out = &slots[output as usize].shape;
+            let per_position: usize = w[1..].iter().product();
+            per_position * out[0] * out[2] * out[3]
+        }
+        _ => 0,
+    };
+    2 * operands + extra + (1 << 16)
 }
 
 fn origin_suffix(origin: &str) -> String {
@@ -535,7 +618,9 @@ impl<'a> Memory<'a> {
         let slot = &self.slots[v as usize];
         match slot.place {
             // SAFETY: inside the arena (validated); the caller rules out a live `&mut`.
-            Place::Arena(off) => unsafe { std::slice::from_raw_parts(self.base.add(off), slot.bytes) },
+            Place::Arena(off) => unsafe {
+                std::slice::from_raw_parts(self.base.add(off), slot.bytes)
+            },
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
         }
@@ -602,7 +687,9 @@ impl<'a> Memory<'a> {
         let out: &mut [f32] = if plan.out_direct {
             // SAFETY: inside the arena; disjoint from every input view (validated), input 0
             // included unless it is `InPlace`, in which case no view of it exists.
-            unsafe { std::slice::from_raw_parts_mut(self.base.add(off).cast::<f32>(), out_slot.numel) }
+            unsafe {
+                std::slice::from_raw_parts_mut(self.base.add(off).cast::<f32>(), out_slot.numel)
+            }
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };

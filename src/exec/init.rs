@@ -78,7 +78,11 @@ mod tests {
         fill(&init, 1, "v", &mut b);
         assert_ne!(a, b);
         let mean = a.iter().map(|&x| f64::from(x)).sum::<f64>() / a.len() as f64;
-        let var = a.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / a.len() as f64;
+        let var = a
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / a.len() as f64;
         // 1001 samples: the mean is within ~5 standard errors, the std within 15 %.
         assert!(mean.abs() < 5.0 * 0.02 / 1001f64.sqrt(), "{mean}");
         assert!((var.sqrt() - 0.02).abs() < 0.003, "{}", var.sqrt());
@@ -87,7 +91,15 @@ mod tests {
     #[test]
     fn uniform_and_constants() {
         let mut a = vec![0.0; 500];
-        fill(&Init::Uniform { low: -1.0, high: 3.0 }, 7, "u", &mut a);
+        fill(
+            &Init::Uniform {
+                low: -1.0,
+                high: 3.0,
+            },
+            7,
+            "u",
+            &mut a,
+        );
         assert!(a.iter().all(|&x| (-1.0..3.0).contains(&x)));
         fill(&Init::Constant { value: 2.5 }, 7, "c", &mut a);
         assert!(a.iter().all(|&x| x == 2.5));

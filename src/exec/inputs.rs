@@ -20,9 +20,18 @@ fn same_layout(d: NpyDType) -> Option<DType> {
 }
 
 /// Writes `array` into `dst` (the input's buffer, `ty.bytes()` long) as `ty` elements.
-pub fn fill_input(name: &str, ty: &TensorType, array: &NpyArray, dst: &mut [u8]) -> Result<(), String> {
+pub fn fill_input(
+    name: &str,
+    ty: &TensorType,
+    array: &NpyArray,
+    dst: &mut [u8],
+) -> Result<(), String> {
     let shape_ok = ty.shape.len() == array.shape().len()
-        && ty.shape.iter().zip(array.shape()).all(|(&a, &b)| a as u64 == b as u64);
+        && ty
+            .shape
+            .iter()
+            .zip(array.shape())
+            .all(|(&a, &b)| a as u64 == b as u64);
     if !shape_ok {
         let dims: Vec<String> = array.shape().iter().map(usize::to_string).collect();
         return Err(format!(
@@ -86,10 +95,16 @@ mod tests {
         let f = NpyArray::from_f32(vec![1, 2], &[1.0, 2.0]).unwrap();
         let mut dst = [0u8; 8];
         let e = fill_input("tokens", &ty, &f, &mut dst).unwrap_err();
-        assert!(e.contains("input `tokens` is i32, but the array's elements are `<f4`"), "{e}");
+        assert!(
+            e.contains("input `tokens` is i32, but the array's elements are `<f4`"),
+            "{e}"
+        );
         let wrong = NpyArray::from_i64(vec![2], &[1, 2]).unwrap();
         let e = fill_input("tokens", &ty, &wrong, &mut dst).unwrap_err();
-        assert!(e.contains("must have shape i32[1,2], but the array is [2]"), "{e}");
+        assert!(
+            e.contains("must have shape i32[1,2], but the array is [2]"),
+            "{e}"
+        );
     }
 
     #[test]

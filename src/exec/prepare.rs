@@ -5,7 +5,9 @@
 use crate::artifact::{KernelChoice, Step};
 use crate::kernels::attention::AttentionParams;
 use crate::kernels::conv::Conv2dAttrs;
-use crate::kernels::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
+use crate::kernels::elementwise::{
+    BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp,
+};
 use crate::kernels::matmul::MatmulParams;
 use crate::kernels::par::RowParams;
 use crate::kernels::pool::{Pool2dAttrs, PoolKind};
@@ -19,6 +21,8 @@ use crate::ops::family::program::{ElementwiseProgram, Operand};
 use crate::ops::family::reduce::reduced_axes;
 use crate::ops::{resolve_attrs, DType, Op, OpError, TensorType};
 use crate::plan::kernels::{decode_params, KernelKind};
+
+use super::gemm::GemmPlan;
 
 /// A step's kernel with everything it needs except the operands.
 #[derive(Clone, Debug)]
@@ -36,10 +40,8 @@ pub enum StepKernel {
     Fused(Program, ElementwiseParams),
     /// `matmul` / `fused_matmul`.
     Matmul {
-        /// A is stored transposed.
-        transpose_a: bool,
-        /// B is stored transposed.
-        transpose_b: bool,
+        /// Batch layout, broadcasting and bias strides, resolved for the step's shapes.
+        plan: GemmPlan,
         /// Input 2 is a bias.
         bias: bool,
         /// Epilogue.
@@ -115,7 +117,11 @@ impl StepKernel {
 }
 
 /// Prepares `step` whose inputs have types `inputs` and whose output has type `output`.
-pub fn prepare(step: &Step, inputs: &[TensorType], output: &TensorType) -> Result<StepKernel, String> {
+pub fn prepare(
+    step: &Step,
+    inputs: &[TensorType],
+    output: &TensorType,
+) -> Result<StepKernel, String> {
     let op = step.op;
     let expected = KernelKind::for_op(op);
     if step.kernel.name != expected.name() {
@@ -163,9 +169,19 @@ pub fn prepare(step: &Step, inputs: &[TensorType], output: &TensorType) -> Resul
                 Some(Op::Silu) => Activation::Silu,
                 Some(_) => Activation::Tanh,
             };
+            let dims =
+                |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
+            let bias = dims(2.min(inputs.len() - 1));
+            let plan = GemmPlan::new(
+                &dims(0),
+                &dims(1),
+                (inputs.len() == 3).then_some(bias.as_slice()),
+                a.bool("transpose_a").map_err(err)?,
+                a.bool("transpose_b").map_err(err)?,
+            )
+            .map_err(|e| e.to_string())?;
             StepKernel::Matmul {
-                transpose_a: a.bool("transpose_a").map_err(err)?,
-                transpose_b: a.bool("transpose_b").map_err(err)?,
+                plan,
                 bias: inputs.len() == 3,
                 activation,
                 params: params(k)?,
@@ -182,12 +198,16 @@ pub fn prepare(step: &Step, inputs: &[TensorType], output: &TensorType) -> Resul
             let axes = axes.into_iter().map(|x| x as i64).collect();
             StepKernel::Reduce(rop, axes, a.bool("keepdim").map_err(err)?, params(k)?)
         }
-        Op::Softmax | Op::LogSoftmax => {
-            StepKernel::Softmax(a.int("axis").map_err(err)?, op == Op::LogSoftmax, params(k)?)
-        }
-        Op::RmsNorm | Op::RmsNormScale => {
-            StepKernel::RmsNorm(a.float("eps").map_err(err)?, op == Op::RmsNormScale, params(k)?)
-        }
+        Op::Softmax | Op::LogSoftmax => StepKernel::Softmax(
+            a.int("axis").map_err(err)?,
+            op == Op::LogSoftmax,
+            params(k)?,
+        ),
+        Op::RmsNorm | Op::RmsNormScale => StepKernel::RmsNorm(
+            a.float("eps").map_err(err)?,
+            op == Op::RmsNormScale,
+            params(k)?,
+        ),
         Op::LayerNorm | Op::LayerNormAffine => StepKernel::LayerNorm(
             a.float("eps").map_err(err)?,
             op == Op::LayerNormAffine,

@@ -35,7 +35,11 @@ pub fn match_weights<'a>(
         };
         let want = params[i].1;
         let shape_ok = want.shape.len() == t.shape.len()
-            && want.shape.iter().zip(t.shape).all(|(&a, &b)| a as u64 == b as u64);
+            && want
+                .shape
+                .iter()
+                .zip(t.shape)
+                .all(|(&a, &b)| a as u64 == b as u64);
         let dtype = dtype_of(t.dtype);
         let dtype_ok = dtype == want.dtype || (dtype.is_float() && want.dtype.is_float());
         if !shape_ok || !dtype_ok {
@@ -98,7 +102,10 @@ mod tests {
         ];
         let e = match_weights(&params, files).unwrap_err();
         assert!(e.contains("missing from the file: b"), "{e}");
-        assert!(e.contains("`w` is f32[3,2] in the file, but the model's parameter is f32[2,3]"), "{e}");
+        assert!(
+            e.contains("`w` is f32[3,2] in the file, but the model's parameter is f32[2,3]"),
+            "{e}"
+        );
         assert!(e.contains("`g` is f32[3]"), "{e}");
         assert!(e.contains("not parameters of the model: zzz"), "{e}");
         assert_eq!(e.lines().count(), 4);

@@ -45,7 +45,9 @@ pub fn compile_file(file: &str, sets: &[(&str, &str)], fuse: bool) -> Module {
         fuse,
         amp: None,
     };
-    compile(&checked.models[0], &options).expect("compiles").module
+    compile(&checked.models[0], &options)
+        .expect("compiles")
+        .module
 }
 
 /// A module of one `op` step over inputs `x0, x1, ...` of the given types, output `y`.
@@ -138,7 +140,10 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= atol + rtol * w.abs();
-        assert!(ok, "{what}: element {i}: got {g}, want {w} (atol {atol}, rtol {rtol})");
+        assert!(
+            ok,
+            "{what}: element {i}: got {g}, want {w} (atol {atol}, rtol {rtol})"
+        );
     }
 }
 

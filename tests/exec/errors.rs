@@ -16,7 +16,10 @@ fn fails_with(args: &[&str], expect: &str) {
     let (code, out, err) = mslc(&full);
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
     assert_eq!(code, 1, "exit code for {args:?}:\n{out}\n{err}");
-    assert!(err.contains(expect), "{args:?}: expected `{expect}` in:\n{err}");
+    assert!(
+        err.contains(expect),
+        "{args:?}: expected `{expect}` in:\n{err}"
+    );
 }
 
 fn tokens(dir: &TestDir, name: &str, shape: Vec<usize>, ids: &[i64]) -> String {
@@ -33,22 +36,54 @@ fn bad_input_files_are_clear_errors() {
     let bytes = std::fs::read(dir.path("good.npy")).unwrap();
     std::fs::write(dir.path("trunc.npy"), &bytes[..bytes.len() - 5]).unwrap();
     let trunc = format!("tokens={}", s(&dir.path("trunc.npy")));
-    fails_with(&[llama, "--init-seed", "1", "--input", &trunc], "input `tokens`");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &trunc],
+        "input `tokens`",
+    );
     std::fs::write(dir.path("junk.npy"), b"not an npy file at all").unwrap();
     let junk = format!("tokens={}", s(&dir.path("junk.npy")));
-    fails_with(&[llama, "--init-seed", "1", "--input", &junk], "input `tokens`");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &junk],
+        "input `tokens`",
+    );
     let missing = format!("tokens={}", s(&dir.path("absent.npy")));
-    fails_with(&[llama, "--init-seed", "1", "--input", &missing], "input `tokens`");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &missing],
+        "input `tokens`",
+    );
     let rank3 = tokens(&dir, "rank3.npy", vec![1, 2, 4], &[1; 8]);
-    fails_with(&[llama, "--init-seed", "1", "--input", &rank3], "must have shape");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &rank3],
+        "must have shape",
+    );
     let floats = dir.path("floats.npy");
     write_npy(&floats, &NpyArray::from_f32(vec![1, 8], &[1.0; 8]).unwrap()).unwrap();
     let floats = format!("tokens={}", s(&floats));
-    fails_with(&[llama, "--init-seed", "1", "--input", &floats], "input `tokens` is i32");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &floats],
+        "input `tokens` is i32",
+    );
     let big = tokens(&dir, "big.npy", vec![1, 8], &[1, 2, 3, 5000, 4, 5, 6, 7]);
-    fails_with(&[llama, "--init-seed", "1", "--input", &big], "id 5000 is outside the table");
-    fails_with(&[llama, "--init-seed", "1", "--input", "nope=x.npy"], "input `nope`");
-    fails_with(&[llama, "--init-seed", "1", "--iterations", "0", "--input", &good], "--iterations");
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &big],
+        "id 5000 is outside the table",
+    );
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", "nope=x.npy"],
+        "input `nope`",
+    );
+    fails_with(
+        &[
+            llama,
+            "--init-seed",
+            "1",
+            "--iterations",
+            "0",
+            "--input",
+            &good,
+        ],
+        "--iterations",
+    );
     fails_with(&[llama, "--input", &good], "--weights");
 }
 
@@ -56,9 +91,15 @@ fn bad_input_files_are_clear_errors() {
 fn bad_weights_are_reported_together() {
     let dir = TestDir::new("errors-weights");
     let llama = "examples/tiny_llama.msl";
-    fails_with(&[llama, "--weights", s(&dir.path("absent.safetensors"))], "cannot read weights");
+    fails_with(
+        &[llama, "--weights", s(&dir.path("absent.safetensors"))],
+        "cannot read weights",
+    );
     std::fs::write(dir.path("junk.safetensors"), [0xffu8; 64]).unwrap();
-    fails_with(&[llama, "--weights", s(&dir.path("junk.safetensors"))], "cannot read weights");
+    fails_with(
+        &[llama, "--weights", s(&dir.path("junk.safetensors"))],
+        "cannot read weights",
+    );
     let data = vec![0u8; 4 * 256];
     let tensors = [
         mslc::io::safetensors::TensorRef {
@@ -84,9 +125,18 @@ fn bad_weights_are_reported_together() {
     mslc::io::safetensors::write_safetensors(&partial, &tensors).unwrap();
     let (code, _, err) = mslc(&["run", llama, "--weights", s(&partial)]);
     assert_eq!(code, 1);
-    assert!(err.contains("missing from the file: model.embed_tokens.weight"), "{err}");
-    assert!(err.contains("`lm_head.weight` is f32[4,64] in the file"), "{err}");
-    assert!(err.contains("not parameters of the model: not.a.param"), "{err}");
+    assert!(
+        err.contains("missing from the file: model.embed_tokens.weight"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`lm_head.weight` is f32[4,64] in the file"),
+        "{err}"
+    );
+    assert!(
+        err.contains("not parameters of the model: not.a.param"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -102,11 +152,23 @@ fn bad_artifacts_are_clear_errors() {
     let mut flipped = bytes.clone();
     flipped[40] ^= 0x55;
     std::fs::write(dir.path("flipped.mir"), &flipped).unwrap();
-    fails_with(&[s(&dir.path("flipped.mir")), "--init-seed", "1"], "checksum");
+    fails_with(
+        &[s(&dir.path("flipped.mir")), "--init-seed", "1"],
+        "checksum",
+    );
     std::fs::write(dir.path("short.mir"), &bytes[..30]).unwrap();
-    fails_with(&[s(&dir.path("short.mir")), "--init-seed", "1"], "short.mir");
-    fails_with(&[s(&dir.path("absent.mir")), "--init-seed", "1"], "cannot read");
-    fails_with(&[s(&good), "--set", "depth=3", "--init-seed", "1"], "--set and --dim");
+    fails_with(
+        &[s(&dir.path("short.mir")), "--init-seed", "1"],
+        "short.mir",
+    );
+    fails_with(
+        &[s(&dir.path("absent.mir")), "--init-seed", "1"],
+        "cannot read",
+    );
+    fails_with(
+        &[s(&good), "--set", "depth=3", "--init-seed", "1"],
+        "--set and --dim",
+    );
 }
 
 #[test]
@@ -117,9 +179,19 @@ fn nan_inputs_warn_about_the_outputs() {
     let path = dir.path("images.npy");
     write_npy(&path, &NpyArray::from_f32(vec![64, 784], &images).unwrap()).unwrap();
     let input = format!("images={}", s(&path));
-    let (code, out, err) = mslc(&["run", "examples/mlp.msl", "--init-seed", "1", "--input", &input]);
+    let (code, out, err) = mslc(&[
+        "run",
+        "examples/mlp.msl",
+        "--init-seed",
+        "1",
+        "--input",
+        &input,
+    ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(err.contains("warning: output(s) `logits` hold NaN or infinite values"), "{err}");
+    assert!(
+        err.contains("warning: output(s) `logits` hold NaN or infinite values"),
+        "{err}"
+    );
 }
 
 /// A module computing `x → neg → softmax → silu → add x → cast f16 → relu`, every arena step
@@ -134,14 +206,29 @@ fn in_place_chain() -> Module {
     let mut steps = Vec::new();
     let chain = [
         (Op::Neg, Attrs::new(), vec![0u32], &f32t, 0u64),
-        (Op::Softmax, Attrs::new().with("axis", -1i64), vec![1], &f32t, 0),
+        (
+            Op::Softmax,
+            Attrs::new().with("axis", -1i64),
+            vec![1],
+            &f32t,
+            0,
+        ),
         (Op::Silu, Attrs::new(), vec![2], &f32t, 0),
         (Op::Add, Attrs::new(), vec![3, 0], &f32t, 0),
-        (Op::Cast, Attrs::new().with("dtype", DType::F16), vec![4], &f16t, 128),
+        (
+            Op::Cast,
+            Attrs::new().with("dtype", DType::F16),
+            vec![4],
+            &f16t,
+            128,
+        ),
         (Op::Relu, Attrs::new(), vec![5], &f16t, 128),
     ];
     for (op, attrs, inputs, ty, offset) in chain {
-        let types: Vec<TensorType> = inputs.iter().map(|&i| values[i as usize].ty.clone()).collect();
+        let types: Vec<TensorType> = inputs
+            .iter()
+            .map(|&i| values[i as usize].ty.clone())
+            .collect();
         values.push(ValueInfo {
             ty: ty.clone(),
             storage: Storage::Arena { offset },
@@ -170,7 +257,8 @@ fn in_place_chain() -> Module {
 fn in_place_steps_compute_what_separate_buffers_would() {
     let x: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 4.0).collect();
     let mut exec = Executor::new(in_place_chain(), &ExecOptions { threads: 2 }).unwrap();
-    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap()).unwrap();
+    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
+        .unwrap();
     exec.run().unwrap();
     let (shape, got) = exec.output_f32("y").unwrap();
     assert_eq!(shape, vec![4, 8]);
@@ -192,22 +280,39 @@ fn in_place_steps_compute_what_separate_buffers_would() {
 fn crafted_overlaps_and_kernels_are_rejected() {
     let mut m = in_place_chain();
     m.values[2].storage = Storage::Arena { offset: 64 };
-    let e = Executor::new(m, &ExecOptions::default()).err().expect("rejected");
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
     assert_eq!(e.kind, ExecErrorKind::Module);
     assert!(e.message.contains("overlaps input 0"), "{}", e.message);
     let mut m = in_place_chain();
     m.steps[1].kernel.name = "gemm".into();
-    let e = Executor::new(m, &ExecOptions::default()).err().expect("rejected");
-    assert!(e.message.contains("step 1 (softmax): asks for kernel `gemm`"), "{}", e.message);
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert!(
+        e.message
+            .contains("step 1 (softmax): asks for kernel `gemm`"),
+        "{}",
+        e.message
+    );
     let mut m = in_place_chain();
     m.steps[1]
         .kernel
         .params
         .insert("rows_per_task".into(), mslc::artifact::KernelParam::Int(8));
-    let e = Executor::new(m, &ExecOptions::default()).err().expect("rejected");
-    assert!(e.message.contains("no parameter `rows_per_task`"), "{}", e.message);
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert!(
+        e.message.contains("no parameter `rows_per_task`"),
+        "{}",
+        e.message
+    );
     let mut m = in_place_chain();
     m.arena_bytes = 100;
-    let e = Executor::new(m, &ExecOptions::default()).err().expect("rejected");
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
     assert!(e.message.contains("invalid module"), "{}", e.message);
 }

@@ -1,6 +1,6 @@
 //! Integration tests of the executor and `mslc run`.
 
 mod common;
-mod ops;
-mod models;
 mod errors;
+mod models;
+mod ops;

@@ -15,7 +15,12 @@ fn random_weights(module: &Module, seed: u64) -> Vec<(String, Vec<usize>, Vec<u8
     module
         .params()
         .map(|(path, v)| {
-            let shape: Vec<usize> = module.values[v as usize].ty.shape.iter().map(|&d| d as usize).collect();
+            let shape: Vec<usize> = module.values[v as usize]
+                .ty
+                .shape
+                .iter()
+                .map(|&d| d as usize)
+                .collect();
             let n = shape.iter().product();
             let values = if path.ends_with("norm.weight") {
                 rng.vec(n, 0.8, 1.2)
@@ -53,8 +58,16 @@ fn tiny_llama_matches_numpy_hf_llama() {
     // 2 layers; the sequence length (32) comes from the tokens' shape.
     let module = compile_file("examples/tiny_llama.msl", &[("layers", "2")], true);
     write_weights(&dir.path("w.safetensors"), &random_weights(&module, 7));
-    let ids: Vec<i64> = Rng(3).vec(32, 0.0, 1000.0).iter().map(|&x| x as i64).collect();
-    write_npy(dir.path("tokens.npy"), &NpyArray::from_i64(vec![1, 32], &ids).unwrap()).unwrap();
+    let ids: Vec<i64> = Rng(3)
+        .vec(32, 0.0, 1000.0)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    write_npy(
+        dir.path("tokens.npy"),
+        &NpyArray::from_i64(vec![1, 32], &ids).unwrap(),
+    )
+    .unwrap();
     let (code, out, err) = mslc(&[
         "run",
         "examples/tiny_llama.msl",
@@ -70,9 +83,22 @@ fn tiny_llama_matches_numpy_hf_llama() {
     assert_eq!(code, 0, "mslc run failed:\n{out}\n{err}");
     let script = root().join("tests/reference/llama_ref.py");
     let status = std::process::Command::new("python3")
-        .args([s(&script), s(&dir.path("w.safetensors")), s(&dir.path("tokens.npy"))])
+        .args([
+            s(&script),
+            s(&dir.path("w.safetensors")),
+            s(&dir.path("tokens.npy")),
+        ])
         .arg(dir.path("ref.npy"))
-        .args(["--layers", "2", "--heads", "4", "--kv-heads", "4", "--eps", "1e-6"])
+        .args([
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "4",
+            "--eps",
+            "1e-6",
+        ])
         .status()
         .expect("python3 runs");
     assert!(status.success(), "the reference script failed");
@@ -83,10 +109,16 @@ fn tiny_llama_matches_numpy_hf_llama() {
     let (got, want) = (got.to_f32().unwrap(), want.to_f32().unwrap());
     // Relative to the logits' scale: max |got − want| ≤ 1e-4 · max |want|.
     let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let worst = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
     eprintln!("tiny_llama vs HF LLaMA in NumPy: max error {worst:.3e}, logits scale {scale:.3}");
     assert!(scale > 0.1, "degenerate logits (max {scale})");
-    assert!(worst <= 1e-4 * scale, "max error {worst} vs logits scale {scale}");
+    assert!(
+        worst <= 1e-4 * scale,
+        "max error {worst} vs logits scale {scale}"
+    );
 }
 
 /// Runs `module` with seeded parameters and inputs on `threads` threads; output `name`.
@@ -118,7 +150,10 @@ fn fused_and_unfused_graphs_agree() {
     ] {
         let fused = compile_file(file, sets, true);
         let plain = compile_file(file, sets, false);
-        assert!(fused.steps.len() < plain.steps.len(), "{file}: fusion changed nothing");
+        assert!(
+            fused.steps.len() < plain.steps.len(),
+            "{file}: fusion changed nothing"
+        );
         let a = run_seeded(fused, 2, output);
         let b = run_seeded(plain, 2, output);
         assert_close(file, &a, &b, 1e-5, 1e-4);

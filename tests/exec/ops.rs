@@ -91,7 +91,11 @@ fn elementwise_binary_ops_broadcast() {
         for b_shape in [&[3, 1][..], &[2, 3, 4][..]] {
             let case = Case::new(op, Attrs::new())
                 .input(DType::F32, &[2, 3, 4], rand(i as u64, 24, 0.5, 2.0))
-                .input(DType::F32, b_shape, rand(100 + i as u64, b_shape.iter().product(), 0.5, 2.0));
+                .input(
+                    DType::F32,
+                    b_shape,
+                    rand(100 + i as u64, b_shape.iter().product(), 0.5, 2.0),
+                );
             let want = r::binary(bop, case.x(0), case.x(1)).unwrap();
             case.check(want);
         }
@@ -119,7 +123,8 @@ fn elementwise_unary_ops() {
     for (i, (op, uop)) in ops.into_iter().enumerate() {
         let positive = matches!(op, Op::Log | Op::Sqrt | Op::Rsqrt | Op::Reciprocal);
         let lo = if positive { 0.1 } else { -3.0 };
-        let case = Case::new(op, Attrs::new()).input(DType::F32, &[3, 5], rand(i as u64, 15, lo, 3.0));
+        let case =
+            Case::new(op, Attrs::new()).input(DType::F32, &[3, 5], rand(i as u64, 15, lo, 3.0));
         let want = r::unary(uop, case.x(0)).unwrap();
         case.check(want);
     }
@@ -129,19 +134,32 @@ fn elementwise_unary_ops() {
 fn constant_cast_dropout_reshape() {
     let attrs = Attrs::new().with("value", 2.5).with("dtype", DType::F32);
     Case::new(Op::Constant, attrs).check(r::constant(2.5));
-    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F16))
-        .input(DType::F32, &[4, 3], rand(1, 12, -70000.0, 70000.0));
+    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F16)).input(
+        DType::F32,
+        &[4, 3],
+        rand(1, 12, -70000.0, 70000.0),
+    );
     let want = r::cast(case.x(0), CastTarget::F16).unwrap();
     case.check(want);
-    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F32))
-        .input(DType::F16, &[4], vec![1.5, -2.0, 0.25, 3.0]);
+    let case = Case::new(Op::Cast, Attrs::new().with("dtype", DType::F32)).input(
+        DType::F16,
+        &[4],
+        vec![1.5, -2.0, 0.25, 3.0],
+    );
     let want = Tensor::new("t", vec![4], vec![1.5, -2.0, 0.25, 3.0]).unwrap();
     case.check(want);
-    let case = Case::new(Op::Dropout, Attrs::new().with("p", 0.5)).input(DType::F32, &[5], rand(2, 5, -1.0, 1.0));
+    let case = Case::new(Op::Dropout, Attrs::new().with("p", 0.5)).input(
+        DType::F32,
+        &[5],
+        rand(2, 5, -1.0, 1.0),
+    );
     let want = r::dropout(case.x(0), 0.5).unwrap();
     case.check(want);
-    let case = Case::new(Op::Reshape, Attrs::new().with("shape", vec![3i64, 4]))
-        .input(DType::F32, &[2, 6], rand(3, 12, -1.0, 1.0));
+    let case = Case::new(Op::Reshape, Attrs::new().with("shape", vec![3i64, 4])).input(
+        DType::F32,
+        &[2, 6],
+        rand(3, 12, -1.0, 1.0),
+    );
     let want = r::reshape(case.x(0), &[3, 4]).unwrap();
     case.check(want);
 }
@@ -166,18 +184,32 @@ fn matmul_and_fused_matmul() {
         .input(DType::F32, &[7, 9], rand(3, 63, -1.0, 1.0))
         .input(DType::F32, &[5, 9], rand(4, 45, -1.0, 1.0))
         .input(DType::F32, &[5], rand(5, 5, -1.0, 1.0));
-    let want = r::fused_matmul(case.x(0), case.x(1), Some(case.x(2)), false, true, Activation::Gelu).unwrap();
+    let want = r::fused_matmul(
+        case.x(0),
+        case.x(1),
+        Some(case.x(2)),
+        false,
+        true,
+        Activation::Gelu,
+    )
+    .unwrap();
     case.check(want);
 }
 
 #[test]
 fn layout_ops() {
-    let case = Case::new(Op::Transpose, Attrs::new().with("perm", vec![2i64, 0, 1]))
-        .input(DType::F32, &[2, 3, 4], rand(1, 24, -1.0, 1.0));
+    let case = Case::new(Op::Transpose, Attrs::new().with("perm", vec![2i64, 0, 1])).input(
+        DType::F32,
+        &[2, 3, 4],
+        rand(1, 24, -1.0, 1.0),
+    );
     let want = r::transpose(case.x(0), &[2, 0, 1]).unwrap();
     case.check(want);
-    let case = Case::new(Op::BroadcastTo, Attrs::new().with("shape", vec![2i64, 3, 4]))
-        .input(DType::F32, &[3, 1], rand(2, 3, -1.0, 1.0));
+    let case = Case::new(
+        Op::BroadcastTo,
+        Attrs::new().with("shape", vec![2i64, 3, 4]),
+    )
+    .input(DType::F32, &[3, 1], rand(2, 3, -1.0, 1.0));
     let want = r::broadcast_to(case.x(0), &[2, 3, 4]).unwrap();
     case.check(want);
     let case = Case::new(Op::Concat, Attrs::new().with("axis", 1i64))
@@ -185,7 +217,10 @@ fn layout_ops() {
         .input(DType::F32, &[2, 2], rand(4, 4, -1.0, 1.0));
     let want = r::concat(&[case.x(0), case.x(1)], 1).unwrap();
     case.check(want);
-    let attrs = Attrs::new().with("axis", 1i64).with("start", 1i64).with("end", 4i64);
+    let attrs = Attrs::new()
+        .with("axis", 1i64)
+        .with("start", 1i64)
+        .with("end", 4i64);
     let case = Case::new(Op::Slice, attrs).input(DType::F32, &[4, 5], rand(5, 20, -1.0, 1.0));
     let want = r::slice(case.x(0), 1, 1, 4).unwrap();
     case.check(want);
@@ -197,9 +232,15 @@ fn layout_ops() {
 
 #[test]
 fn reductions_and_softmax() {
-    for (op, rop) in [(Op::Sum, ReduceOp::Sum), (Op::Mean, ReduceOp::Mean), (Op::Max, ReduceOp::Max)] {
+    for (op, rop) in [
+        (Op::Sum, ReduceOp::Sum),
+        (Op::Mean, ReduceOp::Mean),
+        (Op::Max, ReduceOp::Max),
+    ] {
         for (axes, keepdim) in [(vec![1i64], false), (vec![0, 2], true)] {
-            let attrs = Attrs::new().with("axes", axes.clone()).with("keepdim", keepdim);
+            let attrs = Attrs::new()
+                .with("axes", axes.clone())
+                .with("keepdim", keepdim);
             let case = Case::new(op, attrs).input(DType::F32, &[2, 3, 4], rand(1, 24, -1.0, 1.0));
             let want = r::reduce(case.x(0), rop, &axes, keepdim).unwrap();
             case.check(want);
@@ -209,12 +250,18 @@ fn reductions_and_softmax() {
         case.check(want);
     }
     for axis in [-1i64, 0] {
-        let case = Case::new(Op::Softmax, Attrs::new().with("axis", axis))
-            .input(DType::F32, &[3, 7], rand(3, 21, -4.0, 4.0));
+        let case = Case::new(Op::Softmax, Attrs::new().with("axis", axis)).input(
+            DType::F32,
+            &[3, 7],
+            rand(3, 21, -4.0, 4.0),
+        );
         let want = r::softmax(case.x(0), axis).unwrap();
         case.check(want);
-        let case = Case::new(Op::LogSoftmax, Attrs::new().with("axis", axis))
-            .input(DType::F32, &[3, 7], rand(4, 21, -4.0, 4.0));
+        let case = Case::new(Op::LogSoftmax, Attrs::new().with("axis", axis)).input(
+            DType::F32,
+            &[3, 7],
+            rand(4, 21, -4.0, 4.0),
+        );
         let want = r::log_softmax(case.x(0), axis).unwrap();
         case.check(want);
     }
@@ -223,10 +270,12 @@ fn reductions_and_softmax() {
 #[test]
 fn norms() {
     let eps = Attrs::new().with("eps", 1e-5);
-    let case = Case::new(Op::RmsNorm, eps.clone()).input(DType::F32, &[3, 8], rand(1, 24, -2.0, 2.0));
+    let case =
+        Case::new(Op::RmsNorm, eps.clone()).input(DType::F32, &[3, 8], rand(1, 24, -2.0, 2.0));
     let want = r::rms_norm(case.x(0), 1e-5).unwrap();
     case.check(want);
-    let case = Case::new(Op::LayerNorm, eps.clone()).input(DType::F32, &[3, 8], rand(2, 24, -2.0, 2.0));
+    let case =
+        Case::new(Op::LayerNorm, eps.clone()).input(DType::F32, &[3, 8], rand(2, 24, -2.0, 2.0));
     let want = r::layer_norm(case.x(0), 1e-5).unwrap();
     case.check(want);
     let case = Case::new(Op::RmsNormScale, eps.clone())
@@ -258,8 +307,11 @@ fn transformer_ops() {
         let want = r::embedding(&case.ids(0), &[2, 3], case.x(1)).unwrap();
         case.check(want);
     }
-    let case = Case::new(Op::Rope, Attrs::new().with("theta", 10000.0))
-        .input(DType::F32, &[1, 5, 2, 8], rand(2, 80, -1.0, 1.0));
+    let case = Case::new(Op::Rope, Attrs::new().with("theta", 10000.0)).input(
+        DType::F32,
+        &[1, 5, 2, 8],
+        rand(2, 80, -1.0, 1.0),
+    );
     let want = r::rope(case.x(0), 10000.0).unwrap();
     case.check(want);
     for causal in [false, true] {
@@ -291,7 +343,10 @@ fn vision_ops() {
     };
     let want = r::conv2d(case.x(0), case.x(1), &conv).unwrap();
     case.check(want);
-    for (op, kind) in [(Op::MaxPool2d, PoolKind::Max), (Op::AvgPool2d, PoolKind::Avg)] {
+    for (op, kind) in [
+        (Op::MaxPool2d, PoolKind::Max),
+        (Op::AvgPool2d, PoolKind::Avg),
+    ] {
         let attrs = Attrs::new()
             .with("kernel", vec![3i64, 2])
             .with("stride", vec![2i64, 2])
@@ -305,8 +360,11 @@ fn vision_ops() {
         let want = r::pool2d(case.x(0), kind, &pool).unwrap();
         case.check(want);
     }
-    let case = Case::new(Op::AdaptiveAvgPool2d, Attrs::new().with("output", vec![2i64, 3]))
-        .input(DType::F32, &[1, 2, 5, 7], rand(4, 70, -1.0, 1.0));
+    let case = Case::new(
+        Op::AdaptiveAvgPool2d,
+        Attrs::new().with("output", vec![2i64, 3]),
+    )
+    .input(DType::F32, &[1, 2, 5, 7], rand(4, 70, -1.0, 1.0));
     let want = r::adaptive_avg_pool2d(case.x(0), [2, 3]).unwrap();
     case.check(want);
 }
@@ -339,7 +397,8 @@ fn every_op_has_a_case_here() {
     for op in Op::ALL {
         let variant = format!("{op:?}");
         assert!(
-            source.contains(&format!("Op::{variant},")) || source.contains(&format!("Op::{variant})")),
+            source.contains(&format!("Op::{variant},"))
+                || source.contains(&format!("Op::{variant})")),
             "no executor test for `{op}`"
         );
     }
