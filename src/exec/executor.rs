@@ -320,19 +320,31 @@ impl Executor {
     /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
     /// f64, converted to the input's dtype).
     pub fn set_input(&mut self, name: &str, array: &NpyArray) -> ExecResult<()> {
-        let input_error = |m: String| ExecError::new(ExecErrorKind::Input, m);
-        let Some(k) = self.module.inputs().position(|(n, _)| n == name) else {
-            let names: Vec<&str> = self.module.inputs().map(|(n, _)| n).collect();
-            return Err(input_error(format!(
-                "the model has no input `{name}` (its inputs: {})",
-                names.join(", ")
-            )));
-        };
-        let (_, v) = self.module.inputs().nth(k).unwrap_or_default();
+        let (k, v) = self.input_index(name)?;
         let ty = &self.module.values[v as usize].ty;
-        fill_input(name, ty, array, self.inputs[k].bytes_mut()).map_err(input_error)?;
+        fill_input(name, ty, array, self.inputs[k].bytes_mut())
+            .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
         self.inputs_set[k] = true;
         Ok(())
+    }
+
+    /// The position of input `name` among the inputs, and its value.
+    fn input_index(&self, name: &str) -> ExecResult<(usize, u32)> {
+        self.module
+            .inputs()
+            .enumerate()
+            .find(|(_, (n, _))| *n == name)
+            .map(|(k, (_, v))| (k, v))
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.module.inputs().map(|(n, _)| n).collect();
+                ExecError::new(
+                    ExecErrorKind::Input,
+                    format!(
+                        "the model has no input `{name}` (its inputs: {})",
+                        names.join(", ")
+                    ),
+                )
+            })
     }
 
     /// Inputs not set yet, by name.
@@ -349,17 +361,7 @@ impl Executor {
     /// uniform below the size of the table or class count they index (0 when they index
     /// nothing). Returns the integer bound used, if any.
     pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
-        let Some((k, (_, v))) = self
-            .module
-            .inputs()
-            .enumerate()
-            .find(|(_, (n, _))| *n == name)
-        else {
-            return Err(ExecError::new(
-                ExecErrorKind::Input,
-                format!("the model has no input `{name}`"),
-            ));
-        };
+        let (k, v) = self.input_index(name)?;
         let ty = self.module.values[v as usize].ty.clone();
         let n = ty.checked_numel().unwrap_or(0) as usize;
         let mut values = vec![0f32; n];
