@@ -1,7 +1,9 @@
 //! The executor: runs a compiled [`Module`] on the CPU. Setup allocates everything — one
 //! 64-byte-aligned arena for all intermediates, one buffer per input and per parameter, staging
 //! buffers for dtype conversion — and prepares every step's kernel; `run` then only converts,
-//! dispatches and times.
+//! dispatches and times. Steps that depend on parameters alone (a weight cast to f16 under
+//! mixed precision, a transposed weight) are hoisted: computed once after the parameters
+//! change, into a region of their own, and skipped by later runs.
 
 use std::time::Instant;
 
@@ -34,6 +36,8 @@ pub struct ExecOptions {
 enum Place {
     /// At this byte offset in the arena.
     Arena(usize),
+    /// At this byte offset in the region of hoisted, parameter-only values.
+    Hoisted(usize),
     /// In the buffer of input number N.
     Input(usize),
     /// In the buffer of parameter number N.
@@ -69,8 +73,10 @@ enum Mode {
 struct StepPlan {
     kernel: StepKernel,
     modes: Vec<Mode>,
-    /// The output is f32 and written straight into the arena (else through staging).
+    /// The output is f32 and written straight into its region (else through staging).
     out_direct: bool,
+    /// Depends on parameters alone: runs only after they change.
+    hoisted: bool,
 }
 
 /// Operand views kept on the stack up to this many inputs.
@@ -86,6 +92,8 @@ pub struct Executor {
     slots: Vec<Slot>,
     plans: Vec<StepPlan>,
     arena: AlignedBuf,
+    hoisted: AlignedBuf,
+    hoisted_ready: bool,
     inputs: Vec<AlignedBuf>,
     inputs_set: Vec<bool>,
     params: Vec<AlignedBuf>,
@@ -95,7 +103,7 @@ pub struct Executor {
     out_stage: AlignedBuf,
     pool: rayon::ThreadPool,
     threads: usize,
-    times: Vec<StepTime>,
+    times: Vec<Option<StepTime>>,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -143,6 +151,7 @@ impl Executor {
                 bytes,
             });
         }
+        let (hoisted_steps, hoisted_bytes) = hoist(&module, &mut slots);
         let mut plans = Vec::with_capacity(module.steps.len());
         let (mut stage_sizes, mut int_stage, mut out_stage) = (Vec::new(), 0usize, 0usize);
         for (s, step) in module.steps.iter().enumerate() {
@@ -200,6 +209,7 @@ impl Executor {
                 kernel,
                 modes,
                 out_direct,
+                hoisted: hoisted_steps[s],
             });
         }
         let buffers = |pick: fn(&Storage) -> bool, what: &str| -> ExecResult<Vec<AlignedBuf>> {
@@ -236,6 +246,8 @@ impl Executor {
             slots,
             plans,
             arena: alloc(arena_bytes, "the arena")?,
+            hoisted: alloc(hoisted_bytes, "parameter-only values")?,
+            hoisted_ready: false,
             inputs_set: vec![false; inputs.len()],
             inputs,
             params_ready: params.is_empty(),
@@ -248,7 +260,7 @@ impl Executor {
             out_stage: alloc(out_stage, "staging")?,
             pool,
             threads,
-            times: vec![StepTime::default(); module.steps.len()],
+            times: vec![None; module.steps.len()],
             module,
         })
     }
@@ -300,6 +312,7 @@ impl Executor {
             }
         }
         self.params_ready = true;
+        self.hoisted_ready = false;
         Ok(())
     }
 
@@ -315,6 +328,7 @@ impl Executor {
             store_f32(ty.dtype, &values, buf.bytes_mut());
         }
         self.params_ready = true;
+        self.hoisted_ready = false;
     }
 
     /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
@@ -432,6 +446,8 @@ impl Executor {
             slots,
             plans,
             arena,
+            hoisted,
+            hoisted_ready,
             inputs,
             params,
             in_stage,
@@ -442,16 +458,20 @@ impl Executor {
             ..
         } = self;
         pool.install(|| {
-            let base = arena.as_mut_ptr();
+            let mem = Memory {
+                slots,
+                arena: arena.as_mut_ptr(),
+                hoisted: hoisted.as_mut_ptr(),
+                inputs,
+                params,
+            };
             let run_start = Instant::now();
             for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                if plan.hoisted && *hoisted_ready {
+                    times[s] = None;
+                    continue;
+                }
                 let start = Instant::now();
-                let mem = Memory {
-                    slots,
-                    base,
-                    inputs,
-                    params,
-                };
                 // SAFETY: `new` validated that every arena value lies inside the arena and that
                 // a step's output overlaps none of its inputs except input 0 exactly, which the
                 // plan's modes never view while the output is borrowed.
@@ -471,11 +491,12 @@ impl Executor {
                         format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
                     )
                 })?;
-                times[s] = StepTime {
+                times[s] = Some(StepTime {
                     start: start - run_start,
                     duration: start.elapsed(),
-                };
+                });
             }
+            *hoisted_ready = true;
             Ok(())
         })
     }
@@ -486,6 +507,7 @@ impl Executor {
         let slot = &self.slots[v as usize];
         let bytes = match slot.place {
             Place::Arena(off) => &self.arena.bytes()[off..off + slot.bytes],
+            Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
         };
@@ -532,8 +554,8 @@ impl Executor {
             .collect()
     }
 
-    /// Per-step timings of the last run.
-    pub fn step_times(&self) -> &[StepTime] {
+    /// Per-step timings of the last run (`None` for hoisted steps it skipped).
+    pub fn step_times(&self) -> &[Option<StepTime>] {
         &self.times
     }
 
@@ -595,6 +617,30 @@ fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32
     2 * operands + extra + (1 << 16)
 }
 
+/// Marks the steps whose inputs are all parameters or values computed from parameters alone
+/// (and input-free steps such as constants), moves their outputs to the hoisted region, and
+/// returns the marks and the region's size.
+fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
+    let mut invariant: Vec<bool> = slots
+        .iter()
+        .map(|s| matches!(s.place, Place::Param(_)))
+        .collect();
+    let mut marks = Vec::with_capacity(module.steps.len());
+    let mut bytes = 0usize;
+    for step in &module.steps {
+        let hoisted = step.inputs.iter().all(|&v| invariant[v as usize]);
+        if hoisted {
+            for &o in &step.outputs {
+                invariant[o as usize] = true;
+                slots[o as usize].place = Place::Hoisted(bytes);
+                bytes += slots[o as usize].bytes.div_ceil(64) * 64;
+            }
+        }
+        marks.push(hoisted);
+    }
+    (marks, bytes)
+}
+
 fn origin_suffix(origin: &str) -> String {
     if origin.is_empty() {
         String::new()
@@ -606,7 +652,8 @@ fn origin_suffix(origin: &str) -> String {
 /// Where the run loop reads and writes values.
 struct Memory<'a> {
     slots: &'a [Slot],
-    base: *mut u8,
+    arena: *mut u8,
+    hoisted: *mut u8,
     inputs: &'a [AlignedBuf],
     params: &'a [AlignedBuf],
 }
@@ -619,12 +666,28 @@ impl<'a> Memory<'a> {
     unsafe fn bytes(&self, v: u32) -> &'a [u8] {
         let slot = &self.slots[v as usize];
         match slot.place {
-            // SAFETY: inside the arena (validated); the caller rules out a live `&mut`.
+            // SAFETY: inside its region (validated or laid out by `hoist`); the caller rules
+            // out a live `&mut`.
             Place::Arena(off) => unsafe {
-                std::slice::from_raw_parts(self.base.add(off), slot.bytes)
+                std::slice::from_raw_parts(self.arena.add(off), slot.bytes)
+            },
+            // SAFETY: as above.
+            Place::Hoisted(off) => unsafe {
+                std::slice::from_raw_parts(self.hoisted.add(off), slot.bytes)
             },
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
+        }
+    }
+
+    /// Where a step output's bytes start (outputs live in the arena or the hoisted region).
+    fn output_ptr(&self, place: Place) -> Option<*mut u8> {
+        match place {
+            // SAFETY: offsets are inside their regions (validated or laid out by `hoist`).
+            Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
+            // SAFETY: as above.
+            Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
+            Place::Input(_) | Place::Param(_) => None,
         }
     }
 
@@ -682,16 +745,14 @@ impl<'a> Memory<'a> {
             };
         }
         let out_slot = &self.slots[output as usize];
-        let Place::Arena(off) = out_slot.place else {
+        let Some(dst) = self.output_ptr(out_slot.place) else {
             return Ok(());
         };
         let in_place = plan.modes.first() == Some(&Mode::InPlace);
         let out: &mut [f32] = if plan.out_direct {
             // SAFETY: inside the arena; disjoint from every input view (validated), input 0
             // included unless it is `InPlace`, in which case no view of it exists.
-            unsafe {
-                std::slice::from_raw_parts_mut(self.base.add(off).cast::<f32>(), out_slot.numel)
-            }
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), out_slot.numel) }
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };
@@ -704,7 +765,7 @@ impl<'a> Memory<'a> {
         })?;
         if !plan.out_direct {
             // SAFETY: the kernel is done; no view of the arena is used after this point.
-            let dst = unsafe { std::slice::from_raw_parts_mut(self.base.add(off), out_slot.bytes) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };
             store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);
         }
         Ok(())

@@ -29,7 +29,8 @@ use super::gemm::GemmPlan;
 pub enum StepKernel {
     /// Fill with one value.
     Constant(f32),
-    /// Same bytes, new type (`reshape`, inference `dropout`).
+    /// The values unchanged (`reshape`, inference `dropout`, `cast`, whose rounding the store
+    /// into the output's dtype performs).
     Copy,
     /// One-input elementwise op, output shape = input shape.
     Unary(UnaryOp, ElementwiseParams),
@@ -153,8 +154,10 @@ pub fn prepare(
     }
     Ok(match op {
         Op::Constant => StepKernel::Constant(a.float("value").map_err(err)? as f32),
-        Op::Reshape | Op::Dropout => StepKernel::Copy,
-        Op::Cast => StepKernel::Unary(UnaryOp::Cast(cast_target(output.dtype)), params(k)?),
+        // A cast is a copy here: storing into the output's dtype rounds (floats, to nearest
+        // even), truncates with saturation (ints) or tests for non-zero (bool) exactly as the
+        // cast does.
+        Op::Reshape | Op::Dropout | Op::Cast => StepKernel::Copy,
         Op::FusedElementwise => {
             let text = a.str("program").map_err(err)?;
             let program = ElementwiseProgram::parse(&text).map_err(err)?;
