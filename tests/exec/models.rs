@@ -229,3 +229,63 @@ fn parameter_only_steps_run_once_per_parameter_change() {
     assert_eq!(exec.step_times().iter().flatten().count(), all);
     assert_ne!(first, exec.output_f32("logits").unwrap().1);
 }
+
+#[test]
+fn cli_threads_profile_and_embedded_weights() {
+    let dir = TestDir::new("cli");
+    let module = compile_file("examples/mlp.msl", &[], true);
+    write_weights(&dir.path("w.safetensors"), &random_weights(&module, 11));
+    let images: Vec<f32> = Rng(4).vec(64 * 784, -1.0, 1.0);
+    let images_path = dir.path("images.npy");
+    write_npy(
+        &images_path,
+        &NpyArray::from_f32(vec![64, 784], &images).unwrap(),
+    )
+    .unwrap();
+    let input = format!("images={}", s(&images_path));
+    let run = |args: &[&str], out: &str| -> Vec<u8> {
+        let out_dir = dir.path(out);
+        let mut full = vec!["run", "--input", &input, "--output-dir", s(&out_dir)];
+        full.extend_from_slice(args);
+        let (code, stdout, err) = mslc(&full);
+        assert_eq!(code, 0, "{args:?}:\n{stdout}\n{err}");
+        std::fs::read(out_dir.join("logits.npy")).unwrap()
+    };
+    let w = s(&dir.path("w.safetensors")).to_string();
+    let profile = dir.path("trace.json");
+    let one = run(
+        &["examples/mlp.msl", "--weights", &w, "--threads", "1"],
+        "one",
+    );
+    let two = run(
+        &[
+            "examples/mlp.msl",
+            "--weights",
+            &w,
+            "--threads",
+            "2",
+            "--profile",
+            s(&profile),
+        ],
+        "two",
+    );
+    assert_eq!(one, two, "1 and 2 threads differ");
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().is_some_and(|e| e.len() > 1));
+    // Weights embedded by `mslc build` give what the same file gives from outside.
+    let build = dir.path("build");
+    let (code, out, err) = mslc(&[
+        "build",
+        "examples/mlp.msl",
+        "-o",
+        s(&build),
+        "--embed-weights",
+        &w,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let mir = build.join("Mlp.mir");
+    let embedded = run(&[s(&mir)], "embedded");
+    let outside = run(&[s(&mir), "--weights", &w], "outside");
+    assert_eq!(embedded, outside);
+}
