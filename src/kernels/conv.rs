@@ -36,23 +36,32 @@ impl Default for Conv2dAttrs {
     }
 }
 
-/// Output size of a sliding window along one axis: `(len + 2 pad - span) / stride + 1`, or an
-/// error when the window does not fit.
+/// Output size of a sliding window of `kernel` taps `dilation` apart along one axis:
+/// `(len + 2 pad - span) / stride + 1` with `span = dilation (kernel - 1) + 1`, or an error when
+/// the window does not fit (or the sizes overflow). `kernel`, `dilation` and `stride` must be
+/// at least 1.
 pub fn window_output(
     op: &'static str,
     len: usize,
     pad: usize,
-    span: usize,
+    kernel: usize,
+    dilation: usize,
     stride: usize,
 ) -> KernelResult<usize> {
-    let padded = len + 2 * pad;
-    if span > padded {
-        return Err(KernelError::new(
+    let span = dilation
+        .checked_mul(kernel - 1)
+        .and_then(|s| s.checked_add(1));
+    let padded = pad.checked_mul(2).and_then(|p| p.checked_add(len));
+    match (span, padded) {
+        (Some(span), Some(padded)) if span <= padded => Ok((padded - span) / stride + 1),
+        _ => Err(KernelError::new(
             op,
-            format!("window of {span} does not fit an input of {len} padded by {pad}"),
-        ));
+            format!(
+                "a window of {kernel} taps {dilation} apart does not fit an input of {len} \
+                 padded by {pad}"
+            ),
+        )),
     }
-    Ok((padded - span) / stride + 1)
 }
 
 /// The geometry of one conv2d call, checked.
@@ -111,20 +120,8 @@ impl Conv2dGeometry {
         if kh == 0 || kw == 0 {
             return Err(KernelError::new(OP, "kernel must be at least 1×1"));
         }
-        let oh = window_output(
-            OP,
-            h,
-            a.padding[0],
-            a.dilation[0] * (kh - 1) + 1,
-            a.stride[0],
-        )?;
-        let ow = window_output(
-            OP,
-            wd,
-            a.padding[1],
-            a.dilation[1] * (kw - 1) + 1,
-            a.stride[1],
-        )?;
+        let oh = window_output(OP, h, a.padding[0], kh, a.dilation[0], a.stride[0])?;
+        let ow = window_output(OP, wd, a.padding[1], kw, a.dilation[1], a.stride[1])?;
         Ok(Self {
             n,
             c,
@@ -361,6 +358,12 @@ mod tests {
             ..Conv2dAttrs::default()
         };
         assert!(conv2d(xt, w3, &zero_stride, &p, &mut out).is_err());
+        let huge = Conv2dAttrs {
+            padding: [usize::MAX, 0],
+            dilation: [usize::MAX, 1],
+            ..Conv2dAttrs::default()
+        };
+        assert!(conv2d(xt, w3, &huge, &p, &mut out).is_err());
         let groups = Conv2dAttrs {
             groups: 2,
             ..Conv2dAttrs::default()
