@@ -125,35 +125,10 @@ impl Executor {
         validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
         let arena_bytes = usize::try_from(module.arena_bytes)
             .map_err(|_| module_error("the arena does not fit in memory"))?;
-        let (mut n_inputs, mut n_params) = (0, 0);
-        let mut slots = Vec::with_capacity(module.values.len());
-        for (i, v) in module.values.iter().enumerate() {
-            let shape: Vec<usize> = v.ty.shape.iter().map(|&d| d as usize).collect();
-            let numel = v.ty.checked_numel().unwrap_or(0) as usize;
-            let bytes = usize::try_from(v.ty.bytes())
-                .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
-            let place = match &v.storage {
-                Storage::Arena { offset } => Place::Arena(*offset as usize),
-                Storage::Input { .. } => {
-                    n_inputs += 1;
-                    Place::Input(n_inputs - 1)
-                }
-                Storage::Param { .. } => {
-                    n_params += 1;
-                    Place::Param(n_params - 1)
-                }
-            };
-            slots.push(Slot {
-                place,
-                dtype: v.ty.dtype,
-                shape,
-                numel,
-                bytes,
-            });
-        }
+        let mut slots = slots_of(&module)?;
         let (hoisted_steps, hoisted_bytes) = hoist(&module, &mut slots);
         let mut plans = Vec::with_capacity(module.steps.len());
-        let (mut stage_sizes, mut int_stage, mut out_stage) = (Vec::new(), 0usize, 0usize);
+        let mut stage = StageSizes::default();
         for (s, step) in module.steps.iter().enumerate() {
             let at = || format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
             let [o] = step.outputs[..] else {
@@ -173,37 +148,19 @@ impl Executor {
             let aliased = aliased_input(&slots, &step.inputs, out)
                 .map_err(|m| module_error(format!("{}: {m}", at())))?;
             let out_direct = out.dtype == DType::F32;
-            let mut modes = Vec::with_capacity(step.inputs.len());
-            for (j, &v) in step.inputs.iter().enumerate() {
-                let slot = &slots[v as usize];
-                let is_f32 = slot.dtype == DType::F32;
-                let mode = if kernel.integer_input() == Some(j) {
-                    Mode::Ints
-                } else if j == 0 && aliased && is_f32 && out_direct {
-                    if kernel.works_in_place() {
-                        Mode::InPlace
-                    } else {
-                        Mode::CopyAliased
-                    }
-                } else if is_f32 {
-                    Mode::Direct
-                } else {
-                    Mode::Convert
-                };
-                match mode {
-                    Mode::Ints => int_stage = int_stage.max(slot.numel * 8),
-                    Mode::Convert | Mode::CopyAliased => {
-                        if stage_sizes.len() <= j {
-                            stage_sizes.resize(j + 1, 0);
-                        }
-                        stage_sizes[j] = stage_sizes[j].max(slot.numel * 4);
-                    }
-                    Mode::Direct | Mode::InPlace => {}
-                }
-                modes.push(mode);
-            }
+            let modes: Vec<Mode> = step
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(j, &v)| {
+                    let slot = &slots[v as usize];
+                    let mode = operand_mode(&kernel, j, slot.dtype, aliased && j == 0, out_direct);
+                    stage.need(mode, j, slot.numel);
+                    mode
+                })
+                .collect();
             if !out_direct {
-                out_stage = out_stage.max(out.numel * 4);
+                stage.out = stage.out.max(out.numel * 4);
             }
             plans.push(StepPlan {
                 kernel,
@@ -252,12 +209,13 @@ impl Executor {
             inputs,
             params_ready: params.is_empty(),
             params,
-            in_stage: stage_sizes
+            in_stage: stage
+                .inputs
                 .into_iter()
                 .map(|b| alloc(b, "staging"))
                 .collect::<ExecResult<_>>()?,
-            int_stage: alloc(int_stage, "staging")?,
-            out_stage: alloc(out_stage, "staging")?,
+            int_stage: alloc(stage.ints, "staging")?,
+            out_stage: alloc(stage.out, "staging")?,
             pool,
             threads,
             times: vec![None; module.steps.len()],
@@ -615,6 +573,84 @@ fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32
         _ => 0,
     };
     2 * operands + extra + (1 << 16)
+}
+
+/// Every value's type and place: inputs and parameters numbered in order, arena values at
+/// their offsets.
+fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
+    let (mut n_inputs, mut n_params) = (0, 0);
+    let mut slots = Vec::with_capacity(module.values.len());
+    for (i, v) in module.values.iter().enumerate() {
+        let bytes = usize::try_from(v.ty.bytes())
+            .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
+        let place = match &v.storage {
+            Storage::Arena { offset } => Place::Arena(*offset as usize),
+            Storage::Input { .. } => {
+                n_inputs += 1;
+                Place::Input(n_inputs - 1)
+            }
+            Storage::Param { .. } => {
+                n_params += 1;
+                Place::Param(n_params - 1)
+            }
+        };
+        slots.push(Slot {
+            place,
+            dtype: v.ty.dtype,
+            shape: v.ty.shape.iter().map(|&d| d as usize).collect(),
+            numel: v.ty.checked_numel().unwrap_or(0) as usize,
+            bytes,
+        });
+    }
+    Ok(slots)
+}
+
+/// How operand `j` (of `dtype`; `aliased` when the output overwrites it) reaches `kernel`.
+fn operand_mode(
+    kernel: &StepKernel,
+    j: usize,
+    dtype: DType,
+    aliased: bool,
+    out_direct: bool,
+) -> Mode {
+    let is_f32 = dtype == DType::F32;
+    if kernel.integer_input() == Some(j) {
+        Mode::Ints
+    } else if aliased && is_f32 && out_direct {
+        if kernel.works_in_place() {
+            Mode::InPlace
+        } else {
+            Mode::CopyAliased
+        }
+    } else if is_f32 {
+        Mode::Direct
+    } else {
+        Mode::Convert
+    }
+}
+
+/// Bytes of the staging buffers: per operand position, for integer operands, for outputs.
+#[derive(Default)]
+struct StageSizes {
+    inputs: Vec<usize>,
+    ints: usize,
+    out: usize,
+}
+
+impl StageSizes {
+    /// Makes room for operand `j` of `numel` elements reaching its kernel by `mode`.
+    fn need(&mut self, mode: Mode, j: usize, numel: usize) {
+        match mode {
+            Mode::Ints => self.ints = self.ints.max(numel * 8),
+            Mode::Convert | Mode::CopyAliased => {
+                if self.inputs.len() <= j {
+                    self.inputs.resize(j + 1, 0);
+                }
+                self.inputs[j] = self.inputs[j].max(numel * 4);
+            }
+            Mode::Direct | Mode::InPlace => {}
+        }
+    }
 }
 
 /// Marks the steps whose inputs are all parameters or values computed from parameters alone
