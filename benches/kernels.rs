@@ -7,8 +7,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use mslc::kernels::attention::{attention, AttentionParams};
-use mslc::kernels::matmul::kernel::{select, MR, NR};
-use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams};
+use mslc::kernels::convert;
+use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc::kernels::TensorRef;
 
 /// The f32 peak of one core of the target (2 FMA × 8 lanes × 2 flop × ~2.45 GHz), in GFLOP/s.
@@ -58,7 +58,7 @@ fn report(name: &str, threads: usize, flops: f64, (best, median): (f64, f64)) {
     );
 }
 
-fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool) {
+fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, transpose_b: bool) {
     let a = data(m * k, 1);
     let b = data(k * n, 2);
     let mut out = vec![0.0f32; m * n];
@@ -68,7 +68,10 @@ fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool)
         transpose_b,
         ..Default::default()
     };
-    let params = MatmulParams::default();
+    let params = MatmulParams {
+        isa,
+        ..MatmulParams::default()
+    };
     let seconds = in_pool(threads, || {
         time(|| {
             matmul(
@@ -90,7 +93,7 @@ fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool)
     });
     let t = if transpose_b { " (b transposed)" } else { "" };
     report(
-        &format!("matmul m={m} k={k} n={n}{t}"),
+        &format!("matmul {isa:?} m={m} k={k} n={n}{t}"),
         threads,
         2.0 * (m * n * k) as f64,
         seconds,
@@ -100,22 +103,26 @@ fn bench_matmul(threads: usize, m: usize, k: usize, n: usize, transpose_b: bool)
 /// The micro-kernel alone on one thread, operands hot in L1: the ceiling for everything else.
 fn bench_microkernel(isa: Isa) {
     const KC: usize = 256;
-    let a = data(KC * MR, 6);
-    let b = data(KC * NR, 7);
-    let mut c = vec![0.0f32; MR * NR];
-    let kernel = select(isa);
+    let Ok(kernel) = MicroKernel::select(isa) else {
+        println!("micro-kernel {isa:?}: not supported by this CPU");
+        return;
+    };
+    let (mr, nr) = (kernel.mr, kernel.nr);
+    let a = data(KC * mr, 6);
+    let b = data(KC * nr, 7);
+    let mut c = vec![0.0f32; mr * nr];
     const CALLS: usize = 1000;
     let seconds = time(|| {
         for _ in 0..CALLS {
-            // SAFETY: the panels hold KC steps and `c` is one MR×NR tile of row stride NR.
-            unsafe { kernel(KC, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), NR, true) };
+            // SAFETY: the panels hold KC steps and `c` is one mr×nr tile of row stride nr.
+            unsafe { (kernel.run)(KC, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), nr, true) };
         }
         black_box(&c);
     });
     report(
-        &format!("micro-kernel {isa:?}, in L1"),
+        &format!("micro-kernel {isa:?} {mr}x{nr}, in L1"),
         1,
-        2.0 * (CALLS * MR * NR * KC) as f64,
+        2.0 * (CALLS * mr * nr * KC) as f64,
         seconds,
     );
 }
@@ -159,6 +166,25 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
+/// f16 / bf16 conversion throughput over 4 Mi values (one thread), in values per nanosecond.
+fn bench_convert() {
+    let n = 1 << 22;
+    let x = data(n, 8);
+    let mut h = vec![half::f16::ZERO; n];
+    let mut b = vec![half::bf16::ZERO; n];
+    let mut back = vec![0.0f32; n];
+    let rate = |(best, _): (f64, f64)| n as f64 / best / 1e9;
+    let r = rate(time(|| convert::f32_to_f16(&x, &mut h).expect("f16")));
+    println!("convert f32 -> f16   {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::f16_to_f32(&h, &mut back).expect("f16")));
+    println!("convert f16 -> f32   {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::f32_to_bf16(&x, &mut b).expect("bf16")));
+    println!("convert f32 -> bf16  {r:6.2} Gvalues/s");
+    let r = rate(time(|| convert::bf16_to_f32(&b, &mut back).expect("bf16")));
+    println!("convert bf16 -> f32  {r:6.2} Gvalues/s");
+    black_box((&h, &b, &back));
+}
+
 /// Runs `f` in a rayon pool of `threads` threads.
 fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()
@@ -176,17 +202,27 @@ fn main() {
     let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     let threads = [rayon::current_num_threads(), 1];
     if wanted("micro") {
-        bench_microkernel(Isa::Auto);
-        bench_microkernel(Isa::Portable);
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            bench_microkernel(isa);
+        }
     }
     if wanted("matmul") {
-        for t in threads {
-            bench_matmul(t, 512, 512, 512, false);
-            for (k, n) in [(256, 256), (256, 688), (256, 1000), (688, 256)] {
-                bench_matmul(t, 128, k, n, false);
-                bench_matmul(t, 128, k, n, true);
+        // Auto picks AVX-512 where the CPU has it; Avx2 is the kernel of the 157 GFLOP/s target.
+        for isa in [Isa::Auto, Isa::Avx2] {
+            if MicroKernel::select(isa).is_err() {
+                continue;
+            }
+            for t in threads {
+                bench_matmul(isa, t, 512, 512, 512, false);
+                for (k, n) in [(256, 256), (256, 688), (256, 1000), (688, 256)] {
+                    bench_matmul(isa, t, 128, k, n, false);
+                    bench_matmul(isa, t, 128, k, n, true);
+                }
             }
         }
+    }
+    if wanted("convert") {
+        bench_convert();
     }
     if wanted("attention") {
         for t in threads {

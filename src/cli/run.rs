@@ -157,6 +157,10 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
         times.push(start.elapsed().as_secs_f64());
     }
     let mut report = summary(&name, flops, exec.threads(), &mut times);
+    report.push_str(&format!(
+        "  memory:  {:.2} MiB arena for every intermediate (one allocation)\n",
+        exec.arena_bytes() as f64 / (1 << 20) as f64
+    ));
     report.push_str(&notes);
     let mut files = Vec::new();
     if let Some(dir) = &args.output_dir {

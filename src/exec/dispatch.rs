@@ -3,7 +3,6 @@
 
 use crate::kernels::elementwise::slice::{binary_in_place, unary_in_place};
 use crate::kernels::elementwise::{fused_elementwise, ElementwiseParams};
-use crate::kernels::matmul::{matmul, MatmulOptions};
 use crate::kernels::par::for_each_chunk_mut;
 use crate::kernels::{
     attention, conv, embedding, loss, norm, pool, reduce, reference, rope, softmax, transpose,
@@ -61,20 +60,18 @@ impl StepKernel {
                 fused_elementwise(program, inputs, p, out)?
             }
             StepKernel::Matmul {
-                transpose_a,
-                transpose_b,
+                plan,
                 bias,
                 activation,
                 params,
-            } => {
-                let opts = MatmulOptions {
-                    transpose_a: *transpose_a,
-                    transpose_b: *transpose_b,
-                    bias: bias.then(|| x(2)),
-                    activation: *activation,
-                };
-                matmul(x(0), x(1), &opts, params, out)?
-            }
+            } => plan.run(
+                x(0).data,
+                x(1).data,
+                bias.then(|| x(2).data),
+                *activation,
+                params,
+                out,
+            )?,
             StepKernel::Transpose(perm, p) => transpose::transpose(x(0), perm, p, out)?,
             StepKernel::Reduce(op, axes, keepdim, p) => {
                 reduce::reduce(x(0), *op, axes, *keepdim, p, out)?

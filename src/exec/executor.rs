@@ -1,7 +1,9 @@
 //! The executor: runs a compiled [`Module`] on the CPU. Setup allocates everything — one
 //! 64-byte-aligned arena for all intermediates, one buffer per input and per parameter, staging
 //! buffers for dtype conversion — and prepares every step's kernel; `run` then only converts,
-//! dispatches and times.
+//! dispatches and times. Steps that depend on parameters alone (a weight cast to f16 under
+//! mixed precision, a transposed weight) are hoisted: computed once after the parameters
+//! change, into a region of their own, and skipped by later runs.
 
 use std::time::Instant;
 
@@ -9,6 +11,7 @@ use crate::artifact::validate::validate;
 use crate::artifact::{Module, Storage};
 use crate::io::npy::{NpyArray, NpyDType};
 use crate::io::safetensors::TensorRef as StTensor;
+use crate::kernels::scratch::with_scratch;
 use crate::kernels::{KernelResult, TensorRef};
 use crate::ops::DType;
 
@@ -33,6 +36,8 @@ pub struct ExecOptions {
 enum Place {
     /// At this byte offset in the arena.
     Arena(usize),
+    /// At this byte offset in the region of hoisted, parameter-only values.
+    Hoisted(usize),
     /// In the buffer of input number N.
     Input(usize),
     /// In the buffer of parameter number N.
@@ -68,8 +73,10 @@ enum Mode {
 struct StepPlan {
     kernel: StepKernel,
     modes: Vec<Mode>,
-    /// The output is f32 and written straight into the arena (else through staging).
+    /// The output is f32 and written straight into its region (else through staging).
     out_direct: bool,
+    /// Depends on parameters alone: runs only after they change.
+    hoisted: bool,
 }
 
 /// Operand views kept on the stack up to this many inputs.
@@ -85,6 +92,8 @@ pub struct Executor {
     slots: Vec<Slot>,
     plans: Vec<StepPlan>,
     arena: AlignedBuf,
+    hoisted: AlignedBuf,
+    hoisted_ready: bool,
     inputs: Vec<AlignedBuf>,
     inputs_set: Vec<bool>,
     params: Vec<AlignedBuf>,
@@ -94,7 +103,7 @@ pub struct Executor {
     out_stage: AlignedBuf,
     pool: rayon::ThreadPool,
     threads: usize,
-    times: Vec<StepTime>,
+    times: Vec<Option<StepTime>>,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -116,34 +125,10 @@ impl Executor {
         validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
         let arena_bytes = usize::try_from(module.arena_bytes)
             .map_err(|_| module_error("the arena does not fit in memory"))?;
-        let (mut n_inputs, mut n_params) = (0, 0);
-        let mut slots = Vec::with_capacity(module.values.len());
-        for (i, v) in module.values.iter().enumerate() {
-            let shape: Vec<usize> = v.ty.shape.iter().map(|&d| d as usize).collect();
-            let numel = v.ty.checked_numel().unwrap_or(0) as usize;
-            let bytes = usize::try_from(v.ty.bytes())
-                .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
-            let place = match &v.storage {
-                Storage::Arena { offset } => Place::Arena(*offset as usize),
-                Storage::Input { .. } => {
-                    n_inputs += 1;
-                    Place::Input(n_inputs - 1)
-                }
-                Storage::Param { .. } => {
-                    n_params += 1;
-                    Place::Param(n_params - 1)
-                }
-            };
-            slots.push(Slot {
-                place,
-                dtype: v.ty.dtype,
-                shape,
-                numel,
-                bytes,
-            });
-        }
+        let mut slots = slots_of(&module)?;
+        let (hoisted_steps, hoisted_bytes) = hoist(&module, &mut slots);
         let mut plans = Vec::with_capacity(module.steps.len());
-        let (mut stage_sizes, mut int_stage, mut out_stage) = (Vec::new(), 0usize, 0usize);
+        let mut stage = StageSizes::default();
         for (s, step) in module.steps.iter().enumerate() {
             let at = || format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
             let [o] = step.outputs[..] else {
@@ -163,42 +148,25 @@ impl Executor {
             let aliased = aliased_input(&slots, &step.inputs, out)
                 .map_err(|m| module_error(format!("{}: {m}", at())))?;
             let out_direct = out.dtype == DType::F32;
-            let mut modes = Vec::with_capacity(step.inputs.len());
-            for (j, &v) in step.inputs.iter().enumerate() {
-                let slot = &slots[v as usize];
-                let is_f32 = slot.dtype == DType::F32;
-                let mode = if kernel.integer_input() == Some(j) {
-                    Mode::Ints
-                } else if j == 0 && aliased && is_f32 && out_direct {
-                    if kernel.works_in_place() {
-                        Mode::InPlace
-                    } else {
-                        Mode::CopyAliased
-                    }
-                } else if is_f32 {
-                    Mode::Direct
-                } else {
-                    Mode::Convert
-                };
-                match mode {
-                    Mode::Ints => int_stage = int_stage.max(slot.numel * 8),
-                    Mode::Convert | Mode::CopyAliased => {
-                        if stage_sizes.len() <= j {
-                            stage_sizes.resize(j + 1, 0);
-                        }
-                        stage_sizes[j] = stage_sizes[j].max(slot.numel * 4);
-                    }
-                    Mode::Direct | Mode::InPlace => {}
-                }
-                modes.push(mode);
-            }
+            let modes: Vec<Mode> = step
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(j, &v)| {
+                    let slot = &slots[v as usize];
+                    let mode = operand_mode(&kernel, j, slot.dtype, aliased && j == 0, out_direct);
+                    stage.need(mode, j, slot.numel);
+                    mode
+                })
+                .collect();
             if !out_direct {
-                out_stage = out_stage.max(out.numel * 4);
+                stage.out = stage.out.max(out.numel * 4);
             }
             plans.push(StepPlan {
                 kernel,
                 modes,
                 out_direct,
+                hoisted: hoisted_steps[s],
             });
         }
         let buffers = |pick: fn(&Storage) -> bool, what: &str| -> ExecResult<Vec<AlignedBuf>> {
@@ -219,23 +187,38 @@ impl Executor {
                 ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
             })?;
         let threads = pool.current_num_threads();
+        let scratch = plans
+            .iter()
+            .zip(&module.steps)
+            .map(|(plan, step)| scratch_hint(&plan.kernel, &slots, &step.inputs, step.outputs[0]))
+            .max()
+            .unwrap_or(0)
+            .min(SCRATCH_KEEP_LIMIT);
+        pool.broadcast(|_| {
+            with_scratch(scratch, |_| {
+                with_scratch(scratch, |_| with_scratch(scratch, |_| ()))
+            })
+        });
         Ok(Executor {
             slots,
             plans,
             arena: alloc(arena_bytes, "the arena")?,
+            hoisted: alloc(hoisted_bytes, "parameter-only values")?,
+            hoisted_ready: false,
             inputs_set: vec![false; inputs.len()],
             inputs,
             params_ready: params.is_empty(),
             params,
-            in_stage: stage_sizes
+            in_stage: stage
+                .inputs
                 .into_iter()
                 .map(|b| alloc(b, "staging"))
                 .collect::<ExecResult<_>>()?,
-            int_stage: alloc(int_stage, "staging")?,
-            out_stage: alloc(out_stage, "staging")?,
+            int_stage: alloc(stage.ints, "staging")?,
+            out_stage: alloc(stage.out, "staging")?,
             pool,
             threads,
-            times: vec![StepTime::default(); module.steps.len()],
+            times: vec![None; module.steps.len()],
             module,
         })
     }
@@ -287,6 +270,7 @@ impl Executor {
             }
         }
         self.params_ready = true;
+        self.hoisted_ready = false;
         Ok(())
     }
 
@@ -302,24 +286,37 @@ impl Executor {
             store_f32(ty.dtype, &values, buf.bytes_mut());
         }
         self.params_ready = true;
+        self.hoisted_ready = false;
     }
 
     /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
     /// f64, converted to the input's dtype).
     pub fn set_input(&mut self, name: &str, array: &NpyArray) -> ExecResult<()> {
-        let input_error = |m: String| ExecError::new(ExecErrorKind::Input, m);
-        let Some(k) = self.module.inputs().position(|(n, _)| n == name) else {
-            let names: Vec<&str> = self.module.inputs().map(|(n, _)| n).collect();
-            return Err(input_error(format!(
-                "the model has no input `{name}` (its inputs: {})",
-                names.join(", ")
-            )));
-        };
-        let (_, v) = self.module.inputs().nth(k).unwrap_or_default();
+        let (k, v) = self.input_index(name)?;
         let ty = &self.module.values[v as usize].ty;
-        fill_input(name, ty, array, self.inputs[k].bytes_mut()).map_err(input_error)?;
+        fill_input(name, ty, array, self.inputs[k].bytes_mut())
+            .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
         self.inputs_set[k] = true;
         Ok(())
+    }
+
+    /// The position of input `name` among the inputs, and its value.
+    fn input_index(&self, name: &str) -> ExecResult<(usize, u32)> {
+        self.module
+            .inputs()
+            .enumerate()
+            .find(|(_, (n, _))| *n == name)
+            .map(|(k, (_, v))| (k, v))
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.module.inputs().map(|(n, _)| n).collect();
+                ExecError::new(
+                    ExecErrorKind::Input,
+                    format!(
+                        "the model has no input `{name}` (its inputs: {})",
+                        names.join(", ")
+                    ),
+                )
+            })
     }
 
     /// Inputs not set yet, by name.
@@ -336,17 +333,7 @@ impl Executor {
     /// uniform below the size of the table or class count they index (0 when they index
     /// nothing). Returns the integer bound used, if any.
     pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
-        let Some((k, (_, v))) = self
-            .module
-            .inputs()
-            .enumerate()
-            .find(|(_, (n, _))| *n == name)
-        else {
-            return Err(ExecError::new(
-                ExecErrorKind::Input,
-                format!("the model has no input `{name}`"),
-            ));
-        };
+        let (k, v) = self.input_index(name)?;
         let ty = self.module.values[v as usize].ty.clone();
         let n = ty.checked_numel().unwrap_or(0) as usize;
         let mut values = vec![0f32; n];
@@ -417,6 +404,8 @@ impl Executor {
             slots,
             plans,
             arena,
+            hoisted,
+            hoisted_ready,
             inputs,
             params,
             in_stage,
@@ -427,16 +416,20 @@ impl Executor {
             ..
         } = self;
         pool.install(|| {
-            let base = arena.as_mut_ptr();
+            let mem = Memory {
+                slots,
+                arena: arena.as_mut_ptr(),
+                hoisted: hoisted.as_mut_ptr(),
+                inputs,
+                params,
+            };
             let run_start = Instant::now();
             for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                if plan.hoisted && *hoisted_ready {
+                    times[s] = None;
+                    continue;
+                }
                 let start = Instant::now();
-                let mem = Memory {
-                    slots,
-                    base,
-                    inputs,
-                    params,
-                };
                 // SAFETY: `new` validated that every arena value lies inside the arena and that
                 // a step's output overlaps none of its inputs except input 0 exactly, which the
                 // plan's modes never view while the output is borrowed.
@@ -456,11 +449,12 @@ impl Executor {
                         format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
                     )
                 })?;
-                times[s] = StepTime {
+                times[s] = Some(StepTime {
                     start: start - run_start,
                     duration: start.elapsed(),
-                };
+                });
             }
+            *hoisted_ready = true;
             Ok(())
         })
     }
@@ -471,6 +465,7 @@ impl Executor {
         let slot = &self.slots[v as usize];
         let bytes = match slot.place {
             Place::Arena(off) => &self.arena.bytes()[off..off + slot.bytes],
+            Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
         };
@@ -517,8 +512,8 @@ impl Executor {
             .collect()
     }
 
-    /// Per-step timings of the last run.
-    pub fn step_times(&self) -> &[StepTime] {
+    /// Per-step timings of the last run (`None` for hoisted steps it skipped).
+    pub fn step_times(&self) -> &[Option<StepTime>] {
         &self.times
     }
 
@@ -554,6 +549,134 @@ fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, Str
     Ok(aliased)
 }
 
+/// Largest scratch buffer (in f32) the kernels keep for reuse; bigger ones are freed after use.
+const SCRATCH_KEEP_LIMIT: usize = 8 << 20;
+
+/// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
+/// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
+/// all within twice the operands plus these terms. Every pool thread gets buffers this large
+/// at setup, so no kernel allocates scratch while running.
+fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32) -> usize {
+    let numel = |v: u32| slots[v as usize].numel;
+    let operands: usize = inputs.iter().map(|&v| numel(v)).sum::<usize>() + numel(output);
+    let extra = match kernel {
+        StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
+            (program.instrs.len() + 1) * p.block
+        }
+        StepKernel::Conv2d(..) => {
+            // im2col: every output position of every image gets C/groups·kh·kw values.
+            let w = &slots[inputs[1] as usize].shape;
+            let out = &slots[output as usize].shape;
+            let per_position: usize = w[1..].iter().product();
+            per_position * out[0] * out[2] * out[3]
+        }
+        _ => 0,
+    };
+    2 * operands + extra + (1 << 16)
+}
+
+/// Every value's type and place: inputs and parameters numbered in order, arena values at
+/// their offsets.
+fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
+    let (mut n_inputs, mut n_params) = (0, 0);
+    let mut slots = Vec::with_capacity(module.values.len());
+    for (i, v) in module.values.iter().enumerate() {
+        let bytes = usize::try_from(v.ty.bytes())
+            .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
+        let place = match &v.storage {
+            Storage::Arena { offset } => Place::Arena(*offset as usize),
+            Storage::Input { .. } => {
+                n_inputs += 1;
+                Place::Input(n_inputs - 1)
+            }
+            Storage::Param { .. } => {
+                n_params += 1;
+                Place::Param(n_params - 1)
+            }
+        };
+        slots.push(Slot {
+            place,
+            dtype: v.ty.dtype,
+            shape: v.ty.shape.iter().map(|&d| d as usize).collect(),
+            numel: v.ty.checked_numel().unwrap_or(0) as usize,
+            bytes,
+        });
+    }
+    Ok(slots)
+}
+
+/// How operand `j` (of `dtype`; `aliased` when the output overwrites it) reaches `kernel`.
+fn operand_mode(
+    kernel: &StepKernel,
+    j: usize,
+    dtype: DType,
+    aliased: bool,
+    out_direct: bool,
+) -> Mode {
+    let is_f32 = dtype == DType::F32;
+    if kernel.integer_input() == Some(j) {
+        Mode::Ints
+    } else if aliased && is_f32 && out_direct {
+        if kernel.works_in_place() {
+            Mode::InPlace
+        } else {
+            Mode::CopyAliased
+        }
+    } else if is_f32 {
+        Mode::Direct
+    } else {
+        Mode::Convert
+    }
+}
+
+/// Bytes of the staging buffers: per operand position, for integer operands, for outputs.
+#[derive(Default)]
+struct StageSizes {
+    inputs: Vec<usize>,
+    ints: usize,
+    out: usize,
+}
+
+impl StageSizes {
+    /// Makes room for operand `j` of `numel` elements reaching its kernel by `mode`.
+    fn need(&mut self, mode: Mode, j: usize, numel: usize) {
+        match mode {
+            Mode::Ints => self.ints = self.ints.max(numel * 8),
+            Mode::Convert | Mode::CopyAliased => {
+                if self.inputs.len() <= j {
+                    self.inputs.resize(j + 1, 0);
+                }
+                self.inputs[j] = self.inputs[j].max(numel * 4);
+            }
+            Mode::Direct | Mode::InPlace => {}
+        }
+    }
+}
+
+/// Marks the steps whose inputs are all parameters or values computed from parameters alone
+/// (and input-free steps such as constants), moves their outputs to the hoisted region, and
+/// returns the marks and the region's size.
+fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
+    let mut invariant: Vec<bool> = slots
+        .iter()
+        .map(|s| matches!(s.place, Place::Param(_)))
+        .collect();
+    let mut marks = Vec::with_capacity(module.steps.len());
+    let mut bytes = 0usize;
+    for step in &module.steps {
+        let hoisted = step.inputs.iter().all(|&v| invariant[v as usize]);
+        if hoisted {
+            for &o in &step.outputs {
+                invariant[o as usize] = true;
+                slots[o as usize].place = Place::Hoisted(bytes);
+                bytes += slots[o as usize].bytes.div_ceil(64) * 64;
+            }
+        }
+        marks.push(hoisted);
+    }
+    (marks, bytes)
+}
+
 fn origin_suffix(origin: &str) -> String {
     if origin.is_empty() {
         String::new()
@@ -565,7 +688,8 @@ fn origin_suffix(origin: &str) -> String {
 /// Where the run loop reads and writes values.
 struct Memory<'a> {
     slots: &'a [Slot],
-    base: *mut u8,
+    arena: *mut u8,
+    hoisted: *mut u8,
     inputs: &'a [AlignedBuf],
     params: &'a [AlignedBuf],
 }
@@ -578,12 +702,28 @@ impl<'a> Memory<'a> {
     unsafe fn bytes(&self, v: u32) -> &'a [u8] {
         let slot = &self.slots[v as usize];
         match slot.place {
-            // SAFETY: inside the arena (validated); the caller rules out a live `&mut`.
+            // SAFETY: inside its region (validated or laid out by `hoist`); the caller rules
+            // out a live `&mut`.
             Place::Arena(off) => unsafe {
-                std::slice::from_raw_parts(self.base.add(off), slot.bytes)
+                std::slice::from_raw_parts(self.arena.add(off), slot.bytes)
+            },
+            // SAFETY: as above.
+            Place::Hoisted(off) => unsafe {
+                std::slice::from_raw_parts(self.hoisted.add(off), slot.bytes)
             },
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
+        }
+    }
+
+    /// Where a step output's bytes start (outputs live in the arena or the hoisted region).
+    fn output_ptr(&self, place: Place) -> Option<*mut u8> {
+        match place {
+            // SAFETY: offsets are inside their regions (validated or laid out by `hoist`).
+            Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
+            // SAFETY: as above.
+            Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
+            Place::Input(_) | Place::Param(_) => None,
         }
     }
 
@@ -641,16 +781,14 @@ impl<'a> Memory<'a> {
             };
         }
         let out_slot = &self.slots[output as usize];
-        let Place::Arena(off) = out_slot.place else {
+        let Some(dst) = self.output_ptr(out_slot.place) else {
             return Ok(());
         };
         let in_place = plan.modes.first() == Some(&Mode::InPlace);
         let out: &mut [f32] = if plan.out_direct {
             // SAFETY: inside the arena; disjoint from every input view (validated), input 0
             // included unless it is `InPlace`, in which case no view of it exists.
-            unsafe {
-                std::slice::from_raw_parts_mut(self.base.add(off).cast::<f32>(), out_slot.numel)
-            }
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), out_slot.numel) }
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };
@@ -663,7 +801,7 @@ impl<'a> Memory<'a> {
         })?;
         if !plan.out_direct {
             // SAFETY: the kernel is done; no view of the arena is used after this point.
-            let dst = unsafe { std::slice::from_raw_parts_mut(self.base.add(off), out_slot.bytes) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };
             store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);
         }
         Ok(())

@@ -6,6 +6,7 @@ mod buffer;
 mod dispatch;
 mod error;
 mod executor;
+mod gemm;
 mod init;
 mod inputs;
 mod prepare;

@@ -22,12 +22,15 @@ use crate::ops::family::reduce::reduced_axes;
 use crate::ops::{resolve_attrs, DType, Op, OpError, TensorType};
 use crate::plan::kernels::{decode_params, KernelKind};
 
+use super::gemm::GemmPlan;
+
 /// A step's kernel with everything it needs except the operands.
 #[derive(Clone, Debug)]
 pub enum StepKernel {
     /// Fill with one value.
     Constant(f32),
-    /// Same bytes, new type (`reshape`, inference `dropout`).
+    /// The values unchanged (`reshape`, inference `dropout`, `cast`, whose rounding the store
+    /// into the output's dtype performs).
     Copy,
     /// One-input elementwise op, output shape = input shape.
     Unary(UnaryOp, ElementwiseParams),
@@ -38,10 +41,8 @@ pub enum StepKernel {
     Fused(Program, ElementwiseParams),
     /// `matmul` / `fused_matmul`.
     Matmul {
-        /// A is stored transposed.
-        transpose_a: bool,
-        /// B is stored transposed.
-        transpose_b: bool,
+        /// Batch layout, broadcasting and bias strides, resolved for the step's shapes.
+        plan: GemmPlan,
         /// Input 2 is a bias.
         bias: bool,
         /// Epilogue.
@@ -153,8 +154,10 @@ pub fn prepare(
     }
     Ok(match op {
         Op::Constant => StepKernel::Constant(a.float("value").map_err(err)? as f32),
-        Op::Reshape | Op::Dropout => StepKernel::Copy,
-        Op::Cast => StepKernel::Unary(UnaryOp::Cast(cast_target(output.dtype)), params(k)?),
+        // A cast is a copy here: storing into the output's dtype rounds (floats, to nearest
+        // even), truncates with saturation (ints) or tests for non-zero (bool) exactly as the
+        // cast does.
+        Op::Reshape | Op::Dropout | Op::Cast => StepKernel::Copy,
         Op::FusedElementwise => {
             let text = a.str("program").map_err(err)?;
             let program = ElementwiseProgram::parse(&text).map_err(err)?;
@@ -169,9 +172,19 @@ pub fn prepare(
                 Some(Op::Silu) => Activation::Silu,
                 Some(_) => Activation::Tanh,
             };
+            let dims =
+                |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
+            let bias = dims(2.min(inputs.len() - 1));
+            let plan = GemmPlan::new(
+                &dims(0),
+                &dims(1),
+                (inputs.len() == 3).then_some(bias.as_slice()),
+                a.bool("transpose_a").map_err(err)?,
+                a.bool("transpose_b").map_err(err)?,
+            )
+            .map_err(|e| e.to_string())?;
             StepKernel::Matmul {
-                transpose_a: a.bool("transpose_a").map_err(err)?,
-                transpose_b: a.bool("transpose_b").map_err(err)?,
+                plan,
                 bias: inputs.len() == 3,
                 activation,
                 params: params(k)?,

@@ -17,8 +17,9 @@ pub struct StepTime {
     pub duration: Duration,
 }
 
-/// The trace of one run of `module` whose steps took `times`, on `threads` threads.
-pub fn chrome_trace(module: &Module, times: &[StepTime], threads: usize) -> String {
+/// The trace of one run of `module` whose steps took `times` (`None`: not run, hoisted), on
+/// `threads` threads.
+pub fn chrome_trace(module: &Module, times: &[Option<StepTime>], threads: usize) -> String {
     let types = |vs: &[u32]| -> Vec<String> {
         vs.iter()
             .map(|&v| module.values[v as usize].ty.to_string())
@@ -29,6 +30,9 @@ pub fn chrome_trace(module: &Module, times: &[StepTime], threads: usize) -> Stri
         "args": { "name": format!("mslc run {} ({threads} threads)", module.name) }
     })];
     for (i, (step, t)) in module.steps.iter().zip(times).enumerate() {
+        let Some(t) = t else {
+            continue;
+        };
         let params: serde_json::Map<String, Value> = step
             .kernel
             .params

@@ -1,13 +1,14 @@
 //! How values of each dtype are stored: the executor computes in f32 and converts at load and
 //! store, so f16/bf16 values keep their storage size and f64/int/bool values their type.
 
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::kernels::convert;
 use crate::ops::DType;
 
 /// Reinterprets the little-endian bytes of a stored f32 value in place (the arena, inputs and
-/// parameters are 64-byte aligned, so this never copies).
+/// parameters are 64-byte aligned, so this never copies). f16/bf16 convert with the kernels'
+/// vectorised routines.
 pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
     // SAFETY: every bit pattern is a valid f32; `align_to` only yields an aligned middle part.
     let (head, mid, tail) = unsafe { bytes.align_to::<f32>() };
@@ -23,16 +24,16 @@ pub fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
             }
         }
         DType::F16 => match half_view::<f16>(src) {
-            Some(h) => h.convert_to_f32_slice(dst),
-            None => {
+            Some(h) if convert::f16_to_f32(h, dst).is_ok() => {}
+            _ => {
                 for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
                 }
             }
         },
         DType::BF16 => match half_view::<bf16>(src) {
-            Some(h) => h.convert_to_f32_slice(dst),
-            None => {
+            Some(h) if convert::bf16_to_f32(h, dst).is_ok() => {}
+            _ => {
                 for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
                 }
@@ -100,22 +101,24 @@ pub fn store_f32(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 c.copy_from_slice(&v.to_le_bytes());
             }
         }
-        DType::F16 => match half_view_mut::<f16>(dst) {
-            Some(h) => h.convert_from_f32_slice(src),
-            None => {
+        DType::F16 => {
+            let done =
+                half_view_mut::<f16>(dst).is_some_and(|h| convert::f32_to_f16(src, h).is_ok());
+            if !done {
                 for (c, &v) in dst.chunks_exact_mut(2).zip(src) {
                     c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
                 }
             }
-        },
-        DType::BF16 => match half_view_mut::<bf16>(dst) {
-            Some(h) => h.convert_from_f32_slice(src),
-            None => {
+        }
+        DType::BF16 => {
+            let done =
+                half_view_mut::<bf16>(dst).is_some_and(|h| convert::f32_to_bf16(src, h).is_ok());
+            if !done {
                 for (c, &v) in dst.chunks_exact_mut(2).zip(src) {
                     c.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
                 }
             }
-        },
+        }
         DType::F64 => {
             for (c, &v) in dst.chunks_exact_mut(8).zip(src) {
                 c.copy_from_slice(&f64::from(v).to_le_bytes());

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::{Isa, MatmulParams};
+use super::matmul::{Isa, MatmulParams, MicroKernel};
 use super::par::{self, SyncPtr};
 use super::reference::nn::attention_dims;
 use super::scratch::with_scratch;
@@ -16,8 +16,9 @@ use super::tensor::TensorRef;
 use super::Activation;
 use super::{math, rows};
 
-/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count and
-/// `min_parallel_flops`; `block_q`, `block_k` and `isa` change the rounding.
+/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count,
+/// `block_q` and `min_parallel_flops`; `block_k` (the online-softmax steps) and the portable
+/// kernel change the rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionParams {
     /// Queries per task (the rows of one score tile).
@@ -26,15 +27,15 @@ pub struct AttentionParams {
     pub block_k: usize,
     /// Problems with fewer flops (4·B·Hq·S·T·D) than this run on the calling thread.
     pub min_parallel_flops: usize,
-    /// Micro-kernel used by the tile products.
+    /// Micro-kernel used by the tile products; an ISA this CPU lacks is an error.
     pub isa: Isa,
 }
 
 impl Default for AttentionParams {
     fn default() -> Self {
         Self {
-            block_q: 64,
-            block_k: 64,
+            block_q: 32,
+            block_k: 128,
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
         }
@@ -42,7 +43,7 @@ impl Default for AttentionParams {
 }
 
 /// The fixed facts of one call, shared by its tasks.
-struct Problem4<'a> {
+struct AttentionJob<'a> {
     q: &'a [f32],
     k: &'a [f32],
     v: &'a [f32],
@@ -56,6 +57,7 @@ struct Problem4<'a> {
     block_q: usize,
     block_k: usize,
     gemm: MatmulParams,
+    kernel: MicroKernel,
 }
 
 /// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
@@ -79,7 +81,8 @@ pub fn attention(
             "block sizes must be at least 1",
         ));
     }
-    let p = Problem4 {
+    let kernel = MicroKernel::select(params.isa)?;
+    let p = AttentionJob {
         q: q.data,
         k: k.data,
         v: v.data,
@@ -100,10 +103,13 @@ pub fn attention(
             min_parallel_flops: usize::MAX,
             isa: params.isa,
         },
+        kernel,
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
-    let flops = 4 * b * hq * s * t * d;
+    let flops = [b, hq, s, t, d]
+        .iter()
+        .fold(4usize, |f, &x| f.saturating_mul(x));
     let parallel = flops >= params.min_parallel_flops;
     let out_ptr = SyncPtr(out.as_mut_ptr());
     par::for_each_index(parallel, tasks, |task| {
@@ -115,7 +121,7 @@ pub fn attention(
     Ok(())
 }
 
-impl Problem4<'_> {
+impl AttentionJob<'_> {
     /// Rows `d` wide, `stride` apart: the (batch, head) slice of a `[B, L, H, D]` tensor.
     fn rows<'a>(
         &self,
@@ -182,6 +188,7 @@ impl Problem4<'_> {
                     accumulate: false,
                     bias: None,
                     activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(scores, &self.gemm);
                 for r in 0..bq {
@@ -226,6 +233,7 @@ impl Problem4<'_> {
                     accumulate: true,
                     bias: None,
                     activation: Activation::None,
+                    kernel: self.kernel,
                 }
                 .run(acc, &self.gemm);
             }
@@ -349,6 +357,38 @@ mod tests {
         #[test]
         fn fast_matches_reference(c in case()) {
             check(&c);
+        }
+    }
+
+    #[test]
+    fn query_tiling_does_not_change_bits() {
+        let mut rng = Rng::new(5);
+        let (qs, ks) = ([2, 37, 4, 24], [2, 41, 2, 24]);
+        let q = rng.vec(qs.iter().product(), 1.0);
+        let k = rng.vec(ks.iter().product(), 1.0);
+        let v = rng.vec(ks.iter().product(), 1.0);
+        let run = |block_q| {
+            let mut out = vec![0.0; q.len()];
+            let params = AttentionParams {
+                block_q,
+                ..Default::default()
+            };
+            let t = |d, s| TensorRef::new("t", d, s).unwrap();
+            attention(
+                t(&q, &qs),
+                t(&k, &ks),
+                t(&v, &ks),
+                true,
+                None,
+                &params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let base = run(1);
+        for bq in [7, 32, 64] {
+            assert_same_bits("block_q", &base, &run(bq));
         }
     }
 

@@ -6,7 +6,7 @@ use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::MatmulParams;
+use super::matmul::{MatmulParams, MicroKernel};
 use super::par;
 use super::scratch::with_scratch;
 use super::shape::check_len;
@@ -36,23 +36,32 @@ impl Default for Conv2dAttrs {
     }
 }
 
-/// Output size of a sliding window along one axis: `(len + 2 pad - span) / stride + 1`, or an
-/// error when the window does not fit.
+/// Output size of a sliding window of `kernel` taps `dilation` apart along one axis:
+/// `(len + 2 pad - span) / stride + 1` with `span = dilation (kernel - 1) + 1`, or an error when
+/// the window does not fit (or the sizes overflow). `kernel`, `dilation` and `stride` must be
+/// at least 1.
 pub fn window_output(
     op: &'static str,
     len: usize,
     pad: usize,
-    span: usize,
+    kernel: usize,
+    dilation: usize,
     stride: usize,
 ) -> KernelResult<usize> {
-    let padded = len + 2 * pad;
-    if span > padded {
-        return Err(KernelError::new(
+    let span = dilation
+        .checked_mul(kernel - 1)
+        .and_then(|s| s.checked_add(1));
+    let padded = pad.checked_mul(2).and_then(|p| p.checked_add(len));
+    match (span, padded) {
+        (Some(span), Some(padded)) if span <= padded => Ok((padded - span) / stride + 1),
+        _ => Err(KernelError::new(
             op,
-            format!("window of {span} does not fit an input of {len} padded by {pad}"),
-        ));
+            format!(
+                "a window of {kernel} taps {dilation} apart does not fit an input of {len} \
+                 padded by {pad}"
+            ),
+        )),
     }
-    Ok((padded - span) / stride + 1)
 }
 
 /// The geometry of one conv2d call, checked.
@@ -111,20 +120,8 @@ impl Conv2dGeometry {
         if kh == 0 || kw == 0 {
             return Err(KernelError::new(OP, "kernel must be at least 1×1"));
         }
-        let oh = window_output(
-            OP,
-            h,
-            a.padding[0],
-            a.dilation[0] * (kh - 1) + 1,
-            a.stride[0],
-        )?;
-        let ow = window_output(
-            OP,
-            wd,
-            a.padding[1],
-            a.dilation[1] * (kw - 1) + 1,
-            a.stride[1],
-        )?;
+        let oh = window_output(OP, h, a.padding[0], kh, a.dilation[0], a.stride[0])?;
+        let ow = window_output(OP, wd, a.padding[1], kw, a.dilation[1], a.stride[1])?;
         Ok(Self {
             n,
             c,
@@ -171,6 +168,7 @@ pub fn conv2d(
 ) -> KernelResult<()> {
     let g = Conv2dGeometry::new(x, w, attrs)?;
     check_len("conv2d", "out", out.len(), &g.output_shape())?;
+    let kernel = MicroKernel::select(params.isa)?;
     let groups = attrs.groups;
     let (cg, og) = (g.c / groups, g.o / groups);
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
@@ -187,20 +185,25 @@ pub fn conv2d(
             cols: kdim,
         })
         .collect();
-    let problems: Vec<Problem> = (0..g.n * groups)
-        .map(|i| Problem {
-            a: i % groups,
-            b: i,
-            c_offset: (i / groups * g.o + i % groups * og) * plane,
-            bias_offset: 0,
-        })
-        .collect();
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
-    let mut run = |cols: &[f32], col_offset: usize| {
-        let patches: Vec<MatRef<'_>> = (0..g.n * groups)
-            .map(|i| MatRef {
+    // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
+    // `cols[(i - n0·groups)·col_offset..]`.
+    let mut run = |cols: &[f32], col_offset: usize, n0: usize, n1: usize| {
+        let problems: Vec<Problem> = (0..(n1 - n0) * groups)
+            .map(|j| {
+                let i = n0 * groups + j;
+                Problem {
+                    a: i % groups,
+                    b: j,
+                    c_offset: (i / groups * g.o + i % groups * og) * plane,
+                    bias_offset: 0,
+                }
+            })
+            .collect();
+        let patches: Vec<MatRef<'_>> = (0..problems.len())
+            .map(|j| MatRef {
                 data: cols,
-                offset: i * col_offset,
+                offset: j * col_offset,
                 rs: plane,
                 cs: 1,
                 rows: kdim,
@@ -218,27 +221,34 @@ pub fn conv2d(
             accumulate: false,
             bias: None,
             activation: Activation::None,
+            kernel,
         }
         .run(out, params);
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
-        run(x.data, cg * plane);
+        run(x.data, cg * plane, 0, g.n);
         return Ok(());
     }
-    let per_problem = kdim * plane;
-    with_scratch(g.n * groups * per_problem, |cols| {
-        let parallel = cols.len() >= IM2COL_PARALLEL;
-        par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
-            im2col_row(x.data, &g, attrs, row, dst);
+    let per_image = groups * kdim * plane;
+    let images = (IM2COL_LIMIT / per_image.max(1)).clamp(1, g.n);
+    for n0 in (0..g.n).step_by(images) {
+        let n1 = (n0 + images).min(g.n);
+        with_scratch((n1 - n0) * per_image, |cols| {
+            let parallel = cols.len() >= IM2COL_PARALLEL;
+            par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
+                im2col_row(x.data, &g, attrs, n0 * groups * kdim + row, dst);
+            });
+            run(cols, kdim * plane, n0, n1);
         });
-        run(cols, per_problem);
-    });
+    }
     Ok(())
 }
 
 /// im2col buffers smaller than this are filled on the calling thread.
 const IM2COL_PARALLEL: usize = 1 << 15;
+/// Most f32 of patches laid out at once (whole images; at least one).
+const IM2COL_LIMIT: usize = 1 << 23;
 
 /// Fills row `row` of the stacked patch matrices: problem `row / kdim` (image, group), kernel
 /// tap `(ci, i, j)` = `row % kdim`, one value per output position.
@@ -318,6 +328,25 @@ mod tests {
     }
 
     #[test]
+    fn large_images_are_laid_out_one_chunk_at_a_time() {
+        // Each padded image has more patch values than half of IM2COL_LIMIT: two chunks.
+        let side = 2047;
+        let xs = [2, 1, side, side];
+        let x = Rng::new(9).vec(xs.iter().product(), 1.0);
+        let xt = TensorRef::new("t", &x, &xs).unwrap();
+        let wt = TensorRef::new("t", &[0.5, -2.0], &[2, 1, 1, 1]).unwrap();
+        let attrs = Conv2dAttrs {
+            padding: [1, 1],
+            ..Conv2dAttrs::default()
+        };
+        assert!((side + 2) * (side + 2) > IM2COL_LIMIT / 2);
+        let want = reference::conv2d(xt, wt, &attrs).unwrap();
+        let mut out = vec![f32::NAN; want.data.len()];
+        conv2d(xt, wt, &attrs, &MatmulParams::default(), &mut out).unwrap();
+        assert_same_bits("chunked conv2d", &out, &want.data);
+    }
+
+    #[test]
     fn bad_geometry_is_an_error() {
         let x = [0.0f32; 16];
         let xt = TensorRef::new("t", &x, &[1, 1, 4, 4]).unwrap();
@@ -329,6 +358,12 @@ mod tests {
             ..Conv2dAttrs::default()
         };
         assert!(conv2d(xt, w3, &zero_stride, &p, &mut out).is_err());
+        let huge = Conv2dAttrs {
+            padding: [usize::MAX, 0],
+            dilation: [usize::MAX, 1],
+            ..Conv2dAttrs::default()
+        };
+        assert!(conv2d(xt, w3, &huge, &p, &mut out).is_err());
         let groups = Conv2dAttrs {
             groups: 2,
             ..Conv2dAttrs::default()

@@ -23,7 +23,7 @@ pub fn embedding(
             format!("table must be [V, H], got {:?}", table.shape),
         ));
     };
-    if out.len() != ids.len() * h {
+    if ids.len().checked_mul(h) != Some(out.len()) {
         return Err(KernelError::new(
             OP,
             format!(

@@ -52,8 +52,8 @@ pub fn pool2d_output_shape(x: TensorRef<'_>, a: &Pool2dAttrs) -> KernelResult<[u
             format!("padding must be at most half the kernel: {a:?}"),
         ));
     }
-    let oh = window_output(OP, h, a.padding[0], a.kernel[0], a.stride[0])?;
-    let ow = window_output(OP, w, a.padding[1], a.kernel[1], a.stride[1])?;
+    let oh = window_output(OP, h, a.padding[0], a.kernel[0], 1, a.stride[0])?;
+    let ow = window_output(OP, w, a.padding[1], a.kernel[1], 1, a.stride[1])?;
     Ok([n, c, oh, ow])
 }
 

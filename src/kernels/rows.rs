@@ -1,12 +1,26 @@
-//! Vectorised whole-row helpers (max, sums, exp) for the row-wise kernels. Sums use eight
-//! fixed lanes combined in a fixed order, so results depend only on the row, never on threads.
+//! Vectorised whole-row helpers (max, sums, exp) for the row-wise kernels. Sums use 32 fixed
+//! lanes (four independent vector chains) combined in a fixed order, so results depend only on
+//! the row, never on threads.
 
 use super::cpu::dispatch_avx2;
 use super::math;
 
-const LANES: usize = 8;
+const LANES: usize = 32;
 
-/// Σ f(x) over `xs` in eight interleaved partial sums, then a fixed pairwise combination.
+/// Combines the lanes pairwise in a fixed tree order.
+#[inline(always)]
+fn tree(mut acc: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] = op(acc[i], acc[i + width]);
+        }
+    }
+    acc[0]
+}
+
+/// Σ f(x) over `xs` in interleaved partial sums, then a fixed pairwise combination.
 #[inline(always)]
 fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; LANES];
@@ -19,7 +33,7 @@ fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
         *a += f(x);
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+    tree(acc, |a, b| a + b)
 }
 
 #[inline(always)]
@@ -54,7 +68,7 @@ fn max_body(xs: &[f32]) -> f32 {
     for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
         *a = max_step(*a, x);
     }
-    acc.iter().copied().fold(f32::NEG_INFINITY, max_step)
+    tree(acc, max_step)
 }
 
 #[inline(always)]

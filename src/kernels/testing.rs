@@ -124,6 +124,16 @@ pub fn assert_same_bits(what: &str, a: &[f32], b: &[f32]) {
     }
 }
 
+/// Asserts two results are identical bit for bit except that any NaN matches any NaN (NaN
+/// payloads and signs are not specified by Rust and differ between scalar and vector code).
+pub fn assert_same_values(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+        assert!(same, "{what}: element {i}: {x} vs {y}");
+    }
+}
+
 /// Runs `f` inside a rayon pool of exactly `threads` threads.
 pub fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()

@@ -9,6 +9,7 @@ use mslc::compile::{compile, CompileOptions};
 use mslc::exec::{ExecOptions, Executor};
 use mslc::io::npy::{NpyArray, NpyDType};
 use mslc::ops::{infer, Attrs, DType, Op, TensorType};
+use mslc::passes::AmpConfig;
 use mslc::plan::kernels::choose_kernel;
 use mslc::plan::target::Target;
 
@@ -33,6 +34,16 @@ pub fn root() -> PathBuf {
 
 /// Checks and compiles `file` (relative to the root) with `--set` overrides, fused or not.
 pub fn compile_file(file: &str, sets: &[(&str, &str)], fuse: bool) -> Module {
+    compile_with(file, sets, fuse, None)
+}
+
+/// [`compile_file`] with mixed precision.
+pub fn compile_with(
+    file: &str,
+    sets: &[(&str, &str)],
+    fuse: bool,
+    amp: Option<AmpConfig>,
+) -> Module {
     let mut options = CheckOptions::default();
     for (k, v) in sets {
         options.overrides.sets.insert(k.to_string(), v.to_string());
@@ -43,7 +54,7 @@ pub fn compile_file(file: &str, sets: &[(&str, &str)], fuse: bool) -> Module {
         target: host(),
         verify: true,
         fuse,
-        amp: None,
+        amp,
     };
     compile(&checked.models[0], &options)
         .expect("compiles")

@@ -6,7 +6,14 @@ use mslc::exec::{ExecOptions, Executor};
 use mslc::io::npy::{read_npy, write_npy, NpyArray};
 use mslc::io::safetensors::{write_safetensors, StDType, TensorRef};
 
-use super::common::{assert_close, compile_file, have_numpy, mslc, root, s, Rng, TestDir};
+use mslc::artifact::Storage;
+use mslc::check::policy::AmpLevel;
+use mslc::ops::{DType, Op};
+use mslc::passes::AmpConfig;
+
+use super::common::{
+    assert_close, compile_file, compile_with, have_numpy, mslc, root, s, Rng, TestDir,
+};
 
 /// Random HF-style weights for `module`'s parameters: norms near 1, projections ~U(±0.1),
 /// embeddings ~U(±1).
@@ -173,7 +180,112 @@ fn repeated_runs_give_the_same_result() {
     assert!(exec.nonfinite_outputs().is_empty());
     let trace: serde_json::Value = serde_json::from_str(&exec.profile_json()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();
-    assert_eq!(events.len(), exec.module().steps.len() + 1);
+    let ran = exec.step_times().iter().flatten().count();
+    assert_eq!(events.len(), ran + 1);
     assert_eq!(events[1]["ph"], "X");
     assert!(events[1]["args"]["kernel"].is_string());
+}
+
+#[test]
+fn parameter_only_steps_run_once_per_parameter_change() {
+    // Under O2 every weight is cast to f16 by a step that reads only that weight.
+    let amp = AmpConfig::new(AmpLevel::O2, DType::F16);
+    let module = compile_with(
+        "examples/tiny_llama.msl",
+        &[("layers", "1")],
+        true,
+        Some(amp),
+    );
+    let casts = module
+        .steps
+        .iter()
+        .filter(|s| {
+            s.op == Op::Cast
+                && matches!(
+                    module.values[s.inputs[0] as usize].storage,
+                    Storage::Param { .. }
+                )
+        })
+        .count();
+    assert!(casts > 0, "no weight casts to hoist");
+    let mut exec = Executor::new(module, &ExecOptions { threads: 2 }).unwrap();
+    exec.init_params(1);
+    exec.seed_input("tokens", 2).unwrap();
+    exec.run().unwrap();
+    let first = exec.output_f32("logits").unwrap().1;
+    let all = exec.step_times().iter().flatten().count();
+    exec.run().unwrap();
+    let skipped = exec.step_times().iter().filter(|t| t.is_none()).count();
+    assert!(
+        skipped >= casts,
+        "{skipped} steps skipped, {casts} weight casts"
+    );
+    assert_eq!(all, exec.module().steps.len());
+    // The hoisted f16 weights survived the arena's reuse: same logits.
+    assert_eq!(first, exec.output_f32("logits").unwrap().1);
+    // New parameters recompute them.
+    exec.init_params(2);
+    exec.run().unwrap();
+    assert_eq!(exec.step_times().iter().flatten().count(), all);
+    assert_ne!(first, exec.output_f32("logits").unwrap().1);
+}
+
+#[test]
+fn cli_threads_profile_and_embedded_weights() {
+    let dir = TestDir::new("cli");
+    let module = compile_file("examples/mlp.msl", &[], true);
+    write_weights(&dir.path("w.safetensors"), &random_weights(&module, 11));
+    let images: Vec<f32> = Rng(4).vec(64 * 784, -1.0, 1.0);
+    let images_path = dir.path("images.npy");
+    write_npy(
+        &images_path,
+        &NpyArray::from_f32(vec![64, 784], &images).unwrap(),
+    )
+    .unwrap();
+    let input = format!("images={}", s(&images_path));
+    let run = |args: &[&str], out: &str| -> Vec<u8> {
+        let out_dir = dir.path(out);
+        let mut full = vec!["run", "--input", &input, "--output-dir", s(&out_dir)];
+        full.extend_from_slice(args);
+        let (code, stdout, err) = mslc(&full);
+        assert_eq!(code, 0, "{args:?}:\n{stdout}\n{err}");
+        std::fs::read(out_dir.join("logits.npy")).unwrap()
+    };
+    let w = s(&dir.path("w.safetensors")).to_string();
+    let profile = dir.path("trace.json");
+    let one = run(
+        &["examples/mlp.msl", "--weights", &w, "--threads", "1"],
+        "one",
+    );
+    let two = run(
+        &[
+            "examples/mlp.msl",
+            "--weights",
+            &w,
+            "--threads",
+            "2",
+            "--profile",
+            s(&profile),
+        ],
+        "two",
+    );
+    assert_eq!(one, two, "1 and 2 threads differ");
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().is_some_and(|e| e.len() > 1));
+    // Weights embedded by `mslc build` give what the same file gives from outside.
+    let build = dir.path("build");
+    let (code, out, err) = mslc(&[
+        "build",
+        "examples/mlp.msl",
+        "-o",
+        s(&build),
+        "--embed-weights",
+        &w,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let mir = build.join("Mlp.mir");
+    let embedded = run(&[s(&mir)], "embedded");
+    let outside = run(&[s(&mir), "--weights", &w], "outside");
+    assert_eq!(embedded, outside);
 }

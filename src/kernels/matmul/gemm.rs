@@ -5,7 +5,7 @@
 //! slab, each NR-column B micro-panel (kept in L1) meets every MR-row A micro-panel of the tile
 //! (kept in L2). Bias and activation are applied to a tile once its last slab is done.
 
-use super::kernel::{self, MicroKernel, MR, NR};
+use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
 use super::pack::{pack_a_panel, pack_b_panel, MatRef};
 use super::MatmulParams;
 use crate::kernels::activation::Activation;
@@ -60,6 +60,8 @@ pub struct Gemm<'a> {
     pub bias: Option<BiasRef<'a>>,
     /// Applied last.
     pub activation: Activation,
+    /// The micro-kernel (and so the packing geometry) to use.
+    pub kernel: MicroKernel,
 }
 
 /// How C is cut into tasks: per problem, `rb × cb` tiles over `mp` row and `np` column panels.
@@ -73,19 +75,21 @@ struct Grid {
 
 impl Grid {
     fn new(g: &Gemm<'_>, params: &MatmulParams, parallel: bool) -> Self {
-        let mp = g.m.div_ceil(MR);
-        let np = g.n.div_ceil(NR);
-        let mut rb = mp.div_ceil((params.mc / MR).max(1));
-        let mut cb = np.div_ceil((params.nc / NR).max(1));
+        let (mr, nr) = (g.kernel.mr, g.kernel.nr);
+        let mp = g.m.div_ceil(mr);
+        let np = g.n.div_ceil(nr);
+        let mut rb = mp.div_ceil((params.mc / mr).max(1));
+        let mut cb = np.div_ceil((params.nc / nr).max(1));
         if parallel {
             let target = rayon::current_num_threads().saturating_mul(params.tasks_per_thread);
-            while g.problems.len() * rb * cb < target {
-                if rb < mp {
+            // The largest task, in micro-tiles, for a given cut.
+            let largest = |rb: usize, cb: usize| mp.div_ceil(rb) * np.div_ceil(cb);
+            while g.problems.len() * rb * cb < target && (rb < mp || cb < np) {
+                // Cut the dimension that leaves the smaller largest task (rows on a tie).
+                if cb >= np || (rb < mp && largest(rb + 1, cb) <= largest(rb, cb + 1)) {
                     rb += 1;
-                } else if cb < np {
-                    cb += 1;
                 } else {
-                    break;
+                    cb += 1;
                 }
             }
         }
@@ -114,13 +118,15 @@ impl Gemm<'_> {
                 "gemm: C block outside the output buffer"
             );
         }
-        let flops = 2 * self.m * self.n * self.k * self.problems.len();
+        let flops = [self.m, self.n, self.k, self.problems.len()]
+            .iter()
+            .fold(2usize, |f, &x| f.saturating_mul(x));
         let parallel = params.tasks_per_thread > 0
             && rayon::current_num_threads() > 1
             && flops >= params.min_parallel_flops;
         let grid = Grid::new(self, params, parallel);
-        let a_len = self.a.len() * grid.mp * self.k * MR;
-        let b_len = self.b.len() * grid.np * self.k * NR;
+        let a_len = self.a.len() * grid.mp * self.k * self.kernel.mr;
+        let b_len = self.b.len() * grid.np * self.k * self.kernel.nr;
         let b_start = a_len.next_multiple_of(16);
         with_scratch(b_start + b_len, |buf| {
             let (packed_a, packed_b) = buf.split_at_mut(b_start);
@@ -128,27 +134,27 @@ impl Gemm<'_> {
             if self.k > 0 {
                 self.pack(parallel, &grid, packed_a, packed_b);
             }
-            let kernel = kernel::select(params.isa);
             let kc = params.kc.max(1);
             let c_ptr = SyncPtr(c.as_mut_ptr());
             par::for_each_index(parallel, grid.tasks(self.problems.len()), |t| {
                 // SAFETY: tasks cover disjoint tiles of disjoint C blocks, all inside `c`
                 // (checked above), and `c` outlives this parallel loop.
-                unsafe { self.tile(t, &grid, packed_a, packed_b, c_ptr, kernel, kc) };
+                unsafe { self.tile(t, &grid, packed_a, packed_b, c_ptr, kc) };
             });
         });
     }
 
     fn pack(&self, parallel: bool, grid: &Grid, packed_a: &mut [f32], packed_b: &mut [f32]) {
         let (k, mp, np) = (self.k, grid.mp, grid.np);
+        let (mr, nr) = (self.kernel.mr, self.kernel.nr);
         let mut pack_a = move || {
-            par::for_each_chunk_mut(parallel, packed_a, k * MR, |i, dst| {
-                pack_a_panel(self.a[i / mp], (i % mp) * MR, dst)
+            par::for_each_chunk_mut(parallel, packed_a, k * mr, |i, dst| {
+                pack_a_panel(self.a[i / mp], (i % mp) * mr, mr, dst)
             })
         };
         let mut pack_b = move || {
-            par::for_each_chunk_mut(parallel, packed_b, k * NR, |i, dst| {
-                pack_b_panel(self.b[i / np], (i % np) * NR, dst)
+            par::for_each_chunk_mut(parallel, packed_b, k * nr, |i, dst| {
+                pack_b_panel(self.b[i / np], (i % np) * nr, nr, dst)
             })
         };
         if parallel {
@@ -164,7 +170,6 @@ impl Gemm<'_> {
     /// # Safety
     /// `c` must point to the output buffer of [`Gemm::run`], and no other thread may touch this
     /// tile's elements meanwhile.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
         &self,
         t: usize,
@@ -172,15 +177,15 @@ impl Gemm<'_> {
         packed_a: &[f32],
         packed_b: &[f32],
         c: SyncPtr,
-        kernel: MicroKernel,
         kc: usize,
     ) {
         let (m, n, k, ldc) = (self.m, self.n, self.k, self.ldc);
+        let (mr, nr, kernel) = (self.kernel.mr, self.kernel.nr, self.kernel.run);
         let prob = self.problems[t / (grid.rb * grid.cb)];
         let (ip0, ip1) = block_range(grid.mp, grid.rb, (t / grid.cb) % grid.rb);
         let (jp0, jp1) = block_range(grid.np, grid.cb, t % grid.cb);
-        let (row0, row1) = (ip0 * MR, (ip1 * MR).min(m));
-        let (col0, col1) = (jp0 * NR, (jp1 * NR).min(n));
+        let (row0, row1) = (ip0 * mr, (ip1 * mr).min(m));
+        let (col0, col1) = (jp0 * nr, (jp1 * nr).min(n));
         // SAFETY: row r of this tile is c[c_offset + r * ldc + col0 .. + col1], inside the
         // buffer and owned by this task alone.
         let row = |r: usize| unsafe {
@@ -193,32 +198,32 @@ impl Gemm<'_> {
             let kcs = kc.min(k - p0);
             let acc = self.accumulate || p0 > 0;
             for jp in jp0..jp1 {
-                let b_panel = &packed_b[((prob.b * grid.np + jp) * k + p0) * NR..][..kcs * NR];
-                let cols = NR.min(n - jp * NR);
+                let b_panel = &packed_b[((prob.b * grid.np + jp) * k + p0) * nr..][..kcs * nr];
+                let cols = nr.min(n - jp * nr);
                 for ip in ip0..ip1 {
-                    let a_panel = &packed_a[((prob.a * grid.mp + ip) * k + p0) * MR..][..kcs * MR];
-                    let rows = MR.min(m - ip * MR);
+                    let a_panel = &packed_a[((prob.a * grid.mp + ip) * k + p0) * mr..][..kcs * mr];
+                    let rows = mr.min(m - ip * mr);
                     // SAFETY: inside this task's tile (see `row`).
-                    let c_tile = unsafe { c.get().add(prob.c_offset + ip * MR * ldc + jp * NR) };
-                    if rows == MR && cols == NR {
-                        // SAFETY: a full MR×NR tile of C; panels hold kcs steps.
+                    let c_tile = unsafe { c.get().add(prob.c_offset + ip * mr * ldc + jp * nr) };
+                    if rows == mr && cols == nr {
+                        // SAFETY: a full mr×nr tile of C; panels hold kcs steps.
                         unsafe {
                             kernel(kcs, a_panel.as_ptr(), b_panel.as_ptr(), c_tile, ldc, acc)
                         };
                     } else {
-                        let mut tmp = [0.0f32; MR * NR];
-                        // SAFETY: `tmp` is a full MR×NR tile of row stride NR.
+                        let mut tmp = [0.0f32; MAX_MR * MAX_NR];
+                        // SAFETY: `tmp` holds a full mr×nr tile of row stride nr.
                         unsafe {
                             kernel(
                                 kcs,
                                 a_panel.as_ptr(),
                                 b_panel.as_ptr(),
                                 tmp.as_mut_ptr(),
-                                NR,
+                                nr,
                                 false,
                             )
                         };
-                        for (i, src) in tmp.chunks_exact(NR).take(rows).enumerate() {
+                        for (i, src) in tmp.chunks_exact(nr).take(rows).enumerate() {
                             // SAFETY: rows × cols of this tile lie inside C.
                             let dst = unsafe {
                                 std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols)

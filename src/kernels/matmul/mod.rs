@@ -12,12 +12,13 @@ use super::error::{KernelError, KernelResult};
 use super::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset, numel};
 use super::tensor::TensorRef;
 use gemm::{BiasRef, Gemm, Problem};
-pub use kernel::Isa;
+pub use kernel::{Isa, MicroKernel};
 use pack::MatRef;
 
-/// Tunable parameters of the GEMM. Every field is honoured; results are bit-identical for any
-/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops` and thread count (only `kc` and `isa`
-/// change the order of floating-point operations).
+/// Tunable parameters of the GEMM. Every field is honoured. Results are bit-identical for any
+/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops` and thread count, and between the AVX2
+/// and AVX-512 kernels; only `kc` and the portable kernel (no fused multiply-add) change the
+/// rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MatmulParams {
     /// Most rows of C per task; the A block `mc × kc` should sit in L2.
@@ -27,11 +28,12 @@ pub struct MatmulParams {
     /// Most columns of C per task; the B block `kc × nc` should sit in L2/L3.
     pub nc: usize,
     /// Thread split: tiles are cut further until there are at least this many tasks per rayon
-    /// thread (rows first, then columns). 0 runs everything on the calling thread.
+    /// thread (each cut along rows or columns, whichever leaves the smaller largest task).
+    /// 0 runs everything on the calling thread.
     pub tasks_per_thread: usize,
     /// Products with fewer flops than this run on the calling thread.
     pub min_parallel_flops: usize,
-    /// Micro-kernel choice.
+    /// Micro-kernel choice; an ISA this CPU lacks is an error.
     pub isa: Isa,
 }
 
@@ -197,6 +199,7 @@ pub fn matmul(
             )?,
         )
     };
+    let kernel = MicroKernel::select(params.isa)?;
     let bias = opts
         .bias
         .zip(bias_strides.as_ref())
@@ -216,6 +219,7 @@ pub fn matmul(
         accumulate: false,
         bias,
         activation: opts.activation,
+        kernel,
     }
     .run(out, params);
     Ok(())

@@ -4,8 +4,7 @@
 //! A packed A panel holds MR rows over all k: `dst[p * MR + i] = A[r0 + i][p]`.
 //! A packed B panel holds NR columns over all k: `dst[p * NR + j] = B[p][c0 + j]`.
 //! A k-slab `[p0, p1)` of a panel is then the contiguous range `[p0 * MR, p1 * MR)`.
-
-use super::kernel::{MR, NR};
+//! MR and NR are those of the micro-kernel in use (see [`super::kernel::MicroKernel`]).
 
 /// A read-only strided matrix: element `(r, c)` is `data[offset + r * rs + c * cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -37,9 +36,27 @@ impl MatRef<'_> {
     }
 }
 
-/// Packs rows `[r0, r0 + MR)` of `a` (rows × k) into `dst` (`k * MR` values); rows past the end
-/// are zero.
-pub fn pack_a_panel(a: MatRef<'_>, r0: usize, dst: &mut [f32]) {
+/// Packs rows `[r0, r0 + mr)` of `a` (rows × k) into `dst` (`k * mr` values); rows past the end
+/// are zero. `mr` is a kernel's tile height (6 or 12).
+pub fn pack_a_panel(a: MatRef<'_>, r0: usize, mr: usize, dst: &mut [f32]) {
+    match mr {
+        6 => pack_a::<6>(a, r0, dst),
+        12 => pack_a::<12>(a, r0, dst),
+        _ => unreachable!("no micro-kernel has MR = {mr}"),
+    }
+}
+
+/// Packs columns `[c0, c0 + nr)` of `b` (k × cols) into `dst` (`k * nr` values); columns past
+/// the end are zero. `nr` is a kernel's tile width (16 or 32).
+pub fn pack_b_panel(b: MatRef<'_>, c0: usize, nr: usize, dst: &mut [f32]) {
+    match nr {
+        16 => pack_b::<16>(b, c0, dst),
+        32 => pack_b::<32>(b, c0, dst),
+        _ => unreachable!("no micro-kernel has NR = {nr}"),
+    }
+}
+
+fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, dst: &mut [f32]) {
     let k = a.cols;
     debug_assert_eq!(dst.len(), k * MR);
     let rows = MR.min(a.rows - r0);
@@ -64,9 +81,7 @@ pub fn pack_a_panel(a: MatRef<'_>, r0: usize, dst: &mut [f32]) {
     }
 }
 
-/// Packs columns `[c0, c0 + NR)` of `b` (k × cols) into `dst` (`k * NR` values); columns past
-/// the end are zero.
-pub fn pack_b_panel(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
+fn pack_b<const NR: usize>(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
     let k = b.rows;
     debug_assert_eq!(dst.len(), k * NR);
     let cols = NR.min(b.cols - c0);
@@ -120,7 +135,12 @@ pub fn pack_b_panel(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
 /// AVX2 must be available, every `starts[j] + k <= data.len()`, and `dst.len() == k * NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_transposed_avx2(data: &[f32], starts: &[usize; NR], k: usize, dst: &mut [f32]) {
+unsafe fn pack_b_transposed_avx2<const NR: usize>(
+    data: &[f32],
+    starts: &[usize; NR],
+    k: usize,
+    dst: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let src = data.as_ptr();
     let out = dst.as_mut_ptr();
@@ -128,9 +148,9 @@ unsafe fn pack_b_transposed_avx2(data: &[f32], starts: &[usize; NR], k: usize, d
     // SAFETY: reads stay below starts[j] + full <= data.len(); writes below full * NR.
     unsafe {
         for p in (0..full).step_by(8) {
-            for half in 0..NR / 8 {
+            for block in 0..NR / 8 {
                 let r: [__m256; 8] =
-                    std::array::from_fn(|i| _mm256_loadu_ps(src.add(starts[half * 8 + i] + p)));
+                    std::array::from_fn(|i| _mm256_loadu_ps(src.add(starts[block * 8 + i] + p)));
                 let t0 = _mm256_unpacklo_ps(r[0], r[1]);
                 let t1 = _mm256_unpackhi_ps(r[0], r[1]);
                 let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -158,7 +178,7 @@ unsafe fn pack_b_transposed_avx2(data: &[f32], starts: &[usize; NR], k: usize, d
                     _mm256_permute2f128_ps::<0x31>(u3, u7),
                 ];
                 for (q, row) in rows.iter().enumerate() {
-                    _mm256_storeu_ps(out.add((p + q) * NR + half * 8), *row);
+                    _mm256_storeu_ps(out.add((p + q) * NR + block * 8), *row);
                 }
             }
         }

@@ -63,7 +63,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![1usize, 5, 256]),
         prop::sample::select(vec![1usize, 16, 40, 1024]),
         0usize..4,
-        prop::sample::select(vec![Isa::Auto, Isa::Portable]),
+        prop::sample::select(available_isas()),
     );
     let prec = prop::sample::select(Precision::ALL.to_vec());
     (dims, layout, acts, params, prec, any::<u64>()).prop_map(
@@ -99,6 +99,14 @@ fn case() -> impl Strategy<Value = Case> {
             }
         },
     )
+}
+
+/// Every ISA this CPU can run.
+fn available_isas() -> Vec<Isa> {
+    [Isa::Auto, Isa::Avx512, Isa::Avx2, Isa::Portable]
+        .into_iter()
+        .filter(|&i| MicroKernel::select(i).is_ok())
+        .collect()
 }
 
 /// Runs the fast kernel on `c` (inputs already rounded), returning the output.
@@ -209,6 +217,40 @@ fn bits_do_not_depend_on_tiling_or_threads() {
 }
 
 #[test]
+fn fma_kernels_agree_bit_for_bit() {
+    let isas: Vec<Isa> = available_isas()
+        .into_iter()
+        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512))
+        .collect();
+    let mut rng = Rng::new(8);
+    let (m, k, n) = (37, 300, 70);
+    let a = rng.vec(m * k, 1.0);
+    let b = rng.vec(k * n, 1.0);
+    let results: Vec<Vec<f32>> = isas
+        .iter()
+        .map(|&isa| {
+            let mut out = vec![0.0; m * n];
+            let params = MatmulParams {
+                isa,
+                ..Default::default()
+            };
+            matmul(
+                TensorRef::new("t", &a, &[m, k]).unwrap(),
+                TensorRef::new("t", &b, &[k, n]).unwrap(),
+                &MatmulOptions::default(),
+                &params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        })
+        .collect();
+    for pair in results.windows(2) {
+        assert_same_bits("AVX2 vs AVX-512", &pair[0], &pair[1]);
+    }
+}
+
+#[test]
 fn empty_inner_dimension_gives_bias_and_activation() {
     let mut out = vec![f32::NAN; 6];
     let opts = MatmulOptions {
@@ -253,4 +295,29 @@ fn bad_arguments_are_errors() {
         shape: &[2, 3],
     };
     assert!(matmul(short, t(&[3, 2]), &o, &p, &mut out).is_err());
+}
+
+#[test]
+fn default_params_on_larger_and_tiny_shapes() {
+    // Large enough to be split into parallel tiles with the default blocking, and the smallest.
+    for (batch, m, k, n) in [(2, 131, 300, 97), (1, 1, 1, 1), (3, 7, 2, 1)] {
+        let c = Case {
+            a_shape: vec![batch, m, k],
+            b_shape: vec![k, n],
+            bias_shape: Some(vec![n]),
+            transpose_a: false,
+            transpose_b: false,
+            activation: Activation::Silu,
+            params: MatmulParams::default(),
+            precision: Precision::F32,
+            seed: (m * n) as u64,
+        };
+        check(&c);
+        check(&Case {
+            b_shape: vec![batch, n, k],
+            transpose_b: true,
+            bias_shape: Some(vec![batch, m, n]),
+            ..c.clone()
+        });
+    }
 }

@@ -20,20 +20,21 @@ pub fn fused_elementwise(program: &Program, inputs: &[TensorRef<'_>]) -> KernelR
         .map(|&x| broadcast_values(x, &shape))
         .collect();
     let count: usize = shape.iter().product();
-    let mut data = Vec::with_capacity(count);
     let mut regs = Vec::with_capacity(program.instrs.len());
-    for e in 0..count {
-        regs.clear();
-        for instr in &program.instrs {
-            let v = match *instr {
-                Instr::Input(n) => values[n][e],
-                Instr::Const(c) => c,
-                Instr::Unary { op, x } => unary_scalar(op, regs[x]),
-                Instr::Binary { op, a, b } => op.apply(regs[a], regs[b]),
-            };
-            regs.push(v);
-        }
-        data.push(*regs.last().expect("validated: non-empty"));
-    }
+    let data = (0..count)
+        .map(|e| {
+            regs.clear();
+            for instr in &program.instrs {
+                let v = match *instr {
+                    Instr::Input(n) => values[n][e],
+                    Instr::Const(c) => c,
+                    Instr::Unary { op, x } => unary_scalar(op, regs[x]),
+                    Instr::Binary { op, a, b } => op.apply(regs[a], regs[b]),
+                };
+                regs.push(v);
+            }
+            *regs.last().expect("validated: non-empty")
+        })
+        .collect();
     Tensor::new("fused_elementwise", shape, data)
 }

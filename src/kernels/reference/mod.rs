@@ -21,3 +21,6 @@ pub use loss::{cross_entropy, mse_loss};
 pub use nn::{attention, causal_mask, embedding, rope};
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
 pub use reduce::{log_softmax, reduce, softmax};
+
+#[cfg(test)]
+mod tests;

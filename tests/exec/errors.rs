@@ -1,0 +1,318 @@
+//! Bad inputs to the executor and `mslc run`: every one a clear error (exit 1), never a panic;
+//! non-finite outputs a warning.
+
+use mslc::artifact::{encode, Module, Step, Storage, ValueInfo};
+use mslc::exec::{ExecErrorKind, ExecOptions, Executor};
+use mslc::io::npy::{write_npy, NpyArray};
+use mslc::ops::{Attrs, DType, Op, TensorType};
+use mslc::plan::kernels::choose_kernel;
+
+use super::common::{compile_file, host, mslc, s, TestDir};
+
+/// Runs `mslc run` with `args`, expecting exit 1, no panic, and `expect` in stderr.
+fn fails_with(args: &[&str], expect: &str) {
+    let mut full = vec!["run"];
+    full.extend_from_slice(args);
+    let (code, out, err) = mslc(&full);
+    assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
+    assert_eq!(code, 1, "exit code for {args:?}:\n{out}\n{err}");
+    assert!(
+        err.contains(expect),
+        "{args:?}: expected `{expect}` in:\n{err}"
+    );
+}
+
+fn tokens(dir: &TestDir, name: &str, shape: Vec<usize>, ids: &[i64]) -> String {
+    let path = dir.path(name);
+    write_npy(&path, &NpyArray::from_i64(shape, ids).unwrap()).unwrap();
+    format!("tokens={}", s(&path))
+}
+
+#[test]
+fn bad_input_files_are_clear_errors() {
+    let dir = TestDir::new("errors-inputs");
+    let llama = "examples/tiny_llama.msl";
+    let good = tokens(&dir, "good.npy", vec![1, 8], &[1; 8]);
+    let bytes = std::fs::read(dir.path("good.npy")).unwrap();
+    std::fs::write(dir.path("trunc.npy"), &bytes[..bytes.len() - 5]).unwrap();
+    let trunc = format!("tokens={}", s(&dir.path("trunc.npy")));
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &trunc],
+        "input `tokens`",
+    );
+    std::fs::write(dir.path("junk.npy"), b"not an npy file at all").unwrap();
+    let junk = format!("tokens={}", s(&dir.path("junk.npy")));
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &junk],
+        "input `tokens`",
+    );
+    let missing = format!("tokens={}", s(&dir.path("absent.npy")));
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &missing],
+        "input `tokens`",
+    );
+    let rank3 = tokens(&dir, "rank3.npy", vec![1, 2, 4], &[1; 8]);
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &rank3],
+        "must have shape",
+    );
+    let floats = dir.path("floats.npy");
+    write_npy(&floats, &NpyArray::from_f32(vec![1, 8], &[1.0; 8]).unwrap()).unwrap();
+    let floats = format!("tokens={}", s(&floats));
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &floats],
+        "input `tokens` is i32",
+    );
+    let big = tokens(&dir, "big.npy", vec![1, 8], &[1, 2, 3, 5000, 4, 5, 6, 7]);
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", &big],
+        "id 5000 is outside the table",
+    );
+    fails_with(
+        &[llama, "--init-seed", "1", "--input", "nope=x.npy"],
+        "input `nope`",
+    );
+    fails_with(
+        &[
+            llama,
+            "--init-seed",
+            "1",
+            "--iterations",
+            "0",
+            "--input",
+            &good,
+        ],
+        "--iterations",
+    );
+    fails_with(&[llama, "--input", &good], "--weights");
+}
+
+#[test]
+fn bad_weights_are_reported_together() {
+    let dir = TestDir::new("errors-weights");
+    let llama = "examples/tiny_llama.msl";
+    fails_with(
+        &[llama, "--weights", s(&dir.path("absent.safetensors"))],
+        "cannot read weights",
+    );
+    std::fs::write(dir.path("junk.safetensors"), [0xffu8; 64]).unwrap();
+    fails_with(
+        &[llama, "--weights", s(&dir.path("junk.safetensors"))],
+        "cannot read weights",
+    );
+    let data = vec![0u8; 4 * 256];
+    let tensors = [
+        mslc::io::safetensors::TensorRef {
+            name: "model.norm.weight",
+            dtype: mslc::io::safetensors::StDType::F32,
+            shape: &[256],
+            data: &data,
+        },
+        mslc::io::safetensors::TensorRef {
+            name: "lm_head.weight",
+            dtype: mslc::io::safetensors::StDType::F32,
+            shape: &[4, 64],
+            data: &data,
+        },
+        mslc::io::safetensors::TensorRef {
+            name: "not.a.param",
+            dtype: mslc::io::safetensors::StDType::I32,
+            shape: &[256],
+            data: &data,
+        },
+    ];
+    let partial = dir.path("partial.safetensors");
+    mslc::io::safetensors::write_safetensors(&partial, &tensors).unwrap();
+    let (code, _, err) = mslc(&["run", llama, "--weights", s(&partial)]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("missing from the file: model.embed_tokens.weight"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`lm_head.weight` is f32[4,64] in the file"),
+        "{err}"
+    );
+    assert!(
+        err.contains("not parameters of the model: not.a.param"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_artifacts_are_clear_errors() {
+    let dir = TestDir::new("errors-mir");
+    let module = compile_file("examples/mlp.msl", &[], true);
+    let bytes = encode(&module, None);
+    let good = dir.path("mlp.mir");
+    std::fs::write(&good, &bytes).unwrap();
+    let (code, out, err) = mslc(&["run", s(&good), "--init-seed", "3", "--threads", "1"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("GFLOP/s"), "{out}");
+    let mut flipped = bytes.clone();
+    flipped[40] ^= 0x55;
+    std::fs::write(dir.path("flipped.mir"), &flipped).unwrap();
+    fails_with(
+        &[s(&dir.path("flipped.mir")), "--init-seed", "1"],
+        "checksum",
+    );
+    std::fs::write(dir.path("short.mir"), &bytes[..30]).unwrap();
+    fails_with(
+        &[s(&dir.path("short.mir")), "--init-seed", "1"],
+        "short.mir",
+    );
+    fails_with(
+        &[s(&dir.path("absent.mir")), "--init-seed", "1"],
+        "cannot read",
+    );
+    fails_with(
+        &[s(&good), "--set", "depth=3", "--init-seed", "1"],
+        "--set and --dim",
+    );
+}
+
+#[test]
+fn nan_inputs_warn_about_the_outputs() {
+    let dir = TestDir::new("errors-nan");
+    let mut images = vec![0.5f32; 64 * 784];
+    images[100] = f32::NAN;
+    let path = dir.path("images.npy");
+    write_npy(&path, &NpyArray::from_f32(vec![64, 784], &images).unwrap()).unwrap();
+    let input = format!("images={}", s(&path));
+    let (code, out, err) = mslc(&[
+        "run",
+        "examples/mlp.msl",
+        "--init-seed",
+        "1",
+        "--input",
+        &input,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("warning: output(s) `logits` hold NaN or infinite values"),
+        "{err}"
+    );
+}
+
+/// A module computing `x → neg → softmax → silu → add x → cast f16 → relu`, every arena step
+/// after the first written over its input 0 (offset 0), the f16 pair at offset 128.
+fn in_place_chain() -> Module {
+    let f32t = TensorType::new(DType::F32, [4, 8]);
+    let f16t = TensorType::new(DType::F16, [4, 8]);
+    let mut values = vec![ValueInfo {
+        ty: f32t.clone(),
+        storage: Storage::Input { name: "x".into() },
+    }];
+    let mut steps = Vec::new();
+    let chain = [
+        (Op::Neg, Attrs::new(), vec![0u32], &f32t, 0u64),
+        (
+            Op::Softmax,
+            Attrs::new().with("axis", -1i64),
+            vec![1],
+            &f32t,
+            0,
+        ),
+        (Op::Silu, Attrs::new(), vec![2], &f32t, 0),
+        (Op::Add, Attrs::new(), vec![3, 0], &f32t, 0),
+        (
+            Op::Cast,
+            Attrs::new().with("dtype", DType::F16),
+            vec![4],
+            &f16t,
+            128,
+        ),
+        (Op::Relu, Attrs::new(), vec![5], &f16t, 128),
+    ];
+    for (op, attrs, inputs, ty, offset) in chain {
+        let types: Vec<TensorType> = inputs
+            .iter()
+            .map(|&i| values[i as usize].ty.clone())
+            .collect();
+        values.push(ValueInfo {
+            ty: ty.clone(),
+            storage: Storage::Arena { offset },
+        });
+        steps.push(Step {
+            op,
+            kernel: choose_kernel(op, &attrs, &types, &host()),
+            attrs,
+            inputs,
+            outputs: vec![values.len() as u32 - 1],
+            origin: String::new(),
+        });
+    }
+    Module {
+        name: "chain".into(),
+        target: "cpu".into(),
+        target_fingerprint: String::new(),
+        outputs: vec![("y".into(), values.len() as u32 - 1)],
+        values,
+        steps,
+        arena_bytes: 192,
+    }
+}
+
+#[test]
+fn in_place_steps_compute_what_separate_buffers_would() {
+    let x: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 4.0).collect();
+    let mut exec = Executor::new(in_place_chain(), &ExecOptions { threads: 2 }).unwrap();
+    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
+        .unwrap();
+    exec.run().unwrap();
+    let (shape, got) = exec.output_f32("y").unwrap();
+    assert_eq!(shape, vec![4, 8]);
+    let mut want = Vec::new();
+    for row in x.chunks(8) {
+        let max = row.iter().map(|v| -v).fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|v| (-v - max).exp()).sum();
+        for &v in row {
+            let p = (-v - max).exp() / sum;
+            let y = p / (1.0 + (-p).exp()) + v;
+            want.push(half::f16::from_f32(y).to_f32().max(0.0));
+        }
+    }
+    // f16 output: one f16 ulp (2^-10 relative) plus the f32 kernels' error.
+    super::common::assert_close("in-place chain", &got, &want, 1e-5, 2e-3);
+}
+
+#[test]
+fn crafted_overlaps_and_kernels_are_rejected() {
+    let mut m = in_place_chain();
+    m.values[2].storage = Storage::Arena { offset: 64 };
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert_eq!(e.kind, ExecErrorKind::Module);
+    assert!(e.message.contains("overlaps input 0"), "{}", e.message);
+    let mut m = in_place_chain();
+    m.steps[1].kernel.name = "gemm".into();
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert!(
+        e.message
+            .contains("step 1 (softmax): asks for kernel `gemm`"),
+        "{}",
+        e.message
+    );
+    let mut m = in_place_chain();
+    m.steps[1]
+        .kernel
+        .params
+        .insert("rows_per_task".into(), mslc::artifact::KernelParam::Int(8));
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert!(
+        e.message.contains("no parameter `rows_per_task`"),
+        "{}",
+        e.message
+    );
+    let mut m = in_place_chain();
+    m.arena_bytes = 100;
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert!(e.message.contains("invalid module"), "{}", e.message);
+}
