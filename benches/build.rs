@@ -17,16 +17,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn main() {
     let text =
         std::fs::read_to_string("examples/llama2_70b.msl").expect("run from the repository root");
-    let target = Target {
-        name: "ascend910b".into(),
-        peak_f32: 78e12,
-        peak_f16: 313e12,
-        peak_bf16: 313e12,
-        memory_bytes: 64_000_000_000,
-        bandwidth: 1.6e12,
-        interconnect: 392e9,
-        devices_per_node: 8,
-    };
+    let target = Target::standard("ascend910b").expect("std.targets declares ascend910b");
     println!(
         "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "layers", "check", "lower", "passes", "schedule", "memory", "encode", "total"

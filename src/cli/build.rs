@@ -214,16 +214,7 @@ fn choose_target(
             format!("targets: {}", known.join(", ")),
         )
     })?;
-    Ok(Target {
-        name: spec.name.name.clone(),
-        peak_f32: spec.peak_flops.f32,
-        peak_f16: spec.peak_flops.f16,
-        peak_bf16: spec.peak_flops.bf16,
-        memory_bytes: spec.memory_bytes,
-        bandwidth: spec.bandwidth_bytes_per_s,
-        interconnect: spec.interconnect_bytes_per_s,
-        devices_per_node: spec.devices_per_node,
-    })
+    Ok(Target::from_spec(spec))
 }
 
 fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, Box<Diagnostic>> {

@@ -55,20 +55,6 @@ pub struct RunArgs {
     pub model: ModelArgs,
 }
 
-/// The CPU this command runs on, as the planner sees it: Zen 3, 2 cores, AVX2+FMA.
-pub fn host_target() -> Target {
-    Target {
-        name: "cpu".into(),
-        peak_f32: 157e9,
-        peak_f16: 157e9,
-        peak_bf16: 157e9,
-        memory_bytes: 24 << 30,
-        bandwidth: 25e9,
-        interconnect: 10e9,
-        devices_per_node: 1,
-    }
-}
-
 /// Runs the command; 1 on any error.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
     match execute(args, reporter) {
@@ -276,10 +262,15 @@ fn compile_source(
     let model = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
+    let target = checked
+        .decls
+        .target("cpu")
+        .map(Target::from_spec)
+        .ok_or_else(|| "the standard library in use declares no `cpu` target".to_string())?;
     let compiled = compile(
         model,
         &CompileOptions {
-            target: host_target(),
+            target,
             verify: false,
             fuse: !args.no_fuse,
             amp: None,
@@ -372,11 +363,14 @@ fn derive_dims(
     Ok(derived)
 }
 
+/// This machine's f32 peak (FACTS.md), used when the standard library is overridden.
+const HOST_PEAK_F32: f64 = 157e9;
+
 /// The timing lines: median and best time per forward, GFLOP/s and fraction of peak.
 fn summary(name: &str, flops: u64, threads: usize, times: &mut [f64]) -> String {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let peak = host_target().peak_f32;
+    let peak = Target::standard("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32);
     let rate = flops as f64 / median;
     format!(
         "ran {name} on {threads} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s = {:.1}% of the {:.0} GFLOP/s peak\n",

@@ -4,8 +4,9 @@ use std::path::Path;
 
 use crate::artifact::Module;
 use crate::diag::Code;
+use crate::exec::weights::match_weights;
 use crate::io::safetensors::SafetensorsFile;
-use crate::io::weights::match_params;
+use crate::ops::TensorType;
 
 /// The file's bytes when every parameter matches; otherwise (code, message, help).
 pub fn read_matching(path: &Path, module: &Module) -> Result<Vec<u8>, (Code, String, String)> {
@@ -16,18 +17,18 @@ pub fn read_matching(path: &Path, module: &Module) -> Result<Vec<u8>, (Code, Str
             "pass a complete .safetensors file".to_string(),
         )
     })?;
-    let params: Vec<(&str, &[i64])> = module
+    let params: Vec<(&str, &TensorType)> = module
         .params()
-        .map(|(p, v)| (p, module.values[v as usize].ty.shape.as_slice()))
+        .map(|(p, v)| (p, &module.values[v as usize].ty))
         .collect();
-    let mismatch = match_params(&file, &params);
-    if !mismatch.is_empty() {
-        return Err((
+    match_weights(&params, file.tensors()).map_err(|problems| {
+        (
             Code::E0601,
-            format!("{} does not match the model: {mismatch}", path.display()),
-            "weights are matched by parameter path and shape; check --set/--dim against the checkpoint's config".to_string(),
-        ));
-    }
+            format!("{} does not match the model:\n{problems}", path.display()),
+            "weights are matched by parameter path and shape; check --set/--dim against the checkpoint's config"
+                .to_string(),
+        )
+    })?;
     std::fs::read(path).map_err(|e| {
         (
             Code::E0602,

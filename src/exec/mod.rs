@@ -12,7 +12,7 @@ mod inputs;
 mod prepare;
 mod profile;
 mod storage;
-mod weights;
+pub mod weights;
 
 pub use error::{ExecError, ExecErrorKind, ExecResult};
 pub use executor::{ExecOptions, Executor};

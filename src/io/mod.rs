@@ -5,7 +5,6 @@ pub mod atomic;
 mod floats;
 pub mod npy;
 pub mod safetensors;
-pub mod weights;
 
 #[cfg(test)]
 mod test_dir;

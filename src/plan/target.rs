@@ -1,6 +1,7 @@
 //! The hardware a module is planned for: peak compute per dtype, memory, bandwidths — what the
 //! cost model and the memory budget check need — and a fingerprint that keys tuned kernels.
 
+use crate::check::policy::TargetSpec;
 use crate::ops::DType;
 
 /// A target device, as its `target` declaration describes it.
@@ -25,6 +26,27 @@ pub struct Target {
 }
 
 impl Target {
+    /// The target a checked `target` declaration describes.
+    pub fn from_spec(spec: &TargetSpec) -> Target {
+        Target {
+            name: spec.name.name.clone(),
+            peak_f32: spec.peak_flops.f32,
+            peak_f16: spec.peak_flops.f16,
+            peak_bf16: spec.peak_flops.bf16,
+            memory_bytes: spec.memory_bytes,
+            bandwidth: spec.bandwidth_bytes_per_s,
+            interconnect: spec.interconnect_bytes_per_s,
+            devices_per_node: spec.devices_per_node,
+        }
+    }
+
+    /// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled
+    /// executor on this machine.
+    pub fn standard(name: &str) -> Option<Target> {
+        let checked = crate::check::check_source("<targets>", "", &Default::default());
+        checked.decls.target(name).map(Target::from_spec)
+    }
+
     /// Peak FLOP/s when computing in `dtype`.
     pub fn peak(&self, dtype: DType) -> f64 {
         match dtype {

@@ -13,18 +13,9 @@ use mslc::passes::AmpConfig;
 use mslc::plan::kernels::choose_kernel;
 use mslc::plan::target::Target;
 
-/// The CPU target the planner uses for this machine.
+/// The CPU target the planner uses for this machine (`std.targets.cpu`).
 pub fn host() -> Target {
-    Target {
-        name: "cpu".into(),
-        peak_f32: 157e9,
-        peak_f16: 157e9,
-        peak_bf16: 157e9,
-        memory_bytes: 24 << 30,
-        bandwidth: 25e9,
-        interconnect: 10e9,
-        devices_per_node: 1,
-    }
+    Target::standard("cpu").expect("the standard library declares `cpu`")
 }
 
 /// The repository root.
