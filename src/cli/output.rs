@@ -1,7 +1,7 @@
 //! Printing diagnostics in the format and colour the user chose.
 
 use crate::diag::render::{render_human, render_json, RenderOptions};
-use crate::diag::{Diagnostic, Sources};
+use crate::diag::{Code, Diagnostic, Severity, Sources};
 
 use super::MessageFormat;
 
@@ -34,6 +34,27 @@ impl Reporter {
             let warnings = diags.len() - errors;
             if errors > 0 || warnings > 0 {
                 eprintln!("{}", summary_line(errors, warnings));
+            }
+        }
+    }
+}
+
+impl Reporter {
+    /// Prints a problem that has no place in a source file (a weights file, an input, the
+    /// executor), with its code: `error[E0602]: …` or one JSON object.
+    pub fn emit_plain(&self, code: Code, severity: Severity, message: &str) {
+        match self.format {
+            MessageFormat::Human => {
+                let word = if severity == Severity::Error {
+                    "error"
+                } else {
+                    "warning"
+                };
+                eprintln!("{word}[{code}]: {message}");
+            }
+            MessageFormat::Json => {
+                let json = serde_json::json!({ "code": code.as_str(), "severity": severity, "message": message, "file": null });
+                print_stdout(&format!("{json}\n"));
             }
         }
     }

@@ -11,6 +11,7 @@ use crate::artifact::write::write_all_or_nothing;
 use crate::artifact::{decode, Module};
 use crate::check::{check_path, CheckOptions, Checked};
 use crate::compile::{compile, CompileOptions};
+use crate::diag::{Code, Severity};
 use crate::exec::{ExecOptions, Executor};
 use crate::io::npy::{read_npy, NpyArray};
 use crate::io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
@@ -63,40 +64,54 @@ pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
             0
         }
         Err(Failure::Reported) => 1,
-        Err(Failure::Message(m)) => {
+        Err(Failure::Usage(m)) => {
             eprintln!("error: {m}");
+            2
+        }
+        Err(Failure::Message(code, m)) => {
+            reporter.emit_plain(code, Severity::Error, &m);
             1
         }
     }
 }
 
-/// How `run` failed: diagnostics already printed, or one message to print.
+/// How `run` failed: diagnostics already printed, a misuse of the flags (exit 2), or one coded
+/// message to print.
 enum Failure {
     Reported,
-    Message(String),
+    Usage(String),
+    Message(Code, String),
 }
 
 impl From<String> for Failure {
+    /// A failure while running the module.
     fn from(m: String) -> Self {
-        Failure::Message(m)
+        Failure::Message(Code::E0603, m)
     }
+}
+
+/// A failure to read a file named on the command line.
+fn unreadable(m: String) -> Failure {
+    Failure::Message(Code::E0602, m)
 }
 
 fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     if args.iterations == 0 {
-        return Err("--iterations must be at least 1".to_string().into());
+        return Err(Failure::Usage(
+            "--iterations must be at least 1".to_string(),
+        ));
     }
     if args.threads == Some(0) {
-        return Err("--threads must be at least 1".to_string().into());
+        return Err(Failure::Usage("--threads must be at least 1".to_string()));
     }
     if args.weights.is_some() && args.init_seed.is_some() {
-        return Err("give either --weights or --init-seed, not both"
-            .to_string()
-            .into());
+        return Err(Failure::Usage(
+            "give either --weights or --init-seed, not both".to_string(),
+        ));
     }
     let mut arrays = BTreeMap::new();
     for (name, file) in &args.inputs {
-        let array = read_npy(file).map_err(|e| format!("input `{name}`: {e}"))?;
+        let array = read_npy(file).map_err(|e| unreadable(format!("input `{name}`: {e}")))?;
         if arrays.insert(name.clone(), array).is_some() {
             return Err(format!("input `{name}` is given twice").into());
         }
@@ -112,8 +127,9 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
             );
         }
         mir_bytes = std::fs::read(&args.file)
-            .map_err(|e| format!("cannot read `{}`: {e}", args.file.display()))?;
-        let decoded = decode(&mir_bytes).map_err(|e| format!("`{}`: {e}", args.file.display()))?;
+            .map_err(|e| unreadable(format!("cannot read `{}`: {e}", args.file.display())))?;
+        let decoded = decode(&mir_bytes)
+            .map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
         (decoded.module, decoded.weights)
     } else {
         (compile_source(args, &arrays, reporter)?, None)
@@ -166,36 +182,52 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
         report.push_str(&format!("  profile: {}\n", path.display()));
         files.push((path.clone(), exec.profile_json().into_bytes()));
     }
-    write_all_or_nothing(&files)
-        .map_err(|(path, e)| format!("cannot write `{}`: {e}", path.display()))?;
+    write_all_or_nothing(&files).map_err(|(path, e)| {
+        Failure::Message(
+            Code::E0600,
+            format!("cannot write `{}`: {e}", path.display()),
+        )
+    })?;
     let bad = exec.nonfinite_outputs();
     if !bad.is_empty() {
-        eprintln!(
-            "warning: output(s) {} hold NaN or infinite values",
-            bad.iter()
-                .map(|b| format!("`{b}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+        reporter.emit_plain(
+            Code::W0003,
+            Severity::Warning,
+            &format!(
+                "output(s) {} hold NaN or infinite values",
+                bad.iter()
+                    .map(|b| format!("`{b}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         );
     }
     Ok(report)
 }
 
 /// Parameters from `--weights`, `--init-seed`, or the weights embedded in the artifact.
-fn load_params(args: &RunArgs, exec: &mut Executor, embedded: Option<&[u8]>) -> Result<(), String> {
+fn load_params(
+    args: &RunArgs,
+    exec: &mut Executor,
+    embedded: Option<&[u8]>,
+) -> Result<(), Failure> {
     if let Some(path) = &args.weights {
-        let file = SafetensorsFile::open(path).map_err(|e| format!("cannot read weights: {e}"))?;
-        return exec
-            .load_weights(file.tensors())
-            .map_err(|e| format!("{}: {}", path.display(), e.message));
+        let file = SafetensorsFile::open(path)
+            .map_err(|e| unreadable(format!("cannot read weights: {e}")))?;
+        return exec.load_weights(file.tensors()).map_err(|e| {
+            Failure::Message(Code::E0601, format!("{}: {}", path.display(), e.message))
+        });
     }
     if let Some(seed) = args.init_seed {
         exec.init_params(seed);
         return Ok(());
     }
     if let Some(blob) = embedded {
-        let st = safetensors::SafeTensors::deserialize(blob)
-            .map_err(|e| format!("the weights embedded in the artifact are corrupt: {e}"))?;
+        let st = safetensors::SafeTensors::deserialize(blob).map_err(|e| {
+            unreadable(format!(
+                "the weights embedded in the artifact are corrupt: {e}"
+            ))
+        })?;
         let mut tensors = Vec::new();
         for (name, view) in st.tensors() {
             let dtype = st_dtype(view.dtype()).ok_or_else(|| {
@@ -212,13 +244,15 @@ fn load_params(args: &RunArgs, exec: &mut Executor, embedded: Option<&[u8]>) -> 
             shape,
             data,
         });
-        return exec.load_weights(refs).map_err(|e| e.message);
+        return exec
+            .load_weights(refs)
+            .map_err(|e| Failure::Message(Code::E0601, e.message));
     }
     if exec.module().params().next().is_some() {
-        return Err(
+        return Err(Failure::Usage(
             "the model has parameters: give --weights FILE.safetensors or --init-seed N"
                 .to_string(),
-        );
+        ));
     }
     Ok(())
 }

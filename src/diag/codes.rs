@@ -86,7 +86,9 @@ codes! {
     E0600 => "cannot write build outputs",
     E0601 => "weights do not match the model",
     E0602 => "cannot read a weights or artifact file",
+    E0603 => "the module cannot run",
     W0002 => "precision setting has no effect",
+    W0003 => "outputs hold NaN or infinite values",
 }
 
 impl std::fmt::Display for Code {

@@ -77,7 +77,9 @@ fn syntax_diagnostic(file: FileId, text: &str, error: pest::error::Error<Rule>) 
     };
     let found = found_at(text, pos);
     let message = match &error.variant {
-        ErrorVariant::ParsingError { positives, .. } if !positives.is_empty() => {
+        ErrorVariant::ParsingError { positives, .. }
+            if positives.iter().any(|r| rule_name(*r).is_some()) =>
+        {
             let mut names: Vec<&str> = positives.iter().filter_map(|r| rule_name(*r)).collect();
             names.sort_unstable();
             names.dedup();

@@ -11,11 +11,17 @@ use super::common::{compile_file, host, mslc, s, TestDir};
 
 /// Runs `mslc run` with `args`, expecting exit 1, no panic, and `expect` in stderr.
 fn fails_with(args: &[&str], expect: &str) {
+    fails_with_code(args, expect, 1);
+}
+
+/// Runs `mslc run` with `args`, expecting exit `want` (2: misused flags), no panic, and
+/// `expect` in stderr.
+fn fails_with_code(args: &[&str], expect: &str, want: i32) {
     let mut full = vec!["run"];
     full.extend_from_slice(args);
     let (code, out, err) = mslc(&full);
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
-    assert_eq!(code, 1, "exit code for {args:?}:\n{out}\n{err}");
+    assert_eq!(code, want, "exit code for {args:?}:\n{out}\n{err}");
     assert!(
         err.contains(expect),
         "{args:?}: expected `{expect}` in:\n{err}"
@@ -72,7 +78,7 @@ fn bad_input_files_are_clear_errors() {
         &[llama, "--init-seed", "1", "--input", "nope=x.npy"],
         "input `nope`",
     );
-    fails_with(
+    fails_with_code(
         &[
             llama,
             "--init-seed",
@@ -83,8 +89,9 @@ fn bad_input_files_are_clear_errors() {
             &good,
         ],
         "--iterations",
+        2,
     );
-    fails_with(&[llama, "--input", &good], "--weights");
+    fails_with_code(&[llama, "--input", &good], "--weights", 2);
 }
 
 #[test]
@@ -189,7 +196,7 @@ fn nan_inputs_warn_about_the_outputs() {
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        err.contains("warning: output(s) `logits` hold NaN or infinite values"),
+        err.contains("warning[W0003]: output(s) `logits` hold NaN or infinite values"),
         "{err}"
     );
 }
