@@ -630,18 +630,7 @@ impl Elaborator<'_> {
 /// A unary math builtin applied to a plain number is computed now, so `rsqrt(D)` stays a weak
 /// scalar instead of becoming an f32 tensor.
 fn fold_scalar(op: Op, x: f64) -> Option<f64> {
-    let y = match op {
-        Op::Neg => -x,
-        Op::Exp => x.exp(),
-        Op::Log => x.ln(),
-        Op::Sqrt => x.sqrt(),
-        Op::Rsqrt => 1.0 / x.sqrt(),
-        Op::Reciprocal => 1.0 / x,
-        Op::Abs => x.abs(),
-        Op::Tanh => x.tanh(),
-        _ => return None,
-    };
-    y.is_finite().then_some(y)
+    crate::ops::eval_scalar(op, &[x]).filter(|y| y.is_finite())
 }
 
 /// Pooling with no stride given moves by the kernel size (PyTorch's default).

@@ -13,6 +13,7 @@ mod dtype;
 mod error;
 pub mod family;
 mod registry;
+mod scalar;
 mod shape;
 mod spec;
 mod tensor_type;
@@ -21,6 +22,7 @@ pub use attrs::{quote, resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attr
 pub use dtype::DType;
 pub use error::OpError;
 pub use registry::Op;
+pub use scalar::eval_scalar;
 pub use shape::{broadcast, broadcasts_to, fmt_dims, normalize_axes, normalize_axis, numel};
 pub use spec::{
     Arity, Cost, CostRule, DimLayout, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec,

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use super::rewrite::{add_like, producer, replace_with, scalar_constant};
 use super::{Pass, PassContext, PassError, PassStats};
 use crate::ir::{Graph, NodeId};
-use crate::ops::{Attrs, DType, Op};
+use crate::ops::{self, Attrs, DType, Op};
 
 /// The `fold` pass.
 pub struct Fold;
@@ -39,41 +39,6 @@ fn as_int(v: f64, d: DType) -> Option<i64> {
         _ => (-EXACT_INT, EXACT_INT),
     };
     (v.fract() == 0.0 && (lo..=hi).contains(&v)).then_some(v as i64)
-}
-
-fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// A float elementwise op on already-rounded f64 operands; `None` for ops not folded.
-fn eval_float(op: Op, a: &[f64]) -> Option<f64> {
-    let x = *a.first()?;
-    let y = || a.get(1).copied();
-    Some(match op {
-        Op::Add => x + y()?,
-        Op::Sub => x - y()?,
-        Op::Mul => x * y()?,
-        Op::Div => x / y()?,
-        Op::Pow => x.powf(y()?),
-        Op::Maximum => x.max(y()?),
-        Op::Minimum => x.min(y()?),
-        Op::Neg => -x,
-        Op::Exp => x.exp(),
-        Op::Log => x.ln(),
-        Op::Sqrt => x.sqrt(),
-        Op::Rsqrt => 1.0 / x.sqrt(),
-        Op::Reciprocal => 1.0 / x,
-        Op::Abs => x.abs(),
-        Op::Tanh => x.tanh(),
-        Op::Sigmoid => sigmoid(x),
-        Op::Relu => x.max(0.0),
-        Op::Silu => x * sigmoid(x),
-        Op::GeluTanh => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        }
-        _ => return None,
-    })
 }
 
 /// An integer elementwise op with overflow checks; `None` for ops not folded or overflow.
@@ -121,7 +86,7 @@ fn fold_scalar(g: &Graph, id: NodeId) -> Option<(f64, DType)> {
         return None;
     } else if out.is_float() {
         let rounded: Vec<f64> = values.iter().map(|v| round_float(*v, out)).collect();
-        round_float(eval_float(op, &rounded)?, out)
+        round_float(ops::eval_scalar(op, &rounded)?, out)
     } else if out.is_int() {
         let ints: Vec<i64> = values
             .iter()
