@@ -86,6 +86,57 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
 }
 
 #[test]
+fn emit_writes_the_ir_as_text_and_dot_and_passes_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = build(
+        "examples/tiny_llama.msl",
+        dir.path(),
+        &["--emit", "ir,dot", "--no-fuse"],
+        "1",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ir = std::fs::read_to_string(dir.path().join("TinyLlama.ir")).unwrap();
+    assert!(
+        ir.starts_with("graph TinyLlama {") && ir.contains("attention("),
+        "{ir}"
+    );
+    assert!(!ir.contains("fused_"), "--no-fuse must leave no fused op");
+    let dot = std::fs::read_to_string(dir.path().join("TinyLlama.dot")).unwrap();
+    assert!(dot.starts_with("digraph") && dot.trim_end().ends_with('}'));
+    let fused = tempfile::tempdir().unwrap();
+    assert!(build(
+        "examples/tiny_llama.msl",
+        fused.path(),
+        &["--emit", "ir"],
+        "1"
+    )
+    .status
+    .success());
+    let fused_ir = std::fs::read_to_string(fused.path().join("TinyLlama.ir")).unwrap();
+    assert!(fused_ir.contains("fused_"), "the default build fuses");
+    let list = mslc(&["build", "--passes"], "1");
+    let text = String::from_utf8_lossy(&list.stdout);
+    for pass in [
+        "fold",
+        "simplify",
+        "cse",
+        "dce",
+        "amp",
+        "cast_cleanup",
+        "fuse",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(pass)),
+            "--passes lacks {pass}"
+        );
+    }
+}
+
+#[test]
 fn artifacts_are_byte_identical_whatever_the_thread_count() {
     let one = tempfile::tempdir().unwrap();
     let two = tempfile::tempdir().unwrap();
