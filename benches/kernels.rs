@@ -1,7 +1,8 @@
 //! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (2 cores × AVX2
 //! FMA ≈ 157 GFLOP/s) for the matmul and attention shapes the executor runs most.
 //!
-//! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name).
+//! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
+//! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -27,16 +28,27 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Best and median seconds per call of `f`, timed over about a second after a warm-up. The
-/// best run estimates the kernel on an otherwise idle machine (the cores here are shared).
+/// Seconds of samples per measurement: `KERNELS_BENCH_SECONDS`, default 1.
+fn budget() -> Duration {
+    let secs = std::env::var("KERNELS_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(1.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Best and median seconds per call of `f`, timed over [`budget`] after a warm-up. The best
+/// run estimates the kernel on an otherwise idle machine (the cores here are shared).
 fn time(mut f: impl FnMut()) -> (f64, f64) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(100) {
         f();
     }
     let mut samples = Vec::new();
+    let budget = budget();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(1000) || samples.len() < 5 {
+    while start.elapsed() < budget || samples.len() < 5 {
         let t = Instant::now();
         f();
         samples.push(t.elapsed().as_secs_f64());

@@ -1,5 +1,6 @@
 //! Matrix multiplication (`matmul`, `fused_matmul`): batched, with transposes, bias and
-//! activation, on a BLIS-style packed and blocked GEMM with an AVX2+FMA micro-kernel.
+//! activation, on a BLIS-style packed and blocked GEMM with AVX-512, AVX2+FMA and portable
+//! micro-kernels chosen at run time.
 
 pub mod gemm;
 pub mod kernel;
@@ -23,7 +24,7 @@ use pack::MatRef;
 pub struct MatmulParams {
     /// Most rows of C per task; the A block `mc × kc` should sit in L2.
     pub mc: usize,
-    /// Depth of a k-slab; one B micro-panel `kc × 16` should sit in L1.
+    /// Depth of a k-slab; one B micro-panel `kc × NR` (NR = 16 or 32) should sit in L1.
     pub kc: usize,
     /// Most columns of C per task; the B block `kc × nc` should sit in L2/L3.
     pub nc: usize,
