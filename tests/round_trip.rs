@@ -1,4 +1,4 @@
-//! Every example and stdlib file survives parse → print → parse: the printed form parses
+//! Every example and stdlib file, and the design document's sketch, survives parse → print → parse: the printed form parses
 //! without diagnostics, and printing it again gives the same text (the printer is idempotent).
 
 use mslc::diag::Sources;
@@ -20,9 +20,10 @@ fn examples_and_stdlib_round_trip() {
     let files: Vec<_> = msl_files("examples")
         .into_iter()
         .chain(msl_files("stdlib"))
+        .chain(msl_files("tests/fixtures"))
         .collect();
     assert!(
-        files.len() >= 12,
+        files.len() >= 13,
         "expected the examples and stdlib files, found {}",
         files.len()
     );
