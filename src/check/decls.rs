@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::diag::{Code, Diagnostic};
+use crate::diag::{Code, Diagnostic, FileId};
 use crate::ops::Op;
 use crate::syntax::ast::{self, DeclKind, Item};
 
@@ -62,8 +62,6 @@ pub fn check_declarations(
     models: &[Model],
     diags: &mut Vec<Diagnostic>,
 ) -> Declarations {
-    let op_names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
-    let is_op = |n: &str| Op::from_name(n).is_some();
     let mut decls = Declarations::default();
     let mut index: HashMap<(usize, usize), usize> = HashMap::new();
     let std_targets = modules
@@ -76,28 +74,14 @@ pub fn check_declarations(
         for (i, item) in module.ast.items.iter().enumerate() {
             let Item::Decl(d) = item else { continue };
             let file = module.file;
-            let slot = match d.kind {
-                DeclKind::Precision if m == 0 => {
-                    decls
-                        .precisions
-                        .push(policy::check_precision(d, file, &is_op, &op_names, diags));
-                    decls.precisions.len() - 1
-                }
-                DeclKind::Parallel if m == 0 => {
-                    decls.parallels.push(policy::check_parallel(d, file, diags));
-                    decls.parallels.len() - 1
-                }
-                DeclKind::Memory if m == 0 => {
-                    decls.memories.push(policy::check_memory(d, file, diags));
-                    decls.memories.len() - 1
-                }
-                DeclKind::Target => {
-                    decls.targets.push(policy::check_target(d, file, diags));
-                    decls.targets.len() - 1
-                }
-                _ => continue,
-            };
-            index.insert((m, i), slot);
+            // The root's policies and targets, and the standard library's targets; imported
+            // policies are checked when a `train` names them.
+            if m != 0 && d.kind != DeclKind::Target {
+                continue;
+            }
+            if let Some(slot) = check_decl(&mut decls, d, file, diags) {
+                index.insert((m, i), slot);
+            }
         }
     }
     let root = &modules.modules[0];
@@ -152,11 +136,23 @@ fn resolve_policy(
     if let Some(slot) = index.get(&(m, i)) {
         return Some(*slot);
     }
-    let file = modules.modules[m].file;
-    let op_names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
-    let is_op = |n: &str| Op::from_name(n).is_some();
-    let slot = match kind {
+    let slot = check_decl(decls, d, modules.modules[m].file, diags)?;
+    index.insert((m, i), slot);
+    Some(slot)
+}
+
+/// Checks a precision, parallel, memory or target declaration into `decls`; its index there
+/// (`None` for a `train`, which [`resolve_train`] checks against its model).
+fn check_decl(
+    decls: &mut Declarations,
+    d: &ast::DeclItem,
+    file: FileId,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<usize> {
+    Some(match d.kind {
         DeclKind::Precision => {
+            let op_names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
+            let is_op = |n: &str| Op::from_name(n).is_some();
             decls
                 .precisions
                 .push(policy::check_precision(d, file, &is_op, &op_names, diags));
@@ -170,13 +166,12 @@ fn resolve_policy(
             decls.memories.push(policy::check_memory(d, file, diags));
             decls.memories.len() - 1
         }
-        _ => {
+        DeclKind::Target => {
             decls.targets.push(policy::check_target(d, file, diags));
             decls.targets.len() - 1
         }
-    };
-    index.insert((m, i), slot);
-    Some(slot)
+        DeclKind::Train => return None,
+    })
 }
 
 fn resolve_train(
@@ -270,15 +265,7 @@ fn training_graph(
 ) -> Option<Model> {
     let loss = spec.loss.as_ref()?;
     let mut elab = Elaborator::new(modules, model.clone());
-    let mut frame = Frame {
-        module: 0,
-        file: spec.file,
-        scopes: vec![HashMap::new()],
-        prefix: Vec::new(),
-        call_site: None,
-        block: None,
-        returned: None,
-    };
+    let mut frame = Frame::top(0, spec.file);
     for (name, size) in &model.dims {
         frame.bind(name, Value::Int(*size), model.loc.span);
     }

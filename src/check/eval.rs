@@ -30,6 +30,7 @@ pub struct Binding {
 }
 
 /// The evaluation context of one model body or block instance.
+#[derive(Clone)]
 pub struct Frame {
     /// Module whose top-level names are visible.
     pub module: usize,
@@ -48,6 +49,19 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A fresh top-level frame in `module`'s file: no instance path, no call site.
+    pub fn top(module: usize, file: FileId) -> Frame {
+        Frame {
+            module,
+            file,
+            scopes: vec![HashMap::new()],
+            prefix: Vec::new(),
+            call_site: None,
+            block: None,
+            returned: None,
+        }
+    }
+
     /// Looks a name up from the innermost scope outwards.
     pub fn lookup(&self, name: &str) -> Option<&Binding> {
         self.scopes.iter().rev().find_map(|s| s.get(name))
@@ -581,15 +595,7 @@ impl<'a> Elaborator<'a> {
             );
         }
         let file = self.modules.modules[module].file;
-        let mut const_frame = Frame {
-            module,
-            file,
-            scopes: vec![HashMap::new()],
-            prefix: Vec::new(),
-            call_site: None,
-            block: None,
-            returned: None,
-        };
+        let mut const_frame = Frame::top(module, file);
         let value = self.eval(&mut const_frame, &b.value);
         let value = if matches!(value, Value::Tensor(_)) {
             let d = Diagnostic::error(

@@ -3,8 +3,6 @@
 //! the body under the instance's path, and checking the result against the declared type.
 //! Also parameter declarations, whose paths are the instance labels joined by `.`.
 
-use std::collections::HashMap;
-
 use crate::diag::Code;
 use crate::ops::{DType, TensorType};
 use crate::syntax::ast::{self, Dim, ExprKind, LabelSeg, ParamKind, ParamType, Span};
@@ -173,16 +171,13 @@ impl Elaborator<'_> {
         };
         let file = modules.modules[module].file;
         let mut frame = Frame {
-            module,
-            file,
-            scopes: vec![HashMap::new()],
             prefix,
             call_site: Some(Loc {
                 file: caller.file,
                 span,
             }),
             block: Some(block.name.name.clone()),
-            returned: None,
+            ..Frame::top(module, file)
         };
         let Some(bound) = self.bind_block_args(caller, block, file, args, span) else {
             return Value::Error;
@@ -566,16 +561,8 @@ impl Elaborator<'_> {
                 continue;
             };
             let ty = self.model.ty(t).clone();
-            let probe = Frame {
-                module: frame.module,
-                file: frame.file,
-                scopes: frame.scopes.clone(),
-                prefix: frame.prefix.clone(),
-                call_site: frame.call_site,
-                block: frame.block.clone(),
-                returned: None,
-            };
-            let mut scratch = probe;
+            // Match against a copy, so names the result binds do not leak into the block.
+            let mut scratch = frame.clone();
             let before = self.diags.len();
             if !self.match_pattern(frame, &mut scratch, pattern, &ty, span, "the result") {
                 for d in &mut self.diags[before..] {

@@ -1,7 +1,7 @@
 //! Model bodies: constants and dims (with command-line overrides), inputs, outputs, and the
 //! driver that elaborates one model declaration into a [`Model`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::diag::{Code, Diagnostic};
 use crate::ops::{DType, TensorType};
@@ -253,15 +253,7 @@ pub fn elaborate_model(
     };
     let mut elab = Elaborator::new(modules, model);
     elab.overrides = overrides.clone();
-    let mut frame = Frame {
-        module,
-        file,
-        scopes: vec![HashMap::new()],
-        prefix: Vec::new(),
-        call_site: None,
-        block: None,
-        returned: None,
-    };
+    let mut frame = Frame::top(module, file);
     elab.exec_block(&mut frame, &item.body);
     if !elab.saw_output {
         let d = Diagnostic::error(
