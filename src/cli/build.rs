@@ -123,10 +123,6 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     }
 }
 
-fn root_file(checked: &Checked) -> FileId {
-    FileId(0).min(FileId(checked.sources.len().saturating_sub(1) as u32))
-}
-
 /// A command-line problem reported against the root file.
 fn cli_error(checked: &Checked, code: Code, message: String, help: String) -> Box<Diagnostic> {
     let span = checked
@@ -134,7 +130,8 @@ fn cli_error(checked: &Checked, code: Code, message: String, help: String) -> Bo
         .first()
         .map_or(Span::default(), |m| m.loc.span);
     Box::new(
-        Diagnostic::error(code, root_file(checked), span, message)
+        // The root file is always the first one read.
+        Diagnostic::error(code, FileId(0), span, message)
             .with_label("in this file")
             .with_help(help),
     )

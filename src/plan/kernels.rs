@@ -14,9 +14,7 @@ use crate::kernels::elementwise::fused::ElementwiseParams;
 use crate::kernels::matmul::MatmulParams;
 use crate::kernels::par::RowParams;
 use crate::kernels::transpose::TransposeParams;
-use crate::ops::{Attrs, Op, TensorType};
-
-use super::target::Target;
+use crate::ops::Op;
 
 /// The kernel families the executor runs. Each tunable one has a parameter struct in
 /// `crate::kernels`; its field names and defaults are the only source of the parameters a
@@ -95,13 +93,9 @@ impl KernelKind {
     }
 }
 
-/// The default kernel for `op` on `inputs`.
-pub fn choose_kernel(
-    op: Op,
-    _attrs: &Attrs,
-    _inputs: &[TensorType],
-    _target: &Target,
-) -> KernelChoice {
+/// The default kernel for `op` and its default parameters (a tuner replaces them per op
+/// signature and target).
+pub fn choose_kernel(op: Op) -> KernelChoice {
     let kind = KernelKind::for_op(op);
     KernelChoice {
         name: kind.name().to_string(),

@@ -62,7 +62,8 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
         let NodeKind::Op { op, attrs } = &node.kind else {
             continue;
         };
-        let inputs: Vec<u32> = graph.inputs(*id).iter().map(|v| index[v]).collect();
+        let operands = graph.inputs(*id);
+        let inputs: Vec<u32> = operands.iter().map(|v| index[v]).collect();
         let mut outputs = Vec::new();
         for (i, ty) in node.outputs.iter().enumerate() {
             let v = ValueRef {
@@ -80,12 +81,7 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
                 &mut index,
             );
         }
-        let input_types: Vec<_> = graph
-            .inputs(*id)
-            .iter()
-            .map(|v| graph.ty(*v).clone())
-            .collect();
-        let kernel = choose_kernel(*op, attrs, &input_types, target);
+        let kernel = choose_kernel(*op);
         steps.push(Step {
             op: *op,
             attrs: attrs.clone(),

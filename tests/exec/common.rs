@@ -78,7 +78,7 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
         values,
         steps: vec![Step {
             op,
-            kernel: choose_kernel(op, &attrs, inputs, &host()),
+            kernel: choose_kernel(op),
             attrs,
             inputs: (0..inputs.len() as u32).collect(),
             outputs: vec![y],

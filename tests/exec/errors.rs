@@ -7,7 +7,7 @@ use mslc::io::npy::{write_npy, NpyArray};
 use mslc::ops::{Attrs, DType, Op, TensorType};
 use mslc::plan::kernels::choose_kernel;
 
-use super::common::{compile_file, host, mslc, s, TestDir};
+use super::common::{compile_file, mslc, s, TestDir};
 
 /// Runs `mslc run` with `args`, expecting exit 1, no panic, and `expect` in stderr.
 fn fails_with(args: &[&str], expect: &str) {
@@ -232,17 +232,13 @@ fn in_place_chain() -> Module {
         (Op::Relu, Attrs::new(), vec![5], &f16t, 128),
     ];
     for (op, attrs, inputs, ty, offset) in chain {
-        let types: Vec<TensorType> = inputs
-            .iter()
-            .map(|&i| values[i as usize].ty.clone())
-            .collect();
         values.push(ValueInfo {
             ty: ty.clone(),
             storage: Storage::Arena { offset },
         });
         steps.push(Step {
             op,
-            kernel: choose_kernel(op, &attrs, &types, &host()),
+            kernel: choose_kernel(op),
             attrs,
             inputs,
             outputs: vec![values.len() as u32 - 1],
