@@ -3,11 +3,10 @@
 
 use std::time::Instant;
 
-use mslc::artifact::encode;
-use mslc::check::{check_source, CheckOptions, Overrides};
-use mslc::compile::{amp_for, compile, CompileOptions};
-use mslc::plan::kernels::kernel_table_toml;
-use mslc::plan::target::Target;
+use mslc_artifact::encode;
+use mslc_check::{check_source, CheckOptions, Overrides};
+use mslc_driver::compile::{amp_for, compile, CompileOptions};
+use mslc_plan::kernels::kernel_table_toml;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -17,7 +16,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn main() {
     let text =
         std::fs::read_to_string("examples/llama2_70b.msl").expect("run from the repository root");
-    let target = Target::standard("ascend910b").expect("std.targets declares ascend910b");
+    let target = mslc_driver::target::standard_target("ascend910b")
+        .expect("std.targets declares ascend910b");
     println!(
         "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "layers", "check", "lower", "passes", "schedule", "memory", "encode", "total"

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use mslc::check::{check_source, CheckOptions, Overrides};
+use mslc_check::{check_source, CheckOptions, Overrides};
 
 fn options(layers: u32) -> CheckOptions {
     let mut overrides = Overrides::default();

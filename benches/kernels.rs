@@ -7,10 +7,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use mslc::kernels::attention::{attention, AttentionParams};
-use mslc::kernels::convert;
-use mslc::kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
-use mslc::kernels::TensorRef;
+use mslc_kernels::attention::{attention, AttentionParams};
+use mslc_kernels::convert;
+use mslc_kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
+use mslc_kernels::TensorRef;
 
 /// The f32 peak of one core of the target (2 FMA × 8 lanes × 2 flop × ~2.45 GHz), in GFLOP/s.
 const CORE_PEAK_GFLOPS: f64 = 78.5;

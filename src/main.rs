@@ -1,4 +1,6 @@
-//! The `mslc` binary: a thin shell over [`mslc::cli`].
+//! The `mslc` binary: a thin shell over [`cli`].
+
+mod cli;
 
 use std::process::ExitCode;
 
@@ -9,7 +11,7 @@ const STACK_BYTES: usize = 256 * 1024 * 1024;
 fn main() -> ExitCode {
     let worker = std::thread::Builder::new()
         .stack_size(STACK_BYTES)
-        .spawn(mslc::cli::main);
+        .spawn(cli::main);
     match worker.map(|h| h.join()) {
         Ok(Ok(code)) => code,
         Ok(Err(_)) => {

@@ -190,11 +190,11 @@ fn bad_build_input_fails_cleanly_and_writes_nothing() {
 
     let weights = dir.path().join("w.safetensors");
     let data = vec![0u8; 16];
-    mslc::io::safetensors::write_safetensors(
+    mslc_io::safetensors::write_safetensors(
         &weights,
-        &[mslc::io::safetensors::TensorRef {
+        &[mslc_io::safetensors::TensorRef {
             name: "not.a.param",
-            dtype: mslc::io::safetensors::StDType::F32,
+            dtype: mslc_io::safetensors::StDType::F32,
             shape: &[4],
             data: &data,
         }],
@@ -223,7 +223,7 @@ fn mir_reader_rejects_damaged_files() {
         .status
         .success());
     let good = std::fs::read(dir.path().join("Mlp.mir")).unwrap();
-    assert!(mslc::artifact::decode(&good).is_ok());
+    assert!(mslc_artifact::decode(&good).is_ok());
     let mut wrong_magic = good.clone();
     wrong_magic[0] = b'X';
     let mut other_version = good.clone();
@@ -232,29 +232,29 @@ fn mir_reader_rejects_damaged_files() {
     let mid = flipped.len() / 2;
     flipped[mid] ^= 0x40;
     let truncated = &good[..good.len() - 10];
-    use mslc::artifact::MirError;
+    use mslc_artifact::MirError;
     assert_eq!(
-        mslc::artifact::decode(&wrong_magic).unwrap_err(),
+        mslc_artifact::decode(&wrong_magic).unwrap_err(),
         MirError::BadMagic
     );
     assert_eq!(
-        mslc::artifact::decode(&other_version).unwrap_err(),
+        mslc_artifact::decode(&other_version).unwrap_err(),
         MirError::Version { found: 9 }
     );
     assert_eq!(
-        mslc::artifact::decode(&flipped).unwrap_err(),
+        mslc_artifact::decode(&flipped).unwrap_err(),
         MirError::Checksum
     );
     assert_eq!(
-        mslc::artifact::decode(truncated).unwrap_err(),
+        mslc_artifact::decode(truncated).unwrap_err(),
         MirError::Checksum
     );
     assert!(matches!(
-        mslc::artifact::decode(&good[..20]).unwrap_err(),
+        mslc_artifact::decode(&good[..20]).unwrap_err(),
         MirError::Truncated { .. }
     ));
     for cut in [0, 7, 30, good.len() / 3] {
-        let _ = mslc::artifact::decode(&good[..cut]);
+        let _ = mslc_artifact::decode(&good[..cut]);
     }
     let path = dir.path().join("bad.mir");
     std::fs::write(&path, &flipped).unwrap();

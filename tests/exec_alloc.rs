@@ -4,10 +4,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use mslc::check::{check_path, CheckOptions};
-use mslc::compile::{compile, CompileOptions};
-use mslc::exec::{ExecOptions, Executor};
-use mslc::plan::target::Target;
+use mslc_check::{check_path, CheckOptions};
+use mslc_driver::compile::{compile, CompileOptions};
+use mslc_exec::{ExecOptions, Executor};
+use mslc_plan::target::Target;
 
 /// Counts allocations (and reallocations) while `COUNTING` is set.
 struct Counting;
@@ -42,7 +42,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn module(file: &str, sets: &[(&str, &str)]) -> mslc::artifact::Module {
+fn module(file: &str, sets: &[(&str, &str)]) -> mslc_artifact::Module {
     let mut options = CheckOptions::default();
     for (k, v) in sets {
         options.overrides.sets.insert(k.to_string(), v.to_string());

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use mslc::check::{check_path, CheckOptions};
+use mslc_check::{check_path, CheckOptions};
 
 const EXPECTED: &[(&str, u64)] = &[
     ("examples/llama2_7b.msl", 6_738_415_616),

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mslc::check::{check_path, CheckOptions};
-use mslc::ir::{self, print::to_text, Graph, NodeKind};
-use mslc::ops::{Attrs, DType, Op, TensorType};
-use mslc::passes::{
+use mslc_check::{check_path, CheckOptions};
+use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_ir::passes::{
     all_passes, default_pipeline, pass_by_name, pass_descriptions, AmpConfig, AmpLevel, Pass,
     PassContext, PassError, PassManager, PassStats,
 };
+use mslc_ir::{print::to_text, Graph, NodeKind};
 
 /// The graph of the first model in `path`, which must check without errors.
 fn load_path(path: &Path) -> Graph {
@@ -22,7 +22,7 @@ fn load_path(path: &Path) -> Graph {
         path.display(),
         checked.diagnostics
     );
-    ir::lower(&checked.models[0]).expect("lowering")
+    mslc_ir::lower(&checked.models[0]).expect("lowering")
 }
 
 fn load(name: &str) -> Graph {
@@ -209,7 +209,7 @@ fn dce_keeps_unused_inputs_and_params() {
     g.add_param(
         "p",
         TensorType::new(DType::F32, [2]),
-        mslc::check::program::Init::Zeros,
+        mslc_core::program::Init::Zeros,
         true,
     );
     let dead = g.add_op(Op::Exp, Attrs::new(), &[x], "").unwrap()[0];
@@ -589,7 +589,7 @@ fn llama2_70b_through_the_default_pipeline() {
         161
     );
     assert!(report.ops_after < report.ops_before + 80 * 16);
-    ir::verify(&g).unwrap();
+    mslc_ir::verify(&g).unwrap();
 }
 
 // ------------------------------------------------------------------ cast numerics, exactly
@@ -689,5 +689,5 @@ fn attention_with_broadcast_keys_is_not_fused() {
     g.set_output("y", y);
     let stats = pass_by_name("fuse").unwrap().run(&mut g, &cx()).unwrap();
     assert!(!stats.rewrites.contains_key("fuse.attention"), "{stats:?}");
-    ir::verify(&g).unwrap();
+    mslc_ir::verify(&g).unwrap();
 }

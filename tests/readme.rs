@@ -8,7 +8,7 @@ fn readme_example_checks_clean() {
         .expect("the README's language example")
         + 4;
     let end = start + readme[start..].find("```").unwrap();
-    let checked = mslc::check::check_source("README.msl", &readme[start..end], &Default::default());
+    let checked = mslc_check::check_source("README.msl", &readme[start..end], &Default::default());
     assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
     assert_eq!(checked.models[0].param_count(), 3_676_416);
 }

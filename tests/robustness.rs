@@ -1,7 +1,7 @@
 //! Random and mutated sources never panic: they end either checked or with coded diagnostics
 //! that point inside the file.
 
-use mslc::check::{check_source, CheckOptions};
+use mslc_check::{check_source, CheckOptions};
 use proptest::prelude::*;
 
 fn check_no_panic(text: &str) {

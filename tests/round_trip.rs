@@ -1,8 +1,8 @@
 //! Every example and stdlib file, and the design document's sketch, survives parse → print → parse: the printed form parses
 //! without diagnostics, and printing it again gives the same text (the printer is idempotent).
 
-use mslc::diag::Sources;
-use mslc::syntax::{parse, print::print_file};
+use mslc_core::diag::Sources;
+use mslc_syntax::{parse, print::print_file};
 
 fn msl_files(dir: &str) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(dir)

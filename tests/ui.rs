@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use mslc::check::{check_path, CheckOptions};
-use mslc::diag::render::{render_human, render_json, RenderOptions};
+use mslc_check::{check_path, CheckOptions};
+use mslc_driver::render::{render_human, render_json, RenderOptions};
 
 fn render_case(path: &Path) -> String {
     let checked = check_path(path, &CheckOptions::default());

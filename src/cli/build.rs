@@ -6,13 +6,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::artifact::{encode, write::write_all_or_nothing};
-use crate::check::{check_path, Checked, Model};
-use crate::compile::{amp_for, compile, CompileOptions, Compiled};
-use crate::diag::{Code, Diagnostic, FileId};
-use crate::plan::kernels::kernel_table_toml;
-use crate::plan::target::Target;
-use crate::syntax::ast::Span;
+use mslc_artifact::{encode, write::write_all_or_nothing};
+use mslc_check::{check_path, Checked, Model};
+use mslc_core::diag::{Code, Diagnostic, FileId};
+use mslc_core::span::Span;
+use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_plan::kernels::kernel_table_toml;
+use mslc_plan::target::Target;
 
 use super::check::group_thousands;
 use super::output::print_stdout;
@@ -78,7 +78,7 @@ struct Report<'a> {
     in_place_reuses: usize,
     memory_strategy: &'a str,
     rewrites_by_label: &'a std::collections::BTreeMap<String, usize>,
-    passes: &'a [crate::passes::PassTiming],
+    passes: &'a [mslc_ir::passes::PassTiming],
     flops_per_forward: u64,
     estimated_seconds_per_forward: f64,
     stage_ms: StageMs,
@@ -97,7 +97,7 @@ struct StageMs {
 /// Runs the build; 0 on success, 1 on errors.
 pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     let Some(file) = args.file.as_deref().filter(|_| !args.passes) else {
-        let list: Vec<String> = crate::passes::pass_descriptions()
+        let list: Vec<String> = mslc_ir::passes::pass_descriptions()
             .iter()
             .map(|(name, what)| format!("{name:<14} {what}"))
             .collect();
@@ -211,7 +211,7 @@ fn choose_target(
             format!("targets: {}", known.join(", ")),
         )
     })?;
-    Ok(Target::from_spec(spec))
+    Ok(mslc_driver::target::target_from_spec(spec))
 }
 
 fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, Box<Diagnostic>> {
@@ -256,8 +256,8 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     ];
     for emit in &args.emit {
         let (ext, text) = match emit {
-            Emit::Ir => ("ir", crate::ir::print::to_text(&compiled.graph)),
-            Emit::Dot => ("dot", crate::ir::print::to_dot(&compiled.graph)),
+            Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
+            Emit::Dot => ("dot", mslc_ir::print::to_dot(&compiled.graph)),
         };
         files.push((dir.join(format!("{name}.{ext}")), text.into_bytes()));
     }

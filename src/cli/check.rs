@@ -3,8 +3,8 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use crate::check::{check_path, Model};
-use crate::ops::fmt_dims;
+use mslc_check::{check_path, Model};
+use mslc_core::ops::fmt_dims;
 
 use super::{ModelArgs, Reporter};
 

@@ -1,6 +1,6 @@
 //! `mslc explain CODE`: the Markdown page of a diagnostic code.
 
-use crate::diag::Code;
+use mslc_core::diag::Code;
 
 /// Arguments of `mslc explain`.
 #[derive(clap::Args, Debug)]

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use crate::artifact::{decode, KernelParam, Module, Storage};
+use mslc_artifact::{decode, Module, Storage};
+use mslc_kernels::binding::KernelParam;
 
 use super::output::print_stdout;
 

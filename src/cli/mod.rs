@@ -68,10 +68,10 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     /// The checker options these arguments mean.
-    pub fn check_options(&self) -> crate::check::CheckOptions {
-        crate::check::CheckOptions {
+    pub fn check_options(&self) -> mslc_check::CheckOptions {
+        mslc_check::CheckOptions {
             stdlib_dir: self.stdlib.clone(),
-            overrides: crate::check::Overrides {
+            overrides: mslc_check::Overrides {
                 sets: self.sets.iter().cloned().collect(),
                 dims: self.dims.iter().cloned().collect(),
             },

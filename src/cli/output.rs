@@ -1,7 +1,7 @@
 //! Printing diagnostics in the format and colour the user chose.
 
-use crate::diag::render::{render_human, render_json, RenderOptions};
-use crate::diag::{Code, Diagnostic, Severity, Sources};
+use mslc_core::diag::{Code, Diagnostic, Severity, Sources};
+use mslc_driver::render::{render_human, render_json, RenderOptions};
 
 use super::MessageFormat;
 

@@ -7,15 +7,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::artifact::write::write_all_or_nothing;
-use crate::artifact::{decode, Module};
-use crate::check::{check_path, CheckOptions, Checked};
-use crate::compile::{compile, CompileOptions};
-use crate::diag::{Code, Severity};
-use crate::exec::{ExecOptions, Executor};
-use crate::io::npy::{read_npy, NpyArray};
-use crate::io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
-use crate::plan::target::Target;
+use mslc_artifact::write::write_all_or_nothing;
+use mslc_artifact::{decode, Module};
+use mslc_check::{check_path, CheckOptions, Checked};
+use mslc_core::diag::{Code, Severity};
+use mslc_driver::compile::{compile, CompileOptions};
+use mslc_exec::{ExecOptions, Executor};
+use mslc_io::npy::{read_npy, NpyArray};
+use mslc_io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
 
 use super::{parse_key_value, ModelArgs, Reporter};
 
@@ -299,7 +298,7 @@ fn compile_source(
     let target = checked
         .decls
         .target("cpu")
-        .map(Target::from_spec)
+        .map(mslc_driver::target::target_from_spec)
         .ok_or_else(|| "the standard library in use declares no `cpu` target".to_string())?;
     let compiled = compile(
         model,
@@ -346,7 +345,7 @@ fn derive_dims(
     let Some(model) = checked.model(entry) else {
         return Ok(Vec::new());
     };
-    let input_shape = |m: &crate::check::Model, name: &str| {
+    let input_shape = |m: &mslc_check::Model, name: &str| {
         m.inputs
             .iter()
             .find(|i| i.name == name)
@@ -404,7 +403,7 @@ const HOST_PEAK_F32: f64 = 157e9;
 fn summary(name: &str, flops: u64, threads: usize, times: &mut [f64]) -> String {
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
-    let peak = Target::standard("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32);
+    let peak = mslc_driver::target::standard_target("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32);
     let rate = flops as f64 / median;
     format!(
         "ran {name} on {threads} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s = {:.1}% of the {:.0} GFLOP/s peak\n",

@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use crate::artifact::Module;
-use crate::diag::Code;
-use crate::exec::weights::match_weights;
-use crate::io::safetensors::SafetensorsFile;
-use crate::ops::TensorType;
+use mslc_artifact::Module;
+use mslc_core::diag::Code;
+use mslc_core::ops::TensorType;
+use mslc_exec::weights::match_weights;
+use mslc_io::safetensors::SafetensorsFile;
 
 /// The file's bytes when every parameter matches; otherwise (code, message, help).
 pub fn read_matching(path: &Path, module: &Module) -> Result<Vec<u8>, (Code, String, String)> {

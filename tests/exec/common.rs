@@ -3,19 +3,19 @@
 
 use std::path::{Path, PathBuf};
 
-use mslc::artifact::{Module, Step, Storage, ValueInfo};
-use mslc::check::{check_path, CheckOptions};
-use mslc::compile::{compile, CompileOptions};
-use mslc::exec::{ExecOptions, Executor};
-use mslc::io::npy::{NpyArray, NpyDType};
-use mslc::ops::{infer, Attrs, DType, Op, TensorType};
-use mslc::passes::AmpConfig;
-use mslc::plan::kernels::choose_kernel;
-use mslc::plan::target::Target;
+use mslc_artifact::{Module, Step, Storage, ValueInfo};
+use mslc_check::{check_path, CheckOptions};
+use mslc_core::ops::{infer, Attrs, DType, Op, TensorType};
+use mslc_driver::compile::{compile, CompileOptions};
+use mslc_exec::{ExecOptions, Executor};
+use mslc_io::npy::{NpyArray, NpyDType};
+use mslc_ir::passes::AmpConfig;
+use mslc_kernels::binding::choose_kernel;
+use mslc_plan::target::Target;
 
 /// The CPU target the planner uses for this machine (`std.targets.cpu`).
 pub fn host() -> Target {
-    Target::standard("cpu").expect("the standard library declares `cpu`")
+    mslc_driver::target::standard_target("cpu").expect("the standard library declares `cpu`")
 }
 
 /// The repository root.

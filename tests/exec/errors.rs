@@ -1,11 +1,11 @@
 //! Bad inputs to the executor and `mslc run`: every one a clear error (exit 1), never a panic;
 //! non-finite outputs a warning.
 
-use mslc::artifact::{encode, Module, Step, Storage, ValueInfo};
-use mslc::exec::{ExecErrorKind, ExecOptions, Executor};
-use mslc::io::npy::{write_npy, NpyArray};
-use mslc::ops::{Attrs, DType, Op, TensorType};
-use mslc::plan::kernels::choose_kernel;
+use mslc_artifact::{encode, Module, Step, Storage, ValueInfo};
+use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
+use mslc_io::npy::{write_npy, NpyArray};
+use mslc_kernels::binding::choose_kernel;
 
 use super::common::{compile_file, mslc, s, TestDir};
 
@@ -109,27 +109,27 @@ fn bad_weights_are_reported_together() {
     );
     let data = vec![0u8; 4 * 256];
     let tensors = [
-        mslc::io::safetensors::TensorRef {
+        mslc_io::safetensors::TensorRef {
             name: "model.norm.weight",
-            dtype: mslc::io::safetensors::StDType::F32,
+            dtype: mslc_io::safetensors::StDType::F32,
             shape: &[256],
             data: &data,
         },
-        mslc::io::safetensors::TensorRef {
+        mslc_io::safetensors::TensorRef {
             name: "lm_head.weight",
-            dtype: mslc::io::safetensors::StDType::F32,
+            dtype: mslc_io::safetensors::StDType::F32,
             shape: &[4, 64],
             data: &data,
         },
-        mslc::io::safetensors::TensorRef {
+        mslc_io::safetensors::TensorRef {
             name: "not.a.param",
-            dtype: mslc::io::safetensors::StDType::I32,
+            dtype: mslc_io::safetensors::StDType::I32,
             shape: &[256],
             data: &data,
         },
     ];
     let partial = dir.path("partial.safetensors");
-    mslc::io::safetensors::write_safetensors(&partial, &tensors).unwrap();
+    mslc_io::safetensors::write_safetensors(&partial, &tensors).unwrap();
     let (code, _, err) = mslc(&["run", llama, "--weights", s(&partial)]);
     assert_eq!(code, 1);
     assert!(
@@ -300,10 +300,10 @@ fn crafted_overlaps_and_kernels_are_rejected() {
         e.message
     );
     let mut m = in_place_chain();
-    m.steps[1]
-        .kernel
-        .params
-        .insert("rows_per_task".into(), mslc::artifact::KernelParam::Int(8));
+    m.steps[1].kernel.params.insert(
+        "rows_per_task".into(),
+        mslc_kernels::binding::KernelParam::Int(8),
+    );
     let e = Executor::new(m, &ExecOptions::default())
         .err()
         .expect("rejected");

@@ -1,15 +1,15 @@
 //! Whole models through the executor: tiny_llama against an independent NumPy implementation
 //! of HF LLaMA, fused against unfused graphs, 1 against 2 threads, in-place steps.
 
-use mslc::artifact::Module;
-use mslc::exec::{ExecOptions, Executor};
-use mslc::io::npy::{read_npy, write_npy, NpyArray};
-use mslc::io::safetensors::{write_safetensors, StDType, TensorRef};
+use mslc_artifact::Module;
+use mslc_exec::{ExecOptions, Executor};
+use mslc_io::npy::{read_npy, write_npy, NpyArray};
+use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 
-use mslc::artifact::Storage;
-use mslc::check::policy::AmpLevel;
-use mslc::ops::{DType, Op};
-use mslc::passes::AmpConfig;
+use mslc_artifact::Storage;
+use mslc_check::policy::AmpLevel;
+use mslc_core::ops::{DType, Op};
+use mslc_ir::passes::AmpConfig;
 
 use super::common::{
     assert_close, compile_file, compile_with, have_numpy, mslc, root, s, Rng, TestDir,

@@ -2,12 +2,12 @@
 //! against the naive reference kernels. Tolerance: |got − want| ≤ 1e-5 + 1e-4·|want| (fast
 //! kernels sum in another order and use vectorised exp/tanh/erf).
 
-use mslc::kernels::conv::Conv2dAttrs;
-use mslc::kernels::elementwise::{BinaryOp, CastTarget, UnaryOp};
-use mslc::kernels::pool::{Pool2dAttrs, PoolKind};
-use mslc::kernels::reduce::ReduceOp;
-use mslc::kernels::{reference as r, Activation, Tensor, TensorRef};
-use mslc::ops::{Attrs, DType, Op, TensorType};
+use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_kernels::conv::Conv2dAttrs;
+use mslc_kernels::elementwise::{BinaryOp, CastTarget, UnaryOp};
+use mslc_kernels::pool::{Pool2dAttrs, PoolKind};
+use mslc_kernels::reduce::ReduceOp;
+use mslc_kernels::{reference as r, Activation, Tensor, TensorRef};
 
 use super::common::{array, assert_close, one_step, run_one, Rng};
 

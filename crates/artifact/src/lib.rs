@@ -1,0 +1,9 @@
+//! Build artifacts: the compiled module (`NAME.mir`), and how files are written safely.
+
+pub mod binary;
+pub mod module;
+pub mod validate;
+pub mod write;
+
+pub use binary::{decode, encode, MirError};
+pub use module::{Module, Step, Storage, ValueInfo};

@@ -1,0 +1,117 @@
+//! The compiled module: what `NAME.mir` holds and what the executor runs. A scheduled list of
+//! steps over numbered values, every value's type and where it lives (an input, a parameter, or
+//! a slot of the one intermediate arena), and the kernel chosen for each step.
+
+use serde::{Deserialize, Serialize};
+
+use mslc_core::ops::{Attrs, Op, TensorType};
+use mslc_core::program::Init;
+use mslc_kernels::binding::KernelChoice;
+
+/// Where a value's bytes live at run time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Storage {
+    /// A model input, supplied by the caller.
+    Input {
+        /// Input name.
+        name: String,
+    },
+    /// A parameter or buffer, loaded from weights or initialised.
+    Param {
+        /// Dotted path.
+        path: String,
+        /// How to initialise it without a weights file.
+        init: Init,
+        /// `param` (true) or `buffer` (false).
+        trainable: bool,
+    },
+    /// An intermediate, at `offset` bytes into the arena.
+    Arena {
+        /// Byte offset in the arena (64-byte aligned).
+        offset: u64,
+    },
+}
+
+/// One value of the module.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValueInfo {
+    /// Its type.
+    pub ty: TensorType,
+    /// Where it lives.
+    pub storage: Storage,
+}
+
+/// One op application in schedule order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// The op.
+    pub op: Op,
+    /// Its complete attributes.
+    pub attrs: Attrs,
+    /// Operand value indices.
+    pub inputs: Vec<u32>,
+    /// Result value indices.
+    pub outputs: Vec<u32>,
+    /// Source instance path, for profiles and reports.
+    pub origin: String,
+    /// Kernel choice.
+    pub kernel: KernelChoice,
+}
+
+/// A compiled, scheduled, memory-planned model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Module {
+    /// Model name.
+    pub name: String,
+    /// Target name the module was built for.
+    pub target: String,
+    /// Fingerprint of the target's kernel-relevant features.
+    pub target_fingerprint: String,
+    /// Every value.
+    pub values: Vec<ValueInfo>,
+    /// Steps in execution order.
+    pub steps: Vec<Step>,
+    /// Named outputs.
+    pub outputs: Vec<(String, u32)>,
+    /// Size of the intermediate arena in bytes.
+    pub arena_bytes: u64,
+}
+
+impl Module {
+    /// Input values in declaration order: (name, value index).
+    pub fn inputs(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| match &v.storage {
+                Storage::Input { name } => Some((name.as_str(), i as u32)),
+                _ => None,
+            })
+    }
+
+    /// Parameter values: (path, value index).
+    pub fn params(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| match &v.storage {
+                Storage::Param { path, .. } => Some((path.as_str(), i as u32)),
+                _ => None,
+            })
+    }
+
+    /// Total floating-point work of one forward pass, from the registry's cost rules.
+    pub fn flops(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|s| {
+                let inputs: Vec<TensorType> = s
+                    .inputs
+                    .iter()
+                    .map(|&v| self.values[v as usize].ty.clone())
+                    .collect();
+                mslc_core::ops::cost(s.op, &s.attrs, &inputs).map_or(0, |c| c.flops)
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,322 @@
+//! The declarations of a file checked together with its models: every policy and target is
+//! checked once; each `train` resolves its model, policies and target, has its shard rules
+//! checked against the model's parameters, and its loss elaborated over the model's outputs
+//! and its labels into a training graph.
+
+use std::collections::HashMap;
+
+use mslc_core::diag::{Code, Diagnostic, FileId};
+use mslc_core::ops::Op;
+use mslc_syntax::ast::{self, DeclKind, Item};
+
+use super::eval::{Elaborator, Frame};
+use super::modules::{ItemRef, ModuleKey, Modules};
+use super::policy::{self, MemoryPolicy, ParallelPolicy, PrecisionPolicy, TargetSpec, TrainSpec};
+use super::value::Value;
+use mslc_core::program::{Input, Loc, Model, Output};
+
+/// A checked `train` declaration.
+#[derive(Clone, Debug)]
+pub struct Train {
+    /// Its fields.
+    pub spec: TrainSpec,
+    /// Index of its model in [`Declarations::models`]' owner (`Checked::models`).
+    pub model: Option<usize>,
+    /// Index into [`Declarations::precisions`].
+    pub precision: Option<usize>,
+    /// Index into [`Declarations::parallels`].
+    pub parallel: Option<usize>,
+    /// Index into [`Declarations::memories`].
+    pub memory: Option<usize>,
+    /// Index into [`Declarations::targets`].
+    pub target: Option<usize>,
+    /// The model plus its labels as inputs and the loss as output `loss`.
+    pub graph: Option<Model>,
+}
+
+/// Every checked declaration.
+#[derive(Clone, Debug, Default)]
+pub struct Declarations {
+    /// Precision policies.
+    pub precisions: Vec<PrecisionPolicy>,
+    /// Parallel policies.
+    pub parallels: Vec<ParallelPolicy>,
+    /// Memory policies.
+    pub memories: Vec<MemoryPolicy>,
+    /// Targets (the root file's, then the standard library's).
+    pub targets: Vec<TargetSpec>,
+    /// Trainings.
+    pub trains: Vec<Train>,
+}
+
+impl Declarations {
+    /// A target by name: the root file's first, then `std.targets`.
+    pub fn target(&self, name: &str) -> Option<&TargetSpec> {
+        self.targets.iter().find(|t| t.name.name == name)
+    }
+}
+
+/// Checks the declarations of `modules` (root first) against the elaborated `models`.
+pub fn check_declarations(
+    modules: &Modules,
+    models: &[Model],
+    diags: &mut Vec<Diagnostic>,
+) -> Declarations {
+    let mut decls = Declarations::default();
+    let mut index: HashMap<(usize, usize), usize> = HashMap::new();
+    let std_targets = modules
+        .modules
+        .iter()
+        .position(|m| m.key == ModuleKey::Std("targets".to_string()));
+    let checked_modules = std::iter::once(0).chain(std_targets);
+    for m in checked_modules.collect::<Vec<_>>() {
+        let module = &modules.modules[m];
+        for (i, item) in module.ast.items.iter().enumerate() {
+            let Item::Decl(d) = item else { continue };
+            let file = module.file;
+            // The root's policies and targets, and the standard library's targets; imported
+            // policies are checked when a `train` names them.
+            if m != 0 && d.kind != DeclKind::Target {
+                continue;
+            }
+            if let Some(slot) = check_decl(&mut decls, d, file, diags) {
+                index.insert((m, i), slot);
+            }
+        }
+    }
+    let root = &modules.modules[0];
+    for item in &root.ast.items {
+        let Item::Decl(d) = item else { continue };
+        if d.kind != DeclKind::Train {
+            continue;
+        }
+        let spec = policy::check_train(d, root.file, diags);
+        let train = resolve_train(modules, models, &mut decls, &mut index, spec, diags);
+        decls.trains.push(train);
+    }
+    decls
+}
+
+/// Finds a policy of `kind` named `name` as seen from the root module, checking imported ones
+/// on first use.
+fn resolve_policy(
+    modules: &Modules,
+    decls: &mut Declarations,
+    index: &mut HashMap<(usize, usize), usize>,
+    kind: DeclKind,
+    name: &ast::Ident,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<usize> {
+    let root = &modules.modules[0];
+    let found = root.lookup(0, &name.name).and_then(|(m, item)| match item {
+        ItemRef::Decl(i) => match &modules.modules[m].ast.items[i] {
+            Item::Decl(d) if d.kind == kind => Some((m, i, d)),
+            _ => None,
+        },
+        _ => None,
+    });
+    let Some((m, i, d)) = found else {
+        let known: Vec<&str> = root
+            .ast
+            .items
+            .iter()
+            .filter_map(|it| match it {
+                Item::Decl(d) if d.kind == kind => Some(d.name.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        diags.push(policy::unknown_reference(
+            name,
+            kind.keyword(),
+            &known,
+            root.file,
+        ));
+        return None;
+    };
+    if let Some(slot) = index.get(&(m, i)) {
+        return Some(*slot);
+    }
+    let slot = check_decl(decls, d, modules.modules[m].file, diags)?;
+    index.insert((m, i), slot);
+    Some(slot)
+}
+
+/// Checks a precision, parallel, memory or target declaration into `decls`; its index there
+/// (`None` for a `train`, which [`resolve_train`] checks against its model).
+fn check_decl(
+    decls: &mut Declarations,
+    d: &ast::DeclItem,
+    file: FileId,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<usize> {
+    Some(match d.kind {
+        DeclKind::Precision => {
+            let op_names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
+            let is_op = |n: &str| Op::from_name(n).is_some();
+            decls
+                .precisions
+                .push(policy::check_precision(d, file, &is_op, &op_names, diags));
+            decls.precisions.len() - 1
+        }
+        DeclKind::Parallel => {
+            decls.parallels.push(policy::check_parallel(d, file, diags));
+            decls.parallels.len() - 1
+        }
+        DeclKind::Memory => {
+            decls.memories.push(policy::check_memory(d, file, diags));
+            decls.memories.len() - 1
+        }
+        DeclKind::Target => {
+            decls.targets.push(policy::check_target(d, file, diags));
+            decls.targets.len() - 1
+        }
+        DeclKind::Train => return None,
+    })
+}
+
+fn resolve_train(
+    modules: &Modules,
+    models: &[Model],
+    decls: &mut Declarations,
+    index: &mut HashMap<(usize, usize), usize>,
+    spec: TrainSpec,
+    diags: &mut Vec<Diagnostic>,
+) -> Train {
+    let file = modules.modules[0].file;
+    let model = models.iter().position(|m| m.name == spec.model.name);
+    if model.is_none() {
+        let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+        let mut d = Diagnostic::error(
+            Code::E0403,
+            file,
+            spec.model.span,
+            format!("no model `{}` in this file", spec.model.name),
+        )
+        .with_label("trains this");
+        if let Some(s) = super::suggest::closest(&spec.model.name, known.iter().copied()) {
+            d = d.with_help(format!("did you mean `{s}`?"));
+        }
+        diags.push(d);
+    }
+    let mut policy_of = |kind, name: &Option<ast::Ident>, diags: &mut Vec<Diagnostic>| {
+        name.as_ref()
+            .and_then(|n| resolve_policy(modules, decls, index, kind, n, diags))
+    };
+    let precision = policy_of(DeclKind::Precision, &spec.precision, diags);
+    let parallel = policy_of(DeclKind::Parallel, &spec.parallel, diags);
+    let memory = policy_of(DeclKind::Memory, &spec.memory, diags);
+    let target = spec
+        .target
+        .as_ref()
+        .and_then(|path| resolve_target_path(decls, path, file, diags));
+    if let (Some(m), Some(p)) = (model, parallel) {
+        let params: Vec<(String, Vec<i64>)> = models[m]
+            .params
+            .iter()
+            .map(|p| (p.path.clone(), models[m].ty(p.value).shape.clone()))
+            .collect();
+        policy::check_shards_against_params(&decls.parallels[p], &params, diags);
+    }
+    policy::check_train_against(
+        &spec,
+        parallel.map(|p| &decls.parallels[p]),
+        memory.map(|m| &decls.memories[m]),
+        target.map(|t| &decls.targets[t]),
+        diags,
+    );
+    let graph = model.and_then(|m| training_graph(modules, &models[m], &spec, diags));
+    Train {
+        spec,
+        model,
+        precision,
+        parallel,
+        memory,
+        target,
+        graph,
+    }
+}
+
+/// `std.targets.X` or a local `X`.
+fn resolve_target_path(
+    decls: &Declarations,
+    path: &[ast::Ident],
+    file: mslc_core::diag::FileId,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<usize> {
+    let last = path.last()?;
+    let is_std = path.len() == 3 && path[0].name == "std" && path[1].name == "targets";
+    let found = decls
+        .targets
+        .iter()
+        .position(|t| t.name.name == last.name && (is_std || path.len() == 1));
+    if found.is_none() {
+        let known: Vec<&str> = decls.targets.iter().map(|t| t.name.name.as_str()).collect();
+        diags.push(policy::unknown_reference(last, "target", &known, file));
+    }
+    found
+}
+
+/// The model with the labels as extra inputs and the loss as output `loss`.
+fn training_graph(
+    modules: &Modules,
+    model: &Model,
+    spec: &TrainSpec,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Model> {
+    let loss = spec.loss.as_ref()?;
+    let mut elab = Elaborator::new(modules, model.clone());
+    let mut frame = Frame::top(0, spec.file);
+    for (name, size) in &model.dims {
+        frame.bind(name, Value::Int(*size), model.loc.span);
+    }
+    for i in &model.inputs {
+        frame.bind(&i.name, Value::Tensor(i.value), i.loc.span);
+    }
+    for o in &model.outputs {
+        frame.bind(&o.name, Value::Tensor(o.value), o.loc.span);
+    }
+    for (name, ty) in &spec.labels {
+        let ty = elab.concrete_type(&mut frame, ty)?;
+        let value = elab.model.new_value(ty);
+        elab.model.inputs.push(Input {
+            name: name.name.clone(),
+            value,
+            loc: Loc {
+                file: spec.file,
+                span: name.span,
+            },
+        });
+        frame.bind(&name.name, Value::Tensor(value), name.span);
+    }
+    let v = elab.eval(&mut frame, loss);
+    let result = match v {
+        Value::Tensor(t) if elab.model.ty(t).shape.is_empty() => {
+            elab.model.outputs.push(Output {
+                name: "loss".to_string(),
+                value: t,
+                loc: Loc {
+                    file: spec.file,
+                    span: loss.span,
+                },
+            });
+            Some(elab.model)
+        }
+        Value::Tensor(t) => {
+            let ty = elab.model.ty(t).clone();
+            elab.diags.push(
+                Diagnostic::error(
+                    Code::E0502,
+                    spec.file,
+                    loss.span,
+                    format!("the loss must be a scalar, this is {ty}"),
+                )
+                .with_label("not a scalar")
+                .with_help("reduce it, e.g. `mean(…)`; cross_entropy already averages"),
+            );
+            None
+        }
+        _ => None,
+    };
+    diags.extend(std::mem::take(&mut elab.diags));
+    result
+}

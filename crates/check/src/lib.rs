@@ -1,0 +1,191 @@
+//! The checker: loads a file and its imports, elaborates every model (names, blocks, shapes,
+//! dtypes, parameter paths), checks the policy declarations against them, and returns the
+//! checked program together with every diagnostic — it never stops at the first.
+
+mod builtins;
+pub mod decls;
+mod eval;
+mod instance;
+mod model;
+pub mod modules;
+pub mod policy;
+
+pub(crate) mod suggest;
+mod value;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use mslc_core::diag::{Code, Diagnostic, Sources};
+use mslc_syntax::ast::{self, Span};
+
+pub use model::Overrides;
+pub use mslc_core::program::Model;
+
+/// How to check.
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    /// Read `std.*` from this folder instead of the embedded standard library.
+    pub stdlib_dir: Option<PathBuf>,
+    /// `--set` / `--dim` values.
+    pub overrides: Overrides,
+}
+
+/// The result of checking: what was understood, and everything wrong with it.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// Every file read.
+    pub sources: Sources,
+    /// The root file's models, elaborated, in source order.
+    pub models: Vec<Model>,
+    /// Policies, targets and trainings, checked against the models.
+    pub decls: decls::Declarations,
+    /// All diagnostics, errors and warnings, without duplicates.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Checked {
+    /// Whether any diagnostic is an error.
+    pub fn has_errors(&self) -> bool {
+        mslc_core::diag::has_errors(&self.diagnostics)
+    }
+
+    /// The model named `name`.
+    pub fn model(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// Checks the file at `path`.
+pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
+    let name = path.display().to_string();
+    match std::fs::read(path) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => check_source(&name, &text, options),
+            Err(e) => {
+                let offset = e.utf8_error().valid_up_to();
+                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                let mut checked = Checked::default();
+                let file = checked.sources.add(name, lossy);
+                checked.diagnostics.push(
+                    Diagnostic::error(
+                        Code::E0003,
+                        file,
+                        Span::new(offset, offset + 1),
+                        "file is not valid UTF-8",
+                    )
+                    .with_label(format!("invalid byte at offset {offset}"))
+                    .with_help("save the file as UTF-8 text"),
+                );
+                checked
+            }
+        },
+        Err(e) => {
+            let mut checked = Checked::default();
+            let file = checked.sources.add(name.clone(), "");
+            checked.diagnostics.push(
+                Diagnostic::error(
+                    Code::E0100,
+                    file,
+                    Span::default(),
+                    format!("cannot read `{name}`: {e}"),
+                )
+                .with_help("check the path and its permissions"),
+            );
+            checked
+        }
+    }
+}
+
+/// Checks source text already in memory (`name` is shown in diagnostics and anchors relative
+/// imports).
+pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
+    let mut sources = Sources::new();
+    let mut diags = Vec::new();
+    let modules = modules::Loader::new(options.stdlib_dir.as_deref(), &mut sources, &mut diags)
+        .load_root(name, text);
+    let mut models = Vec::new();
+    let mut used: HashSet<(bool, String)> = HashSet::new();
+    let root = &modules.modules[0];
+    for item in &root.ast.items {
+        if let ast::Item::Model(m) = item {
+            let (model, model_diags, model_used) =
+                model::elaborate_model(&modules, 0, m, &options.overrides);
+            diags.extend(model_diags);
+            used.extend(model_used);
+            models.push(model);
+        }
+    }
+    report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
+    let decls = decls::check_declarations(&modules, &models, &mut diags);
+    Checked {
+        sources,
+        models,
+        decls,
+        diagnostics: dedup(diags),
+    }
+}
+
+fn report_unused_overrides(
+    overrides: &Overrides,
+    used: &HashSet<(bool, String)>,
+    models: &[Model],
+    file: mslc_core::diag::FileId,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let span = models.first().map_or(Span::default(), |m| m.loc.span);
+    for (is_dim, table) in [(false, &overrides.sets), (true, &overrides.dims)] {
+        for name in table.keys() {
+            if used.contains(&(is_dim, name.clone())) {
+                continue;
+            }
+            let (flag, what) = if is_dim {
+                ("--dim", "dim")
+            } else {
+                ("--set", "const")
+            };
+            let known: Vec<&str> = models
+                .iter()
+                .flat_map(|m| {
+                    if is_dim {
+                        m.dims.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()
+                    } else {
+                        m.consts.iter().map(|(n, _)| n.as_str()).collect()
+                    }
+                })
+                .collect();
+            let mut d = Diagnostic::error(
+                Code::E0401,
+                file,
+                span,
+                format!("{flag} {name}: no model declares a {what} `{name}`"),
+            )
+            .with_label("in this file");
+            d = match suggest::closest(name, known.iter().copied()) {
+                Some(s) => d.with_help(format!("did you mean `{flag} {s}=…`?")),
+                None if known.is_empty() => {
+                    d.with_help(format!("this file's models declare no {what}s"))
+                }
+                None => d.with_help(format!("{what}s here: {}", known.join(", "))),
+            };
+            diags.push(d);
+        }
+    }
+}
+
+/// Drops repeats: the same problem inside a block used by 80 layers is reported once.
+fn dedup(diags: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let mut seen = HashSet::new();
+    diags
+        .into_iter()
+        .filter(|d| {
+            seen.insert((
+                d.code,
+                d.primary.file,
+                d.primary.span.start,
+                d.primary.span.end,
+                d.message.clone(),
+            ))
+        })
+        .collect()
+}

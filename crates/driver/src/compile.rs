@@ -1,0 +1,156 @@
+//! The build pipeline after checking: lower a model to the graph IR, optimize it, schedule it,
+//! plan its memory and estimate its cost. Each stage is timed for the report.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use mslc_artifact::Module;
+use mslc_check::{Checked, Model};
+use mslc_core::ops::{DType, Op};
+use mslc_core::precision::LowPrecision;
+use mslc_ir::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
+use mslc_ir::Graph;
+use mslc_plan::cost::{estimate, CostEstimate};
+use mslc_plan::memory::{plan_memory, MemoryPlan};
+use mslc_plan::schedule::schedule;
+use mslc_plan::target::Target;
+
+/// How to compile.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The target to plan for.
+    pub target: Target,
+    /// Run the IR verifier after lowering and after every pass.
+    pub verify: bool,
+    /// Let the fusion pass rewrite.
+    pub fuse: bool,
+    /// Mixed precision to apply, from the model's precision policy.
+    pub amp: Option<AmpConfig>,
+}
+
+/// Milliseconds spent per stage.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StageTimes {
+    /// Lowering to the IR.
+    pub lower_ms: f64,
+    /// Optimization passes.
+    pub passes_ms: f64,
+    /// Scheduling and kernel choice.
+    pub schedule_ms: f64,
+    /// Memory planning.
+    pub memory_ms: f64,
+}
+
+/// Everything a build produces in memory.
+#[derive(Debug)]
+pub struct Compiled {
+    /// The optimized graph.
+    pub graph: Graph,
+    /// The scheduled, memory-planned module.
+    pub module: Module,
+    /// The memory plan.
+    pub memory: MemoryPlan,
+    /// The cost estimate on the target.
+    pub cost: CostEstimate,
+    /// Op count after lowering, before the passes.
+    pub ops_before: usize,
+    /// What the passes did.
+    pub passes: PipelineReport,
+    /// Stage timings.
+    pub times: StageTimes,
+}
+
+/// Why compilation failed after a clean check: a compiler bug or an impossible plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompileError {
+    /// The stage that failed.
+    pub stage: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.stage, self.message)
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+pub fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
+}
+
+/// Compiles a checked model.
+pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    let mut times = StageTimes::default();
+    let t = Instant::now();
+    let mut graph = mslc_ir::lower(model).map_err(|e| CompileError {
+        stage: "lower",
+        message: e.message,
+    })?;
+    if options.verify {
+        mslc_ir::verify(&graph).map_err(|e| CompileError {
+            stage: "lower",
+            message: e.0,
+        })?;
+    }
+    times.lower_ms = ms(t);
+    let ops_before = graph.op_count();
+    let t = Instant::now();
+    let cx = PassContext {
+        verify: options.verify,
+        fuse: options.fuse,
+        training: false,
+        amp: options.amp.clone(),
+    };
+    let passes = default_pipeline(&cx)
+        .run(&mut graph, &cx)
+        .map_err(|e| CompileError {
+            stage: "passes",
+            message: e.to_string(),
+        })?;
+    times.passes_ms = ms(t);
+    let t = Instant::now();
+    let mut module = schedule(&graph, &options.target).ok_or_else(|| CompileError {
+        stage: "schedule",
+        message: "the graph has a cycle".to_string(),
+    })?;
+    times.schedule_ms = ms(t);
+    let t = Instant::now();
+    let memory = plan_memory(&mut module).map_err(|e| CompileError {
+        stage: "memory",
+        message: e.to_string(),
+    })?;
+    times.memory_ms = ms(t);
+    let cost = estimate(&module, &options.target);
+    Ok(Compiled {
+        graph,
+        module,
+        memory,
+        cost,
+        ops_before,
+        passes,
+        times,
+    })
+}

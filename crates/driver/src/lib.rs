@@ -1,0 +1,7 @@
+//! The mslc pipeline as one call, for every front end alike (the CLI, build scripts, the
+//! language server): check a file, choose the entry, target, dims and precision once, lower,
+//! optimize and plan — and render what went wrong.
+
+pub mod compile;
+pub mod render;
+pub mod target;

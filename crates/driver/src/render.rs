@@ -1,0 +1,246 @@
+//! Turning diagnostics into text: human reports through miette (fixed width, colour optional)
+//! and one JSON object per line for editors and build scripts.
+
+use std::fmt;
+
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
+use serde::Serialize;
+
+use mslc_core::diag::{Diagnostic, FileId, Label, Severity, Sources};
+
+/// How to print diagnostics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Use ANSI colours.
+    pub color: bool,
+    /// Wrap width in columns.
+    pub width: usize,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        RenderOptions {
+            color: false,
+            width: 100,
+        }
+    }
+}
+
+/// Renders one diagnostic as a human-readable report.
+pub fn render_human(diag: &Diagnostic, sources: &Sources, options: RenderOptions) -> String {
+    let theme = if options.color {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
+    let handler = GraphicalReportHandler::new_themed(theme)
+        .with_width(options.width)
+        .with_links(false)
+        .with_context_lines(1);
+    let report = Report::new(diag, sources);
+    let mut out = String::new();
+    if handler.render_report(&mut out, &report).is_err() {
+        out = format!(
+            "{}[{}]: {}\n",
+            severity_word(diag.severity),
+            diag.code,
+            diag.message
+        );
+    }
+    out
+}
+
+fn severity_word(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    }
+}
+
+/// A diagnostic adapted to miette: labels in the primary file are drawn on its source; labels in
+/// other files become related reports with their own source.
+struct Report {
+    code: String,
+    message: String,
+    severity: Severity,
+    help: Option<String>,
+    source: NamedSource<String>,
+    labels: Vec<LabeledSpan>,
+    related: Vec<Report>,
+}
+
+impl Report {
+    fn new(diag: &Diagnostic, sources: &Sources) -> Report {
+        let file = diag.primary.file;
+        let mut labels = vec![labeled(&diag.primary, sources, true)];
+        let mut related = Vec::new();
+        for label in &diag.related {
+            if label.file == file {
+                labels.push(labeled(label, sources, false));
+            } else {
+                related.push(Report::note(label, sources));
+            }
+        }
+        Report {
+            code: diag.code.to_string(),
+            message: diag.message.clone(),
+            severity: diag.severity,
+            help: diag.help.clone(),
+            source: named_source(sources, file),
+            labels,
+            related,
+        }
+    }
+
+    fn note(label: &Label, sources: &Sources) -> Report {
+        Report {
+            code: String::new(),
+            message: label.message.clone(),
+            severity: Severity::Warning,
+            help: None,
+            source: named_source(sources, label.file),
+            labels: vec![labeled(label, sources, false)],
+            related: Vec::new(),
+        }
+    }
+}
+
+fn named_source(sources: &Sources, file: FileId) -> NamedSource<String> {
+    let f = sources.get(file);
+    NamedSource::new(f.name.clone(), f.text.to_string())
+}
+
+fn labeled(label: &Label, sources: &Sources, primary: bool) -> LabeledSpan {
+    let text = &sources.get(label.file).text;
+    let start =
+        mslc_core::diag::source::floor_char_boundary(text, label.span.start.min(text.len()));
+    let end = mslc_core::diag::source::floor_char_boundary(text, label.span.end.min(text.len()))
+        .max(start);
+    let span = SourceSpan::new(start.into(), end - start);
+    let message = (!label.message.is_empty()).then(|| label.message.clone());
+    if primary {
+        LabeledSpan::new_primary_with_span(message, span)
+    } else {
+        LabeledSpan::new_with_span(message, span)
+    }
+}
+
+impl fmt::Debug for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Report {}
+
+impl miette::Diagnostic for Report {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        (!self.code.is_empty()).then(|| Box::new(&self.code) as Box<dyn fmt::Display>)
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(match self.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning if self.code.is_empty() => miette::Severity::Advice,
+            Severity::Warning => miette::Severity::Warning,
+        })
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&self.source)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        Some(Box::new(self.labels.iter().cloned()))
+    }
+
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        if self.related.is_empty() {
+            return None;
+        }
+        Some(Box::new(
+            self.related.iter().map(|r| r as &dyn miette::Diagnostic),
+        ))
+    }
+}
+
+/// The JSON form of one label.
+#[derive(Serialize)]
+struct JsonLabel<'a> {
+    file: &'a str,
+    byte_start: usize,
+    byte_end: usize,
+    line_start: usize,
+    column_start: usize,
+    line_end: usize,
+    column_end: usize,
+    message: &'a str,
+    primary: bool,
+}
+
+/// The JSON form of one diagnostic (one line of `--message-format json`).
+#[derive(Serialize)]
+struct JsonDiagnostic<'a> {
+    code: &'a str,
+    severity: Severity,
+    message: &'a str,
+    file: &'a str,
+    byte_start: usize,
+    byte_end: usize,
+    line_start: usize,
+    column_start: usize,
+    line_end: usize,
+    column_end: usize,
+    labels: Vec<JsonLabel<'a>>,
+    help: Option<&'a str>,
+}
+
+fn json_label<'a>(label: &'a Label, sources: &'a Sources, primary: bool) -> JsonLabel<'a> {
+    let (line_start, column_start) = sources.line_col(label.file, label.span.start);
+    let (line_end, column_end) = sources.line_col(label.file, label.span.end);
+    JsonLabel {
+        file: &sources.get(label.file).name,
+        byte_start: label.span.start,
+        byte_end: label.span.end,
+        line_start,
+        column_start,
+        line_end,
+        column_end,
+        message: &label.message,
+        primary,
+    }
+}
+
+/// Renders one diagnostic as a single line of JSON.
+pub fn render_json(diag: &Diagnostic, sources: &Sources) -> String {
+    let primary = json_label(&diag.primary, sources, true);
+    let mut labels = vec![json_label(&diag.primary, sources, true)];
+    labels.extend(diag.related.iter().map(|l| json_label(l, sources, false)));
+    let json = JsonDiagnostic {
+        code: diag.code.as_str(),
+        severity: diag.severity,
+        message: &diag.message,
+        file: primary.file,
+        byte_start: primary.byte_start,
+        byte_end: primary.byte_end,
+        line_start: primary.line_start,
+        column_start: primary.column_start,
+        line_end: primary.line_end,
+        column_end: primary.column_end,
+        labels,
+        help: diag.help.as_deref(),
+    };
+    serde_json::to_string(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}

@@ -1,0 +1,26 @@
+//! From checked `target` declarations to the planner's [`Target`]: the driver reads
+//! `std.targets` (or the user's own declarations) so the planner never runs the checker.
+
+use mslc_check::policy::TargetSpec;
+use mslc_plan::target::Target;
+
+/// The target a checked `target` declaration describes.
+pub fn target_from_spec(spec: &TargetSpec) -> Target {
+    Target {
+        name: spec.name.name.clone(),
+        peak_f32: spec.peak_flops.f32,
+        peak_f16: spec.peak_flops.f16,
+        peak_bf16: spec.peak_flops.bf16,
+        memory_bytes: spec.memory_bytes,
+        bandwidth: spec.bandwidth_bytes_per_s,
+        interconnect: spec.interconnect_bytes_per_s,
+        devices_per_node: spec.devices_per_node,
+    }
+}
+
+/// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled
+/// executor on this machine.
+pub fn standard_target(name: &str) -> Option<Target> {
+    let checked = mslc_check::check_source("<targets>", "", &Default::default());
+    checked.decls.target(name).map(target_from_spec)
+}

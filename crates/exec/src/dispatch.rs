@@ -1,0 +1,150 @@
+//! Calling a prepared kernel on one step's operands: f32 views of the inputs, the integer
+//! input where the op reads one, and the output slice.
+
+use mslc_kernels::elementwise::slice::{binary_in_place, unary_in_place};
+use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams};
+use mslc_kernels::par::for_each_chunk_mut;
+use mslc_kernels::{
+    attention, conv, embedding, loss, norm, pool, reduce, reference, rope, softmax, transpose,
+    KernelError, KernelResult, Tensor, TensorRef,
+};
+
+use super::prepare::StepKernel;
+
+/// One step's operands.
+pub struct Operands<'a> {
+    /// The inputs as f32. When `in_place` is set, input 0's data is empty: its values are in
+    /// `out`. An integer input's data is empty too: its values are in `ints`.
+    pub inputs: &'a [TensorRef<'a>],
+    /// The integer input's values (ids, labels), when the kernel reads one.
+    pub ints: &'a [i64],
+    /// Where the result goes.
+    pub out: &'a mut [f32],
+    /// The output's shape.
+    pub out_shape: &'a [usize],
+    /// `out` already holds input 0 (the result overwrites its operand).
+    pub in_place: bool,
+}
+
+impl StepKernel {
+    /// Runs the kernel on `io`.
+    pub fn run(&self, io: Operands<'_>) -> KernelResult<()> {
+        let Operands {
+            inputs,
+            ints,
+            out,
+            out_shape,
+            in_place,
+        } = io;
+        let x = |i: usize| inputs[i];
+        match self {
+            StepKernel::Constant(v) => out.fill(*v),
+            StepKernel::Copy => {
+                if !in_place {
+                    copy_into("reshape", out, x(0).data)?;
+                }
+            }
+            StepKernel::Unary(op, p) => chunked(p, out, |start, chunk| {
+                if !in_place {
+                    chunk.copy_from_slice(&x(0).data[start..start + chunk.len()]);
+                }
+                unary_in_place(*op, chunk);
+            })?,
+            StepKernel::Binary(op, None, p) => chunked(p, out, |start, chunk| {
+                if !in_place {
+                    chunk.copy_from_slice(&x(0).data[start..start + chunk.len()]);
+                }
+                binary_in_place(*op, chunk, &x(1).data[start..start + chunk.len()]);
+            })?,
+            StepKernel::Binary(_, Some(program), p) | StepKernel::Fused(program, p) => {
+                fused_elementwise(program, inputs, p, out)?
+            }
+            StepKernel::Matmul {
+                plan,
+                bias,
+                activation,
+                params,
+            } => plan.run(
+                x(0).data,
+                x(1).data,
+                bias.then(|| x(2).data),
+                *activation,
+                params,
+                out,
+            )?,
+            StepKernel::Transpose(perm, p) => transpose::transpose(x(0), perm, p, out)?,
+            StepKernel::Reduce(op, axes, keepdim, p) => {
+                reduce::reduce(x(0), *op, axes, *keepdim, p, out)?
+            }
+            StepKernel::Softmax(axis, false, p) => softmax::softmax(x(0), *axis, p, out)?,
+            StepKernel::Softmax(axis, true, p) => softmax::log_softmax(x(0), *axis, p, out)?,
+            StepKernel::RmsNorm(eps, scale, p) => {
+                norm::rms_norm(x(0), scale.then(|| x(1)), *eps, p, out)?
+            }
+            StepKernel::LayerNorm(eps, affine, p) => {
+                norm::layer_norm(x(0), affine.then(|| (x(1), x(2))), *eps, p, out)?
+            }
+            StepKernel::Embedding(p) => embedding::embedding(ints, x(0).shape, x(1), p, out)?,
+            StepKernel::Rope(theta, p) => rope::rope(x(0), *theta, p, out)?,
+            StepKernel::Attention {
+                causal,
+                scale,
+                params,
+            } => attention::attention(x(0), x(1), x(2), *causal, Some(*scale), params, out)?,
+            StepKernel::Conv2d(attrs, p) => conv::conv2d(x(0), x(1), attrs, p, out)?,
+            StepKernel::Pool(kind, attrs, p) => pool::pool2d(x(0), *kind, attrs, p, out)?,
+            StepKernel::AdaptivePool(size, p) => pool::adaptive_avg_pool2d(x(0), *size, p, out)?,
+            StepKernel::CrossEntropy(p) => {
+                let v = loss::cross_entropy(x(0), ints, x(1).shape, p)?;
+                copy_into("cross_entropy", out, &[v])?
+            }
+            StepKernel::BroadcastTo => copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?,
+            StepKernel::Concat(axis) => copy_tensor(out, reference::concat(inputs, *axis)?)?,
+            StepKernel::Slice(axis, start, end) => {
+                copy_tensor(out, reference::slice(x(0), *axis, *start, *end)?)?
+            }
+            StepKernel::Select(axis, index) => {
+                copy_tensor(out, reference::select(x(0), *axis, *index)?)?
+            }
+            StepKernel::BatchNorm(eps) => {
+                copy_tensor(out, reference::batch_norm(x(0), x(1), x(2), *eps)?)?
+            }
+            StepKernel::CausalMask(size) => copy_tensor(out, reference::causal_mask(*size))?,
+            StepKernel::MseLoss => copy_tensor(out, reference::mse_loss(x(0), x(1))?)?,
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f(start, chunk)` over `block`-long chunks of `out`, in parallel for large outputs.
+fn chunked(
+    p: &ElementwiseParams,
+    out: &mut [f32],
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> KernelResult<()> {
+    if p.block == 0 {
+        return Err(KernelError::new("elementwise", "block must be at least 1"));
+    }
+    let parallel = out.len() >= p.min_parallel_elems;
+    for_each_chunk_mut(parallel, out, p.block, |i, chunk| f(i * p.block, chunk));
+    Ok(())
+}
+
+fn copy_into(op: &'static str, out: &mut [f32], src: &[f32]) -> KernelResult<()> {
+    if out.len() != src.len() {
+        return Err(KernelError::new(
+            op,
+            format!(
+                "result has {} elements, the output {}",
+                src.len(),
+                out.len()
+            ),
+        ));
+    }
+    out.copy_from_slice(src);
+    Ok(())
+}
+
+fn copy_tensor(out: &mut [f32], t: Tensor) -> KernelResult<()> {
+    copy_into("reference", out, &t.data)
+}

@@ -1,0 +1,809 @@
+//! The executor: runs a compiled [`Module`] on the CPU. Setup allocates everything — one
+//! 64-byte-aligned arena for all intermediates, one buffer per input and per parameter, staging
+//! buffers for dtype conversion — and prepares every step's kernel; `run` then only converts,
+//! dispatches and times. Steps that depend on parameters alone (a weight cast to f16 under
+//! mixed precision, a transposed weight) are hoisted: computed once after the parameters
+//! change, into a region of their own, and skipped by later runs.
+
+use std::time::Instant;
+
+use mslc_artifact::validate::validate;
+use mslc_artifact::{Module, Storage};
+use mslc_core::ops::DType;
+use mslc_io::npy::{NpyArray, NpyDType};
+use mslc_io::safetensors::TensorRef as StTensor;
+use mslc_kernels::scratch::with_scratch;
+use mslc_kernels::{KernelResult, TensorRef};
+
+use super::buffer::AlignedBuf;
+use super::dispatch::Operands;
+use super::error::{ExecError, ExecErrorKind, ExecResult};
+use super::inputs::fill_input;
+use super::prepare::{prepare, StepKernel};
+use super::profile::{chrome_trace, StepTime};
+use super::storage::{f32_view, load_f32, load_i64, store_f32};
+use super::{init, weights};
+
+/// How to run.
+#[derive(Clone, Debug, Default)]
+pub struct ExecOptions {
+    /// Worker threads; 0 lets rayon choose (one per core).
+    pub threads: usize,
+}
+
+/// Where a value's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// At this byte offset in the arena.
+    Arena(usize),
+    /// At this byte offset in the region of hoisted, parameter-only values.
+    Hoisted(usize),
+    /// In the buffer of input number N.
+    Input(usize),
+    /// In the buffer of parameter number N.
+    Param(usize),
+}
+
+/// A value's type and place, in the forms the run loop needs.
+#[derive(Clone, Debug)]
+struct Slot {
+    place: Place,
+    dtype: DType,
+    shape: Vec<usize>,
+    numel: usize,
+    bytes: usize,
+}
+
+/// How one step operand reaches its kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Its stored f32 bytes, viewed in place.
+    Direct,
+    /// Converted to f32 in a staging buffer.
+    Convert,
+    /// Copied to a staging buffer first, because the output overwrites it.
+    CopyAliased,
+    /// Already in the output slice (the kernel works in place).
+    InPlace,
+    /// Read as integers into the integer staging buffer.
+    Ints,
+}
+
+/// A step ready to run.
+struct StepPlan {
+    kernel: StepKernel,
+    modes: Vec<Mode>,
+    /// The output is f32 and written straight into its region (else through staging).
+    out_direct: bool,
+    /// Depends on parameters alone: runs only after they change.
+    hoisted: bool,
+}
+
+/// Operand views kept on the stack up to this many inputs.
+const INLINE_INPUTS: usize = 8;
+const NO_TENSOR: TensorRef<'static> = TensorRef {
+    data: &[],
+    shape: &[],
+};
+
+/// Runs one module; see the module docs.
+pub struct Executor {
+    module: Module,
+    slots: Vec<Slot>,
+    plans: Vec<StepPlan>,
+    arena: AlignedBuf,
+    hoisted: AlignedBuf,
+    hoisted_ready: bool,
+    inputs: Vec<AlignedBuf>,
+    inputs_set: Vec<bool>,
+    params: Vec<AlignedBuf>,
+    params_ready: bool,
+    in_stage: Vec<AlignedBuf>,
+    int_stage: AlignedBuf,
+    out_stage: AlignedBuf,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    times: Vec<Option<StepTime>>,
+}
+
+fn module_error(message: impl Into<String>) -> ExecError {
+    ExecError::new(ExecErrorKind::Module, message)
+}
+
+fn alloc(bytes: usize, what: &str) -> ExecResult<AlignedBuf> {
+    AlignedBuf::zeroed(bytes).ok_or_else(|| {
+        module_error(format!(
+            "cannot allocate {bytes} bytes for {what}: out of memory"
+        ))
+    })
+}
+
+impl Executor {
+    /// Checks `module` (indices, types, arena bounds, that no step's output overlaps its
+    /// inputs except in place over input 0), prepares every step and allocates all buffers.
+    pub fn new(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
+        validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
+        let arena_bytes = usize::try_from(module.arena_bytes)
+            .map_err(|_| module_error("the arena does not fit in memory"))?;
+        let mut slots = slots_of(&module)?;
+        let (hoisted_steps, hoisted_bytes) = hoist(&module, &mut slots);
+        let mut plans = Vec::with_capacity(module.steps.len());
+        let mut stage = StageSizes::default();
+        for (s, step) in module.steps.iter().enumerate() {
+            let at = || format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
+            let [o] = step.outputs[..] else {
+                return Err(module_error(format!(
+                    "{}: the executor runs one-output steps",
+                    at()
+                )));
+            };
+            let out = &slots[o as usize];
+            let types: Vec<_> = step
+                .inputs
+                .iter()
+                .map(|&v| module.values[v as usize].ty.clone())
+                .collect();
+            let kernel = prepare(step, &types, &module.values[o as usize].ty)
+                .map_err(|m| module_error(format!("{}: {m}", at())))?;
+            let aliased = aliased_input(&slots, &step.inputs, out)
+                .map_err(|m| module_error(format!("{}: {m}", at())))?;
+            let out_direct = out.dtype == DType::F32;
+            let modes: Vec<Mode> = step
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(j, &v)| {
+                    let slot = &slots[v as usize];
+                    let mode = operand_mode(&kernel, j, slot.dtype, aliased && j == 0, out_direct);
+                    stage.need(mode, j, slot.numel);
+                    mode
+                })
+                .collect();
+            if !out_direct {
+                stage.out = stage.out.max(out.numel * 4);
+            }
+            plans.push(StepPlan {
+                kernel,
+                modes,
+                out_direct,
+                hoisted: hoisted_steps[s],
+            });
+        }
+        let buffers = |pick: fn(&Storage) -> bool, what: &str| -> ExecResult<Vec<AlignedBuf>> {
+            module
+                .values
+                .iter()
+                .zip(&slots)
+                .filter(|(v, _)| pick(&v.storage))
+                .map(|(_, s)| alloc(s.bytes, what))
+                .collect()
+        };
+        let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
+        let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .build()
+            .map_err(|e| {
+                ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
+            })?;
+        let threads = pool.current_num_threads();
+        let scratch = plans
+            .iter()
+            .zip(&module.steps)
+            .map(|(plan, step)| scratch_hint(&plan.kernel, &slots, &step.inputs, step.outputs[0]))
+            .max()
+            .unwrap_or(0)
+            .min(SCRATCH_KEEP_LIMIT);
+        pool.broadcast(|_| {
+            with_scratch(scratch, |_| {
+                with_scratch(scratch, |_| with_scratch(scratch, |_| ()))
+            })
+        });
+        Ok(Executor {
+            slots,
+            plans,
+            arena: alloc(arena_bytes, "the arena")?,
+            hoisted: alloc(hoisted_bytes, "parameter-only values")?,
+            hoisted_ready: false,
+            inputs_set: vec![false; inputs.len()],
+            inputs,
+            params_ready: params.is_empty(),
+            params,
+            in_stage: stage
+                .inputs
+                .into_iter()
+                .map(|b| alloc(b, "staging"))
+                .collect::<ExecResult<_>>()?,
+            int_stage: alloc(stage.ints, "staging")?,
+            out_stage: alloc(stage.out, "staging")?,
+            pool,
+            threads,
+            times: vec![None; module.steps.len()],
+            module,
+        })
+    }
+
+    /// The module being run.
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// Worker threads of the pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Bytes of the intermediate arena (one allocation).
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.len()
+    }
+
+    /// Loads every parameter from `tensors` (e.g. a safetensors file), matched by path. Any
+    /// missing, extra or mismatched tensor fails the whole load, all of them named at once.
+    pub fn load_weights<'a>(
+        &mut self,
+        tensors: impl IntoIterator<Item = StTensor<'a>>,
+    ) -> ExecResult<()> {
+        let params: Vec<(&str, &mslc_core::ops::TensorType)> = self
+            .module
+            .values
+            .iter()
+            .filter_map(|v| match &v.storage {
+                Storage::Param { path, .. } => Some((path.as_str(), &v.ty)),
+                _ => None,
+            })
+            .collect();
+        let found = weights::match_weights(&params, tensors).map_err(|m| {
+            ExecError::new(
+                ExecErrorKind::Weights,
+                format!("the weights do not fit the model:\n{m}"),
+            )
+        })?;
+        for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found).zip(&params) {
+            let dtype = weights::dtype_of(t.dtype);
+            if dtype == ty.dtype {
+                buf.bytes_mut().copy_from_slice(t.data);
+            } else {
+                let mut values = vec![0f32; t.len()];
+                load_f32(dtype, t.data, &mut values);
+                store_f32(ty.dtype, &values, buf.bytes_mut());
+            }
+        }
+        self.params_ready = true;
+        self.hoisted_ready = false;
+        Ok(())
+    }
+
+    /// Initialises every parameter from its declared `init`, deterministically from `seed`.
+    pub fn init_params(&mut self, seed: u64) {
+        let params = self.module.values.iter().filter_map(|v| match &v.storage {
+            Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
+            _ => None,
+        });
+        for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
+            let mut values = vec![0f32; ty.checked_numel().unwrap_or(0) as usize];
+            init::fill(how, seed, path, &mut values);
+            store_f32(ty.dtype, &values, buf.bytes_mut());
+        }
+        self.params_ready = true;
+        self.hoisted_ready = false;
+    }
+
+    /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
+    /// f64, converted to the input's dtype).
+    pub fn set_input(&mut self, name: &str, array: &NpyArray) -> ExecResult<()> {
+        let (k, v) = self.input_index(name)?;
+        let ty = &self.module.values[v as usize].ty;
+        fill_input(name, ty, array, self.inputs[k].bytes_mut())
+            .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
+        self.inputs_set[k] = true;
+        Ok(())
+    }
+
+    /// The position of input `name` among the inputs, and its value.
+    fn input_index(&self, name: &str) -> ExecResult<(usize, u32)> {
+        self.module
+            .inputs()
+            .enumerate()
+            .find(|(_, (n, _))| *n == name)
+            .map(|(k, (_, v))| (k, v))
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.module.inputs().map(|(n, _)| n).collect();
+                ExecError::new(
+                    ExecErrorKind::Input,
+                    format!(
+                        "the model has no input `{name}` (its inputs: {})",
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+
+    /// Inputs not set yet, by name.
+    pub fn unset_inputs(&self) -> Vec<String> {
+        self.module
+            .inputs()
+            .zip(&self.inputs_set)
+            .filter(|(_, set)| !**set)
+            .map(|((n, _), _)| n.to_string())
+            .collect()
+    }
+
+    /// Sets input `name` to deterministic values from `seed`: floats from N(0, 1), integers
+    /// uniform below the size of the table or class count they index (0 when they index
+    /// nothing). Returns the integer bound used, if any.
+    pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
+        let (k, v) = self.input_index(name)?;
+        let ty = self.module.values[v as usize].ty.clone();
+        let n = ty.checked_numel().unwrap_or(0) as usize;
+        let mut values = vec![0f32; n];
+        let bound = if ty.dtype.is_float() {
+            let normal = mslc_core::program::Init::Normal {
+                mean: 0.0,
+                std: 1.0,
+            };
+            init::fill(&normal, seed, name, &mut values);
+            None
+        } else {
+            let bound = self.index_bound(v);
+            if let Some(b) = bound {
+                let uniform = mslc_core::program::Init::Uniform {
+                    low: 0.0,
+                    high: b as f64,
+                };
+                init::fill(&uniform, seed, name, &mut values);
+                values
+                    .iter_mut()
+                    .for_each(|x| *x = x.floor().min((b - 1) as f32));
+            }
+            bound
+        };
+        store_f32(ty.dtype, &values, self.inputs[k].bytes_mut());
+        self.inputs_set[k] = true;
+        Ok(bound)
+    }
+
+    /// The number of rows (embedding) or classes (cross-entropy) value `v` indexes.
+    fn index_bound(&self, v: u32) -> Option<u64> {
+        self.module
+            .steps
+            .iter()
+            .zip(&self.plans)
+            .find_map(|(step, plan)| {
+                let j = plan.kernel.integer_input()?;
+                if step.inputs.get(j) != Some(&v) {
+                    return None;
+                }
+                let table = &self.module.values[step.inputs[1 - j] as usize].ty;
+                let size = if j == 0 {
+                    table.shape.first()
+                } else {
+                    table.shape.last()
+                };
+                size.map(|&s| s as u64).filter(|&s| s > 0)
+            })
+    }
+
+    /// Runs every step once. Inputs must be set and parameters loaded or initialised.
+    pub fn run(&mut self) -> ExecResult<()> {
+        let missing = self.unset_inputs();
+        if !missing.is_empty() {
+            return Err(ExecError::new(
+                ExecErrorKind::Input,
+                format!("no value given for input(s): {}", missing.join(", ")),
+            ));
+        }
+        if !self.params_ready {
+            return Err(ExecError::new(
+                ExecErrorKind::Weights,
+                "the parameters have no values: load weights or initialise them from a seed",
+            ));
+        }
+        let Executor {
+            module,
+            slots,
+            plans,
+            arena,
+            hoisted,
+            hoisted_ready,
+            inputs,
+            params,
+            in_stage,
+            int_stage,
+            out_stage,
+            pool,
+            times,
+            ..
+        } = self;
+        pool.install(|| {
+            let mem = Memory {
+                slots,
+                arena: arena.as_mut_ptr(),
+                hoisted: hoisted.as_mut_ptr(),
+                inputs,
+                params,
+            };
+            let run_start = Instant::now();
+            for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                if plan.hoisted && *hoisted_ready {
+                    times[s] = None;
+                    continue;
+                }
+                let start = Instant::now();
+                // SAFETY: `new` validated that every arena value lies inside the arena and that
+                // a step's output overlaps none of its inputs except input 0 exactly, which the
+                // plan's modes never view while the output is borrowed.
+                unsafe {
+                    mem.run_step(
+                        plan,
+                        &step.inputs,
+                        step.outputs[0],
+                        in_stage,
+                        int_stage,
+                        out_stage,
+                    )
+                }
+                .map_err(|e| {
+                    ExecError::new(
+                        ExecErrorKind::Kernel,
+                        format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
+                    )
+                })?;
+                times[s] = Some(StepTime {
+                    start: start - run_start,
+                    duration: start.elapsed(),
+                });
+            }
+            *hoisted_ready = true;
+            Ok(())
+        })
+    }
+
+    /// The bytes of output `name` as stored (its dtype), or `None` for an unknown name.
+    fn output_slot(&self, name: &str) -> Option<(&Slot, &[u8])> {
+        let &(_, v) = self.module.outputs.iter().find(|(n, _)| n == name)?;
+        let slot = &self.slots[v as usize];
+        let bytes = match slot.place {
+            Place::Arena(off) => &self.arena.bytes()[off..off + slot.bytes],
+            Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
+            Place::Input(i) => self.inputs[i].bytes(),
+            Place::Param(i) => self.params[i].bytes(),
+        };
+        Some((slot, bytes))
+    }
+
+    /// Output `name` of the last run as f32, with its shape.
+    pub fn output_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
+        let (slot, bytes) = self.output_slot(name)?;
+        let mut values = vec![0f32; slot.numel];
+        load_f32(slot.dtype, bytes, &mut values);
+        Some((slot.shape.clone(), values))
+    }
+
+    /// Output `name` of the last run as an array in its own dtype (bf16, which `.npy` lacks,
+    /// widened to f32).
+    pub fn output_npy(&self, name: &str) -> Option<NpyArray> {
+        let (slot, bytes) = self.output_slot(name)?;
+        let npy = match slot.dtype {
+            DType::F32 => NpyDType::F32,
+            DType::F16 => NpyDType::F16,
+            DType::F64 => NpyDType::F64,
+            DType::I32 => NpyDType::I32,
+            DType::I64 => NpyDType::I64,
+            DType::Bool => NpyDType::Bool,
+            DType::BF16 => {
+                let (shape, values) = self.output_f32(name)?;
+                return NpyArray::from_f32(shape, &values).ok();
+            }
+        };
+        NpyArray::new(npy, slot.shape.clone(), bytes.to_vec()).ok()
+    }
+
+    /// Names of the float outputs of the last run holding a NaN or an infinity.
+    pub fn nonfinite_outputs(&self) -> Vec<String> {
+        self.module
+            .outputs
+            .iter()
+            .filter(|(name, _)| {
+                self.output_f32(name)
+                    .is_some_and(|(_, v)| v.iter().any(|x| !x.is_finite()))
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Per-step timings of the last run (`None` for hoisted steps it skipped).
+    pub fn step_times(&self) -> &[Option<StepTime>] {
+        &self.times
+    }
+
+    /// The last run as a Chrome trace-event JSON document.
+    pub fn profile_json(&self) -> String {
+        chrome_trace(&self.module, &self.times, self.threads)
+    }
+}
+
+/// The step's input at index 0 when the output occupies exactly its bytes; an error when the
+/// output overlaps any input in another way (only a crafted module can do that).
+fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, String> {
+    let Place::Arena(o) = out.place else {
+        return Ok(false);
+    };
+    let mut aliased = false;
+    for (j, &v) in inputs.iter().enumerate() {
+        let slot = &slots[v as usize];
+        let Place::Arena(i) = slot.place else {
+            continue;
+        };
+        let disjoint =
+            slot.bytes == 0 || out.bytes == 0 || i + slot.bytes <= o || o + out.bytes <= i;
+        if disjoint {
+            continue;
+        }
+        if j == 0 && i == o && slot.bytes == out.bytes {
+            aliased = true;
+        } else {
+            return Err(format!("its output overlaps input {j} in the arena"));
+        }
+    }
+    Ok(aliased)
+}
+
+/// Largest scratch buffer (in f32) the kernels keep for reuse; bigger ones are freed after use.
+const SCRATCH_KEEP_LIMIT: usize = 8 << 20;
+
+/// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
+/// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
+/// all within twice the operands plus these terms. Every pool thread gets buffers this large
+/// at setup, so no kernel allocates scratch while running.
+fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32) -> usize {
+    let numel = |v: u32| slots[v as usize].numel;
+    let operands: usize = inputs.iter().map(|&v| numel(v)).sum::<usize>() + numel(output);
+    let extra = match kernel {
+        StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
+            (program.instrs.len() + 1) * p.block
+        }
+        StepKernel::Conv2d(..) => {
+            // im2col: every output position of every image gets C/groups·kh·kw values.
+            let w = &slots[inputs[1] as usize].shape;
+            let out = &slots[output as usize].shape;
+            let per_position: usize = w[1..].iter().product();
+            per_position * out[0] * out[2] * out[3]
+        }
+        _ => 0,
+    };
+    2 * operands + extra + (1 << 16)
+}
+
+/// Every value's type and place: inputs and parameters numbered in order, arena values at
+/// their offsets.
+fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
+    let (mut n_inputs, mut n_params) = (0, 0);
+    let mut slots = Vec::with_capacity(module.values.len());
+    for (i, v) in module.values.iter().enumerate() {
+        let bytes = usize::try_from(v.ty.bytes())
+            .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
+        let place = match &v.storage {
+            Storage::Arena { offset } => Place::Arena(*offset as usize),
+            Storage::Input { .. } => {
+                n_inputs += 1;
+                Place::Input(n_inputs - 1)
+            }
+            Storage::Param { .. } => {
+                n_params += 1;
+                Place::Param(n_params - 1)
+            }
+        };
+        slots.push(Slot {
+            place,
+            dtype: v.ty.dtype,
+            shape: v.ty.shape.iter().map(|&d| d as usize).collect(),
+            numel: v.ty.checked_numel().unwrap_or(0) as usize,
+            bytes,
+        });
+    }
+    Ok(slots)
+}
+
+/// How operand `j` (of `dtype`; `aliased` when the output overwrites it) reaches `kernel`.
+fn operand_mode(
+    kernel: &StepKernel,
+    j: usize,
+    dtype: DType,
+    aliased: bool,
+    out_direct: bool,
+) -> Mode {
+    let is_f32 = dtype == DType::F32;
+    if kernel.integer_input() == Some(j) {
+        Mode::Ints
+    } else if aliased && is_f32 && out_direct {
+        if kernel.works_in_place() {
+            Mode::InPlace
+        } else {
+            Mode::CopyAliased
+        }
+    } else if is_f32 {
+        Mode::Direct
+    } else {
+        Mode::Convert
+    }
+}
+
+/// Bytes of the staging buffers: per operand position, for integer operands, for outputs.
+#[derive(Default)]
+struct StageSizes {
+    inputs: Vec<usize>,
+    ints: usize,
+    out: usize,
+}
+
+impl StageSizes {
+    /// Makes room for operand `j` of `numel` elements reaching its kernel by `mode`.
+    fn need(&mut self, mode: Mode, j: usize, numel: usize) {
+        match mode {
+            Mode::Ints => self.ints = self.ints.max(numel * 8),
+            Mode::Convert | Mode::CopyAliased => {
+                if self.inputs.len() <= j {
+                    self.inputs.resize(j + 1, 0);
+                }
+                self.inputs[j] = self.inputs[j].max(numel * 4);
+            }
+            Mode::Direct | Mode::InPlace => {}
+        }
+    }
+}
+
+/// Marks the steps whose inputs are all parameters or values computed from parameters alone
+/// (and input-free steps such as constants), moves their outputs to the hoisted region, and
+/// returns the marks and the region's size.
+fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
+    let mut invariant: Vec<bool> = slots
+        .iter()
+        .map(|s| matches!(s.place, Place::Param(_)))
+        .collect();
+    let mut marks = Vec::with_capacity(module.steps.len());
+    let mut bytes = 0usize;
+    for step in &module.steps {
+        let hoisted = step.inputs.iter().all(|&v| invariant[v as usize]);
+        if hoisted {
+            for &o in &step.outputs {
+                invariant[o as usize] = true;
+                slots[o as usize].place = Place::Hoisted(bytes);
+                bytes += slots[o as usize].bytes.div_ceil(64) * 64;
+            }
+        }
+        marks.push(hoisted);
+    }
+    (marks, bytes)
+}
+
+fn origin_suffix(origin: &str) -> String {
+    if origin.is_empty() {
+        String::new()
+    } else {
+        format!(" at {origin}")
+    }
+}
+
+/// Where the run loop reads and writes values.
+struct Memory<'a> {
+    slots: &'a [Slot],
+    arena: *mut u8,
+    hoisted: *mut u8,
+    inputs: &'a [AlignedBuf],
+    params: &'a [AlignedBuf],
+}
+
+impl<'a> Memory<'a> {
+    /// The stored bytes of value `v`.
+    ///
+    /// # Safety
+    /// An arena value's bytes must not be mutably borrowed while the result lives.
+    unsafe fn bytes(&self, v: u32) -> &'a [u8] {
+        let slot = &self.slots[v as usize];
+        match slot.place {
+            // SAFETY: inside its region (validated or laid out by `hoist`); the caller rules
+            // out a live `&mut`.
+            Place::Arena(off) => unsafe {
+                std::slice::from_raw_parts(self.arena.add(off), slot.bytes)
+            },
+            // SAFETY: as above.
+            Place::Hoisted(off) => unsafe {
+                std::slice::from_raw_parts(self.hoisted.add(off), slot.bytes)
+            },
+            Place::Input(i) => self.inputs[i].bytes(),
+            Place::Param(i) => self.params[i].bytes(),
+        }
+    }
+
+    /// Where a step output's bytes start (outputs live in the arena or the hoisted region).
+    fn output_ptr(&self, place: Place) -> Option<*mut u8> {
+        match place {
+            // SAFETY: offsets are inside their regions (validated or laid out by `hoist`).
+            Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
+            // SAFETY: as above.
+            Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
+            Place::Input(_) | Place::Param(_) => None,
+        }
+    }
+
+    /// Runs one step.
+    ///
+    /// # Safety
+    /// The step's arena ranges must satisfy what `Executor::new` validates.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_step(
+        &self,
+        plan: &StepPlan,
+        step_inputs: &[u32],
+        output: u32,
+        in_stage: &mut [AlignedBuf],
+        int_stage: &mut AlignedBuf,
+        out_stage: &mut AlignedBuf,
+    ) -> KernelResult<()> {
+        let mut inline = [NO_TENSOR; INLINE_INPUTS];
+        let mut spilled = Vec::new();
+        let views: &mut [TensorRef<'_>] = if step_inputs.len() <= INLINE_INPUTS {
+            &mut inline[..step_inputs.len()]
+        } else {
+            spilled.resize(step_inputs.len(), NO_TENSOR);
+            &mut spilled
+        };
+        let mut ints: &[i64] = &[];
+        let mut stages = in_stage.iter_mut();
+        for ((view, &v), &mode) in views.iter_mut().zip(step_inputs).zip(&plan.modes) {
+            let slot = &self.slots[v as usize];
+            let stage = stages.next();
+            // SAFETY (all `bytes` calls): no output slice exists yet.
+            let data: &[f32] = match (mode, stage) {
+                (Mode::Direct, _) => f32_view(unsafe { self.bytes(v) }).unwrap_or(&[]),
+                (Mode::Convert, Some(stage)) => {
+                    let buf = stage.f32s_mut(slot.numel);
+                    load_f32(slot.dtype, unsafe { self.bytes(v) }, buf);
+                    buf
+                }
+                (Mode::CopyAliased, Some(stage)) => {
+                    let buf = stage.f32s_mut(slot.numel);
+                    load_f32(DType::F32, unsafe { self.bytes(v) }, buf);
+                    buf
+                }
+                (Mode::Ints, _) => {
+                    let buf = int_stage.i64s_mut(slot.numel);
+                    load_i64(slot.dtype, unsafe { self.bytes(v) }, buf);
+                    ints = buf;
+                    &[]
+                }
+                _ => &[],
+            };
+            *view = TensorRef {
+                data,
+                shape: &slot.shape,
+            };
+        }
+        let out_slot = &self.slots[output as usize];
+        let Some(dst) = self.output_ptr(out_slot.place) else {
+            return Ok(());
+        };
+        let in_place = plan.modes.first() == Some(&Mode::InPlace);
+        let out: &mut [f32] = if plan.out_direct {
+            // SAFETY: inside the arena; disjoint from every input view (validated), input 0
+            // included unless it is `InPlace`, in which case no view of it exists.
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), out_slot.numel) }
+        } else {
+            out_stage.f32s_mut(out_slot.numel)
+        };
+        plan.kernel.run(Operands {
+            inputs: views,
+            ints,
+            out,
+            out_shape: &out_slot.shape,
+            in_place,
+        })?;
+        if !plan.out_direct {
+            // SAFETY: the kernel is done; no view of the arena is used after this point.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };
+            store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);
+        }
+        Ok(())
+    }
+}

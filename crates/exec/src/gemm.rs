@@ -1,0 +1,240 @@
+//! Matmul planned once per step: the batch layout, broadcasting and bias strides are resolved
+//! at setup, so a run only points the packed GEMM at the operands — no allocation, unlike the
+//! kernels' convenience `matmul`, which works all of this out (into vectors) on every call.
+
+use mslc_kernels::matmul::gemm::{BiasRef, Gemm, Problem};
+use mslc_kernels::matmul::pack::MatRef;
+use mslc_kernels::matmul::{matmul_output_shape, MatmulParams, MicroKernel};
+use mslc_kernels::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
+use mslc_kernels::{Activation, KernelError, KernelResult};
+
+/// Where one matrix of a batched operand sits in its buffer, as used (transposed or not).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MatDesc {
+    offset: usize,
+    rs: usize,
+    cs: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl MatDesc {
+    fn on(self, data: &[f32]) -> MatRef<'_> {
+        MatRef {
+            data,
+            offset: self.offset,
+            rs: self.rs,
+            cs: self.cs,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+/// Matrices per operand whose references live on the stack during a call.
+const INLINE: usize = 64;
+const NO_MAT: MatRef<'static> = MatRef {
+    data: &[],
+    offset: 0,
+    rs: 0,
+    cs: 0,
+    rows: 0,
+    cols: 0,
+};
+
+/// `activation(op(a) @ op(b) + bias)` for fixed operand shapes, NumPy batch broadcasting.
+#[derive(Clone, Debug)]
+pub struct GemmPlan {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Vec<MatDesc>,
+    b: Vec<MatDesc>,
+    problems: Vec<Problem>,
+    /// Row and column strides of the bias, broadcast to one product.
+    bias: Option<(usize, usize)>,
+    lens: [usize; 4],
+}
+
+/// The matrices of a batched operand of `shape`, each transposed when asked.
+fn mats(shape: &[usize], transpose: bool) -> Vec<MatDesc> {
+    let (sr, sc) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let count: usize = shape[..shape.len() - 2].iter().product();
+    (0..count)
+        .map(|i| {
+            let m = MatDesc {
+                offset: i * sr * sc,
+                rs: sc,
+                cs: 1,
+                rows: sr,
+                cols: sc,
+            };
+            if transpose {
+                MatDesc {
+                    rs: m.cs,
+                    cs: m.rs,
+                    rows: m.cols,
+                    cols: m.rows,
+                    ..m
+                }
+            } else {
+                m
+            }
+        })
+        .collect()
+}
+
+impl GemmPlan {
+    /// Plans `a [..., m, k] @ b [..., k, n] (+ bias)` with the transposition flags.
+    pub fn new(
+        a: &[usize],
+        b: &[usize],
+        bias: Option<&[usize]>,
+        transpose_a: bool,
+        transpose_b: bool,
+    ) -> KernelResult<GemmPlan> {
+        let out = matmul_output_shape(a, b, transpose_a, transpose_b)?;
+        let rank = out.len();
+        let (m, n) = (out[rank - 2], out[rank - 1]);
+        let k = if transpose_a {
+            a[a.len() - 2]
+        } else {
+            a[a.len() - 1]
+        };
+        let bias_strides = match bias {
+            None => None,
+            Some(shape) => {
+                if broadcast_shapes("matmul", &[&out, shape])? != out {
+                    return Err(KernelError::new(
+                        "matmul",
+                        format!(
+                            "bias shape {shape:?} does not broadcast to the output shape {out:?}"
+                        ),
+                    ));
+                }
+                Some(broadcast_strides(shape, &out))
+            }
+        };
+        let numel = |s: &[usize]| s.iter().product::<usize>();
+        let lens = [numel(a), numel(b), bias.map_or(0, numel), numel(&out)];
+        let a_mats = mats(a, transpose_a);
+        let b_mats = mats(b, transpose_b);
+        let bias_rows_free = bias_strides
+            .as_ref()
+            .is_none_or(|s| s[..rank - 1].iter().all(|&x| x == 0));
+        let bias_rc = bias_strides.as_ref().map(|s| (s[rank - 2], s[rank - 1]));
+        // A batch of row-major A against one B is a single taller product.
+        if b_mats.len() == 1 && !transpose_a && a_mats.len() > 1 && bias_rows_free {
+            let rows = a_mats.len() * m;
+            let a = MatDesc {
+                offset: 0,
+                rs: k,
+                cs: 1,
+                rows,
+                cols: k,
+            };
+            return Ok(GemmPlan {
+                m: rows,
+                n,
+                k,
+                a: vec![a],
+                b: b_mats,
+                problems: vec![Problem {
+                    a: 0,
+                    b: 0,
+                    c_offset: 0,
+                    bias_offset: 0,
+                }],
+                bias: bias_rc,
+                lens,
+            });
+        }
+        let batch = &out[..rank - 2];
+        let index = |shape: &[usize]| {
+            let strides = broadcast_strides(&shape[..shape.len() - 2], batch);
+            let mut idx = Vec::new();
+            for_each_offset(batch, &strides, |o| idx.push(o));
+            idx
+        };
+        let (a_idx, b_idx) = (index(a), index(b));
+        let mut bias_off = Vec::new();
+        match &bias_strides {
+            Some(s) => for_each_offset(batch, &s[..rank - 2], |o| bias_off.push(o)),
+            None => bias_off.resize(a_idx.len(), 0),
+        }
+        let problems = (0..a_idx.len())
+            .map(|i| Problem {
+                a: a_idx[i],
+                b: b_idx[i],
+                c_offset: i * m * n,
+                bias_offset: bias_off[i],
+            })
+            .collect();
+        Ok(GemmPlan {
+            m,
+            n,
+            k,
+            a: a_mats,
+            b: b_mats,
+            problems,
+            bias: bias_rc,
+            lens,
+        })
+    }
+
+    /// Computes the planned product into `out`.
+    pub fn run(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        bias: Option<&[f32]>,
+        activation: Activation,
+        params: &MatmulParams,
+        out: &mut [f32],
+    ) -> KernelResult<()> {
+        let [la, lb, lbias, lout] = self.lens;
+        check_len("matmul", "a", a.len(), &[la])?;
+        check_len("matmul", "b", b.len(), &[lb])?;
+        check_len("matmul", "out", out.len(), &[lout])?;
+        if let Some(bias) = bias {
+            check_len("matmul", "bias", bias.len(), &[lbias])?;
+        }
+        let (mut a_inline, mut b_inline) = ([NO_MAT; INLINE], [NO_MAT; INLINE]);
+        let (a_heap, b_heap): (Vec<MatRef<'_>>, Vec<MatRef<'_>>);
+        let a_refs: &[MatRef<'_>] = if self.a.len() <= INLINE {
+            for (r, d) in a_inline.iter_mut().zip(&self.a) {
+                *r = d.on(a);
+            }
+            &a_inline[..self.a.len()]
+        } else {
+            a_heap = self.a.iter().map(|d| d.on(a)).collect();
+            &a_heap
+        };
+        let b_refs: &[MatRef<'_>] = if self.b.len() <= INLINE {
+            for (r, d) in b_inline.iter_mut().zip(&self.b) {
+                *r = d.on(b);
+            }
+            &b_inline[..self.b.len()]
+        } else {
+            b_heap = self.b.iter().map(|d| d.on(b)).collect();
+            &b_heap
+        };
+        Gemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            a: a_refs,
+            b: b_refs,
+            problems: &self.problems,
+            ldc: self.n,
+            accumulate: false,
+            bias: bias
+                .zip(self.bias)
+                .map(|(data, (rs, cs))| BiasRef { data, rs, cs }),
+            activation,
+            kernel: MicroKernel::select(params.isa)?,
+        }
+        .run(out, params);
+        Ok(())
+    }
+}

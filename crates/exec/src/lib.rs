@@ -1,0 +1,19 @@
+//! The CPU executor ("NPU"): runs a compiled module step by step on the kernels of
+//! [`mslc_kernels`], with one arena for every intermediate, weights from safetensors or a
+//! seeded init, inputs from `.npy`, and a per-step profile.
+
+mod buffer;
+mod dispatch;
+mod error;
+mod executor;
+mod gemm;
+mod init;
+mod inputs;
+mod prepare;
+mod profile;
+mod storage;
+pub mod weights;
+
+pub use error::{ExecError, ExecErrorKind, ExecResult};
+pub use executor::{ExecOptions, Executor};
+pub use profile::StepTime;

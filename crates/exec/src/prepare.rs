@@ -1,0 +1,378 @@
+//! Turning one scheduled step into a ready-to-call kernel: attributes resolved and converted to
+//! the kernels' argument types, tunable parameters read from the step's [`KernelChoice`], once,
+//! at setup, so the run loop only dispatches.
+
+use mslc_artifact::Step;
+use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry};
+use mslc_core::ops::family::fused::Activation as FusedActivation;
+use mslc_core::ops::family::nn::AttentionDims;
+use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
+use mslc_core::ops::family::reduce::reduced_axes;
+use mslc_core::ops::{resolve_attrs, DType, Op, OpError, TensorType};
+use mslc_kernels::attention::AttentionParams;
+use mslc_kernels::binding::{decode_params, KernelChoice, KernelKind};
+use mslc_kernels::conv::Conv2dAttrs;
+use mslc_kernels::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
+use mslc_kernels::matmul::MatmulParams;
+use mslc_kernels::par::RowParams;
+use mslc_kernels::pool::{Pool2dAttrs, PoolKind};
+use mslc_kernels::reduce::ReduceOp;
+use mslc_kernels::transpose::TransposeParams;
+use mslc_kernels::Activation;
+
+use super::gemm::GemmPlan;
+
+/// A step's kernel with everything it needs except the operands.
+#[derive(Clone, Debug)]
+pub enum StepKernel {
+    /// Fill with one value.
+    Constant(f32),
+    /// The values unchanged (`reshape`, inference `dropout`, `cast`, whose rounding the store
+    /// into the output's dtype performs).
+    Copy,
+    /// One-input elementwise op, output shape = input shape.
+    Unary(UnaryOp, ElementwiseParams),
+    /// Two-input elementwise op; `program` evaluates it with broadcasting when the shapes
+    /// differ, `None` when both inputs already have the output's shape.
+    Binary(BinaryOp, Option<Program>, ElementwiseParams),
+    /// A fused elementwise chain.
+    Fused(Program, ElementwiseParams),
+    /// `matmul` / `fused_matmul`.
+    Matmul {
+        /// Batch layout, broadcasting and bias strides, resolved for the step's shapes.
+        plan: GemmPlan,
+        /// Input 2 is a bias.
+        bias: bool,
+        /// Epilogue.
+        activation: Activation,
+        /// GEMM tiling.
+        params: MatmulParams,
+    },
+    /// `transpose`.
+    Transpose(Vec<i64>, TransposeParams),
+    /// `sum` / `mean` / `max`.
+    Reduce(ReduceOp, Vec<i64>, bool, RowParams),
+    /// `softmax` (false) / `log_softmax` (true) along an axis.
+    Softmax(i64, bool, RowParams),
+    /// `rms_norm` / `rms_norm_scale` (with a weight input).
+    RmsNorm(f64, bool, RowParams),
+    /// `layer_norm` / `layer_norm_affine` (with gain and bias inputs).
+    LayerNorm(f64, bool, RowParams),
+    /// `embedding` (input 0 read as integers).
+    Embedding(RowParams),
+    /// `rope` with its theta.
+    Rope(f64, RowParams),
+    /// `attention`.
+    Attention {
+        /// Causal mask.
+        causal: bool,
+        /// Score scale.
+        scale: f64,
+        /// Tiles.
+        params: AttentionParams,
+    },
+    /// `conv2d`.
+    Conv2d(Conv2dAttrs, MatmulParams),
+    /// `max_pool2d` / `avg_pool2d`.
+    Pool(PoolKind, Pool2dAttrs, RowParams),
+    /// `adaptive_avg_pool2d`.
+    AdaptivePool([usize; 2], RowParams),
+    /// `cross_entropy` (input 1 read as integers).
+    CrossEntropy(RowParams),
+    /// `broadcast_to` (reference kernel).
+    BroadcastTo,
+    /// `concat` along an axis (reference kernel).
+    Concat(i64),
+    /// `slice` (reference kernel).
+    Slice(i64, i64, i64),
+    /// `select` (reference kernel).
+    Select(i64, i64),
+    /// `batch_norm` (reference kernel).
+    BatchNorm(f64),
+    /// `causal_mask` (reference kernel).
+    CausalMask(usize),
+    /// `mse_loss` (reference kernel).
+    MseLoss,
+}
+
+impl StepKernel {
+    /// Whether the kernel can run with its output in input 0's buffer (the output slice then
+    /// already holds input 0).
+    pub fn works_in_place(&self) -> bool {
+        matches!(
+            self,
+            StepKernel::Copy | StepKernel::Unary(..) | StepKernel::Binary(_, None, _)
+        )
+    }
+
+    /// Which inputs the kernel reads as integers (ids, labels).
+    pub fn integer_input(&self) -> Option<usize> {
+        match self {
+            StepKernel::Embedding(_) => Some(0),
+            StepKernel::CrossEntropy(_) => Some(1),
+            _ => None,
+        }
+    }
+}
+
+/// Prepares `step` whose inputs have types `inputs` and whose output has type `output`.
+pub fn prepare(
+    step: &Step,
+    inputs: &[TensorType],
+    output: &TensorType,
+) -> Result<StepKernel, String> {
+    let op = step.op;
+    let expected = KernelKind::for_op(op);
+    if step.kernel.name != expected.name() {
+        return Err(format!(
+            "asks for kernel `{}`, but `{op}` runs on `{}`",
+            step.kernel.name,
+            expected.name()
+        ));
+    }
+    let a = resolve_attrs(op, &step.attrs).map_err(|e| e.message)?;
+    let k = &step.kernel;
+    let err = |e: OpError| e.message;
+    let usize_of = |v: i64, what: &str| {
+        usize::try_from(v).map_err(|_| format!("`{what}` must be non-negative, got {v}"))
+    };
+    if let Some(u) = unary_op(op) {
+        return Ok(StepKernel::Unary(u, params(k)?));
+    }
+    if let Some(b) = binary_op(op) {
+        let same = inputs.iter().all(|t| t.shape == output.shape);
+        let program = (!same).then(|| Program {
+            instrs: vec![
+                Instr::Input(0),
+                Instr::Input(1),
+                Instr::Binary { op: b, a: 0, b: 1 },
+            ],
+        });
+        return Ok(StepKernel::Binary(b, program, params(k)?));
+    }
+    Ok(match op {
+        Op::Constant => StepKernel::Constant(a.float("value").map_err(err)? as f32),
+        // A cast is a copy here: storing into the output's dtype rounds (floats, to nearest
+        // even), truncates with saturation (ints) or tests for non-zero (bool) exactly as the
+        // cast does.
+        Op::Reshape | Op::Dropout | Op::Cast => StepKernel::Copy,
+        Op::FusedElementwise => {
+            let text = a.str("program").map_err(err)?;
+            let program = ElementwiseProgram::parse(&text).map_err(err)?;
+            StepKernel::Fused(lower_program(&program, inputs)?, params(k)?)
+        }
+        Op::Matmul | Op::FusedMatmul => {
+            let activation = match FusedActivation::of(&a).map_err(err)?.op() {
+                None => Activation::None,
+                Some(Op::Relu) => Activation::Relu,
+                Some(Op::Gelu) => Activation::Gelu,
+                Some(Op::GeluTanh) => Activation::GeluTanh,
+                Some(Op::Silu) => Activation::Silu,
+                Some(_) => Activation::Tanh,
+            };
+            let dims =
+                |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
+            let bias = dims(2.min(inputs.len() - 1));
+            let plan = GemmPlan::new(
+                &dims(0),
+                &dims(1),
+                (inputs.len() == 3).then_some(bias.as_slice()),
+                a.bool("transpose_a").map_err(err)?,
+                a.bool("transpose_b").map_err(err)?,
+            )
+            .map_err(|e| e.to_string())?;
+            StepKernel::Matmul {
+                plan,
+                bias: inputs.len() == 3,
+                activation,
+                params: params(k)?,
+            }
+        }
+        Op::Transpose => StepKernel::Transpose(a.ints("perm").map_err(err)?, params(k)?),
+        Op::Sum | Op::Mean | Op::Max => {
+            let rop = match op {
+                Op::Sum => ReduceOp::Sum,
+                Op::Mean => ReduceOp::Mean,
+                _ => ReduceOp::Max,
+            };
+            let axes = reduced_axes(&a, inputs[0].rank()).map_err(err)?;
+            let axes = axes.into_iter().map(|x| x as i64).collect();
+            StepKernel::Reduce(rop, axes, a.bool("keepdim").map_err(err)?, params(k)?)
+        }
+        Op::Softmax | Op::LogSoftmax => StepKernel::Softmax(
+            a.int("axis").map_err(err)?,
+            op == Op::LogSoftmax,
+            params(k)?,
+        ),
+        Op::RmsNorm | Op::RmsNormScale => StepKernel::RmsNorm(
+            a.float("eps").map_err(err)?,
+            op == Op::RmsNormScale,
+            params(k)?,
+        ),
+        Op::LayerNorm | Op::LayerNormAffine => StepKernel::LayerNorm(
+            a.float("eps").map_err(err)?,
+            op == Op::LayerNormAffine,
+            params(k)?,
+        ),
+        Op::Embedding => StepKernel::Embedding(params(k)?),
+        Op::Rope => StepKernel::Rope(a.float("theta").map_err(err)?, params(k)?),
+        Op::Attention => {
+            let dims = AttentionDims::of(&inputs[0], &inputs[1], &inputs[2], &a).map_err(err)?;
+            StepKernel::Attention {
+                causal: dims.causal,
+                scale: dims.scale,
+                params: params(k)?,
+            }
+        }
+        Op::Conv2d => {
+            let g = Conv2dGeometry::of(&inputs[0], &inputs[1], &a).map_err(err)?;
+            let w = g.window;
+            let pair = |p: [i64; 2], what: &str| -> Result<[usize; 2], String> {
+                Ok([usize_of(p[0], what)?, usize_of(p[1], what)?])
+            };
+            let attrs = Conv2dAttrs {
+                stride: pair(w.stride, "stride")?,
+                padding: pair(w.padding, "padding")?,
+                dilation: pair(w.dilation, "dilation")?,
+                groups: usize_of(g.groups, "groups")?,
+            };
+            StepKernel::Conv2d(attrs, params(k)?)
+        }
+        Op::MaxPool2d | Op::AvgPool2d => {
+            let w = pool_window(&inputs[0], &a).map_err(err)?;
+            let pair = |p: [i64; 2], what: &str| -> Result<[usize; 2], String> {
+                Ok([usize_of(p[0], what)?, usize_of(p[1], what)?])
+            };
+            let attrs = Pool2dAttrs {
+                kernel: pair(w.kernel, "kernel")?,
+                stride: pair(w.stride, "stride")?,
+                padding: pair(w.padding, "padding")?,
+            };
+            let kind = if op == Op::MaxPool2d {
+                PoolKind::Max
+            } else {
+                PoolKind::Avg
+            };
+            StepKernel::Pool(kind, attrs, params(k)?)
+        }
+        Op::AdaptiveAvgPool2d => {
+            let o = a.ints("output").map_err(err)?;
+            let [h, w] = o[..] else {
+                return Err(format!("`output` must have two sizes, got {o:?}"));
+            };
+            StepKernel::AdaptivePool([usize_of(h, "output")?, usize_of(w, "output")?], params(k)?)
+        }
+        Op::CrossEntropy => StepKernel::CrossEntropy(params(k)?),
+        Op::BroadcastTo => StepKernel::BroadcastTo,
+        Op::Concat => StepKernel::Concat(a.int("axis").map_err(err)?),
+        Op::Slice => StepKernel::Slice(
+            a.int("axis").map_err(err)?,
+            a.int("start").map_err(err)?,
+            a.int("end").map_err(err)?,
+        ),
+        Op::Select => StepKernel::Select(a.int("axis").map_err(err)?, a.int("index").map_err(err)?),
+        Op::BatchNorm => StepKernel::BatchNorm(a.float("eps").map_err(err)?),
+        Op::CausalMask => StepKernel::CausalMask(usize_of(a.int("size").map_err(err)?, "size")?),
+        Op::MseLoss => StepKernel::MseLoss,
+        _ => return Err(format!("the executor has no kernel for `{op}`")),
+    })
+}
+
+/// The step's tunable parameters, every one it names honoured.
+fn params<T: serde::Serialize + serde::de::DeserializeOwned + Default>(
+    k: &KernelChoice,
+) -> Result<T, String> {
+    decode_params(k)
+}
+
+/// The kernel-side op of a one-input elementwise registry op.
+fn unary_op(op: Op) -> Option<UnaryOp> {
+    Some(match op {
+        Op::Neg => UnaryOp::Neg,
+        Op::Exp => UnaryOp::Exp,
+        Op::Log => UnaryOp::Log,
+        Op::Sqrt => UnaryOp::Sqrt,
+        Op::Rsqrt => UnaryOp::Rsqrt,
+        Op::Reciprocal => UnaryOp::Reciprocal,
+        Op::Abs => UnaryOp::Abs,
+        Op::Tanh => UnaryOp::Tanh,
+        Op::Sigmoid => UnaryOp::Sigmoid,
+        Op::Relu => UnaryOp::Relu,
+        Op::Gelu => UnaryOp::Gelu,
+        Op::GeluTanh => UnaryOp::GeluTanh,
+        Op::Silu => UnaryOp::Silu,
+        Op::Erf => UnaryOp::Erf,
+        _ => return None,
+    })
+}
+
+/// The kernel-side op of a two-input elementwise registry op.
+fn binary_op(op: Op) -> Option<BinaryOp> {
+    Some(match op {
+        Op::Add => BinaryOp::Add,
+        Op::Sub => BinaryOp::Sub,
+        Op::Mul => BinaryOp::Mul,
+        Op::Div => BinaryOp::Div,
+        Op::Pow => BinaryOp::Pow,
+        Op::Maximum => BinaryOp::Maximum,
+        Op::Minimum => BinaryOp::Minimum,
+        _ => return None,
+    })
+}
+
+/// The rounding a cast to `dtype` applies to an f32 value.
+fn cast_target(dtype: DType) -> CastTarget {
+    match dtype {
+        DType::F64 => CastTarget::F64,
+        DType::F32 => CastTarget::F32,
+        DType::F16 => CastTarget::F16,
+        DType::BF16 => CastTarget::Bf16,
+        DType::I64 => CastTarget::I64,
+        DType::I32 => CastTarget::I32,
+        DType::Bool => CastTarget::Bool,
+    }
+}
+
+/// Translates a registry program (`silu(x0); mul(t0, x1)`) into the kernels' register form:
+/// one register per input first, then one per step. Each step's result is rounded to its
+/// dtype when that is narrower than f32, as storing it would.
+fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<Program, String> {
+    let types = program.step_types(inputs).map_err(|e| e.message)?;
+    let mut instrs: Vec<Instr> = (0..inputs.len()).map(Instr::Input).collect();
+    let mut step_reg = Vec::with_capacity(program.steps.len());
+    for (step, ty) in program.steps.iter().zip(&types) {
+        let reg = |o: &Operand| match *o {
+            Operand::Input(n) => n,
+            Operand::Step(n) => step_reg[n],
+        };
+        let instr = if let Some(u) = unary_op(step.op) {
+            Instr::Unary {
+                op: u,
+                x: reg(&step.args[0]),
+            }
+        } else if let Some(b) = binary_op(step.op) {
+            Instr::Binary {
+                op: b,
+                a: reg(&step.args[0]),
+                b: reg(&step.args[1]),
+            }
+        } else if step.op == Op::Cast {
+            Instr::Unary {
+                op: UnaryOp::Cast(cast_target(ty.dtype)),
+                x: reg(&step.args[0]),
+            }
+        } else {
+            return Err(format!("`{}` cannot run inside a fused program", step.op));
+        };
+        instrs.push(instr);
+        if matches!(ty.dtype, DType::F16 | DType::BF16) && step.op != Op::Cast {
+            let x = instrs.len() - 1;
+            instrs.push(Instr::Unary {
+                op: UnaryOp::Cast(cast_target(ty.dtype)),
+                x,
+            });
+        }
+        step_reg.push(instrs.len() - 1);
+    }
+    Ok(Program { instrs })
+}

@@ -1,0 +1,211 @@
+//! How values of each dtype are stored: the executor computes in f32 and converts at load and
+//! store, so f16/bf16 values keep their storage size and f64/int/bool values their type.
+
+use half::{bf16, f16};
+
+use mslc_core::ops::DType;
+use mslc_kernels::convert;
+
+/// Reinterprets the little-endian bytes of a stored f32 value in place (the arena, inputs and
+/// parameters are 64-byte aligned, so this never copies). f16/bf16 convert with the kernels'
+/// vectorised routines.
+pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
+    // SAFETY: every bit pattern is a valid f32; `align_to` only yields an aligned middle part.
+    let (head, mid, tail) = unsafe { bytes.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// Decodes `src` (elements of `dtype`) into `dst` as f32; `dst.len()` elements are read.
+pub fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F16 => match half_view::<f16>(src) {
+            Some(h) if convert::f16_to_f32(h, dst).is_ok() => {}
+            _ => {
+                for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        },
+        DType::BF16 => match half_view::<bf16>(src) {
+            Some(h) if convert::bf16_to_f32(h, dst).is_ok() => {}
+            _ => {
+                for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+        },
+        DType::F64 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
+                *d = f64::from_le_bytes(eight(c)) as f32;
+            }
+        }
+        DType::I64 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
+                *d = i64::from_le_bytes(eight(c)) as f32;
+            }
+        }
+        DType::I32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32;
+            }
+        }
+        DType::Bool => {
+            for (d, &b) in dst.iter_mut().zip(src) {
+                *d = if b != 0 { 1.0 } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// Decodes integer (or bool) elements of `dtype` into `dst` exactly; float elements are
+/// truncated toward zero.
+pub fn load_i64(dtype: DType, src: &[u8], dst: &mut [i64]) {
+    match dtype {
+        DType::I64 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(8)) {
+                *d = i64::from_le_bytes(eight(c));
+            }
+        }
+        DType::I32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        DType::Bool => {
+            for (d, &b) in dst.iter_mut().zip(src) {
+                *d = i64::from(b != 0);
+            }
+        }
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 => {
+            let size = dtype.size_bytes() as usize;
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(size)) {
+                let mut one = [0f32];
+                load_f32(dtype, c, &mut one);
+                *d = one[0] as i64;
+            }
+        }
+    }
+}
+
+/// Encodes `src` as elements of `dtype` into `dst` (round to nearest for narrower floats,
+/// truncation toward zero with saturation for ints, non-zero → true for bool).
+pub fn store_f32(dtype: DType, src: &[f32], dst: &mut [u8]) {
+    match dtype {
+        DType::F32 => {
+            for (c, v) in dst.chunks_exact_mut(4).zip(src) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        DType::F16 => {
+            let done =
+                half_view_mut::<f16>(dst).is_some_and(|h| convert::f32_to_f16(src, h).is_ok());
+            if !done {
+                for (c, &v) in dst.chunks_exact_mut(2).zip(src) {
+                    c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                }
+            }
+        }
+        DType::BF16 => {
+            let done =
+                half_view_mut::<bf16>(dst).is_some_and(|h| convert::f32_to_bf16(src, h).is_ok());
+            if !done {
+                for (c, &v) in dst.chunks_exact_mut(2).zip(src) {
+                    c.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
+                }
+            }
+        }
+        DType::F64 => {
+            for (c, &v) in dst.chunks_exact_mut(8).zip(src) {
+                c.copy_from_slice(&f64::from(v).to_le_bytes());
+            }
+        }
+        DType::I64 => {
+            for (c, &v) in dst.chunks_exact_mut(8).zip(src) {
+                c.copy_from_slice(&(v as i64).to_le_bytes());
+            }
+        }
+        DType::I32 => {
+            for (c, &v) in dst.chunks_exact_mut(4).zip(src) {
+                c.copy_from_slice(&(v as i32).to_le_bytes());
+            }
+        }
+        DType::Bool => {
+            for (c, &v) in dst.iter_mut().zip(src) {
+                *c = u8::from(v != 0.0);
+            }
+        }
+    }
+}
+
+fn eight(c: &[u8]) -> [u8; 8] {
+    [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]
+}
+
+/// Little-endian targets store half floats exactly as `half` lays them out in memory.
+fn half_view<T: sealed::Half>(bytes: &[u8]) -> Option<&[T]> {
+    if !cfg!(target_endian = "little") {
+        return None;
+    }
+    // SAFETY: `f16` and `bf16` are `repr(transparent)` over `u16`: any bit pattern is valid;
+    // `align_to` only yields an aligned middle part.
+    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+fn half_view_mut<T: sealed::Half>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    if !cfg!(target_endian = "little") {
+        return None;
+    }
+    // SAFETY: as in `half_view`; the bytes are borrowed exclusively.
+    let (head, mid, tail) = unsafe { bytes.align_to_mut::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// The two 16-bit float types, which may be viewed over raw bytes.
+mod sealed {
+    /// A 16-bit float type valid for every bit pattern.
+    pub trait Half: Copy {}
+    impl Half for half::f16 {}
+    impl Half for half::bf16 {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_representable_values() {
+        let values = [0.0f32, 1.0, -2.0, 3.0, 100.0];
+        for &dtype in DType::ALL {
+            let vals: Vec<f32> = if dtype == DType::Bool {
+                vec![0.0, 1.0, 1.0, 0.0, 1.0]
+            } else {
+                values.to_vec()
+            };
+            let mut bytes = vec![0u8; vals.len() * dtype.size_bytes() as usize];
+            store_f32(dtype, &vals, &mut bytes);
+            let mut back = vec![0f32; vals.len()];
+            load_f32(dtype, &bytes, &mut back);
+            assert_eq!(back, vals, "{dtype}");
+            let mut ints = vec![0i64; vals.len()];
+            load_i64(dtype, &bytes, &mut ints);
+            let want: Vec<i64> = vals.iter().map(|&v| v as i64).collect();
+            assert_eq!(ints, want, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn narrow_floats_round_to_nearest() {
+        let mut bytes = [0u8; 2];
+        store_f32(DType::BF16, &[1.0 + 1.0 / 512.0], &mut bytes);
+        let mut back = [0f32];
+        load_f32(DType::BF16, &bytes, &mut back);
+        assert_eq!(back[0], 1.0);
+        assert_eq!(f32_view(&[0u8; 8]).map(<[f32]>::len), Some(2));
+    }
+}

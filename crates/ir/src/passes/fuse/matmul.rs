@@ -1,0 +1,96 @@
+//! `matmul` + bias add (+ activation) → `fused_matmul`; also `matmul` + activation alone.
+//! The bias must have the product's dtype and broadcast to its shape without widening it.
+
+use super::{topo, NAME};
+use crate::passes::rewrite::{add_like, is_op, replace_with, single_use};
+use crate::passes::PassStats;
+use crate::{Graph, NodeId, ValueRef};
+use mslc_core::ops::family::fused::Activation;
+use mslc_core::ops::{Op, OpError};
+
+/// The activation `op` applies, if `fused_matmul` can apply it.
+fn activation(op: Op) -> Option<Activation> {
+    match op {
+        Op::Relu => Some(Activation::Relu),
+        Op::Gelu => Some(Activation::Gelu),
+        Op::GeluTanh => Some(Activation::GeluTanh),
+        Op::Silu => Some(Activation::Silu),
+        Op::Tanh => Some(Activation::Tanh),
+        _ => None,
+    }
+}
+
+/// The matmul node behind `v` when `v` is its single-use, float result.
+fn fusable_matmul(g: &Graph, v: ValueRef) -> Option<NodeId> {
+    (is_op(g, v, Op::Matmul) && single_use(g, v) && g.ty(v).dtype.is_float()).then_some(v.node)
+}
+
+/// `(matmul node, bias)` when node `add` is `matmul + bias` (either order) and adding the
+/// bias keeps the product's type.
+fn bias_add(g: &Graph, add: NodeId) -> Option<(NodeId, ValueRef)> {
+    if g.node(add).op()? != Op::Add {
+        return None;
+    }
+    let out = g.node(add).outputs.first()?;
+    let inputs = g.inputs(add);
+    let (a, b) = (*inputs.first()?, *inputs.get(1)?);
+    [(a, b), (b, a)].into_iter().find_map(|(m, bias)| {
+        let mm = fusable_matmul(g, m)?;
+        (g.ty(m) == out && g.ty(bias).dtype == out.dtype).then_some((mm, bias))
+    })
+}
+
+/// The `fused_matmul` rooted at `root`: `(matmul, bias, activation, absorbed nodes)`.
+type Found = (NodeId, Option<ValueRef>, Activation, Vec<NodeId>);
+
+fn find(g: &Graph, root: NodeId) -> Option<Found> {
+    let op = g.node(root).op()?;
+    if let Some(act) = activation(op) {
+        let x = *g.inputs(root).first()?;
+        if g.ty(x) != g.node(root).outputs.first()? {
+            return None;
+        }
+        if single_use(g, x) {
+            if let Some((mm, bias)) = bias_add(g, x.node) {
+                return Some((mm, Some(bias), act, vec![x.node, mm]));
+            }
+        }
+        let mm = fusable_matmul(g, x)?;
+        return Some((mm, None, act, vec![mm]));
+    }
+    let (mm, bias) = bias_add(g, root)?;
+    Some((mm, Some(bias), Activation::None, vec![mm]))
+}
+
+fn label(bias: bool, act: Activation) -> &'static str {
+    match (bias, act) {
+        (true, Activation::None) => "matmul_bias",
+        (true, _) => "matmul_bias_act",
+        (false, _) => "matmul_act",
+    }
+}
+
+/// Fuses every matmul + bias (+ activation) and matmul + activation; roots are visited from
+/// the outputs back, so an activation claims its bias add before the add is tried alone.
+pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+    for root in topo(g)?.into_iter().rev() {
+        if !g.contains(root) {
+            continue;
+        }
+        let Some((mm, bias, act, absorbed)) = find(g, root) else {
+            continue;
+        };
+        let mut attrs = g.node(mm).attrs().cloned().unwrap_or_default();
+        attrs.insert("has_bias", bias.is_some());
+        attrs.insert("activation", act.name());
+        let mut inputs = g.inputs(mm);
+        inputs.extend(bias);
+        let fused = add_like(g, root, Op::FusedMatmul, attrs, &inputs)?;
+        replace_with(g, root, fused);
+        for n in absorbed {
+            g.remove_node(n);
+        }
+        stats.record(NAME, label(bias.is_some(), act));
+    }
+    Ok(())
+}

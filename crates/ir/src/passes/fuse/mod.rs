@@ -1,0 +1,69 @@
+//! Fusion: rewrites op patterns into the registry's fused ops, so kernels read and write
+//! memory once where the plain graph would make several passes. Patterns, in the order they
+//! are tried (each may expose the next):
+//!
+//! 1. a transpose of the last two dims feeding a matmul → the matmul's `transpose_a/b` flag;
+//! 2. explicit attention, `softmax(q @ k.T * scale [+ causal_mask]) @ v` over `[B, N, S, D]`
+//!    → `attention` between transposes to and from its `[B, S, N, D]` layout;
+//! 3. matmul + bias add (+ relu / gelu / gelu_tanh / silu / tanh) → `fused_matmul`;
+//! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
+//! 5. chains of elementwise ops of one output shape → `fused_elementwise`.
+//!
+//! An intermediate is only absorbed when nothing else reads it and it is not a model output,
+//! so no work is duplicated; the fused op keeps the origin and annotations of the pattern's
+//! root (its last op).
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod norm;
+mod transpose;
+
+use super::{Pass, PassContext, PassError, PassStats};
+use crate::Graph;
+use mslc_core::ops::OpError;
+
+/// The `fuse` pass (does nothing when `cx.fuse` is false).
+pub struct Fuse;
+
+/// The pass name, the prefix of every fusion label.
+const NAME: &str = "fuse";
+
+/// One fusion rule: one sweep over the graph, recording a label per rewrite.
+type Rule = fn(&mut Graph, &mut PassStats) -> Result<(), OpError>;
+
+const RULES: [Rule; 5] = [
+    transpose::run,
+    attention::run,
+    matmul::run,
+    norm::run,
+    elementwise::run,
+];
+
+impl Pass for Fuse {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn description(&self) -> &'static str {
+        "fuse transposes into matmuls, explicit attention, matmul+bias+activation, norm+affine \
+         and elementwise chains"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
+        let mut stats = PassStats::default();
+        if !cx.fuse {
+            return Ok(stats);
+        }
+        for rule in RULES {
+            rule(g, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
+        }
+        Ok(stats)
+    }
+}
+
+/// The graph's nodes in topological order, or an error naming the problem.
+fn topo(g: &Graph) -> Result<Vec<crate::NodeId>, OpError> {
+    g.topo_order()
+        .ok_or_else(|| OpError::new("the graph has a cycle"))
+}

@@ -1,0 +1,452 @@
+//! Flash-style attention: per (batch, query head, query tile) task, key tiles stream through an
+//! online softmax, so no S×T score matrix is ever held. Causal (last query aligned with the last
+//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{KernelError, KernelResult};
+use super::matmul::gemm::{Gemm, Problem};
+use super::matmul::pack::MatRef;
+use super::matmul::{Isa, MatmulParams, MicroKernel};
+use super::par::{self, SyncPtr};
+use super::reference::nn::attention_dims;
+use super::scratch::with_scratch;
+use super::shape::check_len;
+use super::tensor::TensorRef;
+use super::Activation;
+use super::{math, rows};
+
+/// Tunable parameters of [`attention`]. Results are bit-identical for any thread count,
+/// `block_q` and `min_parallel_flops`; `block_k` (the online-softmax steps) and the portable
+/// kernel change the rounding.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionParams {
+    /// Queries per task (the rows of one score tile).
+    pub block_q: usize,
+    /// Keys per step of the online softmax (the columns of one score tile).
+    pub block_k: usize,
+    /// Problems with fewer flops (4·B·Hq·S·T·D) than this run on the calling thread.
+    pub min_parallel_flops: usize,
+    /// Micro-kernel used by the tile products; an ISA this CPU lacks is an error.
+    pub isa: Isa,
+}
+
+impl Default for AttentionParams {
+    fn default() -> Self {
+        Self {
+            block_q: 32,
+            block_k: 128,
+            min_parallel_flops: 1 << 19,
+            isa: Isa::Auto,
+        }
+    }
+}
+
+/// The fixed facts of one call, shared by its tasks.
+struct AttentionJob<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    s: usize,
+    t: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+    scale: f32,
+    block_q: usize,
+    block_k: usize,
+    gemm: MatmulParams,
+    kernel: MicroKernel,
+}
+
+/// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
+/// q is `[B, S, Hq, D]`, k and v `[B, T, Hkv, D]`, `out` holds `B·S·Hq·D` values. A query that
+/// sees no key (causal with S > T) gets zeros.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: TensorRef<'_>,
+    k: TensorRef<'_>,
+    v: TensorRef<'_>,
+    causal: bool,
+    scale: Option<f64>,
+    params: &AttentionParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
+    check_len("attention", "out", out.len(), q.shape)?;
+    if params.block_q == 0 || params.block_k == 0 {
+        return Err(KernelError::new(
+            "attention",
+            "block sizes must be at least 1",
+        ));
+    }
+    let kernel = MicroKernel::select(params.isa)?;
+    let p = AttentionJob {
+        q: q.data,
+        k: k.data,
+        v: v.data,
+        s,
+        t,
+        hq,
+        hkv,
+        d,
+        causal,
+        scale: scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
+        block_q: params.block_q,
+        block_k: params.block_k,
+        gemm: MatmulParams {
+            mc: params.block_q,
+            kc: d.max(params.block_k),
+            nc: d.max(params.block_k),
+            tasks_per_thread: 0,
+            min_parallel_flops: usize::MAX,
+            isa: params.isa,
+        },
+        kernel,
+    };
+    let q_tiles = s.div_ceil(params.block_q);
+    let tasks = b * hq * q_tiles;
+    let flops = [b, hq, s, t, d]
+        .iter()
+        .fold(4usize, |f, &x| f.saturating_mul(x));
+    let parallel = flops >= params.min_parallel_flops;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    par::for_each_index(parallel, tasks, |task| {
+        let (bh, tile) = (task / q_tiles, task % q_tiles);
+        // SAFETY: task (b, h, tile) writes only the rows of its query tile at head h, disjoint
+        // from every other task's, inside `out` (length checked above).
+        unsafe { p.tile(bh / hq, bh % hq, tile, out_ptr) };
+    });
+    Ok(())
+}
+
+impl AttentionJob<'_> {
+    /// Rows `d` wide, `stride` apart: the (batch, head) slice of a `[B, L, H, D]` tensor.
+    fn rows<'a>(
+        &self,
+        data: &'a [f32],
+        first_row: usize,
+        rows: usize,
+        stride: usize,
+    ) -> MatRef<'a> {
+        MatRef {
+            data,
+            offset: first_row,
+            rs: stride,
+            cs: 1,
+            rows,
+            cols: self.d,
+        }
+    }
+
+    /// Computes one query tile of one (batch, head).
+    ///
+    /// # Safety
+    /// `out` must point to the `[B, S, Hq, D]` output, and no other task may write this tile.
+    unsafe fn tile(&self, b: usize, h: usize, tile: usize, out: SyncPtr) {
+        let (s, t, d) = (self.s, self.t, self.d);
+        let q0 = tile * self.block_q;
+        let bq = self.block_q.min(s - q0);
+        let kh = h / (self.hq / self.hkv);
+        let (qs, ks) = (self.hq * d, self.hkv * d);
+        let q_rows = self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs);
+        // Keys a query of this tile may see: j < limit (the last query sees the most).
+        let limit = if self.causal {
+            (q0 + bq + t).saturating_sub(s).min(t)
+        } else {
+            t
+        };
+        let bk_max = self.block_k.min(t.max(1));
+        let one = [Problem {
+            a: 0,
+            b: 0,
+            c_offset: 0,
+            bias_offset: 0,
+        }];
+        with_scratch(bq * bk_max + bq * d + 2 * bq, |buf| {
+            let (scores, rest) = buf.split_at_mut(bq * bk_max);
+            let (acc, rest) = rest.split_at_mut(bq * d);
+            let (row_max, row_sum) = rest.split_at_mut(bq);
+            acc.fill(0.0);
+            row_max.fill(f32::NEG_INFINITY);
+            row_sum.fill(0.0);
+            for t0 in (0..limit).step_by(self.block_k) {
+                let bk = self.block_k.min(limit - t0);
+                let scores = &mut scores[..bq * bk];
+                let first_key = ((b * t + t0) * self.hkv + kh) * d;
+                let k_rows = [self.rows(self.k, first_key, bk, ks).t()];
+                let qa = [q_rows];
+                Gemm {
+                    m: bq,
+                    n: bk,
+                    k: d,
+                    a: &qa,
+                    b: &k_rows,
+                    problems: &one,
+                    ldc: bk,
+                    accumulate: false,
+                    bias: None,
+                    activation: Activation::None,
+                    kernel: self.kernel,
+                }
+                .run(scores, &self.gemm);
+                for r in 0..bq {
+                    let row = &mut scores[r * bk..(r + 1) * bk];
+                    rows::scale(row, self.scale);
+                    if self.causal {
+                        // Query q0 + r sees keys j <= q0 + r + t - s.
+                        let visible = (q0 + r + 1 + t)
+                            .saturating_sub(s)
+                            .saturating_sub(t0)
+                            .min(bk);
+                        row[visible..].fill(f32::NEG_INFINITY);
+                    }
+                    let new_max = row_max[r].max(rows::max(row));
+                    if new_max == f32::NEG_INFINITY {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let correction = math::exp(row_max[r] - new_max);
+                    let sum = rows::exp_sum(row, 1.0, new_max);
+                    row_sum[r] = row_sum[r] * correction + sum;
+                    row_max[r] = new_max;
+                    rows::scale(&mut acc[r * d..(r + 1) * d], correction);
+                }
+                let p = [MatRef {
+                    data: scores,
+                    offset: 0,
+                    rs: bk,
+                    cs: 1,
+                    rows: bq,
+                    cols: bk,
+                }];
+                let v_rows = [self.rows(self.v, first_key, bk, ks)];
+                Gemm {
+                    m: bq,
+                    n: d,
+                    k: bk,
+                    a: &p,
+                    b: &v_rows,
+                    problems: &one,
+                    ldc: d,
+                    accumulate: true,
+                    bias: None,
+                    activation: Activation::None,
+                    kernel: self.kernel,
+                }
+                .run(acc, &self.gemm);
+            }
+            for r in 0..bq {
+                let inv = if row_sum[r] > 0.0 {
+                    1.0 / row_sum[r]
+                } else {
+                    0.0
+                };
+                let row = &mut acc[r * d..(r + 1) * d];
+                rows::scale(row, inv);
+                // SAFETY: row q0 + r of head h lies inside `out` and belongs to this task.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.get().add(((b * s + q0 + r) * self.hq + h) * d),
+                        d,
+                    )
+                };
+                dst.copy_from_slice(row);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    struct Case {
+        b: usize,
+        s: usize,
+        t: usize,
+        hkv: usize,
+        group: usize,
+        d: usize,
+        causal: bool,
+        scale: Option<f64>,
+        params: AttentionParams,
+        precision: Precision,
+        seed: u64,
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        let dims = (1usize..3, 1usize..40, 0usize..40, 1usize..3, 1usize..4);
+        let d = prop::sample::select(vec![1usize, 2, 7, 16, 33, 64]);
+        let blocks = (
+            prop::sample::select(vec![1usize, 3, 16, 64]),
+            prop::sample::select(vec![1usize, 5, 16, 64]),
+            prop::sample::select(vec![Isa::Auto, Isa::Portable]),
+        );
+        let scale = prop::option::of(-1.0f64..2.0);
+        let prec = prop::sample::select(Precision::ALL.to_vec());
+        (dims, d, any::<bool>(), scale, blocks, prec, any::<u64>()).prop_map(
+            |((b, s, t, hkv, group), d, causal, scale, (bq, bk, isa), precision, seed)| Case {
+                b,
+                s,
+                t,
+                hkv,
+                group,
+                d,
+                causal,
+                scale,
+                params: AttentionParams {
+                    block_q: bq,
+                    block_k: bk,
+                    min_parallel_flops: 0,
+                    isa,
+                },
+                precision,
+                seed,
+            },
+        )
+    }
+
+    fn check(c: &Case) {
+        let mut rng = Rng::new(c.seed);
+        let p = c.precision;
+        let hq = c.hkv * c.group;
+        let q_shape = [c.b, c.s, hq, c.d];
+        let kv_shape = [c.b, c.t, c.hkv, c.d];
+        let q = p.round_vec(rng.vec(q_shape.iter().product(), 2.0));
+        let k = p.round_vec(rng.vec(kv_shape.iter().product(), 2.0));
+        let v = p.round_vec(rng.vec(kv_shape.iter().product(), 1.0));
+        let t = |d, s| TensorRef::new("t", d, s).unwrap();
+        let want = reference::attention(
+            t(&q, &q_shape),
+            t(&k, &kv_shape),
+            t(&v, &kv_shape),
+            c.causal,
+            c.scale,
+        )
+        .unwrap();
+        let run = || {
+            let mut out = vec![f32::NAN; q.len()];
+            attention(
+                t(&q, &q_shape),
+                t(&k, &kv_shape),
+                t(&v, &kv_shape),
+                c.causal,
+                c.scale,
+                &c.params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let one = in_pool(1, run);
+        let two = in_pool(2, run);
+        assert_same_bits("attention threads", &one, &two);
+        // Outputs are convex combinations of values in [-1, 1].
+        assert_close_in(p, "attention", &one, &want.data, 2e-5, 1e-4);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn fast_matches_reference(c in case()) {
+            check(&c);
+        }
+    }
+
+    #[test]
+    fn query_tiling_does_not_change_bits() {
+        let mut rng = Rng::new(5);
+        let (qs, ks) = ([2, 37, 4, 24], [2, 41, 2, 24]);
+        let q = rng.vec(qs.iter().product(), 1.0);
+        let k = rng.vec(ks.iter().product(), 1.0);
+        let v = rng.vec(ks.iter().product(), 1.0);
+        let run = |block_q| {
+            let mut out = vec![0.0; q.len()];
+            let params = AttentionParams {
+                block_q,
+                ..Default::default()
+            };
+            let t = |d, s| TensorRef::new("t", d, s).unwrap();
+            attention(
+                t(&q, &qs),
+                t(&k, &ks),
+                t(&v, &ks),
+                true,
+                None,
+                &params,
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let base = run(1);
+        for bq in [7, 32, 64] {
+            assert_same_bits("block_q", &base, &run(bq));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let x = [0.0f32; 8];
+        let mut out = [0.0f32; 8];
+        let t = |s: &'static [usize]| TensorRef {
+            data: &x[..s.iter().product::<usize>()],
+            shape: s,
+        };
+        let p = AttentionParams::default();
+        // Three query heads cannot share two kv heads.
+        assert!(attention(
+            t(&[1, 1, 3, 2]),
+            t(&[1, 1, 2, 2]),
+            t(&[1, 1, 2, 2]),
+            false,
+            None,
+            &p,
+            &mut out[..6]
+        )
+        .is_err());
+        // Head dims differ.
+        assert!(attention(
+            t(&[1, 1, 2, 2]),
+            t(&[1, 2, 1, 1]),
+            t(&[1, 2, 1, 1]),
+            false,
+            None,
+            &p,
+            &mut out[..4]
+        )
+        .is_err());
+        // Output too short.
+        assert!(attention(
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            true,
+            None,
+            &p,
+            &mut out[..7]
+        )
+        .is_err());
+        let zero = AttentionParams {
+            block_q: 0,
+            ..Default::default()
+        };
+        assert!(attention(
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            t(&[1, 2, 2, 2]),
+            true,
+            None,
+            &zero,
+            &mut out
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The one op → kernel binding: which kernel family runs each op, the parameters each family
+//! takes (from its parameter struct, field by field) and how a kernel choice is read back. The
+//! planner chooses by it, the executor looks up by the same key, and `NAME.kernels.toml`
+//! records it.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use mslc_core::ops::Op;
+
+use crate::attention::AttentionParams;
+use crate::elementwise::fused::ElementwiseParams;
+use crate::matmul::MatmulParams;
+use crate::par::RowParams;
+use crate::transpose::TransposeParams;
+
+/// One tunable kernel parameter's value.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum KernelParam {
+    /// A size or count.
+    Int(i64),
+    /// A choice, e.g. the micro-kernel ISA.
+    Text(String),
+}
+
+/// The kernel chosen for a step and its tunable parameters.
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+pub struct KernelChoice {
+    /// Kernel name, e.g. `gemm` or `flash_attention`.
+    pub name: String,
+    /// Tile sizes, thread split and the like, by the field names of the kernel's parameter
+    /// struct.
+    pub params: BTreeMap<String, KernelParam>,
+}
+
+/// The kernel families the executor runs. Each tunable one has a parameter struct in
+/// this crate; its field names and defaults are the only source of the parameters a
+/// [`KernelChoice`] carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelKind {
+    /// Packed GEMM ([`MatmulParams`]): `matmul`, `fused_matmul`.
+    Gemm,
+    /// Convolution lowered onto the packed GEMM ([`MatmulParams`]): `conv2d`.
+    Im2colGemm,
+    /// Tiled online-softmax attention ([`AttentionParams`]).
+    FlashAttention,
+    /// Blocked elementwise programs ([`ElementwiseParams`]).
+    Elementwise,
+    /// Row-parallel kernels ([`RowParams`]): softmax, norms, rope, embedding, reductions,
+    /// pooling, losses.
+    Rowwise,
+    /// Tiled transpose ([`TransposeParams`]).
+    Transpose,
+    /// Untuned reference kernels, no parameters.
+    Reference,
+}
+
+impl KernelKind {
+    /// The kernel family that runs `op`.
+    pub fn for_op(op: Op) -> KernelKind {
+        match op {
+            Op::Matmul | Op::FusedMatmul => KernelKind::Gemm,
+            Op::Conv2d => KernelKind::Im2colGemm,
+            Op::Attention => KernelKind::FlashAttention,
+            Op::Transpose => KernelKind::Transpose,
+            Op::Dropout => KernelKind::Reference,
+            _ if op.spec().elementwise || op == Op::FusedElementwise => KernelKind::Elementwise,
+            Op::Softmax
+            | Op::LogSoftmax
+            | Op::RmsNorm
+            | Op::RmsNormScale
+            | Op::LayerNorm
+            | Op::LayerNormAffine
+            | Op::Rope
+            | Op::Embedding
+            | Op::Sum
+            | Op::Mean
+            | Op::Max
+            | Op::MaxPool2d
+            | Op::AvgPool2d
+            | Op::AdaptiveAvgPool2d
+            | Op::CrossEntropy => KernelKind::Rowwise,
+            _ => KernelKind::Reference,
+        }
+    }
+
+    /// The name recorded in modules and kernel tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Gemm => "gemm",
+            KernelKind::Im2colGemm => "im2col_gemm",
+            KernelKind::FlashAttention => "flash_attention",
+            KernelKind::Elementwise => "elementwise",
+            KernelKind::Rowwise => "rowwise",
+            KernelKind::Transpose => "transpose",
+            KernelKind::Reference => "reference",
+        }
+    }
+
+    /// The default parameters, field by field, from the kernel's parameter struct.
+    pub fn default_params(self) -> BTreeMap<String, KernelParam> {
+        match self {
+            KernelKind::Gemm | KernelKind::Im2colGemm => to_params(&MatmulParams::default()),
+            KernelKind::FlashAttention => to_params(&AttentionParams::default()),
+            KernelKind::Elementwise => to_params(&ElementwiseParams::default()),
+            KernelKind::Rowwise => to_params(&RowParams::default()),
+            KernelKind::Transpose => to_params(&TransposeParams::default()),
+            KernelKind::Reference => BTreeMap::new(),
+        }
+    }
+}
+
+/// The default kernel for `op` and its default parameters (a tuner replaces them per op
+/// signature and target).
+pub fn choose_kernel(op: Op) -> KernelChoice {
+    let kind = KernelKind::for_op(op);
+    KernelChoice {
+        name: kind.name().to_string(),
+        params: kind.default_params(),
+    }
+}
+
+/// A parameter struct as a [`KernelChoice`] parameter map (ints and text fields).
+fn to_params<T: Serialize>(params: &T) -> BTreeMap<String, KernelParam> {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(params) else {
+        return BTreeMap::new();
+    };
+    fields
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let p = match v {
+                serde_json::Value::Number(n) => KernelParam::Int(n.as_i64()?),
+                serde_json::Value::String(s) => KernelParam::Text(s),
+                _ => return None,
+            };
+            Some((k, p))
+        })
+        .collect()
+}
+
+/// Reads a kernel's parameter struct from `choice`: every field it names overrides the
+/// default; an unknown name or a value of the wrong kind is an error naming it.
+pub fn decode_params<T: Serialize + DeserializeOwned + Default>(
+    choice: &KernelChoice,
+) -> Result<T, String> {
+    let mut fields = match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => return Err(format!("kernel `{}` has no parameter table", choice.name)),
+    };
+    for (name, value) in &choice.params {
+        if !fields.contains_key(name) {
+            let known: Vec<&str> = fields.keys().map(String::as_str).collect();
+            return Err(format!(
+                "kernel `{}` has no parameter `{name}` (it takes {})",
+                choice.name,
+                known.join(", ")
+            ));
+        }
+        let value = match value {
+            KernelParam::Int(i) => serde_json::Value::from(*i),
+            KernelParam::Text(t) => serde_json::Value::from(t.as_str()),
+        };
+        fields.insert(name.clone(), value);
+    }
+    serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| format!("kernel `{}`: bad parameter value: {e}", choice.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_through_the_parameter_map() {
+        let choice = KernelChoice {
+            name: "gemm".into(),
+            params: KernelKind::Gemm.default_params(),
+        };
+        assert!(choice.params.contains_key("mc") && choice.params.contains_key("isa"));
+        let p: MatmulParams = decode_params(&choice).unwrap();
+        assert_eq!(p, MatmulParams::default());
+    }
+
+    #[test]
+    fn overrides_apply_and_unknown_names_fail() {
+        let mut params = BTreeMap::new();
+        params.insert("block_q".to_string(), KernelParam::Int(16));
+        let choice = KernelChoice {
+            name: "flash_attention".into(),
+            params,
+        };
+        let p: AttentionParams = decode_params(&choice).unwrap();
+        assert_eq!(p.block_q, 16);
+        assert_eq!(p.block_k, AttentionParams::default().block_k);
+        let mut bad = choice.clone();
+        bad.params.insert("q_tile".into(), KernelParam::Int(4));
+        let e = decode_params::<AttentionParams>(&bad).unwrap_err();
+        assert!(e.contains("no parameter `q_tile`"), "{e}");
+        let mut wrong = choice;
+        wrong.params.insert("block_k".into(), KernelParam::Int(-3));
+        assert!(decode_params::<AttentionParams>(&wrong).is_err());
+    }
+}

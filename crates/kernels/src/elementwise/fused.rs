@@ -1,0 +1,151 @@
+//! Fast evaluation of a fused elementwise [`Program`]: the output is cut into blocks; for each
+//! block every instruction fills its register (a block-long buffer, hot in L1) with one
+//! vectorised loop, so memory is touched once per input and once for the output.
+
+use serde::{Deserialize, Serialize};
+
+use super::program::{Instr, Program};
+use super::slice::{binary_in_place, unary_in_place};
+use crate::error::{KernelError, KernelResult};
+use crate::par;
+use crate::scratch::with_scratch;
+use crate::shape::{broadcast_strides, check_len};
+use crate::tensor::TensorRef;
+
+/// Tunable parameters of [`fused_elementwise`]; results never depend on them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ElementwiseParams {
+    /// Elements per register block (one parallel task each).
+    pub block: usize,
+    /// Outputs with fewer elements than this run on the calling thread.
+    pub min_parallel_elems: usize,
+}
+
+impl Default for ElementwiseParams {
+    fn default() -> Self {
+        Self {
+            block: 2048,
+            min_parallel_elems: 1 << 15,
+        }
+    }
+}
+
+/// Output dims with every input's strides, after dropping size-1 dims and merging dims that
+/// every input walks contiguously; never empty.
+struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    fn new(out_shape: &[usize], input_shapes: &[&[usize]]) -> Self {
+        let full: Vec<Vec<usize>> = input_shapes
+            .iter()
+            .map(|s| broadcast_strides(s, out_shape))
+            .collect();
+        let mut shape: Vec<usize> = Vec::new();
+        let mut strides: Vec<Vec<usize>> = vec![Vec::new(); input_shapes.len()];
+        for (d, &len) in out_shape.iter().enumerate() {
+            if len == 1 {
+                continue;
+            }
+            let merge = !shape.is_empty()
+                && full
+                    .iter()
+                    .zip(&strides)
+                    .all(|(f, s)| s.last() == Some(&(f[d] * len)));
+            if merge {
+                *shape.last_mut().expect("non-empty") *= len;
+                for (f, s) in full.iter().zip(strides.iter_mut()) {
+                    *s.last_mut().expect("non-empty") = f[d];
+                }
+            } else {
+                shape.push(len);
+                for (f, s) in full.iter().zip(strides.iter_mut()) {
+                    s.push(f[d]);
+                }
+            }
+        }
+        if shape.is_empty() {
+            shape.push(1);
+            strides.iter_mut().for_each(|s| s.push(0));
+        }
+        Self { shape, strides }
+    }
+
+    /// Writes elements `start..start + dst.len()` of input `i` (broadcast) into `dst`.
+    fn gather(&self, i: usize, data: &[f32], start: usize, dst: &mut [f32]) {
+        let strides = &self.strides[i];
+        let last = self.shape.len() - 1;
+        let mut pos = start;
+        let end = start + dst.len();
+        while pos < end {
+            let mut rest = pos;
+            let mut offset = 0;
+            for d in (0..=last).rev() {
+                offset += (rest % self.shape[d]) * strides[d];
+                rest /= self.shape[d];
+            }
+            let run = (self.shape[last] - pos % self.shape[last]).min(end - pos);
+            let out = &mut dst[pos - start..pos - start + run];
+            match strides[last] {
+                0 => out.fill(data[offset]),
+                1 => out.copy_from_slice(&data[offset..offset + run]),
+                s => out
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, o)| *o = data[offset + j * s]),
+            }
+            pos += run;
+        }
+    }
+}
+
+/// Evaluates `program` over `inputs` (broadcast together) into `out`, which must hold the
+/// broadcast shape's element count.
+pub fn fused_elementwise(
+    program: &Program,
+    inputs: &[TensorRef<'_>],
+    params: &ElementwiseParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "fused_elementwise";
+    program.validate(inputs.len())?;
+    if params.block == 0 {
+        return Err(KernelError::new(OP, "block must be at least 1"));
+    }
+    for x in inputs {
+        check_len(OP, "input", x.data.len(), x.shape)?;
+    }
+    let shapes: Vec<&[usize]> = inputs.iter().map(|x| x.shape).collect();
+    let out_shape = program.output_shape(&shapes)?;
+    check_len(OP, "out", out.len(), &out_shape)?;
+    let layout = Layout::new(&out_shape, &shapes);
+    let block = params.block;
+    let regs = program.instrs.len();
+    let parallel = out.len() >= params.min_parallel_elems;
+    par::for_each_chunk_mut(parallel, out, block, |ci, chunk| {
+        let len = chunk.len();
+        with_scratch(regs * block, |reg| {
+            for (i, instr) in program.instrs.iter().enumerate() {
+                let (done, cur) = reg.split_at_mut(i * block);
+                let cur = &mut cur[..len];
+                let get = |r: usize| &done[r * block..r * block + len];
+                match *instr {
+                    Instr::Input(n) => layout.gather(n, inputs[n].data, ci * block, cur),
+                    Instr::Const(c) => cur.fill(c),
+                    Instr::Unary { op, x } => {
+                        cur.copy_from_slice(get(x));
+                        unary_in_place(op, cur);
+                    }
+                    Instr::Binary { op, a, b } => {
+                        cur.copy_from_slice(get(a));
+                        binary_in_place(op, cur, get(b));
+                    }
+                }
+            }
+            chunk.copy_from_slice(&reg[(regs - 1) * block..][..len]);
+        });
+    });
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The blocked, packed, parallel GEMM driver shared by matmul, attention and conv2d.
+//!
+//! All A and B panels are packed once per call (in parallel), then C is cut into tiles of at
+//! most `mc` rows × `nc` columns, each a rayon task that walks k in slabs of `kc`: for each
+//! slab, each NR-column B micro-panel (kept in L1) meets every MR-row A micro-panel of the tile
+//! (kept in L2). Bias and activation are applied to a tile once its last slab is done.
+
+use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
+use super::pack::{pack_a_panel, pack_b_panel, MatRef};
+use super::MatmulParams;
+use crate::activation::Activation;
+use crate::par::{self, SyncPtr};
+use crate::scratch::with_scratch;
+
+/// A bias read with strides: element `(i, j)` of a product is
+/// `data[problem.bias_offset + i * rs + j * cs]` (strides may be 0 to broadcast).
+#[derive(Clone, Copy, Debug)]
+pub struct BiasRef<'a> {
+    /// Backing storage.
+    pub data: &'a [f32],
+    /// Distance between rows.
+    pub rs: usize,
+    /// Distance between columns.
+    pub cs: usize,
+}
+
+/// One product of a batch: which A and B, where its C (and bias) start.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem {
+    /// Index into [`Gemm::a`].
+    pub a: usize,
+    /// Index into [`Gemm::b`].
+    pub b: usize,
+    /// Position of C's element (0, 0) in the output buffer.
+    pub c_offset: usize,
+    /// Position of the bias element for (0, 0), when there is a bias.
+    pub bias_offset: usize,
+}
+
+/// A batch of `m × k` by `k × n` products into row-major C blocks of row stride `ldc`.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm<'a> {
+    /// Rows of every C.
+    pub m: usize,
+    /// Columns of every C.
+    pub n: usize,
+    /// The shared inner dimension.
+    pub k: usize,
+    /// The distinct left operands, each `m × k`.
+    pub a: &'a [MatRef<'a>],
+    /// The distinct right operands, each `k × n`.
+    pub b: &'a [MatRef<'a>],
+    /// The products to compute; their C blocks must not overlap.
+    pub problems: &'a [Problem],
+    /// Row stride of C.
+    pub ldc: usize,
+    /// When set, C += A·B instead of C = A·B.
+    pub accumulate: bool,
+    /// Optional bias, added after the product.
+    pub bias: Option<BiasRef<'a>>,
+    /// Applied last.
+    pub activation: Activation,
+    /// The micro-kernel (and so the packing geometry) to use.
+    pub kernel: MicroKernel,
+}
+
+/// How C is cut into tasks: per problem, `rb × cb` tiles over `mp` row and `np` column panels.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    mp: usize,
+    np: usize,
+    rb: usize,
+    cb: usize,
+}
+
+impl Grid {
+    fn new(g: &Gemm<'_>, params: &MatmulParams, parallel: bool) -> Self {
+        let (mr, nr) = (g.kernel.mr, g.kernel.nr);
+        let mp = g.m.div_ceil(mr);
+        let np = g.n.div_ceil(nr);
+        let mut rb = mp.div_ceil((params.mc / mr).max(1));
+        let mut cb = np.div_ceil((params.nc / nr).max(1));
+        if parallel {
+            let target = rayon::current_num_threads().saturating_mul(params.tasks_per_thread);
+            // The largest task, in micro-tiles, for a given cut.
+            let largest = |rb: usize, cb: usize| mp.div_ceil(rb) * np.div_ceil(cb);
+            while g.problems.len() * rb * cb < target && (rb < mp || cb < np) {
+                // Cut the dimension that leaves the smaller largest task (rows on a tie).
+                if cb >= np || (rb < mp && largest(rb + 1, cb) <= largest(rb, cb + 1)) {
+                    rb += 1;
+                } else {
+                    cb += 1;
+                }
+            }
+        }
+        Self { mp, np, rb, cb }
+    }
+
+    fn tasks(&self, problems: usize) -> usize {
+        problems * self.rb * self.cb
+    }
+}
+
+/// Panels `[lo, hi)` of block `i` when `total` panels are shared evenly by `blocks` blocks.
+fn block_range(total: usize, blocks: usize, i: usize) -> (usize, usize) {
+    (i * total / blocks, (i + 1) * total / blocks)
+}
+
+impl Gemm<'_> {
+    /// Computes every problem into `c`. Panics only on internal misuse (a C block outside `c`).
+    pub fn run(&self, c: &mut [f32], params: &MatmulParams) {
+        if self.m == 0 || self.n == 0 || self.problems.is_empty() {
+            return;
+        }
+        for p in self.problems {
+            assert!(
+                p.c_offset + (self.m - 1) * self.ldc + self.n <= c.len(),
+                "gemm: C block outside the output buffer"
+            );
+        }
+        let flops = [self.m, self.n, self.k, self.problems.len()]
+            .iter()
+            .fold(2usize, |f, &x| f.saturating_mul(x));
+        let parallel = params.tasks_per_thread > 0
+            && rayon::current_num_threads() > 1
+            && flops >= params.min_parallel_flops;
+        let grid = Grid::new(self, params, parallel);
+        let a_len = self.a.len() * grid.mp * self.k * self.kernel.mr;
+        let b_len = self.b.len() * grid.np * self.k * self.kernel.nr;
+        let b_start = a_len.next_multiple_of(16);
+        with_scratch(b_start + b_len, |buf| {
+            let (packed_a, packed_b) = buf.split_at_mut(b_start);
+            let packed_a = &mut packed_a[..a_len];
+            if self.k > 0 {
+                self.pack(parallel, &grid, packed_a, packed_b);
+            }
+            let kc = params.kc.max(1);
+            let c_ptr = SyncPtr(c.as_mut_ptr());
+            par::for_each_index(parallel, grid.tasks(self.problems.len()), |t| {
+                // SAFETY: tasks cover disjoint tiles of disjoint C blocks, all inside `c`
+                // (checked above), and `c` outlives this parallel loop.
+                unsafe { self.tile(t, &grid, packed_a, packed_b, c_ptr, kc) };
+            });
+        });
+    }
+
+    fn pack(&self, parallel: bool, grid: &Grid, packed_a: &mut [f32], packed_b: &mut [f32]) {
+        let (k, mp, np) = (self.k, grid.mp, grid.np);
+        let (mr, nr) = (self.kernel.mr, self.kernel.nr);
+        let mut pack_a = move || {
+            par::for_each_chunk_mut(parallel, packed_a, k * mr, |i, dst| {
+                pack_a_panel(self.a[i / mp], (i % mp) * mr, mr, dst)
+            })
+        };
+        let mut pack_b = move || {
+            par::for_each_chunk_mut(parallel, packed_b, k * nr, |i, dst| {
+                pack_b_panel(self.b[i / np], (i % np) * nr, nr, dst)
+            })
+        };
+        if parallel {
+            rayon::join(pack_a, pack_b);
+        } else {
+            pack_a();
+            pack_b();
+        }
+    }
+
+    /// Computes tile `t` of the grid.
+    ///
+    /// # Safety
+    /// `c` must point to the output buffer of [`Gemm::run`], and no other thread may touch this
+    /// tile's elements meanwhile.
+    unsafe fn tile(
+        &self,
+        t: usize,
+        grid: &Grid,
+        packed_a: &[f32],
+        packed_b: &[f32],
+        c: SyncPtr,
+        kc: usize,
+    ) {
+        let (m, n, k, ldc) = (self.m, self.n, self.k, self.ldc);
+        let (mr, nr, kernel) = (self.kernel.mr, self.kernel.nr, self.kernel.run);
+        let prob = self.problems[t / (grid.rb * grid.cb)];
+        let (ip0, ip1) = block_range(grid.mp, grid.rb, (t / grid.cb) % grid.rb);
+        let (jp0, jp1) = block_range(grid.np, grid.cb, t % grid.cb);
+        let (row0, row1) = (ip0 * mr, (ip1 * mr).min(m));
+        let (col0, col1) = (jp0 * nr, (jp1 * nr).min(n));
+        // SAFETY: row r of this tile is c[c_offset + r * ldc + col0 .. + col1], inside the
+        // buffer and owned by this task alone.
+        let row = |r: usize| unsafe {
+            std::slice::from_raw_parts_mut(c.get().add(prob.c_offset + r * ldc + col0), col1 - col0)
+        };
+        if k == 0 && !self.accumulate {
+            (row0..row1).for_each(|r| row(r).fill(0.0));
+        }
+        for p0 in (0..k).step_by(kc) {
+            let kcs = kc.min(k - p0);
+            let acc = self.accumulate || p0 > 0;
+            for jp in jp0..jp1 {
+                let b_panel = &packed_b[((prob.b * grid.np + jp) * k + p0) * nr..][..kcs * nr];
+                let cols = nr.min(n - jp * nr);
+                for ip in ip0..ip1 {
+                    let a_panel = &packed_a[((prob.a * grid.mp + ip) * k + p0) * mr..][..kcs * mr];
+                    let rows = mr.min(m - ip * mr);
+                    // SAFETY: inside this task's tile (see `row`).
+                    let c_tile = unsafe { c.get().add(prob.c_offset + ip * mr * ldc + jp * nr) };
+                    if rows == mr && cols == nr {
+                        // SAFETY: a full mr×nr tile of C; panels hold kcs steps.
+                        unsafe {
+                            kernel(kcs, a_panel.as_ptr(), b_panel.as_ptr(), c_tile, ldc, acc)
+                        };
+                    } else {
+                        let mut tmp = [0.0f32; MAX_MR * MAX_NR];
+                        // SAFETY: `tmp` holds a full mr×nr tile of row stride nr.
+                        unsafe {
+                            kernel(
+                                kcs,
+                                a_panel.as_ptr(),
+                                b_panel.as_ptr(),
+                                tmp.as_mut_ptr(),
+                                nr,
+                                false,
+                            )
+                        };
+                        for (i, src) in tmp.chunks_exact(nr).take(rows).enumerate() {
+                            // SAFETY: rows × cols of this tile lie inside C.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols)
+                            };
+                            for (d, &s) in dst.iter_mut().zip(src) {
+                                *d = if acc { *d + s } else { s };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.epilogue(prob, row0..row1, col0, row);
+    }
+
+    /// Adds the bias and applies the activation to rows `rows` (columns from `col0`) of a tile.
+    fn epilogue<'c>(
+        &self,
+        prob: Problem,
+        rows: std::ops::Range<usize>,
+        col0: usize,
+        row: impl Fn(usize) -> &'c mut [f32],
+    ) {
+        if self.bias.is_none() && self.activation == Activation::None {
+            return;
+        }
+        for r in rows {
+            let out = row(r);
+            if let Some(bias) = self.bias {
+                let base = prob.bias_offset + r * bias.rs + col0 * bias.cs;
+                if bias.cs == 1 {
+                    for (o, &b) in out.iter_mut().zip(&bias.data[base..]) {
+                        *o += b;
+                    }
+                } else {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o += bias.data[base + j * bias.cs];
+                    }
+                }
+            }
+            self.activation.apply_in_place(out);
+        }
+    }
+}

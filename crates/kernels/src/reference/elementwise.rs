@@ -1,0 +1,96 @@
+//! Reference elementwise ops: scalar definitions (computed in f64) and broadcasting wrappers.
+
+use crate::elementwise::op::{BinaryOp, CastTarget, UnaryOp};
+use crate::error::KernelResult;
+use crate::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
+use crate::tensor::{Tensor, TensorRef};
+
+/// Exact GELU in f64: x * Phi(x).
+fn gelu64(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
+/// Tanh-approximated GELU in f64, as written in the literature.
+fn gelu_tanh64(x: f64) -> f64 {
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + u.tanh())
+}
+
+/// One unary op on one value, evaluated in f64 and rounded once to f32.
+pub fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
+    let v = x as f64;
+    let r = match op {
+        UnaryOp::Neg => -v,
+        UnaryOp::Exp => v.exp(),
+        UnaryOp::Log => v.ln(),
+        UnaryOp::Sqrt => v.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / v.sqrt(),
+        UnaryOp::Reciprocal => 1.0 / v,
+        UnaryOp::Abs => v.abs(),
+        UnaryOp::Tanh => v.tanh(),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        UnaryOp::Relu => {
+            if v < 0.0 {
+                0.0
+            } else {
+                v
+            }
+        }
+        UnaryOp::Gelu => gelu64(v),
+        UnaryOp::GeluTanh => gelu_tanh64(v),
+        UnaryOp::Silu => v / (1.0 + (-v).exp()),
+        UnaryOp::Erf => libm::erf(v),
+        UnaryOp::Cast(target) => return target.apply(x),
+    };
+    r as f32
+}
+
+/// A unary op over a tensor.
+pub fn unary(op: UnaryOp, x: TensorRef<'_>) -> KernelResult<Tensor> {
+    check_len("unary", "x", x.data.len(), x.shape)?;
+    let data = x.data.iter().map(|&v| unary_scalar(op, v)).collect();
+    Tensor::new("unary", x.shape.to_vec(), data)
+}
+
+/// A binary op with NumPy broadcasting.
+pub fn binary(op: BinaryOp, a: TensorRef<'_>, b: TensorRef<'_>) -> KernelResult<Tensor> {
+    check_len("binary", "a", a.data.len(), a.shape)?;
+    check_len("binary", "b", b.data.len(), b.shape)?;
+    let shape = broadcast_shapes("binary", &[a.shape, b.shape])?;
+    let av = broadcast_values(a, &shape);
+    let bv = broadcast_values(b, &shape);
+    let data = av.iter().zip(&bv).map(|(&x, &y)| op.apply(x, y)).collect();
+    Tensor::new("binary", shape, data)
+}
+
+/// The values of `x` broadcast to `shape` (which must be a broadcast of `x.shape`), row-major.
+pub fn broadcast_values(x: TensorRef<'_>, shape: &[usize]) -> Vec<f32> {
+    let strides = broadcast_strides(x.shape, shape);
+    let mut out = Vec::new();
+    for_each_offset(shape, &strides, |o| out.push(x.data[o]));
+    out
+}
+
+/// `constant`: a scalar holding `value` as f32.
+pub fn constant(value: f64) -> Tensor {
+    Tensor {
+        shape: Vec::new(),
+        data: vec![value as f32],
+    }
+}
+
+/// `cast`: every value rounded to what `to` can hold.
+pub fn cast(x: TensorRef<'_>, to: CastTarget) -> KernelResult<Tensor> {
+    unary(UnaryOp::Cast(to), x)
+}
+
+/// `dropout` in inference: the identity (`p` is checked to be a probability).
+pub fn dropout(x: TensorRef<'_>, p: f64) -> KernelResult<Tensor> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(crate::KernelError::new(
+            "dropout",
+            format!("p = {p} is not a probability"),
+        ));
+    }
+    Tensor::new("dropout", x.shape.to_vec(), x.data.to_vec())
+}

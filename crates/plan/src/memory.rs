@@ -1,0 +1,161 @@
+//! The memory plan of a scheduled module: when each intermediate must hold its value, which
+//! results may overwrite an operand in place, and where in the one arena each buffer goes.
+//! Numbers come from the scheduled steps, op by op.
+
+use serde::Serialize;
+
+use mslc_artifact::{Module, Storage};
+
+use super::arena::{plan_arena, ArenaError, BufferReq};
+
+/// One arena buffer (one or more values sharing it through in-place reuse).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlannedBuffer {
+    /// The first value stored in it, e.g. `%12`.
+    pub name: String,
+    /// The op that first writes it, with its source path.
+    pub op: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its byte offset in the arena.
+    pub offset: u64,
+    /// First step (inclusive) during which it holds a value.
+    pub first: usize,
+    /// Last step (inclusive) during which it holds a value.
+    pub last: usize,
+    /// The values stored in it, in order.
+    pub values: Vec<u32>,
+}
+
+/// The `NAME.memplan.json` content.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    /// Arena size in bytes.
+    pub arena_bytes: u64,
+    /// Max over the schedule of the bytes live at once: no plan for this order can do better.
+    pub lower_bound_bytes: u64,
+    /// `arena_bytes / lower_bound_bytes`.
+    pub ratio: f64,
+    /// Bytes of parameters and buffers (their own region).
+    pub params_bytes: u64,
+    /// Bytes of inputs (their own region).
+    pub inputs_bytes: u64,
+    /// The placement strategy that won.
+    pub strategy: String,
+    /// Every strategy tried with the arena it needed.
+    pub strategies_tried: Vec<(String, u64)>,
+    /// How many results reuse an operand's buffer in place.
+    pub in_place_reuses: usize,
+    /// The buffers.
+    pub buffers: Vec<PlannedBuffer>,
+}
+
+/// Plans the arena of `module`, writing each arena value's offset and the arena size into it.
+pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
+    let steps = module.steps.len();
+    let n = module.values.len();
+    let mut def_step = vec![usize::MAX; n];
+    let mut last_use = vec![0usize; n];
+    for (s, step) in module.steps.iter().enumerate() {
+        for &o in &step.outputs {
+            def_step[o as usize] = s;
+            last_use[o as usize] = s;
+        }
+        for &i in &step.inputs {
+            last_use[i as usize] = last_use[i as usize].max(s);
+        }
+    }
+    let mut is_output = vec![false; n];
+    for (_, v) in &module.outputs {
+        is_output[*v as usize] = true;
+        last_use[*v as usize] = steps.saturating_sub(1);
+    }
+
+    // Buffers: one per arena value, except results written in place over a dying operand.
+    let mut buffer_of = vec![usize::MAX; n];
+    let mut buffers: Vec<PlannedBuffer> = Vec::new();
+    let mut reqs: Vec<BufferReq> = Vec::new();
+    let mut in_place_reuses = 0;
+    for (s, step) in module.steps.iter().enumerate() {
+        let reusable = step.op.spec().in_place
+            && step.outputs.len() == 1
+            && step.inputs.first().is_some_and(|&i| {
+                let i = i as usize;
+                buffer_of[i] != usize::MAX
+                    && last_use[i] == s
+                    && !is_output[i]
+                    && step.inputs[1..].iter().all(|&j| j as usize != i)
+                    && module.values[i].ty.bytes()
+                        == module.values[step.outputs[0] as usize].ty.bytes()
+            });
+        for &o in &step.outputs {
+            let o = o as usize;
+            if reusable {
+                let b = buffer_of[step.inputs[0] as usize];
+                buffer_of[o] = b;
+                buffers[b].values.push(o as u32);
+                reqs[b].last = reqs[b].last.max(last_use[o]);
+                buffers[b].last = reqs[b].last;
+                in_place_reuses += 1;
+                continue;
+            }
+            buffer_of[o] = buffers.len();
+            let bytes = module.values[o].ty.bytes();
+            reqs.push(BufferReq {
+                bytes,
+                first: def_step[o],
+                last: last_use[o],
+            });
+            let origin = if step.origin.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", step.origin)
+            };
+            buffers.push(PlannedBuffer {
+                name: format!("%{o}"),
+                op: format!("{}{origin}", step.op),
+                bytes,
+                offset: 0,
+                first: def_step[o],
+                last: last_use[o],
+                values: vec![o as u32],
+            });
+        }
+    }
+
+    let plan = plan_arena(&reqs)?;
+    for (b, offset) in buffers.iter_mut().zip(&plan.offsets) {
+        b.offset = *offset;
+    }
+    for (v, info) in module.values.iter_mut().enumerate() {
+        if let Storage::Arena { offset } = &mut info.storage {
+            if let Some(b) = buffers.get(buffer_of[v]) {
+                *offset = b.offset;
+            }
+        }
+    }
+    module.arena_bytes = plan.arena_bytes;
+    let region = |pick: fn(&Storage) -> bool| -> u64 {
+        module
+            .values
+            .iter()
+            .filter(|v| pick(&v.storage))
+            .map(|v| v.ty.bytes())
+            .sum()
+    };
+    Ok(MemoryPlan {
+        arena_bytes: plan.arena_bytes,
+        lower_bound_bytes: plan.lower_bound_bytes,
+        ratio: plan.ratio(),
+        params_bytes: region(|s| matches!(s, Storage::Param { .. })),
+        inputs_bytes: region(|s| matches!(s, Storage::Input { .. })),
+        strategy: plan.strategy.to_string(),
+        strategies_tried: plan
+            .strategies_tried
+            .iter()
+            .map(|(n, b)| (n.to_string(), *b))
+            .collect(),
+        in_place_reuses,
+        buffers,
+    })
+}

@@ -1,0 +1,145 @@
+//! Scheduling: the optimized graph becomes the module's step list — a deterministic topological
+//! order, every value numbered (inputs, parameters, then results in order), each step with the
+//! kernel chosen for it. Memory offsets are filled in afterwards by the memory planner.
+
+use std::collections::{HashMap, HashSet};
+
+use mslc_artifact::{Module, Step, Storage, ValueInfo};
+use mslc_ir::{Graph, NodeId, NodeKind, ValueRef};
+
+use super::target::Target;
+use mslc_kernels::binding::choose_kernel;
+
+/// Builds the (not yet memory-planned) module of `graph` for `target`. `None` if the graph has
+/// a cycle, which the verifier rules out.
+pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
+    let order = schedule_order(graph)?;
+    let mut values = Vec::new();
+    let mut index: HashMap<ValueRef, u32> = HashMap::new();
+    fn number(
+        v: ValueRef,
+        info: ValueInfo,
+        values: &mut Vec<ValueInfo>,
+        index: &mut HashMap<ValueRef, u32>,
+    ) {
+        index.insert(v, values.len() as u32);
+        values.push(info);
+    }
+    let leaves = |want_input: bool| {
+        order
+            .iter()
+            .copied()
+            .filter(move |id| matches!(graph.node(*id).kind, NodeKind::Input { .. }) == want_input)
+    };
+    for id in leaves(true).chain(leaves(false)) {
+        let node = graph.node(id);
+        let storage = match &node.kind {
+            NodeKind::Input { name } => Storage::Input { name: name.clone() },
+            NodeKind::Param {
+                path,
+                init,
+                trainable,
+            } => Storage::Param {
+                path: path.clone(),
+                init: init.clone(),
+                trainable: *trainable,
+            },
+            NodeKind::Op { .. } => continue,
+        };
+        number(
+            ValueRef { node: id, index: 0 },
+            ValueInfo {
+                ty: node.outputs[0].clone(),
+                storage,
+            },
+            &mut values,
+            &mut index,
+        );
+    }
+    let mut steps = Vec::new();
+    for id in &order {
+        let node = graph.node(*id);
+        let NodeKind::Op { op, attrs } = &node.kind else {
+            continue;
+        };
+        let operands = graph.inputs(*id);
+        let inputs: Vec<u32> = operands.iter().map(|v| index[v]).collect();
+        let mut outputs = Vec::new();
+        for (i, ty) in node.outputs.iter().enumerate() {
+            let v = ValueRef {
+                node: *id,
+                index: i as u32,
+            };
+            outputs.push(values.len() as u32);
+            number(
+                v,
+                ValueInfo {
+                    ty: ty.clone(),
+                    storage: Storage::Arena { offset: 0 },
+                },
+                &mut values,
+                &mut index,
+            );
+        }
+        let kernel = choose_kernel(*op);
+        steps.push(Step {
+            op: *op,
+            attrs: attrs.clone(),
+            inputs,
+            outputs,
+            origin: node.origin.clone(),
+            kernel,
+        });
+    }
+    let outputs = graph
+        .outputs
+        .iter()
+        .map(|(n, v)| (n.clone(), index[v]))
+        .collect();
+    Some(Module {
+        name: graph.name.clone(),
+        target: target.name.clone(),
+        target_fingerprint: target.fingerprint(),
+        values,
+        steps,
+        outputs,
+        arena_bytes: 0,
+    })
+}
+
+/// A deterministic order that computes every value just before it is first needed: a
+/// depth-first walk from the outputs (in declaration order) through each node's operands in
+/// slot order, emitting a node after its operands. Work that depends only on parameters —
+/// mixed precision's weight casts, constants, masks — lands right before its consumer instead
+/// of being hoisted to the start and kept alive across the schedule. Nodes no output needs come
+/// last, in topological order.
+fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
+    let topo = graph.topo_order()?;
+    let mut done: HashSet<NodeId> = HashSet::with_capacity(topo.len());
+    let mut order = Vec::with_capacity(topo.len());
+    let roots = graph
+        .outputs
+        .iter()
+        .map(|(_, v)| v.node)
+        .chain(topo.iter().copied());
+    for root in roots {
+        let mut stack: Vec<(NodeId, bool)> = vec![(root, false)];
+        while let Some((id, expanded)) = stack.pop() {
+            if done.contains(&id) {
+                continue;
+            }
+            if expanded {
+                done.insert(id);
+                order.push(id);
+                continue;
+            }
+            stack.push((id, true));
+            for v in graph.inputs(id).iter().rev() {
+                if !done.contains(&v.node) {
+                    stack.push((v.node, false));
+                }
+            }
+        }
+    }
+    Some(order)
+}

@@ -1,9 +1,0 @@
-//! Build artifacts: the compiled module (`NAME.mir`), and how files are written safely.
-
-pub mod binary;
-pub mod module;
-pub mod validate;
-pub mod write;
-
-pub use binary::{decode, encode, MirError};
-pub use module::{KernelChoice, KernelParam, Module, Step, Storage, ValueInfo};
