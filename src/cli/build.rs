@@ -8,11 +8,10 @@ use serde::Serialize;
 
 use mslc_artifact::{encode, write::write_all_or_nothing};
 use mslc_check::{check_path, Checked, Model};
-use mslc_core::diag::{Code, Diagnostic, FileId};
-use mslc_core::span::Span;
+use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::kernel_table_toml;
-use mslc_plan::target::Target;
 
 use super::check::group_thousands;
 use super::output::print_stdout;
@@ -123,100 +122,9 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     }
 }
 
-/// A command-line problem reported against the root file.
-fn cli_error(checked: &Checked, code: Code, message: String, help: String) -> Box<Diagnostic> {
-    let span = checked
-        .models
-        .first()
-        .map_or(Span::default(), |m| m.loc.span);
-    Box::new(
-        // The root file is always the first one read.
-        Diagnostic::error(code, FileId(0), span, message)
-            .with_label("in this file")
-            .with_help(help),
-    )
-}
-
-fn choose_model<'a>(args: &BuildArgs, checked: &'a Checked) -> Result<&'a Model, Box<Diagnostic>> {
-    let names: Vec<&str> = checked.models.iter().map(|m| m.name.as_str()).collect();
-    if let Some(entry) = &args.entry {
-        return checked.model(entry).ok_or_else(|| {
-            cli_error(
-                checked,
-                Code::E0403,
-                format!("--entry {entry}: no model `{entry}` in this file"),
-                format!("models here: {}", names.join(", ")),
-            )
-        });
-    }
-    let trained: Vec<&str> = checked
-        .decls
-        .trains
-        .iter()
-        .map(|t| t.spec.model.name.as_str())
-        .collect();
-    match (checked.models.as_slice(), trained.as_slice()) {
-        ([only], _) => Ok(only),
-        (_, [one]) => checked.model(one).ok_or_else(|| {
-            cli_error(
-                checked,
-                Code::E0403,
-                format!("no model `{one}`"),
-                String::new(),
-            )
-        }),
-        ([], _) => Err(cli_error(
-            checked,
-            Code::E0403,
-            "this file declares no model".to_string(),
-            "declare one with `model Name { … }`".to_string(),
-        )),
-        _ => Err(cli_error(
-            checked,
-            Code::E0403,
-            "this file declares several models".to_string(),
-            format!("choose one with --entry: {}", names.join(", ")),
-        )),
-    }
-}
-
-fn choose_target(
-    args: &BuildArgs,
-    checked: &Checked,
-    model: &Model,
-) -> Result<Target, Box<Diagnostic>> {
-    let from_train = checked
-        .decls
-        .trains
-        .iter()
-        .find(|t| t.spec.model.name == model.name)
-        .and_then(|t| t.target)
-        .map(|i| checked.decls.targets[i].name.name.clone());
-    let name = args
-        .target
-        .clone()
-        .or(from_train)
-        .unwrap_or_else(|| "cpu".to_string());
-    let spec = checked.decls.target(&name).ok_or_else(|| {
-        let known: Vec<&str> = checked
-            .decls
-            .targets
-            .iter()
-            .map(|t| t.name.name.as_str())
-            .collect();
-        cli_error(
-            checked,
-            Code::E0509,
-            format!("--target {name}: no such target"),
-            format!("targets: {}", known.join(", ")),
-        )
-    })?;
-    Ok(mslc_driver::target::target_from_spec(spec))
-}
-
 fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, Box<Diagnostic>> {
-    let model = choose_model(args, checked)?;
-    let target = choose_target(args, checked, model)?;
+    let model = choose_model(checked, args.entry.as_deref())?;
+    let target = choose_target(checked, model, args.target.as_deref())?;
     let options = CompileOptions {
         target,
         verify: args.verify,
@@ -224,7 +132,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
         amp: amp_for(checked, model),
     };
     let compiled = compile(model, &options).map_err(|e| {
-        cli_error(
+        root_error(
             checked,
             Code::E0600,
             format!("internal compiler error in {e}"),
@@ -234,7 +142,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     let weights = match &args.embed_weights {
         Some(path) => Some(
             super::weights::read_matching(path, &compiled.module)
-                .map_err(|(code, message, help)| cli_error(checked, code, message, help))?,
+                .map_err(|(code, message, help)| root_error(checked, code, message, help))?,
         ),
         None => None,
     };
@@ -272,7 +180,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     let report = report(model, &compiled, stage_ms);
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
     write_outputs(dir, &files).map_err(|(path, e)| {
-        cli_error(
+        root_error(
             checked,
             Code::E0600,
             format!("cannot write {}: {e}", path.display()),

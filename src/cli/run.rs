@@ -4,17 +4,18 @@
 //! forward and the achieved GFLOP/s are printed. Output files are written all or nothing.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use mslc_artifact::write::write_all_or_nothing;
 use mslc_artifact::{decode, Module};
-use mslc_check::{check_path, CheckOptions, Checked};
+use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
 use mslc_driver::compile::{compile, CompileOptions};
+use mslc_driver::select::{choose_model, choose_target, dims_from_inputs};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
-use mslc_io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
+use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 
 use super::{parse_key_value, ModelArgs, Reporter};
 
@@ -222,29 +223,13 @@ fn load_params(
         return Ok(());
     }
     if let Some(blob) = embedded {
-        let st = safetensors::SafeTensors::deserialize(blob).map_err(|e| {
+        let st = SafetensorsBytes::parse(blob).map_err(|e| {
             unreadable(format!(
                 "the weights embedded in the artifact are corrupt: {e}"
             ))
         })?;
-        let mut tensors = Vec::new();
-        for (name, view) in st.tensors() {
-            let dtype = st_dtype(view.dtype()).ok_or_else(|| {
-                format!(
-                    "embedded weight `{name}` has unsupported type {:?}",
-                    view.dtype()
-                )
-            })?;
-            tensors.push((name, dtype, view.shape().to_vec(), view.data()));
-        }
-        let refs = tensors.iter().map(|(name, dtype, shape, data)| StTensor {
-            name,
-            dtype: *dtype,
-            shape,
-            data,
-        });
         return exec
-            .load_weights(refs)
+            .load_weights(st.tensors())
             .map_err(|e| Failure::Message(Code::E0601, e.message));
     }
     if exec.module().params().next().is_some() {
@@ -256,50 +241,44 @@ fn load_params(
     Ok(())
 }
 
-fn st_dtype(d: safetensors::Dtype) -> Option<StDType> {
-    use safetensors::Dtype;
-    Some(match d {
-        Dtype::F32 => StDType::F32,
-        Dtype::F16 => StDType::F16,
-        Dtype::BF16 => StDType::BF16,
-        Dtype::F64 => StDType::F64,
-        Dtype::I32 => StDType::I32,
-        Dtype::I64 => StDType::I64,
-        Dtype::BOOL => StDType::Bool,
-        _ => return None,
-    })
-}
-
-/// Checks and compiles the source for the host, with dims derived from the inputs' shapes.
+/// Checks and compiles the source for the host, with dims derived from the inputs' shapes
+/// (checked once more with them, when they change any).
 fn compile_source(
     args: &RunArgs,
     arrays: &BTreeMap<String, NpyArray>,
     reporter: &Reporter,
 ) -> Result<Module, Failure> {
     let mut options = args.model.check_options();
-    let checked = check_path(&args.file, &options);
+    let mut checked = check_path(&args.file, &options);
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(Failure::Reported);
     }
-    let entry = entry_name(args, &checked)?;
-    let derived = derive_dims(&args.file, &options, &entry, &checked, arrays)?;
+    let shapes = arrays
+        .iter()
+        .map(|(name, a)| (name.clone(), a.shape().to_vec()))
+        .collect();
+    let model = choose_model(&checked, args.entry.as_deref()).map_err(|d| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    })?;
+    let entry = model.name.clone();
+    let derived = dims_from_inputs(model, &shapes, &options.overrides.dims)?;
     if !derived.is_empty() {
         options.overrides.dims.extend(derived);
-    }
-    let checked = check_path(&args.file, &options);
-    if checked.has_errors() {
-        reporter.emit(&checked.diagnostics, &checked.sources);
-        return Err(Failure::Reported);
+        checked = check_path(&args.file, &options);
+        if checked.has_errors() {
+            reporter.emit(&checked.diagnostics, &checked.sources);
+            return Err(Failure::Reported);
+        }
     }
     let model = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
-    let target = checked
-        .decls
-        .target("cpu")
-        .map(mslc_driver::target::target_from_spec)
-        .ok_or_else(|| "the standard library in use declares no `cpu` target".to_string())?;
+    let target = choose_target(&checked, model, Some("cpu")).map_err(|d| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    })?;
     let compiled = compile(
         model,
         &CompileOptions {
@@ -311,89 +290,6 @@ fn compile_source(
     )
     .map_err(|e| format!("cannot compile `{entry}`: {e}"))?;
     Ok(compiled.module)
-}
-
-/// The model to run: `--entry`, or the only model of the file.
-fn entry_name(args: &RunArgs, checked: &Checked) -> Result<String, String> {
-    let names: Vec<&str> = checked.models.iter().map(|m| m.name.as_str()).collect();
-    match (&args.entry, names.as_slice()) {
-        (Some(e), _) if names.contains(&e.as_str()) => Ok(e.clone()),
-        (Some(e), _) => Err(format!(
-            "no model `{e}` in the file (models: {})",
-            names.join(", ")
-        )),
-        (None, [one]) => Ok(one.to_string()),
-        (None, []) => Err(format!("`{}` declares no model", args.file.display())),
-        (None, _) => Err(format!(
-            "`{}` declares several models; pick one with --entry ({})",
-            args.file.display(),
-            names.join(", ")
-        )),
-    }
-}
-
-/// Dim values implied by the input arrays: each dim not set with `--dim` is probed (checked
-/// once more with its value changed) to learn which input positions it sizes, then set to the
-/// array's size there.
-fn derive_dims(
-    file: &Path,
-    options: &CheckOptions,
-    entry: &str,
-    checked: &Checked,
-    arrays: &BTreeMap<String, NpyArray>,
-) -> Result<Vec<(String, String)>, String> {
-    let Some(model) = checked.model(entry) else {
-        return Ok(Vec::new());
-    };
-    let input_shape = |m: &mslc_check::Model, name: &str| {
-        m.inputs
-            .iter()
-            .find(|i| i.name == name)
-            .map(|i| m.ty(i.value).shape.clone())
-    };
-    let mut derived = Vec::new();
-    for (dim, value) in &model.dims {
-        if options.overrides.dims.contains_key(dim) {
-            continue;
-        }
-        let mut probe = options.clone();
-        probe
-            .overrides
-            .dims
-            .insert(dim.clone(), (value + 1).to_string());
-        let probed = check_path(file, &probe);
-        let Some(pm) = probed.model(entry) else {
-            continue;
-        };
-        let mut found: Option<i64> = None;
-        for (name, array) in arrays {
-            let (Some(before), Some(after)) = (input_shape(model, name), input_shape(pm, name))
-            else {
-                continue;
-            };
-            if before.len() != array.shape().len() || before.len() != after.len() {
-                continue;
-            }
-            for (p, (b, a)) in before.iter().zip(&after).enumerate() {
-                if b == a {
-                    continue;
-                }
-                let size = array.shape()[p] as i64;
-                match found {
-                    Some(f) if f != size => {
-                        return Err(format!(
-                            "the inputs disagree on dim {dim}: {f} in one place, {size} in another"
-                        ))
-                    }
-                    _ => found = Some(size),
-                }
-            }
-        }
-        if let Some(size) = found.filter(|s| s != value) {
-            derived.push((dim.clone(), size.to_string()));
-        }
-    }
-    Ok(derived)
 }
 
 /// This machine's f32 peak (FACTS.md), used when the standard library is overridden.

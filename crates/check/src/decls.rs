@@ -275,12 +275,14 @@ fn training_graph(
     for o in &model.outputs {
         frame.bind(&o.name, Value::Tensor(o.value), o.loc.span);
     }
-    for (name, ty) in &spec.labels {
-        let ty = elab.concrete_type(&mut frame, ty)?;
+    for (name, ty_decl) in &spec.labels {
+        let ty = elab.concrete_type(&mut frame, ty_decl)?;
         let value = elab.model.new_value(ty);
+        let dims = elab.dim_names(ty_decl);
         elab.model.inputs.push(Input {
             name: name.name.clone(),
             value,
+            dims,
             loc: Loc {
                 file: spec.file,
                 span: name.span,

@@ -78,6 +78,7 @@ impl Elaborator<'_> {
                 }
             }
             Stmt::Input { name, ty, span } => {
+                let dims = self.dim_names(ty);
                 let Some(ty) = self.concrete_type(frame, ty) else {
                     frame.bind(&name.name, Value::Error, name.span);
                     return;
@@ -86,6 +87,7 @@ impl Elaborator<'_> {
                 self.model.inputs.push(Input {
                     name: name.name.clone(),
                     value,
+                    dims,
                     loc: Loc {
                         file: frame.file,
                         span: *span,
@@ -173,6 +175,20 @@ impl Elaborator<'_> {
             }
         }
         Some(TensorType::new(dtype, shape))
+    }
+
+    /// Per position of a declared input type, the model dim written there, if it is one.
+    pub fn dim_names(&self, ty: &ast::TensorType) -> Vec<Option<String>> {
+        ty.dims
+            .iter()
+            .map(|dim| match dim {
+                Dim::Expr(ast::Expr {
+                    kind: ast::ExprKind::Name(name),
+                    ..
+                }) if self.model.dims.iter().any(|(d, _)| d == name) => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     fn overridden(&mut self, name: &ast::Ident, is_dim: bool) -> Option<Value> {

@@ -44,6 +44,10 @@ pub struct Input {
     pub name: String,
     /// Its value.
     pub value: ValueId,
+    /// Per position of its shape, the model dim written there (`tokens: i32[B, S]` gives
+    /// `[Some("B"), Some("S")]`); `None` where the size is a literal or an expression. What
+    /// lets a caller set dims from an input array's shape without re-checking per dim.
+    pub dims: Vec<Option<String>>,
     /// Where it is declared.
     pub loc: Loc,
 }

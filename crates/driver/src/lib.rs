@@ -4,4 +4,5 @@
 
 pub mod compile;
 pub mod render;
+pub mod select;
 pub mod target;

@@ -235,12 +235,39 @@ impl SafetensorsFile {
     }
 
     fn view<'a>(&'a self, e: &'a Entry) -> TensorRef<'a> {
-        TensorRef {
-            name: &e.name,
-            dtype: e.dtype,
-            shape: &e.shape,
-            data: &self.map[e.start..e.end],
-        }
+        view_in(&self.map, e)
+    }
+}
+
+/// A checked safetensors blob already in memory (the weights a `.mir` embeds): the same checks
+/// and views as [`SafetensorsFile`], without a file.
+#[derive(Debug)]
+pub struct SafetensorsBytes<'a> {
+    bytes: &'a [u8],
+    /// Sorted by name.
+    entries: Vec<Entry>,
+}
+
+impl<'a> SafetensorsBytes<'a> {
+    /// Checks `bytes` as a whole safetensors file.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, SafetensorsError> {
+        let entries = index(bytes)?;
+        Ok(SafetensorsBytes { bytes, entries })
+    }
+
+    /// Every tensor, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorRef<'_>> {
+        self.entries.iter().map(|e| view_in(self.bytes, e))
+    }
+}
+
+/// The tensor `e` describes, in the whole file's `bytes`.
+fn view_in<'a>(bytes: &'a [u8], e: &'a Entry) -> TensorRef<'a> {
+    TensorRef {
+        name: &e.name,
+        dtype: e.dtype,
+        shape: &e.shape,
+        data: &bytes[e.start..e.end],
     }
 }
 

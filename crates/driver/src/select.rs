@@ -1,0 +1,154 @@
+//! The choices every front end makes the same way before compiling: which model of a file is
+//! the entry, which target it is planned for, and which dims the caller's input arrays imply.
+
+use std::collections::BTreeMap;
+
+use mslc_check::Checked;
+use mslc_core::diag::{Code, Diagnostic, FileId};
+use mslc_core::program::Model;
+use mslc_core::span::Span;
+use mslc_plan::target::Target;
+
+use crate::target::target_from_spec;
+
+/// A problem with a choice made outside the source (a flag, a build-script setting), reported
+/// against the root file's first model.
+pub fn root_error(checked: &Checked, code: Code, message: String, help: String) -> Box<Diagnostic> {
+    let span = checked
+        .models
+        .first()
+        .map_or(Span::default(), |m| m.loc.span);
+    Box::new(
+        // The root file is always the first one read.
+        Diagnostic::error(code, FileId(0), span, message)
+            .with_label("in this file")
+            .with_help(help),
+    )
+}
+
+/// The entry model: `entry` when given, else the file's only model, else the one model its
+/// `train` declarations name.
+pub fn choose_model<'a>(
+    checked: &'a Checked,
+    entry: Option<&str>,
+) -> Result<&'a Model, Box<Diagnostic>> {
+    let names: Vec<&str> = checked.models.iter().map(|m| m.name.as_str()).collect();
+    if let Some(entry) = entry {
+        return checked.model(entry).ok_or_else(|| {
+            root_error(
+                checked,
+                Code::E0403,
+                format!("--entry {entry}: no model `{entry}` in this file"),
+                format!("models here: {}", names.join(", ")),
+            )
+        });
+    }
+    let mut trained: Vec<&str> = checked
+        .decls
+        .trains
+        .iter()
+        .map(|t| t.spec.model.name.as_str())
+        .collect();
+    trained.sort_unstable();
+    trained.dedup();
+    match (checked.models.as_slice(), trained.as_slice()) {
+        ([only], _) => Ok(only),
+        ([], _) => Err(root_error(
+            checked,
+            Code::E0403,
+            "this file declares no model".to_string(),
+            "declare one with `model Name { … }`".to_string(),
+        )),
+        (_, [one]) => checked.model(one).ok_or_else(|| {
+            root_error(
+                checked,
+                Code::E0403,
+                format!("no model `{one}`"),
+                String::new(),
+            )
+        }),
+        _ => Err(root_error(
+            checked,
+            Code::E0403,
+            "this file declares several models".to_string(),
+            format!("choose one with --entry: {}", names.join(", ")),
+        )),
+    }
+}
+
+/// The target to plan `model` for: `name` when given, else the target of the `train` that
+/// names the model, else `cpu` (the bundled executor).
+pub fn choose_target(
+    checked: &Checked,
+    model: &Model,
+    name: Option<&str>,
+) -> Result<Target, Box<Diagnostic>> {
+    let from_train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)
+        .and_then(|t| t.target)
+        .map(|i| checked.decls.targets[i].name.name.as_str());
+    let name = name.or(from_train).unwrap_or("cpu");
+    let spec = checked.decls.target(name).ok_or_else(|| {
+        let known: Vec<&str> = checked
+            .decls
+            .targets
+            .iter()
+            .map(|t| t.name.name.as_str())
+            .collect();
+        root_error(
+            checked,
+            Code::E0509,
+            format!("--target {name}: no such target"),
+            format!("targets: {}", known.join(", ")),
+        )
+    })?;
+    Ok(target_from_spec(spec))
+}
+
+/// The dims the caller's input arrays imply (`shapes` by input name), from the model's symbolic
+/// input dims: a dim written at some position of an input takes the array's size there. Dims
+/// in `fixed` (set explicitly) and dims that keep their value are left out. Two arrays that
+/// disagree on a dim are an error naming both.
+pub fn dims_from_inputs(
+    model: &Model,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    fixed: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, String> {
+    let mut found: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for input in &model.inputs {
+        let Some(shape) = shapes.get(&input.name) else {
+            continue;
+        };
+        if shape.len() != input.dims.len() {
+            continue;
+        }
+        for (dim, &size) in input.dims.iter().zip(shape) {
+            let Some(dim) = dim.as_deref().filter(|d| !fixed.contains_key(*d)) else {
+                continue;
+            };
+            match found.get(dim) {
+                Some(&(other, by)) if other != size => {
+                    return Err(format!(
+                        "the inputs disagree on dim {dim}: `{by}` gives {other}, `{}` gives {size}",
+                        input.name
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    found.insert(dim, (size, &input.name));
+                }
+            }
+        }
+    }
+    Ok(model
+        .dims
+        .iter()
+        .filter_map(|(dim, value)| {
+            let &(size, _) = found.get(dim.as_str())?;
+            (size as i64 != *value).then(|| (dim.clone(), size.to_string()))
+        })
+        .collect())
+}
