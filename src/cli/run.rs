@@ -292,7 +292,7 @@ fn compile_source(
     Ok(compiled.module)
 }
 
-/// This machine's f32 peak (FACTS.md), used when the standard library is overridden.
+/// This machine's f32 peak (docs/semantics.md), used when the standard library is overridden.
 const HOST_PEAK_F32: f64 = 157e9;
 
 /// The timing lines: median and best time per forward, GFLOP/s and fraction of peak.

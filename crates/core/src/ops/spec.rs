@@ -73,7 +73,7 @@ pub enum CostRule {
     Custom(fn(&OpCtx, &[TensorType]) -> Cost),
 }
 
-/// Where an op may run under mixed precision (FACTS.md: MindSpore's O1 white list and the
+/// Where an op may run under mixed precision (docs/semantics.md: MindSpore's O1 white list and the
 /// "auto" level's keep-f32 list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PrecisionClass {

@@ -1,5 +1,5 @@
 //! Automatic mixed precision, following MindSpore's levels (`mindspore/train/amp.py`, see
-//! FACTS.md): each op gets a compute dtype and casts are inserted in front of its float
+//! docs/semantics.md): each op gets a compute dtype and casts are inserted in front of its float
 //! operands; parameters stay f32 masters and are cast where they are used.
 //!
 //! - O0: nothing changes.

@@ -1,6 +1,7 @@
 //! UI tests: every `tests/ui/*.msl` is checked, and its source plus the rendered diagnostics
-//! (no colour, fixed width) are snapshotted. Each case must produce at least one diagnostic,
-//! every code must be registered with a page, and nothing may panic.
+//! (no colour, fixed width) are snapshotted, one snapshot per file (`insta::glob!`, so one
+//! mismatch does not hide the rest). Each case must produce at least one diagnostic, every
+//! code must be registered with a page, and nothing may panic.
 
 use std::path::Path;
 
@@ -36,25 +37,20 @@ fn render_case(path: &Path) -> String {
 
 #[test]
 fn ui_cases() {
-    let mut cases: Vec<_> = std::fs::read_dir("tests/ui")
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "msl"))
-        .collect();
-    cases.sort();
-    assert!(
-        cases.len() >= 30,
-        "expected at least 30 UI cases, found {}",
-        cases.len()
-    );
+    let cases = std::fs::read_dir("tests/ui").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "msl"))
+            .count()
+    });
+    assert!(cases >= 30, "expected at least 30 UI cases, found {cases}");
     let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("ui/snapshots");
+    settings.set_snapshot_path("../ui/snapshots");
     settings.set_prepend_module_to_snapshot(false);
     settings.bind(|| {
-        for case in &cases {
-            let name = case.file_stem().unwrap().to_string_lossy().to_string();
-            insta::assert_snapshot!(name, render_case(case));
-        }
+        insta::glob!("../ui", "*.msl", |path| {
+            // Relative to the package, so snapshots name files as a user would.
+            let cwd = std::env::current_dir().unwrap_or_default();
+            insta::assert_snapshot!(render_case(path.strip_prefix(&cwd).unwrap_or(path)));
+        });
     });
 }

@@ -187,12 +187,18 @@ pub fn mslc(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// Whether `python3` with NumPy is available.
+/// Whether `python3` with NumPy is available. Under CI (`CI` set) it must be: a reference
+/// that cannot run fails there instead of passing silently.
 pub fn have_numpy() -> bool {
-    std::process::Command::new("python3")
+    let ok = std::process::Command::new("python3")
         .args(["-c", "import numpy"])
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "CI is set but python3 with numpy is missing: the numpy reference tests cannot run"
+    );
+    ok
 }
 
 /// A path as a `&str` for command lines.

@@ -1,5 +1,5 @@
 //! `mslc check --summary` reproduces the published parameter counts of the example models
-//! (FACTS.md, Hugging Face and torchvision), and the summary prints them.
+//! (docs/semantics.md: Hugging Face and torchvision), and the summary prints them.
 
 use std::path::Path;
 use std::process::Command;

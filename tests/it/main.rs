@@ -1,0 +1,15 @@
+//! The integration tests, in one test binary (one link instead of one per file): the CLI,
+//! UI snapshots, pass snapshots, the executor against references, and robustness. The
+//! allocation-counting test stays its own binary (`tests/exec_alloc.rs`), since a global
+//! allocator is process-wide.
+
+mod build;
+mod cli_check;
+mod exec;
+mod layering;
+mod param_counts;
+mod passes;
+mod readme;
+mod robustness;
+mod round_trip;
+mod ui;
