@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use mslc_core::ops::{Attrs, Op, TensorType};
+use mslc_core::ops::{Attrs, Cost, Op, TensorType};
 use mslc_core::program::Init;
 use mslc_kernels::binding::KernelChoice;
 
@@ -100,18 +100,23 @@ impl Module {
             })
     }
 
+    /// The registry's cost of step `i` (flops and bytes moved) for the step's operand types;
+    /// `None` where the registry cannot cost it.
+    pub fn step_cost(&self, i: usize) -> Option<Cost> {
+        let step = &self.steps[i];
+        let inputs: Vec<TensorType> = step
+            .inputs
+            .iter()
+            .map(|&v| self.values[v as usize].ty.clone())
+            .collect();
+        mslc_core::ops::cost(step.op, &step.attrs, &inputs).ok()
+    }
+
     /// Total floating-point work of one forward pass, from the registry's cost rules.
     pub fn flops(&self) -> u64 {
-        self.steps
-            .iter()
-            .map(|s| {
-                let inputs: Vec<TensorType> = s
-                    .inputs
-                    .iter()
-                    .map(|&v| self.values[v as usize].ty.clone())
-                    .collect();
-                mslc_core::ops::cost(s.op, &s.attrs, &inputs).map_or(0, |c| c.flops)
-            })
+        (0..self.steps.len())
+            .filter_map(|i| self.step_cost(i))
+            .map(|c| c.flops)
             .sum()
     }
 }

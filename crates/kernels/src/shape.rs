@@ -31,25 +31,13 @@ pub fn check_len(op: &'static str, what: &str, len: usize, shape: &[usize]) -> K
     Ok(n)
 }
 
-/// The NumPy broadcast of several shapes (dimensions aligned on the right).
+/// The NumPy broadcast of several shapes (dimensions aligned on the right), by the registry's
+/// rule.
 pub fn broadcast_shapes(op: &'static str, shapes: &[&[usize]]) -> KernelResult<Vec<usize>> {
-    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut out = vec![1usize; rank];
-    for shape in shapes {
-        let offset = rank - shape.len();
-        for (i, &d) in shape.iter().enumerate() {
-            let o = &mut out[offset + i];
-            if *o == 1 {
-                *o = d;
-            } else if d != 1 && d != *o {
-                return Err(KernelError::new(
-                    op,
-                    format!("shapes {shapes:?} do not broadcast (dimension {d} against {o})"),
-                ));
-            }
-        }
-    }
-    Ok(out)
+    shapes
+        .iter()
+        .try_fold(Vec::new(), |acc, s| mslc_core::ops::broadcast(&acc, s))
+        .ok_or_else(|| KernelError::new(op, format!("shapes {shapes:?} do not broadcast")))
 }
 
 /// Strides that read a tensor of shape `shape` as if broadcast to `target` (which must be a valid
@@ -68,17 +56,9 @@ pub fn broadcast_strides(shape: &[usize], target: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// Resolves a possibly negative axis against a rank, as NumPy does.
+/// Resolves a possibly negative axis against a rank, as NumPy does (the registry's rule).
 pub fn normalize_axis(op: &'static str, axis: i64, rank: usize) -> KernelResult<usize> {
-    let r = rank as i64;
-    let a = if axis < 0 { axis + r } else { axis };
-    if a < 0 || a >= r {
-        return Err(KernelError::new(
-            op,
-            format!("axis {axis} is out of range for rank {rank}"),
-        ));
-    }
-    Ok(a as usize)
+    mslc_core::ops::normalize_axis(axis, rank).map_err(|message| KernelError::new(op, message))
 }
 
 /// Splits a shape around `axis` into `(outer, len, inner)` element counts.

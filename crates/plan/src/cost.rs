@@ -5,7 +5,6 @@
 use serde::Serialize;
 
 use mslc_artifact::Module;
-use mslc_core::ops::{self, TensorType};
 
 use super::target::Target;
 
@@ -25,13 +24,8 @@ pub struct CostEstimate {
 /// Estimates one forward pass of `module` on `target`.
 pub fn estimate(module: &Module, target: &Target) -> CostEstimate {
     let mut est = CostEstimate::default();
-    for step in &module.steps {
-        let inputs: Vec<TensorType> = step
-            .inputs
-            .iter()
-            .map(|&v| module.values[v as usize].ty.clone())
-            .collect();
-        let Ok(cost) = ops::cost(step.op, &step.attrs, &inputs) else {
+    for (i, step) in module.steps.iter().enumerate() {
+        let Some(cost) = module.step_cost(i) else {
             continue;
         };
         let dtype = step

@@ -15,13 +15,15 @@ pub fn numel(dims: &[i64]) -> u64 {
 }
 
 /// The NumPy broadcast of two shapes (align right; a dim of 1 stretches), or `None` when some
-/// aligned pair differs and neither is 1.
-pub fn broadcast(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
+/// aligned pair differs and neither is 1. Generic over the dim type, so the checker's `i64`
+/// shapes and the kernels' `usize` shapes broadcast by one rule.
+pub fn broadcast<D: Copy + Eq + From<u8>>(a: &[D], b: &[D]) -> Option<Vec<D>> {
+    let one = D::from(1);
     let rank = a.len().max(b.len());
-    let dim = |s: &[i64], i: usize| {
+    let dim = |s: &[D], i: usize| {
         let pad = rank - s.len();
         if i < pad {
-            1
+            one
         } else {
             s[i - pad]
         }
@@ -29,8 +31,8 @@ pub fn broadcast(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
     (0..rank)
         .map(|i| match (dim(a, i), dim(b, i)) {
             (x, y) if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
+            (x, y) if x == one => Some(y),
+            (x, y) if y == one => Some(x),
             _ => None,
         })
         .collect()
