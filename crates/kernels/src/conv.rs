@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use mslc_core::ops::family::conv::window_len;
+
 use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
@@ -36,10 +38,9 @@ impl Default for Conv2dAttrs {
     }
 }
 
-/// Output size of a sliding window of `kernel` taps `dilation` apart along one axis:
-/// `(len + 2 pad - span) / stride + 1` with `span = dilation (kernel - 1) + 1`, or an error when
-/// the window does not fit (or the sizes overflow). `kernel`, `dilation` and `stride` must be
-/// at least 1.
+/// Output size of a sliding window of `kernel` taps `dilation` apart along one axis, by the
+/// registry's rule ([`window_len`]), or an error when the window does not fit (or the sizes
+/// overflow).
 pub fn window_output(
     op: &'static str,
     len: usize,
@@ -48,25 +49,27 @@ pub fn window_output(
     dilation: usize,
     stride: usize,
 ) -> KernelResult<usize> {
-    let span = dilation
-        .checked_mul(kernel - 1)
-        .and_then(|s| s.checked_add(1));
-    let padded = pad.checked_mul(2).and_then(|p| p.checked_add(len));
-    match (span, padded) {
-        (Some(span), Some(padded)) if span <= padded => Ok((padded - span) / stride + 1),
-        _ => Err(KernelError::new(
+    let int = |v: usize| i64::try_from(v).ok();
+    let out = match (int(len), int(kernel), int(stride), int(pad), int(dilation)) {
+        (Some(l), Some(k), Some(s), Some(p), Some(d)) => window_len(l, k, s, p, d),
+        _ => None,
+    };
+    out.and_then(|o| usize::try_from(o).ok()).ok_or_else(|| {
+        KernelError::new(
             op,
             format!(
                 "a window of {kernel} taps {dilation} apart does not fit an input of {len} \
                  padded by {pad}"
             ),
-        )),
-    }
+        )
+    })
 }
 
-/// The geometry of one conv2d call, checked.
+/// One conv2d call's buffers checked against each other and the attributes at run time (the
+/// registry's `Conv2dGeometry` checks the types at compile time), with output sizes by the
+/// same window rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conv2dGeometry {
+pub struct Conv2dCall {
     /// Batch.
     pub n: usize,
     /// Input channels.
@@ -87,7 +90,7 @@ pub struct Conv2dGeometry {
     pub ow: usize,
 }
 
-impl Conv2dGeometry {
+impl Conv2dCall {
     /// Checks `x [N, C, H, W]`, `w [O, C/groups, kh, kw]` and the attributes.
     pub fn new(x: TensorRef<'_>, w: TensorRef<'_>, a: &Conv2dAttrs) -> KernelResult<Self> {
         const OP: &str = "conv2d";
@@ -166,7 +169,7 @@ pub fn conv2d(
     params: &MatmulParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    let g = Conv2dGeometry::new(x, w, attrs)?;
+    let g = Conv2dCall::new(x, w, attrs)?;
     check_len("conv2d", "out", out.len(), &g.output_shape())?;
     let kernel = MicroKernel::select(params.isa)?;
     let groups = attrs.groups;
@@ -252,7 +255,7 @@ const IM2COL_LIMIT: usize = 1 << 23;
 
 /// Fills row `row` of the stacked patch matrices: problem `row / kdim` (image, group), kernel
 /// tap `(ci, i, j)` = `row % kdim`, one value per output position.
-fn im2col_row(x: &[f32], g: &Conv2dGeometry, a: &Conv2dAttrs, row: usize, dst: &mut [f32]) {
+fn im2col_row(x: &[f32], g: &Conv2dCall, a: &Conv2dAttrs, row: usize, dst: &mut [f32]) {
     let cg = g.c / a.groups;
     let kdim = cg * g.kh * g.kw;
     let (problem, tap) = (row / kdim, row % kdim);
@@ -261,14 +264,14 @@ fn im2col_row(x: &[f32], g: &Conv2dGeometry, a: &Conv2dAttrs, row: usize, dst: &
     let channel = &x[((n * g.c + grp * cg + ci) * g.h) * g.w..][..g.h * g.w];
     for (oy, out_row) in dst.chunks_exact_mut(g.ow).enumerate() {
         let Some(iy) =
-            Conv2dGeometry::input_index(oy, i, a.stride[0], a.dilation[0], a.padding[0], g.h)
+            Conv2dCall::input_index(oy, i, a.stride[0], a.dilation[0], a.padding[0], g.h)
         else {
             out_row.fill(0.0);
             continue;
         };
         let src = &channel[iy * g.w..(iy + 1) * g.w];
         for (ox, v) in out_row.iter_mut().enumerate() {
-            *v = Conv2dGeometry::input_index(ox, j, a.stride[1], a.dilation[1], a.padding[1], g.w)
+            *v = Conv2dCall::input_index(ox, j, a.stride[1], a.dilation[1], a.padding[1], g.w)
                 .map_or(0.0, |ix| src[ix]);
         }
     }

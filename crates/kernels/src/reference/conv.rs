@@ -1,6 +1,6 @@
 //! Reference convolution and pooling: direct loops over every output and every tap.
 
-use crate::conv::{Conv2dAttrs, Conv2dGeometry};
+use crate::conv::{Conv2dAttrs, Conv2dCall};
 use crate::error::KernelResult;
 use crate::pool::{
     adaptive_output_shape, adaptive_range, pool2d_output_shape, Pool2dAttrs, PoolKind,
@@ -10,7 +10,7 @@ use crate::tensor::{Tensor, TensorRef};
 /// `conv2d`: `out[n, o, y, x] = Σ_{c in o's group, i, j} x[n, c, y·s + i·d - p, x·s + j·d - p] ·
 /// w[o, c, i, j]`, zero outside the input.
 pub fn conv2d(x: TensorRef<'_>, w: TensorRef<'_>, a: &Conv2dAttrs) -> KernelResult<Tensor> {
-    let g = Conv2dGeometry::new(x, w, a)?;
+    let g = Conv2dCall::new(x, w, a)?;
     let (cg, og) = (g.c / a.groups, g.o / a.groups);
     let mut data = Vec::with_capacity(g.output_shape().iter().product());
     for n in 0..g.n {
@@ -22,7 +22,7 @@ pub fn conv2d(x: TensorRef<'_>, w: TensorRef<'_>, a: &Conv2dAttrs) -> KernelResu
                     for ci in 0..cg {
                         let c = group * cg + ci;
                         for i in 0..g.kh {
-                            let Some(iy) = Conv2dGeometry::input_index(
+                            let Some(iy) = Conv2dCall::input_index(
                                 oy,
                                 i,
                                 a.stride[0],
@@ -33,7 +33,7 @@ pub fn conv2d(x: TensorRef<'_>, w: TensorRef<'_>, a: &Conv2dAttrs) -> KernelResu
                                 continue;
                             };
                             for j in 0..g.kw {
-                                let Some(ix) = Conv2dGeometry::input_index(
+                                let Some(ix) = Conv2dCall::input_index(
                                     ox,
                                     j,
                                     a.stride[1],

@@ -57,6 +57,23 @@ pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
     shard: None,
 };
 
+/// The output length of a sliding window along one axis of length `len`: `(len + 2·padding −
+/// span) / stride + 1` with `span = dilation·(kernel − 1) + 1` — the one rule the registry's
+/// shape inference and the kernels share. `None` when the window does not fit or a size is not
+/// positive where it must be (`kernel`, `stride`, `dilation` ≥ 1, `padding` ≥ 0).
+pub fn window_len(len: i64, kernel: i64, stride: i64, padding: i64, dilation: i64) -> Option<i64> {
+    if kernel < 1 || stride < 1 || dilation < 1 || padding < 0 || len < 0 {
+        return None;
+    }
+    // i128: every argument is a user value, so nothing here may overflow.
+    let span = i128::from(dilation) * (i128::from(kernel) - 1) + 1;
+    let room = i128::from(len) + 2 * i128::from(padding) - span;
+    if room < 0 {
+        return None;
+    }
+    i64::try_from(room / i128::from(stride) + 1).ok()
+}
+
 /// A sliding window over the spatial dims: its size, step, zero padding and dilation, and
 /// the output size it gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,24 +97,21 @@ impl Window {
     ) -> Result<Window, OpError> {
         let mut out = [0; 2];
         for i in 0..2 {
-            // i128: every attribute is a user value, so nothing here may overflow.
-            let span = i128::from(dilation[i]) * (i128::from(kernel[i]) - 1) + 1;
-            let room = i128::from(hw[i]) + 2 * i128::from(padding[i]) - span;
-            if room < 0 {
-                return Err(OpError::at(
-                    0,
-                    format!(
-                        "the window (kernel {}, dilation {}, padding {}) does not fit the \
-                         spatial size {} of x",
-                        fmt_dims(&kernel),
-                        fmt_dims(&dilation),
-                        fmt_dims(&padding),
-                        fmt_dims(&hw)
-                    ),
-                ));
-            }
-            out[i] = i64::try_from(room / i128::from(stride[i]) + 1)
-                .map_err(|_| OpError::new("output size overflows an i64"))?;
+            out[i] = window_len(hw[i], kernel[i], stride[i], padding[i], dilation[i]).ok_or_else(
+                || {
+                    OpError::at(
+                        0,
+                        format!(
+                            "the window (kernel {}, dilation {}, padding {}) does not fit the \
+                             spatial size {} of x",
+                            fmt_dims(&kernel),
+                            fmt_dims(&dilation),
+                            fmt_dims(&padding),
+                            fmt_dims(&hw)
+                        ),
+                    )
+                },
+            )?;
         }
         Ok(Window {
             kernel,
