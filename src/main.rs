@@ -12,8 +12,28 @@ fn main() -> ExitCode {
         .spawn(mslc::cli::main);
     match worker.map(|h| h.join()) {
         Ok(Ok(code)) => code,
-        Ok(Err(_)) => {
-            eprintln!("error: internal compiler error (a bug in mslc, not in your input); please report it");
+        Ok(Err(payload)) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let message = format!(
+                "internal compiler error (a bug in mslc, not in your input): {what}; please report it"
+            );
+            let reporter = mslc::cli::Reporter {
+                format: if mslc::cli::wants_json(std::env::args_os()) {
+                    mslc::cli::MessageFormat::Json
+                } else {
+                    mslc::cli::MessageFormat::Human
+                },
+                color: false,
+            };
+            reporter.emit_plain(
+                mslc::diag::Code::E0608,
+                mslc::diag::Severity::Error,
+                &message,
+            );
             ExitCode::from(3)
         }
         Err(e) => {
