@@ -10,35 +10,31 @@ fn main() -> ExitCode {
     let worker = std::thread::Builder::new()
         .stack_size(STACK_BYTES)
         .spawn(mslc::cli::main);
-    match worker.map(|h| h.join()) {
-        Ok(Ok(code)) => code,
+    let failure = match worker.map(|h| h.join()) {
+        Ok(Ok(code)) => return code,
         Ok(Err(payload)) => {
             let what = payload
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            let message = format!(
-                "internal compiler error (a bug in mslc, not in your input): {what}; please report it"
-            );
-            let reporter = mslc::cli::Reporter {
-                format: if mslc::cli::wants_json(std::env::args_os()) {
-                    mslc::cli::MessageFormat::Json
-                } else {
-                    mslc::cli::MessageFormat::Human
-                },
-                color: false,
-            };
-            reporter.emit_plain(
-                mslc::diag::Code::E0608,
-                mslc::diag::Severity::Error,
-                &message,
-            );
-            ExitCode::from(3)
+            format!("internal compiler error (a bug in mslc, not in your input): {what}; please report it")
         }
-        Err(e) => {
-            eprintln!("error: cannot start the compiler thread: {e}");
-            ExitCode::from(3)
-        }
-    }
+        Err(e) => format!("internal compiler error: cannot start the compiler thread: {e}"),
+    };
+    let format = if mslc::cli::wants_json(std::env::args_os()) {
+        mslc::cli::MessageFormat::Json
+    } else {
+        mslc::cli::MessageFormat::Human
+    };
+    let reporter = mslc::cli::Reporter {
+        format,
+        color: false,
+    };
+    reporter.emit_plain(
+        mslc::diag::Code::E0608,
+        mslc::diag::Severity::Error,
+        &failure,
+    );
+    ExitCode::from(3)
 }

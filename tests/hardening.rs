@@ -252,6 +252,10 @@ fn json_mode_prints_nothing_but_json_lines() {
         vec!["run", "examples/mlp.msl", "--no-such-flag"],
         vec!["run", "examples/mlp.msl"],
         vec!["check", "--summary", "examples/mlp.msl"],
+        vec!["build", "--passes"],
+        vec!["--help"],
+        vec!["inspect", "/dev/zero"],
+        vec!["inspect", "examples"],
     ];
     for args in runs {
         let out = mslc(&args);

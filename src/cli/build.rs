@@ -16,7 +16,6 @@ use crate::plan::target::Target;
 use crate::syntax::ast::Span;
 
 use super::check::group_thousands;
-use super::output::print_stdout;
 use super::{ModelArgs, Reporter};
 
 /// Extra outputs `--emit` can ask for.
@@ -98,11 +97,19 @@ struct StageMs {
 /// Runs the build; 0 on success, 1 on errors.
 pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     let Some(file) = args.file.as_deref().filter(|_| !args.passes) else {
-        let list: Vec<String> = crate::passes::pass_descriptions()
+        let passes = crate::passes::pass_descriptions();
+        let list: Vec<String> = passes
             .iter()
             .map(|(name, what)| format!("{name:<14} {what}"))
             .collect();
-        print_stdout(&(list.join("\n") + "\n"));
+        let json: Vec<serde_json::Value> = passes
+            .iter()
+            .map(|(name, what)| serde_json::json!({ "name": name, "description": what }))
+            .collect();
+        reporter.result(
+            &(list.join("\n") + "\n"),
+            serde_json::json!({ "passes": json }),
+        );
         return 0;
     };
     let start = Instant::now();

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 
 use crate::artifact::write::{check_manifest, ManifestCheck};
-use crate::artifact::{decode, KernelParam, Module, Storage};
+use crate::artifact::{decode, read_mir, KernelParam, Module, Storage};
 use crate::diag::{Code, Severity};
 
 use super::Reporter;
@@ -20,19 +20,17 @@ pub struct InspectArgs {
 /// Prints the module (in JSON mode, the module structure as one JSON object); 1 if the file
 /// cannot be read.
 pub fn run(args: &InspectArgs, reporter: &Reporter) -> u8 {
-    let decoded = std::fs::read(&args.file)
-        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))
-        .and_then(|bytes| {
-            let decoded = decode(&bytes).map_err(|e| format!("{}: {e}", args.file.display()))?;
-            let manifest = match check_manifest(&args.file, &decoded.module.name, &bytes) {
-                ManifestCheck::Mismatch(m) => return Err(m),
-                ManifestCheck::Verified(n) => format!("verified: one set of {n} files"),
-                ManifestCheck::NotListed => "the manifest beside it does not list it".to_string(),
-                ManifestCheck::Absent => "none beside it (the set is unverified)".to_string(),
-            };
-            let weights = decoded.weights.map(<[u8]>::len);
-            Ok((decoded.module, weights, manifest))
-        });
+    let decoded = read_mir(&args.file).and_then(|bytes| {
+        let decoded = decode(&bytes).map_err(|e| format!("{}: {e}", args.file.display()))?;
+        let manifest = match check_manifest(&args.file, &decoded.module.name, &bytes) {
+            ManifestCheck::Mismatch(m) => return Err(m),
+            ManifestCheck::Verified(n) => format!("verified: one set of {n} files"),
+            ManifestCheck::NotListed => "the manifest beside it does not list it".to_string(),
+            ManifestCheck::Absent => "none beside it (the set is unverified)".to_string(),
+        };
+        let weights = decoded.weights.map(<[u8]>::len);
+        Ok((decoded.module, weights, manifest))
+    });
     match decoded {
         Ok((module, weights, manifest)) => {
             let json = serde_json::json!({

@@ -138,6 +138,12 @@ pub fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
+        Err(e) if wants_json(std::env::args_os()) => {
+            // `--help` and `--version` asked for text; as JSON it is one object holding it.
+            let json = serde_json::json!({ "help": e.render().to_string() });
+            output::print_stdout(&format!("{json}\n"));
+            return ExitCode::from(0);
+        }
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });

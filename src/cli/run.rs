@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::artifact::validate::file_in;
 use crate::artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
-use crate::artifact::{decode, Module};
+use crate::artifact::{decode, read_mir, Module};
 use crate::check::{check_path, CheckOptions, Checked};
 use crate::compile::{compile, CompileOptions, STAGE_SIZE};
 use crate::diag::{Code, Severity};
@@ -141,8 +141,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
                     .into(),
             );
         }
-        mir_bytes = std::fs::read(&args.file)
-            .map_err(|e| unreadable(format!("cannot read `{}`: {e}", args.file.display())))?;
+        mir_bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded = decode(&mir_bytes)
             .map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
         if let ManifestCheck::Mismatch(m) =

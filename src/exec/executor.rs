@@ -210,7 +210,7 @@ impl Executor {
                 return Err(ExecError::new(
                     ExecErrorKind::Memory,
                     format!(
-                        "running `{}` needs {} (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} may be used",
+                        "running `{}` needs {} = {need} bytes (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} = {limit} bytes may be used",
                         module.name,
                         human_bytes(need),
                         human_bytes(values),

@@ -96,7 +96,7 @@ pub fn human_bytes(bytes: u64) -> String {
     }
     match unit {
         None => format!("{bytes} bytes"),
-        Some(u) => format!("{value:.2} {u} ({bytes} bytes)"),
+        Some(u) => format!("{value:.2} {u}"),
     }
 }
 
@@ -133,6 +133,6 @@ mod tests {
     #[test]
     fn byte_counts_read_well() {
         assert_eq!(human_bytes(512), "512 bytes");
-        assert_eq!(human_bytes(3 << 29), "1.50 GiB (1610612736 bytes)");
+        assert_eq!(human_bytes(3 << 29), "1.50 GiB");
     }
 }
