@@ -185,6 +185,7 @@ fn a_model_larger_than_the_memory_limit_is_refused_before_allocating() {
 
 #[test]
 fn a_70b_model_is_refused_not_killed() {
+    // 258 GiB: more than this machine has available, or than the flag allows on a bigger one.
     let out = mslc(&[
         "run",
         "examples/llama2_70b.msl",
@@ -192,6 +193,8 @@ fn a_70b_model_is_refused_not_killed() {
         "1",
         "--dim",
         "S=16",
+        "--max-memory",
+        "64GiB",
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(codes(&out), ["E0604"]);

@@ -180,7 +180,8 @@ pub fn check_tensor_sizes(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
-/// Words the `.msl` grammar reserves; no identifier it accepts is one of them.
+/// Words the `.msl` grammar reserves (the `keyword` rule of `grammar/msl.pest`); no identifier
+/// it accepts is one of them.
 const KEYWORDS: &[&str] = &[
     "let", "for", "in", "if", "else", "return", "true", "false", "pub", "import", "as",
 ];

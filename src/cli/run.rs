@@ -67,7 +67,7 @@ pub struct RunArgs {
 const MAX_ITERATIONS: u64 = 1_000_000;
 
 /// The most worker threads `--threads` asks for; more only add per-thread scratch memory.
-pub const MAX_THREADS: usize = 256;
+const MAX_THREADS: usize = 256;
 
 /// Runs the command; 1 on any error.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
@@ -149,6 +149,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         {
             return Err(unreadable(m));
         }
+        // `cpu` is the host target (`Target::is_host`), the only one this executor is.
         if decoded.module.target != "cpu" {
             reporter.emit_plain(
                 Code::W0004,
