@@ -272,15 +272,18 @@ pub enum ManifestCheck {
     /// No manifest for the module's model beside the file (an interrupted or older build, or
     /// a file copied on its own).
     Absent,
-    /// The manifest lists the file with these contents; the set has this many files.
+    /// The manifest lists the file with these contents, and every other file it lists is
+    /// there with its contents; the set has this many files.
     Verified(usize),
     /// The manifest does not list the file under its name (a renamed copy).
     NotListed,
-    /// The manifest lists the file with other contents: the directory holds a mixed set.
+    /// The manifest lists the file, or another of the set, with other contents (or the other
+    /// is missing): the directory holds a mixed set.
     Mismatch(String),
 }
 
-/// Checks `bytes`, read from `mir` and holding model `model`, against the manifest beside it.
+/// Checks `bytes`, read from `mir` and holding model `model`, and the other files of its set
+/// against the manifest beside it.
 pub fn check_manifest(mir: &Path, model: &str, bytes: &[u8]) -> ManifestCheck {
     let dir = mir.parent().unwrap_or(Path::new("."));
     let path = manifest_path(dir, model);
@@ -297,16 +300,26 @@ pub fn check_manifest(mir: &Path, model: &str, bytes: &[u8]) -> ManifestCheck {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    match manifest.files.iter().find(|f| f.name == name) {
-        None => ManifestCheck::NotListed,
-        Some(entry) if entry.sha256 == sha256_hex(bytes) => {
-            ManifestCheck::Verified(manifest.files.len())
-        }
-        Some(_) => ManifestCheck::Mismatch(format!(
-            "`{}` lists other contents for `{name}`: the directory holds files of different builds; rebuild",
-            path.display()
-        )),
+    if !manifest.files.iter().any(|f| f.name == name) {
+        return ManifestCheck::NotListed;
     }
+    for entry in &manifest.files {
+        let matches = if entry.name == name {
+            entry.sha256 == sha256_hex(bytes)
+        } else {
+            // Only plain file names: a manifest is no more trusted than the files it lists.
+            Path::new(&entry.name).file_name() == Some(entry.name.as_ref())
+                && fs::read(dir.join(&entry.name)).is_ok_and(|b| entry.sha256 == sha256_hex(&b))
+        };
+        if !matches {
+            return ManifestCheck::Mismatch(format!(
+                "`{}` lists other contents for `{}`: the directory holds files of different builds; rebuild",
+                path.display(),
+                entry.name
+            ));
+        }
+    }
+    ManifestCheck::Verified(manifest.files.len())
 }
 
 #[cfg(test)]
@@ -344,6 +357,11 @@ mod tests {
             ManifestCheck::NotListed
         );
         assert_eq!(check_manifest(&mir, "N", b"one"), ManifestCheck::Absent);
+        fs::write(dir.path().join("M.report.json"), b"{\"other\": 1}").unwrap();
+        assert!(matches!(
+            check_manifest(&mir, "M", b"one"),
+            ManifestCheck::Mismatch(m) if m.contains("M.report.json")
+        ));
     }
 
     #[test]
