@@ -19,7 +19,7 @@ use super::buffer::AlignedBuf;
 use super::dispatch::Operands;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
-use super::limits::human_bytes;
+use super::limits::{exact_bytes, human_bytes};
 use super::prepare::{prepare, StepKernel};
 use super::profile::{chrome_trace, StepTime};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
@@ -210,13 +210,13 @@ impl Executor {
                 return Err(ExecError::new(
                     ExecErrorKind::Memory,
                     format!(
-                        "running `{}` needs {} = {need} bytes (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} = {limit} bytes may be used",
+                        "running `{}` needs {} (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} may be used",
                         module.name,
-                        human_bytes(need),
+                        exact_bytes(need),
                         human_bytes(values),
                         human_bytes(arena_bytes as u64),
                         human_bytes(scratch_bytes.saturating_mul(threads as u64)),
-                        human_bytes(limit)
+                        exact_bytes(limit)
                     ),
                 ));
             }

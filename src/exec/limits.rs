@@ -100,6 +100,15 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// [`human_bytes`] with the exact count when it is rounded: `1.50 GiB = 1610612736 bytes`.
+pub fn exact_bytes(bytes: u64) -> String {
+    if bytes < 1024 {
+        human_bytes(bytes)
+    } else {
+        format!("{} = {bytes} bytes", human_bytes(bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +143,7 @@ mod tests {
     fn byte_counts_read_well() {
         assert_eq!(human_bytes(512), "512 bytes");
         assert_eq!(human_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(exact_bytes(3 << 29), "1.50 GiB = 1610612736 bytes");
+        assert_eq!(exact_bytes(0), "0 bytes");
     }
 }
