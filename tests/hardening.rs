@@ -113,7 +113,7 @@ fn kernel_parameters_out_of_bounds_are_rejected() {
         let step = bad
             .steps
             .iter_mut()
-            .find(|s| s.kernel.name == "elementwise" || param == "mc" && s.kernel.name == "gemm")
+            .find(|s| s.kernel.name == if param == "mc" { "gemm" } else { "elementwise" })
             .expect("a step with that kernel");
         step.kernel
             .params
@@ -125,6 +125,18 @@ fn kernel_parameters_out_of_bounds_are_rejected() {
         let inspect = mslc(&["inspect", s(&mir)]);
         assert_eq!(inspect.status.code(), Some(1), "{param}={value}");
     }
+    // The largest allowed block still runs.
+    let mut big = module;
+    for step in &mut big.steps {
+        if step.kernel.name == "elementwise" {
+            step.kernel
+                .params
+                .insert("block".to_string(), KernelParam::Int(1 << 20));
+        }
+    }
+    let mir = write_mir(dir.path(), "big.mir", &big);
+    let out = mslc(&["run", s(&mir), "--init-seed", "1"]);
+    assert!(out.status.success(), "{out:?}");
 }
 
 #[test]
