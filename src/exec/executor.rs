@@ -194,8 +194,7 @@ impl Executor {
                 .iter()
                 .zip(&slots)
                 .filter(|(v, _)| !matches!(v.storage, Storage::Arena { .. }))
-                .map(|(_, s)| s.bytes as u64)
-                .sum();
+                .fold(0u64, |sum, (_, s)| sum.saturating_add(s.bytes as u64));
             let staging = stage.inputs.iter().sum::<usize>() + stage.ints + stage.out;
             let need = [
                 values,
@@ -710,7 +709,8 @@ fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
             for &o in &step.outputs {
                 invariant[o as usize] = true;
                 slots[o as usize].place = Place::Hoisted(bytes);
-                bytes += slots[o as usize].bytes.div_ceil(64) * 64;
+                // Saturating: a crafted module's sum that overflows fails to allocate.
+                bytes = bytes.saturating_add(slots[o as usize].bytes.div_ceil(64) * 64);
             }
         }
         marks.push(hoisted);
