@@ -76,7 +76,14 @@ fn a_warm_forward_pass_allocates_nothing() {
         ("examples/mlp.msl", &[][..]),
     ] {
         for threads in [1, 2] {
-            let mut exec = Executor::new(module(file, sets), &ExecOptions { threads }).unwrap();
+            let mut exec = Executor::new(
+                module(file, sets),
+                &ExecOptions {
+                    threads,
+                    ..ExecOptions::default()
+                },
+            )
+            .unwrap();
             exec.init_params(1);
             for input in exec.unset_inputs() {
                 exec.seed_input(&input, 2).unwrap();

@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use mslc_artifact::{encode, write::write_all_or_nothing};
+use mslc_artifact::encode;
+use mslc_artifact::write::{write_build_set, SetError};
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
-use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled, STAGE_SIZE};
 use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::kernel_table_toml;
 
 use super::check::group_thousands;
-use super::output::print_stdout;
 use super::{ModelArgs, Reporter};
 
 /// Extra outputs `--emit` can ask for.
@@ -96,11 +96,19 @@ struct StageMs {
 /// Runs the build; 0 on success, 1 on errors.
 pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     let Some(file) = args.file.as_deref().filter(|_| !args.passes) else {
-        let list: Vec<String> = mslc_ir::passes::pass_descriptions()
+        let passes = mslc_ir::passes::pass_descriptions();
+        let list: Vec<String> = passes
             .iter()
             .map(|(name, what)| format!("{name:<14} {what}"))
             .collect();
-        print_stdout(&(list.join("\n") + "\n"));
+        let json: Vec<serde_json::Value> = passes
+            .iter()
+            .map(|(name, what)| serde_json::json!({ "name": name, "description": what }))
+            .collect();
+        reporter.result(
+            &(list.join("\n") + "\n"),
+            serde_json::json!({ "passes": json }),
+        );
         return 0;
     };
     let start = Instant::now();
@@ -111,8 +119,8 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
         return 1;
     }
     match build(args, &checked, check_ms) {
-        Ok(text) => {
-            print_stdout(&text);
+        Ok((text, json)) => {
+            reporter.result(&text, json);
             0
         }
         Err(d) => {
@@ -122,7 +130,12 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     }
 }
 
-fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, Box<Diagnostic>> {
+/// Builds and writes the artifacts; the summary as text and as JSON.
+fn build(
+    args: &BuildArgs,
+    checked: &Checked,
+    check_ms: f64,
+) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
     let model = choose_model(checked, args.entry.as_deref())?;
     let target = choose_target(checked, model, args.target.as_deref())?;
     let options = CompileOptions {
@@ -132,6 +145,14 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
         amp: amp_for(checked, model),
     };
     let compiled = compile(model, &options).map_err(|e| {
+        if e.stage == STAGE_SIZE {
+            return root_error(
+                checked,
+                Code::E0606,
+                format!("cannot build `{}`: {}", model.name, e.message),
+                "check the dims and --set/--dim overrides that size it".to_string(),
+            );
+        }
         root_error(
             checked,
             Code::E0600,
@@ -179,23 +200,38 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     };
     let report = report(model, &compiled, stage_ms);
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
-    write_outputs(dir, &files).map_err(|(path, e)| {
-        root_error(
-            checked,
-            Code::E0600,
-            format!("cannot write {}: {e}", path.display()),
-            "choose a writable directory with -o DIR; nothing was written".to_string(),
-        )
+    let named: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(path, bytes)| {
+            let name = path.file_name().unwrap_or_default();
+            (name.to_string_lossy().into_owned(), bytes.clone())
+        })
+        .collect();
+    write_build_set(dir, name, &named).map_err(|e| {
+        let (code, help) = match &e {
+            SetError::Locked(_) => (
+                Code::E0607,
+                "wait for the other build, or build into another directory with -o DIR",
+            ),
+            SetError::NotADirectory(_) => (Code::E0600, "give -o a directory"),
+            SetError::Io(w) if !w.replaced.is_empty() => (
+                Code::E0600,
+                "the set is incomplete (it has no manifest): rerun the build",
+            ),
+            SetError::Io(_) => (Code::E0600, "choose a writable directory with -o DIR"),
+        };
+        root_error(checked, code, e.to_string(), help.to_string())
     })?;
-    Ok(report_text(&report, dir, &files))
-}
-
-fn write_outputs(
-    dir: &Path,
-    files: &[(PathBuf, Vec<u8>)],
-) -> Result<(), (PathBuf, std::io::Error)> {
-    std::fs::create_dir_all(dir).map_err(|e| (dir.to_path_buf(), e))?;
-    write_all_or_nothing(files)
+    let written: Vec<serde_json::Value> = files
+        .iter()
+        .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
+        .collect();
+    let json = serde_json::json!({ "summary": { "report": &report, "files": written } });
+    let mut text = report_text(&report, dir, &files);
+    text.push_str(&format!(
+        "    {name}.manifest.json (their SHA-256, written last)\n"
+    ));
+    Ok((text, json))
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {

@@ -31,7 +31,9 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
         failed |= checked.has_errors();
         if args.summary && !checked.has_errors() {
             for model in &checked.models {
-                super::output::print_stdout(&summary(model));
+                let text = summary(model);
+                let json = serde_json::json!({ "summary": { "model": model.name, "text": text } });
+                reporter.result(&text, json);
             }
         }
     }

@@ -4,10 +4,12 @@
 use std::fmt::Write;
 use std::path::PathBuf;
 
-use mslc_artifact::{decode, Module, Storage};
+use mslc_artifact::write::{check_manifest, ManifestCheck};
+use mslc_artifact::{decode, read_mir, Module, Storage};
+use mslc_core::diag::{Code, Severity};
 use mslc_kernels::binding::KernelParam;
 
-use super::output::print_stdout;
+use super::Reporter;
 
 /// Arguments of `mslc inspect`.
 #[derive(clap::Args, Debug)]
@@ -16,25 +18,37 @@ pub struct InspectArgs {
     pub file: PathBuf,
 }
 
-/// Prints the module; 1 if the file cannot be read.
-pub fn run(args: &InspectArgs) -> u8 {
-    let bytes = match std::fs::read(&args.file) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error[E0602]: cannot read {}: {e}", args.file.display());
-            return 1;
-        }
-    };
-    match decode(&bytes) {
-        Ok(decoded) => {
-            print_stdout(&module_text(
-                &decoded.module,
-                decoded.weights.map(<[u8]>::len),
-            ));
+/// Prints the module (in JSON mode, the module structure as one JSON object); 1 if the file
+/// cannot be read.
+pub fn run(args: &InspectArgs, reporter: &Reporter) -> u8 {
+    let decoded = read_mir(&args.file).and_then(|bytes| {
+        let decoded = decode(&bytes).map_err(|e| format!("{}: {e}", args.file.display()))?;
+        let manifest = match check_manifest(&args.file, &decoded.module.name, &bytes) {
+            ManifestCheck::Mismatch(m) => return Err(m),
+            ManifestCheck::Verified(n) => format!("verified: one set of {n} files"),
+            ManifestCheck::NotListed => "the manifest beside it does not list it".to_string(),
+            ManifestCheck::Absent => "none beside it (the set is unverified)".to_string(),
+        };
+        let weights = decoded.weights.map(<[u8]>::len);
+        Ok((decoded.module, weights, manifest))
+    });
+    match decoded {
+        Ok((module, weights, manifest)) => {
+            let json = serde_json::json!({
+                "inspect": {
+                    "module": module,
+                    "embedded_weights_bytes": weights,
+                    "manifest": manifest,
+                }
+            });
+            let mut text = module_text(&module, weights);
+            let first_line_end = text.find('\n').map_or(text.len(), |i| i + 1);
+            text.insert_str(first_line_end, &format!("  manifest: {manifest}\n"));
+            reporter.result(&text, json);
             0
         }
-        Err(e) => {
-            eprintln!("error[E0602]: {}: {e}", args.file.display());
+        Err(message) => {
+            reporter.emit_plain(Code::E0602, Severity::Error, &message);
             1
         }
     }

@@ -103,10 +103,47 @@ pub enum Command {
     Run(run::RunArgs),
 }
 
+/// Whether the arguments ask for `--message-format json`, read before (and even when) the
+/// command line as a whole fails to parse.
+pub fn wants_json(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let mut previous_was_flag = false;
+    for arg in args {
+        let arg = arg.to_string_lossy();
+        if arg == "--" {
+            break;
+        }
+        if arg == "--message-format=json" || (previous_was_flag && arg == "json") {
+            return true;
+        }
+        previous_was_flag = arg == "--message-format";
+    }
+    false
+}
+
 /// Parses the process arguments and runs the command.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if e.use_stderr() && wants_json(std::env::args_os()) => {
+            let reporter = Reporter {
+                format: MessageFormat::Json,
+                color: false,
+            };
+            let text = e.render().to_string();
+            let message = text.trim().trim_start_matches("error: ");
+            reporter.emit_plain(
+                mslc_core::diag::Code::E0609,
+                mslc_core::diag::Severity::Error,
+                message,
+            );
+            return ExitCode::from(2);
+        }
+        Err(e) if wants_json(std::env::args_os()) => {
+            // `--help` and `--version` asked for text; as JSON it is one object holding it.
+            let json = serde_json::json!({ "help": e.render().to_string() });
+            output::print_stdout(&format!("{json}\n"));
+            return ExitCode::from(0);
+        }
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
@@ -126,8 +163,8 @@ pub fn main() -> ExitCode {
     let code = match cli.command {
         Command::Check(args) => check::run(&args, &reporter),
         Command::Build(args) => build::run(&args, &reporter),
-        Command::Inspect(args) => inspect::run(&args),
-        Command::Explain(args) => explain::run(&args),
+        Command::Inspect(args) => inspect::run(&args, &reporter),
+        Command::Explain(args) => explain::run(&args, &reporter),
         Command::Run(args) => run::run(&args, &reporter),
     };
     ExitCode::from(code)

@@ -60,6 +60,17 @@ impl Reporter {
     }
 }
 
+impl Reporter {
+    /// Prints a command's result: `text` as it is in human mode, one JSON object in JSON mode
+    /// (so that stdout carries nothing but JSON lines there).
+    pub fn result(&self, text: &str, json: serde_json::Value) {
+        match self.format {
+            MessageFormat::Human => print_stdout(text),
+            MessageFormat::Json => print_stdout(&format!("{json}\n")),
+        }
+    }
+}
+
 /// Writes to stdout, ignoring a closed pipe (`mslc check --summary … | head`).
 pub fn print_stdout(text: &str) {
     use std::io::Write;

@@ -7,13 +7,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use mslc_artifact::write::write_all_or_nothing;
-use mslc_artifact::{decode, Module};
+use mslc_artifact::validate::file_in;
+use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
+use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
-use mslc_driver::compile::{compile, CompileOptions};
+use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, choose_target, dims_from_inputs};
-use mslc_exec::{ExecOptions, Executor};
+use mslc_exec::limits::{available_memory, parse_size};
+use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 
@@ -37,12 +39,17 @@ pub struct RunArgs {
     /// Write each output as `DIR/NAME.npy`.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
-    /// Forward passes to time (the median is reported).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub iterations: usize,
-    /// Worker threads (default: one per core).
+    /// Forward passes to time (the median is reported), at most 1,000,000.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_ITERATIONS))]
+    pub iterations: u64,
+    /// Worker threads (default: one per core), at most 256.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Refuse to run when the model needs more memory than this (e.g. `8GiB`, `512MB`); the
+    /// memory the system has available is always a limit too.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<u64>,
     /// Write a Chrome trace of the last forward pass (opens in Perfetto).
     #[arg(long, value_name = "F.json")]
     pub profile: Option<PathBuf>,
@@ -56,16 +63,22 @@ pub struct RunArgs {
     pub model: ModelArgs,
 }
 
+/// The most forward passes `--iterations` times.
+const MAX_ITERATIONS: u64 = 1_000_000;
+
+/// The most worker threads `--threads` asks for; more only add per-thread scratch memory.
+const MAX_THREADS: usize = 256;
+
 /// Runs the command; 1 on any error.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
     match execute(args, reporter) {
-        Ok(report) => {
-            super::output::print_stdout(&report);
+        Ok((text, json)) => {
+            reporter.result(&text, json);
             0
         }
         Err(Failure::Reported) => 1,
         Err(Failure::Usage(m)) => {
-            eprintln!("error: {m}");
+            reporter.emit_plain(Code::E0609, Severity::Error, &m);
             2
         }
         Err(Failure::Message(code, m)) => {
@@ -95,14 +108,16 @@ fn unreadable(m: String) -> Failure {
     Failure::Message(Code::E0602, m)
 }
 
-fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
-    if args.iterations == 0 {
-        return Err(Failure::Usage(
-            "--iterations must be at least 1".to_string(),
-        ));
-    }
+/// Runs the model; the summary as text and as JSON.
+fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
     if args.threads == Some(0) {
         return Err(Failure::Usage("--threads must be at least 1".to_string()));
+    }
+    if let Some(n) = args.threads.filter(|&n| n > MAX_THREADS) {
+        return Err(Failure::Message(
+            Code::E0605,
+            format!("--threads {n}: at most {MAX_THREADS} worker threads are supported"),
+        ));
     }
     if args.weights.is_some() && args.init_seed.is_some() {
         return Err(Failure::Usage(
@@ -126,68 +141,109 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
                     .into(),
             );
         }
-        mir_bytes = std::fs::read(&args.file)
-            .map_err(|e| unreadable(format!("cannot read `{}`: {e}", args.file.display())))?;
+        mir_bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded = decode(&mir_bytes)
             .map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
+        if let ManifestCheck::Mismatch(m) =
+            check_manifest(&args.file, &decoded.module.name, &mir_bytes)
+        {
+            return Err(unreadable(m));
+        }
+        // `cpu` is the host target (`Target::is_host`), the only one this executor is.
+        if decoded.module.target != "cpu" {
+            reporter.emit_plain(
+                Code::W0004,
+                Severity::Warning,
+                &format!(
+                    "`{}` was built for target `{}`; it runs on this CPU instead, with a plan made for that target",
+                    decoded.module.name, decoded.module.target
+                ),
+            );
+        }
         (decoded.module, decoded.weights)
     } else {
         (compile_source(args, &arrays, reporter)?, None)
     };
+    let (memory_limit, limit_source) = match (available_memory(), args.max_memory) {
+        (Some(a), Some(m)) if a < m => (Some(a), "the memory this system has available now"),
+        (_, Some(m)) => (Some(m), "--max-memory"),
+        (a, None) => (a, "the memory this system has available now"),
+    };
     let options = ExecOptions {
         threads: args.threads.unwrap_or(0),
+        memory_limit,
     };
     let flops = module.flops();
     let name = module.name.clone();
-    let mut exec = Executor::new(module, &options).map_err(|e| e.message)?;
+    let mut exec = Executor::new(module, &options).map_err(|e| match e.kind {
+        ExecErrorKind::Memory => Failure::Message(
+            Code::E0604,
+            format!(
+                "{} ({limit_source}); run a smaller configuration or on a bigger machine",
+                e.message
+            ),
+        ),
+        _ => e.message.into(),
+    })?;
     load_params(args, &mut exec, embedded)?;
     for (input, array) in &arrays {
         exec.set_input(input, array).map_err(|e| e.message)?;
     }
-    let mut notes = String::new();
+    let mut seeded = Vec::new();
     if let Some(seed) = args.init_seed {
         for input in exec.unset_inputs() {
             let bound = exec.seed_input(&input, seed).map_err(|e| e.message)?;
-            let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
-            notes.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
+            seeded.push((input, bound));
         }
     }
-    let mut times = Vec::with_capacity(args.iterations);
+    let mut times = Vec::new();
     for _ in 0..args.iterations {
         let start = Instant::now();
         exec.run().map_err(|e| e.message)?;
         times.push(start.elapsed().as_secs_f64());
     }
-    let mut report = summary(&name, flops, exec.threads(), &mut times);
-    report.push_str(&format!(
-        "  memory:  {:.2} MiB arena for every intermediate (one allocation)\n",
-        exec.arena_bytes() as f64 / (1 << 20) as f64
-    ));
-    report.push_str(&notes);
     let mut files = Vec::new();
+    let mut outputs = Vec::new();
     if let Some(dir) = &args.output_dir {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+        if dir.exists() && !dir.is_dir() {
+            return Err(Failure::Message(
+                Code::E0600,
+                format!(
+                    "--output-dir `{}` exists and is not a directory; nothing was written",
+                    dir.display()
+                ),
+            ));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Failure::Message(
+                Code::E0600,
+                format!("cannot create `{}`: {e}", dir.display()),
+            )
+        })?;
         for (name, v) in &exec.module().outputs {
             let array = exec
                 .output_npy(name)
                 .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
-            let path = dir.join(format!("{name}.npy"));
-            let ty = &exec.module().values[*v as usize].ty;
-            report.push_str(&format!("  output:  {name} {ty} -> {}\n", path.display()));
+            let path = file_in(dir, name, "npy").map_err(|m| format!("output `{name}`: {m}"))?;
+            let ty = exec.module().values[*v as usize].ty.to_string();
+            outputs.push((name.clone(), ty, path.clone()));
             files.push((path, array.to_npy_bytes()));
         }
     }
     if let Some(path) = &args.profile {
-        report.push_str(&format!("  profile: {}\n", path.display()));
         files.push((path.clone(), exec.profile_json().into_bytes()));
     }
-    write_all_or_nothing(&files).map_err(|(path, e)| {
-        Failure::Message(
-            Code::E0600,
-            format!("cannot write `{}`: {e}", path.display()),
-        )
-    })?;
+    let run = RunSummary {
+        model: name,
+        threads: exec.threads(),
+        flops,
+        times,
+        arena_bytes: exec.arena_bytes(),
+        seeded,
+        outputs,
+        profile: args.profile.clone(),
+    };
+    write_all_or_nothing(&files).map_err(|e| Failure::Message(Code::E0600, e.to_string()))?;
     let bad = exec.nonfinite_outputs();
     if !bad.is_empty() {
         reporter.emit_plain(
@@ -202,7 +258,93 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
             ),
         );
     }
-    Ok(report)
+    Ok((run.text(), run.json()))
+}
+
+/// What a run did, for the summary.
+struct RunSummary {
+    model: String,
+    threads: usize,
+    flops: u64,
+    /// Seconds per forward pass.
+    times: Vec<f64>,
+    arena_bytes: usize,
+    /// Inputs not given and seeded, with the id bound used for integer ones.
+    seeded: Vec<(String, Option<u64>)>,
+    /// Name, type and file of every written output.
+    outputs: Vec<(String, String, PathBuf)>,
+    profile: Option<PathBuf>,
+}
+
+impl RunSummary {
+    /// Median and best seconds per forward.
+    fn median_best(&self) -> (f64, f64) {
+        let mut times = self.times.clone();
+        times.sort_by(f64::total_cmp);
+        (times[times.len() / 2], times[0])
+    }
+
+    /// The human summary: timing lines, memory, notes, written files.
+    fn text(&self) -> String {
+        let (median, best) = self.median_best();
+        let peak = host_peak();
+        let rate = self.flops as f64 / median;
+        let mut s = format!(
+            "ran {} on {} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s = {:.1}% of the {:.0} GFLOP/s peak\n",
+            self.model,
+            self.threads,
+            self.times.len(),
+            median * 1e3,
+            best * 1e3,
+            self.flops as f64 / 1e9,
+            rate / 1e9,
+            100.0 * rate / peak,
+            peak / 1e9
+        );
+        s.push_str(&format!(
+            "  memory:  {:.2} MiB arena for every intermediate (one allocation)\n",
+            self.arena_bytes as f64 / (1 << 20) as f64
+        ));
+        for (input, bound) in &self.seeded {
+            let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
+            s.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
+        }
+        for (name, ty, path) in &self.outputs {
+            s.push_str(&format!("  output:  {name} {ty} -> {}\n", path.display()));
+        }
+        if let Some(path) = &self.profile {
+            s.push_str(&format!("  profile: {}\n", path.display()));
+        }
+        s
+    }
+
+    /// The same as one JSON object.
+    fn json(&self) -> serde_json::Value {
+        let (median, best) = self.median_best();
+        let seeded: Vec<_> = self
+            .seeded
+            .iter()
+            .map(|(name, bound)| serde_json::json!({ "input": name, "id_bound": bound }))
+            .collect();
+        let outputs: Vec<_> = self
+            .outputs
+            .iter()
+            .map(|(name, ty, path)| serde_json::json!({ "name": name, "type": ty, "path": path }))
+            .collect();
+        serde_json::json!({ "summary": {
+            "model": self.model,
+            "threads": self.threads,
+            "iterations": self.times.len(),
+            "median_ms": median * 1e3,
+            "best_ms": best * 1e3,
+            "flops_per_forward": self.flops,
+            "gflops_per_s": self.flops as f64 / median / 1e9,
+            "arena_bytes": self.arena_bytes,
+            "seeded_inputs": seeded,
+            "outputs": outputs,
+            "profile": self.profile,
+        }})
+    }
 }
 
 /// Parameters from `--weights`, `--init-seed`, or the weights embedded in the artifact.
@@ -288,27 +430,21 @@ fn compile_source(
             amp: None,
         },
     )
-    .map_err(|e| format!("cannot compile `{entry}`: {e}"))?;
+    .map_err(|e| {
+        let code = if e.stage == STAGE_SIZE {
+            Code::E0606
+        } else {
+            Code::E0603
+        };
+        Failure::Message(code, format!("cannot compile `{entry}`: {e}"))
+    })?;
     Ok(compiled.module)
 }
 
 /// This machine's f32 peak (docs/semantics.md), used when the standard library is overridden.
 const HOST_PEAK_F32: f64 = 157e9;
 
-/// The timing lines: median and best time per forward, GFLOP/s and fraction of peak.
-fn summary(name: &str, flops: u64, threads: usize, times: &mut [f64]) -> String {
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    let peak = mslc_driver::target::standard_target("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32);
-    let rate = flops as f64 / median;
-    format!(
-        "ran {name} on {threads} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s = {:.1}% of the {:.0} GFLOP/s peak\n",
-        times.len(),
-        median * 1e3,
-        times[0] * 1e3,
-        flops as f64 / 1e9,
-        rate / 1e9,
-        100.0 * rate / peak,
-        peak / 1e9
-    )
+/// The f32 peak of this machine's `cpu` target.
+fn host_peak() -> f64 {
+    mslc_driver::target::standard_target("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32)
 }

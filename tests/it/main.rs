@@ -6,6 +6,7 @@
 mod build;
 mod cli_check;
 mod exec;
+mod hardening;
 mod layering;
 mod param_counts;
 mod passes;

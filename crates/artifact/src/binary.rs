@@ -4,6 +4,7 @@
 //! foreign file is a clear error, never a panic or a huge allocation.
 
 use std::fmt;
+use std::path::Path;
 
 use bincode::Options;
 use sha2::{Digest, Sha256};
@@ -137,6 +138,25 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded<'_>, MirError> {
         None
     };
     Ok(Decoded { module, weights })
+}
+
+/// Reads a `.mir` file's bytes. Only a regular file is read: a device such as `/dev/zero`
+/// would be read until memory runs out, and a FIFO could block forever.
+pub fn read_mir(path: &Path) -> Result<Vec<u8>, String> {
+    let cannot = |e: std::io::Error| format!("cannot read `{}`: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(cannot)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!(
+            "cannot read `{}`: it is {what}; give the path of a .mir file",
+            path.display()
+        ));
+    }
+    std::fs::read(path).map_err(cannot)
 }
 
 fn codec() -> impl Options {

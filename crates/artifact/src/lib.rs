@@ -5,5 +5,5 @@ pub mod module;
 pub mod validate;
 pub mod write;
 
-pub use binary::{decode, encode, MirError};
+pub use binary::{decode, encode, read_mir, MirError};
 pub use module::{Module, Step, Storage, ValueInfo};

@@ -1,13 +1,19 @@
 //! Consistency checks on a decoded module, so the executor can trust every index, type and
 //! offset in it even when the file was crafted by hand.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
 use mslc_core::ops::{self, TensorType};
 
-use super::module::{Module, Storage};
+use super::module::{Module, Step, Storage};
+use mslc_kernels::binding::KernelParam;
 
-/// Checks indices, the definition order, types (re-inferred through the op registry) and arena
-/// bounds; the message names the first problem.
+/// Checks names, indices, the definition order, types (re-inferred through the op registry) and
+/// arena bounds; the message names the first problem.
 pub fn validate(module: &Module) -> Result<(), String> {
+    validate_names(module)?;
+    check_tensor_sizes(module)?;
     let n = module.values.len();
     let mut defined = vec![false; n];
     for (i, v) in module.values.iter().enumerate() {
@@ -25,9 +31,6 @@ pub fn validate(module: &Module) -> Result<(), String> {
                 }
             }
         }
-        if v.ty.checked_numel().is_none() {
-            return Err(format!("value %{i} has an invalid shape"));
-        }
     }
     let check = |i: u32| -> Result<usize, String> {
         let i = i as usize;
@@ -38,6 +41,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
         }
     };
     for (s, step) in module.steps.iter().enumerate() {
+        validate_kernel_params(s, step)?;
         let mut types: Vec<TensorType> = Vec::with_capacity(step.inputs.len());
         for &input in &step.inputs {
             let i = check(input)?;
@@ -85,5 +89,251 @@ pub fn validate(module: &Module) -> Result<(), String> {
             return Err(format!("output `{name}` is never computed"));
         }
     }
+    check_liveness(module)
+}
+
+/// Arena values alive at the same time occupy disjoint bytes. A value lives from the step
+/// that computes it to the last step that reads it (outputs to the end); the one exception is
+/// a result written in place over its step's input 0, at exactly its bytes, when that step is
+/// the input's last use. One sweep over the steps, keeping the live values ordered by offset:
+/// as they are pairwise disjoint, a new value only has to be checked against its neighbours.
+/// Indices must already be validated.
+fn check_liveness(module: &Module) -> Result<(), String> {
+    let steps = module.steps.len();
+    let n = module.values.len();
+    let mut last = vec![0usize; n];
+    for (s, step) in module.steps.iter().enumerate() {
+        for &v in step.inputs.iter().chain(&step.outputs) {
+            last[v as usize] = s;
+        }
+    }
+    for &(_, v) in &module.outputs {
+        last[v as usize] = steps.saturating_sub(1);
+    }
+    let range = |v: u32| match module.values[v as usize].storage {
+        Storage::Arena { offset } => Some((offset, offset + module.values[v as usize].ty.bytes())),
+        _ => None,
+    };
+    // Live values by offset: offset -> (end, value).
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let mut expiring: Vec<Vec<(u64, u32)>> = vec![Vec::new(); steps];
+    for (s, step) in module.steps.iter().enumerate() {
+        if let Some(prev) = s.checked_sub(1) {
+            for (offset, v) in std::mem::take(&mut expiring[prev]) {
+                // Unless a result computed in place over it has taken its place.
+                if live.get(&offset).is_some_and(|&(_, w)| w == v) {
+                    live.remove(&offset);
+                }
+            }
+        }
+        for &o in &step.outputs {
+            let Some((start, end)) = range(o).filter(|(a, b)| a < b) else {
+                continue;
+            };
+            let in_place = step.inputs.first().is_some_and(|&i| {
+                last[i as usize] == s
+                    && range(i) == Some((start, end))
+                    && live.get(&start) == Some(&(end, i))
+            });
+            if in_place {
+                live.remove(&start);
+            }
+            let before = live.range(..=start).next_back();
+            let after = live.range(start..).next();
+            for (&other_start, &(other_end, other)) in before.into_iter().chain(after) {
+                if other_start < end && start < other_end {
+                    return Err(format!(
+                        "%{o} (bytes {start}..{end}, computed by step {s}) overlaps %{other} (bytes {other_start}..{other_end}), which is still alive"
+                    ));
+                }
+            }
+            live.insert(start, (end, o));
+            expiring[last[o as usize]].push((start, o));
+        }
+    }
     Ok(())
+}
+
+/// The most elements one tensor may have (2^40, 4 TiB of f32): far beyond any model this
+/// executor runs, and small enough that no size computed from it overflows.
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
+
+/// Every value's element count is defined (no negative dim, no i64 overflow) and at most
+/// [`MAX_TENSOR_ELEMENTS`]; the message names the first value that is not and says what it is.
+pub fn check_tensor_sizes(module: &Module) -> Result<(), String> {
+    for (i, v) in module.values.iter().enumerate() {
+        if v.ty
+            .checked_numel()
+            .is_some_and(|n| n <= MAX_TENSOR_ELEMENTS)
+        {
+            continue;
+        }
+        let what = match &v.storage {
+            Storage::Input { name } => format!("input `{name}`"),
+            Storage::Param { path, .. } => format!("parameter `{path}`"),
+            Storage::Arena { .. } => format!("value %{i}"),
+        };
+        return Err(format!(
+            "{what} is {}, more than the {MAX_TENSOR_ELEMENTS} elements a tensor may have",
+            v.ty
+        ));
+    }
+    Ok(())
+}
+
+/// Words the `.msl` grammar reserves (the `keyword` rule of `grammar/msl.pest`); no identifier
+/// it accepts is one of them.
+const KEYWORDS: &[&str] = &[
+    "let", "for", "in", "if", "else", "return", "true", "false", "pub", "import", "as",
+];
+
+/// Whether `s` is an identifier of the `.msl` grammar: a letter or `_`, then letters, digits
+/// and `_`, not a keyword. Such a name is a safe file name: no separator, never `.` or `..`.
+pub fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !KEYWORDS.contains(&s)
+}
+
+/// Whether `s` is a parameter path: identifiers and indices joined by dots (`layers.0.wq`).
+pub fn is_param_path(s: &str) -> bool {
+    s.split('.').all(|part| {
+        is_identifier(part) || (!part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Every name the module carries (model, inputs, outputs, parameter paths) is one the `.msl`
+/// grammar allows, and no two inputs, outputs or parameters share a name. Names become file
+/// names (`--output-dir DIR` writes `DIR/NAME.npy`), so this is what keeps a crafted module
+/// from writing outside the directory.
+fn validate_names(module: &Module) -> Result<(), String> {
+    if !is_identifier(&module.name) {
+        return Err(format!("model name {:?} is not an identifier", module.name));
+    }
+    let mut inputs = BTreeSet::new();
+    let mut params = BTreeSet::new();
+    for (i, v) in module.values.iter().enumerate() {
+        match &v.storage {
+            Storage::Input { name } => {
+                if !is_identifier(name) {
+                    return Err(format!(
+                        "input %{i} has the name {name:?}, not an identifier"
+                    ));
+                }
+                if !inputs.insert(name.as_str()) {
+                    return Err(format!("two inputs are named `{name}`"));
+                }
+            }
+            Storage::Param { path, .. } => {
+                if !is_param_path(path) {
+                    return Err(format!(
+                        "parameter %{i} has the path {path:?}, not dot-separated identifiers and indices"
+                    ));
+                }
+                if !params.insert(path.as_str()) {
+                    return Err(format!("two parameters have the path `{path}`"));
+                }
+            }
+            Storage::Arena { .. } => {}
+        }
+    }
+    let mut outputs = BTreeSet::new();
+    for (name, _) in &module.outputs {
+        if !is_identifier(name) {
+            return Err(format!("output name {name:?} is not an identifier"));
+        }
+        if !outputs.insert(name.as_str()) {
+            return Err(format!("two outputs are named `{name}`"));
+        }
+    }
+    Ok(())
+}
+
+/// `DIR/NAME.EXT` for a name read from a module, refused unless `name` is an identifier, so the
+/// path stays inside `dir` whatever the module says.
+pub fn file_in(dir: &Path, name: &str, ext: &str) -> Result<PathBuf, String> {
+    if !is_identifier(name) {
+        return Err(format!(
+            "{name:?} is not an identifier, so it cannot name a file in {}",
+            dir.display()
+        ));
+    }
+    Ok(dir.join(format!("{name}.{ext}")))
+}
+
+/// The bounds of every kernel parameter (by its field name in the kernels' parameter structs):
+/// tile and block sizes at least 1 and small enough that their buffers are modest, thread
+/// splits and thresholds non-negative. Generous for any tuner, fatal for none.
+const KERNEL_PARAM_BOUNDS: &[(&str, i64, i64)] = &[
+    // Elementwise register block, in elements per task.
+    ("block", 1, 1 << 20),
+    // GEMM tiles: packed blocks of mc·kc and kc·nc values.
+    ("mc", 1, 1 << 12),
+    ("kc", 1, 1 << 12),
+    ("nc", 1, 1 << 14),
+    // Attention tiles: a block_q × block_k score tile per task.
+    ("block_q", 1, 1 << 12),
+    ("block_k", 1, 1 << 12),
+    // Transpose tile side.
+    ("tile", 1, 1 << 12),
+    ("task_elems", 1, 1 << 40),
+    ("tasks_per_thread", 0, 1 << 10),
+    ("min_parallel_elems", 0, 1 << 62),
+    ("min_parallel_flops", 0, 1 << 62),
+];
+
+/// Every integer kernel parameter is a known one within its bounds (text parameters, such as
+/// the micro-kernel ISA, are checked when the kernel is prepared).
+fn validate_kernel_params(s: usize, step: &Step) -> Result<(), String> {
+    for (name, value) in &step.kernel.params {
+        let KernelParam::Int(v) = value else { continue };
+        let Some(&(_, low, high)) = KERNEL_PARAM_BOUNDS.iter().find(|(n, ..)| n == name) else {
+            return Err(format!(
+                "step {s} ({}): kernel `{}` has no integer parameter `{name}`",
+                step.op, step.kernel.name
+            ));
+        };
+        if !(low..=high).contains(v) {
+            return Err(format!(
+                "step {s} ({}): kernel parameter `{name}` = {v} is outside {low}..={high}",
+                step.op
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_identifiers_and_paths_dotted_identifiers_or_indices() {
+        for good in ["x", "_t0", "Mlp", "logits"] {
+            assert!(is_identifier(good), "{good}");
+        }
+        for bad in [
+            "", ".", "..", "../../x", "/abs/x", "a/b", "a.b", "0x", "let", "a-b", "é",
+        ] {
+            assert!(!is_identifier(bad), "{bad:?}");
+        }
+        for good in ["w", "layers.0.attn.wq", "model.embed_tokens.weight"] {
+            assert!(is_param_path(good), "{good}");
+        }
+        for bad in ["", ".", "a..b", "a.", ".a", "a/b", "a.-1", "../x"] {
+            assert!(!is_param_path(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn file_in_keeps_paths_inside_the_directory() {
+        let dir = Path::new("od");
+        assert_eq!(file_in(dir, "y", "npy").unwrap(), Path::new("od/y.npy"));
+        for bad in ["../../x", "/abs/x", "..", ".", ""] {
+            assert!(file_in(dir, bad, "npy").is_err(), "{bad:?}");
+        }
+    }
 }

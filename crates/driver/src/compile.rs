@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use mslc_artifact::validate::check_tensor_sizes;
 use mslc_artifact::Module;
 use mslc_check::{Checked, Model};
 use mslc_core::ops::{DType, Op};
@@ -61,7 +62,12 @@ pub struct Compiled {
     pub times: StageTimes,
 }
 
-/// Why compilation failed after a clean check: a compiler bug or an impossible plan.
+/// The [`CompileError::stage`] of a tensor too large to plan (more elements than
+/// [`mslc_artifact::validate::MAX_TENSOR_ELEMENTS`]): a problem of the input, not a bug.
+pub const STAGE_SIZE: &str = "size";
+
+/// Why compilation failed after a clean check: a compiler bug, an impossible plan, or a tensor
+/// too large ([`STAGE_SIZE`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompileError {
     /// The stage that failed.
@@ -135,6 +141,10 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
     let mut module = schedule(&graph, &options.target).ok_or_else(|| CompileError {
         stage: "schedule",
         message: "the graph has a cycle".to_string(),
+    })?;
+    check_tensor_sizes(&module).map_err(|message| CompileError {
+        stage: STAGE_SIZE,
+        message,
     })?;
     times.schedule_ms = ms(t);
     let t = Instant::now();

@@ -15,6 +15,8 @@ pub enum ExecErrorKind {
     Kernel,
     /// The thread pool could not be built.
     Threads,
+    /// Running would need more memory than may be used.
+    Memory,
 }
 
 /// Why a module could not be set up or run.

@@ -12,13 +12,14 @@ use mslc_artifact::{Module, Storage};
 use mslc_core::ops::DType;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
-use mslc_kernels::scratch::with_scratch;
+use mslc_kernels::scratch::try_warm;
 use mslc_kernels::{KernelResult, TensorRef};
 
 use super::buffer::AlignedBuf;
 use super::dispatch::Operands;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
+use super::limits::{exact_bytes, human_bytes};
 use super::prepare::{prepare, StepKernel};
 use super::profile::{chrome_trace, StepTime};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
@@ -29,6 +30,9 @@ use super::{init, weights};
 pub struct ExecOptions {
     /// Worker threads; 0 lets rayon choose (one per core).
     pub threads: usize,
+    /// Refuse to set up when everything the executor allocates (parameters, inputs, arena,
+    /// hoisted values, staging and per-thread scratch) would exceed this many bytes.
+    pub memory_limit: Option<u64>,
 }
 
 /// Where a value's bytes are.
@@ -169,17 +173,6 @@ impl Executor {
                 hoisted: hoisted_steps[s],
             });
         }
-        let buffers = |pick: fn(&Storage) -> bool, what: &str| -> ExecResult<Vec<AlignedBuf>> {
-            module
-                .values
-                .iter()
-                .zip(&slots)
-                .filter(|(v, _)| pick(&v.storage))
-                .map(|(_, s)| alloc(s.bytes, what))
-                .collect()
-        };
-        let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
-        let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .build()
@@ -194,11 +187,56 @@ impl Executor {
             .max()
             .unwrap_or(0)
             .min(SCRATCH_KEEP_LIMIT);
-        pool.broadcast(|_| {
-            with_scratch(scratch, |_| {
-                with_scratch(scratch, |_| with_scratch(scratch, |_| ()))
-            })
-        });
+        let scratch_bytes = (scratch * 4 * SCRATCH_BUFFERS) as u64;
+        if let Some(limit) = options.memory_limit {
+            let values: u64 = module
+                .values
+                .iter()
+                .zip(&slots)
+                .filter(|(v, _)| !matches!(v.storage, Storage::Arena { .. }))
+                .fold(0u64, |sum, (_, s)| sum.saturating_add(s.bytes as u64));
+            let staging = stage.inputs.iter().sum::<usize>() + stage.ints + stage.out;
+            let need = [
+                values,
+                arena_bytes as u64,
+                hoisted_bytes as u64,
+                staging as u64,
+                scratch_bytes.saturating_mul(threads as u64),
+            ]
+            .iter()
+            .fold(0u64, |a, &b| a.saturating_add(b));
+            if need > limit {
+                return Err(ExecError::new(
+                    ExecErrorKind::Memory,
+                    format!(
+                        "running `{}` needs {} (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} may be used",
+                        module.name,
+                        exact_bytes(need),
+                        human_bytes(values),
+                        human_bytes(arena_bytes as u64),
+                        human_bytes(scratch_bytes.saturating_mul(threads as u64)),
+                        exact_bytes(limit)
+                    ),
+                ));
+            }
+        }
+        let buffers = |pick: fn(&Storage) -> bool, what: &str| -> ExecResult<Vec<AlignedBuf>> {
+            module
+                .values
+                .iter()
+                .zip(&slots)
+                .filter(|(v, _)| pick(&v.storage))
+                .map(|(_, s)| alloc(s.bytes, what))
+                .collect()
+        };
+        let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
+        let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
+        let warmed = pool.broadcast(|_| try_warm(scratch, SCRATCH_BUFFERS));
+        if !warmed.iter().all(|&ok| ok) {
+            return Err(module_error(format!(
+                "cannot allocate {scratch_bytes} bytes of scratch for each of {threads} threads: out of memory"
+            )));
+        }
         Ok(Executor {
             slots,
             plans,
@@ -551,6 +589,8 @@ fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, Str
 
 /// Largest scratch buffer (in f32) the kernels keep for reuse; bigger ones are freed after use.
 const SCRATCH_KEEP_LIMIT: usize = 8 << 20;
+/// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
+const SCRATCH_BUFFERS: usize = 3;
 
 /// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
 /// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
@@ -669,7 +709,8 @@ fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
             for &o in &step.outputs {
                 invariant[o as usize] = true;
                 slots[o as usize].place = Place::Hoisted(bytes);
-                bytes += slots[o as usize].bytes.div_ceil(64) * 64;
+                // Saturating: a crafted module's sum that overflows fails to allocate.
+                bytes = bytes.saturating_add(slots[o as usize].bytes.div_ceil(64) * 64);
             }
         }
         marks.push(hoisted);

@@ -56,32 +56,53 @@ pub struct GemmPlan {
     lens: [usize; 4],
 }
 
+/// The product of `dims`, or an error when it overflows.
+fn checked_product(dims: &[usize]) -> KernelResult<usize> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| KernelError::new("matmul", format!("shape {dims:?} has too many elements")))
+}
+
+/// An empty vector with room for `count` items, or an error when the memory cannot be had
+/// (a batch far too large to plan), instead of aborting.
+fn room_for<T>(count: usize) -> KernelResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(count).map_err(|_| {
+        KernelError::new(
+            "matmul",
+            format!("a batch of {count} products is too large to plan"),
+        )
+    })?;
+    Ok(v)
+}
+
 /// The matrices of a batched operand of `shape`, each transposed when asked.
-fn mats(shape: &[usize], transpose: bool) -> Vec<MatDesc> {
+fn mats(shape: &[usize], transpose: bool) -> KernelResult<Vec<MatDesc>> {
     let (sr, sc) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let count: usize = shape[..shape.len() - 2].iter().product();
-    (0..count)
-        .map(|i| {
-            let m = MatDesc {
-                offset: i * sr * sc,
-                rs: sc,
-                cs: 1,
-                rows: sr,
-                cols: sc,
-            };
-            if transpose {
-                MatDesc {
-                    rs: m.cs,
-                    cs: m.rs,
-                    rows: m.cols,
-                    cols: m.rows,
-                    ..m
-                }
-            } else {
-                m
+    let count = checked_product(&shape[..shape.len() - 2])?;
+    checked_product(shape)?;
+    let mut out = room_for(count)?;
+    out.extend((0..count).map(|i| {
+        let m = MatDesc {
+            offset: i * sr * sc,
+            rs: sc,
+            cs: 1,
+            rows: sr,
+            cols: sc,
+        };
+        if transpose {
+            MatDesc {
+                rs: m.cs,
+                cs: m.rs,
+                rows: m.cols,
+                cols: m.rows,
+                ..m
             }
-        })
-        .collect()
+        } else {
+            m
+        }
+    }));
+    Ok(out)
 }
 
 impl GemmPlan {
@@ -115,10 +136,14 @@ impl GemmPlan {
                 Some(broadcast_strides(shape, &out))
             }
         };
-        let numel = |s: &[usize]| s.iter().product::<usize>();
-        let lens = [numel(a), numel(b), bias.map_or(0, numel), numel(&out)];
-        let a_mats = mats(a, transpose_a);
-        let b_mats = mats(b, transpose_b);
+        let lens = [
+            checked_product(a)?,
+            checked_product(b)?,
+            bias.map_or(Ok(0), checked_product)?,
+            checked_product(&out)?,
+        ];
+        let a_mats = mats(a, transpose_a)?;
+        let b_mats = mats(b, transpose_b)?;
         let bias_rows_free = bias_strides
             .as_ref()
             .is_none_or(|s| s[..rank - 1].iter().all(|&x| x == 0));
@@ -150,26 +175,26 @@ impl GemmPlan {
             });
         }
         let batch = &out[..rank - 2];
-        let index = |shape: &[usize]| {
+        let count = checked_product(batch)?;
+        let index = |shape: &[usize]| -> KernelResult<Vec<usize>> {
             let strides = broadcast_strides(&shape[..shape.len() - 2], batch);
-            let mut idx = Vec::new();
+            let mut idx = room_for(count)?;
             for_each_offset(batch, &strides, |o| idx.push(o));
-            idx
+            Ok(idx)
         };
-        let (a_idx, b_idx) = (index(a), index(b));
-        let mut bias_off = Vec::new();
+        let (a_idx, b_idx) = (index(a)?, index(b)?);
+        let mut bias_off = room_for(count)?;
         match &bias_strides {
             Some(s) => for_each_offset(batch, &s[..rank - 2], |o| bias_off.push(o)),
-            None => bias_off.resize(a_idx.len(), 0),
+            None => bias_off.resize(count, 0),
         }
-        let problems = (0..a_idx.len())
-            .map(|i| Problem {
-                a: a_idx[i],
-                b: b_idx[i],
-                c_offset: i * m * n,
-                bias_offset: bias_off[i],
-            })
-            .collect();
+        let mut problems = room_for(count)?;
+        problems.extend((0..count).map(|i| Problem {
+            a: a_idx[i],
+            b: b_idx[i],
+            c_offset: i * m * n,
+            bias_offset: bias_off[i],
+        }));
         Ok(GemmPlan {
             m,
             n,
@@ -236,5 +261,23 @@ impl GemmPlan {
         }
         .run(out, params);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_broadcast_batches_are_errors_not_aborts() {
+        let huge = 1usize << 40;
+        // Overflows usize in the element count.
+        assert!(GemmPlan::new(&[huge, huge, 2, 2], &[2, 2], None, false, false).is_err());
+        // A count that fits but whose plan cannot be allocated (more than `isize::MAX` bytes,
+        // so this fails the same way whatever the machine's overcommit policy).
+        let count = 1usize << 60;
+        assert!(GemmPlan::new(&[count, 1, 1], &[1, 1], None, true, false).is_err());
+        assert!(GemmPlan::new(&[count, 1, 1], &[1, 1], None, false, false).is_err());
+        assert!(GemmPlan::new(&[3, 2, 4], &[3, 4, 5], None, false, false).is_ok());
     }
 }

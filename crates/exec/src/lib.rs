@@ -9,6 +9,7 @@ mod executor;
 mod gemm;
 mod init;
 mod inputs;
+pub mod limits;
 mod prepare;
 mod profile;
 mod storage;

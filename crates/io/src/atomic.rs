@@ -11,10 +11,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// same directory, so the final rename cannot cross file systems). The temporary is flushed to
 /// disk and renamed over `path` only when `write` succeeds; otherwise it is removed and `path`
 /// is left as it was.
+///
+/// An existing `path` that is not a regular file — a device such as `/dev/null`, a FIFO, a
+/// socket — is never replaced: `write` writes into it directly (there is nothing to keep atomic
+/// about a stream).
 pub fn write_atomic<E: From<io::Error>>(
     path: &Path,
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
+    if is_special(path) {
+        return write(path);
+    }
     let tmp = temp_path(path)?;
     let result = write(&tmp).and_then(|()| {
         OpenOptions::new().write(true).open(&tmp)?.sync_all()?;
@@ -27,6 +34,12 @@ pub fn write_atomic<E: From<io::Error>>(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Whether `path` (after following symlinks) exists and is neither a regular file nor a
+/// directory: a device, a FIFO or a socket, which must be written into, never renamed over.
+pub fn is_special(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// `.NAME.PID.N.tmp` next to `path`, unique within this process and across processes.
@@ -73,6 +86,21 @@ mod tests {
         assert_eq!(err.to_string(), "disk on fire");
         assert_eq!(fs::read(&path).unwrap(), b"old");
         assert_eq!(dir.file_names(), vec!["out.bin"]);
+    }
+
+    #[test]
+    fn devices_are_written_into_never_replaced() {
+        let null = Path::new("/dev/null");
+        if !null.exists() {
+            return;
+        }
+        let before = fs::symlink_metadata(null).unwrap();
+        write_atomic(null, |p| fs::write(p, b"x")).unwrap();
+        let after = fs::symlink_metadata(null).unwrap();
+        assert!(is_special(null));
+        assert!(!after.is_file());
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(before.ino(), after.ino(), "/dev/null was replaced");
     }
 
     #[test]

@@ -268,7 +268,8 @@ pub fn read_npy(path: impl AsRef<Path>) -> Result<NpyArray, NpyError> {
 pub fn write_npy(path: impl AsRef<Path>, array: &NpyArray) -> Result<(), NpyError> {
     let path = path.as_ref();
     write_atomic(path, |tmp| {
-        let mut writer = BufWriter::new(File::create_new(tmp)?);
+        // `create`, not `create_new`: `tmp` is the target itself when that is a device or FIFO.
+        let mut writer = BufWriter::new(File::create(tmp)?);
         array.write_to(&mut writer)?;
         writer.flush()?;
         Ok(())

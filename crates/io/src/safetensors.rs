@@ -180,7 +180,19 @@ impl SafetensorsFile {
         let path = path.as_ref();
         let open = || -> Result<Self, SafetensorsErrorKind> {
             let file = File::open(path)?;
-            if file.metadata()?.len() < 8 {
+            let meta = file.metadata()?;
+            if !meta.is_file() {
+                let what = if meta.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file"
+                };
+                return Err(SafetensorsErrorKind::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("it is {what}; give the path of a .safetensors file"),
+                )));
+            }
+            if meta.len() < 8 {
                 // Also spares mapping an empty file, which some systems refuse.
                 return Err(SafetensorsErrorKind::Truncated(
                     "the file is shorter than the 8-byte header length".to_string(),
@@ -331,6 +343,18 @@ fn check_bounds(bytes: &[u8]) -> Result<usize, SafetensorsErrorKind> {
     let tensors = header.as_object().ok_or_else(|| {
         SafetensorsErrorKind::CorruptHeader("the header is not a JSON object".to_string())
     })?;
+    // A JSON object keeps the last of two equal keys; a weights file must not name one tensor
+    // twice and have the second silently win.
+    if let Err(e) = serde_json::from_slice::<UniqueKeys>(&bytes[8..header_end]) {
+        let message = e.to_string();
+        return Err(match message.strip_prefix(DUPLICATE_KEY) {
+            Some(rest) => {
+                let name = rest.split(" at line").next().unwrap_or(rest);
+                SafetensorsErrorKind::DuplicateName(name.to_string())
+            }
+            None => SafetensorsErrorKind::CorruptHeader(message),
+        });
+    }
     for (name, info) in tensors.iter().filter(|(name, _)| *name != "__metadata__") {
         let offsets = info.get("data_offsets").and_then(|o| o.as_array());
         if let Some([start, end]) = offsets.map(Vec::as_slice) {
@@ -347,6 +371,38 @@ fn check_bounds(bytes: &[u8]) -> Result<usize, SafetensorsErrorKind> {
         }
     }
     Ok(header_end)
+}
+
+/// The prefix of the error [`UniqueKeys`] reports; the key follows it.
+const DUPLICATE_KEY: &str = "duplicate key: ";
+
+/// A JSON object read only to check that no key appears twice.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UniqueKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<UniqueKeys, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    if !seen.insert(key.clone()) {
+                        return Err(serde::de::Error::custom(format!("{DUPLICATE_KEY}{key}")));
+                    }
+                }
+                Ok(UniqueKeys)
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// Turns a `safetensors` crate error into a kind saying what is wrong with the file. Header

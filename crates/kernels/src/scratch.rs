@@ -42,6 +42,28 @@ pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     out
 }
 
+/// Makes sure this thread keeps `count` idle buffers of at least `len` f32 (at most
+/// [`KEEP_LIMIT`] each, and at most the number of buffers a thread keeps), so later
+/// [`with_scratch`] calls that fit do not allocate. Allocates fallibly: `false` when the
+/// memory cannot be had, instead of aborting.
+pub fn try_warm(len: usize, count: usize) -> bool {
+    let lines_needed = len.min(KEEP_LIMIT).div_ceil(16);
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        while idle.len() < count.min(KEEP_COUNT) {
+            idle.push(Vec::new());
+        }
+        for lines in idle.iter_mut().take(count) {
+            let more = lines_needed.saturating_sub(lines.len());
+            if lines.try_reserve_exact(more).is_err() {
+                return false;
+            }
+            lines.resize(lines.len().max(lines_needed), Line([0.0; 16]));
+        }
+        true
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +79,16 @@ mod tests {
                 assert_eq!(b.len(), 5);
             });
             assert!(a.iter().all(|&x| x == 1.0));
+        });
+    }
+
+    #[test]
+    fn warming_keeps_buffers_of_the_size_asked() {
+        assert!(try_warm(1000, 3));
+        IDLE.with(|idle| {
+            let idle = idle.borrow();
+            assert_eq!(idle.len(), 3);
+            assert!(idle.iter().all(|b| b.len() * 16 >= 1000));
         });
     }
 }

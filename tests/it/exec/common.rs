@@ -110,7 +110,14 @@ pub fn array(dtype: DType, shape: &[usize], values: &[f32]) -> NpyArray {
 
 /// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns output `y`.
 pub fn run_one(module: Module, inputs: &[NpyArray], threads: usize) -> Vec<f32> {
-    let mut exec = Executor::new(module, &ExecOptions { threads }).expect("setup");
+    let mut exec = Executor::new(
+        module,
+        &ExecOptions {
+            threads,
+            ..ExecOptions::default()
+        },
+    )
+    .expect("setup");
     for (i, a) in inputs.iter().enumerate() {
         exec.set_input(&format!("x{i}"), a).expect("input");
     }

@@ -130,7 +130,14 @@ fn tiny_llama_matches_numpy_hf_llama() {
 
 /// Runs `module` with seeded parameters and inputs on `threads` threads; output `name`.
 fn run_seeded(module: Module, threads: usize, name: &str) -> Vec<f32> {
-    let mut exec = Executor::new(module, &ExecOptions { threads }).expect("setup");
+    let mut exec = Executor::new(
+        module,
+        &ExecOptions {
+            threads,
+            ..ExecOptions::default()
+        },
+    )
+    .expect("setup");
     exec.init_params(5);
     for input in exec.unset_inputs() {
         exec.seed_input(&input, 9).expect("seeded input");
@@ -170,7 +177,14 @@ fn fused_and_unfused_graphs_agree() {
 #[test]
 fn repeated_runs_give_the_same_result() {
     let module = compile_file("examples/mlp.msl", &[], true);
-    let mut exec = Executor::new(module, &ExecOptions { threads: 2 }).unwrap();
+    let mut exec = Executor::new(
+        module,
+        &ExecOptions {
+            threads: 2,
+            ..ExecOptions::default()
+        },
+    )
+    .unwrap();
     exec.init_params(1);
     exec.seed_input("images", 2).unwrap();
     exec.run().unwrap();
@@ -208,7 +222,14 @@ fn parameter_only_steps_run_once_per_parameter_change() {
         })
         .count();
     assert!(casts > 0, "no weight casts to hoist");
-    let mut exec = Executor::new(module, &ExecOptions { threads: 2 }).unwrap();
+    let mut exec = Executor::new(
+        module,
+        &ExecOptions {
+            threads: 2,
+            ..ExecOptions::default()
+        },
+    )
+    .unwrap();
     exec.init_params(1);
     exec.seed_input("tokens", 2).unwrap();
     exec.run().unwrap();

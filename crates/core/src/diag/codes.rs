@@ -87,8 +87,15 @@ codes! {
     E0601 => "weights do not match the model",
     E0602 => "cannot read a weights or artifact file",
     E0603 => "the module cannot run",
+    E0604 => "not enough memory to run the model",
+    E0605 => "too many threads",
+    E0606 => "tensor too large",
+    E0607 => "output directory is in use by another build",
+    E0608 => "internal compiler error",
+    E0609 => "invalid command-line arguments",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
+    W0004 => "module built for another target runs on this CPU",
 }
 
 impl std::fmt::Display for Code {

@@ -340,3 +340,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_tensor_named_twice_and_a_directory_are_refused_with_what_is_wrong() {
+    let dir = TestDir::new();
+    let header = r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
+    let path = dir.path().join("dup.safetensors");
+    fs::write(&path, raw_file(header, &[0u8; 8])).unwrap();
+    let err = SafetensorsFile::open(&path)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("two tensors are named 'w'"), "{err}");
+    let err = SafetensorsFile::open(dir.path())
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("a directory"), "{err}");
+}
