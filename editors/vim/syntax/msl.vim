@@ -56,6 +56,8 @@ syn match   mslBadEscape     contained +\\.+
 syn match   mslEscape        contained +\\[\\"nt]+
 syn match   mslGlob          contained "\*\*\=\|[{},]"
 syn match   mslWildcard      "\<_\>"
+" Characters the grammar has no use for outside strings and comments.
+syn match   mslError         +[;#$?^`'\\]+
 
 " ---------------------------------------------------------------- annotations and operators
 syn match   mslOperator      "|>\|\.\.\.\=\|->\|==\|!=\|<=\|>=\|&&\|||\|[-+*/%<>!~=@]"
@@ -113,6 +115,7 @@ hi def link mslLabel         Label
 hi def link mslBlockRef      Type
 hi def link mslNamedArg      Identifier
 hi def link mslNumberError   Error
+hi def link mslError         Error
 
 let b:current_syntax = "msl"
 
