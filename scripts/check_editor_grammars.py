@@ -11,8 +11,9 @@ probe file that uses each of them where the pest grammar allows it, and checks t
   * Vim (editors/vim, loaded through ftdetect as a user would) gives each one a syntax group
     (ops: mslBuiltin);
 
-and that every examples/*.msl and stdlib/**/*.msl file tokenizes without `invalid` scopes
-(TextMate) or error groups (Vim). Exits 1 listing what is missing.
+that every examples/*.msl and stdlib/**/*.msl file tokenizes without `invalid` scopes
+(TextMate) or error groups (Vim), and that every scope the TextMate grammar can give is asserted
+by some vscode-tmgrammar-test sample in editors/vscode/test. Exits 1 listing what is missing.
 
 Needs python3 (stdlib only), node with `npm ci` done in editors/vscode, and vim (`--no-vim`
 skips the Vim half, e.g. on a machine without vim; CI should not pass it).
@@ -36,6 +37,8 @@ VSCODE = ROOT / "editors" / "vscode"
 TOKENIZE = VSCODE / "scripts" / "tokenize.js"
 VIM_RTP = ROOT / "editors" / "vim"
 VIM_DUMP = VIM_RTP / "test" / "dump_syntax.vim"
+TM_GRAMMAR = VSCODE / "syntaxes" / "msl.tmLanguage.json"
+TM_SAMPLES = VSCODE / "test"
 
 # Literals of these rules are not keywords: the exponent letter and string escapes.
 NOT_KEYWORDS = {"exponent", "string_inner"}
@@ -163,6 +166,34 @@ def build_probe(words, ops):
     return lines, sites
 
 
+def tm_unasserted_scopes() -> list[str]:
+    """Scopes the TextMate grammar can give that no vscode-tmgrammar-test sample asserts: the
+    samples must exercise every token class the grammar has."""
+    names = set()
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k in ("name", "contentName") and isinstance(v, str):
+                    names.update(v.split())
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    grammar = json.loads(TM_GRAMMAR.read_text())
+    walk(grammar["patterns"])
+    walk(grammar["repository"])
+    asserted = set()
+    for f in TM_SAMPLES.glob("*.msl"):
+        for line in f.read_text().splitlines():
+            m = re.match(r"\s*//\s*(?:\^+|<[-~]+)\s+(.*)$", line)
+            if m:
+                asserted.update(t for t in m.group(1).split() if t != "-")
+    return sorted(names - asserted)
+
+
 def tm_tokenize(paths):
     if not (VSCODE / "node_modules" / "vscode-textmate").is_dir():
         sys.exit("check_editor_grammars: run `npm ci` in editors/vscode first "
@@ -221,6 +252,8 @@ def main() -> int:
         files = [probe, *corpus]
 
         # ---- TextMate
+        for scope in tm_unasserted_scopes():
+            problems.append(f"TextMate: no sample in {TM_SAMPLES.relative_to(ROOT)} asserts {scope}")
         tm = tm_tokenize(files)
         probe_tokens = tm[str(probe)]
         for kind, name, snippet, li, c0, c1 in sites:
