@@ -18,7 +18,12 @@ syn case match
 syn keyword mslConditional   if else
 syn keyword mslRepeat        for in
 syn keyword mslStatement     return
-syn keyword mslInclude       import as
+syn keyword mslInclude       as
+" import a.b.{C, D as E}: the module path and the imported names.
+syn region  mslImport        matchgroup=mslInclude start="\<import\>" end="$" keepend oneline contains=mslImportAs,mslImportType,mslNamespace,mslLineComment,mslBlockComment
+syn keyword mslImportAs      contained as
+syn match   mslImportType    contained "\<\u\w*\>"
+syn match   mslNamespace     contained "\<\l\w*\>"
 syn keyword mslStorageClass  pub
 syn keyword mslDeclare       let
 syn keyword mslBoolean       true false
@@ -36,14 +41,29 @@ syn match   mslStructure     "\<target\>\ze\s\+\h\w*\s*{" nextgroup=mslTypeName 
 syn match   mslStructure     "\<train\>\ze\s\+\h\w*\s\+for\>" nextgroup=mslTypeName skipwhite
 syn match   mslKeyword       "\<shard\>\ze\s*\""
 syn match   mslTypeName      contained "\h\w*"
+syn match   mslModelRef      "\%(\<train\s\+\h\w*\s\+for\s\+\)\@<=\h\w*"
 
 " ---------------------------------------------------------------- types
 syn match   mslDtype         "\%(@\|\.\)\@<!\<\%(f64\|f32\|f16\|bf16\|i64\|i32\|bool\)\>\%(\s*:\)\@!"
 syn match   mslScalarType    "\.\@<!\<\%(int\|float\|str\|dtype\|shape\)\>\%(\s*:\)\@!"
 
 " ---------------------------------------------------------------- ops (the registry)
-syn keyword mslBuiltin       constant add sub mul div pow maximum minimum neg exp log sqrt rsqrt reciprocal abs tanh sigmoid relu gelu gelu_tanh silu erf cast matmul transpose reshape broadcast_to concat slice select sum mean max softmax log_softmax rms_norm layer_norm batch_norm embedding rope attention causal_mask dropout conv2d max_pool2d avg_pool2d adaptive_avg_pool2d cross_entropy mse_loss fused_matmul fused_elementwise rms_norm_scale layer_norm_affine 
-syn keyword mslLibFunction   zeros ones normal uniform adamw adam sgd dynamic fixed
+" Ops are a match, not a keyword: a keyword would win over the label in
+" `attention.self.query: LinearBias(..)` and over a named argument `max: 3`.
+let s:ops = [
+      \ 'constant', 'add', 'sub', 'mul', 'div', 'pow', 'maximum', 'minimum', 'neg', 'exp', 'log',
+      \ 'sqrt', 'rsqrt', 'reciprocal', 'abs', 'tanh', 'sigmoid', 'relu', 'gelu', 'gelu_tanh',
+      \ 'silu', 'erf', 'cast', 'matmul', 'transpose', 'reshape', 'broadcast_to', 'concat',
+      \ 'slice', 'select', 'sum', 'mean', 'max', 'softmax', 'log_softmax', 'rms_norm',
+      \ 'layer_norm', 'batch_norm', 'embedding', 'rope', 'attention', 'causal_mask', 'dropout',
+      \ 'conv2d', 'max_pool2d', 'avg_pool2d', 'adaptive_avg_pool2d', 'cross_entropy', 'mse_loss',
+      \ 'fused_matmul', 'fused_elementwise', 'rms_norm_scale', 'layer_norm_affine'
+      \ ]
+let s:lib_functions = [
+      \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'
+      \ ]
+execute 'syn match mslBuiltin "\.\@<!\<\%(' . join(s:ops, '\|') . '\)\>\%(\s*:\)\@!"'
+execute 'syn match mslLibFunction "\.\@<!\<\%(' . join(s:lib_functions, '\|') . '\)\>\%(\s*:\)\@!"'
 
 " ---------------------------------------------------------------- literals
 syn match   mslNumberError   "\<\d\+\h\w*"
@@ -93,6 +113,10 @@ hi def link mslDeclare       Keyword
 hi def link mslKeyword       Keyword
 hi def link mslStructure     Structure
 hi def link mslTypeName      Typedef
+hi def link mslModelRef      Type
+hi def link mslImportAs      Include
+hi def link mslImportType    Type
+hi def link mslNamespace     Identifier
 hi def link mslBoolean       Boolean
 hi def link mslDtype         Type
 hi def link mslScalarType    Type
