@@ -12,8 +12,10 @@ probe file that uses each of them where the pest grammar allows it, and checks t
     (ops: mslBuiltin);
 
 that every examples/*.msl and stdlib/**/*.msl file tokenizes without `invalid` scopes
-(TextMate) or error groups (Vim), and that every scope the TextMate grammar can give is asserted
-by some vscode-tmgrammar-test sample in editors/vscode/test. Exits 1 listing what is missing.
+(TextMate) or error groups (Vim), that every scope the TextMate grammar can give is asserted
+by some vscode-tmgrammar-test sample in editors/vscode/test, and that the two grammars agree, per
+character of the probe, samples, examples and stdlib, on the token class (TM_TO_VIM), so every
+token class the samples test in VS Code is also checked in Vim. Exits 1 listing what is missing.
 
 Needs python3 (stdlib only), node with `npm ci` done in editors/vscode, and vim (`--no-vim`
 skips the Vim half, e.g. on a machine without vim; CI should not pass it).
@@ -90,6 +92,73 @@ TM_PLAIN = ("source.msl", "meta.", "variable.other.msl", "variable.other.constan
 VIM_PLAIN = {"", "mslNamedArg", "mslLabel", "mslTypeName", "mslLineComment", "mslDocComment",
              "mslBlockComment", "mslString", "mslNumberError", "mslBadEscape", "mslError"}
 VIM_ERRORS = {"mslNumberError", "mslBadEscape", "mslError"}
+
+# The two grammars must agree on every character of the samples, examples and stdlib: the
+# TextMate scope (longest matching prefix) -> the Vim groups allowed there. Scopes not listed are
+# plain text in both (names, brackets, separators): Vim may leave them plain or treat them as part
+# of a name, label, import or operator.
+TM_TO_VIM = {
+    "comment.block": {"mslBlockComment"},
+    "comment.line.documentation": {"mslDocComment"},
+    "comment.line.double-slash": {"mslLineComment"},
+    "punctuation.definition.comment": {"mslLineComment", "mslDocComment", "mslBlockComment"},
+    "constant.character.escape": {"mslEscape"},
+    "constant.language.boolean": {"mslBoolean"},
+    "constant.language.schedule": {"mslWord"},
+    "constant.numeric.float": {"mslFloat"},
+    "constant.numeric.integer": {"mslNumber"},
+    "constant.numeric.quantity": {"mslQuantity"},
+    "keyword.other.unit": {"mslUnit"},
+    "entity.name.tag.label": {"mslLabel"},
+    "entity.name.type.block": {"mslBlockRef", "mslTypeName"},
+    "entity.name.type.model": {"mslTypeName", "mslModelRef"},
+    "entity.name.type.policy": {"mslTypeName"},
+    "entity.name.type.target": {"mslTypeName"},
+    "entity.name.type.train": {"mslTypeName"},
+    "entity.name.type": {"mslImportType"},
+    "entity.name.namespace": {"mslNamespace"},
+    "invalid.illegal.character": {"mslError"},
+    "invalid.illegal.escape": {"mslBadEscape"},
+    "invalid.illegal.numeric": {"mslNumberError"},
+    "keyword.control.import.as": {"mslImportAs", "mslInclude"},
+    "keyword.control.import": {"mslInclude"},
+    "keyword.control": {"mslConditional", "mslRepeat", "mslStatement"},
+    "keyword.operator.glob": {"mslGlob"},
+    "keyword.operator.transpose": {"mslTranspose"},
+    "keyword.operator": {"mslOperator"},
+    "keyword.other.for": {"mslRepeat"},
+    "keyword.other.input": {"mslStatement"},
+    "keyword.other.output": {"mslStatement"},
+    "keyword.other.policy": {"mslStructure"},
+    "keyword.other.target": {"mslStructure"},
+    "keyword.other.train": {"mslStructure"},
+    "keyword.other.shard": {"mslKeyword"},
+    "punctuation.definition.alternation": {"mslGlob"},
+    "punctuation.definition.annotation": {"mslAnnotation"},
+    "storage.modifier.annotation": {"mslAnnotation"},
+    "punctuation.definition.string": {"mslString"},
+    "string.quoted.double": {"mslString"},
+    "storage.modifier.pub": {"mslStorageClass"},
+    "storage.type.block": {"mslStructure"},
+    "storage.type.model": {"mslStructure"},
+    "storage.type.dtype": {"mslDtype"},
+    "storage.type.primitive": {"mslScalarType"},
+    "storage.type": {"mslDeclare"},
+    "support.function.builtin": {"mslBuiltin"},
+    "support.function": {"mslLibFunction"},
+    "variable.language.wildcard": {"mslWildcard"},
+}
+VIM_NEUTRAL = {"", "mslNamedArg", "mslLabel", "mslImport", "mslOperator"}
+
+
+def vim_groups_for(scope: str):
+    """The Vim groups allowed where TextMate gives `scope` (None: plain, see VIM_NEUTRAL)."""
+    parts = scope.removesuffix(".msl").split(".")
+    for n in range(len(parts), 0, -1):
+        allowed = TM_TO_VIM.get(".".join(parts[:n]))
+        if allowed is not None:
+            return allowed
+    return None
 
 
 def pest_rules(text: str) -> dict[str, str]:
@@ -244,12 +313,13 @@ def main() -> int:
     words, ops = pest_words(), registry_ops()
     lines, sites = build_probe(words, ops)
     corpus = sorted((ROOT / "examples").glob("*.msl")) + sorted((ROOT / "stdlib").rglob("*.msl"))
+    samples = sorted(TM_SAMPLES.glob("*.msl"))
     problems = []
 
     with tempfile.TemporaryDirectory() as d:
         probe = Path(d) / "probe.msl"
         probe.write_text("\n".join(lines) + "\n")
-        files = [probe, *corpus]
+        files = [probe, *corpus, *samples]
 
         # ---- TextMate
         for scope in tm_unasserted_scopes():
@@ -291,7 +361,29 @@ def main() -> int:
                                     f"in: {snippet!r}")
                 elif args.verbose:
                     print(f"Vim ok: {kind} {name!r} -> {groups[0]}  in {snippet!r}")
-            for (_, rows), path in zip(dumps[1:], corpus):
+            # Agreement, character by character, on everything both grammars tokenized.
+            disagreements = {}
+            for (_, rows), path in zip(dumps, files):
+                text_lines = path.read_text().split("\n")
+                for li, toks in enumerate(tm[str(path)]):
+                    line = text_lines[li] if li < len(text_lines) else ""
+                    if not line.isascii():   # Vim's columns are bytes; compare ASCII lines only
+                        continue
+                    row = rows[li] if li < len(rows) else []
+                    for t in toks:
+                        scope = t["scopes"][-1]
+                        allowed = vim_groups_for(scope)
+                        for col in range(t["start"], t["end"]):
+                            if line[col].isspace():
+                                continue
+                            g = row[col] if col < len(row) else ""
+                            ok = g in VIM_NEUTRAL if allowed is None else g in allowed
+                            if not ok:
+                                where = "probe" if path == probe else path.relative_to(ROOT)
+                                disagreements.setdefault((scope, g), f"{where}:{li + 1}:{col + 1}: {line.strip()[:80]}")
+            for (scope, g), where in sorted(disagreements.items()):
+                problems.append(f"TextMate {scope} but Vim {g or 'no group'!s} at {where}")
+            for (_, rows), path in zip(dumps[1:1 + len(corpus)], corpus):
                 for li, row in enumerate(rows):
                     for c, g in enumerate(row):
                         if g in VIM_ERRORS and (c == 0 or row[c - 1] != g):
@@ -300,7 +392,8 @@ def main() -> int:
     n_kw = len({w for w, r in words if r != "unit"})
     n_units = len({w for w, r in words if r == "unit"})
     summary = (f"{n_kw} keywords ({len(words) - n_units} uses) and {n_units} units of {PEST.relative_to(ROOT)}, "
-               f"{len(ops)} ops of {REGISTRY.relative_to(ROOT)}, {len(corpus)} example/stdlib files; "
+               f"{len(ops)} ops of {REGISTRY.relative_to(ROOT)}, {len(corpus)} example/stdlib files, "
+               f"{len(samples)} samples; "
                f"grammars: TextMate{'' if args.no_vim else ', Vim'}")
     if problems:
         print("check_editor_grammars: FAILED\n  " + "\n  ".join(problems), file=sys.stderr)
