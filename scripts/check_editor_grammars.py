@@ -19,6 +19,11 @@ token class the samples test in VS Code is also checked in Vim. Exits 1 listing 
 
 Needs python3 (stdlib only), node with `npm ci` done in editors/vscode, and vim (`--no-vim`
 skips the Vim half, e.g. on a machine without vim; CI should not pass it).
+
+After adding an op to the registry, `python3 scripts/check_editor_grammars.py --fix` rewrites the op
+lists of both grammars (the `ops` rule of the TextMate grammar, `s:ops` in syntax/msl.vim).
+A new keyword needs a hand-written rule in each grammar and, if its probe is not obvious, an entry
+in BY_WORD / BY_RULE below.
 """
 from __future__ import annotations
 
@@ -263,6 +268,40 @@ def tm_unasserted_scopes() -> list[str]:
     return sorted(names - asserted)
 
 
+def fix_op_lists(ops) -> list[str]:
+    """Rewrites the op list of both grammars to the registry's (`--fix`); returns what changed."""
+    changed = []
+    grammar = json.loads(TM_GRAMMAR.read_text())
+    rule = grammar["repository"]["ops"]
+    m = re.fullmatch(r"(.*?\()([a-z0-9_|]+)(\).*)", rule["match"])
+    if not m:
+        sys.exit(f"check_editor_grammars: cannot find the op alternation in {TM_GRAMMAR}: {rule['match']}")
+    longest_first = sorted(ops, key=lambda o: (-len(o), o))
+    new = m.group(1) + "|".join(longest_first) + m.group(3)
+    if new != rule["match"]:
+        rule["match"] = new
+        TM_GRAMMAR.write_text(json.dumps(grammar, indent=2, ensure_ascii=False) + "\n")
+        changed.append(str(TM_GRAMMAR.relative_to(ROOT)))
+    vim_syntax = VIM_RTP / "syntax" / "msl.vim"
+    text = vim_syntax.read_text()
+    m = re.search(r"(?ms)^let s:ops = \[\n.*?^\s*\\ \]\n", text)
+    if not m:
+        sys.exit(f"check_editor_grammars: cannot find `let s:ops = [` in {vim_syntax}")
+    lines, line = ["let s:ops = ["], "      \\ "
+    for i, op in enumerate(ops):
+        item = f"'{op}'" + (", " if i + 1 < len(ops) else "")
+        if len(line) + len(item) > 100:
+            lines.append(line.rstrip())
+            line = "      \\ "
+        line += item
+    lines += [line.rstrip(), "      \\ ]"]
+    block = "\n".join(lines) + "\n"
+    if block != m.group(0):
+        vim_syntax.write_text(text[: m.start()] + block + text[m.end():])
+        changed.append(str(vim_syntax.relative_to(ROOT)))
+    return changed
+
+
 def tm_tokenize(paths):
     if not (VSCODE / "node_modules" / "vscode-textmate").is_dir():
         sys.exit("check_editor_grammars: run `npm ci` in editors/vscode first "
@@ -308,9 +347,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-vim", action="store_true", help="skip the Vim syntax checks")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every probed word")
+    ap.add_argument("--fix", action="store_true",
+                    help="first rewrite the op lists of both grammars to the registry's, then check")
     args = ap.parse_args()
 
     words, ops = pest_words(), registry_ops()
+    if args.fix:
+        for path in fix_op_lists(ops):
+            print(f"check_editor_grammars: rewrote the op list in {path}")
     lines, sites = build_probe(words, ops)
     corpus = sorted((ROOT / "examples").glob("*.msl")) + sorted((ROOT / "stdlib").rglob("*.msl"))
     samples = sorted(TM_SAMPLES.glob("*.msl"))

@@ -51,13 +51,13 @@ syn match   mslScalarType    "\.\@<!\<\%(int\|float\|str\|dtype\|shape\)\>\%(\s*
 " Ops are a match, not a keyword: a keyword would win over the label in
 " `attention.self.query: LinearBias(..)` and over a named argument `max: 3`.
 let s:ops = [
-      \ 'constant', 'add', 'sub', 'mul', 'div', 'pow', 'maximum', 'minimum', 'neg', 'exp', 'log',
-      \ 'sqrt', 'rsqrt', 'reciprocal', 'abs', 'tanh', 'sigmoid', 'relu', 'gelu', 'gelu_tanh',
-      \ 'silu', 'erf', 'cast', 'matmul', 'transpose', 'reshape', 'broadcast_to', 'concat',
-      \ 'slice', 'select', 'sum', 'mean', 'max', 'softmax', 'log_softmax', 'rms_norm',
-      \ 'layer_norm', 'batch_norm', 'embedding', 'rope', 'attention', 'causal_mask', 'dropout',
-      \ 'conv2d', 'max_pool2d', 'avg_pool2d', 'adaptive_avg_pool2d', 'cross_entropy', 'mse_loss',
-      \ 'fused_matmul', 'fused_elementwise', 'rms_norm_scale', 'layer_norm_affine'
+      \ 'abs', 'adaptive_avg_pool2d', 'add', 'attention', 'avg_pool2d', 'batch_norm',
+      \ 'broadcast_to', 'cast', 'causal_mask', 'concat', 'constant', 'conv2d', 'cross_entropy',
+      \ 'div', 'dropout', 'embedding', 'erf', 'exp', 'fused_elementwise', 'fused_matmul', 'gelu',
+      \ 'gelu_tanh', 'layer_norm', 'layer_norm_affine', 'log', 'log_softmax', 'matmul', 'max',
+      \ 'max_pool2d', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg', 'pow', 'reciprocal',
+      \ 'relu', 'reshape', 'rms_norm', 'rms_norm_scale', 'rope', 'rsqrt', 'select', 'sigmoid',
+      \ 'silu', 'slice', 'softmax', 'sqrt', 'sub', 'sum', 'tanh', 'transpose'
       \ ]
 let s:lib_functions = [
       \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'
