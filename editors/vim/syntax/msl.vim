@@ -98,6 +98,7 @@ syn match   mslLineComment   "//.*$" contains=mslTodo,@Spell
 syn match   mslDocComment    "///\%(/\)\@!.*$" contains=mslTodo,@Spell
 " Block comments do not nest (grammar/msl.pest: block_comment).
 syn region  mslBlockComment  start="/\*" end="\*/" contains=mslTodo,@Spell
+syn sync ccomment mslBlockComment minlines=50
 
 " ---------------------------------------------------------------- links
 hi def link mslTodo          Todo
