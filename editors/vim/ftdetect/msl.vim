@@ -1,0 +1,2 @@
+" .msl files are mslc model files.
+autocmd BufRead,BufNewFile *.msl setfiletype msl
