@@ -1,12 +1,14 @@
-//! Matmul planned once per step: the batch layout, broadcasting and bias strides are resolved
-//! at setup, so a run only points the packed GEMM at the operands — no allocation, unlike the
-//! kernels' convenience `matmul`, which works all of this out (into vectors) on every call.
+//! A matmul planned once for fixed operand shapes: the batch layout, broadcasting and bias
+//! strides are resolved by [`GemmPlan::new`], so [`GemmPlan::run`] only points the packed GEMM
+//! at the operands, without allocating. The executor plans each step once at setup; the
+//! convenience [`super::matmul`] plans and runs in one call.
 
-use mslc_kernels::matmul::gemm::{BiasRef, Gemm, Problem};
-use mslc_kernels::matmul::pack::MatRef;
-use mslc_kernels::matmul::{matmul_output_shape, MatmulParams, MicroKernel};
-use mslc_kernels::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
-use mslc_kernels::{Activation, KernelError, KernelResult};
+use super::gemm::{BiasRef, Gemm, Problem};
+use super::pack::MatRef;
+use super::{matmul_output_shape, MatmulParams, MicroKernel};
+use crate::activation::Activation;
+use crate::error::{KernelError, KernelResult};
+use crate::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset, numel};
 
 /// Where one matrix of a batched operand sits in its buffer, as used (transposed or not).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -115,8 +117,8 @@ impl GemmPlan {
                 Some(broadcast_strides(shape, &out))
             }
         };
-        let numel = |s: &[usize]| s.iter().product::<usize>();
-        let lens = [numel(a), numel(b), bias.map_or(0, numel), numel(&out)];
+        let elems = |s: &[usize]| s.iter().product::<usize>();
+        let lens = [elems(a), elems(b), bias.map_or(0, elems), elems(&out)];
         let a_mats = mats(a, transpose_a);
         let b_mats = mats(b, transpose_b);
         let bias_rows_free = bias_strides
@@ -150,19 +152,20 @@ impl GemmPlan {
             });
         }
         let batch = &out[..rank - 2];
+        let count = numel("matmul", batch)?;
         let index = |shape: &[usize]| {
             let strides = broadcast_strides(&shape[..shape.len() - 2], batch);
-            let mut idx = Vec::new();
+            let mut idx = Vec::with_capacity(count);
             for_each_offset(batch, &strides, |o| idx.push(o));
             idx
         };
         let (a_idx, b_idx) = (index(a), index(b));
-        let mut bias_off = Vec::new();
+        let mut bias_off = Vec::with_capacity(count);
         match &bias_strides {
             Some(s) => for_each_offset(batch, &s[..rank - 2], |o| bias_off.push(o)),
-            None => bias_off.resize(a_idx.len(), 0),
+            None => bias_off.resize(count, 0),
         }
-        let problems = (0..a_idx.len())
+        let problems = (0..count)
             .map(|i| Problem {
                 a: a_idx[i],
                 b: b_idx[i],
