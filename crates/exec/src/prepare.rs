@@ -120,14 +120,7 @@ pub fn prepare(
     output: &TensorType,
 ) -> Result<StepKernel, String> {
     let op = step.op;
-    let expected = KernelKind::for_op(op);
-    if step.kernel.name != expected.name() {
-        return Err(format!(
-            "asks for kernel `{}`, but `{op}` runs on `{}`",
-            step.kernel.name,
-            expected.name()
-        ));
-    }
+    KernelKind::bound(op, &step.kernel.name)?;
     let a = resolve_attrs(op, &step.attrs).map_err(|e| e.message)?;
     let k = &step.kernel;
     let err = |e: OpError| e.message;
