@@ -11,7 +11,7 @@ use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic, FileId};
 use mslc_core::span::Span;
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
-use mslc_plan::kernels::kernel_table_toml;
+use mslc_plan::kernels::KernelTable;
 use mslc_plan::target::Target;
 
 use super::check::group_thousands;
@@ -54,6 +54,10 @@ pub struct BuildArgs {
     /// Run the IR verifier after lowering and after every pass.
     #[arg(long)]
     pub verify: bool,
+    /// Take kernel choices from this table (default: `NAME.kernels.toml` in the output
+    /// directory, when it exists), for every step whose op signature it lists.
+    #[arg(long, value_name = "FILE.toml")]
+    pub kernels: Option<PathBuf>,
     /// Put these weights (safetensors, matched by parameter path) inside the `.mir`.
     #[arg(long, value_name = "FILE.safetensors")]
     pub embed_weights: Option<PathBuf>,
@@ -223,7 +227,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
         fuse: !args.no_fuse,
         amp: amp_for(checked, model),
     };
-    let compiled = compile(model, &options).map_err(|e| {
+    let mut compiled = compile(model, &options).map_err(|e| {
         cli_error(
             checked,
             Code::E0600,
@@ -231,6 +235,20 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
             "this is a bug in mslc; please report it with the file".to_string(),
         )
     })?;
+    let name = &model.name;
+    let dir = &args.out_dir;
+    let table_path = args
+        .kernels
+        .clone()
+        .unwrap_or_else(|| dir.join(format!("{name}.kernels.toml")));
+    let kernels = if args.kernels.is_some() || table_path.exists() {
+        let table = KernelTable::read(&table_path)
+            .map_err(|e| cli_error(checked, e.code(), e.to_string(), table_help(&e)))?;
+        let applied = table.apply(&mut compiled.module);
+        Some(format!("{}: {applied}", table_path.display()))
+    } else {
+        None
+    };
     let weights = match &args.embed_weights {
         Some(path) => Some(
             super::weights::read_matching(path, &compiled.module)
@@ -241,13 +259,11 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     let t = Instant::now();
     let mir = encode(&compiled.module, weights.as_deref());
     let encode_ms = t.elapsed().as_secs_f64() * 1e3;
-    let name = &model.name;
-    let dir = &args.out_dir;
     let mut files = vec![
         (dir.join(format!("{name}.mir")), mir),
         (
             dir.join(format!("{name}.kernels.toml")),
-            kernel_table_toml(&compiled.module).into_bytes(),
+            KernelTable::of(&compiled.module).to_toml().into_bytes(),
         ),
         (
             dir.join(format!("{name}.memplan.json")),
@@ -279,7 +295,17 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
             "choose a writable directory with -o DIR; nothing was written".to_string(),
         )
     })?;
-    Ok(report_text(&report, dir, &files))
+    Ok(report_text(&report, kernels.as_deref(), dir, &files))
+}
+
+/// What to do about a kernel table that cannot be used.
+fn table_help(e: &mslc_plan::kernels::KernelTableError) -> String {
+    match e.code() {
+        Code::E0602 => "give a readable file to --kernels".to_string(),
+        _ => {
+            "fix the entry, or delete the table to start again from the default kernels".to_string()
+        }
+    }
 }
 
 fn write_outputs(
@@ -330,7 +356,12 @@ fn rewrites_text(by_label: &std::collections::BTreeMap<String, usize>) -> String
         .join(", ")
 }
 
-fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
+fn report_text(
+    r: &Report,
+    kernels: Option<&str>,
+    dir: &Path,
+    files: &[(PathBuf, Vec<u8>)],
+) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let s = &r.stage_ms;
     let mut lines = vec![
@@ -351,8 +382,11 @@ fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
             "  time:       check {:.1} ms, lower {:.1} ms, passes {:.1} ms, schedule {:.1} ms, memory {:.1} ms, encode {:.1} ms",
             s.check, s.lower, s.passes, s.schedule, s.memory, s.encode
         ),
-        format!("  wrote to {}:", dir.display()),
     ];
+    if let Some(kernels) = kernels {
+        lines.push(format!("  kernels:    {kernels}"));
+    }
+    lines.push(format!("  wrote to {}:", dir.display()));
     for (path, bytes) in files {
         let name = path
             .file_name()

@@ -15,6 +15,7 @@ use mslc_driver::compile::{compile, CompileOptions};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsFile, StDType, TensorRef as StTensor};
+use mslc_plan::kernels::KernelTable;
 
 use super::{parse_key_value, ModelArgs, Reporter};
 
@@ -45,6 +46,10 @@ pub struct RunArgs {
     /// Write a Chrome trace of the last forward pass (opens in Perfetto).
     #[arg(long, value_name = "F.json")]
     pub profile: Option<PathBuf>,
+    /// Take kernel choices from this table (default for a `.mir`: the `NAME.kernels.toml`
+    /// beside it, when it exists), for every step whose op signature it lists.
+    #[arg(long, value_name = "FILE.toml")]
+    pub kernels: Option<PathBuf>,
     /// Compile a `.msl` without the fusion pass (to compare against the fused graph).
     #[arg(long)]
     pub no_fuse: bool,
@@ -117,7 +122,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     }
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
     let mir_bytes;
-    let (module, embedded) = if is_mir {
+    let (mut module, embedded) = if is_mir {
         if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
             return Err(
                 "--set and --dim apply to .msl sources; rebuild the .mir with them"
@@ -133,6 +138,18 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     } else {
         (compile_source(args, &arrays, reporter)?, None)
     };
+    let beside = is_mir.then(|| args.file.with_extension("kernels.toml"));
+    let table_path = args
+        .kernels
+        .clone()
+        .or_else(|| beside.filter(|p| p.exists()));
+    let mut notes = String::new();
+    if let Some(path) = table_path {
+        let table =
+            KernelTable::read(&path).map_err(|e| Failure::Message(e.code(), e.to_string()))?;
+        let applied = table.apply(&mut module);
+        notes.push_str(&format!("  kernels: {}: {applied}\n", path.display()));
+    }
     let options = ExecOptions {
         threads: args.threads.unwrap_or(0),
     };
@@ -143,7 +160,6 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     for (input, array) in &arrays {
         exec.set_input(input, array).map_err(|e| e.message)?;
     }
-    let mut notes = String::new();
     if let Some(seed) = args.init_seed {
         for input in exec.unset_inputs() {
             let bound = exec.seed_input(&input, seed).map_err(|e| e.message)?;

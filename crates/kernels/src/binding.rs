@@ -148,6 +148,24 @@ impl KernelKind {
     }
 }
 
+impl KernelChoice {
+    /// Checks that a step of `op` may run on this choice: the kernel is the binding's family
+    /// for `op` and every parameter is one its parameter struct has, with a legal value.
+    pub fn check_for(&self, op: Op) -> Result<(), String> {
+        match KernelKind::bound(op, &self.name)? {
+            KernelKind::Gemm | KernelKind::Im2colGemm => {
+                decode_params::<MatmulParams>(self).map(drop)
+            }
+            KernelKind::FlashAttention => decode_params::<AttentionParams>(self).map(drop),
+            KernelKind::Elementwise => decode_params::<ElementwiseParams>(self).map(drop),
+            KernelKind::Rowwise => decode_params::<RowParams>(self).map(drop),
+            KernelKind::Transpose => decode_params::<TransposeParams>(self).map(drop),
+            KernelKind::Reference if self.params.is_empty() => Ok(()),
+            KernelKind::Reference => Err(format!("kernel `{}` takes no parameters", self.name)),
+        }
+    }
+}
+
 /// The default kernel for `op` and its default parameters (a tuner replaces them per op
 /// signature and target).
 pub fn choose_kernel(op: Op) -> KernelChoice {
@@ -229,6 +247,22 @@ mod tests {
         assert!(e.contains("runs on `gemm`"), "{e}");
         let e = KernelKind::bound(Op::Matmul, "blas").unwrap_err();
         assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn choices_are_checked_against_the_op() {
+        assert_eq!(
+            choose_kernel(Op::Attention).check_for(Op::Attention),
+            Ok(())
+        );
+        assert!(choose_kernel(Op::Attention).check_for(Op::Matmul).is_err());
+        let mut bad = choose_kernel(Op::Matmul);
+        bad.params
+            .insert("mc".into(), KernelParam::Text("big".into()));
+        assert!(bad.check_for(Op::Matmul).is_err());
+        let mut extra = choose_kernel(Op::Dropout);
+        extra.params.insert("mc".into(), KernelParam::Int(4));
+        assert!(extra.check_for(Op::Dropout).is_err());
     }
 
     #[test]
