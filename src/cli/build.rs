@@ -77,6 +77,7 @@ struct Report<'a> {
     parameters: u64,
     parameter_bytes: u64,
     arena_bytes: u64,
+    hoisted_bytes: u64,
     lower_bound_bytes: u64,
     arena_over_lower_bound: f64,
     in_place_reuses: usize,
@@ -333,6 +334,7 @@ fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a
         parameters: model.param_count(),
         parameter_bytes: model.param_bytes(),
         arena_bytes: c.memory.arena_bytes,
+        hoisted_bytes: c.memory.hoisted_bytes,
         lower_bound_bytes: c.memory.lower_bound_bytes,
         arena_over_lower_bound: c.memory.ratio,
         in_place_reuses: c.memory.in_place_reuses,
@@ -376,6 +378,10 @@ fn report_text(
             r.arena_over_lower_bound,
             r.memory_strategy,
             r.in_place_reuses
+        ),
+        format!(
+            "  hoisted:    {:.2} MiB of parameter-only values, computed once per parameter change",
+            mib(r.hoisted_bytes)
         ),
         format!("  compute:    {:.3} GFLOP per forward, ~{:.3} ms on {}", r.flops_per_forward as f64 / 1e9, r.estimated_seconds_per_forward * 1e3, r.target),
         format!(

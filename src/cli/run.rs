@@ -175,8 +175,9 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<String, Failure> {
     }
     let mut report = summary(&name, flops, exec.threads(), &mut times);
     report.push_str(&format!(
-        "  memory:  {:.2} MiB arena for every intermediate (one allocation)\n",
-        exec.arena_bytes() as f64 / (1 << 20) as f64
+        "  memory:  {:.2} MiB arena for the intermediates, {:.2} MiB for hoisted parameter-only values\n",
+        exec.arena_bytes() as f64 / (1 << 20) as f64,
+        exec.hoisted_bytes() as f64 / (1 << 20) as f64
     ));
     report.push_str(&notes);
     let mut files = Vec::new();

@@ -15,6 +15,8 @@ pub enum ExecErrorKind {
     Kernel,
     /// The thread pool could not be built.
     Threads,
+    /// The executor disagrees with the module's plan (a bug in mslc, not in the module).
+    Internal,
 }
 
 /// Why a module could not be set up or run.
