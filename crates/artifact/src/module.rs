@@ -111,15 +111,15 @@ impl Module {
     }
 
     /// Bytes of every buffer the plan sizes: the arena, the hoisted region, the parameters
-    /// and the inputs.
+    /// and the inputs (saturating, for a crafted module's sizes).
     pub fn planned_bytes(&self) -> u64 {
-        let own: u64 = self
-            .values
+        self.values
             .iter()
             .filter(|v| matches!(v.storage, Storage::Input { .. } | Storage::Param { .. }))
-            .map(|v| v.ty.bytes())
-            .sum();
-        self.arena_bytes + self.hoisted_bytes + own
+            .fold(
+                self.arena_bytes.saturating_add(self.hoisted_bytes),
+                |sum, v| sum.saturating_add(v.ty.bytes()),
+            )
     }
 
     /// Total floating-point work of one forward pass, from the registry's cost rules.
