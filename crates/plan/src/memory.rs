@@ -212,3 +212,84 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
         hoisted,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mslc_artifact::{Step, ValueInfo};
+    use mslc_core::ops::{Attrs, DType, Op, TensorType};
+    use mslc_core::program::Init;
+    use mslc_kernels::binding::choose_kernel;
+
+    /// `y = neg(x + cast(neg(w)))`: `neg(w)` and its cast read the parameter alone.
+    fn module() -> Module {
+        let f32t = TensorType::new(DType::F32, [4, 8]);
+        let f16t = TensorType::new(DType::F16, [4, 8]);
+        let value = |ty: &TensorType, storage| ValueInfo {
+            ty: ty.clone(),
+            storage,
+        };
+        let arena = || Storage::Arena { offset: 0 };
+        let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
+            op,
+            attrs,
+            inputs,
+            outputs: vec![out],
+            origin: String::new(),
+            kernel: choose_kernel(op),
+        };
+        let cast = Attrs::new().with("dtype", DType::F16);
+        Module {
+            name: "m".into(),
+            target: "cpu".into(),
+            target_fingerprint: String::new(),
+            values: vec![
+                value(&f16t, Storage::Input { name: "x".into() }),
+                value(
+                    &f32t,
+                    Storage::Param {
+                        path: "w".into(),
+                        init: Init::Zeros,
+                        trainable: true,
+                    },
+                ),
+                value(&f32t, arena()),
+                value(&f16t, arena()),
+                value(&f16t, arena()),
+                value(&f16t, arena()),
+            ],
+            steps: vec![
+                step(Op::Neg, Attrs::new(), vec![1], 2),
+                step(Op::Cast, cast, vec![2], 3),
+                step(Op::Add, Attrs::new(), vec![0, 3], 4),
+                step(Op::Neg, Attrs::new(), vec![4], 5),
+            ],
+            outputs: vec![("y".into(), 5)],
+            arena_bytes: 0,
+            hoisted_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn parameter_only_values_get_their_own_region() {
+        let mut m = module();
+        let plan = plan_memory(&mut m).unwrap();
+        let storage: Vec<&Storage> = m.values[2..].iter().map(|v| &v.storage).collect();
+        assert_eq!(
+            storage,
+            [
+                &Storage::Hoisted { offset: 0 },
+                &Storage::Hoisted { offset: 128 },
+                &Storage::Arena { offset: 0 },
+                &Storage::Arena { offset: 0 },
+            ]
+        );
+        assert_eq!((m.hoisted_bytes, plan.hoisted_bytes), (192, 192));
+        assert_eq!(plan.hoisted.len(), 2);
+        // The add's result is overwritten in place by the last neg; nothing hoisted is.
+        assert_eq!((plan.buffers.len(), plan.in_place_reuses), (1, 1));
+        assert_eq!(plan.arena_bytes, 64);
+        assert_eq!(plan.total_bytes, 64 + 192 + 128 + 64);
+        assert_eq!(plan.total_bytes, m.planned_bytes());
+    }
+}
