@@ -6,7 +6,7 @@ use std::time::Instant;
 use mslc_artifact::encode;
 use mslc_check::{check_source, CheckOptions, Overrides};
 use mslc_driver::compile::{amp_for, compile, CompileOptions};
-use mslc_plan::kernels::kernel_table_toml;
+use mslc_plan::kernels::KernelTable;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -45,7 +45,7 @@ fn main() {
             let compiled = compile(&checked.models[0], &options).unwrap();
             let t = Instant::now();
             let bytes = encode(&compiled.module, None);
-            let toml = kernel_table_toml(&compiled.module);
+            let toml = KernelTable::of(&compiled.module).to_toml();
             let encode_ms = t.elapsed().as_secs_f64() * 1e3;
             assert!(!bytes.is_empty() && !toml.is_empty());
             let s = &compiled.times;

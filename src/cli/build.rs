@@ -12,7 +12,7 @@ use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled, STAGE_SIZE};
 use mslc_driver::select::{choose_model, choose_target, root_error};
-use mslc_plan::kernels::kernel_table_toml;
+use mslc_plan::kernels::KernelTable;
 
 use super::check::group_thousands;
 use super::{ModelArgs, Reporter};
@@ -53,6 +53,10 @@ pub struct BuildArgs {
     /// Run the IR verifier after lowering and after every pass.
     #[arg(long)]
     pub verify: bool,
+    /// Take kernel choices from this table (default: `NAME.kernels.toml` in the output
+    /// directory, when it exists), for every step whose op signature it lists.
+    #[arg(long, value_name = "FILE.toml")]
+    pub kernels: Option<PathBuf>,
     /// Put these weights (safetensors, matched by parameter path) inside the `.mir`.
     #[arg(long, value_name = "FILE.safetensors")]
     pub embed_weights: Option<PathBuf>,
@@ -72,6 +76,7 @@ struct Report<'a> {
     parameters: u64,
     parameter_bytes: u64,
     arena_bytes: u64,
+    hoisted_bytes: u64,
     lower_bound_bytes: u64,
     arena_over_lower_bound: f64,
     in_place_reuses: usize,
@@ -144,7 +149,7 @@ fn build(
         fuse: !args.no_fuse,
         amp: amp_for(checked, model),
     };
-    let compiled = compile(model, &options).map_err(|e| {
+    let mut compiled = compile(model, &options).map_err(|e| {
         if e.stage == STAGE_SIZE {
             return root_error(
                 checked,
@@ -160,6 +165,20 @@ fn build(
             "this is a bug in mslc; please report it with the file".to_string(),
         )
     })?;
+    let name = &model.name;
+    let dir = &args.out_dir;
+    let table_path = args
+        .kernels
+        .clone()
+        .unwrap_or_else(|| dir.join(format!("{name}.kernels.toml")));
+    let kernels = if args.kernels.is_some() || table_path.exists() {
+        let table = KernelTable::read(&table_path)
+            .map_err(|e| root_error(checked, e.code(), e.to_string(), table_help(&e)))?;
+        let applied = table.apply(&mut compiled.module);
+        Some(format!("{}: {applied}", table_path.display()))
+    } else {
+        None
+    };
     let weights = match &args.embed_weights {
         Some(path) => Some(
             super::weights::read_matching(path, &compiled.module)
@@ -170,13 +189,11 @@ fn build(
     let t = Instant::now();
     let mir = encode(&compiled.module, weights.as_deref());
     let encode_ms = t.elapsed().as_secs_f64() * 1e3;
-    let name = &model.name;
-    let dir = &args.out_dir;
     let mut files = vec![
         (dir.join(format!("{name}.mir")), mir),
         (
             dir.join(format!("{name}.kernels.toml")),
-            kernel_table_toml(&compiled.module).into_bytes(),
+            KernelTable::of(&compiled.module).to_toml().into_bytes(),
         ),
         (
             dir.join(format!("{name}.memplan.json")),
@@ -207,7 +224,8 @@ fn build(
             (name.to_string_lossy().into_owned(), bytes.clone())
         })
         .collect();
-    write_build_set(dir, name, &named).map_err(|e| {
+    let table_name = format!("{name}.kernels.toml");
+    write_build_set(dir, name, &named, &[table_name.as_str()]).map_err(|e| {
         let (code, help) = match &e {
             SetError::Locked(_) => (
                 Code::E0607,
@@ -227,11 +245,21 @@ fn build(
         .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
         .collect();
     let json = serde_json::json!({ "summary": { "report": &report, "files": written } });
-    let mut text = report_text(&report, dir, &files);
+    let mut text = report_text(&report, kernels.as_deref(), dir, &files);
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
     Ok((text, json))
+}
+
+/// What to do about a kernel table that cannot be used.
+fn table_help(e: &mslc_plan::kernels::KernelTableError) -> String {
+    match e.code() {
+        Code::E0602 => "give a readable file to --kernels".to_string(),
+        _ => {
+            "fix the entry, or delete the table to start again from the default kernels".to_string()
+        }
+    }
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -251,6 +279,7 @@ fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a
         parameters: model.param_count(),
         parameter_bytes: model.param_bytes(),
         arena_bytes: c.memory.arena_bytes,
+        hoisted_bytes: c.memory.hoisted_bytes,
         lower_bound_bytes: c.memory.lower_bound_bytes,
         arena_over_lower_bound: c.memory.ratio,
         in_place_reuses: c.memory.in_place_reuses,
@@ -274,7 +303,12 @@ fn rewrites_text(by_label: &std::collections::BTreeMap<String, usize>) -> String
         .join(", ")
 }
 
-fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
+fn report_text(
+    r: &Report,
+    kernels: Option<&str>,
+    dir: &Path,
+    files: &[(PathBuf, Vec<u8>)],
+) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let s = &r.stage_ms;
     let mut lines = vec![
@@ -290,13 +324,20 @@ fn report_text(r: &Report, dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> String {
             r.memory_strategy,
             r.in_place_reuses
         ),
+        format!(
+            "  hoisted:    {:.2} MiB of parameter-only values, computed once per parameter change",
+            mib(r.hoisted_bytes)
+        ),
         format!("  compute:    {:.3} GFLOP per forward, ~{:.3} ms on {}", r.flops_per_forward as f64 / 1e9, r.estimated_seconds_per_forward * 1e3, r.target),
         format!(
             "  time:       check {:.1} ms, lower {:.1} ms, passes {:.1} ms, schedule {:.1} ms, memory {:.1} ms, encode {:.1} ms",
             s.check, s.lower, s.passes, s.schedule, s.memory, s.encode
         ),
-        format!("  wrote to {}:", dir.display()),
     ];
+    if let Some(kernels) = kernels {
+        lines.push(format!("  kernels:    {kernels}"));
+    }
+    lines.push(format!("  wrote to {}:", dir.display()));
     for (path, bytes) in files {
         let name = path
             .file_name()

@@ -1,5 +1,5 @@
 //! `mslc inspect FILE.mir`: the compiled module as text — values, the scheduled steps with their
-//! kernels and arena offsets, and the outputs.
+//! kernels and arena (or hoisted-region) offsets, and the outputs.
 
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -64,8 +64,9 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
     );
     let _ = writeln!(
         s,
-        "  arena {} bytes, {} steps, {:.3} GFLOP per forward",
+        "  arena {} bytes, hoisted {} bytes, {} steps, {:.3} GFLOP per forward",
         m.arena_bytes,
+        m.hoisted_bytes,
         m.steps.len(),
         m.flops() as f64 / 1e9
     );
@@ -83,7 +84,7 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
                 let kw = if *trainable { "param" } else { "buffer" };
                 let _ = writeln!(s, "  %{i} = {kw} {path:?} : {}", v.ty);
             }
-            Storage::Arena { .. } => {}
+            Storage::Arena { .. } | Storage::Hoisted { .. } => {}
         }
     }
     for step in &m.steps {
@@ -99,6 +100,7 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
             .iter()
             .map(|&o| match m.values[o as usize].storage {
                 Storage::Arena { offset } => format!("@{offset}"),
+                Storage::Hoisted { offset } => format!("hoisted@{offset}"),
                 _ => String::new(),
             })
             .collect();

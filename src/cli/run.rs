@@ -18,6 +18,7 @@ use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
+use mslc_plan::kernels::KernelTable;
 
 use super::{parse_key_value, ModelArgs, Reporter};
 
@@ -53,6 +54,10 @@ pub struct RunArgs {
     /// Write a Chrome trace of the last forward pass (opens in Perfetto).
     #[arg(long, value_name = "F.json")]
     pub profile: Option<PathBuf>,
+    /// Take kernel choices from this table (default for a `.mir`: the `NAME.kernels.toml`
+    /// beside it, when it exists), for every step whose op signature it lists.
+    #[arg(long, value_name = "FILE.toml")]
+    pub kernels: Option<PathBuf>,
     /// Compile a `.msl` without the fusion pass (to compare against the fused graph).
     #[arg(long)]
     pub no_fuse: bool,
@@ -133,7 +138,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     }
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
     let mir_bytes;
-    let (module, embedded) = if is_mir {
+    let (mut module, embedded) = if is_mir {
         if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
             return Err(
                 "--set and --dim apply to .msl sources; rebuild the .mir with them"
@@ -169,6 +174,18 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         (_, Some(m)) => (Some(m), "--max-memory"),
         (a, None) => (a, "the memory this system has available now"),
     };
+    let beside = is_mir.then(|| args.file.with_extension("kernels.toml"));
+    let table_path = args
+        .kernels
+        .clone()
+        .or_else(|| beside.filter(|p| p.exists()));
+    let mut kernel_table = None;
+    if let Some(path) = table_path {
+        let table =
+            KernelTable::read(&path).map_err(|e| Failure::Message(e.code(), e.to_string()))?;
+        let applied = table.apply(&mut module);
+        kernel_table = Some((path, applied.to_string()));
+    }
     let options = ExecOptions {
         threads: args.threads.unwrap_or(0),
         memory_limit,
@@ -239,6 +256,8 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         flops,
         times,
         arena_bytes: exec.arena_bytes(),
+        hoisted_bytes: exec.hoisted_bytes(),
+        kernel_table,
         seeded,
         outputs,
         profile: args.profile.clone(),
@@ -269,6 +288,10 @@ struct RunSummary {
     /// Seconds per forward pass.
     times: Vec<f64>,
     arena_bytes: usize,
+    /// Bytes of the planned region of hoisted, parameter-only values.
+    hoisted_bytes: usize,
+    /// The kernel table read, and what applying it did.
+    kernel_table: Option<(PathBuf, String)>,
     /// Inputs not given and seeded, with the id bound used for integer ones.
     seeded: Vec<(String, Option<u64>)>,
     /// Name, type and file of every written output.
@@ -302,9 +325,13 @@ impl RunSummary {
             peak / 1e9
         );
         s.push_str(&format!(
-            "  memory:  {:.2} MiB arena for every intermediate (one allocation)\n",
-            self.arena_bytes as f64 / (1 << 20) as f64
+            "  memory:  {:.2} MiB arena for the intermediates, {:.2} MiB for hoisted parameter-only values\n",
+            self.arena_bytes as f64 / (1 << 20) as f64,
+            self.hoisted_bytes as f64 / (1 << 20) as f64
         ));
+        if let Some((path, applied)) = &self.kernel_table {
+            s.push_str(&format!("  kernels: {}: {applied}\n", path.display()));
+        }
         for (input, bound) in &self.seeded {
             let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
             s.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
@@ -340,6 +367,10 @@ impl RunSummary {
             "flops_per_forward": self.flops,
             "gflops_per_s": self.flops as f64 / median / 1e9,
             "arena_bytes": self.arena_bytes,
+            "hoisted_bytes": self.hoisted_bytes,
+            "kernel_table": self.kernel_table.as_ref().map(|(path, applied)| {
+                serde_json::json!({ "path": path, "applied": applied })
+            }),
             "seeded_inputs": seeded,
             "outputs": outputs,
             "profile": self.profile,

@@ -65,6 +65,24 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
             assert_eq!(b["offset"].as_u64().unwrap() % 64, 0);
             assert!(b["first"].as_u64() <= b["last"].as_u64());
         }
+        // Every byte the executor sizes from the plan is in the total: the arena, the hoisted
+        // region (each hoisted value in its own slot), the parameters and the inputs.
+        let bytes = |k: &str| plan[k].as_u64().unwrap();
+        assert_eq!(
+            bytes("total_bytes"),
+            bytes("arena_bytes")
+                + bytes("hoisted_bytes")
+                + bytes("params_bytes")
+                + bytes("inputs_bytes"),
+            "{example}"
+        );
+        let mut end = 0;
+        for h in plan["hoisted"].as_array().unwrap() {
+            let offset = h["offset"].as_u64().unwrap();
+            assert!(offset % 64 == 0 && offset >= end, "{example}: {h}");
+            end = offset + h["bytes"].as_u64().unwrap();
+        }
+        assert!(end <= bytes("hoisted_bytes"), "{example}");
         let report: serde_json::Value = serde_json::from_slice(
             &std::fs::read(dir.path().join(format!("{name}.report.json"))).unwrap(),
         )

@@ -1,6 +1,7 @@
 //! The compiled module: what `NAME.mir` holds and what the executor runs. A scheduled list of
-//! steps over numbered values, every value's type and where it lives (an input, a parameter, or
-//! a slot of the one intermediate arena), and the kernel chosen for each step.
+//! steps over numbered values, every value's type and where it lives (an input, a parameter, a
+//! slot of the one intermediate arena, or a slot of the region of hoisted parameter-only values),
+//! and the kernel chosen for each step.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,13 @@ pub enum Storage {
     /// An intermediate, at `offset` bytes into the arena.
     Arena {
         /// Byte offset in the arena (64-byte aligned).
+        offset: u64,
+    },
+    /// A value computed from parameters alone (a weight cast to f16, a transposed weight, a
+    /// constant), at `offset` bytes into the hoisted region: computed once after the
+    /// parameters change and kept, so later runs skip its step.
+    Hoisted {
+        /// Byte offset in the hoisted region (64-byte aligned).
         offset: u64,
     },
 }
@@ -75,6 +83,8 @@ pub struct Module {
     pub outputs: Vec<(String, u32)>,
     /// Size of the intermediate arena in bytes.
     pub arena_bytes: u64,
+    /// Size of the region of hoisted, parameter-only values in bytes.
+    pub hoisted_bytes: u64,
 }
 
 impl Module {
@@ -110,6 +120,18 @@ impl Module {
             .map(|&v| self.values[v as usize].ty.clone())
             .collect();
         mslc_core::ops::cost(step.op, &step.attrs, &inputs).ok()
+    }
+
+    /// Bytes of every buffer the plan sizes: the arena, the hoisted region, the parameters
+    /// and the inputs (saturating, for a crafted module's sizes).
+    pub fn planned_bytes(&self) -> u64 {
+        self.values
+            .iter()
+            .filter(|v| matches!(v.storage, Storage::Input { .. } | Storage::Param { .. }))
+            .fold(
+                self.arena_bytes.saturating_add(self.hoisted_bytes),
+                |sum, v| sum.saturating_add(v.ty.bytes()),
+            )
     }
 
     /// Total floating-point work of one forward pass, from the registry's cost rules.

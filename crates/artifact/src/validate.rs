@@ -9,29 +9,52 @@ use mslc_core::ops::{self, TensorType};
 use super::module::{Module, Step, Storage};
 use mslc_kernels::binding::KernelParam;
 
-/// Checks names, indices, the definition order, types (re-inferred through the op registry) and
-/// arena bounds; the message names the first problem.
+/// Checks names, indices, the definition order, types (re-inferred through the op registry),
+/// arena and hoisted-region bounds, that hoisted values do not overlap and are computed from
+/// parameters and hoisted values alone; the message names the first problem.
 pub fn validate(module: &Module) -> Result<(), String> {
     validate_names(module)?;
     check_tensor_sizes(module)?;
     let n = module.values.len();
     let mut defined = vec![false; n];
+    let mut hoisted = Vec::new();
     for (i, v) in module.values.iter().enumerate() {
-        match &v.storage {
-            Storage::Input { .. } | Storage::Param { .. } => defined[i] = true,
-            Storage::Arena { offset } => {
-                let end = offset
-                    .checked_add(v.ty.bytes())
-                    .ok_or("arena offset overflows")?;
-                if offset % 64 != 0 || end > module.arena_bytes {
-                    return Err(format!(
-                        "value %{i} ({}) at offset {offset} does not fit the {}-byte arena aligned to 64",
-                        v.ty, module.arena_bytes
-                    ));
-                }
+        let (offset, region, size) = match &v.storage {
+            Storage::Input { .. } | Storage::Param { .. } => {
+                defined[i] = true;
+                (0, "", 0)
+            }
+            Storage::Arena { offset } => (*offset, "arena", module.arena_bytes),
+            Storage::Hoisted { offset } => (*offset, "hoisted region", module.hoisted_bytes),
+        };
+        if !region.is_empty() {
+            let end = offset
+                .checked_add(v.ty.bytes())
+                .ok_or("value offset overflows")?;
+            if offset % 64 != 0 || end > size {
+                return Err(format!(
+                    "value %{i} ({}) at offset {offset} does not fit the {size}-byte {region} aligned to 64",
+                    v.ty
+                ));
+            }
+            if matches!(v.storage, Storage::Hoisted { .. }) && offset < end {
+                hoisted.push((offset, end, i));
             }
         }
     }
+    hoisted.sort_unstable();
+    for pair in hoisted.windows(2) {
+        let ((_, end, a), (start, _, b)) = (pair[0], pair[1]);
+        if start < end {
+            return Err(format!("hoisted values %{a} and %{b} overlap"));
+        }
+    }
+    let invariant = |i: usize| {
+        matches!(
+            module.values[i].storage,
+            Storage::Param { .. } | Storage::Hoisted { .. }
+        )
+    };
     let check = |i: u32| -> Result<usize, String> {
         let i = i as usize;
         if i < n {
@@ -71,8 +94,22 @@ pub fn validate(module: &Module) -> Result<(), String> {
                     step.op
                 ));
             }
-            if !matches!(module.values[o].storage, Storage::Arena { .. }) {
-                return Err(format!("step {s} writes %{o}, which is not an arena value"));
+            match module.values[o].storage {
+                Storage::Arena { .. } => {}
+                Storage::Hoisted { .. } => {
+                    if let Some(&i) = step.inputs.iter().find(|&&i| !invariant(i as usize)) {
+                        return Err(format!(
+                            "step {s} ({}) writes hoisted %{o} but reads %{i}, which is not \
+                             a parameter or hoisted value",
+                            step.op
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "step {s} writes %{o}, which is not an arena or hoisted value"
+                    ))
+                }
             }
             if &module.values[o].ty != ty {
                 return Err(format!(
@@ -171,7 +208,7 @@ pub fn check_tensor_sizes(module: &Module) -> Result<(), String> {
         let what = match &v.storage {
             Storage::Input { name } => format!("input `{name}`"),
             Storage::Param { path, .. } => format!("parameter `{path}`"),
-            Storage::Arena { .. } => format!("value %{i}"),
+            Storage::Arena { .. } | Storage::Hoisted { .. } => format!("value %{i}"),
         };
         return Err(format!(
             "{what} is {}, more than the {MAX_TENSOR_ELEMENTS} elements a tensor may have",
@@ -237,7 +274,7 @@ fn validate_names(module: &Module) -> Result<(), String> {
                     return Err(format!("two parameters have the path `{path}`"));
                 }
             }
-            Storage::Arena { .. } => {}
+            Storage::Arena { .. } | Storage::Hoisted { .. } => {}
         }
     }
     let mut outputs = BTreeSet::new();

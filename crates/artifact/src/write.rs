@@ -171,11 +171,14 @@ impl fmt::Display for SetError {
 /// killed build of these files left, with the old manifest removed first and the new one
 /// (`NAME.manifest.json`, the hashes of the others) written last. A reader that finds a
 /// manifest can therefore trust that the files it lists belong together; without one the set
-/// is incomplete or was written by an older mslc.
+/// is incomplete or was written by an older mslc. Files named in `editable` (the kernel table,
+/// which people and tuners edit and every reader checks) are written with the set but left out
+/// of the manifest, so editing them does not make the set look mixed.
 pub fn write_build_set(
     dir: &Path,
     model: &str,
     files: &[(String, Vec<u8>)],
+    editable: &[&str],
 ) -> Result<(), SetError> {
     let io_error = |path: &Path, error: io::Error| {
         SetError::Io(WriteError {
@@ -214,6 +217,7 @@ pub fn write_build_set(
         model: model.to_string(),
         files: files
             .iter()
+            .filter(|(name, _)| !editable.contains(&name.as_str()))
             .map(|(name, bytes)| ManifestEntry {
                 name: name.clone(),
                 bytes: bytes.len() as u64,
@@ -340,7 +344,7 @@ mod tests {
         let foreign = dir.path().join(".other.4242.0.tmp");
         fs::write(&stale, b"half").unwrap();
         fs::write(&foreign, b"not ours").unwrap();
-        write_build_set(dir.path(), "M", &set("one")).unwrap();
+        write_build_set(dir.path(), "M", &set("one"), &[]).unwrap();
         assert!(!stale.exists(), "stale temporaries are removed");
         assert!(foreign.exists(), "other files are left alone");
         let mir = dir.path().join("M.mir");
@@ -369,11 +373,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lock = File::create(dir.path().join(LOCK_FILE)).unwrap();
         lock.lock().unwrap();
-        let err = write_build_set(dir.path(), "M", &set("one")).unwrap_err();
+        let err = write_build_set(dir.path(), "M", &set("one"), &[]).unwrap_err();
         assert!(matches!(err, SetError::Locked(_)), "{err}");
         assert!(!dir.path().join("M.mir").exists());
         drop(lock);
-        write_build_set(dir.path(), "M", &set("one")).unwrap();
+        write_build_set(dir.path(), "M", &set("one"), &[]).unwrap();
     }
 
     #[test]
@@ -381,7 +385,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         fs::write(&file, b"x").unwrap();
-        let err = write_build_set(&file, "M", &set("one")).unwrap_err();
+        let err = write_build_set(&file, "M", &set("one"), &[]).unwrap_err();
         assert!(err.to_string().contains("is not a directory"), "{err}");
     }
 

@@ -17,6 +17,8 @@ pub enum ExecErrorKind {
     Threads,
     /// Running would need more memory than may be used.
     Memory,
+    /// The executor disagrees with the module's plan (a bug in mslc, not in the module).
+    Internal,
 }
 
 /// Why a module could not be set up or run.

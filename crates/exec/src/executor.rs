@@ -1,9 +1,10 @@
 //! The executor: runs a compiled [`Module`] on the CPU. Setup allocates everything — one
 //! 64-byte-aligned arena for all intermediates, one buffer per input and per parameter, staging
 //! buffers for dtype conversion — and prepares every step's kernel; `run` then only converts,
-//! dispatches and times. Steps that depend on parameters alone (a weight cast to f16 under
-//! mixed precision, a transposed weight) are hoisted: computed once after the parameters
-//! change, into a region of their own, and skipped by later runs.
+//! dispatches and times. Steps the planner hoisted (their outputs depend on parameters alone: a
+//! weight cast to f16 under mixed precision, a transposed weight) write the planned hoisted
+//! region, run once after the parameters change and are skipped by later runs. The buffers
+//! the plan sizes are allocated exactly as planned; a difference is an internal error.
 
 use std::time::Instant;
 
@@ -127,10 +128,13 @@ impl Executor {
     /// inputs except in place over input 0), prepares every step and allocates all buffers.
     pub fn new(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
         validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
-        let arena_bytes = usize::try_from(module.arena_bytes)
-            .map_err(|_| module_error("the arena does not fit in memory"))?;
-        let mut slots = slots_of(&module)?;
-        let (hoisted_steps, hoisted_bytes) = hoist(&module, &mut slots);
+        let region = |bytes: u64, what: &str| {
+            usize::try_from(bytes)
+                .map_err(|_| module_error(format!("{what} does not fit in memory")))
+        };
+        let arena_bytes = region(module.arena_bytes, "the arena")?;
+        let hoisted_bytes = region(module.hoisted_bytes, "the hoisted region")?;
+        let slots = slots_of(&module)?;
         let mut plans = Vec::with_capacity(module.steps.len());
         let mut stage = StageSizes::default();
         for (s, step) in module.steps.iter().enumerate() {
@@ -170,7 +174,7 @@ impl Executor {
                 kernel,
                 modes,
                 out_direct,
-                hoisted: hoisted_steps[s],
+                hoisted: matches!(out.place, Place::Hoisted(_)),
             });
         }
         let pool = rayon::ThreadPoolBuilder::new()
@@ -237,11 +241,20 @@ impl Executor {
                 "cannot allocate {scratch_bytes} bytes of scratch for each of {threads} threads: out of memory"
             )));
         }
+        let arena = alloc(arena_bytes, "the arena")?;
+        let hoisted = alloc(hoisted_bytes, "parameter-only values")?;
+        let allocated = [&arena, &hoisted]
+            .into_iter()
+            .chain(&inputs)
+            .chain(&params)
+            .map(|b| b.len() as u64)
+            .sum();
+        check_allocation(allocated, module.planned_bytes())?;
         Ok(Executor {
             slots,
             plans,
-            arena: alloc(arena_bytes, "the arena")?,
-            hoisted: alloc(hoisted_bytes, "parameter-only values")?,
+            arena,
+            hoisted,
             hoisted_ready: false,
             inputs_set: vec![false; inputs.len()],
             inputs,
@@ -274,6 +287,11 @@ impl Executor {
     /// Bytes of the intermediate arena (one allocation).
     pub fn arena_bytes(&self) -> usize {
         self.arena.len()
+    }
+
+    /// Bytes of the region of hoisted, parameter-only values (one allocation).
+    pub fn hoisted_bytes(&self) -> usize {
+        self.hoisted.len()
     }
 
     /// Loads every parameter from `tensors` (e.g. a safetensors file), matched by path. Any
@@ -625,6 +643,7 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
             .map_err(|_| module_error(format!("value %{i} does not fit in memory")))?;
         let place = match &v.storage {
             Storage::Arena { offset } => Place::Arena(*offset as usize),
+            Storage::Hoisted { offset } => Place::Hoisted(*offset as usize),
             Storage::Input { .. } => {
                 n_inputs += 1;
                 Place::Input(n_inputs - 1)
@@ -693,29 +712,20 @@ impl StageSizes {
     }
 }
 
-/// Marks the steps whose inputs are all parameters or values computed from parameters alone
-/// (and input-free steps such as constants), moves their outputs to the hoisted region, and
-/// returns the marks and the region's size.
-fn hoist(module: &Module, slots: &mut [Slot]) -> (Vec<bool>, usize) {
-    let mut invariant: Vec<bool> = slots
-        .iter()
-        .map(|s| matches!(s.place, Place::Param(_)))
-        .collect();
-    let mut marks = Vec::with_capacity(module.steps.len());
-    let mut bytes = 0usize;
-    for step in &module.steps {
-        let hoisted = step.inputs.iter().all(|&v| invariant[v as usize]);
-        if hoisted {
-            for &o in &step.outputs {
-                invariant[o as usize] = true;
-                slots[o as usize].place = Place::Hoisted(bytes);
-                // Saturating: a crafted module's sum that overflows fails to allocate.
-                bytes = bytes.saturating_add(slots[o as usize].bytes.div_ceil(64) * 64);
-            }
-        }
-        marks.push(hoisted);
+/// The executor's buffers sized by the plan (arena, hoisted region, parameters, inputs) must
+/// add up to exactly the module's planned bytes, which `NAME.memplan.json` reports.
+fn check_allocation(allocated: u64, planned: u64) -> ExecResult<()> {
+    if allocated == planned {
+        Ok(())
+    } else {
+        Err(ExecError::new(
+            ExecErrorKind::Internal,
+            format!(
+                "internal error: the executor allocated {allocated} bytes where the memory plan \
+                 has {planned}; this is a bug in mslc"
+            ),
+        ))
     }
-    (marks, bytes)
 }
 
 fn origin_suffix(origin: &str) -> String {
@@ -743,8 +753,7 @@ impl<'a> Memory<'a> {
     unsafe fn bytes(&self, v: u32) -> &'a [u8] {
         let slot = &self.slots[v as usize];
         match slot.place {
-            // SAFETY: inside its region (validated or laid out by `hoist`); the caller rules
-            // out a live `&mut`.
+            // SAFETY: inside its region (validated); the caller rules out a live `&mut`.
             Place::Arena(off) => unsafe {
                 std::slice::from_raw_parts(self.arena.add(off), slot.bytes)
             },
@@ -760,7 +769,7 @@ impl<'a> Memory<'a> {
     /// Where a step output's bytes start (outputs live in the arena or the hoisted region).
     fn output_ptr(&self, place: Place) -> Option<*mut u8> {
         match place {
-            // SAFETY: offsets are inside their regions (validated or laid out by `hoist`).
+            // SAFETY: offsets are inside their regions (validated).
             Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
             // SAFETY: as above.
             Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
@@ -846,5 +855,21 @@ impl<'a> Memory<'a> {
             store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_other_than_the_plan_is_an_internal_error() {
+        assert!(check_allocation(4096, 4096).is_ok());
+        let e = check_allocation(4160, 4096).unwrap_err();
+        assert_eq!(e.kind, ExecErrorKind::Internal);
+        assert!(
+            e.message.contains("4160") && e.message.contains("4096"),
+            "{e}"
+        );
     }
 }

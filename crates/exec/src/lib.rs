@@ -6,7 +6,6 @@ mod buffer;
 mod dispatch;
 mod error;
 mod executor;
-mod gemm;
 mod init;
 mod inputs;
 pub mod limits;

@@ -13,14 +13,12 @@ use mslc_kernels::attention::AttentionParams;
 use mslc_kernels::binding::{decode_params, KernelChoice, KernelKind};
 use mslc_kernels::conv::Conv2dAttrs;
 use mslc_kernels::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
-use mslc_kernels::matmul::MatmulParams;
+use mslc_kernels::matmul::{GemmPlan, MatmulParams};
 use mslc_kernels::par::RowParams;
 use mslc_kernels::pool::{Pool2dAttrs, PoolKind};
 use mslc_kernels::reduce::ReduceOp;
 use mslc_kernels::transpose::TransposeParams;
 use mslc_kernels::Activation;
-
-use super::gemm::GemmPlan;
 
 /// A step's kernel with everything it needs except the operands.
 #[derive(Clone, Debug)]
@@ -122,14 +120,7 @@ pub fn prepare(
     output: &TensorType,
 ) -> Result<StepKernel, String> {
     let op = step.op;
-    let expected = KernelKind::for_op(op);
-    if step.kernel.name != expected.name() {
-        return Err(format!(
-            "asks for kernel `{}`, but `{op}` runs on `{}`",
-            step.kernel.name,
-            expected.name()
-        ));
-    }
+    KernelKind::bound(op, &step.kernel.name)?;
     let a = resolve_attrs(op, &step.attrs).map_err(|e| e.message)?;
     let k = &step.kernel;
     let err = |e: OpError| e.message;

@@ -58,6 +58,42 @@ pub enum KernelKind {
 }
 
 impl KernelKind {
+    /// Every kernel family.
+    pub const ALL: [KernelKind; 7] = [
+        KernelKind::Gemm,
+        KernelKind::Im2colGemm,
+        KernelKind::FlashAttention,
+        KernelKind::Elementwise,
+        KernelKind::Rowwise,
+        KernelKind::Transpose,
+        KernelKind::Reference,
+    ];
+
+    /// The family recorded as `name` in a module or kernel table, if any.
+    pub fn from_name(name: &str) -> Option<KernelKind> {
+        KernelKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The family a step of `op` recorded as running on kernel `name` runs on: the binding's
+    /// family for `op`, or an error naming both when `name` is unknown or another family.
+    pub fn bound(op: Op, name: &str) -> Result<KernelKind, String> {
+        let expected = KernelKind::for_op(op);
+        match KernelKind::from_name(name) {
+            Some(kind) if kind == expected => Ok(kind),
+            Some(_) => Err(format!(
+                "asks for kernel `{name}`, but `{op}` runs on `{}`",
+                expected.name()
+            )),
+            None => {
+                let known: Vec<&str> = KernelKind::ALL.iter().map(|k| k.name()).collect();
+                Err(format!(
+                    "asks for kernel `{name}`, which does not exist (kernels: {})",
+                    known.join(", ")
+                ))
+            }
+        }
+    }
+
     /// The kernel family that runs `op`.
     pub fn for_op(op: Op) -> KernelKind {
         match op {
@@ -108,6 +144,24 @@ impl KernelKind {
             KernelKind::Rowwise => to_params(&RowParams::default()),
             KernelKind::Transpose => to_params(&TransposeParams::default()),
             KernelKind::Reference => BTreeMap::new(),
+        }
+    }
+}
+
+impl KernelChoice {
+    /// Checks that a step of `op` may run on this choice: the kernel is the binding's family
+    /// for `op` and every parameter is one its parameter struct has, with a legal value.
+    pub fn check_for(&self, op: Op) -> Result<(), String> {
+        match KernelKind::bound(op, &self.name)? {
+            KernelKind::Gemm | KernelKind::Im2colGemm => {
+                decode_params::<MatmulParams>(self).map(drop)
+            }
+            KernelKind::FlashAttention => decode_params::<AttentionParams>(self).map(drop),
+            KernelKind::Elementwise => decode_params::<ElementwiseParams>(self).map(drop),
+            KernelKind::Rowwise => decode_params::<RowParams>(self).map(drop),
+            KernelKind::Transpose => decode_params::<TransposeParams>(self).map(drop),
+            KernelKind::Reference if self.params.is_empty() => Ok(()),
+            KernelKind::Reference => Err(format!("kernel `{}` takes no parameters", self.name)),
         }
     }
 }
@@ -181,6 +235,34 @@ mod tests {
         assert!(choice.params.contains_key("mc") && choice.params.contains_key("isa"));
         let p: MatmulParams = decode_params(&choice).unwrap();
         assert_eq!(p, MatmulParams::default());
+    }
+
+    #[test]
+    fn names_round_trip_and_bind_to_their_ops() {
+        for kind in KernelKind::ALL {
+            assert_eq!(KernelKind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(KernelKind::bound(Op::Matmul, "gemm"), Ok(KernelKind::Gemm));
+        let e = KernelKind::bound(Op::Matmul, "rowwise").unwrap_err();
+        assert!(e.contains("runs on `gemm`"), "{e}");
+        let e = KernelKind::bound(Op::Matmul, "blas").unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn choices_are_checked_against_the_op() {
+        assert_eq!(
+            choose_kernel(Op::Attention).check_for(Op::Attention),
+            Ok(())
+        );
+        assert!(choose_kernel(Op::Attention).check_for(Op::Matmul).is_err());
+        let mut bad = choose_kernel(Op::Matmul);
+        bad.params
+            .insert("mc".into(), KernelParam::Text("big".into()));
+        assert!(bad.check_for(Op::Matmul).is_err());
+        let mut extra = choose_kernel(Op::Dropout);
+        extra.params.insert("mc".into(), KernelParam::Int(4));
+        assert!(extra.check_for(Op::Dropout).is_err());
     }
 
     #[test]

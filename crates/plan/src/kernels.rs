@@ -1,12 +1,20 @@
 //! The kernel table: for every step, which kernel runs it and with which parameters (tile sizes,
-//! thread split). These are the defaults for the host; a tuner replaces them with measured
-//! winners. `NAME.kernels.toml` records them keyed by op signature and target fingerprint.
+//! thread split). The planner's defaults come from the kernels crate's binding; a tuner — or a
+//! person editing `NAME.kernels.toml` — replaces them. The table is keyed by op signature and
+//! target fingerprint, written and read with serde: [`KernelTable::of`] and
+//! [`KernelTable::to_toml`] write it, [`KernelTable::parse`] reads it back and
+//! [`KernelTable::apply`] puts its choices into a module.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
 
 use mslc_artifact::Module;
-use mslc_kernels::binding::{KernelChoice, KernelParam};
+use mslc_core::diag::Code;
+use mslc_core::ops::Op;
+use mslc_kernels::binding::{choose_kernel, KernelChoice, KernelParam};
 
 /// The op signature a tuned kernel is keyed by: op, attributes and input types.
 pub fn signature(module: &Module, step: usize) -> String {
@@ -24,48 +32,291 @@ pub fn signature(module: &Module, step: usize) -> String {
     }
 }
 
-/// The `NAME.kernels.toml` text: one table per distinct op signature, with the kernel, its
-/// parameters and the steps that use it.
-pub fn kernel_table_toml(module: &Module) -> String {
-    let mut by_signature: BTreeMap<String, (KernelChoice, Vec<usize>)> = BTreeMap::new();
-    for (i, step) in module.steps.iter().enumerate() {
-        by_signature
-            .entry(signature(module, i))
-            .or_insert_with(|| (step.kernel.clone(), Vec::new()))
-            .1
-            .push(i);
-    }
-    let mut out =
-        String::from("# mslc kernel table: the kernel and parameters chosen per op signature.\n");
-    let _ = writeln!(out, "model = {}", toml_string(&module.name));
-    let _ = writeln!(out, "target = {}", toml_string(&module.target));
-    let _ = writeln!(
-        out,
-        "fingerprint = {}",
-        toml_string(&module.target_fingerprint)
-    );
-    for (sig, (kernel, steps)) in &by_signature {
-        let _ = writeln!(out, "\n[[kernel]]");
-        let _ = writeln!(out, "signature = {}", toml_string(sig));
-        let _ = writeln!(out, "name = {}", toml_string(&kernel.name));
-        let steps: Vec<String> = steps.iter().map(usize::to_string).collect();
-        let _ = writeln!(out, "steps = [{}]", steps.join(", "));
-        let _ = writeln!(out, "tuned = false");
-        if !kernel.params.is_empty() {
-            let params: Vec<String> = kernel
-                .params
-                .iter()
-                .map(|(k, v)| match v {
-                    KernelParam::Int(i) => format!("{k} = {i}"),
-                    KernelParam::Text(t) => format!("{k} = {}", toml_string(t)),
-                })
-                .collect();
-            let _ = writeln!(out, "params = {{ {} }}", params.join(", "));
-        }
-    }
-    out
+/// The contents of `NAME.kernels.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelTable {
+    /// The model the table was written for (informational).
+    pub model: String,
+    /// The target name (informational).
+    pub target: String,
+    /// The target fingerprint the choices are valid for; a table for another fingerprint is
+    /// not applied.
+    pub fingerprint: String,
+    /// One entry per distinct op signature.
+    #[serde(default, rename = "kernel")]
+    pub kernels: Vec<KernelEntry>,
 }
 
-fn toml_string(s: &str) -> String {
-    toml::Value::String(s.to_string()).to_string()
+/// One `[[kernel]]` entry: the kernel and parameters for every step of one op signature.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelEntry {
+    /// The op signature, as [`signature`] writes it.
+    pub signature: String,
+    /// The kernel family's name.
+    pub name: String,
+    /// The steps of the module it was written from that have this signature (informational).
+    #[serde(default)]
+    pub steps: Vec<usize>,
+    /// Whether the choice differs from the binding's default for the op (informational).
+    #[serde(default)]
+    pub tuned: bool,
+    /// Parameters by field name; a parameter left out takes the kernel's default.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, TableParam>,
+}
+
+/// A parameter value as TOML writes it: a bare integer or string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TableParam {
+    /// A size or count.
+    Int(i64),
+    /// A choice, e.g. the micro-kernel ISA.
+    Text(String),
+}
+
+impl From<&KernelParam> for TableParam {
+    fn from(p: &KernelParam) -> Self {
+        match p {
+            KernelParam::Int(i) => TableParam::Int(*i),
+            KernelParam::Text(t) => TableParam::Text(t.clone()),
+        }
+    }
+}
+
+impl From<&TableParam> for KernelParam {
+    fn from(p: &TableParam) -> Self {
+        match p {
+            TableParam::Int(i) => KernelParam::Int(*i),
+            TableParam::Text(t) => KernelParam::Text(t.clone()),
+        }
+    }
+}
+
+/// Why a kernel table cannot be used.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelTableError {
+    /// The file cannot be read (E0602).
+    Unreadable(String),
+    /// Not TOML, or not of the table's shape (E0620).
+    Malformed(String),
+    /// An entry names an op, kernel or parameter value that cannot run (E0621).
+    Invalid {
+        /// The entry's signature.
+        signature: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl KernelTableError {
+    /// The diagnostic code for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            KernelTableError::Unreadable(_) => Code::E0602,
+            KernelTableError::Malformed(_) => Code::E0620,
+            KernelTableError::Invalid { .. } => Code::E0621,
+        }
+    }
+}
+
+impl fmt::Display for KernelTableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelTableError::Unreadable(m) => write!(f, "kernel table: {m}"),
+            KernelTableError::Malformed(m) => write!(f, "malformed kernel table: {m}"),
+            KernelTableError::Invalid { signature, message } => {
+                write!(f, "kernel table entry `{signature}`: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KernelTableError {}
+
+impl KernelEntry {
+    /// The entry's kernel choice.
+    pub fn choice(&self) -> KernelChoice {
+        KernelChoice {
+            name: self.name.clone(),
+            params: self
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), v.into()))
+                .collect(),
+        }
+    }
+
+    /// The op named at the start of the signature.
+    fn op(&self) -> Option<Op> {
+        let name = self.signature.split('(').next()?;
+        Op::from_name(name.trim())
+    }
+}
+
+impl KernelTable {
+    /// The table of `module`: one entry per distinct op signature, with the kernel its steps
+    /// run on and the steps that use it.
+    pub fn of(module: &Module) -> KernelTable {
+        let mut by_signature: BTreeMap<String, KernelEntry> = BTreeMap::new();
+        for (i, step) in module.steps.iter().enumerate() {
+            by_signature
+                .entry(signature(module, i))
+                .or_insert_with_key(|sig| KernelEntry {
+                    signature: sig.clone(),
+                    name: step.kernel.name.clone(),
+                    steps: Vec::new(),
+                    tuned: step.kernel != choose_kernel(step.op),
+                    params: step
+                        .kernel
+                        .params
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.into()))
+                        .collect(),
+                })
+                .steps
+                .push(i);
+        }
+        KernelTable {
+            model: module.name.clone(),
+            target: module.target.clone(),
+            fingerprint: module.target_fingerprint.clone(),
+            kernels: by_signature.into_values().collect(),
+        }
+    }
+
+    /// The `NAME.kernels.toml` text.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(self).unwrap_or_default();
+        format!("# mslc kernel table: the kernel and parameters chosen per op signature.\n{body}")
+    }
+
+    /// Reads a table and checks every entry against the binding: its op exists, its kernel is
+    /// the family that runs that op, and every parameter is one the kernel takes, with a legal
+    /// value. A signature given twice is an error too.
+    pub fn parse(text: &str) -> Result<KernelTable, KernelTableError> {
+        let table: KernelTable =
+            toml::from_str(text).map_err(|e| KernelTableError::Malformed(e.to_string()))?;
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in &table.kernels {
+            let invalid = |message: String| KernelTableError::Invalid {
+                signature: entry.signature.clone(),
+                message,
+            };
+            if !seen.insert(entry.signature.as_str()) {
+                return Err(invalid("the signature has two entries".to_string()));
+            }
+            let op = entry
+                .op()
+                .ok_or_else(|| invalid("the signature names no known op".to_string()))?;
+            entry.choice().check_for(op).map_err(invalid)?;
+        }
+        Ok(table)
+    }
+
+    /// Reads and checks the table in file `path` (see [`KernelTable::parse`]).
+    pub fn read(path: &Path) -> Result<KernelTable, KernelTableError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            KernelTableError::Unreadable(format!("cannot read `{}`: {e}", path.display()))
+        })?;
+        KernelTable::parse(&text).map_err(|e| match e {
+            KernelTableError::Malformed(m) => {
+                KernelTableError::Malformed(format!("`{}`: {m}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// Gives every step of `module` whose signature has an entry that entry's kernel choice.
+    /// A table for another target fingerprint changes nothing.
+    pub fn apply(&self, module: &mut Module) -> Applied {
+        if self.fingerprint != module.target_fingerprint {
+            return Applied::OtherTarget {
+                table: self.fingerprint.clone(),
+                module: module.target_fingerprint.clone(),
+            };
+        }
+        let by_signature: BTreeMap<&str, &KernelEntry> = self
+            .kernels
+            .iter()
+            .map(|e| (e.signature.as_str(), e))
+            .collect();
+        let mut steps = 0;
+        for i in 0..module.steps.len() {
+            if let Some(entry) = by_signature.get(signature(module, i).as_str()) {
+                module.steps[i].kernel = entry.choice();
+                steps += 1;
+            }
+        }
+        Applied::Steps(steps)
+    }
+}
+
+/// What [`KernelTable::apply`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// This many steps took their kernel choice from the table.
+    Steps(usize),
+    /// The table is for another target fingerprint; the module kept its kernels.
+    OtherTarget {
+        /// The table's fingerprint.
+        table: String,
+        /// The module's fingerprint.
+        module: String,
+    },
+}
+
+impl fmt::Display for Applied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Applied::Steps(n) => write!(f, "{n} steps from the table"),
+            Applied::OtherTarget { table, module } => write!(
+                f,
+                "not applied: the table is for target fingerprint `{table}`, \
+                 the module's is `{module}` (default kernels used)"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = r#"
+model = "M"
+target = "cpu"
+fingerprint = "fp"
+
+[[kernel]]
+signature = "attention(f32[1, 2, 4, 8], f32[1, 2, 4, 8], f32[1, 2, 4, 8]) {causal=true}"
+name = "flash_attention"
+params = { block_q = 16 }
+"#;
+
+    #[test]
+    fn a_table_reads_back_and_checks_its_entries() {
+        let table = KernelTable::parse(TABLE).unwrap();
+        assert_eq!(
+            table.kernels[0].choice().params["block_q"],
+            KernelParam::Int(16)
+        );
+        let again = KernelTable::parse(&table.to_toml()).unwrap();
+        assert_eq!(again, table);
+
+        let e = KernelTable::parse("model = 3").unwrap_err();
+        assert_eq!(e.code(), Code::E0620);
+        let e = KernelTable::parse(&TABLE.replace("params", "parms")).unwrap_err();
+        assert_eq!(e.code(), Code::E0620, "{e}");
+        for bad in ["block_q = -4", "block_q = \"big\"", "q_tile = 4"] {
+            let e = KernelTable::parse(&TABLE.replace("block_q = 16", bad)).unwrap_err();
+            assert_eq!(e.code(), Code::E0621, "{bad}: {e}");
+        }
+        let e = KernelTable::parse(&TABLE.replace("flash_attention", "gemm")).unwrap_err();
+        assert!(e.to_string().contains("runs on `flash_attention`"), "{e}");
+        let e = KernelTable::parse(&TABLE.replace("attention(", "atention(")).unwrap_err();
+        assert_eq!(e.code(), Code::E0621, "{e}");
+    }
 }

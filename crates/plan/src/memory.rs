@@ -1,6 +1,7 @@
-//! The memory plan of a scheduled module: when each intermediate must hold its value, which
-//! results may overwrite an operand in place, and where in the one arena each buffer goes.
-//! Numbers come from the scheduled steps, op by op.
+//! The memory plan of a scheduled module: which values depend on parameters alone and are
+//! hoisted into a region of their own (computed once, kept across runs), when each other
+//! intermediate must hold its value, which results may overwrite an operand in place, and where
+//! in the one arena each buffer goes. Numbers come from the scheduled steps, op by op.
 
 use serde::Serialize;
 
@@ -30,8 +31,14 @@ pub struct PlannedBuffer {
 /// The `NAME.memplan.json` content.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryPlan {
+    /// Arena, hoisted region, parameters and inputs: every buffer the executor sizes from the
+    /// module. (Its f32 staging buffers for other dtypes and the kernels' per-thread scratch
+    /// are sized by the executor and not counted here.)
+    pub total_bytes: u64,
     /// Arena size in bytes.
     pub arena_bytes: u64,
+    /// Bytes of the region of hoisted, parameter-only values.
+    pub hoisted_bytes: u64,
     /// Max over the schedule of the bytes live at once: no plan for this order can do better.
     pub lower_bound_bytes: u64,
     /// `arena_bytes / lower_bound_bytes`.
@@ -46,19 +53,69 @@ pub struct MemoryPlan {
     pub strategies_tried: Vec<(String, u64)>,
     /// How many results reuse an operand's buffer in place.
     pub in_place_reuses: usize,
-    /// The buffers.
+    /// The arena buffers.
     pub buffers: Vec<PlannedBuffer>,
+    /// The hoisted values, each with its own slot of the hoisted region, live from the step
+    /// that computes it to the end.
+    pub hoisted: Vec<PlannedBuffer>,
 }
 
-/// Plans the arena of `module`, writing each arena value's offset and the arena size into it.
+/// A step's output slot: its first value's name, the op with its source path, and the bytes.
+fn planned(module: &Module, s: usize, o: usize, offset: u64, last: usize) -> PlannedBuffer {
+    let step = &module.steps[s];
+    let origin = if step.origin.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", step.origin)
+    };
+    PlannedBuffer {
+        name: format!("%{o}"),
+        op: format!("{}{origin}", step.op),
+        bytes: module.values[o].ty.bytes(),
+        offset,
+        first: s,
+        last,
+        values: vec![o as u32],
+    }
+}
+
+/// Moves every value computed from parameters alone (and by input-free steps such as constants)
+/// to the hoisted region, one 64-byte-aligned slot each, and returns the slots and the
+/// region's size.
+fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
+    let last = module.steps.len().saturating_sub(1);
+    let mut invariant: Vec<bool> = module
+        .values
+        .iter()
+        .map(|v| matches!(v.storage, Storage::Param { .. }))
+        .collect();
+    let mut slots = Vec::new();
+    let mut bytes = 0u64;
+    for s in 0..module.steps.len() {
+        let step = &module.steps[s];
+        if !step.inputs.iter().all(|&v| invariant[v as usize]) {
+            continue;
+        }
+        for o in step.outputs.clone() {
+            let o = o as usize;
+            invariant[o] = true;
+            slots.push(planned(module, s, o, bytes, last));
+            module.values[o].storage = Storage::Hoisted { offset: bytes };
+            bytes += module.values[o].ty.bytes().div_ceil(64) * 64;
+        }
+    }
+    (slots, bytes)
+}
+
+/// Plans the hoisted region and the arena of `module`, writing each value's place and both
+/// sizes into it.
 pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
+    let (hoisted, hoisted_bytes) = hoist(module);
     let steps = module.steps.len();
     let n = module.values.len();
-    let mut def_step = vec![usize::MAX; n];
     let mut last_use = vec![0usize; n];
     for (s, step) in module.steps.iter().enumerate() {
         for &o in &step.outputs {
-            def_step[o as usize] = s;
             last_use[o as usize] = s;
         }
         for &i in &step.inputs {
@@ -90,6 +147,9 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
             });
         for &o in &step.outputs {
             let o = o as usize;
+            if !matches!(module.values[o].storage, Storage::Arena { .. }) {
+                continue;
+            }
             if reusable {
                 let b = buffer_of[step.inputs[0] as usize];
                 buffer_of[o] = b;
@@ -100,26 +160,13 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
                 continue;
             }
             buffer_of[o] = buffers.len();
-            let bytes = module.values[o].ty.bytes();
+            let buffer = planned(module, s, o, 0, last_use[o]);
             reqs.push(BufferReq {
-                bytes,
-                first: def_step[o],
-                last: last_use[o],
+                bytes: buffer.bytes,
+                first: buffer.first,
+                last: buffer.last,
             });
-            let origin = if step.origin.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", step.origin)
-            };
-            buffers.push(PlannedBuffer {
-                name: format!("%{o}"),
-                op: format!("{}{origin}", step.op),
-                bytes,
-                offset: 0,
-                first: def_step[o],
-                last: last_use[o],
-                values: vec![o as u32],
-            });
+            buffers.push(buffer);
         }
     }
 
@@ -135,6 +182,7 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
         }
     }
     module.arena_bytes = plan.arena_bytes;
+    module.hoisted_bytes = hoisted_bytes;
     let region = |pick: fn(&Storage) -> bool| -> u64 {
         module
             .values
@@ -143,12 +191,16 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
             .map(|v| v.ty.bytes())
             .sum()
     };
+    let params_bytes = region(|s| matches!(s, Storage::Param { .. }));
+    let inputs_bytes = region(|s| matches!(s, Storage::Input { .. }));
     Ok(MemoryPlan {
+        total_bytes: module.planned_bytes(),
         arena_bytes: plan.arena_bytes,
+        hoisted_bytes,
         lower_bound_bytes: plan.lower_bound_bytes,
         ratio: plan.ratio(),
-        params_bytes: region(|s| matches!(s, Storage::Param { .. })),
-        inputs_bytes: region(|s| matches!(s, Storage::Input { .. })),
+        params_bytes,
+        inputs_bytes,
         strategy: plan.strategy.to_string(),
         strategies_tried: plan
             .strategies_tried
@@ -157,5 +209,87 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
             .collect(),
         in_place_reuses,
         buffers,
+        hoisted,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mslc_artifact::{Step, ValueInfo};
+    use mslc_core::ops::{Attrs, DType, Op, TensorType};
+    use mslc_core::program::Init;
+    use mslc_kernels::binding::choose_kernel;
+
+    /// `y = neg(x + cast(neg(w)))`: `neg(w)` and its cast read the parameter alone.
+    fn module() -> Module {
+        let f32t = TensorType::new(DType::F32, [4, 8]);
+        let f16t = TensorType::new(DType::F16, [4, 8]);
+        let value = |ty: &TensorType, storage| ValueInfo {
+            ty: ty.clone(),
+            storage,
+        };
+        let arena = || Storage::Arena { offset: 0 };
+        let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
+            op,
+            attrs,
+            inputs,
+            outputs: vec![out],
+            origin: String::new(),
+            kernel: choose_kernel(op),
+        };
+        let cast = Attrs::new().with("dtype", DType::F16);
+        Module {
+            name: "m".into(),
+            target: "cpu".into(),
+            target_fingerprint: String::new(),
+            values: vec![
+                value(&f16t, Storage::Input { name: "x".into() }),
+                value(
+                    &f32t,
+                    Storage::Param {
+                        path: "w".into(),
+                        init: Init::Zeros,
+                        trainable: true,
+                    },
+                ),
+                value(&f32t, arena()),
+                value(&f16t, arena()),
+                value(&f16t, arena()),
+                value(&f16t, arena()),
+            ],
+            steps: vec![
+                step(Op::Neg, Attrs::new(), vec![1], 2),
+                step(Op::Cast, cast, vec![2], 3),
+                step(Op::Add, Attrs::new(), vec![0, 3], 4),
+                step(Op::Neg, Attrs::new(), vec![4], 5),
+            ],
+            outputs: vec![("y".into(), 5)],
+            arena_bytes: 0,
+            hoisted_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn parameter_only_values_get_their_own_region() {
+        let mut m = module();
+        let plan = plan_memory(&mut m).unwrap();
+        let storage: Vec<&Storage> = m.values[2..].iter().map(|v| &v.storage).collect();
+        assert_eq!(
+            storage,
+            [
+                &Storage::Hoisted { offset: 0 },
+                &Storage::Hoisted { offset: 128 },
+                &Storage::Arena { offset: 0 },
+                &Storage::Arena { offset: 0 },
+            ]
+        );
+        assert_eq!((m.hoisted_bytes, plan.hoisted_bytes), (192, 192));
+        assert_eq!(plan.hoisted.len(), 2);
+        // The add's result is overwritten in place by the last neg; nothing hoisted is.
+        assert_eq!((plan.buffers.len(), plan.in_place_reuses), (1, 1));
+        assert_eq!(plan.arena_bytes, 64);
+        assert_eq!(plan.total_bytes, 64 + 192 + 128 + 64);
+        assert_eq!(plan.total_bytes, m.planned_bytes());
+    }
 }

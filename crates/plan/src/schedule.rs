@@ -104,6 +104,7 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
         steps,
         outputs,
         arena_bytes: 0,
+        hoisted_bytes: 0,
     })
 }
 

@@ -86,6 +86,7 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
         }],
         outputs: vec![("y".into(), y)],
         arena_bytes,
+        hoisted_bytes: 0,
     }
 }
 

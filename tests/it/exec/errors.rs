@@ -253,6 +253,7 @@ fn in_place_chain() -> Module {
         values,
         steps,
         arena_bytes: 192,
+        hoisted_bytes: 0,
     }
 }
 
@@ -330,4 +331,35 @@ fn crafted_overlaps_and_kernels_are_rejected() {
         .err()
         .expect("rejected");
     assert!(e.message.contains("invalid module"), "{}", e.message);
+}
+
+#[test]
+fn crafted_hoisted_values_are_rejected() {
+    let rejected = |m: Module, want: &str| {
+        let e = Executor::new(m, &ExecOptions::default())
+            .err()
+            .expect("rejected");
+        assert_eq!(e.kind, ExecErrorKind::Module);
+        assert!(e.message.contains(want), "want `{want}`: {}", e.message);
+    };
+    // Computed from an input, so it would go stale on the next run.
+    let mut m = in_place_chain();
+    m.values[1].storage = Storage::Hoisted { offset: 0 };
+    m.hoisted_bytes = 128;
+    rejected(m, "reads %0, which is not a parameter or hoisted value");
+    // Outside the region.
+    let mut m = in_place_chain();
+    m.values[1].storage = Storage::Hoisted { offset: 0 };
+    rejected(m, "does not fit the 0-byte hoisted region");
+    // Two hoisted values sharing bytes.
+    let mut m = in_place_chain();
+    m.values[0].storage = Storage::Param {
+        path: "x".into(),
+        init: mslc_core::program::Init::Zeros,
+        trainable: true,
+    };
+    m.values[1].storage = Storage::Hoisted { offset: 0 };
+    m.values[2].storage = Storage::Hoisted { offset: 64 };
+    m.hoisted_bytes = 256;
+    rejected(m, "hoisted values %1 and %2 overlap");
 }

@@ -2,5 +2,6 @@
 
 mod common;
 mod errors;
+mod kernel_table;
 mod models;
 mod ops;

@@ -222,6 +222,22 @@ fn parameter_only_steps_run_once_per_parameter_change() {
         })
         .count();
     assert!(casts > 0, "no weight casts to hoist");
+    // The planner hoisted them: their outputs live in the hoisted region, which the executor
+    // allocates exactly as planned, beside an arena of exactly the planned size.
+    let hoisted = |m: &Module| {
+        m.steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    m.values[s.outputs[0] as usize].storage,
+                    Storage::Hoisted { .. }
+                )
+            })
+            .count()
+    };
+    assert!(hoisted(&module) >= casts);
+    let (arena, region) = (module.arena_bytes, module.hoisted_bytes);
+    assert!(region > 0);
     let mut exec = Executor::new(
         module,
         &ExecOptions {
@@ -230,6 +246,10 @@ fn parameter_only_steps_run_once_per_parameter_change() {
         },
     )
     .unwrap();
+    assert_eq!(
+        (exec.arena_bytes() as u64, exec.hoisted_bytes() as u64),
+        (arena, region)
+    );
     exec.init_params(1);
     exec.seed_input("tokens", 2).unwrap();
     exec.run().unwrap();
@@ -241,6 +261,7 @@ fn parameter_only_steps_run_once_per_parameter_change() {
         skipped >= casts,
         "{skipped} steps skipped, {casts} weight casts"
     );
+    assert_eq!(skipped, hoisted(exec.module()));
     assert_eq!(all, exec.module().steps.len());
     // The hoisted f16 weights survived the arena's reuse: same logits.
     assert_eq!(first, exec.output_f32("logits").unwrap().1);

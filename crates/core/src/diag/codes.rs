@@ -93,6 +93,8 @@ codes! {
     E0607 => "output directory is in use by another build",
     E0608 => "internal compiler error",
     E0609 => "invalid command-line arguments",
+    E0620 => "malformed kernel table",
+    E0621 => "invalid kernel table entry",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",

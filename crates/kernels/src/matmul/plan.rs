@@ -1,12 +1,14 @@
-//! Matmul planned once per step: the batch layout, broadcasting and bias strides are resolved
-//! at setup, so a run only points the packed GEMM at the operands — no allocation, unlike the
-//! kernels' convenience `matmul`, which works all of this out (into vectors) on every call.
+//! A matmul planned once for fixed operand shapes: the batch layout, broadcasting and bias
+//! strides are resolved by [`GemmPlan::new`], so [`GemmPlan::run`] only points the packed GEMM
+//! at the operands, without allocating. The executor plans each step once at setup; the
+//! convenience [`super::matmul`] plans and runs in one call.
 
-use mslc_kernels::matmul::gemm::{BiasRef, Gemm, Problem};
-use mslc_kernels::matmul::pack::MatRef;
-use mslc_kernels::matmul::{matmul_output_shape, MatmulParams, MicroKernel};
-use mslc_kernels::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
-use mslc_kernels::{Activation, KernelError, KernelResult};
+use super::gemm::{BiasRef, Gemm, Problem};
+use super::pack::MatRef;
+use super::{matmul_output_shape, MatmulParams, MicroKernel};
+use crate::activation::Activation;
+use crate::error::{KernelError, KernelResult};
+use crate::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
 
 /// Where one matrix of a batched operand sits in its buffer, as used (transposed or not).
 #[derive(Clone, Copy, Debug, PartialEq)]
