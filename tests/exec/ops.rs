@@ -190,7 +190,7 @@ fn matmul_and_fused_matmul() {
         Some(case.x(2)),
         false,
         true,
-        Activation::Gelu,
+        Activation::of_op(Op::Gelu).unwrap(),
     )
     .unwrap();
     case.check(want);
