@@ -175,6 +175,9 @@ op_table! {
         GeluTanh = "gelu_tanh" => ew::unary_float(8), eval: s::gelu_tanh, epilogue: true;
         Silu = "silu" => ew::unary_float(6), eval: s::silu, epilogue: true;
         Erf = "erf" => ew::unary_float(4), eval: libm::erf, epilogue: false, folds: false;
+        // PyTorch's defaults (beta 1, threshold 20): the identity above 20.
+        Softplus = "softplus" => ew::unary_float(8),
+            eval: |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() }, epilogue: false;
     }
     Cast = "cast" => ew::CAST,
     Matmul = "matmul" => matmul::MATMUL,
@@ -290,7 +293,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 53);
+        assert_eq!(Op::ALL.len(), 54);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

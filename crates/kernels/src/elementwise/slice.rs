@@ -28,6 +28,7 @@ fn unary_body(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::GeluTanh => map(xs, math::gelu_tanh),
         UnaryOp::Silu => map(xs, math::silu),
         UnaryOp::Erf => map(xs, math::erf),
+        UnaryOp::Softplus => map(xs, math::softplus),
     }
 }
 
