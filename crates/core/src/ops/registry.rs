@@ -310,6 +310,71 @@ mod tests {
         assert_eq!(e.message, "the sharding rule of `add` is not defined yet");
     }
 
+    /// The words (letters, digits, `_`) of a docs table cell.
+    fn words(cell: &str) -> HashSet<&str> {
+        cell.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn docs_list_every_op_with_its_signature() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/ops.md"));
+        let mut documented = HashSet::new();
+        for row in doc.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let (names, inputs, attrs) = (cells[1], cells[2], cells[3]);
+            for name in names.trim_matches('`').split_whitespace() {
+                let op = Op::from_name(name)
+                    .unwrap_or_else(|| panic!("docs/ops.md lists `{name}`, not in the registry"));
+                assert!(documented.insert(op), "docs/ops.md lists `{name}` twice");
+                let spec = op.spec();
+                let (input_words, attr_words) = (words(inputs), words(attrs));
+                assert_eq!(
+                    spec.inputs.is_empty(),
+                    inputs == "–",
+                    "{op}: inputs `{inputs}`"
+                );
+                for i in spec.inputs {
+                    assert!(
+                        input_words.contains(i),
+                        "{op}: input `{i}` not in `{inputs}`"
+                    );
+                }
+                assert_eq!(
+                    spec.attrs.is_empty(),
+                    attrs == "–",
+                    "{op}: attributes `{attrs}`"
+                );
+                for a in spec.attrs {
+                    assert!(
+                        attr_words.contains(a.name),
+                        "{op}: `{}` not in `{attrs}`",
+                        a.name
+                    );
+                }
+            }
+        }
+        let missing: Vec<&str> = Op::ALL
+            .iter()
+            .filter(|op| !documented.contains(op))
+            .map(|op| op.name())
+            .collect();
+        assert!(missing.is_empty(), "not in docs/ops.md: {missing:?}");
+        let mut activations: Vec<&str> = fused::Activation::all().map(|a| a.name()).collect();
+        let listed = doc
+            .split("activation: ")
+            .nth(1)
+            .and_then(|r| r.split('`').next());
+        let mut listed: Vec<&str> = listed.expect("the activations").split('/').collect();
+        listed.sort_unstable();
+        activations.sort_unstable();
+        assert_eq!(
+            listed, activations,
+            "fused_matmul activations in docs/ops.md"
+        );
+    }
+
     #[test]
     fn every_entry_is_consistent() {
         for &op in Op::ALL {
