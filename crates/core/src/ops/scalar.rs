@@ -5,16 +5,41 @@
 //!
 //! NaN rule, for every elementwise op (PyTorch's): a NaN operand gives a NaN result.
 //! `maximum` and `minimum` propagate NaN like `torch.maximum`/`torch.minimum` (not like
-//! `f64::max`, which drops it), and `relu(NaN)` is NaN. [`maximum`], [`minimum`] and [`relu`]
-//! are generic so the kernels apply the very same rule in f32.
+//! `f64::max`, which drops it), and `relu(NaN)` is NaN. [`maximum`] and [`minimum`] are
+//! generic so the kernels apply the very same rule in f32.
 
 use super::Op;
 
+/// The float types [`maximum`] and [`minimum`] are written for: f64 here, f32 in the kernels.
+pub trait Float: Copy + PartialOrd {
+    /// The quiet NaN the comparisons return.
+    const NAN: Self;
+    /// Whether the value is NaN.
+    fn is_nan(self) -> bool;
+}
+
+impl Float for f32 {
+    const NAN: f32 = f32::NAN;
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
+}
+
+impl Float for f64 {
+    const NAN: f64 = f64::NAN;
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+}
+
+// Both are written as NaN test, then select, which the kernels' loops vectorise.
+
 /// The larger of `a` and `b`; NaN if either is NaN (`b` when they compare equal).
 #[inline(always)]
-pub fn maximum<F: PartialOrd + Copy>(a: F, b: F) -> F {
-    // `a` is NaN exactly when it is unordered with itself.
-    if a > b || a.partial_cmp(&a).is_none() {
+pub fn maximum<F: Float>(a: F, b: F) -> F {
+    if a.is_nan() || b.is_nan() {
+        F::NAN
+    } else if a > b {
         a
     } else {
         b
@@ -23,8 +48,10 @@ pub fn maximum<F: PartialOrd + Copy>(a: F, b: F) -> F {
 
 /// The smaller of `a` and `b`; NaN if either is NaN (`b` when they compare equal).
 #[inline(always)]
-pub fn minimum<F: PartialOrd + Copy>(a: F, b: F) -> F {
-    if a < b || a.partial_cmp(&a).is_none() {
+pub fn minimum<F: Float>(a: F, b: F) -> F {
+    if a.is_nan() || b.is_nan() {
+        F::NAN
+    } else if a < b {
         a
     } else {
         b
@@ -32,10 +59,9 @@ pub fn minimum<F: PartialOrd + Copy>(a: F, b: F) -> F {
 }
 
 /// `max(x, 0)`, NaN staying NaN and `-0` staying `-0`.
-#[inline(always)]
-pub fn relu<F: PartialOrd + Copy + Default>(x: F) -> F {
-    if x < F::default() {
-        F::default()
+pub fn relu(x: f64) -> f64 {
+    if x < 0.0 {
+        0.0
     } else {
         x
     }
@@ -89,7 +115,7 @@ mod tests {
         }
         assert_eq!(maximum(1.0, 2.0), 2.0);
         assert_eq!(minimum(1.0f32, 2.0), 1.0);
-        assert_eq!(relu(-0.0f64).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(relu(-0.0).to_bits(), (-0.0f64).to_bits());
     }
 
     #[test]
