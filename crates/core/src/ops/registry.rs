@@ -1,7 +1,11 @@
-//! The op table: one line per op, naming it and pointing at its [`OpSpec`] entry.
+//! The op table: one line per op, naming it and pointing at its [`OpSpec`] entry; the
+//! elementwise math ops' rows also carry their scalar semantics and fusion flags, from which
+//! [`UnaryOp`] and [`BinaryOp`] are generated.
 //!
 //! Adding an op means adding a line here and its entry in the family module that holds the
-//! rules it shares; no pass is edited.
+//! rules it shares; no pass is edited. Adding a unary math op is one row here (the existing
+//! `ew::unary_*` specs usually fit) plus its vector kernel in `mslc-kernels`, whose
+//! exhaustive dispatch over [`UnaryOp`] does not compile until it is there.
 
 use super::error::OpError;
 use super::family::{conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce};
