@@ -2,7 +2,7 @@
 //! which arguments are tensors, which become attributes, and their defaults. Shape and dtype
 //! rules are not here — the registry applies them when the op is emitted.
 
-use mslc_core::ops::{AttrValue, Attrs, DType, Op};
+use mslc_core::ops::{AttrValue, Attrs, BinaryOp, DType, Op, UnaryOp};
 use mslc_core::span::Span;
 
 use super::eval::{attr_of, ArgValue, Elaborator, Frame};
@@ -46,6 +46,7 @@ enum Lower {
     Init(&'static str),
 }
 
+#[derive(Clone, Copy)]
 struct Builtin {
     name: &'static str,
     lower: Lower,
@@ -57,52 +58,7 @@ use Dflt::*;
 const X: &[(&str, Dflt)] = &[("x", Required)];
 const AB: &[(&str, Dflt)] = &[("a", Required), ("b", Required)];
 
-macro_rules! unary {
-    ($($name:literal => $op:ident),*) => { &[$(Builtin { name: $name, lower: Lower::Op(Op::$op, 1), params: X }),*] };
-}
-
-const UNARY: &[Builtin] = unary!(
-    "neg" => Neg, "exp" => Exp, "log" => Log, "sqrt" => Sqrt, "rsqrt" => Rsqrt,
-    "reciprocal" => Reciprocal, "abs" => Abs, "tanh" => Tanh, "sigmoid" => Sigmoid,
-    "relu" => Relu, "gelu" => Gelu, "gelu_tanh" => GeluTanh, "silu" => Silu, "erf" => Erf
-);
-
 const OTHERS: &[Builtin] = &[
-    Builtin {
-        name: "add",
-        lower: Lower::Op(Op::Add, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "sub",
-        lower: Lower::Op(Op::Sub, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "mul",
-        lower: Lower::Op(Op::Mul, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "div",
-        lower: Lower::Op(Op::Div, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "pow",
-        lower: Lower::Op(Op::Pow, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "maximum",
-        lower: Lower::Op(Op::Maximum, 2),
-        params: AB,
-    },
-    Builtin {
-        name: "minimum",
-        lower: Lower::Op(Op::Minimum, 2),
-        params: AB,
-    },
     Builtin {
         name: "matmul",
         lower: Lower::Op(Op::Matmul, 2),
@@ -296,13 +252,26 @@ const OTHERS: &[Builtin] = &[
 /// Attributes given as one int meaning "the same for both spatial dims".
 const PAIR_ATTRS: &[&str] = &["stride", "padding", "dilation", "kernel", "output"];
 
-fn find(name: &str) -> Option<&'static Builtin> {
-    UNARY.iter().chain(OTHERS).find(|b| b.name == name)
+/// Every builtin: one per elementwise math op of the op table (named like the op, its
+/// operands `x` or `a, b`), then the others.
+fn all() -> impl Iterator<Item = Builtin> {
+    let op = |op: Op, params: &'static [(&'static str, Dflt)]| Builtin {
+        name: op.name(),
+        lower: Lower::Op(op, params.len()),
+        params,
+    };
+    let unary = UnaryOp::ALL.iter().map(move |u| op(u.op(), X));
+    let binary = BinaryOp::ALL.iter().map(move |b| op(b.op(), AB));
+    unary.chain(binary).chain(OTHERS.iter().copied())
+}
+
+fn find(name: &str) -> Option<Builtin> {
+    all().find(|b| b.name == name)
 }
 
 /// Every builtin function name, for did-you-mean.
 pub fn builtin_names() -> impl Iterator<Item = &'static str> {
-    UNARY.iter().chain(OTHERS).map(|b| b.name)
+    all().map(|b| b.name)
 }
 
 /// Names that denote values without a call: dtypes and the argument-less initializers.
@@ -330,13 +299,13 @@ impl Elaborator<'_> {
         span: Span,
     ) -> Option<Value> {
         let builtin = find(name)?;
-        let Some(bound) = self.bind_builtin_args(frame, builtin, args, span) else {
+        let Some(bound) = self.bind_builtin_args(frame, &builtin, args, span) else {
             return Some(Value::Error);
         };
         if bound.iter().flatten().any(|(v, _)| v.contains_error()) {
             return Some(Value::Error);
         }
-        Some(self.lower_builtin(frame, builtin, bound, span))
+        Some(self.lower_builtin(frame, &builtin, bound, span))
     }
 
     fn bind_builtin_args(

@@ -4,7 +4,6 @@
 
 use mslc_artifact::Step;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry};
-use mslc_core::ops::family::fused::Activation as FusedActivation;
 use mslc_core::ops::family::nn::AttentionDims;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
@@ -127,10 +126,10 @@ pub fn prepare(
     let usize_of = |v: i64, what: &str| {
         usize::try_from(v).map_err(|_| format!("`{what}` must be non-negative, got {v}"))
     };
-    if let Some(u) = unary_op(op) {
+    if let Some(u) = op.unary() {
         return Ok(StepKernel::Unary(u, params(k)?));
     }
-    if let Some(b) = binary_op(op) {
+    if let Some(b) = op.binary() {
         let same = inputs.iter().all(|t| t.shape == output.shape);
         let program = (!same).then(|| Program {
             instrs: vec![
@@ -153,14 +152,7 @@ pub fn prepare(
             StepKernel::Fused(lower_program(&program, inputs)?, params(k)?)
         }
         Op::Matmul | Op::FusedMatmul => {
-            let activation = match FusedActivation::of(&a).map_err(err)?.op() {
-                None => Activation::None,
-                Some(Op::Relu) => Activation::Relu,
-                Some(Op::Gelu) => Activation::Gelu,
-                Some(Op::GeluTanh) => Activation::GeluTanh,
-                Some(Op::Silu) => Activation::Silu,
-                Some(_) => Activation::Tanh,
-            };
+            let activation = Activation::of(&a).map_err(err)?;
             let dims =
                 |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
             let bias = dims(2.min(inputs.len() - 1));
@@ -276,41 +268,6 @@ fn params<T: serde::Serialize + serde::de::DeserializeOwned + Default>(
     decode_params(k)
 }
 
-/// The kernel-side op of a one-input elementwise registry op.
-fn unary_op(op: Op) -> Option<UnaryOp> {
-    Some(match op {
-        Op::Neg => UnaryOp::Neg,
-        Op::Exp => UnaryOp::Exp,
-        Op::Log => UnaryOp::Log,
-        Op::Sqrt => UnaryOp::Sqrt,
-        Op::Rsqrt => UnaryOp::Rsqrt,
-        Op::Reciprocal => UnaryOp::Reciprocal,
-        Op::Abs => UnaryOp::Abs,
-        Op::Tanh => UnaryOp::Tanh,
-        Op::Sigmoid => UnaryOp::Sigmoid,
-        Op::Relu => UnaryOp::Relu,
-        Op::Gelu => UnaryOp::Gelu,
-        Op::GeluTanh => UnaryOp::GeluTanh,
-        Op::Silu => UnaryOp::Silu,
-        Op::Erf => UnaryOp::Erf,
-        _ => return None,
-    })
-}
-
-/// The kernel-side op of a two-input elementwise registry op.
-fn binary_op(op: Op) -> Option<BinaryOp> {
-    Some(match op {
-        Op::Add => BinaryOp::Add,
-        Op::Sub => BinaryOp::Sub,
-        Op::Mul => BinaryOp::Mul,
-        Op::Div => BinaryOp::Div,
-        Op::Pow => BinaryOp::Pow,
-        Op::Maximum => BinaryOp::Maximum,
-        Op::Minimum => BinaryOp::Minimum,
-        _ => return None,
-    })
-}
-
 /// The rounding a cast to `dtype` applies to an f32 value.
 fn cast_target(dtype: DType) -> CastTarget {
     match dtype {
@@ -336,20 +293,20 @@ fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<
             Operand::Input(n) => n,
             Operand::Step(n) => step_reg[n],
         };
-        let instr = if let Some(u) = unary_op(step.op) {
+        let instr = if let Some(u) = step.op.unary() {
             Instr::Unary {
                 op: u,
                 x: reg(&step.args[0]),
             }
-        } else if let Some(b) = binary_op(step.op) {
+        } else if let Some(b) = step.op.binary() {
             Instr::Binary {
                 op: b,
                 a: reg(&step.args[0]),
                 b: reg(&step.args[1]),
             }
         } else if step.op == Op::Cast {
-            Instr::Unary {
-                op: UnaryOp::Cast(cast_target(ty.dtype)),
+            Instr::Cast {
+                to: cast_target(ty.dtype),
                 x: reg(&step.args[0]),
             }
         } else {
@@ -358,8 +315,8 @@ fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<
         instrs.push(instr);
         if matches!(ty.dtype, DType::F16 | DType::BF16) && step.op != Op::Cast {
             let x = instrs.len() - 1;
-            instrs.push(Instr::Unary {
-                op: UnaryOp::Cast(cast_target(ty.dtype)),
+            instrs.push(Instr::Cast {
+                to: cast_target(ty.dtype),
                 x,
             });
         }

@@ -187,7 +187,7 @@ impl AttentionJob<'_> {
                     ldc: bk,
                     accumulate: false,
                     bias: None,
-                    activation: Activation::None,
+                    activation: Activation::NONE,
                     kernel: self.kernel,
                 }
                 .run(scores, &self.gemm);
@@ -232,7 +232,7 @@ impl AttentionJob<'_> {
                     ldc: d,
                     accumulate: true,
                     bias: None,
-                    activation: Activation::None,
+                    activation: Activation::NONE,
                     kernel: self.kernel,
                 }
                 .run(acc, &self.gemm);

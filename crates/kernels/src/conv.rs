@@ -223,7 +223,7 @@ pub fn conv2d(
             ldc: plane,
             accumulate: false,
             bias: None,
-            activation: Activation::None,
+            activation: Activation::NONE,
             kernel,
         }
         .run(out, params);

@@ -159,6 +159,24 @@ pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
+/// Softplus with PyTorch's defaults (beta 1, threshold 20): x above 20, else ln(1 + e^x),
+/// computed as max(x, 0) + ln(1 + e^-|x|) so that nothing overflows and ln(1 + u) keeps the
+/// low bits of a small u (Goldberg: ln(w) * u / (w - 1) with w = 1 + u rounded); relative
+/// error below 1e-6.
+#[inline(always)]
+pub fn softplus(x: f32) -> f32 {
+    let u = exp(-x.abs());
+    let w = 1.0 + u;
+    let d = w - 1.0;
+    let log1p = if d == 0.0 { u } else { log(w) * (u / d) };
+    let y = relu(x) + log1p;
+    if x > 20.0 {
+        x
+    } else {
+        y
+    }
+}
+
 /// Rectified linear unit; NaN stays NaN.
 #[inline(always)]
 pub fn relu(x: f32) -> f32 {
@@ -227,6 +245,12 @@ mod tests {
         };
         assert!(worst(gelu_tanh, gelu_tanh64, -6.0, 12.0, 1e-30) < 4e-6);
         assert!(worst(silu, |x| x / (1.0 + (-x).exp()), -80.0, 80.0, 1e-30) < 1e-6);
+        let softplus64 = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
+        assert!(worst(softplus, softplus64, -80.0, 80.0, 1e-30) < 1e-6);
+        assert_eq!(softplus(20.5), 20.5);
+        assert_eq!(softplus(f32::NEG_INFINITY), 0.0);
+        assert_eq!(softplus(f32::INFINITY), f32::INFINITY);
+        assert!(softplus(f32::NAN).is_nan());
         assert!(relu(f32::NAN).is_nan());
         assert_eq!(relu(-2.0), 0.0);
     }

@@ -79,16 +79,8 @@ fn rand(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
 
 #[test]
 fn elementwise_binary_ops_broadcast() {
-    let ops = [
-        (Op::Add, BinaryOp::Add),
-        (Op::Sub, BinaryOp::Sub),
-        (Op::Mul, BinaryOp::Mul),
-        (Op::Div, BinaryOp::Div),
-        (Op::Pow, BinaryOp::Pow),
-        (Op::Maximum, BinaryOp::Maximum),
-        (Op::Minimum, BinaryOp::Minimum),
-    ];
-    for (i, (op, bop)) in ops.into_iter().enumerate() {
+    for (i, &bop) in BinaryOp::ALL.iter().enumerate() {
+        let op = bop.op();
         for b_shape in [&[3, 1][..], &[2, 3, 4][..]] {
             let case = Case::new(op, Attrs::new())
                 .input(DType::F32, &[2, 3, 4], rand(i as u64, 24, 0.5, 2.0))
@@ -105,23 +97,8 @@ fn elementwise_binary_ops_broadcast() {
 
 #[test]
 fn elementwise_unary_ops() {
-    let ops = [
-        (Op::Neg, UnaryOp::Neg),
-        (Op::Exp, UnaryOp::Exp),
-        (Op::Log, UnaryOp::Log),
-        (Op::Sqrt, UnaryOp::Sqrt),
-        (Op::Rsqrt, UnaryOp::Rsqrt),
-        (Op::Reciprocal, UnaryOp::Reciprocal),
-        (Op::Abs, UnaryOp::Abs),
-        (Op::Tanh, UnaryOp::Tanh),
-        (Op::Sigmoid, UnaryOp::Sigmoid),
-        (Op::Relu, UnaryOp::Relu),
-        (Op::Gelu, UnaryOp::Gelu),
-        (Op::GeluTanh, UnaryOp::GeluTanh),
-        (Op::Silu, UnaryOp::Silu),
-        (Op::Erf, UnaryOp::Erf),
-    ];
-    for (i, (op, uop)) in ops.into_iter().enumerate() {
+    for (i, &uop) in UnaryOp::ALL.iter().enumerate() {
+        let op = uop.op();
         let positive = matches!(op, Op::Log | Op::Sqrt | Op::Rsqrt | Op::Reciprocal);
         let lo = if positive { 0.1 } else { -3.0 };
         let case =
@@ -191,7 +168,7 @@ fn matmul_and_fused_matmul() {
         Some(case.x(2)),
         false,
         true,
-        Activation::Gelu,
+        Activation::of_op(Op::Gelu).unwrap(),
     )
     .unwrap();
     case.check(want);
@@ -412,7 +389,8 @@ fn covering_test(op: Op) -> fn() {
         | Op::Gelu
         | Op::GeluTanh
         | Op::Silu
-        | Op::Erf => elementwise_unary_ops,
+        | Op::Erf
+        | Op::Softplus => elementwise_unary_ops,
         Op::Constant | Op::Cast | Op::Dropout | Op::Reshape => constant_cast_dropout_reshape,
         Op::Matmul | Op::FusedMatmul => matmul_and_fused_matmul,
         Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Select => layout_ops,

@@ -13,7 +13,7 @@ mod dtype;
 mod error;
 pub mod family;
 mod registry;
-mod scalar;
+pub mod scalar;
 mod shape;
 mod spec;
 mod tensor_type;
@@ -21,7 +21,7 @@ mod tensor_type;
 pub use attrs::{quote, resolve, AttrDefault, AttrKind, AttrSpec, AttrValue, Attrs, ConstAttr};
 pub use dtype::DType;
 pub use error::OpError;
-pub use registry::Op;
+pub use registry::{BinaryOp, Op, UnaryOp};
 pub use scalar::eval_scalar;
 pub use shape::{broadcast, broadcasts_to, fmt_dims, normalize_axes, normalize_axis, numel};
 pub use spec::{

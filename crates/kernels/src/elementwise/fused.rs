@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::program::{Instr, Program};
-use super::slice::{binary_in_place, unary_in_place};
+use super::slice::{binary_in_place, cast_in_place, unary_in_place};
 use crate::error::{KernelError, KernelResult};
 use crate::par;
 use crate::scratch::with_scratch;
@@ -137,6 +137,10 @@ pub fn fused_elementwise(
                     Instr::Unary { op, x } => {
                         cur.copy_from_slice(get(x));
                         unary_in_place(op, cur);
+                    }
+                    Instr::Cast { to, x } => {
+                        cur.copy_from_slice(get(x));
+                        cast_in_place(to, cur);
                     }
                     Instr::Binary { op, a, b } => {
                         cur.copy_from_slice(get(a));

@@ -6,7 +6,7 @@ pub mod program;
 pub mod slice;
 
 pub use fused::{fused_elementwise, ElementwiseParams};
-pub use op::{BinaryOp, CastTarget, UnaryOp};
+pub use op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 pub use program::{Instr, Program};
 
 #[cfg(test)]

@@ -1,8 +1,12 @@
 //! The elementwise op vocabulary shared by the reference kernels, the fused-program evaluator
-//! and the matmul epilogue, with the exact semantics of the ops whose result is not an
-//! approximation (arithmetic, comparisons, casts).
+//! and the matmul epilogue: the registry's own [`UnaryOp`] and [`BinaryOp`] (so a new op is a
+//! compile error in the kernels' exhaustive matches, never a silent fallback), the casts, and
+//! the exact f32 semantics of the ops whose result is not an approximation (arithmetic,
+//! comparisons, casts).
 
 use half::{bf16, f16};
+use mslc_core::ops::scalar;
+pub use mslc_core::ops::{BinaryOp, UnaryOp};
 use serde::{Deserialize, Serialize};
 
 /// A dtype an f32 value can be cast to; the result is the value that dtype holds, back in f32.
@@ -46,91 +50,18 @@ impl CastTarget {
     }
 }
 
-/// One-input elementwise ops of docs/ops.md (plus `cast`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UnaryOp {
-    /// -x
-    Neg,
-    /// e^x
-    Exp,
-    /// ln x
-    Log,
-    /// sqrt x
-    Sqrt,
-    /// 1 / sqrt x
-    Rsqrt,
-    /// 1 / x
-    Reciprocal,
-    /// |x|
-    Abs,
-    /// tanh x
-    Tanh,
-    /// 1 / (1 + e^-x)
-    Sigmoid,
-    /// max(x, 0)
-    Relu,
-    /// exact GELU, x * Phi(x)
-    Gelu,
-    /// tanh-approximated GELU
-    GeluTanh,
-    /// x * sigmoid(x)
-    Silu,
-    /// the error function
-    Erf,
-    /// rounding to another dtype's values
-    Cast(CastTarget),
-}
-
-/// Two-input elementwise ops of docs/ops.md; inputs broadcast per NumPy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BinaryOp {
-    /// a + b
-    Add,
-    /// a - b
-    Sub,
-    /// a * b
-    Mul,
-    /// a / b
-    Div,
-    /// a ^ b
-    Pow,
-    /// the larger; NaN if either is NaN
-    Maximum,
-    /// the smaller; NaN if either is NaN
-    Minimum,
-}
-
-impl BinaryOp {
-    /// The op on one pair of values (exact IEEE semantics, used by every kernel).
-    #[inline(always)]
-    pub fn apply(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-            BinaryOp::Pow => a.powf(b),
-            BinaryOp::Maximum => {
-                if a.is_nan() || b.is_nan() {
-                    f32::NAN
-                } else if a > b {
-                    a
-                } else {
-                    b
-                }
-            }
-            BinaryOp::Minimum => {
-                if a.is_nan() || b.is_nan() {
-                    f32::NAN
-                } else if a < b {
-                    a
-                } else {
-                    b
-                }
-            }
-        }
+/// `op` on one pair of f32 values, exact IEEE semantics (used by every kernel); NaN rules as
+/// stated once in [`mslc_core::ops::scalar`].
+#[inline(always)]
+pub fn apply_binary(op: BinaryOp, a: f32, b: f32) -> f32 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Pow => a.powf(b),
+        BinaryOp::Maximum => scalar::maximum(a, b),
+        BinaryOp::Minimum => scalar::minimum(a, b),
     }
 }
 
@@ -150,9 +81,9 @@ mod tests {
 
     #[test]
     fn max_min_propagate_nan() {
-        assert!(BinaryOp::Maximum.apply(f32::NAN, 1.0).is_nan());
-        assert!(BinaryOp::Minimum.apply(1.0, f32::NAN).is_nan());
-        assert_eq!(BinaryOp::Maximum.apply(1.0, 2.0), 2.0);
-        assert_eq!(BinaryOp::Minimum.apply(1.0, 2.0), 1.0);
+        assert!(apply_binary(BinaryOp::Maximum, f32::NAN, 1.0).is_nan());
+        assert!(apply_binary(BinaryOp::Minimum, 1.0, f32::NAN).is_nan());
+        assert_eq!(apply_binary(BinaryOp::Maximum, 1.0, 2.0), 2.0);
+        assert_eq!(apply_binary(BinaryOp::Minimum, 1.0, 2.0), 1.0);
     }
 }

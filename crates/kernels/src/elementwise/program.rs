@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::op::{BinaryOp, UnaryOp};
+use super::op::{BinaryOp, CastTarget, UnaryOp};
 use crate::error::{KernelError, KernelResult};
 use crate::shape::broadcast_shapes;
 
@@ -20,6 +20,13 @@ pub enum Instr {
     Unary {
         /// The op.
         op: UnaryOp,
+        /// Its operand register.
+        x: usize,
+    },
+    /// Register `x` rounded to what `to` holds.
+    Cast {
+        /// The dtype whose values it takes.
+        to: CastTarget,
         /// Its operand register.
         x: usize,
     },
@@ -63,7 +70,7 @@ impl Program {
                     format!("instruction {i} reads input {n} of {inputs}"),
                 )),
                 Instr::Input(_) | Instr::Const(_) => None,
-                Instr::Unary { x, .. } => bad_reg(x),
+                Instr::Unary { x, .. } | Instr::Cast { x, .. } => bad_reg(x),
                 Instr::Binary { a, b, .. } => bad_reg(a).or_else(|| bad_reg(b)),
             };
             if let Some(e) = err {

@@ -1,6 +1,6 @@
 //! Fast in-place elementwise ops over slices, compiled for AVX2+FMA when the CPU has them.
 
-use super::op::{BinaryOp, UnaryOp};
+use super::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 use crate::cpu::dispatch_avx2;
 use crate::math;
 
@@ -28,13 +28,23 @@ fn unary_body(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::GeluTanh => map(xs, math::gelu_tanh),
         UnaryOp::Silu => map(xs, math::silu),
         UnaryOp::Erf => map(xs, math::erf),
-        UnaryOp::Cast(target) => map(xs, |x| target.apply(x)),
+        UnaryOp::Softplus => map(xs, math::softplus),
     }
 }
 
 dispatch_avx2! {
-    /// Replaces every `x` in `xs` by `op(x)`.
+    /// Replaces every `x` in `xs` by `op(x)`: each registry unary op's vector kernel.
     pub fn unary_in_place(op: UnaryOp, xs: &mut [f32]) = unary_body;
+}
+
+#[inline(always)]
+fn cast_body(to: CastTarget, xs: &mut [f32]) {
+    map(xs, |x| to.apply(x));
+}
+
+dispatch_avx2! {
+    /// Replaces every `x` in `xs` by the value `to` holds for it.
+    pub fn cast_in_place(to: CastTarget, xs: &mut [f32]) = cast_body;
 }
 
 #[inline(always)]
@@ -51,7 +61,7 @@ fn binary_body(op: BinaryOp, acc: &mut [f32], rhs: &[f32]) {
         BinaryOp::Sub => zip(acc, rhs, |a, b| a - b),
         BinaryOp::Mul => zip(acc, rhs, |a, b| a * b),
         BinaryOp::Div => zip(acc, rhs, |a, b| a / b),
-        other => zip(acc, rhs, |a, b| other.apply(a, b)),
+        other => zip(acc, rhs, |a, b| apply_binary(other, a, b)),
     }
 }
 

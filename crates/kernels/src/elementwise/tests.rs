@@ -9,35 +9,7 @@ use crate::testing::{
 use crate::TensorRef;
 use proptest::prelude::*;
 
-const UNARY: [UnaryOp; 17] = [
-    UnaryOp::Neg,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sqrt,
-    UnaryOp::Rsqrt,
-    UnaryOp::Reciprocal,
-    UnaryOp::Abs,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::Gelu,
-    UnaryOp::GeluTanh,
-    UnaryOp::Silu,
-    UnaryOp::Erf,
-    UnaryOp::Cast(CastTarget::F16),
-    UnaryOp::Cast(CastTarget::Bf16),
-    UnaryOp::Cast(CastTarget::I32),
-];
-
-const BINARY: [BinaryOp; 7] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Pow,
-    BinaryOp::Maximum,
-    BinaryOp::Minimum,
-];
+const CASTS: [CastTarget; 3] = [CastTarget::F16, CastTarget::Bf16, CastTarget::I32];
 
 /// A random program over `inputs` inputs: loads first, then ops on earlier registers.
 fn program(inputs: usize, len: usize, rng: &mut Rng) -> Program {
@@ -46,12 +18,16 @@ fn program(inputs: usize, len: usize, rng: &mut Rng) -> Program {
         let n = instrs.len();
         instrs.push(match rng.below(5) {
             0 => Instr::Const(rng.uniform() * 3.0),
-            1 | 2 => Instr::Unary {
-                op: UNARY[rng.below(UNARY.len())],
+            1 => Instr::Unary {
+                op: UnaryOp::ALL[rng.below(UnaryOp::ALL.len())],
+                x: rng.below(n),
+            },
+            2 => Instr::Cast {
+                to: CASTS[rng.below(CASTS.len())],
                 x: rng.below(n),
             },
             _ => Instr::Binary {
-                op: BINARY[rng.below(BINARY.len())],
+                op: BinaryOp::ALL[rng.below(BinaryOp::ALL.len())],
                 a: rng.below(n),
                 b: rng.below(n),
             },
@@ -81,7 +57,12 @@ fn eval_one(p: &Program, inputs: &[f32]) -> f32 {
                 slice::unary_in_place(op, &mut v);
                 v[0]
             }
-            Instr::Binary { op, a, b } => op.apply(regs[a], regs[b]),
+            Instr::Cast { to, x } => {
+                let mut v = [regs[x]];
+                slice::cast_in_place(to, &mut v);
+                v[0]
+            }
+            Instr::Binary { op, a, b } => apply_binary(op, regs[a], regs[b]),
         };
         regs.push(v);
     }
@@ -151,13 +132,20 @@ fn every_unary_op_matches_the_reference() {
     let mut rng = Rng::new(11);
     for precision in Precision::ALL {
         let x = precision.round_vec(sample_values(&mut rng));
-        for op in UNARY {
+        for &op in UnaryOp::ALL {
             let shape = [x.len()];
             let want = reference::unary(op, TensorRef::new("t", &x, &shape).unwrap()).unwrap();
             let mut got = x.clone();
             slice::unary_in_place(op, &mut got);
             // Math approximations: relative 4e-6 (see kernels::math); tiny outputs absolutely.
             assert_close_in(precision, &format!("{op:?}"), &got, &want.data, 1e-6, 4e-6);
+        }
+        for to in CASTS {
+            let shape = [x.len()];
+            let want = reference::cast(TensorRef::new("t", &x, &shape).unwrap(), to).unwrap();
+            let mut got = x.clone();
+            slice::cast_in_place(to, &mut got);
+            assert_same_bits(&format!("{to:?}"), &got, &want.data);
         }
     }
 }
@@ -167,7 +155,7 @@ fn binary_ops_broadcast_like_the_reference() {
     let mut rng = Rng::new(12);
     let a = rng.vec(24, 3.0);
     let b: Vec<f32> = rng.vec(4, 3.0).into_iter().map(f32::abs).collect();
-    for op in BINARY {
+    for &op in BinaryOp::ALL {
         let prog = Program {
             instrs: vec![
                 Instr::Input(0),

@@ -8,7 +8,7 @@
 use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
 use super::pack::{pack_a_panel, pack_b_panel, MatRef};
 use super::MatmulParams;
-use crate::activation::Activation;
+use crate::activation::{apply_in_place, Activation};
 use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
 
@@ -247,7 +247,7 @@ impl Gemm<'_> {
         col0: usize,
         row: impl Fn(usize) -> &'c mut [f32],
     ) {
-        if self.bias.is_none() && self.activation == Activation::None {
+        if self.bias.is_none() && self.activation == Activation::NONE {
             return;
         }
         for r in rows {
@@ -264,7 +264,7 @@ impl Gemm<'_> {
                     }
                 }
             }
-            self.activation.apply_in_place(out);
+            apply_in_place(self.activation, out);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Fast matmul against the reference, over shapes, layouts, epilogues, blockings and precisions.
 
 use super::*;
+use crate::elementwise::UnaryOp;
 use crate::reference;
 use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
 use proptest::prelude::*;
@@ -50,14 +51,7 @@ fn bias_shape(kind: usize, out: &[usize]) -> Option<Vec<usize>> {
 fn case() -> impl Strategy<Value = Case> {
     let dims = (1usize..40, 1usize..40, 0usize..70);
     let layout = (0usize..5, any::<bool>(), any::<bool>(), 0usize..5);
-    let acts = prop::sample::select(vec![
-        Activation::None,
-        Activation::Relu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Silu,
-        Activation::Tanh,
-    ]);
+    let acts = prop::sample::select(Activation::all().collect::<Vec<_>>());
     let params = (
         prop::sample::select(vec![1usize, 6, 13, 72]),
         prop::sample::select(vec![1usize, 5, 256]),
@@ -189,7 +183,7 @@ fn bits_do_not_depend_on_tiling_or_threads() {
                 data: &bias,
                 shape: &[n],
             }),
-            activation: Activation::Gelu,
+            activation: Activation::new(UnaryOp::Gelu).unwrap(),
             ..Default::default()
         };
         matmul(
@@ -258,7 +252,7 @@ fn empty_inner_dimension_gives_bias_and_activation() {
             data: &[-1.0, 2.0, 3.0],
             shape: &[3],
         }),
-        activation: Activation::Relu,
+        activation: Activation::new(UnaryOp::Relu).unwrap(),
         ..Default::default()
     };
     matmul(
@@ -307,7 +301,7 @@ fn default_params_on_larger_and_tiny_shapes() {
             bias_shape: Some(vec![n]),
             transpose_a: false,
             transpose_b: false,
-            activation: Activation::Silu,
+            activation: Activation::new(UnaryOp::Silu).unwrap(),
             params: MatmulParams::default(),
             precision: Precision::F32,
             seed: (m * n) as u64,

@@ -1,48 +1,13 @@
 //! Reference elementwise ops: scalar definitions (computed in f64) and broadcasting wrappers.
 
-use crate::elementwise::op::{BinaryOp, CastTarget, UnaryOp};
+use crate::elementwise::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 use crate::error::KernelResult;
 use crate::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
 use crate::tensor::{Tensor, TensorRef};
 
-/// Exact GELU in f64: x * Phi(x).
-fn gelu64(x: f64) -> f64 {
-    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
-}
-
-/// Tanh-approximated GELU in f64, as written in the literature.
-fn gelu_tanh64(x: f64) -> f64 {
-    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
-    0.5 * x * (1.0 + u.tanh())
-}
-
-/// One unary op on one value, evaluated in f64 and rounded once to f32.
+/// One unary op on one value: the registry's f64 definition, rounded once to f32.
 pub fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
-    let v = x as f64;
-    let r = match op {
-        UnaryOp::Neg => -v,
-        UnaryOp::Exp => v.exp(),
-        UnaryOp::Log => v.ln(),
-        UnaryOp::Sqrt => v.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / v.sqrt(),
-        UnaryOp::Reciprocal => 1.0 / v,
-        UnaryOp::Abs => v.abs(),
-        UnaryOp::Tanh => v.tanh(),
-        UnaryOp::Sigmoid => 1.0 / (1.0 + (-v).exp()),
-        UnaryOp::Relu => {
-            if v < 0.0 {
-                0.0
-            } else {
-                v
-            }
-        }
-        UnaryOp::Gelu => gelu64(v),
-        UnaryOp::GeluTanh => gelu_tanh64(v),
-        UnaryOp::Silu => v / (1.0 + (-v).exp()),
-        UnaryOp::Erf => libm::erf(v),
-        UnaryOp::Cast(target) => return target.apply(x),
-    };
-    r as f32
+    op.eval(f64::from(x)) as f32
 }
 
 /// A unary op over a tensor.
@@ -59,7 +24,11 @@ pub fn binary(op: BinaryOp, a: TensorRef<'_>, b: TensorRef<'_>) -> KernelResult<
     let shape = broadcast_shapes("binary", &[a.shape, b.shape])?;
     let av = broadcast_values(a, &shape);
     let bv = broadcast_values(b, &shape);
-    let data = av.iter().zip(&bv).map(|(&x, &y)| op.apply(x, y)).collect();
+    let data = av
+        .iter()
+        .zip(&bv)
+        .map(|(&x, &y)| apply_binary(op, x, y))
+        .collect();
     Tensor::new("binary", shape, data)
 }
 
@@ -81,7 +50,9 @@ pub fn constant(value: f64) -> Tensor {
 
 /// `cast`: every value rounded to what `to` can hold.
 pub fn cast(x: TensorRef<'_>, to: CastTarget) -> KernelResult<Tensor> {
-    unary(UnaryOp::Cast(to), x)
+    check_len("cast", "x", x.data.len(), x.shape)?;
+    let data = x.data.iter().map(|&v| to.apply(v)).collect();
+    Tensor::new("cast", x.shape.to_vec(), data)
 }
 
 /// `dropout` in inference: the identity (`p` is checked to be a probability).

@@ -2,6 +2,7 @@
 //! element at a time with the reference scalar ops.
 
 use super::elementwise::{broadcast_values, unary_scalar};
+use crate::elementwise::op::apply_binary;
 use crate::elementwise::program::{Instr, Program};
 use crate::error::KernelResult;
 use crate::shape::check_len;
@@ -29,7 +30,8 @@ pub fn fused_elementwise(program: &Program, inputs: &[TensorRef<'_>]) -> KernelR
                     Instr::Input(n) => values[n][e],
                     Instr::Const(c) => c,
                     Instr::Unary { op, x } => unary_scalar(op, regs[x]),
-                    Instr::Binary { op, a, b } => op.apply(regs[a], regs[b]),
+                    Instr::Cast { to, x } => to.apply(regs[x]),
+                    Instr::Binary { op, a, b } => apply_binary(op, regs[a], regs[b]),
                 };
                 regs.push(v);
             }

@@ -14,7 +14,7 @@ pub fn matmul(
     transpose_a: bool,
     transpose_b: bool,
 ) -> KernelResult<Tensor> {
-    fused_matmul(a, b, None, transpose_a, transpose_b, Activation::None)
+    fused_matmul(a, b, None, transpose_a, transpose_b, Activation::NONE)
 }
 
 /// `fused_matmul`: `act(op(a) @ op(b) + bias)`.
@@ -81,7 +81,7 @@ pub fn fused_matmul(
             *d += b;
         }
     }
-    if let Some(op) = activation.as_unary() {
+    if let Some(op) = activation.unary() {
         data.iter_mut().for_each(|d| *d = unary_scalar(op, *d));
     }
     Tensor::new("matmul", shape, data)

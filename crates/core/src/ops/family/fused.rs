@@ -7,7 +7,7 @@ use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{broadcasts_to, fmt_dims};
 use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::{Op, TensorType};
+use crate::ops::{Op, TensorType, UnaryOp};
 
 /// `fused_matmul`: `act(a @ b + bias)`, the bias optional.
 pub const FUSED_MATMUL: OpSpec = OpSpec {
@@ -42,37 +42,34 @@ pub const FUSED_ELEMENTWISE: OpSpec = OpSpec {
     shard: None,
 };
 
-/// The activation a `fused_matmul` applies after the bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    None,
-    Relu,
-    Gelu,
-    GeluTanh,
-    Silu,
-    Tanh,
-}
+/// The activation a `fused_matmul` applies after the bias: none, or a unary op whose row in
+/// the op table allows it as a matmul epilogue ([`UnaryOp::epilogue`]). The fusion pass, the
+/// attribute and the GEMM kernel's epilogue all use this one type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Activation(Option<UnaryOp>);
 
 impl Activation {
-    const ALL: [Activation; 6] = [
-        Activation::None,
-        Activation::Relu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Silu,
-        Activation::Tanh,
-    ];
+    /// No activation.
+    pub const NONE: Activation = Activation(None);
 
-    /// The elementwise op it applies; `None` for no activation.
+    /// `op` as an epilogue, if its table row allows it.
+    pub fn new(op: UnaryOp) -> Option<Activation> {
+        op.epilogue().then_some(Activation(Some(op)))
+    }
+
+    /// The activation applying the registry op `op`, if it is an epilogue unary op.
+    pub fn of_op(op: Op) -> Option<Activation> {
+        op.unary().and_then(Activation::new)
+    }
+
+    /// The unary op it applies; `None` for no activation.
+    pub fn unary(self) -> Option<UnaryOp> {
+        self.0
+    }
+
+    /// The elementwise registry op it applies; `None` for no activation.
     pub fn op(self) -> Option<Op> {
-        match self {
-            Activation::None => None,
-            Activation::Relu => Some(Op::Relu),
-            Activation::Gelu => Some(Op::Gelu),
-            Activation::GeluTanh => Some(Op::GeluTanh),
-            Activation::Silu => Some(Op::Silu),
-            Activation::Tanh => Some(Op::Tanh),
-        }
+        self.0.map(UnaryOp::op)
     }
 
     /// The attribute spelling: `"none"` or the op's name.
@@ -80,19 +77,22 @@ impl Activation {
         self.op().map_or("none", Op::name)
     }
 
+    /// Every activation: none, then the epilogue ops in table order.
+    pub fn all() -> impl Iterator<Item = Activation> {
+        let ops = UnaryOp::ALL.iter().copied().filter_map(Activation::new);
+        std::iter::once(Activation::NONE).chain(ops)
+    }
+
     /// Reads the `activation` attribute (absent: none).
     pub fn of(attrs: &Attrs) -> Result<Activation, OpError> {
         let Some(name) = attrs.opt_str("activation")? else {
-            return Ok(Activation::None);
+            return Ok(Activation::NONE);
         };
-        Activation::ALL
-            .into_iter()
-            .find(|a| a.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Activation::ALL.iter().map(|a| a.name()).collect();
-                OpError::new(format!("unknown activation `{name}`"))
-                    .with_help(format!("expected one of: {}", names.join(", ")))
-            })
+        Activation::all().find(|a| a.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Activation::all().map(Activation::name).collect();
+            OpError::new(format!("unknown activation `{name}`"))
+                .with_help(format!("expected one of: {}", names.join(", ")))
+        })
     }
 }
 
@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(e.message, "fused_matmul: unknown activation `swish`");
         assert_eq!(
             e.help.as_deref(),
-            Some("expected one of: none, relu, gelu, gelu_tanh, silu, tanh")
+            Some("expected one of: none, tanh, relu, gelu, gelu_tanh, silu")
         );
         let e = err(Op::FusedMatmul, Attrs::new().with("has_bias", true), &x);
         assert_eq!(

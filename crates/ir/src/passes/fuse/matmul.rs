@@ -8,18 +8,6 @@ use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::family::fused::Activation;
 use mslc_core::ops::{Op, OpError};
 
-/// The activation `op` applies, if `fused_matmul` can apply it.
-fn activation(op: Op) -> Option<Activation> {
-    match op {
-        Op::Relu => Some(Activation::Relu),
-        Op::Gelu => Some(Activation::Gelu),
-        Op::GeluTanh => Some(Activation::GeluTanh),
-        Op::Silu => Some(Activation::Silu),
-        Op::Tanh => Some(Activation::Tanh),
-        _ => None,
-    }
-}
-
 /// The matmul node behind `v` when `v` is its single-use, float result.
 fn fusable_matmul(g: &Graph, v: ValueRef) -> Option<NodeId> {
     (is_op(g, v, Op::Matmul) && single_use(g, v) && g.ty(v).dtype.is_float()).then_some(v.node)
@@ -45,7 +33,7 @@ type Found = (NodeId, Option<ValueRef>, Activation, Vec<NodeId>);
 
 fn find(g: &Graph, root: NodeId) -> Option<Found> {
     let op = g.node(root).op()?;
-    if let Some(act) = activation(op) {
+    if let Some(act) = Activation::of_op(op) {
         let x = *g.inputs(root).first()?;
         if g.ty(x) != g.node(root).outputs.first()? {
             return None;
@@ -59,13 +47,13 @@ fn find(g: &Graph, root: NodeId) -> Option<Found> {
         return Some((mm, None, act, vec![mm]));
     }
     let (mm, bias) = bias_add(g, root)?;
-    Some((mm, Some(bias), Activation::None, vec![mm]))
+    Some((mm, Some(bias), Activation::NONE, vec![mm]))
 }
 
 fn label(bias: bool, act: Activation) -> &'static str {
-    match (bias, act) {
-        (true, Activation::None) => "matmul_bias",
-        (true, _) => "matmul_bias_act",
+    match (bias, act.unary()) {
+        (true, None) => "matmul_bias",
+        (true, Some(_)) => "matmul_bias_act",
         (false, _) => "matmul_act",
     }
 }

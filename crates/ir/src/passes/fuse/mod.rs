@@ -5,7 +5,8 @@
 //! 1. a transpose of the last two dims feeding a matmul → the matmul's `transpose_a/b` flag;
 //! 2. explicit attention, `softmax(q @ k.T * scale [+ causal_mask]) @ v` over `[B, N, S, D]`
 //!    → `attention` between transposes to and from its `[B, S, N, D]` layout;
-//! 3. matmul + bias add (+ relu / gelu / gelu_tanh / silu / tanh) → `fused_matmul`;
+//! 3. matmul + bias add (+ an activation: a unary op marked `epilogue` in the op table)
+//!    → `fused_matmul`;
 //! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
 //! 5. chains of elementwise ops of one output shape → `fused_elementwise`.
 //!
