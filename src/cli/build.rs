@@ -9,9 +9,9 @@ use serde::Serialize;
 use mslc_artifact::{encode, write::write_all_or_nothing};
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
+use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
 use mslc_driver::select::{choose_model, choose_target, root_error};
-use mslc_plan::kernels::kernel_table_toml;
 
 use super::check::group_thousands;
 use super::output::print_stdout;
@@ -151,17 +151,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
     let encode_ms = t.elapsed().as_secs_f64() * 1e3;
     let name = &model.name;
     let dir = &args.out_dir;
-    let mut files = vec![
-        (dir.join(format!("{name}.mir")), mir),
-        (
-            dir.join(format!("{name}.kernels.toml")),
-            kernel_table_toml(&compiled.module).into_bytes(),
-        ),
-        (
-            dir.join(format!("{name}.memplan.json")),
-            json(&compiled.memory),
-        ),
-    ];
+    let mut files = artifact_files(dir, name, &compiled, mir);
     for emit in &args.emit {
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
@@ -196,12 +186,6 @@ fn write_outputs(
 ) -> Result<(), (PathBuf, std::io::Error)> {
     std::fs::create_dir_all(dir).map_err(|e| (dir.to_path_buf(), e))?;
     write_all_or_nothing(files)
-}
-
-fn json<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
-    text.push('\n');
-    text.into_bytes()
 }
 
 fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a> {
