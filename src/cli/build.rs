@@ -131,14 +131,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
         fuse: !args.no_fuse,
         amp: amp_for(checked, model),
     };
-    let compiled = compile(model, &options).map_err(|e| {
-        root_error(
-            checked,
-            Code::E0600,
-            format!("internal compiler error in {e}"),
-            "this is a bug in mslc; please report it with the file".to_string(),
-        )
-    })?;
+    let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
     let weights = match &args.embed_weights {
         Some(path) => Some(
             super::weights::read_matching(path, &compiled.module)

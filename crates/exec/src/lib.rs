@@ -11,6 +11,7 @@ mod init;
 mod inputs;
 mod prepare;
 mod profile;
+pub mod runner;
 mod storage;
 pub mod weights;
 
