@@ -12,6 +12,7 @@ use mslc_driver::artifacts::artifact_files;
 use mslc_driver::compile::{amp_for, compile, CompileOptions};
 use mslc_driver::render::{render_human, RenderOptions};
 use mslc_driver::select::{choose_model, choose_target, root_error};
+use mslc_driver::stack::on_compiler_stack;
 
 use crate::bindings::{bindings, module_ident, ModelBinding};
 use crate::write::write_if_changed;
@@ -127,6 +128,12 @@ impl Config {
     /// directory — each only if its bytes changed. Any error in any file fails the whole
     /// build, with every file's diagnostics rendered, and writes nothing.
     pub fn compile(&self, files: &[impl AsRef<Path>]) -> Result<Built, Error> {
+        let files: Vec<PathBuf> = files.iter().map(|f| f.as_ref().to_path_buf()).collect();
+        on_compiler_stack(|| self.compile_here(&files)).map_err(|e| Error::new(e.to_string()))?
+    }
+
+    /// [`Config::compile`] on the current thread.
+    fn compile_here(&self, files: &[PathBuf]) -> Result<Built, Error> {
         let dir = self.output_dir()?;
         let mut inputs = Vec::new();
         let mut warnings = Vec::new();
@@ -134,7 +141,6 @@ impl Config {
         let mut outputs: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         let mut models: Vec<(BuiltModel, ModelBinding)> = Vec::new();
         for file in files {
-            let file = file.as_ref();
             let checked = check_path(file, &CheckOptions::default());
             inputs.extend(files_read(&checked, file));
             for d in &checked.diagnostics {

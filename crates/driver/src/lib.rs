@@ -6,4 +6,5 @@ pub mod artifacts;
 pub mod compile;
 pub mod render;
 pub mod select;
+pub mod stack;
 pub mod target;
