@@ -79,6 +79,14 @@ pub struct Built {
     pub bindings: PathBuf,
 }
 
+/// One model built in memory, not yet written.
+struct OneModel {
+    /// Its artifact files.
+    files: Vec<(PathBuf, Vec<u8>)>,
+    built: BuiltModel,
+    binding: ModelBinding,
+}
+
 /// How to build models; see the crate docs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -154,9 +162,9 @@ impl Config {
                 continue;
             }
             match self.build_one(&checked, file, &dir) {
-                Ok((files, built, binding)) => {
-                    outputs.extend(files);
-                    models.push((built, binding));
+                Ok(one) => {
+                    outputs.extend(one.files);
+                    models.push((one.built, one.binding));
                 }
                 Err(d) => errors.push(render_human(&d, &checked.sources, RenderOptions::default())),
             }
@@ -207,13 +215,12 @@ impl Config {
     }
 
     /// Chooses, compiles and encodes the model of one checked file.
-    #[allow(clippy::type_complexity)]
     fn build_one(
         &self,
         checked: &Checked,
         file: &Path,
         dir: &Path,
-    ) -> Result<(Vec<(PathBuf, Vec<u8>)>, BuiltModel, ModelBinding), Box<Diagnostic>> {
+    ) -> Result<OneModel, Box<Diagnostic>> {
         let model = choose_model(checked, None)?;
         let target = choose_target(checked, model, self.target.as_deref())?;
         let options = CompileOptions {
@@ -240,7 +247,11 @@ impl Config {
             module,
             mir: dir.join(mir_name),
         };
-        Ok((files, built, binding))
+        Ok(OneModel {
+            files,
+            built,
+            binding,
+        })
     }
 }
 
