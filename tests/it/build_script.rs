@@ -182,3 +182,29 @@ fn example_crate_runs_and_rebuilds_only_when_an_import_changes() {
         String::from_utf8_lossy(&touched.stderr)
     );
 }
+
+#[test]
+fn the_runner_checks_input_lengths_and_runs() {
+    use mslc_exec::runner::Runner;
+    use mslc_exec::ExecErrorKind;
+
+    let out = tempfile::tempdir().unwrap();
+    let built = quiet()
+        .out_dir(out.path())
+        .compile(&[format!("{EXAMPLE}/models/net.msl")])
+        .unwrap();
+    let mir = std::fs::read(&built.models[0].mir).unwrap();
+    let mut runner = Runner::from_mir(&mir).unwrap();
+    runner.init_seed(3);
+    let err = runner.set_input("tokens", &[1i64, 2, 3]).unwrap_err();
+    assert_eq!(err.kind, ExecErrorKind::Input);
+    assert!(err.message.contains("16 values"), "{err}");
+    assert!(runner.set_input("nope", &[0i64; 16]).is_err());
+    runner.set_input("tokens", &[5i32; 16]).unwrap();
+    runner.run().unwrap();
+    let logits = runner.output("logits").unwrap();
+    assert_eq!(logits.shape, [2, 8, 4]);
+    assert_eq!(logits.data.len(), 64);
+    assert!(runner.output("nope").is_err());
+    assert!(Runner::from_mir(b"not a mir").is_err());
+}

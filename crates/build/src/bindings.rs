@@ -226,7 +226,7 @@ fn model(out: &mut String, m: &ModelBinding, dir: Option<&Path>) {
         .iter()
         .map(|t| {
             format!(
-                "        self.runner.set_input({:?}, inputs.{})?;\n",
+                "            self.runner.set_input({:?}, inputs.{})?;\n",
                 t.name,
                 ident(&t.name)
             )
@@ -237,7 +237,7 @@ fn model(out: &mut String, m: &ModelBinding, dir: Option<&Path>) {
         .iter()
         .map(|t| {
             format!(
-                "            {}: self.runner.output({:?})?,\n",
+                "                {}: self.runner.output({:?})?,\n",
                 ident(&t.name),
                 t.name
             )
@@ -279,9 +279,9 @@ fn model(out: &mut String, m: &ModelBinding, dir: Option<&Path>) {
             &mut self,
             inputs: Inputs<'_>,
         ) -> ::std::result::Result<Outputs, ::mslc_exec::ExecError> {{
-{set}        self.runner.run()?;
-        Ok(Outputs {{
-{get}        }})
+{set}            self.runner.run()?;
+            Ok(Outputs {{
+{get}            }})
         }}
     }}
 }}
