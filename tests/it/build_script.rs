@@ -100,6 +100,24 @@ fn bad_input_fails_with_the_rendered_diagnostic_and_writes_nothing() {
     assert!(err.message().contains("cannot create"), "{err}");
 }
 
+#[test]
+fn warnings_are_reported_and_do_not_fail_the_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("warned.msl");
+    std::fs::write(
+        &file,
+        "model M {\n    input x: f32[4]\n    output y = relu(x)\n}\n\n\
+         precision Careful {\n    level = O0\n    keep_f32 = [softmax]\n}\n",
+    )
+    .unwrap();
+    let built = quiet()
+        .out_dir(dir.path().join("out"))
+        .compile(&[&file])
+        .unwrap();
+    assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+    assert!(built.warnings[0].contains("W0002"), "{}", built.warnings[0]);
+}
+
 fn cargo(dir: &Path, target: &Path, args: &[&str]) -> Output {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string()))
         .args(args)
