@@ -83,8 +83,14 @@ fn bad_input_fails_with_the_rendered_diagnostic_and_writes_nothing() {
         "model M {\n    input x: f32[4]\n    output y = nope(x)\n}\n",
     )
     .unwrap();
+    let boolean = dir.path().join("boolean.msl");
+    std::fs::write(
+        &boolean,
+        "model Masked {\n    input mask: bool[4]\n    output y = cast(mask, f32)\n}\n",
+    )
+    .unwrap();
     let missing = dir.path().join("missing.msl");
-    for (file, code) in [(&missing, "E0100"), (&broken, "E0202")] {
+    for (file, code) in [(&missing, "E0100"), (&broken, "E0202"), (&boolean, "E0710")] {
         let err = quiet().out_dir(&out).compile(&[file]).unwrap_err();
         assert!(err.message().contains(code), "{code}: {err}");
         assert_eq!(format!("{err:?}"), err.to_string());
