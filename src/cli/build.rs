@@ -10,7 +10,8 @@ use mslc_artifact::encode;
 use mslc_artifact::write::{write_build_set, SetError};
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
-use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled, STAGE_SIZE};
+use mslc_driver::artifacts::{artifact_files, json};
+use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
 use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::KernelTable;
 
@@ -149,22 +150,7 @@ fn build(
         fuse: !args.no_fuse,
         amp: amp_for(checked, model),
     };
-    let mut compiled = compile(model, &options).map_err(|e| {
-        if e.stage == STAGE_SIZE {
-            return root_error(
-                checked,
-                Code::E0606,
-                format!("cannot build `{}`: {}", model.name, e.message),
-                "check the dims and --set/--dim overrides that size it".to_string(),
-            );
-        }
-        root_error(
-            checked,
-            Code::E0600,
-            format!("internal compiler error in {e}"),
-            "this is a bug in mslc; please report it with the file".to_string(),
-        )
-    })?;
+    let mut compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
     let name = &model.name;
     let dir = &args.out_dir;
     let table_path = args
@@ -189,17 +175,7 @@ fn build(
     let t = Instant::now();
     let mir = encode(&compiled.module, weights.as_deref());
     let encode_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut files = vec![
-        (dir.join(format!("{name}.mir")), mir),
-        (
-            dir.join(format!("{name}.kernels.toml")),
-            KernelTable::of(&compiled.module).to_toml().into_bytes(),
-        ),
-        (
-            dir.join(format!("{name}.memplan.json")),
-            json(&compiled.memory),
-        ),
-    ];
+    let mut files = artifact_files(dir, name, &compiled, mir);
     for emit in &args.emit {
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
@@ -260,12 +236,6 @@ fn table_help(e: &mslc_plan::kernels::KernelTableError) -> String {
             "fix the entry, or delete the table to start again from the default kernels".to_string()
         }
     }
-}
-
-fn json<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
-    text.push('\n');
-    text.into_bytes()
 }
 
 fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a> {

@@ -4,6 +4,8 @@
 //! allocator is process-wide.
 
 mod build;
+mod build_script;
+mod cargo_mslc;
 mod cli_check;
 mod exec;
 mod hardening;

@@ -8,6 +8,7 @@ use serde::Serialize;
 use mslc_artifact::validate::check_tensor_sizes;
 use mslc_artifact::Module;
 use mslc_check::{Checked, Model};
+use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::{DType, Op};
 use mslc_core::precision::LowPrecision;
 use mslc_ir::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
@@ -16,6 +17,8 @@ use mslc_plan::cost::{estimate, CostEstimate};
 use mslc_plan::memory::{plan_memory, MemoryPlan};
 use mslc_plan::schedule::schedule;
 use mslc_plan::target::Target;
+
+use crate::select::root_error;
 
 /// How to compile.
 #[derive(Clone, Debug)]
@@ -74,6 +77,27 @@ pub struct CompileError {
     pub stage: &'static str,
     /// What went wrong.
     pub message: String,
+}
+
+impl CompileError {
+    /// The error as a diagnostic on the root file of `checked`: after a clean check, a failure
+    /// here is a bug in mslc.
+    pub fn diagnostic(&self, checked: &Checked) -> Box<Diagnostic> {
+        if self.stage == STAGE_SIZE {
+            return root_error(
+                checked,
+                Code::E0606,
+                format!("cannot build: {}", self.message),
+                "check the dims and --set/--dim overrides that size it".to_string(),
+            );
+        }
+        root_error(
+            checked,
+            Code::E0608,
+            format!("internal compiler error in {self}"),
+            "this is a bug in mslc; please report it with the file".to_string(),
+        )
+    }
 }
 
 impl std::fmt::Display for CompileError {

@@ -2,7 +2,9 @@
 //! language server): check a file, choose the entry, target, dims and precision once, lower,
 //! optimize and plan — and render what went wrong.
 
+pub mod artifacts;
 pub mod compile;
 pub mod render;
 pub mod select;
+pub mod stack;
 pub mod target;

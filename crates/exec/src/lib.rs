@@ -11,6 +11,7 @@ mod inputs;
 pub mod limits;
 mod prepare;
 mod profile;
+pub mod runner;
 mod storage;
 pub mod weights;
 

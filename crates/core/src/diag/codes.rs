@@ -95,6 +95,7 @@ codes! {
     E0609 => "invalid command-line arguments",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
+    E0710 => "input dtype that generated bindings cannot take",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",
