@@ -3,6 +3,7 @@
 
 pub mod codes;
 pub mod render;
+pub mod snippet;
 pub mod source;
 
 pub use codes::Code;

@@ -109,12 +109,13 @@ fn found_len(text: &str, pos: usize) -> usize {
         return 0;
     };
     let word: usize = rest
-        .char_indices()
-        .take_while(|(_, c)| c.is_alphanumeric() || *c == '_')
-        .map(|(_, c)| c.len_utf8())
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .take(40)
+        .map(char::len_utf8)
         .sum();
     if word > 0 {
-        word.min(40)
+        word
     } else {
         rest.chars().next().map_or(0, char::len_utf8)
     }

@@ -1,0 +1,139 @@
+//! The hostile inputs of issue 8 that reach the front end (sources, `--set` values, special
+//! files): each ends with coded diagnostics or success, never a panic (101), an abort (134),
+//! the internal-error exit (3) or a hang.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one run of `mslc` left.
+struct Run {
+    status: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The codes of the JSON diagnostics on stdout.
+    fn codes(&self) -> Vec<String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["code"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+/// Runs `mslc` with `args`, killing it after `limit`; panics (failing the test) on a hang or a
+/// crash exit.
+fn mslc_within(args: &[&str], limit: Duration) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mslc");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stderr.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mslc {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let run = Run {
+        status: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&err.join().unwrap()).into_owned(),
+    };
+    assert!(
+        ![3, 101, 134, -1].contains(&run.status),
+        "mslc {args:?} crashed with {}: {}",
+        run.status,
+        run.stderr
+    );
+    run
+}
+
+fn mslc(args: &[&str]) -> Run {
+    mslc_within(args, Duration::from_secs(60))
+}
+
+/// Checks `text` written to `dir/name`, human and JSON; returns the JSON run.
+fn check_text(dir: &Path, name: &str, text: &str, extra: &[&str]) -> Run {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    let p = path.to_str().unwrap();
+    let mut human = vec!["check", p];
+    human.extend_from_slice(extra);
+    let human = mslc(&human);
+    let mut json = vec!["--message-format", "json", "check", p];
+    json.extend_from_slice(extra);
+    let json = mslc(&json);
+    assert_eq!(human.status, json.status, "{name}: {}", human.stderr);
+    json
+}
+
+#[test]
+fn lines_past_column_65535_render() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        format!(
+            "model M {{\n    input x: f32[4]\n    output y = x{} + zz\n}}\n",
+            " ".repeat(70_000)
+        ),
+        format!("model M {{\n{}output y = qq\n}}\n", "\t".repeat(40_000)),
+        format!(
+            "model M {{\n    output y = q // {}\n  bad bad\n}}\n",
+            "中".repeat(35_000)
+        ),
+        format!("model M {{ output y = {}", "中".repeat(35_000)),
+    ];
+    for (i, text) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("wide{i}.msl"));
+        std::fs::write(&path, text).unwrap();
+        let run = mslc(&["check", path.to_str().unwrap()]);
+        assert_eq!(run.status, 1, "{}", run.stderr);
+        assert!(run.stderr.contains('…'), "{}", run.stderr);
+        assert!(
+            run.stderr.lines().all(|l| l.chars().count() < 400),
+            "an unclipped line: {}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn control_characters_from_a_file_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "model M {\n    input x: f32[4]\n    output y = x\u{1b}]0;pwned\u{7}\u{1b}[2J\u{202e}\u{9b}\n}\n";
+    let json = check_text(dir.path(), "esc.msl", text, &[]);
+    assert_eq!(json.codes(), ["E0001"]);
+    let human = mslc(&["check", dir.path().join("esc.msl").to_str().unwrap()]);
+    for out in [&json.stdout, &human.stderr] {
+        assert!(
+            !out.contains(['\u{1b}', '\u{7}', '\u{202e}', '\u{9b}']),
+            "raw control characters in {out:?}"
+        );
+    }
+    assert!(human.stderr.contains("\\u{1b}"), "{}", human.stderr);
+    assert!(human.stderr.contains('\u{241b}'), "{}", human.stderr);
+}
