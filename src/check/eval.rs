@@ -127,6 +127,8 @@ pub struct Elaborator<'a> {
     pub saw_output: bool,
     /// Overrides applied so far: (is a dim, name).
     pub used_overrides: HashSet<(bool, String)>,
+    /// The model's `const`, `dims`, `input` and `output` names so far: what each is, and where.
+    pub model_names: HashMap<String, (&'static str, Loc)>,
     const_cache: HashMap<(usize, String), Value>,
     const_busy: HashSet<(usize, String)>,
     steps: u64,
@@ -145,6 +147,7 @@ impl<'a> Elaborator<'a> {
             overrides: Default::default(),
             saw_output: false,
             used_overrides: HashSet::new(),
+            model_names: HashMap::new(),
             const_cache: HashMap::new(),
             const_busy: HashSet::new(),
             steps: 0,
