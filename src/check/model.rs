@@ -8,6 +8,7 @@ use crate::ops::{DType, TensorType};
 use crate::syntax::ast::{self, Dim, Span, Stmt};
 
 use super::eval::{Elaborator, Frame};
+use super::instance::article;
 use super::modules::Modules;
 use super::program::{Input, Loc, Model, Output};
 use super::value::Value;
@@ -164,10 +165,10 @@ impl Elaborator<'_> {
                 format!("{kind} `{}` is declared twice", name.name)
             } else {
                 format!(
-                    "`{}` is declared as {} and as {}",
+                    "`{}` is declared as {} {first_kind} and as {} {kind}",
                     name.name,
-                    with_article(first_kind),
-                    with_article(kind)
+                    article(first_kind),
+                    article(kind)
                 )
             };
             self.error(frame, Code::E0404, name.span, message)
@@ -259,16 +260,6 @@ fn parse_override(text: &str) -> Option<Value> {
     }
 }
 
-/// `"an input"`, `"a dim"`.
-fn with_article(kind: &str) -> String {
-    let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
-        "an"
-    } else {
-        "a"
-    };
-    format!("{article} {kind}")
-}
-
 fn show(v: &Value) -> String {
     match v {
         Value::Int(i) => i.to_string(),
@@ -306,7 +297,7 @@ pub fn elaborate_model(
     elab.overrides = overrides.clone();
     let mut frame = Frame::top(module, file);
     elab.exec_block(&mut frame, &item.body);
-    if !elab.saw_output {
+    if !elab.saw_output && !elab.out_of_steps() {
         let d = Diagnostic::error(
             Code::E0400,
             file,

@@ -65,7 +65,7 @@ codes! {
     E0305 => "wrong kind of value",
     E0306 => "dtype mismatch",
     E0307 => "unknown dtype",
-    E0308 => "integer overflow or division by zero",
+    E0308 => "arithmetic overflow or division by zero",
     E0309 => "invalid dimension size",
     E0400 => "model has no output",
     E0401 => "unknown override",
