@@ -137,3 +137,82 @@ fn control_characters_from_a_file_are_escaped() {
     assert!(human.stderr.contains("\\u{1b}"), "{}", human.stderr);
     assert!(human.stderr.contains('\u{241b}'), "{}", human.stderr);
 }
+
+#[test]
+fn special_files_and_huge_sources_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fifo = d.join("pipe.msl");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    std::fs::create_dir(d.join("folder.msl")).unwrap();
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink("loop_b.msl", d.join("loop_a.msl")).unwrap();
+        std::os::unix::fs::symlink("loop_a.msl", d.join("loop_b.msl")).unwrap();
+    }
+    std::fs::write(d.join("huge.msl"), " ".repeat(9 << 20)).unwrap();
+    let mut cases = vec![
+        ("/dev/zero".to_string(), "E0100", "character device"),
+        (d.display().to_string(), "E0100", "directory"),
+        (
+            d.join("huge.msl").display().to_string(),
+            "E0007",
+            "too large",
+        ),
+    ];
+    if cfg!(unix) {
+        cases.push((
+            d.join("loop_a.msl").display().to_string(),
+            "E0100",
+            "symbolic",
+        ));
+    }
+    if made.is_ok_and(|s| s.success()) {
+        cases.push((fifo.display().to_string(), "E0100", "FIFO"));
+    }
+    for (path, code, words) in cases {
+        let run = mslc_within(
+            &["--message-format", "json", "check", &path],
+            Duration::from_secs(20),
+        );
+        assert_eq!(run.status, 1, "{path}");
+        assert_eq!(run.codes(), [code], "{path}: {}", run.stdout);
+        assert!(run.stdout.contains(words), "{path}: {}", run.stdout);
+    }
+    let text = "import .folder.X\nimport .loop_a.Y\nimport .huge.Z\n\
+                model M {\n    input x: f32[4]\n    output y = x\n}\n";
+    let run = check_text(d, "imports.msl", text, &[]);
+    assert_eq!(run.codes(), ["E0100", "E0100", "E0007"], "{}", run.stdout);
+    assert!(!run.stdout.contains("not found"), "{}", run.stdout);
+}
+
+#[test]
+fn runaway_loops_stop_quickly_and_overflow_is_coded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let loops = [
+        "model M {\n    input x: f32[4]\n    for i in 0..1000000000000 { }\n    output y = x\n}\n",
+        "model M {\n    input x: f32[4]\n    for i in 0..1000000 { for j in 0..1000000 { for k in 0..1000000 { } } }\n    output y = x\n}\n",
+        "model M {\n    input x: f32[4]\n    let h = x\n    for i in 0..1000000000 { h = h + x }\n    output y = h\n}\n",
+    ];
+    for (i, text) in loops.iter().enumerate() {
+        let path = d.join(format!("loop{i}.msl"));
+        std::fs::write(&path, text).unwrap();
+        let start = Instant::now();
+        let run = mslc_within(
+            &["--message-format", "json", "check", path.to_str().unwrap()],
+            Duration::from_secs(30),
+        );
+        assert_eq!(run.codes(), ["E0211"], "{}", run.stdout);
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+    let text = "model M {\n    const hidden = 4, heads = 2\n    const hd = hidden / heads\n    \
+                input x: f32[4]\n    output y = x\n}\n";
+    let run = check_text(
+        d,
+        "set.msl",
+        text,
+        &["--set", "hidden=-9223372036854775808", "--set", "heads=-1"],
+    );
+    assert_eq!(run.codes(), ["E0308"], "{}", run.stdout);
+}
