@@ -216,3 +216,43 @@ fn runaway_loops_stop_quickly_and_overflow_is_coded() {
     );
     assert_eq!(run.codes(), ["E0308"], "{}", run.stdout);
 }
+
+#[test]
+fn byte_order_marks_pass_and_odd_line_breaks_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = "\u{feff}model M {\n    input x: f32[4]\n    output y = x\n}\n";
+    assert_eq!(check_text(d, "bom.msl", good, &[]).status, 0);
+    let bad = "\u{feff}model M {\n    input x: f32[4]\n    output y = nope\n}\n";
+    let run = check_text(d, "bom_bad.msl", bad, &[]);
+    assert_eq!(run.codes(), ["E0200"]);
+    let at = bad.find("nope").unwrap();
+    assert!(
+        run.stdout.contains(&format!("\"byte_start\":{at},")),
+        "{}",
+        run.stdout
+    );
+    for (name, text) in [
+        (
+            "cr.msl",
+            "model M {\r    // c\r    input x: f32[4]\r    output y = x\r}\r",
+        ),
+        (
+            "ls.msl",
+            "model M {\u{2028}    // c\u{2028}    input x: f32[4]\n    output y = x\n}\n",
+        ),
+        (
+            "ps.msl",
+            "model M {\n    // c\u{2029}    input x: f32[4]\n    output y = x\n}\n",
+        ),
+        (
+            "nel.msl",
+            "model M {\n    input x: f32[4] // c\u{85}    output y = x\n}\n",
+        ),
+    ] {
+        let run = check_text(d, name, text, &[]);
+        assert_eq!(run.codes(), ["E0008"], "{name}: {}", run.stdout);
+    }
+    let crlf = "model M {\r\n    // c\r\n    input x: f32[4]\r\n    output y = x\r\n}\r\n";
+    assert_eq!(check_text(d, "crlf.msl", crlf, &[]).status, 0);
+}

@@ -41,6 +41,7 @@ codes! {
     E0005 => "unterminated block comment",
     E0006 => "number literal out of range",
     E0007 => "source file too large",
+    E0008 => "unsupported line break",
     E0100 => "cannot read source file",
     E0101 => "module not found",
     E0102 => "name not exported by module",
