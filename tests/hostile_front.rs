@@ -256,3 +256,31 @@ fn byte_order_marks_pass_and_odd_line_breaks_are_refused() {
     let crlf = "model M {\r\n    // c\r\n    input x: f32[4]\r\n    output y = x\r\n}\r\n";
     assert_eq!(check_text(d, "crlf.msl", crlf, &[]).status, 0);
 }
+
+#[test]
+fn parameter_totals_do_not_wrap_or_saturate() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "model M {\n    input x: f32[4]\n    output y = x\n    \
+                param w: f32[4000000000, 4000000000]\n    param v: f32[4000000000, 4000000000]\n}\n";
+    let path = dir.path().join("big.msl");
+    std::fs::write(&path, text).unwrap();
+    let run = mslc(&["check", "--summary", path.to_str().unwrap()]);
+    assert_eq!(run.status, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains(
+            "total parameters: 32,000,000,000,000,000,000 (128,000,000,000,000,000,000 bytes)"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("18,446,744,073,709,551,615"));
+    let text = "model M {\n    input x: f32[4]\n    output y = x\n    \
+                param w: f32[9223372036854775807, 9223372036854775807, 9223372036854775807]\n}\n";
+    std::fs::write(&path, text).unwrap();
+    let run = mslc(&["check", "--summary", path.to_str().unwrap()]);
+    assert!(
+        run.stdout.contains("total parameters: more than 10^38"),
+        "{}",
+        run.stdout
+    );
+}
