@@ -284,3 +284,28 @@ fn parameter_totals_do_not_wrap_or_saturate() {
         run.stdout
     );
 }
+
+#[test]
+fn a_long_shard_pattern_that_matches_nothing_is_quick() {
+    let dir = tempfile::tempdir().unwrap();
+    let groups: String = (0..10)
+        .map(|i| format!("{{{}{i},{}{i}}}", "a".repeat(95), "b".repeat(95)))
+        .collect();
+    let rule = "shard \"lm_head.weight\" = [mp, _]";
+    let source = std::fs::read_to_string("examples/llama2_70b.msl").unwrap();
+    assert!(source.contains(rule));
+    let text = source.replace(
+        rule,
+        &format!("{rule}\n    shard \"model.layers.*.{groups}.weight\" = [mp, _]"),
+    );
+    let start = Instant::now();
+    let run = check_text(dir.path(), "pattern.msl", &text, &[]);
+    assert!(start.elapsed() < Duration::from_secs(60));
+    assert_eq!(run.codes(), ["E0508"], "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("the closest parameter path is `model.layers."),
+        "{}",
+        run.stdout
+    );
+}
