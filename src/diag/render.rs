@@ -66,7 +66,7 @@ struct Report {
     message: String,
     severity: Severity,
     help: Option<String>,
-    source: NamedSource<String>,
+    source: Quoted,
     labels: Vec<LabeledSpan>,
     related: Vec<Report>,
 }
@@ -109,13 +109,44 @@ impl Report {
     }
 }
 
+/// A file's text as quoted in a report. Where a line was clipped, the position miette shows in
+/// the header (`[file:line:column]`) is the primary label's in the original file, not in the
+/// clipped text.
+struct Quoted {
+    source: NamedSource<String>,
+    /// The primary label's offset in the quoted text, and its 0-based line and column in the
+    /// original, when they differ.
+    header: Option<(usize, usize, usize)>,
+}
+
+impl miette::SourceCode for Quoted {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        before: usize,
+        after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let contents = self.source.read_span(span, before, after)?;
+        match self.header {
+            // miette reads the primary span without context lines only for the header.
+            Some((offset, line, column)) if (before, after, span.offset()) == (0, 0, offset) => {
+                Ok(Box::new(miette::MietteSpanContents::new_named(
+                    self.source.name().to_string(),
+                    contents.data(),
+                    *contents.span(),
+                    line,
+                    column,
+                    contents.line_count(),
+                )))
+            }
+            _ => Ok(contents),
+        }
+    }
+}
+
 /// The file's text made safe to quote (hazards pictured, long lines clipped around the labels)
 /// and the labels moved onto it.
-fn quote(
-    sources: &Sources,
-    file: FileId,
-    labels: &[(&Label, bool)],
-) -> (NamedSource<String>, Vec<LabeledSpan>) {
+fn quote(sources: &Sources, file: FileId, labels: &[(&Label, bool)]) -> (Quoted, Vec<LabeledSpan>) {
     let f = sources.get(file);
     let text = &f.text;
     let bounds = |label: &Label| {
@@ -145,7 +176,16 @@ fn quote(
             }
         })
         .collect();
-    (NamedSource::new(escape(&f.name), snippet.text), spans)
+    let header = labels
+        .first()
+        .filter(|_| snippet.clipped)
+        .map(|(label, _)| {
+            let start = bounds(label).0;
+            let (line, column) = sources.line_col(file, start);
+            (snippet.map(start), line - 1, column - 1)
+        });
+    let source = NamedSource::new(escape(&f.name), snippet.text);
+    (Quoted { source, header }, spans)
 }
 
 impl fmt::Debug for Report {
