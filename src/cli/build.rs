@@ -74,8 +74,8 @@ struct Report<'a> {
     ops_before_passes: usize,
     ops_after_passes: usize,
     steps: usize,
-    parameters: u64,
-    parameter_bytes: u64,
+    parameters: u128,
+    parameter_bytes: u128,
     arena_bytes: u64,
     hoisted_bytes: u64,
     lower_bound_bytes: u64,
@@ -284,7 +284,7 @@ fn report_text(
     let mut lines = vec![
         format!("built {} for {} ({})", r.model, r.target, r.target_fingerprint),
         format!("  ops:        {} after lowering, {} after passes, {} steps", r.ops_before_passes, r.ops_after_passes, r.steps),
-        format!("  parameters: {} ({:.1} MiB)", group_thousands(r.parameters), mib(r.parameter_bytes)),
+        format!("  parameters: {} ({:.1} MiB)", group_thousands(r.parameters), r.parameter_bytes as f64 / (1024.0 * 1024.0)),
         format!("  rewrites:   {}", rewrites_text(r.rewrites_by_label)),
         format!(
             "  arena:      {:.2} MiB, lower bound {:.2} MiB, ratio {:.4} ({}, {} in-place)",

@@ -40,8 +40,12 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
     u8::from(failed)
 }
 
-/// `1234567` → `1,234,567`.
-pub fn group_thousands(n: u64) -> String {
+/// `1234567` → `1,234,567`; `u128::MAX`, where exact counts saturate, → `more than 10^38`.
+pub fn group_thousands(n: impl Into<u128>) -> String {
+    let n = n.into();
+    if n == u128::MAX {
+        return "more than 10^38".to_string();
+    }
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -99,7 +103,7 @@ pub fn summary(model: &Model) -> String {
             p.path,
             fmt_dims(&ty.shape),
             ty.dtype.name(),
-            group_thousands(ty.numel())
+            group_thousands(ty.wide_numel())
         );
     }
     let _ = writeln!(

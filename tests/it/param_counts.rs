@@ -6,7 +6,7 @@ use std::process::Command;
 
 use mslc_check::{check_path, CheckOptions};
 
-const EXPECTED: &[(&str, u64)] = &[
+const EXPECTED: &[(&str, u128)] = &[
     ("examples/llama2_7b.msl", 6_738_415_616),
     ("examples/llama2_13b.msl", 13_015_864_320),
     ("examples/llama2_70b.msl", 68_976_648_192),

@@ -14,9 +14,14 @@ use super::suggest;
 use super::value::Value;
 use mslc_core::program::{Loc, Model, Node, ValueId};
 
-/// Most expression evaluations one model may take (loops × body size), so a runaway loop
-/// ends with a diagnostic instead of hanging.
-const MAX_STEPS: u64 = 5_000_000;
+/// Most evaluation steps one model may take, so a runaway loop ends with a diagnostic (E0211)
+/// instead of hanging. A step is one expression evaluated or one loop iteration begun; an op
+/// emitted or a parameter declared costs [`NODE_STEPS`], as those are what take time and memory
+/// later. The largest example, GPT-3 175B (96 layers), takes about 70,000; the limit is reached
+/// in well under a second.
+pub const MAX_STEPS: u64 = 1_000_000;
+/// Steps charged for one emitted op or declared parameter.
+pub const NODE_STEPS: u64 = 10;
 /// Deepest nesting of block instances.
 pub const MAX_INSTANCE_DEPTH: usize = 64;
 
@@ -127,6 +132,8 @@ pub struct Elaborator<'a> {
     pub saw_output: bool,
     /// Overrides applied so far: (is a dim, name).
     pub used_overrides: HashSet<(bool, String)>,
+    /// The model's `const`, `dims`, `input` and `output` names so far: what each is, and where.
+    pub model_names: HashMap<String, (&'static str, Loc)>,
     const_cache: HashMap<(usize, String), Value>,
     const_busy: HashSet<(usize, String)>,
     steps: u64,
@@ -145,11 +152,41 @@ impl<'a> Elaborator<'a> {
             overrides: Default::default(),
             saw_output: false,
             used_overrides: HashSet::new(),
+            model_names: HashMap::new(),
             const_cache: HashMap::new(),
             const_busy: HashSet::new(),
             steps: 0,
             out_of_steps: false,
         }
+    }
+
+    /// Whether elaboration stopped at [`MAX_STEPS`] (what is missing after that is no news).
+    pub fn out_of_steps(&self) -> bool {
+        self.out_of_steps
+    }
+
+    /// Charges `cost` steps for work at `span`; false (with one E0211 per model) once the
+    /// budget is spent.
+    pub fn tick(&mut self, frame: &Frame, span: Span, cost: u64) -> bool {
+        if self.out_of_steps {
+            return false;
+        }
+        self.steps += cost;
+        if self.steps <= MAX_STEPS {
+            return true;
+        }
+        self.out_of_steps = true;
+        let d = self
+            .error(
+                frame,
+                Code::E0211,
+                span,
+                format!("elaboration took more than {MAX_STEPS} steps"),
+            )
+            .with_label("still evaluating here")
+            .with_help("check loop bounds; models this large are not supported");
+        self.report(frame, d);
+        false
     }
 
     /// Records a diagnostic found while evaluating `frame`, noting the instance it is in.
@@ -278,15 +315,20 @@ impl<'a> Elaborator<'a> {
                 else {
                     return;
                 };
+                let range = start.span.to(end.span);
+                // One scope for the loop, emptied on each iteration (cheaper than a new one).
+                frame.scopes.push(HashMap::new());
                 for i in lo..hi {
-                    if frame.returned.is_some() || self.out_of_steps {
+                    if frame.returned.is_some() || !self.tick(frame, range, 1) {
                         break;
                     }
-                    frame.scopes.push(HashMap::new());
+                    if let Some(scope) = frame.scopes.last_mut() {
+                        scope.clear();
+                    }
                     frame.bind(&var.name, Value::Int(i), var.span);
                     self.exec_block(frame, body);
-                    frame.scopes.pop();
                 }
+                frame.scopes.pop();
             }
             Stmt::If {
                 cond,
@@ -371,21 +413,7 @@ impl<'a> Elaborator<'a> {
 
     /// Evaluates one expression.
     pub fn eval(&mut self, frame: &mut Frame, e: &Expr) -> Value {
-        self.steps += 1;
-        if self.steps > MAX_STEPS {
-            if !self.out_of_steps {
-                self.out_of_steps = true;
-                let d = self
-                    .error(
-                        frame,
-                        Code::E0211,
-                        e.span,
-                        format!("elaboration took more than {MAX_STEPS} steps"),
-                    )
-                    .with_label("still evaluating here")
-                    .with_help("check loop bounds; models this large are not supported");
-                self.report(frame, d);
-            }
+        if !self.tick(frame, e.span, 1) {
             return Value::Error;
         }
         match &e.kind {
@@ -393,7 +421,16 @@ impl<'a> Elaborator<'a> {
             ExprKind::Float(v) => Value::Float(*v),
             ExprKind::Bool(v) => Value::Bool(*v),
             ExprKind::Str(s) => Value::Str(s.clone()),
-            ExprKind::Quantity { value, unit, .. } => Value::Quantity(value * unit_scale(unit)),
+            ExprKind::Quantity { value, unit, .. } => match value * unit_scale(unit) {
+                v if v.is_finite() => Value::Quantity(v),
+                _ => self.fail(
+                    frame,
+                    Code::E0308,
+                    e.span,
+                    "quantity out of range",
+                    "infinite in base units",
+                ),
+            },
             ExprKind::Name(name) => self.eval_name(frame, name, e.span),
             ExprKind::Wildcard => self.fail(
                 frame,
@@ -673,12 +710,27 @@ impl<'a> Elaborator<'a> {
             (Int(x), Int(y)) => self.int_binary(frame, op, *x, *y, b.1, span),
             (Int(_) | Float(_), Int(_) | Float(_)) => {
                 let (x, y) = (a.0.as_f64().unwrap_or(0.0), b.0.as_f64().unwrap_or(0.0));
+                let finite = |elab: &mut Self, r: f64| {
+                    if r.is_finite() {
+                        Float(r)
+                    } else if y == 0.0 && matches!(op, BinOp::Div | BinOp::Rem) {
+                        elab.fail(frame, Code::E0308, b.1, "division by zero", "this is 0")
+                    } else {
+                        elab.fail(
+                            frame,
+                            Code::E0308,
+                            span,
+                            "floating-point overflow",
+                            "the result is infinite",
+                        )
+                    }
+                };
                 match op {
-                    BinOp::Add => Float(x + y),
-                    BinOp::Sub => Float(x - y),
-                    BinOp::Mul => Float(x * y),
-                    BinOp::Div => Float(x / y),
-                    BinOp::Rem => Float(x % y),
+                    BinOp::Add => finite(self, x + y),
+                    BinOp::Sub => finite(self, x - y),
+                    BinOp::Mul => finite(self, x * y),
+                    BinOp::Div => finite(self, x / y),
+                    BinOp::Rem => finite(self, x % y),
                     BinOp::Eq => Bool(x == y),
                     BinOp::Ne => Bool(x != y),
                     BinOp::Lt => Bool(x < y),
@@ -754,7 +806,7 @@ impl<'a> Elaborator<'a> {
                     "this is 0",
                 );
             }
-            BinOp::Div if x % y != 0 => {
+            BinOp::Div if x.checked_rem(y).is_some_and(|r| r != 0) => {
                 let d = self
                     .error(
                         frame,
@@ -878,6 +930,9 @@ impl<'a> Elaborator<'a> {
             .iter()
             .map(|(v, _)| self.model.ty(*v).clone())
             .collect();
+        if !self.tick(frame, span, NODE_STEPS) {
+            return Value::Error;
+        }
         let attrs = match ops::resolve_attrs(op, &attrs) {
             Ok(a) => a,
             Err(e) => return self.op_error(frame, e, inputs, span),

@@ -7,7 +7,7 @@ use mslc_core::diag::Code;
 use mslc_core::ops::{DType, TensorType};
 use mslc_syntax::ast::{self, Dim, ExprKind, LabelSeg, ParamKind, ParamType, Span};
 
-use super::eval::{ArgValue, Elaborator, Frame, MAX_INSTANCE_DEPTH};
+use super::eval::{ArgValue, Elaborator, Frame, MAX_INSTANCE_DEPTH, NODE_STEPS};
 use super::modules::ItemRef;
 use super::suggest;
 use super::value::Value;
@@ -202,7 +202,7 @@ impl Elaborator<'_> {
         }
         self.exec_block(&mut frame, &block.body);
         let Some((value, ret_span)) = frame.returned.take() else {
-            if block.ret.is_some() {
+            if block.ret.is_some() && !self.out_of_steps() {
                 let d = self
                     .error(
                         &frame,
@@ -662,6 +662,10 @@ impl Elaborator<'_> {
             frame.bind(&name.name, Value::Error, name.span);
             return;
         }
+        if !self.tick(frame, span, NODE_STEPS) {
+            frame.bind(&name.name, Value::Error, name.span);
+            return;
+        }
         self.param_paths.insert(path.clone(), loc);
         let value = self.model.new_value(TensorType::new(dtype, shape));
         self.model.params.push(Param {
@@ -675,7 +679,8 @@ impl Elaborator<'_> {
     }
 }
 
-fn article(word: &str) -> &'static str {
+/// `"an"` before a word starting with a vowel, else `"a"`.
+pub(super) fn article(word: &str) -> &'static str {
     if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
         "an"
     } else {

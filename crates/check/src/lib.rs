@@ -56,45 +56,27 @@ impl Checked {
     }
 }
 
-/// Checks the file at `path`.
+/// Checks the file at `path` (a regular file of at most [`modules::MAX_SOURCE_BYTES`]).
 pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
     let name = path.display().to_string();
-    match std::fs::read(path) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => check_source(&name, &text, options),
-            Err(e) => {
-                let offset = e.utf8_error().valid_up_to();
-                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
-                let mut checked = Checked::default();
-                let file = checked.sources.add(name, lossy);
-                checked.diagnostics.push(
-                    Diagnostic::error(
-                        Code::E0003,
-                        file,
-                        Span::new(offset, offset + 1),
-                        "file is not valid UTF-8",
-                    )
-                    .with_label(format!("invalid byte at offset {offset}"))
-                    .with_help("save the file as UTF-8 text"),
-                );
-                checked
-            }
-        },
-        Err(e) => {
-            let mut checked = Checked::default();
-            let file = checked.sources.add(name.clone(), "");
-            checked.diagnostics.push(
-                Diagnostic::error(
-                    Code::E0100,
-                    file,
-                    Span::default(),
-                    format!("cannot read `{name}`: {e}"),
-                )
-                .with_help("check the path and its permissions"),
-            );
-            checked
+    let error = match modules::read_source(path) {
+        Ok(text) => return check_source(&name, &text, options),
+        Err(e) => e,
+    };
+    let mut checked = Checked::default();
+    let (text, span) = match &error {
+        modules::ReadError::NotUtf8 { lossy, offset } => {
+            (lossy.clone(), Span::new(*offset, offset + 1))
         }
+        _ => (String::new(), Span::default()),
+    };
+    let file = checked.sources.add(name.clone(), text);
+    let mut d = error.diagnostic(file, span, &name);
+    if let modules::ReadError::NotUtf8 { offset, .. } = error {
+        d = d.with_label(format!("invalid byte at offset {offset}"));
     }
+    checked.diagnostics.push(d);
+    checked
 }
 
 /// Checks source text already in memory (`name` is shown in diagnostics and anchors relative

@@ -8,6 +8,7 @@ use mslc_core::ops::{DType, TensorType};
 use mslc_syntax::ast::{self, Dim, Span, Stmt};
 
 use super::eval::{Elaborator, Frame};
+use super::instance::article;
 use super::modules::Modules;
 use super::value::Value;
 use mslc_core::program::{Input, Loc, Model, Output};
@@ -41,6 +42,9 @@ impl Elaborator<'_> {
         match stmt {
             Stmt::Const { bindings, .. } => {
                 for b in bindings {
+                    if !self.claim(frame, &b.name, "const") {
+                        continue;
+                    }
                     let v = match self.overridden(&b.name, false) {
                         Some(v) => v,
                         None => self.eval(frame, &b.value),
@@ -52,6 +56,9 @@ impl Elaborator<'_> {
             }
             Stmt::Dims { bindings, .. } => {
                 for b in bindings {
+                    if !self.claim(frame, &b.name, "dim") {
+                        continue;
+                    }
                     let v = match self.overridden(&b.name, true) {
                         Some(v) => v,
                         None => self.eval(frame, &b.value),
@@ -78,6 +85,9 @@ impl Elaborator<'_> {
                 }
             }
             Stmt::Input { name, ty, span } => {
+                if !self.claim(frame, name, "input") {
+                    return;
+                }
                 let dims = self.dim_names(ty);
                 let Some(ty) = self.concrete_type(frame, ty) else {
                     frame.bind(&name.name, Value::Error, name.span);
@@ -98,18 +108,7 @@ impl Elaborator<'_> {
             Stmt::Output { name, value, span } => {
                 self.saw_output = true;
                 let v = self.eval(frame, value);
-                if let Some(first) = self.model.outputs.iter().find(|o| o.name == name.name) {
-                    let first = first.loc;
-                    let d = self
-                        .error(
-                            frame,
-                            Code::E0404,
-                            name.span,
-                            format!("output `{}` is declared twice", name.name),
-                        )
-                        .with_label("declared again here")
-                        .with_related(first.file, first.span, "first declared here");
-                    self.report(frame, d);
+                if !self.claim(frame, name, "output") {
                     return;
                 }
                 match v {
@@ -137,6 +136,49 @@ impl Elaborator<'_> {
             }
             _ => {}
         }
+    }
+
+    /// Claims `name` for a model declaration of `kind` (`"const"`, `"dim"`, `"input"`,
+    /// `"output"`); false, with an E0404, when the model already declared it — or when the same
+    /// statement runs again, inside a loop.
+    fn claim(&mut self, frame: &Frame, name: &ast::Ident, kind: &'static str) -> bool {
+        let here = Loc {
+            file: frame.file,
+            span: name.span,
+        };
+        let Some(&(first_kind, first)) = self.model_names.get(&name.name) else {
+            self.model_names.insert(name.name.clone(), (kind, here));
+            return true;
+        };
+        let d = if first == here {
+            self.error(
+                frame,
+                Code::E0404,
+                name.span,
+                format!(
+                    "{kind} `{}` is declared again on each loop iteration",
+                    name.name
+                ),
+            )
+            .with_label("runs more than once")
+            .with_help("declare it before the loop")
+        } else {
+            let message = if first_kind == kind {
+                format!("{kind} `{}` is declared twice", name.name)
+            } else {
+                format!(
+                    "`{}` is declared as {} {first_kind} and as {} {kind}",
+                    name.name,
+                    article(first_kind),
+                    article(kind)
+                )
+            };
+            self.error(frame, Code::E0404, name.span, message)
+                .with_label("declared again here")
+                .with_related(first.file, first.span, "first declared here")
+        };
+        self.report(frame, d);
+        false
     }
 
     /// A declared tensor type with every dim evaluated.
@@ -271,7 +313,7 @@ pub fn elaborate_model(
     elab.overrides = overrides.clone();
     let mut frame = Frame::top(module, file);
     elab.exec_block(&mut frame, &item.body);
-    if !elab.saw_output {
+    if !elab.saw_output && !elab.out_of_steps() {
         let d = Diagnostic::error(
             Code::E0400,
             file,

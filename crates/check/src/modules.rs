@@ -15,6 +15,120 @@ pub fn stdlib_modules() -> impl Iterator<Item = (&'static str, &'static str)> {
     EMBEDDED_STDLIB.iter().copied()
 }
 
+/// Largest source file mslc reads (8 MiB; the largest example is 3 kB). A bigger file, or a
+/// device that never ends, is refused with E0007 instead of filling memory.
+pub const MAX_SOURCE_BYTES: u64 = 8 << 20;
+
+/// Why a source file could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Nothing at that path.
+    NotFound,
+    /// A directory, FIFO, device or socket (what it is, e.g. `"a directory"`).
+    NotRegular(&'static str),
+    /// More than [`MAX_SOURCE_BYTES`] (at least this many bytes).
+    TooLarge(u64),
+    /// Not UTF-8: the text with invalid bytes replaced, and the offset of the first.
+    NotUtf8 {
+        /// The text, lossily decoded.
+        lossy: String,
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
+    /// Any other failure the operating system reported (permissions, a symlink loop, …).
+    Io(std::io::Error),
+}
+
+impl ReadError {
+    /// The error for `shown` (the path as shown), at `span` of `file`: E0007 for a file too
+    /// large, E0003 for one not UTF-8, E0100 otherwise.
+    pub fn diagnostic(&self, file: FileId, span: Span, shown: &str) -> Diagnostic {
+        let (code, message, help) = match self {
+            ReadError::NotFound => (
+                Code::E0100,
+                format!("cannot read `{shown}`: no such file"),
+                "check the path".to_string(),
+            ),
+            ReadError::NotRegular(what) => (
+                Code::E0100,
+                format!("cannot read `{shown}`: it is {what}, not a regular file"),
+                "mslc reads sources from regular files only".to_string(),
+            ),
+            ReadError::TooLarge(size) => (
+                Code::E0007,
+                format!("`{shown}` is too large: at least {size} bytes"),
+                format!("a source file may have at most {MAX_SOURCE_BYTES} bytes (8 MiB)"),
+            ),
+            ReadError::NotUtf8 { offset, .. } => (
+                Code::E0003,
+                format!("`{shown}` is not valid UTF-8"),
+                format!("invalid byte at offset {offset}; save the file as UTF-8 text"),
+            ),
+            ReadError::Io(e) => (
+                Code::E0100,
+                format!("cannot read `{shown}`: {e}"),
+                "check the path and its permissions".to_string(),
+            ),
+        };
+        Diagnostic::error(code, file, span, message).with_help(help)
+    }
+}
+
+/// Reads a source file: only a regular file, at most [`MAX_SOURCE_BYTES`], UTF-8. Never opens
+/// a FIFO or device (which could block or never end).
+pub fn read_source(path: &Path) -> Result<String, ReadError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::NotFound,
+        _ => ReadError::Io(e),
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(ReadError::NotRegular(file_kind(&meta.file_type())));
+    }
+    if meta.len() > MAX_SOURCE_BYTES {
+        return Err(ReadError::TooLarge(meta.len()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_SOURCE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_SOURCE_BYTES {
+        return Err(ReadError::TooLarge(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+        offset: e.utf8_error().valid_up_to(),
+        lossy: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// What a non-regular file is, with its article.
+fn file_kind(ty: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ty.is_fifo() {
+            return "a FIFO";
+        }
+        if ty.is_char_device() {
+            return "a character device";
+        }
+        if ty.is_block_device() {
+            return "a block device";
+        }
+        if ty.is_socket() {
+            return "a socket";
+        }
+    }
+    if ty.is_dir() {
+        "a directory"
+    } else {
+        "something other than a file"
+    }
+}
+
 /// Where a module comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ModuleKey {
@@ -126,7 +240,7 @@ impl<'a> Loader<'a> {
         // Targets are named by path (`std.targets.cpu`, `--target cpu`) without an import.
         let targets = ModuleKey::Std("targets".to_string());
         if !self.modules.by_key.contains_key(&targets) {
-            if let Some(Ok(text)) = self.read_std("targets") {
+            if let Ok(text) = self.read_std("targets") {
                 let file = self.sources.add("std/targets.msl", text.as_str());
                 self.finish_load(targets, file, &text, None);
             }
@@ -345,27 +459,18 @@ impl<'a> Loader<'a> {
         }
         let text = match &key {
             ModuleKey::Std(name) => self.read_std(name),
-            ModuleKey::Path(path) => std::fs::read(path)
-                .ok()
-                .map(|b| String::from_utf8(b).map_err(|_| ())),
+            ModuleKey::Path(path) => read_source(path),
+        };
+        let name = match &key {
+            ModuleKey::Std(n) => format!("std/{n}.msl"),
+            ModuleKey::Path(p) => display_path(p),
         };
         match text {
-            Some(Ok(text)) => {
-                let name = match &key {
-                    ModuleKey::Std(n) => format!("std/{n}.msl"),
-                    ModuleKey::Path(p) => display_path(p),
-                };
+            Ok(text) => {
                 let new_file = self.sources.add(name, text.as_str());
                 Some(self.finish_load(key, new_file, &text, Some((file, span))))
             }
-            Some(Err(())) => {
-                self.diags.push(
-                    Diagnostic::error(Code::E0003, file, span, "imported file is not valid UTF-8")
-                        .with_label("imported here"),
-                );
-                None
-            }
-            None => {
+            Err(ReadError::NotFound) => {
                 let mut d = Diagnostic::error(
                     Code::E0101,
                     file,
@@ -382,6 +487,11 @@ impl<'a> Loader<'a> {
                         d = d.with_help(format!("did you mean `std.{}`?", s.replace('/', ".")));
                     }
                 }
+                self.diags.push(d);
+                None
+            }
+            Err(e) => {
+                let d = e.diagnostic(file, span, &name).with_label("imported here");
                 self.diags.push(d);
                 None
             }
@@ -438,16 +548,14 @@ impl<'a> Loader<'a> {
         Some(ModuleKey::Path(canonical(&path)))
     }
 
-    fn read_std(&self, name: &str) -> Option<Result<String, ()>> {
+    fn read_std(&self, name: &str) -> Result<String, ReadError> {
         match self.stdlib_dir {
-            Some(dir) => {
-                let bytes = std::fs::read(dir.join(format!("{name}.msl"))).ok()?;
-                Some(String::from_utf8(bytes).map_err(|_| ()))
-            }
+            Some(dir) => read_source(&dir.join(format!("{name}.msl"))),
             None => EMBEDDED_STDLIB
                 .iter()
                 .find(|(n, _)| *n == name)
-                .map(|(_, t)| Ok(t.to_string())),
+                .map(|(_, t)| t.to_string())
+                .ok_or(ReadError::NotFound),
         }
     }
 }

@@ -137,27 +137,26 @@ impl Model {
         &self.values[v.0 as usize]
     }
 
-    /// Number of trainable parameter elements.
-    pub fn param_count(&self) -> u64 {
-        self.params
-            .iter()
-            .filter(|p| p.trainable)
-            .map(|p| self.ty(p.value).numel())
-            .sum()
+    /// Number of trainable parameter elements (saturating at `u128::MAX`).
+    pub fn param_count(&self) -> u128 {
+        self.count(|p| p.trainable, TensorType::wide_numel)
     }
 
-    /// Number of buffer elements.
-    pub fn buffer_count(&self) -> u64 {
-        self.params
-            .iter()
-            .filter(|p| !p.trainable)
-            .map(|p| self.ty(p.value).numel())
-            .sum()
+    /// Number of buffer elements (saturating at `u128::MAX`).
+    pub fn buffer_count(&self) -> u128 {
+        self.count(|p| !p.trainable, TensorType::wide_numel)
     }
 
-    /// Bytes of all parameters and buffers.
-    pub fn param_bytes(&self) -> u64 {
-        self.params.iter().map(|p| self.ty(p.value).bytes()).sum()
+    /// Bytes of all parameters and buffers (saturating at `u128::MAX`).
+    pub fn param_bytes(&self) -> u128 {
+        self.count(|_| true, TensorType::wide_bytes)
+    }
+
+    fn count(&self, which: impl Fn(&Param) -> bool, size: impl Fn(&TensorType) -> u128) -> u128 {
+        self.params
+            .iter()
+            .filter(|p| which(p))
+            .fold(0u128, |n, p| n.saturating_add(size(self.ty(p.value))))
     }
 
     /// Adds a value of type `ty`.

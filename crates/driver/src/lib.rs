@@ -6,5 +6,6 @@ pub mod artifacts;
 pub mod compile;
 pub mod render;
 pub mod select;
+pub mod snippet;
 pub mod stack;
 pub mod target;

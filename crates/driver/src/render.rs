@@ -1,11 +1,13 @@
 //! Turning diagnostics into text: human reports through miette (fixed width, colour optional)
 //! and one JSON object per line for editors and build scripts.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
 use serde::Serialize;
 
+use crate::snippet::{escape, Snippet};
 use mslc_core::diag::{Diagnostic, FileId, Label, Severity, Sources};
 
 /// How to print diagnostics.
@@ -44,7 +46,7 @@ pub fn render_human(diag: &Diagnostic, sources: &Sources, options: RenderOptions
             "{}[{}]: {}\n",
             severity_word(diag.severity),
             diag.code,
-            diag.message
+            escape(&diag.message)
         );
     }
     out
@@ -64,7 +66,7 @@ struct Report {
     message: String,
     severity: Severity,
     help: Option<String>,
-    source: NamedSource<String>,
+    source: Quoted,
     labels: Vec<LabeledSpan>,
     related: Vec<Report>,
 }
@@ -72,57 +74,120 @@ struct Report {
 impl Report {
     fn new(diag: &Diagnostic, sources: &Sources) -> Report {
         let file = diag.primary.file;
-        let mut labels = vec![labeled(&diag.primary, sources, true)];
+        let mut here = vec![(&diag.primary, true)];
         let mut related = Vec::new();
         for label in &diag.related {
             if label.file == file {
-                labels.push(labeled(label, sources, false));
+                here.push((label, false));
             } else {
                 related.push(Report::note(label, sources));
             }
         }
+        let (source, labels) = quote(sources, file, &here);
         Report {
             code: diag.code.to_string(),
-            message: diag.message.clone(),
+            message: escape(&diag.message).into_owned(),
             severity: diag.severity,
-            help: diag.help.clone(),
-            source: named_source(sources, file),
+            help: diag.help.as_deref().map(|h| escape(h).into_owned()),
+            source,
             labels,
             related,
         }
     }
 
     fn note(label: &Label, sources: &Sources) -> Report {
+        let (source, labels) = quote(sources, label.file, &[(label, false)]);
         Report {
             code: String::new(),
-            message: label.message.clone(),
+            message: escape(&label.message).into_owned(),
             severity: Severity::Warning,
             help: None,
-            source: named_source(sources, label.file),
-            labels: vec![labeled(label, sources, false)],
+            source,
+            labels,
             related: Vec::new(),
         }
     }
 }
 
-fn named_source(sources: &Sources, file: FileId) -> NamedSource<String> {
-    let f = sources.get(file);
-    NamedSource::new(f.name.clone(), f.text.to_string())
+/// A file's text as quoted in a report. Where a line was clipped, the position miette shows in
+/// the header (`[file:line:column]`) is the primary label's in the original file, not in the
+/// clipped text.
+struct Quoted {
+    source: NamedSource<String>,
+    /// The primary label's offset in the quoted text, and its 0-based line and column in the
+    /// original, when they differ.
+    header: Option<(usize, usize, usize)>,
 }
 
-fn labeled(label: &Label, sources: &Sources, primary: bool) -> LabeledSpan {
-    let text = &sources.get(label.file).text;
-    let start =
-        mslc_core::diag::source::floor_char_boundary(text, label.span.start.min(text.len()));
-    let end = mslc_core::diag::source::floor_char_boundary(text, label.span.end.min(text.len()))
-        .max(start);
-    let span = SourceSpan::new(start.into(), end - start);
-    let message = (!label.message.is_empty()).then(|| label.message.clone());
-    if primary {
-        LabeledSpan::new_primary_with_span(message, span)
-    } else {
-        LabeledSpan::new_with_span(message, span)
+impl miette::SourceCode for Quoted {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        before: usize,
+        after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let contents = self.source.read_span(span, before, after)?;
+        match self.header {
+            // miette reads the primary span without context lines only for the header.
+            Some((offset, line, column)) if (before, after, span.offset()) == (0, 0, offset) => {
+                Ok(Box::new(miette::MietteSpanContents::new_named(
+                    self.source.name().to_string(),
+                    contents.data(),
+                    *contents.span(),
+                    line,
+                    column,
+                    contents.line_count(),
+                )))
+            }
+            _ => Ok(contents),
+        }
     }
+}
+
+/// The file's text made safe to quote (hazards pictured, long lines clipped around the labels)
+/// and the labels moved onto it.
+fn quote(sources: &Sources, file: FileId, labels: &[(&Label, bool)]) -> (Quoted, Vec<LabeledSpan>) {
+    let f = sources.get(file);
+    let text = &f.text;
+    let bounds = |label: &Label| {
+        let start =
+            mslc_core::diag::source::floor_char_boundary(text, label.span.start.min(text.len()));
+        let end =
+            mslc_core::diag::source::floor_char_boundary(text, label.span.end.min(text.len()));
+        (start, end.max(start))
+    };
+    let points: Vec<usize> = labels
+        .iter()
+        .flat_map(|(l, _)| {
+            let (start, end) = bounds(l);
+            [start, end]
+        })
+        .collect();
+    let snippet = Snippet::new(text, &points);
+    let spans = labels
+        .iter()
+        .map(|&(label, primary)| {
+            let (start, end) = bounds(label);
+            let (start, end) = (snippet.map(start), snippet.map(end).max(snippet.map(start)));
+            let span = SourceSpan::new(start.into(), end - start);
+            let message = (!label.message.is_empty()).then(|| escape(&label.message).into_owned());
+            if primary {
+                LabeledSpan::new_primary_with_span(message, span)
+            } else {
+                LabeledSpan::new_with_span(message, span)
+            }
+        })
+        .collect();
+    let header = labels
+        .first()
+        .filter(|_| snippet.clipped)
+        .map(|(label, _)| {
+            let start = bounds(label).0;
+            let (line, column) = sources.line_col(file, start);
+            (snippet.map(start), line - 1, column - 1)
+        });
+    let source = NamedSource::new(escape(&f.name), snippet.text);
+    (Quoted { source, header }, spans)
 }
 
 impl fmt::Debug for Report {
@@ -179,14 +244,14 @@ impl miette::Diagnostic for Report {
 /// The JSON form of one label.
 #[derive(Serialize)]
 struct JsonLabel<'a> {
-    file: &'a str,
+    file: Cow<'a, str>,
     byte_start: usize,
     byte_end: usize,
     line_start: usize,
     column_start: usize,
     line_end: usize,
     column_end: usize,
-    message: &'a str,
+    message: Cow<'a, str>,
     primary: bool,
 }
 
@@ -195,8 +260,8 @@ struct JsonLabel<'a> {
 struct JsonDiagnostic<'a> {
     code: &'a str,
     severity: Severity,
-    message: &'a str,
-    file: &'a str,
+    message: Cow<'a, str>,
+    file: Cow<'a, str>,
     byte_start: usize,
     byte_end: usize,
     line_start: usize,
@@ -204,26 +269,27 @@ struct JsonDiagnostic<'a> {
     line_end: usize,
     column_end: usize,
     labels: Vec<JsonLabel<'a>>,
-    help: Option<&'a str>,
+    help: Option<Cow<'a, str>>,
 }
 
 fn json_label<'a>(label: &'a Label, sources: &'a Sources, primary: bool) -> JsonLabel<'a> {
     let (line_start, column_start) = sources.line_col(label.file, label.span.start);
     let (line_end, column_end) = sources.line_col(label.file, label.span.end);
     JsonLabel {
-        file: &sources.get(label.file).name,
+        file: escape(&sources.get(label.file).name),
         byte_start: label.span.start,
         byte_end: label.span.end,
         line_start,
         column_start,
         line_end,
         column_end,
-        message: &label.message,
+        message: escape(&label.message),
         primary,
     }
 }
 
-/// Renders one diagnostic as a single line of JSON.
+/// Renders one diagnostic as a single line of JSON; text from the source is escaped as for
+/// the human form, so a terminal showing the line is safe too.
 pub fn render_json(diag: &Diagnostic, sources: &Sources) -> String {
     let primary = json_label(&diag.primary, sources, true);
     let mut labels = vec![json_label(&diag.primary, sources, true)];
@@ -231,7 +297,7 @@ pub fn render_json(diag: &Diagnostic, sources: &Sources) -> String {
     let json = JsonDiagnostic {
         code: diag.code.as_str(),
         severity: diag.severity,
-        message: &diag.message,
+        message: escape(&diag.message),
         file: primary.file,
         byte_start: primary.byte_start,
         byte_end: primary.byte_end,
@@ -240,7 +306,7 @@ pub fn render_json(diag: &Diagnostic, sources: &Sources) -> String {
         line_end: primary.line_end,
         column_end: primary.column_end,
         labels,
-        help: diag.help.as_deref(),
+        help: diag.help.as_deref().map(escape),
     };
     serde_json::to_string(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

@@ -1,5 +1,6 @@
 //! A pre-pass over the raw text that catches what would make the parser misbehave or report
-//! badly: unterminated strings and comments, and nesting deep enough to exhaust the stack.
+//! badly: unterminated strings and comments, nesting deep enough to exhaust the stack, and line
+//! breaks the grammar does not see.
 
 use super::ast::Span;
 
@@ -15,10 +16,19 @@ pub enum LexProblem {
     UnterminatedComment(Span),
     /// Brackets nested deeper than [`MAX_NESTING`]; the span is the opening bracket too many.
     TooDeep(Span),
+    /// A line break other than `\n` or `\r\n` (a lone `\r`, U+0085, U+2028, U+2029): editors
+    /// show a new line where the grammar sees none, so a `//` comment would run on unseen.
+    LineBreak(Span, char),
 }
 
 /// Scans `text` once and reports the first problem, if any.
 pub fn scan(text: &str) -> Option<LexProblem> {
+    if let Some((i, c)) = text.char_indices().find(|&(i, c)| {
+        matches!(c, '\u{85}' | '\u{2028}' | '\u{2029}')
+            || (c == '\r' && !text[i + 1..].starts_with('\n'))
+    }) {
+        return Some(LexProblem::LineBreak(Span::new(i, i + c.len_utf8()), c));
+    }
     let bytes = text.as_bytes();
     let mut depth = 0usize;
     let mut i = 0;

@@ -67,6 +67,22 @@ fn lex_diagnostic(file: FileId, problem: LexProblem) -> Diagnostic {
         )
         .with_label("one level too many")
         .with_help("split the expression with `let` bindings"),
+        LexProblem::LineBreak(span, c) => {
+            let what = match c {
+                '\r' => "a carriage return (`\\r`) without a line feed",
+                '\u{85}' => "NEXT LINE (U+0085)",
+                '\u{2028}' => "LINE SEPARATOR (U+2028)",
+                _ => "PARAGRAPH SEPARATOR (U+2029)",
+            };
+            Diagnostic::error(
+                Code::E0008,
+                file,
+                span,
+                format!("unsupported line break: {what}"),
+            )
+            .with_label("editors start a new line here, the grammar does not")
+            .with_help("end lines with `\\n` (LF) or `\\r\\n` (CRLF)")
+        }
     }
 }
 
@@ -109,12 +125,13 @@ fn found_len(text: &str, pos: usize) -> usize {
         return 0;
     };
     let word: usize = rest
-        .char_indices()
-        .take_while(|(_, c)| c.is_alphanumeric() || *c == '_')
-        .map(|(_, c)| c.len_utf8())
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .take(40)
+        .map(char::len_utf8)
         .sum();
     if word > 0 {
-        word.min(40)
+        word
     } else {
         rest.chars().next().map_or(0, char::len_utf8)
     }

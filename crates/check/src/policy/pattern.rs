@@ -13,6 +13,15 @@ const MAX_ALTERNATIVES: usize = 1024;
 /// Deepest brace nesting accepted, so expansion cannot exhaust the stack.
 const MAX_DEPTH: usize = 16;
 
+/// Most cells (pattern tokens × path characters) the did-you-mean search of
+/// [`ShardPattern::nearest`] fills, so a long pattern with many brace alternatives against a
+/// large model stays quick (tens of milliseconds): past it, fewer alternatives are compared.
+const MAX_SUGGEST_CELLS: usize = 20_000_000;
+
+/// Pattern tokens compared per alternative: a parameter path is far shorter, so the tokens past
+/// it only add the same cost to every candidate.
+const MAX_SUGGEST_TOKENS: usize = 256;
+
 /// A checked pattern, ready to match parameter paths.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardPattern {
@@ -76,19 +85,36 @@ impl ShardPattern {
             .any(|alt| matches_segments(alt, &path))
     }
 
-    /// The path closest to matching, by edit distance with wildcards matching for free.
+    /// The path closest to matching, by edit distance with wildcards matching for free. The
+    /// work is bounded ([`MAX_SUGGEST_CELLS`]): with many long alternatives and many paths,
+    /// only the first alternatives (at least one), cut to [`MAX_SUGGEST_TOKENS`], are compared.
     pub fn nearest<'p>(&self, paths: impl IntoIterator<Item = &'p str>) -> Option<&'p str> {
-        let tokens: Vec<Vec<Token>> = self.alternatives.iter().map(|alt| tokenize(alt)).collect();
-        paths
+        let paths: Vec<(&str, Vec<char>)> = paths
             .into_iter()
-            .map(|path| {
-                let path_chars: Vec<char> = path.chars().collect();
+            .map(|p| (p, p.chars().collect()))
+            .collect();
+        let path_cells: usize = paths.iter().map(|(_, chars)| chars.len() + 1).sum();
+        let mut tokens: Vec<Vec<Token>> = Vec::new();
+        let mut cells = 0usize;
+        for alt in &self.alternatives {
+            let mut alt_tokens = tokenize(alt);
+            alt_tokens.truncate(MAX_SUGGEST_TOKENS);
+            let cost = (alt_tokens.len() + 1).saturating_mul(path_cells);
+            if !tokens.is_empty() && cells.saturating_add(cost) > MAX_SUGGEST_CELLS {
+                break;
+            }
+            cells = cells.saturating_add(cost);
+            tokens.push(alt_tokens);
+        }
+        paths
+            .iter()
+            .map(|(path, path_chars)| {
                 let distance = tokens
                     .iter()
-                    .map(|t| distance(t, &path_chars))
+                    .map(|t| distance(t, path_chars))
                     .min()
                     .unwrap_or(usize::MAX);
-                (distance, path)
+                (distance, *path)
             })
             .min_by_key(|&(distance, _)| distance)
             .map(|(_, path)| path)
@@ -217,13 +243,15 @@ fn matches_segments(pattern: &[Segment], path: &[&str]) -> bool {
     reach[path.len()]
 }
 
-/// Whether `glob` (with `*` for any run) matches the whole of `text`.
+/// Whether `glob` (with `*` for any run) matches the whole of `text`. Works on bytes, without
+/// allocating (it runs for every alternative × parameter path × segment): UTF-8 is
+/// self-synchronizing, so this matches exactly what a comparison of characters would.
 fn glob_matches(glob: &str, text: &str) -> bool {
-    let (g, t): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
+    let (g, t) = (glob.as_bytes(), text.as_bytes());
     let (mut gi, mut ti) = (0, 0);
     let mut backtrack: Option<(usize, usize)> = None;
     while ti < t.len() {
-        if gi < g.len() && g[gi] == '*' {
+        if gi < g.len() && g[gi] == b'*' {
             backtrack = Some((gi, ti));
             gi += 1;
         } else if gi < g.len() && g[gi] == t[ti] {
@@ -237,7 +265,7 @@ fn glob_matches(glob: &str, text: &str) -> bool {
             return false;
         }
     }
-    g[gi..].iter().all(|&c| c == '*')
+    g[gi..].iter().all(|&c| c == b'*')
 }
 
 /// A pattern alternative as characters and wildcards, for [`distance`].

@@ -49,6 +49,21 @@ impl TensorType {
         u64::try_from(n).ok()
     }
 
+    /// Number of elements, exact for any two `i64` dims and saturating at `u128::MAX` past
+    /// that (a negative dim counts as 0): for totals and summaries, which must not wrap or stop
+    /// at `u64::MAX`.
+    pub fn wide_numel(&self) -> u128 {
+        self.shape.iter().fold(1u128, |n, &d| {
+            n.saturating_mul(u128::try_from(d).unwrap_or(0))
+        })
+    }
+
+    /// Bytes of a dense buffer, as [`TensorType::wide_numel`] counts elements.
+    pub fn wide_bytes(&self) -> u128 {
+        self.wide_numel()
+            .saturating_mul(u128::from(self.dtype.size_bytes()))
+    }
+
     /// Bytes of a dense buffer holding this tensor (saturating, like [`TensorType::numel`]).
     pub fn bytes(&self) -> u64 {
         self.numel().saturating_mul(self.dtype.size_bytes())
@@ -91,6 +106,8 @@ mod tests {
         assert_eq!(huge.numel(), u64::MAX);
         assert_eq!(huge.bytes(), u64::MAX);
         assert_eq!(huge.checked_numel(), None);
+        assert_eq!(huge.wide_numel(), (i64::MAX as u128).pow(2));
+        assert_eq!(huge.wide_bytes(), u128::MAX);
         let negative = TensorType::new(DType::F32, [4, -1]);
         assert_eq!(negative.numel(), 0);
         assert_eq!(negative.checked_numel(), None);
