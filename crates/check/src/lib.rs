@@ -16,7 +16,7 @@ mod value;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use mslc_core::diag::{Code, Diagnostic, Sources};
+use mslc_core::diag::{Code, Diagnostic, FileId, Sources};
 use mslc_syntax::ast::{self, Span};
 
 pub use model::Overrides;
@@ -58,16 +58,33 @@ impl Checked {
 
 /// Checks the file at `path`.
 pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
+    let mut read = Sources::new();
+    match read_source(path, &mut read) {
+        Ok((_, text)) => check_source(&path.display().to_string(), &text, options),
+        Err(diagnostic) => Checked {
+            sources: read,
+            diagnostics: vec![*diagnostic],
+            ..Checked::default()
+        },
+    }
+}
+
+/// Reads the file at `path` as source text and adds it to `sources` under its displayed path:
+/// its id and text, or the coded diagnostic (E0100 unreadable, E0003 not UTF-8) pointing into
+/// what was added.
+pub fn read_source(
+    path: &Path,
+    sources: &mut Sources,
+) -> Result<(FileId, String), Box<Diagnostic>> {
     let name = path.display().to_string();
     match std::fs::read(path) {
         Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => check_source(&name, &text, options),
+            Ok(text) => Ok((sources.add(name, text.as_str()), text)),
             Err(e) => {
                 let offset = e.utf8_error().valid_up_to();
                 let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
-                let mut checked = Checked::default();
-                let file = checked.sources.add(name, lossy);
-                checked.diagnostics.push(
+                let file = sources.add(name, lossy);
+                Err(Box::new(
                     Diagnostic::error(
                         Code::E0003,
                         file,
@@ -76,14 +93,12 @@ pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
                     )
                     .with_label(format!("invalid byte at offset {offset}"))
                     .with_help("save the file as UTF-8 text"),
-                );
-                checked
+                ))
             }
         },
         Err(e) => {
-            let mut checked = Checked::default();
-            let file = checked.sources.add(name.clone(), "");
-            checked.diagnostics.push(
+            let file = sources.add(name.clone(), "");
+            Err(Box::new(
                 Diagnostic::error(
                     Code::E0100,
                     file,
@@ -91,8 +106,7 @@ pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
                     format!("cannot read `{name}`: {e}"),
                 )
                 .with_help("check the path and its permissions"),
-            );
-            checked
+            ))
         }
     }
 }
