@@ -87,6 +87,7 @@ codes! {
     E0601 => "weights do not match the model",
     E0602 => "cannot read a weights or artifact file",
     E0603 => "the module cannot run",
+    E0700 => "cannot format a file in place",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
 }
