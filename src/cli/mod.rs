@@ -4,6 +4,8 @@
 mod build;
 mod check;
 mod explain;
+mod fmt;
+mod generate;
 mod inspect;
 mod output;
 mod run;
@@ -101,6 +103,12 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
     Run(run::RunArgs),
+    /// Format files in place, or with `--check` print a diff for each one not formatted.
+    Fmt(fmt::FmtArgs),
+    /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
+    Completions(generate::CompletionsArgs),
+    /// Print the man page (roff): `mslc man > mslc.1`.
+    Man,
 }
 
 /// Parses the process arguments and runs the command.
@@ -129,6 +137,9 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Run(args) => run::run(&args, &reporter),
+        Command::Fmt(args) => fmt::run(&args, &reporter),
+        Command::Completions(args) => generate::completions(&args),
+        Command::Man => generate::man(),
     };
     ExitCode::from(code)
 }
