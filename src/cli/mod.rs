@@ -21,7 +21,12 @@ pub use output::Reporter;
 
 /// mslc: check, optimize, plan and run `.msl` models.
 #[derive(Parser, Debug)]
-#[command(name = "mslc", version, about, propagate_version = true)]
+#[command(
+    name = "mslc",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MSLC_COMMIT"), ")"),
+    about,
+    propagate_version = true
+)]
 pub struct Cli {
     /// How to print diagnostics.
     #[arg(long, global = true, value_enum, default_value_t = MessageFormat::Human)]
