@@ -10,6 +10,7 @@ use mslc_artifact::{encode, write::write_all_or_nothing};
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::kernel_table_toml;
 
@@ -24,6 +25,8 @@ pub enum Emit {
     Ir,
     /// The optimized IR as Graphviz: `NAME.dot`.
     Dot,
+    /// A Makefile rule naming every source file read: `NAME.d`, as `rustc --emit dep-info`.
+    DepInfo,
 }
 
 /// Arguments of `mslc build`.
@@ -47,7 +50,7 @@ pub struct BuildArgs {
     /// Output directory.
     #[arg(short = 'o', long = "out-dir", default_value = "build")]
     pub out_dir: PathBuf,
-    /// Also write the IR as text and/or Graphviz: `--emit ir,dot`.
+    /// Also write the IR as text or Graphviz, or the dep-info: `--emit ir,dot,dep-info`.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub emit: Vec<Emit>,
     /// Run the IR verifier after lowering and after every pass.
@@ -166,6 +169,7 @@ fn build(args: &BuildArgs, checked: &Checked, check_ms: f64) -> Result<String, B
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
             Emit::Dot => ("dot", mslc_ir::print::to_dot(&compiled.graph)),
+            Emit::DepInfo => ("d", dep_info(&files[0].0, &checked.files)),
         };
         files.push((dir.join(format!("{name}.{ext}")), text.into_bytes()));
     }

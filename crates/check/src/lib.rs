@@ -42,6 +42,9 @@ pub struct Checked {
     pub decls: decls::Declarations,
     /// All diagnostics, errors and warnings, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files read from disk (canonical paths, in the order read): the root and everything
+    /// it imports, for dep-info and `rerun-if-changed`. The embedded stdlib has none.
+    pub files: Vec<PathBuf>,
 }
 
 impl Checked {
@@ -133,6 +136,7 @@ pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
     let decls = decls::check_declarations(&modules, &models, &mut diags);
     Checked {
+        files: modules.disk_files(options.stdlib_dir.as_deref()),
         sources,
         models,
         decls,

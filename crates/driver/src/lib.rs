@@ -3,6 +3,7 @@
 //! optimize and plan — and render what went wrong.
 
 pub mod compile;
+pub mod dep_info;
 pub mod render;
 pub mod select;
 pub mod target;
