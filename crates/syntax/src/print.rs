@@ -171,7 +171,18 @@ impl<'a> Printer<'a> {
             self.next_comment += 1;
             self.out.pop();
             let text = self.comment_text(span);
-            let _ = writeln!(self.out, " {text}");
+            // Keep the column the comment stood at (comments aligned by hand stay aligned) when
+            // the code leaves room and the line fits; else one space after the code.
+            let line_start = self.source[..span.start].rfind('\n').map_or(0, |i| i + 1);
+            let was_at = self.source[line_start..span.start].chars().count();
+            let at = self.column() + 1;
+            let fits = was_at + text.chars().count() <= self.width.unwrap_or(0);
+            let pad = if was_at > at && fits {
+                was_at - at + 1
+            } else {
+                1
+            };
+            let _ = writeln!(self.out, "{:pad$}{text}", "");
             self.last_end = Some(span.end);
         }
     }
@@ -301,11 +312,45 @@ impl<'a> Printer<'a> {
                 },
                 |p, end| {
                     p.body(&d.fields, end, Field::span, |p, field, next| {
-                        p.simple(field.span(), next, |p| p.field(field))
+                        if !p.join_field(field, next) {
+                            p.simple(field.span(), next, |p| p.field(field));
+                        }
                     })
                 },
             ),
         }
+    }
+
+    /// Appends `field` to the line of the field before it when the source had them on one
+    /// line (`memory = 64GB, bandwidth = 1600GB/s`) and the line still fits; `false` when it
+    /// does not join.
+    fn join_field(&mut self, field: &Field, bound: usize) -> bool {
+        let span = field.span();
+        let (Some(width), Some(prev_end)) = (self.width, self.last_end) else {
+            return false;
+        };
+        let same_line = self.source.get(prev_end..span.start).is_some_and(|gap| {
+            !gap.is_empty() && gap.chars().all(|c| c == ' ' || c == '\t' || c == ',')
+        });
+        if !same_line || !self.out.ends_with('\n') {
+            return false;
+        }
+        let mark = self.out.len();
+        self.out.pop();
+        self.out.push_str(", ");
+        let line_start = self.out.len();
+        self.tail = 0;
+        self.field(field);
+        if self.out[line_start..].contains('\n') || self.column() > width {
+            self.out.truncate(mark - 1);
+            self.out.push('\n');
+            return false;
+        }
+        self.out.push('\n');
+        let end = self.code_end(span);
+        self.last_end = Some(end);
+        self.trailing_comments(end, bound);
+        true
     }
 
     fn import(&mut self, import: &Import) {
