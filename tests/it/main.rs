@@ -6,6 +6,7 @@
 mod build;
 mod cli_check;
 mod exec;
+mod fmt;
 mod layering;
 mod param_counts;
 mod passes;
