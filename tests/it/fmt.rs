@@ -104,7 +104,7 @@ pub block Wide(x: [B, S, H], first_parameter: int, second_parameter: int = 3, th
 }
 
 target t { peak_f32 = 1TFLOPS, memory = 2GB // same line
-    bandwidth = 3GB/s
+    bandwidth = 3GB/s, interconnect = max(1GB/s, /* inside a field */ 2GB/s)
 }
 // tail
 "#;

@@ -332,7 +332,13 @@ impl<'a> Printer<'a> {
         let same_line = self.source.get(prev_end..span.start).is_some_and(|gap| {
             !gap.is_empty() && gap.chars().all(|c| c == ' ' || c == '\t' || c == ',')
         });
-        if !same_line || !self.out.ends_with('\n') {
+        // A comment inside the field goes on a line of its own before it.
+        let end = self.code_end(span);
+        let comment_inside = self
+            .comments
+            .get(self.next_comment)
+            .is_some_and(|c| c.start < end);
+        if !same_line || comment_inside || !self.out.ends_with('\n') {
             return false;
         }
         let mark = self.out.len();
@@ -347,7 +353,6 @@ impl<'a> Printer<'a> {
             return false;
         }
         self.out.push('\n');
-        let end = self.code_end(span);
         self.last_end = Some(end);
         self.trailing_comments(end, bound);
         true
