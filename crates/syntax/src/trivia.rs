@@ -34,3 +34,24 @@ pub fn comments(text: &str) -> Vec<Span> {
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::comments;
+
+    #[test]
+    fn finds_line_and_block_comments_but_not_inside_strings() {
+        let text = "a // one\nshard \"x//y/*z\" = 1 /* two\n */ b //three";
+        let found: Vec<&str> = comments(text)
+            .iter()
+            .map(|c| &text[c.start..c.end])
+            .collect();
+        assert_eq!(found, ["// one", "/* two\n */", "//three"]);
+    }
+
+    #[test]
+    fn an_unterminated_comment_or_string_ends_the_scan() {
+        assert_eq!(comments("a /* open").len(), 0);
+        assert_eq!(comments("\"open // no").len(), 0);
+    }
+}
