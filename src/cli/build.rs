@@ -12,6 +12,7 @@ use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::KernelTable;
 
@@ -25,6 +26,8 @@ pub enum Emit {
     Ir,
     /// The optimized IR as Graphviz: `NAME.dot`.
     Dot,
+    /// A Makefile rule naming every source file read: `NAME.d`, as `rustc --emit dep-info`.
+    DepInfo,
 }
 
 /// Arguments of `mslc build`.
@@ -48,7 +51,7 @@ pub struct BuildArgs {
     /// Output directory.
     #[arg(short = 'o', long = "out-dir", default_value = "build")]
     pub out_dir: PathBuf,
-    /// Also write the IR as text and/or Graphviz: `--emit ir,dot`.
+    /// Also write the IR as text or Graphviz, or the dep-info: `--emit ir,dot,dep-info`.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub emit: Vec<Emit>,
     /// Run the IR verifier after lowering and after every pass.
@@ -180,6 +183,7 @@ fn build(
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
             Emit::Dot => ("dot", mslc_ir::print::to_dot(&compiled.graph)),
+            Emit::DepInfo => ("d", dep_info(&files[0].0, &checked.files)),
         };
         files.push((dir.join(format!("{name}.{ext}")), text.into_bytes()));
     }

@@ -4,6 +4,8 @@
 mod build;
 mod check;
 mod explain;
+mod fmt;
+mod generate;
 mod inspect;
 mod output;
 mod run;
@@ -19,7 +21,12 @@ pub use output::Reporter;
 
 /// mslc: check, optimize, plan and run `.msl` models.
 #[derive(Parser, Debug)]
-#[command(name = "mslc", version, about, propagate_version = true)]
+#[command(
+    name = "mslc",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("MSLC_COMMIT"), ")"),
+    about,
+    propagate_version = true
+)]
 pub struct Cli {
     /// How to print diagnostics.
     #[arg(long, global = true, value_enum, default_value_t = MessageFormat::Human)]
@@ -101,6 +108,12 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
     Run(run::RunArgs),
+    /// Format files in place, or with `--check` print a diff for each one not formatted.
+    Fmt(fmt::FmtArgs),
+    /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
+    Completions(generate::CompletionsArgs),
+    /// Print the man page (roff): `mslc man > mslc.1`.
+    Man,
 }
 
 /// Whether the arguments ask for `--message-format json`, read before (and even when) the
@@ -166,6 +179,9 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args, &reporter),
         Command::Explain(args) => explain::run(&args, &reporter),
         Command::Run(args) => run::run(&args, &reporter),
+        Command::Fmt(args) => fmt::run(&args, &reporter),
+        Command::Completions(args) => generate::completions(&args),
+        Command::Man => generate::man(),
     };
     ExitCode::from(code)
 }

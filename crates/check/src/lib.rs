@@ -16,7 +16,7 @@ mod value;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use mslc_core::diag::{Code, Diagnostic, Sources};
+use mslc_core::diag::{Code, Diagnostic, FileId, Sources};
 use mslc_syntax::ast::{self, Span};
 
 pub use model::Overrides;
@@ -42,6 +42,9 @@ pub struct Checked {
     pub decls: decls::Declarations,
     /// All diagnostics, errors and warnings, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files read from disk (canonical paths, in the order read): the root and everything
+    /// it imports, for dep-info and `rerun-if-changed`. The embedded stdlib has none.
+    pub files: Vec<PathBuf>,
 }
 
 impl Checked {
@@ -58,25 +61,42 @@ impl Checked {
 
 /// Checks the file at `path` (a regular file of at most [`modules::MAX_SOURCE_BYTES`]).
 pub fn check_path(path: &Path, options: &CheckOptions) -> Checked {
+    let mut read = Sources::new();
+    match read_source(path, &mut read) {
+        Ok((_, text)) => check_source(&path.display().to_string(), &text, options),
+        Err(diagnostic) => Checked {
+            sources: read,
+            diagnostics: vec![*diagnostic],
+            ..Checked::default()
+        },
+    }
+}
+
+/// Reads the file at `path` as source text (a regular file of at most
+/// [`modules::MAX_SOURCE_BYTES`]) and adds it to `sources` under its displayed path: its id and
+/// text, or the coded diagnostic (E0100 unreadable or not a regular file, E0007 too large,
+/// E0003 not UTF-8) pointing into what was added.
+pub fn read_source(
+    path: &Path,
+    sources: &mut Sources,
+) -> Result<(FileId, String), Box<Diagnostic>> {
     let name = path.display().to_string();
     let error = match modules::read_source(path) {
-        Ok(text) => return check_source(&name, &text, options),
+        Ok(text) => return Ok((sources.add(name, text.as_str()), text)),
         Err(e) => e,
     };
-    let mut checked = Checked::default();
     let (text, span) = match &error {
         modules::ReadError::NotUtf8 { lossy, offset } => {
             (lossy.clone(), Span::new(*offset, offset + 1))
         }
         _ => (String::new(), Span::default()),
     };
-    let file = checked.sources.add(name.clone(), text);
+    let file = sources.add(name.clone(), text);
     let mut d = error.diagnostic(file, span, &name);
     if let modules::ReadError::NotUtf8 { offset, .. } = error {
         d = d.with_label(format!("invalid byte at offset {offset}"));
     }
-    checked.diagnostics.push(d);
-    checked
+    Err(Box::new(d))
 }
 
 /// Checks source text already in memory (`name` is shown in diagnostics and anchors relative
@@ -101,6 +121,7 @@ pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
     let decls = decls::check_declarations(&modules, &models, &mut diags);
     Checked {
+        files: modules.disk_files(options.stdlib_dir.as_deref()),
         sources,
         models,
         decls,

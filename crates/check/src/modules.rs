@@ -203,6 +203,25 @@ pub struct Modules {
     by_key: HashMap<ModuleKey, usize>,
 }
 
+impl Modules {
+    /// The files read from disk, in the order they were loaded: the root (when it is a file)
+    /// and every imported file, including the stdlib's when it came from `stdlib_dir`; the
+    /// embedded stdlib has no files.
+    pub fn disk_files(&self, stdlib_dir: Option<&Path>) -> Vec<PathBuf> {
+        self.modules
+            .iter()
+            .filter_map(|m| match (&m.key, stdlib_dir) {
+                (ModuleKey::Path(p), _) => Some(p.clone()),
+                (ModuleKey::Std(name), Some(dir)) => {
+                    Some(canonical(&dir.join(format!("{name}.msl"))))
+                }
+                (ModuleKey::Std(_), None) => None,
+            })
+            .filter(|p| p.is_file())
+            .collect()
+    }
+}
+
 /// Reads sources from disk or the embedded stdlib.
 pub struct Loader<'a> {
     /// Overrides the embedded stdlib.

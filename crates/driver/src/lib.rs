@@ -4,6 +4,7 @@
 
 pub mod artifacts;
 pub mod compile;
+pub mod dep_info;
 pub mod render;
 pub mod select;
 pub mod snippet;

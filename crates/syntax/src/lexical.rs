@@ -67,7 +67,7 @@ pub fn scan(text: &str) -> Option<LexProblem> {
 
 /// Index just past the closing quote of the string starting at `start`; `None` when the line
 /// (or the file) ends first.
-fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+pub(crate) fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
     let mut i = start + 1;
     while i < bytes.len() {
         match bytes[i] {
@@ -80,7 +80,7 @@ fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
     None
 }
 
-fn memchr(bytes: &[u8], from: usize, needle: u8) -> Option<usize> {
+pub(crate) fn memchr(bytes: &[u8], from: usize, needle: u8) -> Option<usize> {
     bytes[from..]
         .iter()
         .position(|&b| b == needle)

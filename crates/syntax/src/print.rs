@@ -1,16 +1,38 @@
-//! AST → canonical source text. Parsing the printed text gives the same tree again, which the
-//! round-trip tests check for every example and stdlib file. Comments are not kept.
+//! AST → canonical source text, at a line width, with the comments of the source kept when it is
+//! given. Parsing the printed text gives the same tree again, which the round-trip tests check
+//! for every example and stdlib file; printing is idempotent. [`crate::format`] is the formatter
+//! on top of it (`mslc fmt`).
 
 use std::fmt::Write;
 
 use super::ast::*;
 
-/// Prints a whole file in canonical form.
+/// Columns a formatted line aims to stay within; a group of arguments or elements that would
+/// cross it is broken one element per line, each followed by a comma.
+pub const WIDTH: usize = 100;
+
+const INDENT: &str = "    ";
+
+/// Prints a whole file in canonical form, without comments (it has none: the tree keeps none).
 pub fn print_file(file: &File) -> String {
-    let mut p = Printer {
-        out: String::new(),
-        indent: 0,
-    };
+    layout(file, "", &[])
+}
+
+/// Prints one expression on one line.
+pub fn print_expr(expr: &Expr) -> String {
+    let mut p = Printer::new("", &[], None);
+    p.expr(expr, 0);
+    p.out
+}
+
+/// Prints `file`, parsed from `source`, keeping the comments whose spans are `comments` (sorted,
+/// as [`crate::trivia::comments`] returns them) and the single blank lines between elements.
+///
+/// A comment goes where it stood relative to the items, statements and fields around it: on its
+/// own line before the next one, or at the end of the line of the one it followed on the same
+/// line. A comment inside an expression moves to its own line before the statement.
+pub(crate) fn layout(file: &File, source: &str, comments: &[Span]) -> String {
+    let mut p = Printer::new(source, comments, Some(WIDTH));
     for (i, item) in file.items.iter().enumerate() {
         if i > 0
             && !matches!(
@@ -18,119 +40,364 @@ pub fn print_file(file: &File) -> String {
                 (Item::Import(_), Item::Import(_))
             )
         {
-            p.out.push('\n');
+            p.force_blank = true;
         }
-        p.item(item);
+        let next = file
+            .items
+            .get(i + 1)
+            .map_or(usize::MAX, |n| item_span(n).start);
+        p.item(item, next);
     }
+    p.comments_before(usize::MAX);
     p.out
 }
 
-/// Prints one expression.
-pub fn print_expr(expr: &Expr) -> String {
-    let mut p = Printer {
-        out: String::new(),
-        indent: 0,
-    };
-    p.expr(expr, 0);
-    p.out
+fn item_span(item: &Item) -> Span {
+    match item {
+        Item::Import(i) => i.span,
+        Item::Const(c) => c.span,
+        Item::Block(b) => b.span,
+        Item::Model(m) => m.span,
+        Item::Decl(d) => d.span,
+    }
 }
 
-struct Printer {
+struct Printer<'a> {
     out: String,
+    /// Statement nesting: the indentation of the lines being written.
     indent: usize,
+    /// The source the tree came from (`""` when there is none) and its comments.
+    source: &'a str,
+    comments: &'a [Span],
+    /// Index of the next comment to write.
+    next_comment: usize,
+    /// Where the last element written ended in the source; `None` at the start of a body.
+    last_end: Option<usize>,
+    /// A blank line goes before the next element whatever the source had.
+    force_blank: bool,
+    /// The width to break groups at; `None` prints everything on one line.
+    width: Option<usize>,
+    /// Characters that follow the expression being printed on its line.
+    tail: usize,
 }
 
-impl Printer {
-    fn line(&mut self, text: &str) {
+impl<'a> Printer<'a> {
+    fn new(source: &'a str, comments: &'a [Span], width: Option<usize>) -> Printer<'a> {
+        Printer {
+            out: String::new(),
+            indent: 0,
+            source,
+            comments,
+            next_comment: 0,
+            last_end: None,
+            force_blank: false,
+            width,
+            tail: 0,
+        }
+    }
+
+    // ------------------------------------------------------------ lines, comments, blank lines
+
+    /// Starts a line for an element (comment or node) that begins at `start` in the source,
+    /// after a blank line when the source had one there or one is forced.
+    fn begin_line(&mut self, start: usize) {
+        if let Some(end) = self.last_end {
+            if self.force_blank || self.blank_between(end, start) {
+                self.out.push('\n');
+            }
+        }
+        self.force_blank = false;
         for _ in 0..self.indent {
-            self.out.push_str("    ");
+            self.out.push_str(INDENT);
+        }
+    }
+
+    /// Whether the source between two elements is only whitespace (and separating commas)
+    /// holding an empty line.
+    fn blank_between(&self, from: usize, to: usize) -> bool {
+        self.source.get(from..to).is_some_and(|gap| {
+            gap.chars().all(|c| c.is_whitespace() || c == ',') && gap.matches('\n').count() >= 2
+        })
+    }
+
+    /// Where the code of a node spanning `span` ends: its span can run on over the whitespace
+    /// and comments that follow its last token.
+    fn code_end(&self, span: Span) -> usize {
+        let mut end = span.end;
+        loop {
+            let code = self.source.get(span.start..end).unwrap_or("").trim_end();
+            end = span.start + code.len();
+            let inside = self.comments.partition_point(|c| c.end < end);
+            match self.comments.get(inside) {
+                Some(c) if c.start >= span.start && c.start < end && end <= c.end => end = c.start,
+                _ => return end,
+            }
+        }
+    }
+
+    fn comment_text(&self, span: Span) -> &'a str {
+        self.source
+            .get(span.start..span.end)
+            .unwrap_or("")
+            .trim_end()
+    }
+
+    /// Writes every comment that starts before `pos`, each on its own line.
+    fn comments_before(&mut self, pos: usize) {
+        while let Some(&span) = self.comments.get(self.next_comment) {
+            if span.start >= pos {
+                break;
+            }
+            self.next_comment += 1;
+            self.begin_line(span.start);
+            let text = self.comment_text(span);
+            self.out.push_str(text);
+            self.out.push('\n');
+            self.last_end = Some(span.end);
+        }
+    }
+
+    /// Appends to the line just written the comments that follow `end` on its source line and
+    /// start before `bound` (the next element).
+    fn trailing_comments(&mut self, end: usize, bound: usize) {
+        while let Some(&span) = self.comments.get(self.next_comment) {
+            let same_line = self
+                .source
+                .get(end..span.start)
+                .is_some_and(|gap| !gap.contains('\n'));
+            if span.start < end || span.start >= bound || !same_line {
+                break;
+            }
+            self.next_comment += 1;
+            self.out.pop();
+            let text = self.comment_text(span);
+            // Keep the column the comment stood at (comments aligned by hand stay aligned) when
+            // the code leaves room and the line fits; else one space after the code.
+            let line_start = self.source[..span.start].rfind('\n').map_or(0, |i| i + 1);
+            let was_at = self.source[line_start..span.start].chars().count();
+            let at = self.column() + 1;
+            let fits = was_at + text.chars().count() <= self.width.unwrap_or(0);
+            let pad = if was_at > at && fits {
+                was_at - at + 1
+            } else {
+                1
+            };
+            let _ = writeln!(self.out, "{:pad$}{text}", "");
+            self.last_end = Some(span.end);
+        }
+    }
+
+    /// Writes one line-sized node spanning `span`: its leading comments, the comments inside it
+    /// (moved before it), the line(s) `write` produces, and its trailing comments.
+    fn simple(&mut self, span: Span, bound: usize, write: impl FnOnce(&mut Self)) {
+        let end = self.code_end(span);
+        self.comments_before(end);
+        self.begin_line(span.start);
+        self.tail = 0;
+        write(self);
+        self.out.push('\n');
+        self.last_end = Some(end);
+        self.trailing_comments(end, bound);
+    }
+
+    /// Writes a node with a body: `head` writes its first line (without the newline), `body`
+    /// the lines inside the braces, given where the closing brace ends; comments inside go to
+    /// the body's statements.
+    fn compound(
+        &mut self,
+        span: Span,
+        bound: usize,
+        head: impl FnOnce(&mut Self),
+        body: impl FnOnce(&mut Self, usize),
+    ) {
+        self.comments_before(span.start);
+        self.begin_line(span.start);
+        self.tail = 2;
+        head(self);
+        self.out.push_str(" {\n");
+        let end = self.code_end(span);
+        body(self, end);
+        self.close("}");
+        self.last_end = Some(end);
+        self.trailing_comments(end, bound);
+    }
+
+    /// Writes a closing line (`}` or `} else {`) at the current indentation.
+    fn close(&mut self, text: &str) {
+        for _ in 0..self.indent {
+            self.out.push_str(INDENT);
         }
         self.out.push_str(text);
         self.out.push('\n');
     }
 
-    fn item(&mut self, item: &Item) {
+    fn column(&self) -> usize {
+        let line = self.out.rsplit('\n').next().unwrap_or("");
+        line.chars().count()
+    }
+
+    /// Writes the indented lines of a body (statements or fields) whose closing brace comes
+    /// before `end`, with the comments between them.
+    fn body<T>(
+        &mut self,
+        nodes: &[T],
+        end: usize,
+        span: impl Fn(&T) -> Span,
+        mut write: impl FnMut(&mut Self, &T, usize),
+    ) {
+        self.indent += 1;
+        self.last_end = None;
+        for (i, node) in nodes.iter().enumerate() {
+            let next = nodes.get(i + 1).map_or(end, |n| span(n).start);
+            write(self, node, next);
+        }
+        self.comments_before(end);
+        self.indent -= 1;
+    }
+
+    fn stmts(&mut self, stmts: &[Stmt], end: usize) {
+        self.body(stmts, end, Stmt::span, |p, s, next| p.stmt(s, next));
+    }
+
+    /// Prints `text` and returns the number of characters it printed, then takes them back.
+    fn measure(&mut self, print: impl FnOnce(&mut Self)) -> usize {
+        let mark = self.out.len();
+        let width = self.width.take();
+        print(self);
+        self.width = width;
+        let n = self.out[mark..].chars().count();
+        self.out.truncate(mark);
+        n
+    }
+
+    // ------------------------------------------------------------ items and statements
+
+    /// Writes one item; `bound` is where the next one starts.
+    fn item(&mut self, item: &Item, bound: usize) {
         match item {
-            Item::Import(import) => {
-                let mut s = format!("import {}", ".".repeat(import.dots));
-                let module: Vec<&str> = import.module.iter().map(|m| m.name.as_str()).collect();
-                s.push_str(&module.join("."));
-                if !module.is_empty() {
-                    s.push('.');
-                }
-                let names: Vec<String> = import
-                    .names
-                    .iter()
-                    .map(|n| match &n.alias {
-                        Some(a) => format!("{} as {}", n.name.name, a.name),
-                        None => n.name.name.clone(),
+            Item::Import(import) => self.simple(import.span, bound, |p| p.import(import)),
+            Item::Const(c) => self.simple(c.span, bound, |p| {
+                p.out.push_str(pub_prefix(c.public));
+                p.out.push_str("const ");
+                p.bindings(&c.bindings);
+            }),
+            Item::Block(b) => self.compound(
+                b.span,
+                bound,
+                |p| p.block_head(b),
+                |p, end| p.stmts(&b.body, end),
+            ),
+            Item::Model(m) => self.compound(
+                m.span,
+                bound,
+                |p| {
+                    let _ = write!(p.out, "model {}", m.name.name);
+                },
+                |p, end| p.stmts(&m.body, end),
+            ),
+            Item::Decl(d) => self.compound(
+                d.span,
+                bound,
+                |p| {
+                    let _ = write!(
+                        p.out,
+                        "{}{} {}",
+                        pub_prefix(d.public),
+                        d.kind.keyword(),
+                        d.name.name
+                    );
+                    if let Some(model) = &d.for_model {
+                        let _ = write!(p.out, " for {}", model.name);
+                    }
+                },
+                |p, end| {
+                    p.body(&d.fields, end, Field::span, |p, field, next| {
+                        if !p.join_field(field, next) {
+                            p.simple(field.span(), next, |p| p.field(field));
+                        }
                     })
-                    .collect();
-                if import.braced {
-                    let _ = write!(s, "{{{}}}", names.join(", "));
-                } else {
-                    s.push_str(&names.join(", "));
-                }
-                self.line(&s);
+                },
+            ),
+        }
+    }
+
+    /// Appends `field` to the line of the field before it when the source had them on one
+    /// line (`memory = 64GB, bandwidth = 1600GB/s`) and the line still fits; `false` when it
+    /// does not join.
+    fn join_field(&mut self, field: &Field, bound: usize) -> bool {
+        let span = field.span();
+        let (Some(width), Some(prev_end)) = (self.width, self.last_end) else {
+            return false;
+        };
+        let same_line = self.source.get(prev_end..span.start).is_some_and(|gap| {
+            !gap.is_empty() && gap.chars().all(|c| c == ' ' || c == '\t' || c == ',')
+        });
+        // A comment inside the field goes on a line of its own before it.
+        let end = self.code_end(span);
+        let comment_inside = self
+            .comments
+            .get(self.next_comment)
+            .is_some_and(|c| c.start < end);
+        if !same_line || comment_inside || !self.out.ends_with('\n') {
+            return false;
+        }
+        let mark = self.out.len();
+        self.out.pop();
+        self.out.push_str(", ");
+        let line_start = self.out.len();
+        self.tail = 0;
+        self.field(field);
+        if self.out[line_start..].contains('\n') || self.column() > width {
+            self.out.truncate(mark - 1);
+            self.out.push('\n');
+            return false;
+        }
+        self.out.push('\n');
+        self.last_end = Some(end);
+        self.trailing_comments(end, bound);
+        true
+    }
+
+    fn import(&mut self, import: &Import) {
+        let _ = write!(self.out, "import {}", ".".repeat(import.dots));
+        for m in &import.module {
+            let _ = write!(self.out, "{}.", m.name);
+        }
+        let name = |p: &mut Self, n: &ImportName| {
+            p.out.push_str(&n.name.name);
+            if let Some(a) = &n.alias {
+                let _ = write!(p.out, " as {}", a.name);
             }
-            Item::Const(c) => {
-                let s = format!("{}const {}", pub_prefix(c.public), bindings(&c.bindings));
-                self.line(&s);
-            }
-            Item::Block(b) => self.block(b),
-            Item::Model(m) => {
-                self.line(&format!("model {} {{", m.name.name));
-                self.stmts(&m.body);
-                self.line("}");
-            }
-            Item::Decl(d) => {
-                let mut head = format!(
-                    "{}{} {}",
-                    pub_prefix(d.public),
-                    d.kind.keyword(),
-                    d.name.name
-                );
-                if let Some(model) = &d.for_model {
-                    let _ = write!(head, " for {}", model.name);
+        };
+        if import.braced {
+            self.group("{", &import.names, "}", Pad::None, name);
+        } else {
+            for (i, n) in import.names.iter().enumerate() {
+                if i > 0 {
+                    self.out.push_str(", ");
                 }
-                head.push_str(" {");
-                self.line(&head);
-                self.indent += 1;
-                for field in &d.fields {
-                    let text = match field {
-                        Field::Assign { key, value, .. } => {
-                            format!("{} = {}", key.name, print_expr(value))
-                        }
-                        Field::Shard { pattern, value, .. } => {
-                            format!("shard {} = {}", quote(&pattern.name), print_expr(value))
-                        }
-                        Field::Typed { name, ty, .. } => {
-                            format!("{}: {}", name.name, tensor_type(ty))
-                        }
-                    };
-                    self.line(&text);
-                }
-                self.indent -= 1;
-                self.line("}");
+                name(self, n);
             }
         }
     }
 
-    fn block(&mut self, b: &BlockItem) {
-        let params: Vec<String> = b
-            .params
-            .iter()
-            .map(|p| {
-                let ty = match &p.ty {
-                    ParamType::Tensor(t) => tensor_type(t),
-                    ParamType::Scalar(s) => s.name.clone(),
-                };
-                match &p.default {
-                    Some(d) => format!("{}: {ty} = {}", p.name.name, print_expr(d)),
-                    None => format!("{}: {ty}", p.name.name),
-                }
-            })
-            .collect();
+    fn field(&mut self, field: &Field) {
+        match field {
+            Field::Assign { key, value, .. } => {
+                let _ = write!(self.out, "{} = ", key.name);
+                self.expr(value, 0);
+            }
+            Field::Shard { pattern, value, .. } => {
+                let _ = write!(self.out, "shard {} = ", quote(&pattern.name));
+                self.expr(value, 0);
+            }
+            Field::Typed { name, ty, .. } => {
+                let _ = write!(self.out, "{}: {}", name.name, tensor_type(ty));
+            }
+        }
+    }
+
+    fn block_head(&mut self, b: &BlockItem) {
         let ret = match &b.ret {
             None => String::new(),
             Some(RetType::Tensor(t)) => format!(" -> {}", tensor_type(t)),
@@ -139,125 +406,233 @@ impl Printer {
                 format!(" -> ({})", ts.join(", "))
             }
         };
-        self.line(&format!(
-            "{}block {}({}){ret} {{",
-            pub_prefix(b.public),
-            b.name.name,
-            params.join(", ")
-        ));
-        self.stmts(&b.body);
-        self.line("}");
+        let _ = write!(self.out, "{}block {}", pub_prefix(b.public), b.name.name);
+        self.tail += ret.chars().count();
+        self.group("(", &b.params, ")", Pad::None, |p, param| {
+            let _ = write!(p.out, "{}: ", param.name.name);
+            match &param.ty {
+                ParamType::Tensor(t) => p.out.push_str(&tensor_type(t)),
+                ParamType::Scalar(s) => p.out.push_str(&s.name),
+            }
+            if let Some(d) = &param.default {
+                p.out.push_str(" = ");
+                p.expr(d, 0);
+            }
+        });
+        self.out.push_str(&ret);
     }
 
-    fn stmts(&mut self, stmts: &[Stmt]) {
-        self.indent += 1;
-        for s in stmts {
-            self.stmt(s);
+    fn bindings(&mut self, list: &[Binding]) {
+        for (i, b) in list.iter().enumerate() {
+            if i > 0 {
+                self.out.push_str(", ");
+            }
+            let _ = write!(self.out, "{} = ", b.name.name);
+            self.expr(&b.value, 0);
         }
-        self.indent -= 1;
     }
 
-    fn stmt(&mut self, stmt: &Stmt) {
+    /// Writes one statement; `bound` is where the next one (or the closing brace) starts.
+    fn stmt(&mut self, stmt: &Stmt, bound: usize) {
+        let span = stmt.span();
         match stmt {
             Stmt::Let {
                 names,
                 tuple,
                 value,
                 ..
-            } => {
+            } => self.simple(span, bound, |p| {
                 let names: Vec<&str> = names.iter().map(|n| n.name.as_str()).collect();
-                let pattern = if *tuple {
-                    format!("({})", names.join(", "))
+                if *tuple {
+                    let _ = write!(p.out, "let ({}) = ", names.join(", "));
                 } else {
-                    names.join(", ")
-                };
-                self.line(&format!("let {pattern} = {}", print_expr(value)));
-            }
-            Stmt::Assign { name, value, .. } => {
-                self.line(&format!("{} = {}", name.name, print_expr(value)))
-            }
+                    let _ = write!(p.out, "let {} = ", names.join(", "));
+                }
+                p.expr(value, 0);
+            }),
+            Stmt::Assign { name, value, .. } => self.simple(span, bound, |p| {
+                let _ = write!(p.out, "{} = ", name.name);
+                p.expr(value, 0);
+            }),
             Stmt::For {
                 var,
                 start,
                 end,
                 body,
                 ..
+            } => self.compound(
+                span,
+                bound,
+                |p| {
+                    let _ = write!(p.out, "for {} in ", var.name);
+                    p.expr(start, 0);
+                    p.out.push_str("..");
+                    p.expr(end, 0);
+                },
+                |p, end| p.stmts(body, end),
+            ),
+            Stmt::If {
+                cond,
+                then,
+                otherwise,
+                ..
             } => {
-                self.line(&format!(
-                    "for {} in {}..{} {{",
-                    var.name,
-                    print_expr(start),
-                    print_expr(end)
-                ));
-                self.stmts(body);
-                self.line("}");
+                let end = self.code_end(span);
+                self.comments_before(span.start);
+                self.begin_line(span.start);
+                self.if_chain(cond, then, otherwise.as_deref(), end);
+                self.last_end = Some(end);
+                self.trailing_comments(end, bound);
             }
-            Stmt::If { .. } => {
-                let mut head = String::new();
-                self.if_chain(stmt, &mut head);
-            }
-            Stmt::Return { value, .. } => self.line(&format!("return {}", print_expr(value))),
-            Stmt::Const { bindings: b, .. } => self.line(&format!("const {}", bindings(b))),
-            Stmt::Dims { bindings: b, .. } => self.line(&format!("dims {}", bindings(b))),
-            Stmt::Input { name, ty, .. } => {
-                self.line(&format!("input {}: {}", name.name, tensor_type(ty)))
-            }
-            Stmt::Output { name, value, .. } => {
-                self.line(&format!("output {} = {}", name.name, print_expr(value)))
-            }
+            Stmt::Return { value, .. } => self.simple(span, bound, |p| {
+                p.out.push_str("return ");
+                p.expr(value, 0);
+            }),
+            Stmt::Const { bindings, .. } => self.simple(span, bound, |p| {
+                p.out.push_str("const ");
+                p.bindings(bindings);
+            }),
+            Stmt::Dims { bindings, .. } => self.simple(span, bound, |p| {
+                p.out.push_str("dims ");
+                p.bindings(bindings);
+            }),
+            Stmt::Input { name, ty, .. } => self.simple(span, bound, |p| {
+                let _ = write!(p.out, "input {}: {}", name.name, tensor_type(ty));
+            }),
+            Stmt::Output { name, value, .. } => self.simple(span, bound, |p| {
+                let _ = write!(p.out, "output {} = ", name.name);
+                p.expr(value, 0);
+            }),
             Stmt::Param {
                 kind,
                 name,
                 ty,
                 init,
                 ..
-            } => {
+            } => self.simple(span, bound, |p| {
                 let kw = match kind {
                     ParamKind::Param => "param",
                     ParamKind::Buffer => "buffer",
                 };
-                let mut s = format!("{kw} {}: {}", name.name, tensor_type(ty));
+                let _ = write!(p.out, "{kw} {}: {}", name.name, tensor_type(ty));
                 if let Some(init) = init {
-                    let _ = write!(s, " ~ {}", print_expr(init));
+                    p.out.push_str(" ~ ");
+                    p.expr(init, 0);
                 }
-                self.line(&s);
+            }),
+        }
+    }
+
+    /// Writes `if … { } else if … { } else { }` from `if` on (the line is started), for a chain
+    /// that ends at `end` in the source.
+    fn if_chain(&mut self, cond: &Expr, then: &[Stmt], otherwise: Option<&[Stmt]>, end: usize) {
+        self.out.push_str("if ");
+        self.tail = 2;
+        self.expr(cond, 0);
+        self.out.push_str(" {\n");
+        let then_end = match otherwise {
+            Some([first, ..]) => first.span().start,
+            _ => end,
+        };
+        self.stmts(then, then_end);
+        match otherwise {
+            None => self.close("}"),
+            Some(
+                [Stmt::If {
+                    cond,
+                    then,
+                    otherwise,
+                    ..
+                }],
+            ) => {
+                for _ in 0..self.indent {
+                    self.out.push_str(INDENT);
+                }
+                self.out.push_str("} else ");
+                self.if_chain(cond, then, otherwise.as_deref(), end);
+            }
+            Some(body) => {
+                self.close("} else {");
+                self.stmts(body, end);
+                self.close("}");
             }
         }
     }
 
-    /// Prints `if … { } else if … { } else { }` with `prefix` (`""` or `"} else "`) before `if`.
-    fn if_chain(&mut self, stmt: &Stmt, prefix: &mut String) {
-        let Stmt::If {
-            cond,
-            then,
-            otherwise,
-            ..
-        } = stmt
-        else {
+    // ------------------------------------------------------------ expressions
+
+    /// Writes a bracketed, comma-separated group: on the current line when it fits (with the
+    /// `tail` that follows it), else one element per line, each followed by a comma.
+    fn group<T>(
+        &mut self,
+        open: &str,
+        items: &[T],
+        close: &str,
+        pad: Pad,
+        mut elem: impl FnMut(&mut Self, &T),
+    ) {
+        let tail = self.tail;
+        let mark = self.out.len();
+        let col = self.column();
+        let width = self.width.take();
+        self.out.push_str(open);
+        let padded = pad == Pad::Spaces && !items.is_empty();
+        if padded {
+            self.out.push(' ');
+        }
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.out.push_str(", ");
+            }
+            elem(self, item);
+        }
+        if pad == Pad::OneTuple && items.len() == 1 {
+            self.out.push(',');
+        }
+        if padded {
+            self.out.push(' ');
+        }
+        self.out.push_str(close);
+        self.width = width;
+        let Some(width) = width else {
             return;
         };
-        self.line(&format!("{prefix}if {} {{", print_expr(cond)));
-        self.stmts(then);
-        match otherwise.as_deref() {
-            None => self.line("}"),
-            Some([nested @ Stmt::If { .. }]) => {
-                let mut p = "} else ".to_string();
-                self.if_chain(nested, &mut p);
-            }
-            Some(body) => {
-                self.line("} else {");
-                self.stmts(body);
-                self.line("}");
-            }
+        if items.is_empty() || col + self.out[mark..].chars().count() + tail <= width {
+            return;
         }
+        self.out.truncate(mark);
+        self.out.push_str(open);
+        self.out.push('\n');
+        self.indent += 1;
+        for item in items {
+            for _ in 0..self.indent {
+                self.out.push_str(INDENT);
+            }
+            self.tail = 1;
+            elem(self, item);
+            self.out.push_str(",\n");
+        }
+        self.indent -= 1;
+        for _ in 0..self.indent {
+            self.out.push_str(INDENT);
+        }
+        self.out.push_str(close);
+        self.tail = tail;
     }
 
     fn expr(&mut self, expr: &Expr, min_prec: u8) {
+        let tail = self.tail;
         match &expr.kind {
             ExprKind::Int(v) => {
                 let _ = write!(self.out, "{v}");
             }
-            ExprKind::Float(v) => self.out.push_str(&float_text(*v)),
+            ExprKind::Float(v) => {
+                let written = self.source.get(expr.span.start..expr.span.end);
+                match written.filter(|w| w.parse::<f64>() == Ok(*v)) {
+                    Some(w) => self.out.push_str(w),
+                    None => self.out.push_str(&float_text(*v)),
+                }
+            }
             ExprKind::Bool(b) => {
                 let _ = write!(self.out, "{b}");
             }
@@ -267,39 +642,25 @@ impl Printer {
             }
             ExprKind::Name(n) => self.out.push_str(n),
             ExprKind::Wildcard => self.out.push('_'),
-            ExprKind::List(items) => {
-                self.out.push('[');
-                self.comma_list(items);
-                self.out.push(']');
-            }
+            ExprKind::List(items) => self.group("[", items, "]", Pad::None, |p, e| p.expr(e, 0)),
             ExprKind::Tuple(items) => {
-                self.out.push('(');
-                self.comma_list(items);
-                if items.len() == 1 {
-                    self.out.push(',');
-                }
-                self.out.push(')');
+                self.group("(", items, ")", Pad::OneTuple, |p, e| p.expr(e, 0))
             }
             ExprKind::Paren(inner) => {
                 self.out.push('(');
+                self.tail += 1;
                 self.expr(inner, 0);
                 self.out.push(')');
             }
-            ExprKind::Record(fields) => {
-                self.out.push('{');
-                for (i, (k, v)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        self.out.push_str(", ");
-                    }
-                    let _ = write!(self.out, "{}: ", k.name);
-                    self.expr(v, 0);
-                }
-                self.out.push('}');
-            }
+            ExprKind::Record(fields) => self.group("{", fields, "}", Pad::Spaces, |p, (k, v)| {
+                let _ = write!(p.out, "{}: ", k.name);
+                p.expr(v, 0);
+            }),
             ExprKind::Unary { op, expr: inner } => {
                 let wrap = min_prec > 7;
                 if wrap {
                     self.out.push('(');
+                    self.tail += 1;
                 }
                 self.out.push(if *op == UnOp::Neg { '-' } else { '!' });
                 self.expr(inner, 7);
@@ -312,16 +673,29 @@ impl Printer {
                 let wrap = prec < min_prec;
                 if wrap {
                     self.out.push('(');
+                    self.tail += 1;
                 }
-                self.expr(lhs, prec);
-                let _ = write!(self.out, " {} ", op.symbol());
-                self.expr(rhs, prec + 1);
+                let col = self.column();
+                let fits = match self.width {
+                    None => true,
+                    Some(width) => col + self.measure(|p| p.expr(expr, prec)) + tail <= width,
+                };
+                if fits {
+                    let width = self.width.take();
+                    self.expr(lhs, prec);
+                    let _ = write!(self.out, " {} ", op.symbol());
+                    self.expr(rhs, prec + 1);
+                    self.width = width;
+                } else {
+                    self.chain(expr, prec);
+                }
                 if wrap {
                     self.out.push(')');
                 }
             }
             ExprKind::Call { callee, args } => {
                 self.expr(callee, 8);
+                self.tail = tail;
                 self.args(args);
             }
             ExprKind::Instance {
@@ -352,6 +726,7 @@ impl Printer {
             ExprKind::Index { base, index } => {
                 self.expr(base, 8);
                 self.out.push('[');
+                self.tail += 1;
                 self.expr(index, 0);
                 self.out.push(']');
             }
@@ -362,42 +737,79 @@ impl Printer {
                 let wrap = min_prec > 0;
                 if wrap {
                     self.out.push('(');
+                    self.tail += 1;
                 }
+                let after = self.tail;
+                let suffix = self.measure(|p| p.annotation(annotation));
+                self.tail += suffix;
                 let nested = matches!(inner.kind, ExprKind::Annotated { .. });
                 self.expr(inner, if nested { 0 } else { 1 });
-                let _ = write!(self.out, " @{}", annotation.name.name);
-                if let Some(args) = &annotation.args {
-                    self.args(args);
-                }
+                self.tail = after;
+                self.annotation(annotation);
                 if wrap {
                     self.out.push(')');
                 }
             }
         }
+        self.tail = tail;
     }
 
-    fn comma_list(&mut self, items: &[Expr]) {
-        for (i, e) in items.iter().enumerate() {
-            if i > 0 {
-                self.out.push_str(", ");
+    /// Writes a chain of operators of one precedence (`a |> f |> g`) that does not fit on the
+    /// line: the first operand, then each operator and its operand on a line of its own, one
+    /// level deeper.
+    fn chain(&mut self, expr: &Expr, prec: u8) {
+        let tail = self.tail;
+        let mut rest = Vec::new();
+        let mut first = expr;
+        while let ExprKind::Binary { op, lhs, rhs } = &first.kind {
+            if op.precedence() != prec {
+                break;
             }
-            self.expr(e, 0);
+            rest.push((*op, rhs));
+            first = lhs;
+        }
+        self.tail = 0;
+        self.expr(first, prec);
+        self.indent += 1;
+        for (i, (op, operand)) in rest.iter().rev().enumerate() {
+            self.out.push('\n');
+            for _ in 0..self.indent {
+                self.out.push_str(INDENT);
+            }
+            let _ = write!(self.out, "{} ", op.symbol());
+            self.tail = if i + 1 == rest.len() { tail } else { 0 };
+            self.expr(operand, prec + 1);
+        }
+        self.indent -= 1;
+        self.tail = tail;
+    }
+
+    fn annotation(&mut self, annotation: &Annotation) {
+        let _ = write!(self.out, " @{}", annotation.name.name);
+        if let Some(args) = &annotation.args {
+            self.args(args);
         }
     }
 
     fn args(&mut self, args: &[Arg]) {
-        self.out.push('(');
-        for (i, a) in args.iter().enumerate() {
-            if i > 0 {
-                self.out.push_str(", ");
-            }
+        self.group("(", args, ")", Pad::None, |p, a| {
             if let Some(n) = &a.name {
-                let _ = write!(self.out, "{}: ", n.name);
+                let _ = write!(p.out, "{}: ", n.name);
             }
-            self.expr(&a.value, 0);
-        }
-        self.out.push(')');
+            p.expr(&a.value, 0);
+        });
     }
+}
+
+/// How a group is written on one line besides its elements.
+#[derive(Clone, Copy, PartialEq)]
+enum Pad {
+    /// `[a, b]`
+    None,
+    /// `{ a: 1 }`
+    Spaces,
+    /// `(a,)` for a tuple of one.
+    OneTuple,
 }
 
 fn pub_prefix(public: bool) -> &'static str {
@@ -406,14 +818,6 @@ fn pub_prefix(public: bool) -> &'static str {
     } else {
         ""
     }
-}
-
-fn bindings(list: &[Binding]) -> String {
-    let parts: Vec<String> = list
-        .iter()
-        .map(|b| format!("{} = {}", b.name.name, print_expr(&b.value)))
-        .collect();
-    parts.join(", ")
 }
 
 fn tensor_type(t: &TensorType) -> String {

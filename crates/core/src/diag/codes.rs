@@ -98,6 +98,7 @@ codes! {
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
     E0710 => "input dtype that generated bindings cannot take",
+    E0700 => "cannot format a file in place",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",
