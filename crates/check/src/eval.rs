@@ -20,6 +20,10 @@ const MAX_STEPS: u64 = 5_000_000;
 /// Deepest nesting of block instances.
 pub const MAX_INSTANCE_DEPTH: usize = 64;
 
+/// Per expression (file and span), the first tensor value it evaluated to: what an editor
+/// shows on hover. A block instantiated many times keeps its first instance's types.
+pub type ExprTypes = HashMap<(FileId, Span), ValueId>;
+
 /// A name bound in a scope.
 #[derive(Clone, Debug)]
 pub struct Binding {
@@ -127,6 +131,8 @@ pub struct Elaborator<'a> {
     pub saw_output: bool,
     /// Overrides applied so far: (is a dim, name).
     pub used_overrides: HashSet<(bool, String)>,
+    /// The first tensor each expression evaluated to, by where it is written (for editors).
+    pub expr_types: ExprTypes,
     const_cache: HashMap<(usize, String), Value>,
     const_busy: HashSet<(usize, String)>,
     steps: u64,
@@ -145,6 +151,7 @@ impl<'a> Elaborator<'a> {
             overrides: Default::default(),
             saw_output: false,
             used_overrides: HashSet::new(),
+            expr_types: ExprTypes::new(),
             const_cache: HashMap::new(),
             const_busy: HashSet::new(),
             steps: 0,
@@ -369,8 +376,16 @@ impl<'a> Elaborator<'a> {
         }
     }
 
-    /// Evaluates one expression.
+    /// Evaluates one expression, noting its type for [`Elaborator::expr_types`].
     pub fn eval(&mut self, frame: &mut Frame, e: &Expr) -> Value {
+        let v = self.eval_kind(frame, e);
+        if let Value::Tensor(t) = v {
+            self.expr_types.entry((frame.file, e.span)).or_insert(t);
+        }
+        v
+    }
+
+    fn eval_kind(&mut self, frame: &mut Frame, e: &Expr) -> Value {
         self.steps += 1;
         if self.steps > MAX_STEPS {
             if !self.out_of_steps {
