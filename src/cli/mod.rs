@@ -101,6 +101,8 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
     Run(run::RunArgs),
+    /// Serve the Language Server Protocol on stdin/stdout, for editors.
+    Lsp,
 }
 
 /// Parses the process arguments and runs the command.
@@ -129,6 +131,13 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Run(args) => run::run(&args, &reporter),
+        Command::Lsp => match mslc_lsp::run_stdio() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: language server: {e}");
+                1
+            }
+        },
     };
     ExitCode::from(code)
 }

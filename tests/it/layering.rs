@@ -18,6 +18,7 @@ const LAYERS: &[&str] = &[
     "mslc-plan",
     "mslc-exec",
     "mslc-driver",
+    "mslc-lsp",
 ];
 
 /// Compiler-only dependencies a runtime crate must not reach.

@@ -7,6 +7,7 @@ mod build;
 mod cli_check;
 mod exec;
 mod layering;
+mod lsp;
 mod param_counts;
 mod passes;
 mod readme;
