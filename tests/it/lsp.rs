@@ -429,3 +429,74 @@ fn bad_input_never_stops_the_server() {
         .contains("f32["));
     c.shutdown();
 }
+
+#[test]
+fn edits_in_quick_succession_are_checked_once() {
+    let uri = "file:///tmp/debounce.msl";
+    let good = "model M {\n    input x: f32[2, 8]\n    output y = x\n}\n";
+    let mut c = Client::start();
+    c.open(uri, good);
+    assert!(c.diagnostics(uri).is_empty());
+    for version in 2..7 {
+        let text = if version % 2 == 0 {
+            good.replace("output", "outptu")
+        } else {
+            good.into()
+        };
+        c.notify(
+            "textDocument/didChange",
+            json!({ "textDocument": { "uri": uri, "version": version },
+                    "contentChanges": [{ "text": text }] }),
+        );
+    }
+    let diags = c.diagnostics(uri);
+    assert!(!diags.is_empty(), "the last version (6) is broken");
+    // Nothing else is published for it: a request answers without a second publication.
+    let before = c.published.len();
+    c.ok(
+        "textDocument/documentSymbol",
+        json!({ "textDocument": { "uri": uri } }),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.request(
+        "textDocument/documentSymbol",
+        json!({ "textDocument": { "uri": uri } }),
+    );
+    assert!(r.response_result.is_ok());
+    assert_eq!(c.published.len(), before, "one check for five edits");
+    c.shutdown();
+}
+
+#[test]
+fn semantic_tokens_class_blocks_dims_and_keywords() {
+    let (uri, text) = tiny_llama();
+    let mut c = Client::start();
+    c.open(&uri, &text);
+    let r = c.ok(
+        "textDocument/semanticTokens/full",
+        json!({ "textDocument": { "uri": uri } }),
+    );
+    let data: Vec<u64> = r["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(data.len() % 5, 0);
+    // Decode and find the token at `LlamaModel(` of the `let h` line: a type (index 1).
+    let want = pos(&text, "let h", "LlamaModel");
+    let (mut line, mut col) = (0u64, 0u64);
+    let mut found = None;
+    for t in data.chunks(5) {
+        if t[0] > 0 {
+            col = 0;
+        }
+        line += t[0];
+        col += t[1];
+        if json!({ "line": line, "character": col }) == want {
+            found = Some(t[3]);
+        }
+    }
+    assert_eq!(found, Some(1));
+    c.shutdown();
+}

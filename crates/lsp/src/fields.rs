@@ -66,3 +66,26 @@ pub const FIELDS: &[FieldDoc] = &[
 pub fn field(kind: DeclKind, key: &str) -> Option<&'static FieldDoc> {
     FIELDS.iter().find(|d| d.kind == kind && d.key == key)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::FIELDS;
+    use mslc_check::{check_source, CheckOptions};
+    use mslc_core::diag::Code;
+
+    /// Every documented field is one the checker accepts (no "unknown field").
+    #[test]
+    fn every_documented_field_is_known_to_the_checker() {
+        for f in FIELDS {
+            let kind = f.kind.keyword();
+            let text = format!("{kind} D {{\n    {} = 1\n}}\n", f.key);
+            let checked = check_source("fields.msl", &text, &CheckOptions::default());
+            assert!(
+                !checked.diagnostics.iter().any(|d| d.code == Code::E0500),
+                "{kind}.{}: {:?}",
+                f.key,
+                checked.diagnostics
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@ mod fields;
 mod index;
 mod requests;
 mod text;
+mod tokens;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use lsp_types::notification::{
 };
 use lsp_types::{
     CompletionOptions, HoverProviderCapability, OneOf, PublishDiagnosticsParams,
+    SemanticTokensFullOptions, SemanticTokensOptions, SemanticTokensServerCapabilities,
     ServerCapabilities, TextDocumentSyncCapability, TextDocumentSyncKind, Uri,
 };
 
@@ -71,6 +73,13 @@ pub fn capabilities() -> ServerCapabilities {
         }),
         document_symbol_provider: Some(OneOf::Left(true)),
         inlay_hint_provider: Some(OneOf::Left(true)),
+        semantic_tokens_provider: Some(SemanticTokensServerCapabilities::SemanticTokensOptions(
+            SemanticTokensOptions {
+                legend: tokens::legend(),
+                full: Some(SemanticTokensFullOptions::Bool(true)),
+                ..SemanticTokensOptions::default()
+            },
+        )),
         ..ServerCapabilities::default()
     }
 }

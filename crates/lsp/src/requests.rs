@@ -7,7 +7,7 @@ use lsp_types::{
     CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity,
     DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams, InlayHint,
     InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
-    ReferenceParams, Uri,
+    ReferenceParams, SemanticTokens, Uri,
 };
 use mslc_core::diag::{FileId, Severity};
 use mslc_syntax::ast::Span;
@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::analysis::{show_type, Analysis, Place};
 use crate::index::Outline;
 use crate::text::{Document, LineIndex};
-use crate::{complete, fields, CODE_DOCS_BASE};
+use crate::{complete, fields, tokens, CODE_DOCS_BASE};
 
 /// The requests [`answer`] handles.
 const METHODS: &[&str] = &[
@@ -26,6 +26,7 @@ const METHODS: &[&str] = &[
     "textDocument/completion",
     "textDocument/documentSymbol",
     "textDocument/inlayHint",
+    "textDocument/semanticTokens/full",
 ];
 
 /// Whether `method` is a request this server answers.
@@ -136,6 +137,10 @@ pub fn answer(analysis: &Analysis, doc: &Document, req: &Request) -> Result<Valu
             json(serde_json::to_value(outline))
         }
         "textDocument/inlayHint" => json(serde_json::to_value(inlay_hints(analysis, doc))),
+        "textDocument/semanticTokens/full" => json(serde_json::to_value(SemanticTokens {
+            result_id: None,
+            data: tokens::tokens(analysis, doc),
+        })),
         other => Err(format!("unknown request `{other}`")),
     }
 }
