@@ -31,7 +31,7 @@ fn main() {
         send(Notification::new(method.into(), params).into());
     };
     // Waits until a response to `id` and diagnostics for `version` have both arrived.
-    let wait = |id: i32, version: Option<i64>| loop {
+    let wait = |id: i32, version: Option<i64>| {
         let mut got_reply = false;
         let mut got_diags = version.is_none();
         while !(got_reply && got_diags) {
@@ -44,7 +44,6 @@ fn main() {
                 Err(e) => panic!("no answer: {e}"),
             }
         }
-        break;
     };
 
     request(0, "initialize", json!({ "capabilities": {} }));

@@ -99,3 +99,52 @@ impl Document {
         self.lines.offset(&self.text, pos)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(sl: u32, sc: u32, el: u32, ec: u32, text: &str) -> TextDocumentContentChangeEvent {
+        TextDocumentContentChangeEvent {
+            range: Some(Range::new(Position::new(sl, sc), Position::new(el, ec))),
+            range_length: None,
+            text: text.to_string(),
+        }
+    }
+
+    #[test]
+    fn positions_count_utf16_units() {
+        let text = "aé😀b\nx";
+        let lines = LineIndex::new(text);
+        // `😀` is two UTF-16 units and four bytes.
+        assert_eq!(lines.offset(text, Position::new(0, 4)), "aé😀".len());
+        assert_eq!(lines.position(text, "aé😀".len()), Position::new(0, 4));
+        assert_eq!(lines.offset(text, Position::new(0, 99)), "aé😀b".len());
+        assert_eq!(lines.offset(text, Position::new(9, 0)), text.len());
+        assert_eq!(lines.position(text, text.len()), Position::new(1, 1));
+    }
+
+    #[test]
+    fn ranged_changes_apply_in_order() {
+        let mut doc = Document::new("aé😀b\nxyz\n".to_string(), 1);
+        doc.apply(
+            vec![
+                change(0, 4, 0, 5, "B"),
+                change(1, 1, 1, 2, "Y😀"),
+                change(0, 2, 0, 4, ""),
+            ],
+            2,
+        );
+        assert_eq!(doc.text, "aéB\nxY😀z\n");
+        assert_eq!(doc.version, 2);
+        doc.apply(
+            vec![TextDocumentContentChangeEvent {
+                range: None,
+                range_length: None,
+                text: "new".into(),
+            }],
+            3,
+        );
+        assert_eq!(doc.text, "new");
+    }
+}
