@@ -384,9 +384,15 @@ fn bad_input_never_stops_the_server() {
     let garbage: String = (0..4096u32)
         .map(|i| char::from_u32(33 + (i * 7919) % 90).unwrap())
         .collect();
-    for (i, text) in [nested, big, garbage, "\u{0}\u{feff}]]]{{{".to_string()]
-        .iter()
-        .enumerate()
+    for (i, text) in [
+        nested,
+        big,
+        garbage,
+        "\u{0}\u{feff}]]]{{{".to_string(),
+        "model M {\n  let y = x.😀(".to_string(),
+    ]
+    .iter()
+    .enumerate()
     {
         let uri = format!("file:///tmp/bad{i}.msl");
         c.open(&uri, text);

@@ -119,8 +119,9 @@ fn enclosing_call(before: &str) -> Option<&str> {
             '(' if depth == 0 => {
                 let head = before[..i].trim_end();
                 let start = head
-                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-                    .map_or(0, |j| j + 1);
+                    .char_indices()
+                    .rfind(|&(_, c)| !(c.is_alphanumeric() || c == '_'))
+                    .map_or(0, |(j, c)| j + c.len_utf8());
                 return Some(&head[start..]).filter(|s| !s.is_empty());
             }
             '(' => depth -= 1,

@@ -261,8 +261,8 @@ impl FileIndex {
                 ..
             } => {
                 self.expr(value, body);
-                if !tuple {
-                    self.lets.push((names[0].span, value.span));
+                if let (false, Some(name)) = (tuple, names.first()) {
+                    self.lets.push((name.span, value.span));
                 }
                 for n in names {
                     self.def(n, body);

@@ -170,8 +170,8 @@ fn hover(analysis: &Analysis, doc: &Document, file: FileId, offset: usize) -> Op
             if inst.in_model {
                 glob_prefix(&inst.pattern, path)
             } else {
-                (0..path.len())
-                    .filter(|&i| i == 0 || path.as_bytes()[i - 1] == b'.')
+                std::iter::once(0)
+                    .chain(path.match_indices('.').map(|(i, _)| i + 1))
                     .any(|i| glob_prefix(&inst.pattern, &path[i..]))
             }
         };
