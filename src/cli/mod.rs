@@ -114,6 +114,8 @@ pub enum Command {
     Completions(generate::CompletionsArgs),
     /// Print the man page (roff): `mslc man > mslc.1`.
     Man,
+    /// Serve the Language Server Protocol on stdin/stdout, for editors.
+    Lsp,
 }
 
 /// Whether the arguments ask for `--message-format json`, read before (and even when) the
@@ -182,6 +184,13 @@ pub fn main() -> ExitCode {
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
         Command::Man => generate::man(),
+        Command::Lsp => match mslc_lsp::run_stdio() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: language server: {e}");
+                1
+            }
+        },
     };
     ExitCode::from(code)
 }

@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "mslc-exec",
     "mslc-driver",
     "mslc-build",
+    "mslc-lsp",
 ];
 
 /// Compiler-only dependencies a runtime crate must not reach.

@@ -25,6 +25,10 @@ pub const NODE_STEPS: u64 = 10;
 /// Deepest nesting of block instances.
 pub const MAX_INSTANCE_DEPTH: usize = 64;
 
+/// Per expression (file and span), the first tensor value it evaluated to: what an editor
+/// shows on hover. A block instantiated many times keeps its first instance's types.
+pub type ExprTypes = HashMap<(FileId, Span), ValueId>;
+
 /// A name bound in a scope.
 #[derive(Clone, Debug)]
 pub struct Binding {
@@ -134,6 +138,8 @@ pub struct Elaborator<'a> {
     pub used_overrides: HashSet<(bool, String)>,
     /// The model's `const`, `dims`, `input` and `output` names so far: what each is, and where.
     pub model_names: HashMap<String, (&'static str, Loc)>,
+    /// The first tensor each expression evaluated to, by where it is written (for editors).
+    pub expr_types: ExprTypes,
     const_cache: HashMap<(usize, String), Value>,
     const_busy: HashSet<(usize, String)>,
     steps: u64,
@@ -153,6 +159,7 @@ impl<'a> Elaborator<'a> {
             saw_output: false,
             used_overrides: HashSet::new(),
             model_names: HashMap::new(),
+            expr_types: ExprTypes::new(),
             const_cache: HashMap::new(),
             const_busy: HashSet::new(),
             steps: 0,
@@ -411,8 +418,16 @@ impl<'a> Elaborator<'a> {
         }
     }
 
-    /// Evaluates one expression.
+    /// Evaluates one expression, noting its type for [`Elaborator::expr_types`].
     pub fn eval(&mut self, frame: &mut Frame, e: &Expr) -> Value {
+        let v = self.eval_kind(frame, e);
+        if let Value::Tensor(t) = v {
+            self.expr_types.entry((frame.file, e.span)).or_insert(t);
+        }
+        v
+    }
+
+    fn eval_kind(&mut self, frame: &mut Frame, e: &Expr) -> Value {
         if !self.tick(frame, e.span, 1) {
             return Value::Error;
         }

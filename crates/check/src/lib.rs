@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use mslc_core::diag::{Code, Diagnostic, FileId, Sources};
 use mslc_syntax::ast::{self, Span};
 
+pub use eval::ExprTypes;
 pub use model::Overrides;
 pub use mslc_core::program::Model;
 
@@ -102,30 +103,54 @@ pub fn read_source(
 /// Checks source text already in memory (`name` is shown in diagnostics and anchors relative
 /// imports).
 pub fn check_source(name: &str, text: &str, options: &CheckOptions) -> Checked {
+    check_source_for_editor(name, text, options).checked
+}
+
+/// What an editor needs beyond [`Checked`]: the loaded modules (syntax trees, names, imports)
+/// and, per model, the type of every expression.
+#[derive(Debug)]
+pub struct EditorView {
+    /// The checking result, as [`check_source`] gives it.
+    pub checked: Checked,
+    /// Every file loaded, parsed, with its names and imports; `modules[0]` is the root.
+    pub modules: modules::Modules,
+    /// Per model of `checked.models`, the first tensor each expression evaluated to.
+    pub expr_types: Vec<eval::ExprTypes>,
+}
+
+/// [`check_source`], keeping the modules and expression types for an editor.
+pub fn check_source_for_editor(name: &str, text: &str, options: &CheckOptions) -> EditorView {
     let mut sources = Sources::new();
     let mut diags = Vec::new();
     let modules = modules::Loader::new(options.stdlib_dir.as_deref(), &mut sources, &mut diags)
         .load_root(name, text);
     let mut models = Vec::new();
+    let mut expr_types = Vec::new();
     let mut used: HashSet<(bool, String)> = HashSet::new();
     let root = &modules.modules[0];
     for item in &root.ast.items {
         if let ast::Item::Model(m) = item {
-            let (model, model_diags, model_used) =
+            let (model, model_diags, model_used, types) =
                 model::elaborate_model(&modules, 0, m, &options.overrides);
             diags.extend(model_diags);
             used.extend(model_used);
             models.push(model);
+            expr_types.push(types);
         }
     }
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
     let decls = decls::check_declarations(&modules, &models, &mut diags);
-    Checked {
+    let checked = Checked {
         files: modules.disk_files(options.stdlib_dir.as_deref()),
         sources,
         models,
         decls,
         diagnostics: dedup(diags),
+    };
+    EditorView {
+        checked,
+        modules,
+        expr_types,
     }
 }
 

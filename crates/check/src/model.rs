@@ -7,7 +7,7 @@ use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::{DType, TensorType};
 use mslc_syntax::ast::{self, Dim, Span, Stmt};
 
-use super::eval::{Elaborator, Frame};
+use super::eval::{Elaborator, ExprTypes, Frame};
 use super::instance::article;
 use super::modules::Modules;
 use super::value::Value;
@@ -293,7 +293,7 @@ pub fn elaborate_model(
     module: usize,
     item: &ast::ModelItem,
     overrides: &Overrides,
-) -> (Model, Vec<Diagnostic>, Vec<(bool, String)>) {
+) -> (Model, Vec<Diagnostic>, Vec<(bool, String)>, ExprTypes) {
     let file = modules.modules[module].file;
     let model = Model {
         name: item.name.name.clone(),
@@ -325,6 +325,11 @@ pub fn elaborate_model(
         elab.diags.push(d);
     }
     let used = elab.used_overrides.iter().cloned().collect();
-    let Elaborator { model, diags, .. } = elab;
-    (model, diags, used)
+    let Elaborator {
+        model,
+        diags,
+        expr_types,
+        ..
+    } = elab;
+    (model, diags, used, expr_types)
 }
