@@ -4,7 +4,7 @@
 # (fuzz/corpus-work/TARGET, ignored by git), so the committed corpus stays small.
 #
 # Needs a nightly toolchain and cargo-fuzz; without them it says so and exits 0, since the
-# corpus and every regression also replay on stable in `cargo test --test fuzz_replay`.
+# corpus and every regression also replay on stable in `cargo test --test it fuzz_replay`.
 # A crash leaves its input in fuzz/artifacts/TARGET/ and makes the script exit 1: copy the
 # input to fuzz/regressions/TARGET/, fix the bug, and the replay test keeps it fixed.
 #

@@ -1,4 +1,4 @@
-//! The fuzz targets' bodies, shared with `tests/fuzz_replay.rs` (which includes
+//! The fuzz targets' bodies, shared with `tests/it/fuzz_replay.rs` (which includes
 //! [`harness`] by path), so every corpus entry and every crash found replays on stable.
 
 pub mod harness;

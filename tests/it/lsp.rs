@@ -506,3 +506,35 @@ fn semantic_tokens_class_blocks_dims_and_keywords() {
     assert_eq!(found, Some(1));
     c.shutdown();
 }
+
+#[test]
+fn formatting_is_mslc_fmt() {
+    let uri = "file:///tmp/mslc-lsp-format.msl";
+    let messy = "model M {\n  input x: f32[2,   3]   // the input\n    output y = x\n}\n";
+    let mut c = Client::start();
+    c.open(uri, messy);
+    let edits = c.ok(
+        "textDocument/formatting",
+        json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }),
+    );
+    let edits = edits.as_array().unwrap();
+    assert_eq!(edits.len(), 1);
+    let formatted = edits[0]["newText"].as_str().unwrap();
+    let want = mslc_syntax::format::format_source(mslc_core::diag::FileId(0), messy).unwrap();
+    assert_eq!(formatted, want);
+    assert!(formatted.contains("// the input"));
+    // Formatted text needs no edit; a file with a syntax error gets none either.
+    c.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 2 }, "contentChanges": [{ "text": formatted }] }),
+    );
+    let none = c.ok("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(none, json!([]));
+    c.notify(
+        "textDocument/didChange",
+        json!({ "textDocument": { "uri": uri, "version": 3 }, "contentChanges": [{ "text": "model M { input x: f32[2, 3\n" }] }),
+    );
+    let none = c.ok("textDocument/formatting", json!({ "textDocument": { "uri": uri }, "options": { "tabSize": 4, "insertSpaces": true } }));
+    assert_eq!(none, json!([]));
+    c.shutdown();
+}

@@ -7,7 +7,7 @@ use lsp_types::{
     CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity,
     DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams, InlayHint,
     InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
-    ReferenceParams, SemanticTokens, Uri,
+    ReferenceParams, SemanticTokens, TextEdit, Uri,
 };
 use mslc_core::diag::{FileId, Severity};
 use mslc_syntax::ast::Span;
@@ -27,6 +27,7 @@ const METHODS: &[&str] = &[
     "textDocument/documentSymbol",
     "textDocument/inlayHint",
     "textDocument/semanticTokens/full",
+    "textDocument/formatting",
 ];
 
 /// Whether `method` is a request this server answers.
@@ -141,7 +142,20 @@ pub fn answer(analysis: &Analysis, doc: &Document, req: &Request) -> Result<Valu
             result_id: None,
             data: tokens::tokens(analysis, doc),
         })),
+        "textDocument/formatting" => json(serde_json::to_value(format_edits(root, doc))),
         other => Err(format!("unknown request `{other}`")),
+    }
+}
+
+/// `mslc fmt`'s layout as one edit over the whole document; none when the document is already
+/// formatted or has a syntax error (left as it is, as `mslc fmt` leaves such a file).
+fn format_edits(root: FileId, doc: &Document) -> Vec<TextEdit> {
+    match mslc_syntax::format::format_source(root, &doc.text) {
+        Ok(formatted) if formatted != doc.text => vec![TextEdit {
+            range: doc.lines.range(&doc.text, Span::new(0, doc.text.len())),
+            new_text: formatted,
+        }],
+        _ => Vec::new(),
     }
 }
 
