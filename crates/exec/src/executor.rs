@@ -193,32 +193,24 @@ impl Executor {
             .min(SCRATCH_KEEP_LIMIT);
         let scratch_bytes = (scratch * 4 * SCRATCH_BUFFERS) as u64;
         if let Some(limit) = options.memory_limit {
-            let values: u64 = module
-                .values
-                .iter()
-                .zip(&slots)
-                .filter(|(v, _)| !matches!(v.storage, Storage::Arena { .. }))
-                .fold(0u64, |sum, (_, s)| sum.saturating_add(s.bytes as u64));
+            // The plan's buffers (parameters, inputs, arena, hoisted region), then what the
+            // executor adds: staging and per-thread scratch.
+            let planned = module.planned_bytes();
             let staging = stage.inputs.iter().sum::<usize>() + stage.ints + stage.out;
-            let need = [
-                values,
-                arena_bytes as u64,
-                hoisted_bytes as u64,
-                staging as u64,
-                scratch_bytes.saturating_mul(threads as u64),
-            ]
-            .iter()
-            .fold(0u64, |a, &b| a.saturating_add(b));
+            let scratch_total = scratch_bytes.saturating_mul(threads as u64);
+            let need = planned
+                .saturating_add(staging as u64)
+                .saturating_add(scratch_total);
             if need > limit {
                 return Err(ExecError::new(
                     ExecErrorKind::Memory,
                     format!(
-                        "running `{}` needs {} (parameters and inputs {}, arena {}, scratch {} for {threads} threads), but only {} may be used",
+                        "running `{}` needs {} (planned buffers {}, staging {}, scratch {} for {threads} threads), but only {} may be used",
                         module.name,
                         exact_bytes(need),
-                        human_bytes(values),
-                        human_bytes(arena_bytes as u64),
-                        human_bytes(scratch_bytes.saturating_mul(threads as u64)),
+                        human_bytes(planned),
+                        human_bytes(staging as u64),
+                        human_bytes(scratch_total),
                         exact_bytes(limit)
                     ),
                 ));
