@@ -348,6 +348,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn keywords_are_the_grammars() {
+        let grammar = include_str!("../../../grammar/msl.pest");
+        let rule = grammar
+            .lines()
+            .find(|l| l.starts_with("keyword"))
+            .expect("the grammar has a `keyword` rule");
+        let mut in_grammar: Vec<&str> = rule.split('"').skip(1).step_by(2).collect();
+        let mut here = KEYWORDS.to_vec();
+        in_grammar.sort_unstable();
+        here.sort_unstable();
+        assert_eq!(
+            here, in_grammar,
+            "KEYWORDS must copy grammar/msl.pest's `keyword` rule"
+        );
+    }
+
+    #[test]
     fn names_are_identifiers_and_paths_dotted_identifiers_or_indices() {
         for good in ["x", "_t0", "Mlp", "logits"] {
             assert!(is_identifier(good), "{good}");
