@@ -114,3 +114,13 @@ proptest! {
         check_no_panic(&String::from_utf8_lossy(&bytes));
     }
 }
+
+#[test]
+fn a_scalar_matches_an_ellipsis_pattern() {
+    // `...` may match no dim: a scalar passed to `x: [...]` checked by reading a size that is
+    // not there (found by `mutated_examples_never_panic`).
+    let source = "block Id(x: [...]) -> [...] {\n    return x\n}\nmodel M {\n    input x: f32[2]\n    let s = sum(x)\n    output y = Id(s)\n}\n";
+    let checked = mslc_check::check_source("scalar.msl", source, &Default::default());
+    assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+    assert!(checked.models[0].outputs[0].name == "y");
+}

@@ -449,11 +449,13 @@ impl Elaborator<'_> {
                 Some(e) if i > e => rank - (pattern.dims.len() - i),
                 _ => i,
             };
-            let actual = ty.shape[actual_index];
             let expr = match dim {
                 Dim::Ellipsis(_) | Dim::Wildcard(_) => continue,
                 Dim::Expr(e) => e,
             };
+            // An `...` may match no dim at all (a scalar against `[...]`): read a size only
+            // where the pattern names one.
+            let actual = ty.shape[actual_index];
             if let ExprKind::Name(name) = &expr.kind {
                 match frame.lookup(name).cloned() {
                     None => {
