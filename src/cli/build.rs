@@ -164,6 +164,17 @@ fn build(
         let table = KernelTable::read(&table_path)
             .map_err(|e| root_error(checked, e.code(), e.to_string(), table_help(&e)))?;
         let applied = table.apply(&mut compiled.module);
+        compiled
+            .memory
+            .account_runtime(&compiled.module)
+            .map_err(|e| {
+                root_error(
+                    checked,
+                    Code::E0621,
+                    e.to_string(),
+                    "fix or delete the entry the message names".to_string(),
+                )
+            })?;
         Some(format!("{}: {applied}", table_path.display()))
     } else {
         None

@@ -65,17 +65,20 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
             assert_eq!(b["offset"].as_u64().unwrap() % 64, 0);
             assert!(b["first"].as_u64() <= b["last"].as_u64());
         }
-        // Every byte the executor sizes from the plan is in the total: the arena, the hoisted
-        // region (each hoisted value in its own slot), the parameters and the inputs.
+        // Every byte the executor allocates once is in the total: the arena, the hoisted
+        // region (each hoisted value in its own slot), the parameters, the inputs and the
+        // staging buffers; the per-thread scratch is reported beside it.
         let bytes = |k: &str| plan[k].as_u64().unwrap();
         assert_eq!(
             bytes("total_bytes"),
             bytes("arena_bytes")
                 + bytes("hoisted_bytes")
                 + bytes("params_bytes")
-                + bytes("inputs_bytes"),
+                + bytes("inputs_bytes")
+                + bytes("staging_bytes"),
             "{example}"
         );
+        assert!(bytes("scratch_bytes_per_thread") > 0, "{example}");
         let mut end = 0;
         for h in plan["hoisted"].as_array().unwrap() {
             let offset = h["offset"].as_u64().unwrap();

@@ -2,6 +2,7 @@
 
 pub mod binary;
 pub mod module;
+pub mod runtime;
 pub mod validate;
 pub mod write;
 

@@ -8,20 +8,21 @@
 
 use std::time::Instant;
 
+use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
 use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Storage};
 use mslc_core::ops::DType;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
 use mslc_kernels::scratch::try_warm;
+use mslc_kernels::step::needs::SCRATCH_BUFFERS;
+use mslc_kernels::step::{OperandMode as Mode, Operands};
 use mslc_kernels::{KernelResult, TensorRef};
 
 use super::buffer::AlignedBuf;
-use super::dispatch::Operands;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
 use super::limits::{exact_bytes, human_bytes};
-use super::prepare::{prepare, StepKernel};
 use super::profile::{chrome_trace, StepTime};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
 use super::{init, weights};
@@ -59,27 +60,10 @@ struct Slot {
     bytes: usize,
 }
 
-/// How one step operand reaches its kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Its stored f32 bytes, viewed in place.
-    Direct,
-    /// Converted to f32 in a staging buffer.
-    Convert,
-    /// Copied to a staging buffer first, because the output overwrites it.
-    CopyAliased,
-    /// Already in the output slice (the kernel works in place).
-    InPlace,
-    /// Read as integers into the integer staging buffer.
-    Ints,
-}
-
 /// A step ready to run.
 struct StepPlan {
-    kernel: StepKernel,
-    modes: Vec<Mode>,
-    /// The output is f32 and written straight into its region (else through staging).
-    out_direct: bool,
+    /// Its kernel and operand modes.
+    prepared: PreparedStep,
     /// Depends on parameters alone: runs only after they change.
     hoisted: bool,
 }
@@ -135,48 +119,8 @@ impl Executor {
         let arena_bytes = region(module.arena_bytes, "the arena")?;
         let hoisted_bytes = region(module.hoisted_bytes, "the hoisted region")?;
         let slots = slots_of(&module)?;
-        let mut plans = Vec::with_capacity(module.steps.len());
-        let mut stage = StageSizes::default();
-        for (s, step) in module.steps.iter().enumerate() {
-            let at = || format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
-            let [o] = step.outputs[..] else {
-                return Err(module_error(format!(
-                    "{}: the executor runs one-output steps",
-                    at()
-                )));
-            };
-            let out = &slots[o as usize];
-            let types: Vec<_> = step
-                .inputs
-                .iter()
-                .map(|&v| module.values[v as usize].ty.clone())
-                .collect();
-            let kernel = prepare(step, &types, &module.values[o as usize].ty)
-                .map_err(|m| module_error(format!("{}: {m}", at())))?;
-            let aliased = aliased_input(&slots, &step.inputs, out)
-                .map_err(|m| module_error(format!("{}: {m}", at())))?;
-            let out_direct = out.dtype == DType::F32;
-            let modes: Vec<Mode> = step
-                .inputs
-                .iter()
-                .enumerate()
-                .map(|(j, &v)| {
-                    let slot = &slots[v as usize];
-                    let mode = operand_mode(&kernel, j, slot.dtype, aliased && j == 0, out_direct);
-                    stage.need(mode, j, slot.numel);
-                    mode
-                })
-                .collect();
-            if !out_direct {
-                stage.out = stage.out.max(out.numel * 4);
-            }
-            plans.push(StepPlan {
-                kernel,
-                modes,
-                out_direct,
-                hoisted: matches!(out.place, Place::Hoisted(_)),
-            });
-        }
+        let needs =
+            RuntimeNeeds::of(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads)
             .build()
@@ -184,22 +128,15 @@ impl Executor {
                 ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
             })?;
         let threads = pool.current_num_threads();
-        let scratch = plans
-            .iter()
-            .zip(&module.steps)
-            .map(|(plan, step)| scratch_hint(&plan.kernel, &slots, &step.inputs, step.outputs[0]))
-            .max()
-            .unwrap_or(0)
-            .min(SCRATCH_KEEP_LIMIT);
-        let scratch_bytes = (scratch * 4 * SCRATCH_BUFFERS) as u64;
+        let scratch_bytes = needs.scratch_bytes_per_thread();
+        let planned = module.planned_bytes();
+        let staging = needs.staging.bytes();
         if let Some(limit) = options.memory_limit {
-            // The plan's buffers (parameters, inputs, arena, hoisted region), then what the
-            // executor adds: staging and per-thread scratch.
-            let planned = module.planned_bytes();
-            let staging = stage.inputs.iter().sum::<usize>() + stage.ints + stage.out;
+            // The plan's buffers (parameters, inputs, arena, hoisted region), its staging, and
+            // the kernels' scratch for each of this run's threads.
             let scratch_total = scratch_bytes.saturating_mul(threads as u64);
             let need = planned
-                .saturating_add(staging as u64)
+                .saturating_add(staging)
                 .saturating_add(scratch_total);
             if need > limit {
                 return Err(ExecError::new(
@@ -209,7 +146,7 @@ impl Executor {
                         module.name,
                         exact_bytes(need),
                         human_bytes(planned),
-                        human_bytes(staging as u64),
+                        human_bytes(staging),
                         human_bytes(scratch_total),
                         exact_bytes(limit)
                     ),
@@ -227,7 +164,7 @@ impl Executor {
         };
         let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
         let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
-        let warmed = pool.broadcast(|_| try_warm(scratch, SCRATCH_BUFFERS));
+        let warmed = pool.broadcast(|_| try_warm(needs.scratch_floats, SCRATCH_BUFFERS));
         if !warmed.iter().all(|&ok| ok) {
             return Err(module_error(format!(
                 "cannot allocate {scratch_bytes} bytes of scratch for each of {threads} threads: out of memory"
@@ -235,13 +172,31 @@ impl Executor {
         }
         let arena = alloc(arena_bytes, "the arena")?;
         let hoisted = alloc(hoisted_bytes, "parameter-only values")?;
-        let allocated = [&arena, &hoisted]
+        let in_stage = needs
+            .staging
+            .inputs
+            .iter()
+            .map(|&b| alloc(b, "staging"))
+            .collect::<ExecResult<Vec<_>>>()?;
+        let int_stage = alloc(needs.staging.ints, "staging")?;
+        let out_stage = alloc(needs.staging.out, "staging")?;
+        let allocated = [&arena, &hoisted, &int_stage, &out_stage]
             .into_iter()
             .chain(&inputs)
             .chain(&params)
+            .chain(&in_stage)
             .map(|b| b.len() as u64)
             .sum();
-        check_allocation(allocated, module.planned_bytes())?;
+        check_allocation(allocated, planned.saturating_add(staging))?;
+        let plans = needs
+            .steps
+            .into_iter()
+            .zip(&module.steps)
+            .map(|(prepared, step)| StepPlan {
+                prepared,
+                hoisted: matches!(slots[step.outputs[0] as usize].place, Place::Hoisted(_)),
+            })
+            .collect();
         Ok(Executor {
             slots,
             plans,
@@ -252,13 +207,9 @@ impl Executor {
             inputs,
             params_ready: params.is_empty(),
             params,
-            in_stage: stage
-                .inputs
-                .into_iter()
-                .map(|b| alloc(b, "staging"))
-                .collect::<ExecResult<_>>()?,
-            int_stage: alloc(stage.ints, "staging")?,
-            out_stage: alloc(stage.out, "staging")?,
+            in_stage,
+            int_stage,
+            out_stage,
             pool,
             threads,
             times: vec![None; module.steps.len()],
@@ -418,7 +369,7 @@ impl Executor {
             .iter()
             .zip(&self.plans)
             .find_map(|(step, plan)| {
-                let j = plan.kernel.integer_input()?;
+                let j = plan.prepared.kernel.integer_input()?;
                 if step.inputs.get(j) != Some(&v) {
                     return None;
                 }
@@ -571,60 +522,6 @@ impl Executor {
     }
 }
 
-/// The step's input at index 0 when the output occupies exactly its bytes; an error when the
-/// output overlaps any input in another way (only a crafted module can do that).
-fn aliased_input(slots: &[Slot], inputs: &[u32], out: &Slot) -> Result<bool, String> {
-    let Place::Arena(o) = out.place else {
-        return Ok(false);
-    };
-    let mut aliased = false;
-    for (j, &v) in inputs.iter().enumerate() {
-        let slot = &slots[v as usize];
-        let Place::Arena(i) = slot.place else {
-            continue;
-        };
-        let disjoint =
-            slot.bytes == 0 || out.bytes == 0 || i + slot.bytes <= o || o + out.bytes <= i;
-        if disjoint {
-            continue;
-        }
-        if j == 0 && i == o && slot.bytes == out.bytes {
-            aliased = true;
-        } else {
-            return Err(format!("its output overlaps input {j} in the arena"));
-        }
-    }
-    Ok(aliased)
-}
-
-/// Largest scratch buffer (in f32) the kernels keep for reuse; bigger ones are freed after use.
-const SCRATCH_KEEP_LIMIT: usize = 8 << 20;
-/// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
-const SCRATCH_BUFFERS: usize = 3;
-
-/// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
-/// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
-/// all within twice the operands plus these terms. Every pool thread gets buffers this large
-/// at setup, so no kernel allocates scratch while running.
-fn scratch_hint(kernel: &StepKernel, slots: &[Slot], inputs: &[u32], output: u32) -> usize {
-    let numel = |v: u32| slots[v as usize].numel;
-    let operands: usize = inputs.iter().map(|&v| numel(v)).sum::<usize>() + numel(output);
-    let extra = match kernel {
-        StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
-            (program.instrs.len() + 1) * p.block
-        }
-        StepKernel::Conv2d(..) => {
-            // im2col: every output position of every image gets C/groups·kh·kw values.
-            let w = &slots[inputs[1] as usize].shape;
-            let out = &slots[output as usize].shape;
-            let per_position: usize = w[1..].iter().product();
-            per_position * out[0] * out[2] * out[3]
-        }
-        _ => 0,
-    };
-    2 * operands + extra + (1 << 16)
-}
-
 /// Every value's type and place: inputs and parameters numbered in order, arena values at
 /// their offsets.
 fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
@@ -656,56 +553,8 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
     Ok(slots)
 }
 
-/// How operand `j` (of `dtype`; `aliased` when the output overwrites it) reaches `kernel`.
-fn operand_mode(
-    kernel: &StepKernel,
-    j: usize,
-    dtype: DType,
-    aliased: bool,
-    out_direct: bool,
-) -> Mode {
-    let is_f32 = dtype == DType::F32;
-    if kernel.integer_input() == Some(j) {
-        Mode::Ints
-    } else if aliased && is_f32 && out_direct {
-        if kernel.works_in_place() {
-            Mode::InPlace
-        } else {
-            Mode::CopyAliased
-        }
-    } else if is_f32 {
-        Mode::Direct
-    } else {
-        Mode::Convert
-    }
-}
-
-/// Bytes of the staging buffers: per operand position, for integer operands, for outputs.
-#[derive(Default)]
-struct StageSizes {
-    inputs: Vec<usize>,
-    ints: usize,
-    out: usize,
-}
-
-impl StageSizes {
-    /// Makes room for operand `j` of `numel` elements reaching its kernel by `mode`.
-    fn need(&mut self, mode: Mode, j: usize, numel: usize) {
-        match mode {
-            Mode::Ints => self.ints = self.ints.max(numel * 8),
-            Mode::Convert | Mode::CopyAliased => {
-                if self.inputs.len() <= j {
-                    self.inputs.resize(j + 1, 0);
-                }
-                self.inputs[j] = self.inputs[j].max(numel * 4);
-            }
-            Mode::Direct | Mode::InPlace => {}
-        }
-    }
-}
-
-/// The executor's buffers sized by the plan (arena, hoisted region, parameters, inputs) must
-/// add up to exactly the module's planned bytes, which `NAME.memplan.json` reports.
+/// The executor's buffers sized by the plan (arena, hoisted region, parameters, inputs,
+/// staging) must add up to exactly the planned bytes, which `NAME.memplan.json` reports.
 fn check_allocation(allocated: u64, planned: u64) -> ExecResult<()> {
     if allocated == planned {
         Ok(())
@@ -793,7 +642,7 @@ impl<'a> Memory<'a> {
         };
         let mut ints: &[i64] = &[];
         let mut stages = in_stage.iter_mut();
-        for ((view, &v), &mode) in views.iter_mut().zip(step_inputs).zip(&plan.modes) {
+        for ((view, &v), &mode) in views.iter_mut().zip(step_inputs).zip(&plan.prepared.modes) {
             let slot = &self.slots[v as usize];
             let stage = stages.next();
             // SAFETY (all `bytes` calls): no output slice exists yet.
@@ -826,22 +675,22 @@ impl<'a> Memory<'a> {
         let Some(dst) = self.output_ptr(out_slot.place) else {
             return Ok(());
         };
-        let in_place = plan.modes.first() == Some(&Mode::InPlace);
-        let out: &mut [f32] = if plan.out_direct {
+        let in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
+        let out: &mut [f32] = if plan.prepared.out_direct {
             // SAFETY: inside the arena; disjoint from every input view (validated), input 0
             // included unless it is `InPlace`, in which case no view of it exists.
             unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), out_slot.numel) }
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };
-        plan.kernel.run(Operands {
+        plan.prepared.kernel.run(Operands {
             inputs: views,
             ints,
             out,
             out_shape: &out_slot.shape,
             in_place,
         })?;
-        if !plan.out_direct {
+        if !plan.prepared.out_direct {
             // SAFETY: the kernel is done; no view of the arena is used after this point.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };
             store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);

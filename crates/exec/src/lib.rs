@@ -3,13 +3,11 @@
 //! seeded init, inputs from `.npy`, and a per-step profile.
 
 mod buffer;
-mod dispatch;
 mod error;
 mod executor;
 mod init;
 mod inputs;
 pub mod limits;
-mod prepare;
 mod profile;
 pub mod runner;
 mod storage;

@@ -43,6 +43,7 @@ pub mod rows;
 pub mod scratch;
 pub mod shape;
 pub mod softmax;
+pub mod step;
 pub mod tensor;
 #[cfg(test)]
 mod testing;

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 struct Line([f32; 16]);
 
 /// Buffers larger than this many f32 are freed after use instead of kept.
-const KEEP_LIMIT: usize = 8 << 20;
+pub const KEEP_LIMIT: usize = 8 << 20;
 /// At most this many idle buffers are kept per thread.
 const KEEP_COUNT: usize = 4;
 

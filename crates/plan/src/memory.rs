@@ -1,10 +1,15 @@
 //! The memory plan of a scheduled module: which values depend on parameters alone and are
 //! hoisted into a region of their own (computed once, kept across runs), when each other
 //! intermediate must hold its value, which results may overwrite an operand in place, and where
-//! in the one arena each buffer goes. Numbers come from the scheduled steps, op by op.
+//! in the one arena each buffer goes — and what running it adds: the staging buffers for
+//! operands and results in other dtypes and the kernels' per-thread scratch, from the same
+//! definition the executor allocates by. Numbers come from the scheduled steps, op by op.
+
+use std::fmt;
 
 use serde::Serialize;
 
+use mslc_artifact::runtime::RuntimeNeeds;
 use mslc_artifact::{Module, Storage};
 
 use super::arena::{plan_arena, ArenaError, BufferReq};
@@ -31,14 +36,20 @@ pub struct PlannedBuffer {
 /// The `NAME.memplan.json` content.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryPlan {
-    /// Arena, hoisted region, parameters and inputs: every buffer the executor sizes from the
-    /// module. (Its f32 staging buffers for other dtypes and the kernels' per-thread scratch
-    /// are sized by the executor and not counted here.)
+    /// Arena, hoisted region, parameters, inputs and staging: every buffer the executor
+    /// allocates once, exactly (it checks at setup). Each pool thread adds
+    /// `scratch_bytes_per_thread`.
     pub total_bytes: u64,
     /// Arena size in bytes.
     pub arena_bytes: u64,
     /// Bytes of the region of hoisted, parameter-only values.
     pub hoisted_bytes: u64,
+    /// Bytes of the staging buffers: operands converted to f32 (or copied because the result
+    /// overwrites them), integer operands as i64, results stored in another dtype.
+    pub staging_bytes: u64,
+    /// Bytes of kernel scratch (packed GEMM panels, im2col patches, tiles) each executor
+    /// thread holds, sized for the most demanding step.
+    pub scratch_bytes_per_thread: u64,
     /// Max over the schedule of the bytes live at once: no plan for this order can do better.
     pub lower_bound_bytes: u64,
     /// `arena_bytes / lower_bound_bytes`.
@@ -107,9 +118,41 @@ fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
     (slots, bytes)
 }
 
+/// Why a module's memory cannot be planned.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MemoryError {
+    /// The arena cannot be placed.
+    Arena(ArenaError),
+    /// A step cannot be prepared to run, so its staging and scratch are unknown.
+    Step(String),
+}
+
+impl fmt::Display for MemoryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryError::Arena(e) => e.fmt(f),
+            MemoryError::Step(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for MemoryError {}
+
+impl MemoryPlan {
+    /// Sizes the staging buffers and the per-thread scratch for `module` as its kernels are
+    /// chosen now (again after a kernel table changes them), and the total.
+    pub fn account_runtime(&mut self, module: &Module) -> Result<(), MemoryError> {
+        let needs = RuntimeNeeds::of(module).map_err(MemoryError::Step)?;
+        self.staging_bytes = needs.staging.bytes();
+        self.scratch_bytes_per_thread = needs.scratch_bytes_per_thread();
+        self.total_bytes = module.planned_bytes().saturating_add(self.staging_bytes);
+        Ok(())
+    }
+}
+
 /// Plans the hoisted region and the arena of `module`, writing each value's place and both
-/// sizes into it.
-pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
+/// sizes into it, then sizes what running it adds ([`MemoryPlan::account_runtime`]).
+pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
     let (hoisted, hoisted_bytes) = hoist(module);
     let steps = module.steps.len();
     let n = module.values.len();
@@ -170,7 +213,7 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
         }
     }
 
-    let plan = plan_arena(&reqs)?;
+    let plan = plan_arena(&reqs).map_err(MemoryError::Arena)?;
     for (b, offset) in buffers.iter_mut().zip(&plan.offsets) {
         b.offset = *offset;
     }
@@ -193,10 +236,12 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
     };
     let params_bytes = region(|s| matches!(s, Storage::Param { .. }));
     let inputs_bytes = region(|s| matches!(s, Storage::Input { .. }));
-    Ok(MemoryPlan {
-        total_bytes: module.planned_bytes(),
+    let mut memory = MemoryPlan {
+        total_bytes: 0,
         arena_bytes: plan.arena_bytes,
         hoisted_bytes,
+        staging_bytes: 0,
+        scratch_bytes_per_thread: 0,
         lower_bound_bytes: plan.lower_bound_bytes,
         ratio: plan.ratio(),
         params_bytes,
@@ -210,7 +255,9 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, ArenaError> {
         in_place_reuses,
         buffers,
         hoisted,
-    })
+    };
+    memory.account_runtime(module)?;
+    Ok(memory)
 }
 
 #[cfg(test)]
@@ -289,7 +336,15 @@ mod tests {
         // The add's result is overwritten in place by the last neg; nothing hoisted is.
         assert_eq!((plan.buffers.len(), plan.in_place_reuses), (1, 1));
         assert_eq!(plan.arena_bytes, 64);
-        assert_eq!(plan.total_bytes, 64 + 192 + 128 + 64);
-        assert_eq!(plan.total_bytes, m.planned_bytes());
+        // Staging: the f16 operands of the add, converted to f32 (input 0 and input 1, 32
+        // values each), and the f16 results computed in f32 first (32 values).
+        assert_eq!(plan.staging_bytes, 3 * 32 * 4);
+        assert_eq!(plan.total_bytes, 64 + 192 + 128 + 64 + 384);
+        assert_eq!(plan.total_bytes, m.planned_bytes() + plan.staging_bytes);
+        // No step is larger than the scratch floor, which every step gets.
+        assert_eq!(
+            plan.scratch_bytes_per_thread,
+            (2 * 3 * 32 + (1 << 16)) * 4 * 3
+        );
     }
 }

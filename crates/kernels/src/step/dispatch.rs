@@ -1,10 +1,10 @@
 //! Calling a prepared kernel on one step's operands: f32 views of the inputs, the integer
 //! input where the op reads one, and the output slice.
 
-use mslc_kernels::elementwise::slice::{binary_in_place, unary_in_place};
-use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams};
-use mslc_kernels::par::for_each_chunk_mut;
-use mslc_kernels::{
+use crate::elementwise::slice::{binary_in_place, unary_in_place};
+use crate::elementwise::{fused_elementwise, ElementwiseParams};
+use crate::par::for_each_chunk_mut;
+use crate::{
     attention, conv, embedding, loss, norm, pool, reduce, reference, rope, softmax, transpose,
     KernelError, KernelResult, Tensor, TensorRef,
 };

@@ -2,22 +2,21 @@
 //! the kernels' argument types, tunable parameters read from the step's [`KernelChoice`], once,
 //! at setup, so the run loop only dispatches.
 
-use mslc_artifact::Step;
+use crate::attention::AttentionParams;
+use crate::binding::{decode_params, KernelChoice, KernelKind};
+use crate::conv::Conv2dAttrs;
+use crate::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
+use crate::matmul::{GemmPlan, MatmulParams};
+use crate::par::RowParams;
+use crate::pool::{Pool2dAttrs, PoolKind};
+use crate::reduce::ReduceOp;
+use crate::transpose::TransposeParams;
+use crate::Activation;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry};
 use mslc_core::ops::family::nn::AttentionDims;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
-use mslc_core::ops::{resolve_attrs, DType, Op, OpError, TensorType};
-use mslc_kernels::attention::AttentionParams;
-use mslc_kernels::binding::{decode_params, KernelChoice, KernelKind};
-use mslc_kernels::conv::Conv2dAttrs;
-use mslc_kernels::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
-use mslc_kernels::matmul::{GemmPlan, MatmulParams};
-use mslc_kernels::par::RowParams;
-use mslc_kernels::pool::{Pool2dAttrs, PoolKind};
-use mslc_kernels::reduce::ReduceOp;
-use mslc_kernels::transpose::TransposeParams;
-use mslc_kernels::Activation;
+use mslc_core::ops::{resolve_attrs, Attrs, DType, Op, OpError, TensorType};
 
 /// A step's kernel with everything it needs except the operands.
 #[derive(Clone, Debug)]
@@ -112,16 +111,18 @@ impl StepKernel {
     }
 }
 
-/// Prepares `step` whose inputs have types `inputs` and whose output has type `output`.
+/// Prepares a step of `op` with attributes `attrs` on the kernel `k` (bound to the op and
+/// parameterised by the kernel table), whose inputs have types `inputs` and whose output has
+/// type `output`.
 pub fn prepare(
-    step: &Step,
+    op: Op,
+    attrs: &Attrs,
+    k: &KernelChoice,
     inputs: &[TensorType],
     output: &TensorType,
 ) -> Result<StepKernel, String> {
-    let op = step.op;
-    KernelKind::bound(op, &step.kernel.name)?;
-    let a = resolve_attrs(op, &step.attrs).map_err(|e| e.message)?;
-    let k = &step.kernel;
+    KernelKind::bound(op, &k.name)?;
+    let a = resolve_attrs(op, attrs).map_err(|e| e.message)?;
     let err = |e: OpError| e.message;
     let usize_of = |v: i64, what: &str| {
         usize::try_from(v).map_err(|_| format!("`{what}` must be non-negative, got {v}"))

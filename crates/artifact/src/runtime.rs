@@ -1,0 +1,124 @@
+//! What running a module takes besides the buffers its plan places (arena, hoisted region,
+//! parameters, inputs): every step's prepared kernel, how each operand reaches it, the staging
+//! buffers for operands and results in other dtypes, and the per-thread kernel scratch. One
+//! definition, which the executor allocates by and `NAME.memplan.json` reports.
+
+use mslc_core::ops::{DType, TensorType};
+use mslc_kernels::step::needs::{scratch_bytes_per_thread, scratch_floats};
+use mslc_kernels::step::{prepare, OperandMode, Staging, StepKernel};
+
+use crate::{Module, Step, Storage};
+
+/// One step ready to run.
+#[derive(Clone, Debug)]
+pub struct PreparedStep {
+    /// Its kernel with attributes and parameters resolved.
+    pub kernel: StepKernel,
+    /// How each input reaches the kernel.
+    pub modes: Vec<OperandMode>,
+    /// The output is f32 and written straight into its buffer (else through staging).
+    pub out_direct: bool,
+}
+
+/// Every step prepared, with the staging and scratch they need.
+#[derive(Clone, Debug)]
+pub struct RuntimeNeeds {
+    /// Per step, in schedule order.
+    pub steps: Vec<PreparedStep>,
+    /// Staging buffers shared by all steps.
+    pub staging: Staging,
+    /// The largest scratch (in f32) any step's kernel asks for.
+    pub scratch_floats: usize,
+}
+
+impl RuntimeNeeds {
+    /// Prepares every step of the validated `module`; an error names the step that cannot
+    /// run (an op or kernel parameter the kernels reject, an output overlapping an input).
+    pub fn of(module: &Module) -> Result<RuntimeNeeds, String> {
+        let mut staging = Staging::default();
+        let mut scratch = 0;
+        let mut steps = Vec::with_capacity(module.steps.len());
+        for (s, step) in module.steps.iter().enumerate() {
+            let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
+            let [o] = step.outputs[..] else {
+                return Err(at("the executor runs one-output steps".to_string()));
+            };
+            let ty = |v: u32| &module.values[v as usize].ty;
+            let types: Vec<TensorType> = step.inputs.iter().map(|&v| ty(v).clone()).collect();
+            let out = ty(o);
+            let kernel = prepare(step.op, &step.attrs, &step.kernel, &types, out).map_err(at)?;
+            let aliased = output_aliases_input0(module, step, o).map_err(at)?;
+            let out_direct = out.dtype == DType::F32;
+            let modes = types
+                .iter()
+                .enumerate()
+                .map(|(j, t)| {
+                    let mode = OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct);
+                    staging.need(mode, j, t);
+                    mode
+                })
+                .collect();
+            if !out_direct {
+                staging.need_output(out);
+            }
+            scratch = scratch.max(scratch_floats(&kernel, &types, out));
+            steps.push(PreparedStep {
+                kernel,
+                modes,
+                out_direct,
+            });
+        }
+        Ok(RuntimeNeeds {
+            steps,
+            staging,
+            scratch_floats: scratch,
+        })
+    }
+
+    /// Bytes of kernel scratch each pool thread holds.
+    pub fn scratch_bytes_per_thread(&self) -> u64 {
+        scratch_bytes_per_thread(self.scratch_floats)
+    }
+}
+
+fn origin_suffix(step: &Step) -> String {
+    if step.origin.is_empty() {
+        String::new()
+    } else {
+        format!(" at {}", step.origin)
+    }
+}
+
+/// Whether `step`'s output `out` occupies exactly input 0's bytes (the result overwrites its
+/// operand); an error when it overlaps any input in another way (only a crafted module can).
+fn output_aliases_input0(module: &Module, step: &Step, out: u32) -> Result<bool, String> {
+    let arena = |v: u32| {
+        let info = &module.values[v as usize];
+        match info.storage {
+            Storage::Arena { offset } => Some((offset, info.ty.bytes())),
+            _ => None,
+        }
+    };
+    let Some((o, out_bytes)) = arena(out) else {
+        return Ok(false);
+    };
+    let mut aliased = false;
+    for (j, &v) in step.inputs.iter().enumerate() {
+        let Some((i, bytes)) = arena(v) else {
+            continue;
+        };
+        let disjoint = bytes == 0
+            || out_bytes == 0
+            || i.saturating_add(bytes) <= o
+            || o.saturating_add(out_bytes) <= i;
+        if disjoint {
+            continue;
+        }
+        if j == 0 && i == o && bytes == out_bytes {
+            aliased = true;
+        } else {
+            return Err(format!("its output overlaps input {j} in the arena"));
+        }
+    }
+    Ok(aliased)
+}
