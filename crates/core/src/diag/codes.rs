@@ -102,6 +102,14 @@ codes! {
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",
+    W0005 => "parameter or buffer never used",
+    W0006 => "input never used",
+    W0007 => "local name never used",
+    W0008 => "constant never used",
+    W0009 => "dim never used",
+    W0010 => "import never used",
+    W0011 => "result of an instance dropped",
+    W0012 => "block argument never used",
 }
 
 impl std::fmt::Display for Code {
