@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use lsp_server::Request;
 use lsp_types::{
-    CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity,
+    CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity, DiagnosticTag,
     DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams, InlayHint,
     InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
     ReferenceParams, SemanticTokens, TextEdit, Uri,
@@ -74,7 +74,10 @@ pub fn diagnostics(analysis: &Analysis) -> Vec<(Uri, Vec<lsp_types::Diagnostic>)
             source: Some("mslc".to_string()),
             message,
             related_information: Some(related),
-            tags: None,
+            tags: d
+                .code
+                .is_unused_lint()
+                .then(|| vec![DiagnosticTag::UNNECESSARY]),
             data: None,
         };
         let uri = analysis.uri(d.primary.file);

@@ -118,6 +118,24 @@ impl std::fmt::Display for Code {
     }
 }
 
+impl Code {
+    /// Whether the code reports unused code (W0005–W0012), which an editor may grey out and
+    /// `@allow(unused)` silences.
+    pub fn is_unused_lint(self) -> bool {
+        matches!(
+            self,
+            Code::W0005
+                | Code::W0006
+                | Code::W0007
+                | Code::W0008
+                | Code::W0009
+                | Code::W0010
+                | Code::W0011
+                | Code::W0012
+        )
+    }
+}
+
 impl std::str::FromStr for Code {
     type Err = ();
     fn from_str(s: &str) -> Result<Code, ()> {
