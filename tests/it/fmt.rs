@@ -140,7 +140,12 @@ fn allow_attributes_stay_before_what_they_annotate() {
     let targets: Vec<&str> = tree
         .allows
         .iter()
-        .map(|a| out[a.target.start..a.target.end].lines().next().unwrap_or(""))
+        .map(|a| {
+            out[a.target.start..a.target.end]
+                .lines()
+                .next()
+                .unwrap_or("")
+        })
         .collect();
     assert_eq!(
         targets,

@@ -63,7 +63,11 @@ fn a_file_with_errors_gets_no_unused_code_warnings() {
     )
     .unwrap();
     let checked = check_path(&path, &CheckOptions::default());
-    let codes: Vec<&str> = checked.diagnostics.iter().map(|d| d.code.as_str()).collect();
+    let codes: Vec<&str> = checked
+        .diagnostics
+        .iter()
+        .map(|d| d.code.as_str())
+        .collect();
     assert_eq!(codes, ["E0200"]);
 }
 

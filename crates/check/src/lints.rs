@@ -13,8 +13,8 @@ use std::collections::{HashMap, HashSet};
 
 use mslc_core::diag::{Code, Diagnostic, FileId};
 use mslc_syntax::ast::{
-    self, BinOp, Dim, Expr, ExprKind, Field, Ident, Item, LabelSeg, ParamKind, ParamType,
-    RetType, Span, Stmt, TensorType,
+    self, BinOp, Dim, Expr, ExprKind, Field, Ident, Item, LabelSeg, ParamKind, ParamType, RetType,
+    Span, Stmt, TensorType,
 };
 
 use mslc_syntax::print::print_expr;
@@ -281,7 +281,9 @@ impl Linter {
                     Some(written) if !*tuple => Kind::Instance(written),
                     _ => Kind::Let,
                 };
-                names.iter().for_each(|n| self.declare(Some(kind.clone()), n));
+                names
+                    .iter()
+                    .for_each(|n| self.declare(Some(kind.clone()), n));
             }
             Stmt::Assign { value, .. } => self.expr(value),
             Stmt::For {

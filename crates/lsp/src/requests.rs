@@ -4,9 +4,9 @@ use std::str::FromStr;
 
 use lsp_server::Request;
 use lsp_types::{
-    CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity, DiagnosticTag,
-    DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams, InlayHint,
-    InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
+    CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity,
+    DiagnosticTag, DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams,
+    InlayHint, InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
     ReferenceParams, SemanticTokens, TextEdit, Uri,
 };
 use mslc_core::diag::{FileId, Severity};
