@@ -166,6 +166,9 @@ impl Linter {
         // Declarations read model names (`labels: i32[B, S]`), so they are walked first.
         for item in &file.items {
             if let Item::Decl(d) = item {
+                if let Some(model) = &d.for_model {
+                    self.top_uses.insert(model.name.clone());
+                }
                 for field in &d.fields {
                     match field {
                         Field::Assign { value, .. } | Field::Shard { value, .. } => {
