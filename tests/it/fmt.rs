@@ -129,6 +129,37 @@ target t { peak_f32 = 1TFLOPS, memory = 2GB // same line
 }
 
 #[test]
+fn allow_attributes_stay_before_what_they_annotate() {
+    let text = "@allow(unused) import std.nn.{Linear}\n@allow(unused)\nblock B(x: [..., D]) -> [..., D] {\n    @allow(unused)   let y = x\n    for i in 0..2 {\n        // kept\n        @allow( unused ) let z = x\n    }\n    return x\n}\n\nmodel M {\n    dims N = 2\n    @allow(unused)\n    input x: f32[N]\n    output y = x @ x\n}\n";
+    let out = check_formatting("allow", text);
+    assert_eq!(
+        out,
+        "@allow(unused)\nimport std.nn.{Linear}\n\n@allow(unused)\nblock B(x: [..., D]) -> [..., D] {\n    @allow(unused)\n    let y = x\n    for i in 0..2 {\n        // kept\n        @allow(unused)\n        let z = x\n    }\n    return x\n}\n\nmodel M {\n    dims N = 2\n    @allow(unused)\n    input x: f32[N]\n    output y = x @ x\n}\n"
+    );
+    let (tree, _) = parse(FileId(0), &out);
+    let targets: Vec<&str> = tree
+        .allows
+        .iter()
+        .map(|a| {
+            out[a.target.start..a.target.end]
+                .lines()
+                .next()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            "import std.nn.{Linear}",
+            "block B(x: [..., D]) -> [..., D] {",
+            "let y = x",
+            "let z = x",
+            "input x: f32[N]"
+        ]
+    );
+}
+
+#[test]
 fn examples_and_stdlib_are_formatted() {
     let mut args = vec!["fmt".to_string(), "--check".to_string()];
     for dir in ["examples", "stdlib"] {

@@ -380,7 +380,7 @@ fn tensors_too_large_are_refused_by_build() {
     let src = dir.path().join("huge.msl");
     std::fs::write(
         &src,
-        "model Huge {\n    input unused: f32[3037000500, 3037000500]\n    input x: f32[4]\n    output y = relu(x)\n}\n",
+        "model Huge {\n    @allow(unused)\n    input unused: f32[3037000500, 3037000500]\n    input x: f32[4]\n    output y = relu(x)\n}\n",
     )
     .unwrap();
     let od = dir.path().join("od");

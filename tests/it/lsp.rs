@@ -289,6 +289,23 @@ fn cli_ranges(name: &str, text: &str) -> Vec<(String, Value)> {
 }
 
 #[test]
+fn unused_code_is_a_warning_marked_unnecessary() {
+    let path = root().join("tests/ui/lint_dropped_instance.msl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let uri = file_uri(&path);
+    let mut c = Client::start();
+    c.open(&uri, &text);
+    let got = c.diagnostics(&uri);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for d in &got {
+        assert_eq!(d["code"], "W0011");
+        assert_eq!(d["severity"], 2, "a warning");
+        assert_eq!(d["tags"], json!([1]), "DiagnosticTag::Unnecessary");
+    }
+    c.shutdown();
+}
+
+#[test]
 fn diagnostics_match_the_cli() {
     let missing_bracket = "model M {\n    input x: f32[2, 8\n    output y = x\n}\n".to_string();
     let cases = [

@@ -13,6 +13,7 @@ mod fuzz_replay;
 mod hardening;
 mod hostile_front;
 mod layering;
+mod lints;
 mod lsp;
 mod param_counts;
 mod passes;

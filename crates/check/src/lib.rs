@@ -6,6 +6,7 @@ mod builtins;
 pub mod decls;
 mod eval;
 mod instance;
+mod lints;
 mod model;
 pub mod modules;
 pub mod policy;
@@ -140,6 +141,10 @@ pub fn check_source_for_editor(name: &str, text: &str, options: &CheckOptions) -
     }
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
     let decls = decls::check_declarations(&modules, &models, &mut diags);
+    // Unused code is no news while the file has errors: a typo makes a name look unused.
+    if !mslc_core::diag::has_errors(&diags) {
+        diags.extend(lints::unused(&modules));
+    }
     let checked = Checked {
         files: modules.disk_files(options.stdlib_dir.as_deref()),
         sources,

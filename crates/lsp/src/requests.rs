@@ -5,8 +5,8 @@ use std::str::FromStr;
 use lsp_server::Request;
 use lsp_types::{
     CodeDescription, CompletionParams, DiagnosticRelatedInformation, DiagnosticSeverity,
-    DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams, InlayHint,
-    InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
+    DiagnosticTag, DocumentSymbol, GotoDefinitionParams, Hover, HoverContents, HoverParams,
+    InlayHint, InlayHintKind, InlayHintLabel, Location, MarkupContent, MarkupKind, NumberOrString,
     ReferenceParams, SemanticTokens, TextEdit, Uri,
 };
 use mslc_core::diag::{FileId, Severity};
@@ -74,7 +74,10 @@ pub fn diagnostics(analysis: &Analysis) -> Vec<(Uri, Vec<lsp_types::Diagnostic>)
             source: Some("mslc".to_string()),
             message,
             related_information: Some(related),
-            tags: None,
+            tags: d
+                .code
+                .is_unused_lint()
+                .then(|| vec![DiagnosticTag::UNNECESSARY]),
             data: None,
         };
         let uri = analysis.uri(d.primary.file);

@@ -17,6 +17,20 @@ pub struct Ident {
 pub struct File {
     /// Top-level items in source order.
     pub items: Vec<Item>,
+    /// The `@allow(…)` attributes written before items and statements, in source order. They
+    /// sit beside the tree, keyed by the span of what they precede, since only lints read them.
+    pub allows: Vec<Allow>,
+}
+
+/// `@allow(unused)` before an item or statement: the lint it silences there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allow {
+    /// The lint's name (`unused`).
+    pub lint: Ident,
+    /// The attribute itself.
+    pub span: Span,
+    /// The item or statement it precedes; the lint is silent for everything inside.
+    pub target: Span,
 }
 
 /// A top-level declaration.

@@ -37,14 +37,24 @@ pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
     let builder = Builder {
         file,
         errors: RefCell::new(Vec::new()),
+        allows: RefCell::new(Vec::new()),
     };
     let mut items = Vec::new();
+    let mut pending = Vec::new();
     for pair in pairs.flatten().take(1).flat_map(|p| p.into_inner()) {
-        if pair.as_rule() != Rule::EOI {
-            items.push(builder.item(pair));
+        match pair.as_rule() {
+            Rule::EOI => {}
+            Rule::allow => pending.push(pair),
+            _ => {
+                let span = span_of(&pair);
+                builder.attach(&mut pending, span);
+                items.push(builder.item(pair));
+            }
         }
     }
-    (File { items }, builder.errors.into_inner())
+    let mut allows = builder.allows.into_inner();
+    allows.sort_by_key(|a| a.span.start);
+    (File { items, allows }, builder.errors.into_inner())
 }
 
 fn lex_diagnostic(file: FileId, problem: LexProblem) -> Diagnostic {
@@ -202,6 +212,7 @@ fn rule_name(rule: Rule) -> Option<&'static str> {
         Rule::instance | Rule::label_path => "an instance",
         Rule::named_arg | Rule::arg => "an argument",
         Rule::record_field => "a record field",
+        Rule::lint_name => "a lint name (`unused`)",
         _ => return None,
     })
 }
@@ -271,9 +282,23 @@ fn inner<'a>(pair: Pair<'a, Rule>) -> impl Iterator<Item = Pair<'a, Rule>> {
 struct Builder {
     file: FileId,
     errors: RefCell<Vec<Diagnostic>>,
+    /// `@allow` attributes met so far, each with what it precedes.
+    allows: RefCell<Vec<Allow>>,
 }
 
 impl Builder {
+    /// Records the `@allow` attributes just read as applying to the node at `target`.
+    fn attach(&self, pending: &mut Vec<Pair<'_, Rule>>, target: Span) {
+        for pair in pending.drain(..) {
+            let span = span_of(&pair);
+            let lint = inner(pair)
+                .find(|p| p.as_rule() == Rule::lint_name)
+                .map(|p| self.ident(p))
+                .expect("grammar: lint name");
+            self.allows.borrow_mut().push(Allow { lint, span, target });
+        }
+    }
+
     fn ident(&self, pair: Pair<'_, Rule>) -> Ident {
         Ident {
             name: pair.as_str().to_string(),
@@ -466,7 +491,17 @@ impl Builder {
     }
 
     fn body(&self, pair: Pair<'_, Rule>) -> Vec<Stmt> {
-        inner(pair).map(|s| self.stmt(s)).collect()
+        let mut stmts = Vec::new();
+        let mut pending = Vec::new();
+        for part in inner(pair) {
+            if part.as_rule() == Rule::allow {
+                pending.push(part);
+                continue;
+            }
+            self.attach(&mut pending, span_of(&part));
+            stmts.push(self.stmt(part));
+        }
+        stmts
     }
 
     fn stmt(&self, pair: Pair<'_, Rule>) -> Stmt {

@@ -20,7 +20,7 @@ pub fn print_file(file: &File) -> String {
 
 /// Prints one expression on one line.
 pub fn print_expr(expr: &Expr) -> String {
-    let mut p = Printer::new("", &[], None);
+    let mut p = Printer::new("", &[], &[], None);
     p.expr(expr, 0);
     p.out
 }
@@ -32,7 +32,7 @@ pub fn print_expr(expr: &Expr) -> String {
 /// own line before the next one, or at the end of the line of the one it followed on the same
 /// line. A comment inside an expression moves to its own line before the statement.
 pub(crate) fn layout(file: &File, source: &str, comments: &[Span]) -> String {
-    let mut p = Printer::new(source, comments, Some(WIDTH));
+    let mut p = Printer::new(source, comments, &file.allows, Some(WIDTH));
     for (i, item) in file.items.iter().enumerate() {
         if i > 0
             && !matches!(
@@ -71,6 +71,9 @@ struct Printer<'a> {
     comments: &'a [Span],
     /// Index of the next comment to write.
     next_comment: usize,
+    /// The file's `@allow` attributes, in source order, and the index of the next to write.
+    allows: &'a [Allow],
+    next_allow: usize,
     /// Where the last element written ended in the source; `None` at the start of a body.
     last_end: Option<usize>,
     /// A blank line goes before the next element whatever the source had.
@@ -82,13 +85,20 @@ struct Printer<'a> {
 }
 
 impl<'a> Printer<'a> {
-    fn new(source: &'a str, comments: &'a [Span], width: Option<usize>) -> Printer<'a> {
+    fn new(
+        source: &'a str,
+        comments: &'a [Span],
+        allows: &'a [Allow],
+        width: Option<usize>,
+    ) -> Printer<'a> {
         Printer {
             out: String::new(),
             indent: 0,
             source,
             comments,
             next_comment: 0,
+            allows,
+            next_allow: 0,
             last_end: None,
             force_blank: false,
             width,
@@ -154,6 +164,20 @@ impl<'a> Printer<'a> {
             self.out.push_str(text);
             self.out.push('\n');
             self.last_end = Some(span.end);
+        }
+    }
+
+    /// Writes the `@allow` attributes of the node that starts at `start`, each on its own line.
+    fn allows_before(&mut self, start: usize) {
+        while let Some(allow) = self.allows.get(self.next_allow) {
+            if allow.target.start > start {
+                break;
+            }
+            self.next_allow += 1;
+            self.comments_before(allow.span.start);
+            self.begin_line(allow.span.start);
+            let _ = writeln!(self.out, "@allow({})", allow.lint.name);
+            self.last_end = Some(allow.span.end);
         }
     }
 
@@ -274,6 +298,7 @@ impl<'a> Printer<'a> {
 
     /// Writes one item; `bound` is where the next one starts.
     fn item(&mut self, item: &Item, bound: usize) {
+        self.allows_before(item_span(item).start);
         match item {
             Item::Import(import) => self.simple(import.span, bound, |p| p.import(import)),
             Item::Const(c) => self.simple(c.span, bound, |p| {
@@ -435,6 +460,7 @@ impl<'a> Printer<'a> {
     /// Writes one statement; `bound` is where the next one (or the closing brace) starts.
     fn stmt(&mut self, stmt: &Stmt, bound: usize) {
         let span = stmt.span();
+        self.allows_before(span.start);
         match stmt {
             Stmt::Let {
                 names,

@@ -82,7 +82,7 @@ syn match   mslError         +[;#$?^`'\\]+
 " ---------------------------------------------------------------- annotations and operators
 syn match   mslOperator      "|>\|\.\.\.\=\|->\|==\|!=\|<=\|>=\|&&\|||\|[-+*/%<>!~=@]"
 syn match   mslTranspose     "\.\zsT\>"
-syn match   mslAnnotation    "@\%(shard\|recompute\|f32\|f16\|bf16\)\>"
+syn match   mslAnnotation    "@\%(shard\|recompute\|f32\|f16\|bf16\|allow\)\>"
 
 " ---------------------------------------------------------------- names
 " An instance: `label.path[i]: BlockName(` — the label and the block.

@@ -102,11 +102,37 @@ codes! {
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",
+    W0005 => "parameter or buffer never used",
+    W0006 => "input never used",
+    W0007 => "local name never used",
+    W0008 => "constant never used",
+    W0009 => "dim never used",
+    W0010 => "import never used",
+    W0011 => "result of an instance dropped",
+    W0012 => "block argument never used",
 }
 
 impl std::fmt::Display for Code {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Code {
+    /// Whether the code reports unused code (W0005–W0012), which an editor may grey out and
+    /// `@allow(unused)` silences.
+    pub fn is_unused_lint(self) -> bool {
+        matches!(
+            self,
+            Code::W0005
+                | Code::W0006
+                | Code::W0007
+                | Code::W0008
+                | Code::W0009
+                | Code::W0010
+                | Code::W0011
+                | Code::W0012
+        )
     }
 }
 
