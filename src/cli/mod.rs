@@ -8,6 +8,7 @@ mod fmt;
 mod generate;
 mod inspect;
 mod output;
+mod param_groups;
 mod run;
 mod weights;
 

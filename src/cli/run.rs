@@ -12,6 +12,7 @@ use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
+use mslc_core::units::human_bytes;
 use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, choose_target, dims_from_inputs};
 use mslc_exec::limits::{available_memory, parse_size};
@@ -325,9 +326,9 @@ impl RunSummary {
             peak / 1e9
         );
         s.push_str(&format!(
-            "  memory:  {:.2} MiB arena for the intermediates, {:.2} MiB for hoisted parameter-only values\n",
-            self.arena_bytes as f64 / (1 << 20) as f64,
-            self.hoisted_bytes as f64 / (1 << 20) as f64
+            "  memory:  {} arena for the intermediates, {} for hoisted parameter-only values\n",
+            human_bytes(self.arena_bytes as u64),
+            human_bytes(self.hoisted_bytes as u64)
         ));
         if let Some((path, applied)) = &self.kernel_table {
             s.push_str(&format!("  kernels: {}: {applied}\n", path.display()));

@@ -20,11 +20,12 @@ use super::buffer::AlignedBuf;
 use super::dispatch::Operands;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
-use super::limits::{exact_bytes, human_bytes};
+use super::limits::exact_bytes;
 use super::prepare::{prepare, StepKernel};
 use super::profile::{chrome_trace, StepTime};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
 use super::{init, weights};
+use mslc_core::units::human_bytes;
 
 /// How to run.
 #[derive(Clone, Debug, Default)]
