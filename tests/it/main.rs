@@ -16,6 +16,8 @@ mod layering;
 mod lsp;
 mod param_counts;
 mod passes;
+mod pictures;
+mod readable;
 mod readme;
 mod robustness;
 mod round_trip;
