@@ -215,7 +215,10 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         }
     }
     let mut times = Vec::new();
-    for _ in 0..args.iterations {
+    for i in 0..args.iterations {
+        if args.profile.is_some() && i + 1 == args.iterations {
+            exec.record_workers(true);
+        }
         let start = Instant::now();
         exec.run().map_err(|e| e.message)?;
         times.push(start.elapsed().as_secs_f64());

@@ -176,3 +176,76 @@ fn a_hoisted_f16_copy_of_the_embedding_spans_the_whole_run() {
         "{x} {w}"
     );
 }
+
+#[test]
+fn the_profile_has_a_named_track_per_pool_thread_a_memory_counter_and_layer_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args([
+            "run",
+            "examples/tiny_llama.msl",
+            "--init-seed",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .args(["--iterations", "2", "--set", "layers=1", "--profile"])
+        .arg(&trace)
+        .output()
+        .expect("run mslc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let of = |ph: &'static str| events.iter().filter(move |e| e["ph"] == ph);
+    let threads: Vec<(u64, &str)> = of("M")
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert!(threads.iter().all(|(_, n)| n.starts_with("pool thread ")));
+    let tids: std::collections::BTreeSet<u64> = threads.iter().map(|t| t.0).collect();
+    let slices: Vec<&serde_json::Value> = of("X").collect();
+    assert!(slices
+        .iter()
+        .all(|e| tids.contains(&e["tid"].as_u64().unwrap())));
+    assert!(
+        slices
+            .iter()
+            .any(|e| e["name"] == "matmul model.layers.0.self_attn.q_proj"),
+        "slice names carry the layer"
+    );
+    let counters: Vec<u64> = of("C")
+        .map(|e| e["args"]["arena in use (bytes)"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        counters.len(),
+        slices
+            .iter()
+            .filter(|e| e["cat"] != "parallel tasks")
+            .count()
+    );
+    assert!(counters.iter().any(|&b| b > 0));
+    // The steps themselves run on one thread, one after another.
+    let loop_tid = threads
+        .iter()
+        .find(|(_, n)| n.ends_with("(runs the steps)"))
+        .unwrap()
+        .0;
+    let mut end = 0.0;
+    for e in slices.iter().filter(|e| e["tid"] == loop_tid) {
+        let ts = e["ts"].as_f64().unwrap();
+        assert!(ts + 1e-3 >= end, "steps overlap");
+        end = ts + e["dur"].as_f64().unwrap();
+    }
+}
