@@ -9,6 +9,7 @@ mod generate;
 mod inspect;
 mod output;
 mod param_groups;
+mod progress;
 mod run;
 mod weights;
 
