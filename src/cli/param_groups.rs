@@ -18,12 +18,18 @@ pub struct Row {
     pub members: usize,
 }
 
+/// A path around its layer index: the part before and the part after.
+type Template = (String, String);
+
+/// A member of a run: its position in the input and its layer index.
+type Member = (usize, u64);
+
 /// Groups `items` (path, and whatever else the row shows, which must match across a run) into
 /// rows in order of first appearance. The first numeric segment of a path is the layer index;
 /// a template whose indices form a contiguous range from its first index, each once, is one
 /// row, anything else stays one row per parameter.
 pub fn group<K: Eq + std::hash::Hash>(items: &[(&str, K)]) -> Vec<Row> {
-    let mut runs: Vec<(Option<(String, String)>, Vec<(usize, u64)>)> = Vec::new();
+    let mut runs: Vec<(Option<Template>, Vec<Member>)> = Vec::new();
     let mut by_key: HashMap<(String, String, &K), usize> = HashMap::new();
     for (i, (path, key)) in items.iter().enumerate() {
         match split_index(path) {
