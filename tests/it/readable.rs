@@ -78,3 +78,20 @@ fn build_prints_sizes_in_units_that_read() {
     );
     assert!(text.contains(" KiB") || text.contains(" B,"), "{text}");
 }
+
+#[test]
+fn a_long_run_into_a_pipe_shows_no_progress_bar_and_names_its_peak() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(["run", "examples/tiny_llama.msl", "--init-seed", "1"])
+        .args(["--set", "layers=1", "--iterations", "30", "--threads", "2"])
+        .output()
+        .expect("run mslc");
+    assert!(out.status.success());
+    // The iterations take seconds here, past the bar's delay, but stderr is a pipe.
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("% of the measured f32 peak ") && text.contains(" on 2 thread(s), "),
+        "{text}"
+    );
+}
