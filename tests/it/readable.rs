@@ -87,7 +87,7 @@ fn a_long_run_into_a_pipe_shows_no_progress_bar_and_names_its_peak() {
         .output()
         .expect("run mslc");
     assert!(out.status.success());
-    // The iterations take seconds here, past the bar's delay, but stderr is a pipe.
+    // However long the iterations take, stderr is a pipe: no bar.
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
