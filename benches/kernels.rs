@@ -1,10 +1,13 @@
-//! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (2 cores × AVX2
-//! FMA ≈ 157 GFLOP/s) for the matmul and attention shapes the executor runs most.
+//! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (measured on
+//! each thread count by `mslc_kernels::peak`) for the matmul and attention shapes the executor
+//! runs most.
 //!
 //! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
 //! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mslc_kernels::attention::{attention, AttentionParams};
@@ -12,8 +15,14 @@ use mslc_kernels::convert;
 use mslc_kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc_kernels::TensorRef;
 
-/// The f32 peak of one core of the target (2 FMA × 8 lanes × 2 flop × ~2.45 GHz), in GFLOP/s.
-const CORE_PEAK_GFLOPS: f64 = 78.5;
+/// This machine's measured f32 peak on `threads` threads in GFLOP/s, measured once per count.
+fn peak_gflops(threads: usize) -> f64 {
+    static PEAKS: Mutex<BTreeMap<usize, f64>> = Mutex::new(BTreeMap::new());
+    let mut peaks = PEAKS.lock().unwrap_or_else(|e| e.into_inner());
+    *peaks.entry(threads).or_insert_with(|| {
+        mslc_kernels::peak::measure(threads).map_or(f64::NAN, |p| p.flops_per_s / 1e9)
+    })
+}
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn data(len: usize, seed: u64) -> Vec<f32> {
@@ -57,10 +66,10 @@ fn time(mut f: impl FnMut()) -> (f64, f64) {
     (samples[0], samples[samples.len() / 2])
 }
 
-/// Prints a result against the peak of `threads` cores.
+/// Prints a result against the measured peak on `threads` threads.
 fn report(name: &str, threads: usize, flops: f64, (best, median): (f64, f64)) {
     let gflops = flops / best / 1e9;
-    let peak = CORE_PEAK_GFLOPS * threads as f64;
+    let peak = peak_gflops(threads);
     println!(
         "{name:<42} {threads}T best {:>8.1} us {gflops:>6.1} GFLOP/s {:>5.1} % of {peak:.0} | median {:>8.1} us {:>6.1} GFLOP/s",
         best * 1e6,

@@ -10,11 +10,13 @@ use mslc_artifact::encode;
 use mslc_artifact::write::{write_build_set, SetError};
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
+use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, choose_target, root_error};
 use mslc_plan::kernels::KernelTable;
+use mslc_plan::memory_svg::memory_svg;
 
 use super::check::group_thousands;
 use super::{ModelArgs, Reporter};
@@ -26,6 +28,8 @@ pub enum Emit {
     Ir,
     /// The optimized IR as Graphviz: `NAME.dot`.
     Dot,
+    /// The memory plan as a picture: `NAME.memory.svg`, buffers over schedule steps × offset.
+    MemorySvg,
     /// A Makefile rule naming every source file read: `NAME.d`, as `rustc --emit dep-info`.
     DepInfo,
 }
@@ -51,7 +55,8 @@ pub struct BuildArgs {
     /// Output directory.
     #[arg(short = 'o', long = "out-dir", default_value = "build")]
     pub out_dir: PathBuf,
-    /// Also write the IR as text or Graphviz, or the dep-info: `--emit ir,dot,dep-info`.
+    /// Also write the IR as text or Graphviz, the memory plan as SVG, or the dep-info:
+    /// `--emit ir,dot,memory-svg,dep-info`.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub emit: Vec<Emit>,
     /// Run the IR verifier after lowering and after every pass.
@@ -193,7 +198,11 @@ fn build(
     for emit in &args.emit {
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
-            Emit::Dot => ("dot", mslc_ir::print::to_dot(&compiled.graph)),
+            Emit::Dot => ("dot", mslc_ir::dot::to_dot(&compiled.graph)),
+            Emit::MemorySvg => (
+                "memory.svg",
+                memory_svg(&compiled.memory, compiled.module.steps.len(), name),
+            ),
             Emit::DepInfo => ("d", dep_info(&files[0].0, &checked.files)),
         };
         files.push((dir.join(format!("{name}.{ext}")), text.into_bytes()));
@@ -236,7 +245,7 @@ fn build(
         .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
         .collect();
     let json = serde_json::json!({ "summary": { "report": &report, "files": written } });
-    let mut text = report_text(&report, kernels.as_deref(), dir, &files);
+    let mut text = report_text(&report, args.verify, kernels.as_deref(), dir, &files);
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
@@ -290,28 +299,28 @@ fn rewrites_text(by_label: &std::collections::BTreeMap<String, usize>) -> String
 
 fn report_text(
     r: &Report,
+    verified: bool,
     kernels: Option<&str>,
     dir: &Path,
     files: &[(PathBuf, Vec<u8>)],
 ) -> String {
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let s = &r.stage_ms;
     let mut lines = vec![
         format!("built {} for {} ({})", r.model, r.target, r.target_fingerprint),
         format!("  ops:        {} after lowering, {} after passes, {} steps", r.ops_before_passes, r.ops_after_passes, r.steps),
-        format!("  parameters: {} ({:.1} MiB)", group_thousands(r.parameters), r.parameter_bytes as f64 / (1024.0 * 1024.0)),
+        format!("  parameters: {} ({})", group_thousands(r.parameters), human_bytes(u64::try_from(r.parameter_bytes).unwrap_or(u64::MAX))),
         format!("  rewrites:   {}", rewrites_text(r.rewrites_by_label)),
         format!(
-            "  arena:      {:.2} MiB, lower bound {:.2} MiB, ratio {:.4} ({}, {} in-place)",
-            mib(r.arena_bytes),
-            mib(r.lower_bound_bytes),
+            "  arena:      {}, lower bound {}, ratio {:.4} ({}, {} in-place)",
+            human_bytes(r.arena_bytes),
+            human_bytes(r.lower_bound_bytes),
             r.arena_over_lower_bound,
             r.memory_strategy,
             r.in_place_reuses
         ),
         format!(
-            "  hoisted:    {:.2} MiB of parameter-only values, computed once per parameter change",
-            mib(r.hoisted_bytes)
+            "  hoisted:    {} of parameter-only values, computed once per parameter change",
+            human_bytes(r.hoisted_bytes)
         ),
         format!("  compute:    {:.3} GFLOP per forward, ~{:.3} ms on {}", r.flops_per_forward as f64 / 1e9, r.estimated_seconds_per_forward * 1e3, r.target),
         format!(
@@ -319,6 +328,12 @@ fn report_text(
             s.check, s.lower, s.passes, s.schedule, s.memory, s.encode
         ),
     ];
+    if verified {
+        lines.push(format!(
+            "  verified:   the IR after lowering and after each of {} passes: acyclic, every op input connected once, result types as the op registry infers, outputs present",
+            r.passes.len()
+        ));
+    }
     if let Some(kernels) = kernels {
         lines.push(format!("  kernels:    {kernels}"));
     }

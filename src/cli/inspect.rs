@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use mslc_artifact::write::{check_manifest, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module, Storage};
 use mslc_core::diag::{Code, Severity};
+use mslc_core::units::human_bytes;
 use mslc_kernels::binding::KernelParam;
 
 use super::Reporter;
@@ -64,14 +65,18 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
     );
     let _ = writeln!(
         s,
-        "  arena {} bytes, hoisted {} bytes, {} steps, {:.3} GFLOP per forward",
-        m.arena_bytes,
-        m.hoisted_bytes,
+        "  arena {}, hoisted {}, {} steps, {:.3} GFLOP per forward",
+        human_bytes(m.arena_bytes),
+        human_bytes(m.hoisted_bytes),
         m.steps.len(),
         m.flops() as f64 / 1e9
     );
     if let Some(w) = embedded_weights {
-        let _ = writeln!(s, "  embedded weights: {w} bytes (safetensors)");
+        let _ = writeln!(
+            s,
+            "  embedded weights: {} (safetensors)",
+            human_bytes(w as u64)
+        );
     }
     for (i, v) in m.values.iter().enumerate() {
         match &v.storage {

@@ -8,6 +8,8 @@ mod fmt;
 mod generate;
 mod inspect;
 mod output;
+mod param_groups;
+mod progress;
 mod run;
 mod weights;
 

@@ -12,14 +12,17 @@ use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
+use mslc_core::units::human_bytes;
 use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, choose_target, dims_from_inputs};
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
+use mslc_kernels::peak::Peak;
 use mslc_plan::kernels::KernelTable;
 
+use super::progress::Progress;
 use super::{parse_key_value, ModelArgs, Reporter};
 
 /// Arguments of `mslc run`.
@@ -214,11 +217,18 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         }
     }
     let mut times = Vec::new();
-    for _ in 0..args.iterations {
+    let mut progress = Progress::new(args.iterations);
+    for i in 0..args.iterations {
+        if args.profile.is_some() && i + 1 == args.iterations {
+            exec.record_workers(true);
+        }
         let start = Instant::now();
         exec.run().map_err(|e| e.message)?;
         times.push(start.elapsed().as_secs_f64());
+        progress.set(i + 1);
     }
+    progress.finish();
+    let peak = mslc_kernels::peak::measure(exec.threads());
     let mut files = Vec::new();
     let mut outputs = Vec::new();
     if let Some(dir) = &args.output_dir {
@@ -253,6 +263,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     let run = RunSummary {
         model: name,
         threads: exec.threads(),
+        peak,
         flops,
         times,
         arena_bytes: exec.arena_bytes(),
@@ -284,6 +295,8 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
 struct RunSummary {
     model: String,
     threads: usize,
+    /// This machine's f32 peak on the run's thread count, measured after the timed runs.
+    peak: Option<Peak>,
     flops: u64,
     /// Seconds per forward pass.
     times: Vec<f64>,
@@ -310,10 +323,16 @@ impl RunSummary {
     /// The human summary: timing lines, memory, notes, written files.
     fn text(&self) -> String {
         let (median, best) = self.median_best();
-        let peak = host_peak();
         let rate = self.flops as f64 / median;
+        let versus = self.peak.as_ref().map_or(String::new(), |p| {
+            format!(
+                " = {:.1}% of the {}",
+                100.0 * rate / p.flops_per_s,
+                p.describe()
+            )
+        });
         let mut s = format!(
-            "ran {} on {} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s = {:.1}% of the {:.0} GFLOP/s peak\n",
+            "ran {} on {} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s{versus}\n",
             self.model,
             self.threads,
             self.times.len(),
@@ -321,13 +340,11 @@ impl RunSummary {
             best * 1e3,
             self.flops as f64 / 1e9,
             rate / 1e9,
-            100.0 * rate / peak,
-            peak / 1e9
         );
         s.push_str(&format!(
-            "  memory:  {:.2} MiB arena for the intermediates, {:.2} MiB for hoisted parameter-only values\n",
-            self.arena_bytes as f64 / (1 << 20) as f64,
-            self.hoisted_bytes as f64 / (1 << 20) as f64
+            "  memory:  {} arena for the intermediates, {} for hoisted parameter-only values\n",
+            human_bytes(self.arena_bytes as u64),
+            human_bytes(self.hoisted_bytes as u64)
         ));
         if let Some((path, applied)) = &self.kernel_table {
             s.push_str(&format!("  kernels: {}: {applied}\n", path.display()));
@@ -366,6 +383,12 @@ impl RunSummary {
             "best_ms": best * 1e3,
             "flops_per_forward": self.flops,
             "gflops_per_s": self.flops as f64 / median / 1e9,
+            "peak": self.peak.as_ref().map(|p| serde_json::json!({
+                "gflops_per_s": p.flops_per_s / 1e9,
+                "threads": p.threads,
+                "isa": p.isa,
+                "cpu": p.cpu,
+            })),
             "arena_bytes": self.arena_bytes,
             "hoisted_bytes": self.hoisted_bytes,
             "kernel_table": self.kernel_table.as_ref().map(|(path, applied)| {
@@ -470,12 +493,4 @@ fn compile_source(
         Failure::Message(code, format!("cannot compile `{entry}`: {e}"))
     })?;
     Ok(compiled.module)
-}
-
-/// This machine's f32 peak (docs/semantics.md), used when the standard library is overridden.
-const HOST_PEAK_F32: f64 = 157e9;
-
-/// The f32 peak of this machine's `cpu` target.
-fn host_peak() -> f64 {
-    mslc_driver::target::standard_target("cpu").map_or(HOST_PEAK_F32, |t| t.peak_f32)
 }

@@ -17,6 +17,8 @@ mod lints;
 mod lsp;
 mod param_counts;
 mod passes;
+mod pictures;
+mod readable;
 mod readme;
 mod robustness;
 mod round_trip;

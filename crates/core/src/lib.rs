@@ -4,6 +4,8 @@
 
 pub mod diag;
 pub mod ops;
+pub mod paths;
 pub mod precision;
 pub mod program;
 pub mod span;
+pub mod units;

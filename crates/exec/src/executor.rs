@@ -14,6 +14,7 @@ use mslc_artifact::{Module, Storage};
 use mslc_core::ops::DType;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
+use mslc_kernels::par;
 use mslc_kernels::scratch::try_warm;
 use mslc_kernels::step::needs::SCRATCH_BUFFERS;
 use mslc_kernels::step::{OperandMode as Mode, Operands};
@@ -22,10 +23,11 @@ use mslc_kernels::{KernelResult, TensorRef};
 use super::buffer::AlignedBuf;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
-use super::limits::{exact_bytes, human_bytes};
-use super::profile::{chrome_trace, StepTime};
+use super::limits::exact_bytes;
+use super::profile::{chrome_trace, StepTime, WorkerTimes};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
 use super::{init, weights};
+use mslc_core::units::human_bytes;
 
 /// How to run.
 #[derive(Clone, Debug, Default)]
@@ -93,6 +95,8 @@ pub struct Executor {
     pool: rayon::ThreadPool,
     threads: usize,
     times: Vec<Option<StepTime>>,
+    /// What each pool thread did per step, when [`Executor::record_workers`] asked for it.
+    workers: Option<WorkerTimes>,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -213,6 +217,7 @@ impl Executor {
             pool,
             threads,
             times: vec![None; module.steps.len()],
+            workers: None,
             module,
         })
     }
@@ -412,9 +417,17 @@ impl Executor {
             out_stage,
             pool,
             times,
+            workers,
+            threads,
             ..
         } = self;
-        pool.install(|| {
+        let threads = *threads;
+        let busy_now = || -> Vec<u64> { (0..threads).map(par::busy_nanos).collect() };
+        if let Some(w) = workers.as_mut() {
+            w.busy = vec![Vec::new(); module.steps.len()];
+        }
+        par::record_busy(workers.is_some());
+        let result = pool.install(|| {
             let mem = Memory {
                 slots,
                 arena: arena.as_mut_ptr(),
@@ -423,11 +436,15 @@ impl Executor {
                 params,
             };
             let run_start = Instant::now();
+            if let Some(w) = workers.as_mut() {
+                w.loop_worker = rayon::current_thread_index().unwrap_or(0);
+            }
             for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
                 if plan.hoisted && *hoisted_ready {
                     times[s] = None;
                     continue;
                 }
+                let before = workers.as_ref().map(|_| busy_now());
                 let start = Instant::now();
                 // SAFETY: `new` validated that every arena value lies inside the arena and that
                 // a step's output overlaps none of its inputs except input 0 exactly, which the
@@ -452,10 +469,25 @@ impl Executor {
                     start: start - run_start,
                     duration: start.elapsed(),
                 });
+                if let (Some(w), Some(before)) = (workers.as_mut(), before) {
+                    w.busy[s] = busy_now()
+                        .iter()
+                        .zip(&before)
+                        .map(|(after, before)| after.saturating_sub(*before))
+                        .collect();
+                }
             }
             *hoisted_ready = true;
             Ok(())
-        })
+        });
+        par::record_busy(false);
+        result
+    }
+
+    /// Records, from the next run on, how long each pool thread works in each step's parallel
+    /// tasks, for the profile's one track per thread (costs two clock reads per task).
+    pub fn record_workers(&mut self, on: bool) {
+        self.workers = on.then(WorkerTimes::default);
     }
 
     /// The bytes of output `name` as stored (its dtype), or `None` for an unknown name.
@@ -518,7 +550,12 @@ impl Executor {
 
     /// The last run as a Chrome trace-event JSON document.
     pub fn profile_json(&self) -> String {
-        chrome_trace(&self.module, &self.times, self.threads)
+        chrome_trace(
+            &self.module,
+            &self.times,
+            self.workers.as_ref(),
+            self.threads,
+        )
     }
 }
 

@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use mslc_core::units::human_bytes;
+
 /// Bytes this process can allocate now: `MemAvailable` from `/proc/meminfo`, or less when a
 /// cgroup (v2 or v1) memory limit leaves less room. `None` where neither can be read.
 pub fn available_memory() -> Option<u64> {
@@ -82,24 +84,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// `bytes` for people: `1.50 GiB`, `12.00 MiB`, `512 bytes`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = None;
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = Some(u);
-    }
-    match unit {
-        None => format!("{bytes} bytes"),
-        Some(u) => format!("{value:.2} {u}"),
-    }
-}
-
 /// [`human_bytes`] with the exact count when it is rounded: `1.50 GiB = 1610612736 bytes`.
 pub fn exact_bytes(bytes: u64) -> String {
     if bytes < 1024 {
@@ -141,9 +125,7 @@ mod tests {
 
     #[test]
     fn byte_counts_read_well() {
-        assert_eq!(human_bytes(512), "512 bytes");
-        assert_eq!(human_bytes(3 << 29), "1.50 GiB");
         assert_eq!(exact_bytes(3 << 29), "1.50 GiB = 1610612736 bytes");
-        assert_eq!(exact_bytes(0), "0 bytes");
+        assert_eq!(exact_bytes(0), "0 B");
     }
 }

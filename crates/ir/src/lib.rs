@@ -1,6 +1,7 @@
 //! The graph IR (petgraph): lowering from the checked program, the verifier, and text and DOT
 //! dumps.
 
+pub mod dot;
 mod graph;
 pub mod lower;
 pub mod passes;

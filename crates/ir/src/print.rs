@@ -1,6 +1,6 @@
-//! Stable text and Graphviz DOT dumps of the IR. Values are numbered densely in print order
-//! (inputs, then parameters, then ops in topological order), so a dump does not change when a
-//! rewrite merely renumbers nodes.
+//! The stable text dump of the IR, and the print order the Graphviz dump (`dot`) shares.
+//! Values are numbered densely in print order (inputs, then parameters, then ops in
+//! topological order), so a dump does not change when a rewrite merely renumbers nodes.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -9,12 +9,14 @@ use super::graph::{Graph, NodeId, NodeKind, ValueRef};
 use mslc_core::program::Init;
 
 /// Print order and value numbering shared by both dumps.
-struct Numbering {
-    order: Vec<NodeId>,
+pub(crate) struct Numbering {
+    /// Nodes in print order.
+    pub(crate) order: Vec<NodeId>,
     names: HashMap<ValueRef, usize>,
 }
 
-fn number(graph: &Graph) -> Numbering {
+/// Inputs, then parameters, then ops in topological order, with their values numbered.
+pub(crate) fn number(graph: &Graph) -> Numbering {
     let topo = graph.topo_order().unwrap_or_else(|| graph.node_ids());
     let rank = |id: &NodeId| match graph.node(*id).kind {
         NodeKind::Input { .. } => 0,
@@ -108,51 +110,6 @@ pub fn to_text(graph: &Graph) -> String {
     }
     for (output, v) in &graph.outputs {
         let _ = writeln!(out, "  output {output} = {}", name(v));
-    }
-    out.push_str("}\n");
-    out
-}
-
-/// The Graphviz DOT form: one box per node, edges labelled with the value's type.
-pub fn to_dot(graph: &Graph) -> String {
-    let n = number(graph);
-    let mut out = format!(
-        "digraph {:?} {{\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n",
-        graph.name
-    );
-    for id in &n.order {
-        let node = graph.node(*id);
-        let (label, shape) = match &node.kind {
-            NodeKind::Input { name } => (format!("input {name}"), "ellipse"),
-            NodeKind::Param { path, .. } => (path.clone(), "note"),
-            NodeKind::Op { op, .. } => match node.origin.as_str() {
-                "" => (op.to_string(), "box"),
-                origin => (format!("{op}\\n{origin}"), "box"),
-            },
-        };
-        let _ = writeln!(
-            out,
-            "  n{} [label={:?}, shape={shape}];",
-            id.index(),
-            label.replace("\\\\", "\\")
-        );
-        for v in graph.inputs(*id) {
-            let _ = writeln!(
-                out,
-                "  n{} -> n{} [label={:?}];",
-                v.node.index(),
-                id.index(),
-                graph.ty(v).to_string()
-            );
-        }
-    }
-    for (name, v) in &graph.outputs {
-        let _ = writeln!(
-            out,
-            "  out_{name} [label={:?}, shape=ellipse];",
-            format!("output {name}")
-        );
-        let _ = writeln!(out, "  n{} -> out_{name};", v.node.index());
     }
     out.push_str("}\n");
     out

@@ -35,6 +35,7 @@ pub mod math;
 pub mod matmul;
 pub mod norm;
 pub mod par;
+pub mod peak;
 pub mod pool;
 pub mod reduce;
 pub mod reference;

@@ -1,7 +1,48 @@
 //! Optional rayon parallelism: the same loop body runs in parallel or on the calling thread.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+/// Pool threads whose busy time [`busy_nanos`] keeps (the executor starts at most 256).
+pub const MAX_RECORDED_WORKERS: usize = 256;
+
+/// Whether parallel tasks add their time to [`BUSY_NANOS`]; off unless a profile is wanted.
+static RECORD_BUSY: AtomicBool = AtomicBool::new(false);
+
+/// Nanoseconds each pool thread (by rayon index) has spent in parallel tasks while recording.
+static BUSY_NANOS: [AtomicU64; MAX_RECORDED_WORKERS] =
+    [const { AtomicU64::new(0) }; MAX_RECORDED_WORKERS];
+
+/// Starts or stops recording how long each pool thread works in parallel tasks, for the
+/// profiler's one-track-per-thread view. The counters are process-wide and keyed by the rayon
+/// thread index, so two pools profiling at once would add into the same counters.
+pub fn record_busy(on: bool) {
+    RECORD_BUSY.store(on, Ordering::Relaxed);
+}
+
+/// Nanoseconds pool thread `worker` has spent in parallel tasks while recording was on.
+pub fn busy_nanos(worker: usize) -> u64 {
+    BUSY_NANOS
+        .get(worker)
+        .map_or(0, |n| n.load(Ordering::Relaxed))
+}
+
+/// Runs one parallel task, adding its time to this pool thread's counter when recording.
+fn task<R>(f: impl FnOnce() -> R) -> R {
+    if !RECORD_BUSY.load(Ordering::Relaxed) {
+        return f();
+    }
+    let start = Instant::now();
+    let r = f();
+    if let Some(n) = rayon::current_thread_index().and_then(|i| BUSY_NANOS.get(i)) {
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        n.fetch_add(nanos, Ordering::Relaxed);
+    }
+    r
+}
 
 /// How the row-wise kernels (softmax, norms, rope, embedding, reductions, transpose, pooling,
 /// losses) split work across threads. Results never depend on it.
@@ -42,7 +83,7 @@ pub fn for_each_row_group(
 /// Runs `f(i)` for `i in 0..n`, spread over rayon's pool when `parallel` is set.
 pub fn for_each_index(parallel: bool, n: usize, f: impl Fn(usize) + Sync + Send) {
     if parallel && n > 1 {
-        (0..n).into_par_iter().for_each(f);
+        (0..n).into_par_iter().for_each(|i| task(|| f(i)));
     } else {
         (0..n).for_each(f);
     }
@@ -59,7 +100,7 @@ pub fn for_each_chunk_mut<T: Send>(
     if parallel && data.len() > chunk {
         data.par_chunks_mut(chunk)
             .enumerate()
-            .for_each(|(i, c)| f(i, c));
+            .for_each(|(i, c)| task(|| f(i, c)));
     } else {
         data.chunks_mut(chunk)
             .enumerate()

@@ -4,5 +4,6 @@ pub mod arena;
 pub mod cost;
 pub mod kernels;
 pub mod memory;
+pub mod memory_svg;
 pub mod schedule;
 pub mod target;
