@@ -280,3 +280,39 @@ fn mir_reader_rejects_damaged_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("checksum"));
 }
+
+/// `run FILE.msl` compiles with the options `build` uses (the train's precision policy and
+/// target), so running the source and running the built `.mir` give the same bits.
+#[test]
+fn run_of_the_source_matches_run_of_the_built_module_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let out = build("examples/mlp.msl", &dir.path().join("build"), &[], "2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("build/Mlp.report.json")).unwrap()).unwrap();
+    let mir = d("build/Mlp.mir");
+    for (file, to) in [
+        ("examples/mlp.msl", d("from_msl")),
+        (mir.as_str(), d("from_mir")),
+    ] {
+        let args = ["run", file, "--init-seed", "7", "--output-dir", &to];
+        let out = mslc(&args, "2");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let from_msl = std::fs::read(d("from_msl/logits.npy")).unwrap();
+    let from_mir = std::fs::read(d("from_mir/logits.npy")).unwrap();
+    assert!(from_msl == from_mir, "run Mlp.msl and run Mlp.mir differ");
+    // The policy is bf16 (O2): the module holds bf16 values, or the test proves nothing.
+    let text = mslc(&["inspect", &mir], "2");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("bf16"));
+    assert_eq!(report["target"], "cpu");
+}

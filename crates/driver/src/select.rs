@@ -5,10 +5,14 @@ use std::collections::BTreeMap;
 
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic, FileId};
+use mslc_core::ops::{DType, Op};
+use mslc_core::precision::LowPrecision;
 use mslc_core::program::Model;
 use mslc_core::span::Span;
+use mslc_ir::passes::AmpConfig;
 use mslc_plan::target::Target;
 
+use crate::compile::CompileOptions;
 use crate::target::target_from_spec;
 
 /// A problem with a choice made outside the source (a flag, a build-script setting), reported
@@ -106,6 +110,47 @@ pub fn choose_target(
         )
     })?;
     Ok(target_from_spec(spec))
+}
+
+/// How to compile `model`: the target ([`choose_target`]: `target` when given, else its
+/// `train`'s, else `cpu`) and the mixed precision of its `train`'s precision policy. Every front
+/// end that compiles a model (`mslc build`, `mslc run FILE.msl`, build scripts) takes its
+/// options from here, so one file compiles to one module, and gives the same numbers, whichever
+/// command compiled it.
+pub fn compile_options(
+    checked: &Checked,
+    model: &Model,
+    target: Option<&str>,
+    fuse: bool,
+    verify: bool,
+) -> Result<CompileOptions, Box<Diagnostic>> {
+    Ok(CompileOptions {
+        target: choose_target(checked, model, target)?,
+        verify,
+        fuse,
+        amp: amp_for(checked, model),
+    })
+}
+
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
 }
 
 /// The dims the caller's input arrays imply (`shapes` by input name), from the model's symbolic
