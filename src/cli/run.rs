@@ -1,5 +1,5 @@
 //! `mslc run ARTIFACT.mir|FILE.msl`: execute a model on this CPU. A `.msl` is checked and
-//! compiled in memory for the shapes of the given inputs; weights come from safetensors, the
+//! compiled in memory for the shapes of the given inputs, with the options `build` uses; weights come from safetensors, the
 //! artifact itself, or a seeded init; outputs are written as `.npy`; the median time per
 //! forward and the achieved GFLOP/s are printed. Output files are written all or nothing.
 
