@@ -140,11 +140,9 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     let mir_bytes;
     let (mut module, embedded) = if is_mir {
         if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
-            return Err(
-                "--set and --dim apply to .msl sources; rebuild the .mir with them"
-                    .to_string()
-                    .into(),
-            );
+            return Err(Failure::Usage(
+                "--set and --dim apply to .msl sources; rebuild the .mir with them".to_string(),
+            ));
         }
         mir_bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded = decode(&mir_bytes)

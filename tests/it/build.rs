@@ -175,20 +175,22 @@ fn artifacts_are_byte_identical_whatever_the_thread_count() {
 fn bad_build_input_fails_cleanly_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("out");
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--entry", "Nope"], "E0403"),
-        (vec!["--target", "tpu9"], "E0509"),
-        (vec!["--dim", "S=4096"], "E0303"),
-        (vec!["--set", "nope=3"], "E0401"),
+    // A name on the command line that names nothing is a usage error (exit 2); a model that
+    // does not fit its dims is an error in the input (exit 1).
+    let cases: Vec<(Vec<&str>, &str, i32)> = vec![
+        (vec!["--entry", "Nope"], "E0611", 2),
+        (vec!["--target", "tpu9"], "E0610", 2),
+        (vec!["--dim", "S=4096"], "E0303", 1),
+        (vec!["--set", "nope=3"], "E0401", 2),
     ];
-    for (extra, code) in cases {
+    for (extra, code, status) in cases {
         let example = if extra.contains(&"S=4096") {
             "examples/gpt3_175b.msl"
         } else {
             "examples/mlp.msl"
         };
         let out = build(example, &out_dir, &extra, "1");
-        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        assert_eq!(out.status.code(), Some(status), "{extra:?}");
         assert!(
             json_codes(&out).iter().any(|c| c == code),
             "{extra:?}: expected {code}, got {:?}",

@@ -162,7 +162,7 @@ fn hostile_iteration_and_thread_counts_are_refused() {
         "--threads",
         "1000",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(codes(&out), ["E0605"]);
 }
 

@@ -41,7 +41,7 @@ pub fn choose_model<'a>(
         return checked.model(entry).ok_or_else(|| {
             root_error(
                 checked,
-                Code::E0403,
+                Code::E0611,
                 format!("--entry {entry}: no model `{entry}` in this file"),
                 format!("models here: {}", names.join(", ")),
             )
@@ -73,7 +73,7 @@ pub fn choose_model<'a>(
         }),
         _ => Err(root_error(
             checked,
-            Code::E0403,
+            Code::E0611,
             "this file declares several models".to_string(),
             format!("choose one with --entry: {}", names.join(", ")),
         )),
@@ -94,6 +94,7 @@ pub fn choose_target(
         .find(|t| t.spec.model.name == model.name)
         .and_then(|t| t.target)
         .map(|i| checked.decls.targets[i].name.name.as_str());
+    let flag = name.is_some();
     let name = name.or(from_train).unwrap_or("cpu");
     let spec = checked.decls.target(name).ok_or_else(|| {
         let known: Vec<&str> = checked
@@ -102,10 +103,17 @@ pub fn choose_target(
             .iter()
             .map(|t| t.name.name.as_str())
             .collect();
+        // A name from the command line is a usage error; the default `cpu` can be missing only
+        // from a `--stdlib` folder without it.
+        let (code, message) = if flag {
+            (Code::E0610, format!("--target {name}: no such target"))
+        } else {
+            (Code::E0509, format!("no target `{name}` to build for"))
+        };
         root_error(
             checked,
-            Code::E0509,
-            format!("--target {name}: no such target"),
+            code,
+            message,
             format!("targets: {}", known.join(", ")),
         )
     })?;
