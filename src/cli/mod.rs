@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use mslc_core::diag::Severity;
 
 pub use output::Reporter;
 
@@ -160,11 +161,7 @@ pub fn main() -> ExitCode {
             let reporter = Reporter::new(format, false);
             let text = e.render().to_string();
             let message = text.trim().trim_start_matches("error: ");
-            reporter.emit_plain(
-                mslc_core::diag::Code::E0609,
-                mslc_core::diag::Severity::Error,
-                message,
-            );
+            reporter.emit_plain(mslc_core::diag::Code::E0609, Severity::Error, message);
             return ExitCode::from(reporter.status());
         }
         Err(e) if wants_json(std::env::args_os()) => {
@@ -192,11 +189,12 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
-        Command::Man => generate::man(),
+        Command::Man => generate::man(&reporter),
         Command::Lsp => match mslc_lsp::run_stdio() {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("error: language server: {e}");
+                let message = format!("language server: {e}");
+                reporter.emit_plain(mslc_core::diag::Code::E0612, Severity::Error, &message);
                 1
             }
         },

@@ -67,6 +67,12 @@ fn each_class_reaches_the_exit_status() {
     let o = o.to_str().unwrap();
     let bad = dir.path().join("bad.msl");
     std::fs::write(&bad, "model M { input x: f32[4] output y = nope }\n").unwrap();
+    let dims = dir.path().join("dims.msl");
+    std::fs::write(
+        &dims,
+        "model M { dims S = 4\n input x: f32[S] output y = x }\n",
+    )
+    .unwrap();
     let file = dir.path().join("a_file");
     std::fs::write(&file, "x").unwrap();
     let under_file = file.join("x");
@@ -81,7 +87,11 @@ fn each_class_reaches_the_exit_status() {
             2,
         ),
         (vec!["build", mlp, "-o", o, "--set", "nope=3"], "E0401", 2),
-        (vec!["check", mlp, "--dim", "B=abc"], "E0402", 2),
+        (
+            vec!["check", dims.to_str().unwrap(), "--dim", "S=abc"],
+            "E0402",
+            2,
+        ),
         (
             vec!["run", mlp, "--init-seed", "1", "--threads", "999"],
             "E0605",

@@ -19,18 +19,29 @@ fn render_case(path: &Path) -> String {
     );
     for d in &checked.diagnostics {
         assert!(!d.code.page().is_empty());
-        out.push_str(&render_human(
+        let human = render_human(
             d,
             &checked.sources,
             RenderOptions {
                 color: false,
                 width: 100,
             },
-        ));
+        );
+        out.push_str(&human);
         let json: serde_json::Value =
             serde_json::from_str(&render_json(d, &checked.sources)).unwrap();
         assert_eq!(json["code"], d.code.as_str());
         assert!(json["line_start"].as_u64().unwrap() >= 1);
+        // The header's `[file:line:column]` is the JSON's position, both in characters.
+        let header = human
+            .split_once("─[")
+            .unwrap()
+            .1
+            .split_once("]\n")
+            .unwrap()
+            .0;
+        let position = format!(":{}:{}", json["line_start"], json["column_start"]);
+        assert!(header.ends_with(&position), "{header} against {position}");
     }
     out
 }

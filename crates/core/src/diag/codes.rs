@@ -98,6 +98,7 @@ codes! {
     E0609 => "invalid command-line arguments",
     E0610 => "no such target",
     E0611 => "no entry model",
+    E0612 => "language server connection failed",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
     E0710 => "input dtype that generated bindings cannot take",
@@ -182,5 +183,20 @@ mod tests {
                 "docs/codes/{code}.md is too thin"
             );
         }
+    }
+
+    #[test]
+    fn the_codes_readme_lists_every_code_with_its_title() {
+        let readme = include_str!("../../../../docs/codes/README.md");
+        for code in Code::ALL {
+            let row = format!("| [{code}]({code}.md) | {} |", code.title());
+            assert!(readme.contains(&row), "docs/codes/README.md lacks `{row}`");
+        }
+        let rows = readme.lines().filter(|l| l.starts_with("| [")).count();
+        assert_eq!(
+            rows,
+            Code::ALL.len(),
+            "docs/codes/README.md lists unregistered codes"
+        );
     }
 }
