@@ -145,14 +145,15 @@ impl Report {
     }
 }
 
-/// A file's text as quoted in a report. The position miette shows in the header
-/// (`[file:line:column]`) is the primary label's in the original file, its column counted in
-/// characters as the JSON form counts it (miette counts bytes, and a clipped line has moved).
+/// A file's text as quoted in a report. The position miette shows in the header of each quoted
+/// stretch (`[file:line:column]`, of the primary label or, in a stretch without it, of its first
+/// label) is the label's start in the original file, its column counted in characters as the
+/// JSON form counts it (miette counts bytes, and a clipped line has moved).
 struct Quoted {
     source: NamedSource<String>,
-    /// The primary label's offset in the quoted text, and its 0-based line and character column
-    /// in the original.
-    header: Option<(usize, usize, usize)>,
+    /// Each label's drawn offset in the quoted text, and its start's 0-based line and character
+    /// column in the original; the primary label first.
+    headers: Vec<(usize, usize, usize)>,
 }
 
 impl miette::SourceCode for Quoted {
@@ -163,18 +164,21 @@ impl miette::SourceCode for Quoted {
         after: usize,
     ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
         let contents = self.source.read_span(span, before, after)?;
-        match self.header {
-            // miette reads the primary span without context lines only for the header.
-            Some((offset, line, column)) if (before, after, span.offset()) == (0, 0, offset) => {
-                Ok(Box::new(miette::MietteSpanContents::new_named(
-                    self.source.name().to_string(),
-                    contents.data(),
-                    *contents.span(),
-                    line,
-                    column,
-                    contents.line_count(),
-                )))
-            }
+        // miette reads a label's span without context lines only for a header.
+        let header = (before, after) == (0, 0);
+        let found = self
+            .headers
+            .iter()
+            .find(|&&(offset, _, _)| header && offset == span.offset());
+        match found {
+            Some(&(_, line, column)) => Ok(Box::new(miette::MietteSpanContents::new_named(
+                self.source.name().to_string(),
+                contents.data(),
+                *contents.span(),
+                line,
+                column,
+                contents.line_count(),
+            ))),
             _ => Ok(contents),
         }
     }
@@ -217,17 +221,18 @@ fn quote(sources: &Sources, file: FileId, labels: &[(&Label, bool)]) -> (Quoted,
             }
         })
         .collect();
-    // The header names where the primary label starts in the file, as the JSON form does, even
-    // where the label is drawn on a part of its span.
-    let header = bounds
-        .first()
-        .zip(drawn.first())
+    // A header names where its label starts in the file, as the JSON form does, even where the
+    // label is drawn on a part of its span.
+    let headers = bounds
+        .iter()
+        .zip(&drawn)
         .map(|(&(start, _), &(at, _))| {
             let (line, column) = sources.line_col(file, start);
             (snippet.map(at), line - 1, column - 1)
-        });
+        })
+        .collect();
     let source = NamedSource::new(escape(&f.name), snippet.text);
-    (Quoted { source, header }, spans)
+    (Quoted { source, headers }, spans)
 }
 
 /// Where to draw a label whose one-line span encloses other labels (`x @ w`, with a label on
