@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use mslc_artifact::encode;
 use mslc_check::{check_source, CheckOptions, Overrides};
-use mslc_driver::compile::{amp_for, compile, CompileOptions};
+use mslc_driver::compile::compile;
+use mslc_driver::select::compile_options;
 use mslc_plan::kernels::KernelTable;
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -16,8 +17,6 @@ fn median(mut xs: Vec<f64>) -> f64 {
 fn main() {
     let text =
         std::fs::read_to_string("examples/llama2_70b.msl").expect("run from the repository root");
-    let target = mslc_driver::target::standard_target("ascend910b")
-        .expect("std.targets declares ascend910b");
     println!(
         "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "layers", "check", "lower", "passes", "schedule", "memory", "encode", "total"
@@ -35,13 +34,14 @@ fn main() {
             let checked = check_source("examples/llama2_70b.msl", &text, &opts);
             let check = t.elapsed().as_secs_f64() * 1e3;
             assert!(!checked.has_errors());
-            let amp = amp_for(&checked, &checked.models[0]);
-            let options = CompileOptions {
-                target: target.clone(),
-                verify: false,
-                fuse: true,
-                amp,
-            };
+            let options = compile_options(
+                &checked,
+                &checked.models[0],
+                Some("ascend910b"),
+                true,
+                false,
+            )
+            .expect("std.targets declares ascend910b");
             let compiled = compile(&checked.models[0], &options).unwrap();
             let t = Instant::now();
             let bytes = encode(&compiled.module, None);

@@ -16,14 +16,11 @@ fn main() -> ExitCode {
     } else {
         cli::MessageFormat::Human
     };
-    let reporter = cli::Reporter {
-        format,
-        color: false,
-    };
+    let reporter = cli::Reporter::new(format, false);
     reporter.emit_plain(
         mslc_core::diag::Code::E0608,
         mslc_core::diag::Severity::Error,
         &failure,
     );
-    ExitCode::from(3)
+    ExitCode::from(reporter.status())
 }

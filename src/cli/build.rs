@@ -12,9 +12,9 @@ use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
-use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::compile::{compile, Compiled};
 use mslc_driver::dep_info::dep_info;
-use mslc_driver::select::{choose_model, choose_target, root_error};
+use mslc_driver::select::{choose_model, compile_options, root_error};
 use mslc_plan::kernels::KernelTable;
 use mslc_plan::memory_svg::memory_svg;
 
@@ -151,13 +151,13 @@ fn build(
     check_ms: f64,
 ) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
     let model = choose_model(checked, args.entry.as_deref())?;
-    let target = choose_target(checked, model, args.target.as_deref())?;
-    let options = CompileOptions {
-        target,
-        verify: args.verify,
-        fuse: !args.no_fuse,
-        amp: amp_for(checked, model),
-    };
+    let options = compile_options(
+        checked,
+        model,
+        args.target.as_deref(),
+        !args.no_fuse,
+        args.verify,
+    )?;
     let mut compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
     let name = &model.name;
     let dir = &args.out_dir;

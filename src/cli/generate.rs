@@ -3,8 +3,10 @@
 
 use clap::CommandFactory;
 
+use mslc_core::diag::{Code, Severity};
+
 use super::output::print_stdout;
-use super::Cli;
+use super::{Cli, Reporter};
 
 /// Arguments of `mslc completions`.
 #[derive(clap::Args, Debug)]
@@ -22,8 +24,8 @@ pub fn completions(args: &CompletionsArgs) -> u8 {
     0
 }
 
-/// Prints the man page (roff) to stdout; 1 if it cannot be rendered.
-pub fn man() -> u8 {
+/// Prints the man page (roff) to stdout; rendering into memory failing is a bug (E0608).
+pub fn man(reporter: &Reporter) -> u8 {
     let mut out = Vec::new();
     match clap_mangen::Man::new(Cli::command()).render(&mut out) {
         Ok(()) => {
@@ -31,7 +33,8 @@ pub fn man() -> u8 {
             0
         }
         Err(e) => {
-            eprintln!("error: cannot render the man page: {e}");
+            let message = format!("internal error: cannot render the man page: {e}");
+            reporter.emit_plain(Code::E0608, Severity::Error, &message);
             1
         }
     }

@@ -1,5 +1,6 @@
 //! The `mslc` command line: argument parsing, dispatch, and how diagnostics reach the terminal.
-//! Exit codes: 0 success (warnings allowed), 1 errors in the input, 2 usage errors.
+//! Exit codes: 0 success (warnings allowed), 1 errors in the input, 2 usage errors, 3 a bug in
+//! mslc — the highest class of the codes reported ([`mslc_core::diag::Code::exit_class`]).
 
 mod build;
 mod check;
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use mslc_core::diag::Severity;
 
 pub use output::Reporter;
 
@@ -33,7 +35,7 @@ pub struct Cli {
     /// How to print diagnostics.
     #[arg(long, global = true, value_enum, default_value_t = MessageFormat::Human)]
     pub message_format: MessageFormat,
-    /// When to colour output (NO_COLOR in the environment also turns it off).
+    /// When to colour output (`auto`: when stderr is a terminal and NO_COLOR is unset or empty).
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
     /// What to do.
@@ -53,7 +55,7 @@ pub enum MessageFormat {
 /// Colour choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ColorChoice {
-    /// Colour when stderr is a terminal and NO_COLOR is unset.
+    /// Colour when stderr is a terminal and NO_COLOR is unset or empty.
     Auto,
     /// Always colour.
     Always,
@@ -137,23 +139,32 @@ pub fn wants_json(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
     false
 }
 
+/// Whether to colour diagnostics: `auto` colours a terminal unless `NO_COLOR` is set to a
+/// non-empty value (<https://no-color.org>: an empty one does not count).
+fn use_color(choice: ColorChoice, no_color: Option<std::ffi::OsString>, terminal: bool) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => terminal && no_color.is_none_or(|v| v.is_empty()),
+    }
+}
+
 /// Parses the process arguments and runs the command.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) if e.use_stderr() && wants_json(std::env::args_os()) => {
-            let reporter = Reporter {
-                format: MessageFormat::Json,
-                color: false,
+        Err(e) if e.use_stderr() => {
+            // A usage error is E0609, rendered as every other error is.
+            let format = if wants_json(std::env::args_os()) {
+                MessageFormat::Json
+            } else {
+                MessageFormat::Human
             };
+            let reporter = Reporter::new(format, false);
             let text = e.render().to_string();
             let message = text.trim().trim_start_matches("error: ");
-            reporter.emit_plain(
-                mslc_core::diag::Code::E0609,
-                mslc_core::diag::Severity::Error,
-                message,
-            );
-            return ExitCode::from(2);
+            reporter.emit_plain(mslc_core::diag::Code::E0609, Severity::Error, message);
+            return ExitCode::from(reporter.status());
         }
         Err(e) if wants_json(std::env::args_os()) => {
             // `--help` and `--version` asked for text; as JSON it is one object holding it.
@@ -163,20 +174,15 @@ pub fn main() -> ExitCode {
         }
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return ExitCode::from(0);
         }
     };
-    let color = match cli.color {
-        ColorChoice::Always => true,
-        ColorChoice::Never => false,
-        ColorChoice::Auto => {
-            std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
-        }
-    };
-    let reporter = Reporter {
-        format: cli.message_format,
-        color,
-    };
+    let color = use_color(
+        cli.color,
+        std::env::var_os("NO_COLOR"),
+        std::io::stderr().is_terminal(),
+    );
+    let reporter = Reporter::new(cli.message_format, color);
     let code = match cli.command {
         Command::Check(args) => check::run(&args, &reporter),
         Command::Build(args) => build::run(&args, &reporter),
@@ -185,14 +191,33 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
-        Command::Man => generate::man(),
+        Command::Man => generate::man(&reporter),
         Command::Lsp => match mslc_lsp::run_stdio() {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("error: language server: {e}");
+                let message = format!("language server: {e}");
+                reporter.emit_plain(mslc_core::diag::Code::E0612, Severity::Error, &message);
                 1
             }
         },
     };
-    ExitCode::from(code)
+    // A command's own status (1 for `fmt --check` finding a difference) or its reported
+    // codes' (2 for a usage error), whichever is higher.
+    ExitCode::from(code.max(reporter.status()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{use_color, ColorChoice};
+
+    #[test]
+    fn only_a_non_empty_no_color_turns_colour_off() {
+        let auto = |v: Option<&str>| use_color(ColorChoice::Auto, v.map(Into::into), true);
+        assert!(auto(None));
+        assert!(auto(Some("")));
+        assert!(!auto(Some("1")));
+        assert!(!use_color(ColorChoice::Auto, None, false));
+        assert!(use_color(ColorChoice::Always, Some("1".into()), false));
+        assert!(!use_color(ColorChoice::Never, None, true));
+    }
 }

@@ -1,31 +1,52 @@
 //! Printing diagnostics in the format and colour the user chose.
 
+use std::cell::Cell;
+
 use mslc_core::diag::{Code, Diagnostic, Severity, Sources};
-use mslc_driver::render::{render_human, render_json, RenderOptions};
+use mslc_driver::render::{
+    render_human, render_json, render_plain_human, render_plain_json, Plain, RenderOptions,
+};
 
 use super::MessageFormat;
 
-/// Where and how diagnostics are printed.
-#[derive(Clone, Copy, Debug)]
+/// Where and how diagnostics are printed, and the exit status they add up to.
+#[derive(Debug)]
 pub struct Reporter {
     /// Human or JSON.
     pub format: MessageFormat,
     /// ANSI colours in human output.
     pub color: bool,
+    /// The highest exit status of the codes reported so far ([`Code::exit_class`]).
+    status: Cell<u8>,
 }
 
 impl Reporter {
+    /// A reporter that has reported nothing.
+    pub fn new(format: MessageFormat, color: bool) -> Reporter {
+        Reporter {
+            format,
+            color,
+            status: Cell::new(0),
+        }
+    }
+
+    /// The exit status the reported codes call for: the highest of their classes' (README,
+    /// "Exit status"), so that a usage error exits 2 whichever command found it.
+    pub fn status(&self) -> u8 {
+        self.status.get()
+    }
+
+    fn count(&self, code: Code) {
+        self.status
+            .set(self.status.get().max(code.exit_class().status()));
+    }
+
     /// Prints every diagnostic to stderr (JSON lines go to stdout, for tools).
     pub fn emit(&self, diags: &[Diagnostic], sources: &Sources) {
         for d in diags {
+            self.count(d.code);
             match self.format {
-                MessageFormat::Human => {
-                    let options = RenderOptions {
-                        color: self.color,
-                        width: 100,
-                    };
-                    eprint!("{}", render_human(d, sources, options));
-                }
+                MessageFormat::Human => eprint!("{}", render_human(d, sources, self.options())),
                 MessageFormat::Json => print_stdout(&format!("{}\n", render_json(d, sources))),
             }
         }
@@ -41,21 +62,25 @@ impl Reporter {
 
 impl Reporter {
     /// Prints a problem that has no place in a source file (a weights file, an input, the
-    /// executor), with its code: `error[E0602]: …` or one JSON object.
+    /// executor), with its code, through the same renderer and JSON schema as [`Reporter::emit`].
     pub fn emit_plain(&self, code: Code, severity: Severity, message: &str) {
+        self.count(code);
+        let plain = Plain {
+            code,
+            severity,
+            message,
+            help: None,
+        };
         match self.format {
-            MessageFormat::Human => {
-                let word = if severity == Severity::Error {
-                    "error"
-                } else {
-                    "warning"
-                };
-                eprintln!("{word}[{code}]: {message}");
-            }
-            MessageFormat::Json => {
-                let json = serde_json::json!({ "code": code.as_str(), "severity": severity, "message": message, "file": null });
-                print_stdout(&format!("{json}\n"));
-            }
+            MessageFormat::Human => eprint!("{}", render_plain_human(&plain, self.options())),
+            MessageFormat::Json => print_stdout(&format!("{}\n", render_plain_json(&plain))),
+        }
+    }
+
+    fn options(&self) -> RenderOptions {
+        RenderOptions {
+            color: self.color,
+            width: 100,
         }
     }
 }

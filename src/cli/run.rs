@@ -1,5 +1,5 @@
 //! `mslc run ARTIFACT.mir|FILE.msl`: execute a model on this CPU. A `.msl` is checked and
-//! compiled in memory for the shapes of the given inputs; weights come from safetensors, the
+//! compiled in memory for the shapes of the given inputs, with the options `build` uses; weights come from safetensors, the
 //! artifact itself, or a seeded init; outputs are written as `.npy`; the median time per
 //! forward and the achieved GFLOP/s are printed. Output files are written all or nothing.
 
@@ -13,8 +13,8 @@ use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
 use mslc_core::units::human_bytes;
-use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
-use mslc_driver::select::{choose_model, choose_target, dims_from_inputs};
+use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::select::{choose_model, compile_options, dims_from_inputs};
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
@@ -143,11 +143,9 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     let mir_bytes;
     let (mut module, embedded) = if is_mir {
         if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
-            return Err(
-                "--set and --dim apply to .msl sources; rebuild the .mir with them"
-                    .to_string()
-                    .into(),
-            );
+            return Err(Failure::Usage(
+                "--set and --dim apply to .msl sources; rebuild the .mir with them".to_string(),
+            ));
         }
         mir_bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded = decode(&mir_bytes)
@@ -157,20 +155,12 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         {
             return Err(unreadable(m));
         }
-        // `cpu` is the host target (`Target::is_host`), the only one this executor is.
-        if decoded.module.target != "cpu" {
-            reporter.emit_plain(
-                Code::W0004,
-                Severity::Warning,
-                &format!(
-                    "`{}` was built for target `{}`; it runs on this CPU instead, with a plan made for that target",
-                    decoded.module.name, decoded.module.target
-                ),
-            );
-        }
+        warn_if_foreign(&decoded.module, reporter);
         (decoded.module, decoded.weights)
     } else {
-        (compile_source(args, &arrays, reporter)?, None)
+        let module = compile_source(args, &arrays, reporter)?;
+        warn_if_foreign(&module, reporter);
+        (module, None)
     };
     let (memory_limit, limit_source) = match (available_memory(), args.max_memory) {
         (Some(a), Some(m)) if a < m => (Some(a), "the memory this system has available now"),
@@ -437,7 +427,23 @@ fn load_params(
     Ok(())
 }
 
-/// Checks and compiles the source for the host, with dims derived from the inputs' shapes
+/// Warns when a module was planned for another target than this CPU (`cpu` is the host
+/// target, `Target::is_host`, the only one this executor is): it runs, with that target's plan.
+fn warn_if_foreign(module: &Module, reporter: &Reporter) {
+    if module.target != "cpu" {
+        reporter.emit_plain(
+            Code::W0004,
+            Severity::Warning,
+            &format!(
+                "`{}` was built for target `{}`; it runs on this CPU instead, with a plan made for that target",
+                module.name, module.target
+            ),
+        );
+    }
+}
+
+/// Checks and compiles the source with the options `mslc build` would use (the `train`'s
+/// precision policy and target), with dims derived from the inputs' shapes
 /// (checked once more with them, when they change any).
 fn compile_source(
     args: &RunArgs,
@@ -471,20 +477,11 @@ fn compile_source(
     let model = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
-    let target = choose_target(&checked, model, Some("cpu")).map_err(|d| {
+    let options = compile_options(&checked, model, None, !args.no_fuse, false).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;
-    let compiled = compile(
-        model,
-        &CompileOptions {
-            target,
-            verify: false,
-            fuse: !args.no_fuse,
-            amp: None,
-        },
-    )
-    .map_err(|e| {
+    let compiled = compile(model, &options).map_err(|e| {
         let code = if e.stage == STAGE_SIZE {
             Code::E0606
         } else {

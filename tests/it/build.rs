@@ -178,20 +178,22 @@ fn artifacts_are_byte_identical_whatever_the_thread_count() {
 fn bad_build_input_fails_cleanly_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("out");
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--entry", "Nope"], "E0403"),
-        (vec!["--target", "tpu9"], "E0509"),
-        (vec!["--dim", "S=4096"], "E0303"),
-        (vec!["--set", "nope=3"], "E0401"),
+    // A name on the command line that names nothing is a usage error (exit 2); a model that
+    // does not fit its dims is an error in the input (exit 1).
+    let cases: Vec<(Vec<&str>, &str, i32)> = vec![
+        (vec!["--entry", "Nope"], "E0611", 2),
+        (vec!["--target", "tpu9"], "E0610", 2),
+        (vec!["--dim", "S=4096"], "E0303", 1),
+        (vec!["--set", "nope=3"], "E0401", 2),
     ];
-    for (extra, code) in cases {
+    for (extra, code, status) in cases {
         let example = if extra.contains(&"S=4096") {
             "examples/gpt3_175b.msl"
         } else {
             "examples/mlp.msl"
         };
         let out = build(example, &out_dir, &extra, "1");
-        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        assert_eq!(out.status.code(), Some(status), "{extra:?}");
         assert!(
             json_codes(&out).iter().any(|c| c == code),
             "{extra:?}: expected {code}, got {:?}",
@@ -282,4 +284,40 @@ fn mir_reader_rejects_damaged_files() {
     let out = mslc(&["inspect", path.to_str().unwrap()], "1");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("checksum"));
+}
+
+/// `run FILE.msl` compiles with the options `build` uses (the train's precision policy and
+/// target), so running the source and running the built `.mir` give the same bits.
+#[test]
+fn run_of_the_source_matches_run_of_the_built_module_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let out = build("examples/mlp.msl", &dir.path().join("build"), &[], "2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("build/Mlp.report.json")).unwrap()).unwrap();
+    let mir = d("build/Mlp.mir");
+    for (file, to) in [
+        ("examples/mlp.msl", d("from_msl")),
+        (mir.as_str(), d("from_mir")),
+    ] {
+        let args = ["run", file, "--init-seed", "7", "--output-dir", &to];
+        let out = mslc(&args, "2");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let from_msl = std::fs::read(d("from_msl/logits.npy")).unwrap();
+    let from_mir = std::fs::read(d("from_mir/logits.npy")).unwrap();
+    assert!(from_msl == from_mir, "run Mlp.msl and run Mlp.mir differ");
+    // The policy is bf16 (O2): the module holds bf16 values, or the test proves nothing.
+    let text = mslc(&["inspect", &mir], "2");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("bf16"));
+    assert_eq!(report["target"], "cpu");
 }

@@ -8,6 +8,7 @@ mod build_script;
 mod cargo_mslc;
 mod cli_check;
 mod exec;
+mod exit_status;
 mod fmt;
 mod fuzz_replay;
 mod hardening;

@@ -19,18 +19,26 @@ fn render_case(path: &Path) -> String {
     );
     for d in &checked.diagnostics {
         assert!(!d.code.page().is_empty());
-        out.push_str(&render_human(
+        let human = render_human(
             d,
             &checked.sources,
             RenderOptions {
                 color: false,
                 width: 100,
             },
-        ));
+        );
+        out.push_str(&human);
         let json: serde_json::Value =
             serde_json::from_str(&render_json(d, &checked.sources)).unwrap();
         assert_eq!(json["code"], d.code.as_str());
         assert!(json["line_start"].as_u64().unwrap() >= 1);
+        // Some header's `[file:line:column]` (the one over the primary label) is the JSON's
+        // position, both in characters.
+        let position = format!(":{}:{}]\n", json["line_start"], json["column_start"]);
+        assert!(
+            human.contains(&position),
+            "no header at {position} in\n{human}"
+        );
     }
     out
 }

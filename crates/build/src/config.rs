@@ -9,9 +9,9 @@ use mslc_artifact::encode;
 use mslc_check::{check_path, CheckOptions, Checked};
 use mslc_core::diag::{Code, Diagnostic, FileId, Severity};
 use mslc_driver::artifacts::artifact_files;
-use mslc_driver::compile::{amp_for, compile, CompileOptions};
+use mslc_driver::compile::compile;
 use mslc_driver::render::{render_human, RenderOptions};
-use mslc_driver::select::{choose_model, choose_target, root_error};
+use mslc_driver::select::{choose_model, compile_options, root_error};
 use mslc_driver::stack::on_compiler_stack;
 
 use crate::bindings::{bindings, module_ident, ModelBinding};
@@ -222,13 +222,7 @@ impl Config {
         dir: &Path,
     ) -> Result<OneModel, Box<Diagnostic>> {
         let model = choose_model(checked, None)?;
-        let target = choose_target(checked, model, self.target.as_deref())?;
-        let options = CompileOptions {
-            target,
-            verify: false,
-            fuse: true,
-            amp: amp_for(checked, model),
-        };
+        let options = compile_options(checked, model, self.target.as_deref(), true, false)?;
         let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
         let mir_name = format!("{}.mir", model.name);
         let module = module_ident(file);

@@ -9,8 +9,6 @@ use mslc_artifact::validate::check_tensor_sizes;
 use mslc_artifact::Module;
 use mslc_check::{Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
-use mslc_core::ops::{DType, Op};
-use mslc_core::precision::LowPrecision;
 use mslc_ir::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
 use mslc_ir::Graph;
 use mslc_plan::cost::{estimate, CostEstimate};
@@ -108,27 +106,6 @@ impl std::fmt::Display for CompileError {
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
-}
-
-/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
-pub fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
-    let train = checked
-        .decls
-        .trains
-        .iter()
-        .find(|t| t.spec.model.name == model.name)?;
-    let p = &checked.decls.precisions[train.precision?];
-    let compute = match p.compute {
-        LowPrecision::F16 => DType::F16,
-        LowPrecision::BF16 => DType::BF16,
-    };
-    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
-    Some(AmpConfig {
-        level: p.level,
-        compute,
-        keep_f32,
-        keep_batchnorm_f32: p.keep_batchnorm_f32,
-    })
 }
 
 /// Compiles a checked model.

@@ -8,7 +8,7 @@ use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, S
 use serde::Serialize;
 
 use crate::snippet::{escape, Snippet};
-use mslc_core::diag::{Diagnostic, FileId, Label, Severity, Sources};
+use mslc_core::diag::{Code, Diagnostic, FileId, Label, Severity, Sources};
 
 /// How to print diagnostics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,8 +28,32 @@ impl Default for RenderOptions {
     }
 }
 
+/// A problem with no place in a source file: a flag, a weights or artifact file, an input, the
+/// executor. It is rendered by the same renderer, in the same layout and JSON schema, as a
+/// [`Diagnostic`], with no source quoted and no spans.
+#[derive(Clone, Copy, Debug)]
+pub struct Plain<'a> {
+    /// Registry code.
+    pub code: Code,
+    /// Error or warning.
+    pub severity: Severity,
+    /// What went wrong.
+    pub message: &'a str,
+    /// How to fix it, where that can be said.
+    pub help: Option<&'a str>,
+}
+
 /// Renders one diagnostic as a human-readable report.
 pub fn render_human(diag: &Diagnostic, sources: &Sources, options: RenderOptions) -> String {
+    render_report(&Report::new(diag, sources), options)
+}
+
+/// Renders a problem with no source position as a human-readable report.
+pub fn render_plain_human(plain: &Plain, options: RenderOptions) -> String {
+    render_report(&Report::plain(plain), options)
+}
+
+fn render_report(report: &Report, options: RenderOptions) -> String {
     let theme = if options.color {
         GraphicalTheme::unicode()
     } else {
@@ -39,14 +63,13 @@ pub fn render_human(diag: &Diagnostic, sources: &Sources, options: RenderOptions
         .with_width(options.width)
         .with_links(false)
         .with_context_lines(1);
-    let report = Report::new(diag, sources);
     let mut out = String::new();
-    if handler.render_report(&mut out, &report).is_err() {
+    if handler.render_report(&mut out, report).is_err() {
         out = format!(
             "{}[{}]: {}\n",
-            severity_word(diag.severity),
-            diag.code,
-            escape(&diag.message)
+            severity_word(report.severity),
+            report.code,
+            report.message
         );
     }
     out
@@ -66,7 +89,8 @@ struct Report {
     message: String,
     severity: Severity,
     help: Option<String>,
-    source: Quoted,
+    /// The quoted file; none for a [`Plain`] problem.
+    source: Option<Quoted>,
     labels: Vec<LabeledSpan>,
     related: Vec<Report>,
 }
@@ -89,9 +113,21 @@ impl Report {
             message: escape(&diag.message).into_owned(),
             severity: diag.severity,
             help: diag.help.as_deref().map(|h| escape(h).into_owned()),
-            source,
+            source: Some(source),
             labels,
             related,
+        }
+    }
+
+    fn plain(plain: &Plain) -> Report {
+        Report {
+            code: plain.code.to_string(),
+            message: escape(plain.message).into_owned(),
+            severity: plain.severity,
+            help: plain.help.map(|h| escape(h).into_owned()),
+            source: None,
+            labels: Vec::new(),
+            related: Vec::new(),
         }
     }
 
@@ -102,21 +138,22 @@ impl Report {
             message: escape(&label.message).into_owned(),
             severity: Severity::Warning,
             help: None,
-            source,
+            source: Some(source),
             labels,
             related: Vec::new(),
         }
     }
 }
 
-/// A file's text as quoted in a report. Where a line was clipped, the position miette shows in
-/// the header (`[file:line:column]`) is the primary label's in the original file, not in the
-/// clipped text.
+/// A file's text as quoted in a report. The position miette shows in the header of each quoted
+/// stretch (`[file:line:column]`, of the primary label or, in a stretch without it, of its first
+/// label) is the label's start in the original file, its column counted in characters as the
+/// JSON form counts it (miette counts bytes, and a clipped line has moved).
 struct Quoted {
     source: NamedSource<String>,
-    /// The primary label's offset in the quoted text, and its 0-based line and column in the
-    /// original, when they differ.
-    header: Option<(usize, usize, usize)>,
+    /// Each label's drawn offset in the quoted text, and its start's 0-based line and character
+    /// column in the original; the primary label first.
+    headers: Vec<(usize, usize, usize)>,
 }
 
 impl miette::SourceCode for Quoted {
@@ -127,18 +164,21 @@ impl miette::SourceCode for Quoted {
         after: usize,
     ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
         let contents = self.source.read_span(span, before, after)?;
-        match self.header {
-            // miette reads the primary span without context lines only for the header.
-            Some((offset, line, column)) if (before, after, span.offset()) == (0, 0, offset) => {
-                Ok(Box::new(miette::MietteSpanContents::new_named(
-                    self.source.name().to_string(),
-                    contents.data(),
-                    *contents.span(),
-                    line,
-                    column,
-                    contents.line_count(),
-                )))
-            }
+        // miette reads a label's span without context lines only for a header.
+        let header = (before, after) == (0, 0);
+        let found = self
+            .headers
+            .iter()
+            .find(|&&(offset, _, _)| header && offset == span.offset());
+        match found {
+            Some(&(_, line, column)) => Ok(Box::new(miette::MietteSpanContents::new_named(
+                self.source.name().to_string(),
+                contents.data(),
+                *contents.span(),
+                line,
+                column,
+                contents.line_count(),
+            ))),
             _ => Ok(contents),
         }
     }
@@ -149,25 +189,28 @@ impl miette::SourceCode for Quoted {
 fn quote(sources: &Sources, file: FileId, labels: &[(&Label, bool)]) -> (Quoted, Vec<LabeledSpan>) {
     let f = sources.get(file);
     let text = &f.text;
-    let bounds = |label: &Label| {
-        let start =
-            mslc_core::diag::source::floor_char_boundary(text, label.span.start.min(text.len()));
-        let end =
-            mslc_core::diag::source::floor_char_boundary(text, label.span.end.min(text.len()));
-        (start, end.max(start))
-    };
-    let points: Vec<usize> = labels
+    let bounds: Vec<(usize, usize)> = labels
         .iter()
-        .flat_map(|(l, _)| {
-            let (start, end) = bounds(l);
-            [start, end]
+        .map(|(label, _)| {
+            let floor = |at: usize| mslc_core::diag::source::floor_char_boundary(text, at);
+            let start = floor(label.span.start.min(text.len()));
+            let end = floor(label.span.end.min(text.len()));
+            (start, end.max(start))
         })
+        .collect();
+    let drawn: Vec<(usize, usize)> = bounds
+        .iter()
+        .map(|&outer| uncovered(text, outer, &bounds))
+        .collect();
+    let points: Vec<usize> = drawn
+        .iter()
+        .flat_map(|&(start, end)| [start, end])
         .collect();
     let snippet = Snippet::new(text, &points);
     let spans = labels
         .iter()
-        .map(|&(label, primary)| {
-            let (start, end) = bounds(label);
+        .zip(&drawn)
+        .map(|(&(label, primary), &(start, end))| {
             let (start, end) = (snippet.map(start), snippet.map(end).max(snippet.map(start)));
             let span = SourceSpan::new(start.into(), end - start);
             let message = (!label.message.is_empty()).then(|| escape(&label.message).into_owned());
@@ -178,16 +221,55 @@ fn quote(sources: &Sources, file: FileId, labels: &[(&Label, bool)]) -> (Quoted,
             }
         })
         .collect();
-    let header = labels
-        .first()
-        .filter(|_| snippet.clipped)
-        .map(|(label, _)| {
-            let start = bounds(label).0;
+    // A header names where its label starts in the file, as the JSON form does, even where the
+    // label is drawn on a part of its span.
+    let headers = bounds
+        .iter()
+        .zip(&drawn)
+        .map(|(&(start, _), &(at, _))| {
             let (line, column) = sources.line_col(file, start);
-            (snippet.map(start), line - 1, column - 1)
-        });
+            (snippet.map(at), line - 1, column - 1)
+        })
+        .collect();
     let source = NamedSource::new(escape(&f.name), snippet.text);
-    (Quoted { source, header }, spans)
+    (Quoted { source, headers }, spans)
+}
+
+/// Where to draw a label whose one-line span encloses other labels (`x @ w`, with a label on
+/// each operand): on the first stretch of it the others leave uncovered, trimmed of blanks (the
+/// `@`). miette draws labels that overlap on one line with their arrows past the operands; a
+/// label that encloses none, spans lines, or is wholly covered is drawn as it is.
+fn uncovered(text: &str, outer: (usize, usize), all: &[(usize, usize)]) -> (usize, usize) {
+    let (start, end) = outer;
+    if text[start..end].contains('\n') {
+        return outer;
+    }
+    let mut inner: Vec<(usize, usize)> = all
+        .iter()
+        .copied()
+        .filter(|&(s, e)| s < e && start <= s && e <= end && (s, e) != outer)
+        .collect();
+    if inner.is_empty() {
+        return outer;
+    }
+    inner.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = start;
+    for (s, e) in inner {
+        if s > at {
+            gaps.push((at, s));
+        }
+        at = at.max(e);
+    }
+    gaps.push((at, end));
+    gaps.into_iter()
+        .find_map(|(s, e)| {
+            let gap = &text[s..e];
+            let trimmed = gap.trim();
+            let lead = gap.len() - gap.trim_start().len();
+            (!trimmed.is_empty()).then(|| (s + lead, s + lead + trimmed.len()))
+        })
+        .unwrap_or(outer)
 }
 
 impl fmt::Debug for Report {
@@ -224,10 +306,13 @@ impl miette::Diagnostic for Report {
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
-        Some(&self.source)
+        self.source.as_ref().map(|s| s as &dyn miette::SourceCode)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if self.labels.is_empty() {
+            return None;
+        }
         Some(Box::new(self.labels.iter().cloned()))
     }
 
@@ -255,19 +340,22 @@ struct JsonLabel<'a> {
     primary: bool,
 }
 
-/// The JSON form of one diagnostic (one line of `--message-format json`).
+/// The JSON form of one diagnostic (one line of `--message-format json`): one schema for
+/// every problem, so a problem with no place in a source file ([`Plain`]) has the same keys, its
+/// position `null` and no labels. Lines and columns are 1-based and count characters (Unicode
+/// scalar values), as the human report's header does.
 #[derive(Serialize)]
 struct JsonDiagnostic<'a> {
     code: &'a str,
     severity: Severity,
     message: Cow<'a, str>,
-    file: Cow<'a, str>,
-    byte_start: usize,
-    byte_end: usize,
-    line_start: usize,
-    column_start: usize,
-    line_end: usize,
-    column_end: usize,
+    file: Option<Cow<'a, str>>,
+    byte_start: Option<usize>,
+    byte_end: Option<usize>,
+    line_start: Option<usize>,
+    column_start: Option<usize>,
+    line_end: Option<usize>,
+    column_end: Option<usize>,
     labels: Vec<JsonLabel<'a>>,
     help: Option<Cow<'a, str>>,
 }
@@ -294,19 +382,41 @@ pub fn render_json(diag: &Diagnostic, sources: &Sources) -> String {
     let primary = json_label(&diag.primary, sources, true);
     let mut labels = vec![json_label(&diag.primary, sources, true)];
     labels.extend(diag.related.iter().map(|l| json_label(l, sources, false)));
-    let json = JsonDiagnostic {
+    to_line(&JsonDiagnostic {
         code: diag.code.as_str(),
         severity: diag.severity,
         message: escape(&diag.message),
-        file: primary.file,
-        byte_start: primary.byte_start,
-        byte_end: primary.byte_end,
-        line_start: primary.line_start,
-        column_start: primary.column_start,
-        line_end: primary.line_end,
-        column_end: primary.column_end,
+        file: Some(primary.file),
+        byte_start: Some(primary.byte_start),
+        byte_end: Some(primary.byte_end),
+        line_start: Some(primary.line_start),
+        column_start: Some(primary.column_start),
+        line_end: Some(primary.line_end),
+        column_end: Some(primary.column_end),
         labels,
         help: diag.help.as_deref().map(escape),
-    };
-    serde_json::to_string(&json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    })
+}
+
+/// Renders a problem with no source position as a single line of JSON, in the schema of
+/// [`render_json`].
+pub fn render_plain_json(plain: &Plain) -> String {
+    to_line(&JsonDiagnostic {
+        code: plain.code.as_str(),
+        severity: plain.severity,
+        message: escape(plain.message),
+        file: None,
+        byte_start: None,
+        byte_end: None,
+        line_start: None,
+        column_start: None,
+        line_end: None,
+        column_end: None,
+        labels: Vec::new(),
+        help: plain.help.map(escape),
+    })
+}
+
+fn to_line(json: &JsonDiagnostic) -> String {
+    serde_json::to_string(json).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }

@@ -5,10 +5,14 @@ use std::collections::BTreeMap;
 
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic, FileId};
+use mslc_core::ops::{DType, Op};
+use mslc_core::precision::LowPrecision;
 use mslc_core::program::Model;
 use mslc_core::span::Span;
+use mslc_ir::passes::AmpConfig;
 use mslc_plan::target::Target;
 
+use crate::compile::CompileOptions;
 use crate::target::target_from_spec;
 
 /// A problem with a choice made outside the source (a flag, a build-script setting), reported
@@ -37,7 +41,7 @@ pub fn choose_model<'a>(
         return checked.model(entry).ok_or_else(|| {
             root_error(
                 checked,
-                Code::E0403,
+                Code::E0611,
                 format!("--entry {entry}: no model `{entry}` in this file"),
                 format!("models here: {}", names.join(", ")),
             )
@@ -69,7 +73,7 @@ pub fn choose_model<'a>(
         }),
         _ => Err(root_error(
             checked,
-            Code::E0403,
+            Code::E0611,
             "this file declares several models".to_string(),
             format!("choose one with --entry: {}", names.join(", ")),
         )),
@@ -90,6 +94,7 @@ pub fn choose_target(
         .find(|t| t.spec.model.name == model.name)
         .and_then(|t| t.target)
         .map(|i| checked.decls.targets[i].name.name.as_str());
+    let flag = name.is_some();
     let name = name.or(from_train).unwrap_or("cpu");
     let spec = checked.decls.target(name).ok_or_else(|| {
         let known: Vec<&str> = checked
@@ -98,14 +103,62 @@ pub fn choose_target(
             .iter()
             .map(|t| t.name.name.as_str())
             .collect();
+        // A name from the command line is a usage error; the default `cpu` can be missing only
+        // from a `--stdlib` folder without it.
+        let (code, message) = if flag {
+            (Code::E0610, format!("--target {name}: no such target"))
+        } else {
+            (Code::E0509, format!("no target `{name}` to build for"))
+        };
         root_error(
             checked,
-            Code::E0509,
-            format!("--target {name}: no such target"),
+            code,
+            message,
             format!("targets: {}", known.join(", ")),
         )
     })?;
     Ok(target_from_spec(spec))
+}
+
+/// How to compile `model`: the target ([`choose_target`]: `target` when given, else its
+/// `train`'s, else `cpu`) and the mixed precision of its `train`'s precision policy. Every front
+/// end that compiles a model (`mslc build`, `mslc run FILE.msl`, build scripts) takes its
+/// options from here, so one file compiles to one module, and gives the same numbers, whichever
+/// command compiled it.
+pub fn compile_options(
+    checked: &Checked,
+    model: &Model,
+    target: Option<&str>,
+    fuse: bool,
+    verify: bool,
+) -> Result<CompileOptions, Box<Diagnostic>> {
+    Ok(CompileOptions {
+        target: choose_target(checked, model, target)?,
+        verify,
+        fuse,
+        amp: amp_for(checked, model),
+    })
+}
+
+/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
+fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
+    let train = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name)?;
+    let p = &checked.decls.precisions[train.precision?];
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
+    };
+    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
+    Some(AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32,
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    })
 }
 
 /// The dims the caller's input arrays imply (`shapes` by input name), from the model's symbolic

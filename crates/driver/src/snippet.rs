@@ -56,8 +56,6 @@ pub struct Snippet {
     /// Pieces copied from the original: (original start, original end, start in `text`),
     /// in order.
     pieces: Vec<(usize, usize, usize)>,
-    /// Whether some line was clipped (so columns in `text` differ from the original's).
-    pub clipped: bool,
 }
 
 impl Snippet {
@@ -67,7 +65,6 @@ impl Snippet {
         let mut snippet = Snippet {
             text: String::with_capacity(source.len().min(1 << 20)),
             pieces: Vec::new(),
-            clipped: false,
         };
         let mut start = 0;
         while start < source.len() {
@@ -93,7 +90,6 @@ impl Snippet {
             .map_or(start, |p| floor(source, p));
         let from = first - width_within(source[start..first].chars().rev(), CONTEXT_COLUMNS);
         let to = from + width_within(source[from..end].chars(), MAX_LINE_COLUMNS);
-        self.clipped = true;
         if from > start {
             self.text.push_str(ELLIPSIS);
         }

@@ -1,7 +1,7 @@
 //! `memory` policies: the device-memory budget (MindSpore's `max_device_memory`) and how much
 //! of the forward pass is recomputed in the backward pass to fit it.
 
-use mslc_core::diag::{Diagnostic, FileId};
+use mslc_core::diag::{Code, Diagnostic, FileId};
 use mslc_syntax::ast::{DeclItem, Ident, Span};
 
 use super::fields::{Extra, FieldSpec, Fields};
@@ -56,7 +56,7 @@ pub fn check_memory(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) 
         .and_then(|v| rep.bytes(&v, "31GB"));
     let recompute = fields
         .value("recompute", rep)
-        .and_then(|v| rep.word(&v, "recompute strategy", RECOMPUTES));
+        .and_then(|v| rep.word_coded(&v, "recompute strategy", RECOMPUTES, Code::E0511));
     MemoryPolicy {
         name: decl.name.clone(),
         file,
@@ -102,7 +102,7 @@ mod tests {
         let src = "memory M { max_device_memory = 31, recompute = ful, recomptue = full }";
         let (_, diags) = check(src);
         let codes: Vec<Code> = diags.iter().map(|d| d.code).collect();
-        assert_eq!(codes, vec![Code::E0500, Code::E0502, Code::E0502]);
+        assert_eq!(codes, vec![Code::E0500, Code::E0502, Code::E0511]);
         assert_eq!(diags[0].help.as_deref(), Some("did you mean `recompute`?"));
         assert_eq!(diags[1].primary.span, span_of(src, "31", 0));
         assert_eq!(diags[1].message, "expected a size, found the integer `31`");

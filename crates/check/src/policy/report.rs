@@ -163,6 +163,18 @@ impl<'d> Reporter<'d> {
         what: &str,
         choices: &Choices<T>,
     ) -> Option<T> {
+        self.word_coded(value, what, choices, Code::E0502)
+    }
+
+    /// [`Reporter::word`], reporting a word outside the choices with its own `code` (a field
+    /// whose unknown value has a code of its own, E0511 for a recompute strategy).
+    pub(crate) fn word_coded<T: Copy>(
+        &mut self,
+        value: &Value,
+        what: &str,
+        choices: &Choices<T>,
+        code: Code,
+    ) -> Option<T> {
         let canonical: Vec<&str> = choices.iter().map(|(spellings, _)| spellings[0]).collect();
         let Some(word) = value.word() else {
             let help = format!("{what} is one of {}", suggest::one_of(canonical));
@@ -186,7 +198,11 @@ impl<'d> Reporter<'d> {
                 None => format!("{what} is one of {}", suggest::one_of(canonical)),
             };
             let message = format!("unknown {what} `{}`", word.name);
-            self.invalid(word.span, message, &format!("not a known {what}"), help);
+            let diagnostic = self
+                .error(code, word.span, message)
+                .with_label(format!("not a known {what}"))
+                .with_help(help);
+            self.push(diagnostic);
         }
         found.map(|(_, v)| *v)
     }

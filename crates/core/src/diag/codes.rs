@@ -85,7 +85,8 @@ codes! {
     E0508 => "shard pattern matches no parameter",
     E0509 => "unknown policy or target",
     E0510 => "invalid pipeline configuration",
-    E0600 => "cannot write build outputs",
+    E0511 => "unknown recompute strategy",
+    E0600 => "cannot write output files",
     E0601 => "weights do not match the model",
     E0602 => "cannot read a weights or artifact file",
     E0603 => "the module cannot run",
@@ -95,6 +96,9 @@ codes! {
     E0607 => "output directory is in use by another build",
     E0608 => "internal compiler error",
     E0609 => "invalid command-line arguments",
+    E0610 => "no such target",
+    E0611 => "no entry model",
+    E0612 => "language server connection failed",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
     E0710 => "input dtype that generated bindings cannot take",
@@ -110,6 +114,47 @@ codes! {
     W0010 => "import never used",
     W0011 => "result of an instance dropped",
     W0012 => "block argument never used",
+}
+
+/// What an error with a code says about the run, and so the exit status of `mslc` (README,
+/// "Exit status"): tools tell a mistake in the command line from one in the files it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ExitClass {
+    /// A warning: the command still succeeds (exit 0).
+    Warning,
+    /// An error in the user's program or in the files and inputs it reads (exit 1).
+    Input,
+    /// A misuse of the command line: a bad flag or flag value, or a target, entry model or
+    /// `--set`/`--dim` name that does not exist (exit 2).
+    Usage,
+    /// A bug in mslc (exit 3).
+    Internal,
+}
+
+impl ExitClass {
+    /// The process exit status for this class.
+    pub fn status(self) -> u8 {
+        match self {
+            ExitClass::Warning => 0,
+            ExitClass::Input => 1,
+            ExitClass::Usage => 2,
+            ExitClass::Internal => 3,
+        }
+    }
+}
+
+impl Code {
+    /// The class of this code: every code has exactly one, whatever reports it.
+    pub fn exit_class(self) -> ExitClass {
+        match self {
+            Code::E0401 | Code::E0402 | Code::E0605 | Code::E0609 | Code::E0610 | Code::E0611 => {
+                ExitClass::Usage
+            }
+            Code::E0608 => ExitClass::Internal,
+            c if c.as_str().starts_with('W') => ExitClass::Warning,
+            _ => ExitClass::Input,
+        }
+    }
 }
 
 impl std::fmt::Display for Code {
@@ -164,5 +209,20 @@ mod tests {
                 "docs/codes/{code}.md is too thin"
             );
         }
+    }
+
+    #[test]
+    fn the_codes_readme_lists_every_code_with_its_title() {
+        let readme = include_str!("../../../../docs/codes/README.md");
+        for code in Code::ALL {
+            let row = format!("| [{code}]({code}.md) | {} |", code.title());
+            assert!(readme.contains(&row), "docs/codes/README.md lacks `{row}`");
+        }
+        let rows = readme.lines().filter(|l| l.starts_with("| [")).count();
+        assert_eq!(
+            rows,
+            Code::ALL.len(),
+            "docs/codes/README.md lists unregistered codes"
+        );
     }
 }

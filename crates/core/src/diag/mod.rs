@@ -4,7 +4,7 @@
 pub mod codes;
 pub mod source;
 
-pub use codes::Code;
+pub use codes::{Code, ExitClass};
 pub use source::{FileId, SourceFile, Sources};
 
 use crate::span::Span;
