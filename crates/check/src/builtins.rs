@@ -42,6 +42,10 @@ enum Lower {
     Concat,
     /// `rope(x)` or `rope(q, k)`.
     Rope,
+    /// `split(x, sizes, axis)`: a tuple of `slice`s, torch.split's pieces.
+    Split,
+    /// `chunk(x, n, axis)`: a tuple of `slice`s, torch.chunk's pieces.
+    Chunk,
     /// An initializer.
     Init(&'static str),
 }
@@ -93,6 +97,16 @@ const OTHERS: &[Builtin] = &[
         name: "concat",
         lower: Lower::Concat,
         params: &[("xs", Required), ("axis", Int(0))],
+    },
+    Builtin {
+        name: "split",
+        lower: Lower::Split,
+        params: &[("x", Required), ("sizes", Required), ("axis", Int(0))],
+    },
+    Builtin {
+        name: "chunk",
+        lower: Lower::Chunk,
+        params: &[("x", Required), ("n", Required), ("axis", Int(0))],
     },
     Builtin {
         name: "slice",
@@ -299,6 +313,10 @@ impl Elaborator<'_> {
         span: Span,
     ) -> Option<Value> {
         let builtin = find(name)?;
+        let args = match builtin.lower {
+            Lower::Concat => self.gather_variadic(frame, args)?,
+            _ => args,
+        };
         let Some(bound) = self.bind_builtin_args(frame, &builtin, args, span) else {
             return Some(Value::Error);
         };
@@ -306,6 +324,42 @@ impl Elaborator<'_> {
             return Some(Value::Error);
         }
         Some(self.lower_builtin(frame, &builtin, bound, span))
+    }
+
+    /// `concat(a, b, c, axis: 1)`: positional tensors become the one list `concat([a, b, c])`
+    /// takes. In that form `axis` must be named; a positional non-tensor is reported and `None`
+    /// returned.
+    fn gather_variadic(&mut self, frame: &Frame, args: Vec<ArgValue>) -> Option<Vec<ArgValue>> {
+        let positional = args.iter().take_while(|a| a.name.is_none()).count();
+        let first_is_tensor = matches!(args.first(), Some(a) if a.name.is_none() && matches!(a.value, Value::Tensor(_)));
+        if !first_is_tensor || positional < 2 {
+            return Some(args);
+        }
+        let mut args = args;
+        let rest = args.split_off(positional);
+        if let Some(bad) = args
+            .iter()
+            .find(|a| !matches!(a.value, Value::Tensor(_) | Value::Error))
+        {
+            let d = self
+                .error(
+                    frame,
+                    Code::E0305,
+                    bad.span,
+                    format!("`concat` joins tensors; this argument is {}", bad.value.describe()),
+                )
+                .with_label("not a tensor")
+                .with_help("name the axis when listing tensors: `concat(a, b, axis: 1)`, or pass a list: `concat([a, b], 1)`");
+            self.report(frame, d);
+            return None;
+        }
+        let span = args[0].span.to(args[positional - 1].span);
+        let list = ArgValue {
+            name: None,
+            value: Value::List(args.into_iter().map(|a| a.value).collect()),
+            span,
+        };
+        Some(std::iter::once(list).chain(rest).collect())
     }
 
     fn bind_builtin_args(
@@ -521,6 +575,7 @@ impl Elaborator<'_> {
                     Value::Tuple(results)
                 }
             }
+            Lower::Split | Lower::Chunk => self.lower_split(frame, b, &bound, span),
             Lower::Init(kind) => {
                 let num = |i: usize| bound[i].as_ref().and_then(|(v, _)| v.as_f64());
                 let (Some(a), b2) = (num(0), bound.get(1).and_then(|_| num(1))) else {
@@ -540,6 +595,85 @@ impl Elaborator<'_> {
                 })
             }
         }
+    }
+
+    /// `split(x, sizes, axis)` and `chunk(x, n, axis)` as PyTorch defines them: `sizes` is a list
+    /// that must add up to the axis, or one int, the size of every piece but a shorter last one;
+    /// `chunk` cuts `n` pieces of ceil(size / n), so it may return fewer than `n`. Each piece is a
+    /// `slice`, and the result a tuple, to be destructured with `let (q, k, v) = …`.
+    fn lower_split(&mut self, frame: &mut Frame, b: &Builtin, bound: &Bound, span: Span) -> Value {
+        let (Some((Value::Tensor(x), xs)), Some((how, how_span)), Some((axis_v, axis_span))) =
+            (&bound[0], &bound[1], &bound[2])
+        else {
+            return self.expect_tensor(frame, &bound[0], span);
+        };
+        let shape = self.model.ty(*x).shape.clone();
+        let rank = shape.len() as i64;
+        let Value::Int(axis) = axis_v else {
+            return self.bad_arg(frame, "axis", "an int", axis_v, *axis_span);
+        };
+        if !(-rank..rank).contains(axis) || rank == 0 {
+            return self.fail(
+                frame,
+                Code::E0310,
+                *axis_span,
+                format!("axis {axis} is out of range for a tensor of rank {rank}"),
+                "no such axis",
+            );
+        }
+        let axis = axis.rem_euclid(rank);
+        let size = shape[axis as usize];
+        let sizes = match (b.lower, how) {
+            (Lower::Chunk, Value::Int(n)) if *n > 0 => {
+                let step = (size + n - 1) / n;
+                split_even(size, step.max(1))
+            }
+            (Lower::Split, Value::Int(step)) if *step > 0 => split_even(size, *step),
+            (Lower::Split, Value::List(_)) => match how.as_ints() {
+                Some(list) if list.iter().all(|&s| s >= 0) && list.iter().sum::<i64>() == size => {
+                    list
+                }
+                Some(list) if list.iter().all(|&s| s >= 0) => {
+                    let total: i64 = list.iter().sum();
+                    let d = self
+                        .error(
+                            frame,
+                            Code::E0310,
+                            *how_span,
+                            format!("the sizes add up to {total}, but axis {axis} has {size}"),
+                        )
+                        .with_label(format!("{} pieces", list.len()))
+                        .with_help("the pieces must cover the axis exactly");
+                    self.report(frame, d);
+                    return Value::Error;
+                }
+                _ => return self.bad_arg(frame, "sizes", "a list of sizes ≥ 0", how, *how_span),
+            },
+            (Lower::Chunk, Value::Int(_)) | (Lower::Split, Value::Int(_)) => {
+                return self.fail(
+                    frame,
+                    Code::E0310,
+                    *how_span,
+                    format!("`{}` needs a positive count or size", b.name),
+                    "must be at least 1",
+                )
+            }
+            (Lower::Chunk, other) => return self.bad_arg(frame, "n", "an int", other, *how_span),
+            (_, other) => {
+                return self.bad_arg(frame, "sizes", "an int or a list of ints", other, *how_span)
+            }
+        };
+        let mut start = 0;
+        let mut pieces = Vec::with_capacity(sizes.len());
+        for len in sizes {
+            let attrs = Attrs::new()
+                .with("axis", axis)
+                .with("start", start)
+                .with("end", start + len);
+            pieces.push(self.emit1(frame, Op::Slice, attrs, &[(*x, *xs)], span));
+            start += len;
+        }
+        Value::Tuple(pieces)
     }
 
     /// Attributes from the non-tensor parameters `params[first..]`, bound in `values`.
@@ -594,6 +728,14 @@ impl Elaborator<'_> {
         let (v, s) = slot.clone().unwrap_or((Value::Error, span));
         self.bad_arg(frame, "x", "a tensor", &v, s)
     }
+}
+
+/// Pieces of `step` covering `size`, the last one shorter when `step` does not divide it.
+fn split_even(size: i64, step: i64) -> Vec<i64> {
+    (0..size)
+        .step_by(step as usize)
+        .map(|start| step.min(size - start))
+        .collect()
 }
 
 /// A unary math builtin applied to a plain number is computed now, so `rsqrt(D)` stays a weak

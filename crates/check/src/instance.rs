@@ -5,7 +5,7 @@
 
 use mslc_core::diag::Code;
 use mslc_core::ops::{DType, TensorType};
-use mslc_syntax::ast::{self, Dim, ExprKind, LabelSeg, ParamKind, ParamType, Span};
+use mslc_syntax::ast::{self, Dim, ExprKind, LabelPiece, LabelSeg, ParamKind, ParamType, Span};
 
 use super::eval::{ArgValue, Elaborator, Frame, MAX_INSTANCE_DEPTH, NODE_STEPS};
 use super::modules::ItemRef;
@@ -112,6 +112,19 @@ impl Elaborator<'_> {
                         Some(i) => prefix.push(i.to_string()),
                         None => return Value::Error,
                     },
+                    LabelSeg::Template(pieces) => {
+                        let mut name = String::new();
+                        for piece in pieces {
+                            match piece {
+                                LabelPiece::Text(t) => name.push_str(&t.name),
+                                LabelPiece::Hole(e) => match self.eval_int(frame, e) {
+                                    Some(i) => name.push_str(&i.to_string()),
+                                    None => return Value::Error,
+                                },
+                            }
+                        }
+                        prefix.push(name);
+                    }
                 }
             }
         }
