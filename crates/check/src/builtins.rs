@@ -314,7 +314,10 @@ impl Elaborator<'_> {
     ) -> Option<Value> {
         let builtin = find(name)?;
         let args = match builtin.lower {
-            Lower::Concat => self.gather_variadic(frame, args)?,
+            Lower::Concat => match self.gather_variadic(frame, args) {
+                Some(args) => args,
+                None => return Some(Value::Error),
+            },
             _ => args,
         };
         let Some(bound) = self.bind_builtin_args(frame, &builtin, args, span) else {
