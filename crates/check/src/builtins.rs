@@ -615,7 +615,7 @@ impl Elaborator<'_> {
         let Value::Int(axis) = axis_v else {
             return self.bad_arg(frame, "axis", "an int", axis_v, *axis_span);
         };
-        if !(-rank..rank).contains(axis) || rank == 0 {
+        if !(-rank..rank).contains(axis) {
             return self.fail(
                 frame,
                 Code::E0310,
@@ -624,31 +624,35 @@ impl Elaborator<'_> {
                 "no such axis",
             );
         }
-        let axis = axis.rem_euclid(rank);
+        let (written, axis) = (*axis, axis.rem_euclid(rank));
         let size = shape[axis as usize];
         let sizes = match (b.lower, how) {
             (Lower::Chunk, Value::Int(n)) if *n > 0 => {
-                let step = (size + n - 1) / n;
+                let step = size / n + i64::from(size % n != 0);
                 split_even(size, step.max(1))
             }
             (Lower::Split, Value::Int(step)) if *step > 0 => split_even(size, *step),
             (Lower::Split, Value::List(_)) => match how.as_ints() {
-                Some(list) if list.iter().all(|&s| s >= 0) && list.iter().sum::<i64>() == size => {
-                    list
-                }
                 Some(list) if list.iter().all(|&s| s >= 0) => {
-                    let total: i64 = list.iter().sum();
-                    let d = self
-                        .error(
-                            frame,
-                            Code::E0310,
-                            *how_span,
-                            format!("the sizes add up to {total}, but axis {axis} has {size}"),
-                        )
-                        .with_label(format!("{} pieces", list.len()))
-                        .with_help("the pieces must cover the axis exactly");
-                    self.report(frame, d);
-                    return Value::Error;
+                    let total = list.iter().try_fold(0i64, |t, &s| t.checked_add(s));
+                    if total == Some(size) {
+                        list
+                    } else {
+                        let total = total.map_or("more than 2^63".to_string(), |t| t.to_string());
+                        let d = self
+                            .error(
+                                frame,
+                                Code::E0310,
+                                *how_span,
+                                format!(
+                                    "the sizes add up to {total}, but axis {written} has {size}"
+                                ),
+                            )
+                            .with_label(format!("{} pieces", list.len()))
+                            .with_help("the pieces must cover the axis exactly");
+                        self.report(frame, d);
+                        return Value::Error;
+                    }
                 }
                 _ => return self.bad_arg(frame, "sizes", "a list of sizes ≥ 0", how, *how_span),
             },
@@ -767,4 +771,67 @@ fn signature(b: &Builtin) -> String {
         })
         .collect();
     format!("signature: {}({})", b.name, params.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{check_source, CheckOptions};
+
+    /// The output shapes of a one-model source, which must check clean.
+    fn output_shapes(body: &str) -> Vec<Vec<i64>> {
+        let src = format!("model M {{\n    input x: f32[2, 10]\n{body}\n}}\n");
+        let checked = check_source("m.msl", &src, &CheckOptions::default());
+        assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+        let m = &checked.models[0];
+        m.outputs
+            .iter()
+            .map(|o| m.ty(o.value).shape.clone())
+            .collect()
+    }
+
+    fn codes(body: &str) -> Vec<&'static str> {
+        let src = format!("model M {{\n    input x: f32[2, 10]\n{body}\n    output o = x\n}}\n");
+        let checked = check_source("m.msl", &src, &CheckOptions::default());
+        checked
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn chunk_and_split_cut_as_torch_does() {
+        // torch.chunk(10, 3) -> 4, 4, 2; torch.split(10, 4) -> 4, 4, 2.
+        let chunked =
+            "let (a, b, c) = chunk(x, 3, axis: 1)\noutput a = a\noutput b = b\noutput c = c";
+        assert_eq!(output_shapes(chunked), [[2, 4], [2, 4], [2, 2]]);
+        let split =
+            "let (a, b, c) = split(x, 4, axis: -1)\noutput a = a\noutput b = b\noutput c = c";
+        assert_eq!(output_shapes(split), [[2, 4], [2, 4], [2, 2]]);
+        // torch.chunk may give fewer pieces than asked: 10 in 4 -> 3, 3, 3, 1; 2 rows in 3 -> 2.
+        let rows = "let (a, b) = chunk(x, 3)\noutput a = a\noutput b = b";
+        assert_eq!(output_shapes(rows), [[1, 10], [1, 10]]);
+        let listed = "let (a, b) = split(x, [7, 3], axis: 1)\noutput a = a\noutput b = b";
+        assert_eq!(output_shapes(listed), [[2, 7], [2, 3]]);
+    }
+
+    #[test]
+    fn concat_takes_a_list_or_the_tensors() {
+        let both = "output l = concat([x, x], 1)\noutput v = concat(x, x, x, axis: 1)";
+        assert_eq!(output_shapes(both), [[2, 20], [2, 30]]);
+    }
+
+    #[test]
+    fn cuts_that_do_not_fit_are_e0310() {
+        assert_eq!(codes("let p = split(x, [3, 3], axis: 1)"), ["E0310"]);
+        assert_eq!(codes("let p = chunk(x, 0, axis: 1)"), ["E0310"]);
+        assert_eq!(codes("let p = split(x, 2, axis: 2)"), ["E0310"]);
+        assert_eq!(codes("let p = split(x, [11, -1], axis: 1)"), ["E0305"]);
+        let huge = "let p = split(x, [9223372036854775807, 9223372036854775807], axis: 1)";
+        assert_eq!(codes(huge), ["E0310"]);
+        assert_eq!(
+            codes("let p = chunk(x, 9223372036854775807, axis: 1)").len(),
+            0
+        );
+    }
 }

@@ -702,3 +702,53 @@ pub(super) fn article(word: &str) -> &'static str {
         "a"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{check_source, CheckOptions};
+
+    fn check(body: &str) -> crate::Checked {
+        let src = format!(
+            "import std.nn.LayerNorm\n\nmodel M {{\n    input x: f32[2, 4]\n{body}\n    output o = x\n}}\n"
+        );
+        check_source("m.msl", &src, &CheckOptions::default())
+    }
+
+    fn paths(body: &str) -> Vec<String> {
+        let checked = check(body);
+        assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+        checked.models[0]
+            .params
+            .iter()
+            .map(|p| p.path.clone())
+            .collect()
+    }
+
+    #[test]
+    fn label_templates_splice_ints_into_a_segment() {
+        let body = "for i in 0..2 {\n    x = enc.blk{2 * i}_{i}x.ln: LayerNorm(x)\n}";
+        assert_eq!(
+            paths(body),
+            [
+                "enc.blk0_0x.ln.weight",
+                "enc.blk0_0x.ln.bias",
+                "enc.blk2_1x.ln.weight",
+                "enc.blk2_1x.ln.bias"
+            ]
+        );
+    }
+
+    #[test]
+    fn dotted_params_have_their_path_and_are_used_by_it() {
+        let body = "param encoder.pos_embedding: [1, 4] ~ zeros\nx = x + encoder.pos_embedding";
+        assert_eq!(paths(body), ["encoder.pos_embedding"]);
+        // The same path from an instance is a duplicate.
+        let twice = "param ln.weight: [4] ~ ones\nx = ln: LayerNorm(x)";
+        let codes: Vec<&str> = check(twice)
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str())
+            .collect();
+        assert_eq!(codes, ["E0206"]);
+    }
+}
