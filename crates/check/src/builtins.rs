@@ -335,7 +335,7 @@ impl Elaborator<'_> {
     fn gather_variadic(&mut self, frame: &Frame, args: Vec<ArgValue>) -> Option<Vec<ArgValue>> {
         let positional = args.iter().take_while(|a| a.name.is_none()).count();
         let first_is_tensor = matches!(args.first(), Some(a) if a.name.is_none() && matches!(a.value, Value::Tensor(_)));
-        if !first_is_tensor || positional < 2 {
+        if !first_is_tensor {
             return Some(args);
         }
         let mut args = args;
