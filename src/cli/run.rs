@@ -195,7 +195,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         ),
         _ => e.message.into(),
     })?;
-    load_params(args, &mut exec, embedded)?;
+    let ignored_weights = load_params(args, &mut exec, embedded)?;
     for (input, array) in &arrays {
         exec.set_input(input, array).map_err(|e| e.message)?;
     }
@@ -260,6 +260,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         hoisted_bytes: exec.hoisted_bytes(),
         kernel_table,
         seeded,
+        ignored_weights,
         outputs,
         profile: args.profile.clone(),
     };
@@ -297,6 +298,8 @@ struct RunSummary {
     kernel_table: Option<(PathBuf, String)>,
     /// Inputs not given and seeded, with the id bound used for integer ones.
     seeded: Vec<(String, Option<u64>)>,
+    /// Framework bookkeeping buffers of the weights file left out: name, what they are.
+    ignored_weights: Vec<(String, &'static str)>,
     /// Name, type and file of every written output.
     outputs: Vec<(String, String, PathBuf)>,
     profile: Option<PathBuf>,
@@ -343,6 +346,14 @@ impl RunSummary {
             let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
             s.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
         }
+        for (what, names) in group_ignored(&self.ignored_weights) {
+            let more = if names.len() > 1 { ", …" } else { "" };
+            s.push_str(&format!(
+                "  weights: ignored {} tensor(s) of framework bookkeeping, {what} ({}{more})\n",
+                names.len(),
+                names[0]
+            ));
+        }
         for (name, ty, path) in &self.outputs {
             s.push_str(&format!("  output:  {name} {ty} -> {}\n", path.display()));
         }
@@ -385,18 +396,36 @@ impl RunSummary {
                 serde_json::json!({ "path": path, "applied": applied })
             }),
             "seeded_inputs": seeded,
+            "ignored_weights": self
+                .ignored_weights
+                .iter()
+                .map(|(name, what)| serde_json::json!({ "name": name, "what": what }))
+                .collect::<Vec<_>>(),
             "outputs": outputs,
             "profile": self.profile,
         }})
     }
 }
 
-/// Parameters from `--weights`, `--init-seed`, or the weights embedded in the artifact.
+/// The ignored weights by what they are, in order of first appearance.
+fn group_ignored<'a>(ignored: &'a [(String, &'static str)]) -> Vec<(&'static str, Vec<&'a str>)> {
+    let mut groups: Vec<(&'static str, Vec<&str>)> = Vec::new();
+    for (name, what) in ignored {
+        match groups.iter_mut().find(|(w, _)| w == what) {
+            Some((_, names)) => names.push(name.as_str()),
+            None => groups.push((what, vec![name.as_str()])),
+        }
+    }
+    groups
+}
+
+/// Parameters from `--weights`, `--init-seed`, or the weights embedded in the artifact; the
+/// framework bookkeeping buffers of the weights left out.
 fn load_params(
     args: &RunArgs,
     exec: &mut Executor,
     embedded: Option<&[u8]>,
-) -> Result<(), Failure> {
+) -> Result<Vec<(String, &'static str)>, Failure> {
     if let Some(path) = &args.weights {
         let file = SafetensorsFile::open(path)
             .map_err(|e| unreadable(format!("cannot read weights: {e}")))?;
@@ -406,7 +435,7 @@ fn load_params(
     }
     if let Some(seed) = args.init_seed {
         exec.init_params(seed);
-        return Ok(());
+        return Ok(Vec::new());
     }
     if let Some(blob) = embedded {
         let st = SafetensorsBytes::parse(blob).map_err(|e| {
@@ -424,7 +453,7 @@ fn load_params(
                 .to_string(),
         ));
     }
-    Ok(())
+    Ok(Vec::new())
 }
 
 /// Warns when a module was planned for another target than this CPU (`cpu` is the host

@@ -44,6 +44,8 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
         ("examples/llama2_7b.msl", "Llama2_7B"),
         ("examples/llama2_70b.msl", "Llama2_70B"),
         ("examples/gpt3_175b.msl", "Gpt3_175B"),
+        ("examples/gpt2.msl", "Gpt2"),
+        ("examples/vit_b16.msl", "VitB16"),
     ] {
         let out = build(example, dir.path(), &["--verify"], "2");
         assert!(

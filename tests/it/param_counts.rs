@@ -13,6 +13,8 @@ const EXPECTED: &[(&str, u128)] = &[
     ("examples/bert_base.msl", 109_482_240),
     ("examples/resnet50.msl", 25_557_032),
     ("examples/gpt3_175b.msl", 174_615_846_912),
+    ("examples/gpt2.msl", 124_439_808),
+    ("examples/vit_b16.msl", 86_567_656),
 ];
 
 #[test]
@@ -25,6 +27,32 @@ fn examples_have_the_published_parameter_counts() {
             checked.diagnostics
         );
         assert_eq!(checked.models[0].param_count(), *count, "{file}");
+    }
+}
+
+/// An example's train section takes its sizes from the model's consts, so shrinking the model
+/// with `--set` keeps the whole file valid (bert_base's teacher was once a literal 768).
+#[test]
+fn examples_stay_valid_when_shrunk() {
+    let shrunk: &[(&str, &[(&str, &str)])] = &[
+        (
+            "examples/bert_base.msl",
+            &[("hidden", "128"), ("heads", "2")],
+        ),
+        ("examples/gpt2.msl", &[("hidden", "64"), ("heads", "4")]),
+        ("examples/vit_b16.msl", &[("hidden", "32"), ("heads", "4")]),
+    ];
+    for (file, sets) in shrunk {
+        let mut options = CheckOptions::default();
+        for (k, v) in *sets {
+            options.overrides.sets.insert(k.to_string(), v.to_string());
+        }
+        let checked = check_path(Path::new(file), &options);
+        assert!(
+            checked.diagnostics.is_empty(),
+            "{file} with {sets:?}: {:?}",
+            checked.diagnostics
+        );
     }
 }
 

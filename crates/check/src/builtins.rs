@@ -42,6 +42,10 @@ enum Lower {
     Concat,
     /// `rope(x)` or `rope(q, k)`.
     Rope,
+    /// `split(x, sizes, axis)`: a tuple of `slice`s, torch.split's pieces.
+    Split,
+    /// `chunk(x, n, axis)`: a tuple of `slice`s, torch.chunk's pieces.
+    Chunk,
     /// An initializer.
     Init(&'static str),
 }
@@ -93,6 +97,16 @@ const OTHERS: &[Builtin] = &[
         name: "concat",
         lower: Lower::Concat,
         params: &[("xs", Required), ("axis", Int(0))],
+    },
+    Builtin {
+        name: "split",
+        lower: Lower::Split,
+        params: &[("x", Required), ("sizes", Required), ("axis", Int(0))],
+    },
+    Builtin {
+        name: "chunk",
+        lower: Lower::Chunk,
+        params: &[("x", Required), ("n", Required), ("axis", Int(0))],
     },
     Builtin {
         name: "slice",
@@ -299,6 +313,13 @@ impl Elaborator<'_> {
         span: Span,
     ) -> Option<Value> {
         let builtin = find(name)?;
+        let args = match builtin.lower {
+            Lower::Concat => match self.gather_variadic(frame, args) {
+                Some(args) => args,
+                None => return Some(Value::Error),
+            },
+            _ => args,
+        };
         let Some(bound) = self.bind_builtin_args(frame, &builtin, args, span) else {
             return Some(Value::Error);
         };
@@ -306,6 +327,42 @@ impl Elaborator<'_> {
             return Some(Value::Error);
         }
         Some(self.lower_builtin(frame, &builtin, bound, span))
+    }
+
+    /// `concat(a, b, c, axis: 1)`: positional tensors become the one list `concat([a, b, c])`
+    /// takes. In that form `axis` must be named; a positional non-tensor is reported and `None`
+    /// returned.
+    fn gather_variadic(&mut self, frame: &Frame, args: Vec<ArgValue>) -> Option<Vec<ArgValue>> {
+        let positional = args.iter().take_while(|a| a.name.is_none()).count();
+        let first_is_tensor = matches!(args.first(), Some(a) if a.name.is_none() && matches!(a.value, Value::Tensor(_)));
+        if !first_is_tensor {
+            return Some(args);
+        }
+        let mut args = args;
+        let rest = args.split_off(positional);
+        if let Some(bad) = args
+            .iter()
+            .find(|a| !matches!(a.value, Value::Tensor(_) | Value::Error))
+        {
+            let d = self
+                .error(
+                    frame,
+                    Code::E0305,
+                    bad.span,
+                    format!("`concat` joins tensors; this argument is {}", bad.value.describe()),
+                )
+                .with_label("not a tensor")
+                .with_help("name the axis when listing tensors: `concat(a, b, axis: 1)`, or pass a list: `concat([a, b], 1)`");
+            self.report(frame, d);
+            return None;
+        }
+        let span = args[0].span.to(args[positional - 1].span);
+        let list = ArgValue {
+            name: None,
+            value: Value::List(args.into_iter().map(|a| a.value).collect()),
+            span,
+        };
+        Some(std::iter::once(list).chain(rest).collect())
     }
 
     fn bind_builtin_args(
@@ -521,6 +578,7 @@ impl Elaborator<'_> {
                     Value::Tuple(results)
                 }
             }
+            Lower::Split | Lower::Chunk => self.lower_split(frame, b, &bound, span),
             Lower::Init(kind) => {
                 let num = |i: usize| bound[i].as_ref().and_then(|(v, _)| v.as_f64());
                 let (Some(a), b2) = (num(0), bound.get(1).and_then(|_| num(1))) else {
@@ -540,6 +598,89 @@ impl Elaborator<'_> {
                 })
             }
         }
+    }
+
+    /// `split(x, sizes, axis)` and `chunk(x, n, axis)` as PyTorch defines them: `sizes` is a list
+    /// that must add up to the axis, or one int, the size of every piece but a shorter last one;
+    /// `chunk` cuts `n` pieces of ceil(size / n), so it may return fewer than `n`. Each piece is a
+    /// `slice`, and the result a tuple, to be destructured with `let (q, k, v) = …`.
+    fn lower_split(&mut self, frame: &mut Frame, b: &Builtin, bound: &Bound, span: Span) -> Value {
+        let (Some((Value::Tensor(x), xs)), Some((how, how_span)), Some((axis_v, axis_span))) =
+            (&bound[0], &bound[1], &bound[2])
+        else {
+            return self.expect_tensor(frame, &bound[0], span);
+        };
+        let shape = self.model.ty(*x).shape.clone();
+        let rank = shape.len() as i64;
+        let Value::Int(axis) = axis_v else {
+            return self.bad_arg(frame, "axis", "an int", axis_v, *axis_span);
+        };
+        if !(-rank..rank).contains(axis) {
+            return self.fail(
+                frame,
+                Code::E0310,
+                *axis_span,
+                format!("axis {axis} is out of range for a tensor of rank {rank}"),
+                "no such axis",
+            );
+        }
+        let (written, axis) = (*axis, axis.rem_euclid(rank));
+        let size = shape[axis as usize];
+        let sizes = match (b.lower, how) {
+            (Lower::Chunk, Value::Int(n)) if *n > 0 => {
+                let step = size / n + i64::from(size % n != 0);
+                split_even(size, step.max(1))
+            }
+            (Lower::Split, Value::Int(step)) if *step > 0 => split_even(size, *step),
+            (Lower::Split, Value::List(_)) => match how.as_ints() {
+                Some(list) if list.iter().all(|&s| s >= 0) => {
+                    let total = list.iter().try_fold(0i64, |t, &s| t.checked_add(s));
+                    if total == Some(size) {
+                        list
+                    } else {
+                        let total = total.map_or("more than 2^63".to_string(), |t| t.to_string());
+                        let d = self
+                            .error(
+                                frame,
+                                Code::E0310,
+                                *how_span,
+                                format!(
+                                    "the sizes add up to {total}, but axis {written} has {size}"
+                                ),
+                            )
+                            .with_label(format!("{} pieces", list.len()))
+                            .with_help("the pieces must cover the axis exactly");
+                        self.report(frame, d);
+                        return Value::Error;
+                    }
+                }
+                _ => return self.bad_arg(frame, "sizes", "a list of sizes ≥ 0", how, *how_span),
+            },
+            (Lower::Chunk, Value::Int(_)) | (Lower::Split, Value::Int(_)) => {
+                return self.fail(
+                    frame,
+                    Code::E0310,
+                    *how_span,
+                    format!("`{}` needs a positive count or size", b.name),
+                    "must be at least 1",
+                )
+            }
+            (Lower::Chunk, other) => return self.bad_arg(frame, "n", "an int", other, *how_span),
+            (_, other) => {
+                return self.bad_arg(frame, "sizes", "an int or a list of ints", other, *how_span)
+            }
+        };
+        let mut start = 0;
+        let mut pieces = Vec::with_capacity(sizes.len());
+        for len in sizes {
+            let attrs = Attrs::new()
+                .with("axis", axis)
+                .with("start", start)
+                .with("end", start + len);
+            pieces.push(self.emit1(frame, Op::Slice, attrs, &[(*x, *xs)], span));
+            start += len;
+        }
+        Value::Tuple(pieces)
     }
 
     /// Attributes from the non-tensor parameters `params[first..]`, bound in `values`.
@@ -596,6 +737,14 @@ impl Elaborator<'_> {
     }
 }
 
+/// Pieces of `step` covering `size`, the last one shorter when `step` does not divide it.
+fn split_even(size: i64, step: i64) -> Vec<i64> {
+    (0..size)
+        .step_by(step as usize)
+        .map(|start| step.min(size - start))
+        .collect()
+}
+
 /// A unary math builtin applied to a plain number is computed now, so `rsqrt(D)` stays a weak
 /// scalar instead of becoming an f32 tensor.
 fn fold_scalar(op: Op, x: f64) -> Option<f64> {
@@ -622,4 +771,67 @@ fn signature(b: &Builtin) -> String {
         })
         .collect();
     format!("signature: {}({})", b.name, params.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{check_source, CheckOptions};
+
+    /// The output shapes of a one-model source, which must check clean.
+    fn output_shapes(body: &str) -> Vec<Vec<i64>> {
+        let src = format!("model M {{\n    input x: f32[2, 10]\n{body}\n}}\n");
+        let checked = check_source("m.msl", &src, &CheckOptions::default());
+        assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+        let m = &checked.models[0];
+        m.outputs
+            .iter()
+            .map(|o| m.ty(o.value).shape.clone())
+            .collect()
+    }
+
+    fn codes(body: &str) -> Vec<&'static str> {
+        let src = format!("model M {{\n    input x: f32[2, 10]\n{body}\n    output o = x\n}}\n");
+        let checked = check_source("m.msl", &src, &CheckOptions::default());
+        checked
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn chunk_and_split_cut_as_torch_does() {
+        // torch.chunk(10, 3) -> 4, 4, 2; torch.split(10, 4) -> 4, 4, 2.
+        let chunked =
+            "let (a, b, c) = chunk(x, 3, axis: 1)\noutput a = a\noutput b = b\noutput c = c";
+        assert_eq!(output_shapes(chunked), [[2, 4], [2, 4], [2, 2]]);
+        let split =
+            "let (a, b, c) = split(x, 4, axis: -1)\noutput a = a\noutput b = b\noutput c = c";
+        assert_eq!(output_shapes(split), [[2, 4], [2, 4], [2, 2]]);
+        // torch.chunk may give fewer pieces than asked: 10 in 4 -> 3, 3, 3, 1; 2 rows in 3 -> 2.
+        let rows = "let (a, b) = chunk(x, 3)\noutput a = a\noutput b = b";
+        assert_eq!(output_shapes(rows), [[1, 10], [1, 10]]);
+        let listed = "let (a, b) = split(x, [7, 3], axis: 1)\noutput a = a\noutput b = b";
+        assert_eq!(output_shapes(listed), [[2, 7], [2, 3]]);
+    }
+
+    #[test]
+    fn concat_takes_a_list_or_the_tensors() {
+        let both = "output l = concat([x, x], 1)\noutput v = concat(x, x, x, axis: 1)";
+        assert_eq!(output_shapes(both), [[2, 20], [2, 30]]);
+    }
+
+    #[test]
+    fn cuts_that_do_not_fit_are_e0310() {
+        assert_eq!(codes("let p = split(x, [3, 3], axis: 1)"), ["E0310"]);
+        assert_eq!(codes("let p = chunk(x, 0, axis: 1)"), ["E0310"]);
+        assert_eq!(codes("let p = split(x, 2, axis: 2)"), ["E0310"]);
+        assert_eq!(codes("let p = split(x, [11, -1], axis: 1)"), ["E0305"]);
+        let huge = "let p = split(x, [9223372036854775807, 9223372036854775807], axis: 1)";
+        assert_eq!(codes(huge), ["E0310"]);
+        assert_eq!(
+            codes("let p = chunk(x, 9223372036854775807, axis: 1)").len(),
+            0
+        );
+    }
 }

@@ -5,7 +5,7 @@
 
 use mslc_core::diag::Code;
 use mslc_core::ops::{DType, TensorType};
-use mslc_syntax::ast::{self, Dim, ExprKind, LabelSeg, ParamKind, ParamType, Span};
+use mslc_syntax::ast::{self, Dim, ExprKind, LabelPiece, LabelSeg, ParamKind, ParamType, Span};
 
 use super::eval::{ArgValue, Elaborator, Frame, MAX_INSTANCE_DEPTH, NODE_STEPS};
 use super::modules::ItemRef;
@@ -112,6 +112,19 @@ impl Elaborator<'_> {
                         Some(i) => prefix.push(i.to_string()),
                         None => return Value::Error,
                     },
+                    LabelSeg::Template(pieces) => {
+                        let mut name = String::new();
+                        for piece in pieces {
+                            match piece {
+                                LabelPiece::Text(t) => name.push_str(&t.name),
+                                LabelPiece::Hole(e) => match self.eval_int(frame, e) {
+                                    Some(i) => name.push_str(&i.to_string()),
+                                    None => return Value::Error,
+                                },
+                            }
+                        }
+                        prefix.push(name);
+                    }
                 }
             }
         }
@@ -687,5 +700,55 @@ pub(super) fn article(word: &str) -> &'static str {
         "an"
     } else {
         "a"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{check_source, CheckOptions};
+
+    fn check(body: &str) -> crate::Checked {
+        let src = format!(
+            "import std.nn.LayerNorm\n\nmodel M {{\n    input x: f32[2, 4]\n{body}\n    output o = x\n}}\n"
+        );
+        check_source("m.msl", &src, &CheckOptions::default())
+    }
+
+    fn paths(body: &str) -> Vec<String> {
+        let checked = check(body);
+        assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+        checked.models[0]
+            .params
+            .iter()
+            .map(|p| p.path.clone())
+            .collect()
+    }
+
+    #[test]
+    fn label_templates_splice_ints_into_a_segment() {
+        let body = "for i in 0..2 {\n    x = enc.blk{2 * i}_{i}x.ln: LayerNorm(x)\n}";
+        assert_eq!(
+            paths(body),
+            [
+                "enc.blk0_0x.ln.weight",
+                "enc.blk0_0x.ln.bias",
+                "enc.blk2_1x.ln.weight",
+                "enc.blk2_1x.ln.bias"
+            ]
+        );
+    }
+
+    #[test]
+    fn dotted_params_have_their_path_and_are_used_by_it() {
+        let body = "param encoder.pos_embedding: [1, 4] ~ zeros\nx = x + encoder.pos_embedding";
+        assert_eq!(paths(body), ["encoder.pos_embedding"]);
+        // The same path from an instance is a duplicate.
+        let twice = "param ln.weight: [4] ~ ones\nx = ln: LayerNorm(x)";
+        let codes: Vec<&str> = check(twice)
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str())
+            .collect();
+        assert_eq!(codes, ["E0206"]);
     }
 }

@@ -243,11 +243,12 @@ impl Executor {
     }
 
     /// Loads every parameter from `tensors` (e.g. a safetensors file), matched by path. Any
-    /// missing, extra or mismatched tensor fails the whole load, all of them named at once.
+    /// missing, extra or mismatched tensor fails the whole load, all of them named at once;
+    /// framework bookkeeping buffers are skipped and returned (name, what it is).
     pub fn load_weights<'a>(
         &mut self,
         tensors: impl IntoIterator<Item = StTensor<'a>>,
-    ) -> ExecResult<()> {
+    ) -> ExecResult<Vec<(String, &'static str)>> {
         let params: Vec<(&str, &mslc_core::ops::TensorType)> = self
             .module
             .values
@@ -263,7 +264,7 @@ impl Executor {
                 format!("the weights do not fit the model:\n{m}"),
             )
         })?;
-        for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found).zip(&params) {
+        for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found.tensors).zip(&params) {
             let dtype = weights::dtype_of(t.dtype);
             if dtype == ty.dtype {
                 buf.bytes_mut().copy_from_slice(t.data);
@@ -275,7 +276,7 @@ impl Executor {
         }
         self.params_ready = true;
         self.hoisted_ready = false;
-        Ok(())
+        Ok(found.ignored)
     }
 
     /// Initialises every parameter from its declared `init`, deterministically from `seed`.

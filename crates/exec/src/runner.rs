@@ -64,8 +64,9 @@ impl Runner {
         Ok(Runner { exec })
     }
 
-    /// Loads every parameter from the safetensors file at `path`, matched by path.
-    pub fn load_weights(&mut self, path: &Path) -> ExecResult<()> {
+    /// Loads every parameter from the safetensors file at `path`, matched by path; returns the
+    /// framework bookkeeping buffers it skipped (name, what it is).
+    pub fn load_weights(&mut self, path: &Path) -> ExecResult<Vec<(String, &'static str)>> {
         let file = SafetensorsFile::open(path).map_err(|e| {
             ExecError::new(
                 ExecErrorKind::Weights,

@@ -382,6 +382,15 @@ impl FileIndex {
                             self.expr(i, body);
                             "*".to_string()
                         }
+                        // `encoder_layer_{i}` matches any one segment, as `[i]` does.
+                        LabelSeg::Template(pieces) => {
+                            for piece in pieces {
+                                if let ast::LabelPiece::Hole(h) = piece {
+                                    self.expr(h, body);
+                                }
+                            }
+                            "*".to_string()
+                        }
                     })
                     .collect();
                 self.instances.push(Instance {

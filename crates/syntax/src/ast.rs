@@ -311,7 +311,8 @@ pub enum Stmt {
         value: Expr,
         span: Span,
     },
-    /// `param w: [o, i] ~ init` / `buffer …`
+    /// `param w: [o, i] ~ init` / `buffer …`; the name may be dotted (`encoder.pos_embedding`)
+    /// to give a parameter a path below the current label without a block around it.
     Param {
         kind: ParamKind,
         name: Ident,
@@ -443,6 +444,17 @@ pub enum LabelSeg {
     Name(Ident),
     /// `[i]`
     Index(Expr),
+    /// `.encoder_layer_{i}`: text with compile-time ints spliced in, one segment.
+    Template(Vec<LabelPiece>),
+}
+
+/// A piece of a [`LabelSeg::Template`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum LabelPiece {
+    /// Literal text, `encoder_layer_`.
+    Text(Ident),
+    /// `{i}`: an int expression, written in decimal.
+    Hole(Expr),
 }
 
 /// `@shard(...)`, `@recompute`, `@f32`

@@ -159,7 +159,7 @@ fn one_of(names: &[&str]) -> String {
 fn rule_name(rule: Rule) -> Option<&'static str> {
     Some(match rule {
         Rule::EOI => "end of file",
-        Rule::ident => "a name",
+        Rule::ident | Rule::param_path | Rule::label_name => "a name",
         Rule::block_name => "a block name",
         Rule::expr | Rule::list_elem => "an expression",
         Rule::int_lit | Rule::float_lit | Rule::number => "a number",
@@ -303,6 +303,22 @@ impl Builder {
         Ident {
             name: pair.as_str().to_string(),
             span: span_of(&pair),
+        }
+    }
+
+    /// A label segment: a plain name, or a template when it has `{…}` holes.
+    fn label_name(&self, pair: Pair<'_, Rule>) -> LabelSeg {
+        let pieces: Vec<LabelPiece> = inner(pair)
+            .map(|p| match p.as_rule() {
+                Rule::label_hole => {
+                    LabelPiece::Hole(self.expr(inner(p).next().expect("grammar: hole")))
+                }
+                _ => LabelPiece::Text(self.ident(p)),
+            })
+            .collect();
+        match pieces.as_slice() {
+            [LabelPiece::Text(name)] => LabelSeg::Name(name.clone()),
+            _ => LabelSeg::Template(pieces),
         }
     }
 
@@ -839,9 +855,9 @@ impl Builder {
                 let label_span = span_of(&label_pair);
                 let label = inner(label_pair)
                     .map(|seg| match seg.as_rule() {
-                        Rule::ident => LabelSeg::Name(self.ident(seg)),
+                        Rule::label_name => self.label_name(seg),
                         Rule::label_field => {
-                            LabelSeg::Name(self.ident(inner(seg).next().expect("grammar: label")))
+                            self.label_name(inner(seg).next().expect("grammar: label"))
                         }
                         _ => LabelSeg::Index(self.expr(inner(seg).next().expect("grammar: index"))),
                     })

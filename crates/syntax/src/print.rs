@@ -740,6 +740,21 @@ impl<'a> Printer<'a> {
                             self.expr(e, 0);
                             self.out.push(']');
                         }
+                        LabelSeg::Template(pieces) => {
+                            if i > 0 {
+                                self.out.push('.');
+                            }
+                            for piece in pieces {
+                                match piece {
+                                    LabelPiece::Text(t) => self.out.push_str(&t.name),
+                                    LabelPiece::Hole(e) => {
+                                        self.out.push('{');
+                                        self.expr(e, 0);
+                                        self.out.push('}');
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
                 let _ = write!(self.out, ": {}", block.name);

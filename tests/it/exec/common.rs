@@ -9,6 +9,7 @@ use mslc_core::ops::{infer, Attrs, DType, Op, TensorType};
 use mslc_driver::compile::{compile, CompileOptions};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::{NpyArray, NpyDType};
+use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 use mslc_ir::passes::AmpConfig;
 use mslc_kernels::binding::choose_kernel;
 use mslc_plan::target::Target;
@@ -35,9 +36,27 @@ pub fn compile_with(
     fuse: bool,
     amp: Option<AmpConfig>,
 ) -> Module {
+    compile_overridden(file, sets, &[], fuse, amp)
+}
+
+/// [`compile_file`] with `--set` and `--dim` overrides, fused.
+pub fn compile_sized(file: &str, sets: &[(&str, &str)], dims: &[(&str, &str)]) -> Module {
+    compile_overridden(file, sets, dims, true, None)
+}
+
+fn compile_overridden(
+    file: &str,
+    sets: &[(&str, &str)],
+    dims: &[(&str, &str)],
+    fuse: bool,
+    amp: Option<AmpConfig>,
+) -> Module {
     let mut options = CheckOptions::default();
     for (k, v) in sets {
         options.overrides.sets.insert(k.to_string(), v.to_string());
+    }
+    for (k, v) in dims {
+        options.overrides.dims.insert(k.to_string(), v.to_string());
     }
     let checked = check_path(&root().join(file), &options);
     assert!(!checked.has_errors(), "{file}: {:?}", checked.diagnostics);
@@ -50,6 +69,74 @@ pub fn compile_with(
     compile(&checked.models[0], &options)
         .expect("compiles")
         .module
+}
+
+/// Random HF-style weights for `module`'s parameters: norm scales near 1, projections ~U(±0.1),
+/// embeddings (HF's `embed*`, GPT-2's `wte`/`wpe`, ViT's positions) ~U(±1).
+pub fn random_weights(module: &Module, seed: u64) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let mut rng = Rng(seed);
+    module
+        .params()
+        .map(|(path, v)| {
+            let shape: Vec<usize> = module.values[v as usize]
+                .ty
+                .shape
+                .iter()
+                .map(|&d| d as usize)
+                .collect();
+            let n = shape.iter().product();
+            let values = if is_norm_scale(path) {
+                rng.vec(n, 0.8, 1.2)
+            } else if path.contains("embed") || path.starts_with("wte.") || path.starts_with("wpe.")
+            {
+                rng.vec(n, -1.0, 1.0)
+            } else {
+                rng.vec(n, -0.1, 0.1)
+            };
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (path.to_string(), shape, bytes)
+        })
+        .collect()
+}
+
+pub fn write_weights(path: &std::path::Path, weights: &[(String, Vec<usize>, Vec<u8>)]) {
+    let refs: Vec<TensorRef<'_>> = weights
+        .iter()
+        .map(|(name, shape, data)| TensorRef {
+            name,
+            dtype: StDType::F32,
+            shape,
+            data,
+        })
+        .collect();
+    write_safetensors(path, &refs).expect("weights written");
+}
+
+/// A norm's learned scale: `…norm.weight` (LLaMA, BERT) or `…ln_1.weight`, `ln_f.weight`
+/// (GPT-2, torchvision ViT).
+fn is_norm_scale(path: &str) -> bool {
+    let owner = path.strip_suffix(".weight").unwrap_or("");
+    let last = owner.rsplit('.').next().unwrap_or("");
+    last.ends_with("norm") || last.starts_with("ln")
+}
+
+/// `got` agrees with a float64 reference `want` of the same shape to 1e-5 of the reference's
+/// largest magnitude, which must not be degenerate (≥ 0.1). That is tight enough to tell GPT-2's
+/// tanh-approximated GeLU from the exact one at these weights' scale.
+pub fn assert_matches_reference(got: &NpyArray, want: &NpyArray, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    let (got, want) = (got.to_f32().unwrap(), want.to_f32().unwrap());
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    eprintln!("{what}: max error {worst:.3e}, output scale {scale:.3}");
+    assert!(scale > 0.1, "{what}: degenerate outputs (max {scale})");
+    assert!(
+        worst <= 1e-5 * scale,
+        "{what}: max error {worst} vs scale {scale}"
+    );
 }
 
 /// A module of one `op` step over inputs `x0, x1, ...` of the given types, output `y`.

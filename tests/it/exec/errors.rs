@@ -1,10 +1,11 @@
 //! Bad inputs to the executor and `mslc run`: every one a clear error (exit 1), never a panic;
-//! non-finite outputs a warning.
+//! non-finite outputs a warning; a checkpoint's framework bookkeeping buffers a note.
 
 use mslc_artifact::{encode, Module, Step, Storage, ValueInfo};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{write_npy, NpyArray};
+use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 use mslc_kernels::binding::choose_kernel;
 
 use super::common::{compile_file, mslc, s, TestDir};
@@ -144,6 +145,73 @@ fn bad_weights_are_reported_together() {
         err.contains("not parameters of the model: not.a.param"),
         "{err}"
     );
+}
+
+/// A torchvision-style checkpoint of a conv + BatchNorm model, with BatchNorm's
+/// `num_batches_tracked` counter and, when given, one more tensor.
+fn batchnorm_checkpoint(dir: &TestDir, extra: Option<&str>) -> (String, String) {
+    let model = dir.path("bn.msl");
+    std::fs::write(
+        &model,
+        "import std.nn.{Conv2d, BatchNorm2d}\n\nmodel Bn {\n    dims B = 1\n    input x: [B, 2, 4, 4]\n    output y = bn1: BatchNorm2d(conv1: Conv2d(x, 3, kernel: 1))\n}\n",
+    )
+    .unwrap();
+    let ones = 1f32.to_le_bytes().repeat(6);
+    let count = 7i64.to_le_bytes();
+    let f32s = |name, shape: &'static [usize]| TensorRef {
+        name,
+        dtype: StDType::F32,
+        shape,
+        data: &ones[..4 * shape.iter().product::<usize>()],
+    };
+    let mut tensors = vec![
+        f32s("conv1.weight", &[3, 2, 1, 1]),
+        f32s("bn1.weight", &[3]),
+        f32s("bn1.bias", &[3]),
+        f32s("bn1.running_mean", &[3]),
+        f32s("bn1.running_var", &[3]),
+        TensorRef {
+            name: "bn1.num_batches_tracked",
+            dtype: StDType::I64,
+            shape: &[],
+            data: &count,
+        },
+    ];
+    if let Some(name) = extra {
+        tensors.push(f32s(name, &[3]));
+    }
+    let weights = dir.path("bn.safetensors");
+    write_safetensors(&weights, &tensors).unwrap();
+    (s(&model).to_string(), s(&weights).to_string())
+}
+
+#[test]
+fn bookkeeping_buffers_load_with_a_note_and_unknown_extras_stay_errors() {
+    let dir = TestDir::new("errors-bookkeeping");
+    let (model, weights) = batchnorm_checkpoint(&dir, None);
+    let x = dir.path("x.npy");
+    write_npy(
+        &x,
+        &NpyArray::from_f32(vec![1, 2, 4, 4], &[0.5; 32]).unwrap(),
+    )
+    .unwrap();
+    let input = format!("x={}", s(&x));
+    let (code, out, err) = mslc(&["run", &model, "--weights", &weights, "--input", &input]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("weights: ignored 1 tensor(s) of framework bookkeeping, torch BatchNorm's count of training batches (bn1.num_batches_tracked)"),
+        "{out}"
+    );
+    let (model, weights) = batchnorm_checkpoint(&dir, Some("bn1.momentum"));
+    let (code, _, err) = mslc(&["run", &model, "--weights", &weights, "--input", &input]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("E0601"), "{err}");
+    assert!(
+        err.contains("not parameters of the model: bn1.momentum\n")
+            || err.ends_with("not parameters of the model: bn1.momentum"),
+        "{err}"
+    );
+    assert!(!err.contains("num_batches_tracked"), "{err}");
 }
 
 #[test]

@@ -5,3 +5,4 @@ mod errors;
 mod kernel_table;
 mod models;
 mod ops;
+mod reference;

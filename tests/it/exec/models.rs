@@ -4,7 +4,6 @@
 use mslc_artifact::Module;
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::{read_npy, write_npy, NpyArray};
-use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 
 use mslc_artifact::Storage;
 use mslc_check::policy::AmpLevel;
@@ -12,48 +11,9 @@ use mslc_core::ops::{DType, Op};
 use mslc_ir::passes::AmpConfig;
 
 use super::common::{
-    assert_close, compile_file, compile_with, have_numpy, mslc, root, s, Rng, TestDir,
+    assert_close, assert_matches_reference, compile_file, compile_with, have_numpy, mslc,
+    random_weights, root, s, write_weights, Rng, TestDir,
 };
-
-/// Random HF-style weights for `module`'s parameters: norms near 1, projections ~U(±0.1),
-/// embeddings ~U(±1).
-fn random_weights(module: &Module, seed: u64) -> Vec<(String, Vec<usize>, Vec<u8>)> {
-    let mut rng = Rng(seed);
-    module
-        .params()
-        .map(|(path, v)| {
-            let shape: Vec<usize> = module.values[v as usize]
-                .ty
-                .shape
-                .iter()
-                .map(|&d| d as usize)
-                .collect();
-            let n = shape.iter().product();
-            let values = if path.ends_with("norm.weight") {
-                rng.vec(n, 0.8, 1.2)
-            } else if path.contains("embed") {
-                rng.vec(n, -1.0, 1.0)
-            } else {
-                rng.vec(n, -0.1, 0.1)
-            };
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (path.to_string(), shape, bytes)
-        })
-        .collect()
-}
-
-fn write_weights(path: &std::path::Path, weights: &[(String, Vec<usize>, Vec<u8>)]) {
-    let refs: Vec<TensorRef<'_>> = weights
-        .iter()
-        .map(|(name, shape, data)| TensorRef {
-            name,
-            dtype: StDType::F32,
-            shape,
-            data,
-        })
-        .collect();
-    write_safetensors(path, &refs).expect("weights written");
-}
 
 #[test]
 fn tiny_llama_matches_numpy_hf_llama() {
@@ -119,21 +79,11 @@ fn tiny_llama_matches_numpy_hf_llama() {
         .expect("python3 runs");
     assert!(status.success(), "the reference script failed");
     let got = read_npy(dir.path("logits.npy")).unwrap();
-    let want = read_npy(dir.path("ref.npy")).unwrap();
     assert_eq!(got.shape(), &[1, 32, 1000]);
-    assert_eq!(got.shape(), want.shape());
-    let (got, want) = (got.to_f32().unwrap(), want.to_f32().unwrap());
-    // Relative to the logits' scale: max |got − want| ≤ 1e-4 · max |want|.
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let worst = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    eprintln!("tiny_llama vs HF LLaMA in NumPy: max error {worst:.3e}, logits scale {scale:.3}");
-    assert!(scale > 0.1, "degenerate logits (max {scale})");
-    assert!(
-        worst <= 1e-4 * scale,
-        "max error {worst} vs logits scale {scale}"
+    assert_matches_reference(
+        &got,
+        &read_npy(dir.path("ref.npy")).unwrap(),
+        "tiny_llama vs HF LLaMA in NumPy",
     );
 }
 

@@ -69,6 +69,7 @@ codes! {
     E0307 => "unknown dtype",
     E0308 => "arithmetic overflow or division by zero",
     E0309 => "invalid dimension size",
+    E0310 => "split does not fit the axis",
     E0400 => "model has no output",
     E0401 => "unknown override",
     E0402 => "invalid override value",
