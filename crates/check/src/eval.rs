@@ -495,7 +495,7 @@ impl<'a> Elaborator<'a> {
                 self.instance(frame, Some((label, *label_span)), block, args, e.span)
             }
             ExprKind::Field { base, name } => {
-                if let Some(b) = dotted_name(e).and_then(|path| frame.lookup(&path)) {
+                if let Some(b) = e.dotted_name().and_then(|path| frame.lookup(&path)) {
                     return b.value.clone();
                 }
                 let v = self.eval(frame, base);
@@ -1269,16 +1269,6 @@ pub fn attr_of(v: &Value) -> Option<AttrValue> {
         Value::DType(d) => Some(AttrValue::DType(*d)),
         Value::Str(s) => Some(AttrValue::Str(s.clone())),
         Value::List(_) | Value::Tuple(_) => v.as_ints().map(AttrValue::Ints),
-        _ => None,
-    }
-}
-
-/// `encoder.pos_embedding` written as names joined by fields: the name a dotted `param`
-/// declaration binds.
-fn dotted_name(e: &Expr) -> Option<String> {
-    match &e.kind {
-        ExprKind::Name(n) => Some(n.clone()),
-        ExprKind::Field { base, name } => Some(format!("{}.{}", dotted_name(base)?, name.name)),
         _ => None,
     }
 }

@@ -13,11 +13,11 @@ use std::collections::{HashMap, HashSet};
 
 use mslc_core::diag::{Code, Diagnostic, FileId};
 use mslc_syntax::ast::{
-    self, BinOp, Dim, Expr, ExprKind, Field, Ident, Item, LabelSeg, ParamKind, ParamType, RetType,
-    Span, Stmt, TensorType,
+    self, BinOp, Dim, Expr, ExprKind, Field, Ident, Item, LabelPiece, LabelSeg, ParamKind,
+    ParamType, RetType, Span, Stmt, TensorType,
 };
 
-use mslc_syntax::print::print_expr;
+use mslc_syntax::print::print_label;
 
 use super::modules::{ModuleKey, Modules};
 
@@ -361,7 +361,13 @@ impl Linter {
             }
             ExprKind::Record(fields) => fields.iter().for_each(|(_, v)| self.expr(v)),
             ExprKind::Paren(inner) | ExprKind::Unary { expr: inner, .. } => self.expr(inner),
-            ExprKind::Field { base, .. } => self.expr(base),
+            ExprKind::Field { base, .. } => {
+                // A dotted `param encoder.pos_embedding` is read by its whole path.
+                match e.dotted_name().filter(|path| self.lookup(path).is_some()) {
+                    Some(path) => self.read(&path),
+                    None => self.expr(base),
+                }
+            }
             ExprKind::Binary { lhs, rhs, .. } => {
                 self.expr(lhs);
                 self.expr(rhs);
@@ -374,8 +380,16 @@ impl Linter {
                 label, block, args, ..
             } => {
                 for seg in label {
-                    if let LabelSeg::Index(i) = seg {
-                        self.expr(i);
+                    match seg {
+                        LabelSeg::Name(_) => {}
+                        LabelSeg::Index(i) => self.expr(i),
+                        LabelSeg::Template(pieces) => {
+                            for piece in pieces {
+                                if let LabelPiece::Hole(e) = piece {
+                                    self.expr(e);
+                                }
+                            }
+                        }
                     }
                 }
                 self.top_uses.insert(block.name.clone());
@@ -452,14 +466,7 @@ impl Linter {
 fn instance(e: &Expr) -> Option<String> {
     match &e.kind {
         ExprKind::Instance { label, block, .. } => {
-            let mut written = String::new();
-            for (i, seg) in label.iter().enumerate() {
-                match seg {
-                    LabelSeg::Name(n) if i == 0 => written.push_str(&n.name),
-                    LabelSeg::Name(n) => written.push_str(&format!(".{}", n.name)),
-                    LabelSeg::Index(e) => written.push_str(&format!("[{}]", print_expr(e))),
-                }
-            }
+            let written = print_label(label);
             Some(format!("{written}: {}(…)", block.name))
         }
         ExprKind::Paren(inner) | ExprKind::Annotated { expr: inner, .. } => instance(inner),

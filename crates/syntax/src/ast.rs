@@ -349,6 +349,20 @@ pub struct Expr {
     pub span: Span,
 }
 
+impl Expr {
+    /// `encoder.pos_embedding` written as names joined by fields: the name a dotted `param`
+    /// declaration binds, which a use must match whole.
+    pub fn dotted_name(&self) -> Option<String> {
+        match &self.kind {
+            ExprKind::Name(n) => Some(n.clone()),
+            ExprKind::Field { base, name } => {
+                Some(format!("{}.{}", base.dotted_name()?, name.name))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Binary operators, lowest precedence first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinOp {

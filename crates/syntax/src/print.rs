@@ -25,6 +25,13 @@ pub fn print_expr(expr: &Expr) -> String {
     p.out
 }
 
+/// An instance label as written, for messages that name an instance.
+pub fn print_label(label: &[LabelSeg]) -> String {
+    let mut p = Printer::new("", &[], &[], None);
+    p.label(label);
+    p.out
+}
+
 /// Prints `file`, parsed from `source`, keeping the comments whose spans are `comments` (sorted,
 /// as [`crate::trivia::comments`] returns them) and the single blank lines between elements.
 ///
@@ -727,36 +734,7 @@ impl<'a> Printer<'a> {
             ExprKind::Instance {
                 label, block, args, ..
             } => {
-                for (i, seg) in label.iter().enumerate() {
-                    match seg {
-                        LabelSeg::Name(n) => {
-                            if i > 0 {
-                                self.out.push('.');
-                            }
-                            self.out.push_str(&n.name);
-                        }
-                        LabelSeg::Index(e) => {
-                            self.out.push('[');
-                            self.expr(e, 0);
-                            self.out.push(']');
-                        }
-                        LabelSeg::Template(pieces) => {
-                            if i > 0 {
-                                self.out.push('.');
-                            }
-                            for piece in pieces {
-                                match piece {
-                                    LabelPiece::Text(t) => self.out.push_str(&t.name),
-                                    LabelPiece::Hole(e) => {
-                                        self.out.push('{');
-                                        self.expr(e, 0);
-                                        self.out.push('}');
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                self.label(label);
                 let _ = write!(self.out, ": {}", block.name);
                 self.args(args);
             }
@@ -829,6 +807,40 @@ impl<'a> Printer<'a> {
         let _ = write!(self.out, " @{}", annotation.name.name);
         if let Some(args) = &annotation.args {
             self.args(args);
+        }
+    }
+
+    /// An instance label, `model.layers[i].encoder_layer_{i}`.
+    fn label(&mut self, label: &[LabelSeg]) {
+        for (i, seg) in label.iter().enumerate() {
+            match seg {
+                LabelSeg::Name(n) => {
+                    if i > 0 {
+                        self.out.push('.');
+                    }
+                    self.out.push_str(&n.name);
+                }
+                LabelSeg::Index(e) => {
+                    self.out.push('[');
+                    self.expr(e, 0);
+                    self.out.push(']');
+                }
+                LabelSeg::Template(pieces) => {
+                    if i > 0 {
+                        self.out.push('.');
+                    }
+                    for piece in pieces {
+                        match piece {
+                            LabelPiece::Text(t) => self.out.push_str(&t.name),
+                            LabelPiece::Hole(e) => {
+                                self.out.push('{');
+                                self.expr(e, 0);
+                                self.out.push('}');
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
