@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mslc_check::{check_path, CheckOptions};
-use mslc_driver::compile::{amp_for, compile, CompileOptions, Compiled};
+use mslc_driver::compile::{compile, Compiled};
+use mslc_driver::select::compile_options;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_plan::target::Target;
 
 /// Counts allocations (and reallocations) while `COUNTING` is set, and the bytes live at any
 /// time.
@@ -74,27 +74,11 @@ fn compiled(file: &str, sets: &[(&str, &str)], policy: bool) -> Compiled {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let checked = check_path(&root.join(file), &options);
     assert!(!checked.has_errors());
-    let target = Target {
-        name: "cpu".into(),
-        peak_f32: 157e9,
-        peak_f16: 157e9,
-        peak_bf16: 157e9,
-        memory_bytes: 24 << 30,
-        bandwidth: 25e9,
-        interconnect: 10e9,
-        devices_per_node: 1,
-    };
     let model = &checked.models[0];
-    let options = CompileOptions {
-        target,
-        verify: false,
-        fuse: true,
-        amp: if policy {
-            amp_for(&checked, model)
-        } else {
-            None
-        },
-    };
+    let mut options = compile_options(&checked, model, Some("cpu"), true, false).unwrap();
+    if !policy {
+        options.amp = None;
+    }
     compile(model, &options).unwrap()
 }
 

@@ -12,7 +12,7 @@ use mslc_ir::passes::AmpConfig;
 
 use super::common::{
     assert_close, assert_matches_reference, compile_file, compile_with, have_numpy, mslc,
-    random_weights, root, s, write_weights, Rng, TestDir,
+    random_weights, root, s, without_precision_policy, write_weights, Rng, TestDir,
 };
 
 #[test]
@@ -35,18 +35,10 @@ fn tiny_llama_matches_numpy_hf_llama() {
         &NpyArray::from_i64(vec![1, 32], &ids).unwrap(),
     )
     .unwrap();
-    // `run` computes in the train's precision policy (f16) as `build` would; the reference is
-    // f32, so the model runs here without the policy.
-    let source = std::fs::read_to_string("examples/tiny_llama.msl").unwrap();
-    let f32_source = source.replace("precision = Mixed, ", "");
-    assert_ne!(
-        source, f32_source,
-        "tiny_llama's train no longer names `precision = Mixed`"
-    );
-    std::fs::write(dir.path("tiny_llama.msl"), f32_source).unwrap();
+    let f32_model = without_precision_policy("examples/tiny_llama.msl", &dir);
     let (code, out, err) = mslc(&[
         "run",
-        s(&dir.path("tiny_llama.msl")),
+        s(&f32_model),
         "--set",
         "layers=2",
         "--weights",
