@@ -716,7 +716,7 @@ mod tests {
 
     fn paths(body: &str) -> Vec<String> {
         let checked = check(body);
-        assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
         checked.models[0]
             .params
             .iter()
