@@ -2,22 +2,8 @@
 //! never a panic (101), a hang or a stack overflow.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn mslc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
-        .output()
-        .expect("run mslc")
-}
-
-fn codes(out: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| v["code"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
+use super::support::{codes, mslc};
 
 fn check_bytes(dir: &Path, name: &str, bytes: &[u8], extra: &[&str]) -> (i32, Vec<String>) {
     let path = dir.join(name);

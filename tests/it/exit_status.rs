@@ -2,25 +2,10 @@
 //! reaches the process exit status, whichever command reports it.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
 
 use mslc_core::diag::{Code, ExitClass};
 
-fn mslc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
-        .env("RAYON_NUM_THREADS", "1")
-        .output()
-        .expect("run mslc")
-}
-
-fn codes(out: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["code"].as_str().map(str::to_string))
-        .collect()
-}
+use super::support::{codes, mslc};
 
 /// The usage codes the README lists ("usage codes E0401, …").
 fn readme_usage_codes() -> BTreeSet<String> {

@@ -23,4 +23,5 @@ mod readable;
 mod readme;
 mod robustness;
 mod round_trip;
+mod support;
 mod ui;

@@ -1,0 +1,22 @@
+//! Helpers shared by the CLI tests: running the binary and reading the codes of its JSON
+//! diagnostics.
+
+use std::process::{Command, Output};
+
+/// Runs the `mslc` binary with `args` on one executor thread.
+pub fn mslc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .expect("run mslc")
+}
+
+/// The codes of the JSON objects on stdout that carry one, in order.
+pub fn codes(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["code"].as_str().map(str::to_string))
+        .collect()
+}
