@@ -217,7 +217,7 @@ mod tests {
         assert_eq!(
             first_problem(text, 0, text.len()),
             Some(DelimProblem::Unclosed {
-                open: Span::new(22, 23),
+                open: Span::new(24, 25),
                 delim: '[',
                 at: text.len() - 1
             })
