@@ -54,13 +54,14 @@ pub enum DelimProblem {
 }
 
 impl DelimProblem {
-    /// Where the problem begins: a parser error before it is a different problem.
+    /// The first offset where the parser can have stopped because of this problem: after an
+    /// unclosed opener, at or after a wrong closer. A parser error before it is another problem.
     pub fn start(&self) -> usize {
         match self {
-            DelimProblem::Unclosed { open, .. } | DelimProblem::Mismatched { open, .. } => {
-                open.start
+            DelimProblem::Unclosed { open, .. } => open.end,
+            DelimProblem::Mismatched { close, .. } | DelimProblem::Unexpected { close, .. } => {
+                close.start
             }
-            DelimProblem::Unexpected { close, .. } => close.start,
         }
     }
 }
