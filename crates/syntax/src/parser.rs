@@ -41,6 +41,13 @@ pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
         }
         Err(error) => error,
     };
+    if let ErrorVariant::CustomError { .. } = whole.variant {
+        // A resource limit (calls, stack): parsing the pieces would only hit it again.
+        return (
+            File::default(),
+            vec![syntax_diagnostic(file, text, 0, whole)],
+        );
+    }
     let mut diagnostics = Vec::new();
     for (start, end) in recovery::pieces(text) {
         match MslParser::parse(Rule::file, &text[start..end]) {

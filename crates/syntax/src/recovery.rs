@@ -268,4 +268,28 @@ mod tests {
         );
         assert_eq!(first_problem("(a) [b] {c}", 0, 11), None);
     }
+
+    /// Every closing bracket of an example, deleted in turn: the parser reports a delimiter
+    /// error (and nothing else for that item), with spans inside the text.
+    #[test]
+    fn each_deleted_closer_of_an_example_is_reported_as_a_delimiter_error() {
+        use mslc_core::diag::{Code, FileId};
+        let text = include_str!("../../../examples/tiny_llama.msl");
+        let pieces = pieces(text).len();
+        for (i, _) in CodeBytes::new(text.as_bytes()).filter(|(_, b)| b")]}".contains(b)) {
+            let broken = format!("{}{}", &text[..i], &text[i + 1..]);
+            let (_, diags) = crate::parse(FileId(0), &broken);
+            assert!(
+                matches!(diags[0].code, Code::E0009 | Code::E0010 | Code::E0011),
+                "deleting byte {i}: {diags:?}"
+            );
+            assert!(diags.len() <= pieces, "deleting byte {i}: {diags:?}");
+            for d in &diags {
+                let spans = std::iter::once(d.primary.span).chain(d.related.iter().map(|r| r.span));
+                assert!(spans
+                    .into_iter()
+                    .all(|s| s.start <= s.end && s.end <= broken.len()));
+            }
+        }
+    }
 }
