@@ -29,28 +29,36 @@ const CALL_LIMIT: usize = 50_000_000;
 /// the file is then parsed again item by item, so each broken item is reported (once: an
 /// unbalanced delimiter rather than what the parser expected after it).
 pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
-    if let Some(problem) = lexical::scan(text) {
-        return (File::default(), vec![lex_diagnostic(file, problem)]);
-    }
     pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
-    let whole = match MslParser::parse(Rule::file, text) {
-        Ok(pairs) => {
-            let builder = Builder::new(file, 0);
-            let items = builder.items(pairs);
-            return (File { items }, builder.errors.into_inner());
-        }
-        Err(error) => error,
+    let first = match lexical::scan(text) {
+        // Too deep over the whole file may be brackets that broken items left open: each piece
+        // is scanned again alone below, and only a shallow one is parsed.
+        Some(problem @ LexProblem::TooDeep(_)) => lex_diagnostic(file, 0, problem),
+        Some(problem) => return (File::default(), vec![lex_diagnostic(file, 0, problem)]),
+        None => match MslParser::parse(Rule::file, text) {
+            Ok(pairs) => {
+                let builder = Builder::new(file, 0);
+                let items = builder.items(pairs);
+                return (File { items }, builder.errors.into_inner());
+            }
+            // A resource limit (calls, stack): parsing the pieces would only hit it again.
+            Err(error) if matches!(error.variant, ErrorVariant::CustomError { .. }) => {
+                return (
+                    File::default(),
+                    vec![syntax_diagnostic(file, text, 0, error)],
+                );
+            }
+            Err(error) => syntax_diagnostic(file, text, 0, error),
+        },
     };
-    if let ErrorVariant::CustomError { .. } = whole.variant {
-        // A resource limit (calls, stack): parsing the pieces would only hit it again.
-        return (
-            File::default(),
-            vec![syntax_diagnostic(file, text, 0, whole)],
-        );
-    }
     let mut diagnostics = Vec::new();
     for (start, end) in recovery::pieces(text) {
-        match MslParser::parse(Rule::file, &text[start..end]) {
+        let piece = &text[start..end];
+        if let Some(problem) = lexical::scan(piece) {
+            diagnostics.push(lex_diagnostic(file, start, problem));
+            continue;
+        }
+        match MslParser::parse(Rule::file, piece) {
             Ok(pairs) => {
                 let builder = Builder::new(file, start);
                 builder.items(pairs);
@@ -62,7 +70,7 @@ pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
     if diagnostics.is_empty() {
         // The pieces parse alone but not together (an item keyword at the start of a line
         // inside another item, say): the whole file's error is the one to show.
-        diagnostics.push(syntax_diagnostic(file, text, 0, whole));
+        diagnostics.push(first);
     }
     (File::default(), diagnostics)
 }
@@ -152,7 +160,15 @@ fn delimiter_diagnostic(
     }
 }
 
-fn lex_diagnostic(file: FileId, problem: LexProblem) -> Diagnostic {
+/// The diagnostic for a problem the lexical pre-pass found in the text starting at `base`.
+fn lex_diagnostic(file: FileId, base: usize, problem: LexProblem) -> Diagnostic {
+    let at = |s: Span| Span::new(base + s.start, base + s.end);
+    let problem = match problem {
+        LexProblem::UnterminatedString(s) => LexProblem::UnterminatedString(at(s)),
+        LexProblem::UnterminatedComment(s) => LexProblem::UnterminatedComment(at(s)),
+        LexProblem::TooDeep(s) => LexProblem::TooDeep(at(s)),
+        LexProblem::LineBreak(s, c) => LexProblem::LineBreak(at(s), c),
+    };
     match problem {
         LexProblem::UnterminatedString(span) => {
             Diagnostic::error(Code::E0004, file, span, "unterminated string literal")

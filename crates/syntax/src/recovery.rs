@@ -269,6 +269,29 @@ mod tests {
         assert_eq!(first_problem("(a) [b] {c}", 0, 11), None);
     }
 
+    /// Brackets left open by 70 broken items add up past the nesting limit; each item is still
+    /// reported for its own bracket, and truly deep nesting still is E0002.
+    #[test]
+    fn brackets_left_open_by_many_items_are_not_nesting() {
+        use mslc_core::diag::{Code, FileId};
+        let text: String = (0..70)
+            .map(|i| format!("model M{i} {{\n  input x: f32[4\n  output y = x\n}}\n"))
+            .collect();
+        let (_, diags) = crate::parse(FileId(0), &text);
+        assert_eq!(diags.len(), 70);
+        assert!(diags.iter().all(|d| d.code == Code::E0009), "{diags:?}");
+        let deep = format!(
+            "model M {{ output y = {}x{} }}",
+            "(".repeat(70),
+            ")".repeat(70)
+        );
+        let (_, diags) = crate::parse(FileId(0), &deep);
+        assert_eq!(
+            diags.iter().map(|d| d.code).collect::<Vec<_>>(),
+            [Code::E0002]
+        );
+    }
+
     /// Every closing bracket of an example, deleted in turn: the parser reports a delimiter
     /// error (and nothing else for that item), with spans inside the text.
     #[test]
