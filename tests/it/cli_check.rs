@@ -102,6 +102,40 @@ fn import_cycles_and_overrides() {
     assert_eq!(status, 0);
 }
 
+/// One root cause, one diagnostic: what follows from a bad override or a missing standard
+/// library (unmatched shard patterns, unknown blocks, outputs, targets) is not reported again.
+#[test]
+fn a_root_cause_is_reported_once() {
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("examples/tiny_llama.msl", &["--set", "hidden=abc"], "E0402"),
+        (
+            "examples/tiny_llama.msl",
+            &["--stdlib", "/nonexistent"],
+            "E0101",
+        ),
+        ("examples/tiny_llama.msl", &["--dim", "B=0"], "E0309"),
+        ("examples/llama2_70b.msl", &["--set", "heads=7"], "E0302"),
+    ];
+    for (file, flags, code) in cases {
+        let mut args = vec!["--message-format", "json", "check", file];
+        args.extend_from_slice(flags);
+        let out = mslc(&args);
+        assert_eq!(out.status.code(), Some(1), "{file} {flags:?}");
+        assert_eq!(codes(&out), vec![code.to_string()], "{file} {flags:?}");
+    }
+    let out = mslc(&[
+        "check",
+        "examples/tiny_llama.msl",
+        "--stdlib",
+        "/nonexistent",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("standard library directory `/nonexistent` does not exist"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn usage_errors_exit_2_and_missing_files_exit_1() {
     assert_eq!(mslc(&["check"]).status.code(), Some(2));

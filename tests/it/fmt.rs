@@ -228,7 +228,7 @@ fn syntax_errors_and_non_files_are_reported_and_left_alone() {
     let folder = dir.path().join("folder.msl");
     std::fs::create_dir(&folder).unwrap();
     let missing = dir.path().join("missing.msl");
-    for (path, code) in [(&broken, "E0001"), (&folder, "E0700"), (&missing, "E0100")] {
+    for (path, code) in [(&broken, "E0009"), (&folder, "E0700"), (&missing, "E0100")] {
         let out = mslc(&["--message-format", "json", "fmt", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(1), "{}", path.display());
         let stdout = String::from_utf8_lossy(&out.stdout);

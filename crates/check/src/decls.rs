@@ -57,9 +57,12 @@ impl Declarations {
 }
 
 /// Checks the declarations of `modules` (root first) against the elaborated `models`.
+/// `poisoned[i]` says model `i` had errors: it may lack parameters and outputs, so what
+/// follows from their absence is not reported again (one root cause, one diagnostic).
 pub fn check_declarations(
     modules: &Modules,
     models: &[Model],
+    poisoned: &[bool],
     diags: &mut Vec<Diagnostic>,
 ) -> Declarations {
     let mut decls = Declarations::default();
@@ -91,7 +94,9 @@ pub fn check_declarations(
             continue;
         }
         let spec = policy::check_train(d, root.file, diags);
-        let train = resolve_train(modules, models, &mut decls, &mut index, spec, diags);
+        let train = resolve_train(
+            modules, models, poisoned, &mut decls, &mut index, spec, diags,
+        );
         decls.trains.push(train);
     }
     decls
@@ -177,6 +182,7 @@ fn check_decl(
 fn resolve_train(
     modules: &Modules,
     models: &[Model],
+    poisoned: &[bool],
     decls: &mut Declarations,
     index: &mut HashMap<(usize, usize), usize>,
     spec: TrainSpec,
@@ -208,14 +214,15 @@ fn resolve_train(
     let target = spec
         .target
         .as_ref()
-        .and_then(|path| resolve_target_path(decls, path, file, diags));
+        .and_then(|path| resolve_target_path(modules, decls, path, file, diags));
     if let (Some(m), Some(p)) = (model, parallel) {
         let params: Vec<(String, Vec<i64>)> = models[m]
             .params
             .iter()
             .map(|p| (p.path.clone(), models[m].ty(p.value).shape.clone()))
             .collect();
-        policy::check_shards_against_params(&decls.parallels[p], &params, diags);
+        let complete = !poisoned.get(m).copied().unwrap_or(false);
+        policy::check_shards_against_params(&decls.parallels[p], &params, complete, diags);
     }
     policy::check_train_against(
         &spec,
@@ -224,7 +231,13 @@ fn resolve_train(
         target.map(|t| &decls.targets[t]),
         diags,
     );
-    let graph = model.and_then(|m| training_graph(modules, &models[m], &spec, diags));
+    let graph = model.and_then(|m| {
+        let failed = match poisoned.get(m) {
+            Some(true) => failed_outputs(modules, &models[m]),
+            _ => Vec::new(),
+        };
+        training_graph(modules, &models[m], &failed, &spec, diags)
+    });
     Train {
         spec,
         model,
@@ -238,6 +251,7 @@ fn resolve_train(
 
 /// `std.targets.X` or a local `X`.
 fn resolve_target_path(
+    modules: &Modules,
     decls: &Declarations,
     path: &[ast::Ident],
     file: mslc_core::diag::FileId,
@@ -249,17 +263,50 @@ fn resolve_target_path(
         .targets
         .iter()
         .position(|t| t.name.name == last.name && (is_std || path.len() == 1));
-    if found.is_none() {
+    // A missing `--stdlib` directory was reported once; its targets are not unknown.
+    if found.is_none() && !(is_std && modules.stdlib_missing) {
         let known: Vec<&str> = decls.targets.iter().map(|t| t.name.name.as_str()).collect();
         diags.push(policy::unknown_reference(last, "target", &known, file));
     }
     found
 }
 
-/// The model with the labels as extra inputs and the loss as output `loss`.
+/// The outputs the root file's declaration of `model` names that elaboration did not produce
+/// (their errors were reported): the loss may use them without a second error.
+fn failed_outputs<'m>(modules: &'m Modules, model: &Model) -> Vec<&'m ast::Ident> {
+    fn walk<'a>(stmts: &'a [ast::Stmt], out: &mut Vec<&'a ast::Ident>) {
+        for stmt in stmts {
+            match stmt {
+                ast::Stmt::Output { name, .. } => out.push(name),
+                ast::Stmt::For { body, .. } => walk(body, out),
+                ast::Stmt::If {
+                    then, otherwise, ..
+                } => {
+                    walk(then, out);
+                    walk(otherwise.as_deref().unwrap_or_default(), out);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut declared = Vec::new();
+    for item in &modules.modules[0].ast.items {
+        if let Item::Model(m) = item {
+            if m.name.name == model.name {
+                walk(&m.body, &mut declared);
+            }
+        }
+    }
+    declared.retain(|n| !model.outputs.iter().any(|o| o.name == n.name));
+    declared
+}
+
+/// The model with the labels as extra inputs and the loss as output `loss`; `failed` outputs
+/// are poisoned names, so a loss using one is not elaborated (nor reported) again.
 fn training_graph(
     modules: &Modules,
     model: &Model,
+    failed: &[&ast::Ident],
     spec: &TrainSpec,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Model> {
@@ -274,6 +321,9 @@ fn training_graph(
     }
     for o in &model.outputs {
         frame.bind(&o.name, Value::Tensor(o.value), o.loc.span);
+    }
+    for name in failed {
+        frame.bind(&name.name, Value::Error, name.span);
     }
     for (name, ty_decl) in &spec.labels {
         let ty = elab.concrete_type(&mut frame, ty_decl)?;

@@ -140,6 +140,9 @@ pub struct Elaborator<'a> {
     pub model_names: HashMap<String, (&'static str, Loc)>,
     /// The first tensor each expression evaluated to, by where it is written (for editors).
     pub expr_types: ExprTypes,
+    /// Whether a name whose import failed was used: the model is incomplete though that error
+    /// was reported elsewhere.
+    pub poisoned: bool,
     const_cache: HashMap<(usize, String), Value>,
     const_busy: HashSet<(usize, String)>,
     steps: u64,
@@ -160,6 +163,7 @@ impl<'a> Elaborator<'a> {
             used_overrides: HashSet::new(),
             model_names: HashMap::new(),
             expr_types: ExprTypes::new(),
+            poisoned: false,
             const_cache: HashMap::new(),
             const_busy: HashSet::new(),
             steps: 0,
@@ -598,6 +602,10 @@ impl<'a> Elaborator<'a> {
         }
         if let Some(v) = super::builtins::named_value(name) {
             return v;
+        }
+        if module.failed_imports.contains(name) {
+            self.poisoned = true;
+            return Value::Error;
         }
         let locals: Vec<String> = frame
             .scopes

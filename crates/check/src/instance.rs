@@ -81,6 +81,10 @@ impl Elaborator<'_> {
         let module = &modules.modules[frame.module];
         let Some((block_module, ItemRef::Block(item))) = module.lookup(frame.module, &block.name)
         else {
+            if module.failed_imports.contains(&block.name) {
+                self.poisoned = true;
+                return Value::Error;
+            }
             let blocks: Vec<&str> = module
                 .visible_names()
                 .filter(|n| matches!(module.lookup(frame.module, n), Some((_, ItemRef::Block(_)))))

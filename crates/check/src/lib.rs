@@ -127,20 +127,21 @@ pub fn check_source_for_editor(name: &str, text: &str, options: &CheckOptions) -
         .load_root(name, text);
     let mut models = Vec::new();
     let mut expr_types = Vec::new();
+    let mut poisoned = Vec::new();
     let mut used: HashSet<(bool, String)> = HashSet::new();
     let root = &modules.modules[0];
     for item in &root.ast.items {
         if let ast::Item::Model(m) = item {
-            let (model, model_diags, model_used, types) =
-                model::elaborate_model(&modules, 0, m, &options.overrides);
-            diags.extend(model_diags);
-            used.extend(model_used);
-            models.push(model);
-            expr_types.push(types);
+            let done = model::elaborate_model(&modules, 0, m, &options.overrides);
+            poisoned.push(done.poisoned);
+            diags.extend(done.diags);
+            used.extend(done.used);
+            models.push(done.model);
+            expr_types.push(done.expr_types);
         }
     }
     report_unused_overrides(&options.overrides, &used, &models, root.file, &mut diags);
-    let decls = decls::check_declarations(&modules, &models, &mut diags);
+    let decls = decls::check_declarations(&modules, &models, &poisoned, &mut diags);
     // Unused code is no news while the file has errors: a typo makes a name look unused.
     if !mslc_core::diag::has_errors(&diags) {
         diags.extend(lints::unused(&modules));

@@ -287,13 +287,27 @@ fn show(v: &Value) -> String {
     }
 }
 
+/// One model, elaborated.
+pub struct Elaborated {
+    /// What was understood of it.
+    pub model: Model,
+    /// Its diagnostics.
+    pub diags: Vec<Diagnostic>,
+    /// The overrides it used: (is a dim, name).
+    pub used: Vec<(bool, String)>,
+    /// The first tensor each expression evaluated to.
+    pub expr_types: ExprTypes,
+    /// Whether it is incomplete: it had errors, or used a name whose import failed.
+    pub poisoned: bool,
+}
+
 /// Elaborates the model `item` of module `module`.
 pub fn elaborate_model(
     modules: &Modules,
     module: usize,
     item: &ast::ModelItem,
     overrides: &Overrides,
-) -> (Model, Vec<Diagnostic>, Vec<(bool, String)>, ExprTypes) {
+) -> Elaborated {
     let file = modules.modules[module].file;
     let model = Model {
         name: item.name.name.clone(),
@@ -329,7 +343,14 @@ pub fn elaborate_model(
         model,
         diags,
         expr_types,
+        poisoned,
         ..
     } = elab;
-    (model, diags, used, expr_types)
+    Elaborated {
+        poisoned: poisoned || mslc_core::diag::has_errors(&diags),
+        model,
+        diags,
+        used,
+        expr_types,
+    }
 }

@@ -1,7 +1,7 @@
 //! Finding, reading and parsing every file a compilation needs: the root, the standard library
 //! (embedded, or `--stdlib DIR`), and relative imports; binding imported names; import cycles.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use mslc_core::diag::{Code, Diagnostic, FileId, Sources};
@@ -175,6 +175,9 @@ pub struct Module {
     pub items: HashMap<String, (ItemRef, Span, bool)>,
     /// Names it imports.
     pub imports: HashMap<String, Imported>,
+    /// Names whose import failed (already reported): a use of one is poisoned, not unknown,
+    /// so it raises no second error.
+    pub failed_imports: HashSet<String>,
 }
 
 impl Module {
@@ -201,6 +204,8 @@ pub struct Modules {
     /// Loaded modules.
     pub modules: Vec<Module>,
     by_key: HashMap<ModuleKey, usize>,
+    /// Whether `--stdlib DIR` named no directory (reported once): `std.*` names are poisoned.
+    pub stdlib_missing: bool,
 }
 
 impl Modules {
@@ -284,6 +289,7 @@ impl<'a> Loader<'a> {
             ast,
             items,
             imports: HashMap::new(),
+            failed_imports: HashSet::new(),
         });
         self.modules.by_key.insert(key, index);
         self.stack.push((index, from));
@@ -351,6 +357,7 @@ impl<'a> Loader<'a> {
             .collect();
         for import in imports {
             let Some(target) = self.load_import(index, file, &import) else {
+                self.poison(index, import.names.iter());
                 continue;
             };
             for name in &import.names {
@@ -373,6 +380,7 @@ impl<'a> Loader<'a> {
                             .with_related(def_file, def, "defined here without `pub`")
                             .with_help("mark it `pub` in its module to export it"),
                         );
+                        self.poison(index, std::iter::once(name));
                         continue;
                     }
                     None => {
@@ -400,6 +408,7 @@ impl<'a> Loader<'a> {
                             d = d.with_help(format!("did you mean `{s}`?"));
                         }
                         self.diags.push(d);
+                        self.poison(index, std::iter::once(name));
                         continue;
                     }
                 };
@@ -449,6 +458,12 @@ impl<'a> Loader<'a> {
         }
     }
 
+    /// Records the local names of failed imports in module `index`.
+    fn poison<'n>(&mut self, index: usize, names: impl Iterator<Item = &'n ast::ImportName>) {
+        let failed = &mut self.modules.modules[index].failed_imports;
+        failed.extend(names.map(|n| n.local().name.clone()));
+    }
+
     /// Loads the module an import names; `None` (with a diagnostic) when it can't.
     fn load_import(&mut self, from: usize, file: FileId, import: &ast::Import) -> Option<usize> {
         let span = import.span;
@@ -475,6 +490,12 @@ impl<'a> Loader<'a> {
                 return None;
             }
             return Some(index);
+        }
+        if let (ModuleKey::Std(_), Some(dir)) = (&key, self.stdlib_dir) {
+            if !dir.is_dir() {
+                self.stdlib_dir_missing(dir, file, span);
+                return None;
+            }
         }
         let text = match &key {
             ModuleKey::Std(name) => self.read_std(name),
@@ -515,6 +536,32 @@ impl<'a> Loader<'a> {
                 None
             }
         }
+    }
+
+    /// One error for a `--stdlib` directory that does not exist, at the first import that
+    /// needs it; later `std.*` imports fail silently.
+    fn stdlib_dir_missing(&mut self, dir: &Path, file: FileId, span: Span) {
+        if self.modules.stdlib_missing {
+            return;
+        }
+        self.modules.stdlib_missing = true;
+        let what = if dir.exists() {
+            "is not a directory"
+        } else {
+            "does not exist"
+        };
+        self.diags.push(
+            Diagnostic::error(
+                Code::E0101,
+                file,
+                span,
+                format!("standard library directory `{}` {what}", dir.display()),
+            )
+            .with_label("needs the standard library")
+            .with_help(
+                "fix the `--stdlib` path, or leave it out to use the built-in standard library",
+            ),
+        );
     }
 
     fn import_key(&mut self, from: usize, import: &ast::Import) -> Option<ModuleKey> {

@@ -5,6 +5,7 @@ pub mod format;
 mod lexical;
 mod parser;
 pub mod print;
+mod recovery;
 pub mod trivia;
 
 pub use parser::parse;

@@ -11,6 +11,7 @@ use pest::Parser as _;
 
 use super::ast::*;
 use super::lexical::{self, LexProblem, MAX_NESTING};
+use super::recovery::{self, DelimProblem};
 use mslc_core::diag::{Code, Diagnostic, FileId};
 
 #[derive(pest_derive::Parser)]
@@ -24,40 +25,150 @@ const MAX_EXPR_PARTS: usize = 4096;
 /// Upper bound on pest's rule calls, so pathological input fails instead of running for long.
 const CALL_LIMIT: usize = 50_000_000;
 
-/// Parses one file. On a syntax error the returned file is empty and the diagnostic says where.
+/// Parses one file. On a syntax error the returned file is empty and the diagnostics say where:
+/// the file is then parsed again item by item, so each broken item is reported (once: an
+/// unbalanced delimiter rather than what the parser expected after it).
 pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
-    if let Some(problem) = lexical::scan(text) {
-        return (File::default(), vec![lex_diagnostic(file, problem)]);
-    }
     pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
-    let pairs = match MslParser::parse(Rule::file, text) {
-        Ok(pairs) => pairs,
-        Err(error) => return (File::default(), vec![syntax_diagnostic(file, text, error)]),
-    };
-    let builder = Builder {
-        file,
-        errors: RefCell::new(Vec::new()),
-        allows: RefCell::new(Vec::new()),
-    };
-    let mut items = Vec::new();
-    let mut pending = Vec::new();
-    for pair in pairs.flatten().take(1).flat_map(|p| p.into_inner()) {
-        match pair.as_rule() {
-            Rule::EOI => {}
-            Rule::allow => pending.push(pair),
-            _ => {
-                let span = span_of(&pair);
-                builder.attach(&mut pending, span);
-                items.push(builder.item(pair));
+    let first = match lexical::scan(text) {
+        // Too deep over the whole file may be brackets that broken items left open: each piece
+        // is scanned again alone below, and only a shallow one is parsed.
+        Some(problem @ LexProblem::TooDeep(_)) => lex_diagnostic(file, 0, problem),
+        Some(problem) => return (File::default(), vec![lex_diagnostic(file, 0, problem)]),
+        None => match MslParser::parse(Rule::file, text) {
+            Ok(pairs) => {
+                let builder = Builder::new(file, 0);
+                let items = builder.items(pairs);
+                return builder.file(items);
             }
+            // A resource limit (calls, stack): parsing the pieces would only hit it again.
+            Err(error) if matches!(error.variant, ErrorVariant::CustomError { .. }) => {
+                return (
+                    File::default(),
+                    vec![syntax_diagnostic(file, text, 0, error)],
+                );
+            }
+            Err(error) => syntax_diagnostic(file, text, 0, error),
+        },
+    };
+    let mut diagnostics = Vec::new();
+    for (start, end) in recovery::pieces(text) {
+        let piece = &text[start..end];
+        if let Some(problem) = lexical::scan(piece) {
+            diagnostics.push(lex_diagnostic(file, start, problem));
+            continue;
+        }
+        match MslParser::parse(Rule::file, piece) {
+            Ok(pairs) => {
+                let builder = Builder::new(file, start);
+                builder.items(pairs);
+                diagnostics.extend(builder.errors.into_inner());
+            }
+            Err(error) => diagnostics.push(piece_diagnostic(file, text, (start, end), error)),
         }
     }
-    let mut allows = builder.allows.into_inner();
-    allows.sort_by_key(|a| a.span.start);
-    (File { items, allows }, builder.errors.into_inner())
+    if diagnostics.is_empty() {
+        // The pieces parse alone but not together (an item keyword at the start of a line
+        // inside another item, say): the whole file's error is the one to show.
+        diagnostics.push(first);
+    }
+    (File::default(), diagnostics)
 }
 
-fn lex_diagnostic(file: FileId, problem: LexProblem) -> Diagnostic {
+/// The diagnostic for a piece `text[start..end]` that does not parse: its first delimiter
+/// problem when the parser stopped at or after it, the parser's own error otherwise.
+fn piece_diagnostic(
+    file: FileId,
+    text: &str,
+    (start, end): (usize, usize),
+    error: pest::error::Error<Rule>,
+) -> Diagnostic {
+    let pos = start + error_pos(&error);
+    match recovery::first_problem(text, start, end) {
+        Some(problem) if pos >= problem.start() => delimiter_diagnostic(file, text, problem, pos),
+        _ => syntax_diagnostic(file, text, start, error),
+    }
+}
+
+/// E0009–E0011 for `problem`; `stuck` is where the parser stopped.
+fn delimiter_diagnostic(
+    file: FileId,
+    text: &str,
+    problem: DelimProblem,
+    stuck: usize,
+) -> Diagnostic {
+    match problem {
+        DelimProblem::Unclosed { open, delim, at } => {
+            let close = recovery::closer(delim);
+            let pos = if stuck > open.start && stuck <= at {
+                stuck
+            } else {
+                at
+            };
+            // At the end of the file, point at its last character: an empty span there would
+            // show no line.
+            let last = text.trim_end();
+            let (span, label) = if pos >= last.len() {
+                let ch = last.chars().next_back().map_or(0, char::len_utf8);
+                let span = Span::new(last.len() - ch, last.len());
+                (
+                    span,
+                    format!("expected `{close}` after this, at the end of the file"),
+                )
+            } else {
+                let end = (pos + found_len(text, pos)).min(text.len());
+                let label = format!("expected `{close}` before {}", found_at(text, pos));
+                (Span::new(pos, end), label)
+            };
+            Diagnostic::error(Code::E0009, file, span, format!("unclosed `{delim}`"))
+                .with_label(label)
+                .with_related(file, open, "opened here")
+                .with_help(format!("close it with `{close}`"))
+        }
+        DelimProblem::Mismatched {
+            close,
+            found,
+            open,
+            delim,
+        } => {
+            let expected = recovery::closer(delim);
+            Diagnostic::error(
+                Code::E0010,
+                file,
+                close,
+                format!("mismatched closing delimiter: expected `{expected}`, found `{found}`"),
+            )
+            .with_label(format!("expected `{expected}`"))
+            .with_related(file, open, format!("unclosed `{delim}` opened here"))
+            .with_help(format!("close the `{delim}` with `{expected}` first"))
+        }
+        DelimProblem::Unexpected { close, found } => Diagnostic::error(
+            Code::E0011,
+            file,
+            close,
+            format!("unexpected closing delimiter `{found}`"),
+        )
+        .with_label("nothing is open here")
+        .with_help(format!(
+            "remove it, or add the `{}` it should close",
+            match found {
+                ')' => '(',
+                ']' => '[',
+                _ => '{',
+            }
+        )),
+    }
+}
+
+/// The diagnostic for a problem the lexical pre-pass found in the text starting at `base`.
+fn lex_diagnostic(file: FileId, base: usize, problem: LexProblem) -> Diagnostic {
+    let at = |s: Span| Span::new(base + s.start, base + s.end);
+    let problem = match problem {
+        LexProblem::UnterminatedString(s) => LexProblem::UnterminatedString(at(s)),
+        LexProblem::UnterminatedComment(s) => LexProblem::UnterminatedComment(at(s)),
+        LexProblem::TooDeep(s) => LexProblem::TooDeep(at(s)),
+        LexProblem::LineBreak(s, c) => LexProblem::LineBreak(at(s), c),
+    };
     match problem {
         LexProblem::UnterminatedString(span) => {
             Diagnostic::error(Code::E0004, file, span, "unterminated string literal")
@@ -96,11 +207,22 @@ fn lex_diagnostic(file: FileId, problem: LexProblem) -> Diagnostic {
     }
 }
 
-fn syntax_diagnostic(file: FileId, text: &str, error: pest::error::Error<Rule>) -> Diagnostic {
-    let pos = match error.location {
+/// Offset of a pest error in the text it parsed.
+fn error_pos(error: &pest::error::Error<Rule>) -> usize {
+    match error.location {
         InputLocation::Pos(p) => p,
         InputLocation::Span((s, _)) => s,
-    };
+    }
+}
+
+/// E0001 for a pest `error` in the piece of `text` starting at `base`.
+fn syntax_diagnostic(
+    file: FileId,
+    text: &str,
+    base: usize,
+    error: pest::error::Error<Rule>,
+) -> Diagnostic {
+    let pos = base + error_pos(&error);
     let found = found_at(text, pos);
     let message = match &error.variant {
         ErrorVariant::ParsingError { positives, .. }
@@ -243,13 +365,6 @@ fn pratt() -> &'static PrattParser<Rule> {
     })
 }
 
-/// The pair's span without the trailing whitespace pest's implicit skipping leaves in it.
-fn span_of(pair: &Pair<'_, Rule>) -> Span {
-    let s = pair.as_span();
-    let trimmed = s.as_str().trim_end().len();
-    Span::new(s.start(), s.start() + trimmed)
-}
-
 /// Keyword tokens carry no information once the rule matched; skip them.
 fn is_keyword(rule: Rule) -> bool {
     matches!(
@@ -281,16 +396,61 @@ fn inner<'a>(pair: Pair<'a, Rule>) -> impl Iterator<Item = Pair<'a, Rule>> {
 
 struct Builder {
     file: FileId,
+    /// Offset in the file of the text pest parsed (a piece of it, after a syntax error).
+    base: usize,
     errors: RefCell<Vec<Diagnostic>>,
     /// `@allow` attributes met so far, each with what it precedes.
     allows: RefCell<Vec<Allow>>,
 }
 
 impl Builder {
+    fn new(file: FileId, base: usize) -> Self {
+        Builder {
+            file,
+            base,
+            errors: RefCell::new(Vec::new()),
+            allows: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The items of a parsed `file` rule; the `@allow` attributes before them are recorded.
+    fn items(&self, pairs: Pairs<'_, Rule>) -> Vec<Item> {
+        let mut items = Vec::new();
+        let mut pending = Vec::new();
+        for pair in pairs.flatten().take(1).flat_map(|p| p.into_inner()) {
+            match pair.as_rule() {
+                Rule::EOI => {}
+                Rule::allow => pending.push(pair),
+                _ => {
+                    let span = self.span_of(&pair);
+                    self.attach(&mut pending, span);
+                    items.push(self.item(pair));
+                }
+            }
+        }
+        items
+    }
+
+    /// The file of `items` with the `@allow` attributes recorded, in source order.
+    fn file(self, items: Vec<Item>) -> (File, Vec<Diagnostic>) {
+        let mut allows = self.allows.into_inner();
+        allows.sort_by_key(|a| a.span.start);
+        (File { items, allows }, self.errors.into_inner())
+    }
+
+    /// The pair's span in the file, without the trailing whitespace pest's implicit skipping
+    /// leaves in it.
+    fn span_of(&self, pair: &Pair<'_, Rule>) -> Span {
+        let s = pair.as_span();
+        let trimmed = s.as_str().trim_end().len();
+        let start = self.base + s.start();
+        Span::new(start, start + trimmed)
+    }
+
     /// Records the `@allow` attributes just read as applying to the node at `target`.
     fn attach(&self, pending: &mut Vec<Pair<'_, Rule>>, target: Span) {
         for pair in pending.drain(..) {
-            let span = span_of(&pair);
+            let span = self.span_of(&pair);
             let lint = inner(pair)
                 .find(|p| p.as_rule() == Rule::lint_name)
                 .map(|p| self.ident(p))
@@ -302,7 +462,7 @@ impl Builder {
     fn ident(&self, pair: Pair<'_, Rule>) -> Ident {
         Ident {
             name: pair.as_str().to_string(),
-            span: span_of(&pair),
+            span: self.span_of(&pair),
         }
     }
 
@@ -323,7 +483,7 @@ impl Builder {
     }
 
     fn item(&self, pair: Pair<'_, Rule>) -> Item {
-        let span = span_of(&pair);
+        let span = self.span_of(&pair);
         match pair.as_rule() {
             Rule::import => Item::Import(self.import(pair, span)),
             Rule::const_item => {
@@ -459,7 +619,7 @@ impl Builder {
                 Rule::block_param => params.push(self.block_param(part)),
                 Rule::tensor_type => ret = Some(RetType::Tensor(self.tensor_type(part))),
                 Rule::tuple_type => {
-                    let s = span_of(&part);
+                    let s = self.span_of(&part);
                     ret = Some(RetType::Tuple(
                         inner(part).map(|t| self.tensor_type(t)).collect(),
                         s,
@@ -492,14 +652,14 @@ impl Builder {
     }
 
     fn tensor_type(&self, pair: Pair<'_, Rule>) -> TensorType {
-        let span = span_of(&pair);
+        let span = self.span_of(&pair);
         let mut dtype = None;
         let mut dims = Vec::new();
         for part in inner(pair) {
             match part.as_rule() {
                 Rule::dtype_name => dtype = Some(self.ident(part)),
-                Rule::ellipsis => dims.push(Dim::Ellipsis(span_of(&part))),
-                Rule::wildcard => dims.push(Dim::Wildcard(span_of(&part))),
+                Rule::ellipsis => dims.push(Dim::Ellipsis(self.span_of(&part))),
+                Rule::wildcard => dims.push(Dim::Wildcard(self.span_of(&part))),
                 _ => dims.push(Dim::Expr(self.expr(part))),
             }
         }
@@ -514,14 +674,14 @@ impl Builder {
                 pending.push(part);
                 continue;
             }
-            self.attach(&mut pending, span_of(&part));
+            self.attach(&mut pending, self.span_of(&part));
             stmts.push(self.stmt(part));
         }
         stmts
     }
 
     fn stmt(&self, pair: Pair<'_, Rule>) -> Stmt {
-        let span = span_of(&pair);
+        let span = self.span_of(&pair);
         let rule = pair.as_rule();
         let mut parts = inner(pair);
         let mut next = || parts.next().expect("grammar: statement part");
@@ -615,7 +775,7 @@ impl Builder {
     fn fields(&self, pair: Pair<'_, Rule>) -> Vec<Field> {
         inner(pair)
             .map(|f| {
-                let span = span_of(&f);
+                let span = self.span_of(&f);
                 let rule = f.as_rule();
                 let mut parts = inner(f);
                 let mut next = || parts.next().expect("grammar: field part");
@@ -626,7 +786,7 @@ impl Builder {
                             name: unescape(
                                 s.clone().into_inner().next().map_or("", |p| p.as_str()),
                             ),
-                            span: span_of(&s),
+                            span: self.span_of(&s),
                         };
                         Field::Shard {
                             pattern,
@@ -660,7 +820,7 @@ impl Builder {
             let span = pairs
                 .clone()
                 .next()
-                .map_or(Span::default(), |p| span_of(&p));
+                .map_or(Span::default(), |p| self.span_of(&p));
             self.errors.borrow_mut().push(
                 Diagnostic::error(
                     Code::E0002,
@@ -679,7 +839,7 @@ impl Builder {
         pratt()
             .map_primary(|p| self.primary(p))
             .map_prefix(|op, rhs| {
-                let span = span_of(&op).to(rhs.span);
+                let span = self.span_of(&op).to(rhs.span);
                 let op = if op.as_rule() == Rule::neg {
                     UnOp::Neg
                 } else {
@@ -722,7 +882,7 @@ impl Builder {
                 }
             })
             .map_postfix(|lhs, op| {
-                let span = lhs.span.to(span_of(&op));
+                let span = lhs.span.to(self.span_of(&op));
                 let base = Box::new(lhs);
                 let kind = match op.as_rule() {
                     Rule::call_args => ExprKind::Call {
@@ -748,10 +908,10 @@ impl Builder {
     }
 
     fn annotation(&self, pair: Pair<'_, Rule>) -> Annotation {
-        let span = span_of(&pair);
+        let span = self.span_of(&pair);
         let mut parts = inner(pair);
         let at = parts.next().expect("grammar: annotation name");
-        let at_span = span_of(&at);
+        let at_span = self.span_of(&at);
         let name = Ident {
             name: at.as_str()[1..].to_string(),
             span: Span::new(at_span.start + 1, at_span.end),
@@ -784,7 +944,7 @@ impl Builder {
     }
 
     fn primary(&self, pair: Pair<'_, Rule>) -> Expr {
-        let span = span_of(&pair);
+        let span = self.span_of(&pair);
         let kind = match pair.as_rule() {
             Rule::int_lit => match pair.as_str().parse::<i64>() {
                 Ok(v) => ExprKind::Int(v),
@@ -852,7 +1012,7 @@ impl Builder {
             Rule::instance => {
                 let mut parts = inner(pair);
                 let label_pair = parts.next().expect("grammar: label");
-                let label_span = span_of(&label_pair);
+                let label_span = self.span_of(&label_pair);
                 let label = inner(label_pair)
                     .map(|seg| match seg.as_rule() {
                         Rule::label_name => self.label_name(seg),
@@ -880,7 +1040,7 @@ impl Builder {
         match pair.as_rule() {
             Rule::wildcard => Expr {
                 kind: ExprKind::Wildcard,
-                span: span_of(&pair),
+                span: self.span_of(&pair),
             },
             _ => self.expr(pair),
         }

@@ -65,7 +65,7 @@ mod tests {
                 ("model.layers.0.w".to_string(), vec![6, 4]),
                 ("lm_head.weight".to_string(), vec![10]),
             ];
-            check_shards_against_params(parallel, &params, &mut diags);
+            check_shards_against_params(parallel, &params, true, &mut diags);
         }
         if let Some(train) = &train {
             check_train_against(

@@ -119,10 +119,13 @@ pub(crate) fn shard_rule(
 /// each pattern matches at least one parameter (E0508), each spec has one entry per dim of every
 /// parameter it matches (E0505), each split dim is divisible by its axis size (E0506), and no
 /// parameter is matched by two rules with different specs (E0502). Axes missing from the mesh
-/// were reported by [`check_parallel`](super::check_parallel) and are skipped here.
+/// were reported by [`check_parallel`](super::check_parallel) and are skipped here. `complete`
+/// is false when the model had errors, so `params` may lack some: a pattern matching nothing is
+/// then a follow-on error and is not reported.
 pub fn check_shards_against_params(
     policy: &ParallelPolicy,
     params: &[(String, Vec<i64>)],
+    complete: bool,
     diags: &mut Vec<Diagnostic>,
 ) {
     let rep = &mut Reporter::new(policy.file, diags);
@@ -133,7 +136,9 @@ pub fn check_shards_against_params(
             .filter(|&i| rule.pattern.matches(&params[i].0))
             .collect();
         if matched.is_empty() {
-            no_match(rule, params, rep);
+            if complete {
+                no_match(rule, params, rep);
+            }
             continue;
         }
         let (fitting, misfits): (Vec<usize>, Vec<usize>) = matched
@@ -280,7 +285,7 @@ mod tests {
         let mut diags = Vec::new();
         let policy = check_parallel(&decl(&src), FileId(0), &mut diags);
         assert!(diags.is_empty(), "{diags:?}");
-        check_shards_against_params(&policy, &params(), &mut diags);
+        check_shards_against_params(&policy, &params(), true, &mut diags);
         (src, diags)
     }
 
@@ -359,10 +364,22 @@ mod tests {
         let src = r#"parallel P { mesh = { mp: 2 }, mode = semi_auto, shard "w" = [mp] }"#;
         let mut diags = Vec::new();
         let policy = check_parallel(&decl(src), FileId(0), &mut diags);
-        check_shards_against_params(&policy, &[], &mut diags);
+        check_shards_against_params(&policy, &[], true, &mut diags);
         assert_eq!(
             diags[0].help.as_deref(),
             Some("the model has no parameters")
         );
+    }
+
+    #[test]
+    fn a_model_with_errors_reports_no_unmatched_pattern_but_still_checks_matches() {
+        let src = format!(
+            "parallel P {{ mesh = {{ dp: 2, mp: 8 }}, mode = semi_auto\n{} }}",
+            r#"shard "nothing.*" = [mp] shard "lm_head.weight" = [mp]"#
+        );
+        let mut diags = Vec::new();
+        let policy = check_parallel(&decl(&src), FileId(0), &mut diags);
+        check_shards_against_params(&policy, &params(), false, &mut diags);
+        assert_eq!(codes(&diags), vec![Code::E0505]);
     }
 }
