@@ -106,21 +106,28 @@ fn import_cycles_and_overrides() {
 /// library (unmatched shard patterns, unknown blocks, outputs, targets) is not reported again.
 #[test]
 fn a_root_cause_is_reported_once() {
-    let cases: [(&str, &[&str], &str); 4] = [
-        ("examples/tiny_llama.msl", &["--set", "hidden=abc"], "E0402"),
+    // (file, flags, the one code, exit status: 2 for a usage error)
+    let cases: [(&str, &[&str], &str, i32); 4] = [
+        (
+            "examples/tiny_llama.msl",
+            &["--set", "hidden=abc"],
+            "E0402",
+            2,
+        ),
         (
             "examples/tiny_llama.msl",
             &["--stdlib", "/nonexistent"],
             "E0101",
+            1,
         ),
-        ("examples/tiny_llama.msl", &["--dim", "B=0"], "E0309"),
-        ("examples/llama2_70b.msl", &["--set", "heads=7"], "E0302"),
+        ("examples/tiny_llama.msl", &["--dim", "B=0"], "E0309", 1),
+        ("examples/llama2_70b.msl", &["--set", "heads=7"], "E0302", 1),
     ];
-    for (file, flags, code) in cases {
+    for (file, flags, code, status) in cases {
         let mut args = vec!["--message-format", "json", "check", file];
         args.extend_from_slice(flags);
         let out = mslc(&args);
-        assert_eq!(out.status.code(), Some(1), "{file} {flags:?}");
+        assert_eq!(out.status.code(), Some(status), "{file} {flags:?}");
         assert_eq!(codes(&out), vec![code.to_string()], "{file} {flags:?}");
     }
     let out = mslc(&[
