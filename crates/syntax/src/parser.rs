@@ -22,6 +22,10 @@ struct MslParser;
 /// deep enough to exhaust the stack of later stages.
 const MAX_EXPR_PARTS: usize = 4096;
 
+/// Syntax errors reported per file before the rest of it is left unparsed (E0012): enough to
+/// fix in one pass, few enough that reporting them stays fast on any file.
+const MAX_SYNTAX_ERRORS: usize = 100;
+
 /// Upper bound on pest's rule calls, so pathological input fails instead of running for long.
 const CALL_LIMIT: usize = 50_000_000;
 
@@ -53,6 +57,21 @@ pub fn parse(file: FileId, text: &str) -> (File, Vec<Diagnostic>) {
     };
     let mut diagnostics = Vec::new();
     for (start, end) in recovery::pieces(text) {
+        if diagnostics.len() >= MAX_SYNTAX_ERRORS {
+            let at = start + (text[start..end].len() - text[start..end].trim_start().len());
+            let first_char = text[at..].chars().next().map_or(0, char::len_utf8);
+            diagnostics.push(
+                Diagnostic::error(
+                    Code::E0012,
+                    file,
+                    Span::new(at, at + first_char),
+                    format!("too many syntax errors: stopped after {MAX_SYNTAX_ERRORS}"),
+                )
+                .with_label("the rest of the file, from here, was not parsed")
+                .with_help("fix the errors above and check again"),
+            );
+            break;
+        }
         let piece = &text[start..end];
         if let Some(problem) = lexical::scan(piece) {
             diagnostics.push(lex_diagnostic(file, start, problem));

@@ -292,6 +292,22 @@ mod tests {
         );
     }
 
+    /// A file of 150 broken items reports the first 100 and then E0012 at the 101st, which
+    /// keeps reporting (and rendering) bounded whatever the file.
+    #[test]
+    fn reporting_stops_after_a_hundred_syntax_errors() {
+        use mslc_core::diag::{Code, FileId};
+        let item = |i: usize| format!("model M{i} {{\n  input x: f32[4\n  output y = x\n}}\n");
+        let text: String = (0..150).map(item).collect();
+        let (_, diags) = crate::parse(FileId(0), &text);
+        assert_eq!(diags.len(), 101);
+        assert!(diags[..100].iter().all(|d| d.code == Code::E0009));
+        let last = &diags[100];
+        assert_eq!(last.code, Code::E0012);
+        let stopped_at = (0..100).map(item).collect::<String>().len();
+        assert_eq!(last.primary.span, Span::new(stopped_at, stopped_at + 1));
+    }
+
     /// Every closing bracket of an example, deleted in turn: the parser reports a delimiter
     /// error (and nothing else for that item), with spans inside the text.
     #[test]

@@ -45,6 +45,7 @@ codes! {
     E0009 => "unclosed delimiter",
     E0010 => "mismatched closing delimiter",
     E0011 => "unexpected closing delimiter",
+    E0012 => "too many syntax errors",
     E0100 => "cannot read source file",
     E0101 => "module not found",
     E0102 => "name not exported by module",

@@ -13,6 +13,9 @@ pub struct SourceFile {
     pub name: String,
     /// Full text.
     pub text: Arc<str>,
+    /// Byte offset of each line's start, so finding a line is a binary search, not a scan
+    /// from the top (a file with thousands of diagnostics would make that quadratic).
+    line_starts: Vec<usize>,
 }
 
 /// All files of one compilation, in the order they were read.
@@ -30,9 +33,14 @@ impl Sources {
     /// Adds a file and returns its id.
     pub fn add(&mut self, name: impl Into<String>, text: impl Into<Arc<str>>) -> FileId {
         let id = FileId(self.files.len() as u32);
+        let text: Arc<str> = text.into();
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
         self.files.push(SourceFile {
             name: name.into(),
-            text: text.into(),
+            text,
+            line_starts,
         });
         id
     }
@@ -62,12 +70,13 @@ impl Sources {
 
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, id: FileId, offset: usize) -> (usize, usize) {
-        let text = &self.get(id).text;
+        let file = self.get(id);
+        let text = &file.text;
         let offset = floor_char_boundary(text, offset.min(text.len()));
-        let before = &text[..offset];
-        let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        (line, before[line_start..].chars().count() + 1)
+        // Lines starting at or before the offset; the first always does.
+        let line = file.line_starts.partition_point(|&start| start <= offset);
+        let line_start = file.line_starts[line - 1];
+        (line, text[line_start..offset].chars().count() + 1)
     }
 }
 
