@@ -81,6 +81,8 @@ BY_RULE = {
     "scalar_type": "block F(a: {w}) {{\n}}",
     "dtype_name": "input x: {w}[B, S]",
     "annotation_name": "let y = x @{w}",
+    "matmul_op": "@{w}(unused)\nmodel M {{\n}}",
+    "lint_name": "@allow({w})\nmodel M {{\n}}",
     "policy_kind": "{w} P {{\n    a = 1\n}}",
     "param_kind": "{w} w: [4] ~ zeros",
     "unit": "target t {{\n    m = 8{w}\n}}",

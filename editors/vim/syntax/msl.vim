@@ -83,6 +83,8 @@ syn match   mslError         +[;#$?^`'\\]+
 syn match   mslOperator      "|>\|\.\.\.\=\|->\|==\|!=\|<=\|>=\|&&\|||\|[-+*/%<>!~=@]"
 syn match   mslTranspose     "\.\zsT\>"
 syn match   mslAnnotation    "@\%(shard\|recompute\|f32\|f16\|bf16\|allow\)\>"
+" The lint an `@allow(...)` names.
+syn match   mslAnnotation    "\%(@allow(\s*\)\@<=unused\>"
 
 " ---------------------------------------------------------------- names
 " An instance: `label.path[i]: BlockName(` — the label and the block.
