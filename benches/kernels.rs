@@ -1,6 +1,6 @@
 //! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (measured on
 //! each thread count by `mslc_kernels::peak`) for the matmul and attention shapes the executor
-//! runs most.
+//! runs most, and `rope` with its table computed per call against once.
 //!
 //! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
 //! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use mslc_kernels::attention::{attention, AttentionParams};
 use mslc_kernels::convert;
 use mslc_kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
-use mslc_kernels::TensorRef;
+use mslc_kernels::par::RowParams;
+use mslc_kernels::{rope, TensorRef};
 
 /// This machine's measured f32 peak on `threads` threads in GFLOP/s, measured once per count.
 fn peak_gflops(threads: usize) -> f64 {
@@ -187,6 +188,34 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
+/// `rope` computing its cos/sin table on every call against `rope_cached` reading a table made
+/// once (what the fusion pass compiles a rope into), on `[b, s, h, d]`; prints both times and
+/// their ratio, measured in the same run.
+fn bench_rope(threads: usize, b: usize, s: usize, h: usize, d: usize) {
+    let shape = [b, s, h, d];
+    let x = data(b * s * h * d, 9);
+    let x = TensorRef::new("x", &x, &shape).expect("x");
+    let mut out = vec![0.0f32; x.data.len()];
+    let params = RowParams::default();
+    let mut table = vec![0.0f32; s * d];
+    rope::rope_table(10_000.0, s, d, &mut table).expect("table");
+    let table_shape = [2, s, d / 2];
+    let table = TensorRef::new("table", &table, &table_shape).expect("table");
+    let (per_call, _) = in_pool(threads, || {
+        time(|| rope::rope(x, 10_000.0, &params, &mut out).expect("rope"))
+    });
+    let (cached, _) = in_pool(threads, || {
+        time(|| rope::rope_cached(x, table, &params, &mut out).expect("rope_cached"))
+    });
+    println!(
+        "rope {b}x{s}x{h}x{d} t={threads}: per-call table {:8.1} us, cached table {:8.1} us, {:.2}x",
+        per_call * 1e6,
+        cached * 1e6,
+        per_call / cached
+    );
+    black_box(&out);
+}
+
 /// f16 / bf16 conversion throughput over 4 Mi values (one thread), in values per nanosecond.
 fn bench_convert() {
     let n = 1 << 22;
@@ -248,6 +277,11 @@ fn main() {
     if wanted("attention") {
         for t in threads {
             bench_attention(t, 1, 128, 4, 64);
+        }
+    }
+    if wanted("rope") {
+        for t in threads {
+            bench_rope(t, 1, 128, 4, 64);
         }
     }
 }

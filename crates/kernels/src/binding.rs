@@ -110,6 +110,7 @@ impl KernelKind {
             | Op::LayerNorm
             | Op::LayerNormAffine
             | Op::Rope
+            | Op::RopeCached
             | Op::Embedding
             | Op::Sum
             | Op::Mean

@@ -25,9 +25,10 @@ dispatch_avx2! {
 }
 
 /// `rope(x, theta)` into `out`: for position s and i < D/2, angle `s · theta^(−2i/D)`,
-/// `out[i] = x[i] cos − x[i + D/2] sin`, `out[i + D/2] = x[i + D/2] cos + x[i] sin`.
+/// `out[i] = x[i] cos − x[i + D/2] sin`, `out[i + D/2] = x[i + D/2] cos + x[i] sin`. The angles
+/// are computed on every call; [`rope_table`] once and [`rope_cached`] give the same bits.
 pub fn rope(x: TensorRef<'_>, theta: f64, params: &RowParams, out: &mut [f32]) -> KernelResult<()> {
-    let [_, s, h, d] = dims4("rope", "x", x)?;
+    let [_, s, _, d] = dims4("rope", "x", x)?;
     check_len("rope", "out", out.len(), x.shape)?;
     if d % 2 != 0 {
         return Err(KernelError::new(
@@ -35,39 +36,79 @@ pub fn rope(x: TensorRef<'_>, theta: f64, params: &RowParams, out: &mut [f32]) -
             format!("head dim {d} must be even"),
         ));
     }
+    let shape = [2, s, d / 2];
+    with_scratch(2 * s * (d / 2), |table| {
+        rope_table(theta, s, d, table)?;
+        rope_cached(
+            x,
+            TensorRef {
+                data: table,
+                shape: &shape,
+            },
+            params,
+            out,
+        )
+    })
+}
+
+/// The cosines and then the sines of every position `0..positions` and frequency
+/// `theta^(−2i/dim)`, `i < dim/2`, into `out` (`[2, positions, dim/2]`), each computed in f64
+/// and rounded once.
+pub fn rope_table(theta: f64, positions: usize, dim: usize, out: &mut [f32]) -> KernelResult<()> {
     if theta.is_nan() || theta <= 0.0 {
         return Err(KernelError::new(
             "rope",
             format!("theta {theta} must be positive"),
         ));
     }
+    let half = dim / 2;
+    check_len("rope_table", "out", out.len(), &[2, positions, half])?;
+    let (cos, sin) = out.split_at_mut(positions * half);
+    for pos in 0..positions {
+        for i in 0..half {
+            let angle = pos as f64 * theta.powf(-2.0 * i as f64 / dim as f64);
+            cos[pos * half + i] = angle.cos() as f32;
+            sin[pos * half + i] = angle.sin() as f32;
+        }
+    }
+    Ok(())
+}
+
+/// `rope` of `x` with the angles of `table` (from [`rope_table`] for `x`'s positions and head
+/// dim) into `out`.
+pub fn rope_cached(
+    x: TensorRef<'_>,
+    table: TensorRef<'_>,
+    params: &RowParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    let [_, s, h, d] = dims4("rope", "x", x)?;
+    check_len("rope", "out", out.len(), x.shape)?;
     let half = d / 2;
-    // cos and sin of every (position, frequency), computed in f64 once.
-    with_scratch(2 * s * half, |table| {
-        let (cos, sin) = table.split_at_mut(s * half);
-        for pos in 0..s {
-            for i in 0..half {
-                let angle = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
-                cos[pos * half + i] = angle.cos() as f32;
-                sin[pos * half + i] = angle.sin() as f32;
+    if d % 2 != 0 || table.shape != [2, s, half] || table.data.len() != 2 * s * half {
+        return Err(KernelError::new(
+            "rope",
+            format!(
+                "the table {:?} does not fit x {:?} (want [2, {s}, {half}])",
+                table.shape, x.shape
+            ),
+        ));
+    }
+    let (cos, sin) = table.data.split_at(s * half);
+    let row = h * d;
+    for_each_row_group(params, x.data.len(), out, row, |first, chunk| {
+        let src = &x.data[first * row..first * row + chunk.len()];
+        for (r, (xr, or)) in src
+            .chunks_exact(row)
+            .zip(chunk.chunks_exact_mut(row))
+            .enumerate()
+        {
+            let pos = (first + r) % s;
+            let (c, sn) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
+            for (xh, oh) in xr.chunks_exact(d).zip(or.chunks_exact_mut(d)) {
+                rotate(xh, oh, c, sn);
             }
         }
-        let (cos, sin) = (&*cos, &*sin);
-        let row = h * d;
-        for_each_row_group(params, x.data.len(), out, row, |first, chunk| {
-            let src = &x.data[first * row..first * row + chunk.len()];
-            for (r, (xr, or)) in src
-                .chunks_exact(row)
-                .zip(chunk.chunks_exact_mut(row))
-                .enumerate()
-            {
-                let pos = (first + r) % s;
-                let (c, sn) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
-                for (xh, oh) in xr.chunks_exact(d).zip(or.chunks_exact_mut(d)) {
-                    rotate(xh, oh, c, sn);
-                }
-            }
-        });
     });
     Ok(())
 }
@@ -101,6 +142,14 @@ mod tests {
             };
             let one = in_pool(1, run);
             assert_same_bits("threads", &one, &in_pool(2, run));
+            // The table computed once gives the same bits as the angles computed per call.
+            let mut table = vec![f32::NAN; 2 * s * half];
+            rope_table(theta, s, 2 * half, &mut table).unwrap();
+            let table_shape = [2, s, half];
+            let table = TensorRef::new("table", &table, &table_shape).unwrap();
+            let mut cached = vec![f32::NAN; x.len()];
+            in_pool(2, || rope_cached(t, table, &params, &mut cached).unwrap());
+            assert_same_bits("cached table", &one, &cached);
             // f32 cos/sin table and products: a few ulp of |x| <= 2.
             assert_close_in(precision, "rope", &one, &want.data, 2e-6, 1e-5);
         }
@@ -114,5 +163,9 @@ mod tests {
         assert!(rope(t, 10_000.0, &RowParams::default(), &mut out).is_err());
         let t2 = TensorRef::new("t", &x[..2], &[1, 1, 1, 2]).unwrap();
         assert!(rope(t2, -1.0, &RowParams::default(), &mut out[..2]).is_err());
+        // A table for another length or head dim is refused, not read out of bounds.
+        let table = [1.0f32; 4];
+        let wrong = TensorRef::new("table", &table, &[2, 2, 1]).unwrap();
+        assert!(rope_cached(t2, wrong, &RowParams::default(), &mut out[..2]).is_err());
     }
 }

@@ -56,8 +56,9 @@ let s:ops = [
       \ 'div', 'dropout', 'embedding', 'erf', 'exp', 'fused_elementwise', 'fused_matmul', 'gelu',
       \ 'gelu_tanh', 'layer_norm', 'layer_norm_affine', 'log', 'log_softmax', 'matmul', 'max',
       \ 'max_pool2d', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg', 'pow', 'reciprocal',
-      \ 'relu', 'reshape', 'rms_norm', 'rms_norm_scale', 'rope', 'rsqrt', 'select', 'sigmoid',
-      \ 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum', 'tanh', 'transpose'
+      \ 'relu', 'reshape', 'rms_norm', 'rms_norm_scale', 'rope', 'rope_cached', 'rope_table',
+      \ 'rsqrt', 'select', 'sigmoid', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum',
+      \ 'tanh', 'transpose'
       \ ]
 let s:lib_functions = [
       \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'

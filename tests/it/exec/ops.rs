@@ -292,6 +292,28 @@ fn transformer_ops() {
     );
     let want = r::rope(case.x(0), 10000.0).unwrap();
     case.check(want);
+    // What the fusion pass splits a rope into: its cos/sin table as a value of its own, and
+    // the rotation reading it.
+    let (positions, half) = (5usize, 4usize);
+    let mut table = vec![0f32; 2 * positions * half];
+    for p in 0..positions {
+        for i in 0..half {
+            let angle = p as f64 * 10000f64.powf(-(i as f64) / half as f64);
+            table[p * half + i] = angle.cos() as f32;
+            table[(positions + p) * half + i] = angle.sin() as f32;
+        }
+    }
+    let attrs = Attrs::new()
+        .with("theta", 10000.0)
+        .with("positions", positions as i64)
+        .with("dim", 2 * half as i64);
+    let want = Tensor::new("rope_table", vec![2, positions, half], table.clone()).unwrap();
+    Case::new(Op::RopeTable, attrs).check(want);
+    let case = Case::new(Op::RopeCached, Attrs::new())
+        .input(DType::F32, &[1, 5, 2, 8], rand(2, 80, -1.0, 1.0))
+        .input(DType::F32, &[2, positions, half], table);
+    let want = r::rope(case.x(0), 10000.0).unwrap();
+    case.check(want);
     for causal in [false, true] {
         let case = Case::new(Op::Attention, Attrs::new().with("causal", causal))
             .input(DType::F32, &[2, 6, 4, 8], rand(3, 384, -1.0, 1.0))
@@ -398,7 +420,12 @@ fn covering_test(op: Op) -> fn() {
         Op::RmsNorm | Op::RmsNormScale | Op::LayerNorm | Op::LayerNormAffine | Op::BatchNorm => {
             norms
         }
-        Op::Embedding | Op::Rope | Op::Attention | Op::CausalMask => transformer_ops,
+        Op::Embedding
+        | Op::Rope
+        | Op::RopeTable
+        | Op::RopeCached
+        | Op::Attention
+        | Op::CausalMask => transformer_ops,
         Op::Conv2d | Op::MaxPool2d | Op::AvgPool2d | Op::AdaptiveAvgPool2d => vision_ops,
         Op::CrossEntropy | Op::MseLoss | Op::FusedElementwise => losses_and_fused_elementwise,
     }

@@ -214,6 +214,8 @@ op_table! {
     FusedElementwise = "fused_elementwise" => fused::FUSED_ELEMENTWISE,
     RmsNormScale = "rms_norm_scale" => norm::normalize_affine(&["x", "w"], 5),
     LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
+    RopeTable = "rope_table" => nn::ROPE_TABLE,
+    RopeCached = "rope_cached" => nn::ROPE_CACHED,
 }
 
 impl Op {

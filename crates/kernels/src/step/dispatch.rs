@@ -86,6 +86,10 @@ impl StepKernel {
             }
             StepKernel::Embedding(p) => embedding::embedding(ints, x(0).shape, x(1), p, out)?,
             StepKernel::Rope(theta, p) => rope::rope(x(0), *theta, p, out)?,
+            StepKernel::RopeTable(theta, positions, dim) => {
+                rope::rope_table(*theta, *positions, *dim, out)?
+            }
+            StepKernel::RopeCached(p) => rope::rope_cached(x(0), x(1), p, out)?,
             StepKernel::Attention {
                 causal,
                 scale,

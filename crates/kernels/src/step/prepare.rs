@@ -58,6 +58,10 @@ pub enum StepKernel {
     Embedding(RowParams),
     /// `rope` with its theta.
     Rope(f64, RowParams),
+    /// `rope_table`: theta, positions, head dim.
+    RopeTable(f64, usize, usize),
+    /// `rope_cached` (input 1 is the table).
+    RopeCached(RowParams),
     /// `attention`.
     Attention {
         /// Causal mask.
@@ -200,6 +204,12 @@ pub fn prepare(
         ),
         Op::Embedding => StepKernel::Embedding(params(k)?),
         Op::Rope => StepKernel::Rope(a.float("theta").map_err(err)?, params(k)?),
+        Op::RopeTable => StepKernel::RopeTable(
+            a.float("theta").map_err(err)?,
+            usize_of(a.int("positions").map_err(err)?, "positions")?,
+            usize_of(a.int("dim").map_err(err)?, "dim")?,
+        ),
+        Op::RopeCached => StepKernel::RopeCached(params(k)?),
         Op::Attention => {
             let dims = AttentionDims::of(&inputs[0], &inputs[1], &inputs[2], &a).map_err(err)?;
             StepKernel::Attention {

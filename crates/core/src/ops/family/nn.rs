@@ -1,10 +1,11 @@
-//! Transformer building blocks: `embedding`, `rope`, `attention`, `causal_mask`.
+//! Transformer building blocks: `embedding`, `rope` (and the `rope_table` / `rope_cached` pair
+//! the fusion pass splits it into), `attention`, `causal_mask`.
 
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{fmt_dims, numel};
 use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::{DType, TensorType};
 
 /// `embedding`: rows of `table [V, H]` gathered by integer `ids [...]` into `[..., H]`.
 pub const EMBEDDING: OpSpec = OpSpec {
@@ -27,6 +28,41 @@ pub const ROPE: OpSpec = OpSpec {
     arity: Arity::Exact(1),
     attrs: &[AttrSpec::defaulted("theta", ConstAttr::Float(10000.0))],
     infer: infer_rope,
+    cost: CostRule::PerOutput(4),
+    precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `rope_table`: the cosines (row 0) and sines (row 1) of every position `0..positions` and
+/// frequency `theta^(-2i/dim)`, `i < dim/2`, as `f32 [2, positions, dim/2]` — made by the
+/// fusion pass from a `rope`, so the table depends on nothing and is computed once per module.
+pub const ROPE_TABLE: OpSpec = OpSpec {
+    inputs: &[],
+    arity: Arity::Exact(0),
+    attrs: &[
+        AttrSpec::required("theta", AttrKind::Float),
+        AttrSpec::required("positions", AttrKind::Int),
+        AttrSpec::required("dim", AttrKind::Int),
+    ],
+    infer: infer_rope_table,
+    cost: CostRule::PerOutput(20),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `rope_cached`: `rope` of `x [B, S, heads, D]` with the angles read from a `rope_table` of
+/// `S` positions and `D` dims instead of computed.
+pub const ROPE_CACHED: OpSpec = OpSpec {
+    inputs: &["x", "table"],
+    arity: Arity::Exact(2),
+    attrs: &[],
+    infer: infer_rope_cached,
     cost: CostRule::PerOutput(4),
     precision: PrecisionClass::FollowInput,
     elementwise: false,
@@ -183,6 +219,13 @@ fn cost_embedding(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
 }
 
 fn infer_rope(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_rope_shape(ctx)?;
+    check_theta(ctx.attrs.float("theta")?)?;
+    Ok(out)
+}
+
+/// `x`'s type when it is a float `[B, S, heads, D]` with an even `D`.
+fn infer_rope_shape(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     ctx.expect_rank(0, 4, "[B, S, heads, D]")?;
     let d = ctx.input(0).shape[3];
@@ -192,13 +235,17 @@ fn infer_rope(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             format!("the head dim of x must be even to rotate halves, got {d}"),
         ));
     }
-    let theta = ctx.attrs.float("theta")?;
-    if !(theta > 0.0 && theta.is_finite()) {
-        return Err(OpError::new(format!(
-            "`theta` must be a finite positive number, got {theta:?}"
-        )));
-    }
     Ok(vec![ctx.input(0).clone()])
+}
+
+fn check_theta(theta: f64) -> Result<(), OpError> {
+    if theta > 0.0 && theta.is_finite() {
+        Ok(())
+    } else {
+        Err(OpError::new(format!(
+            "`theta` must be a finite positive number, got {theta:?}"
+        )))
+    }
 }
 
 fn infer_attention(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -213,6 +260,31 @@ fn cost_attention(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
         .map_or(0, |d| d.flops());
     Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+fn infer_rope_table(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    check_theta(ctx.attrs.float("theta")?)?;
+    let positions = ctx.attrs.int("positions")?;
+    let dim = ctx.attrs.int("dim")?;
+    if positions < 0 || dim < 0 || dim % 2 != 0 {
+        return Err(OpError::new(format!(
+            "`positions` must be non-negative and `dim` even and non-negative, got {positions} and {dim}"
+        )));
+    }
+    Ok(vec![TensorType::new(DType::F32, [2, positions, dim / 2])])
+}
+
+fn infer_rope_cached(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_rope_shape(ctx)?;
+    let x = ctx.input(0);
+    let want = TensorType::new(DType::F32, [2, x.shape[1], x.shape[3] / 2]);
+    if ctx.input(1) != &want {
+        return Err(OpError::at(
+            1,
+            format!("the table must be {want} for x {x}, got {}", ctx.input(1)),
+        ));
+    }
+    Ok(out)
 }
 
 fn infer_causal_mask(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {

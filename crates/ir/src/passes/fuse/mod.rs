@@ -8,7 +8,9 @@
 //! 3. matmul + bias add (+ an activation: a unary op marked `epilogue` in the op table)
 //!    → `fused_matmul`;
 //! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
-//! 5. chains of elementwise ops of one output shape → `fused_elementwise`.
+//! 5. chains of elementwise ops of one output shape → `fused_elementwise`;
+//! 6. `rope(x)` → `rope_cached(x, rope_table)`, the table shared by ropes of one shape and
+//!    theta and computed once per module (it depends on nothing, so the planner hoists it).
 //!
 //! An intermediate is only absorbed when nothing else reads it and it is not a model output,
 //! so no work is duplicated; the fused op keeps the origin and annotations of the pattern's
@@ -18,6 +20,7 @@ mod attention;
 mod elementwise;
 mod matmul;
 mod norm;
+mod rope;
 mod transpose;
 
 use super::{Pass, PassContext, PassError, PassStats};
@@ -33,12 +36,13 @@ const NAME: &str = "fuse";
 /// One fusion rule: one sweep over the graph, recording a label per rewrite.
 type Rule = fn(&mut Graph, &mut PassStats) -> Result<(), OpError>;
 
-const RULES: [Rule; 5] = [
+const RULES: [Rule; 6] = [
     transpose::run,
     attention::run,
     matmul::run,
     norm::run,
     elementwise::run,
+    rope::run,
 ];
 
 impl Pass for Fuse {
@@ -48,7 +52,7 @@ impl Pass for Fuse {
 
     fn description(&self) -> &'static str {
         "fuse transposes into matmuls, explicit attention, matmul+bias+activation, norm+affine \
-         and elementwise chains"
+         and elementwise chains; give ropes a table computed once"
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
