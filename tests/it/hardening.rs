@@ -42,6 +42,13 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
+/// `mslc run examples/mlp.msl --init-seed 1` with `extra` flags.
+fn run_mlp(extra: &[&str]) -> Output {
+    let mut args = vec!["run", "examples/mlp.msl", "--init-seed", "1"];
+    args.extend_from_slice(extra);
+    mslc(&args)
+}
+
 /// Builds `examples/mlp.msl` (no mixed precision) into `dir` and returns its module.
 fn mlp_module(dir: &Path) -> Module {
     let out = mslc(&["build", "examples/mlp.msl", "-o", s(dir)]);
@@ -143,39 +150,18 @@ fn kernel_parameters_out_of_bounds_are_rejected() {
 #[test]
 fn hostile_iteration_and_thread_counts_are_refused() {
     for n in ["18446744073709551615", "1000000000000", "0", "-1", "abc"] {
-        let out = mslc(&[
-            "run",
-            "examples/mlp.msl",
-            "--init-seed",
-            "1",
-            "--iterations",
-            n,
-        ]);
+        let out = run_mlp(&["--iterations", n]);
         assert_eq!(out.status.code(), Some(2), "--iterations {n}");
         assert_eq!(codes(&out), ["E0609"], "--iterations {n}");
     }
-    let out = mslc(&[
-        "run",
-        "examples/mlp.msl",
-        "--init-seed",
-        "1",
-        "--threads",
-        "1000",
-    ]);
+    let out = run_mlp(&["--threads", "1000"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(codes(&out), ["E0605"]);
 }
 
 #[test]
 fn a_model_larger_than_the_memory_limit_is_refused_before_allocating() {
-    let out = mslc(&[
-        "run",
-        "examples/mlp.msl",
-        "--init-seed",
-        "1",
-        "--max-memory",
-        "100KB",
-    ]);
+    let out = run_mlp(&["--max-memory", "100KB"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(codes(&out), ["E0604"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -183,14 +169,7 @@ fn a_model_larger_than_the_memory_limit_is_refused_before_allocating() {
         text.contains("100000 bytes") && text.contains("--max-memory"),
         "{text}"
     );
-    let out = mslc(&[
-        "run",
-        "examples/mlp.msl",
-        "--init-seed",
-        "1",
-        "--max-memory",
-        "1GiB",
-    ]);
+    let out = run_mlp(&["--max-memory", "1GiB"]);
     assert!(out.status.success());
     let out = mslc(&["run", "examples/mlp.msl", "--max-memory", "lots"]);
     assert_eq!(codes(&out), ["E0609"]);
@@ -222,14 +201,7 @@ fn a_device_given_as_an_output_is_written_into_never_replaced() {
     }
     use std::os::unix::fs::MetadataExt;
     let before = std::fs::symlink_metadata(null).unwrap();
-    let out = mslc(&[
-        "run",
-        "examples/mlp.msl",
-        "--init-seed",
-        "1",
-        "--profile",
-        "/dev/null",
-    ]);
+    let out = run_mlp(&["--profile", "/dev/null"]);
     assert!(out.status.success(), "{out:?}");
     let after = std::fs::symlink_metadata(null).unwrap();
     assert!(after.file_type().is_char_device_like());
@@ -363,14 +335,7 @@ fn build_output_sets_are_locked_sealed_and_checked() {
     let out = mslc(&["build", "examples/mlp.msl", "-o", s(&file)]);
     assert_eq!(codes(&out), ["E0600"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("is not a directory"));
-    let out = mslc(&[
-        "run",
-        "examples/mlp.msl",
-        "--init-seed",
-        "1",
-        "--output-dir",
-        s(&file),
-    ]);
+    let out = run_mlp(&["--output-dir", s(&file)]);
     assert_eq!(codes(&out), ["E0600"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("is not a directory"));
 }

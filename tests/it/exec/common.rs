@@ -196,16 +196,21 @@ pub fn array(dtype: DType, shape: &[usize], values: &[f32]) -> NpyArray {
     }
 }
 
-/// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns output `y`.
-pub fn run_one(module: Module, inputs: &[NpyArray], threads: usize) -> Vec<f32> {
-    let mut exec = Executor::new(
+/// An executor for `module` on `threads` threads.
+pub fn executor(module: Module, threads: usize) -> Executor {
+    Executor::new(
         module,
         &ExecOptions {
             threads,
             ..ExecOptions::default()
         },
     )
-    .expect("setup");
+    .expect("setup")
+}
+
+/// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns output `y`.
+pub fn run_one(module: Module, inputs: &[NpyArray], threads: usize) -> Vec<f32> {
+    let mut exec = executor(module, threads);
     for (i, a) in inputs.iter().enumerate() {
         exec.set_input(&format!("x{i}"), a).expect("input");
     }

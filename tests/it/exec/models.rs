@@ -2,7 +2,7 @@
 //! of HF LLaMA, fused against unfused graphs, 1 against 2 threads, in-place steps.
 
 use mslc_artifact::Module;
-use mslc_exec::{ExecOptions, Executor};
+
 use mslc_io::npy::{read_npy, write_npy, NpyArray};
 
 use mslc_artifact::Storage;
@@ -11,7 +11,7 @@ use mslc_core::ops::{DType, Op};
 use mslc_ir::passes::AmpConfig;
 
 use super::common::{
-    assert_close, assert_matches_reference, compile_file, compile_with, have_numpy, mslc,
+    assert_close, assert_matches_reference, compile_file, compile_with, executor, have_numpy, mslc,
     random_weights, root, s, without_precision_policy, write_weights, Rng, TestDir,
 };
 
@@ -81,14 +81,7 @@ fn tiny_llama_matches_numpy_hf_llama() {
 
 /// Runs `module` with seeded parameters and inputs on `threads` threads; output `name`.
 fn run_seeded(module: Module, threads: usize, name: &str) -> Vec<f32> {
-    let mut exec = Executor::new(
-        module,
-        &ExecOptions {
-            threads,
-            ..ExecOptions::default()
-        },
-    )
-    .expect("setup");
+    let mut exec = executor(module, threads);
     exec.init_params(5);
     for input in exec.unset_inputs() {
         exec.seed_input(&input, 9).expect("seeded input");
@@ -128,14 +121,7 @@ fn fused_and_unfused_graphs_agree() {
 #[test]
 fn repeated_runs_give_the_same_result() {
     let module = compile_file("examples/mlp.msl", &[], true);
-    let mut exec = Executor::new(
-        module,
-        &ExecOptions {
-            threads: 2,
-            ..ExecOptions::default()
-        },
-    )
-    .unwrap();
+    let mut exec = executor(module, 2);
     exec.init_params(1);
     exec.seed_input("images", 2).unwrap();
     exec.run().unwrap();
@@ -191,14 +177,7 @@ fn parameter_only_steps_run_once_per_parameter_change() {
     assert!(hoisted(&module) >= casts);
     let (arena, region) = (module.arena_bytes, module.hoisted_bytes);
     assert!(region > 0);
-    let mut exec = Executor::new(
-        module,
-        &ExecOptions {
-            threads: 2,
-            ..ExecOptions::default()
-        },
-    )
-    .unwrap();
+    let mut exec = executor(module, 2);
     assert_eq!(
         (exec.arena_bytes() as u64, exec.hoisted_bytes() as u64),
         (arena, region)
