@@ -132,7 +132,7 @@ pub fn prepare(
         usize::try_from(v).map_err(|_| format!("`{what}` must be non-negative, got {v}"))
     };
     if let Some(u) = op.unary() {
-        return Ok(StepKernel::Unary(u, params(k)?));
+        return Ok(StepKernel::Unary(u, decode_params(k)?));
     }
     if let Some(b) = op.binary() {
         let same = inputs.iter().all(|t| t.shape == output.shape);
@@ -143,7 +143,7 @@ pub fn prepare(
                 Instr::Binary { op: b, a: 0, b: 1 },
             ],
         });
-        return Ok(StepKernel::Binary(b, program, params(k)?));
+        return Ok(StepKernel::Binary(b, program, decode_params(k)?));
     }
     Ok(match op {
         Op::Constant => StepKernel::Constant(a.float("value").map_err(err)? as f32),
@@ -154,7 +154,7 @@ pub fn prepare(
         Op::FusedElementwise => {
             let text = a.str("program").map_err(err)?;
             let program = ElementwiseProgram::parse(&text).map_err(err)?;
-            StepKernel::Fused(lower_program(&program, inputs)?, params(k)?)
+            StepKernel::Fused(lower_program(&program, inputs)?, decode_params(k)?)
         }
         Op::Matmul | Op::FusedMatmul => {
             let activation = Activation::of(&a).map_err(err)?;
@@ -173,10 +173,10 @@ pub fn prepare(
                 plan,
                 bias: inputs.len() == 3,
                 activation,
-                params: params(k)?,
+                params: decode_params(k)?,
             }
         }
-        Op::Transpose => StepKernel::Transpose(a.ints("perm").map_err(err)?, params(k)?),
+        Op::Transpose => StepKernel::Transpose(a.ints("perm").map_err(err)?, decode_params(k)?),
         Op::Sum | Op::Mean | Op::Max => {
             let rop = match op {
                 Op::Sum => ReduceOp::Sum,
@@ -185,37 +185,42 @@ pub fn prepare(
             };
             let axes = reduced_axes(&a, inputs[0].rank()).map_err(err)?;
             let axes = axes.into_iter().map(|x| x as i64).collect();
-            StepKernel::Reduce(rop, axes, a.bool("keepdim").map_err(err)?, params(k)?)
+            StepKernel::Reduce(
+                rop,
+                axes,
+                a.bool("keepdim").map_err(err)?,
+                decode_params(k)?,
+            )
         }
         Op::Softmax | Op::LogSoftmax => StepKernel::Softmax(
             a.int("axis").map_err(err)?,
             op == Op::LogSoftmax,
-            params(k)?,
+            decode_params(k)?,
         ),
         Op::RmsNorm | Op::RmsNormScale => StepKernel::RmsNorm(
             a.float("eps").map_err(err)?,
             op == Op::RmsNormScale,
-            params(k)?,
+            decode_params(k)?,
         ),
         Op::LayerNorm | Op::LayerNormAffine => StepKernel::LayerNorm(
             a.float("eps").map_err(err)?,
             op == Op::LayerNormAffine,
-            params(k)?,
+            decode_params(k)?,
         ),
-        Op::Embedding => StepKernel::Embedding(params(k)?),
-        Op::Rope => StepKernel::Rope(a.float("theta").map_err(err)?, params(k)?),
+        Op::Embedding => StepKernel::Embedding(decode_params(k)?),
+        Op::Rope => StepKernel::Rope(a.float("theta").map_err(err)?, decode_params(k)?),
         Op::RopeTable => StepKernel::RopeTable(
             a.float("theta").map_err(err)?,
             usize_of(a.int("positions").map_err(err)?, "positions")?,
             usize_of(a.int("dim").map_err(err)?, "dim")?,
         ),
-        Op::RopeCached => StepKernel::RopeCached(params(k)?),
+        Op::RopeCached => StepKernel::RopeCached(decode_params(k)?),
         Op::Attention => {
             let dims = AttentionDims::of(&inputs[0], &inputs[1], &inputs[2], &a).map_err(err)?;
             StepKernel::Attention {
                 causal: dims.causal,
                 scale: dims.scale,
-                params: params(k)?,
+                params: decode_params(k)?,
             }
         }
         Op::Conv2d => {
@@ -230,7 +235,7 @@ pub fn prepare(
                 dilation: pair(w.dilation, "dilation")?,
                 groups: usize_of(g.groups, "groups")?,
             };
-            StepKernel::Conv2d(attrs, params(k)?)
+            StepKernel::Conv2d(attrs, decode_params(k)?)
         }
         Op::MaxPool2d | Op::AvgPool2d => {
             let w = pool_window(&inputs[0], &a).map_err(err)?;
@@ -247,16 +252,19 @@ pub fn prepare(
             } else {
                 PoolKind::Avg
             };
-            StepKernel::Pool(kind, attrs, params(k)?)
+            StepKernel::Pool(kind, attrs, decode_params(k)?)
         }
         Op::AdaptiveAvgPool2d => {
             let o = a.ints("output").map_err(err)?;
             let [h, w] = o[..] else {
                 return Err(format!("`output` must have two sizes, got {o:?}"));
             };
-            StepKernel::AdaptivePool([usize_of(h, "output")?, usize_of(w, "output")?], params(k)?)
+            StepKernel::AdaptivePool(
+                [usize_of(h, "output")?, usize_of(w, "output")?],
+                decode_params(k)?,
+            )
         }
-        Op::CrossEntropy => StepKernel::CrossEntropy(params(k)?),
+        Op::CrossEntropy => StepKernel::CrossEntropy(decode_params(k)?),
         Op::BroadcastTo => StepKernel::BroadcastTo,
         Op::Concat => StepKernel::Concat(a.int("axis").map_err(err)?),
         Op::Slice => StepKernel::Slice(
@@ -270,13 +278,6 @@ pub fn prepare(
         Op::MseLoss => StepKernel::MseLoss,
         _ => return Err(format!("the executor has no kernel for `{op}`")),
     })
-}
-
-/// The step's tunable parameters, every one it names honoured.
-fn params<T: serde::Serialize + serde::de::DeserializeOwned + Default>(
-    k: &KernelChoice,
-) -> Result<T, String> {
-    decode_params(k)
 }
 
 /// The rounding a cast to `dtype` applies to an f32 value.
