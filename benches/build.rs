@@ -6,7 +6,7 @@ use std::time::Instant;
 use mslc_artifact::encode;
 use mslc_check::{check_source, CheckOptions, Overrides};
 use mslc_driver::compile::compile;
-use mslc_driver::select::compile_options;
+use mslc_driver::select::{compile_options, Selection};
 use mslc_plan::kernels::KernelTable;
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -34,14 +34,13 @@ fn main() {
             let checked = check_source("examples/llama2_70b.msl", &text, &opts);
             let check = t.elapsed().as_secs_f64() * 1e3;
             assert!(!checked.has_errors());
-            let options = compile_options(
-                &checked,
-                &checked.models[0],
-                Some("ascend910b"),
-                true,
-                false,
-            )
-            .expect("std.targets declares ascend910b");
+            let selection = Selection {
+                target: Some("ascend910b"),
+                fuse: true,
+                ..Selection::default()
+            };
+            let options = compile_options(&checked, &checked.models[0], selection)
+                .expect("std.targets declares ascend910b");
             let compiled = compile(&checked.models[0], &options).unwrap();
             let t = Instant::now();
             let bytes = encode(&compiled.module, None);

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use mslc_check::{check_path, CheckOptions};
 use mslc_driver::compile::{compile, Compiled};
-use mslc_driver::select::compile_options;
+use mslc_driver::select::{compile_options, Selection};
 use mslc_exec::{ExecOptions, Executor};
 
 /// Counts allocations (and reallocations) while `COUNTING` is set, and the bytes live at any
@@ -75,7 +75,16 @@ fn compiled(file: &str, sets: &[(&str, &str)], policy: bool) -> Compiled {
     let checked = check_path(&root.join(file), &options);
     assert!(!checked.has_errors());
     let model = &checked.models[0];
-    let mut options = compile_options(&checked, model, Some("cpu"), true, false).unwrap();
+    let mut options = compile_options(
+        &checked,
+        model,
+        Selection {
+            target: Some("cpu"),
+            fuse: true,
+            ..Selection::default()
+        },
+    )
+    .unwrap();
     if !policy {
         options.amp = None;
     }

@@ -14,12 +14,12 @@ use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{compile, Compiled};
 use mslc_driver::dep_info::dep_info;
-use mslc_driver::select::{choose_model, compile_options, root_error};
+use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_plan::kernels::KernelTable;
 use mslc_plan::memory_svg::memory_svg;
 
 use super::check::group_thousands;
-use super::{ModelArgs, Reporter};
+use super::{ModelArgs, PrecisionArg, Reporter};
 
 /// Extra outputs `--emit` can ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +71,8 @@ pub struct BuildArgs {
     pub embed_weights: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArg,
 }
 
 /// The `NAME.report.json` content.
@@ -151,13 +153,13 @@ fn build(
     check_ms: f64,
 ) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
     let model = choose_model(checked, args.entry.as_deref())?;
-    let options = compile_options(
-        checked,
-        model,
-        args.target.as_deref(),
-        !args.no_fuse,
-        args.verify,
-    )?;
+    let selection = Selection {
+        target: args.target.as_deref(),
+        precision: args.precision.precision.as_deref(),
+        fuse: !args.no_fuse,
+        verify: args.verify,
+    };
+    let options = compile_options(checked, model, selection)?;
     let mut compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
     let name = &model.name;
     let dir = &args.out_dir;

@@ -77,6 +77,15 @@ pub struct ModelArgs {
     pub stdlib: Option<PathBuf>,
 }
 
+/// The precision option of every command that compiles a model (`build`, `run`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PrecisionArg {
+    /// Compile with this precision policy instead of the one the model's `train` names (`f32`
+    /// for none).
+    #[arg(long, value_name = "f32|POLICY")]
+    pub precision: Option<String>,
+}
+
 impl ModelArgs {
     /// The checker options these arguments mean.
     pub fn check_options(&self) -> mslc_check::CheckOptions {

@@ -14,7 +14,7 @@ use mslc_check::check_path;
 use mslc_core::diag::{Code, Severity};
 use mslc_core::units::human_bytes;
 use mslc_driver::compile::{compile, STAGE_SIZE};
-use mslc_driver::select::{choose_model, compile_options, dims_from_inputs};
+use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selection};
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
@@ -23,7 +23,7 @@ use mslc_kernels::peak::Peak;
 use mslc_plan::kernels::KernelTable;
 
 use super::progress::Progress;
-use super::{parse_key_value, ModelArgs, Reporter};
+use super::{parse_key_value, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc run`.
 #[derive(clap::Args, Debug)]
@@ -69,6 +69,8 @@ pub struct RunArgs {
     pub entry: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArg,
 }
 
 /// The most forward passes `--iterations` times.
@@ -142,9 +144,13 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
     let mir_bytes;
     let (mut module, embedded) = if is_mir {
-        if !args.model.sets.is_empty() || !args.model.dims.is_empty() {
+        if !args.model.sets.is_empty()
+            || !args.model.dims.is_empty()
+            || args.precision.precision.is_some()
+        {
             return Err(Failure::Usage(
-                "--set and --dim apply to .msl sources; rebuild the .mir with them".to_string(),
+                "--set, --dim and --precision apply to .msl sources; rebuild the .mir with them"
+                    .to_string(),
             ));
         }
         mir_bytes = read_mir(&args.file).map_err(unreadable)?;
@@ -506,7 +512,12 @@ fn compile_source(
     let model = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
-    let options = compile_options(&checked, model, None, !args.no_fuse, false).map_err(|d| {
+    let selection = Selection {
+        precision: args.precision.precision.as_deref(),
+        fuse: !args.no_fuse,
+        ..Selection::default()
+    };
+    let options = compile_options(&checked, model, selection).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;

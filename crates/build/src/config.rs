@@ -11,7 +11,7 @@ use mslc_core::diag::{Code, Diagnostic, FileId, Severity};
 use mslc_driver::artifacts::artifact_files;
 use mslc_driver::compile::compile;
 use mslc_driver::render::{render_human, RenderOptions};
-use mslc_driver::select::{choose_model, compile_options, root_error};
+use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::stack::on_compiler_stack;
 
 use crate::bindings::{bindings, module_ident, ModelBinding};
@@ -222,7 +222,15 @@ impl Config {
         dir: &Path,
     ) -> Result<OneModel, Box<Diagnostic>> {
         let model = choose_model(checked, None)?;
-        let options = compile_options(checked, model, self.target.as_deref(), true, false)?;
+        let options = compile_options(
+            checked,
+            model,
+            Selection {
+                target: self.target.as_deref(),
+                fuse: true,
+                ..Selection::default()
+            },
+        )?;
         let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
         let mir_name = format!("{}.mir", model.name);
         let module = module_ident(file);

@@ -120,45 +120,91 @@ pub fn choose_target(
     Ok(target_from_spec(spec))
 }
 
-/// How to compile `model`: the target ([`choose_target`]: `target` when given, else its
-/// `train`'s, else `cpu`) and the mixed precision of its `train`'s precision policy. Every front
-/// end that compiles a model (`mslc build`, `mslc run FILE.msl`, build scripts) takes its
-/// options from here, so one file compiles to one module, and gives the same numbers, whichever
-/// command compiled it.
+/// The choices a caller makes on the command line (or in a build script) about how to compile a
+/// model, each `None` to take the file's own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Selection<'a> {
+    /// `--target NAME`: the target to plan for.
+    pub target: Option<&'a str>,
+    /// `--precision NAME`: `f32`, or the name of a `precision` declaration to compile with
+    /// instead of the one the model's `train` names.
+    pub precision: Option<&'a str>,
+    /// Whether the fusion pass runs.
+    pub fuse: bool,
+    /// Whether the IR verifier runs after every pass.
+    pub verify: bool,
+}
+
+/// How to compile `model`: the target ([`choose_target`]: the selected one when given, else its
+/// `train`'s, else `cpu`) and the mixed precision ([`choose_precision`]: the selected policy, else
+/// its `train`'s). Every front end that compiles a model (`mslc build`, `mslc run FILE.msl`, build
+/// scripts) takes its options from here, so one file compiles to one module, and gives the same
+/// numbers, whichever command compiled it.
 pub fn compile_options(
     checked: &Checked,
     model: &Model,
-    target: Option<&str>,
-    fuse: bool,
-    verify: bool,
+    selection: Selection,
 ) -> Result<CompileOptions, Box<Diagnostic>> {
     Ok(CompileOptions {
-        target: choose_target(checked, model, target)?,
-        verify,
-        fuse,
-        amp: amp_for(checked, model),
+        target: choose_target(checked, model, selection.target)?,
+        verify: selection.verify,
+        fuse: selection.fuse,
+        amp: choose_precision(checked, model, selection.precision)?,
     })
 }
 
-/// The mixed-precision setting of the `train` that trains `model`, if it names a precision.
-fn amp_for(checked: &Checked, model: &Model) -> Option<AmpConfig> {
-    let train = checked
-        .decls
-        .trains
-        .iter()
-        .find(|t| t.spec.model.name == model.name)?;
-    let p = &checked.decls.precisions[train.precision?];
-    let compute = match p.compute {
-        LowPrecision::F16 => DType::F16,
-        LowPrecision::BF16 => DType::BF16,
+/// The mixed precision to compile `model` with: none for `--precision f32`, the named policy
+/// for `--precision NAME`, else the policy of the `train` that trains `model`, if it names one.
+pub fn choose_precision(
+    checked: &Checked,
+    model: &Model,
+    name: Option<&str>,
+) -> Result<Option<AmpConfig>, Box<Diagnostic>> {
+    let policy = match name {
+        Some("f32") => return Ok(None),
+        Some(name) => Some(
+            checked
+                .decls
+                .precisions
+                .iter()
+                .find(|p| p.name.name == name)
+                .ok_or_else(|| {
+                    let mut known = vec!["f32"];
+                    known.extend(
+                        checked
+                            .decls
+                            .precisions
+                            .iter()
+                            .map(|p| p.name.name.as_str()),
+                    );
+                    root_error(
+                        checked,
+                        Code::E0613,
+                        format!("--precision {name}: no such precision policy"),
+                        format!("policies: {}", known.join(", ")),
+                    )
+                })?,
+        ),
+        None => checked
+            .decls
+            .trains
+            .iter()
+            .find(|t| t.spec.model.name == model.name)
+            .and_then(|t| t.precision)
+            .map(|i| &checked.decls.precisions[i]),
     };
-    let keep_f32 = p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect();
-    Some(AmpConfig {
-        level: p.level,
-        compute,
-        keep_f32,
-        keep_batchnorm_f32: p.keep_batchnorm_f32,
-    })
+    Ok(policy.map(|p| {
+        let compute = match p.compute {
+            LowPrecision::F16 => DType::F16,
+            LowPrecision::BF16 => DType::BF16,
+        };
+        AmpConfig {
+            level: p.level,
+            compute,
+            keep_f32: p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect(),
+            keep_batchnorm_f32: p.keep_batchnorm_f32,
+        }
+    }))
 }
 
 /// The dims the caller's input arrays imply (`shapes` by input name), from the model's symbolic

@@ -252,21 +252,6 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
 /// A directory removed when dropped.
 pub struct TestDir(pub PathBuf);
 
-/// A copy of `example` in `dir` whose train names no precision policy: `run` computes in the
-/// train's policy (bf16/f16) as `build` would, and the NumPy references are f32.
-pub fn without_precision_policy(example: &str, dir: &TestDir) -> PathBuf {
-    let source = std::fs::read_to_string(root().join(example)).unwrap();
-    let f32_source = source.replace("precision = Mixed, ", "");
-    assert_ne!(
-        source, f32_source,
-        "{example}'s train no longer names `precision = Mixed`"
-    );
-    let name = std::path::Path::new(example).file_name().unwrap();
-    let copy = dir.0.join(name);
-    std::fs::write(&copy, f32_source).unwrap();
-    copy
-}
-
 impl TestDir {
     /// A fresh, empty directory named after `tag`.
     pub fn new(tag: &str) -> TestDir {

@@ -242,7 +242,7 @@ fn bad_artifacts_are_clear_errors() {
     );
     fails_with_code(
         &[s(&good), "--set", "depth=3", "--init-seed", "1"],
-        "--set and --dim",
+        "--set, --dim and --precision apply to .msl sources",
         2,
     );
 }

@@ -11,8 +11,8 @@ use mslc_core::ops::{DType, Op};
 use mslc_ir::passes::AmpConfig;
 
 use super::common::{
-    assert_close, assert_matches_reference, compile_file, compile_with, executor, have_numpy, mslc,
-    random_weights, root, s, without_precision_policy, write_weights, Rng, TestDir,
+    assert_close, assert_matches_reference, compile_file, compile_sized, compile_with, executor,
+    have_numpy, mslc, random_weights, root, s, write_weights, Rng, TestDir,
 };
 
 #[test]
@@ -35,10 +35,11 @@ fn tiny_llama_matches_numpy_hf_llama() {
         &NpyArray::from_i64(vec![1, 32], &ids).unwrap(),
     )
     .unwrap();
-    let f32_model = without_precision_policy("examples/tiny_llama.msl", &dir);
     let (code, out, err) = mslc(&[
         "run",
-        s(&f32_model),
+        s(&root().join("examples/tiny_llama.msl")),
+        "--precision",
+        "f32",
         "--set",
         "layers=2",
         "--weights",
@@ -262,4 +263,64 @@ fn cli_threads_profile_and_embedded_weights() {
     let embedded = run(&[s(&mir)], "embedded");
     let outside = run(&[s(&mir), "--weights", &w], "outside");
     assert_eq!(embedded, outside);
+}
+
+#[test]
+fn precision_flag_overrides_the_trains_policy() {
+    let dir = TestDir::new("precision-flag");
+    let tokens = dir.path("tokens.npy");
+    let ids: Vec<i64> = (0..16).map(|i| (i * 37) % 1000).collect();
+    write_npy(&tokens, &NpyArray::from_i64(vec![1, 16], &ids).unwrap()).unwrap();
+    let source = root().join("examples/tiny_llama.msl");
+    let input = format!("tokens={}", s(&tokens));
+    let run = |file: &str, extra: &[&str]| -> Vec<f32> {
+        let out = dir.path(&format!("out-{}", extra.join("-")));
+        let mut args = vec!["run", file, "--init-seed", "3", "--input", &input];
+        args.extend_from_slice(&["--output-dir", s(&out)]);
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = mslc(&args);
+        assert_eq!(code, 0, "mslc run {extra:?}:\n{stdout}\n{stderr}");
+        read_npy(out.join("logits.npy")).unwrap().to_f32().unwrap()
+    };
+    let sets = ["--set", "layers=1"];
+    // The train's policy (f16 mixed precision) is what `run FILE.msl` computes in, exactly as a
+    // built artifact does.
+    let mixed = run(s(&source), &sets);
+    let (code, out, err) = mslc(&[
+        "build",
+        s(&source),
+        sets[0],
+        sets[1],
+        "--dim",
+        "S=16",
+        "-o",
+        s(&dir.0),
+    ]);
+    assert_eq!(code, 0, "mslc build:\n{out}\n{err}");
+    let mir = dir.path("TinyLlama.mir");
+    assert_eq!(run(s(&mir), &[]), mixed);
+    // `--precision f32` computes in f32: the in-process f32 compile gives the same bits.
+    let f32_logits = run(s(&source), &["--set", "layers=1", "--precision", "f32"]);
+    assert_ne!(f32_logits, mixed);
+    let module = compile_sized(
+        "examples/tiny_llama.msl",
+        &[("layers", "1")],
+        &[("S", "16")],
+    );
+    let mut exec = executor(module, 2);
+    exec.init_params(3);
+    let array = NpyArray::from_i64(vec![1, 16], &ids).unwrap();
+    exec.set_input("tokens", &array).expect("tokens");
+    exec.run().expect("run");
+    assert_eq!(exec.output_f32("logits").expect("logits").1, f32_logits);
+    // An unknown policy is a usage error; a built artifact cannot be recompiled.
+    let (code, _, err) = mslc(&["run", s(&source), "--precision", "O2", "--init-seed", "3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("E0613") && err.contains("policies: f32, Mixed"),
+        "{err}"
+    );
+    let (code, _, err) = mslc(&["run", s(&mir), "--precision", "f32", "--init-seed", "3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--precision apply to .msl sources"), "{err}");
 }

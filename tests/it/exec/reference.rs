@@ -6,7 +6,7 @@ use mslc_io::npy::{read_npy, write_npy, NpyArray};
 
 use super::common::{
     assert_matches_reference, compile_sized, have_numpy, mslc, random_weights, root, s,
-    without_precision_policy, write_weights, Rng, TestDir,
+    write_weights, Rng, TestDir,
 };
 
 /// `--set`/`--dim` pairs as command-line flags.
@@ -27,7 +27,9 @@ fn run_example(
 ) {
     let mut args = vec![
         "run".to_string(),
-        s(&without_precision_policy(example, dir)).to_string(),
+        s(&root().join(example)).to_string(),
+        "--precision".to_string(),
+        "f32".to_string(),
         "--weights".to_string(),
         s(&dir.path("w.safetensors")).to_string(),
         "--input".to_string(),

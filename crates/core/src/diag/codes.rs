@@ -104,6 +104,7 @@ codes! {
     E0610 => "no such target",
     E0611 => "no entry model",
     E0612 => "language server connection failed",
+    E0613 => "no such precision policy",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
     E0710 => "input dtype that generated bindings cannot take",
@@ -152,9 +153,13 @@ impl Code {
     /// The class of this code: every code has exactly one, whatever reports it.
     pub fn exit_class(self) -> ExitClass {
         match self {
-            Code::E0401 | Code::E0402 | Code::E0605 | Code::E0609 | Code::E0610 | Code::E0611 => {
-                ExitClass::Usage
-            }
+            Code::E0401
+            | Code::E0402
+            | Code::E0605
+            | Code::E0609
+            | Code::E0610
+            | Code::E0611
+            | Code::E0613 => ExitClass::Usage,
             Code::E0608 => ExitClass::Internal,
             c if c.as_str().starts_with('W') => ExitClass::Warning,
             _ => ExitClass::Input,
