@@ -64,12 +64,23 @@ impl Reporter {
     /// Prints a problem that has no place in a source file (a weights file, an input, the
     /// executor), with its code, through the same renderer and JSON schema as [`Reporter::emit`].
     pub fn emit_plain(&self, code: Code, severity: Severity, message: &str) {
+        self.emit_plain_with_help(code, severity, message, None);
+    }
+
+    /// [`Reporter::emit_plain`] with a help line.
+    pub fn emit_plain_with_help(
+        &self,
+        code: Code,
+        severity: Severity,
+        message: &str,
+        help: Option<&str>,
+    ) {
         self.count(code);
         let plain = Plain {
             code,
             severity,
             message,
-            help: None,
+            help,
         };
         match self.format {
             MessageFormat::Human => eprint!("{}", render_plain_human(&plain, self.options())),

@@ -11,12 +11,13 @@ use mslc_artifact::validate::file_in;
 use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::check_path;
-use mslc_core::diag::{Code, Severity};
+use mslc_core::diag::{Code, Severity, Sources};
 use mslc_core::units::human_bytes;
 use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::numerics::NumericsReport;
 use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selection};
 use mslc_exec::limits::{available_memory, parse_size};
-use mslc_exec::{ExecErrorKind, ExecOptions, Executor};
+use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 use mslc_kernels::peak::Peak;
@@ -64,6 +65,10 @@ pub struct RunArgs {
     /// Compile a `.msl` without the fusion pass (to compare against the fused graph).
     #[arg(long)]
     pub no_fuse: bool,
+    /// Check every step's result for NaN and infinity, and stop at the first op that produces
+    /// one with where it was written and its operands' ranges (E0614).
+    #[arg(long)]
+    pub check_numerics: bool,
     /// The model to run when the source declares several.
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
@@ -143,7 +148,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     }
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
     let mir_bytes;
-    let (mut module, embedded) = if is_mir {
+    let (mut module, embedded, sources) = if is_mir {
         if !args.model.sets.is_empty()
             || !args.model.dims.is_empty()
             || args.precision.precision.is_some()
@@ -162,11 +167,11 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
             return Err(unreadable(m));
         }
         warn_if_foreign(&decoded.module, reporter);
-        (decoded.module, decoded.weights)
+        (decoded.module, decoded.weights, None)
     } else {
-        let module = compile_source(args, &arrays, reporter)?;
+        let (module, sources) = compile_source(args, &arrays, reporter)?;
         warn_if_foreign(&module, reporter);
-        (module, None)
+        (module, None, Some(sources))
     };
     let (memory_limit, limit_source) = match (available_memory(), args.max_memory) {
         (Some(a), Some(m)) if a < m => (Some(a), "the memory this system has available now"),
@@ -202,6 +207,7 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         _ => e.message.into(),
     })?;
     let ignored_weights = load_params(args, &mut exec, embedded)?;
+    exec.check_numerics(args.check_numerics);
     for (input, array) in &arrays {
         exec.set_input(input, array).map_err(|e| e.message)?;
     }
@@ -219,7 +225,8 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
             exec.record_workers(true);
         }
         let start = Instant::now();
-        exec.run().map_err(|e| e.message)?;
+        exec.run()
+            .map_err(|e| run_failure(e, sources.as_ref(), reporter))?;
         times.push(start.elapsed().as_secs_f64());
         progress.set(i + 1);
     }
@@ -277,7 +284,8 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
             Code::W0003,
             Severity::Warning,
             &format!(
-                "output(s) {} hold NaN or infinite values",
+                "output(s) {} hold NaN or infinite values (--check-numerics finds the op that \
+                 produced the first)",
                 bad.iter()
                     .map(|b| format!("`{b}`"))
                     .collect::<Vec<_>>()
@@ -477,14 +485,34 @@ fn warn_if_foreign(module: &Module, reporter: &Reporter) {
     }
 }
 
+/// A failed run: a `--check-numerics` fault as its diagnostic (at the op's source when the
+/// sources are at hand), any other error as its message.
+fn run_failure(e: ExecError, sources: Option<&Sources>, reporter: &Reporter) -> Failure {
+    let Some(fault) = &e.fault else {
+        return e.message.into();
+    };
+    let report = NumericsReport::of(fault);
+    match (report.diagnostic(), sources) {
+        (Some(d), Some(sources)) => reporter.emit(&[d], sources),
+        _ => reporter.emit_plain_with_help(
+            Code::E0614,
+            Severity::Error,
+            &report.message,
+            Some(&report.help),
+        ),
+    }
+    Failure::Reported
+}
+
 /// Checks and compiles the source with the options `mslc build` would use (the `train`'s
 /// precision policy and target), with dims derived from the inputs' shapes
-/// (checked once more with them, when they change any).
+/// (checked once more with them, when they change any); the module and the files it was
+/// compiled from.
 fn compile_source(
     args: &RunArgs,
     arrays: &BTreeMap<String, NpyArray>,
     reporter: &Reporter,
-) -> Result<Module, Failure> {
+) -> Result<(Module, Sources), Failure> {
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
     reporter.emit(&checked.diagnostics, &checked.sources);
@@ -529,5 +557,5 @@ fn compile_source(
         };
         Failure::Message(code, format!("cannot compile `{entry}`: {e}"))
     })?;
-    Ok(compiled.module)
+    Ok((compiled.module, checked.sources))
 }

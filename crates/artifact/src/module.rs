@@ -5,8 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use mslc_core::diag::FileId;
 use mslc_core::ops::{Attrs, Cost, Op, TensorType};
-use mslc_core::program::Init;
+use mslc_core::program::{Init, Loc};
+use mslc_core::span::Span;
 use mslc_kernels::binding::KernelChoice;
 
 /// Where a value's bytes live at run time.
@@ -62,8 +64,44 @@ pub struct Step {
     pub outputs: Vec<u32>,
     /// Source instance path, for profiles and reports.
     pub origin: String,
+    /// Where its op was written, when a source line wrote it.
+    pub loc: Option<SourceLoc>,
     /// Kernel choice.
     pub kernel: KernelChoice,
+}
+
+/// Where in the model's source a step's op was written: the file's index among those the checker
+/// read (the root file first, then its imports in the order read) and the byte range. A run of the
+/// `.msl` points its run-time diagnostics (`--check-numerics`) at the line; a `.mir` keeps it for
+/// tools that have the sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceLoc {
+    /// Index of the file.
+    pub file: u32,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl From<Loc> for SourceLoc {
+    fn from(loc: Loc) -> SourceLoc {
+        SourceLoc {
+            file: loc.file.0,
+            start: loc.span.start as u64,
+            end: loc.span.end as u64,
+        }
+    }
+}
+
+impl SourceLoc {
+    /// The checker's location, for a diagnostic against the files it read.
+    pub fn loc(self) -> Loc {
+        Loc {
+            file: FileId(self.file),
+            span: Span::new(self.start as usize, self.end as usize),
+        }
+    }
 }
 
 /// A compiled, scheduled, memory-planned model.

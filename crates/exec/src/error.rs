@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::numerics::NumericsFault;
+
 /// Which stage of running a module failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExecErrorKind {
@@ -19,15 +21,19 @@ pub enum ExecErrorKind {
     Memory,
     /// The executor disagrees with the module's plan (a bug in mslc, not in the module).
     Internal,
+    /// A step produced a NaN or an infinity (checked only when asked: `check_numerics`).
+    Numerics,
 }
 
 /// Why a module could not be set up or run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExecError {
     /// The stage that failed.
     pub kind: ExecErrorKind,
     /// What was wrong; may span several lines when several problems are reported together.
     pub message: String,
+    /// For [`ExecErrorKind::Numerics`]: the step, its operands' ranges and where it was written.
+    pub fault: Option<Box<NumericsFault>>,
 }
 
 impl ExecError {
@@ -36,6 +42,16 @@ impl ExecError {
         Self {
             kind,
             message: message.into(),
+            fault: None,
+        }
+    }
+
+    /// The error of a run stopped by `check_numerics` at `fault`.
+    pub fn numerics(fault: NumericsFault) -> Self {
+        Self {
+            kind: ExecErrorKind::Numerics,
+            message: fault.to_string(),
+            fault: Some(Box::new(fault)),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
 use mslc_artifact::validate::validate;
-use mslc_artifact::{Module, Storage};
+use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::DType;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
@@ -24,6 +24,7 @@ use super::buffer::AlignedBuf;
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
 use super::limits::exact_bytes;
+use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
 use super::{init, weights};
@@ -97,6 +98,8 @@ pub struct Executor {
     times: Vec<Option<StepTime>>,
     /// What each pool thread did per step, when [`Executor::record_workers`] asked for it.
     workers: Option<WorkerTimes>,
+    /// Whether each step's result is checked for NaN and infinity ([`Executor::check_numerics`]).
+    check_numerics: bool,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -218,6 +221,7 @@ impl Executor {
             threads,
             times: vec![None; module.steps.len()],
             workers: None,
+            check_numerics: false,
             module,
         })
     }
@@ -420,6 +424,7 @@ impl Executor {
             times,
             workers,
             threads,
+            check_numerics,
             ..
         } = self;
         let threads = *threads;
@@ -466,6 +471,12 @@ impl Executor {
                         format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
                     )
                 })?;
+                if *check_numerics {
+                    // SAFETY: the step is done; no mutable view of the arena exists.
+                    if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) } {
+                        return Err(ExecError::numerics(fault));
+                    }
+                }
                 times[s] = Some(StepTime {
                     start: start - run_start,
                     duration: start.elapsed(),
@@ -483,6 +494,13 @@ impl Executor {
         });
         par::record_busy(false);
         result
+    }
+
+    /// From the next run on, checks every step's result for NaN and infinity and stops the run
+    /// at the first that holds one, with an [`ExecErrorKind::Numerics`] error describing it
+    /// (`--check-numerics`; costs one pass over each result).
+    pub fn check_numerics(&mut self, on: bool) {
+        self.check_numerics = on;
     }
 
     /// Records, from the next run on, how long each pool thread works in each step's parallel
@@ -643,6 +661,43 @@ impl<'a> Memory<'a> {
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
         }
+    }
+
+    /// What `check_numerics` reports for step `s` if its result holds a NaN or an infinity:
+    /// the operands' ranges and, for a result stored in f16/bf16, the kernel's f32 result
+    /// (still in `out_stage`) before rounding.
+    ///
+    /// # Safety
+    /// No arena value may be mutably borrowed (the step has finished).
+    unsafe fn fault(
+        &self,
+        s: usize,
+        plan: &StepPlan,
+        step: &Step,
+        module: &Module,
+        out_stage: &mut AlignedBuf,
+    ) -> Option<NumericsFault> {
+        let out = step.outputs[0];
+        let ty = &module.values[out as usize].ty;
+        // SAFETY (all `bytes` calls): the caller rules out a live `&mut`.
+        let first_index = NumericsFault::first_nonfinite(ty, unsafe { self.bytes(out) })?;
+        let low_precision = matches!(ty.dtype, DType::F16 | DType::BF16);
+        let in_f32 = (low_precision && !plan.prepared.out_direct)
+            .then(|| F32Result::of(out_stage.f32s_mut(self.slots[out as usize].numel)));
+        Some(NumericsFault {
+            step: s,
+            op: step.op,
+            origin: step.origin.clone(),
+            loc: step.loc,
+            result: OperandRange::of(ty, unsafe { self.bytes(out) }),
+            first_index,
+            inputs: step
+                .inputs
+                .iter()
+                .map(|&v| OperandRange::of(&module.values[v as usize].ty, unsafe { self.bytes(v) }))
+                .collect(),
+            in_f32,
+        })
     }
 
     /// Where a step output's bytes start (outputs live in the arena or the hoisted region).

@@ -8,6 +8,7 @@ mod executor;
 mod init;
 mod inputs;
 pub mod limits;
+pub mod numerics;
 mod profile;
 pub mod runner;
 mod storage;

@@ -10,7 +10,7 @@ use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction;
 
 use mslc_core::ops::{self, Attrs, Op, OpError, TensorType};
-use mslc_core::program::{Annotations, Init};
+use mslc_core::program::{Annotations, Init, Loc};
 
 /// A node id.
 pub type NodeId = NodeIndex<u32>;
@@ -59,6 +59,9 @@ pub struct Node {
     pub outputs: Vec<TensorType>,
     /// Instance path it came from, e.g. `model.layers.0.mlp`.
     pub origin: String,
+    /// Where its op was written, for errors found when it runs (`--check-numerics`); `None` for
+    /// inputs, parameters and ops no source line wrote (a shared rope table).
+    pub loc: Option<Loc>,
     /// `@` annotations.
     pub annotations: Annotations,
 }
@@ -115,6 +118,7 @@ impl Graph {
             kind,
             outputs,
             origin: origin.to_string(),
+            loc: None,
             annotations: Annotations::default(),
         })
     }

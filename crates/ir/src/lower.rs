@@ -39,7 +39,9 @@ pub fn lower(model: &Model) -> Result<Graph, OpError> {
             .collect::<Result<_, _>>()?;
         let outs = graph.add_op(node.op, node.attrs.clone(), &inputs, &node.origin)?;
         if let Some(first) = outs.first() {
-            graph.node_mut(first.node).annotations = node.annotations.clone();
+            let lowered = graph.node_mut(first.node);
+            lowered.annotations = node.annotations.clone();
+            lowered.loc = Some(node.loc);
         }
         for (id, v) in node.outputs.iter().zip(outs) {
             values.insert(*id, v);

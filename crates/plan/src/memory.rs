@@ -283,6 +283,7 @@ mod tests {
             inputs,
             outputs: vec![out],
             origin: String::new(),
+            loc: None,
             kernel: choose_kernel(op),
         };
         let cast = Attrs::new().with("dtype", DType::F16);

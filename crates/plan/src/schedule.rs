@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use mslc_artifact::{Module, Step, Storage, ValueInfo};
+use mslc_artifact::{Module, SourceLoc, Step, Storage, ValueInfo};
 use mslc_ir::{Graph, NodeId, NodeKind, ValueRef};
 
 use super::target::Target;
@@ -88,6 +88,7 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
             inputs,
             outputs,
             origin: node.origin.clone(),
+            loc: node.loc.map(SourceLoc::from),
             kernel,
         });
     }

@@ -170,6 +170,7 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
             inputs: (0..inputs.len() as u32).collect(),
             outputs: vec![y],
             origin: "test".into(),
+            loc: None,
         }],
         outputs: vec![("y".into(), y)],
         arena_bytes,

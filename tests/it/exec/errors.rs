@@ -312,6 +312,7 @@ fn in_place_chain() -> Module {
             inputs,
             outputs: vec![values.len() as u32 - 1],
             origin: String::new(),
+            loc: None,
         });
     }
     Module {

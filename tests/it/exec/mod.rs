@@ -4,5 +4,6 @@ mod common;
 mod errors;
 mod kernel_table;
 mod models;
+mod numerics;
 mod ops;
 mod reference;

@@ -105,6 +105,7 @@ codes! {
     E0611 => "no entry model",
     E0612 => "language server connection failed",
     E0613 => "no such precision policy",
+    E0614 => "a value is not finite",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
     E0710 => "input dtype that generated bindings cannot take",

@@ -35,7 +35,8 @@ pub(crate) fn out0(node: NodeId) -> ValueRef {
     ValueRef { node, index: 0 }
 }
 
-/// Adds `op` on `inputs` carrying the provenance (origin and annotations) of node `like`.
+/// Adds `op` on `inputs` carrying the provenance (origin, source location and annotations) of
+/// node `like`.
 pub(crate) fn add_like(
     g: &mut Graph,
     like: NodeId,
@@ -43,19 +44,14 @@ pub(crate) fn add_like(
     attrs: Attrs,
     inputs: &[ValueRef],
 ) -> Result<ValueRef, OpError> {
-    let origin = g.node(like).origin.clone();
     let annotations: Annotations = g.node(like).annotations.clone();
-    let out = g.add_op(op, attrs, inputs, &origin)?;
-    let first = out
-        .first()
-        .copied()
-        .ok_or_else(|| OpError::new(format!("{op} made no result")))?;
+    let first = add_helper(g, like, op, attrs, inputs)?;
     g.node_mut(first.node).annotations = annotations;
     Ok(first)
 }
 
-/// Adds `op` on `inputs` with node `like`'s origin but no annotations (helper ops such as
-/// inserted casts and transposes).
+/// Adds `op` on `inputs` with node `like`'s origin and source location but no annotations
+/// (helper ops such as inserted casts and transposes).
 pub(crate) fn add_helper(
     g: &mut Graph,
     like: NodeId,
@@ -63,11 +59,14 @@ pub(crate) fn add_helper(
     attrs: Attrs,
     inputs: &[ValueRef],
 ) -> Result<ValueRef, OpError> {
-    let origin = g.node(like).origin.clone();
+    let (origin, loc) = (g.node(like).origin.clone(), g.node(like).loc);
     let out = g.add_op(op, attrs, inputs, &origin)?;
-    out.first()
+    let first = out
+        .first()
         .copied()
-        .ok_or_else(|| OpError::new(format!("{op} made no result")))
+        .ok_or_else(|| OpError::new(format!("{op} made no result")))?;
+    g.node_mut(first.node).loc = loc;
+    Ok(first)
 }
 
 /// Redirects every use of the single-result node `old` to `new` and removes `old`.
