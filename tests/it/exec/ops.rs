@@ -412,7 +412,8 @@ fn covering_test(op: Op) -> fn() {
         | Op::GeluTanh
         | Op::Silu
         | Op::Erf
-        | Op::Softplus => elementwise_unary_ops,
+        | Op::Softplus
+        | Op::Sign => elementwise_unary_ops,
         Op::Constant | Op::Cast | Op::Dropout | Op::Reshape => constant_cast_dropout_reshape,
         Op::Matmul | Op::FusedMatmul => matmul_and_fused_matmul,
         Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Select => layout_ops,

@@ -2,7 +2,7 @@
 
 use crate::ops::error::OpError;
 use crate::ops::shape::fmt_dims;
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::spec::{Arity, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass};
 use crate::ops::TensorType;
 
 /// `cross_entropy`: mean over positions of `-log_softmax(logits)[label]`; about 8 flops per
@@ -24,6 +24,7 @@ pub const CROSS_ENTROPY: OpSpec = OpSpec {
 pub const MSE_LOSS: OpSpec = OpSpec {
     inputs: &["a", "b"],
     infer: infer_mse,
+    grad: Some(grad_mse),
     cost: CostRule::PerInput(3),
     ..CROSS_ENTROPY
 };
@@ -63,6 +64,16 @@ fn infer_mse(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
         ));
     }
     Ok(vec![TensorType::scalar(dtype)])
+}
+
+/// `mse_loss`: `da = dloss * 2 (a - b) / n`, `db = -da`.
+fn grad_mse(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let (a, b, dl) = (call.x(0), call.x(1), call.dy()?);
+    let n = em.ty(a)?.numel();
+    let d = em.sub(a, b)?;
+    let d = em.scale(d, 2.0 / n as f64)?;
+    let da = em.mul(d, dl)?;
+    Ok(vec![Some(da), Some(em.neg(da)?)])
 }
 
 #[cfg(test)]
