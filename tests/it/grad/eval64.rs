@@ -215,6 +215,7 @@ pub fn eval_op(
             one(T64::scalar(s / n))
         }
         Op::CrossEntropy => one(cross_entropy(x[0], x[1], attrs)?.0),
+        Op::CrossEntropyGrad => one(cross_entropy(x[0], x[1], attrs)?.1.scaled(x[2].data[0])),
         _ => nn64::eval_op(op, attrs, x),
     }
 }

@@ -139,6 +139,37 @@ proptest! {
     }
 
     #[test]
+    fn cross_entropy_with_ignored_positions_and_smoothing(
+        lead in proptest::collection::vec(1usize..4, 1..3),
+        v in 1usize..6,
+        smoothing in prop_oneof![Just(0.0), Just(0.1), Just(1.0)],
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let mut shape = lead.clone();
+        shape.push(v);
+        let mut labels = rng.ints(&lead, v);
+        // Ignore about a quarter of the positions (with the default index or another).
+        let ignore = if seed % 2 == 0 { -100 } else { v as i64 };
+        for l in labels.data.iter_mut() {
+            if rng.unit() < 0.25 {
+                *l = ignore as f64;
+            }
+        }
+        let attrs = Attrs::new().with("ignore_index", ignore).with("label_smoothing", smoothing);
+        let args = [Arg::f64(rng.tensor(&shape, -2.0, 2.0)), Arg::i64(labels.clone())];
+        let all_ignored = labels.data.iter().all(|&l| l == ignore as f64);
+        if all_ignored {
+            // PyTorch: the mean over no position is NaN, and the gradient is zero.
+            let g = gradients(&|g: &mut Graph, xs: &[ValueRef]| g.add_op(Op::CrossEntropy, attrs.clone(), xs, "").unwrap(), &args, seed)
+                .map_err(TestCaseError::fail)?;
+            prop_assert!(g[0].as_ref().unwrap().data.iter().all(|&v| v == 0.0));
+        } else {
+            check_op(Op::CrossEntropy, &attrs, &args, seed, RTOL).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
     fn layout_ops(s in proptest::collection::vec(1usize..4, 1..4), seed in any::<u64>()) {
         let mut rng = Rng(seed);
         let rank = s.len();

@@ -22,11 +22,6 @@ impl T64 {
         T64::new(&[], vec![v])
     }
 
-    /// `shape` filled with `v`.
-    pub fn full(shape: &[usize], v: f64) -> T64 {
-        T64::new(shape, vec![v; shape.iter().product()])
-    }
-
     /// Number of dims.
     pub fn rank(&self) -> usize {
         self.shape.len()

@@ -217,6 +217,8 @@ op_table! {
     LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
     RopeTable = "rope_table" => nn::ROPE_TABLE,
     RopeCached = "rope_cached" => nn::ROPE_CACHED,
+    // Backward ops (math)
+    CrossEntropyGrad = "cross_entropy_grad" => loss::CROSS_ENTROPY_GRAD,
 }
 
 impl Op {
@@ -300,7 +302,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 57);
+        assert_eq!(Op::ALL.len(), 58);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()
