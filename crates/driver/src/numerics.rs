@@ -5,6 +5,7 @@
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::program::Loc;
 use mslc_exec::numerics::NumericsFault;
+use mslc_ir::autodiff::GRAD_MARK;
 
 /// What to tell the user about a fault: the diagnostic's message, label and help, and where the
 /// op was written when the module knows.
@@ -51,14 +52,19 @@ impl NumericsReport {
                     .to_string()
             }
         };
-        let place = if fault.origin.is_empty() {
+        // A backward step's origin is its forward op's, marked.
+        let (origin, pass) = match fault.origin.strip_suffix(GRAD_MARK) {
+            Some(forward) => (forward, "backward"),
+            None => (fault.origin.as_str(), "forward"),
+        };
+        let place = if origin.is_empty() {
             String::new()
         } else {
-            format!(" in `{}`", fault.origin)
+            format!(" in `{origin}`")
         };
         NumericsReport {
             message: format!(
-                "`{}`{place} produced NaN or infinity (step {}): {} of its {} elements, the first at index {}",
+                "`{}`{place} produced NaN or infinity ({pass}, step {}): {} of its {} elements, the first at index {}",
                 fault.op,
                 fault.step,
                 fault.result.nonfinite,
@@ -126,7 +132,7 @@ mod tests {
         ));
         assert!(overflow
             .message
-            .starts_with("`matmul` in `model.layers.3.mlp.down_proj` produced NaN or infinity (step 7): 2 of its 4 elements"));
+            .starts_with("`matmul` in `model.layers.3.mlp.down_proj` produced NaN or infinity (forward, step 7): 2 of its 4 elements"));
         assert!(overflow
             .help
             .contains("stays finite (abs max 9e4), beyond the range of f16"));
@@ -142,5 +148,10 @@ mod tests {
         assert!(math.help.contains("it is not finite either"));
         let poisoned = NumericsReport::of(&fault(None, 1));
         assert!(poisoned.help.contains("an operand already holds NaN"));
+        let mut backward = fault(None, 0);
+        backward.origin.push_str(GRAD_MARK);
+        assert!(NumericsReport::of(&backward)
+            .message
+            .starts_with("`matmul` in `model.layers.3.mlp.down_proj` produced NaN or infinity (backward, step 7)"));
     }
 }

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use mslc_core::ops::{Attrs, Emitter, GradCall, Handle, Op, OpError, TensorType};
+use mslc_core::program::Loc;
 
 use super::graph::{Graph, NodeId, NodeKind, ValueRef};
 
@@ -119,13 +120,16 @@ pub fn value(h: Handle) -> ValueRef {
     }
 }
 
-/// The [`Emitter`] over a graph: rules add ops to `graph`, each with origin `origin`, and
-/// every node it adds is remembered (so [`backward`] can drop the ones nothing uses).
+/// The [`Emitter`] over a graph: rules add ops to `graph`, each with origin `origin` and source
+/// location `loc`, and every node it adds is remembered (so [`backward`] can drop the ones
+/// nothing uses).
 pub struct GraphEmitter<'g> {
     /// The graph being extended.
     pub graph: &'g mut Graph,
     /// The origin given to every node emitted.
     pub origin: String,
+    /// The source location given to every node emitted (the forward op's, for its gradient).
+    pub loc: Option<Loc>,
     /// The nodes emitted so far, in order.
     pub emitted: Vec<NodeId>,
 }
@@ -136,6 +140,7 @@ impl<'g> GraphEmitter<'g> {
         GraphEmitter {
             graph,
             origin: origin.into(),
+            loc: None,
             emitted: Vec::new(),
         }
     }
@@ -159,6 +164,7 @@ impl Emitter for GraphEmitter<'_> {
         let out = self.graph.add_op(op, attrs, &inputs, &self.origin)?;
         if let Some(v) = out.first() {
             self.emitted.push(v.node);
+            self.graph.node_mut(v.node).loc = self.loc;
         }
         Ok(out.into_iter().map(handle).collect())
     }
@@ -238,7 +244,7 @@ pub fn backward(
             let NodeKind::Op { op, attrs } = &node.kind else {
                 continue;
             };
-            let (op, attrs, origin) = (*op, attrs.clone(), node.origin.clone());
+            let (op, attrs, origin, loc) = (*op, attrs.clone(), node.origin.clone(), node.loc);
             let outputs: Vec<ValueRef> = (0..node.outputs.len() as u32)
                 .map(|index| ValueRef { node: id, index })
                 .collect();
@@ -257,6 +263,7 @@ pub fn backward(
             let handles: Vec<Handle> = inputs.iter().map(|&v| handle(v)).collect();
             let out_handles: Vec<Handle> = outputs.iter().map(|&v| handle(v)).collect();
             em.origin = format!("{origin}{GRAD_MARK}");
+            em.loc = loc;
             let call = GradCall {
                 attrs: &attrs,
                 inputs: &handles,
