@@ -216,6 +216,17 @@ op_table! {
     LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
     RopeTable = "rope_table" => nn::ROPE_TABLE,
     RopeCached = "rope_cached" => nn::ROPE_CACHED,
+    // Backward ops (neural-net)
+    RmsNormGrad = "rms_norm_grad" => norm::normalize_grad(10),
+    LayerNormGrad = "layer_norm_grad" => norm::normalize_grad(14),
+    EmbeddingGrad = "embedding_grad" => nn::EMBEDDING_GRAD,
+    AttentionLse = "attention_lse" => nn::ATTENTION_LSE,
+    AttentionGrad = "attention_grad" => nn::ATTENTION_GRAD,
+    Conv2dGradInput = "conv2d_grad_input" => conv::CONV2D_GRAD_INPUT,
+    Conv2dGradWeight = "conv2d_grad_weight" => conv::CONV2D_GRAD_WEIGHT,
+    MaxPool2dGrad = "max_pool2d_grad" => conv::POOL2D_GRAD,
+    AvgPool2dGrad = "avg_pool2d_grad" => conv::POOL2D_GRAD,
+    AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
 }
 
 impl Op {
@@ -299,7 +310,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 56);
+        assert_eq!(Op::ALL.len(), 66);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

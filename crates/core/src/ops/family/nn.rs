@@ -75,13 +75,69 @@ pub const ROPE_CACHED: OpSpec = OpSpec {
 pub const ATTENTION: OpSpec = OpSpec {
     inputs: &["q", "k", "v"],
     arity: Arity::Exact(3),
-    attrs: &[
-        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
-        AttrSpec::optional("scale", AttrKind::Float),
-    ],
+    attrs: &ATTENTION_ATTRS,
     infer: infer_attention,
     cost: CostRule::Custom(cost_attention),
     precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// The attributes `attention` and its backward ops share.
+const ATTENTION_ATTRS: [AttrSpec; 2] = [
+    AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
+    AttrSpec::optional("scale", AttrKind::Float),
+];
+
+/// `embedding_grad`: the gradient of an `embedding` table `[vocab, H]` from the ids and the
+/// output cotangent `dy [..ids, H]`: row `v` sums `dy` over every position whose id is `v`
+/// (repeated ids accumulate); the ids get no gradient.
+pub const EMBEDDING_GRAD: OpSpec = OpSpec {
+    inputs: &["ids", "dy"],
+    arity: Arity::Exact(2),
+    attrs: &[AttrSpec::required("vocab", AttrKind::Int)],
+    infer: infer_embedding_grad,
+    cost: CostRule::PerInput(0),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `attention_lse`: the natural log of each query row's softmax denominator (scaled scores,
+/// max-shifted), as f32 `[B, S, Hq]` — what `attention_grad` needs to rebuild the attention
+/// weights tile by tile instead of storing the S×T matrix. A row that sees no key gets -inf.
+pub const ATTENTION_LSE: OpSpec = OpSpec {
+    inputs: &["q", "k", "v"],
+    arity: Arity::Exact(3),
+    attrs: &ATTENTION_ATTRS,
+    infer: infer_attention_lse,
+    cost: CostRule::Custom(cost_attention_lse),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `attention_grad`: the gradient of `attention(q, k, v)` w.r.t. the input `wrt` names (`"q"`,
+/// `"k"` or `"v"`), from the forward output `out`, its cotangent `dout` and the `attention_lse`
+/// rows; the weights are recomputed per key tile from q, k and lse. For k and v, the query
+/// heads sharing a kv head (GQA) add up.
+pub const ATTENTION_GRAD: OpSpec = OpSpec {
+    inputs: &["q", "k", "v", "out", "dout", "lse"],
+    arity: Arity::Exact(6),
+    attrs: &[
+        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
+        AttrSpec::optional("scale", AttrKind::Float),
+        AttrSpec::required("wrt", AttrKind::Str),
+    ],
+    infer: infer_attention_grad,
+    cost: CostRule::Custom(cost_attention_grad),
+    precision: PrecisionClass::KeepF32,
     elementwise: false,
     in_place: false,
     grad: None,
@@ -262,6 +318,89 @@ fn cost_attention(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     Cost::streaming(flops, ctx.inputs, outputs)
 }
 
+fn infer_embedding_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.int_input(0)?;
+    let dtype = ctx.float_input(1)?;
+    let vocab = ctx.attrs.int("vocab")?;
+    if vocab < 1 {
+        return Err(OpError::new(format!("`vocab` must be positive, got {vocab}")));
+    }
+    let (ids, dy) = (&ctx.input(0).shape, &ctx.input(1).shape);
+    if dy.len() != ids.len() + 1 || dy[..ids.len()] != ids[..] {
+        return Err(OpError::at(
+            1,
+            format!(
+                "dy {} must be the ids' shape {} plus one feature dim",
+                fmt_dims(dy),
+                fmt_dims(ids)
+            ),
+        ));
+    }
+    Ok(vec![TensorType::new(dtype, [vocab, dy[ids.len()]])])
+}
+
+fn infer_attention_lse(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    infer_attention(ctx)?;
+    let d = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)?;
+    Ok(vec![TensorType::new(DType::F32, [d.b, d.s, d.hq])])
+}
+
+/// `2·B·Hq·S·T·D`: the score products only.
+fn cost_attention_lse(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
+        .map_or(0, |d| d.flops() / 2);
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+/// The input `attention_grad` differentiates for: 0 (q), 1 (k) or 2 (v).
+pub fn attention_grad_wrt(attrs: &Attrs) -> Result<usize, OpError> {
+    match attrs.str("wrt")?.as_str() {
+        "q" => Ok(0),
+        "k" => Ok(1),
+        "v" => Ok(2),
+        other => Err(OpError::new(format!(
+            "`wrt` must be \"q\", \"k\" or \"v\", got {other:?}"
+        ))),
+    }
+}
+
+fn infer_attention_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let wrt = attention_grad_wrt(ctx.attrs)?;
+    let lse = infer_attention_lse(ctx)?.remove(0);
+    for i in [3, 4] {
+        ctx.same_dtype(0, i)?;
+        if ctx.input(i).shape != ctx.input(0).shape {
+            return Err(OpError::at(
+                i,
+                format!(
+                    "{} {} must have the shape of q {}",
+                    ctx.arg_name(i),
+                    fmt_dims(&ctx.input(i).shape),
+                    fmt_dims(&ctx.input(0).shape)
+                ),
+            ));
+        }
+    }
+    if ctx.input(5) != &lse {
+        return Err(OpError::at(
+            5,
+            format!("lse must be {lse} (from attention_lse), got {}", ctx.input(5)),
+        ));
+    }
+    Ok(vec![ctx.input(wrt).clone()])
+}
+
+/// The score products again, plus one (v), two (k) or two (q) more products of the same size.
+fn cost_attention_grad(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
+        .map_or(0, |d| d.flops() / 2);
+    let products = match attention_grad_wrt(ctx.attrs) {
+        Ok(2) => 2,
+        _ => 3,
+    };
+    Cost::streaming(flops.saturating_mul(products), ctx.inputs, outputs)
+}
+
 fn infer_rope_table(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     check_theta(ctx.attrs.float("theta")?)?;
     let positions = ctx.attrs.int("positions")?;
@@ -415,6 +554,57 @@ mod tests {
         assert!(err(Op::Attention, a, &[q, kv.clone(), kv])
             .message
             .contains("finite"));
+    }
+
+    #[test]
+    fn embedding_grad() {
+        let a = Attrs::new().with("vocab", 100);
+        let out = ok(
+            Op::EmbeddingGrad,
+            a.clone(),
+            &[t(DType::I64, &[2, 7]), f32t(&[2, 7, 16])],
+        );
+        assert_eq!(out, f32t(&[100, 16]));
+        let e = err(
+            Op::EmbeddingGrad,
+            a,
+            &[t(DType::I64, &[2, 7]), f32t(&[2, 6, 16])],
+        );
+        assert_eq!(
+            e.message,
+            "embedding_grad: dy [2, 6, 16] must be the ids' shape [2, 7] plus one feature dim"
+        );
+        let a = Attrs::new().with("vocab", 0);
+        assert!(err(Op::EmbeddingGrad, a, &[t(DType::I64, &[2]), f32t(&[2, 3])])
+            .message
+            .contains("`vocab` must be positive"));
+    }
+
+    #[test]
+    fn attention_backward_shapes() {
+        let q = f32t(&[2, 5, 8, 16]);
+        let kv = f32t(&[2, 7, 2, 16]);
+        let lse = ok(
+            Op::AttentionLse,
+            Attrs::new(),
+            &[q.clone(), kv.clone(), kv.clone()],
+        );
+        assert_eq!(lse, f32t(&[2, 5, 8]));
+        let ins = [q.clone(), kv.clone(), kv.clone(), q.clone(), q.clone(), lse];
+        for (wrt, want) in [("q", &q), ("k", &kv), ("v", &kv)] {
+            let a = Attrs::new().with("wrt", wrt);
+            assert_eq!(&ok(Op::AttentionGrad, a, &ins), want);
+        }
+        let a = Attrs::new().with("wrt", "out");
+        assert!(err(Op::AttentionGrad, a, &ins)
+            .message
+            .contains("`wrt` must be"));
+        let mut bad = ins.clone();
+        bad[5] = f32t(&[2, 8, 5]);
+        let e = err(Op::AttentionGrad, Attrs::new().with("wrt", "q"), &bad);
+        assert_eq!(e.input, Some(5));
+        let c = cost(Op::AttentionLse, &Attrs::new(), &ins[..3]).unwrap();
+        assert_eq!(c.flops, 2 * 2 * 8 * 5 * 7 * 16);
     }
 
     #[test]

@@ -45,6 +45,19 @@ pub const BATCH_NORM: OpSpec = OpSpec {
     ..normalize(2)
 };
 
+/// `rms_norm_grad` / `layer_norm_grad`: the input gradient of a last-dim normalisation of `x`
+/// given the output cotangent `dy`; the kernels recompute each row's statistics from `x` instead
+/// of saving them, so the backward keeps only `x` alive.
+pub const fn normalize_grad(flops: u64) -> OpSpec {
+    OpSpec {
+        inputs: &["x", "dy"],
+        arity: Arity::Exact(2),
+        infer: infer_normalize_grad,
+        in_place: false,
+        ..normalize(flops)
+    }
+}
+
 fn check_eps(ctx: &OpCtx) -> Result<(), OpError> {
     let eps = ctx.attrs.float("eps")?;
     if eps >= 0.0 && eps.is_finite() {
@@ -61,6 +74,22 @@ fn infer_normalize(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     ctx.expect_min_rank(0, 1, "[..., H]")?;
     Ok(vec![ctx.input(0).clone()])
+}
+
+fn infer_normalize_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_normalize(ctx)?;
+    ctx.same_dtype(0, 1)?;
+    if ctx.input(1).shape != ctx.input(0).shape {
+        return Err(OpError::at(
+            1,
+            format!(
+                "dy {} must have the shape of x {}",
+                fmt_dims(&ctx.input(1).shape),
+                fmt_dims(&ctx.input(0).shape)
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -129,6 +158,19 @@ mod tests {
             .message
             .contains("expects a float tensor"));
         assert_eq!(Op::LayerNorm.spec().precision, PrecisionClass::KeepF32);
+    }
+
+    #[test]
+    fn norm_grads() {
+        let x = [f32t(&[2, 8]), f32t(&[2, 8])];
+        assert_eq!(ok(Op::RmsNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
+        assert_eq!(ok(Op::LayerNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
+        let e = err(Op::LayerNormGrad, Attrs::new(), &[f32t(&[2, 8]), f32t(&[8])]);
+        assert_eq!(
+            e.message,
+            "layer_norm_grad: dy [8] must have the shape of x [2, 8]"
+        );
+        assert_eq!(e.input, Some(1));
     }
 
     #[test]
