@@ -323,7 +323,9 @@ fn infer_embedding_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let dtype = ctx.float_input(1)?;
     let vocab = ctx.attrs.int("vocab")?;
     if vocab < 1 {
-        return Err(OpError::new(format!("`vocab` must be positive, got {vocab}")));
+        return Err(OpError::new(format!(
+            "`vocab` must be positive, got {vocab}"
+        )));
     }
     let (ids, dy) = (&ctx.input(0).shape, &ctx.input(1).shape);
     if dy.len() != ids.len() + 1 || dy[..ids.len()] != ids[..] {
@@ -384,7 +386,10 @@ fn infer_attention_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     if ctx.input(5) != &lse {
         return Err(OpError::at(
             5,
-            format!("lse must be {lse} (from attention_lse), got {}", ctx.input(5)),
+            format!(
+                "lse must be {lse} (from attention_lse), got {}",
+                ctx.input(5)
+            ),
         ));
     }
     Ok(vec![ctx.input(wrt).clone()])
@@ -575,9 +580,11 @@ mod tests {
             "embedding_grad: dy [2, 6, 16] must be the ids' shape [2, 7] plus one feature dim"
         );
         let a = Attrs::new().with("vocab", 0);
-        assert!(err(Op::EmbeddingGrad, a, &[t(DType::I64, &[2]), f32t(&[2, 3])])
-            .message
-            .contains("`vocab` must be positive"));
+        assert!(
+            err(Op::EmbeddingGrad, a, &[t(DType::I64, &[2]), f32t(&[2, 3])])
+                .message
+                .contains("`vocab` must be positive")
+        );
     }
 
     #[test]

@@ -165,7 +165,11 @@ mod tests {
         let x = [f32t(&[2, 8]), f32t(&[2, 8])];
         assert_eq!(ok(Op::RmsNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
         assert_eq!(ok(Op::LayerNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
-        let e = err(Op::LayerNormGrad, Attrs::new(), &[f32t(&[2, 8]), f32t(&[8])]);
+        let e = err(
+            Op::LayerNormGrad,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[8])],
+        );
         assert_eq!(
             e.message,
             "layer_norm_grad: dy [8] must have the shape of x [2, 8]"
