@@ -119,6 +119,7 @@ impl KernelKind {
             | Op::AvgPool2d
             | Op::AdaptiveAvgPool2d
             | Op::CrossEntropy
+            | Op::CrossEntropyGrad
             | Op::RmsNormGrad
             | Op::LayerNormGrad
             | Op::EmbeddingGrad

@@ -18,7 +18,7 @@ pub use elementwise::{binary, broadcast_values, cast, constant, dropout, unary, 
 pub use fused::fused_elementwise;
 pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};
-pub use loss::{cross_entropy, mse_loss};
+pub use loss::{cross_entropy, cross_entropy_grad, mse_loss, CrossEntropyAttrs};
 pub use nn::{attention, causal_mask, embedding, rope};
 pub use nn_grad::{
     adaptive_avg_pool2d_grad, attention_grad, attention_lse, conv2d_grad_input, conv2d_grad_weight,
