@@ -9,4 +9,5 @@ pub mod nn64;
 pub mod tensor64;
 
 mod autodiff;
+mod nn_rules;
 mod rules;

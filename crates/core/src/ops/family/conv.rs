@@ -3,8 +3,10 @@
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{fmt_dims, numel};
-use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{
+    Arity, Cost, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{Op, TensorType};
 
 /// `conv2d`: on MindSpore's O1 white list.
 pub const CONV2D: OpSpec = OpSpec {
@@ -21,7 +23,7 @@ pub const CONV2D: OpSpec = OpSpec {
     precision: PrecisionClass::LowPrecisionFriendly,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_conv2d),
     shard: None,
 };
 
@@ -43,6 +45,18 @@ pub const POOL2D: OpSpec = OpSpec {
     shard: None,
 };
 
+/// `max_pool2d`, differentiated by `max_pool2d_grad`.
+pub const MAX_POOL2D: OpSpec = OpSpec {
+    grad: Some(grad_max_pool2d),
+    ..POOL2D
+};
+
+/// `avg_pool2d`, differentiated by `avg_pool2d_grad`.
+pub const AVG_POOL2D: OpSpec = OpSpec {
+    grad: Some(grad_avg_pool2d),
+    ..POOL2D
+};
+
 /// `adaptive_avg_pool2d`: averages PyTorch's adaptive windows into `[N, C, oh, ow]`.
 pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
     inputs: &["x"],
@@ -53,7 +67,7 @@ pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_adaptive_avg_pool2d),
     shard: None,
 };
 
@@ -124,8 +138,42 @@ pub const ADAPTIVE_AVG_POOL2D_GRAD: OpSpec = OpSpec {
     inputs: &["x", "dy"],
     arity: Arity::Exact(2),
     infer: infer_adaptive_grad,
+    grad: None,
     ..ADAPTIVE_AVG_POOL2D
 };
+
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// `conv2d`: the input's gradient by `conv2d_grad_input` (a transposed convolution), the
+/// weight's by `conv2d_grad_weight`, both with the forward's window and groups.
+fn grad_conv2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let (x, w, dy) = (call.x(0), call.x(1), call.dy()?);
+    let (xt, wt) = (em.ty(x)?, em.ty(w)?);
+    let size = call.attrs.clone().with("size", xt.shape[2..].to_vec());
+    let dx = em.op1(Op::Conv2dGradInput, size, &[dy, w])?;
+    let kernel = call.attrs.clone().with("kernel", wt.shape[2..].to_vec());
+    let dw = em.op1(Op::Conv2dGradWeight, kernel, &[x, dy])?;
+    Ok(vec![Some(dx), Some(dw)])
+}
+
+/// A pool's input gradient by its backward op `grad_op`, with the forward's attributes.
+fn grad_pool(em: &mut dyn Emitter, call: &GradCall, grad_op: Op) -> Grads {
+    let dx = em.op1(grad_op, call.attrs.clone(), &[call.x(0), call.dy()?])?;
+    Ok(vec![Some(dx)])
+}
+
+fn grad_max_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::MaxPool2dGrad)
+}
+
+fn grad_avg_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::AvgPool2dGrad)
+}
+
+fn grad_adaptive_avg_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::AdaptiveAvgPool2dGrad)
+}
 
 /// The output length of a sliding window along one axis of length `len`: `(len + 2·padding −
 /// span) / stride + 1` with `span = dilation·(kernel − 1) + 1` — the one rule the registry's

@@ -4,8 +4,10 @@
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{fmt_dims, numel};
-use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::{DType, TensorType};
+use crate::ops::spec::{
+    Arity, Cost, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{DType, Op, TensorType};
 
 /// `embedding`: rows of `table [V, H]` gathered by integer `ids [...]` into `[..., H]`.
 pub const EMBEDDING: OpSpec = OpSpec {
@@ -17,7 +19,7 @@ pub const EMBEDDING: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_embedding),
     shard: None,
 };
 
@@ -32,7 +34,7 @@ pub const ROPE: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_rope),
     shard: None,
 };
 
@@ -67,7 +69,7 @@ pub const ROPE_CACHED: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_rope_cached),
     shard: None,
 };
 
@@ -81,7 +83,7 @@ pub const ATTENTION: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_attention),
     shard: None,
 };
 
@@ -254,6 +256,72 @@ impl AttentionDims {
     pub fn flops(&self) -> u64 {
         numel(&[self.b, self.hq, self.s, self.t, self.d]).saturating_mul(4)
     }
+}
+
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// `embedding`: the table's gradient is a scatter-add of `dy` by id; the ids get none.
+fn grad_embedding(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let vocab = em.ty(call.x(1))?.shape[0];
+    let attrs = Attrs::new().with("vocab", vocab);
+    let dtable = em.op1(Op::EmbeddingGrad, attrs, &[call.x(0), call.dy()?])?;
+    Ok(vec![None, Some(dtable)])
+}
+
+/// A rope table with its sine row negated: rotating by it undoes the rotation by `table` (the
+/// transpose of a rotation is the rotation by the negative angle).
+fn inverse_rope_table(em: &mut dyn Emitter, table: Handle) -> Result<Handle, OpError> {
+    let row = |i: i64| {
+        Attrs::new()
+            .with("axis", 0i64)
+            .with("start", i)
+            .with("end", i + 1)
+    };
+    let cos = em.op1(Op::Slice, row(0), &[table])?;
+    let sin = em.op1(Op::Slice, row(1), &[table])?;
+    let neg_sin = em.neg(sin)?;
+    em.op1(Op::Concat, Attrs::new().with("axis", 0i64), &[cos, neg_sin])
+}
+
+/// `rope`: `dy` rotated back, by a table of the negative angles (hoisted like the forward's).
+fn grad_rope(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let x = em.ty(call.x(0))?;
+    let attrs = Attrs::new()
+        .with("theta", call.attrs.float("theta")?)
+        .with("positions", x.shape[1])
+        .with("dim", x.shape[3]);
+    let table = em.op1(Op::RopeTable, attrs, &[])?;
+    let inverse = inverse_rope_table(em, table)?;
+    let dx = em.op1(Op::RopeCached, Attrs::new(), &[call.dy()?, inverse])?;
+    Ok(vec![Some(dx)])
+}
+
+/// `rope_cached`: as `rope`; the table is a constant of the positions and gets no gradient.
+fn grad_rope_cached(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let inverse = inverse_rope_table(em, call.x(1))?;
+    let dx = em.op1(Op::RopeCached, Attrs::new(), &[call.dy()?, inverse])?;
+    Ok(vec![Some(dx), None])
+}
+
+/// `attention`: one `attention_lse` (the score products again, no S×T matrix kept) and one
+/// `attention_grad` per input, each rebuilding the weights from q, k and the lse; dead-code
+/// elimination drops the ones no parameter needs.
+fn grad_attention(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let mut attrs = Attrs::new().with("causal", call.attrs.opt_bool("causal")?.unwrap_or(false));
+    if let Some(scale) = call.attrs.opt_float("scale")? {
+        attrs.insert("scale", scale);
+    }
+    let qkv = [call.x(0), call.x(1), call.x(2)];
+    let lse = em.op1(Op::AttentionLse, attrs.clone(), &qkv)?;
+    let inputs = [qkv[0], qkv[1], qkv[2], call.y(0), call.dy()?, lse];
+    ["q", "k", "v"]
+        .into_iter()
+        .map(|wrt| {
+            em.op1(Op::AttentionGrad, attrs.clone().with("wrt", wrt), &inputs)
+                .map(Some)
+        })
+        .collect()
 }
 
 fn infer_embedding(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {

@@ -4,8 +4,8 @@
 use crate::ops::attrs::{AttrSpec, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{broadcasts_to, fmt_dims};
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{Arity, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::{Attrs, Op, TensorType};
 
 const EPS: [AttrSpec; 1] = [AttrSpec::defaulted("eps", ConstAttr::Float(1e-5))];
 
@@ -37,13 +37,75 @@ pub const fn normalize_affine(inputs: &'static [&'static str], flops: u64) -> Op
     }
 }
 
+/// `rms_norm`, differentiated by the fused `rms_norm_grad`.
+pub const RMS_NORM: OpSpec = OpSpec {
+    grad: Some(grad_rms_norm),
+    ..normalize(4)
+};
+
+/// `layer_norm`, differentiated by the fused `layer_norm_grad`.
+pub const LAYER_NORM: OpSpec = OpSpec {
+    grad: Some(grad_layer_norm),
+    ..normalize(6)
+};
+
 /// `batch_norm`: inference normalisation of `x [N, C, ...]` by per-channel `mean` and `var`.
 pub const BATCH_NORM: OpSpec = OpSpec {
     inputs: &["x", "mean", "var"],
     arity: Arity::Exact(3),
     infer: infer_batch_norm,
+    grad: Some(grad_batch_norm),
     ..normalize(2)
 };
+
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// The input gradient of a last-dim norm by its fused backward op `grad_op`, same `eps`.
+fn grad_normalize(em: &mut dyn Emitter, call: &GradCall, grad_op: Op) -> Grads {
+    let attrs = Attrs::new().with("eps", call.attrs.float("eps")?);
+    Ok(vec![Some(em.op1(
+        grad_op,
+        attrs,
+        &[call.x(0), call.dy()?],
+    )?)])
+}
+
+fn grad_rms_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize(em, call, Op::RmsNormGrad)
+}
+
+fn grad_layer_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize(em, call, Op::LayerNormGrad)
+}
+
+/// `batch_norm` with given statistics, `y = (x − mean)·r`, `r = rsqrt(var + eps)` per channel:
+/// `dx = dy·r`, `dmean = −Σ dy·r`, `dvar = −½·r³·Σ dy·(x − mean)`, sums over every dim but the
+/// channel's.
+fn grad_batch_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let (x, mean, var, dy) = (call.x(0), call.x(1), call.x(2), call.dy()?);
+    let xt = em.ty(x)?;
+    // [C, 1, ..., 1]: broadcasts a per-channel vector against x [N, C, ...].
+    let mut per_channel = vec![xt.shape[1]];
+    per_channel.resize(xt.rank() - 1, 1);
+    let axes: Vec<usize> = (0..xt.rank()).filter(|&a| a != 1).collect();
+    let eps = em.scalar(call.attrs.float("eps")?, xt.dtype)?;
+    let shifted = em.add(var, eps)?;
+    let r = em.unary(Op::Rsqrt, shifted)?;
+    let rb = em.reshape(r, &per_channel)?;
+    let dx = em.mul(dy, rb)?;
+    let dx_sum = em.reduce(Op::Sum, dx, &axes, false)?;
+    let dmean = em.neg(dx_sum)?;
+    let mb = em.reshape(mean, &per_channel)?;
+    let centred = em.sub(x, mb)?;
+    let weighted = em.mul(dy, centred)?;
+    let s = em.reduce(Op::Sum, weighted, &axes, false)?;
+    let r2 = em.mul(r, r)?;
+    let r3 = em.mul(r2, r)?;
+    let sr3 = em.mul(s, r3)?;
+    let dvar = em.scale(sr3, -0.5)?;
+    Ok(vec![Some(dx), Some(dmean), Some(dvar)])
+}
 
 /// `rms_norm_grad` / `layer_norm_grad`: the input gradient of a last-dim normalisation of `x`
 /// given the output cotangent `dy`; the kernels recompute each row's statistics from `x` instead
