@@ -24,6 +24,20 @@ pub fn eval_op(op: Op, attrs: &Attrs, inputs: &[&T64]) -> Result<Vec<T64>, Strin
     let out = match op {
         Op::RmsNorm => norm(|r, _, eps| rms(r, eps).0)?,
         Op::LayerNorm => norm(|r, _, eps| layer(r, eps).0)?,
+        Op::RmsNormScale | Op::LayerNormAffine => {
+            let f = if op == Op::RmsNormScale { rms } else { layer };
+            let eps = eps()?;
+            let mut y = rows2(x[0], x[0], |r, _| f(r, eps).0);
+            let shape = y.shape.clone();
+            for (i, v) in y.data.iter_mut().enumerate() {
+                let idx = T64::unravel(i, &shape);
+                *v *= x[1].at_broadcast(&idx);
+                if let Some(b) = x.get(2) {
+                    *v += b.at_broadcast(&idx);
+                }
+            }
+            y
+        }
         Op::RmsNormGrad => norm(rms_grad)?,
         Op::LayerNormGrad => norm(layer_grad)?,
         Op::BatchNorm => batch_norm(x[0], x[1], x[2], eps()?),

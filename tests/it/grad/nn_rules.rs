@@ -36,6 +36,23 @@ proptest! {
         check(Op::LayerNorm, &eps, &[Arg::f64(x)], seed)?;
     }
 
+    /// The fused affine forms (made by the fusion pass), parameters of `[D]` or `[1, D]`.
+    #[test]
+    fn fused_affine_norms(
+        rows in 1usize..=3, d in 1usize..=5, keep_rank in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let x = rng.tensor(&[rows, d], -1.5, 1.5);
+        let p: Vec<usize> = if keep_rank { vec![1, d] } else { vec![d] };
+        let eps = Attrs::new().with("eps", 1e-3);
+        let g = rng.tensor(&p, 0.5, 1.5);
+        let args = [Arg::f64(x.clone()), Arg::f64(g.clone())];
+        check(Op::RmsNormScale, &eps, &args, seed)?;
+        let args = [Arg::f64(x), Arg::f64(g), Arg::f64(rng.tensor(&p, -1.0, 1.0))];
+        check(Op::LayerNormAffine, &eps, &args, seed)?;
+    }
+
     #[test]
     fn batch_norm_wrt_x_mean_and_var(
         n in 1usize..=3, c in 1usize..=3,

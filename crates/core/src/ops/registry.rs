@@ -213,8 +213,10 @@ op_table! {
     MseLoss = "mse_loss" => loss::MSE_LOSS,
     FusedMatmul = "fused_matmul" => fused::FUSED_MATMUL,
     FusedElementwise = "fused_elementwise" => fused::FUSED_ELEMENTWISE,
-    RmsNormScale = "rms_norm_scale" => norm::normalize_affine(&["x", "w"], 5),
-    LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
+    RmsNormScale = "rms_norm_scale" =>
+        norm::normalize_affine(&["x", "w"], 5, norm::grad_rms_norm_scale),
+    LayerNormAffine = "layer_norm_affine" =>
+        norm::normalize_affine(&["x", "g", "b"], 8, norm::grad_layer_norm_affine),
     RopeTable = "rope_table" => nn::ROPE_TABLE,
     RopeCached = "rope_cached" => nn::ROPE_CACHED,
     // Backward ops (math)

@@ -3,8 +3,11 @@
 
 use crate::ops::attrs::{AttrSpec, ConstAttr};
 use crate::ops::error::OpError;
+use crate::ops::grad::unbroadcast;
 use crate::ops::shape::{broadcasts_to, fmt_dims};
-use crate::ops::spec::{Arity, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::spec::{
+    Arity, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
+};
 use crate::ops::{Attrs, Op, TensorType};
 
 const EPS: [AttrSpec; 1] = [AttrSpec::defaulted("eps", ConstAttr::Float(1e-5))];
@@ -27,12 +30,17 @@ pub const fn normalize(flops: u64) -> OpSpec {
 }
 
 /// A fused normalisation followed by elementwise scale (and shift) parameters named after
-/// `x` in `inputs`, each broadcasting to `x` and of `x`'s dtype.
-pub const fn normalize_affine(inputs: &'static [&'static str], flops: u64) -> OpSpec {
+/// `x` in `inputs`, each broadcasting to `x` and of `x`'s dtype; differentiated by `grad`.
+pub const fn normalize_affine(
+    inputs: &'static [&'static str],
+    flops: u64,
+    grad: GradRule,
+) -> OpSpec {
     OpSpec {
         inputs,
         arity: Arity::Exact(inputs.len()),
         infer: infer_normalize_affine,
+        grad: Some(grad),
         ..normalize(flops)
     }
 }
@@ -77,6 +85,34 @@ fn grad_rms_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
 
 fn grad_layer_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
     grad_normalize(em, call, Op::LayerNormGrad)
+}
+
+/// The fused affine forms, `n = norm(x)`, `y = n·g (+ b)`: `dx` is the norm's gradient of
+/// `dy·g`, `dg = Σ dy·n` and `db = Σ dy` over the dims the parameters were broadcast along.
+fn grad_normalize_affine(em: &mut dyn Emitter, call: &GradCall, norm: Op, grad_op: Op) -> Grads {
+    let (x, g, dy) = (call.x(0), call.x(1), call.dy()?);
+    let eps = Attrs::new().with("eps", call.attrs.float("eps")?);
+    let dn = em.mul(dy, g)?;
+    let dx = em.op1(grad_op, eps.clone(), &[x, dn])?;
+    let n = em.op1(norm, eps, &[x])?;
+    let dyn_ = em.mul(dy, n)?;
+    let g_ty = em.ty(g)?;
+    let mut grads = vec![Some(dx), unbroadcast(em, dyn_, &g_ty)?];
+    if let Some(&b) = call.inputs.get(2) {
+        let b_ty = em.ty(b)?;
+        grads.push(unbroadcast(em, dy, &b_ty)?);
+    }
+    Ok(grads)
+}
+
+/// `rms_norm_scale(x, w)`.
+pub(crate) fn grad_rms_norm_scale(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize_affine(em, call, Op::RmsNorm, Op::RmsNormGrad)
+}
+
+/// `layer_norm_affine(x, g, b)`.
+pub(crate) fn grad_layer_norm_affine(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize_affine(em, call, Op::LayerNorm, Op::LayerNormGrad)
 }
 
 /// `batch_norm` with given statistics, `y = (x − mean)·r`, `r = rsqrt(var + eps)` per channel:
