@@ -110,9 +110,8 @@ fn ms(since: Instant) -> f64 {
 
 /// Compiles a checked model.
 pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
-    let mut times = StageTimes::default();
     let t = Instant::now();
-    let mut graph = mslc_ir::lower(model).map_err(|e| CompileError {
+    let graph = mslc_ir::lower(model).map_err(|e| CompileError {
         stage: "lower",
         message: e.message,
     })?;
@@ -122,7 +121,17 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
             message: e.0,
         })?;
     }
-    times.lower_ms = ms(t);
+    let lower_ms = ms(t);
+    let mut compiled = compile_graph(graph, options)?;
+    compiled.times.lower_ms = lower_ms;
+    Ok(compiled)
+}
+
+/// Compiles an explicit graph IR (one built or extended in memory, such as a forward graph
+/// with its backward from `mslc_ir::backward`): the passes, the schedule and the memory plan
+/// of [`compile`] after lowering.
+pub fn compile_graph(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    let mut times = StageTimes::default();
     let ops_before = graph.op_count();
     let t = Instant::now();
     let cx = PassContext {

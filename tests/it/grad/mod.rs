@@ -10,4 +10,5 @@ pub mod tensor64;
 
 mod autodiff;
 mod nn_rules;
+mod pipeline;
 mod rules;
