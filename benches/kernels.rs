@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use mslc_kernels::attention::{attention, AttentionParams};
+use mslc_kernels::attention_grad::{attention_grad, attention_lse};
 use mslc_kernels::convert;
 use mslc_kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc_kernels::par::RowParams;
@@ -188,6 +189,76 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
+/// The backward of causal attention on `[b, s, h, d]` (what autodiff emits: `attention_lse`
+/// and one `attention_grad` per input) against the forward, timed in the same run; prints each
+/// time and the backward / forward ratio.
+fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usize) {
+    let shape = [b, s, h, d];
+    let [q, k, v, dout] = [3, 4, 5, 6].map(|seed| data(b * s * h * d, seed));
+    let r = |x: &[f32]| TensorRef {
+        data: x,
+        shape: &shape,
+    };
+    let mut out = vec![0.0f32; q.len()];
+    let mut lse = vec![0.0f32; b * s * h];
+    let lse_shape = [b, s, h];
+    let mut grad = vec![0.0f32; q.len()];
+    let (fwd, _) = in_pool(threads, || {
+        time(|| {
+            attention(
+                r(&q),
+                r(&k),
+                r(&v),
+                true,
+                None,
+                &AttentionParams::default(),
+                &mut out,
+            )
+            .expect("attention")
+        })
+    });
+    let params = RowParams::default();
+    let (lse_time, _) = in_pool(threads, || {
+        time(|| attention_lse(r(&q), r(&k), r(&v), true, None, &params, &mut lse).expect("lse"))
+    });
+    let lse_t = TensorRef {
+        data: &lse,
+        shape: &lse_shape,
+    };
+    let mut grads = [0.0f64; 3];
+    for (wrt, g) in grads.iter_mut().enumerate() {
+        (*g, _) = in_pool(threads, || {
+            time(|| {
+                attention_grad(
+                    r(&q),
+                    r(&k),
+                    r(&v),
+                    r(&out),
+                    r(&dout),
+                    lse_t,
+                    true,
+                    None,
+                    wrt,
+                    &params,
+                    &mut grad,
+                )
+                .expect("attention_grad")
+            })
+        });
+    }
+    let backward = lse_time + grads.iter().sum::<f64>();
+    println!(
+        "attention backward B={b} S={s} H={h} D={d} causal t={threads}: forward {:8.1} us, lse {:8.1} us, dq {:8.1} us, dk {:8.1} us, dv {:8.1} us, backward / forward {:.2}x",
+        fwd * 1e6,
+        lse_time * 1e6,
+        grads[0] * 1e6,
+        grads[1] * 1e6,
+        grads[2] * 1e6,
+        backward / fwd
+    );
+    black_box((&out, &grad));
+}
+
 /// `rope` computing its cos/sin table on every call against `rope_cached` reading a table made
 /// once (what the fusion pass compiles a rope into), on `[b, s, h, d]`; prints both times and
 /// their ratio, measured in the same run.
@@ -277,6 +348,11 @@ fn main() {
     if wanted("attention") {
         for t in threads {
             bench_attention(t, 1, 128, 4, 64);
+        }
+    }
+    if wanted("attention_backward") {
+        for t in threads {
+            bench_attention_backward(t, 1, 128, 4, 64);
         }
     }
     if wanted("rope") {

@@ -49,7 +49,7 @@ pub enum KernelKind {
     /// Blocked elementwise programs ([`ElementwiseParams`]).
     Elementwise,
     /// Row-parallel kernels ([`RowParams`]): softmax, norms, rope, embedding, reductions,
-    /// pooling, losses.
+    /// pooling, losses, and the neural-net backward ops (split over output rows).
     Rowwise,
     /// Tiled transpose ([`TransposeParams`]).
     Transpose,
@@ -119,7 +119,17 @@ impl KernelKind {
             | Op::AvgPool2d
             | Op::AdaptiveAvgPool2d
             | Op::CrossEntropy
-            | Op::CrossEntropyGrad => KernelKind::Rowwise,
+            | Op::CrossEntropyGrad
+            | Op::RmsNormGrad
+            | Op::LayerNormGrad
+            | Op::EmbeddingGrad
+            | Op::AttentionLse
+            | Op::AttentionGrad
+            | Op::Conv2dGradInput
+            | Op::Conv2dGradWeight
+            | Op::MaxPool2dGrad
+            | Op::AvgPool2dGrad
+            | Op::AdaptiveAvgPool2dGrad => KernelKind::Rowwise,
             _ => KernelKind::Reference,
         }
     }

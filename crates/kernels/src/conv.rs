@@ -96,35 +96,43 @@ impl Conv2dCall {
         const OP: &str = "conv2d";
         check_len(OP, "x", x.data.len(), x.shape)?;
         check_len(OP, "w", w.data.len(), w.shape)?;
-        let (&[n, c, h, wd], &[o, cg, kh, kw]) = (x.shape, w.shape) else {
+        Self::of_shapes(OP, x.shape, w.shape, a)
+    }
+
+    /// Checks the shapes of `x [N, C, H, W]` and `w [O, C/groups, kh, kw]` against the
+    /// attributes, for `op` (conv2d or one of its backward ops, whose buffers have other shapes).
+    pub fn of_shapes(
+        op: &'static str,
+        x: &[usize],
+        w: &[usize],
+        a: &Conv2dAttrs,
+    ) -> KernelResult<Self> {
+        let (&[n, c, h, wd], &[o, cg, kh, kw]) = (x, w) else {
             return Err(KernelError::new(
-                OP,
-                format!(
-                    "x {:?} must be [N, C, H, W] and w {:?} [O, C/groups, kh, kw]",
-                    x.shape, w.shape
-                ),
+                op,
+                format!("x {x:?} must be [N, C, H, W] and w {w:?} [O, C/groups, kh, kw]"),
             ));
         };
         if a.stride.contains(&0) || a.dilation.contains(&0) || a.groups == 0 {
             return Err(KernelError::new(
-                OP,
+                op,
                 format!("stride, dilation and groups must be at least 1: {a:?}"),
             ));
         }
         if c % a.groups != 0 || o % a.groups != 0 || cg != c / a.groups {
             return Err(KernelError::new(
-                OP,
+                op,
                 format!(
                     "groups {} do not fit {c} input channels, {o} output channels and w {:?}",
-                    a.groups, w.shape
+                    a.groups, w
                 ),
             ));
         }
         if kh == 0 || kw == 0 {
-            return Err(KernelError::new(OP, "kernel must be at least 1×1"));
+            return Err(KernelError::new(op, "kernel must be at least 1×1"));
         }
-        let oh = window_output(OP, h, a.padding[0], kh, a.dilation[0], a.stride[0])?;
-        let ow = window_output(OP, wd, a.padding[1], kw, a.dilation[1], a.stride[1])?;
+        let oh = window_output(op, h, a.padding[0], kh, a.dilation[0], a.stride[0])?;
+        let ow = window_output(op, wd, a.padding[1], kw, a.dilation[1], a.stride[1])?;
         Ok(Self {
             n,
             c,

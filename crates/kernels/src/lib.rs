@@ -12,6 +12,9 @@
 //!   [`transpose::transpose`] ([`transpose::TransposeParams`]), and the row-wise kernels taking
 //!   [`par::RowParams`]: [`softmax`], [`norm`], [`rope`], [`embedding`], [`reduce`], [`pool`],
 //!   [`loss`].
+//! - Backward kernels of the neural-net ops, row-parallel like the forward ones:
+//!   [`norm_grad`], [`embedding_grad`], [`attention_grad`] (recomputes the weights from the
+//!   saved log-sum-exp), [`conv_grad`], [`pool_grad`].
 //! - [`convert`]: f16 / bf16 storage to and from f32.
 //!
 //! Every kernel validates lengths, shapes and attributes and returns a [`KernelError`] instead
@@ -23,20 +26,25 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_grad;
 pub mod binding;
 pub mod conv;
+pub mod conv_grad;
 pub mod convert;
 pub mod cpu;
 pub mod elementwise;
 pub mod embedding;
+pub mod embedding_grad;
 pub mod error;
 pub mod loss;
 pub mod math;
 pub mod matmul;
 pub mod norm;
+pub mod norm_grad;
 pub mod par;
 pub mod peak;
 pub mod pool;
+pub mod pool_grad;
 pub mod reduce;
 pub mod reference;
 pub mod rope;

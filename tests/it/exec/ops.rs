@@ -370,6 +370,118 @@ fn vision_ops() {
 }
 
 #[test]
+fn neural_net_backward_ops() {
+    let eps = Attrs::new().with("eps", 1e-5);
+    for op in [Op::RmsNormGrad, Op::LayerNormGrad] {
+        let case = Case::new(op, eps.clone())
+            .input(DType::F32, &[3, 8], rand(1, 24, -2.0, 2.0))
+            .input(DType::F32, &[3, 8], rand(2, 24, -1.0, 1.0));
+        let want = if op == Op::RmsNormGrad {
+            r::rms_norm_grad(case.x(0), case.x(1), 1e-5)
+        } else {
+            r::layer_norm_grad(case.x(0), case.x(1), 1e-5)
+        };
+        case.check(want.unwrap());
+    }
+    let case = Case::new(Op::EmbeddingGrad, Attrs::new().with("vocab", 5i64))
+        .input(DType::I64, &[2, 3], vec![0.0, 4.0, 2.0, 2.0, 1.0, 2.0])
+        .input(DType::F32, &[2, 3, 4], rand(3, 24, -1.0, 1.0));
+    let want = r::embedding_grad(&case.ids(0), &[2, 3], case.x(1), 5).unwrap();
+    case.check(want);
+    let (qs, ks) = ([2usize, 5, 4, 8], [2usize, 6, 2, 8]);
+    let q = rand(4, 2 * 5 * 4 * 8, -1.0, 1.0);
+    let (kv, v) = (rand(5, 192, -1.0, 1.0), rand(6, 192, -1.0, 1.0));
+    let t = |data, shape| TensorRef { data, shape };
+    for causal in [false, true] {
+        let a = Attrs::new().with("causal", causal);
+        let case = Case::new(Op::AttentionLse, a.clone())
+            .input(DType::F32, &qs, q.clone())
+            .input(DType::F32, &ks, kv.clone())
+            .input(DType::F32, &ks, v.clone());
+        let (qt, kt, vt) = (t(&q, &qs), t(&kv, &ks), t(&v, &ks));
+        let lse = r::attention_lse(qt, kt, vt, causal, None).unwrap();
+        case.check(lse.clone());
+        let out = r::attention(qt, kt, vt, causal, None).unwrap();
+        let dout = rand(7, q.len(), -1.0, 1.0);
+        for (wrt, name) in ["q", "k", "v"].into_iter().enumerate() {
+            let case = Case::new(Op::AttentionGrad, a.clone().with("wrt", name))
+                .input(DType::F32, &qs, q.clone())
+                .input(DType::F32, &ks, kv.clone())
+                .input(DType::F32, &ks, v.clone())
+                .input(DType::F32, &qs, out.data.clone())
+                .input(DType::F32, &qs, dout.clone())
+                .input(DType::F32, &lse.shape, lse.data.clone());
+            let want = r::attention_grad(
+                case.x(0),
+                case.x(1),
+                case.x(2),
+                case.x(3),
+                case.x(4),
+                case.x(5),
+                causal,
+                None,
+                wrt,
+            )
+            .unwrap();
+            case.check(want);
+        }
+    }
+    let conv = Conv2dAttrs {
+        stride: [2, 1],
+        padding: [1, 1],
+        dilation: [1, 2],
+        groups: 2,
+    };
+    let window = Attrs::new()
+        .with("stride", vec![2i64, 1])
+        .with("padding", vec![1i64, 1])
+        .with("dilation", vec![1i64, 2])
+        .with("groups", 2i64);
+    // x [2, 4, 5, 6], w [6, 2, 3, 2] → y [2, 6, 3, 6].
+    let case = Case::new(
+        Op::Conv2dGradInput,
+        window.clone().with("size", vec![5i64, 6]),
+    )
+    .input(DType::F32, &[2, 6, 3, 6], rand(8, 216, -1.0, 1.0))
+    .input(DType::F32, &[6, 2, 3, 2], rand(9, 72, -1.0, 1.0));
+    let want = r::conv2d_grad_input(case.x(0), case.x(1), &conv, [5, 6]).unwrap();
+    case.check(want);
+    let case = Case::new(Op::Conv2dGradWeight, window.with("kernel", vec![3i64, 2]))
+        .input(DType::F32, &[2, 4, 5, 6], rand(10, 240, -1.0, 1.0))
+        .input(DType::F32, &[2, 6, 3, 6], rand(8, 216, -1.0, 1.0));
+    let want = r::conv2d_grad_weight(case.x(0), case.x(1), &conv, [3, 2]).unwrap();
+    case.check(want);
+    let pool = Pool2dAttrs {
+        kernel: [3, 2],
+        stride: [2, 2],
+        padding: [1, 0],
+    };
+    for (op, kind) in [
+        (Op::MaxPool2dGrad, PoolKind::Max),
+        (Op::AvgPool2dGrad, PoolKind::Avg),
+    ] {
+        let attrs = Attrs::new()
+            .with("kernel", vec![3i64, 2])
+            .with("stride", vec![2i64, 2])
+            .with("padding", vec![1i64, 0]);
+        // x [1, 2, 6, 7] → y [1, 2, 3, 3].
+        let case = Case::new(op, attrs)
+            .input(DType::F32, &[1, 2, 6, 7], rand(11, 84, -1.0, 1.0))
+            .input(DType::F32, &[1, 2, 3, 3], rand(12, 18, -1.0, 1.0));
+        let want = r::pool2d_grad(case.x(0), case.x(1), kind, &pool).unwrap();
+        case.check(want);
+    }
+    let case = Case::new(
+        Op::AdaptiveAvgPool2dGrad,
+        Attrs::new().with("output", vec![2i64, 3]),
+    )
+    .input(DType::F32, &[1, 2, 5, 7], rand(13, 70, -1.0, 1.0))
+    .input(DType::F32, &[1, 2, 2, 3], rand(14, 12, -1.0, 1.0));
+    let want = r::adaptive_avg_pool2d_grad(case.x(0), case.x(1), [2, 3]).unwrap();
+    case.check(want);
+}
+
+#[test]
 fn losses_and_fused_elementwise() {
     let case = Case::new(Op::CrossEntropy, Attrs::new())
         .input(DType::F32, &[4, 6], rand(1, 24, -2.0, 2.0))
@@ -451,6 +563,16 @@ fn covering_test(op: Op) -> fn() {
         Op::CrossEntropy | Op::CrossEntropyGrad | Op::MseLoss | Op::FusedElementwise => {
             losses_and_fused_elementwise
         }
+        Op::RmsNormGrad
+        | Op::LayerNormGrad
+        | Op::EmbeddingGrad
+        | Op::AttentionLse
+        | Op::AttentionGrad
+        | Op::Conv2dGradInput
+        | Op::Conv2dGradWeight
+        | Op::MaxPool2dGrad
+        | Op::AvgPool2dGrad
+        | Op::AdaptiveAvgPool2dGrad => neural_net_backward_ops,
     }
 }
 

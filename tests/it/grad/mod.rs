@@ -9,5 +9,6 @@ pub mod nn64;
 pub mod tensor64;
 
 mod autodiff;
+mod nn_rules;
 mod pipeline;
 mod rules;

@@ -197,8 +197,8 @@ op_table! {
     Max = "max" => reduce::reduction(PrecisionClass::FollowInput, reduce::grad_max),
     Softmax = "softmax" => reduce::SOFTMAX,
     LogSoftmax = "log_softmax" => reduce::LOG_SOFTMAX,
-    RmsNorm = "rms_norm" => norm::normalize(4),
-    LayerNorm = "layer_norm" => norm::normalize(6),
+    RmsNorm = "rms_norm" => norm::RMS_NORM,
+    LayerNorm = "layer_norm" => norm::LAYER_NORM,
     BatchNorm = "batch_norm" => norm::BATCH_NORM,
     Embedding = "embedding" => nn::EMBEDDING,
     Rope = "rope" => nn::ROPE,
@@ -206,19 +206,32 @@ op_table! {
     CausalMask = "causal_mask" => nn::CAUSAL_MASK,
     Dropout = "dropout" => ew::DROPOUT,
     Conv2d = "conv2d" => conv::CONV2D,
-    MaxPool2d = "max_pool2d" => conv::POOL2D,
-    AvgPool2d = "avg_pool2d" => conv::POOL2D,
+    MaxPool2d = "max_pool2d" => conv::MAX_POOL2D,
+    AvgPool2d = "avg_pool2d" => conv::AVG_POOL2D,
     AdaptiveAvgPool2d = "adaptive_avg_pool2d" => conv::ADAPTIVE_AVG_POOL2D,
     CrossEntropy = "cross_entropy" => loss::CROSS_ENTROPY,
     MseLoss = "mse_loss" => loss::MSE_LOSS,
     FusedMatmul = "fused_matmul" => fused::FUSED_MATMUL,
     FusedElementwise = "fused_elementwise" => fused::FUSED_ELEMENTWISE,
-    RmsNormScale = "rms_norm_scale" => norm::normalize_affine(&["x", "w"], 5),
-    LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
+    RmsNormScale = "rms_norm_scale" =>
+        norm::normalize_affine(&["x", "w"], 5, norm::grad_rms_norm_scale),
+    LayerNormAffine = "layer_norm_affine" =>
+        norm::normalize_affine(&["x", "g", "b"], 8, norm::grad_layer_norm_affine),
     RopeTable = "rope_table" => nn::ROPE_TABLE,
     RopeCached = "rope_cached" => nn::ROPE_CACHED,
     // Backward ops (math)
     CrossEntropyGrad = "cross_entropy_grad" => loss::CROSS_ENTROPY_GRAD,
+    // Backward ops (neural-net)
+    RmsNormGrad = "rms_norm_grad" => norm::normalize_grad(10),
+    LayerNormGrad = "layer_norm_grad" => norm::normalize_grad(14),
+    EmbeddingGrad = "embedding_grad" => nn::EMBEDDING_GRAD,
+    AttentionLse = "attention_lse" => nn::ATTENTION_LSE,
+    AttentionGrad = "attention_grad" => nn::ATTENTION_GRAD,
+    Conv2dGradInput = "conv2d_grad_input" => conv::CONV2D_GRAD_INPUT,
+    Conv2dGradWeight = "conv2d_grad_weight" => conv::CONV2D_GRAD_WEIGHT,
+    MaxPool2dGrad = "max_pool2d_grad" => conv::POOL2D_GRAD,
+    AvgPool2dGrad = "avg_pool2d_grad" => conv::POOL2D_GRAD,
+    AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
 }
 
 impl Op {
@@ -302,7 +315,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 58);
+        assert_eq!(Op::ALL.len(), 68);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod linalg;
 pub mod loss;
 pub mod nn;
+pub mod nn_grad;
 pub mod norm;
 pub mod reduce;
 
@@ -19,6 +20,10 @@ pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};
 pub use loss::{cross_entropy, cross_entropy_grad, mse_loss, CrossEntropyAttrs};
 pub use nn::{attention, causal_mask, embedding, rope};
+pub use nn_grad::{
+    adaptive_avg_pool2d_grad, attention_grad, attention_lse, conv2d_grad_input, conv2d_grad_weight,
+    embedding_grad, layer_norm_grad, pool2d_grad, rms_norm_grad,
+};
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
 pub use reduce::{log_softmax, reduce, softmax};
 

@@ -5,8 +5,9 @@ use crate::elementwise::slice::{binary_in_place, unary_in_place};
 use crate::elementwise::{fused_elementwise, ElementwiseParams};
 use crate::par::for_each_chunk_mut;
 use crate::{
-    attention, conv, embedding, loss, norm, pool, reduce, reference, rope, softmax, transpose,
-    KernelError, KernelResult, Tensor, TensorRef,
+    attention, attention_grad, conv, conv_grad, embedding, embedding_grad, loss, norm, norm_grad,
+    pool, pool_grad, reduce, reference, rope, softmax, transpose, KernelError, KernelResult,
+    Tensor, TensorRef,
 };
 
 use super::prepare::StepKernel;
@@ -119,6 +120,52 @@ impl StepKernel {
             }
             StepKernel::CausalMask(size) => copy_tensor(out, reference::causal_mask(*size))?,
             StepKernel::MseLoss => copy_tensor(out, reference::mse_loss(x(0), x(1))?)?,
+            StepKernel::NormGrad(true, eps, p) => {
+                norm_grad::rms_norm_grad(x(0), x(1), *eps, p, out)?
+            }
+            StepKernel::NormGrad(false, eps, p) => {
+                norm_grad::layer_norm_grad(x(0), x(1), *eps, p, out)?
+            }
+            StepKernel::EmbeddingGrad(vocab, p) => {
+                embedding_grad::embedding_grad(ints, x(0).shape, x(1), *vocab, p, out)?
+            }
+            StepKernel::AttentionLse {
+                causal,
+                scale,
+                params,
+            } => {
+                attention_grad::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out)?
+            }
+            StepKernel::AttentionGrad {
+                causal,
+                scale,
+                wrt,
+                params,
+            } => attention_grad::attention_grad(
+                x(0),
+                x(1),
+                x(2),
+                x(3),
+                x(4),
+                x(5),
+                *causal,
+                Some(*scale),
+                *wrt,
+                params,
+                out,
+            )?,
+            StepKernel::Conv2dGradInput(attrs, size, p) => {
+                conv_grad::conv2d_grad_input(x(0), x(1), attrs, *size, p, out)?
+            }
+            StepKernel::Conv2dGradWeight(attrs, kernel, p) => {
+                conv_grad::conv2d_grad_weight(x(0), x(1), attrs, *kernel, p, out)?
+            }
+            StepKernel::PoolGrad(kind, attrs, p) => {
+                pool_grad::pool2d_grad(x(0), x(1), *kind, attrs, p, out)?
+            }
+            StepKernel::AdaptivePoolGrad(size, p) => {
+                pool_grad::adaptive_avg_pool2d_grad(x(0), x(1), *size, p, out)?
+            }
         }
         Ok(())
     }

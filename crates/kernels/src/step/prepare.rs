@@ -13,8 +13,8 @@ use crate::reduce::ReduceOp;
 use crate::reference::CrossEntropyAttrs;
 use crate::transpose::TransposeParams;
 use crate::Activation;
-use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry};
-use mslc_core::ops::family::nn::AttentionDims;
+use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry, Window};
+use mslc_core::ops::family::nn::{attention_grad_wrt, AttentionDims};
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
 use mslc_core::ops::{resolve_attrs, Attrs, DType, Op, OpError, TensorType};
@@ -96,6 +96,38 @@ pub enum StepKernel {
     CausalMask(usize),
     /// `mse_loss` (reference kernel).
     MseLoss,
+    /// `rms_norm_grad` (true) / `layer_norm_grad` (false) with eps.
+    NormGrad(bool, f64, RowParams),
+    /// `embedding_grad` (input 0 read as integers) into a table of this many rows.
+    EmbeddingGrad(usize, RowParams),
+    /// `attention_lse`.
+    AttentionLse {
+        /// Causal mask.
+        causal: bool,
+        /// Score scale.
+        scale: f64,
+        /// Row split.
+        params: RowParams,
+    },
+    /// `attention_grad`.
+    AttentionGrad {
+        /// Causal mask.
+        causal: bool,
+        /// Score scale.
+        scale: f64,
+        /// The input differentiated: 0 q, 1 k, 2 v.
+        wrt: usize,
+        /// Row split.
+        params: RowParams,
+    },
+    /// `conv2d_grad_input` with the input's spatial size.
+    Conv2dGradInput(Conv2dAttrs, [usize; 2], RowParams),
+    /// `conv2d_grad_weight` with the kernel's spatial size.
+    Conv2dGradWeight(Conv2dAttrs, [usize; 2], RowParams),
+    /// `max_pool2d_grad` / `avg_pool2d_grad`.
+    PoolGrad(PoolKind, Pool2dAttrs, RowParams),
+    /// `adaptive_avg_pool2d_grad`.
+    AdaptivePoolGrad([usize; 2], RowParams),
 }
 
 impl StepKernel {
@@ -111,7 +143,7 @@ impl StepKernel {
     /// Which inputs the kernel reads as integers (ids, labels).
     pub fn integer_input(&self) -> Option<usize> {
         match self {
-            StepKernel::Embedding(_) => Some(0),
+            StepKernel::Embedding(_) | StepKernel::EmbeddingGrad(..) => Some(0),
             StepKernel::CrossEntropy(..) | StepKernel::CrossEntropyGrad(..) => Some(1),
             _ => None,
         }
@@ -228,44 +260,48 @@ pub fn prepare(
         }
         Op::Conv2d => {
             let g = Conv2dGeometry::of(&inputs[0], &inputs[1], &a).map_err(err)?;
-            let w = g.window;
-            let pair = |p: [i64; 2], what: &str| -> Result<[usize; 2], String> {
-                Ok([usize_of(p[0], what)?, usize_of(p[1], what)?])
-            };
-            let attrs = Conv2dAttrs {
-                stride: pair(w.stride, "stride")?,
-                padding: pair(w.padding, "padding")?,
-                dilation: pair(w.dilation, "dilation")?,
-                groups: usize_of(g.groups, "groups")?,
-            };
-            StepKernel::Conv2d(attrs, decode_params(k)?)
+            StepKernel::Conv2d(conv_attrs(&g.window, g.groups)?, decode_params(k)?)
         }
-        Op::MaxPool2d | Op::AvgPool2d => {
+        Op::Conv2dGradInput | Op::Conv2dGradWeight => {
+            let (x, w) = if op == Op::Conv2dGradInput {
+                (output.clone(), inputs[1].clone())
+            } else {
+                (inputs[0].clone(), output.clone())
+            };
+            let g = Conv2dGeometry::of(&x, &w, &a).map_err(err)?;
+            let attrs = conv_attrs(&g.window, g.groups)?;
+            let p = decode_params(k)?;
+            if op == Op::Conv2dGradInput {
+                StepKernel::Conv2dGradInput(attrs, pair_of(&x.shape[2..], "size")?, p)
+            } else {
+                StepKernel::Conv2dGradWeight(attrs, pair_of(&w.shape[2..], "kernel")?, p)
+            }
+        }
+        Op::MaxPool2d | Op::AvgPool2d | Op::MaxPool2dGrad | Op::AvgPool2dGrad => {
             let w = pool_window(&inputs[0], &a).map_err(err)?;
-            let pair = |p: [i64; 2], what: &str| -> Result<[usize; 2], String> {
-                Ok([usize_of(p[0], what)?, usize_of(p[1], what)?])
-            };
             let attrs = Pool2dAttrs {
-                kernel: pair(w.kernel, "kernel")?,
-                stride: pair(w.stride, "stride")?,
-                padding: pair(w.padding, "padding")?,
+                kernel: pair_of(&w.kernel, "kernel")?,
+                stride: pair_of(&w.stride, "stride")?,
+                padding: pair_of(&w.padding, "padding")?,
             };
-            let kind = if op == Op::MaxPool2d {
+            let kind = if matches!(op, Op::MaxPool2d | Op::MaxPool2dGrad) {
                 PoolKind::Max
             } else {
                 PoolKind::Avg
             };
-            StepKernel::Pool(kind, attrs, decode_params(k)?)
+            if matches!(op, Op::MaxPool2d | Op::AvgPool2d) {
+                StepKernel::Pool(kind, attrs, decode_params(k)?)
+            } else {
+                StepKernel::PoolGrad(kind, attrs, decode_params(k)?)
+            }
         }
-        Op::AdaptiveAvgPool2d => {
-            let o = a.ints("output").map_err(err)?;
-            let [h, w] = o[..] else {
-                return Err(format!("`output` must have two sizes, got {o:?}"));
-            };
-            StepKernel::AdaptivePool(
-                [usize_of(h, "output")?, usize_of(w, "output")?],
-                decode_params(k)?,
-            )
+        Op::AdaptiveAvgPool2d | Op::AdaptiveAvgPool2dGrad => {
+            let size = pair_of(&a.ints("output").map_err(err)?, "output")?;
+            if op == Op::AdaptiveAvgPool2d {
+                StepKernel::AdaptivePool(size, decode_params(k)?)
+            } else {
+                StepKernel::AdaptivePoolGrad(size, decode_params(k)?)
+            }
         }
         Op::CrossEntropy | Op::CrossEntropyGrad => {
             let attrs = CrossEntropyAttrs {
@@ -289,7 +325,54 @@ pub fn prepare(
         Op::BatchNorm => StepKernel::BatchNorm(a.float("eps").map_err(err)?),
         Op::CausalMask => StepKernel::CausalMask(usize_of(a.int("size").map_err(err)?, "size")?),
         Op::MseLoss => StepKernel::MseLoss,
+        Op::RmsNormGrad | Op::LayerNormGrad => StepKernel::NormGrad(
+            op == Op::RmsNormGrad,
+            a.float("eps").map_err(err)?,
+            decode_params(k)?,
+        ),
+        Op::EmbeddingGrad => StepKernel::EmbeddingGrad(
+            usize_of(a.int("vocab").map_err(err)?, "vocab")?,
+            decode_params(k)?,
+        ),
+        Op::AttentionLse | Op::AttentionGrad => {
+            let dims = AttentionDims::of(&inputs[0], &inputs[1], &inputs[2], &a).map_err(err)?;
+            let params = decode_params(k)?;
+            if op == Op::AttentionLse {
+                StepKernel::AttentionLse {
+                    causal: dims.causal,
+                    scale: dims.scale,
+                    params,
+                }
+            } else {
+                StepKernel::AttentionGrad {
+                    causal: dims.causal,
+                    scale: dims.scale,
+                    wrt: attention_grad_wrt(&a).map_err(err)?,
+                    params,
+                }
+            }
+        }
         _ => return Err(format!("the executor has no kernel for `{op}`")),
+    })
+}
+
+/// A (height, width) pair of non-negative sizes as `usize`.
+fn pair_of(p: &[i64], what: &str) -> Result<[usize; 2], String> {
+    let one =
+        |v: i64| usize::try_from(v).map_err(|_| format!("`{what}` must be non-negative, got {v}"));
+    match *p {
+        [h, w] => Ok([one(h)?, one(w)?]),
+        _ => Err(format!("`{what}` must have two sizes, got {p:?}")),
+    }
+}
+
+/// The kernels' form of a checked convolution window.
+fn conv_attrs(w: &Window, groups: i64) -> Result<Conv2dAttrs, String> {
+    Ok(Conv2dAttrs {
+        stride: pair_of(&w.stride, "stride")?,
+        padding: pair_of(&w.padding, "padding")?,
+        dilation: pair_of(&w.dilation, "dilation")?,
+        groups: usize::try_from(groups).map_err(|_| format!("bad `groups` {groups}"))?,
     })
 }
 

@@ -3,8 +3,10 @@
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{fmt_dims, numel};
-use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{
+    Arity, Cost, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{Op, TensorType};
 
 /// `conv2d`: on MindSpore's O1 white list.
 pub const CONV2D: OpSpec = OpSpec {
@@ -21,7 +23,7 @@ pub const CONV2D: OpSpec = OpSpec {
     precision: PrecisionClass::LowPrecisionFriendly,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_conv2d),
     shard: None,
 };
 
@@ -43,6 +45,18 @@ pub const POOL2D: OpSpec = OpSpec {
     shard: None,
 };
 
+/// `max_pool2d`, differentiated by `max_pool2d_grad`.
+pub const MAX_POOL2D: OpSpec = OpSpec {
+    grad: Some(grad_max_pool2d),
+    ..POOL2D
+};
+
+/// `avg_pool2d`, differentiated by `avg_pool2d_grad`.
+pub const AVG_POOL2D: OpSpec = OpSpec {
+    grad: Some(grad_avg_pool2d),
+    ..POOL2D
+};
+
 /// `adaptive_avg_pool2d`: averages PyTorch's adaptive windows into `[N, C, oh, ow]`.
 pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
     inputs: &["x"],
@@ -53,9 +67,113 @@ pub const ADAPTIVE_AVG_POOL2D: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
+    grad: Some(grad_adaptive_avg_pool2d),
+    shard: None,
+};
+
+/// The window attributes of `conv2d`, shared by its backward ops.
+const CONV_WINDOW: [AttrSpec; 4] = [
+    AttrSpec::defaulted("stride", ConstAttr::Ints(&[1, 1])),
+    AttrSpec::defaulted("padding", ConstAttr::Ints(&[0, 0])),
+    AttrSpec::defaulted("dilation", ConstAttr::Ints(&[1, 1])),
+    AttrSpec::defaulted("groups", ConstAttr::Int(1)),
+];
+
+/// `conv2d_grad_input`: the gradient of `conv2d`'s input `x [N, C, H, W]` (the spatial
+/// `size = [H, W]` given, as several inputs sizes give one output size) from the output
+/// cotangent `dy` and the weight: a transposed convolution.
+pub const CONV2D_GRAD_INPUT: OpSpec = OpSpec {
+    inputs: &["dy", "w"],
+    arity: Arity::Exact(2),
+    attrs: &[
+        CONV_WINDOW[0],
+        CONV_WINDOW[1],
+        CONV_WINDOW[2],
+        CONV_WINDOW[3],
+        AttrSpec::required("size", AttrKind::Ints),
+    ],
+    infer: infer_conv2d_grad_input,
+    cost: CostRule::Custom(cost_conv2d_grad_input),
+    precision: PrecisionClass::LowPrecisionFriendly,
+    elementwise: false,
+    in_place: false,
     grad: None,
     shard: None,
 };
+
+/// `conv2d_grad_weight`: the gradient of `conv2d`'s weight `[O, C/groups, kh, kw]` (the
+/// `kernel = [kh, kw]` given) from the input `x` and the output cotangent `dy`.
+pub const CONV2D_GRAD_WEIGHT: OpSpec = OpSpec {
+    inputs: &["x", "dy"],
+    arity: Arity::Exact(2),
+    attrs: &[
+        CONV_WINDOW[0],
+        CONV_WINDOW[1],
+        CONV_WINDOW[2],
+        CONV_WINDOW[3],
+        AttrSpec::required("kernel", AttrKind::Ints),
+    ],
+    infer: infer_conv2d_grad_weight,
+    cost: CostRule::Custom(cost_conv2d_grad_weight),
+    precision: PrecisionClass::LowPrecisionFriendly,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `max_pool2d_grad` / `avg_pool2d_grad`: the gradient of the pool's input `x` from the output
+/// cotangent `dy` (max: each window's cotangent to its first maximum, as PyTorch; average:
+/// spread evenly over the window, padding counted).
+pub const POOL2D_GRAD: OpSpec = OpSpec {
+    inputs: &["x", "dy"],
+    arity: Arity::Exact(2),
+    infer: infer_pool2d_grad,
+    ..POOL2D
+};
+
+/// `adaptive_avg_pool2d_grad`: the gradient of the pool's input `x` from the output cotangent
+/// `dy`, each window's cotangent spread evenly over it.
+pub const ADAPTIVE_AVG_POOL2D_GRAD: OpSpec = OpSpec {
+    inputs: &["x", "dy"],
+    arity: Arity::Exact(2),
+    infer: infer_adaptive_grad,
+    grad: None,
+    ..ADAPTIVE_AVG_POOL2D
+};
+
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// `conv2d`: the input's gradient by `conv2d_grad_input` (a transposed convolution), the
+/// weight's by `conv2d_grad_weight`, both with the forward's window and groups.
+fn grad_conv2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let (x, w, dy) = (call.x(0), call.x(1), call.dy()?);
+    let (xt, wt) = (em.ty(x)?, em.ty(w)?);
+    let size = call.attrs.clone().with("size", xt.shape[2..].to_vec());
+    let dx = em.op1(Op::Conv2dGradInput, size, &[dy, w])?;
+    let kernel = call.attrs.clone().with("kernel", wt.shape[2..].to_vec());
+    let dw = em.op1(Op::Conv2dGradWeight, kernel, &[x, dy])?;
+    Ok(vec![Some(dx), Some(dw)])
+}
+
+/// A pool's input gradient by its backward op `grad_op`, with the forward's attributes.
+fn grad_pool(em: &mut dyn Emitter, call: &GradCall, grad_op: Op) -> Grads {
+    let dx = em.op1(grad_op, call.attrs.clone(), &[call.x(0), call.dy()?])?;
+    Ok(vec![Some(dx)])
+}
+
+fn grad_max_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::MaxPool2dGrad)
+}
+
+fn grad_avg_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::AvgPool2dGrad)
+}
+
+fn grad_adaptive_avg_pool2d(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_pool(em, call, Op::AdaptiveAvgPool2dGrad)
+}
 
 /// The output length of a sliding window along one axis of length `len`: `(len + 2·padding −
 /// span) / stride + 1` with `span = dilation·(kernel − 1) + 1` — the one rule the registry's
@@ -252,6 +370,91 @@ fn cost_conv2d(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     Cost::streaming(flops, ctx.inputs, outputs)
 }
 
+/// Checks that `dy` (input `i`) is `want`, the forward's output type.
+fn expect_cotangent(ctx: &OpCtx, i: usize, want: &TensorType) -> Result<(), OpError> {
+    if ctx.input(i) == want {
+        Ok(())
+    } else {
+        Err(OpError::at(
+            i,
+            format!(
+                "{} must be {want} (the forward's output), got {}",
+                ctx.arg_name(i),
+                ctx.input(i)
+            ),
+        ))
+    }
+}
+
+/// The forward `conv2d`'s input type for `conv2d_grad_input(dy, w)`.
+fn grad_input_type(ctx: &OpCtx) -> Result<TensorType, OpError> {
+    let dy = ctx.input(0);
+    let [n, _, _, _] = nchw(dy, 0, "dy", "[N, O, oh, ow]")?;
+    let [_, cg, _, _] = nchw(ctx.input(1), 1, "w", "[O, C/groups, kh, kw]")?;
+    let [h, w] = pair(ctx.attrs, "size", 1, [1, 1])?;
+    let groups = ctx.attrs.opt_int("groups")?.unwrap_or(1);
+    Ok(TensorType::new(
+        dy.dtype,
+        [n, cg.saturating_mul(groups), h, w],
+    ))
+}
+
+fn infer_conv2d_grad_input(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dtype = ctx.float_input(0)?;
+    ctx.same_dtype(0, 1)?;
+    let x = grad_input_type(ctx)?;
+    let g = Conv2dGeometry::of(&x, ctx.input(1), ctx.attrs)?;
+    let [oh, ow] = g.window.out;
+    expect_cotangent(ctx, 0, &TensorType::new(dtype, [g.n, g.o, oh, ow]))?;
+    Ok(vec![x])
+}
+
+fn cost_conv2d_grad_input(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = grad_input_type(ctx)
+        .and_then(|x| Conv2dGeometry::of(&x, ctx.input(1), ctx.attrs))
+        .map_or(0, |g| g.flops());
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+/// The forward `conv2d`'s weight type for `conv2d_grad_weight(x, dy)`.
+fn grad_weight_type(ctx: &OpCtx) -> Result<TensorType, OpError> {
+    let [_, c, _, _] = nchw(ctx.input(0), 0, "x", "[N, C, H, W]")?;
+    let [_, o, _, _] = nchw(ctx.input(1), 1, "dy", "[N, O, oh, ow]")?;
+    let [kh, kw] = pair(ctx.attrs, "kernel", 1, [1, 1])?;
+    let groups = ctx.attrs.opt_int("groups")?.unwrap_or(1);
+    let cg = if groups >= 1 { c / groups } else { c };
+    Ok(TensorType::new(ctx.input(0).dtype, [o, cg, kh, kw]))
+}
+
+fn infer_conv2d_grad_weight(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dtype = ctx.float_input(0)?;
+    ctx.same_dtype(0, 1)?;
+    let w = grad_weight_type(ctx)?;
+    let g = Conv2dGeometry::of(ctx.input(0), &w, ctx.attrs)?;
+    let [oh, ow] = g.window.out;
+    expect_cotangent(ctx, 1, &TensorType::new(dtype, [g.n, g.o, oh, ow]))?;
+    Ok(vec![w])
+}
+
+fn cost_conv2d_grad_weight(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = grad_weight_type(ctx)
+        .and_then(|w| Conv2dGeometry::of(ctx.input(0), &w, ctx.attrs))
+        .map_or(0, |g| g.flops());
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+fn infer_pool2d_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let y = infer_pool2d(ctx)?.remove(0);
+    expect_cotangent(ctx, 1, &y)?;
+    Ok(vec![ctx.input(0).clone()])
+}
+
+fn infer_adaptive_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let y = infer_adaptive(ctx)?.remove(0);
+    expect_cotangent(ctx, 1, &y)?;
+    Ok(vec![ctx.input(0).clone()])
+}
+
 fn infer_pool2d(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let x = ctx.input(0);
     let win = pool_window(x, ctx.attrs)?;
@@ -402,5 +605,41 @@ mod tests {
             &x,
         );
         assert!(e.message.contains("at least 1"));
+    }
+
+    #[test]
+    fn conv2d_grads() {
+        let (x, w) = (f32t(&[2, 4, 10, 12]), f32t(&[6, 2, 3, 3]));
+        let a = Attrs::new()
+            .with("stride", vec![2, 2])
+            .with("padding", vec![1, 1])
+            .with("dilation", vec![2, 1])
+            .with("groups", 2);
+        let y = ok(Op::Conv2d, a.clone(), &[x.clone(), w.clone()]);
+        let gi = a.clone().with("size", vec![10, 12]);
+        assert_eq!(ok(Op::Conv2dGradInput, gi, &[y.clone(), w.clone()]), x);
+        let gw = a.clone().with("kernel", vec![3, 3]);
+        assert_eq!(ok(Op::Conv2dGradWeight, gw, &[x.clone(), y.clone()]), w);
+        let gi = a.clone().with("size", vec![10, 13]);
+        let e = err(Op::Conv2dGradInput, gi, &[y.clone(), w.clone()]);
+        assert!(e.message.contains("the forward's output"), "{}", e.message);
+        let gw = a.with("kernel", vec![3, 3]);
+        let e = err(Op::Conv2dGradWeight, gw, &[x, f32t(&[2, 6, 4, 5])]);
+        assert_eq!(e.input, Some(1));
+    }
+
+    #[test]
+    fn pool_grads() {
+        let x = f32t(&[1, 3, 8, 8]);
+        let a = Attrs::new().with("kernel", vec![2, 2]);
+        let dy = f32t(&[1, 3, 4, 4]);
+        for op in [Op::MaxPool2dGrad, Op::AvgPool2dGrad] {
+            assert_eq!(ok(op, a.clone(), &[x.clone(), dy.clone()]), x);
+            let e = err(op, a.clone(), &[x.clone(), f32t(&[1, 3, 4, 5])]);
+            assert_eq!(e.input, Some(1));
+        }
+        let a = Attrs::new().with("output", vec![3, 2]);
+        let dy = f32t(&[1, 3, 3, 2]);
+        assert_eq!(ok(Op::AdaptiveAvgPool2dGrad, a, &[x.clone(), dy]), x);
     }
 }

@@ -4,8 +4,10 @@
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
 use crate::ops::shape::{fmt_dims, numel};
-use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::{DType, TensorType};
+use crate::ops::spec::{
+    Arity, Cost, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{DType, Op, TensorType};
 
 /// `embedding`: rows of `table [V, H]` gathered by integer `ids [...]` into `[..., H]`.
 pub const EMBEDDING: OpSpec = OpSpec {
@@ -17,7 +19,7 @@ pub const EMBEDDING: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_embedding),
     shard: None,
 };
 
@@ -32,7 +34,7 @@ pub const ROPE: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_rope),
     shard: None,
 };
 
@@ -67,7 +69,7 @@ pub const ROPE_CACHED: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_rope_cached),
     shard: None,
 };
 
@@ -75,13 +77,69 @@ pub const ROPE_CACHED: OpSpec = OpSpec {
 pub const ATTENTION: OpSpec = OpSpec {
     inputs: &["q", "k", "v"],
     arity: Arity::Exact(3),
-    attrs: &[
-        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
-        AttrSpec::optional("scale", AttrKind::Float),
-    ],
+    attrs: &ATTENTION_ATTRS,
     infer: infer_attention,
     cost: CostRule::Custom(cost_attention),
     precision: PrecisionClass::FollowInput,
+    elementwise: false,
+    in_place: false,
+    grad: Some(grad_attention),
+    shard: None,
+};
+
+/// The attributes `attention` and its backward ops share.
+const ATTENTION_ATTRS: [AttrSpec; 2] = [
+    AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
+    AttrSpec::optional("scale", AttrKind::Float),
+];
+
+/// `embedding_grad`: the gradient of an `embedding` table `[vocab, H]` from the ids and the
+/// output cotangent `dy [..ids, H]`: row `v` sums `dy` over every position whose id is `v`
+/// (repeated ids accumulate); the ids get no gradient.
+pub const EMBEDDING_GRAD: OpSpec = OpSpec {
+    inputs: &["ids", "dy"],
+    arity: Arity::Exact(2),
+    attrs: &[AttrSpec::required("vocab", AttrKind::Int)],
+    infer: infer_embedding_grad,
+    cost: CostRule::PerInput(0),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `attention_lse`: the natural log of each query row's softmax denominator (scaled scores,
+/// max-shifted), as f32 `[B, S, Hq]` — what `attention_grad` needs to rebuild the attention
+/// weights tile by tile instead of storing the S×T matrix. A row that sees no key gets -inf.
+pub const ATTENTION_LSE: OpSpec = OpSpec {
+    inputs: &["q", "k", "v"],
+    arity: Arity::Exact(3),
+    attrs: &ATTENTION_ATTRS,
+    infer: infer_attention_lse,
+    cost: CostRule::Custom(cost_attention_lse),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+/// `attention_grad`: the gradient of `attention(q, k, v)` w.r.t. the input `wrt` names (`"q"`,
+/// `"k"` or `"v"`), from the forward output `out`, its cotangent `dout` and the `attention_lse`
+/// rows; the weights are recomputed per key tile from q, k and lse. For k and v, the query
+/// heads sharing a kv head (GQA) add up.
+pub const ATTENTION_GRAD: OpSpec = OpSpec {
+    inputs: &["q", "k", "v", "out", "dout", "lse"],
+    arity: Arity::Exact(6),
+    attrs: &[
+        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
+        AttrSpec::optional("scale", AttrKind::Float),
+        AttrSpec::required("wrt", AttrKind::Str),
+    ],
+    infer: infer_attention_grad,
+    cost: CostRule::Custom(cost_attention_grad),
+    precision: PrecisionClass::KeepF32,
     elementwise: false,
     in_place: false,
     grad: None,
@@ -200,6 +258,72 @@ impl AttentionDims {
     }
 }
 
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// `embedding`: the table's gradient is a scatter-add of `dy` by id; the ids get none.
+fn grad_embedding(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let vocab = em.ty(call.x(1))?.shape[0];
+    let attrs = Attrs::new().with("vocab", vocab);
+    let dtable = em.op1(Op::EmbeddingGrad, attrs, &[call.x(0), call.dy()?])?;
+    Ok(vec![None, Some(dtable)])
+}
+
+/// A rope table with its sine row negated: rotating by it undoes the rotation by `table` (the
+/// transpose of a rotation is the rotation by the negative angle).
+fn inverse_rope_table(em: &mut dyn Emitter, table: Handle) -> Result<Handle, OpError> {
+    let row = |i: i64| {
+        Attrs::new()
+            .with("axis", 0i64)
+            .with("start", i)
+            .with("end", i + 1)
+    };
+    let cos = em.op1(Op::Slice, row(0), &[table])?;
+    let sin = em.op1(Op::Slice, row(1), &[table])?;
+    let neg_sin = em.neg(sin)?;
+    em.op1(Op::Concat, Attrs::new().with("axis", 0i64), &[cos, neg_sin])
+}
+
+/// `rope`: `dy` rotated back, by a table of the negative angles (hoisted like the forward's).
+fn grad_rope(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let x = em.ty(call.x(0))?;
+    let attrs = Attrs::new()
+        .with("theta", call.attrs.float("theta")?)
+        .with("positions", x.shape[1])
+        .with("dim", x.shape[3]);
+    let table = em.op1(Op::RopeTable, attrs, &[])?;
+    let inverse = inverse_rope_table(em, table)?;
+    let dx = em.op1(Op::RopeCached, Attrs::new(), &[call.dy()?, inverse])?;
+    Ok(vec![Some(dx)])
+}
+
+/// `rope_cached`: as `rope`; the table is a constant of the positions and gets no gradient.
+fn grad_rope_cached(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let inverse = inverse_rope_table(em, call.x(1))?;
+    let dx = em.op1(Op::RopeCached, Attrs::new(), &[call.dy()?, inverse])?;
+    Ok(vec![Some(dx), None])
+}
+
+/// `attention`: one `attention_lse` (the score products again, no S×T matrix kept) and one
+/// `attention_grad` per input, each rebuilding the weights from q, k and the lse; dead-code
+/// elimination drops the ones no parameter needs.
+fn grad_attention(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let mut attrs = Attrs::new().with("causal", call.attrs.opt_bool("causal")?.unwrap_or(false));
+    if let Some(scale) = call.attrs.opt_float("scale")? {
+        attrs.insert("scale", scale);
+    }
+    let qkv = [call.x(0), call.x(1), call.x(2)];
+    let lse = em.op1(Op::AttentionLse, attrs.clone(), &qkv)?;
+    let inputs = [qkv[0], qkv[1], qkv[2], call.y(0), call.dy()?, lse];
+    ["q", "k", "v"]
+        .into_iter()
+        .map(|wrt| {
+            em.op1(Op::AttentionGrad, attrs.clone().with("wrt", wrt), &inputs)
+                .map(Some)
+        })
+        .collect()
+}
+
 fn infer_embedding(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.int_input(0)?;
     ctx.expect_rank(1, 2, "[V, H]")?;
@@ -260,6 +384,94 @@ fn cost_attention(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
         .map_or(0, |d| d.flops());
     Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+fn infer_embedding_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.int_input(0)?;
+    let dtype = ctx.float_input(1)?;
+    let vocab = ctx.attrs.int("vocab")?;
+    if vocab < 1 {
+        return Err(OpError::new(format!(
+            "`vocab` must be positive, got {vocab}"
+        )));
+    }
+    let (ids, dy) = (&ctx.input(0).shape, &ctx.input(1).shape);
+    if dy.len() != ids.len() + 1 || dy[..ids.len()] != ids[..] {
+        return Err(OpError::at(
+            1,
+            format!(
+                "dy {} must be the ids' shape {} plus one feature dim",
+                fmt_dims(dy),
+                fmt_dims(ids)
+            ),
+        ));
+    }
+    Ok(vec![TensorType::new(dtype, [vocab, dy[ids.len()]])])
+}
+
+fn infer_attention_lse(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    infer_attention(ctx)?;
+    let d = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)?;
+    Ok(vec![TensorType::new(DType::F32, [d.b, d.s, d.hq])])
+}
+
+/// `2·B·Hq·S·T·D`: the score products only.
+fn cost_attention_lse(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
+        .map_or(0, |d| d.flops() / 2);
+    Cost::streaming(flops, ctx.inputs, outputs)
+}
+
+/// The input `attention_grad` differentiates for: 0 (q), 1 (k) or 2 (v).
+pub fn attention_grad_wrt(attrs: &Attrs) -> Result<usize, OpError> {
+    match attrs.str("wrt")?.as_str() {
+        "q" => Ok(0),
+        "k" => Ok(1),
+        "v" => Ok(2),
+        other => Err(OpError::new(format!(
+            "`wrt` must be \"q\", \"k\" or \"v\", got {other:?}"
+        ))),
+    }
+}
+
+fn infer_attention_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let wrt = attention_grad_wrt(ctx.attrs)?;
+    let lse = infer_attention_lse(ctx)?.remove(0);
+    for i in [3, 4] {
+        ctx.same_dtype(0, i)?;
+        if ctx.input(i).shape != ctx.input(0).shape {
+            return Err(OpError::at(
+                i,
+                format!(
+                    "{} {} must have the shape of q {}",
+                    ctx.arg_name(i),
+                    fmt_dims(&ctx.input(i).shape),
+                    fmt_dims(&ctx.input(0).shape)
+                ),
+            ));
+        }
+    }
+    if ctx.input(5) != &lse {
+        return Err(OpError::at(
+            5,
+            format!(
+                "lse must be {lse} (from attention_lse), got {}",
+                ctx.input(5)
+            ),
+        ));
+    }
+    Ok(vec![ctx.input(wrt).clone()])
+}
+
+/// The score products again, plus one (v), two (k) or two (q) more products of the same size.
+fn cost_attention_grad(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
+    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
+        .map_or(0, |d| d.flops() / 2);
+    let products = match attention_grad_wrt(ctx.attrs) {
+        Ok(2) => 2,
+        _ => 3,
+    };
+    Cost::streaming(flops.saturating_mul(products), ctx.inputs, outputs)
 }
 
 fn infer_rope_table(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -415,6 +627,59 @@ mod tests {
         assert!(err(Op::Attention, a, &[q, kv.clone(), kv])
             .message
             .contains("finite"));
+    }
+
+    #[test]
+    fn embedding_grad() {
+        let a = Attrs::new().with("vocab", 100);
+        let out = ok(
+            Op::EmbeddingGrad,
+            a.clone(),
+            &[t(DType::I64, &[2, 7]), f32t(&[2, 7, 16])],
+        );
+        assert_eq!(out, f32t(&[100, 16]));
+        let e = err(
+            Op::EmbeddingGrad,
+            a,
+            &[t(DType::I64, &[2, 7]), f32t(&[2, 6, 16])],
+        );
+        assert_eq!(
+            e.message,
+            "embedding_grad: dy [2, 6, 16] must be the ids' shape [2, 7] plus one feature dim"
+        );
+        let a = Attrs::new().with("vocab", 0);
+        assert!(
+            err(Op::EmbeddingGrad, a, &[t(DType::I64, &[2]), f32t(&[2, 3])])
+                .message
+                .contains("`vocab` must be positive")
+        );
+    }
+
+    #[test]
+    fn attention_backward_shapes() {
+        let q = f32t(&[2, 5, 8, 16]);
+        let kv = f32t(&[2, 7, 2, 16]);
+        let lse = ok(
+            Op::AttentionLse,
+            Attrs::new(),
+            &[q.clone(), kv.clone(), kv.clone()],
+        );
+        assert_eq!(lse, f32t(&[2, 5, 8]));
+        let ins = [q.clone(), kv.clone(), kv.clone(), q.clone(), q.clone(), lse];
+        for (wrt, want) in [("q", &q), ("k", &kv), ("v", &kv)] {
+            let a = Attrs::new().with("wrt", wrt);
+            assert_eq!(&ok(Op::AttentionGrad, a, &ins), want);
+        }
+        let a = Attrs::new().with("wrt", "out");
+        assert!(err(Op::AttentionGrad, a, &ins)
+            .message
+            .contains("`wrt` must be"));
+        let mut bad = ins.clone();
+        bad[5] = f32t(&[2, 8, 5]);
+        let e = err(Op::AttentionGrad, Attrs::new().with("wrt", "q"), &bad);
+        assert_eq!(e.input, Some(5));
+        let c = cost(Op::AttentionLse, &Attrs::new(), &ins[..3]).unwrap();
+        assert_eq!(c.flops, 2 * 2 * 8 * 5 * 7 * 16);
     }
 
     #[test]

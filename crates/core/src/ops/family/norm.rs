@@ -3,9 +3,12 @@
 
 use crate::ops::attrs::{AttrSpec, ConstAttr};
 use crate::ops::error::OpError;
+use crate::ops::grad::unbroadcast;
 use crate::ops::shape::{broadcasts_to, fmt_dims};
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{
+    Arity, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{Attrs, Op, TensorType};
 
 const EPS: [AttrSpec; 1] = [AttrSpec::defaulted("eps", ConstAttr::Float(1e-5))];
 
@@ -27,23 +30,131 @@ pub const fn normalize(flops: u64) -> OpSpec {
 }
 
 /// A fused normalisation followed by elementwise scale (and shift) parameters named after
-/// `x` in `inputs`, each broadcasting to `x` and of `x`'s dtype.
-pub const fn normalize_affine(inputs: &'static [&'static str], flops: u64) -> OpSpec {
+/// `x` in `inputs`, each broadcasting to `x` and of `x`'s dtype; differentiated by `grad`.
+pub const fn normalize_affine(
+    inputs: &'static [&'static str],
+    flops: u64,
+    grad: GradRule,
+) -> OpSpec {
     OpSpec {
         inputs,
         arity: Arity::Exact(inputs.len()),
         infer: infer_normalize_affine,
+        grad: Some(grad),
         ..normalize(flops)
     }
 }
+
+/// `rms_norm`, differentiated by the fused `rms_norm_grad`.
+pub const RMS_NORM: OpSpec = OpSpec {
+    grad: Some(grad_rms_norm),
+    ..normalize(4)
+};
+
+/// `layer_norm`, differentiated by the fused `layer_norm_grad`.
+pub const LAYER_NORM: OpSpec = OpSpec {
+    grad: Some(grad_layer_norm),
+    ..normalize(6)
+};
 
 /// `batch_norm`: inference normalisation of `x [N, C, ...]` by per-channel `mean` and `var`.
 pub const BATCH_NORM: OpSpec = OpSpec {
     inputs: &["x", "mean", "var"],
     arity: Arity::Exact(3),
     infer: infer_batch_norm,
+    grad: Some(grad_batch_norm),
     ..normalize(2)
 };
+
+/// What a gradient rule returns: one cotangent per input.
+type Grads = Result<Vec<Option<Handle>>, OpError>;
+
+/// The input gradient of a last-dim norm by its fused backward op `grad_op`, same `eps`.
+fn grad_normalize(em: &mut dyn Emitter, call: &GradCall, grad_op: Op) -> Grads {
+    let attrs = Attrs::new().with("eps", call.attrs.float("eps")?);
+    Ok(vec![Some(em.op1(
+        grad_op,
+        attrs,
+        &[call.x(0), call.dy()?],
+    )?)])
+}
+
+fn grad_rms_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize(em, call, Op::RmsNormGrad)
+}
+
+fn grad_layer_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize(em, call, Op::LayerNormGrad)
+}
+
+/// The fused affine forms, `n = norm(x)`, `y = n·g (+ b)`: `dx` is the norm's gradient of
+/// `dy·g`, `dg = Σ dy·n` and `db = Σ dy` over the dims the parameters were broadcast along.
+fn grad_normalize_affine(em: &mut dyn Emitter, call: &GradCall, norm: Op, grad_op: Op) -> Grads {
+    let (x, g, dy) = (call.x(0), call.x(1), call.dy()?);
+    let eps = Attrs::new().with("eps", call.attrs.float("eps")?);
+    let dn = em.mul(dy, g)?;
+    let dx = em.op1(grad_op, eps.clone(), &[x, dn])?;
+    let n = em.op1(norm, eps, &[x])?;
+    let dyn_ = em.mul(dy, n)?;
+    let g_ty = em.ty(g)?;
+    let mut grads = vec![Some(dx), unbroadcast(em, dyn_, &g_ty)?];
+    if let Some(&b) = call.inputs.get(2) {
+        let b_ty = em.ty(b)?;
+        grads.push(unbroadcast(em, dy, &b_ty)?);
+    }
+    Ok(grads)
+}
+
+/// `rms_norm_scale(x, w)`.
+pub(crate) fn grad_rms_norm_scale(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize_affine(em, call, Op::RmsNorm, Op::RmsNormGrad)
+}
+
+/// `layer_norm_affine(x, g, b)`.
+pub(crate) fn grad_layer_norm_affine(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    grad_normalize_affine(em, call, Op::LayerNorm, Op::LayerNormGrad)
+}
+
+/// `batch_norm` with given statistics, `y = (x − mean)·r`, `r = rsqrt(var + eps)` per channel:
+/// `dx = dy·r`, `dmean = −Σ dy·r`, `dvar = −½·r³·Σ dy·(x − mean)`, sums over every dim but the
+/// channel's.
+fn grad_batch_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
+    let (x, mean, var, dy) = (call.x(0), call.x(1), call.x(2), call.dy()?);
+    let xt = em.ty(x)?;
+    // [C, 1, ..., 1]: broadcasts a per-channel vector against x [N, C, ...].
+    let mut per_channel = vec![xt.shape[1]];
+    per_channel.resize(xt.rank() - 1, 1);
+    let axes: Vec<usize> = (0..xt.rank()).filter(|&a| a != 1).collect();
+    let eps = em.scalar(call.attrs.float("eps")?, xt.dtype)?;
+    let shifted = em.add(var, eps)?;
+    let r = em.unary(Op::Rsqrt, shifted)?;
+    let rb = em.reshape(r, &per_channel)?;
+    let dx = em.mul(dy, rb)?;
+    let dx_sum = em.reduce(Op::Sum, dx, &axes, false)?;
+    let dmean = em.neg(dx_sum)?;
+    let mb = em.reshape(mean, &per_channel)?;
+    let centred = em.sub(x, mb)?;
+    let weighted = em.mul(dy, centred)?;
+    let s = em.reduce(Op::Sum, weighted, &axes, false)?;
+    let r2 = em.mul(r, r)?;
+    let r3 = em.mul(r2, r)?;
+    let sr3 = em.mul(s, r3)?;
+    let dvar = em.scale(sr3, -0.5)?;
+    Ok(vec![Some(dx), Some(dmean), Some(dvar)])
+}
+
+/// `rms_norm_grad` / `layer_norm_grad`: the input gradient of a last-dim normalisation of `x`
+/// given the output cotangent `dy`; the kernels recompute each row's statistics from `x` instead
+/// of saving them, so the backward keeps only `x` alive.
+pub const fn normalize_grad(flops: u64) -> OpSpec {
+    OpSpec {
+        inputs: &["x", "dy"],
+        arity: Arity::Exact(2),
+        infer: infer_normalize_grad,
+        in_place: false,
+        ..normalize(flops)
+    }
+}
 
 fn check_eps(ctx: &OpCtx) -> Result<(), OpError> {
     let eps = ctx.attrs.float("eps")?;
@@ -61,6 +172,22 @@ fn infer_normalize(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     ctx.expect_min_rank(0, 1, "[..., H]")?;
     Ok(vec![ctx.input(0).clone()])
+}
+
+fn infer_normalize_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_normalize(ctx)?;
+    ctx.same_dtype(0, 1)?;
+    if ctx.input(1).shape != ctx.input(0).shape {
+        return Err(OpError::at(
+            1,
+            format!(
+                "dy {} must have the shape of x {}",
+                fmt_dims(&ctx.input(1).shape),
+                fmt_dims(&ctx.input(0).shape)
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -129,6 +256,23 @@ mod tests {
             .message
             .contains("expects a float tensor"));
         assert_eq!(Op::LayerNorm.spec().precision, PrecisionClass::KeepF32);
+    }
+
+    #[test]
+    fn norm_grads() {
+        let x = [f32t(&[2, 8]), f32t(&[2, 8])];
+        assert_eq!(ok(Op::RmsNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
+        assert_eq!(ok(Op::LayerNormGrad, Attrs::new(), &x), f32t(&[2, 8]));
+        let e = err(
+            Op::LayerNormGrad,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[8])],
+        );
+        assert_eq!(
+            e.message,
+            "layer_norm_grad: dy [8] must have the shape of x [2, 8]"
+        );
+        assert_eq!(e.input, Some(1));
     }
 
     #[test]
