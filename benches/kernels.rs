@@ -1,6 +1,8 @@
 //! Kernel benchmark: prints GFLOP/s and the fraction of this machine's f32 peak (measured on
 //! each thread count by `mslc_kernels::peak`) for the matmul and attention shapes the executor
-//! runs most, and `rope` with its table computed per call against once.
+//! runs most, `rope` with its table computed per call against once, and the GEMM on a weight
+//! packed per call (before) against packed once at load, at tiny_llama's prefill and decode
+//! shapes (`-- weights`).
 //!
 //! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
 //! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
@@ -13,8 +15,9 @@ use std::time::{Duration, Instant};
 use mslc_kernels::attention::{attention, AttentionParams};
 use mslc_kernels::attention_grad::{attention_grad, attention_lse};
 use mslc_kernels::convert;
-use mslc_kernels::matmul::{matmul, Isa, MatmulOptions, MatmulParams, MicroKernel};
+use mslc_kernels::matmul::{matmul, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc_kernels::par::RowParams;
+use mslc_kernels::Activation;
 use mslc_kernels::{rope, TensorRef};
 
 /// This machine's measured f32 peak on `threads` threads in GFLOP/s, measured once per count.
@@ -120,6 +123,67 @@ fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, transpos
         threads,
         2.0 * (m * n * k) as f64,
         seconds,
+    );
+}
+
+/// `x [m, k] @ w [k, n]` three ways, timed in one run: the tiled path packing the weight on
+/// every call (before: `small_m = 0`), the default path still packing nothing ahead, and the
+/// default path on the weight packed once (what the executor runs); ratios against the first.
+fn bench_weights(threads: usize, m: usize, k: usize, n: usize) {
+    let (a, b) = (data(m * k, 1), data(k * n, 2));
+    let mut out = vec![0.0f32; m * n];
+    let plan = GemmPlan::new(&[m, k], &[k, n], None, false, false).expect("plan");
+    let default = MatmulParams::default();
+    let before = MatmulParams {
+        small_m: 0,
+        ..MatmulParams::default()
+    };
+    let mut packed = vec![0.0f32; plan.packed_b_len(&default).expect("kernel")];
+    plan.pack_b(&b, &default, &mut packed).expect("pack");
+    let act = Activation::NONE;
+    let (per_call, unpacked, once) = in_pool(threads, || {
+        let per_call = time(|| {
+            plan.run(&a, &b, None, act, &before, &mut out).expect("run");
+            black_box(&out);
+        });
+        let unpacked = time(|| {
+            plan.run(&a, &b, None, act, &default, &mut out)
+                .expect("run");
+            black_box(&out);
+        });
+        let once = time(|| {
+            plan.run_prepacked(&a, &packed, None, act, &default, &mut out)
+                .expect("run");
+            black_box(&out);
+        });
+        (per_call, unpacked, once)
+    });
+    let flops = 2.0 * (m * n * k) as f64;
+    report(
+        &format!("weights m={m} k={k} n={n} packed per call"),
+        threads,
+        flops,
+        per_call,
+    );
+    report(
+        &format!("weights m={m} k={k} n={n} default path"),
+        threads,
+        flops,
+        unpacked,
+    );
+    report(
+        &format!("weights m={m} k={k} n={n} packed once"),
+        threads,
+        flops,
+        once,
+    );
+    println!(
+        "{:<42} {threads}T speed-up over packed per call: default path {:.2}x, packed once {:.2}x (medians {:.2}x, {:.2}x)",
+        "",
+        per_call.0 / unpacked.0,
+        per_call.0 / once.0,
+        per_call.1 / unpacked.1,
+        per_call.1 / once.1,
     );
 }
 
@@ -338,6 +402,21 @@ fn main() {
                 for (k, n) in [(256, 256), (256, 688), (256, 1000), (688, 256)] {
                     bench_matmul(isa, t, 128, k, n, false);
                     bench_matmul(isa, t, 128, k, n, true);
+                }
+            }
+        }
+    }
+    if wanted("gemm512") {
+        // The square product scripts/bench_gemm.py compares with NumPy's BLAS.
+        for t in threads {
+            bench_matmul(Isa::Auto, t, 512, 512, 512, false);
+        }
+    }
+    if wanted("weights") {
+        for t in threads {
+            for m in [1, 4, 8, 128] {
+                for (k, n) in [(256, 688), (256, 1000), (688, 256)] {
+                    bench_weights(t, m, k, n);
                 }
             }
         }

@@ -1,7 +1,10 @@
 //! What running a module takes besides the buffers its plan places (arena, hoisted region,
 //! parameters, inputs): every step's prepared kernel, how each operand reaches it, the staging
-//! buffers for operands and results in other dtypes, and the per-thread kernel scratch. One
-//! definition, which the executor allocates by and `NAME.memplan.json` reports.
+//! buffers for operands and results in other dtypes, the weights packed once for the GEMM, and
+//! the per-thread kernel scratch. One definition, which the executor allocates by and
+//! `NAME.memplan.json` reports.
+
+use std::ops::Range;
 
 use mslc_core::ops::{DType, TensorType};
 use mslc_kernels::step::needs::{scratch_bytes_per_thread, scratch_floats};
@@ -18,6 +21,10 @@ pub struct PreparedStep {
     pub modes: Vec<OperandMode>,
     /// The output is f32 and written straight into its buffer (else through staging).
     pub out_direct: bool,
+    /// Where in the packed-weights region input 1 is kept packed (floats), when it depends on
+    /// parameters alone (a parameter, or a hoisted value) and the kernel reads it packed: it
+    /// is packed once after the parameters change, not on every call.
+    pub packed_b: Option<Range<usize>>,
 }
 
 /// Every step prepared, with the staging and scratch they need.
@@ -29,6 +36,9 @@ pub struct RuntimeNeeds {
     pub staging: Staging,
     /// The largest scratch (in f32) any step's kernel asks for.
     pub scratch_floats: usize,
+    /// Floats of the packed-weights region (every [`PreparedStep::packed_b`] range inside it,
+    /// each starting on a 64-byte line).
+    pub packed_floats: usize,
 }
 
 impl RuntimeNeeds {
@@ -37,6 +47,7 @@ impl RuntimeNeeds {
     pub fn of(module: &Module) -> Result<RuntimeNeeds, String> {
         let mut staging = Staging::default();
         let mut scratch = 0;
+        let mut packed_floats = 0usize;
         let mut steps = Vec::with_capacity(module.steps.len());
         for (s, step) in module.steps.iter().enumerate() {
             let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
@@ -62,23 +73,49 @@ impl RuntimeNeeds {
                 staging.need_output(out);
             }
             scratch = scratch.max(scratch_floats(&kernel, &types, out));
+            let packed_b = match kernel.packed_b_len() {
+                // A kernel this CPU cannot run has no layout; running it reports that.
+                Some(Ok(len)) if len > 0 && parameter_only(module, step.inputs[1]) => {
+                    let start = packed_floats;
+                    packed_floats = start
+                        .checked_add(len.next_multiple_of(16))
+                        .ok_or_else(|| at("the packed weights do not fit in memory".into()))?;
+                    Some(start..start + len)
+                }
+                _ => None,
+            };
             steps.push(PreparedStep {
                 kernel,
                 modes,
                 out_direct,
+                packed_b,
             });
         }
         Ok(RuntimeNeeds {
             steps,
             staging,
             scratch_floats: scratch,
+            packed_floats,
         })
+    }
+
+    /// Bytes of the packed-weights region.
+    pub fn packed_bytes(&self) -> u64 {
+        (self.packed_floats as u64).saturating_mul(4)
     }
 
     /// Bytes of kernel scratch each pool thread holds.
     pub fn scratch_bytes_per_thread(&self) -> u64 {
         scratch_bytes_per_thread(self.scratch_floats)
     }
+}
+
+/// Whether value `v` depends on parameters alone: a parameter, or a hoisted value.
+fn parameter_only(module: &Module, v: u32) -> bool {
+    matches!(
+        module.values[v as usize].storage,
+        Storage::Param { .. } | Storage::Hoisted { .. }
+    )
 }
 
 fn origin_suffix(step: &Step) -> String {

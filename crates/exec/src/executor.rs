@@ -3,8 +3,10 @@
 //! buffers for dtype conversion — and prepares every step's kernel; `run` then only converts,
 //! dispatches and times. Steps the planner hoisted (their outputs depend on parameters alone: a
 //! weight cast to f16 under mixed precision, a transposed weight) write the planned hoisted
-//! region, run once after the parameters change and are skipped by later runs. The buffers
-//! the plan sizes are allocated exactly as planned; a difference is an internal error.
+//! region, run once after the parameters change and are skipped by later runs. So are the
+//! weights a matmul reads packed: packed into their own region by the first run after the
+//! parameters change, read from there by every run. The buffers the plan sizes are allocated
+//! exactly as planned; a difference is an internal error.
 
 use std::time::Instant;
 
@@ -85,7 +87,10 @@ pub struct Executor {
     plans: Vec<StepPlan>,
     arena: AlignedBuf,
     hoisted: AlignedBuf,
+    /// The hoisted values and the packed weights hold the current parameters' values.
     hoisted_ready: bool,
+    /// The weights matmuls read packed ([`PreparedStep::packed_b`]).
+    packed: AlignedBuf,
     inputs: Vec<AlignedBuf>,
     inputs_set: Vec<bool>,
     params: Vec<AlignedBuf>,
@@ -138,22 +143,25 @@ impl Executor {
         let scratch_bytes = needs.scratch_bytes_per_thread();
         let planned = module.planned_bytes();
         let staging = needs.staging.bytes();
+        let packed_bytes = needs.packed_bytes();
         if let Some(limit) = options.memory_limit {
             // The plan's buffers (parameters, inputs, arena, hoisted region), its staging, and
             // the kernels' scratch for each of this run's threads.
             let scratch_total = scratch_bytes.saturating_mul(threads as u64);
             let need = planned
                 .saturating_add(staging)
+                .saturating_add(packed_bytes)
                 .saturating_add(scratch_total);
             if need > limit {
                 return Err(ExecError::new(
                     ExecErrorKind::Memory,
                     format!(
-                        "running `{}` needs {} (planned buffers {}, staging {}, scratch {} for {threads} threads), but only {} may be used",
+                        "running `{}` needs {} (planned buffers {}, staging {}, packed weights {}, scratch {} for {threads} threads), but only {} may be used",
                         module.name,
                         exact_bytes(need),
                         human_bytes(planned),
                         human_bytes(staging),
+                        human_bytes(packed_bytes),
                         human_bytes(scratch_total),
                         exact_bytes(limit)
                     ),
@@ -187,14 +195,21 @@ impl Executor {
             .collect::<ExecResult<Vec<_>>>()?;
         let int_stage = alloc(needs.staging.ints, "staging")?;
         let out_stage = alloc(needs.staging.out, "staging")?;
-        let allocated = [&arena, &hoisted, &int_stage, &out_stage]
+        let packed = alloc(
+            region(packed_bytes, "the packed weights")?,
+            "packed weights",
+        )?;
+        let allocated = [&arena, &hoisted, &int_stage, &out_stage, &packed]
             .into_iter()
             .chain(&inputs)
             .chain(&params)
             .chain(&in_stage)
             .map(|b| b.len() as u64)
             .sum();
-        check_allocation(allocated, planned.saturating_add(staging))?;
+        check_allocation(
+            allocated,
+            planned.saturating_add(staging).saturating_add(packed_bytes),
+        )?;
         let plans = needs
             .steps
             .into_iter()
@@ -210,6 +225,7 @@ impl Executor {
             arena,
             hoisted,
             hoisted_ready: false,
+            packed,
             inputs_set: vec![false; inputs.len()],
             inputs,
             params_ready: params.is_empty(),
@@ -415,6 +431,7 @@ impl Executor {
             arena,
             hoisted,
             hoisted_ready,
+            packed,
             inputs,
             params,
             in_stage,
@@ -434,10 +451,12 @@ impl Executor {
         }
         par::record_busy(workers.is_some());
         let result = pool.install(|| {
-            let mem = Memory {
+            let mut mem = Memory {
                 slots,
                 arena: arena.as_mut_ptr(),
                 hoisted: hoisted.as_mut_ptr(),
+                packed: packed.f32s_mut(packed.len() / 4),
+                repack: !*hoisted_ready,
                 inputs,
                 params,
             };
@@ -638,6 +657,10 @@ struct Memory<'a> {
     slots: &'a [Slot],
     arena: *mut u8,
     hoisted: *mut u8,
+    /// The packed weights, each step's in its own range.
+    packed: &'a mut [f32],
+    /// The parameters changed since the weights were packed: pack them before use.
+    repack: bool,
     inputs: &'a [AlignedBuf],
     params: &'a [AlignedBuf],
 }
@@ -717,7 +740,7 @@ impl<'a> Memory<'a> {
     /// The step's arena ranges must satisfy what `Executor::new` validates.
     #[allow(clippy::too_many_arguments)]
     unsafe fn run_step(
-        &self,
+        &mut self,
         plan: &StepPlan,
         step_inputs: &[u32],
         output: u32,
@@ -776,13 +799,26 @@ impl<'a> Memory<'a> {
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };
-        plan.prepared.kernel.run(Operands {
-            inputs: views,
-            ints,
-            out,
-            out_shape: &out_slot.shape,
-            in_place,
-        })?;
+        let packed_b = match &plan.prepared.packed_b {
+            Some(range) => {
+                let dst = &mut self.packed[range.clone()];
+                if self.repack {
+                    plan.prepared.kernel.pack_b(views[1].data, dst)?;
+                }
+                Some(&*dst)
+            }
+            None => None,
+        };
+        plan.prepared.kernel.run_with_packed_b(
+            Operands {
+                inputs: views,
+                ints,
+                out,
+                out_shape: &out_slot.shape,
+                in_place,
+            },
+            packed_b,
+        )?;
         if !plan.prepared.out_direct {
             // SAFETY: the kernel is done; no view of the arena is used after this point.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };

@@ -36,8 +36,8 @@ pub struct PlannedBuffer {
 /// The `NAME.memplan.json` content.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryPlan {
-    /// Arena, hoisted region, parameters, inputs and staging: every buffer the executor
-    /// allocates once, exactly (it checks at setup). Each pool thread adds
+    /// Arena, hoisted region, parameters, inputs, staging and packed weights: every buffer the
+    /// executor allocates once, exactly (it checks at setup). Each pool thread adds
     /// `scratch_bytes_per_thread`.
     pub total_bytes: u64,
     /// Arena size in bytes.
@@ -47,6 +47,10 @@ pub struct MemoryPlan {
     /// Bytes of the staging buffers: operands converted to f32 (or copied because the result
     /// overwrites them), integer operands as i64, results stored in another dtype.
     pub staging_bytes: u64,
+    /// Bytes of the weights kept packed for the GEMM: each matmul whose right operand depends
+    /// on parameters alone reads it from panels packed once after the parameters change (the
+    /// raw parameter is kept too: it is what weights load into and other steps may read).
+    pub packed_bytes: u64,
     /// Bytes of kernel scratch (packed GEMM panels, im2col patches, tiles) each executor
     /// thread holds, sized for the most demanding step.
     pub scratch_bytes_per_thread: u64,
@@ -145,7 +149,11 @@ impl MemoryPlan {
         let needs = RuntimeNeeds::of(module).map_err(MemoryError::Step)?;
         self.staging_bytes = needs.staging.bytes();
         self.scratch_bytes_per_thread = needs.scratch_bytes_per_thread();
-        self.total_bytes = module.planned_bytes().saturating_add(self.staging_bytes);
+        self.packed_bytes = needs.packed_bytes();
+        self.total_bytes = module
+            .planned_bytes()
+            .saturating_add(self.staging_bytes)
+            .saturating_add(self.packed_bytes);
         Ok(())
     }
 }
@@ -241,6 +249,7 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
         arena_bytes: plan.arena_bytes,
         hoisted_bytes,
         staging_bytes: 0,
+        packed_bytes: 0,
         scratch_bytes_per_thread: 0,
         lower_bound_bytes: plan.lower_bound_bytes,
         ratio: plan.ratio(),
@@ -346,6 +355,55 @@ mod tests {
         assert_eq!(
             plan.scratch_bytes_per_thread,
             (2 * 3 * 32 + (1 << 16)) * 4 * 3
+        );
+    }
+
+    /// `y = x @ w` and `z = y @ x2`: the parameter `w` is packed once for the GEMM (counted in
+    /// the plan); an input operand is not.
+    #[test]
+    fn weights_a_matmul_reads_are_packed_once_and_counted() {
+        let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
+        let value = |ty: TensorType, storage| ValueInfo { ty, storage };
+        let step = |inputs: Vec<u32>, out: u32| Step {
+            op: Op::Matmul,
+            attrs: Attrs::new(),
+            inputs,
+            outputs: vec![out],
+            origin: String::new(),
+            kernel: choose_kernel(Op::Matmul),
+        };
+        let mut m = Module {
+            name: "m".into(),
+            target: "cpu".into(),
+            target_fingerprint: String::new(),
+            values: vec![
+                value(t([3, 8]), Storage::Input { name: "x".into() }),
+                value(
+                    t([8, 20]),
+                    Storage::Param {
+                        path: "w".into(),
+                        init: Init::Zeros,
+                        trainable: true,
+                    },
+                ),
+                value(t([3, 20]), Storage::Arena { offset: 0 }),
+                value(t([20, 5]), Storage::Input { name: "x2".into() }),
+                value(t([3, 5]), Storage::Arena { offset: 0 }),
+            ],
+            steps: vec![step(vec![0, 1], 2), step(vec![2, 3], 4)],
+            outputs: vec![("z".into(), 4)],
+            arena_bytes: 0,
+            hoisted_bytes: 0,
+        };
+        let plan = plan_memory(&mut m).unwrap();
+        let nr = mslc_kernels::matmul::MicroKernel::select(Default::default())
+            .unwrap()
+            .nr as u64;
+        let packed = (20u64.div_ceil(nr) * 8 * nr).next_multiple_of(16) * 4;
+        assert_eq!(plan.packed_bytes, packed);
+        assert_eq!(
+            plan.total_bytes,
+            m.planned_bytes() + plan.staging_bytes + packed
         );
     }
 }

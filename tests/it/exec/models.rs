@@ -206,6 +206,28 @@ fn parameter_only_steps_run_once_per_parameter_change() {
 }
 
 #[test]
+fn packed_weights_follow_parameter_changes() {
+    let module = compile_file("examples/tiny_llama.msl", &[("layers", "1")], true);
+    let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
+    let packed = needs.steps.iter().filter(|s| s.packed_b.is_some()).count();
+    assert!(packed >= 4, "only {packed} matmuls read packed weights");
+    let seeded = |exec: &mut mslc_exec::Executor, seed: u64| {
+        exec.init_params(seed);
+        exec.seed_input("tokens", 2).unwrap();
+        exec.run().unwrap();
+        exec.output_f32("logits").unwrap().1
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut exec = executor(module.clone(), 2);
+    let first = seeded(&mut exec, 1);
+    // New parameters are packed again before use: the same bits as a fresh executor's.
+    let second = seeded(&mut exec, 2);
+    assert_ne!(bits(&first), bits(&second));
+    let fresh = seeded(&mut executor(module, 1), 2);
+    assert_eq!(bits(&second), bits(&fresh));
+}
+
+#[test]
 fn cli_threads_profile_and_embedded_weights() {
     let dir = TestDir::new("cli");
     let module = compile_file("examples/mlp.msl", &[], true);

@@ -1,13 +1,15 @@
 //! The blocked, packed, parallel GEMM driver shared by matmul, attention and conv2d.
 //!
-//! All A and B panels are packed once per call (in parallel), then C is cut into tiles of at
-//! most `mc` rows × `nc` columns, each a rayon task that walks k in slabs of `kc`: for each
-//! slab, each NR-column B micro-panel (kept in L1) meets every MR-row A micro-panel of the tile
-//! (kept in L2). Bias and activation are applied to a tile once its last slab is done.
+//! All A and B panels are packed once per call (in parallel; B not at all when the caller hands
+//! it over already packed, see [`Gemm::pack_b`]), then C is cut into tiles of at most `mc` rows
+//! × `nc` columns, each a rayon task that walks k in slabs of `kc`: for each slab, each
+//! NR-column B micro-panel (kept in L1) meets every MR-row A micro-panel of the tile (kept in
+//! L2). Bias and activation are applied to a tile once its last slab is done. Products of at
+//! most `small_m` rows take the unpacked-A path of [`super::small`] instead.
 
 use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
 use super::pack::{pack_a_panel, pack_b_panel, MatRef};
-use super::MatmulParams;
+use super::{small, MatmulParams};
 use crate::activation::{apply_in_place, Activation};
 use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
@@ -102,15 +104,48 @@ impl Grid {
 }
 
 /// Panels `[lo, hi)` of block `i` when `total` panels are shared evenly by `blocks` blocks.
-fn block_range(total: usize, blocks: usize, i: usize) -> (usize, usize) {
+pub(super) fn block_range(total: usize, blocks: usize, i: usize) -> (usize, usize) {
     (i * total / blocks, (i + 1) * total / blocks)
 }
 
 impl Gemm<'_> {
     /// Computes every problem into `c`. Panics only on internal misuse (a C block outside `c`).
     pub fn run(&self, c: &mut [f32], params: &MatmulParams) {
+        self.run_with(c, params, None);
+    }
+
+    /// Floats of every B operand packed whole by [`Gemm::pack_b`]: per B, its NR-column panels
+    /// over all k, in the micro-kernel's geometry. The layout depends on the kernel's NR only,
+    /// not on `mc`, `kc` or `nc`.
+    pub fn packed_b_len(&self) -> usize {
+        self.b.len() * self.n.div_ceil(self.kernel.nr) * self.k * self.kernel.nr
+    }
+
+    /// Packs every B operand into `dst` ([`Gemm::packed_b_len`] floats), exactly as a call
+    /// packs it, so that [`Gemm::run_with`] can skip that work.
+    pub fn pack_b(&self, parallel: bool, dst: &mut [f32]) {
+        let np = self.n.div_ceil(self.kernel.nr);
+        let (k, nr) = (self.k, self.kernel.nr);
+        if k == 0 || dst.is_empty() {
+            return;
+        }
+        par::for_each_chunk_mut(parallel, dst, k * nr, |i, d| {
+            pack_b_panel(self.b[i / np], (i % np) * nr, nr, d)
+        });
+    }
+
+    /// As [`Gemm::run`], reading B from `packed_b` (laid out by [`Gemm::pack_b`]) when given.
+    /// Same bits either way.
+    pub fn run_with(&self, c: &mut [f32], params: &MatmulParams, packed_b: Option<&[f32]>) {
         if self.m == 0 || self.n == 0 || self.problems.is_empty() {
             return;
+        }
+        if let Some(p) = packed_b {
+            assert_eq!(
+                p.len(),
+                self.packed_b_len(),
+                "gemm: packed B of the wrong size"
+            );
         }
         for p in self.problems {
             assert!(
@@ -124,16 +159,25 @@ impl Gemm<'_> {
         let parallel = params.tasks_per_thread > 0
             && rayon::current_num_threads() > 1
             && flops >= params.min_parallel_flops;
+        if self.m <= params.small_m {
+            return small::run(self, c, params, parallel, packed_b);
+        }
         let grid = Grid::new(self, params, parallel);
         let a_len = self.a.len() * grid.mp * self.k * self.kernel.mr;
-        let b_len = self.b.len() * grid.np * self.k * self.kernel.nr;
+        let b_len = if packed_b.is_some() {
+            0
+        } else {
+            self.packed_b_len()
+        };
         let b_start = a_len.next_multiple_of(16);
         with_scratch(b_start + b_len, |buf| {
-            let (packed_a, packed_b) = buf.split_at_mut(b_start);
+            let (packed_a, own_b) = buf.split_at_mut(b_start);
             let packed_a = &mut packed_a[..a_len];
             if self.k > 0 {
-                self.pack(parallel, &grid, packed_a, packed_b);
+                let pack_b = packed_b.is_none().then_some(&mut *own_b);
+                self.pack(parallel, &grid, packed_a, pack_b);
             }
+            let packed_b = packed_b.unwrap_or(own_b);
             let kc = params.kc.max(1);
             let c_ptr = SyncPtr(c.as_mut_ptr());
             par::for_each_index(parallel, grid.tasks(self.problems.len()), |t| {
@@ -144,24 +188,29 @@ impl Gemm<'_> {
         });
     }
 
-    fn pack(&self, parallel: bool, grid: &Grid, packed_a: &mut [f32], packed_b: &mut [f32]) {
-        let (k, mp, np) = (self.k, grid.mp, grid.np);
-        let (mr, nr) = (self.kernel.mr, self.kernel.nr);
+    /// Packs every A panel into `packed_a` and, when given, every B panel into `packed_b`.
+    fn pack(
+        &self,
+        parallel: bool,
+        grid: &Grid,
+        packed_a: &mut [f32],
+        packed_b: Option<&mut [f32]>,
+    ) {
+        let (k, mp, mr) = (self.k, grid.mp, self.kernel.mr);
         let mut pack_a = move || {
             par::for_each_chunk_mut(parallel, packed_a, k * mr, |i, dst| {
                 pack_a_panel(self.a[i / mp], (i % mp) * mr, mr, dst)
             })
         };
-        let mut pack_b = move || {
-            par::for_each_chunk_mut(parallel, packed_b, k * nr, |i, dst| {
-                pack_b_panel(self.b[i / np], (i % np) * nr, nr, dst)
-            })
-        };
-        if parallel {
-            rayon::join(pack_a, pack_b);
-        } else {
-            pack_a();
-            pack_b();
+        match packed_b {
+            Some(b) if parallel => {
+                rayon::join(pack_a, || self.pack_b(true, b));
+            }
+            Some(b) => {
+                pack_a();
+                self.pack_b(false, b);
+            }
+            None => pack_a(),
         }
     }
 
@@ -240,7 +289,7 @@ impl Gemm<'_> {
     }
 
     /// Adds the bias and applies the activation to rows `rows` (columns from `col0`) of a tile.
-    fn epilogue<'c>(
+    pub(super) fn epilogue<'c>(
         &self,
         prob: Problem,
         rows: std::ops::Range<usize>,

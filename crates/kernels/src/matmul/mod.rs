@@ -6,6 +6,7 @@ pub(crate) mod gemm;
 pub mod kernel;
 pub(crate) mod pack;
 mod plan;
+mod small;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +18,7 @@ pub use kernel::{Isa, MicroKernel};
 pub use plan::GemmPlan;
 
 /// Tunable parameters of the GEMM. Every field is honoured. Results are bit-identical for any
-/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops` and thread count, and between the AVX2
+/// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops`, `small_m` and thread count, and between the AVX2
 /// and AVX-512 kernels; only `kc` and the portable kernel (no fused multiply-add) change the
 /// rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,6 +37,10 @@ pub struct MatmulParams {
     pub min_parallel_flops: usize,
     /// Micro-kernel choice; an ISA this CPU lacks is an error.
     pub isa: Isa,
+    /// Products of at most this many rows (decode shapes) read A in place instead of packing
+    /// it into MR-row panels, and split only their columns over threads; 0 never does. Same
+    /// bits either way.
+    pub small_m: usize,
 }
 
 impl Default for MatmulParams {
@@ -47,6 +52,7 @@ impl Default for MatmulParams {
             tasks_per_thread: 1,
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
+            small_m: 8,
         }
     }
 }

@@ -219,13 +219,102 @@ impl GemmPlan {
         params: &MatmulParams,
         out: &mut [f32],
     ) -> KernelResult<()> {
+        self.launch(a, Right::Raw(b), bias, activation, params, out)
+    }
+
+    /// Floats B takes once packed by [`GemmPlan::pack_b`] for the micro-kernel `params` pick.
+    pub fn packed_b_len(&self, params: &MatmulParams) -> KernelResult<usize> {
+        let nr = MicroKernel::select(params.isa)?.nr;
+        Ok(self.b.len() * self.n.div_ceil(nr) * self.k * nr)
+    }
+
+    /// Packs B into `dst` ([`GemmPlan::packed_b_len`] floats) in the layout the micro-kernel
+    /// `params` pick reads, once, for [`GemmPlan::run_prepacked`] to use on every call (a
+    /// weight does not change between calls).
+    pub fn pack_b(&self, b: &[f32], params: &MatmulParams, dst: &mut [f32]) -> KernelResult<()> {
+        check_len("matmul", "b", b.len(), &[self.lens[1]])?;
+        check_len(
+            "matmul",
+            "packed b",
+            dst.len(),
+            &[self.packed_b_len(params)?],
+        )?;
+        let b_refs: Vec<MatRef<'_>> = self.b.iter().map(|d| d.on(b)).collect();
+        self.gemm(&[], &b_refs, None, Activation::NONE, params)?
+            .pack_b(rayon::current_num_threads() > 1, dst);
+        Ok(())
+    }
+
+    /// As [`GemmPlan::run`], with B already packed by [`GemmPlan::pack_b`] with the same
+    /// `params`: no packing of B at all. Same bits as `run`.
+    pub fn run_prepacked(
+        &self,
+        a: &[f32],
+        packed_b: &[f32],
+        bias: Option<&[f32]>,
+        activation: Activation,
+        params: &MatmulParams,
+        out: &mut [f32],
+    ) -> KernelResult<()> {
+        check_len(
+            "matmul",
+            "packed b",
+            packed_b.len(),
+            &[self.packed_b_len(params)?],
+        )?;
+        self.launch(a, Right::Packed(packed_b), bias, activation, params, out)
+    }
+
+    /// The GEMM over the given operand views.
+    fn gemm<'g>(
+        &'g self,
+        a: &'g [MatRef<'g>],
+        b: &'g [MatRef<'g>],
+        bias: Option<&'g [f32]>,
+        activation: Activation,
+        params: &MatmulParams,
+    ) -> KernelResult<Gemm<'g>> {
+        Ok(Gemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            a,
+            b,
+            problems: &self.problems,
+            ldc: self.n,
+            accumulate: false,
+            bias: bias
+                .zip(self.bias)
+                .map(|(data, (rs, cs))| BiasRef { data, rs, cs }),
+            activation,
+            kernel: MicroKernel::select(params.isa)?,
+        })
+    }
+
+    /// Checks the buffers and runs the product, B raw or packed.
+    fn launch(
+        &self,
+        a: &[f32],
+        b: Right<'_>,
+        bias: Option<&[f32]>,
+        activation: Activation,
+        params: &MatmulParams,
+        out: &mut [f32],
+    ) -> KernelResult<()> {
         let [la, lb, lbias, lout] = self.lens;
         check_len("matmul", "a", a.len(), &[la])?;
-        check_len("matmul", "b", b.len(), &[lb])?;
+        if let Right::Raw(b) = b {
+            check_len("matmul", "b", b.len(), &[lb])?;
+        }
         check_len("matmul", "out", out.len(), &[lout])?;
         if let Some(bias) = bias {
             check_len("matmul", "bias", bias.len(), &[lbias])?;
         }
+        // A packed B is read from its panels only; its views carry the geometry.
+        let (raw_b, packed_b) = match b {
+            Right::Raw(b) => (b, None),
+            Right::Packed(p) => (&[][..], Some(p)),
+        };
         let (mut a_inline, mut b_inline) = ([NO_MAT; INLINE], [NO_MAT; INLINE]);
         let (a_heap, b_heap): (Vec<MatRef<'_>>, Vec<MatRef<'_>>);
         let a_refs: &[MatRef<'_>] = if self.a.len() <= INLINE {
@@ -239,31 +328,24 @@ impl GemmPlan {
         };
         let b_refs: &[MatRef<'_>] = if self.b.len() <= INLINE {
             for (r, d) in b_inline.iter_mut().zip(&self.b) {
-                *r = d.on(b);
+                *r = d.on(raw_b);
             }
             &b_inline[..self.b.len()]
         } else {
-            b_heap = self.b.iter().map(|d| d.on(b)).collect();
+            b_heap = self.b.iter().map(|d| d.on(raw_b)).collect();
             &b_heap
         };
-        Gemm {
-            m: self.m,
-            n: self.n,
-            k: self.k,
-            a: a_refs,
-            b: b_refs,
-            problems: &self.problems,
-            ldc: self.n,
-            accumulate: false,
-            bias: bias
-                .zip(self.bias)
-                .map(|(data, (rs, cs))| BiasRef { data, rs, cs }),
-            activation,
-            kernel: MicroKernel::select(params.isa)?,
-        }
-        .run(out, params);
+        self.gemm(a_refs, b_refs, bias, activation, params)?
+            .run_with(out, params, packed_b);
         Ok(())
     }
+}
+
+/// The right operand of a call: as stored, or packed ahead by [`GemmPlan::pack_b`].
+#[derive(Clone, Copy)]
+enum Right<'a> {
+    Raw(&'a [f32]),
+    Packed(&'a [f32]),
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![1usize, 16, 40, 1024]),
         0usize..4,
         prop::sample::select(available_isas()),
+        prop::sample::select(vec![0usize, 8, 40]),
     );
     let prec = prop::sample::select(Precision::ALL.to_vec());
     (dims, layout, acts, params, prec, any::<u64>()).prop_map(
@@ -65,7 +66,7 @@ fn case() -> impl Strategy<Value = Case> {
             (m, n, k),
             (batch, ta, tb, bias),
             activation,
-            (mc, kc, nc, tasks, isa),
+            (mc, kc, nc, tasks, isa, small_m),
             precision,
             seed,
         )| {
@@ -87,6 +88,7 @@ fn case() -> impl Strategy<Value = Case> {
                     tasks_per_thread: tasks,
                     min_parallel_flops: 0,
                     isa,
+                    small_m,
                 },
                 precision,
                 seed,
@@ -101,6 +103,26 @@ fn available_isas() -> Vec<Isa> {
         .into_iter()
         .filter(|&i| MicroKernel::select(i).is_ok())
         .collect()
+}
+
+/// Runs `c` through a [`GemmPlan`] with B packed ahead, as the executor does for weights.
+fn run_prepacked(c: &Case, a: &[f32], b: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let plan = GemmPlan::new(
+        &c.a_shape,
+        &c.b_shape,
+        c.bias_shape.as_deref(),
+        c.transpose_a,
+        c.transpose_b,
+    )
+    .unwrap();
+    let mut packed = vec![f32::NAN; plan.packed_b_len(&c.params).unwrap()];
+    plan.pack_b(b, &c.params, &mut packed).unwrap();
+    let out_shape =
+        matmul_output_shape(&c.a_shape, &c.b_shape, c.transpose_a, c.transpose_b).unwrap();
+    let mut out = vec![f32::NAN; out_shape.iter().product()];
+    plan.run_prepacked(a, &packed, bias, c.activation, &c.params, &mut out)
+        .unwrap();
+    out
 }
 
 /// Runs the fast kernel on `c` (inputs already rounded), returning the output.
@@ -150,6 +172,20 @@ fn check(c: &Case) {
     let one = in_pool(1, || run_fast(c, &a, &b, bias.as_deref()));
     let two = in_pool(2, || run_fast(c, &a, &b, bias.as_deref()));
     assert_same_bits("1 vs 2 threads", &one, &two);
+    for threads in [1, 2] {
+        let packed = in_pool(threads, || run_prepacked(c, &a, &b, bias.as_deref()));
+        assert_same_bits("B packed ahead vs per call", &one, &packed);
+    }
+    // The unpacked-A path for few rows gives the tiled path's bits.
+    let tiled = Case {
+        params: MatmulParams {
+            small_m: 0,
+            ..c.params.clone()
+        },
+        ..c.clone()
+    };
+    let tiled = in_pool(2, || run_fast(&tiled, &a, &b, bias.as_deref()));
+    assert_same_bits("small-m vs tiled path", &one, &tiled);
     let k = if c.transpose_a {
         c.a_shape[c.a_shape.len() - 2]
     } else {

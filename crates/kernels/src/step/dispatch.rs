@@ -30,6 +30,37 @@ pub struct Operands<'a> {
 impl StepKernel {
     /// Runs the kernel on `io`.
     pub fn run(&self, io: Operands<'_>) -> KernelResult<()> {
+        self.run_with_packed_b(io, None)
+    }
+
+    /// Floats of input 1 packed ahead for a kernel that can read it so ([`StepKernel::pack_b`]),
+    /// `None` for other kernels.
+    pub fn packed_b_len(&self) -> Option<KernelResult<usize>> {
+        match self {
+            StepKernel::Matmul { plan, params, .. } => Some(plan.packed_b_len(params)),
+            _ => None,
+        }
+    }
+
+    /// Packs input 1 `b` into `dst` ([`StepKernel::packed_b_len`] floats) for
+    /// [`StepKernel::run_with_packed_b`]: done once for a weight that does not change.
+    pub fn pack_b(&self, b: &[f32], dst: &mut [f32]) -> KernelResult<()> {
+        match self {
+            StepKernel::Matmul { plan, params, .. } => plan.pack_b(b, params, dst),
+            _ => Err(KernelError::new(
+                "pack",
+                "only a matmul reads its right operand packed ahead",
+            )),
+        }
+    }
+
+    /// Runs the kernel on `io`, reading input 1 from `packed_b` (made by
+    /// [`StepKernel::pack_b`]) instead of its view when given. Same bits as [`StepKernel::run`].
+    pub fn run_with_packed_b(
+        &self,
+        io: Operands<'_>,
+        packed_b: Option<&[f32]>,
+    ) -> KernelResult<()> {
         let Operands {
             inputs,
             ints,
@@ -65,14 +96,24 @@ impl StepKernel {
                 bias,
                 activation,
                 params,
-            } => plan.run(
-                x(0).data,
-                x(1).data,
-                bias.then(|| x(2).data),
-                *activation,
-                params,
-                out,
-            )?,
+            } => match packed_b {
+                Some(packed) => plan.run_prepacked(
+                    x(0).data,
+                    packed,
+                    bias.then(|| x(2).data),
+                    *activation,
+                    params,
+                    out,
+                )?,
+                None => plan.run(
+                    x(0).data,
+                    x(1).data,
+                    bias.then(|| x(2).data),
+                    *activation,
+                    params,
+                    out,
+                )?,
+            },
             StepKernel::Transpose(perm, p) => transpose::transpose(x(0), perm, p, out)?,
             StepKernel::Reduce(op, axes, keepdim, p) => {
                 reduce::reduce(x(0), *op, axes, *keepdim, p, out)?

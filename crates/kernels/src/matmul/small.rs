@@ -1,0 +1,291 @@
+//! Products with few rows (decode shapes: one token, m = 1..8): A is read where it lies
+//! instead of being packed into MR-row panels that would be mostly zero padding, and the work
+//! is split over column panels, the only dimension with room for threads.
+//!
+//! B is read from the caller's packed panels when given ([`Gemm::pack_b`]); else, when every B
+//! is row-major, straight from its rows (only a last, narrower panel is packed); else it is
+//! packed first like the tiled path does. Every C element is still one chain of multiply-adds
+//! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
+
+use super::gemm::{block_range, Gemm};
+use super::kernel::{Isa, MAX_NR};
+use super::pack::pack_b_panel;
+use super::MatmulParams;
+use crate::par::{self, SyncPtr};
+use crate::scratch::with_scratch;
+
+/// Rows one row-kernel call computes at most.
+const MAX_ROWS: usize = 4;
+
+/// One row-kernel call: `rows × NR` of C (+)= A rows · one B panel over `k` steps.
+#[derive(Clone, Copy)]
+struct RowsCall {
+    k: usize,
+    /// Element (i, p) of A is at `a + i * a_rs + p * a_cs`.
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    /// Step p of the panel (NR values) starts at `b + p * ldb`.
+    b: *const f32,
+    ldb: usize,
+    /// Row i of the C tile starts at `c + i * ldc`.
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// A row kernel: computes the call's `R` rows (its const parameter) for one ISA.
+type RowsFn = unsafe fn(&RowsCall);
+
+/// The row kernel for `isa` (never `Auto`) and `rows` (1..=MAX_ROWS).
+fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
+    macro_rules! by_rows {
+        ($f:ident) => {
+            match rows {
+                1 => $f::<1>,
+                2 => $f::<2>,
+                3 => $f::<3>,
+                _ => $f::<4>,
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => by_rows!(avx2_rows),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => by_rows!(avx512_rows),
+        _ => by_rows!(portable_rows),
+    }
+}
+
+/// Where step 0 of B panel `jp` of operand `b` starts, and its row stride.
+#[derive(Clone, Copy)]
+enum PanelSource<'a> {
+    /// All panels packed (`Gemm::pack_b` layout).
+    Packed(&'a [f32]),
+    /// Full panels read in place from row-major B; the last, narrower panel of each B packed
+    /// in `edge` (k × NR per B).
+    Rows { edge: &'a [f32] },
+}
+
+/// Computes `g` into `c` on the unpacked-A path (`g.m` small).
+pub(super) fn run(
+    g: &Gemm<'_>,
+    c: &mut [f32],
+    params: &MatmulParams,
+    parallel: bool,
+    packed_b: Option<&[f32]>,
+) {
+    let (n, k, nr) = (g.n, g.k, g.kernel.nr);
+    let np = n.div_ceil(nr);
+    let in_place = g.b.iter().all(|b| b.cs == 1);
+    let edge = n % nr != 0;
+    let own = match packed_b {
+        Some(_) => 0,
+        None if in_place => usize::from(edge) * g.b.len() * k * nr,
+        None => g.packed_b_len(),
+    };
+    with_scratch(own, |buf| {
+        let source = match packed_b {
+            Some(p) => PanelSource::Packed(p),
+            None if in_place => {
+                for (i, d) in buf.chunks_exact_mut((k * nr).max(1)).enumerate() {
+                    pack_b_panel(g.b[i], (np - 1) * nr, nr, d);
+                }
+                PanelSource::Rows { edge: buf }
+            }
+            None => {
+                g.pack_b(parallel, buf);
+                PanelSource::Packed(buf)
+            }
+        };
+        let chunks = if parallel {
+            let target = rayon::current_num_threads().saturating_mul(params.tasks_per_thread);
+            target.div_ceil(g.problems.len()).clamp(1, np)
+        } else {
+            1
+        };
+        let kc = params.kc.max(1);
+        let c_ptr = SyncPtr(c.as_mut_ptr());
+        par::for_each_index(parallel, g.problems.len() * chunks, |t| {
+            let (jp0, jp1) = block_range(np, chunks, t % chunks);
+            // SAFETY: tasks cover disjoint column ranges of disjoint C blocks, all inside `c`
+            // (checked by `Gemm::run_with`), and `c` outlives this parallel loop.
+            unsafe { columns(g, t / chunks, jp0..jp1, source, c_ptr, kc) };
+        });
+    });
+}
+
+/// Computes column panels `panels` of problem `pi` over all its rows.
+///
+/// # Safety
+/// `c` must point to the output buffer of [`Gemm::run_with`], and no other thread may touch
+/// these columns of this problem's C block meanwhile.
+unsafe fn columns(
+    g: &Gemm<'_>,
+    pi: usize,
+    panels: std::ops::Range<usize>,
+    source: PanelSource<'_>,
+    c: SyncPtr,
+    kc: usize,
+) {
+    let (m, n, k, ldc, nr) = (g.m, g.n, g.k, g.ldc, g.kernel.nr);
+    let np = n.div_ceil(nr);
+    let prob = g.problems[pi];
+    let (a, b) = (g.a[prob.a], g.b[prob.b]);
+    let (col0, col1) = (panels.start * nr, (panels.end * nr).min(n));
+    // SAFETY: row r of these columns is c[c_offset + r * ldc + col0 .. + col1], inside the
+    // buffer and owned by this task alone.
+    let row = |r: usize| unsafe {
+        std::slice::from_raw_parts_mut(c.get().add(prob.c_offset + r * ldc + col0), col1 - col0)
+    };
+    if k == 0 && !g.accumulate {
+        (0..m).for_each(|r| row(r).fill(0.0));
+    }
+    for p0 in (0..k).step_by(kc) {
+        let kcs = kc.min(k - p0);
+        let accumulate = g.accumulate || p0 > 0;
+        for jp in panels.clone() {
+            let cols = nr.min(n - jp * nr);
+            let (panel, ldb) = match source {
+                PanelSource::Packed(p) => (&p[((prob.b * np + jp) * k + p0) * nr..], nr),
+                PanelSource::Rows { edge } if cols < nr => (&edge[(prob.b * k + p0) * nr..], nr),
+                PanelSource::Rows { .. } => (&b.data[b.offset + p0 * b.rs + jp * nr..], b.rs),
+            };
+            assert!(
+                panel.len() >= (kcs - 1) * ldb + nr,
+                "gemm: B panel outside its buffer"
+            );
+            for r0 in (0..m).step_by(MAX_ROWS) {
+                let rows = MAX_ROWS.min(m - r0);
+                let last = a.offset + (r0 + rows - 1) * a.rs + (p0 + kcs - 1) * a.cs;
+                assert!(last < a.data.len(), "gemm: A rows outside their buffer");
+                // SAFETY: inside this task's columns (see `row`).
+                let c_tile = unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) };
+                let mut tmp = [0.0f32; MAX_ROWS * MAX_NR];
+                let full = cols == nr;
+                let call = RowsCall {
+                    k: kcs,
+                    // SAFETY: the last element read is inside A (asserted above).
+                    a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
+                    a_rs: a.rs,
+                    a_cs: a.cs,
+                    b: panel.as_ptr(),
+                    ldb,
+                    c: if full { c_tile } else { tmp.as_mut_ptr() },
+                    ldc: if full { ldc } else { nr },
+                    accumulate: accumulate && full,
+                };
+                // SAFETY: A, B and the C tile (or `tmp`) hold what the call reads and writes
+                // (asserted above; `kernel` only picks ISAs this CPU runs).
+                unsafe { rows_kernel(g.kernel.isa, rows)(&call) };
+                if !full {
+                    for (i, src) in tmp.chunks_exact(nr).take(rows).enumerate() {
+                        // SAFETY: rows × cols of this tile lie inside C.
+                        let dst =
+                            unsafe { std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols) };
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            *d = if accumulate { *d + s } else { s };
+                        }
+                    }
+                }
+            }
+        }
+    }
+    g.epilogue(prob, 0..m, col0, row);
+}
+
+/// Portable row kernel (NR = 16), with the portable micro-kernel's separate multiply and add.
+///
+/// # Safety
+/// The call's pointers must be valid for what [`RowsCall`] describes with NR = 16.
+unsafe fn portable_rows<const R: usize>(x: &RowsCall) {
+    const NR: usize = 16;
+    let mut acc = [[0.0f32; NR]; R];
+    for p in 0..x.k {
+        // SAFETY: step p of the panel holds NR values.
+        let bp = unsafe { std::slice::from_raw_parts(x.b.add(p * x.ldb), NR) };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: element (i, p) of A is inside it.
+            let ai = unsafe { *x.a.add(i * x.a_rs + p * x.a_cs) };
+            for (v, &bj) in row.iter_mut().zip(bp) {
+                *v += ai * bj;
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: row i of the tile holds NR values.
+        let out = unsafe { std::slice::from_raw_parts_mut(x.c.add(i * x.ldc), NR) };
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = if x.accumulate { *o + v } else { v };
+        }
+    }
+}
+
+/// AVX2+FMA row kernel (NR = 16): two accumulators per row.
+///
+/// # Safety
+/// As [`portable_rows`], and the CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_rows<const R: usize>(x: &RowsCall) {
+    use std::arch::x86_64::*;
+    // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for p in 0..x.k {
+            let bp = x.b.add(p * x.ldb);
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = _mm256_broadcast_ss(&*x.a.add(i * x.a_rs + p * x.a_cs));
+                row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let ci = x.c.add(i * x.ldc);
+            let (mut r0, mut r1) = (row[0], row[1]);
+            if x.accumulate {
+                r0 = _mm256_add_ps(_mm256_loadu_ps(ci), r0);
+                r1 = _mm256_add_ps(_mm256_loadu_ps(ci.add(8)), r1);
+            }
+            _mm256_storeu_ps(ci, r0);
+            _mm256_storeu_ps(ci.add(8), r1);
+        }
+    }
+}
+
+/// AVX-512F row kernel (NR = 32): two accumulators per row.
+///
+/// # Safety
+/// As [`portable_rows`] with NR = 32, and the CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_rows<const R: usize>(x: &RowsCall) {
+    use std::arch::x86_64::*;
+    // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for p in 0..x.k {
+            let bp = x.b.add(p * x.ldb);
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai = _mm512_set1_ps(*x.a.add(i * x.a_rs + p * x.a_cs));
+                row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
+                row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let ci = x.c.add(i * x.ldc);
+            let (mut r0, mut r1) = (row[0], row[1]);
+            if x.accumulate {
+                r0 = _mm512_add_ps(_mm512_loadu_ps(ci), r0);
+                r1 = _mm512_add_ps(_mm512_loadu_ps(ci.add(16)), r1);
+            }
+            _mm512_storeu_ps(ci, r0);
+            _mm512_storeu_ps(ci.add(16), r1);
+        }
+    }
+}
