@@ -253,16 +253,17 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
+/// `data` as a tensor of `shape`.
+fn view<'a>(shape: &'a [usize], data: &'a [f32]) -> TensorRef<'a> {
+    TensorRef { data, shape }
+}
+
 /// The backward of causal attention on `[b, s, h, d]` (what autodiff emits: `attention_lse`
 /// and one `attention_grad` per input) against the forward, timed in the same run; prints each
 /// time and the backward / forward ratio.
 fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     let shape = [b, s, h, d];
     let [q, k, v, dout] = [3, 4, 5, 6].map(|seed| data(b * s * h * d, seed));
-    let r = |x: &[f32]| TensorRef {
-        data: x,
-        shape: &shape,
-    };
     let mut out = vec![0.0f32; q.len()];
     let mut lse = vec![0.0f32; b * s * h];
     let lse_shape = [b, s, h];
@@ -270,9 +271,9 @@ fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usi
     let (fwd, _) = in_pool(threads, || {
         time(|| {
             attention(
-                r(&q),
-                r(&k),
-                r(&v),
+                view(&shape, &q),
+                view(&shape, &k),
+                view(&shape, &v),
                 true,
                 None,
                 &AttentionParams::default(),
@@ -283,7 +284,18 @@ fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usi
     });
     let params = RowParams::default();
     let (lse_time, _) = in_pool(threads, || {
-        time(|| attention_lse(r(&q), r(&k), r(&v), true, None, &params, &mut lse).expect("lse"))
+        time(|| {
+            attention_lse(
+                view(&shape, &q),
+                view(&shape, &k),
+                view(&shape, &v),
+                true,
+                None,
+                &params,
+                &mut lse,
+            )
+            .expect("lse")
+        })
     });
     let lse_t = TensorRef {
         data: &lse,
@@ -294,11 +306,11 @@ fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usi
         (*g, _) = in_pool(threads, || {
             time(|| {
                 attention_grad(
-                    r(&q),
-                    r(&k),
-                    r(&v),
-                    r(&out),
-                    r(&dout),
+                    view(&shape, &q),
+                    view(&shape, &k),
+                    view(&shape, &v),
+                    view(&shape, &out),
+                    view(&shape, &dout),
                     lse_t,
                     true,
                     None,

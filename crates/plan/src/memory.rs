@@ -370,6 +370,7 @@ mod tests {
             inputs,
             outputs: vec![out],
             origin: String::new(),
+            loc: None,
             kernel: choose_kernel(Op::Matmul),
         };
         let mut m = Module {
