@@ -106,6 +106,8 @@ codes! {
     E0612 => "language server connection failed",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
+    E0622 => "unusable tuning knowledge base",
+    E0623 => "tuning budget out of range",
     E0710 => "input dtype that generated bindings cannot take",
     E0700 => "cannot format a file in place",
     W0002 => "precision setting has no effect",
