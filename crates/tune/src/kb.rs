@@ -4,7 +4,7 @@
 //! `mslc build` fills the kernel table from it. Written atomically, merged with what is on disk
 //! at the time of writing, and never overwritten when it cannot be read back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use mslc_artifact::Module;
 use mslc_core::diag::Code;
 use mslc_core::ops::Op;
-use mslc_kernels::binding::{KernelChoice, KernelParam};
+use mslc_kernels::binding::{choose_kernel, KernelChoice, KernelParam};
 use mslc_plan::kernels::signature;
 
 /// The `format` field of a knowledge base file.
@@ -245,20 +245,24 @@ impl KnowledgeBase {
             })
     }
 
-    /// Gives every step of `module` whose signature has a usable record for `device` and
-    /// `threads` the recorded kernel choice; returns the tuned time in microseconds of each
-    /// signature applied.
+    /// Gives the steps of `module` whose signature has a usable record for `device` and
+    /// `threads` the recorded kernel choice — those still on the binding's default choice, or
+    /// whose signature is in `replaceable` (choices an earlier tuning put there); a choice
+    /// edited by hand stays. Returns the tuned time in microseconds of each signature applied.
     pub fn apply(
         &self,
         module: &mut Module,
         device: &str,
         threads: usize,
+        replaceable: &BTreeSet<String>,
     ) -> BTreeMap<String, f64> {
         let mut applied = BTreeMap::new();
         for i in 0..module.steps.len() {
             let sig = signature(module, i);
-            if let Some(r) = self.get(device, threads, &sig) {
-                module.steps[i].kernel = r.choice();
+            let step = &mut module.steps[i];
+            let open = step.kernel == choose_kernel(step.op) || replaceable.contains(&sig);
+            if let Some(r) = self.get(device, threads, &sig).filter(|_| open) {
+                step.kernel = r.choice();
                 applied.insert(sig, r.tuned_us);
             }
         }

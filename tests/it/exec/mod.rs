@@ -6,3 +6,4 @@ mod kernel_table;
 mod models;
 mod ops;
 mod reference;
+mod tune;

@@ -121,6 +121,7 @@ codes! {
     W0010 => "import never used",
     W0011 => "result of an instance dropped",
     W0012 => "block argument never used",
+    W0013 => "nothing to tune",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,
