@@ -28,7 +28,7 @@ fn tune(dir: &TestDir, extra: &[&str]) -> (i32, String, String) {
 #[test]
 fn tuning_fills_the_knowledge_base_that_a_second_run_and_build_reuse() {
     let dir = TestDir::new("tune-kb");
-    let (code, out, err) = tune(&dir, &["--budget", "2s", "--threads", "1"]);
+    let (code, out, err) = tune(&dir, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("measured") && out.contains("fused_matmul("),
@@ -47,7 +47,7 @@ fn tuning_fills_the_knowledge_base_that_a_second_run_and_build_reuse() {
         assert!(d > 0.0 && t > 0.0 && t <= d, "{o}");
     }
 
-    let (code, out, err) = tune(&dir, &["--budget", "2s", "--threads", "1"]);
+    let (code, out, err) = tune(&dir, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
     let again: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path("Mlp.tune.json")).unwrap()).unwrap();
@@ -91,6 +91,7 @@ fn tuning_fills_the_knowledge_base_that_a_second_run_and_build_reuse() {
 #[test]
 fn a_damaged_or_foreign_knowledge_base_is_reported_and_left_alone() {
     let dir = TestDir::new("tune-bad-kb");
+    let kb = dir.path("kb.json");
     for text in [
         "{\"format\": \"mslc-tune-kb\", \"version\": 1, \"rec",
         "[1, 2, 3]",
@@ -105,7 +106,7 @@ fn a_damaged_or_foreign_knowledge_base_is_reported_and_left_alone() {
         assert_eq!(std::fs::read_to_string(dir.path("kb.json")).unwrap(), text);
         let mut args = vec!["build"];
         args.extend(SMALL);
-        args.extend(["--tune-db", s(&dir.path("kb.json")), "-o", s(&dir.0)]);
+        args.extend(["--tune-db", s(&kb), "-o", s(&dir.0)]);
         let (code, _, err) = mslc(&args);
         assert_eq!(code, 1, "{err}");
         assert!(err.contains("E0622"), "{err}");
