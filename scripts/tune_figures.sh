@@ -10,8 +10,16 @@ N=${2:-20}
 WORK=$(mktemp -d)
 KB="$WORK/kb.json"
 trap 'rm -rf "$WORK"' EXIT
-median() { "$MSLC" run "$@" --init-seed 1 --iterations "$N" --message-format json |
-  python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["summary"]["median_ms"] / 1e3)'; }
+median() {
+  local out
+  out=$("$MSLC" run "$@" --init-seed 1 --iterations "$N" --message-format json 2>&1 || true)
+  python3 -c 'import json,sys
+for line in sys.argv[1].splitlines():
+    d = json.loads(line) if line.startswith("{") else {}
+    if "summary" in d:
+        print(d["summary"]["median_ms"] / 1e3); sys.exit()
+sys.exit("run failed: " + sys.argv[1][:2000])' "$out"
+}
 row() {
   local label=$1; shift
   "$MSLC" tune "$@" --budget "$BUDGET" --db "$KB" -o "$WORK/$label" >"$WORK/$label.tune.txt"
