@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use mslc_artifact::validate::kernel_param_bounds;
 use mslc_artifact::Module;
 use mslc_core::diag::Code;
 use mslc_core::ops::Op;
@@ -61,11 +62,17 @@ impl Record {
         }
     }
 
-    /// Whether its choice can still run its op (a kernel's parameters may have changed since
-    /// it was written; such a record is kept but not used).
+    /// Whether its choice can still run its op and a module accepts its values (a kernel's
+    /// parameters may have changed since it was written; such a record is kept but not used).
     pub fn usable(&self) -> bool {
         let op = self.signature.split('(').next().and_then(Op::from_name);
-        op.is_some_and(|op| self.choice().check_for(op).is_ok())
+        let in_bounds = self.params.iter().all(|(name, v)| match v {
+            KernelParam::Int(i) => {
+                kernel_param_bounds(name).is_some_and(|(low, high)| (low..=high).contains(i))
+            }
+            KernelParam::Text(_) => true,
+        });
+        in_bounds && op.is_some_and(|op| self.choice().check_for(op).is_ok())
     }
 }
 

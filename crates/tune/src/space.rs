@@ -1,11 +1,13 @@
 //! A kernel's parameter space, read from the binding: one axis per field of the kernel's
 //! parameter struct (so a field added to a struct is searched too). A size or threshold takes
 //! values on a power-of-two ladder around its default, plus 0 (for thresholds: always
-//! parallel; for thread splits: the calling thread only); a choice (the micro-kernel ISA)
+//! parallel; for thread splits: the calling thread only), within the bounds a module accepts
+//! (`kernel_param_bounds`); a choice (the micro-kernel ISA)
 //! takes every variant the parameter struct accepts.
 
 use std::collections::BTreeMap;
 
+use mslc_artifact::validate::kernel_param_bounds;
 use mslc_core::ops::Op;
 use mslc_kernels::binding::{KernelChoice, KernelKind, KernelParam};
 
@@ -53,7 +55,7 @@ impl Space {
             .into_iter()
             .map(|(name, default)| {
                 let mut values = match &default {
-                    KernelParam::Int(d) => ladder(*d),
+                    KernelParam::Int(d) => ladder(*d, kernel_param_bounds(&name)),
                     KernelParam::Text(_) => variants(op, kind, &name),
                 };
                 if !values.contains(&default) {
@@ -131,14 +133,18 @@ impl Space {
     }
 }
 
-/// The ladder of a size whose default is `d`: 0 and `d` times each step of [`LADDER`].
-fn ladder(d: i64) -> Vec<KernelParam> {
+/// The ladder of a size whose default is `d`: 0 and `d` times each step of [`LADDER`], within
+/// the bounds a module accepts for the parameter (none but the default without bounds).
+fn ladder(d: i64, bounds: Option<(i64, i64)>) -> Vec<KernelParam> {
+    let Some((low, high)) = bounds else {
+        return vec![KernelParam::Int(d)];
+    };
     let mut v: Vec<i64> = LADDER
         .iter()
         .map(|&(num, den)| d.saturating_mul(i64::from(num)) / i64::from(den))
-        .filter(|&x| x > 0)
+        .chain([0])
+        .filter(|x| (low..=high).contains(x))
         .collect();
-    v.push(0);
     v.sort_unstable();
     v.dedup();
     v.into_iter().map(KernelParam::Int).collect()
@@ -181,8 +187,20 @@ mod tests {
             assert!(isa.values.contains(&KernelParam::Text(v.into())), "{v}");
         }
         let mc = space.axes.iter().find(|a| a.name == "mc").unwrap();
-        assert!(mc.values.contains(&KernelParam::Int(0)));
         assert!(mc.values.len() >= 6);
+        // Only values a module accepts: mc is at least 1, kc at most 4096.
+        assert!(!mc.values.contains(&KernelParam::Int(0)));
+        let kc = space.axes.iter().find(|a| a.name == "kc").unwrap();
+        assert!(
+            kc.values.iter().all(|v| *v <= KernelParam::Int(4096)),
+            "{kc:?}"
+        );
+        let tasks = space
+            .axes
+            .iter()
+            .find(|a| a.name == "tasks_per_thread")
+            .unwrap();
+        assert!(tasks.values.contains(&KernelParam::Int(0)));
         // The default point is the binding's default choice.
         assert_eq!(
             space.choice(&space.default_point()),
