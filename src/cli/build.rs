@@ -17,6 +17,8 @@ use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_plan::kernels::KernelTable;
 use mslc_plan::memory_svg::memory_svg;
+use mslc_tune::device::fingerprint;
+use mslc_tune::kb::{default_path, KnowledgeBase};
 
 use super::check::group_thousands;
 use super::{ModelArgs, PrecisionArg, Reporter};
@@ -66,6 +68,11 @@ pub struct BuildArgs {
     /// directory, when it exists), for every step whose op signature it lists.
     #[arg(long, value_name = "FILE.toml")]
     pub kernels: Option<PathBuf>,
+    /// Take tuned kernel choices from this knowledge base (default: the one `mslc tune`
+    /// writes, `$XDG_CACHE_HOME/mslc/tune-kb.json` or `~/.cache/mslc/tune-kb.json`, when it
+    /// exists); a table given with --kernels or beside the output still wins.
+    #[arg(long, value_name = "FILE.json")]
+    pub tune_db: Option<PathBuf>,
     /// Put these weights (safetensors, matched by parameter path) inside the `.mir`.
     #[arg(long, value_name = "FILE.safetensors")]
     pub embed_weights: Option<PathBuf>,
@@ -167,10 +174,19 @@ fn build(
         .kernels
         .clone()
         .unwrap_or_else(|| dir.join(format!("{name}.kernels.toml")));
+    let mut replaceable = std::collections::BTreeSet::new();
     let kernels = if args.kernels.is_some() || table_path.exists() {
         let table = KernelTable::read(&table_path)
             .map_err(|e| root_error(checked, e.code(), e.to_string(), table_help(&e)))?;
         let applied = table.apply(&mut compiled.module);
+        replaceable = table.tuner_entries();
+        Some(format!("{}: {applied}", table_path.display()))
+    } else {
+        None
+    };
+    let tuned = tuned_choices(args, &mut compiled.module, &replaceable)
+        .map_err(|(code, message, help)| root_error(checked, code, message, help))?;
+    if kernels.is_some() || tuned.is_some() {
         compiled
             .memory
             .account_runtime(&compiled.module)
@@ -182,10 +198,7 @@ fn build(
                     "fix or delete the entry the message names".to_string(),
                 )
             })?;
-        Some(format!("{}: {applied}", table_path.display()))
-    } else {
-        None
-    };
+    }
     let weights = match &args.embed_weights {
         Some(path) => Some(
             super::weights::read_matching(path, &compiled.module)
@@ -197,6 +210,9 @@ fn build(
     let mir = encode(&compiled.module, weights.as_deref());
     let encode_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut files = artifact_files(dir, name, &compiled, mir);
+    if let Some(tuned) = &tuned {
+        mark_tuned(&mut files, &compiled.module, tuned);
+    }
     for emit in &args.emit {
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
@@ -247,11 +263,94 @@ fn build(
         .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
         .collect();
     let json = serde_json::json!({ "summary": { "report": &report, "files": written } });
-    let mut text = report_text(&report, args.verify, kernels.as_deref(), dir, &files);
+    let tuning = tuned.as_ref().map(|t| t.note.as_str());
+    let mut text = report_text(
+        &report,
+        args.verify,
+        kernels.as_deref(),
+        tuning,
+        dir,
+        &files,
+    );
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
     Ok((text, json))
+}
+
+/// The tuner's results this build uses: the knowledge base they come from and what it said.
+struct Tuned {
+    kb: KnowledgeBase,
+    device: String,
+    threads: usize,
+    note: String,
+}
+
+/// Gives the module's steps the knowledge base's tuned choices for this device and the
+/// executor's default thread count, where no kernel table edit chose otherwise
+/// (`replaceable`: the table's entries that hold an earlier tuning result). `None` when there is no knowledge base to read; a base
+/// with no result for this device changes nothing, and the note says so.
+fn tuned_choices(
+    args: &BuildArgs,
+    module: &mut mslc_artifact::Module,
+    replaceable: &std::collections::BTreeSet<String>,
+) -> Result<Option<Tuned>, (Code, String, String)> {
+    let Some(path) = args
+        .tune_db
+        .clone()
+        .or_else(|| default_path().filter(|p| p.exists()))
+    else {
+        return Ok(None);
+    };
+    let kb = KnowledgeBase::read(&path).map_err(|e| {
+        (
+            e.code(),
+            e.to_string(),
+            "move the file aside (nothing in it is changed) or give --tune-db another one"
+                .to_string(),
+        )
+    })?;
+    let device = fingerprint();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let applied = kb.apply(module, &device, threads, replaceable);
+    let note = if !applied.is_empty() {
+        format!("{} signatures from {}", applied.len(), path.display())
+    } else if kb.count_for(&device) == 0 && kb.records().next().is_some() {
+        format!(
+            "{} has results for other devices only (this one is `{device}`); default kernels",
+            path.display()
+        )
+    } else {
+        format!(
+            "{} has no result for this model's signatures on {threads} threads; default kernels (run `mslc tune`)",
+            path.display()
+        )
+    };
+    Ok(Some(Tuned {
+        kb,
+        device,
+        threads,
+        note,
+    }))
+}
+
+/// Rewrites the kernel table among `files` so that every entry whose choice is the tuner's
+/// says `tuned = true` with the time measured for it.
+fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, tuned: &Tuned) {
+    let mut table = KernelTable::of(module);
+    let measured: std::collections::BTreeMap<String, f64> = table
+        .kernels
+        .iter()
+        .filter_map(|e| {
+            let r = tuned.kb.get(&tuned.device, tuned.threads, &e.signature)?;
+            (r.choice() == e.choice()).then(|| (e.signature.clone(), r.tuned_us))
+        })
+        .collect();
+    table.mark_tuned(&measured);
+    let file = format!("{}.kernels.toml", module.name);
+    if let Some(entry) = files.iter_mut().find(|(p, _)| p.ends_with(&file)) {
+        entry.1 = table.to_toml().into_bytes();
+    }
 }
 
 /// What to do about a kernel table that cannot be used.
@@ -303,6 +402,7 @@ fn report_text(
     r: &Report,
     verified: bool,
     kernels: Option<&str>,
+    tuning: Option<&str>,
     dir: &Path,
     files: &[(PathBuf, Vec<u8>)],
 ) -> String {
@@ -335,6 +435,9 @@ fn report_text(
             "  verified:   the IR after lowering and after each of {} passes: acyclic, every op input connected once, result types as the op registry infers, outputs present",
             r.passes.len()
         ));
+    }
+    if let Some(tuning) = tuning {
+        lines.push(format!("  tuning:     {tuning}"));
     }
     if let Some(kernels) = kernels {
         lines.push(format!("  kernels:    {kernels}"));

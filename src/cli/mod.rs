@@ -12,6 +12,7 @@ mod output;
 mod param_groups;
 mod progress;
 mod run;
+mod tune;
 mod weights;
 
 use std::io::IsTerminal;
@@ -77,13 +78,21 @@ pub struct ModelArgs {
     pub stdlib: Option<PathBuf>,
 }
 
-/// The precision option of every command that compiles a model (`build`, `run`).
+/// The precision option of every command that compiles a model (`build`, `run`, `tune`).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PrecisionArg {
     /// Compile with this precision policy instead of the one the model's `train` names (`f32`
     /// for none).
     #[arg(long, value_name = "f32|POLICY")]
     pub precision: Option<String>,
+}
+
+/// The usage error of a command given a built `.mir` with flags that only compiling a source
+/// can apply; `None` when it has none of them.
+pub fn source_only_flags(model: &ModelArgs, precision: &PrecisionArg) -> Option<String> {
+    (!model.sets.is_empty() || !model.dims.is_empty() || precision.precision.is_some()).then(|| {
+        "--set, --dim and --precision apply to .msl sources; rebuild the .mir with them".to_string()
+    })
 }
 
 impl ModelArgs {
@@ -121,6 +130,8 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
     Run(run::RunArgs),
+    /// Tune the kernels of a model on this machine: `mslc tune model.msl --budget 60s`.
+    Tune(tune::TuneArgs),
     /// Format files in place, or with `--check` print a diff for each one not formatted.
     Fmt(fmt::FmtArgs),
     /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
@@ -198,6 +209,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args, &reporter),
         Command::Explain(args) => explain::run(&args, &reporter),
         Command::Run(args) => run::run(&args, &reporter),
+        Command::Tune(args) => tune::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
         Command::Man => generate::man(&reporter),

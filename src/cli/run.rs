@@ -24,7 +24,7 @@ use mslc_kernels::peak::Peak;
 use mslc_plan::kernels::KernelTable;
 
 use super::progress::Progress;
-use super::{parse_key_value, ModelArgs, PrecisionArg, Reporter};
+use super::{parse_key_value, source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc run`.
 #[derive(clap::Args, Debug)]
@@ -149,14 +149,8 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
     let mir_bytes;
     let (mut module, embedded, sources) = if is_mir {
-        if !args.model.sets.is_empty()
-            || !args.model.dims.is_empty()
-            || args.precision.precision.is_some()
-        {
-            return Err(Failure::Usage(
-                "--set, --dim and --precision apply to .msl sources; rebuild the .mir with them"
-                    .to_string(),
-            ));
+        if let Some(m) = source_only_flags(&args.model, &args.precision) {
+            return Err(Failure::Usage(m));
         }
         mir_bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded = decode(&mir_bytes)

@@ -17,6 +17,7 @@ const LAYERS: &[&str] = &[
     "mslc-artifact",
     "mslc-plan",
     "mslc-exec",
+    "mslc-tune",
     "mslc-driver",
     "mslc-build",
     "mslc-lsp",

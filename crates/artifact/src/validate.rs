@@ -324,12 +324,21 @@ const KERNEL_PARAM_BOUNDS: &[(&str, i64, i64)] = &[
     ("min_parallel_flops", 0, 1 << 62),
 ];
 
+/// The bounds a module accepts for the integer kernel parameter `name` (a field of a kernels'
+/// parameter struct), or `None` for a name it does not accept; a tuner searches within them.
+pub fn kernel_param_bounds(name: &str) -> Option<(i64, i64)> {
+    KERNEL_PARAM_BOUNDS
+        .iter()
+        .find(|(n, ..)| *n == name)
+        .map(|&(_, low, high)| (low, high))
+}
+
 /// Every integer kernel parameter is a known one within its bounds (text parameters, such as
 /// the micro-kernel ISA, are checked when the kernel is prepared).
 fn validate_kernel_params(s: usize, step: &Step) -> Result<(), String> {
     for (name, value) in &step.kernel.params {
         let KernelParam::Int(v) = value else { continue };
-        let Some(&(_, low, high)) = KERNEL_PARAM_BOUNDS.iter().find(|(n, ..)| n == name) else {
+        let Some((low, high)) = kernel_param_bounds(name) else {
             return Err(format!(
                 "step {s} ({}): kernel `{}` has no integer parameter `{name}`",
                 step.op, step.kernel.name

@@ -59,9 +59,13 @@ pub struct KernelEntry {
     /// The steps of the module it was written from that have this signature (informational).
     #[serde(default)]
     pub steps: Vec<usize>,
-    /// Whether the choice differs from the binding's default for the op (informational).
+    /// Whether the choice differs from the binding's default for the op, or was measured
+    /// best on this target by `mslc tune` (informational).
     #[serde(default)]
     pub tuned: bool,
+    /// Microseconds per call the tuner measured for this choice (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_us: Option<f64>,
     /// Parameters by field name; a parameter left out takes the kernel's default.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, TableParam>,
@@ -169,6 +173,7 @@ impl KernelTable {
                     name: step.kernel.name.clone(),
                     steps: Vec::new(),
                     tuned: step.kernel != choose_kernel(step.op),
+                    measured_us: None,
                     params: step
                         .kernel
                         .params
@@ -227,6 +232,27 @@ impl KernelTable {
             }
             other => other,
         })
+    }
+
+    /// The signatures whose entry holds a tuner's result (`measured_us` set) rather than a
+    /// person's edit: a newer tuning result may replace them.
+    pub fn tuner_entries(&self) -> std::collections::BTreeSet<String> {
+        self.kernels
+            .iter()
+            .filter(|e| e.measured_us.is_some())
+            .map(|e| e.signature.clone())
+            .collect()
+    }
+
+    /// Marks the entries of the signatures in `measured` as tuned, with the measured time in
+    /// microseconds (what `mslc build` takes from the tuner's knowledge base).
+    pub fn mark_tuned(&mut self, measured: &BTreeMap<String, f64>) {
+        for entry in &mut self.kernels {
+            if let Some(&us) = measured.get(&entry.signature) {
+                entry.tuned = true;
+                entry.measured_us = Some(us);
+            }
+        }
     }
 
     /// Gives every step of `module` whose signature has an entry that entry's kernel choice.

@@ -7,3 +7,4 @@ mod models;
 mod numerics;
 mod ops;
 mod reference;
+mod tune;

@@ -108,6 +108,8 @@ codes! {
     E0614 => "a value is not finite",
     E0620 => "malformed kernel table",
     E0621 => "invalid kernel table entry",
+    E0622 => "unusable tuning knowledge base",
+    E0623 => "tuning budget out of range",
     E0710 => "input dtype that generated bindings cannot take",
     E0700 => "cannot format a file in place",
     E0800 => "op has no gradient rule",
@@ -125,6 +127,7 @@ codes! {
     W0010 => "import never used",
     W0011 => "result of an instance dropped",
     W0012 => "block argument never used",
+    W0013 => "nothing to tune",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,
@@ -164,7 +167,8 @@ impl Code {
             | Code::E0609
             | Code::E0610
             | Code::E0611
-            | Code::E0613 => ExitClass::Usage,
+            | Code::E0613
+            | Code::E0623 => ExitClass::Usage,
             Code::E0608 => ExitClass::Internal,
             c if c.as_str().starts_with('W') => ExitClass::Warning,
             _ => ExitClass::Input,

@@ -1,0 +1,204 @@
+//! One kernel signature as a tuning problem: the op, its attributes and operand types, and
+//! seeded inputs of those shapes — the same bytes for every candidate, so their outputs can be
+//! compared with the reference and with each other.
+
+use mslc_artifact::Module;
+use mslc_core::ops::{Attrs, Op, TensorType};
+use mslc_kernels::binding::{KernelChoice, KernelKind};
+use mslc_kernels::step::{prepare, StepKernel};
+use mslc_kernels::TensorRef;
+use mslc_plan::kernels::signature;
+
+/// A signature to tune, with its inputs.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// The signature, as the kernel table writes it.
+    pub signature: String,
+    /// The op.
+    pub op: Op,
+    /// Its attributes.
+    pub attrs: Attrs,
+    /// The operand types.
+    pub inputs: Vec<TensorType>,
+    /// The result type.
+    pub output: TensorType,
+    /// The steps of the module with this signature.
+    pub steps: Vec<usize>,
+    /// Input data as f32 (empty for the integer input).
+    data: Vec<Vec<f32>>,
+    /// The integer input's values, when the kernel reads one.
+    ints: Vec<i64>,
+    /// Input shapes as the kernels take them.
+    shapes: Vec<Vec<usize>>,
+}
+
+impl Case {
+    /// Every distinct signature of `module` whose kernel takes parameters it uses, in
+    /// first-use order, with seeded inputs.
+    pub fn of_module(module: &Module) -> Vec<Case> {
+        let mut cases: Vec<Case> = Vec::new();
+        for (i, step) in module.steps.iter().enumerate() {
+            if KernelKind::for_op(step.op).default_params().is_empty() {
+                continue;
+            }
+            let sig = signature(module, i);
+            if let Some(case) = cases.iter_mut().find(|c| c.signature == sig) {
+                case.steps.push(i);
+                continue;
+            }
+            let ty = |v: &u32| module.values[*v as usize].ty.clone();
+            let Some(output) = step.outputs.first().map(ty) else {
+                continue;
+            };
+            let inputs: Vec<TensorType> = step.inputs.iter().map(ty).collect();
+            let case = Case::new(sig, step.op, step.attrs.clone(), inputs, output, i);
+            // A copy (cast, reshape) or a fill runs the same whatever its parameters say.
+            if let Ok(StepKernel::Copy | StepKernel::Constant(_)) =
+                case.prepare(&case.default_choice())
+            {
+                continue;
+            }
+            cases.push(case);
+        }
+        cases
+    }
+
+    /// A case for one step of `op`, its inputs seeded from the signature.
+    pub fn new(
+        signature: String,
+        op: Op,
+        attrs: Attrs,
+        inputs: Vec<TensorType>,
+        output: TensorType,
+        step: usize,
+    ) -> Case {
+        let shapes: Vec<Vec<usize>> = inputs
+            .iter()
+            .map(|t| t.shape.iter().map(|&d| d.max(0) as usize).collect())
+            .collect();
+        let mut rng = Rng::new(
+            signature
+                .bytes()
+                .fold(0x5EED, |h, b| h.rotate_left(5) ^ u64::from(b)),
+        );
+        let integer = prepare(op, &attrs, &default_choice(op), &inputs, &output)
+            .ok()
+            .and_then(|k| k.integer_input());
+        let mut ints = Vec::new();
+        let data = shapes
+            .iter()
+            .enumerate()
+            .map(|(j, shape)| {
+                let len: usize = shape.iter().product();
+                if Some(j) == integer {
+                    // Ids index the embedding table's rows, labels the logits' classes.
+                    let bound = match op {
+                        Op::Embedding => shapes.get(1).and_then(|s| s.first()).copied(),
+                        _ => shapes.first().and_then(|s| s.last()).copied(),
+                    }
+                    .unwrap_or(1)
+                    .max(1);
+                    ints = (0..len).map(|_| rng.below(bound) as i64).collect();
+                    Vec::new()
+                } else {
+                    (0..len).map(|_| rng.uniform()).collect()
+                }
+            })
+            .collect();
+        Case {
+            signature,
+            op,
+            attrs,
+            inputs,
+            output,
+            steps: vec![step],
+            data,
+            ints,
+            shapes,
+        }
+    }
+
+    /// The kernel family that runs this case.
+    pub fn kind(&self) -> KernelKind {
+        KernelKind::for_op(self.op)
+    }
+
+    /// The binding's default choice for this case's op.
+    pub fn default_choice(&self) -> KernelChoice {
+        default_choice(self.op)
+    }
+
+    /// The step kernel for `choice`, or why it cannot be prepared.
+    pub fn prepare(&self, choice: &KernelChoice) -> Result<StepKernel, String> {
+        choice.check_for(self.op)?;
+        prepare(self.op, &self.attrs, choice, &self.inputs, &self.output)
+    }
+
+    /// The inputs as kernel views.
+    pub fn views(&self) -> Vec<TensorRef<'_>> {
+        self.data
+            .iter()
+            .zip(&self.shapes)
+            .map(|(data, shape)| TensorRef { data, shape })
+            .collect()
+    }
+
+    /// The integer input's values (empty when the kernel reads none).
+    pub fn ints(&self) -> &[i64] {
+        &self.ints
+    }
+
+    /// Elements of the result.
+    pub fn output_len(&self) -> usize {
+        self.output_shape().iter().product()
+    }
+
+    /// The result's shape.
+    pub fn output_shape(&self) -> Vec<usize> {
+        self.output
+            .shape
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .collect()
+    }
+}
+
+/// The binding's default kernel for `op`.
+fn default_choice(op: Op) -> KernelChoice {
+    mslc_kernels::binding::choose_kernel(op)
+}
+
+/// A small seeded generator (xorshift64*) for tuning inputs and the search's random choices.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed` (any value; zero is remapped, as xorshift cannot leave it).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// Uniform in [0, n) (0 when n is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Running and timing one candidate: the [`CandidateRunner`] seam (the real kernels, or a
+//! test's wrapper around them), the correctness check against the reference output, and
+//! repeated timing with warm-up and outlier rejection.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use mslc_kernels::binding::KernelChoice;
+use mslc_kernels::step::{Operands, StepKernel};
+
+use crate::case::Case;
+
+/// Runs a prepared candidate kernel on a case's inputs. The tuner times and checks whatever
+/// this writes; tests wrap [`KernelRunner`] to plant wrong or failing candidates.
+pub trait CandidateRunner: Sync {
+    /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out`.
+    fn run(
+        &self,
+        case: &Case,
+        choice: &KernelChoice,
+        kernel: &StepKernel,
+        out: &mut [f32],
+    ) -> Result<(), String>;
+}
+
+/// The executor's kernels, called as a step of the module would call them.
+pub struct KernelRunner;
+
+impl CandidateRunner for KernelRunner {
+    fn run(
+        &self,
+        case: &Case,
+        _choice: &KernelChoice,
+        kernel: &StepKernel,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        let inputs = case.views();
+        let shape = case.output_shape();
+        kernel
+            .run(Operands {
+                inputs: &inputs,
+                ints: case.ints(),
+                out,
+                out_shape: &shape,
+                in_place: false,
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs once, turning a panic inside the kernel into an error.
+pub fn run_once(
+    runner: &dyn CandidateRunner,
+    case: &Case,
+    choice: &KernelChoice,
+    kernel: &StepKernel,
+    out: &mut [f32],
+) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| runner.run(case, choice, kernel, out)))
+        .unwrap_or_else(|_| Err("the kernel panicked".to_string()))
+}
+
+/// Fewest timed runs per measurement.
+const MIN_SAMPLES: usize = 5;
+/// Most timed runs per measurement.
+const MAX_SAMPLES: usize = 200;
+/// Timed runs continue (up to [`MAX_SAMPLES`]) until this much time has been spent.
+const MIN_TIME: Duration = Duration::from_millis(15);
+
+/// Seconds per run of `kernel`: one warm-up run, then at least [`MIN_SAMPLES`] timed runs
+/// (more, up to [`MAX_SAMPLES`], while under [`MIN_TIME`]); the slowest quarter of the samples
+/// is dropped as interference (page faults, other processes) and the median of the rest is
+/// the result.
+pub fn time(
+    runner: &dyn CandidateRunner,
+    case: &Case,
+    choice: &KernelChoice,
+    kernel: &StepKernel,
+    out: &mut [f32],
+) -> Result<f64, String> {
+    run_once(runner, case, choice, kernel, out)?;
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while samples.len() < MIN_SAMPLES || (samples.len() < MAX_SAMPLES && start.elapsed() < MIN_TIME)
+    {
+        let t = Instant::now();
+        run_once(runner, case, choice, kernel, out)?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(robust_time(&mut samples))
+}
+
+/// The median of the fastest three quarters of `samples`.
+pub fn robust_time(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let keep = (samples.len() * 3).div_ceil(4).max(1);
+    samples[keep / 2]
+}
+
+/// Checks `got` against the reference `want`: same length, finite where the reference is, and
+/// within a tolerance scaled by the reference's largest magnitude (f32 accumulation in any
+/// order stays far inside it; a wrong tile, a missed row or a bad epilogue does not).
+pub fn check_output(got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{} values where the reference has {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let scale = want
+        .iter()
+        .filter(|w| w.is_finite())
+        .fold(0.0f32, |m, w| m.max(w.abs()));
+    let tol = |w: f32| 1e-3 * (scale + w.abs()) + 1e-6;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let same = if w.is_finite() {
+            (g - w).abs() <= tol(w)
+        } else {
+            g.is_nan() == w.is_nan() && (w.is_nan() || g == w)
+        };
+        if !same {
+            return Err(format!(
+                "value {i} is {g}, the reference kernel gives {w} (tolerance {:.2e})",
+                tol(w)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn robust_time_drops_the_slow_outliers() {
+        let mut s = vec![1.0, 1.1, 0.9, 1.0, 50.0, 1.05, 40.0, 0.95];
+        let t = robust_time(&mut s);
+        assert!((0.9..=1.1).contains(&t), "{t}");
+        assert_eq!(robust_time(&mut [2.0]), 2.0);
+    }
+
+    #[test]
+    fn outputs_are_checked_against_the_reference() {
+        let want = [1.0, -2.0, 3.0];
+        assert!(check_output(&[1.0, -2.0, 3.0005], &want).is_ok());
+        assert!(check_output(&[1.0, -2.0, 3.1], &want).is_err());
+        assert!(check_output(&[1.0, -2.0], &want).is_err());
+        assert!(check_output(&[1.0, f32::NAN, 3.0], &want).is_err());
+    }
+}

@@ -1,0 +1,67 @@
+//! The correctness guard's ground truth: the naive reference kernel of a prepared step, run on
+//! the tuning inputs. Steps whose kernel has no reference here are not tuned (a candidate that
+//! cannot be checked may not win).
+
+use mslc_core::ops::{resolve_attrs, Attrs, Op};
+use mslc_kernels::step::StepKernel;
+use mslc_kernels::{reference, Activation, KernelResult, Tensor, TensorRef};
+
+/// The reference result of `kernel` (prepared for a step of `op` with `attrs`) on `inputs`
+/// (an integer input's values in `ints`), or `None` when the kernel has no reference here.
+pub fn reference_output(
+    kernel: &StepKernel,
+    op: Op,
+    attrs: &Attrs,
+    inputs: &[TensorRef<'_>],
+    ints: &[i64],
+) -> Option<Result<Tensor, String>> {
+    let x = |i: usize| inputs[i];
+    let text = |r: KernelResult<Tensor>| r.map_err(|e| e.to_string());
+    let result = match kernel {
+        StepKernel::Unary(u, _) => text(reference::unary(*u, x(0))),
+        StepKernel::Binary(b, _, _) => text(reference::binary(*b, x(0), x(1))),
+        StepKernel::Fused(program, _) => text(reference::fused_elementwise(program, inputs)),
+        StepKernel::Matmul { bias, .. } => {
+            let a = resolve_attrs(op, attrs).ok()?;
+            let activation = Activation::of(&a).ok()?;
+            let (ta, tb) = (a.bool("transpose_a").ok()?, a.bool("transpose_b").ok()?);
+            text(reference::fused_matmul(
+                x(0),
+                x(1),
+                bias.then(|| x(2)),
+                ta,
+                tb,
+                activation,
+            ))
+        }
+        StepKernel::Conv2d(attrs, _) => text(reference::conv2d(x(0), x(1), attrs)),
+        StepKernel::Attention { causal, scale, .. } => text(reference::attention(
+            x(0),
+            x(1),
+            x(2),
+            *causal,
+            Some(*scale),
+        )),
+        StepKernel::Transpose(perm, _) => text(reference::transpose(x(0), perm)),
+        StepKernel::Reduce(rop, axes, keepdim, _) => {
+            text(reference::reduce(x(0), *rop, axes, *keepdim))
+        }
+        StepKernel::Softmax(axis, false, _) => text(reference::softmax(x(0), *axis)),
+        StepKernel::Softmax(axis, true, _) => text(reference::log_softmax(x(0), *axis)),
+        StepKernel::RmsNorm(eps, false, _) => text(reference::rms_norm(x(0), *eps)),
+        StepKernel::RmsNorm(eps, true, _) => text(reference::rms_norm_scale(x(0), x(1), *eps)),
+        StepKernel::LayerNorm(eps, false, _) => text(reference::layer_norm(x(0), *eps)),
+        StepKernel::LayerNorm(eps, true, _) => {
+            text(reference::layer_norm_affine(x(0), x(1), x(2), *eps))
+        }
+        StepKernel::Embedding(_) => text(reference::embedding(ints, x(0).shape, x(1))),
+        StepKernel::Rope(theta, _) => text(reference::rope(x(0), *theta)),
+        StepKernel::Pool(kind, attrs, _) => text(reference::pool2d(x(0), *kind, attrs)),
+        StepKernel::AdaptivePool(size, _) => text(reference::adaptive_avg_pool2d(x(0), *size)),
+        StepKernel::CrossEntropy(attrs, _) => {
+            text(reference::cross_entropy(x(0), ints, x(1).shape, attrs))
+        }
+        _ => return None,
+    };
+    Some(result)
+}

@@ -1,0 +1,328 @@
+//! `mslc tune FILE.msl|FILE.mir`: search the kernel parameters of every distinct kernel
+//! signature of a model on this machine, within a time budget, and keep the winners in the
+//! knowledge base that `mslc build` fills the kernel table from. Prints a summary table and
+//! writes `NAME.tune.json`; Ctrl-C stops early and keeps what was measured.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use mslc_artifact::write::write_all_or_nothing;
+use mslc_artifact::{decode, read_mir, Module};
+use mslc_check::check_path;
+use mslc_core::diag::{Code, Severity};
+use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::select::{choose_model, compile_options, Selection};
+use mslc_tune::budget::parse_budget;
+use mslc_tune::case::Case;
+use mslc_tune::kb::{default_path, KnowledgeBase};
+use mslc_tune::measure::KernelRunner;
+use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};
+
+use super::{source_only_flags, ModelArgs, PrecisionArg, Reporter};
+
+/// Arguments of `mslc tune`.
+#[derive(clap::Args, Debug)]
+pub struct TuneArgs {
+    /// A model source (`.msl`) or a built artifact (`.mir`).
+    pub file: PathBuf,
+    /// The model to tune when the source declares several.
+    #[arg(long, value_name = "NAME")]
+    pub entry: Option<String>,
+    /// Wall-clock time for the whole model: `60s`, `5m`, `1h` (at most 24h).
+    #[arg(long, value_name = "TIME", default_value = "60s")]
+    pub budget: String,
+    /// The knowledge base file (default: `$XDG_CACHE_HOME/mslc/tune-kb.json`, else
+    /// `~/.cache/mslc/tune-kb.json`).
+    #[arg(long, value_name = "FILE.json")]
+    pub db: Option<PathBuf>,
+    /// Worker threads the kernels are tuned for (default: one per core), at most 256.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Where `NAME.tune.json` goes.
+    #[arg(short = 'o', long = "out-dir", default_value = "build")]
+    pub out_dir: PathBuf,
+    /// Compile a `.msl` without the fusion pass.
+    #[arg(long)]
+    pub no_fuse: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArg,
+}
+
+/// The most worker threads `--threads` asks for (as `mslc run`).
+const MAX_THREADS: usize = 256;
+
+/// Set by Ctrl-C: the tuner finishes the measurement in progress, saves and reports.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Runs the command; 1 on errors in the input, 2 on misused flags.
+pub fn run(args: &TuneArgs, reporter: &Reporter) -> u8 {
+    match execute(args, reporter) {
+        Ok((text, json)) => {
+            reporter.result(&text, json);
+            0
+        }
+        Err(None) => 1,
+        Err(Some((code, message))) => {
+            reporter.emit_plain(code, Severity::Error, &message);
+            if code.exit_class() == mslc_core::diag::ExitClass::Usage {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+/// A failure: diagnostics already printed (`None`), or one coded message to print.
+type Failure = Option<(Code, String)>;
+
+fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
+    let budget = parse_budget(&args.budget).map_err(|m| Some((Code::E0623, m)))?;
+    let threads = match args.threads {
+        Some(0) => {
+            return Err(Some((
+                Code::E0609,
+                "--threads must be at least 1".to_string(),
+            )))
+        }
+        Some(n) if n > MAX_THREADS => {
+            return Err(Some((
+                Code::E0605,
+                format!("--threads {n}: at most {MAX_THREADS} worker threads are supported"),
+            )))
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let db = args.db.clone().or_else(default_path).ok_or_else(|| {
+        Some((
+            Code::E0609,
+            "no cache directory (neither XDG_CACHE_HOME nor HOME is set): give --db FILE.json"
+                .to_string(),
+        ))
+    })?;
+    let mut kb = KnowledgeBase::read(&db).map_err(|e| {
+        Some((
+            e.code(),
+            format!("{e}; move it aside or give --db another file (it is left as it is)"),
+        ))
+    })?;
+    let module = load(args, reporter)?;
+    let cases = Case::of_module(&module);
+    let device = mslc_tune::device::fingerprint();
+    if cases.is_empty() {
+        reporter.emit_plain(
+            Code::W0013,
+            Severity::Warning,
+            &format!(
+                "`{}` has no kernel with parameters to tune (only copies and reference kernels); nothing measured",
+                module.name
+            ),
+        );
+    }
+    // Ctrl-C stops the search; a second handler cannot be installed, which only matters to
+    // tests running the command in-process.
+    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::Relaxed));
+    let options = Options {
+        budget,
+        threads,
+        device: device.clone(),
+    };
+    let mut bar = Bar::new(cases.len() as u64);
+    let report = tune(
+        &cases,
+        &mut kb,
+        Some(&db),
+        &options,
+        &KernelRunner,
+        &STOP,
+        &mut bar,
+    )
+    .map_err(|e| Some((e.code(), e.to_string())))?;
+    bar.0.finish_and_clear();
+    let json = serde_json::json!({
+        "model": module.name,
+        "device": device,
+        "threads": threads,
+        "budget_seconds": budget.as_secs_f64(),
+        "knowledge_base": db,
+        "report": report,
+    });
+    let path = args.out_dir.join(format!("{}.tune.json", module.name));
+    let mut bytes = serde_json::to_string_pretty(&json).unwrap_or_default();
+    bytes.push('\n');
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            write_all_or_nothing(&[(path.clone(), bytes.into_bytes())]).map_err(|e| e.to_string())
+        })
+        .map_err(|e| {
+            Some((
+                Code::E0600,
+                format!(
+                    "cannot write `{}`: {e} (the knowledge base `{}` is saved)",
+                    path.display(),
+                    db.display()
+                ),
+            ))
+        })?;
+    let text = summary(&module.name, &report, threads, &db, &path);
+    Ok((text, serde_json::json!({ "summary": json })))
+}
+
+/// The module to tune: a `.mir` decoded, or a `.msl` checked and compiled as `mslc build`
+/// would.
+fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
+    if args.file.extension().is_some_and(|e| e == "mir") {
+        if let Some(m) = source_only_flags(&args.model, &args.precision) {
+            return Err(Some((Code::E0609, m)));
+        }
+        let unreadable = |m: String| Some((Code::E0602, m));
+        let bytes = read_mir(&args.file).map_err(unreadable)?;
+        let decoded =
+            decode(&bytes).map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
+        return Ok(decoded.module);
+    }
+    let checked = check_path(&args.file, &args.model.check_options());
+    reporter.emit(&checked.diagnostics, &checked.sources);
+    if checked.has_errors() {
+        return Err(None);
+    }
+    let reported = |d: Box<mslc_core::diag::Diagnostic>| {
+        reporter.emit(&[*d], &checked.sources);
+        None
+    };
+    let model = choose_model(&checked, args.entry.as_deref()).map_err(reported)?;
+    let selection = Selection {
+        precision: args.precision.precision.as_deref(),
+        fuse: !args.no_fuse,
+        ..Selection::default()
+    };
+    let options = compile_options(&checked, model, selection).map_err(reported)?;
+    let compiled = compile(model, &options).map_err(|e| {
+        let code = if e.stage == STAGE_SIZE {
+            Code::E0606
+        } else {
+            Code::E0603
+        };
+        Some((code, format!("cannot compile `{}`: {e}", model.name)))
+    })?;
+    Ok(compiled.module)
+}
+
+/// The progress bar on stderr (only on a terminal): signatures done, best speed-up so far,
+/// budget left.
+struct Bar(ProgressBar);
+
+impl Bar {
+    fn new(total: u64) -> Bar {
+        let target = if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(Some(total), target);
+        if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} signatures  {msg}") {
+            bar.set_style(style);
+        }
+        Bar(bar)
+    }
+}
+
+impl Observer for Bar {
+    fn progress(&mut self, p: &Progress<'_>) {
+        self.0.set_position(p.done as u64);
+        let mut current: String = p.current.chars().take(48).collect();
+        if current.len() < p.current.len() {
+            current.push('…');
+        }
+        self.0.set_message(format!(
+            "best {:.2}x, {:.0}s left  {current}",
+            p.best_speedup,
+            p.left.as_secs_f64()
+        ));
+    }
+}
+
+/// The summary table: per signature its default and tuned time, speed-up, candidates tried
+/// and where the result came from.
+fn summary(
+    model: &str,
+    report: &Report,
+    threads: usize,
+    db: &std::path::Path,
+    json: &std::path::Path,
+) -> String {
+    let mut lines = vec![format!(
+        "tuned {model} on {threads} thread(s) in {:.1} s{}",
+        report.seconds,
+        if report.interrupted {
+            " (interrupted: what was measured is saved)"
+        } else {
+            ""
+        }
+    )];
+    lines.push(format!(
+        "  {:>10} {:>10} {:>8} {:>6}  {:<10} signature",
+        "default", "tuned", "speedup", "tried", "result"
+    ));
+    for o in &report.outcomes {
+        lines.push(row(o));
+    }
+    for o in &report.outcomes {
+        for r in &o.rejected {
+            lines.push(format!(
+                "  rejected for {}: {} {}",
+                o.signature,
+                params_text(&r.params),
+                r.reason
+            ));
+        }
+    }
+    lines.push(format!("  knowledge base: {}", db.display()));
+    lines.push(format!("  wrote {}", json.display()));
+    lines.join("\n") + "\n"
+}
+
+fn row(o: &Outcome) -> String {
+    let time = |us: f64| {
+        if us > 0.0 {
+            format!("{us:.1}us")
+        } else {
+            "-".to_string()
+        }
+    };
+    let result = match &o.source {
+        Source::Measured => "measured".to_string(),
+        Source::Interrupted => "partial".to_string(),
+        Source::KnowledgeBase => "known".to_string(),
+        Source::Skipped(why) => format!("skipped ({why})"),
+    };
+    format!(
+        "  {:>10} {:>10} {:>7.2}x {:>6}  {:<10} {}",
+        time(o.default_us),
+        time(o.tuned_us),
+        o.speedup(),
+        o.candidates,
+        result,
+        o.signature
+    )
+}
+
+fn params_text(
+    params: &std::collections::BTreeMap<String, mslc_kernels::binding::KernelParam>,
+) -> String {
+    params
+        .iter()
+        .map(|(k, v)| match v {
+            mslc_kernels::binding::KernelParam::Int(i) => format!("{k}={i}"),
+            mslc_kernels::binding::KernelParam::Text(t) => format!("{k}={t}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
