@@ -253,70 +253,44 @@ fn bench_attention(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     );
 }
 
-/// `data` as a tensor of `shape`.
-fn view<'a>(shape: &'a [usize], data: &'a [f32]) -> TensorRef<'a> {
-    TensorRef { data, shape }
-}
-
 /// The backward of causal attention on `[b, s, h, d]` (what autodiff emits: `attention_lse`
 /// and one `attention_grad` per input) against the forward, timed in the same run; prints each
 /// time and the backward / forward ratio.
 fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     let shape = [b, s, h, d];
     let [q, k, v, dout] = [3, 4, 5, 6].map(|seed| data(b * s * h * d, seed));
-    let mut out = vec![0.0f32; q.len()];
+    let [q, k, v, dout] = [&q, &k, &v, &dout].map(|x| TensorRef {
+        data: x,
+        shape: &shape,
+    });
+    let mut out = vec![0.0f32; q.data.len()];
     let mut lse = vec![0.0f32; b * s * h];
     let lse_shape = [b, s, h];
-    let mut grad = vec![0.0f32; q.len()];
+    let mut grad = vec![0.0f32; q.data.len()];
     let (fwd, _) = in_pool(threads, || {
         time(|| {
-            attention(
-                view(&shape, &q),
-                view(&shape, &k),
-                view(&shape, &v),
-                true,
-                None,
-                &AttentionParams::default(),
-                &mut out,
-            )
-            .expect("attention")
+            attention(q, k, v, true, None, &AttentionParams::default(), &mut out)
+                .expect("attention")
         })
     });
     let params = RowParams::default();
     let (lse_time, _) = in_pool(threads, || {
-        time(|| {
-            attention_lse(
-                view(&shape, &q),
-                view(&shape, &k),
-                view(&shape, &v),
-                true,
-                None,
-                &params,
-                &mut lse,
-            )
-            .expect("lse")
-        })
+        time(|| attention_lse(q, k, v, true, None, &params, &mut lse).expect("lse"))
     });
     let lse_t = TensorRef {
         data: &lse,
         shape: &lse_shape,
+    };
+    let out_t = TensorRef {
+        data: &out,
+        shape: &shape,
     };
     let mut grads = [0.0f64; 3];
     for (wrt, g) in grads.iter_mut().enumerate() {
         (*g, _) = in_pool(threads, || {
             time(|| {
                 attention_grad(
-                    view(&shape, &q),
-                    view(&shape, &k),
-                    view(&shape, &v),
-                    view(&shape, &out),
-                    view(&shape, &dout),
-                    lse_t,
-                    true,
-                    None,
-                    wrt,
-                    &params,
-                    &mut grad,
+                    q, k, v, out_t, dout, lse_t, true, None, wrt, &params, &mut grad,
                 )
                 .expect("attention_grad")
             })

@@ -376,8 +376,9 @@ impl<'a> Attn<'a> {
                     lse.data[(bi * s + i) * hq + h] = l;
                     for (j, pj) in p.iter().enumerate() {
                         let vr = self.row(self.v, bi, j, h / (hq / hkv));
-                        for c in 0..d {
-                            out.data[((bi * s + i) * hq + h) * d + c] += pj * vr[c];
+                        let at = ((bi * s + i) * hq + h) * d;
+                        for (o, vc) in out.data[at..at + d].iter_mut().zip(vr) {
+                            *o += pj * vc;
                         }
                     }
                 }
@@ -428,8 +429,8 @@ impl<'a> Attn<'a> {
                             ),
                             _ => (((bi * t + j) * hkv + kh) * d, go, p[j]),
                         };
-                        for c in 0..d {
-                            g.data[at + c] += coef * src[c];
+                        for (o, x) in g.data[at..at + d].iter_mut().zip(src) {
+                            *o += coef * x;
                         }
                     }
                 }
