@@ -119,6 +119,7 @@ codes! {
     W0010 => "import never used",
     W0011 => "result of an instance dropped",
     W0012 => "block argument never used",
+    W0013 => "no_decay pattern matches no parameter",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,
