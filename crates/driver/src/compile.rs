@@ -110,9 +110,14 @@ fn ms(since: Instant) -> f64 {
 
 /// Compiles a checked model.
 pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
-    let mut times = StageTimes::default();
     let t = Instant::now();
-    let mut graph = mslc_ir::lower(model).map_err(|e| CompileError {
+    let graph = lower_verified(model, options)?;
+    compile_graph(graph, options, ms(t))
+}
+
+/// Lowers a checked model to the graph IR, verified when `options` ask.
+pub fn lower_verified(model: &Model, options: &CompileOptions) -> Result<Graph, CompileError> {
+    let graph = mslc_ir::lower(model).map_err(|e| CompileError {
         stage: "lower",
         message: e.message,
     })?;
@@ -122,7 +127,19 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
             message: e.0,
         })?;
     }
-    times.lower_ms = ms(t);
+    Ok(graph)
+}
+
+/// Optimizes, schedules and plans a lowered graph (lowering took `lower_ms`).
+pub fn compile_graph(
+    mut graph: Graph,
+    options: &CompileOptions,
+    lower_ms: f64,
+) -> Result<Compiled, CompileError> {
+    let mut times = StageTimes {
+        lower_ms,
+        ..StageTimes::default()
+    };
     let ops_before = graph.op_count();
     let t = Instant::now();
     let cx = PassContext {
