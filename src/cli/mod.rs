@@ -12,6 +12,7 @@ mod output;
 mod param_groups;
 mod progress;
 mod run;
+mod train;
 mod weights;
 
 use std::io::IsTerminal;
@@ -112,6 +113,8 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run a model on this CPU: `mslc run model.msl --init-seed 1 --iterations 20`.
     Run(run::RunArgs),
+    /// Train a model: `mslc train model.msl --init-seed 0 --data data/ --steps 100`.
+    Train(train::TrainArgs),
     /// Format files in place, or with `--check` print a diff for each one not formatted.
     Fmt(fmt::FmtArgs),
     /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
@@ -189,6 +192,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args, &reporter),
         Command::Explain(args) => explain::run(&args, &reporter),
         Command::Run(args) => run::run(&args, &reporter),
+        Command::Train(args) => train::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
         Command::Man => generate::man(&reporter),

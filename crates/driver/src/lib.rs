@@ -10,3 +10,5 @@ pub mod select;
 pub mod snippet;
 pub mod stack;
 pub mod target;
+pub mod train;
+pub mod trainer;

@@ -1,6 +1,6 @@
 //! Integration tests of the executor and `mslc run`.
 
-mod common;
+pub(crate) mod common;
 mod errors;
 mod kernel_table;
 mod models;
