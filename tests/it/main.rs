@@ -11,6 +11,7 @@ mod exec;
 mod exit_status;
 mod fmt;
 mod fuzz_replay;
+mod grad;
 mod hardening;
 mod hostile_front;
 mod layering;

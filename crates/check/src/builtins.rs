@@ -239,7 +239,12 @@ const OTHERS: &[Builtin] = &[
     Builtin {
         name: "cross_entropy",
         lower: Lower::Op(Op::CrossEntropy, 2),
-        params: &[("logits", Required), ("labels", Required)],
+        params: &[
+            ("logits", Required),
+            ("labels", Required),
+            ("ignore_index", Int(-100)),
+            ("label_smoothing", Float(0.0)),
+        ],
     },
     Builtin {
         name: "mse_loss",

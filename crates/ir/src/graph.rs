@@ -233,6 +233,18 @@ impl Graph {
         users
     }
 
+    /// The nodes that read any output of `id` (each once, in id order).
+    pub fn consumers(&self, id: NodeId) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = self
+            .graph
+            .edges_directed(id, Direction::Outgoing)
+            .map(|e| e.target())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
     /// Whether a value is a named model output.
     pub fn is_output(&self, v: ValueRef) -> bool {
         self.outputs.iter().any(|(_, o)| *o == v)

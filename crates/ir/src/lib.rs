@@ -1,6 +1,7 @@
-//! The graph IR (petgraph): lowering from the checked program, the verifier, and text and DOT
-//! dumps.
+//! The graph IR (petgraph): lowering from the checked program, the verifier, reverse-mode
+//! autodiff, and text and DOT dumps.
 
+pub mod autodiff;
 pub mod dot;
 mod graph;
 pub mod lower;
@@ -8,6 +9,7 @@ pub mod passes;
 pub mod print;
 pub mod verify;
 
+pub use autodiff::{backward, AutodiffError};
 pub use graph::{Edge, Graph, Node, NodeId, NodeKind, ValueRef};
 pub use lower::lower;
 pub use verify::{verify, VerifyError};

@@ -118,7 +118,8 @@ impl KernelKind {
             | Op::MaxPool2d
             | Op::AvgPool2d
             | Op::AdaptiveAvgPool2d
-            | Op::CrossEntropy => KernelKind::Rowwise,
+            | Op::CrossEntropy
+            | Op::CrossEntropyGrad => KernelKind::Rowwise,
             _ => KernelKind::Reference,
         }
     }

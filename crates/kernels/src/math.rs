@@ -177,6 +177,20 @@ pub fn softplus(x: f32) -> f32 {
     }
 }
 
+/// `torch.sign`: -1, 0 or 1, NaN staying NaN (the registry's `scalar::sign` in f32).
+#[inline(always)]
+pub fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
 /// Rectified linear unit; NaN stays NaN.
 #[inline(always)]
 pub fn relu(x: f32) -> f32 {

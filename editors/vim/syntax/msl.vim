@@ -53,12 +53,12 @@ syn match   mslScalarType    "\.\@<!\<\%(int\|float\|str\|dtype\|shape\)\>\%(\s*
 let s:ops = [
       \ 'abs', 'adaptive_avg_pool2d', 'add', 'attention', 'avg_pool2d', 'batch_norm',
       \ 'broadcast_to', 'cast', 'causal_mask', 'concat', 'constant', 'conv2d', 'cross_entropy',
-      \ 'div', 'dropout', 'embedding', 'erf', 'exp', 'fused_elementwise', 'fused_matmul', 'gelu',
-      \ 'gelu_tanh', 'layer_norm', 'layer_norm_affine', 'log', 'log_softmax', 'matmul', 'max',
-      \ 'max_pool2d', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg', 'pow', 'reciprocal',
-      \ 'relu', 'reshape', 'rms_norm', 'rms_norm_scale', 'rope', 'rope_cached', 'rope_table',
-      \ 'rsqrt', 'select', 'sigmoid', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum',
-      \ 'tanh', 'transpose'
+      \ 'cross_entropy_grad', 'div', 'dropout', 'embedding', 'erf', 'exp', 'fused_elementwise',
+      \ 'fused_matmul', 'gelu', 'gelu_tanh', 'layer_norm', 'layer_norm_affine', 'log',
+      \ 'log_softmax', 'matmul', 'max', 'max_pool2d', 'maximum', 'mean', 'minimum', 'mse_loss',
+      \ 'mul', 'neg', 'pow', 'reciprocal', 'relu', 'reshape', 'rms_norm', 'rms_norm_scale', 'rope',
+      \ 'rope_cached', 'rope_table', 'rsqrt', 'select', 'sigmoid', 'sign', 'silu', 'slice',
+      \ 'softmax', 'softplus', 'sqrt', 'sub', 'sum', 'tanh', 'transpose'
       \ ]
 let s:lib_functions = [
       \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'

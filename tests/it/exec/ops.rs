@@ -374,7 +374,27 @@ fn losses_and_fused_elementwise() {
     let case = Case::new(Op::CrossEntropy, Attrs::new())
         .input(DType::F32, &[4, 6], rand(1, 24, -2.0, 2.0))
         .input(DType::I32, &[4], vec![0.0, 5.0, 2.0, 3.0]);
-    let want = r::cross_entropy(case.x(0), &case.ids(1), &[4]).unwrap();
+    let plain = r::CrossEntropyAttrs::default();
+    let want = r::cross_entropy(case.x(0), &case.ids(1), &[4], &plain).unwrap();
+    case.check(want);
+    // PyTorch's ignore_index and label_smoothing, in the loss and its fused gradient.
+    let ce = r::CrossEntropyAttrs {
+        ignore_index: 3,
+        label_smoothing: 0.2,
+    };
+    let attrs = Attrs::new()
+        .with("ignore_index", 3i64)
+        .with("label_smoothing", 0.2);
+    let case = Case::new(Op::CrossEntropy, attrs.clone())
+        .input(DType::F32, &[4, 6], rand(1, 24, -2.0, 2.0))
+        .input(DType::I32, &[4], vec![0.0, 3.0, 2.0, 3.0]);
+    let want = r::cross_entropy(case.x(0), &case.ids(1), &[4], &ce).unwrap();
+    case.check(want);
+    let case = Case::new(Op::CrossEntropyGrad, attrs)
+        .input(DType::F32, &[4, 6], rand(1, 24, -2.0, 2.0))
+        .input(DType::I32, &[4], vec![0.0, 3.0, 2.0, 3.0])
+        .input(DType::F32, &[], vec![0.5]);
+    let want = r::cross_entropy_grad(case.x(0), &case.ids(1), &[4], 0.5, &ce).unwrap();
     case.check(want);
     let case = Case::new(Op::MseLoss, Attrs::new())
         .input(DType::F32, &[3, 4], rand(2, 12, -1.0, 1.0))
@@ -412,7 +432,8 @@ fn covering_test(op: Op) -> fn() {
         | Op::GeluTanh
         | Op::Silu
         | Op::Erf
-        | Op::Softplus => elementwise_unary_ops,
+        | Op::Softplus
+        | Op::Sign => elementwise_unary_ops,
         Op::Constant | Op::Cast | Op::Dropout | Op::Reshape => constant_cast_dropout_reshape,
         Op::Matmul | Op::FusedMatmul => matmul_and_fused_matmul,
         Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Select => layout_ops,
@@ -427,7 +448,9 @@ fn covering_test(op: Op) -> fn() {
         | Op::Attention
         | Op::CausalMask => transformer_ops,
         Op::Conv2d | Op::MaxPool2d | Op::AvgPool2d | Op::AdaptiveAvgPool2d => vision_ops,
-        Op::CrossEntropy | Op::MseLoss | Op::FusedElementwise => losses_and_fused_elementwise,
+        Op::CrossEntropy | Op::CrossEntropyGrad | Op::MseLoss | Op::FusedElementwise => {
+            losses_and_fused_elementwise
+        }
     }
 }
 

@@ -156,32 +156,33 @@ macro_rules! op_table {
 op_table! {
     Constant = "constant" => ew::CONSTANT,
     @binary {
-        Add = "add" => ew::binary(1), eval: |a, b| a + b;
-        Sub = "sub" => ew::binary(1), eval: |a, b| a - b;
-        Mul = "mul" => ew::binary(1), eval: |a, b| a * b;
-        Div = "div" => ew::binary(1), eval: |a, b| a / b;
-        Pow = "pow" => ew::binary_keep_f32(4), eval: f64::powf;
-        Maximum = "maximum" => ew::binary(1), eval: s::maximum;
-        Minimum = "minimum" => ew::binary(1), eval: s::minimum;
+        Add = "add" => ew::binary(1, ew::grad_add), eval: |a, b| a + b;
+        Sub = "sub" => ew::binary(1, ew::grad_sub), eval: |a, b| a - b;
+        Mul = "mul" => ew::binary(1, ew::grad_mul), eval: |a, b| a * b;
+        Div = "div" => ew::binary(1, ew::grad_div), eval: |a, b| a / b;
+        Pow = "pow" => ew::binary_keep_f32(4, ew::grad_pow), eval: f64::powf;
+        Maximum = "maximum" => ew::binary(1, ew::grad_maximum), eval: s::maximum;
+        Minimum = "minimum" => ew::binary(1, ew::grad_minimum), eval: s::minimum;
     }
     @unary {
-        Neg = "neg" => ew::unary_numeric(1), eval: |x: f64| -x, epilogue: false;
-        Exp = "exp" => ew::unary_keep_f32(4), eval: f64::exp, epilogue: false;
-        Log = "log" => ew::unary_keep_f32(4), eval: f64::ln, epilogue: false;
-        Sqrt = "sqrt" => ew::unary_float(1), eval: f64::sqrt, epilogue: false;
-        Rsqrt = "rsqrt" => ew::unary_keep_f32(2), eval: |x: f64| 1.0 / x.sqrt(), epilogue: false;
-        Reciprocal = "reciprocal" => ew::unary_keep_f32(1), eval: |x: f64| 1.0 / x, epilogue: false;
-        Abs = "abs" => ew::unary_numeric(1), eval: f64::abs, epilogue: false;
-        Tanh = "tanh" => ew::unary_float(4), eval: f64::tanh, epilogue: true;
-        Sigmoid = "sigmoid" => ew::unary_float(5), eval: s::sigmoid, epilogue: false;
+        Neg = "neg" => ew::unary_numeric(1, ew::grad_neg), eval: |x: f64| -x, epilogue: false;
+        Exp = "exp" => ew::unary_keep_f32(4, ew::grad_exp), eval: f64::exp, epilogue: false;
+        Log = "log" => ew::unary_keep_f32(4, ew::grad_log), eval: f64::ln, epilogue: false;
+        Sqrt = "sqrt" => ew::unary_float(1, ew::grad_sqrt), eval: f64::sqrt, epilogue: false;
+        Rsqrt = "rsqrt" => ew::unary_keep_f32(2, ew::grad_rsqrt), eval: |x: f64| 1.0 / x.sqrt(), epilogue: false;
+        Reciprocal = "reciprocal" => ew::unary_keep_f32(1, ew::grad_reciprocal), eval: |x: f64| 1.0 / x, epilogue: false;
+        Abs = "abs" => ew::unary_numeric(1, ew::grad_abs), eval: f64::abs, epilogue: false;
+        Tanh = "tanh" => ew::unary_float(4, ew::grad_tanh), eval: f64::tanh, epilogue: true;
+        Sigmoid = "sigmoid" => ew::unary_float(5, ew::grad_sigmoid), eval: s::sigmoid, epilogue: false;
         Relu = "relu" => ew::RELU, eval: s::relu, epilogue: true;
-        Gelu = "gelu" => ew::unary_float(8), eval: s::gelu, epilogue: true, folds: false;
-        GeluTanh = "gelu_tanh" => ew::unary_float(8), eval: s::gelu_tanh, epilogue: true;
-        Silu = "silu" => ew::unary_float(6), eval: s::silu, epilogue: true;
-        Erf = "erf" => ew::unary_float(4), eval: libm::erf, epilogue: false, folds: false;
+        Gelu = "gelu" => ew::unary_float(8, ew::grad_gelu), eval: s::gelu, epilogue: true, folds: false;
+        GeluTanh = "gelu_tanh" => ew::unary_float(8, ew::grad_gelu_tanh), eval: s::gelu_tanh, epilogue: true;
+        Silu = "silu" => ew::unary_float(6, ew::grad_silu), eval: s::silu, epilogue: true;
+        Erf = "erf" => ew::unary_float(4, ew::grad_erf), eval: libm::erf, epilogue: false, folds: false;
         // PyTorch's defaults (beta 1, threshold 20): the identity above 20.
-        Softplus = "softplus" => ew::unary_float(8),
+        Softplus = "softplus" => ew::unary_float(8, ew::grad_softplus),
             eval: |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() }, epilogue: false;
+        Sign = "sign" => ew::unary_numeric(1, ew::grad_sign), eval: s::sign, epilogue: false;
     }
     Cast = "cast" => ew::CAST,
     Matmul = "matmul" => matmul::MATMUL,
@@ -191,11 +192,11 @@ op_table! {
     Concat = "concat" => layout::CONCAT,
     Slice = "slice" => layout::SLICE,
     Select = "select" => layout::SELECT,
-    Sum = "sum" => reduce::reduction(PrecisionClass::KeepF32),
-    Mean = "mean" => reduce::reduction(PrecisionClass::KeepF32),
-    Max = "max" => reduce::reduction(PrecisionClass::FollowInput),
+    Sum = "sum" => reduce::reduction(PrecisionClass::KeepF32, reduce::grad_sum),
+    Mean = "mean" => reduce::reduction(PrecisionClass::KeepF32, reduce::grad_mean),
+    Max = "max" => reduce::reduction(PrecisionClass::FollowInput, reduce::grad_max),
     Softmax = "softmax" => reduce::SOFTMAX,
-    LogSoftmax = "log_softmax" => reduce::SOFTMAX,
+    LogSoftmax = "log_softmax" => reduce::LOG_SOFTMAX,
     RmsNorm = "rms_norm" => norm::normalize(4),
     LayerNorm = "layer_norm" => norm::normalize(6),
     BatchNorm = "batch_norm" => norm::BATCH_NORM,
@@ -216,6 +217,8 @@ op_table! {
     LayerNormAffine = "layer_norm_affine" => norm::normalize_affine(&["x", "g", "b"], 8),
     RopeTable = "rope_table" => nn::ROPE_TABLE,
     RopeCached = "rope_cached" => nn::ROPE_CACHED,
+    // Backward ops (math)
+    CrossEntropyGrad = "cross_entropy_grad" => loss::CROSS_ENTROPY_GRAD,
 }
 
 impl Op {
@@ -299,7 +302,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 56);
+        assert_eq!(Op::ALL.len(), 58);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()
@@ -309,9 +312,13 @@ mod tests {
 
     #[test]
     fn missing_rules_are_errors() {
-        // No op has a gradient or sharding rule yet; asking says so instead of panicking.
-        let e = Op::Matmul.grad_rule().map(|_| ()).unwrap_err();
-        assert_eq!(e.message, "the gradient of `matmul` is not defined yet");
+        // The ops only the fusion pass makes (after autodiff) have no gradient rule, and no
+        // op has a sharding rule yet; asking says so instead of panicking.
+        let e = Op::FusedMatmul.grad_rule().map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "the gradient of `fused_matmul` is not defined yet"
+        );
         let e = Op::Add.shard_rule().map(|_| ()).unwrap_err();
         assert_eq!(e.message, "the sharding rule of `add` is not defined yet");
     }

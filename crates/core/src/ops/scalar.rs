@@ -67,6 +67,20 @@ pub fn relu(x: f64) -> f64 {
     }
 }
 
+/// `torch.sign`: -1, 0 or 1 by the sign of `x` (0 for both zeros), NaN staying NaN. Gradient
+/// rules build their masks from it (relu's `x > 0`, the ties of `maximum` and `max`).
+pub fn sign(x: f64) -> f64 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
 /// `1 / (1 + e^-x)`.
 pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())

@@ -29,6 +29,7 @@ fn unary_body(op: UnaryOp, xs: &mut [f32]) {
         UnaryOp::Silu => map(xs, math::silu),
         UnaryOp::Erf => map(xs, math::erf),
         UnaryOp::Softplus => map(xs, math::softplus),
+        UnaryOp::Sign => map(xs, math::sign),
     }
 }
 

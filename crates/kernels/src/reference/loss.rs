@@ -5,12 +5,34 @@ use crate::error::{KernelError, KernelResult};
 use crate::shape::{broadcast_shapes, check_len};
 use crate::tensor::{Tensor, TensorRef};
 
-/// Checks `logits [..., V]` against `labels [...]` and returns `(positions, V)`.
+/// The attributes of `cross_entropy` and `cross_entropy_grad` (PyTorch's): rows labelled
+/// `ignore_index` are left out of the loss and the mean; `label_smoothing` (ε) mixes the
+/// one-hot target with the uniform one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossEntropyAttrs {
+    /// The label of positions left out (PyTorch's default -100).
+    pub ignore_index: i64,
+    /// ε in `[0, 1]`: the weight of the uniform target (0: none).
+    pub label_smoothing: f64,
+}
+
+impl Default for CrossEntropyAttrs {
+    fn default() -> Self {
+        CrossEntropyAttrs {
+            ignore_index: -100,
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+/// Checks `logits [..., V]` against `labels [...]` (each in `0..V` or `ignore_index`) and
+/// returns `(positions, V, counted)`, `counted` the positions not ignored.
 pub fn cross_entropy_dims(
     logits: TensorRef<'_>,
     labels: &[i64],
     labels_shape: &[usize],
-) -> KernelResult<(usize, usize)> {
+    attrs: &CrossEntropyAttrs,
+) -> KernelResult<(usize, usize, usize)> {
     const OP: &str = "cross_entropy";
     check_len(OP, "logits", logits.data.len(), logits.shape)?;
     check_len(OP, "labels", labels.len(), labels_shape)?;
@@ -26,45 +48,84 @@ pub fn cross_entropy_dims(
             ),
         ));
     }
-    if labels.is_empty() {
-        return Err(KernelError::new(
-            OP,
-            "the mean over no positions is undefined",
-        ));
-    }
-    if let Some(bad) = labels.iter().find(|&&l| l < 0 || l as u64 >= v as u64) {
+    let ignored = |l: i64| l == attrs.ignore_index;
+    if let Some(bad) = labels
+        .iter()
+        .find(|&&l| !ignored(l) && (l < 0 || l as u64 >= v as u64))
+    {
         return Err(KernelError::new(
             OP,
             format!("label {bad} is outside 0..{v}"),
         ));
     }
-    Ok((labels.len(), v))
+    let counted = labels.iter().filter(|&&l| !ignored(l)).count();
+    Ok((labels.len(), v, counted))
 }
 
-/// `cross_entropy`: mean over positions of `-log_softmax(logits)[label]`.
+/// The log-sum-exp of a row, in f64.
+fn lse(row: &[f32]) -> f64 {
+    let max = row
+        .iter()
+        .map(|&x| x as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    max + row
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// `cross_entropy`: the mean over the counted positions of
+/// `(1 - ε)·(lse - row[label]) + ε·(lse - mean(row))`; NaN when none is counted (PyTorch).
 pub fn cross_entropy(
     logits: TensorRef<'_>,
     labels: &[i64],
     labels_shape: &[usize],
+    attrs: &CrossEntropyAttrs,
 ) -> KernelResult<Tensor> {
-    let (positions, v) = cross_entropy_dims(logits, labels, labels_shape)?;
+    let (_, v, counted) = cross_entropy_dims(logits, labels, labels_shape, attrs)?;
+    let eps = attrs.label_smoothing;
     let mut total = 0.0f64;
     for (row, &label) in logits.data.chunks(v).zip(labels) {
-        let max = row
-            .iter()
-            .map(|&x| x as f64)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let lse = max
-            + row
-                .iter()
-                .map(|&x| (x as f64 - max).exp())
-                .sum::<f64>()
-                .ln();
-        total += lse - row[label as usize] as f64;
+        if label == attrs.ignore_index {
+            continue;
+        }
+        let lse = lse(row);
+        let mean = row.iter().map(|&x| x as f64).sum::<f64>() / v as f64;
+        total += (1.0 - eps) * (lse - row[label as usize] as f64) + eps * (lse - mean);
     }
     Ok(Tensor {
         shape: Vec::new(),
-        data: vec![(total / positions as f64) as f32],
+        data: vec![(total / counted as f64) as f32],
+    })
+}
+
+/// `cross_entropy_grad`: `dloss / n · (softmax(row) - (1 - ε)·onehot(label) - ε / V)` for each
+/// counted row (`n` of them), 0 for ignored rows.
+pub fn cross_entropy_grad(
+    logits: TensorRef<'_>,
+    labels: &[i64],
+    labels_shape: &[usize],
+    dloss: f32,
+    attrs: &CrossEntropyAttrs,
+) -> KernelResult<Tensor> {
+    let (_, v, counted) = cross_entropy_dims(logits, labels, labels_shape, attrs)?;
+    let eps = attrs.label_smoothing;
+    let scale = dloss as f64 / counted as f64;
+    let mut data = vec![0.0f32; logits.data.len()];
+    for ((row, out), &label) in logits.data.chunks(v).zip(data.chunks_mut(v)).zip(labels) {
+        if label == attrs.ignore_index {
+            continue;
+        }
+        let lse = lse(row);
+        for (c, (o, &x)) in out.iter_mut().zip(row).enumerate() {
+            let hot = if c as i64 == label { 1.0 - eps } else { 0.0 };
+            *o = (scale * ((x as f64 - lse).exp() - hot - eps / v as f64)) as f32;
+        }
+    }
+    Ok(Tensor {
+        shape: logits.shape.to_vec(),
+        data,
     })
 }
 

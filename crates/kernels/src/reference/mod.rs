@@ -17,7 +17,7 @@ pub use elementwise::{binary, broadcast_values, cast, constant, dropout, unary, 
 pub use fused::fused_elementwise;
 pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};
-pub use loss::{cross_entropy, mse_loss};
+pub use loss::{cross_entropy, cross_entropy_grad, mse_loss, CrossEntropyAttrs};
 pub use nn::{attention, causal_mask, embedding, rope};
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
 pub use reduce::{log_softmax, reduce, softmax};

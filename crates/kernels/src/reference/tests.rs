@@ -337,9 +337,34 @@ fn conv_and_pool_by_hand() {
 
 #[test]
 fn losses_by_hand() {
-    let ce = cross_entropy(t(&[0.0; 6], &[2, 3]), &[0, 2], &[2]).unwrap();
+    let plain = CrossEntropyAttrs::default();
+    let ce = cross_entropy(t(&[0.0; 6], &[2, 3]), &[0, 2], &[2], &plain).unwrap();
     close(&ce, &[], &[3.0f32.ln()]);
-    assert!(cross_entropy(t(&[0.0; 6], &[2, 3]), &[0, 3], &[2]).is_err());
+    assert!(cross_entropy(t(&[0.0; 6], &[2, 3]), &[0, 3], &[2], &plain).is_err());
+    // Ignored rows leave the loss and the mean; all ignored is NaN (PyTorch).
+    let x = [1.0, 0.0, 0.0, 5.0, -3.0, 2.0];
+    let ce = cross_entropy(t(&x, &[2, 3]), &[0, -100], &[2], &plain).unwrap();
+    let lse = (1f32.exp() + 2.0).ln();
+    close(&ce, &[], &[lse - 1.0]);
+    let ce = cross_entropy(t(&x, &[2, 3]), &[-100, -100], &[2], &plain).unwrap();
+    assert!(ce.data[0].is_nan());
+    let ignore_one = CrossEntropyAttrs {
+        ignore_index: 1,
+        label_smoothing: 0.1,
+    };
+    // (1 - ε)(lse - x[0]) + ε (lse - mean(x)).
+    let ce = cross_entropy(t(&x, &[2, 3]), &[0, 1], &[2], &ignore_one).unwrap();
+    close(&ce, &[], &[0.9 * (lse - 1.0) + 0.1 * (lse - 1.0 / 3.0)]);
+    let g = cross_entropy_grad(t(&[0.0; 6], &[2, 3]), &[0, -100], &[2], 2.0, &plain).unwrap();
+    let third = 1.0 / 3.0;
+    close(
+        &g,
+        &[2, 3],
+        &[2.0 * (third - 1.0), 2.0 * third, 2.0 * third, 0.0, 0.0, 0.0],
+    );
+    let g = cross_entropy_grad(t(&[0.0; 3], &[1, 3]), &[2], &[1], 1.0, &ignore_one).unwrap();
+    let s = 0.1 / 3.0;
+    close(&g, &[1, 3], &[third - s, third - s, third - 0.9 - s]);
     let mse = mse_loss(t(&[1.0, 2.0], &[2]), t(&[0.0], &[1])).unwrap();
     close(&mse, &[], &[2.5]);
 }

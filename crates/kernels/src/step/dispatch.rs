@@ -98,9 +98,13 @@ impl StepKernel {
             StepKernel::Conv2d(attrs, p) => conv::conv2d(x(0), x(1), attrs, p, out)?,
             StepKernel::Pool(kind, attrs, p) => pool::pool2d(x(0), *kind, attrs, p, out)?,
             StepKernel::AdaptivePool(size, p) => pool::adaptive_avg_pool2d(x(0), *size, p, out)?,
-            StepKernel::CrossEntropy(p) => {
-                let v = loss::cross_entropy(x(0), ints, x(1).shape, p)?;
+            StepKernel::CrossEntropy(attrs, p) => {
+                let v = loss::cross_entropy(x(0), ints, x(1).shape, attrs, p)?;
                 copy_into("cross_entropy", out, &[v])?
+            }
+            StepKernel::CrossEntropyGrad(attrs, p) => {
+                let dloss = x(2).data.first().copied().unwrap_or(f32::NAN);
+                loss::cross_entropy_grad(x(0), ints, x(1).shape, dloss, attrs, p, out)?
             }
             StepKernel::BroadcastTo => copy_tensor(out, reference::broadcast_to(x(0), out_shape)?)?,
             StepKernel::Concat(axis) => copy_tensor(out, reference::concat(inputs, *axis)?)?,

@@ -10,6 +10,7 @@ use crate::matmul::{GemmPlan, MatmulParams};
 use crate::par::RowParams;
 use crate::pool::{Pool2dAttrs, PoolKind};
 use crate::reduce::ReduceOp;
+use crate::reference::CrossEntropyAttrs;
 use crate::transpose::TransposeParams;
 use crate::Activation;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry};
@@ -78,7 +79,9 @@ pub enum StepKernel {
     /// `adaptive_avg_pool2d`.
     AdaptivePool([usize; 2], RowParams),
     /// `cross_entropy` (input 1 read as integers).
-    CrossEntropy(RowParams),
+    CrossEntropy(CrossEntropyAttrs, RowParams),
+    /// `cross_entropy_grad` (input 1 read as integers, input 2 the loss's cotangent).
+    CrossEntropyGrad(CrossEntropyAttrs, RowParams),
     /// `broadcast_to` (reference kernel).
     BroadcastTo,
     /// `concat` along an axis (reference kernel).
@@ -109,7 +112,7 @@ impl StepKernel {
     pub fn integer_input(&self) -> Option<usize> {
         match self {
             StepKernel::Embedding(_) => Some(0),
-            StepKernel::CrossEntropy(_) => Some(1),
+            StepKernel::CrossEntropy(..) | StepKernel::CrossEntropyGrad(..) => Some(1),
             _ => None,
         }
     }
@@ -264,7 +267,17 @@ pub fn prepare(
                 decode_params(k)?,
             )
         }
-        Op::CrossEntropy => StepKernel::CrossEntropy(decode_params(k)?),
+        Op::CrossEntropy | Op::CrossEntropyGrad => {
+            let attrs = CrossEntropyAttrs {
+                ignore_index: a.int("ignore_index").map_err(err)?,
+                label_smoothing: a.float("label_smoothing").map_err(err)?,
+            };
+            if op == Op::CrossEntropy {
+                StepKernel::CrossEntropy(attrs, decode_params(k)?)
+            } else {
+                StepKernel::CrossEntropyGrad(attrs, decode_params(k)?)
+            }
+        }
         Op::BroadcastTo => StepKernel::BroadcastTo,
         Op::Concat => StepKernel::Concat(a.int("axis").map_err(err)?),
         Op::Slice => StepKernel::Slice(

@@ -1,10 +1,13 @@
 //! Elementwise ops: the scalar literal, binary arithmetic, unary math, `cast`, `dropout`.
 
-use crate::ops::attrs::{AttrKind, AttrSpec, ConstAttr};
+use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
+use crate::ops::grad::unbroadcast;
 use crate::ops::shape::{broadcast, fmt_dims};
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::{DType, TensorType};
+use crate::ops::spec::{
+    Arity, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{DType, Op, TensorType};
 
 /// `constant`: a scalar literal of a given dtype.
 pub const CONSTANT: OpSpec = OpSpec {
@@ -19,13 +22,13 @@ pub const CONSTANT: OpSpec = OpSpec {
     precision: PrecisionClass::FollowInput,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_none),
     shard: None,
 };
 
 /// An elementwise binary op that promotes its operands' dtypes and broadcasts their shapes,
-/// costing `flops` per output element.
-pub const fn binary(flops: u64) -> OpSpec {
+/// costing `flops` per output element, differentiated by `grad`.
+pub const fn binary(flops: u64, grad: GradRule) -> OpSpec {
     OpSpec {
         inputs: &["a", "b"],
         arity: Arity::Exact(2),
@@ -35,20 +38,24 @@ pub const fn binary(flops: u64) -> OpSpec {
         precision: PrecisionClass::FollowInput,
         elementwise: true,
         in_place: true,
-        grad: None,
+        grad: Some(grad),
         shard: None,
     }
 }
 
 /// [`binary`] on the mixed-precision keep-f32 list (`pow`).
-pub const fn binary_keep_f32(flops: u64) -> OpSpec {
+pub const fn binary_keep_f32(flops: u64, grad: GradRule) -> OpSpec {
     OpSpec {
         precision: PrecisionClass::KeepF32,
-        ..binary(flops)
+        ..binary(flops, grad)
     }
 }
 
-const fn unary(flops: u64, infer: fn(&OpCtx) -> Result<Vec<TensorType>, OpError>) -> OpSpec {
+const fn unary(
+    flops: u64,
+    infer: fn(&OpCtx) -> Result<Vec<TensorType>, OpError>,
+    grad: GradRule,
+) -> OpSpec {
     OpSpec {
         inputs: &["x"],
         arity: Arity::Exact(1),
@@ -58,46 +65,46 @@ const fn unary(flops: u64, infer: fn(&OpCtx) -> Result<Vec<TensorType>, OpError>
         precision: PrecisionClass::FollowInput,
         elementwise: true,
         in_place: true,
-        grad: None,
+        grad: Some(grad),
         shard: None,
     }
 }
 
 /// A unary op defined on any numeric dtype (`neg`, `abs`).
-pub const fn unary_numeric(flops: u64) -> OpSpec {
-    unary(flops, infer_unary_numeric)
+pub const fn unary_numeric(flops: u64, grad: GradRule) -> OpSpec {
+    unary(flops, infer_unary_numeric, grad)
 }
 
 /// A unary op defined on floats only (`tanh`, `gelu`, ...).
-pub const fn unary_float(flops: u64) -> OpSpec {
-    unary(flops, infer_unary_float)
+pub const fn unary_float(flops: u64, grad: GradRule) -> OpSpec {
+    unary(flops, infer_unary_float, grad)
 }
 
 /// [`unary_float`] on the mixed-precision keep-f32 list (`exp`, `log`, `rsqrt`, ...).
-pub const fn unary_keep_f32(flops: u64) -> OpSpec {
+pub const fn unary_keep_f32(flops: u64, grad: GradRule) -> OpSpec {
     OpSpec {
         precision: PrecisionClass::KeepF32,
-        ..unary_float(flops)
+        ..unary_float(flops, grad)
     }
 }
 
 /// `relu`: numeric, and on MindSpore's O1 white list.
 pub const RELU: OpSpec = OpSpec {
     precision: PrecisionClass::LowPrecisionFriendly,
-    ..unary_numeric(1)
+    ..unary_numeric(1, grad_relu)
 };
 
 /// `cast`: the input with another dtype.
 pub const CAST: OpSpec = OpSpec {
     attrs: &[AttrSpec::required("dtype", AttrKind::DType)],
-    ..unary(1, infer_cast)
+    ..unary(1, infer_cast, grad_cast)
 };
 
 /// `dropout`: identity in inference; not fusable (training draws random numbers).
 pub const DROPOUT: OpSpec = OpSpec {
     attrs: &[AttrSpec::defaulted("p", ConstAttr::Float(0.5))],
     elementwise: false,
-    ..unary(1, infer_dropout)
+    ..unary(1, infer_dropout, grad_identity)
 };
 
 fn infer_constant(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -158,6 +165,314 @@ fn infer_dropout(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
         return Err(OpError::new(format!("`p` must be in [0, 1), got {p:?}")));
     }
     infer_unary_float(ctx)
+}
+
+// Gradient rules. Each returns one cotangent per input; `unbroadcast` sums a binary op's
+// cotangent back to each operand's shape and dtype (none for integer operands).
+
+/// The result of a rule for an op whose inputs get no gradient (none, for `constant`).
+fn grad_none(_: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    Ok(vec![None; call.inputs.len()])
+}
+
+/// `(a, b) -> (da, db)`: the per-operand products `dy * ∂y/∂a` and `dy * ∂y/∂b`, before
+/// unbroadcasting (`None`: that operand gets no gradient).
+fn binary_grads(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+    parts: impl FnOnce(&mut dyn Emitter, Handle, Handle, Handle) -> Result<[Handle; 2], OpError>,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    let (a, b) = (call.x(0), call.x(1));
+    let (ta, tb) = (em.ty(a)?, em.ty(b)?);
+    let dy = call.dy()?;
+    let [ga, gb] = parts(em, a, b, dy)?;
+    Ok(vec![unbroadcast(em, ga, &ta)?, unbroadcast(em, gb, &tb)?])
+}
+
+/// `add`: `dy`, `dy`.
+pub fn grad_add(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    binary_grads(em, call, |_, _, _, dy| Ok([dy, dy]))
+}
+
+/// `sub`: `dy`, `-dy`.
+pub fn grad_sub(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    binary_grads(em, call, |em, _, _, dy| Ok([dy, em.neg(dy)?]))
+}
+
+/// `mul`: `dy * b`, `dy * a`.
+pub fn grad_mul(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    binary_grads(em, call, |em, a, b, dy| {
+        Ok([em.mul(dy, b)?, em.mul(dy, a)?])
+    })
+}
+
+/// `div`: `dy / b`, `-dy * a / b²` (PyTorch's formula).
+pub fn grad_div(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    binary_grads(em, call, |em, a, b, dy| {
+        let ga = em.div(dy, b)?;
+        let num = em.mul(dy, a)?;
+        let b2 = em.mul(b, b)?;
+        let q = em.div(num, b2)?;
+        Ok([ga, em.neg(q)?])
+    })
+}
+
+/// `pow`: `dy * b * a^(b-1)`, `dy * a^b * ln a`.
+pub fn grad_pow(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let y = call.y(0);
+    binary_grads(em, call, |em, a, b, dy| {
+        let one = em.scalar(1.0, em.ty(b)?.dtype)?;
+        let bm1 = em.sub(b, one)?;
+        let p = em.op1(Op::Pow, Attrs::new(), &[a, bm1])?;
+        let db = em.mul(dy, b)?;
+        let ga = em.mul(db, p)?;
+        let ln = em.unary(Op::Log, a)?;
+        let yl = em.mul(y, ln)?;
+        Ok([ga, em.mul(dy, yl)?])
+    })
+}
+
+/// `maximum` / `minimum`: each operand's share `w` of `dy` is 1 where it wins, 0 where it
+/// loses and 1/2 on ties (PyTorch splits a tie evenly): `w_a = (1 ± sign(a - b)) / 2`,
+/// `w_b = 1 - w_a`, with `+` for `maximum`.
+fn grad_extremum(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+    direction: f64,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    binary_grads(em, call, |em, a, b, dy| {
+        let d = em.sub(a, b)?;
+        let s = em.unary(Op::Sign, d)?;
+        let s = em.scale(s, 0.5 * direction)?;
+        let half = em.scalar(0.5, em.ty(s)?.dtype)?;
+        let wa = em.add(half, s)?;
+        let wb = em.sub(half, s)?;
+        Ok([em.mul(dy, wa)?, em.mul(dy, wb)?])
+    })
+}
+
+/// `maximum`: see [`grad_extremum`].
+pub fn grad_maximum(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    grad_extremum(em, call, 1.0)
+}
+
+/// `minimum`: see [`grad_extremum`].
+pub fn grad_minimum(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    grad_extremum(em, call, -1.0)
+}
+
+/// A unary rule from `dy`, `x` and `y` to `dx`; integer inputs get no gradient.
+fn unary_grad(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+    dx: impl FnOnce(&mut dyn Emitter, Handle, Handle, Handle) -> Result<Handle, OpError>,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    let x = call.x(0);
+    if !em.ty(x)?.dtype.is_float() {
+        return Ok(vec![None]);
+    }
+    let dy = call.dy()?;
+    Ok(vec![Some(dx(em, dy, x, call.y(0))?)])
+}
+
+/// `dropout` in eval mode, where it is the identity: `dy`.
+pub fn grad_identity(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |_, dy, _, _| Ok(dy))
+}
+
+/// `neg`: `-dy`.
+pub fn grad_neg(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, _| em.neg(dy))
+}
+
+/// `exp`: `dy * y`.
+pub fn grad_exp(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| em.mul(dy, y))
+}
+
+/// `log`: `dy / x`.
+pub fn grad_log(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| em.div(dy, x))
+}
+
+/// `sqrt`: `dy / (2 y)`.
+pub fn grad_sqrt(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let y2 = em.scale(y, 2.0)?;
+        em.div(dy, y2)
+    })
+}
+
+/// `rsqrt`: `-dy * y³ / 2`.
+pub fn grad_rsqrt(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let y2 = em.mul(y, y)?;
+        let y3 = em.mul(y2, y)?;
+        let g = em.mul(dy, y3)?;
+        em.scale(g, -0.5)
+    })
+}
+
+/// `reciprocal`: `-dy * y²`.
+pub fn grad_reciprocal(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let y2 = em.mul(y, y)?;
+        let g = em.mul(dy, y2)?;
+        em.neg(g)
+    })
+}
+
+/// `abs`: `dy * sign(x)` (0 at 0, as PyTorch).
+pub fn grad_abs(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let s = em.unary(Op::Sign, x)?;
+        em.mul(dy, s)
+    })
+}
+
+/// `sign`: zero almost everywhere, so no gradient flows back (as PyTorch's zeros).
+pub fn grad_sign(_: &mut dyn Emitter, _: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    Ok(vec![None])
+}
+
+/// `tanh`: `dy * (1 - y²)`.
+pub fn grad_tanh(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let y2 = em.mul(y, y)?;
+        let one = em.scalar(1.0, em.ty(y)?.dtype)?;
+        let d = em.sub(one, y2)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `sigmoid`: `dy * y * (1 - y)`.
+pub fn grad_sigmoid(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let one = em.scalar(1.0, em.ty(y)?.dtype)?;
+        let c = em.sub(one, y)?;
+        let d = em.mul(y, c)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `relu`: `dy` where `y > 0`, else 0 (0 at 0, as PyTorch): `dy * sign(y)`.
+pub fn grad_relu(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, _, y| {
+        let s = em.unary(Op::Sign, y)?;
+        em.mul(dy, s)
+    })
+}
+
+/// `gelu` (exact): `dy * (Φ(x) + x φ(x))`, `Φ(x) = (1 + erf(x/√2))/2`,
+/// `φ(x) = e^(-x²/2)/√(2π)`.
+pub fn grad_gelu(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let dtype = em.ty(x)?.dtype;
+        let xs = em.scale(x, std::f64::consts::FRAC_1_SQRT_2)?;
+        let e = em.unary(Op::Erf, xs)?;
+        let half = em.scalar(0.5, dtype)?;
+        let e = em.scale(e, 0.5)?;
+        let cdf = em.add(half, e)?;
+        let x2 = em.mul(x, x)?;
+        let x2 = em.scale(x2, -0.5)?;
+        let pdf = em.unary(Op::Exp, x2)?;
+        let pdf = em.scale(pdf, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
+        let xp = em.mul(x, pdf)?;
+        let d = em.add(cdf, xp)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `gelu_tanh`: with `u = c (x + 0.044715 x³)`, `t = tanh u`, `c = √(2/π)`:
+/// `dy * ((1 + t)/2 + x (1 - t²) c (1 + 3·0.044715 x²) / 2)`.
+pub fn grad_gelu_tanh(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let dtype = em.ty(x)?.dtype;
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        let one = em.scalar(1.0, dtype)?;
+        let x2 = em.mul(x, x)?;
+        let x3 = em.mul(x2, x)?;
+        let k = em.scale(x3, 0.044715)?;
+        let inner = em.add(x, k)?;
+        let u = em.scale(inner, c)?;
+        let t = em.unary(Op::Tanh, u)?;
+        let first = em.add(one, t)?;
+        let first = em.scale(first, 0.5)?;
+        let t2 = em.mul(t, t)?;
+        let sech2 = em.sub(one, t2)?;
+        let du = em.scale(x2, 3.0 * 0.044715)?;
+        let du = em.add(one, du)?;
+        let du = em.scale(du, 0.5 * c)?;
+        let second = em.mul(sech2, du)?;
+        let second = em.mul(x, second)?;
+        let d = em.add(first, second)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `silu`: `dy * s (1 + x (1 - s))` with `s = sigmoid(x)`.
+pub fn grad_silu(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let s = em.unary(Op::Sigmoid, x)?;
+        let one = em.scalar(1.0, em.ty(x)?.dtype)?;
+        let c = em.sub(one, s)?;
+        let xc = em.mul(x, c)?;
+        let f = em.add(one, xc)?;
+        let d = em.mul(s, f)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `erf`: `dy * 2/√π e^(-x²)`.
+pub fn grad_erf(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let x2 = em.mul(x, x)?;
+        let nx2 = em.neg(x2)?;
+        let e = em.unary(Op::Exp, nx2)?;
+        let d = em.scale(e, std::f64::consts::FRAC_2_SQRT_PI)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `softplus` (beta 1, threshold 20): `dy * sigmoid(x)`, and `dy` above 20 where the op is
+/// the identity: `s + m (1 - s)` with the mask `m = relu(sign(x - 20))`.
+pub fn grad_softplus(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    unary_grad(em, call, |em, dy, x, _| {
+        let dtype = em.ty(x)?.dtype;
+        let s = em.unary(Op::Sigmoid, x)?;
+        let twenty = em.scalar(20.0, dtype)?;
+        let over = em.sub(x, twenty)?;
+        let m = em.unary(Op::Sign, over)?;
+        let m = em.unary(Op::Relu, m)?;
+        let one = em.scalar(1.0, dtype)?;
+        let rest = em.sub(one, s)?;
+        let mr = em.mul(m, rest)?;
+        let d = em.add(s, mr)?;
+        em.mul(dy, d)
+    })
+}
+
+/// `cast`: the cotangent cast back to the input's dtype; an integer or bool input gets none.
+fn grad_cast(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let x = call.x(0);
+    let dtype = em.ty(x)?.dtype;
+    if !dtype.is_float() {
+        return Ok(vec![None]);
+    }
+    let dy = call.dy()?;
+    Ok(vec![Some(em.cast(dy, dtype)?)])
 }
 
 #[cfg(test)]

@@ -2,14 +2,18 @@
 
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs};
 use crate::ops::error::OpError;
+use crate::ops::grad::unbroadcast;
 use crate::ops::shape::{broadcasts_to, fmt_dims, normalize_axis, numel};
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{
+    Arity, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{Op, TensorType};
 
 /// A one-input op that copies data without arithmetic.
 const fn movement(
     attrs: &'static [AttrSpec],
     infer: fn(&OpCtx) -> Result<Vec<TensorType>, OpError>,
+    grad: GradRule,
 ) -> OpSpec {
     OpSpec {
         inputs: &["x"],
@@ -20,7 +24,7 @@ const fn movement(
         precision: PrecisionClass::FollowInput,
         elementwise: false,
         in_place: false,
-        grad: None,
+        grad: Some(grad),
         shard: None,
     }
 }
@@ -29,6 +33,7 @@ const fn movement(
 pub const TRANSPOSE: OpSpec = movement(
     &[AttrSpec::required("perm", AttrKind::Ints)],
     infer_transpose,
+    grad_transpose,
 );
 
 /// `reshape`: same elements, new shape; one dim of `shape` may be -1 (inferred). A view of
@@ -39,6 +44,7 @@ pub const RESHAPE: OpSpec = OpSpec {
     ..movement(
         &[AttrSpec::required("shape", AttrKind::Ints)],
         infer_reshape,
+        grad_reshape,
     )
 };
 
@@ -46,13 +52,18 @@ pub const RESHAPE: OpSpec = OpSpec {
 pub const BROADCAST_TO: OpSpec = movement(
     &[AttrSpec::required("shape", AttrKind::Ints)],
     infer_broadcast_to,
+    grad_broadcast_to,
 );
 
 /// `concat`: joins one or more tensors along `axis`.
 pub const CONCAT: OpSpec = OpSpec {
     inputs: &["xs"],
     arity: Arity::AtLeast(1),
-    ..movement(&[AttrSpec::required("axis", AttrKind::Int)], infer_concat)
+    ..movement(
+        &[AttrSpec::required("axis", AttrKind::Int)],
+        infer_concat,
+        grad_concat,
+    )
 };
 
 /// `slice`: the half-open range `start..end` of `axis`.
@@ -63,6 +74,7 @@ pub const SLICE: OpSpec = movement(
         AttrSpec::required("end", AttrKind::Int),
     ],
     infer_slice,
+    grad_slice,
 );
 
 /// `select`: index `index` of `axis`, dropping that axis.
@@ -72,6 +84,7 @@ pub const SELECT: OpSpec = movement(
         AttrSpec::required("index", AttrKind::Int),
     ],
     infer_select,
+    grad_select,
 );
 
 /// The permutation of a `transpose` over a rank-`rank` input, negative entries normalised:
@@ -270,6 +283,135 @@ fn infer_select(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let mut shape = x.shape.clone();
     shape.remove(axis);
     Ok(vec![TensorType::new(x.dtype, shape)])
+}
+
+// Gradient rules: each moves the cotangent back to where its elements came from.
+
+/// A cotangent for a float `x` built by `f`; integer and bool inputs get none.
+fn float_only(
+    em: &mut dyn Emitter,
+    x: Handle,
+    f: impl FnOnce(&mut dyn Emitter, &TensorType) -> Result<Handle, OpError>,
+) -> Result<Option<Handle>, OpError> {
+    let t = em.ty(x)?;
+    if t.dtype.is_float() {
+        f(em, &t).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// `transpose`: `dy` transposed by the inverse permutation.
+fn grad_transpose(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let dy = call.dy()?;
+    let g = float_only(em, call.x(0), |em, t| {
+        let perm = permutation(call.attrs, t.rank())?;
+        let mut inverse = vec![0i64; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inverse[p] = i as i64;
+        }
+        em.op1(Op::Transpose, Attrs::new().with("perm", inverse), &[dy])
+    })?;
+    Ok(vec![g])
+}
+
+/// `reshape`: `dy` reshaped back.
+fn grad_reshape(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let dy = call.dy()?;
+    Ok(vec![float_only(em, call.x(0), |em, t| {
+        em.reshape(dy, &t.shape)
+    })?])
+}
+
+/// `broadcast_to`: `dy` summed over the stretched dims.
+fn grad_broadcast_to(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    let t = em.ty(call.x(0))?;
+    Ok(vec![unbroadcast(em, call.dy()?, &t)?])
+}
+
+/// `concat`: each input's range of `dy` along the axis.
+fn grad_concat(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let dy = call.dy()?;
+    let rank = em.ty(dy)?.rank();
+    let axis = normalize_axis(call.attrs.int("axis")?, rank)
+        .map_err(|m| OpError::new(format!("axis: {m}")))?;
+    let mut start = 0i64;
+    let mut grads = Vec::with_capacity(call.inputs.len());
+    for &x in call.inputs {
+        let len = em.ty(x)?.shape[axis];
+        grads.push(float_only(em, x, |em, _| {
+            slice(em, dy, axis, start, start + len)
+        })?);
+        start += len;
+    }
+    Ok(grads)
+}
+
+/// `slice(x, axis, start, end)` emitted by a rule.
+fn slice(
+    em: &mut dyn Emitter,
+    x: Handle,
+    axis: usize,
+    start: i64,
+    end: i64,
+) -> Result<Handle, OpError> {
+    let attrs = Attrs::new()
+        .with("axis", axis as i64)
+        .with("start", start)
+        .with("end", end);
+    em.op1(Op::Slice, attrs, &[x])
+}
+
+/// `g` placed at `start..` of `axis` in zeros of shape `shape`: the zeros before and after it
+/// concatenated around it (the adjoint of a slice).
+fn pad_along(
+    em: &mut dyn Emitter,
+    g: Handle,
+    shape: &[i64],
+    axis: usize,
+    start: i64,
+) -> Result<Handle, OpError> {
+    let t = em.ty(g)?;
+    let after = shape[axis] - start - t.shape[axis];
+    let zero = em.scalar(0.0, t.dtype)?;
+    let mut parts = Vec::with_capacity(3);
+    for (len, is_g) in [(start, false), (t.shape[axis], true), (after, false)] {
+        if is_g {
+            parts.push(g);
+        } else if len > 0 {
+            let mut s = t.shape.clone();
+            s[axis] = len;
+            parts.push(em.broadcast_to(zero, &s)?);
+        }
+    }
+    if parts.len() == 1 {
+        return Ok(g);
+    }
+    em.op1(Op::Concat, Attrs::new().with("axis", axis as i64), &parts)
+}
+
+/// `slice`: `dy` padded with zeros back to the input's extent.
+fn grad_slice(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let dy = call.dy()?;
+    Ok(vec![float_only(em, call.x(0), |em, t| {
+        let r = SliceRange::of(t, call.attrs)?;
+        pad_along(em, dy, &t.shape, r.axis, r.start)
+    })?])
+}
+
+/// `select`: `dy` with the selected axis restored as a dim of 1, padded with zeros.
+fn grad_select(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let dy = call.dy()?;
+    Ok(vec![float_only(em, call.x(0), |em, t| {
+        let (axis, index) = select_index(t, call.attrs)?;
+        let mut kept = t.shape.clone();
+        kept[axis] = 1;
+        let g = em.reshape(dy, &kept)?;
+        pad_along(em, g, &t.shape, axis, index)
+    })?])
 }
 
 #[cfg(test)]

@@ -2,9 +2,12 @@
 
 use crate::ops::attrs::{AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
+use crate::ops::grad::unbroadcast;
 use crate::ops::shape::{broadcast, fmt_dims, numel};
-use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
-use crate::ops::TensorType;
+use crate::ops::spec::{
+    Arity, Cost, CostRule, Emitter, GradCall, Handle, OpCtx, OpSpec, PrecisionClass,
+};
+use crate::ops::{Op, TensorType};
 
 /// The `transpose_a` / `transpose_b` schema, shared with `fused_matmul`.
 pub const TRANSPOSE_ATTRS: [AttrSpec; 2] = [
@@ -22,7 +25,7 @@ pub const MATMUL: OpSpec = OpSpec {
     precision: PrecisionClass::LowPrecisionFriendly,
     elementwise: false,
     in_place: false,
-    grad: None,
+    grad: Some(grad_matmul),
     shard: None,
 };
 
@@ -111,6 +114,59 @@ impl MatmulDims {
             .saturating_mul(2)
             .saturating_mul(numel(&[self.m, self.n, self.k]))
     }
+}
+
+/// `matmul(a, b, transpose_a, transpose_b)` emitted by a gradient rule.
+fn emit_matmul(
+    em: &mut dyn Emitter,
+    a: Handle,
+    b: Handle,
+    ta: bool,
+    tb: bool,
+) -> Result<Handle, OpError> {
+    let attrs = Attrs::new().with("transpose_a", ta).with("transpose_b", tb);
+    em.op1(Op::Matmul, attrs, &[a, b])
+}
+
+/// `matmul`: with `A = op(a)`, `B = op(b)` (`op` transposing where the flag says) and
+/// `C = A B`: `dA = dC Bᵀ`, `dB = Aᵀ dC`, each one matmul with transpose flags (no explicit
+/// transposes), then summed over the batch dims the operand was broadcast along. A rank-2
+/// operand paired with a batched untransposed one folds the batch into the rows first, so its
+/// gradient is one `[k, m·batch] x [m·batch, n]` product instead of a batched one and a sum.
+pub fn grad_matmul(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let (a, b, dc) = (call.x(0), call.x(1), call.dy()?);
+    let (ta_ty, tb_ty) = (em.ty(a)?, em.ty(b)?);
+    let ta = call.attrs.opt_bool("transpose_a")?.unwrap_or(false);
+    let tb = call.attrs.opt_bool("transpose_b")?.unwrap_or(false);
+    let dc_ty = em.ty(dc)?;
+    let flat = |t: &TensorType| {
+        let cols = t.shape[t.rank() - 1];
+        vec![t.numel() as i64 / cols.max(1), cols]
+    };
+    // dA: ta = false: dC op(b)ᵀ; ta = true: op(b) dCᵀ.
+    let da = if !ta {
+        emit_matmul(em, dc, b, false, !tb)?
+    } else {
+        emit_matmul(em, b, dc, tb, true)?
+    };
+    // dB: tb = false: op(a)ᵀ dC; tb = true: dCᵀ op(a).
+    let db = if tb_ty.rank() == 2 && ta_ty.rank() > 2 && !ta {
+        let a2 = em.reshape(a, &flat(&ta_ty))?;
+        let dc2 = em.reshape(dc, &flat(&dc_ty))?;
+        if !tb {
+            emit_matmul(em, a2, dc2, true, false)?
+        } else {
+            emit_matmul(em, dc2, a2, true, false)?
+        }
+    } else if !tb {
+        emit_matmul(em, a, dc, !ta, false)?
+    } else {
+        emit_matmul(em, dc, a, true, ta)?
+    };
+    Ok(vec![
+        unbroadcast(em, da, &ta_ty)?,
+        unbroadcast(em, db, &tb_ty)?,
+    ])
 }
 
 fn infer_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {

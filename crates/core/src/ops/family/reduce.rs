@@ -2,8 +2,10 @@
 
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
-use crate::ops::shape::normalize_axes;
-use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::shape::{normalize_axes, normalize_axis};
+use crate::ops::spec::{
+    Arity, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
+};
 use crate::ops::{Op, TensorType};
 
 const REDUCTION_ATTRS: [AttrSpec; 2] = [
@@ -13,7 +15,7 @@ const REDUCTION_ATTRS: [AttrSpec; 2] = [
 
 /// A reduction over `axes` (absent: every axis; `[]`: none), keeping reduced dims as 1 when
 /// `keepdim`. One flop per input element.
-pub const fn reduction(precision: PrecisionClass) -> OpSpec {
+pub const fn reduction(precision: PrecisionClass, grad: GradRule) -> OpSpec {
     OpSpec {
         inputs: &["x"],
         arity: Arity::Exact(1),
@@ -23,12 +25,12 @@ pub const fn reduction(precision: PrecisionClass) -> OpSpec {
         precision,
         elementwise: false,
         in_place: false,
-        grad: None,
+        grad: Some(grad),
         shard: None,
     }
 }
 
-/// `softmax` and `log_softmax` over `axis` (default -1): max, subtract, exp, sum, divide —
+/// `softmax` (and, with its own gradient, `log_softmax`) over `axis` (default -1): max, subtract, exp, sum, divide —
 /// about 8 flops per element; on the keep-f32 list.
 pub const SOFTMAX: OpSpec = OpSpec {
     inputs: &["x"],
@@ -39,8 +41,14 @@ pub const SOFTMAX: OpSpec = OpSpec {
     precision: PrecisionClass::KeepF32,
     elementwise: false,
     in_place: true,
-    grad: None,
+    grad: Some(grad_softmax),
     shard: None,
+};
+
+/// `log_softmax`: [`SOFTMAX`]'s rules but its own gradient.
+pub const LOG_SOFTMAX: OpSpec = OpSpec {
+    grad: Some(grad_log_softmax),
+    ..SOFTMAX
 };
 
 /// The axes a reduction of a rank-`rank` tensor reduces, ascending: all of them when `axes`
@@ -91,6 +99,90 @@ fn infer_softmax(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     ctx.axis("axis", 0)?;
     Ok(vec![ctx.input(0).clone()])
+}
+
+// Gradient rules.
+
+/// The axes a reduction reduced, and `dy` reshaped to keep them as dims of 1, for a float
+/// input (`None` for an integer one, which gets no gradient).
+fn kept_cotangent(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Option<(TensorType, Vec<usize>, Handle)>, OpError> {
+    let t = em.ty(call.x(0))?;
+    if !t.dtype.is_float() {
+        return Ok(None);
+    }
+    let axes = reduced_axes(call.attrs, t.rank())?;
+    let kept: Vec<i64> = (0..t.rank())
+        .map(|i| if axes.contains(&i) { 1 } else { t.shape[i] })
+        .collect();
+    let dy = em.reshape(call.dy()?, &kept)?;
+    Ok(Some((t, axes, dy)))
+}
+
+/// `sum`: `dy` broadcast back over the reduced axes.
+pub fn grad_sum(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let Some((t, _, dy)) = kept_cotangent(em, call)? else {
+        return Ok(vec![None]);
+    };
+    Ok(vec![Some(em.broadcast_to(dy, &t.shape)?)])
+}
+
+/// `mean`: `dy / n` broadcast back, `n` the number of elements averaged.
+pub fn grad_mean(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let Some((t, axes, dy)) = kept_cotangent(em, call)? else {
+        return Ok(vec![None]);
+    };
+    let n: i64 = axes.iter().map(|&a| t.shape[a]).product();
+    let scaled = em.scale(dy, 1.0 / n as f64)?;
+    Ok(vec![Some(em.broadcast_to(scaled, &t.shape)?)])
+}
+
+/// `max` (as `torch.amax`): `dy` shared evenly by the elements equal to the maximum,
+/// `dy * m / sum(m)` with the mask `m = 1 - |sign(x - max)|`.
+pub fn grad_max(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let Some((t, axes, dy)) = kept_cotangent(em, call)? else {
+        return Ok(vec![None]);
+    };
+    let kept: Vec<i64> = em.ty(dy)?.shape;
+    let y = em.reshape(call.y(0), &kept)?;
+    let d = em.sub(call.x(0), y)?;
+    let s = em.unary(Op::Sign, d)?;
+    let a = em.unary(Op::Abs, s)?;
+    let one = em.scalar(1.0, t.dtype)?;
+    let mask = em.sub(one, a)?;
+    let count = em.reduce(Op::Sum, mask, &axes, true)?;
+    let share = em.div(dy, count)?;
+    Ok(vec![Some(em.mul(mask, share)?)])
+}
+
+/// The normalised `axis` of a softmax's input.
+fn softmax_axis(em: &mut dyn Emitter, call: &GradCall) -> Result<usize, OpError> {
+    let rank = em.ty(call.x(0))?.rank();
+    normalize_axis(call.attrs.int("axis")?, rank).map_err(|m| OpError::new(format!("axis: {m}")))
+}
+
+/// `softmax`: `y * (dy - sum(dy * y))`, the sum over the axis.
+pub fn grad_softmax(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    let axis = softmax_axis(em, call)?;
+    let (y, dy) = (call.y(0), call.dy()?);
+    let dot = em.sum_product(dy, y, &[axis])?;
+    let c = em.sub(dy, dot)?;
+    Ok(vec![Some(em.mul(y, c)?)])
+}
+
+/// `log_softmax`: `dy - exp(y) * sum(dy)`, the sum over the axis.
+pub fn grad_log_softmax(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+) -> Result<Vec<Option<Handle>>, OpError> {
+    let axis = softmax_axis(em, call)?;
+    let (y, dy) = (call.y(0), call.dy()?);
+    let total = em.reduce(Op::Sum, dy, &[axis], true)?;
+    let p = em.unary(Op::Exp, y)?;
+    let pt = em.mul(p, total)?;
+    Ok(vec![Some(em.sub(dy, pt)?)])
 }
 
 #[cfg(test)]
