@@ -112,7 +112,10 @@ fn ms(since: Instant) -> f64 {
 pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let t = Instant::now();
     let graph = lower_verified(model, options)?;
-    compile_graph(graph, options, ms(t))
+    let lower_ms = ms(t);
+    let mut compiled = compile_graph(graph, options)?;
+    compiled.times.lower_ms = lower_ms;
+    Ok(compiled)
 }
 
 /// Lowers a checked model to the graph IR, verified when `options` ask.
@@ -130,16 +133,11 @@ pub fn lower_verified(model: &Model, options: &CompileOptions) -> Result<Graph, 
     Ok(graph)
 }
 
-/// Optimizes, schedules and plans a lowered graph (lowering took `lower_ms`).
-pub fn compile_graph(
-    mut graph: Graph,
-    options: &CompileOptions,
-    lower_ms: f64,
-) -> Result<Compiled, CompileError> {
-    let mut times = StageTimes {
-        lower_ms,
-        ..StageTimes::default()
-    };
+/// Compiles an explicit graph IR (one built or extended in memory, such as a forward graph
+/// with its backward from `mslc_ir::backward`): the passes, the schedule and the memory plan
+/// of [`compile`] after lowering.
+pub fn compile_graph(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    let mut times = StageTimes::default();
     let ops_before = graph.op_count();
     let t = Instant::now();
     let cx = PassContext {

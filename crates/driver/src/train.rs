@@ -217,7 +217,10 @@ pub fn compile_train(
         stage: "train",
         message,
     })?;
-    let compiled = compile_graph(graph, options, t.elapsed().as_secs_f64() * 1e3)?;
+    // Lowering, the backward and the update count as the lowering stage.
+    let lower_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut compiled = compile_graph(graph, options)?;
+    compiled.times.lower_ms = lower_ms;
     Ok(CompiledTrain {
         compiled,
         optimizer,

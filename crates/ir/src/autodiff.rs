@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use mslc_core::diag::Code;
 use mslc_core::ops::{Attrs, Emitter, GradCall, Handle, Op, OpError, TensorType};
 
 use super::graph::{Graph, NodeId, NodeKind, ValueRef};
@@ -105,6 +106,20 @@ impl fmt::Display for AutodiffError {
 }
 
 impl std::error::Error for AutodiffError {}
+
+impl AutodiffError {
+    /// The diagnostic code the driver reports the error with (a failing rule is a bug in
+    /// mslc: E0608).
+    pub fn code(&self) -> Code {
+        match self {
+            AutodiffError::NoRule { .. } => Code::E0800,
+            AutodiffError::Unreachable { .. } => Code::E0801,
+            AutodiffError::NotDifferentiable { .. } => Code::E0802,
+            AutodiffError::LossNotScalar { .. } => Code::E0803,
+            AutodiffError::Rule { .. } => Code::E0608,
+        }
+    }
+}
 
 /// The handle a gradient rule sees for `v`: node index and output index packed in one word.
 pub fn handle(v: ValueRef) -> Handle {

@@ -1,6 +1,6 @@
 //! Integration tests of the executor and `mslc run`.
 
-pub(crate) mod common;
+pub mod common;
 mod errors;
 mod kernel_table;
 mod models;

@@ -1,5 +1,6 @@
 //! What `backward` reports and how backward nodes are marked.
 
+use mslc_core::diag::Code;
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::program::Init;
 use mslc_ir::autodiff::{AutodiffError, GRAD_MARK};
@@ -80,13 +81,16 @@ fn errors_name_the_op_or_the_value() {
         "parameter \"w\" reaches the loss only through `cast` (in model.q), which passes no \
          gradient back"
     );
+    assert_eq!(e.code(), Code::E0802);
     let e = backward(&mut g.clone(), l, &[unused]).unwrap_err();
     assert_eq!(
         e.to_string(),
         "parameter \"unused\" does not reach the loss"
     );
+    assert_eq!(e.code(), Code::E0801);
     let e = backward(&mut g.clone(), y, &[x]).unwrap_err();
     assert!(matches!(e, AutodiffError::LossNotScalar { .. }));
+    assert_eq!(e.code(), Code::E0803);
     let e = backward(&mut g.clone(), l, &[xi]).unwrap_err();
     assert!(e.to_string().contains("is not a float value"), "{e}");
     // An op without a rule on the path: the fused ops exist only after autodiff.
@@ -101,4 +105,5 @@ fn errors_name_the_op_or_the_value() {
         e.to_string(),
         "`fused_matmul` (in model.blk) has no gradient rule"
     );
+    assert_eq!(e.code(), Code::E0800);
 }

@@ -184,7 +184,8 @@ pub fn check_graph(build: Build, args: &[Arg], seed: u64, rtol: f64) -> Result<(
             let down = loss_at(&feeds)?;
             let fd = (up - down) / (2.0 * h);
             let got = g.data[j];
-            if !((got - fd).abs() <= 1e-6 + rtol * fd.abs()) {
+            let close = (got - fd).abs() <= 1e-6 + rtol * fd.abs();
+            if !close {
                 return Err(format!(
                     "input {i} element {j}: gradient {got}, finite difference {fd}"
                 ));

@@ -9,4 +9,5 @@ pub mod nn64;
 pub mod tensor64;
 
 mod autodiff;
+mod pipeline;
 mod rules;

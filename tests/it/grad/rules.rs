@@ -215,8 +215,8 @@ proptest! {
         for r in 0..rows {
             let row = &x.data[r * cols..(r + 1) * cols];
             let ties = row.iter().filter(|&&v| v == 2.0).count() as f64;
-            for c in 0..cols {
-                let want = if row[c] == 2.0 { w.data[r] / ties } else { 0.0 };
+            for (c, &v) in row.iter().enumerate() {
+                let want = if v == 2.0 { w.data[r] / ties } else { 0.0 };
                 prop_assert!((grad.data[r * cols + c] - want).abs() < 1e-12, "{r},{c}");
             }
         }
@@ -233,8 +233,8 @@ fn kinks_follow_pytorch() {
         let args = [x.clone()];
         let w = super::fd::setup(&build, &args, 7).feeds["w0"].clone();
         let g = gradients(&build, &args, 7).unwrap().remove(0).unwrap();
-        for i in 0..3 {
-            assert_eq!(g.data[i], want[i] * w.data[i], "{op} at {i}");
+        for (i, k) in want.iter().enumerate() {
+            assert_eq!(g.data[i], k * w.data[i], "{op} at {i}");
         }
     }
     let a = Arg::f64(T64::new(&[3], vec![1.0, 2.0, 3.0]));
@@ -247,15 +247,15 @@ fn kinks_follow_pytorch() {
         let args = [a.clone(), b.clone()];
         let w = super::fd::setup(&build, &args, 3).feeds["w0"].clone();
         let g = gradients(&build, &args, 3).unwrap();
-        for i in 0..3 {
+        for (i, share) in wa.iter().enumerate() {
             assert_eq!(
                 g[0].as_ref().unwrap().data[i],
-                wa[i] * w.data[i],
+                share * w.data[i],
                 "{op} a {i}"
             );
             assert_eq!(
                 g[1].as_ref().unwrap().data[i],
-                (1.0 - wa[i]) * w.data[i],
+                (1.0 - share) * w.data[i],
                 "{op} b {i}"
             );
         }

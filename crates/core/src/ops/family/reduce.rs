@@ -103,8 +103,8 @@ fn infer_softmax(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
 
 // Gradient rules.
 
-/// The axes a reduction reduced, and `dy` reshaped to keep them as dims of 1, for a float
-/// input (`None` for an integer one, which gets no gradient).
+/// The axes a reduction reduced, and `dy` shaped to broadcast back to the input (reduced
+/// dims kept as 1 unless they lead), for a float input (`None` for an integer one, which gets no gradient).
 fn kept_cotangent(
     em: &mut dyn Emitter,
     call: &GradCall,
@@ -117,7 +117,14 @@ fn kept_cotangent(
     let kept: Vec<i64> = (0..t.rank())
         .map(|i| if axes.contains(&i) { 1 } else { t.shape[i] })
         .collect();
-    let dy = em.reshape(call.dy()?, &kept)?;
+    // Reduced leading axes need no reshape: the cotangent broadcasts back from the right.
+    let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
+    let dy = call.dy()?;
+    let dy = if leading && !call.attrs.bool("keepdim")? {
+        dy
+    } else {
+        em.reshape(dy, &kept)?
+    };
     Ok(Some((t, axes, dy)))
 }
 
@@ -145,8 +152,8 @@ pub fn grad_max(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Hand
     let Some((t, axes, dy)) = kept_cotangent(em, call)? else {
         return Ok(vec![None]);
     };
-    let kept: Vec<i64> = em.ty(dy)?.shape;
-    let y = em.reshape(call.y(0), &kept)?;
+    let shape: Vec<i64> = em.ty(dy)?.shape;
+    let y = em.reshape(call.y(0), &shape)?;
     let d = em.sub(call.x(0), y)?;
     let s = em.unary(Op::Sign, d)?;
     let a = em.unary(Op::Abs, s)?;
