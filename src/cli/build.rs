@@ -1,6 +1,7 @@
 //! `mslc build FILE`: check, compile and plan a model, and write its artifacts — the module
 //! (`NAME.mir`), the kernel table, the memory plan and a report — all or nothing.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -15,6 +16,9 @@ use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{compile, Compiled};
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
+use mslc_driver::train::{
+    choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
+};
 use mslc_plan::kernels::KernelTable;
 use mslc_plan::memory_svg::memory_svg;
 use mslc_tune::device::fingerprint;
@@ -48,7 +52,8 @@ pub struct BuildArgs {
     /// Turn operator fusion off.
     #[arg(long)]
     pub no_fuse: bool,
-    /// The model to build (default: the file's only model, or the one its `train` names).
+    /// The model to build (default: the file's only model, or the one its `train` names), or a
+    /// `train` declaration, whose training step is built instead (f32).
     #[arg(long)]
     pub entry: Option<String>,
     /// The target to plan for (a `target` declaration: `cpu`, `ascend910b`, `a100`, `h100`, …).
@@ -159,15 +164,19 @@ fn build(
     checked: &Checked,
     check_ms: f64,
 ) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
-    let model = choose_model(checked, args.entry.as_deref())?;
-    let selection = Selection {
-        target: args.target.as_deref(),
-        precision: args.precision.precision.as_deref(),
-        fuse: !args.no_fuse,
-        verify: args.verify,
+    let train_entry = args.entry.as_deref().filter(|&e| {
+        checked.model(e).is_none() && checked.decls.trains.iter().any(|t| t.spec.name.name == e)
+    });
+    let (model, mut compiled) = match train_entry {
+        Some(entry) => build_train(args, checked, entry)?,
+        None => {
+            let model = choose_model(checked, args.entry.as_deref())?;
+            let options = compile_options(checked, model, selection(args))?;
+            let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
+            (Cow::Borrowed(model), compiled)
+        }
     };
-    let options = compile_options(checked, model, selection)?;
-    let mut compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
+    let model = model.as_ref();
     let name = &model.name;
     let dir = &args.out_dir;
     let table_path = args
@@ -350,6 +359,45 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
     let file = format!("{}.kernels.toml", module.name);
     if let Some(entry) = files.iter_mut().find(|(p, _)| p.ends_with(&file)) {
         entry.1 = table.to_toml().into_bytes();
+    }
+}
+
+/// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
+/// f32: the module and the train's model (labels and loss included) are named after the train.
+fn build_train<'c>(
+    args: &BuildArgs,
+    checked: &'c Checked,
+    entry: &str,
+) -> Result<(Cow<'c, Model>, Compiled), Box<Diagnostic>> {
+    let train = choose_train(checked, Some(entry))?;
+    let model = train.graph.as_ref().ok_or_else(|| {
+        root_error(
+            checked,
+            Code::E0608,
+            format!("train `{entry}` did not check"),
+            "fix the errors `mslc check` reports".to_string(),
+        )
+    })?;
+    let options = train_compile_options(checked, model, selection(args))?;
+    let mut compiled = compile_train(train, &options, TrainOptions::default())
+        .map_err(|e| match e {
+            TrainError::Train(d) => d,
+            TrainError::Compile(e) => e.diagnostic(checked),
+        })?
+        .compiled;
+    compiled.module.name = entry.to_string();
+    let mut model = model.clone();
+    model.name = entry.to_string();
+    Ok((Cow::Owned(model), compiled))
+}
+
+/// How the flags ask to compile.
+fn selection(args: &BuildArgs) -> Selection<'_> {
+    Selection {
+        target: args.target.as_deref(),
+        precision: args.precision.precision.as_deref(),
+        fuse: !args.no_fuse,
+        verify: args.verify,
     }
 }
 

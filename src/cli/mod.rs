@@ -12,6 +12,7 @@ mod output;
 mod param_groups;
 mod progress;
 mod run;
+mod train;
 mod tune;
 mod weights;
 
@@ -78,7 +79,7 @@ pub struct ModelArgs {
     pub stdlib: Option<PathBuf>,
 }
 
-/// The precision option of every command that compiles a model (`build`, `run`, `tune`).
+/// The precision option of every command that compiles a model (`build`, `run`, `tune`, `train`).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PrecisionArg {
     /// Compile with this precision policy instead of the one the model's `train` names (`f32`
@@ -132,6 +133,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Tune the kernels of a model on this machine: `mslc tune model.msl --budget 60s`.
     Tune(tune::TuneArgs),
+    /// Train a model: `mslc train model.msl --init-seed 0 --data data/ --steps 100`.
+    Train(train::TrainArgs),
     /// Format files in place, or with `--check` print a diff for each one not formatted.
     Fmt(fmt::FmtArgs),
     /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
@@ -210,6 +213,7 @@ pub fn main() -> ExitCode {
         Command::Explain(args) => explain::run(&args, &reporter),
         Command::Run(args) => run::run(&args, &reporter),
         Command::Tune(args) => tune::run(&args, &reporter),
+        Command::Train(args) => train::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
         Command::Man => generate::man(&reporter),

@@ -3,6 +3,7 @@
 use std::cell::Cell;
 
 use mslc_core::diag::{Code, Diagnostic, Severity, Sources};
+use mslc_driver::numerics::NumericsReport;
 use mslc_driver::render::{
     render_human, render_json, render_plain_human, render_plain_json, Plain, RenderOptions,
 };
@@ -65,6 +66,20 @@ impl Reporter {
     /// executor), with its code, through the same renderer and JSON schema as [`Reporter::emit`].
     pub fn emit_plain(&self, code: Code, severity: Severity, message: &str) {
         self.emit_plain_with_help(code, severity, message, None);
+    }
+
+    /// A `--check-numerics` fault (E0614): at the op's source when the module knows where it was
+    /// written and the sources are at hand, else as a plain message with the same help.
+    pub fn emit_numerics(&self, report: &NumericsReport, sources: Option<&Sources>) {
+        match (report.diagnostic(), sources) {
+            (Some(d), Some(sources)) => self.emit(&[d], sources),
+            _ => self.emit_plain_with_help(
+                Code::E0614,
+                Severity::Error,
+                &report.message,
+                Some(&report.help),
+            ),
+        }
     }
 
     /// [`Reporter::emit_plain`] with a help line.

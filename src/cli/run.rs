@@ -485,16 +485,7 @@ fn run_failure(e: ExecError, sources: Option<&Sources>, reporter: &Reporter) -> 
     let Some(fault) = &e.fault else {
         return e.message.into();
     };
-    let report = NumericsReport::of(fault);
-    match (report.diagnostic(), sources) {
-        (Some(d), Some(sources)) => reporter.emit(&[d], sources),
-        _ => reporter.emit_plain_with_help(
-            Code::E0614,
-            Severity::Error,
-            &report.message,
-            Some(&report.help),
-        ),
-    }
+    reporter.emit_numerics(&NumericsReport::of(fault), sources);
     Failure::Reported
 }
 

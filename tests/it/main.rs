@@ -25,4 +25,5 @@ mod readme;
 mod robustness;
 mod round_trip;
 mod support;
+mod train;
 mod ui;

@@ -235,6 +235,13 @@ pub fn is_identifier(s: &str) -> bool {
         && !KEYWORDS.contains(&s)
 }
 
+/// Whether `s` may name an input or output: an identifier, or a dotted path like a parameter's
+/// (a training module's optimizer states and new parameters, `layers.0.weight.exp_avg`), which
+/// stays a plain file name.
+fn is_value_name(s: &str) -> bool {
+    is_identifier(s) || is_param_path(s)
+}
+
 /// Whether `s` is a parameter path: identifiers and indices joined by dots (`layers.0.wq`).
 pub fn is_param_path(s: &str) -> bool {
     s.split('.').all(|part| {
@@ -243,7 +250,7 @@ pub fn is_param_path(s: &str) -> bool {
 }
 
 /// Every name the module carries (model, inputs, outputs, parameter paths) is one the `.msl`
-/// grammar allows, and no two inputs, outputs or parameters share a name. Names become file
+/// grammar allows (or, for inputs and outputs, a parameter-like path), and no two inputs, outputs or parameters share a name. Names become file
 /// names (`--output-dir DIR` writes `DIR/NAME.npy`), so this is what keeps a crafted module
 /// from writing outside the directory.
 fn validate_names(module: &Module) -> Result<(), String> {
@@ -255,9 +262,9 @@ fn validate_names(module: &Module) -> Result<(), String> {
     for (i, v) in module.values.iter().enumerate() {
         match &v.storage {
             Storage::Input { name } => {
-                if !is_identifier(name) {
+                if !is_value_name(name) {
                     return Err(format!(
-                        "input %{i} has the name {name:?}, not an identifier"
+                        "input %{i} has the name {name:?}, not an identifier or a parameter path"
                     ));
                 }
                 if !inputs.insert(name.as_str()) {
@@ -279,8 +286,10 @@ fn validate_names(module: &Module) -> Result<(), String> {
     }
     let mut outputs = BTreeSet::new();
     for (name, _) in &module.outputs {
-        if !is_identifier(name) {
-            return Err(format!("output name {name:?} is not an identifier"));
+        if !is_value_name(name) {
+            return Err(format!(
+                "output name {name:?} is not an identifier or a parameter path"
+            ));
         }
         if !outputs.insert(name.as_str()) {
             return Err(format!("two outputs are named `{name}`"));

@@ -215,6 +215,10 @@ fn resolve_train(
         .target
         .as_ref()
         .and_then(|path| resolve_target_path(modules, decls, path, file, diags));
+    if let Some(m) = model.filter(|&m| !poisoned.get(m).copied().unwrap_or(false)) {
+        let paths: Vec<&str> = models[m].params.iter().map(|p| p.path.as_str()).collect();
+        policy::check_no_decay_against_params(&spec, &paths, diags);
+    }
     if let (Some(m), Some(p)) = (model, parallel) {
         let params: Vec<(String, Vec<i64>)> = models[m]
             .params

@@ -111,6 +111,15 @@ fn ms(since: Instant) -> f64 {
 /// Compiles a checked model.
 pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let t = Instant::now();
+    let graph = lower_verified(model, options)?;
+    let lower_ms = ms(t);
+    let mut compiled = compile_graph(graph, options)?;
+    compiled.times.lower_ms = lower_ms;
+    Ok(compiled)
+}
+
+/// Lowers a checked model to the graph IR, verified when `options` ask.
+pub fn lower_verified(model: &Model, options: &CompileOptions) -> Result<Graph, CompileError> {
     let graph = mslc_ir::lower(model).map_err(|e| CompileError {
         stage: "lower",
         message: e.message,
@@ -121,10 +130,7 @@ pub fn compile(model: &Model, options: &CompileOptions) -> Result<Compiled, Comp
             message: e.0,
         })?;
     }
-    let lower_ms = ms(t);
-    let mut compiled = compile_graph(graph, options)?;
-    compiled.times.lower_ms = lower_ms;
-    Ok(compiled)
+    Ok(graph)
 }
 
 /// Compiles an explicit graph IR (one built or extended in memory, such as a forward graph

@@ -11,3 +11,5 @@ pub mod select;
 pub mod snippet;
 pub mod stack;
 pub mod target;
+pub mod train;
+pub mod trainer;

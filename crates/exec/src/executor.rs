@@ -568,6 +568,73 @@ impl Executor {
         NpyArray::new(npy, slot.shape.clone(), bytes.to_vec()).ok()
     }
 
+    /// Copies each output `name` of the last run over the input or parameter of the same name
+    /// (a training step's new parameters and optimizer states, docs/mir-format.md, "Training
+    /// modules"), so the next run reads them; values derived from parameters are recomputed.
+    pub fn write_back<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> ExecResult<()> {
+        for name in names {
+            let Some(&(_, src)) = self.module.outputs.iter().find(|(n, _)| n == name) else {
+                return Err(module_error(format!("no output `{name}` to write back")));
+            };
+            let dst = self.module.values.iter().position(|v| match &v.storage {
+                Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
+                _ => false,
+            });
+            let Some(dst) =
+                dst.filter(|&d| self.module.values[d].ty == self.module.values[src as usize].ty)
+            else {
+                return Err(module_error(format!(
+                    "output `{name}` has no input or parameter of its name and type to write back to"
+                )));
+            };
+            let slot = &self.slots[src as usize];
+            let bytes = match slot.place {
+                Place::Arena(off) => &self.arena.bytes()[off..off + slot.bytes],
+                Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
+                Place::Input(_) | Place::Param(_) => {
+                    return Err(module_error(format!(
+                        "output `{name}` is not computed by a step"
+                    )))
+                }
+            };
+            match self.slots[dst].place {
+                Place::Input(i) => self.inputs[i].bytes_mut().copy_from_slice(bytes),
+                Place::Param(i) => self.params[i].bytes_mut().copy_from_slice(bytes),
+                Place::Arena(_) | Place::Hoisted(_) => {
+                    return Err(module_error(format!("`{name}` has no buffer of its own")))
+                }
+            }
+        }
+        self.hoisted_ready = false;
+        Ok(())
+    }
+
+    /// Every parameter and buffer as f32: (path, shape, values), in module order.
+    pub fn params_f32(&self) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        self.module
+            .values
+            .iter()
+            .zip(&self.slots)
+            .filter_map(|(v, slot)| match (&v.storage, slot.place) {
+                (Storage::Param { path, .. }, Place::Param(i)) => {
+                    let mut values = vec![0f32; slot.numel];
+                    load_f32(slot.dtype, self.params[i].bytes(), &mut values);
+                    Some((path.clone(), slot.shape.clone(), values))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The current value of input `name` as f32, with its shape.
+    pub fn input_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
+        let (k, v) = self.input_index(name).ok()?;
+        let slot = &self.slots[v as usize];
+        let mut values = vec![0f32; slot.numel];
+        load_f32(slot.dtype, self.inputs[k].bytes(), &mut values);
+        Some((slot.shape.clone(), values))
+    }
+
     /// Names of the float outputs of the last run holding a NaN or an infinity.
     pub fn nonfinite_outputs(&self) -> Vec<String> {
         self.module

@@ -11,6 +11,7 @@ mod parallel;
 mod pattern;
 mod precision;
 mod report;
+mod schedule;
 mod shard;
 
 mod target;
@@ -26,9 +27,12 @@ pub use parallel::{
 };
 pub use pattern::{pattern_matches, PatternError, ShardPattern};
 pub use precision::{check_precision, AmpLevel, LossScale, LowPrecision, PrecisionPolicy};
+pub use schedule::{Decay, Schedule};
 pub use shard::{check_shards_against_params, ShardRule};
 pub use target::{check_target, PeakFlops, TargetSpec};
-pub use train::{check_train, check_train_against, unknown_reference, TrainSpec};
+pub use train::{
+    check_no_decay_against_params, check_train, check_train_against, unknown_reference, TrainSpec,
+};
 
 #[cfg(test)]
 mod tests {

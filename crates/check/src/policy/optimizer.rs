@@ -1,5 +1,8 @@
-//! The `optimizer` of a train declaration: `sgd`, `momentum`, `adam` or `adamw` with MindSpore's
-//! argument names and defaults (`nn.SGD`, `nn.Momentum`, `nn.Adam`, `nn.AdamWeightDecay`).
+//! The `optimizer` of a train declaration: `sgd`, `adam` or `adamw` with PyTorch's argument
+//! names, defaults and algorithms (`torch.optim.SGD` with dampening 0, `torch.optim.Adam` with L2
+//! decay added to the gradient, `torch.optim.AdamW` with decoupled decay); MindSpore's spellings
+//! `learning_rate`, `momentum(lr, momentum)` and `adam_weight_decay` are accepted where they mean
+//! the same thing.
 
 use mslc_core::span::Span;
 
@@ -10,22 +13,20 @@ use super::value::{Val, Value};
 /// The optimizer algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptimizerKind {
-    /// Stochastic gradient descent, optionally with momentum.
+    /// Stochastic gradient descent, optionally with (Nesterov) momentum.
     Sgd,
-    /// SGD with momentum, momentum required (`nn.Momentum`).
-    Momentum,
-    /// Adam with L2 weight decay folded into the gradient.
+    /// Adam with L2 weight decay added to the gradient.
     Adam,
-    /// Adam with decoupled weight decay (`nn.AdamWeightDecay`).
+    /// Adam with decoupled weight decay.
     AdamW,
 }
 
-/// A checked optimizer. Settings an algorithm does not use are 0.
+/// A checked optimizer. Settings an algorithm does not use keep their defaults (0 or false).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Optimizer {
     /// The algorithm.
     pub kind: OptimizerKind,
-    /// Learning rate.
+    /// Learning rate (the peak of a schedule).
     pub lr: f64,
     /// Adam's moment decay rates (β1, β2).
     pub betas: (f64, f64),
@@ -35,58 +36,69 @@ pub struct Optimizer {
     pub weight_decay: f64,
     /// SGD momentum.
     pub momentum: f64,
+    /// SGD: Nesterov momentum.
+    pub nesterov: bool,
     /// The optimizer value.
     pub span: Span,
 }
 
 impl Optimizer {
-    /// MindSpore's defaults for the algorithm (`momentum` has none for lr and momentum; they
-    /// are required, so 0 stands in).
+    /// PyTorch's defaults for the algorithm.
     pub fn defaults(kind: OptimizerKind, span: Span) -> Optimizer {
-        let zero = Optimizer {
+        let sgd = Optimizer {
             kind,
-            lr: 0.0,
+            lr: 1e-3,
             betas: (0.0, 0.0),
             eps: 0.0,
             weight_decay: 0.0,
             momentum: 0.0,
+            nesterov: false,
             span,
         };
+        let adam = Optimizer {
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            ..sgd
+        };
         match kind {
-            OptimizerKind::Sgd => Optimizer { lr: 0.1, ..zero },
-            OptimizerKind::Momentum => zero,
-            OptimizerKind::Adam => Optimizer {
-                lr: 1e-3,
-                betas: (0.9, 0.999),
-                eps: 1e-8,
-                ..zero
-            },
+            OptimizerKind::Sgd => sgd,
+            OptimizerKind::Adam => adam,
             OptimizerKind::AdamW => Optimizer {
-                lr: 1e-3,
-                betas: (0.9, 0.999),
-                eps: 1e-6,
-                ..zero
+                weight_decay: 0.01,
+                ..adam
             },
         }
     }
 }
 
-const KINDS: &Choices<OptimizerKind> = &[
-    (&["sgd"], OptimizerKind::Sgd),
-    (&["momentum"], OptimizerKind::Momentum),
-    (&["adam"], OptimizerKind::Adam),
-    (&["adamw", "adam_weight_decay"], OptimizerKind::AdamW),
+/// How the optimizer is spelled: its algorithm and the parameters that spelling takes.
+#[derive(Clone, Copy)]
+enum Spelling {
+    Sgd,
+    /// MindSpore's `nn.Momentum`: SGD whose lr and momentum are required.
+    Momentum,
+    Adam,
+    AdamW,
+}
+
+const SPELLINGS: &Choices<Spelling> = &[
+    (&["sgd"], Spelling::Sgd),
+    (&["momentum"], Spelling::Momentum),
+    (&["adam"], Spelling::Adam),
+    (&["adamw", "adam_weight_decay"], Spelling::AdamW),
 ];
 
 const LR: &[&str] = &["lr", "learning_rate"];
 const SGD_PARAMS: &[Param] = &[
     Param::optional(LR),
     Param::optional(&["momentum"]),
+    Param::optional(&["nesterov", "use_nesterov"]),
     Param::optional(&["weight_decay"]),
 ];
 const MOMENTUM_PARAMS: &[Param] = &[
     Param::required(LR, "lr: 0.1"),
     Param::required(&["momentum"], "momentum: 0.9"),
+    Param::optional(&["nesterov", "use_nesterov"]),
     Param::optional(&["weight_decay"]),
 ];
 const ADAM_PARAMS: &[Param] = &[
@@ -116,11 +128,12 @@ pub(crate) fn optimizer(value: &Value, rep: &mut Reporter) -> Option<Optimizer> 
         val: Val::Name(vec![name.clone()]),
         span: name.span,
     };
-    let kind = rep.word(&callee, "optimizer", KINDS)?;
-    let params = match kind {
-        OptimizerKind::Sgd => SGD_PARAMS,
-        OptimizerKind::Momentum => MOMENTUM_PARAMS,
-        OptimizerKind::Adam | OptimizerKind::AdamW => ADAM_PARAMS,
+    let spelling = rep.word(&callee, "optimizer", SPELLINGS)?;
+    let (kind, params) = match spelling {
+        Spelling::Sgd => (OptimizerKind::Sgd, SGD_PARAMS),
+        Spelling::Momentum => (OptimizerKind::Sgd, MOMENTUM_PARAMS),
+        Spelling::Adam => (OptimizerKind::Adam, ADAM_PARAMS),
+        Spelling::AdamW => (OptimizerKind::AdamW, ADAM_PARAMS),
     };
     let slots = bind_call(name, args, value.span, params, rep);
     let mut opt = Optimizer::defaults(kind, value.span);
@@ -128,6 +141,7 @@ pub(crate) fn optimizer(value: &Value, rep: &mut Reporter) -> Option<Optimizer> 
         .iter()
         .zip(&slots)
         .all(|(p, s)| p.required.is_none() || s.is_some());
+    let mut nesterov_at = None;
     for (param, slot) in params.iter().zip(slots) {
         let Some(v) = slot else { continue };
         let setting = match param.names[0] {
@@ -137,9 +151,21 @@ pub(crate) fn optimizer(value: &Value, rep: &mut Reporter) -> Option<Optimizer> 
                 at_least(rep, v, "weight decay", 0.0, true).map(|x| opt.weight_decay = x)
             }
             "eps" => at_least(rep, v, "eps", 0.0, false).map(|x| opt.eps = x),
+            "nesterov" => rep.flag(v, "nesterov").map(|b| {
+                opt.nesterov = b;
+                nesterov_at = Some(v);
+            }),
             _ => betas(rep, v).map(|b| opt.betas = b),
         };
         valid &= setting.is_some();
+    }
+    if let Some(v) = nesterov_at.filter(|_| opt.nesterov && opt.momentum == 0.0) {
+        valid &= rep.ensure(
+            false,
+            v,
+            "Nesterov momentum needs a momentum above 0".to_string(),
+            "add e.g. `momentum: 0.9`, or drop `nesterov`",
+        );
     }
     valid.then_some(opt)
 }
@@ -221,40 +247,55 @@ mod tests {
     }
 
     #[test]
-    fn mindspore_defaults_and_arguments() {
+    fn pytorch_defaults_and_arguments() {
         let (opt, diags) = read("adamw(lr: 1e-4, betas: (0.9, 0.95), weight_decay: 0.1)");
         assert!(diags.is_empty(), "{diags:?}");
         let opt = opt.expect("optimizer");
         assert_eq!(
             (opt.kind, opt.lr, opt.betas, opt.eps, opt.weight_decay),
-            (OptimizerKind::AdamW, 1e-4, (0.9, 0.95), 1e-6, 0.1)
+            (OptimizerKind::AdamW, 1e-4, (0.9, 0.95), 1e-8, 0.1)
+        );
+        let adamw = read("adamw").0.expect("adamw");
+        assert_eq!(
+            (adamw.lr, adamw.betas, adamw.eps, adamw.weight_decay),
+            (1e-3, (0.9, 0.999), 1e-8, 0.01)
         );
         let adam = read("adam").0.expect("adam");
-        assert_eq!((adam.lr, adam.betas, adam.eps), (1e-3, (0.9, 0.999), 1e-8));
-        let sgd = read("sgd(0.01, 0.9)").0.expect("sgd");
         assert_eq!(
-            (sgd.kind, sgd.lr, sgd.momentum),
-            (OptimizerKind::Sgd, 0.01, 0.9)
+            (adam.lr, adam.betas, adam.eps, adam.weight_decay),
+            (1e-3, (0.9, 0.999), 1e-8, 0.0)
         );
-        assert_eq!(read("sgd").0.map(|o| o.lr), Some(0.1));
+        let sgd = read("sgd(0.01, 0.9, true)").0.expect("sgd");
+        assert_eq!(
+            (sgd.kind, sgd.lr, sgd.momentum, sgd.nesterov),
+            (OptimizerKind::Sgd, 0.01, 0.9, true)
+        );
+        assert_eq!(
+            read("sgd").0.map(|o| (o.lr, o.nesterov)),
+            Some((1e-3, false))
+        );
         let m = read("momentum(learning_rate: 0.1, momentum: 0.9)")
             .0
             .expect("momentum");
-        assert_eq!(
-            (m.kind, m.lr, m.momentum),
-            (OptimizerKind::Momentum, 0.1, 0.9)
-        );
+        assert_eq!((m.kind, m.lr, m.momentum), (OptimizerKind::Sgd, 0.1, 0.9));
     }
 
     #[test]
     fn invalid_optimizers() {
         assert_eq!(codes("momentum"), vec![Code::E0501, Code::E0501]);
         assert_eq!(codes("sgd(betas: (0.9, 0.99))"), vec![Code::E0204]);
+        assert_eq!(codes("adam(nesterov: true)"), vec![Code::E0204]);
+        assert_eq!(codes("sgd(lr: 0.1, nesterov: true)"), vec![Code::E0502]);
+        assert_eq!(
+            codes("sgd(lr: 0.1, momentum: 0.9, nesterov: 1)"),
+            vec![Code::E0502]
+        );
         assert_eq!(
             codes("adam(lr: -1, eps: 0, weight_decay: -0.1)"),
             vec![Code::E0502; 3]
         );
         assert_eq!(codes("adam(betas: (0.9, 1.0))"), vec![Code::E0502]);
+        assert_eq!(codes("adam(betas: (-0.1, 0.9))"), vec![Code::E0502]);
         assert_eq!(codes("adam(betas: 0.9)"), vec![Code::E0502]);
         assert_eq!(codes("adam(betas: (0.9, 0.99, 0.999))"), vec![Code::E0502]);
         assert_eq!(codes("\"adam\""), vec![Code::E0502]);

@@ -9,9 +9,11 @@ use super::fields::{Extra, FieldSpec, Fields};
 use super::memory::MemoryPolicy;
 use super::optimizer::{optimizer, Optimizer};
 use super::parallel::ParallelPolicy;
+use super::pattern::ShardPattern;
 use super::report::Reporter;
+use super::schedule::{schedule, Schedule};
 use super::target::TargetSpec;
-use super::value::Val;
+use super::value::{Val, Value};
 use crate::suggest;
 
 /// A checked `train` declaration.
@@ -29,6 +31,12 @@ pub struct TrainSpec {
     pub loss: Option<Expr>,
     /// The optimizer.
     pub optimizer: Option<Optimizer>,
+    /// The learning-rate schedule (constant by default).
+    pub schedule: Schedule,
+    /// `clip_grad_norm`: the largest global 2-norm of the gradients, if they are clipped.
+    pub clip_grad_norm: Option<f64>,
+    /// `no_decay`: parameter-path patterns excluded from weight decay, with their spans.
+    pub no_decay: Vec<(ShardPattern, Span)>,
     /// Samples per step over all devices.
     pub batch: i64,
     /// Where the batch is written (the declaration's name when it is not).
@@ -50,6 +58,9 @@ const FIELDS: &[FieldSpec] = &[
     FieldSpec::required("optimizer", "optimizer = adamw(lr: 1e-4)"),
     FieldSpec::required("batch", "batch = 8"),
     FieldSpec::optional("grad_accum"),
+    FieldSpec::optional("schedule"),
+    FieldSpec::optional("clip_grad_norm"),
+    FieldSpec::optional("no_decay"),
     FieldSpec::optional("precision"),
     FieldSpec::optional("parallel"),
     FieldSpec::optional("memory"),
@@ -97,6 +108,36 @@ pub fn check_train(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) -
     let optimizer = fields
         .value("optimizer", rep)
         .and_then(|v| optimizer(&v, rep));
+    let schedule = fields
+        .value("schedule", rep)
+        .and_then(|v| schedule(&v, rep))
+        .unwrap_or(Schedule::Constant);
+    if let (Some(opt), Some(min_lr)) = (optimizer, schedule.min_lr()) {
+        if min_lr > opt.lr {
+            let span = fields.expr("schedule").map_or(decl.name.span, |e| e.span);
+            let message = format!(
+                "the schedule's floor min_lr = {min_lr} is above the optimizer's lr = {}",
+                opt.lr
+            );
+            let help = "the schedule decays from the optimizer's lr to min_lr; make min_lr smaller"
+                .to_string();
+            rep.invalid(span, message, "floor above the peak", help);
+        }
+    }
+    let clip_grad_norm = fields.value("clip_grad_norm", rep).and_then(|v| {
+        let x = rep.number(&v, "the gradient-norm limit")?;
+        rep.ensure(
+            x > 0.0 && x.is_finite(),
+            &v,
+            format!("clip_grad_norm must be a finite number above 0, found {x}"),
+            "write e.g. `clip_grad_norm = 1.0`, or leave the field out not to clip",
+        )
+        .then_some(x)
+    });
+    let no_decay = fields
+        .value("no_decay", rep)
+        .map(|v| no_decay(&v, rep))
+        .unwrap_or_default();
     let batch = fields
         .value("batch", rep)
         .and_then(|v| rep.positive_int(&v, "the batch size"));
@@ -130,6 +171,9 @@ pub fn check_train(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) -
         labels,
         loss: fields.expr("loss").cloned(),
         optimizer,
+        schedule,
+        clip_grad_norm,
+        no_decay,
         batch: batch.unwrap_or(1),
         batch_span: fields.expr("batch").map_or(decl.name.span, |e| e.span),
         grad_accum: grad_accum.unwrap_or(1),
@@ -137,6 +181,63 @@ pub fn check_train(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) -
         parallel,
         memory,
         target,
+    }
+}
+
+/// `no_decay = ["*.bias", "*norm*"]`: each string a parameter-path pattern.
+fn no_decay(value: &Value, rep: &mut Reporter) -> Vec<(ShardPattern, Span)> {
+    let help =
+        "write a list of parameter-path patterns, e.g. `no_decay = [\"*.bias\", \"**.norm.*\"]`";
+    let Val::List(items) = &value.val else {
+        rep.expected(value, "a list of patterns", help.to_string());
+        return Vec::new();
+    };
+    let mut patterns = Vec::new();
+    for item in items {
+        let Val::Str(text) = &item.val else {
+            rep.expected(item, "a pattern string", help.to_string());
+            continue;
+        };
+        match ShardPattern::parse(text) {
+            Ok(pattern) => patterns.push((pattern, item.span)),
+            Err(error) => rep.invalid(
+                item.span,
+                format!("invalid parameter pattern: {}", error.message),
+                "invalid pattern",
+                "`*` matches within one path segment, `**` any number of segments, `{a,b}` either alternative".to_string(),
+            ),
+        }
+    }
+    patterns
+}
+
+/// Warns (W0014) about each `no_decay` pattern of `train` that matches none of the model's
+/// parameter paths, naming the closest path.
+pub fn check_no_decay_against_params(
+    train: &TrainSpec,
+    params: &[&str],
+    diags: &mut Vec<Diagnostic>,
+) {
+    for (pattern, span) in &train.no_decay {
+        if params.iter().any(|p| pattern.matches(p)) {
+            continue;
+        }
+        let help = match pattern.nearest(params.iter().copied()) {
+            Some(path) => {
+                format!("the closest parameter path is `{path}`; a pattern matches the whole path")
+            }
+            None => "the model has no parameters".to_string(),
+        };
+        diags.push(
+            Diagnostic::warning(
+                Code::W0014,
+                train.file,
+                *span,
+                format!("no_decay pattern \"{pattern}\" matches no parameter"),
+            )
+            .with_label("matches nothing")
+            .with_help(help),
+        );
     }
 }
 
@@ -354,6 +455,59 @@ mod tests {
             (train.batch, train.grad_accum, train.loss, train.optimizer),
             (1, 1, None, None)
         );
+    }
+
+    #[test]
+    fn schedule_clip_and_no_decay() {
+        let src = r#"train T for M {
+            loss = l, optimizer = adamw(lr: 1e-3), batch = 4
+            schedule = warmup_cosine(warmup: 2, total: 10, min_lr: 1e-4)
+            clip_grad_norm = 1.0
+            no_decay = ["**.bias", "**.*norm*.weight"]
+        }"#;
+        let (train, diags) = check(src);
+        assert!(diags.is_empty(), "{diags:?}");
+        assert_eq!(train.schedule.min_lr(), Some(1e-4));
+        assert_eq!(train.clip_grad_norm, Some(1.0));
+        assert_eq!(train.no_decay.len(), 2);
+        assert_eq!(train.no_decay[1].1, span_of(src, "\"**.*norm*.weight\"", 0));
+        let mut warnings = Vec::new();
+        check_no_decay_against_params(
+            &train,
+            &["layers.0.bias", "layers.0.weight", "final_norm.weight"],
+            &mut warnings,
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        check_no_decay_against_params(&train, &["head.weight", "head.bias"], &mut warnings);
+        assert_eq!(codes(&warnings), vec![Code::W0014]);
+        assert_eq!(
+            warnings[0].help.as_deref(),
+            Some("the closest parameter path is `head.weight`; a pattern matches the whole path")
+        );
+        let (train, _) = check("train T for M { loss = l, optimizer = sgd, batch = 4 }");
+        assert_eq!(
+            (train.schedule, train.clip_grad_norm, train.no_decay.len()),
+            (Schedule::Constant, None, 0)
+        );
+    }
+
+    #[test]
+    fn schedule_clip_and_no_decay_problems() {
+        let src = r#"train T for M {
+            loss = l, optimizer = sgd(lr: 0.01), batch = 4
+            schedule = warmup_linear(warmup: 1, total: 5, min_lr: 0.1)
+            clip_grad_norm = 0
+            no_decay = ["a..b", 3]
+        }"#;
+        let (_, diags) = check(src);
+        assert_eq!(codes(&diags), vec![Code::E0502; 4], "{diags:?}");
+        assert_eq!(
+            diags[0].message,
+            "the schedule's floor min_lr = 0.1 is above the optimizer's lr = 0.01"
+        );
+        let (_, diags) =
+            check("train T for M { loss = l, optimizer = sgd, batch = 4, no_decay = \"*.bias\" }");
+        assert_eq!(codes(&diags), vec![Code::E0502]);
     }
 
     fn policies(src: &str) -> (TrainSpec, ParallelPolicy, MemoryPolicy, TargetSpec) {

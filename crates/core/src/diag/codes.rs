@@ -91,6 +91,8 @@ codes! {
     E0509 => "unknown policy or target",
     E0510 => "invalid pipeline configuration",
     E0511 => "unknown recompute strategy",
+    E0520 => "train has no trainable parameter",
+    E0521 => "train cannot be compiled",
     E0600 => "cannot write output files",
     E0601 => "weights do not match the model",
     E0602 => "cannot read a weights or artifact file",
@@ -110,6 +112,8 @@ codes! {
     E0621 => "invalid kernel table entry",
     E0622 => "unusable tuning knowledge base",
     E0623 => "tuning budget out of range",
+    E0630 => "training data does not fit the train",
+    E0631 => "invalid checkpoint",
     E0710 => "input dtype that generated bindings cannot take",
     E0700 => "cannot format a file in place",
     E0800 => "op has no gradient rule",
@@ -128,6 +132,7 @@ codes! {
     W0011 => "result of an instance dropped",
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
+    W0014 => "no_decay pattern matches no parameter",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,

@@ -1,0 +1,712 @@
+//! The training loop over a compiled training step ([`crate::train`]): batches from `.npy`
+//! files, the learning rate and bias corrections of each update, writing the new parameters
+//! and optimizer states back, atomic checkpoints and exact resumption, and the first step's
+//! gradients for comparison with other frameworks.
+//!
+//! The loop is deterministic: the same data, seed and thread count give the same bytes, so N
+//! steps straight and N/2 + resume N/2 end with byte-identical weights.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use mslc_artifact::Module;
+use mslc_check::policy::{OptimizerKind, Schedule};
+use mslc_core::diag::Code;
+use mslc_core::ops::{Op, TensorType};
+use mslc_exec::{ExecError, Executor};
+use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
+use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
+
+use crate::numerics::NumericsReport;
+use crate::train::{
+    write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LR, STEP_SIZE,
+};
+
+/// A coded failure of the loop, naming the file or value at fault.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainRunError {
+    /// The diagnostic code.
+    pub code: Code,
+    /// What went wrong.
+    pub message: String,
+    /// For a step stopped by `--check-numerics` (E0614): the faulting op, its operands and where
+    /// it was written, as `mslc run` reports it.
+    pub numerics: Option<Box<NumericsReport>>,
+}
+
+impl TrainRunError {
+    fn new(code: Code, message: impl Into<String>) -> Self {
+        TrainRunError {
+            code,
+            message: message.into(),
+            numerics: None,
+        }
+    }
+
+    /// The error of a failed step: a numerics fault as its report, anything else as E0603.
+    fn of_run(e: ExecError) -> Self {
+        match e.fault {
+            Some(fault) => {
+                let report = NumericsReport::of(&fault);
+                TrainRunError {
+                    code: Code::E0614,
+                    message: report.message.clone(),
+                    numerics: Some(Box::new(report)),
+                }
+            }
+            None => TrainRunError::new(Code::E0603, e.message),
+        }
+    }
+}
+
+type Res<T> = Result<T, TrainRunError>;
+
+fn data_error(message: impl Into<String>) -> TrainRunError {
+    TrainRunError::new(Code::E0630, message)
+}
+
+fn checkpoint_error(dir: &Path, message: impl std::fmt::Display) -> TrainRunError {
+    TrainRunError::new(
+        Code::E0631,
+        format!("checkpoint `{}`: {message}", dir.display()),
+    )
+}
+
+/// One input's samples: the whole array, first axis = samples.
+struct Column {
+    /// The module input it feeds.
+    input: String,
+    /// Where it came from, for messages.
+    file: PathBuf,
+    array: NpyArray,
+}
+
+impl Column {
+    fn row_bytes(&self) -> usize {
+        self.array.shape()[1..].iter().product::<usize>() * self.array.dtype().size()
+    }
+}
+
+/// The training samples, one column per module input the data feeds.
+pub struct Dataset {
+    columns: Vec<Column>,
+    samples: usize,
+}
+
+impl Dataset {
+    /// Reads `path`: a directory of `NAME.npy` for each of `inputs` (name, type with the batch
+    /// first), or one `[N, S+1]` token file feeding the one integer model input (`[:, :-1]`)
+    /// and the one label (`[:, 1:]`). Checks every shape and dtype against the inputs.
+    pub fn read(path: &Path, inputs: &[(String, TensorType)], labels: &[String]) -> Res<Dataset> {
+        let columns = if path.is_dir() {
+            let mut columns = Vec::new();
+            for (name, _) in inputs {
+                let file = path.join(format!("{name}.npy"));
+                if !file.exists() {
+                    return Err(data_error(format!(
+                        "`{}` is missing: --data needs one NAME.npy per input and label ({})",
+                        file.display(),
+                        inputs
+                            .iter()
+                            .map(|(n, _)| n.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                let array = read_npy(&file)
+                    .map_err(|e| data_error(format!("`{}`: {e}", file.display())))?;
+                columns.push(Column {
+                    input: name.clone(),
+                    file,
+                    array,
+                });
+            }
+            columns
+        } else {
+            tokens_columns(path, inputs, labels)?
+        };
+        let mut samples = None;
+        for c in &columns {
+            let ty = &inputs
+                .iter()
+                .find(|(n, _)| *n == c.input)
+                .expect("column of an input")
+                .1;
+            let row: Vec<usize> = ty.shape[1..].iter().map(|&d| d as usize).collect();
+            let shape = c.array.shape();
+            if shape.is_empty() || shape[1..] != row[..] {
+                return Err(data_error(format!(
+                    "`{}` has shape {shape:?}, but input `{}` is {ty}: each sample must have shape {row:?}",
+                    c.file.display(),
+                    c.input
+                )));
+            }
+            let float = matches!(
+                c.array.dtype(),
+                NpyDType::F16 | NpyDType::F32 | NpyDType::F64
+            );
+            let int = matches!(c.array.dtype(), NpyDType::I32 | NpyDType::I64);
+            if !((ty.dtype.is_float() && float) || (ty.dtype.is_int() && int)) {
+                return Err(data_error(format!(
+                    "`{}` holds {}, but input `{}` is {}",
+                    c.file.display(),
+                    c.array.dtype().descr(),
+                    c.input,
+                    ty.dtype
+                )));
+            }
+            match samples {
+                None => samples = Some((shape[0], &c.file)),
+                Some((n, first)) if n != shape[0] => {
+                    return Err(data_error(format!(
+                        "`{}` has {} samples but `{}` has {n}",
+                        c.file.display(),
+                        shape[0],
+                        first.display()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(Dataset {
+            samples: samples.map_or(0, |(n, _)| n),
+            columns,
+        })
+    }
+
+    /// Number of samples.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    /// Checks that every class label lies in `[0, classes)` or is the loss's ignore index,
+    /// from the module's `cross_entropy` steps reading a label input.
+    pub fn check_labels(&self, module: &Module) -> Res<()> {
+        for step in module.steps.iter().filter(|s| s.op == Op::CrossEntropy) {
+            let (Some(&logits), Some(&labels)) = (step.inputs.first(), step.inputs.get(1)) else {
+                continue;
+            };
+            let Some((name, _)) = module.inputs().find(|&(_, v)| v == labels) else {
+                continue;
+            };
+            let Some(col) = self.columns.iter().find(|c| c.input == name) else {
+                continue;
+            };
+            let classes = module.values[logits as usize]
+                .ty
+                .shape
+                .last()
+                .copied()
+                .unwrap_or(0);
+            let ignore = step.attrs.int("ignore_index").ok();
+            let values = col
+                .array
+                .to_i64()
+                .map_err(|e| data_error(format!("`{}`: {e}", col.file.display())))?;
+            if let Some((i, v)) = values
+                .iter()
+                .enumerate()
+                .find(|&(_, &v)| !(0..classes).contains(&v) && Some(v) != ignore)
+            {
+                return Err(data_error(format!(
+                    "`{}`: label {v} at flat index {i} is outside [0, {classes}) for `cross_entropy`",
+                    col.file.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every column's input to the samples `rows`.
+    fn feed(&self, exec: &mut Executor, rows: &[usize]) -> Res<()> {
+        for c in &self.columns {
+            let size = c.row_bytes();
+            let mut data = Vec::with_capacity(size * rows.len());
+            for &r in rows {
+                data.extend_from_slice(&c.array.data()[r * size..(r + 1) * size]);
+            }
+            let mut shape = c.array.shape().to_vec();
+            shape[0] = rows.len();
+            let array = NpyArray::new(c.array.dtype(), shape, data)
+                .map_err(|e| data_error(e.to_string()))?;
+            exec.set_input(&c.input, &array)
+                .map_err(|e| data_error(format!("`{}`: {}", c.file.display(), e.message)))?;
+        }
+        Ok(())
+    }
+}
+
+/// `tokens.npy` `[N, S+1]` as the model input `[:, :-1]` and the label `[:, 1:]`.
+fn tokens_columns(
+    path: &Path,
+    inputs: &[(String, TensorType)],
+    labels: &[String],
+) -> Res<Vec<Column>> {
+    let (model_inputs, label_inputs): (Vec<_>, Vec<_>) =
+        inputs.iter().partition(|(n, _)| !labels.contains(n));
+    let ([(input, _)], [(label, _)]) = (model_inputs.as_slice(), label_inputs.as_slice()) else {
+        return Err(data_error(format!(
+            "`{}` is one file, the language-model shorthand, which needs a train with one input and one label; give a directory of NAME.npy instead",
+            path.display()
+        )));
+    };
+    let array = read_npy(path).map_err(|e| data_error(format!("`{}`: {e}", path.display())))?;
+    let (&[n, width], NpyDType::I32 | NpyDType::I64) = (array.shape(), array.dtype()) else {
+        return Err(data_error(format!(
+            "`{}` must be an integer array [N, S+1] of token ids, but it is {} of shape {:?}",
+            path.display(),
+            array.dtype().descr(),
+            array.shape()
+        )));
+    };
+    if width < 2 {
+        return Err(data_error(format!(
+            "`{}`: each row needs at least 2 tokens",
+            path.display()
+        )));
+    }
+    let size = array.dtype().size();
+    let take = |from: usize| {
+        let mut data = Vec::with_capacity(n * (width - 1) * size);
+        for r in 0..n {
+            let row = &array.data()[r * width * size..(r + 1) * width * size];
+            data.extend_from_slice(&row[from * size..(from + width - 1) * size]);
+        }
+        NpyArray::new(array.dtype(), vec![n, width - 1], data)
+            .map_err(|e| data_error(e.to_string()))
+    };
+    Ok(vec![
+        Column {
+            input: input.clone(),
+            file: path.to_path_buf(),
+            array: take(0)?,
+        },
+        Column {
+            input: label.clone(),
+            file: path.to_path_buf(),
+            array: take(1)?,
+        },
+    ])
+}
+
+/// Where the loop is: saved in `state.json` and restored by `--resume`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// Updates done.
+    pub step: u64,
+    /// Epochs started (the shuffle of epoch `e` is drawn from the seed and `e`).
+    pub epoch: u64,
+    /// Batches of the current epoch already taken.
+    pub batch_in_epoch: u64,
+    /// `--shuffle` seed, if batches are shuffled.
+    pub shuffle: Option<u64>,
+    /// The optimizer (`sgd`, `adam`, `adamw`), checked on resume.
+    pub optimizer: String,
+    /// Samples per batch, checked on resume.
+    pub batch: u64,
+    /// Loss scale (1 without loss scaling).
+    pub loss_scale: f64,
+}
+
+/// What one update reported.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// The update's number, from 1.
+    pub step: u64,
+    /// The loss before the update.
+    pub loss: f64,
+    /// The learning rate it used.
+    pub lr: f64,
+    /// The loss scale (1 without loss scaling).
+    pub loss_scale: f64,
+    /// The gradients' global 2-norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the update was skipped (never, without dynamic loss scaling).
+    pub skipped: bool,
+    /// Wall time of the step in milliseconds.
+    pub ms: f64,
+}
+
+/// A training run: the executor of the compiled step, the data and where the loop is.
+pub struct Trainer {
+    exec: Executor,
+    train: CompiledTrain,
+    schedule: Schedule,
+    data: Dataset,
+    batch: usize,
+    order: Vec<usize>,
+    state: LoopState,
+}
+
+fn optimizer_name(kind: OptimizerKind) -> &'static str {
+    match kind {
+        OptimizerKind::Sgd => "sgd",
+        OptimizerKind::Adam => "adam",
+        OptimizerKind::AdamW => "adamw",
+    }
+}
+
+/// The module's data inputs — the model's inputs and the train's labels — by name, with types.
+pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, TensorType)> {
+    let states: Vec<&str> = train
+        .params
+        .iter()
+        .flat_map(|p| p.states.iter().map(String::as_str))
+        .collect();
+    module
+        .inputs()
+        .filter(|(n, _)| !states.contains(n) && ![LR, STEP_SIZE, BC2_SQRT].contains(n))
+        .map(|(n, v)| (n.to_string(), module.values[v as usize].ty.clone()))
+        .collect()
+}
+
+impl Trainer {
+    /// A loop over `data` for the step `train` run by `exec` (parameters loaded or
+    /// initialised); optimizer states start at zero.
+    pub fn new(
+        mut exec: Executor,
+        train: CompiledTrain,
+        schedule: Schedule,
+        data: Dataset,
+        shuffle: Option<u64>,
+    ) -> Res<Trainer> {
+        let inputs = data_inputs(exec.module(), &train);
+        let batch = inputs
+            .first()
+            .and_then(|(_, t)| t.shape.first())
+            .copied()
+            .unwrap_or(1) as usize;
+        if data.samples < batch {
+            return Err(data_error(format!(
+                "--data holds {} samples, fewer than one batch of {batch}",
+                data.samples
+            )));
+        }
+        data.check_labels(exec.module())?;
+        for p in &train.params {
+            for s in &p.states {
+                let ty = exec
+                    .module()
+                    .inputs()
+                    .find(|(n, _)| n == s)
+                    .map(|(_, v)| exec.module().values[v as usize].ty.clone());
+                if let Some(ty) = ty {
+                    let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+                    let zeros = vec![0f32; shape.iter().product()];
+                    let array =
+                        NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
+                    exec.set_input(s, &array)
+                        .map_err(|e| data_error(e.message))?;
+                }
+            }
+        }
+        let state = LoopState {
+            step: 0,
+            epoch: 0,
+            batch_in_epoch: 0,
+            shuffle,
+            optimizer: optimizer_name(train.optimizer.kind).to_string(),
+            batch: batch as u64,
+            loss_scale: 1.0,
+        };
+        let mut trainer = Trainer {
+            exec,
+            train,
+            schedule,
+            data,
+            batch,
+            order: Vec::new(),
+            state,
+        };
+        trainer.order = trainer.epoch_order(0);
+        Ok(trainer)
+    }
+
+    /// Batches per epoch, and samples left over at its end.
+    pub fn epoch_shape(&self) -> (usize, usize) {
+        (
+            self.data.samples / self.batch,
+            self.data.samples % self.batch,
+        )
+    }
+
+    /// Where the loop is.
+    pub fn state(&self) -> &LoopState {
+        &self.state
+    }
+
+    /// The executor (for its module and thread count).
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The sample order of epoch `epoch`: in order, or a seeded Fisher–Yates shuffle.
+    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.data.samples).collect();
+        if let Some(seed) = self.state.shuffle {
+            let mut rng = SplitMix(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for i in (1..order.len()).rev() {
+                let j = (rng.next() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        order
+    }
+
+    /// Runs one update: feeds the next batch and the scalars, runs the step, writes the new
+    /// parameters and states back.
+    pub fn step(&mut self) -> Res<StepMetrics> {
+        let start = std::time::Instant::now();
+        let (per_epoch, _) = self.epoch_shape();
+        if self.state.batch_in_epoch as usize >= per_epoch {
+            self.state.epoch += 1;
+            self.state.batch_in_epoch = 0;
+            self.order = self.epoch_order(self.state.epoch);
+        }
+        let first = self.state.batch_in_epoch as usize * self.batch;
+        let rows = self.order[first..first + self.batch].to_vec();
+        self.data.feed(&mut self.exec, &rows)?;
+        let k = self.state.step;
+        let opt = self.train.optimizer;
+        let lr = self.schedule.lr(opt.lr, k);
+        let t = (k + 1) as i32;
+        let scalars = [
+            (LR, lr),
+            (STEP_SIZE, lr / (1.0 - opt.betas.0.powi(t))),
+            (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
+        ];
+        for (name, value) in scalars {
+            if self.exec.module().inputs().any(|(n, _)| n == name) {
+                let array = NpyArray::from_f32(vec![], &[value as f32])
+                    .map_err(|e| data_error(e.to_string()))?;
+                self.exec
+                    .set_input(name, &array)
+                    .map_err(|e| data_error(e.message))?;
+            }
+        }
+        self.exec.run().map_err(TrainRunError::of_run)?;
+        let scalar = |exec: &Executor, name: &str| {
+            exec.output_f32(name)
+                .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
+        };
+        let loss = scalar(&self.exec, LOSS);
+        let grad_norm = scalar(&self.exec, GRAD_NORM);
+        self.exec
+            .write_back(write_backs(&self.train.params))
+            .map_err(TrainRunError::of_run)?;
+        self.state.step += 1;
+        self.state.batch_in_epoch += 1;
+        Ok(StepMetrics {
+            step: self.state.step,
+            loss,
+            lr,
+            loss_scale: self.state.loss_scale,
+            grad_norm,
+            skipped: false,
+            ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Writes the last step's raw gradients as `DIR/grads.safetensors` (f32, by parameter path)
+    /// and its loss as `DIR/loss.npy`; the module must expose them
+    /// ([`crate::train::TrainOptions::expose_grads`]).
+    pub fn dump_grads(&self, dir: &Path) -> Res<Vec<PathBuf>> {
+        let write_error = |m: String| TrainRunError::new(Code::E0600, m);
+        fs::create_dir_all(dir)
+            .map_err(|e| write_error(format!("cannot create `{}`: {e}", dir.display())))?;
+        let mut grads = Vec::new();
+        for p in &self.train.params {
+            let (shape, values) = self
+                .exec
+                .output_f32(&format!("{GRAD_PREFIX}{}", p.path))
+                .ok_or_else(|| run_missing(&p.path))?;
+            grads.push((p.path.clone(), shape, f32_bytes(&values)));
+        }
+        let path = dir.join("grads.safetensors");
+        let tensors: Vec<TensorRef> = grads.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
+        write_safetensors(&path, &tensors).map_err(|e| write_error(e.to_string()))?;
+        let (_, loss) = self
+            .exec
+            .output_f32(LOSS)
+            .ok_or_else(|| run_missing(LOSS))?;
+        let loss_path = dir.join("loss.npy");
+        let array = NpyArray::from_f32(vec![], &loss).map_err(|e| write_error(e.to_string()))?;
+        write_npy(&loss_path, &array).map_err(|e| write_error(e.to_string()))?;
+        Ok(vec![path, loss_path])
+    }
+
+    /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder
+    /// beside it, which is renamed into place once complete, so a kill leaves the earlier
+    /// checkpoints as they were and no partial `step-K`.
+    pub fn save(&self, out: &Path) -> Res<PathBuf> {
+        let write_error = |m: String| TrainRunError::new(Code::E0600, m);
+        let dir = out.join(format!("step-{}", self.state.step));
+        let tmp = out.join(format!(".step-{}.partial", self.state.step));
+        fs::create_dir_all(out)
+            .map_err(|e| write_error(format!("cannot create `{}`: {e}", out.display())))?;
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp)
+                .map_err(|e| write_error(format!("cannot clear `{}`: {e}", tmp.display())))?;
+        }
+        fs::create_dir(&tmp)
+            .map_err(|e| write_error(format!("cannot create `{}`: {e}", tmp.display())))?;
+        let params: Vec<(String, Vec<usize>, Vec<u8>)> = self
+            .exec
+            .params_f32()
+            .into_iter()
+            .map(|(n, s, v)| (n, s, f32_bytes(&v)))
+            .collect();
+        let tensors: Vec<TensorRef> = params.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
+        write_safetensors(tmp.join("model.safetensors"), &tensors)
+            .map_err(|e| write_error(e.to_string()))?;
+        let mut states = Vec::new();
+        for name in self.train.params.iter().flat_map(|p| &p.states) {
+            let (shape, values) = self.exec.input_f32(name).ok_or_else(|| run_missing(name))?;
+            states.push((name.clone(), shape, f32_bytes(&values)));
+        }
+        let tensors: Vec<TensorRef> = states.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
+        write_safetensors(tmp.join("optimizer.safetensors"), &tensors)
+            .map_err(|e| write_error(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(&self.state).map_err(|e| write_error(e.to_string()))?;
+        mslc_io::atomic::write_atomic(&tmp.join("state.json"), |p| fs::write(p, &json))
+            .map_err(|e| write_error(e.to_string()))?;
+        if dir.exists() {
+            fs::remove_dir_all(&dir)
+                .map_err(|e| write_error(format!("cannot replace `{}`: {e}", dir.display())))?;
+        }
+        fs::rename(&tmp, &dir).map_err(|e| {
+            write_error(format!(
+                "cannot move the checkpoint into `{}`: {e}",
+                dir.display()
+            ))
+        })?;
+        if let Ok(d) = fs::File::open(out) {
+            // Best effort: make the rename durable; the checkpoint is complete either way.
+            let _ = d.sync_all();
+        }
+        Ok(dir)
+    }
+
+    /// Restores the parameters, optimizer states and loop position of checkpoint `dir`. All
+    /// three files are read and checked before anything is changed.
+    pub fn resume(&mut self, dir: &Path) -> Res<()> {
+        let state: LoopState = fs::read(dir.join("state.json"))
+            .map_err(|e| checkpoint_error(dir, format!("state.json: {e}")))
+            .and_then(|b| {
+                serde_json::from_slice(&b)
+                    .map_err(|e| checkpoint_error(dir, format!("state.json: {e}")))
+            })?;
+        if state.optimizer != self.state.optimizer || state.batch != self.state.batch {
+            return Err(checkpoint_error(
+                dir,
+                format!(
+                    "written by {} with batch {}, but this train uses {} with batch {}",
+                    state.optimizer, state.batch, self.state.optimizer, self.state.batch
+                ),
+            ));
+        }
+        let (per_epoch, _) = self.epoch_shape();
+        if state.batch_in_epoch as usize > per_epoch {
+            return Err(checkpoint_error(
+                dir,
+                "its data position is past the end of this --data",
+            ));
+        }
+        let model = SafetensorsFile::open(dir.join("model.safetensors"))
+            .map_err(|e| checkpoint_error(dir, e))?;
+        let optim = SafetensorsFile::open(dir.join("optimizer.safetensors"))
+            .map_err(|e| checkpoint_error(dir, e))?;
+        let mut states = Vec::new();
+        for name in self.train.params.iter().flat_map(|p| &p.states) {
+            let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
+            let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+            let array = NpyArray::from_f32(t.shape.to_vec(), &values)
+                .map_err(|e| checkpoint_error(dir, e))?;
+            states.push((name.clone(), array));
+        }
+        if optim.len() != states.len() {
+            return Err(checkpoint_error(
+                dir,
+                format!(
+                "optimizer.safetensors holds {} tensors, but this train has {} optimizer states",
+                optim.len(),
+                states.len()
+            ),
+            ));
+        }
+        let before: Vec<(String, Vec<usize>, Vec<f32>)> = self.exec.params_f32();
+        self.exec
+            .load_weights(model.tensors())
+            .map_err(|e| checkpoint_error(dir, e.message))?;
+        for (name, array) in &states {
+            if let Err(e) = self.exec.set_input(name, array) {
+                // Put the parameters back: a refused checkpoint changes nothing.
+                let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = before
+                    .iter()
+                    .map(|(n, s, v)| (n.clone(), s.clone(), f32_bytes(v)))
+                    .collect();
+                let _ = self
+                    .exec
+                    .load_weights(bytes.iter().map(|(n, s, d)| tensor(n, s, d)));
+                return Err(checkpoint_error(dir, e.message));
+            }
+        }
+        self.state = state;
+        self.order = self.epoch_order(self.state.epoch);
+        Ok(())
+    }
+
+    /// The trained parameters.
+    pub fn params(&self) -> &[TrainedParam] {
+        &self.train.params
+    }
+}
+
+fn run_missing(name: &str) -> TrainRunError {
+    TrainRunError::new(
+        Code::E0603,
+        format!("the training module has no value `{name}`"),
+    )
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn tensor<'a>(name: &'a str, shape: &'a [usize], data: &'a [u8]) -> TensorRef<'a> {
+    TensorRef {
+        name,
+        dtype: StDType::F32,
+        shape,
+        data,
+    }
+}
+
+/// SplitMix64: a small, fixed generator, so a shuffle is the same on every machine.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix_is_fixed() {
+        // The first outputs of SplitMix64 seeded with 0 (Vigna's reference implementation).
+        let mut r = SplitMix(0);
+        assert_eq!(r.next(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(r.next(), 0x6E78_9E6A_A1B9_65F4);
+    }
+}

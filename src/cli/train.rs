@@ -1,0 +1,302 @@
+//! `mslc train FILE.msl`: compile a `train` declaration's training step and run it over
+//! `--data` for `--steps` updates, with a progress line per step, optional JSONL metrics,
+//! atomic checkpoints, exact resumption and the first step's gradients for comparison.
+
+use std::fs::OpenOptions;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mslc_check::check_path;
+use mslc_core::diag::{Code, Severity};
+use mslc_driver::select::Selection;
+use mslc_driver::train::{
+    choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
+};
+use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
+use mslc_exec::{ExecOptions, Executor};
+use mslc_io::safetensors::SafetensorsFile;
+
+use super::{ModelArgs, PrecisionArg, Reporter};
+
+/// Arguments of `mslc train`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// The model source holding the `train` declaration.
+    pub file: PathBuf,
+    /// The `train` declaration to run when the source declares several.
+    #[arg(long, value_name = "TRAIN")]
+    pub entry: Option<String>,
+    /// Initial weights, matched to parameters by path.
+    #[arg(long, value_name = "W.safetensors")]
+    pub weights: Option<PathBuf>,
+    /// Initialise parameters from their declared init with this seed.
+    #[arg(long, value_name = "N")]
+    pub init_seed: Option<u64>,
+    /// A directory of NAME.npy (one per input and label, first axis = samples), or one
+    /// `tokens.npy` of shape [N, S+1] for a language model.
+    #[arg(long, value_name = "PATH")]
+    pub data: PathBuf,
+    /// Updates to run (in total, counting those of a resumed checkpoint).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub steps: u64,
+    /// Shuffle the samples of each epoch with this seed (default: in order).
+    #[arg(long, value_name = "SEED")]
+    pub shuffle: Option<u64>,
+    /// Where checkpoints go (`DIR/step-K/`).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Write a checkpoint every K updates (and after the last).
+    #[arg(long, value_name = "K")]
+    pub save_every: Option<u64>,
+    /// Continue from a checkpoint `DIR/step-K`.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Append one JSON object per update (step, loss, lr, loss_scale, grad_norm, skipped, ms).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub metrics: Option<PathBuf>,
+    /// After the first update's backward, write DIR/grads.safetensors and DIR/loss.npy.
+    #[arg(long, value_name = "DIR")]
+    pub dump_grads: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
+    /// first op that produces one with where it was written and its operands' ranges (E0614).
+    #[arg(long)]
+    pub check_numerics: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArg,
+}
+
+/// How `train` failed: diagnostics already printed, a misuse of the flags (exit 2), or one
+/// coded message.
+enum Failure {
+    Reported,
+    Usage(String),
+    Message(Code, String),
+}
+
+/// Runs the command; 1 on any error.
+pub fn run(args: &TrainArgs, reporter: &Reporter) -> u8 {
+    match execute(args, reporter) {
+        Ok((text, json)) => {
+            reporter.result(&text, json);
+            0
+        }
+        Err(Failure::Reported) => 1,
+        Err(Failure::Usage(m)) => {
+            reporter.emit_plain(Code::E0609, Severity::Error, &m);
+            2
+        }
+        Err(Failure::Message(code, m)) => {
+            reporter.emit_plain(code, Severity::Error, &m);
+            1
+        }
+    }
+}
+
+fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
+    let usage = |m: &str| Err(Failure::Usage(m.to_string()));
+    if args.weights.is_some() == args.init_seed.is_some() && args.resume.is_none() {
+        return usage("give either --weights or --init-seed (or --resume)");
+    }
+    if args.weights.is_some() && args.init_seed.is_some() {
+        return usage("give either --weights or --init-seed, not both");
+    }
+    if args.threads == Some(0) {
+        return usage("--threads must be at least 1");
+    }
+    if args.save_every == Some(0) {
+        return usage("--save-every must be at least 1");
+    }
+    if args.save_every.is_some() && args.output_dir.is_none() {
+        return usage("--save-every needs --output-dir for the checkpoints");
+    }
+    Ok(())
+}
+
+fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
+    usage_checks(args)?;
+    let checked = check_path(&args.file, &args.model.check_options());
+    reporter.emit(&checked.diagnostics, &checked.sources);
+    if checked.has_errors() {
+        return Err(Failure::Reported);
+    }
+    let emit = |d: Box<mslc_core::diag::Diagnostic>| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    };
+    let train = choose_train(&checked, args.entry.as_deref()).map_err(emit)?;
+    let model = train
+        .model
+        .and_then(|m| checked.models.get(m))
+        .ok_or_else(|| {
+            Failure::Message(Code::E0608, "the train's model did not check".to_string())
+        })?;
+    let selection = Selection {
+        precision: args.precision.precision.as_deref(),
+        fuse: true,
+        ..Selection::default()
+    };
+    let options = train_compile_options(&checked, model, selection).map_err(emit)?;
+    let train_options = TrainOptions {
+        expose_grads: args.dump_grads.is_some(),
+    };
+    let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
+        TrainError::Train(d) => emit(d),
+        TrainError::Compile(e) => emit(e.diagnostic(&checked)),
+    })?;
+    let labels: Vec<String> = train
+        .spec
+        .labels
+        .iter()
+        .map(|(n, _)| n.name.clone())
+        .collect();
+    let module = compiled.compiled.module.clone();
+    let arena = compiled.compiled.memory.clone();
+    let inputs = data_inputs(&module, &compiled);
+    let data = Dataset::read(&args.data, &inputs, &labels)
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let exec_options = ExecOptions {
+        threads: args.threads.unwrap_or(0),
+        memory_limit: mslc_exec::limits::available_memory(),
+    };
+    let mut exec = Executor::new(module, &exec_options)
+        .map_err(|e| Failure::Message(Code::E0604, e.message))?;
+    if let Some(path) = &args.weights {
+        let file = SafetensorsFile::open(path)
+            .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
+        exec.load_weights(file.tensors()).map_err(|e| {
+            Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
+        })?;
+    } else {
+        exec.init_params(args.init_seed.unwrap_or(0));
+    }
+    exec.check_numerics(args.check_numerics);
+    let mut trainer = Trainer::new(exec, compiled, train.spec.schedule, data, args.shuffle)
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    if let Some(dir) = &args.resume {
+        trainer
+            .resume(dir)
+            .map_err(|e| Failure::Message(e.code, e.message))?;
+    }
+    let (per_epoch, dropped) = trainer.epoch_shape();
+    let mut notes = Vec::new();
+    if dropped > 0 {
+        notes.push(format!(
+            "note: {} samples make {per_epoch} batches of {}; the last {dropped} of each epoch are dropped",
+            per_epoch * trainer.state().batch as usize + dropped,
+            trainer.state().batch
+        ));
+    }
+    let mut metrics_file = match &args.metrics {
+        Some(path) => Some(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    Failure::Message(
+                        Code::E0600,
+                        format!("cannot open `{}`: {e}", path.display()),
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let first = trainer.state().step;
+    let bar = progress_bar(args.steps.saturating_sub(first));
+    let mut history: Vec<StepMetrics> = Vec::new();
+    let mut written = Vec::new();
+    let tokens = trainer.state().batch as f64;
+    while trainer.state().step < args.steps {
+        let m = trainer.step().map_err(|e| match &e.numerics {
+            Some(report) => {
+                bar.finish_and_clear();
+                reporter.emit_numerics(report, Some(&checked.sources));
+                Failure::Reported
+            }
+            None => Failure::Message(e.code, e.message),
+        })?;
+        bar.set_message(format!(
+            "step {} loss {:.5} lr {:.3e} scale {} |g| {:.4} skipped {} {:.0} samples/s {:.1} ms/step",
+            m.step,
+            m.loss,
+            m.lr,
+            m.loss_scale,
+            m.grad_norm,
+            m.skipped,
+            tokens / (m.ms / 1e3),
+            m.ms
+        ));
+        bar.inc(1);
+        if let Some(f) = metrics_file.as_mut() {
+            let line = serde_json::to_string(&m).unwrap_or_default();
+            writeln!(f, "{line}")
+                .map_err(|e| Failure::Message(Code::E0600, format!("--metrics: {e}")))?;
+        }
+        if m.step == first + 1 {
+            if let Some(dir) = &args.dump_grads {
+                written.extend(
+                    trainer
+                        .dump_grads(dir)
+                        .map_err(|e| Failure::Message(e.code, e.message))?,
+                );
+            }
+        }
+        let due = args.save_every.is_some_and(|k| m.step % k == 0) || m.step == args.steps;
+        if let (Some(out), true) = (&args.output_dir, due) {
+            written.push(
+                trainer
+                    .save(out)
+                    .map_err(|e| Failure::Message(e.code, e.message))?,
+            );
+        }
+        history.push(m);
+    }
+    bar.finish_and_clear();
+    let mut text = format!(
+        "trained {} ({} parameters, {}) for {} update(s), steps {}..{}\n  memory:  arena {} (lower bound {})\n",
+        train.spec.name.name,
+        trainer.params().len(),
+        trainer.state().optimizer,
+        history.len(),
+        first + 1,
+        trainer.state().step,
+        mslc_core::units::human_bytes(arena.arena_bytes),
+        mslc_core::units::human_bytes(arena.lower_bound_bytes),
+    );
+    if let (Some(a), Some(b)) = (history.first(), history.last()) {
+        text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
+    }
+    for n in &notes {
+        text.push_str(&format!("  {n}\n"));
+    }
+    for w in &written {
+        text.push_str(&format!("  wrote {}\n", w.display()));
+    }
+    let json = serde_json::json!({
+        "train": train.spec.name.name,
+        "steps": history,
+        "written": written,
+        "notes": notes,
+    });
+    Ok((text, json))
+}
+
+/// A bar with the step's metrics as its message, on stderr when it is a terminal.
+fn progress_bar(steps: u64) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(steps), target);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}

@@ -1,0 +1,528 @@
+//! `mslc train` on examples/mlp.msl (shrunk with `--set`/`--dim`): every step's loss, the first
+//! step's gradients and the final weights against an independent float64 NumPy training
+//! (tests/reference/mlp_train_ref.py) for SGD with Nesterov momentum, Adam and AdamW with
+//! clipping, a warm-up-cosine schedule and `no_decay`; exact resumption; checkpoints that a
+//! kill -9 cannot leave half-written; and each bad input as a coded error.
+
+use std::path::{Path, PathBuf};
+
+use mslc_io::npy::{read_npy, write_npy, NpyArray};
+use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
+
+use crate::exec::common::{have_numpy, mslc, root, s, Rng, TestDir};
+
+/// The mlp's sizes here: 12 inputs, two hidden layers of 8, 10 classes, batches of 4.
+const SETS: [&str; 6] = ["--set", "inputs=12", "--set", "hidden=8", "--dim", "B=4"];
+const INPUTS: usize = 12;
+const HIDDEN: usize = 8;
+const CLASSES: usize = 10;
+const SAMPLES: usize = 26;
+
+/// examples/mlp.msl's model with `train` as its only train declaration.
+fn mlp_source(dir: &TestDir, train: &str) -> PathBuf {
+    let source = std::fs::read_to_string(root().join("examples/mlp.msl")).unwrap();
+    let model_end = source.find("// bf16 keeps").expect("the model part");
+    let path = dir.path("mlp_train.msl");
+    std::fs::write(&path, format!("{}\n{train}\n", &source[..model_end])).unwrap();
+    path
+}
+
+/// A train of the mlp with `fields` (optimizer and the rest) filled in.
+fn train_decl(fields: &str) -> String {
+    format!("train Fit for Mlp {{\n    labels: i32[B]\n    loss = cross_entropy(logits, labels)\n    batch = 4\n    {fields}\n}}")
+}
+
+/// The mlp's parameter paths and shapes.
+fn param_shapes() -> Vec<(String, Vec<usize>)> {
+    vec![
+        ("layers.0.weight".into(), vec![HIDDEN, INPUTS]),
+        ("layers.0.bias".into(), vec![HIDDEN]),
+        ("layers.1.weight".into(), vec![HIDDEN, HIDDEN]),
+        ("layers.1.bias".into(), vec![HIDDEN]),
+        ("head.weight".into(), vec![CLASSES, HIDDEN]),
+        ("head.bias".into(), vec![CLASSES]),
+    ]
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Random weights, data (images.npy, labels.npy) in `dir`; returns the weights' path.
+fn write_inputs(dir: &TestDir) -> PathBuf {
+    let mut rng = Rng(11);
+    let weights: Vec<(String, Vec<usize>, Vec<u8>)> = param_shapes()
+        .into_iter()
+        .map(|(n, shape)| {
+            let values = rng.vec(shape.iter().product(), -0.5, 0.5);
+            (n, shape, f32_bytes(&values))
+        })
+        .collect();
+    let tensors: Vec<TensorRef> = weights
+        .iter()
+        .map(|(name, shape, data)| TensorRef {
+            name,
+            dtype: StDType::F32,
+            shape,
+            data,
+        })
+        .collect();
+    let path = dir.path("w.safetensors");
+    write_safetensors(&path, &tensors).unwrap();
+    let data = dir.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let images = rng.vec(SAMPLES * INPUTS, -2.0, 2.0);
+    write_npy(
+        data.join("images.npy"),
+        &NpyArray::from_f32(vec![SAMPLES, INPUTS], &images).unwrap(),
+    )
+    .unwrap();
+    let labels: Vec<i64> = rng
+        .vec(SAMPLES, 0.0, CLASSES as f32)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    write_npy(
+        data.join("labels.npy"),
+        &NpyArray::from_i64(vec![SAMPLES], &labels).unwrap(),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs `mslc train` on `source` with the shrunk sizes and `extra` flags.
+fn train(source: &Path, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["train", s(source)];
+    args.extend_from_slice(&SETS);
+    args.extend_from_slice(extra);
+    mslc(&args)
+}
+
+/// ‖got − want‖∞ ≤ tol · ‖want‖∞.
+fn assert_rel(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
+    assert!(
+        err <= tol * scale,
+        "{what}: max error {err:e} > {tol:e} × {scale:e}\n got {got:?}\nwant {want:?}"
+    );
+}
+
+fn npy_f64(path: &Path) -> Vec<f64> {
+    let array = read_npy(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    array.to_f32().unwrap().into_iter().map(f64::from).collect()
+}
+
+fn safetensor_f64(path: &Path, name: &str) -> Vec<f64> {
+    let file = SafetensorsFile::open(path).unwrap();
+    let t = file.tensor(name).unwrap();
+    t.to_f32().unwrap().into_iter().map(f64::from).collect()
+}
+
+/// Trains 6 steps with `fields` and `ref_args`, and compares with the NumPy reference.
+fn matches_reference(tag: &str, fields: &str, ref_args: &[&str]) {
+    if !have_numpy() {
+        eprintln!("note: python3 with numpy is not available; skipping the {tag} comparison");
+        return;
+    }
+    let dir = TestDir::new(&format!("train-{tag}"));
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(fields));
+    let (out, grads, metrics) = (dir.path("out"), dir.path("grads"), dir.path("m.jsonl"));
+    let (code, stdout, stderr) = train(
+        &source,
+        &[
+            "--weights",
+            s(&weights),
+            "--data",
+            s(&dir.path("data")),
+            "--steps",
+            "6",
+            "--output-dir",
+            s(&out),
+            "--dump-grads",
+            s(&grads),
+            "--metrics",
+            s(&metrics),
+        ],
+    );
+    assert_eq!(code, 0, "mslc train failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("the last 2 of each epoch are dropped"),
+        "{stdout}"
+    );
+    let reference = dir.path("ref");
+    let mut args = vec![
+        root()
+            .join("tests/reference/mlp_train_ref.py")
+            .display()
+            .to_string(),
+        s(&weights).to_string(),
+        s(&dir.path("data")).to_string(),
+        s(&reference).to_string(),
+    ];
+    args.extend(
+        ["--depth", "2", "--batch", "4", "--steps", "6"]
+            .iter()
+            .chain(ref_args)
+            .map(|a| a.to_string()),
+    );
+    let status = std::process::Command::new("python3")
+        .args(&args)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the reference failed");
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let losses: Vec<f64> = lines
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            for key in [
+                "step",
+                "loss",
+                "lr",
+                "loss_scale",
+                "grad_norm",
+                "skipped",
+                "ms",
+            ] {
+                assert!(v.get(key).is_some(), "metrics line without `{key}`: {l}");
+            }
+            v["loss"].as_f64().unwrap()
+        })
+        .collect();
+    let want = npy_f64(&reference.join("losses.npy"));
+    for (k, (g, w)) in losses.iter().zip(&want).enumerate() {
+        assert_rel(
+            &format!("{tag}: loss of step {}", k + 1),
+            &[*g],
+            &[*w],
+            1e-4,
+        );
+    }
+    assert_eq!(losses.len(), 6);
+    let loss0 = npy_f64(&grads.join("loss.npy"));
+    assert_rel(&format!("{tag}: dumped loss"), &loss0, &want[..1], 1e-4);
+    for (name, _) in param_shapes() {
+        let got = safetensor_f64(&grads.join("grads.safetensors"), &name);
+        let want = npy_f64(&reference.join("grads").join(format!("{name}.npy")));
+        assert_rel(&format!("{tag}: gradient of {name}"), &got, &want, 1e-4);
+        let got = safetensor_f64(&out.join("step-6/model.safetensors"), &name);
+        let want = npy_f64(&reference.join("final").join(format!("{name}.npy")));
+        assert_rel(&format!("{tag}: final {name}"), &got, &want, 1e-4);
+    }
+}
+
+#[test]
+fn sgd_with_nesterov_momentum_matches_torch_semantics() {
+    matches_reference(
+        "sgd",
+        "optimizer = sgd(lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01)",
+        &[
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.1",
+            "--momentum",
+            "0.9",
+            "--nesterov",
+            "--weight-decay",
+            "0.01",
+        ],
+    );
+}
+
+#[test]
+fn adam_matches_torch_semantics() {
+    matches_reference(
+        "adam",
+        "optimizer = adam(lr: 0.01, weight_decay: 0.01)",
+        &[
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--weight-decay",
+            "0.01",
+        ],
+    );
+}
+
+#[test]
+fn adamw_with_clipping_schedule_and_no_decay_matches_torch_semantics() {
+    matches_reference(
+        "adamw",
+        "optimizer = adamw(lr: 0.02, betas: (0.8, 0.95), weight_decay: 0.1)
+    schedule = warmup_cosine(warmup: 2, total: 5, min_lr: 0.002)
+    clip_grad_norm = 0.5
+    no_decay = [\"**.bias\"]",
+        &[
+            "--optimizer",
+            "adamw",
+            "--lr",
+            "0.02",
+            "--betas",
+            "0.8",
+            "0.95",
+            "--weight-decay",
+            "0.1",
+            "--no-decay-bias",
+            "--clip",
+            "0.5",
+            "--schedule",
+            "warmup_cosine",
+            "--warmup",
+            "2",
+            "--total",
+            "5",
+            "--min-lr",
+            "0.002",
+        ],
+    );
+}
+
+const ADAMW: &str = "optimizer = adamw(lr: 0.01)";
+
+#[test]
+fn resuming_gives_byte_identical_weights() {
+    let dir = TestDir::new("train-resume");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(ADAMW));
+    let data = dir.path("data");
+    let run = |out: &Path, steps: &str, resume: Option<&Path>| {
+        let mut args = vec![
+            "--weights",
+            s(&weights),
+            "--data",
+            s(&data),
+            "--shuffle",
+            "7",
+            "--steps",
+            steps,
+            "--output-dir",
+            s(out),
+            "--threads",
+            "2",
+        ];
+        if let Some(r) = resume {
+            args.extend(["--resume", s(r)]);
+        }
+        let (code, stdout, stderr) = train(&source, &args);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+    };
+    let (straight, halves) = (dir.path("straight"), dir.path("halves"));
+    run(&straight, "10", None);
+    run(&halves, "5", None);
+    run(&halves, "10", Some(&halves.join("step-5")));
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let a = std::fs::read(straight.join("step-10").join(file)).unwrap();
+        let b = std::fs::read(halves.join("step-10").join(file)).unwrap();
+        assert!(a == b, "{file} differs after a resume");
+    }
+    let state = std::fs::read_to_string(halves.join("step-10/state.json")).unwrap();
+    assert!(state.contains("\"step\": 10"), "{state}");
+}
+
+#[test]
+fn a_kill_during_saving_leaves_every_checkpoint_loadable() {
+    let dir = TestDir::new("train-kill");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(ADAMW));
+    let (out, data) = (dir.path("out"), dir.path("data"));
+    let mut args: Vec<&str> = vec!["train", s(&source)];
+    args.extend_from_slice(&SETS);
+    args.extend([
+        "--weights",
+        s(&weights),
+        "--data",
+        s(&data),
+        "--steps",
+        "1000000",
+        "--save-every",
+        "1",
+        "--output-dir",
+        s(&out),
+    ]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
+        .args(&args)
+        .current_dir(root())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let it save a few checkpoints, then kill it (SIGKILL) wherever it is.
+    let start = std::time::Instant::now();
+    while std::fs::read_dir(&out).map_or(0, |d| d.count()) < 4 {
+        assert!(start.elapsed().as_secs() < 120, "no checkpoints written");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut steps: Vec<u64> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("step-").map(|k| k.parse().unwrap())
+        })
+        .collect();
+    steps.sort_unstable();
+    let last = *steps.last().expect("a complete checkpoint");
+    for k in &steps {
+        for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+            assert!(
+                out.join(format!("step-{k}")).join(file).is_file(),
+                "step-{k}/{file}"
+            );
+        }
+    }
+    let resume = out.join(format!("step-{last}"));
+    let next = (last + 1).to_string();
+    let (code, stdout, stderr) = train(
+        &source,
+        &[
+            "--data",
+            s(&dir.path("data")),
+            "--resume",
+            s(&resume),
+            "--steps",
+            &next,
+        ],
+    );
+    assert_eq!(
+        code, 0,
+        "the last checkpoint does not load:\n{stdout}\n{stderr}"
+    );
+}
+
+/// The codes of `mslc train`'s errors, from its JSON diagnostics.
+fn error_codes(stderr: &str, stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("code").and_then(|c| c.as_str()).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn bad_input_is_a_coded_error_naming_the_file() {
+    let dir = TestDir::new("train-bad");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(ADAMW));
+    let data = dir.path("data");
+    let out = dir.path("out");
+    let run = |data: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--message-format",
+            "json",
+            "--weights",
+            s(&weights),
+            "--data",
+            s(data),
+            "--output-dir",
+            s(&out),
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = train(&source, &args);
+        (
+            code,
+            error_codes(&stderr, &stdout),
+            format!("{stdout}{stderr}"),
+        )
+    };
+    let bad = |name: &str, array: NpyArray| {
+        let d = dir.path(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(data.join("images.npy"), d.join("images.npy")).unwrap();
+        std::fs::copy(data.join("labels.npy"), d.join("labels.npy")).unwrap();
+        let file = if array.shape().len() == 1 {
+            "labels.npy"
+        } else {
+            "images.npy"
+        };
+        write_npy(d.join(file), &array).unwrap();
+        d
+    };
+    let wide = bad(
+        "wide",
+        NpyArray::from_f32(vec![8, 13], &[0.0; 104]).unwrap(),
+    );
+    let float_labels = bad(
+        "float_labels",
+        NpyArray::from_f32(vec![SAMPLES], &[1.0; SAMPLES]).unwrap(),
+    );
+    let mut labels = vec![1i64; SAMPLES];
+    labels[5] = CLASSES as i64;
+    let out_of_range = bad("range", NpyArray::from_i64(vec![SAMPLES], &labels).unwrap());
+    for (d, needle) in [
+        (&wide, "images.npy"),
+        (&float_labels, "labels.npy"),
+        (&out_of_range, "label 10"),
+    ] {
+        let (code, codes, text) = run(d, &["--steps", "2"]);
+        assert_eq!((code, codes), (1, vec!["E0630".to_string()]), "{text}");
+        assert!(text.contains(needle), "{text}");
+    }
+    assert!(!out.exists(), "nothing is written for refused data");
+    // A good run, then corrupt and mismatched checkpoints.
+    let (code, _, text) = run(&data, &["--steps", "2"]);
+    assert_eq!(code, 0, "{text}");
+    let step = out.join("step-2");
+    let model = std::fs::read(step.join("model.safetensors")).unwrap();
+    std::fs::write(
+        step.join("optimizer.safetensors"),
+        b"not a safetensors file",
+    )
+    .unwrap();
+    let (code, codes, text) = run(&data, &["--resume", s(&step), "--steps", "3"]);
+    assert_eq!((code, codes), (1, vec!["E0631".to_string()]), "{text}");
+    assert!(text.contains("step-2"), "{text}");
+    assert!(!out.join("step-3").exists());
+    assert_eq!(
+        std::fs::read(step.join("model.safetensors")).unwrap(),
+        model
+    );
+    let sgd = mlp_source(&dir, &train_decl("optimizer = sgd(lr: 0.1, momentum: 0.9)"));
+    let (code, stdout, stderr) = train(
+        &sgd,
+        &[
+            "--message-format",
+            "json",
+            "--data",
+            s(&data),
+            "--resume",
+            s(&step),
+            "--steps",
+            "3",
+        ],
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(error_codes(&stderr, &stdout), ["E0631"]);
+}
+
+#[test]
+fn a_train_without_trainable_parameters_is_refused() {
+    let dir = TestDir::new("train-none");
+    let path = dir.path("fixed.msl");
+    std::fs::write(
+        &path,
+        "model Fixed {\n    dims B = 4\n    input x: f32[B, 8]\n    buffer w: [8, 2] ~ zeros\n    output y = matmul(x, w)\n}\ntrain T for Fixed {\n    labels: i32[B]\n    loss = cross_entropy(y, labels)\n    optimizer = sgd(lr: 0.1)\n    batch = 4\n}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = mslc(&[
+        "--message-format",
+        "json",
+        "train",
+        s(&path),
+        "--init-seed",
+        "0",
+        "--data",
+        s(&dir.0),
+    ]);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(error_codes(&stderr, &stdout), ["E0520"]);
+}
