@@ -9,7 +9,10 @@ pub fn mslc(args: &[&str]) -> Output {
         .args(args)
         .env("RAYON_NUM_THREADS", "1")
         // No tuning knowledge base of the user's changes what a build chooses.
-        .env("XDG_CACHE_HOME", std::env::temp_dir().join("mslc-tests-no-cache"))
+        .env(
+            "XDG_CACHE_HOME",
+            std::env::temp_dir().join("mslc-tests-no-cache"),
+        )
         .output()
         .expect("run mslc")
 }

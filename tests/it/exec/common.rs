@@ -280,7 +280,10 @@ pub fn mslc(args: &[&str]) -> (i32, String, String) {
         .args(args)
         .current_dir(root())
         // No tuning knowledge base of the user's changes what a build chooses.
-        .env("XDG_CACHE_HOME", std::env::temp_dir().join("mslc-tests-no-cache"))
+        .env(
+            "XDG_CACHE_HOME",
+            std::env::temp_dir().join("mslc-tests-no-cache"),
+        )
         .output()
         .expect("mslc runs");
     (
@@ -293,13 +296,19 @@ pub fn mslc(args: &[&str]) -> (i32, String, String) {
 /// Whether `python3` with NumPy is available. Under CI (`CI` set) it must be: a reference
 /// that cannot run fails there instead of passing silently.
 pub fn have_numpy() -> bool {
+    have_python_module("numpy")
+}
+
+/// Whether python3 can import `module`; with `CI` set its absence fails the test instead (a
+/// reference that cannot run must not pass as skipped).
+pub fn have_python_module(module: &str) -> bool {
     let ok = std::process::Command::new("python3")
-        .args(["-c", "import numpy"])
+        .args(["-c", &format!("import {module}")])
         .output()
         .is_ok_and(|o| o.status.success());
     assert!(
         ok || std::env::var_os("CI").is_none(),
-        "CI is set but python3 with numpy is missing: the numpy reference tests cannot run"
+        "CI is set but python3 with {module} is missing: the reference tests cannot run"
     );
     ok
 }
