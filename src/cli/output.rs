@@ -111,7 +111,45 @@ impl Reporter {
     }
 }
 
+/// How a command that runs a module (`run`, `train`) failed: diagnostics already printed, a
+/// misuse of the flags (exit 2), or one coded message to print.
+pub enum Failure {
+    /// Already reported.
+    Reported,
+    /// A bad flag or flag value (E0609).
+    Usage(String),
+    /// One coded message.
+    Message(Code, String),
+}
+
+impl From<String> for Failure {
+    /// A failure while running the module.
+    fn from(m: String) -> Self {
+        Failure::Message(Code::E0603, m)
+    }
+}
+
 impl Reporter {
+    /// Prints a command's result or its failure; the exit status (0, 1 for errors in the
+    /// input, 2 for misused flags).
+    pub fn finish(&self, outcome: Result<(String, serde_json::Value), Failure>) -> u8 {
+        match outcome {
+            Ok((text, json)) => {
+                self.result(&text, json);
+                0
+            }
+            Err(Failure::Reported) => 1,
+            Err(Failure::Usage(m)) => {
+                self.emit_plain(Code::E0609, Severity::Error, &m);
+                2
+            }
+            Err(Failure::Message(code, m)) => {
+                self.emit_plain(code, Severity::Error, &m);
+                1
+            }
+        }
+    }
+
     /// Prints a command's result: `text` as it is in human mode, one JSON object in JSON mode
     /// (so that stdout carries nothing but JSON lines there).
     pub fn result(&self, text: &str, json: serde_json::Value) {

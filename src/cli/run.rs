@@ -23,6 +23,7 @@ use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 use mslc_kernels::peak::Peak;
 use mslc_plan::kernels::KernelTable;
 
+use super::output::Failure;
 use super::progress::Progress;
 use super::{parse_key_value, source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
@@ -84,38 +85,9 @@ const MAX_ITERATIONS: u64 = 1_000_000;
 /// The most worker threads `--threads` asks for; more only add per-thread scratch memory.
 const MAX_THREADS: usize = 256;
 
-/// Runs the command; 1 on any error.
+/// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
-    match execute(args, reporter) {
-        Ok((text, json)) => {
-            reporter.result(&text, json);
-            0
-        }
-        Err(Failure::Reported) => 1,
-        Err(Failure::Usage(m)) => {
-            reporter.emit_plain(Code::E0609, Severity::Error, &m);
-            2
-        }
-        Err(Failure::Message(code, m)) => {
-            reporter.emit_plain(code, Severity::Error, &m);
-            1
-        }
-    }
-}
-
-/// How `run` failed: diagnostics already printed, a misuse of the flags (exit 2), or one coded
-/// message to print.
-enum Failure {
-    Reported,
-    Usage(String),
-    Message(Code, String),
-}
-
-impl From<String> for Failure {
-    /// A failure while running the module.
-    fn from(m: String) -> Self {
-        Failure::Message(Code::E0603, m)
-    }
+    reporter.finish(execute(args, reporter))
 }
 
 /// A failure to read a file named on the command line.

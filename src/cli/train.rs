@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::check_path;
-use mslc_core::diag::{Code, Severity};
+use mslc_core::diag::Code;
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
     choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
@@ -17,6 +17,7 @@ use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::safetensors::SafetensorsFile;
 
+use super::output::Failure;
 use super::{ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc train`.
@@ -71,31 +72,9 @@ pub struct TrainArgs {
     pub precision: PrecisionArg,
 }
 
-/// How `train` failed: diagnostics already printed, a misuse of the flags (exit 2), or one
-/// coded message.
-enum Failure {
-    Reported,
-    Usage(String),
-    Message(Code, String),
-}
-
-/// Runs the command; 1 on any error.
+/// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &TrainArgs, reporter: &Reporter) -> u8 {
-    match execute(args, reporter) {
-        Ok((text, json)) => {
-            reporter.result(&text, json);
-            0
-        }
-        Err(Failure::Reported) => 1,
-        Err(Failure::Usage(m)) => {
-            reporter.emit_plain(Code::E0609, Severity::Error, &m);
-            2
-        }
-        Err(Failure::Message(code, m)) => {
-            reporter.emit_plain(code, Severity::Error, &m);
-            1
-        }
-    }
+    reporter.finish(execute(args, reporter))
 }
 
 fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
