@@ -15,30 +15,12 @@ and OUT_DIR/final/PATH.npy (the weights after the last step). Weights use mslc's
 layers.{i}.weight [out, in], layers.{i}.bias, head.weight, head.bias.
 """
 import argparse
-import json
 import math
 import os
-import struct
 
 import numpy as np
 
-DTYPES = {"F32": "<f4", "F64": "<f8"}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    data = raw[8 + n :]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        arr = np.frombuffer(data[start:end], dtype=DTYPES[info["dtype"]])
-        out[name] = arr.reshape(info["shape"]).astype(np.float64)
-    return out
+from llama_ref import load_safetensors
 
 
 def layer_names(depth):

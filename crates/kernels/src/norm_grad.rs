@@ -42,15 +42,17 @@ pub(crate) fn dot_shifted(a: &[f32], b: &[f32], shift: f32) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `rms_norm_grad`: `dx = r·dy − x·r³·mean(dy·x)` with `r = rsqrt(mean(x²) + eps)` per row.
-pub fn rms_norm_grad(
+/// Calls `row(x_row, dy_row, dx_row)` for every last-dim row of a norm's gradient, in row
+/// groups across the pool (each row's statistics are recomputed from `x`).
+fn for_each_grad_row(
+    op: &'static str,
     x: TensorRef<'_>,
     dy: TensorRef<'_>,
-    eps: f64,
     params: &RowParams,
     out: &mut [f32],
+    row: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
 ) -> KernelResult<()> {
-    let d = grad_row_len("rms_norm_grad", x, dy, out)?;
+    let d = grad_row_len(op, x, dy, out)?;
     for_each_row_group(params, 2 * x.data.len(), out, d, |first, chunk| {
         let at = first * d..first * d + chunk.len();
         let (xs, gs) = (&x.data[at.clone()], &dy.data[at]);
@@ -59,16 +61,30 @@ pub fn rms_norm_grad(
             .zip(gs.chunks_exact(d))
             .zip(chunk.chunks_exact_mut(d))
         {
-            let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d as f64;
-            let r = 1.0 / (ms + eps).sqrt();
-            let c = (dot_shifted(gr, xr, 0.0) as f64 / d as f64 * r * r * r) as f32;
-            let r = r as f32;
-            for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
-                *o = r * gi - c * xi;
-            }
+            row(xr, gr, or);
         }
     });
     Ok(())
+}
+
+/// `rms_norm_grad`: `dx = r·dy − x·r³·mean(dy·x)` with `r = rsqrt(mean(x²) + eps)` per row.
+pub fn rms_norm_grad(
+    x: TensorRef<'_>,
+    dy: TensorRef<'_>,
+    eps: f64,
+    params: &RowParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    for_each_grad_row("rms_norm_grad", x, dy, params, out, |xr, gr, or| {
+        let d = xr.len();
+        let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        let c = (dot_shifted(gr, xr, 0.0) as f64 / d as f64 * r * r * r) as f32;
+        let r = r as f32;
+        for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
+            *o = r * gi - c * xi;
+        }
+    })
 }
 
 /// `layer_norm_grad`: `dx = r·(dy − mean(dy) − x̂·mean(dy·x̂))` with `x̂ = (x − mean)·r`,
@@ -80,28 +96,19 @@ pub fn layer_norm_grad(
     params: &RowParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    let d = grad_row_len("layer_norm_grad", x, dy, out)?;
-    for_each_row_group(params, 2 * x.data.len(), out, d, |first, chunk| {
-        let at = first * d..first * d + chunk.len();
-        let (xs, gs) = (&x.data[at.clone()], &dy.data[at]);
-        for ((xr, gr), or) in xs
-            .chunks_exact(d)
-            .zip(gs.chunks_exact(d))
-            .zip(chunk.chunks_exact_mut(d))
-        {
-            let n = d as f32;
-            let mean = rows::sum(xr) / n;
-            let var = rows::sum_sq_dev(xr, mean) as f64 / d as f64;
-            let r = (1.0 / (var + eps).sqrt()) as f32;
-            let gm = rows::sum(gr) / n;
-            // r·x̂·mean(dy·x̂) = (x − mean)·r³·mean(dy·(x − mean)).
-            let c = r * r * r * dot_shifted(gr, xr, mean) / n;
-            for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
-                *o = r * (gi - gm) - c * (xi - mean);
-            }
+    for_each_grad_row("layer_norm_grad", x, dy, params, out, |xr, gr, or| {
+        let d = xr.len();
+        let n = d as f32;
+        let mean = rows::sum(xr) / n;
+        let var = rows::sum_sq_dev(xr, mean) as f64 / d as f64;
+        let r = (1.0 / (var + eps).sqrt()) as f32;
+        let gm = rows::sum(gr) / n;
+        // r·x̂·mean(dy·x̂) = (x − mean)·r³·mean(dy·(x − mean)).
+        let c = r * r * r * dot_shifted(gr, xr, mean) / n;
+        for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
+            *o = r * (gi - gm) - c * (xi - mean);
         }
-    });
-    Ok(())
+    })
 }
 
 #[cfg(test)]
