@@ -153,11 +153,20 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
     use std::time::{Duration, Instant};
     let dir = TestDir::new("tune-ctrl-c");
     let db = dir.path("kb.json");
-    let mut args = vec!["tune"];
-    args.extend(SMALL);
-    args.extend(["--db", s(&db), "-o", s(&dir.0), "--budget", "10m"]);
+    // The full-size mlp: its signatures take long enough to search that the interrupt lands
+    // mid-tune (the shrunk one can finish between two polls).
+    let args = [
+        "tune",
+        "examples/mlp.msl",
+        "--db",
+        s(&db),
+        "-o",
+        s(&dir.0),
+        "--budget",
+        "10m",
+    ];
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(&args)
+        .args(args)
         .current_dir(super::common::root())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -166,7 +175,7 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
     // Wait until the first signature is saved, then interrupt.
     let start = Instant::now();
     while !db.exists() && start.elapsed() < Duration::from_secs(120) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(2));
     }
     let killed = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
