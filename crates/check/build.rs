@@ -27,10 +27,18 @@ fn collect(dir: &Path, prefix: &str, out: &mut Vec<(String, String)>) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stdlib");
+    // Read at run time, not with `env!`: a build-script binary reused from another checkout (a
+    // copied target folder) must embed this checkout's stdlib, not the other one's.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest).join("../../stdlib");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     collect(&root, "", &mut files);
+    assert!(
+        !files.is_empty(),
+        "no .msl files under {}: the standard library would be empty",
+        root.display()
+    );
     let mut code = String::from("&[\n");
     for (name, path) in &files {
         println!("cargo:rerun-if-changed={path}");
