@@ -1,6 +1,8 @@
 //! Flash-style attention: per (batch, query head, query tile) task, key tiles stream through an
 //! online softmax, so no S×T score matrix is ever held. Causal (last query aligned with the last
-//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`.
+//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The same tiles
+//! give [`attention_lse`], the per-row log-sum-exp the backward ([`crate::attention_grad`])
+//! rebuilds the weights from.
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +60,8 @@ struct AttentionJob<'a> {
     block_k: usize,
     gemm: MatmulParams,
     kernel: MicroKernel,
+    /// Write each row's log-sum-exp (`[B, S, Hq]`) instead of the attention output.
+    lse_only: bool,
 }
 
 /// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
@@ -73,13 +77,43 @@ pub fn attention(
     params: &AttentionParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
     check_len("attention", "out", out.len(), q.shape)?;
+    run("attention", q, k, v, causal, scale, params, false, out)
+}
+
+/// `attention_lse(q, k, v)` into `out` (`[B, S, Hq]`): per query row, the log-sum-exp of its
+/// visible scaled scores (`m + ln Σ exp(score − m)`, online over the key tiles); -inf for a row
+/// that sees no key. Bit-identical for any thread count and `block_q`.
+pub fn attention_lse(
+    q: TensorRef<'_>,
+    k: TensorRef<'_>,
+    v: TensorRef<'_>,
+    causal: bool,
+    scale: Option<f64>,
+    params: &AttentionParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    let (b, s, _, hq, _, _) = attention_dims(q, k, v)?;
+    check_len("attention_lse", "out", out.len(), &[b, s, hq])?;
+    run("attention_lse", q, k, v, causal, scale, params, true, out)
+}
+
+/// The forward's tiles over every (batch, head, query tile), writing outputs or log-sum-exps.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    op: &'static str,
+    q: TensorRef<'_>,
+    k: TensorRef<'_>,
+    v: TensorRef<'_>,
+    causal: bool,
+    scale: Option<f64>,
+    params: &AttentionParams,
+    lse_only: bool,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
     if params.block_q == 0 || params.block_k == 0 {
-        return Err(KernelError::new(
-            "attention",
-            "block sizes must be at least 1",
-        ));
+        return Err(KernelError::new(op, "block sizes must be at least 1"));
     }
     let kernel = MicroKernel::select(params.isa)?;
     let p = AttentionJob {
@@ -105,6 +139,7 @@ pub fn attention(
             small_m: MatmulParams::default().small_m,
         },
         kernel,
+        lse_only,
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
@@ -115,8 +150,8 @@ pub fn attention(
     let out_ptr = SyncPtr(out.as_mut_ptr());
     par::for_each_index(parallel, tasks, |task| {
         let (bh, tile) = (task / q_tiles, task % q_tiles);
-        // SAFETY: task (b, h, tile) writes only the rows of its query tile at head h, disjoint
-        // from every other task's, inside `out` (length checked above).
+        // SAFETY: task (b, h, tile) writes only the rows (or log-sum-exps) of its query tile at
+        // head h, disjoint from every other task's, inside `out` (length checked by the caller).
         unsafe { p.tile(bh / hq, bh % hq, tile, out_ptr) };
     });
     Ok(())
@@ -144,7 +179,8 @@ impl AttentionJob<'_> {
     /// Computes one query tile of one (batch, head).
     ///
     /// # Safety
-    /// `out` must point to the `[B, S, Hq, D]` output, and no other task may write this tile.
+    /// `out` must point to the `[B, S, Hq, D]` output (`[B, S, Hq]` when `lse_only`), and no
+    /// other task may write this tile.
     unsafe fn tile(&self, b: usize, h: usize, tile: usize, out: SyncPtr) {
         let (s, t, d) = (self.s, self.t, self.d);
         let q0 = tile * self.block_q;
@@ -212,7 +248,12 @@ impl AttentionJob<'_> {
                     let sum = rows::exp_sum(row, 1.0, new_max);
                     row_sum[r] = row_sum[r] * correction + sum;
                     row_max[r] = new_max;
-                    rows::scale(&mut acc[r * d..(r + 1) * d], correction);
+                    if !self.lse_only {
+                        rows::scale(&mut acc[r * d..(r + 1) * d], correction);
+                    }
+                }
+                if self.lse_only {
+                    continue;
                 }
                 let p = [MatRef {
                     data: scores,
@@ -237,6 +278,18 @@ impl AttentionJob<'_> {
                     kernel: self.kernel,
                 }
                 .run(acc, &self.gemm);
+            }
+            if self.lse_only {
+                for r in 0..bq {
+                    let lse = if row_sum[r] > 0.0 {
+                        row_max[r] + math::log(row_sum[r])
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    // SAFETY: entry (b, q0 + r, h) lies inside `out` and belongs to this task.
+                    unsafe { *out.get().add((b * s + q0 + r) * self.hq + h) = lse };
+                }
+                return;
             }
             for r in 0..bq {
                 let inv = if row_sum[r] > 0.0 {

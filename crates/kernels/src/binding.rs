@@ -99,7 +99,7 @@ impl KernelKind {
         match op {
             Op::Matmul | Op::FusedMatmul => KernelKind::Gemm,
             Op::Conv2d => KernelKind::Im2colGemm,
-            Op::Attention => KernelKind::FlashAttention,
+            Op::Attention | Op::AttentionLse | Op::AttentionGrad => KernelKind::FlashAttention,
             Op::Transpose => KernelKind::Transpose,
             Op::Dropout => KernelKind::Reference,
             _ if op.spec().elementwise || op == Op::FusedElementwise => KernelKind::Elementwise,
@@ -123,8 +123,6 @@ impl KernelKind {
             | Op::RmsNormGrad
             | Op::LayerNormGrad
             | Op::EmbeddingGrad
-            | Op::AttentionLse
-            | Op::AttentionGrad
             | Op::Conv2dGradInput
             | Op::Conv2dGradWeight
             | Op::MaxPool2dGrad

@@ -174,9 +174,7 @@ impl StepKernel {
                 causal,
                 scale,
                 params,
-            } => {
-                attention_grad::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out)?
-            }
+            } => attention::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out)?,
             StepKernel::AttentionGrad {
                 causal,
                 scale,

@@ -106,8 +106,8 @@ pub enum StepKernel {
         causal: bool,
         /// Score scale.
         scale: f64,
-        /// Row split.
-        params: RowParams,
+        /// Tiles and thread split.
+        params: AttentionParams,
     },
     /// `attention_grad`.
     AttentionGrad {
@@ -117,8 +117,8 @@ pub enum StepKernel {
         scale: f64,
         /// The input differentiated: 0 q, 1 k, 2 v.
         wrt: usize,
-        /// Row split.
-        params: RowParams,
+        /// Tiles and thread split.
+        params: AttentionParams,
     },
     /// `conv2d_grad_input` with the input's spatial size.
     Conv2dGradInput(Conv2dAttrs, [usize; 2], RowParams),
