@@ -23,6 +23,8 @@ pub enum ExecErrorKind {
     Internal,
     /// A step produced a NaN or an infinity (checked only when asked: `check_numerics`).
     Numerics,
+    /// A collective could not complete: a peer left, or members disagreed on sizes.
+    Collective,
 }
 
 /// Why a module could not be set up or run.

@@ -3,6 +3,7 @@
 //! seeded init, inputs from `.npy`, and a per-step profile.
 
 mod buffer;
+pub mod collectives;
 mod error;
 mod executor;
 mod init;

@@ -1,0 +1,177 @@
+//! The MPI backend (cargo feature `mpi`): one rank per process, started by `mpiexec` (or a
+//! hostfile across nodes), over one sub-communicator per mesh axis split from the world.
+//!
+//! Sums are taken the way the threads backend takes them — each member owns one block, adds
+//! the group's contributions to it in member order, and the blocks are gathered — so both
+//! backends give the same bits, and every member of a group gets the same bits. Members first
+//! agree on buffer lengths, so a mismatch is an error on every member, not a hang or garbage.
+
+use mpi::environment::Universe;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::*;
+
+use super::{block_len, check_len, collective_error, Collectives, Mesh};
+use crate::error::ExecResult;
+
+/// This process's rank of an MPI world laid out as a mesh.
+pub struct MpiRank {
+    world: SimpleCommunicator,
+    /// One communicator per mesh axis: this rank's group along it, ranked by coordinate.
+    axes: Vec<SimpleCommunicator>,
+    mesh: Mesh,
+    rank: usize,
+    /// Dropping it finalises MPI, so it is the last field (fields drop in order): the axis
+    /// communicators are freed before.
+    _universe: Universe,
+}
+
+impl MpiRank {
+    /// Initialises MPI and lays the world out as `mesh`; the world's size must be the mesh's
+    /// (a binary started without `mpiexec`, or by another MPI's launcher, sees a world of 1).
+    pub fn init(mesh: Mesh) -> ExecResult<MpiRank> {
+        let universe = mpi::initialize()
+            .ok_or_else(|| collective_error("MPI is already initialised in this process"))?;
+        let world = universe.world();
+        let size = world.size() as usize;
+        if size != mesh.size() {
+            return Err(collective_error(format!(
+                "the MPI world has {size} process(es) but the plan has {} devices: start it \
+                 with `mpiexec -n {}` of the MPI mslc was built with (a world of 1 is what a \
+                 binary started without mpiexec, or by another MPI's launcher, sees)",
+                mesh.size(),
+                mesh.size()
+            )));
+        }
+        let rank = world.rank() as usize;
+        let coords = mesh.coords(rank);
+        let mut axes = Vec::with_capacity(coords.len());
+        for (axis, &coord) in coords.iter().enumerate() {
+            let first = mesh.group(rank, axis)[0];
+            let color = Color::with_value(first as i32);
+            let comm = world
+                .split_by_color_with_key(color, coord as i32)
+                .ok_or_else(|| collective_error("MPI could not split the mesh's groups"))?;
+            axes.push(comm);
+        }
+        Ok(MpiRank {
+            world,
+            axes,
+            mesh,
+            rank,
+            _universe: universe,
+        })
+    }
+
+    fn comm(&self, axis: usize) -> ExecResult<&SimpleCommunicator> {
+        self.axes.get(axis).ok_or_else(|| {
+            collective_error(format!(
+                "no mesh axis {axis} (the mesh has {})",
+                self.axes.len()
+            ))
+        })
+    }
+
+    /// Checks that every member of `comm` passes the same `len`.
+    fn agree(what: &str, comm: &SimpleCommunicator, len: usize) -> ExecResult<()> {
+        let mut lens = vec![0u64; comm.size() as usize];
+        comm.all_gather_into(&(len as u64), &mut lens[..]);
+        match lens.iter().position(|&l| l != len as u64) {
+            None => Ok(()),
+            Some(other) => Err(collective_error(format!(
+                "{what}: member {other} of the group sent {} values, this rank {len}",
+                lens[other]
+            ))),
+        }
+    }
+
+    /// Each member's block `b` of `send` (`n` blocks of `block`) summed over the group in
+    /// member order, for this member's `b`.
+    fn sum_my_block(comm: &SimpleCommunicator, send: &[f32], block: usize) -> Vec<f32> {
+        let mut blocks = vec![0.0f32; send.len()];
+        comm.all_to_all_into(send, &mut blocks[..]);
+        let mut sum = vec![0.0f32; block];
+        for contribution in blocks.chunks_exact(block.max(1)) {
+            for (s, &c) in sum.iter_mut().zip(contribution) {
+                *s += c;
+            }
+        }
+        sum
+    }
+}
+
+impl Collectives for MpiRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
+        let comm = self.comm(axis)?;
+        Self::agree("all_reduce", comm, data.len())?;
+        let n = comm.size() as usize;
+        let block = data.len().div_ceil(n);
+        let mut padded = data.to_vec();
+        padded.resize(block * n, 0.0);
+        let mine = Self::sum_my_block(comm, &padded, block);
+        comm.all_gather_into(&mine[..], &mut padded[..]);
+        data.copy_from_slice(&padded[..data.len()]);
+        Ok(())
+    }
+
+    fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
+        let comm = self.comm(axis)?;
+        check_len("all_gather", recv.len(), send.len() * comm.size() as usize)?;
+        Self::agree("all_gather", comm, send.len())?;
+        comm.all_gather_into(send, recv);
+        Ok(())
+    }
+
+    fn reduce_scatter(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
+        let comm = self.comm(axis)?;
+        check_len(
+            "reduce_scatter",
+            send.len(),
+            recv.len() * comm.size() as usize,
+        )?;
+        Self::agree("reduce_scatter", comm, send.len())?;
+        recv.copy_from_slice(&Self::sum_my_block(comm, send, recv.len()));
+        Ok(())
+    }
+
+    fn all_to_all(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
+        let comm = self.comm(axis)?;
+        let n = comm.size() as usize;
+        check_len("all_to_all", recv.len(), send.len())?;
+        block_len("all_to_all", send.len(), n)?;
+        Self::agree("all_to_all", comm, send.len())?;
+        comm.all_to_all_into(send, recv);
+        Ok(())
+    }
+
+    fn send(&mut self, to: usize, data: &[f32]) -> ExecResult<()> {
+        if to >= self.mesh.size() {
+            return Err(collective_error(format!(
+                "send to rank {to}: the mesh has {} ranks",
+                self.mesh.size()
+            )));
+        }
+        self.world.process_at_rank(to as i32).send(data);
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, data: &mut [f32]) -> ExecResult<()> {
+        if from >= self.mesh.size() {
+            return Err(collective_error(format!(
+                "recv from rank {from}: the mesh has {} ranks",
+                self.mesh.size()
+            )));
+        }
+        let (message, _) = self.world.process_at_rank(from as i32).receive_vec::<f32>();
+        check_len(&format!("recv from rank {from}"), message.len(), data.len())?;
+        data.copy_from_slice(&message);
+        Ok(())
+    }
+}

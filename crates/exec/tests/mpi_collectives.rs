@@ -1,0 +1,159 @@
+//! The MPI backend against the threads backend, under a real `mpiexec` (cargo feature `mpi`;
+//! `harness = false`). Run plainly, this test starts itself under `mpiexec -n 2` and `-n 4`
+//! (and once without mpiexec, which must be refused as a world of 1). Each MPI rank runs the
+//! same collectives on both backends — the threads one in-process, all ranks as threads — and
+//! requires the same bits.
+
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use mslc_exec::collectives::mpi::MpiRank;
+use mslc_exec::collectives::threads::world;
+use mslc_exec::collectives::{Collectives, Mesh};
+
+/// Set in the processes mpiexec starts: the world size they expect.
+const CHILD: &str = "MSLC_MPI_TEST_RANKS";
+/// Seconds one mpiexec run may take before it is killed and the test fails.
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn mesh(ranks: usize) -> Mesh {
+    match ranks {
+        4 => Mesh::new(vec![("dp".into(), 2), ("mp".into(), 2)]).unwrap(),
+        n => Mesh::line("dp", n).unwrap(),
+    }
+}
+
+/// Rank-dependent values whose sums round (so the order of summation shows in the bits).
+fn values(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((rank * 31 + i) as f32 * 0.7).sin() * 1e3 + 0.1)
+        .collect()
+}
+
+/// Every collective on every mesh axis, then a ring of send/recv over the whole mesh: the
+/// buffers each produced, in order.
+fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
+    let (rank, n_axes, size) = (c.rank(), c.mesh().axes().len(), c.mesh().size());
+    let mut results = Vec::new();
+    for axis in 0..n_axes {
+        let n = c.mesh().axes()[axis].1;
+        let mut reduced = values(rank, 7);
+        c.all_reduce(axis, &mut reduced).map_err(|e| e.message)?;
+        let mut gathered = vec![0.0; 3 * n];
+        c.all_gather(axis, &values(rank, 3), &mut gathered)
+            .map_err(|e| e.message)?;
+        let mut scattered = vec![0.0; 2];
+        c.reduce_scatter(axis, &values(rank, 2 * n), &mut scattered)
+            .map_err(|e| e.message)?;
+        let mut swapped = vec![0.0; 2 * n];
+        c.all_to_all(axis, &values(rank, 2 * n), &mut swapped)
+            .map_err(|e| e.message)?;
+        results.extend([reduced, gathered, scattered, swapped]);
+    }
+    let mut got = vec![0.0; 5];
+    // Even ranks send first, odd ones receive first, so blocking sends cannot deadlock.
+    let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+    if rank % 2 == 0 {
+        c.send(next, &values(rank, 5)).map_err(|e| e.message)?;
+        c.recv(prev, &mut got).map_err(|e| e.message)?;
+    } else {
+        c.recv(prev, &mut got).map_err(|e| e.message)?;
+        c.send(next, &values(rank, 5)).map_err(|e| e.message)?;
+    }
+    results.push(got);
+    // Disagreeing lengths: an error on every member, never a hang.
+    let mut uneven = vec![1.0; 2 + c.mesh().coords(rank)[0]];
+    match c.all_reduce(0, &mut uneven) {
+        Err(e) if e.message.contains("sent") => {}
+        other => return Err(format!("uneven all_reduce gave {other:?}")),
+    }
+    Ok(results)
+}
+
+/// The threads backend's results for `rank`.
+fn threads_results(ranks: usize, rank: usize) -> Vec<Vec<f32>> {
+    let handles: Vec<_> = world(mesh(ranks))
+        .into_iter()
+        .map(|mut r| std::thread::spawn(move || scenario(&mut r).unwrap()))
+        .collect();
+    let mut all: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    all.swap_remove(rank)
+}
+
+/// One MPI rank: both backends, the same bits.
+fn child(ranks: usize) -> ExitCode {
+    let mut me = match MpiRank::init(mesh(ranks)) {
+        Ok(me) => me,
+        Err(e) => {
+            eprintln!("{}", e.message);
+            return ExitCode::from(3);
+        }
+    };
+    let rank = me.rank();
+    let got = match scenario(&mut me) {
+        Ok(got) => got,
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let want = threads_results(ranks, rank);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let same = g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same {
+            eprintln!("rank {rank}: result {i} differs: MPI {g:?}, threads {w:?}");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!(
+        "rank {rank} of {ranks}: {} results match the threads backend",
+        got.len()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Runs `cmd` to completion within [`LIMIT`]: (success, stdout + stderr).
+fn run_limited(mut cmd: Command) -> (bool, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e} (is MPICH installed?)"));
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            return (status.success(), text);
+        }
+        if start.elapsed() > LIMIT {
+            child.kill().ok();
+            panic!("{cmd:?} ran past {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn main() -> ExitCode {
+    if let Ok(ranks) = std::env::var(CHILD) {
+        return child(ranks.parse().expect("a rank count"));
+    }
+    let exe = std::env::current_exe().unwrap();
+    for ranks in [2, 4] {
+        let mut cmd = Command::new("mpiexec");
+        cmd.args(["-n", &ranks.to_string()])
+            .arg(&exe)
+            .env(CHILD, ranks.to_string());
+        let (ok, out) = run_limited(cmd);
+        assert!(ok, "mpiexec -n {ranks} failed:\n{out}");
+        assert_eq!(out.matches("results match").count(), ranks, "{out}");
+        println!("mpiexec -n {ranks}: every rank matches the threads backend");
+    }
+    let mut alone = Command::new(&exe);
+    alone.env(CHILD, "4");
+    let (ok, out) = run_limited(alone);
+    assert!(!ok && out.contains("world has 1 process"), "{out}");
+    println!("started without mpiexec: refused as a world of 1");
+    ExitCode::SUCCESS
+}
