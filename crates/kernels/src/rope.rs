@@ -152,6 +152,9 @@ mod tests {
             assert_same_bits("cached table", &one, &cached);
             // f32 cos/sin table and products: a few ulp of |x| <= 2.
             assert_close_in(precision, "rope", &one, &want.data, 2e-6, 1e-5);
+            // The table's own reference (the tuner's guard for rope_cached) agrees too.
+            let from_table = reference::rope_cached(t, table).unwrap();
+            assert_close_in(precision, "rope_cached", &cached, &from_table.data, 2e-6, 1e-5);
         }
     }
 

@@ -76,6 +76,7 @@ pub fn reference_output(
         }
         StepKernel::Embedding(_) => text(reference::embedding(ints, x(0).shape, x(1))),
         StepKernel::Rope(theta, _) => text(reference::rope(x(0), *theta)),
+        StepKernel::RopeCached(_) => text(reference::rope_cached(x(0), x(1))),
         StepKernel::Pool(kind, attrs, _) => text(reference::pool2d(x(0), *kind, attrs)),
         StepKernel::AdaptivePool(size, _) => text(reference::adaptive_avg_pool2d(x(0), *size)),
         StepKernel::CrossEntropy(attrs, _) => {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use mslc_artifact::validate::kernel_param_bounds;
 use mslc_core::ops::Op;
 use mslc_kernels::binding::{KernelChoice, KernelKind, KernelParam};
+use mslc_kernels::matmul::{Isa, MicroKernel};
 
 /// One axis of the space.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,7 +169,20 @@ fn variants(op: Op, kind: KernelKind, field: &str) -> Vec<KernelParam> {
         .skip(1)
         .step_by(2)
         .map(|v| KernelParam::Text(v.to_string()))
+        .filter(|v| runs_here(field, v))
         .collect()
+}
+
+/// Whether this CPU can run a choice value: a micro-kernel ISA it lacks (AVX-512 on an
+/// AVX2-only machine) is no candidate, rather than a measurement that fails.
+fn runs_here(field: &str, value: &KernelParam) -> bool {
+    match (field, value) {
+        ("isa", KernelParam::Text(name)) => {
+            serde_json::from_value::<Isa>(serde_json::Value::String(name.clone()))
+                .map_or(true, |isa| MicroKernel::select(isa).is_ok())
+        }
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -183,8 +197,16 @@ mod tests {
             assert!(names.contains(&field.as_str()), "{field} in {names:?}");
         }
         let isa = space.axes.iter().find(|a| a.name == "isa").unwrap();
-        for v in ["auto", "avx2", "portable"] {
+        for v in ["auto", "portable"] {
             assert!(isa.values.contains(&KernelParam::Text(v.into())), "{v}");
+        }
+        // Exactly the micro-kernels this CPU runs are candidates.
+        for (name, isa_kind) in [("avx2", Isa::Avx2), ("avx512", Isa::Avx512)] {
+            assert_eq!(
+                isa.values.contains(&KernelParam::Text(name.into())),
+                MicroKernel::select(isa_kind).is_ok(),
+                "{name}"
+            );
         }
         let mc = space.axes.iter().find(|a| a.name == "mc").unwrap();
         assert!(mc.values.len() >= 6);

@@ -19,7 +19,7 @@ pub use fused::fused_elementwise;
 pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};
 pub use loss::{cross_entropy, cross_entropy_grad, mse_loss, CrossEntropyAttrs};
-pub use nn::{attention, causal_mask, embedding, rope};
+pub use nn::{attention, causal_mask, embedding, rope, rope_cached};
 pub use nn_grad::{
     adaptive_avg_pool2d_grad, attention_grad, attention_lse, conv2d_grad_input, conv2d_grad_weight,
     embedding_grad, layer_norm_grad, pool2d_grad, rms_norm_grad,

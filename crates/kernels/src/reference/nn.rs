@@ -46,17 +46,53 @@ pub fn dims4(op: &'static str, what: &str, x: TensorRef<'_>) -> KernelResult<[us
 /// `f = theta^(-2i/D)`, `out[i] = x[i] cos(sf) - x[i + D/2] sin(sf)` and
 /// `out[i + D/2] = x[i + D/2] cos(sf) + x[i] sin(sf)`.
 pub fn rope(x: TensorRef<'_>, theta: f64) -> KernelResult<Tensor> {
+    let [_, _, _, d] = dims4("rope", "x", x)?;
+    if theta.is_nan() || theta <= 0.0 {
+        return Err(KernelError::new(
+            "rope",
+            format!("theta {theta} must be positive"),
+        ));
+    }
+    rotate_half(x, |pos, i| {
+        let (sin, cos) = (pos as f64 * theta.powf(-2.0 * i as f64 / d as f64)).sin_cos();
+        (cos, sin)
+    })
+}
+
+/// `rope_cached(x, table)`: the rotation of [`rope`] with the cosines and sines read from
+/// `table` (`[2, S, D/2]`: every position's cosines, then its sines).
+pub fn rope_cached(x: TensorRef<'_>, table: TensorRef<'_>) -> KernelResult<Tensor> {
+    let [_, s, _, d] = dims4("rope", "x", x)?;
+    let half = d / 2;
+    if table.shape != [2, s, half] || table.data.len() != 2 * s * half {
+        return Err(KernelError::new(
+            "rope",
+            format!(
+                "the table {:?} does not fit x {:?} (want [2, {s}, {half}])",
+                table.shape, x.shape
+            ),
+        ));
+    }
+    let (cos, sin) = table.data.split_at(s * half);
+    rotate_half(x, |pos, i| {
+        (
+            f64::from(cos[pos * half + i]),
+            f64::from(sin[pos * half + i]),
+        )
+    })
+}
+
+/// Rotates each head vector of `x` (`[B, S, H, D]`, D even) in halves, in f64, with the
+/// (cos, sin) of position s and frequency i given by `angle(s, i)`.
+fn rotate_half(
+    x: TensorRef<'_>,
+    angle: impl Fn(usize, usize) -> (f64, f64),
+) -> KernelResult<Tensor> {
     let [b, s, h, d] = dims4("rope", "x", x)?;
     if d % 2 != 0 {
         return Err(KernelError::new(
             "rope",
             format!("head dim {d} must be even"),
-        ));
-    }
-    if theta.is_nan() || theta <= 0.0 {
-        return Err(KernelError::new(
-            "rope",
-            format!("theta {theta} must be positive"),
         ));
     }
     let half = d / 2;
@@ -66,8 +102,7 @@ pub fn rope(x: TensorRef<'_>, theta: f64) -> KernelResult<Tensor> {
             for hi in 0..h {
                 let base = ((bi * s + pos) * h + hi) * d;
                 for i in 0..half {
-                    let angle = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
-                    let (sin, cos) = angle.sin_cos();
+                    let (cos, sin) = angle(pos, i);
                     let x1 = x.data[base + i] as f64;
                     let x2 = x.data[base + i + half] as f64;
                     data[base + i] = (x1 * cos - x2 * sin) as f32;
