@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mslc_kernels::attention::{attention, AttentionParams};
-use mslc_kernels::attention_grad::{attention_grad, attention_lse};
+use mslc_kernels::attention::{attention, attention_lse, AttentionParams};
+use mslc_kernels::attention_grad::attention_grad;
 use mslc_kernels::convert;
 use mslc_kernels::matmul::{matmul, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel};
 use mslc_kernels::par::RowParams;
@@ -273,7 +273,7 @@ fn bench_attention_backward(threads: usize, b: usize, s: usize, h: usize, d: usi
                 .expect("attention")
         })
     });
-    let params = RowParams::default();
+    let params = AttentionParams::default();
     let (lse_time, _) = in_pool(threads, || {
         time(|| attention_lse(q, k, v, true, None, &params, &mut lse).expect("lse"))
     });
