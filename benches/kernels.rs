@@ -84,13 +84,15 @@ fn report(name: &str, threads: usize, flops: f64, (best, median): (f64, f64)) {
     );
 }
 
-fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, transpose_b: bool) {
+fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, flags: (bool, bool)) {
+    let (transpose_a, transpose_b) = flags;
     let a = data(m * k, 1);
     let b = data(k * n, 2);
     let mut out = vec![0.0f32; m * n];
-    let a_shape = [m, k];
+    let a_shape = if transpose_a { [k, m] } else { [m, k] };
     let b_shape = if transpose_b { [n, k] } else { [k, n] };
     let opts = MatmulOptions {
+        transpose_a,
         transpose_b,
         ..Default::default()
     };
@@ -117,7 +119,12 @@ fn bench_matmul(isa: Isa, threads: usize, m: usize, k: usize, n: usize, transpos
             black_box(&out);
         })
     });
-    let t = if transpose_b { " (b transposed)" } else { "" };
+    let t = match flags {
+        (false, false) => "",
+        (true, false) => " (a transposed)",
+        (false, true) => " (b transposed)",
+        (true, true) => " (both transposed)",
+    };
     report(
         &format!("matmul {isa:?} m={m} k={k} n={n}{t}"),
         threads,
@@ -384,10 +391,10 @@ fn main() {
                 continue;
             }
             for t in threads {
-                bench_matmul(isa, t, 512, 512, 512, false);
+                bench_matmul(isa, t, 512, 512, 512, (false, false));
                 for (k, n) in [(256, 256), (256, 688), (256, 1000), (688, 256)] {
-                    bench_matmul(isa, t, 128, k, n, false);
-                    bench_matmul(isa, t, 128, k, n, true);
+                    bench_matmul(isa, t, 128, k, n, (false, false));
+                    bench_matmul(isa, t, 128, k, n, (false, true));
                 }
             }
         }
@@ -395,7 +402,21 @@ fn main() {
     if wanted("gemm512") {
         // The square product scripts/bench_gemm.py compares with NumPy's BLAS.
         for t in threads {
-            bench_matmul(Isa::Auto, t, 512, 512, 512, false);
+            bench_matmul(Isa::Auto, t, 512, 512, 512, (false, false));
+        }
+    }
+    if wanted("train_gemm") {
+        // The products of a tiny_llama training step (B·S = 512 tokens, hidden 256, ffn 688):
+        // forward x·Wᵀ, input gradients dy·W, weight gradients xᵀ·dy.
+        for (m, k, n, flags) in [
+            (512, 256, 688, (false, true)),
+            (512, 256, 256, (false, true)),
+            (512, 688, 256, (false, false)),
+            (256, 512, 688, (true, false)),
+            (688, 512, 256, (true, false)),
+            (256, 512, 256, (true, false)),
+        ] {
+            bench_matmul(Isa::Auto, threads[0], m, k, n, flags);
         }
     }
     if wanted("weights") {
