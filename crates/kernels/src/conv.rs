@@ -167,14 +167,87 @@ impl Conv2dCall {
     }
 }
 
+/// The GEMM left operands of `w` (`[O, C/groups, kh, kw]`): per group, its `[O/groups,
+/// C/groups·kh·kw]` block of rows.
+fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
+    let (og, kdim) = (shape[0] / groups.max(1), shape[1..].iter().product());
+    (0..groups)
+        .map(|grp| MatRef {
+            data: w,
+            offset: grp * og * kdim,
+            rs: kdim,
+            cs: 1,
+            rows: og,
+            cols: kdim,
+        })
+        .collect()
+}
+
+/// A product over the weight blocks alone, for packing them: `m × k` per group, no B yet.
+fn weight_gemm<'a>(weights: &'a [MatRef<'a>], kernel: MicroKernel) -> Gemm<'a> {
+    Gemm {
+        m: weights.first().map_or(0, |w| w.rows),
+        n: 0,
+        k: weights.first().map_or(0, |w| w.cols),
+        a: weights,
+        b: &[],
+        problems: &[],
+        ldc: 0,
+        accumulate: false,
+        bias: None,
+        activation: Activation::NONE,
+        kernel,
+    }
+}
+
+/// Floats of `w` (shape `w_shape`, `groups` groups) packed ahead by [`pack_conv2d_weight`]
+/// for the micro-kernel `params` choose.
+pub fn conv2d_packed_weight_len(
+    w_shape: &[usize],
+    groups: usize,
+    params: &MatmulParams,
+) -> KernelResult<usize> {
+    let kernel = MicroKernel::select(params.isa)?;
+    let blocks = weight_blocks(&[], w_shape, groups);
+    Ok(weight_gemm(&blocks, kernel).packed_a_len())
+}
+
+/// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
+/// call, so that a weight which does not change is packed once.
+pub fn pack_conv2d_weight(
+    w: TensorRef<'_>,
+    groups: usize,
+    params: &MatmulParams,
+    dst: &mut [f32],
+) -> KernelResult<()> {
+    let kernel = MicroKernel::select(params.isa)?;
+    if w.shape.len() != 4 || groups == 0 || w.shape[0] % groups != 0 {
+        return Err(KernelError::new(
+            "conv2d",
+            format!(
+                "w {:?} is not [O, C/groups, kh, kw] for {groups} groups",
+                w.shape
+            ),
+        ));
+    }
+    check_len("conv2d", "w", w.data.len(), w.shape)?;
+    let blocks = weight_blocks(w.data, w.shape, groups);
+    let gemm = weight_gemm(&blocks, kernel);
+    check_len("conv2d", "packed weight", dst.len(), &[gemm.packed_a_len()])?;
+    gemm.pack_a(true, dst);
+    Ok(())
+}
+
 /// `conv2d(x, w)` into `out` (`[N, O, oh, ow]`): per (image, group), the input patches are laid
 /// out as a `[C/groups·kh·kw, oh·ow]` matrix (skipped for 1×1, stride-1, unpadded kernels, where
-/// the input already is that matrix) and multiplied by the group's weights on the packed GEMM.
+/// the input already is that matrix) and multiplied by the group's weights on the packed GEMM —
+/// read from `packed_w` ([`pack_conv2d_weight`]) when given, same bits either way.
 pub fn conv2d(
     x: TensorRef<'_>,
     w: TensorRef<'_>,
     attrs: &Conv2dAttrs,
     params: &MatmulParams,
+    packed_w: Option<&[f32]>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     let g = Conv2dCall::new(x, w, attrs)?;
@@ -186,16 +259,15 @@ pub fn conv2d(
     if out.is_empty() {
         return Ok(());
     }
-    let weights: Vec<MatRef<'_>> = (0..groups)
-        .map(|grp| MatRef {
-            data: w.data,
-            offset: grp * og * kdim,
-            rs: kdim,
-            cs: 1,
-            rows: og,
-            cols: kdim,
-        })
-        .collect();
+    let weights = weight_blocks(w.data, w.shape, groups);
+    if let Some(p) = packed_w {
+        check_len(
+            "conv2d",
+            "packed weight",
+            p.len(),
+            &[weight_gemm(&weights, kernel).packed_a_len()],
+        )?;
+    }
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
     // `cols[(i - n0·groups)·col_offset..]`.
@@ -234,7 +306,7 @@ pub fn conv2d(
             activation: Activation::NONE,
             kernel,
         }
-        .run(out, params);
+        .run_packed(out, params, packed_w, None);
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
@@ -320,17 +392,24 @@ mod tests {
             match reference::conv2d(xt, wtt, &attrs) {
                 Err(_) => {
                     let mut out = vec![0.0; 1];
-                    prop_assert!(conv2d(xt, wtt, &attrs, &MatmulParams::default(), &mut out).is_err());
+                    prop_assert!(conv2d(xt, wtt, &attrs, &MatmulParams::default(), None, &mut out).is_err());
                 }
                 Ok(want) => {
                     let params = MatmulParams { min_parallel_flops: 0, ..MatmulParams::default() };
                     let run = || {
                         let mut out = vec![f32::NAN; want.data.len()];
-                        conv2d(xt, wtt, &attrs, &params, &mut out).unwrap();
+                        conv2d(xt, wtt, &attrs, &params, None, &mut out).unwrap();
                         out
                     };
                     let one = in_pool(1, run);
                     assert_same_bits("threads", &one, &in_pool(2, run));
+                    // The weights packed once give the same bits.
+                    let len = conv2d_packed_weight_len(&ws, groups, &params).unwrap();
+                    let mut packed = vec![f32::NAN; len];
+                    pack_conv2d_weight(wtt, groups, &params, &mut packed).unwrap();
+                    let mut prepacked = vec![f32::NAN; want.data.len()];
+                    in_pool(2, || conv2d(xt, wtt, &attrs, &params, Some(&packed), &mut prepacked).unwrap());
+                    assert_same_bits("packed weights", &one, &prepacked);
                     let k = (cg * kh * kw) as f32;
                     assert_close_in(precision, "conv2d", &one, &want.data, 1e-6 * (k + 1.0), 1e-5);
                 }
@@ -353,7 +432,7 @@ mod tests {
         assert!((side + 2) * (side + 2) > IM2COL_LIMIT / 2);
         let want = reference::conv2d(xt, wt, &attrs).unwrap();
         let mut out = vec![f32::NAN; want.data.len()];
-        conv2d(xt, wt, &attrs, &MatmulParams::default(), &mut out).unwrap();
+        conv2d(xt, wt, &attrs, &MatmulParams::default(), None, &mut out).unwrap();
         assert_same_bits("chunked conv2d", &out, &want.data);
     }
 
@@ -368,22 +447,26 @@ mod tests {
             stride: [0, 1],
             ..Conv2dAttrs::default()
         };
-        assert!(conv2d(xt, w3, &zero_stride, &p, &mut out).is_err());
+        assert!(conv2d(xt, w3, &zero_stride, &p, None, &mut out).is_err());
         let huge = Conv2dAttrs {
             padding: [usize::MAX, 0],
             dilation: [usize::MAX, 1],
             ..Conv2dAttrs::default()
         };
-        assert!(conv2d(xt, w3, &huge, &p, &mut out).is_err());
+        assert!(conv2d(xt, w3, &huge, &p, None, &mut out).is_err());
         let groups = Conv2dAttrs {
             groups: 2,
             ..Conv2dAttrs::default()
         };
-        assert!(conv2d(xt, w3, &groups, &p, &mut out).is_err());
+        assert!(conv2d(xt, w3, &groups, &p, None, &mut out).is_err());
         let big = TensorRef::new("t", &x, &[1, 1, 4, 4]).unwrap();
         let tiny = TensorRef::new("t", &x[..4], &[1, 1, 2, 2]).unwrap();
-        assert!(conv2d(tiny, big, &Conv2dAttrs::default(), &p, &mut out).is_err());
-        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, &mut out[..3]).is_err());
-        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, &mut out).is_ok());
+        assert!(conv2d(tiny, big, &Conv2dAttrs::default(), &p, None, &mut out).is_err());
+        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, None, &mut out[..3]).is_err());
+        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, None, &mut out).is_ok());
+        // Packed weights of another size are refused, not read out of bounds.
+        let short = [0.0f32; 3];
+        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, Some(&short), &mut out).is_err());
+        assert!(pack_conv2d_weight(w3, 2, &p, &mut [0.0; 64]).is_err());
     }
 }

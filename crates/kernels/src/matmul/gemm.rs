@@ -151,11 +151,49 @@ impl Gemm<'_> {
         });
     }
 
+    /// Floats of every A operand packed whole by [`Gemm::pack_a`]: per A, its MR-row panels
+    /// over all k, in the micro-kernel's geometry (independent of `mc`, `kc` and `nc`).
+    pub fn packed_a_len(&self) -> usize {
+        self.a.len() * self.m.div_ceil(self.kernel.mr) * self.k * self.kernel.mr
+    }
+
+    /// Packs every A operand into `dst` ([`Gemm::packed_a_len`] floats), exactly as a call
+    /// packs it, so that [`Gemm::run_packed`] can skip that work (a conv2d's weights).
+    pub fn pack_a(&self, parallel: bool, dst: &mut [f32]) {
+        let (k, mr) = (self.k, self.kernel.mr);
+        let mp = self.m.div_ceil(mr);
+        if k == 0 || dst.is_empty() {
+            return;
+        }
+        par::for_each_chunk_mut(parallel, dst, k * mr, |i, d| {
+            pack_a_panel(self.a[i / mp], (i % mp) * mr, mr, d)
+        });
+    }
+
     /// As [`Gemm::run`], reading B from `packed_b` (laid out by [`Gemm::pack_b`]) when given.
     /// Same bits either way.
     pub fn run_with(&self, c: &mut [f32], params: &MatmulParams, packed_b: Option<&[f32]>) {
+        self.run_packed(c, params, None, packed_b);
+    }
+
+    /// As [`Gemm::run`], reading A from `packed_a` ([`Gemm::pack_a`]) and B from `packed_b`
+    /// ([`Gemm::pack_b`]) when given. Same bits either way.
+    pub fn run_packed(
+        &self,
+        c: &mut [f32],
+        params: &MatmulParams,
+        packed_a: Option<&[f32]>,
+        packed_b: Option<&[f32]>,
+    ) {
         if self.m == 0 || self.n == 0 || self.problems.is_empty() {
             return;
+        }
+        if let Some(p) = packed_a {
+            assert_eq!(
+                p.len(),
+                self.packed_a_len(),
+                "gemm: packed A of the wrong size"
+            );
         }
         if let Some(p) = packed_b {
             assert_eq!(
@@ -180,7 +218,11 @@ impl Gemm<'_> {
             return small::run(self, c, params, parallel, packed_b);
         }
         let grid = Grid::new(self, params, parallel);
-        let a_len = self.a.len() * grid.mp * self.k * self.kernel.mr;
+        let a_len = if packed_a.is_some() {
+            0
+        } else {
+            self.packed_a_len()
+        };
         let b_len = if packed_b.is_some() {
             0
         } else {
@@ -188,12 +230,14 @@ impl Gemm<'_> {
         };
         let b_start = a_len.next_multiple_of(16);
         with_scratch(b_start + b_len, |buf| {
-            let (packed_a, own_b) = buf.split_at_mut(b_start);
-            let packed_a = &mut packed_a[..a_len];
+            let (own_a, own_b) = buf.split_at_mut(b_start);
+            let own_a = &mut own_a[..a_len];
             if self.k > 0 {
+                let pack_a = packed_a.is_none().then_some(&mut *own_a);
                 let pack_b = packed_b.is_none().then_some(&mut *own_b);
-                self.pack(parallel, &grid, packed_a, pack_b);
+                self.pack(parallel, pack_a, pack_b);
             }
+            let packed_a = packed_a.unwrap_or(own_a);
             let packed_b = packed_b.unwrap_or(own_b);
             let kc = params.kc.max(1);
             let c_ptr = SyncPtr(c.as_mut_ptr());
@@ -205,29 +249,20 @@ impl Gemm<'_> {
         });
     }
 
-    /// Packs every A panel into `packed_a` and, when given, every B panel into `packed_b`.
-    fn pack(
-        &self,
-        parallel: bool,
-        grid: &Grid,
-        packed_a: &mut [f32],
-        packed_b: Option<&mut [f32]>,
-    ) {
-        let (k, mp, mr) = (self.k, grid.mp, self.kernel.mr);
-        let mut pack_a = move || {
-            par::for_each_chunk_mut(parallel, packed_a, k * mr, |i, dst| {
-                pack_a_panel(self.a[i / mp], (i % mp) * mr, mr, dst)
-            })
-        };
-        match packed_b {
-            Some(b) if parallel => {
-                rayon::join(pack_a, || self.pack_b(true, b));
+    /// Packs, when given, every A panel into `packed_a` and every B panel into `packed_b`.
+    fn pack(&self, parallel: bool, packed_a: Option<&mut [f32]>, packed_b: Option<&mut [f32]>) {
+        match (packed_a, packed_b) {
+            (Some(a), Some(b)) if parallel => {
+                rayon::join(|| self.pack_a(true, a), || self.pack_b(true, b));
             }
-            Some(b) => {
-                pack_a();
-                self.pack_b(false, b);
+            (a, b) => {
+                if let Some(a) = a {
+                    self.pack_a(parallel, a);
+                }
+                if let Some(b) = b {
+                    self.pack_b(parallel, b);
+                }
             }
-            None => pack_a(),
         }
     }
 

@@ -72,8 +72,8 @@ pub enum StepKernel {
         /// Tiles.
         params: AttentionParams,
     },
-    /// `conv2d`.
-    Conv2d(Conv2dAttrs, MatmulParams),
+    /// `conv2d` with its weight's shape `[O, C/groups, kh, kw]` (for packing it ahead).
+    Conv2d(Conv2dAttrs, MatmulParams, [usize; 4]),
     /// `max_pool2d` / `avg_pool2d`.
     Pool(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d`.
@@ -260,7 +260,14 @@ pub fn prepare(
         }
         Op::Conv2d => {
             let g = Conv2dGeometry::of(&inputs[0], &inputs[1], &a).map_err(err)?;
-            StepKernel::Conv2d(conv_attrs(&g.window, g.groups)?, decode_params(k)?)
+            let w_shape: [usize; 4] = inputs[1]
+                .shape
+                .iter()
+                .map(|&d| usize_of(d, "weight dim"))
+                .collect::<Result<Vec<_>, _>>()?
+                .try_into()
+                .map_err(|_| "conv2d weights must be [O, C/groups, kh, kw]".to_string())?;
+            StepKernel::Conv2d(conv_attrs(&g.window, g.groups)?, decode_params(k)?, w_shape)
         }
         Op::Conv2dGradInput | Op::Conv2dGradWeight => {
             let (x, w) = if op == Op::Conv2dGradInput {
