@@ -221,7 +221,7 @@ pub fn pack_conv2d_weight(
     dst: &mut [f32],
 ) -> KernelResult<()> {
     let kernel = MicroKernel::select(params.isa)?;
-    if w.shape.len() != 4 || groups == 0 || w.shape[0] % groups != 0 {
+    if w.shape.len() != 4 || groups == 0 || !w.shape[0].is_multiple_of(groups) {
         return Err(KernelError::new(
             "conv2d",
             format!(
