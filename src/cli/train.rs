@@ -120,9 +120,11 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         fuse: true,
         ..Selection::default()
     };
-    let options = train_compile_options(&checked, model, selection).map_err(emit)?;
+    let (options, loss_scale) =
+        train_compile_options(&checked, train, model, selection).map_err(emit)?;
     let train_options = TrainOptions {
         expose_grads: args.dump_grads.is_some(),
+        loss_scale,
     };
     let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => emit(d),
@@ -250,6 +252,13 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     );
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
+    }
+    if loss_scale.scales() {
+        let state = trainer.state();
+        text.push_str(&format!(
+            "  scaling: {loss_scale}: scale now {}, {} of {} step(s) skipped\n",
+            state.scale.loss_scale, state.skipped, state.step
+        ));
     }
     for n in &notes {
         text.push_str(&format!("  {n}\n"));
