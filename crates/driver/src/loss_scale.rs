@@ -114,7 +114,10 @@ impl std::fmt::Display for LossScaler {
                 init,
                 factor,
                 window,
-            } => write!(f, "dynamic(init: {init}, factor: {factor}, window: {window})"),
+            } => write!(
+                f,
+                "dynamic(init: {init}, factor: {factor}, window: {window})"
+            ),
         }
     }
 }

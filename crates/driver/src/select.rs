@@ -174,16 +174,21 @@ pub fn choose_policy<'c>(
     let precisions = &checked.decls.precisions;
     Ok(match name {
         Some("f32") => None,
-        Some(name) => Some(precisions.iter().find(|p| p.name.name == name).ok_or_else(|| {
-            let mut known = vec!["f32"];
-            known.extend(precisions.iter().map(|p| p.name.name.as_str()));
-            root_error(
-                checked,
-                Code::E0613,
-                format!("--precision {name}: no such precision policy"),
-                format!("policies: {}", known.join(", ")),
-            )
-        })?),
+        Some(name) => Some(
+            precisions
+                .iter()
+                .find(|p| p.name.name == name)
+                .ok_or_else(|| {
+                    let mut known = vec!["f32"];
+                    known.extend(precisions.iter().map(|p| p.name.name.as_str()));
+                    root_error(
+                        checked,
+                        Code::E0613,
+                        format!("--precision {name}: no such precision policy"),
+                        format!("policies: {}", known.join(", ")),
+                    )
+                })?,
+        ),
         None => checked
             .decls
             .trains

@@ -271,7 +271,10 @@ pub fn compile_train(
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
     let scalar = TensorType::new(DType::F32, vec![]);
-    let scale = (train_options.loss_scale.scales()).then(|| graph.add_input(LOSS_SCALE, scalar));
+    let scale = train_options
+        .loss_scale
+        .scales()
+        .then(|| graph.add_input(LOSS_SCALE, scalar));
     let objective = match scale {
         Some(s) => graph
             .add_op(Op::Mul, Attrs::new(), &[loss, s], "train")
@@ -289,7 +292,15 @@ pub fn compile_train(
         )
     })?;
     let mut b = Builder { g: &mut graph };
-    let built = b.update(spec, &optimizer, &params, &grads, scale, train_options, loss);
+    let built = b.update(
+        spec,
+        &optimizer,
+        &params,
+        &grads,
+        scale,
+        train_options,
+        loss,
+    );
     let trained = built.map_err(|message| CompileError {
         stage: "train",
         message,

@@ -528,7 +528,10 @@ impl Trainer {
         let loss = scalar(&self.exec, LOSS);
         let grad_norm = scalar(&self.exec, GRAD_NORM);
         // NaN (an overflow) is not 0; a module that skips nothing has no such output.
-        let overflow = self.exec.output_f32(OVERFLOW).is_some_and(|(_, v)| v[0] != 0.0);
+        let overflow = self
+            .exec
+            .output_f32(OVERFLOW)
+            .is_some_and(|(_, v)| v[0] != 0.0);
         let skipped = self
             .train
             .loss_scale

@@ -390,10 +390,8 @@ fn cast_target(dtype: DType) -> CastTarget {
 }
 
 /// Translates a registry program (`silu(x0); mul(t0, x1)`) into the kernels' register form:
-/// one register per input first, then one per step. Each intermediate step's result is rounded
-/// to its dtype when that is narrower than f32, as storing it would; the last step's is left to
-/// the store itself, so the kernel's f32 result is the program's exact result before that
-/// rounding (what `--check-numerics` compares against).
+/// one register per input first, then one per step. Each step's result is rounded to its
+/// dtype when that is narrower than f32, as storing it would.
 fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<Program, String> {
     let types = program.step_types(inputs).map_err(|e| e.message)?;
     let mut instrs: Vec<Instr> = (0..inputs.len()).map(Instr::Input).collect();
@@ -423,8 +421,7 @@ fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<
             return Err(format!("`{}` cannot run inside a fused program", step.op));
         };
         instrs.push(instr);
-        let last = step_reg.len() + 1 == program.steps.len();
-        if matches!(ty.dtype, DType::F16 | DType::BF16) && step.op != Op::Cast && !last {
+        if matches!(ty.dtype, DType::F16 | DType::BF16) && step.op != Op::Cast {
             let x = instrs.len() - 1;
             instrs.push(Instr::Cast {
                 to: cast_target(ty.dtype),
