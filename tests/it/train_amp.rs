@@ -77,28 +77,31 @@ struct Metrics {
     skipped: bool,
 }
 
-/// `mslc train` of `source` from init seed 1 for `steps` with `extra` flags; returns the metrics.
+/// `mslc train` of `source`, shrunk, from init seed 1 over the token data, with `extra` flags.
+fn mslc_train(dir: &TestDir, source: &Path, extra: &[&str]) -> (i32, String, String) {
+    let data = tokens(dir);
+    let mut args = vec!["train", s(source)];
+    args.extend_from_slice(&SIZES);
+    args.extend(["--init-seed", "1", "--data", s(&data)]);
+    args.extend_from_slice(extra);
+    mslc(&args)
+}
+
+/// Trains `source` for `steps` on 2 threads with `extra` flags; returns the metrics.
 fn train(dir: &TestDir, source: &Path, tag: &str, steps: u64, extra: &[&str]) -> Vec<Metrics> {
     let metrics = dir.path(&format!("{tag}.jsonl"));
     let _ = std::fs::remove_file(&metrics);
-    let data = tokens(dir);
     let steps = steps.to_string();
-    let mut args = vec!["train", s(source)];
-    args.extend_from_slice(&SIZES);
-    args.extend([
-        "--init-seed",
-        "1",
-        "--data",
-        s(&data),
+    let mut args = vec![
         "--steps",
         &steps,
         "--threads",
         "2",
         "--metrics",
         s(&metrics),
-    ]);
+    ];
     args.extend_from_slice(extra);
-    let (code, stdout, stderr) = mslc(&args);
+    let (code, stdout, stderr) = mslc_train(dir, source, &args);
     assert_eq!(code, 0, "mslc train ({tag}):\n{stdout}\n{stderr}");
     std::fs::read_to_string(&metrics)
         .unwrap()
@@ -397,21 +400,10 @@ fn operands(line: &str) -> Vec<String> {
 }
 
 #[test]
-fn precision_on_train_picks_a_policy_or_f32() {
+fn an_unknown_precision_on_train_is_a_usage_error() {
     let dir = TestDir::new("amp-flag");
     let source = source(&dir, &policy("Amp", "bf16", "dynamic"));
-    let data = tokens(&dir);
-    let mut args = vec!["train", s(&source)];
-    args.extend_from_slice(&SIZES);
-    args.extend([
-        "--init-seed",
-        "1",
-        "--data",
-        s(&data),
-        "--precision",
-        "Nope",
-    ]);
-    let (code, stdout, stderr) = mslc(&args);
+    let (code, stdout, stderr) = mslc_train(&dir, &source, &["--precision", "Nope"]);
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(
         stderr.contains("E0613") && stderr.contains("policies: f32, Amp"),
@@ -423,11 +415,7 @@ fn precision_on_train_picks_a_policy_or_f32() {
 fn check_numerics_under_amp_says_f32_stays_finite() {
     let dir = TestDir::new("amp-numerics");
     let source = source(&dir, &policy("Amp", "f16", "fixed(1073741824)"));
-    let data = tokens(&dir);
-    let mut args = vec!["train", s(&source)];
-    args.extend_from_slice(&SIZES);
-    args.extend(["--init-seed", "1", "--data", s(&data), "--check-numerics"]);
-    let (code, stdout, stderr) = mslc(&args);
+    let (code, stdout, stderr) = mslc_train(&dir, &source, &["--check-numerics"]);
     assert_eq!(code, 1, "{stdout}{stderr}");
     // The help wraps at any space.
     let stderr = stderr.split_whitespace().collect::<Vec<_>>().join(" ");

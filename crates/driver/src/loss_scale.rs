@@ -126,56 +126,27 @@ impl std::fmt::Display for LossScaler {
 mod tests {
     use super::*;
 
-    /// MindSpore's `DynamicLossScaleManager.update_loss_scale`, transcribed: iterations count
-    /// from 1, and the scale grows when the iterations since the last overflow are a multiple of
-    /// the window.
-    struct MindSpore {
-        scale: f64,
-        factor: f64,
-        window: u64,
-        cur_iter: u64,
-        last_overflow_iter: u64,
-    }
-
-    impl MindSpore {
-        fn update(&mut self, overflow: bool) {
-            if overflow {
-                self.scale = (self.scale / self.factor).max(1.0);
-                self.last_overflow_iter = self.cur_iter;
-            } else if (self.cur_iter - self.last_overflow_iter) % self.window == 0 {
-                self.scale *= self.factor;
-            }
-            self.cur_iter += 1;
-        }
-    }
-
     #[test]
-    fn dynamic_scaling_follows_mindspore() {
-        let (init, factor, window) = (1024.0, 2.0, 3);
+    fn dynamic_scaling_backs_off_to_one_and_grows_after_a_window() {
         let scaler = LossScaler(LossScale::Dynamic {
-            init,
-            factor,
-            window,
+            init: 1024.0,
+            factor: 2.0,
+            window: 3,
         });
-        let mut ms = MindSpore {
-            scale: init,
-            factor,
-            window,
-            cur_iter: 1,
-            last_overflow_iter: 0,
-        };
         let mut state = scaler.initial();
-        // Overflows in runs and alone, long clean stretches, and a floor at 1.
-        let mut pattern: Vec<bool> = "0001000000010110000000".chars().map(|c| c == '1').collect();
-        pattern.extend(std::iter::repeat_n(true, 14));
-        pattern.extend(std::iter::repeat_n(false, 7));
-        for (i, &overflow) in pattern.iter().enumerate() {
-            let skipped = scaler.after_step(&mut state, overflow);
-            ms.update(overflow);
-            assert_eq!(skipped, overflow);
-            assert_eq!(state.loss_scale, ms.scale, "after step {}", i + 1);
+        // Three finite steps grow the scale; an overflow halves it and restarts the count; the
+        // scale stops at 1.
+        let overflows = "000100111111111111000";
+        let want = [
+            1024.0, 1024.0, 2048.0, 1024.0, 1024.0, 1024.0, 512.0, 256.0, 128.0, 64.0, 32.0, 16.0,
+            8.0, 4.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0,
+        ];
+        for (i, (c, want)) in overflows.chars().zip(want).enumerate() {
+            let overflow = c == '1';
+            assert_eq!(scaler.after_step(&mut state, overflow), overflow);
+            assert_eq!(state.loss_scale, want, "after step {}", i + 1);
         }
-        assert_eq!(state.loss_scale, 4.0, "the floor of 1, then two growths");
+        assert_eq!(state.good_steps, 0);
     }
 
     #[test]
