@@ -378,6 +378,27 @@ fn the_forward_casts_each_parameter_once_and_the_update_stays_f32() {
         });
         assert!(recast.is_none(), "{recast:?}");
     }
+    // O2 computes in f16 but what `keep_f32` lists, forward and backward alike.
+    let typed = |op: &str| -> Vec<&str> {
+        ir.lines()
+            .filter(|l| l.contains(&format!(" = {op}(")))
+            .collect()
+    };
+    for op in [
+        "rms_norm",
+        "rms_norm_grad",
+        "cross_entropy",
+        "cross_entropy_grad",
+    ] {
+        let lines = typed(op);
+        assert!(!lines.is_empty(), "no {op}");
+        assert!(lines.iter().all(|l| l.contains(": f32[")), "{lines:#?}");
+    }
+    for op in ["attention", "attention_grad", "embedding"] {
+        let lines = typed(op);
+        assert!(!lines.is_empty(), "no {op}");
+        assert!(lines.iter().all(|l| l.contains(": f16[")), "{lines:#?}");
+    }
     // The optimizer states are f32, as the masters they update.
     let states: Vec<&str> = ir
         .lines()
