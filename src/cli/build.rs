@@ -378,8 +378,12 @@ fn build_train<'c>(
             "fix the errors `mslc check` reports".to_string(),
         )
     })?;
-    let options = train_compile_options(checked, model, selection(args))?;
-    let mut compiled = compile_train(train, &options, TrainOptions::default())
+    let (options, loss_scale) = train_compile_options(checked, train, model, selection(args))?;
+    let train_options = TrainOptions {
+        expose_grads: false,
+        loss_scale,
+    };
+    let mut compiled = compile_train(train, &options, train_options)
         .map_err(|e| match e {
             TrainError::Train(d) => d,
             TrainError::Compile(e) => e.diagnostic(checked),

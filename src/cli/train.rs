@@ -1,5 +1,5 @@
 //! `mslc train FILE.msl`: compile a `train` declaration's training step and run it over
-//! `--data` for `--steps` updates, with a progress line per step, optional JSONL metrics,
+//! `--data` for `--steps` steps, with a progress line per step, optional JSONL metrics,
 //! atomic checkpoints, exact resumption and the first step's gradients for comparison.
 
 use std::fs::OpenOptions;
@@ -38,7 +38,8 @@ pub struct TrainArgs {
     /// `tokens.npy` of shape [N, S+1] for a language model.
     #[arg(long, value_name = "PATH")]
     pub data: PathBuf,
-    /// Updates to run (in total, counting those of a resumed checkpoint).
+    /// Steps to run (in total, counting those of a resumed checkpoint; a step that loss scaling
+    /// skips counts).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub steps: u64,
     /// Shuffle the samples of each epoch with this seed (default: in order).
@@ -53,7 +54,7 @@ pub struct TrainArgs {
     /// Continue from a checkpoint `DIR/step-K`.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
-    /// Append one JSON object per update (step, loss, lr, loss_scale, grad_norm, skipped, ms).
+    /// Append one JSON object per step (step, loss, lr, loss_scale, grad_norm, skipped, ms).
     #[arg(long, value_name = "FILE.jsonl")]
     pub metrics: Option<PathBuf>,
     /// After the first update's backward, write DIR/grads.safetensors and DIR/loss.npy.
@@ -120,9 +121,11 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         fuse: true,
         ..Selection::default()
     };
-    let options = train_compile_options(&checked, model, selection).map_err(emit)?;
+    let (options, loss_scale) =
+        train_compile_options(&checked, train, model, selection).map_err(emit)?;
     let train_options = TrainOptions {
         expose_grads: args.dump_grads.is_some(),
+        loss_scale,
     };
     let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => emit(d),
@@ -238,7 +241,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     }
     bar.finish_and_clear();
     let mut text = format!(
-        "trained {} ({} parameters, {}) for {} update(s), steps {}..{}\n  memory:  arena {} (lower bound {})\n",
+        "trained {} ({} parameters, {}) for {} step(s), steps {}..{}\n  memory:  arena {} (lower bound {})\n",
         train.spec.name.name,
         trainer.params().len(),
         trainer.state().optimizer,
@@ -250,6 +253,13 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     );
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
+    }
+    if loss_scale.scales() {
+        let state = trainer.state();
+        text.push_str(&format!(
+            "  scaling: {loss_scale}: scale now {}, {} of {} step(s) skipped\n",
+            state.scale.loss_scale, state.skipped, state.step
+        ));
     }
     for n in &notes {
         text.push_str(&format!("  {n}\n"));

@@ -31,6 +31,18 @@ pub struct CompileOptions {
     pub amp: Option<AmpConfig>,
 }
 
+impl CompileOptions {
+    /// What the IR passes see of these options.
+    pub fn pass_context(&self) -> PassContext {
+        PassContext {
+            verify: self.verify,
+            fuse: self.fuse,
+            training: false,
+            amp: self.amp.clone(),
+        }
+    }
+}
+
 /// Milliseconds spent per stage.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StageTimes {
@@ -140,12 +152,7 @@ pub fn compile_graph(mut graph: Graph, options: &CompileOptions) -> Result<Compi
     let mut times = StageTimes::default();
     let ops_before = graph.op_count();
     let t = Instant::now();
-    let cx = PassContext {
-        verify: options.verify,
-        fuse: options.fuse,
-        training: false,
-        amp: options.amp.clone(),
-    };
+    let cx = options.pass_context();
     let passes = default_pipeline(&cx)
         .run(&mut graph, &cx)
         .map_err(|e| CompileError {

@@ -1,8 +1,9 @@
 //! The `--check-numerics` diagnostic (E0614), the same for every command that runs a module: which
 //! op first produced a NaN or an infinity, where it was written, its operands' ranges, and —
-//! for a result stored in f16/bf16 — whether computing it in f32 stays finite.
+//! for an op computed in f16/bf16 — whether computing it in f32 stays finite.
 
 use mslc_core::diag::{Code, Diagnostic};
+use mslc_core::ops::DType;
 use mslc_core::program::Loc;
 use mslc_exec::numerics::NumericsFault;
 use mslc_ir::autodiff::GRAD_MARK;
@@ -40,7 +41,10 @@ impl NumericsReport {
                 f32_result
                     .abs_max
                     .map_or("–".to_string(), |m| format!("{m:e}")),
-                fault.result.ty.dtype
+                match fault.result.ty.dtype {
+                    d @ (DType::F16 | DType::BF16) => d.to_string(),
+                    _ => "its f16/bf16 steps".to_string(),
+                }
             ),
             (Some(_), false) => {
                 "computed in f32 on the same operands it is not finite either: the operands \

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use mslc_check::policy::PrecisionPolicy;
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic, FileId};
 use mslc_core::ops::{DType, Op};
@@ -160,23 +161,26 @@ pub fn choose_precision(
     model: &Model,
     name: Option<&str>,
 ) -> Result<Option<AmpConfig>, Box<Diagnostic>> {
-    let policy = match name {
-        Some("f32") => return Ok(None),
+    Ok(choose_policy(checked, model, name)?.map(amp_config))
+}
+
+/// The `precision` policy [`choose_precision`] compiles with, for the choices beyond cast
+/// placement (a training step's loss scaling).
+pub fn choose_policy<'c>(
+    checked: &'c Checked,
+    model: &Model,
+    name: Option<&str>,
+) -> Result<Option<&'c PrecisionPolicy>, Box<Diagnostic>> {
+    let precisions = &checked.decls.precisions;
+    Ok(match name {
+        Some("f32") => None,
         Some(name) => Some(
-            checked
-                .decls
-                .precisions
+            precisions
                 .iter()
                 .find(|p| p.name.name == name)
                 .ok_or_else(|| {
                     let mut known = vec!["f32"];
-                    known.extend(
-                        checked
-                            .decls
-                            .precisions
-                            .iter()
-                            .map(|p| p.name.name.as_str()),
-                    );
+                    known.extend(precisions.iter().map(|p| p.name.name.as_str()));
                     root_error(
                         checked,
                         Code::E0613,
@@ -191,20 +195,22 @@ pub fn choose_precision(
             .iter()
             .find(|t| t.spec.model.name == model.name)
             .and_then(|t| t.precision)
-            .map(|i| &checked.decls.precisions[i]),
+            .map(|i| &precisions[i]),
+    })
+}
+
+/// The cast placement a checked policy asks for.
+pub fn amp_config(p: &PrecisionPolicy) -> AmpConfig {
+    let compute = match p.compute {
+        LowPrecision::F16 => DType::F16,
+        LowPrecision::BF16 => DType::BF16,
     };
-    Ok(policy.map(|p| {
-        let compute = match p.compute {
-            LowPrecision::F16 => DType::F16,
-            LowPrecision::BF16 => DType::BF16,
-        };
-        AmpConfig {
-            level: p.level,
-            compute,
-            keep_f32: p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect(),
-            keep_batchnorm_f32: p.keep_batchnorm_f32,
-        }
-    }))
+    AmpConfig {
+        level: p.level,
+        compute,
+        keep_f32: p.keep_f32.iter().filter_map(|n| Op::from_name(n)).collect(),
+        keep_batchnorm_f32: p.keep_batchnorm_f32,
+    }
 }
 
 /// The dims the caller's input arrays imply (`shapes` by input name), from the model's symbolic

@@ -8,15 +8,25 @@
 //!   learning rate, after the schedule) and, for Adam, [`STEP_SIZE`] (`lr / (1 − β1^t)`) and
 //!   [`BC2_SQRT`] (`√(1 − β2^t)`), which the training loop computes in f64 each update; and one
 //!   input per optimizer state, named `PATH.momentum_buffer` (SGD with momentum) or
-//!   `PATH.exp_avg` and `PATH.exp_avg_sq` (Adam), as `torch.optim` names them;
-//! - outputs: [`LOSS`], [`GRAD_NORM`] (the global 2-norm before clipping), with
-//!   [`TrainOptions::expose_grads`] `grad.PATH` (the raw gradient), then the new value of every
-//!   state input under the input's name and of every trained parameter under its path. The
-//!   loop writes those back ([`write_backs`]) before the next step; weight decay, momentum and
-//!   bias correction follow `torch.optim.SGD` (dampening 0), `Adam` and `AdamW` exactly.
+//!   `PATH.exp_avg` and `PATH.exp_avg_sq` (Adam), as `torch.optim` names them; with loss
+//!   scaling, [`LOSS_SCALE`], the scale this step multiplies its loss by;
+//! - outputs: [`LOSS`] (unscaled), [`GRAD_NORM`] (the global 2-norm of the unscaled gradients
+//!   before clipping), [`OVERFLOW`] when a step with a non-finite gradient is to be skipped, with
+//!   [`TrainOptions::expose_grads`] `grad.PATH` (the unscaled gradient), then the new value of
+//!   every state input under the input's name and of every trained parameter under its path.
+//!   The loop writes those back ([`write_backs`]) before the next step, unless it skips the
+//!   update; weight decay, momentum and bias correction follow `torch.optim.SGD` (dampening 0),
+//!   `Adam` and `AdamW` exactly.
 //!
-//! Gradient accumulation (`grad_accum` > 1) and loss scaling are not compiled yet: a train that
-//! asks for them is refused with a coded error rather than trained differently.
+//! Mixed precision (MindSpore's O1–O3, [`mslc_ir::passes::Amp`]) is applied to the forward graph
+//! before it is differentiated: each parameter is cast to the compute type once, and the
+//! backward reads that cast value (it never casts again) and differentiates the cast itself,
+//! whose gradient is the cotangent cast back to f32. So the gradients, the norm and the
+//! optimizer work on the f32 master parameters and f32 states, and the passes after autodiff
+//! place no further casts.
+//!
+//! Gradient accumulation (`grad_accum` > 1) is not compiled yet: a train that asks for it is
+//! refused with a coded error rather than trained differently.
 
 use std::time::Instant;
 
@@ -25,11 +35,14 @@ use mslc_check::policy::{Optimizer, OptimizerKind};
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
+use mslc_ir::passes::amp_pipeline;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
-use crate::select::{compile_options, root_error, Selection};
+use crate::loss_scale::LossScaler;
+use crate::select::{amp_config, choose_policy, compile_options, root_error, Selection};
 
 /// Output: the loss of the step.
 pub const LOSS: &str = "loss";
@@ -41,14 +54,23 @@ pub const LR: &str = "train.lr";
 pub const STEP_SIZE: &str = "train.step_size";
 /// Input (Adam): `√(1 − β2^t)` for update `t` (from 1).
 pub const BC2_SQRT: &str = "train.bias_correction2_sqrt";
-/// Prefix of the outputs holding raw gradients ([`TrainOptions::expose_grads`]).
+/// Input (loss scaling): the scale this step multiplies its loss by.
+pub const LOSS_SCALE: &str = "train.loss_scale";
+/// The scalar inputs the loop sets before each step (those the module has).
+pub const SCALAR_INPUTS: [&str; 4] = [LR, STEP_SIZE, BC2_SQRT, LOSS_SCALE];
+/// Output (when the loss scaling skips overflowing steps): 0 when every unscaled gradient is
+/// finite, NaN otherwise — the sum over all gradients of `sum(g · 0)`.
+pub const OVERFLOW: &str = "overflow";
+/// Prefix of the outputs holding the gradients ([`TrainOptions::expose_grads`]).
 pub const GRAD_PREFIX: &str = "grad.";
 
 /// How to build a training module beyond the forward's options.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TrainOptions {
-    /// Also output each parameter's raw gradient as `grad.PATH` (for `--dump-grads`).
+    /// Also output each parameter's unscaled gradient as `grad.PATH` (for `--dump-grads`).
     pub expose_grads: bool,
+    /// The loss scaling the step is built for ([`train_compile_options`] chooses it).
+    pub loss_scale: LossScaler,
 }
 
 /// One trained parameter and its optimizer states.
@@ -71,6 +93,8 @@ pub struct CompiledTrain {
     pub optimizer: Optimizer,
     /// Trained parameters, by path.
     pub params: Vec<TrainedParam>,
+    /// Its loss scaling.
+    pub loss_scale: LossScaler,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -138,27 +162,34 @@ pub fn choose_train<'a>(
     })
 }
 
-/// How to compile the training step of `model` (the train's model, labels and loss included):
-/// the target and fusion as for any model ([`compile_options`]), in f32 — mixed-precision
-/// training is not built yet, so a `--precision` other than `f32` is refused (E0609).
+/// How to compile the training step of `train` (whose model, labels and loss are `model`): the
+/// target and fusion as for any model ([`compile_options`]), and the mixed precision and loss
+/// scaling of the selected policy (`--precision NAME`; none for `--precision f32`), else of the
+/// train's own `precision`. At O0 nothing is cast and the loss is not scaled (the checker warns
+/// that a `loss_scale` there has no effect).
 pub fn train_compile_options(
     checked: &Checked,
+    train: &Train,
     model: &Model,
     selection: Selection,
-) -> Result<CompileOptions, Box<Diagnostic>> {
-    if let Some(p) = selection.precision.filter(|&p| p != "f32") {
-        return Err(root_error(
-            checked,
-            Code::E0609,
-            format!("--precision {p}: a training step compiles in f32 for now"),
-            "mixed-precision training is not built yet; leave out --precision".to_string(),
-        ));
-    }
-    let f32_only = Selection {
-        precision: Some("f32"),
-        ..selection
+) -> Result<(CompileOptions, LossScaler), Box<Diagnostic>> {
+    let policy = match selection.precision {
+        Some(name) => choose_policy(checked, model, Some(name))?,
+        None => train.precision.map(|i| &checked.decls.precisions[i]),
     };
-    compile_options(checked, model, f32_only)
+    let mut options = compile_options(
+        checked,
+        model,
+        Selection {
+            precision: Some("f32"),
+            ..selection
+        },
+    )?;
+    options.amp = policy.map(amp_config);
+    let loss_scale = policy
+        .filter(|p| p.level != AmpLevel::O0)
+        .map_or(LossScale::None, |p| p.loss_scale);
+    Ok((options, LossScaler(loss_scale)))
 }
 
 /// Compiles `train`'s training step.
@@ -197,6 +228,17 @@ pub fn compile_train(
     }
     let t = Instant::now();
     let mut graph = lower_verified(model, options)?;
+    let forward_passes = match options.amp {
+        Some(_) => Some(
+            amp_pipeline()
+                .run(&mut graph, &options.pass_context())
+                .map_err(|e| CompileError {
+                    stage: "passes",
+                    message: e.to_string(),
+                })?,
+        ),
+        None => None,
+    };
     let loss = graph
         .outputs
         .iter()
@@ -228,7 +270,21 @@ pub fn compile_train(
         ));
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
-    let grads = mslc_ir::autodiff::backward(&mut graph, loss, &wrt).map_err(|e| {
+    let scalar = TensorType::new(DType::F32, vec![]);
+    let scale = train_options
+        .loss_scale
+        .scales()
+        .then(|| graph.add_input(LOSS_SCALE, scalar));
+    let objective = match scale {
+        Some(s) => graph
+            .add_op(Op::Mul, Attrs::new(), &[loss, s], "train")
+            .map_err(|e| CompileError {
+                stage: "train",
+                message: e.message,
+            })?[0],
+        None => loss,
+    };
+    let grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
         refuse(
             Code::E0521,
             format!("cannot differentiate train `{}`: {e}", spec.name.name),
@@ -236,19 +292,36 @@ pub fn compile_train(
         )
     })?;
     let mut b = Builder { g: &mut graph };
-    let built = b.update(spec, &optimizer, &params, &grads, train_options, loss);
+    let built = b.update(
+        spec,
+        &optimizer,
+        &params,
+        &grads,
+        scale,
+        train_options,
+        loss,
+    );
     let trained = built.map_err(|message| CompileError {
         stage: "train",
         message,
     })?;
     // Lowering, the backward and the update count as the lowering stage.
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut compiled = compile_graph(graph, options)?;
+    // The casts are placed: the passes after autodiff must not cast the update.
+    let whole = CompileOptions {
+        amp: None,
+        ..options.clone()
+    };
+    let mut compiled = compile_graph(graph, &whole)?;
     compiled.times.lower_ms = lower_ms;
+    if let Some(forward) = forward_passes {
+        compiled.passes.prepend(forward);
+    }
     Ok(CompiledTrain {
         compiled,
         optimizer,
         params: trained,
+        loss_scale: train_options.loss_scale,
     })
 }
 
@@ -289,28 +362,60 @@ impl Builder<'_> {
         self.bin(Op::Add, ax, by)
     }
 
+    /// `Σ_g sum(f(g))` over the gradients.
+    fn total(
+        &mut self,
+        grads: &[ValueRef],
+        mut f: impl FnMut(&mut Self, ValueRef) -> Built<ValueRef>,
+    ) -> Built<ValueRef> {
+        let mut total: Option<ValueRef> = None;
+        for &g in grads {
+            let x = f(self, g)?;
+            let s = self.op(Op::Sum, Attrs::new(), &[x])?;
+            total = Some(match total {
+                Some(t) => self.bin(Op::Add, t, s)?,
+                None => s,
+            });
+        }
+        total.ok_or_else(|| "no gradients".to_string())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         spec: &mslc_check::policy::TrainSpec,
         opt: &Optimizer,
         params: &[(String, ValueRef)],
         grads: &[ValueRef],
+        scale: Option<ValueRef>,
         options: TrainOptions,
         loss: ValueRef,
     ) -> Built<Vec<TrainedParam>> {
         self.g.set_output(LOSS, loss);
         let scalar = TensorType::new(DType::F32, vec![]);
-        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let mut total: Option<ValueRef> = None;
-        for &g in grads {
-            let sq = self.bin(Op::Mul, g, g)?;
-            let s = self.op(Op::Sum, Attrs::new(), &[sq])?;
-            total = Some(match total {
-                Some(t) => self.bin(Op::Add, t, s)?,
-                None => s,
-            });
+        // Unscaled by the reciprocal of the scale, as MindSpore's `_grad_scale` and PyTorch's
+        // `GradScaler.unscale_` do (exact for the usual powers of two).
+        let grads: Vec<ValueRef> = match scale {
+            Some(s) => {
+                let one = self.scalar(1.0)?;
+                let inverse = self.bin(Op::Div, one, s)?;
+                let mut unscaled = Vec::with_capacity(grads.len());
+                for &g in grads {
+                    unscaled.push(self.bin(Op::Mul, g, inverse)?);
+                }
+                unscaled
+            }
+            None => grads.to_vec(),
+        };
+        let grads = grads.as_slice();
+        if options.loss_scale.skips_overflow() {
+            // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
+            let zero = self.scalar(0.0)?;
+            let overflow = self.total(grads, |b, g| b.bin(Op::Mul, g, zero))?;
+            self.g.set_output(OVERFLOW, overflow);
         }
-        let total = total.ok_or("no gradients")?;
+        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
+        let total = self.total(grads, |b, g| b.bin(Op::Mul, g, g))?;
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {

@@ -1,7 +1,8 @@
 //! The training loop over a compiled training step ([`crate::train`]): batches from `.npy`
-//! files, the learning rate and bias corrections of each update, writing the new parameters
-//! and optimizer states back, atomic checkpoints and exact resumption, and the first step's
-//! gradients for comparison with other frameworks.
+//! files, the learning rate and bias corrections of each update, the loss scale
+//! ([`crate::loss_scale`]), writing the new parameters and optimizer states back (or skipping a
+//! step whose gradients overflowed), atomic checkpoints and exact resumption, and the first
+//! step's gradients for comparison with other frameworks.
 //!
 //! The loop is deterministic: the same data, seed and thread count give the same bytes, so N
 //! steps straight and N/2 + resume N/2 end with byte-identical weights.
@@ -19,9 +20,11 @@ use mslc_exec::{ExecError, Executor};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
 
+use crate::loss_scale::ScaleState;
 use crate::numerics::NumericsReport;
 use crate::train::{
-    write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LR, STEP_SIZE,
+    write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LOSS_SCALE,
+    LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE,
 };
 
 /// A coded failure of the loop, naming the file or value at fault.
@@ -294,8 +297,13 @@ fn tokens_columns(
 /// Where the loop is: saved in `state.json` and restored by `--resume`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoopState {
-    /// Updates done.
+    /// Steps done, skipped ones included (a checkpoint `step-K` is written after step K).
     pub step: u64,
+    /// Optimizer updates applied: the steps not skipped. Adam's `t` and the learning-rate
+    /// schedule count these.
+    pub updates: u64,
+    /// Steps skipped because a gradient was not finite.
+    pub skipped: u64,
     /// Epochs started (the shuffle of epoch `e` is drawn from the seed and `e`).
     pub epoch: u64,
     /// Batches of the current epoch already taken.
@@ -306,8 +314,12 @@ pub struct LoopState {
     pub optimizer: String,
     /// Samples per batch, checked on resume.
     pub batch: u64,
-    /// Loss scale (1 without loss scaling).
-    pub loss_scale: f64,
+    /// The loss-scale manager, as the train states it (`none`, `fixed(…)`, `dynamic(…)`): the
+    /// scale state below carries over a resume only under the same manager.
+    pub loss_scaling: String,
+    /// The loss scale and its count of finite steps.
+    #[serde(flatten)]
+    pub scale: ScaleState,
 }
 
 /// What one update reported.
@@ -315,15 +327,16 @@ pub struct LoopState {
 pub struct StepMetrics {
     /// The update's number, from 1.
     pub step: u64,
-    /// The loss before the update.
+    /// The loss before the update (unscaled).
     pub loss: f64,
     /// The learning rate it used.
     pub lr: f64,
-    /// The loss scale (1 without loss scaling).
+    /// The loss scale the step multiplied its loss by (1 without loss scaling).
     pub loss_scale: f64,
-    /// The gradients' global 2-norm before clipping.
+    /// The unscaled gradients' global 2-norm before clipping.
     pub grad_norm: f64,
-    /// Whether the update was skipped (never, without dynamic loss scaling).
+    /// Whether the update was skipped because a gradient was not finite (never without loss
+    /// scaling).
     pub skipped: bool,
     /// Wall time of the step in milliseconds.
     pub ms: f64,
@@ -357,7 +370,7 @@ pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, Tenso
         .collect();
     module
         .inputs()
-        .filter(|(n, _)| !states.contains(n) && ![LR, STEP_SIZE, BC2_SQRT].contains(n))
+        .filter(|(n, _)| !states.contains(n) && !SCALAR_INPUTS.contains(n))
         .map(|(n, v)| (n.to_string(), module.values[v as usize].ty.clone()))
         .collect()
 }
@@ -404,12 +417,15 @@ impl Trainer {
         }
         let state = LoopState {
             step: 0,
+            updates: 0,
+            skipped: 0,
             epoch: 0,
             batch_in_epoch: 0,
             shuffle,
             optimizer: optimizer_name(train.optimizer.kind).to_string(),
             batch: batch as u64,
-            loss_scale: 1.0,
+            loss_scaling: train.loss_scale.to_string(),
+            scale: train.loss_scale.initial(),
         };
         let mut trainer = Trainer {
             exec,
@@ -455,8 +471,9 @@ impl Trainer {
         order
     }
 
-    /// Runs one update: feeds the next batch and the scalars, runs the step, writes the new
-    /// parameters and states back.
+    /// Runs one step: feeds the next batch and the scalars, runs the step, and writes the new
+    /// parameters and states back — unless the loss scaling skips the step because a gradient
+    /// is not finite.
     pub fn step(&mut self) -> Res<StepMetrics> {
         let start = std::time::Instant::now();
         let (per_epoch, _) = self.epoch_shape();
@@ -468,14 +485,16 @@ impl Trainer {
         let first = self.state.batch_in_epoch as usize * self.batch;
         let rows = self.order[first..first + self.batch].to_vec();
         self.data.feed(&mut self.exec, &rows)?;
-        let k = self.state.step;
+        let k = self.state.updates;
         let opt = self.train.optimizer;
         let lr = self.schedule.lr(opt.lr, k);
         let t = (k + 1) as i32;
+        let loss_scale = self.state.scale.loss_scale;
         let scalars = [
             (LR, lr),
             (STEP_SIZE, lr / (1.0 - opt.betas.0.powi(t))),
             (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
+            (LOSS_SCALE, loss_scale),
         ];
         for (name, value) in scalars {
             if self.exec.module().inputs().any(|(n, _)| n == name) {
@@ -486,25 +505,54 @@ impl Trainer {
                     .map_err(|e| data_error(e.message))?;
             }
         }
-        self.exec.run().map_err(TrainRunError::of_run)?;
+        self.exec.run().map_err(|e| {
+            let mut e = TrainRunError::of_run(e);
+            let scaler = self.train.loss_scale;
+            if let (Some(report), true) = (e.numerics.as_mut(), scaler.scales()) {
+                report.help.push_str(&format!(
+                    "; the step's loss was scaled by {loss_scale} (loss_scale = {scaler})"
+                ));
+                if scaler.skips_overflow() {
+                    report.help.push_str(
+                        ", and without --check-numerics a step whose gradients are not finite \
+                         is skipped",
+                    );
+                }
+            }
+            e
+        })?;
         let scalar = |exec: &Executor, name: &str| {
             exec.output_f32(name)
                 .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
         };
         let loss = scalar(&self.exec, LOSS);
         let grad_norm = scalar(&self.exec, GRAD_NORM);
-        self.exec
-            .write_back(write_backs(&self.train.params))
-            .map_err(TrainRunError::of_run)?;
+        // NaN (an overflow) is not 0; a module that skips nothing has no such output.
+        let overflow = self
+            .exec
+            .output_f32(OVERFLOW)
+            .is_some_and(|(_, v)| v[0] != 0.0);
+        let skipped = self
+            .train
+            .loss_scale
+            .after_step(&mut self.state.scale, overflow);
+        if skipped {
+            self.state.skipped += 1;
+        } else {
+            self.exec
+                .write_back(write_backs(&self.train.params))
+                .map_err(TrainRunError::of_run)?;
+            self.state.updates += 1;
+        }
         self.state.step += 1;
         self.state.batch_in_epoch += 1;
         Ok(StepMetrics {
             step: self.state.step,
             loss,
             lr,
-            loss_scale: self.state.loss_scale,
+            loss_scale,
             grad_norm,
-            skipped: false,
+            skipped,
             ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
@@ -655,6 +703,11 @@ impl Trainer {
             }
         }
         self.state = state;
+        if self.state.loss_scaling != self.train.loss_scale.to_string() {
+            // Another manager (another precision): this one starts from its own initial scale.
+            self.state.loss_scaling = self.train.loss_scale.to_string();
+            self.state.scale = self.train.loss_scale.initial();
+        }
         self.order = self.epoch_order(self.state.epoch);
         Ok(())
     }

@@ -16,10 +16,11 @@ use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::DType;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
+use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams, Program};
 use mslc_kernels::par;
 use mslc_kernels::scratch::try_warm;
 use mslc_kernels::step::needs::SCRATCH_BUFFERS;
-use mslc_kernels::step::{OperandMode as Mode, Operands};
+use mslc_kernels::step::{OperandMode as Mode, Operands, StepKernel};
 use mslc_kernels::{KernelResult, TensorRef};
 
 use super::buffer::AlignedBuf;
@@ -755,7 +756,8 @@ impl<'a> Memory<'a> {
 
     /// What `check_numerics` reports for step `s` if its result holds a NaN or an infinity:
     /// the operands' ranges and, for a result stored in f16/bf16, the kernel's f32 result
-    /// (still in `out_stage`) before rounding.
+    /// (still in `out_stage`) before rounding — or, for a fused program that rounds to f16/bf16
+    /// on the way, the program's result without those roundings.
     ///
     /// # Safety
     /// No arena value may be mutably borrowed (the step has finished).
@@ -772,8 +774,18 @@ impl<'a> Memory<'a> {
         // SAFETY (all `bytes` calls): the caller rules out a live `&mut`.
         let first_index = NumericsFault::first_nonfinite(ty, unsafe { self.bytes(out) })?;
         let low_precision = matches!(ty.dtype, DType::F16 | DType::BF16);
-        let in_f32 = (low_precision && !plan.prepared.out_direct)
-            .then(|| F32Result::of(out_stage.f32s_mut(self.slots[out as usize].numel)));
+        let in_f32 = match &plan.prepared.kernel {
+            // A program rounds its low-precision steps inside the kernel: evaluate it again
+            // without those roundings.
+            StepKernel::Fused(program, params) | StepKernel::Binary(_, Some(program), params) => {
+                let intact = plan.prepared.modes.first() != Some(&Mode::InPlace);
+                let wide = program.widened().filter(|_| intact);
+                // SAFETY: as above.
+                wide.and_then(|wide| unsafe { self.widened_result(&wide, params, step) })
+            }
+            _ => (low_precision && !plan.prepared.out_direct)
+                .then(|| F32Result::of(out_stage.f32s_mut(self.slots[out as usize].numel))),
+        };
         Some(NumericsFault {
             step: s,
             op: step.op,
@@ -788,6 +800,41 @@ impl<'a> Memory<'a> {
                 .collect(),
             in_f32,
         })
+    }
+
+    /// `program` (a step's fused program, widened to f32) evaluated on the step's operands, as
+    /// stored: what the step computes without rounding to f16/bf16.
+    ///
+    /// # Safety
+    /// As [`Memory::fault`].
+    unsafe fn widened_result(
+        &self,
+        program: &Program,
+        params: &ElementwiseParams,
+        step: &Step,
+    ) -> Option<F32Result> {
+        let operands: Vec<Vec<f32>> = step
+            .inputs
+            .iter()
+            .map(|&v| {
+                let slot = &self.slots[v as usize];
+                let mut values = vec![0f32; slot.numel];
+                // SAFETY: the caller rules out a live `&mut`.
+                load_f32(slot.dtype, unsafe { self.bytes(v) }, &mut values);
+                values
+            })
+            .collect();
+        let views: Vec<TensorRef> = operands
+            .iter()
+            .zip(&step.inputs)
+            .map(|(data, &v)| TensorRef {
+                data,
+                shape: &self.slots[v as usize].shape,
+            })
+            .collect();
+        let mut out = vec![0f32; self.slots[step.outputs[0] as usize].numel];
+        fused_elementwise(program, &views, params, &mut out).ok()?;
+        Some(F32Result::of(&out))
     }
 
     /// Where a step output's bytes start (outputs live in the arena or the hoisted region).

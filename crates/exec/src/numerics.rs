@@ -1,7 +1,7 @@
 //! `--check-numerics`: after every step, whether its result holds a NaN or an infinity, and, at
 //! the first that does, what a user needs to find the cause — the op and where it was written,
-//! its operands' ranges, and, for a result stored in f16/bf16, whether the kernel's f32 result
-//! was finite before rounding (an overflow of the low-precision type, not of the math).
+//! its operands' ranges, and, for a result computed in f16/bf16, whether the same op in f32
+//! stays finite (an overflow of the low-precision type, not of the math).
 
 use std::fmt;
 
@@ -51,8 +51,9 @@ impl OperandRange {
     }
 }
 
-/// The kernel's f32 result of a step whose result is stored in a low-precision type, before it
-/// was rounded to that type.
+/// The f32 result of a step that computes in a low-precision type: the kernel's result before
+/// it was rounded to the stored type, or a fused program's result computed without its
+/// roundings to f16/bf16.
 #[derive(Clone, Debug, PartialEq)]
 pub struct F32Result {
     /// How many of its elements are NaN or infinite.
@@ -78,7 +79,8 @@ pub struct NumericsFault {
     pub first_index: usize,
     /// Each operand's range, in argument order.
     pub inputs: Vec<OperandRange>,
-    /// For a result stored in f16/bf16: the f32 result before rounding.
+    /// For a result stored in f16/bf16, or a fused program rounding to them on the way: the
+    /// result computed in f32.
     pub in_f32: Option<F32Result>,
 }
 

@@ -110,3 +110,36 @@ fn check_numerics_finds_the_op_that_overflows() {
     let (code, _, err) = run(s(&source), &ones, &["--check-numerics"]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// A fused elementwise program whose last step overflows f16 (`exp(10) · 10` ≈ 2.2e5, while
+/// `exp(10)` ≈ 2.2e4 fits): the report compares with the program's exact f32 result, not with
+/// one already rounded to f16.
+#[test]
+fn check_numerics_judges_a_fused_program_by_its_f32_result() {
+    let dir = TestDir::new("numerics-fused");
+    let source = dir.path("fused.msl");
+    std::fs::write(
+        &source,
+        "model Grow {\n    input x: f32[2, 8]\n    output y = exp(x) * x\n}\n\nprecision Half {\n    level = O3\n    compute = f16\n}\n",
+    )
+    .unwrap();
+    let ten = filled(&dir, "10.npy", 10.0);
+    let (code, _, err) = mslc(&[
+        "run",
+        s(&source),
+        "--input",
+        &ten,
+        "--precision",
+        "Half",
+        "--check-numerics",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("`fused_elementwise` produced NaN or infinity (forward"),
+        "{err}"
+    );
+    assert!(
+        err.contains("stays finite (abs max 2.2"),
+        "the f32 result is exp(10) · 10:\n{err}"
+    );
+}

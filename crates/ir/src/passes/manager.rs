@@ -54,6 +54,18 @@ pub struct PipelineReport {
 }
 
 impl PipelineReport {
+    /// Adds the runs of an `earlier` pipeline over the same graph in front of these, as if one
+    /// pipeline had made both.
+    pub fn prepend(&mut self, earlier: PipelineReport) {
+        self.ops_before = earlier.ops_before;
+        let mut passes = earlier.passes;
+        passes.append(&mut self.passes);
+        self.passes = passes;
+        for (label, n) in earlier.rewrites_by_label {
+            *self.rewrites_by_label.entry(label).or_default() += n;
+        }
+    }
+
     /// Total wall time of the passes, in microseconds.
     pub fn total_micros(&self) -> u64 {
         self.passes.iter().map(|p| p.micros).sum()

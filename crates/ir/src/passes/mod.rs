@@ -163,6 +163,17 @@ fn cleanup() -> Vec<Box<dyn Pass>> {
 /// three rounds on real models.
 const FIXPOINT_CAP: usize = 8;
 
+/// The front of [`default_pipeline`] with a mixed-precision policy: clean up, place the casts,
+/// tidy them. A training step runs it on the forward graph before differentiating it, so the
+/// backward reuses the forward's casts and differentiates them, and the passes after autodiff
+/// (the default pipeline without a policy) cast nothing of the optimizer's f32 update.
+pub fn amp_pipeline() -> PassManager {
+    PassManager::new()
+        .fixpoint(cleanup(), FIXPOINT_CAP)
+        .then(Box::new(Amp))
+        .then(Box::new(CastCleanup))
+}
+
 /// The standard order: clean up; apply the mixed-precision policy if there is one; tidy casts
 /// and clean up again (folding casts of constants); then, when `cx.fuse`, fuse and clean up
 /// once more (cancelling the layout transposes fusion put around `attention` against the

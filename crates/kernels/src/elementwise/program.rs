@@ -84,6 +84,30 @@ impl Program {
     pub fn output_shape(&self, input_shapes: &[&[usize]]) -> KernelResult<Vec<usize>> {
         broadcast_shapes("fused_elementwise", input_shapes)
     }
+
+    /// The same math with every rounding to f16 or bf16 left out (those casts become the f32
+    /// identity), for `--check-numerics` to say whether the program stays finite in f32; `None`
+    /// when the program rounds to neither.
+    pub fn widened(&self) -> Option<Program> {
+        let narrow = |to: CastTarget| matches!(to, CastTarget::F16 | CastTarget::Bf16);
+        let rounds = self
+            .instrs
+            .iter()
+            .any(|i| matches!(*i, Instr::Cast { to, .. } if narrow(to)));
+        rounds.then(|| Program {
+            instrs: self
+                .instrs
+                .iter()
+                .map(|i| match *i {
+                    Instr::Cast { to, x } if narrow(to) => Instr::Cast {
+                        to: CastTarget::F32,
+                        x,
+                    },
+                    ref other => other.clone(),
+                })
+                .collect(),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -119,5 +143,34 @@ mod tests {
         assert!(forward.validate(1).is_err());
         let json = serde_json::to_string(&ok).unwrap();
         assert_eq!(serde_json::from_str::<Program>(&json).unwrap(), ok);
+    }
+
+    #[test]
+    fn widening_drops_only_low_precision_roundings() {
+        let cast = |to, x| Instr::Cast { to, x };
+        let program = Program {
+            instrs: vec![
+                Instr::Input(0),
+                cast(CastTarget::F16, 0),
+                Instr::Unary {
+                    op: UnaryOp::Exp,
+                    x: 1,
+                },
+                cast(CastTarget::Bf16, 2),
+                cast(CastTarget::I32, 3),
+            ],
+        };
+        let wide = program.widened().expect("it rounds to f16 and bf16");
+        assert_eq!(wide.instrs[1], cast(CastTarget::F32, 0));
+        assert_eq!(wide.instrs[3], cast(CastTarget::F32, 2));
+        assert_eq!(wide.instrs[4], cast(CastTarget::I32, 3));
+        assert_eq!(
+            (wide.instrs[0].clone(), wide.instrs[2].clone()),
+            (program.instrs[0].clone(), program.instrs[2].clone())
+        );
+        let f32_only = Program {
+            instrs: vec![Instr::Input(0), cast(CastTarget::F64, 0)],
+        };
+        assert_eq!(f32_only.widened(), None);
     }
 }
