@@ -26,4 +26,5 @@ mod robustness;
 mod round_trip;
 mod support;
 mod train;
+mod train_mode;
 mod ui;

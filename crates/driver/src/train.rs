@@ -15,8 +15,17 @@
 //!   loop writes those back ([`write_backs`]) before the next step; weight decay, momentum and
 //!   bias correction follow `torch.optim.SGD` (dampening 0), `Adam` and `AdamW` exactly.
 //!
-//! Gradient accumulation (`grad_accum` > 1) and loss scaling are not compiled yet: a train that
-//! asks for them is refused with a coded error rather than trained differently.
+//! The graph is in training mode ([`crate::train_mode`]): live dropout reading the input
+//! [`crate::train_mode::SEED`], and BatchNorm with batch statistics, whose new running
+//! statistics are outputs named by the buffers' paths ([`CompiledTrain::buffers`]).
+//!
+//! Gradient accumulation (`grad_accum` = k > 1), PyTorch's recipe: the module differentiates
+//! `loss / k` of one micro-batch and adds the input `PATH.grad_accum` (the sum over the earlier
+//! micro-batches of the update, zero for the first) to each gradient, outputting the sum under
+//! the same name; the norm, clipping and update use that sum. The loop runs the module once per
+//! micro-batch and keeps only the sums (and running statistics) of all but the last run,
+//! whose update it writes back ([`CompiledTrain::accumulators`]). Loss scaling is not compiled
+//! yet.
 
 use std::time::Instant;
 
@@ -43,6 +52,8 @@ pub const STEP_SIZE: &str = "train.step_size";
 pub const BC2_SQRT: &str = "train.bias_correction2_sqrt";
 /// Prefix of the outputs holding raw gradients ([`TrainOptions::expose_grads`]).
 pub const GRAD_PREFIX: &str = "grad.";
+/// Suffix of the gradient accumulators' inputs and outputs (`PATH.grad_accum`).
+pub const ACCUM_SUFFIX: &str = ".grad_accum";
 
 /// How to build a training module beyond the forward's options.
 #[derive(Clone, Copy, Debug, Default)]
@@ -71,6 +82,12 @@ pub struct CompiledTrain {
     pub optimizer: Optimizer,
     /// Trained parameters, by path.
     pub params: Vec<TrainedParam>,
+    /// Micro-batches per update (`grad_accum`).
+    pub grad_accum: u32,
+    /// Gradient accumulators (`PATH.grad_accum`, inputs and outputs) when `grad_accum` > 1.
+    pub accumulators: Vec<String>,
+    /// Buffers the step updates (BatchNorm's running statistics), written back after every run.
+    pub buffers: Vec<String>,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -138,6 +155,44 @@ pub fn choose_train<'a>(
     })
 }
 
+/// The model dim a step of `train` sets to its micro-batch size on one device, and that size:
+/// the first dim of the model's first input, `batch / grad_accum` samples (the train's `batch`
+/// counts an update's samples, `B × dp × micro-batches`, and there is one device). `None` when
+/// the model's first input does not start with a named dim. A `batch` that `grad_accum` does
+/// not divide is refused (E0651).
+pub fn micro_batch_dim(
+    train: &Train,
+    model: &Model,
+) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
+    let Some(dim) = model
+        .inputs
+        .first()
+        .and_then(|i| i.dims.first().cloned().flatten())
+    else {
+        return Ok(None);
+    };
+    let spec = &train.spec;
+    let k = spec.grad_accum.max(1);
+    if spec.batch < 1 || spec.batch % k != 0 {
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0651,
+                spec.file,
+                spec.batch_span,
+                format!(
+                    "batch = {} does not split into grad_accum = {k} micro-batches",
+                    spec.batch
+                ),
+            )
+            .with_label("samples per update")
+            .with_help(format!(
+                "make `batch` a multiple of {k}, or set the micro-batch with --dim {dim}=N"
+            )),
+        ));
+    }
+    Ok(Some((dim, spec.batch / k)))
+}
+
 /// How to compile the training step of `model` (the train's model, labels and loss included):
 /// the target and fusion as for any model ([`compile_options`]), in f32 — mixed-precision
 /// training is not built yet, so a `--precision` other than `f32` is refused (E0609).
@@ -185,16 +240,13 @@ pub fn compile_train(
             "fix the errors `mslc check` reports first",
         ));
     };
-    if spec.grad_accum > 1 {
-        return Err(refuse(
-            Code::E0521,
-            format!(
-                "train `{}` accumulates {} micro-steps, which mslc cannot compile yet",
-                spec.name.name, spec.grad_accum
-            ),
-            "use `grad_accum = 1` and a batch of the accumulated size",
-        ));
-    }
+    let grad_accum = u32::try_from(spec.grad_accum.max(1)).map_err(|_| {
+        refuse(
+            Code::E0651,
+            format!("grad_accum = {} is too large", spec.grad_accum),
+            "accumulate fewer micro-batches",
+        )
+    })?;
     let t = Instant::now();
     let mut graph = lower_verified(model, options)?;
     let loss = graph
@@ -207,6 +259,13 @@ pub fn compile_train(
             message: "the training graph has no `loss` output".to_string(),
         })?;
     graph.outputs.clear();
+    let mode = crate::train_mode::apply(&mut graph).map_err(|e| {
+        refuse(
+            Code::E0650,
+            format!("`{}` cannot run in training mode: {}", e.origin, e.message),
+            "give batch_norm its running statistics as `buffer`s (std.nn.BatchNorm2d does)",
+        )
+    })?;
     let mut params: Vec<(String, ValueRef)> = graph
         .node_ids()
         .into_iter()
@@ -228,7 +287,19 @@ pub fn compile_train(
         ));
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
-    let grads = mslc_ir::autodiff::backward(&mut graph, loss, &wrt).map_err(|e| {
+    // PyTorch's accumulation recipe differentiates `loss / grad_accum`.
+    let objective = if grad_accum > 1 {
+        let mut b = Builder { g: &mut graph };
+        let k = b.scalar(f64::from(grad_accum));
+        k.and_then(|k| b.bin(Op::Div, loss, k))
+            .map_err(|message| CompileError {
+                stage: "train",
+                message,
+            })?
+    } else {
+        loss
+    };
+    let grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
         refuse(
             Code::E0521,
             format!("cannot differentiate train `{}`: {e}", spec.name.name),
@@ -236,11 +307,27 @@ pub fn compile_train(
         )
     })?;
     let mut b = Builder { g: &mut graph };
-    let built = b.update(spec, &optimizer, &params, &grads, train_options, loss);
+    let accumulate = grad_accum > 1;
+    let built = b.update(
+        spec,
+        &optimizer,
+        &params,
+        &grads,
+        train_options,
+        loss,
+        accumulate,
+    );
     let trained = built.map_err(|message| CompileError {
         stage: "train",
         message,
     })?;
+    for (path, v) in &mode.running {
+        graph.set_output(path, *v);
+    }
+    let accumulators = match accumulate {
+        true => params.iter().map(|(p, _)| accumulator(p)).collect(),
+        false => Vec::new(),
+    };
     // Lowering, the backward and the update count as the lowering stage.
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut compiled = compile_graph(graph, options)?;
@@ -249,7 +336,15 @@ pub fn compile_train(
         compiled,
         optimizer,
         params: trained,
+        grad_accum,
+        accumulators,
+        buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
     })
+}
+
+/// The accumulator input and output of parameter `path`'s gradient.
+pub fn accumulator(path: &str) -> String {
+    format!("{path}{ACCUM_SUFFIX}")
 }
 
 /// Adds the norm, clipping and optimizer ops to a graph.
@@ -289,6 +384,7 @@ impl Builder<'_> {
         self.bin(Op::Add, ax, by)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         spec: &mslc_check::policy::TrainSpec,
@@ -297,9 +393,25 @@ impl Builder<'_> {
         grads: &[ValueRef],
         options: TrainOptions,
         loss: ValueRef,
+        accumulate: bool,
     ) -> Built<Vec<TrainedParam>> {
         self.g.set_output(LOSS, loss);
         let scalar = TensorType::new(DType::F32, vec![]);
+        // With accumulation, each gradient is the sum over the update's micro-batches so far.
+        let mut summed = Vec::with_capacity(grads.len());
+        for ((path, p), &g) in params.iter().zip(grads) {
+            if accumulate {
+                let name = accumulator(path);
+                let ty = self.g.ty(*p).clone();
+                let earlier = self.g.add_input(&name, ty);
+                let sum = self.bin(Op::Add, earlier, g)?;
+                self.g.set_output(&name, sum);
+                summed.push(sum);
+            } else {
+                summed.push(g);
+            }
+        }
+        let grads = &summed[..];
         // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
         let mut total: Option<ValueRef> = None;
         for &g in grads {

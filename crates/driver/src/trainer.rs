@@ -23,6 +23,7 @@ use crate::numerics::NumericsReport;
 use crate::train::{
     write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LR, STEP_SIZE,
 };
+use crate::train_mode::SEED;
 
 /// A coded failure of the loop, naming the file or value at fault.
 #[derive(Clone, Debug, PartialEq)]
@@ -308,6 +309,10 @@ pub struct LoopState {
     pub batch: u64,
     /// Loss scale (1 without loss scaling).
     pub loss_scale: f64,
+    /// The train seed, from which each micro-batch's dropout seed is drawn (0 when absent,
+    /// as in checkpoints written before dropout was live).
+    #[serde(default)]
+    pub seed: u64,
 }
 
 /// What one update reported.
@@ -315,7 +320,7 @@ pub struct LoopState {
 pub struct StepMetrics {
     /// The update's number, from 1.
     pub step: u64,
-    /// The loss before the update.
+    /// The loss before the update (with `grad_accum`, the mean of its micro-batches' losses).
     pub loss: f64,
     /// The learning rate it used.
     pub lr: f64,
@@ -338,6 +343,8 @@ pub struct Trainer {
     batch: usize,
     order: Vec<usize>,
     state: LoopState,
+    /// The last update's loss (the mean over its micro-batches).
+    loss: f64,
 }
 
 fn optimizer_name(kind: OptimizerKind) -> &'static str {
@@ -348,29 +355,36 @@ fn optimizer_name(kind: OptimizerKind) -> &'static str {
     }
 }
 
-/// The module's data inputs — the model's inputs and the train's labels — by name, with types.
-pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, TensorType)> {
-    let states: Vec<&str> = train
+/// The module's inputs the loop keeps across runs and starts at zero: optimizer states and
+/// gradient accumulators.
+fn zeroed_inputs(train: &CompiledTrain) -> impl Iterator<Item = &str> {
+    train
         .params
         .iter()
         .flat_map(|p| p.states.iter().map(String::as_str))
-        .collect();
+        .chain(train.accumulators.iter().map(String::as_str))
+}
+
+/// The module's data inputs — the model's inputs and the train's labels — by name, with types.
+pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, TensorType)> {
+    let states: Vec<&str> = zeroed_inputs(train).collect();
     module
         .inputs()
-        .filter(|(n, _)| !states.contains(n) && ![LR, STEP_SIZE, BC2_SQRT].contains(n))
+        .filter(|(n, _)| !states.contains(n) && ![LR, STEP_SIZE, BC2_SQRT, SEED].contains(n))
         .map(|(n, v)| (n.to_string(), module.values[v as usize].ty.clone()))
         .collect()
 }
 
 impl Trainer {
     /// A loop over `data` for the step `train` run by `exec` (parameters loaded or
-    /// initialised); optimizer states start at zero.
+    /// initialised); optimizer states start at zero; `seed` draws the dropout masks.
     pub fn new(
         mut exec: Executor,
         train: CompiledTrain,
         schedule: Schedule,
         data: Dataset,
         shuffle: Option<u64>,
+        seed: u64,
     ) -> Res<Trainer> {
         let inputs = data_inputs(exec.module(), &train);
         let batch = inputs
@@ -385,23 +399,8 @@ impl Trainer {
             )));
         }
         data.check_labels(exec.module())?;
-        for p in &train.params {
-            for s in &p.states {
-                let ty = exec
-                    .module()
-                    .inputs()
-                    .find(|(n, _)| n == s)
-                    .map(|(_, v)| exec.module().values[v as usize].ty.clone());
-                if let Some(ty) = ty {
-                    let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
-                    let zeros = vec![0f32; shape.iter().product()];
-                    let array =
-                        NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
-                    exec.set_input(s, &array)
-                        .map_err(|e| data_error(e.message))?;
-                }
-            }
-        }
+        let zeroed: Vec<String> = zeroed_inputs(&train).map(str::to_string).collect();
+        zero_inputs(&mut exec, &zeroed)?;
         let state = LoopState {
             step: 0,
             epoch: 0,
@@ -410,6 +409,7 @@ impl Trainer {
             optimizer: optimizer_name(train.optimizer.kind).to_string(),
             batch: batch as u64,
             loss_scale: 1.0,
+            seed,
         };
         let mut trainer = Trainer {
             exec,
@@ -419,6 +419,7 @@ impl Trainer {
             batch,
             order: Vec::new(),
             state,
+            loss: f64::NAN,
         };
         trainer.order = trainer.epoch_order(0);
         Ok(trainer)
@@ -455,19 +456,12 @@ impl Trainer {
         order
     }
 
-    /// Runs one update: feeds the next batch and the scalars, runs the step, writes the new
-    /// parameters and states back.
+    /// Runs one update: for each of its `grad_accum` micro-batches feeds the next batch, the
+    /// scalars and the dropout seed and runs the step, keeping the gradient sums and running
+    /// statistics of all but the last run and writing the last run's new parameters and states
+    /// back.
     pub fn step(&mut self) -> Res<StepMetrics> {
         let start = std::time::Instant::now();
-        let (per_epoch, _) = self.epoch_shape();
-        if self.state.batch_in_epoch as usize >= per_epoch {
-            self.state.epoch += 1;
-            self.state.batch_in_epoch = 0;
-            self.order = self.epoch_order(self.state.epoch);
-        }
-        let first = self.state.batch_in_epoch as usize * self.batch;
-        let rows = self.order[first..first + self.batch].to_vec();
-        self.data.feed(&mut self.exec, &rows)?;
         let k = self.state.step;
         let opt = self.train.optimizer;
         let lr = self.schedule.lr(opt.lr, k);
@@ -478,7 +472,7 @@ impl Trainer {
             (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
         ];
         for (name, value) in scalars {
-            if self.exec.module().inputs().any(|(n, _)| n == name) {
+            if self.has_input(name) {
                 let array = NpyArray::from_f32(vec![], &[value as f32])
                     .map_err(|e| data_error(e.to_string()))?;
                 self.exec
@@ -486,31 +480,75 @@ impl Trainer {
                     .map_err(|e| data_error(e.message))?;
             }
         }
-        self.exec.run().map_err(TrainRunError::of_run)?;
-        let scalar = |exec: &Executor, name: &str| {
-            exec.output_f32(name)
-                .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
-        };
-        let loss = scalar(&self.exec, LOSS);
-        let grad_norm = scalar(&self.exec, GRAD_NORM);
-        self.exec
-            .write_back(write_backs(&self.train.params))
-            .map_err(TrainRunError::of_run)?;
+        let micro = u64::from(self.train.grad_accum);
+        let mut losses = 0.0;
+        for m in 0..micro {
+            self.feed_next_batch()?;
+            if self.has_input(SEED) {
+                let seed = micro_seed(self.state.seed, k * micro + m);
+                let array =
+                    NpyArray::from_i64(vec![], &[seed]).map_err(|e| data_error(e.to_string()))?;
+                self.exec
+                    .set_input(SEED, &array)
+                    .map_err(|e| data_error(e.message))?;
+            }
+            self.exec.run().map_err(TrainRunError::of_run)?;
+            losses += self.scalar(LOSS);
+            let buffers = self.train.buffers.iter().map(String::as_str);
+            if m + 1 < micro {
+                let sums = self.train.accumulators.iter().map(String::as_str);
+                self.exec
+                    .write_back(sums.chain(buffers))
+                    .map_err(TrainRunError::of_run)?;
+            } else {
+                self.exec
+                    .write_back(write_backs(&self.train.params).chain(buffers))
+                    .map_err(TrainRunError::of_run)?;
+            }
+        }
+        zero_inputs(&mut self.exec, &self.train.accumulators)?;
+        self.loss = losses / micro as f64;
         self.state.step += 1;
-        self.state.batch_in_epoch += 1;
         Ok(StepMetrics {
             step: self.state.step,
-            loss,
+            loss: self.loss,
             lr,
             loss_scale: self.state.loss_scale,
-            grad_norm,
+            grad_norm: self.scalar(GRAD_NORM),
             skipped: false,
             ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
 
-    /// Writes the last step's raw gradients as `DIR/grads.safetensors` (f32, by parameter path)
-    /// and its loss as `DIR/loss.npy`; the module must expose them
+    fn has_input(&self, name: &str) -> bool {
+        self.exec.module().inputs().any(|(n, _)| n == name)
+    }
+
+    /// Scalar output `name` of the last run (NaN if absent).
+    fn scalar(&self, name: &str) -> f64 {
+        self.exec
+            .output_f32(name)
+            .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
+    }
+
+    /// Feeds the next batch of the epoch, starting the next epoch when this one is used up.
+    fn feed_next_batch(&mut self) -> Res<()> {
+        let (per_epoch, _) = self.epoch_shape();
+        if self.state.batch_in_epoch as usize >= per_epoch {
+            self.state.epoch += 1;
+            self.state.batch_in_epoch = 0;
+            self.order = self.epoch_order(self.state.epoch);
+        }
+        let first = self.state.batch_in_epoch as usize * self.batch;
+        let rows = self.order[first..first + self.batch].to_vec();
+        self.data.feed(&mut self.exec, &rows)?;
+        self.state.batch_in_epoch += 1;
+        Ok(())
+    }
+
+    /// Writes the last update's raw gradients as `DIR/grads.safetensors` (f32, by parameter
+    /// path; with `grad_accum`, summed over the micro-batches of `loss / grad_accum`) and its
+    /// loss as `DIR/loss.npy`; the module must expose them
     /// ([`crate::train::TrainOptions::expose_grads`]).
     pub fn dump_grads(&self, dir: &Path) -> Res<Vec<PathBuf>> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
@@ -527,12 +565,9 @@ impl Trainer {
         let path = dir.join("grads.safetensors");
         let tensors: Vec<TensorRef> = grads.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
         write_safetensors(&path, &tensors).map_err(|e| write_error(e.to_string()))?;
-        let (_, loss) = self
-            .exec
-            .output_f32(LOSS)
-            .ok_or_else(|| run_missing(LOSS))?;
         let loss_path = dir.join("loss.npy");
-        let array = NpyArray::from_f32(vec![], &loss).map_err(|e| write_error(e.to_string()))?;
+        let array = NpyArray::from_f32(vec![], &[self.loss as f32])
+            .map_err(|e| write_error(e.to_string()))?;
         write_npy(&loss_path, &array).map_err(|e| write_error(e.to_string()))?;
         Ok(vec![path, loss_path])
     }
@@ -663,6 +698,31 @@ impl Trainer {
     pub fn params(&self) -> &[TrainedParam] {
         &self.train.params
     }
+}
+
+/// Sets each of the inputs `names` to zeros.
+fn zero_inputs(exec: &mut Executor, names: &[String]) -> Res<()> {
+    for name in names {
+        let ty = exec
+            .module()
+            .inputs()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| exec.module().values[v as usize].ty.clone());
+        if let Some(ty) = ty {
+            let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+            let zeros = vec![0f32; shape.iter().product()];
+            let array = NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
+            exec.set_input(name, &array)
+                .map_err(|e| data_error(e.message))?;
+        }
+    }
+    Ok(())
+}
+
+/// The dropout seed of micro-batch `index` (counted over the whole run) under the train seed:
+/// a pure function of the two, so a resumed run draws the masks a straight one would.
+fn micro_seed(seed: u64, index: u64) -> i64 {
+    SplitMix(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03)).next() as i64
 }
 
 fn run_missing(name: &str) -> TrainRunError {
