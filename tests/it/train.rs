@@ -747,3 +747,99 @@ fn tiny_llama_twenty_adamw_steps_match_jax() {
         "the twenty steps learn something: {want:?}"
     );
 }
+
+/// The whole-model gradients of bert_base shrunk with `--set` (2 layers, hidden 16, 2 heads,
+/// `p = 0`: eval-mode dropout) under the example's `Distill` loss, against JAX's float64
+/// autodiff of the Hugging Face BertModel forward (tests/reference/bert_grad_ref.py): the loss
+/// within 1e-5 and every gradient within 1e-4 relative — of the tensor's largest magnitude, or
+/// of a thousandth of the model's largest gradient for the attention key biases, whose exact
+/// gradient is zero (softmax ignores a shift shared by a query's scores), leaving f32 rounding.
+#[test]
+fn bert_base_gradients_match_jax() {
+    if !have_python_module("jax") {
+        eprintln!("note: python3 with jax is not available; skipping the BERT gradient check");
+        return;
+    }
+    let dir = TestDir::new("train-bert-grads");
+    let sets = [
+        ("vocab", "50"),
+        ("hidden", "16"),
+        ("layers", "2"),
+        ("heads", "2"),
+        ("ffn", "32"),
+        ("max_positions", "8"),
+        ("p", "0"),
+    ];
+    let module = compile_sized("examples/bert_base.msl", &sets, &[("S", "8"), ("B", "4")]);
+    let weights = dir.path("w.safetensors");
+    write_weights(&weights, &random_weights(&module, 13));
+    let data = dir.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut rng = Rng(17);
+    let mut ints = |name: &str, hi: f32| {
+        let v: Vec<i64> = rng.vec(32, 0.0, hi).iter().map(|&x| x as i64).collect();
+        write_npy(data.join(name), &NpyArray::from_i64(vec![4, 8], &v).unwrap()).unwrap();
+    };
+    ints("input_ids.npy", 50.0);
+    ints("token_type_ids.npy", 2.0);
+    let teacher = rng.vec(4 * 8 * 16, -1.0, 1.0);
+    write_npy(
+        data.join("teacher.npy"),
+        &NpyArray::from_f32(vec![4, 8, 16], &teacher).unwrap(),
+    )
+    .unwrap();
+    let pooled = rng.vec(4 * 16, -0.5, 0.5);
+    write_npy(
+        data.join("teacher_pooled.npy"),
+        &NpyArray::from_f32(vec![4, 16], &pooled).unwrap(),
+    )
+    .unwrap();
+    let grads = dir.path("grads");
+    let mut args = vec!["train", "examples/bert_base.msl"];
+    let pairs: Vec<String> = sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for p in &pairs {
+        args.extend(["--set", p]);
+    }
+    args.extend(["--dim", "S=8", "--dim", "B=4", "--weights", s(&weights)]);
+    args.extend(["--data", s(&data), "--dump-grads", s(&grads)]);
+    let (code, out, err) = mslc(&args);
+    assert_eq!(code, 0, "mslc train:\n{out}\n{err}");
+    let reference = dir.path("ref.safetensors");
+    let status = std::process::Command::new("python3")
+        .arg(root().join("tests/reference/bert_grad_ref.py"))
+        .args([s(&weights), s(&data), s(&reference)])
+        .args(["--layers", "2", "--heads", "2", "--eps", "1e-12"])
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the JAX reference failed");
+    let got_loss = npy_f64(&grads.join("loss.npy"));
+    assert_rel("loss", &got_loss, &safetensor_f64(&reference, "loss"), 1e-5);
+    let pairs: Vec<(String, Vec<f64>, Vec<f64>)> = module
+        .params()
+        .map(|(path, _)| {
+            let got = safetensor_f64(&grads.join("grads.safetensors"), path);
+            (path.to_string(), got, safetensor_f64(&reference, path))
+        })
+        .collect();
+    let largest = pairs
+        .iter()
+        .flat_map(|(_, _, w)| w.iter())
+        .fold(0f64, |m, x| m.max(x.abs()));
+    for (path, got, want) in &pairs {
+        let own = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let scale = if path.ends_with("attention.self.key.bias") {
+            own.max(1e-3 * largest)
+        } else {
+            own
+        };
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            err <= 1e-4 * scale,
+            "{path}: max error {err:e} > 1e-4 × {scale:e}"
+        );
+    }
+    assert_eq!(pairs.len(), 5 + 2 * 16 + 2, "every parameter of the 2-layer model");
+}
