@@ -778,7 +778,11 @@ fn bert_base_gradients_match_jax() {
     let mut rng = Rng(17);
     let mut ints = |name: &str, hi: f32| {
         let v: Vec<i64> = rng.vec(32, 0.0, hi).iter().map(|&x| x as i64).collect();
-        write_npy(data.join(name), &NpyArray::from_i64(vec![4, 8], &v).unwrap()).unwrap();
+        write_npy(
+            data.join(name),
+            &NpyArray::from_i64(vec![4, 8], &v).unwrap(),
+        )
+        .unwrap();
     };
     ints("input_ids.npy", 50.0);
     ints("token_type_ids.npy", 2.0);
@@ -841,5 +845,9 @@ fn bert_base_gradients_match_jax() {
             "{path}: max error {err:e} > 1e-4 × {scale:e}"
         );
     }
-    assert_eq!(pairs.len(), 5 + 2 * 16 + 2, "every parameter of the 2-layer model");
+    assert_eq!(
+        pairs.len(),
+        5 + 2 * 16 + 2,
+        "every parameter of the 2-layer model"
+    );
 }

@@ -15,7 +15,7 @@
 //!   (`var_b · n / (n − 1)`), returned as outputs named by the buffers' paths for the loop to
 //!   write back.
 
-use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_core::ops::{Attrs, DType, Op, OpError, TensorType};
 use mslc_ir::{Graph, NodeId, NodeKind, ValueRef};
 
 /// Input: the seed of this micro-batch's dropout masks (`i64` scalar).
@@ -120,6 +120,38 @@ fn buffer_path(graph: &Graph, v: ValueRef) -> Option<String> {
     }
 }
 
+/// `batch_norm` of `x [N, C, ...]` by its own statistics, from ordinary ops so the backward
+/// differentiates through them: the normalised value, the per-channel mean and the biased
+/// variance.
+pub fn batch_norm_train(
+    graph: &mut Graph,
+    x: ValueRef,
+    attrs: Attrs,
+    origin: &str,
+) -> Result<(ValueRef, ValueRef, ValueRef), OpError> {
+    let xt = graph.ty(x).clone();
+    if xt.rank() < 2 {
+        return Err(OpError::new(
+            "batch_norm: x must be [N, C, ...]".to_string(),
+        ));
+    }
+    let axes: Vec<i64> = (0..xt.rank() as i64).filter(|&a| a != 1).collect();
+    let mut per_channel = vec![xt.shape[1]];
+    per_channel.resize(xt.rank() - 1, 1);
+    let mut op = |op: Op, attrs: Attrs, inputs: &[ValueRef]| {
+        graph.add_op(op, attrs, inputs, origin).map(|v| v[0])
+    };
+    let over_batch = Attrs::new().with("axes", axes);
+    let mean = op(Op::Mean, over_batch.clone(), &[x])?;
+    let shape = Attrs::new().with("shape", per_channel);
+    let mean_b = op(Op::Reshape, shape, &[mean])?;
+    let centred = op(Op::Sub, Attrs::new(), &[x, mean_b])?;
+    let squares = op(Op::Mul, Attrs::new(), &[centred, centred])?;
+    let var = op(Op::Mean, over_batch, &[squares])?;
+    let y = op(Op::BatchNorm, attrs, &[x, mean, var])?;
+    Ok((y, mean, var))
+}
+
 fn batch_statistics(
     graph: &mut Graph,
     id: NodeId,
@@ -154,28 +186,15 @@ fn batch_statistics(
     let momentum = attrs.float("momentum").unwrap_or(0.1);
     let origin = graph.node(id).origin.clone();
     let xt = graph.ty(x).clone();
-    let axes: Vec<i64> = (0..xt.rank() as i64).filter(|&a| a != 1).collect();
-    let n: i64 = axes.iter().map(|&a| xt.shape[a as usize]).product();
-    let mut per_channel = vec![xt.shape[1]];
-    per_channel.resize(xt.rank() - 1, 1);
+    let n: i64 = xt.shape.iter().product::<i64>() / xt.shape[1].max(1);
     let op = |graph: &mut Graph, op: Op, attrs: Attrs, inputs: &[ValueRef]| {
         graph
             .add_op(op, attrs, inputs, &origin)
             .map(|v| v[0])
             .map_err(|e| error(graph, id, format!("{op}: {}", e.message)))
     };
-    let over_batch = Attrs::new().with("axes", axes.clone());
-    let mean = op(graph, Op::Mean, over_batch.clone(), &[x])?;
-    let mean_b = op(
-        graph,
-        Op::Reshape,
-        Attrs::new().with("shape", per_channel.clone()),
-        &[mean],
-    )?;
-    let centred = op(graph, Op::Sub, Attrs::new(), &[x, mean_b])?;
-    let squares = op(graph, Op::Mul, Attrs::new(), &[centred, centred])?;
-    let var = op(graph, Op::Mean, over_batch, &[squares])?;
-    let y = op(graph, Op::BatchNorm, attrs, &[x, mean, var])?;
+    let (y, mean, var) =
+        batch_norm_train(graph, x, attrs, &origin).map_err(|e| error(graph, id, e.message))?;
     replace(graph, id, y);
     // running ← (1 − momentum)·running + momentum·stat, the variance's stat unbiased.
     let unbiased = if n > 1 {

@@ -600,6 +600,21 @@ mod tests {
         assert_eq!(e.message, "dropout: `p` must be in [0, 1), got 1.0");
         let e = err(Op::Dropout, Attrs::new().with("p", f64::NAN), &[f32t(&[2])]);
         assert!(e.message.contains("got NaN"));
+        // Training mode: an integer scalar seed.
+        let seeded = [f32t(&[2]), t(DType::I64, &[])];
+        assert_eq!(ok(Op::Dropout, Attrs::new(), &seeded), f32t(&[2]));
+        let e = err(Op::Dropout, Attrs::new(), &[f32t(&[2]), f32t(&[])]);
+        assert!(
+            e.message.contains("expects an integer tensor"),
+            "{}",
+            e.message
+        );
+        let e = err(
+            Op::Dropout,
+            Attrs::new(),
+            &[f32t(&[2]), t(DType::I64, &[1])],
+        );
+        assert!(e.message.contains("expects a scalar seed"), "{}", e.message);
     }
 
     #[test]
