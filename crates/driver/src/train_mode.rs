@@ -70,7 +70,7 @@ fn attrs_of(graph: &Graph, id: NodeId) -> Attrs {
 fn replace(graph: &mut Graph, old: NodeId, new: ValueRef) {
     let (loc, annotations) = {
         let n = graph.node(old);
-        (n.loc.clone(), n.annotations.clone())
+        (n.loc, n.annotations.clone())
     };
     let node = graph.node_mut(new.node);
     node.loc = loc;
