@@ -53,7 +53,8 @@ fn write_f32s(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
 /// Three SGD steps (batches of 6, taken from the train's `batch` without `--dim`) of a
 /// conv → BatchNorm2d → relu → linear classifier: every step's loss, the first step's
 /// gradients (through the batch statistics) and the final parameters and running statistics
-/// within 1e-4 relative of the float64 reference.
+/// within 1e-4 relative of the float64 reference; then `mslc run` of the checkpoint stays in
+/// eval mode, normalising with the saved running statistics, as the reference's eval forward.
 #[test]
 fn batch_norm_trains_with_batch_statistics_as_torch() {
     if !have_python_module("jax") {
@@ -96,6 +97,12 @@ fn batch_norm_trains_with_batch_statistics_as_torch() {
         &NpyArray::from_i64(vec![samples], &labels).unwrap(),
     )
     .unwrap();
+    let eval_images = dir.path("eval_images.npy");
+    write_npy(
+        &eval_images,
+        &NpyArray::from_f32(vec![6, 2, 5, 5], &images[..300]).unwrap(),
+    )
+    .unwrap();
     let (out, grads, metrics) = (dir.path("out"), dir.path("grads"), dir.path("m.jsonl"));
     let (code, stdout, stderr) = mslc(&[
         "train",
@@ -120,6 +127,7 @@ fn batch_norm_trains_with_batch_statistics_as_torch() {
         .args([s(&weights), s(&data), s(&reference)])
         .args(["--batch", "6", "--steps", "3", "--lr", "0.1"])
         .args(["--momentum", "0.9", "--bn-momentum", "0.2"])
+        .args(["--eval", s(&eval_images)])
         .status()
         .expect("python3 runs");
     assert!(status.success(), "the JAX reference failed");
@@ -163,6 +171,27 @@ fn batch_norm_trains_with_batch_statistics_as_torch() {
         let want = npy_f64(&reference.join("final").join(format!("{name}.npy")));
         assert_rel(&format!("final {name}"), &got, &want, 1e-4);
     }
+    let run_out = dir.path("run");
+    let images_arg = format!("images={}", s(&eval_images));
+    let (code, stdout, stderr) = mslc(&[
+        "run",
+        s(&source),
+        "--dim",
+        "B=6",
+        "--weights",
+        s(&model),
+        "--input",
+        &images_arg,
+        "--output-dir",
+        s(&run_out),
+    ]);
+    assert_eq!(code, 0, "mslc run:\n{stdout}\n{stderr}");
+    assert_rel(
+        "eval-mode logits",
+        &npy_f64(&run_out.join("logits.npy")),
+        &npy_f64(&reference.join("eval_logits.npy")),
+        1e-4,
+    );
 }
 
 /// `y = dropout(x · w)` on ones, against zero targets: the loss, mean(y²), counts the kept

@@ -14,11 +14,13 @@ Model: conv.weight [C, Cin, 3, 3] (padding 1, no bias) -> bn (BatchNorm2d) -> re
 (dampening 0, no weight decay).
 
 usage: train_mode_ref.py WEIGHTS.safetensors DATA_DIR OUT_DIR --batch B --steps N --lr LR
-                         --momentum M --bn-momentum M [--eps E]
+                         --momentum M --bn-momentum M [--eps E] [--eval IMAGES.npy]
 
 DATA_DIR holds images.npy [N, Cin, H, W] and labels.npy [N]; batches are taken in order.
 Writes OUT_DIR/losses.npy, OUT_DIR/grads/PATH.npy (the first step's gradients) and
-OUT_DIR/final/PATH.npy (every parameter and running statistic after the last step).
+OUT_DIR/final/PATH.npy (every parameter and running statistic after the last step). With
+--eval, also OUT_DIR/eval_logits.npy: the final model's logits on IMAGES in eval mode (the
+BatchNorm normalising with its running statistics), what `mslc run` computes.
 """
 import argparse
 import os
@@ -34,11 +36,15 @@ from llama_ref import load_safetensors  # noqa: E402
 PARAMS = ["conv.weight", "bn.weight", "bn.bias", "head.weight", "head.bias"]
 
 
-def forward(w, x, eps):
-    """The logits and the batch statistics (mean, biased variance) of the BatchNorm."""
+def forward(w, x, eps, running=None):
+    """The logits and the statistics (mean, variance) the BatchNorm used: the batch's (train
+    mode, the biased variance) or the `running` pair given (eval mode)."""
     c = jax.lax.conv_general_dilated(x, w["conv.weight"], (1, 1), [(1, 1), (1, 1)])
-    mean = jnp.mean(c, axis=(0, 2, 3))
-    var = jnp.mean((c - mean[None, :, None, None]) ** 2, axis=(0, 2, 3))
+    if running is None:
+        mean = jnp.mean(c, axis=(0, 2, 3))
+        var = jnp.mean((c - mean[None, :, None, None]) ** 2, axis=(0, 2, 3))
+    else:
+        mean, var = running
     n = (c - mean[None, :, None, None]) / jnp.sqrt(var[None, :, None, None] + eps)
     h = jnp.maximum(n * w["bn.weight"][None, :, None, None] + w["bn.bias"][None, :, None, None], 0)
     h = h.reshape(h.shape[0], -1)
@@ -63,6 +69,7 @@ def main():
     p.add_argument("--momentum", type=float, required=True)
     p.add_argument("--bn-momentum", type=float, required=True)
     p.add_argument("--eps", type=float, default=1e-5)
+    p.add_argument("--eval")
     a = p.parse_args()
 
     loaded = load_safetensors(a.weights)
@@ -101,6 +108,10 @@ def main():
         np.save(os.path.join(final, name + ".npy"), np.asarray(value))
     np.save(os.path.join(final, "bn.running_mean.npy"), running_mean)
     np.save(os.path.join(final, "bn.running_var.npy"), running_var)
+    if a.eval:
+        x = jnp.asarray(np.load(a.eval).astype(np.float64))
+        logits, _ = forward(w, x, a.eps, (jnp.asarray(running_mean), jnp.asarray(running_var)))
+        np.save(os.path.join(a.out, "eval_logits.npy"), np.asarray(logits))
 
 
 if __name__ == "__main__":
