@@ -284,8 +284,8 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     Ok((text, json))
 }
 
-/// The model dim to set to the train's micro-batch size, when --dim does not set it and the
-/// model's value differs; nothing for a source that did not check (its errors come later).
+/// The model dim to set to the train's micro-batch size ([`micro_batch_dim`]); nothing for a
+/// source that did not check (its errors come later).
 fn micro_batch_override(
     args: &TrainArgs,
     checked: &mslc_check::Checked,
@@ -299,14 +299,10 @@ fn micro_batch_override(
         Failure::Reported
     };
     let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
-    let Some(model) = train.model.and_then(|m| checked.models.get(m)) else {
-        return Ok(None);
-    };
-    let dim = micro_batch_dim(train, model).map_err(emit)?;
-    Ok(dim.filter(|(name, size)| {
-        !args.model.dims.iter().any(|(d, _)| d == name)
-            && !model.dims.contains(&(name.clone(), *size))
-    }))
+    match train.model.and_then(|m| checked.models.get(m)) {
+        Some(model) => micro_batch_dim(train, model, &args.model.dims).map_err(emit),
+        None => Ok(None),
+    }
 }
 
 /// A bar with the step's metrics as its message, on stderr when it is a terminal.

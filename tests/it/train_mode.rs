@@ -326,3 +326,29 @@ fn batch_norm_without_buffers_cannot_train() {
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert_eq!(error_codes(&stderr, &stdout), ["E0650"]);
 }
+
+/// `mslc build --entry TRAIN` compiles the step `mslc train` runs: one micro-batch of
+/// `batch / grad_accum` samples (6 here, the model's default `B = 1` not withstanding), the
+/// running statistics as outputs named by their buffers; and with dropout, the seed input.
+#[test]
+fn a_built_training_step_is_in_training_mode() {
+    let dir = TestDir::new("train-mode-build");
+    let inspect = |name: &str, source: &str| {
+        let path = dir.path(name);
+        std::fs::write(&path, source).unwrap();
+        let out = dir.path(&format!("{name}.out"));
+        let (code, stdout, stderr) = mslc(&["build", s(&path), "--entry", "Fit", "-o", s(&out)]);
+        assert_eq!(code, 0, "mslc build:\n{stdout}\n{stderr}");
+        let (code, stdout, stderr) = mslc(&["inspect", s(&out.join("Fit.mir"))]);
+        assert_eq!(code, 0, "mslc inspect:\n{stdout}\n{stderr}");
+        stdout
+    };
+    let bn = inspect("convnet.msl", BN_SOURCE);
+    assert!(bn.contains("input \"images\" : f32[6,2,5,5]"), "{bn}");
+    for name in ["bn.running_mean", "bn.running_var"] {
+        assert!(bn.contains(&format!("output {name} = ")), "{bn}");
+    }
+    assert!(!bn.contains("train.seed"), "{bn}");
+    let drop = inspect("drop.msl", DROP_SOURCE);
+    assert!(drop.contains("input \"train.seed\" : i64[]"), "{drop}");
+}

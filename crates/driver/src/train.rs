@@ -155,14 +155,16 @@ pub fn choose_train<'a>(
     })
 }
 
-/// The model dim a step of `train` sets to its micro-batch size on one device, and that size:
-/// the first dim of the model's first input, `batch / grad_accum` samples (the train's `batch`
-/// counts an update's samples, `B × dp × micro-batches`, and there is one device). `None` when
-/// the model's first input does not start with a named dim. A `batch` that `grad_accum` does
-/// not divide is refused (E0651).
+/// The dim override a step of `train` needs so that it takes one micro-batch on one device:
+/// the model's batch dim (the first dim of its first input) set to `batch / grad_accum` samples
+/// (the train's `batch` counts an update's samples, `B × dp × micro-batches`, and there is one
+/// device). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
+/// already has that size, or when its first input does not start with a named dim. A `batch`
+/// that `grad_accum` does not divide is refused (E0651).
 pub fn micro_batch_dim(
     train: &Train,
     model: &Model,
+    given: &[(String, String)],
 ) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
     let Some(dim) = model
         .inputs
@@ -171,6 +173,9 @@ pub fn micro_batch_dim(
     else {
         return Ok(None);
     };
+    if given.iter().any(|(d, _)| *d == dim) {
+        return Ok(None);
+    }
     let spec = &train.spec;
     let k = spec.grad_accum.max(1);
     if spec.batch < 1 || spec.batch % k != 0 {
@@ -190,7 +195,8 @@ pub fn micro_batch_dim(
             )),
         ));
     }
-    Ok(Some((dim, spec.batch / k)))
+    let size = spec.batch / k;
+    Ok((!model.dims.contains(&(dim.clone(), size))).then_some((dim, size)))
 }
 
 /// How to compile the training step of `model` (the train's model, labels and loss included):
