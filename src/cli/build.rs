@@ -17,7 +17,7 @@ use mslc_driver::compile::{compile, Compiled};
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::train::{
-    choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
+    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
 };
 use mslc_plan::kernels::KernelTable;
 use mslc_plan::memory_svg::memory_svg;
@@ -140,7 +140,21 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
         return 0;
     };
     let start = Instant::now();
-    let checked = check_path(file, &args.model.check_options());
+    let mut options = args.model.check_options();
+    let mut checked = check_path(file, &options);
+    // A train's step takes one micro-batch, as `mslc train` compiles it.
+    match train_micro_batch(args, &checked) {
+        Ok(Some((dim, size))) => {
+            options.overrides.dims.insert(dim, size.to_string());
+            checked = check_path(file, &options);
+        }
+        Ok(None) => {}
+        Err(d) => {
+            reporter.emit(&checked.diagnostics, &checked.sources);
+            reporter.emit(&[*d], &checked.sources);
+            return 1;
+        }
+    }
     let check_ms = start.elapsed().as_secs_f64() * 1e3;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
@@ -158,16 +172,36 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     }
 }
 
+/// The train `--entry` names, if it names one rather than a model.
+fn train_entry<'a>(args: &'a BuildArgs, checked: &Checked) -> Option<&'a str> {
+    args.entry.as_deref().filter(|&e| {
+        checked.model(e).is_none() && checked.decls.trains.iter().any(|t| t.spec.name.name == e)
+    })
+}
+
+/// For `--entry TRAIN`, the dim override that makes its step take one micro-batch
+/// ([`micro_batch_dim`]); nothing for a model entry or a source with errors.
+fn train_micro_batch(
+    args: &BuildArgs,
+    checked: &Checked,
+) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
+    let Some(entry) = train_entry(args, checked).filter(|_| !checked.has_errors()) else {
+        return Ok(None);
+    };
+    let train = choose_train(checked, Some(entry))?;
+    match train.model.and_then(|m| checked.models.get(m)) {
+        Some(model) => micro_batch_dim(train, model, &args.model.dims),
+        None => Ok(None),
+    }
+}
+
 /// Builds and writes the artifacts; the summary as text and as JSON.
 fn build(
     args: &BuildArgs,
     checked: &Checked,
     check_ms: f64,
 ) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
-    let train_entry = args.entry.as_deref().filter(|&e| {
-        checked.model(e).is_none() && checked.decls.trains.iter().any(|t| t.spec.name.name == e)
-    });
-    let (model, mut compiled) = match train_entry {
+    let (model, mut compiled) = match train_entry(args, checked) {
         Some(entry) => build_train(args, checked, entry)?,
         None => {
             let model = choose_model(checked, args.entry.as_deref())?;

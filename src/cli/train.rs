@@ -11,7 +11,7 @@ use mslc_check::check_path;
 use mslc_core::diag::Code;
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
+    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
 };
 use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
 use mslc_exec::{ExecOptions, Executor};
@@ -45,6 +45,9 @@ pub struct TrainArgs {
     /// Shuffle the samples of each epoch with this seed (default: in order).
     #[arg(long, value_name = "SEED")]
     pub shuffle: Option<u64>,
+    /// Seed of the dropout masks (a resumed run keeps its checkpoint's).
+    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    pub seed: u64,
     /// Where checkpoints go (`DIR/step-K/`).
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
@@ -100,7 +103,14 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
 
 fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
     usage_checks(args)?;
-    let checked = check_path(&args.file, &args.model.check_options());
+    let mut options = args.model.check_options();
+    let mut checked = check_path(&args.file, &options);
+    // A step takes one micro-batch, `batch / grad_accum` samples, unless --dim sets the
+    // model's batch dim: check again with that size.
+    if let Some((name, size)) = micro_batch_override(args, &checked, reporter)? {
+        options.overrides.dims.insert(name, size.to_string());
+        checked = check_path(&args.file, &options);
+    }
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(Failure::Reported);
@@ -131,6 +141,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         TrainError::Train(d) => emit(d),
         TrainError::Compile(e) => emit(e.diagnostic(&checked)),
     })?;
+    let grad_accum = compiled.grad_accum;
     let labels: Vec<String> = train
         .spec
         .labels
@@ -158,8 +169,15 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         exec.init_params(args.init_seed.unwrap_or(0));
     }
     exec.check_numerics(args.check_numerics);
-    let mut trainer = Trainer::new(exec, compiled, train.spec.schedule, data, args.shuffle)
-        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let mut trainer = Trainer::new(
+        exec,
+        compiled,
+        train.spec.schedule,
+        data,
+        args.shuffle,
+        args.seed,
+    )
+    .map_err(|e| Failure::Message(e.code, e.message))?;
     if let Some(dir) = &args.resume {
         trainer
             .resume(dir)
@@ -193,7 +211,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let bar = progress_bar(args.steps.saturating_sub(first));
     let mut history: Vec<StepMetrics> = Vec::new();
     let mut written = Vec::new();
-    let tokens = trainer.state().batch as f64;
+    let tokens = trainer.state().batch as f64 * f64::from(grad_accum);
     while trainer.state().step < args.steps {
         let m = trainer.step().map_err(|e| match &e.numerics {
             Some(report) => {
@@ -274,6 +292,27 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         "notes": notes,
     });
     Ok((text, json))
+}
+
+/// The model dim to set to the train's micro-batch size ([`micro_batch_dim`]); nothing for a
+/// source that did not check (its errors come later).
+fn micro_batch_override(
+    args: &TrainArgs,
+    checked: &mslc_check::Checked,
+    reporter: &Reporter,
+) -> Result<Option<(String, i64)>, Failure> {
+    if checked.has_errors() {
+        return Ok(None);
+    }
+    let emit = |d: Box<mslc_core::diag::Diagnostic>| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    };
+    let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
+    match train.model.and_then(|m| checked.models.get(m)) {
+        Some(model) => micro_batch_dim(train, model, &args.model.dims).map_err(emit),
+        None => Ok(None),
+    }
 }
 
 /// A bar with the step's metrics as its message, on stderr when it is a terminal.

@@ -27,4 +27,5 @@ mod round_trip;
 mod support;
 mod train;
 mod train_amp;
+mod train_mode;
 mod ui;

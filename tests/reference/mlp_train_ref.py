@@ -8,8 +8,12 @@ usage: mlp_train_ref.py WEIGHTS.safetensors DATA_DIR OUT_DIR --depth N --batch B
            --optimizer sgd|adam|adamw --lr LR [--momentum M] [--nesterov] [--betas B1 B2]
            [--eps E] [--weight-decay WD] [--no-decay-bias] [--clip MAX]
            [--schedule constant|warmup_cosine|warmup_linear --warmup W --total T --min-lr F]
+           [--grad-accum K]
 
-DATA_DIR holds images.npy [N, inputs] and labels.npy [N]; batches are taken in order. Writes
+DATA_DIR holds images.npy [N, inputs] and labels.npy [N]; batches are taken in order. With
+--grad-accum K a step takes K consecutive batches of B and follows PyTorch's accumulation
+recipe: the gradients of each batch's loss / K are summed, then clipped and applied once; the
+step's loss is the mean of its batches' losses. Writes
 OUT_DIR/losses.npy (one loss per step), OUT_DIR/grads/PATH.npy (the first step's raw gradients)
 and OUT_DIR/final/PATH.npy (the weights after the last step). Weights use mslc's paths:
 layers.{i}.weight [out, in], layers.{i}.bias, head.weight, head.bias.
@@ -91,6 +95,7 @@ def main():
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--total", type=int, default=1)
     p.add_argument("--min-lr", type=float, default=0.0)
+    p.add_argument("--grad-accum", type=int, default=1)
     args = p.parse_args()
 
     w = load_safetensors(args.weights)
@@ -100,11 +105,18 @@ def main():
     state = {name: {} for name in w}
     losses = []
     b1, b2 = args.betas
+    micro = 0
     for k in range(args.steps):
-        first = (k % per_epoch) * args.batch
-        x = images[first : first + args.batch]
-        y = labels[first : first + args.batch]
-        loss, grads = loss_and_grads(w, args.depth, x, y)
+        loss, grads = 0.0, {}
+        for _ in range(args.grad_accum):
+            first = (micro % per_epoch) * args.batch
+            micro += 1
+            x = images[first : first + args.batch]
+            y = labels[first : first + args.batch]
+            part, part_grads = loss_and_grads(w, args.depth, x, y)
+            loss += part / args.grad_accum
+            for name, g in part_grads.items():
+                grads[name] = grads.get(name, 0.0) + g / args.grad_accum
         losses.append(loss)
         if k == 0:
             os.makedirs(os.path.join(args.out, "grads"), exist_ok=True)

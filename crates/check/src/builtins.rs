@@ -166,6 +166,7 @@ const OTHERS: &[Builtin] = &[
             ("mean", Required),
             ("var", Required),
             ("eps", Float(1e-5)),
+            ("momentum", Float(0.1)),
         ],
     },
     Builtin {

@@ -236,11 +236,12 @@ fn resolve_train(
         diags,
     );
     let graph = model.and_then(|m| {
-        let failed = match poisoned.get(m) {
-            Some(true) => failed_outputs(modules, &models[m]),
-            _ => Vec::new(),
+        let poisoned = poisoned.get(m).copied().unwrap_or(false);
+        let failed = match poisoned {
+            true => failed_outputs(modules, &models[m]),
+            false => Vec::new(),
         };
-        training_graph(modules, &models[m], &failed, &spec, diags)
+        training_graph(modules, &models[m], &failed, poisoned, &spec, diags)
     });
     Train {
         spec,
@@ -306,11 +307,13 @@ fn failed_outputs<'m>(modules: &'m Modules, model: &Model) -> Vec<&'m ast::Ident
 }
 
 /// The model with the labels as extra inputs and the loss as output `loss`; `failed` outputs
-/// are poisoned names, so a loss using one is not elaborated (nor reported) again.
+/// are poisoned names, so a loss using one is not elaborated (nor reported) again, and a label
+/// shape of a `poisoned` model (whose dims may have failed) is not reported either.
 fn training_graph(
     modules: &Modules,
     model: &Model,
     failed: &[&ast::Ident],
+    poisoned: bool,
     spec: &TrainSpec,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Model> {
@@ -319,6 +322,15 @@ fn training_graph(
     let mut frame = Frame::top(0, spec.file);
     for (name, size) in &model.dims {
         frame.bind(name, Value::Int(*size), model.loc.span);
+    }
+    // Scalar constants, which labels' shapes may name (`teacher: f32[B, S, hidden]`).
+    for (name, shown) in &model.consts {
+        let value = (shown.parse().map(Value::Int))
+            .or_else(|_| shown.parse().map(Value::Float))
+            .or_else(|_| shown.parse().map(Value::Bool));
+        if let Ok(v) = value {
+            frame.bind(name, v, model.loc.span);
+        }
     }
     for i in &model.inputs {
         frame.bind(&i.name, Value::Tensor(i.value), i.loc.span);
@@ -330,7 +342,12 @@ fn training_graph(
         frame.bind(&name.name, Value::Error, name.span);
     }
     for (name, ty_decl) in &spec.labels {
-        let ty = elab.concrete_type(&mut frame, ty_decl)?;
+        let Some(ty) = elab.concrete_type(&mut frame, ty_decl) else {
+            if !poisoned {
+                diags.extend(std::mem::take(&mut elab.diags));
+            }
+            return None;
+        };
         let value = elab.model.new_value(ty);
         let dims = elab.dim_names(ty_decl);
         elab.model.inputs.push(Input {

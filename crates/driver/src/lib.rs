@@ -13,4 +13,5 @@ pub mod snippet;
 pub mod stack;
 pub mod target;
 pub mod train;
+pub mod train_mode;
 pub mod trainer;

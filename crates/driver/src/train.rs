@@ -25,8 +25,16 @@
 //! optimizer work on the f32 master parameters and f32 states, and the passes after autodiff
 //! place no further casts.
 //!
-//! Gradient accumulation (`grad_accum` > 1) is not compiled yet: a train that asks for it is
-//! refused with a coded error rather than trained differently.
+//! The graph is in training mode ([`crate::train_mode`]): live dropout reading the input
+//! [`crate::train_mode::SEED`], and BatchNorm with batch statistics, whose new running
+//! statistics are outputs named by the buffers' paths ([`CompiledTrain::buffers`]).
+//!
+//! Gradient accumulation (`grad_accum` = k > 1), PyTorch's recipe: the module differentiates
+//! `loss / k` of one micro-batch and adds the input `PATH.grad_accum` (the sum over the earlier
+//! micro-batches of the update, zero for the first) to each gradient, outputting the sum under
+//! the same name; the norm, clipping and update use that sum. The loop runs the module once per
+//! micro-batch and keeps only the sums (and running statistics) of all but the last run,
+//! whose update it writes back ([`CompiledTrain::accumulators`]).
 
 use std::time::Instant;
 
@@ -63,6 +71,8 @@ pub const SCALAR_INPUTS: [&str; 4] = [LR, STEP_SIZE, BC2_SQRT, LOSS_SCALE];
 pub const OVERFLOW: &str = "overflow";
 /// Prefix of the outputs holding the gradients ([`TrainOptions::expose_grads`]).
 pub const GRAD_PREFIX: &str = "grad.";
+/// Suffix of the gradient accumulators' inputs and outputs (`PATH.grad_accum`).
+pub const ACCUM_SUFFIX: &str = ".grad_accum";
 
 /// How to build a training module beyond the forward's options.
 #[derive(Clone, Copy, Debug, Default)]
@@ -95,6 +105,12 @@ pub struct CompiledTrain {
     pub params: Vec<TrainedParam>,
     /// Its loss scaling.
     pub loss_scale: LossScaler,
+    /// Micro-batches per update (`grad_accum`).
+    pub grad_accum: u32,
+    /// Gradient accumulators (`PATH.grad_accum`, inputs and outputs) when `grad_accum` > 1.
+    pub accumulators: Vec<String>,
+    /// Buffers the step updates (BatchNorm's running statistics), written back after every run.
+    pub buffers: Vec<String>,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -162,6 +178,50 @@ pub fn choose_train<'a>(
     })
 }
 
+/// The dim override a step of `train` needs so that it takes one micro-batch on one device:
+/// the model's batch dim (the first dim of its first input) set to `batch / grad_accum` samples
+/// (the train's `batch` counts an update's samples, `B × dp × micro-batches`, and there is one
+/// device). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
+/// already has that size, or when its first input does not start with a named dim. A `batch`
+/// that `grad_accum` does not divide is refused (E0651).
+pub fn micro_batch_dim(
+    train: &Train,
+    model: &Model,
+    given: &[(String, String)],
+) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
+    let Some(dim) = model
+        .inputs
+        .first()
+        .and_then(|i| i.dims.first().cloned().flatten())
+    else {
+        return Ok(None);
+    };
+    if given.iter().any(|(d, _)| *d == dim) {
+        return Ok(None);
+    }
+    let spec = &train.spec;
+    let k = spec.grad_accum.max(1);
+    if spec.batch < 1 || spec.batch % k != 0 {
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0651,
+                spec.file,
+                spec.batch_span,
+                format!(
+                    "batch = {} does not split into grad_accum = {k} micro-batches",
+                    spec.batch
+                ),
+            )
+            .with_label("samples per update")
+            .with_help(format!(
+                "make `batch` a multiple of {k}, or set the micro-batch with --dim {dim}=N"
+            )),
+        ));
+    }
+    let size = spec.batch / k;
+    Ok((!model.dims.contains(&(dim.clone(), size))).then_some((dim, size)))
+}
+
 /// How to compile the training step of `train` (whose model, labels and loss are `model`): the
 /// target and fusion as for any model ([`compile_options`]), and the mixed precision and loss
 /// scaling of the selected policy (`--precision NAME`; none for `--precision f32`), else of the
@@ -216,16 +276,13 @@ pub fn compile_train(
             "fix the errors `mslc check` reports first",
         ));
     };
-    if spec.grad_accum > 1 {
-        return Err(refuse(
-            Code::E0521,
-            format!(
-                "train `{}` accumulates {} micro-steps, which mslc cannot compile yet",
-                spec.name.name, spec.grad_accum
-            ),
-            "use `grad_accum = 1` and a batch of the accumulated size",
-        ));
-    }
+    let grad_accum = u32::try_from(spec.grad_accum.max(1)).map_err(|_| {
+        refuse(
+            Code::E0651,
+            format!("grad_accum = {} is too large", spec.grad_accum),
+            "accumulate fewer micro-batches",
+        )
+    })?;
     let t = Instant::now();
     let mut graph = lower_verified(model, options)?;
     let forward_passes = match options.amp {
@@ -249,6 +306,13 @@ pub fn compile_train(
             message: "the training graph has no `loss` output".to_string(),
         })?;
     graph.outputs.clear();
+    let mode = crate::train_mode::apply(&mut graph).map_err(|e| {
+        refuse(
+            Code::E0650,
+            format!("`{}` cannot run in training mode: {}", e.origin, e.message),
+            "give batch_norm its running statistics as `buffer`s (std.nn.BatchNorm2d does)",
+        )
+    })?;
     let mut params: Vec<(String, ValueRef)> = graph
         .node_ids()
         .into_iter()
@@ -270,19 +334,32 @@ pub fn compile_train(
         ));
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
+    // PyTorch's accumulation recipe differentiates `loss / grad_accum`; loss scaling then
+    // multiplies that by the scale.
     let scalar = TensorType::new(DType::F32, vec![]);
     let scale = train_options
         .loss_scale
         .scales()
         .then(|| graph.add_input(LOSS_SCALE, scalar));
-    let objective = match scale {
-        Some(s) => graph
-            .add_op(Op::Mul, Attrs::new(), &[loss, s], "train")
-            .map_err(|e| CompileError {
+    let objective = {
+        let mut b = Builder { g: &mut graph };
+        let mut objective = loss;
+        if grad_accum > 1 {
+            let k = b.scalar(f64::from(grad_accum));
+            objective = k
+                .and_then(|k| b.bin(Op::Div, objective, k))
+                .map_err(|message| CompileError {
+                    stage: "train",
+                    message,
+                })?;
+        }
+        if let Some(s) = scale {
+            objective = b.bin(Op::Mul, objective, s).map_err(|message| CompileError {
                 stage: "train",
-                message: e.message,
-            })?[0],
-        None => loss,
+                message,
+            })?;
+        }
+        objective
     };
     let grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
         refuse(
@@ -292,6 +369,7 @@ pub fn compile_train(
         )
     })?;
     let mut b = Builder { g: &mut graph };
+    let accumulate = grad_accum > 1;
     let built = b.update(
         spec,
         &optimizer,
@@ -300,11 +378,19 @@ pub fn compile_train(
         scale,
         train_options,
         loss,
+        accumulate,
     );
     let trained = built.map_err(|message| CompileError {
         stage: "train",
         message,
     })?;
+    for (path, v) in &mode.running {
+        graph.set_output(path, *v);
+    }
+    let accumulators = match accumulate {
+        true => params.iter().map(|(p, _)| accumulator(p)).collect(),
+        false => Vec::new(),
+    };
     // Lowering, the backward and the update count as the lowering stage.
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
     // The casts are placed: the passes after autodiff must not cast the update.
@@ -322,7 +408,15 @@ pub fn compile_train(
         optimizer,
         params: trained,
         loss_scale: train_options.loss_scale,
+        grad_accum,
+        accumulators,
+        buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
     })
+}
+
+/// The accumulator input and output of parameter `path`'s gradient.
+pub fn accumulator(path: &str) -> String {
+    format!("{path}{ACCUM_SUFFIX}")
 }
 
 /// Adds the norm, clipping and optimizer ops to a graph.
@@ -390,6 +484,7 @@ impl Builder<'_> {
         scale: Option<ValueRef>,
         options: TrainOptions,
         loss: ValueRef,
+        accumulate: bool,
     ) -> Built<Vec<TrainedParam>> {
         self.g.set_output(LOSS, loss);
         let scalar = TensorType::new(DType::F32, vec![]);
@@ -407,7 +502,22 @@ impl Builder<'_> {
             }
             None => grads.to_vec(),
         };
-        let grads = grads.as_slice();
+        // With accumulation, each gradient is the sum over the update's micro-batches so far
+        // (an overflow in an earlier one carries into the sum, so the last run sees it).
+        let mut summed = Vec::with_capacity(grads.len());
+        for ((path, p), &g) in params.iter().zip(&grads) {
+            if accumulate {
+                let name = accumulator(path);
+                let ty = self.g.ty(*p).clone();
+                let earlier = self.g.add_input(&name, ty);
+                let sum = self.bin(Op::Add, earlier, g)?;
+                self.g.set_output(&name, sum);
+                summed.push(sum);
+            } else {
+                summed.push(g);
+            }
+        }
+        let grads = &summed[..];
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
             let zero = self.scalar(0.0)?;

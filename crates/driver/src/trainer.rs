@@ -26,6 +26,7 @@ use crate::train::{
     write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LOSS_SCALE,
     LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE,
 };
+use crate::train_mode::SEED;
 
 /// A coded failure of the loop, naming the file or value at fault.
 #[derive(Clone, Debug, PartialEq)]
@@ -320,6 +321,10 @@ pub struct LoopState {
     /// The loss scale and its count of finite steps.
     #[serde(flatten)]
     pub scale: ScaleState,
+    /// The train seed, from which each micro-batch's dropout seed is drawn (0 when absent,
+    /// as in checkpoints written before dropout was live).
+    #[serde(default)]
+    pub seed: u64,
 }
 
 /// What one update reported.
@@ -327,7 +332,8 @@ pub struct LoopState {
 pub struct StepMetrics {
     /// The update's number, from 1.
     pub step: u64,
-    /// The loss before the update (unscaled).
+    /// The loss before the update (unscaled; with `grad_accum`, the mean of its micro-batches'
+    /// losses).
     pub loss: f64,
     /// The learning rate it used.
     pub lr: f64,
@@ -351,6 +357,8 @@ pub struct Trainer {
     batch: usize,
     order: Vec<usize>,
     state: LoopState,
+    /// The last update's loss (the mean over its micro-batches).
+    loss: f64,
 }
 
 fn optimizer_name(kind: OptimizerKind) -> &'static str {
@@ -361,29 +369,36 @@ fn optimizer_name(kind: OptimizerKind) -> &'static str {
     }
 }
 
-/// The module's data inputs — the model's inputs and the train's labels — by name, with types.
-pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, TensorType)> {
-    let states: Vec<&str> = train
+/// The module's inputs the loop keeps across runs and starts at zero: optimizer states and
+/// gradient accumulators.
+fn zeroed_inputs(train: &CompiledTrain) -> impl Iterator<Item = &str> {
+    train
         .params
         .iter()
         .flat_map(|p| p.states.iter().map(String::as_str))
-        .collect();
+        .chain(train.accumulators.iter().map(String::as_str))
+}
+
+/// The module's data inputs — the model's inputs and the train's labels — by name, with types.
+pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, TensorType)> {
+    let states: Vec<&str> = zeroed_inputs(train).collect();
     module
         .inputs()
-        .filter(|(n, _)| !states.contains(n) && !SCALAR_INPUTS.contains(n))
+        .filter(|(n, _)| !states.contains(n) && !SCALAR_INPUTS.contains(n) && *n != SEED)
         .map(|(n, v)| (n.to_string(), module.values[v as usize].ty.clone()))
         .collect()
 }
 
 impl Trainer {
     /// A loop over `data` for the step `train` run by `exec` (parameters loaded or
-    /// initialised); optimizer states start at zero.
+    /// initialised); optimizer states start at zero; `seed` draws the dropout masks.
     pub fn new(
         mut exec: Executor,
         train: CompiledTrain,
         schedule: Schedule,
         data: Dataset,
         shuffle: Option<u64>,
+        seed: u64,
     ) -> Res<Trainer> {
         let inputs = data_inputs(exec.module(), &train);
         let batch = inputs
@@ -398,23 +413,8 @@ impl Trainer {
             )));
         }
         data.check_labels(exec.module())?;
-        for p in &train.params {
-            for s in &p.states {
-                let ty = exec
-                    .module()
-                    .inputs()
-                    .find(|(n, _)| n == s)
-                    .map(|(_, v)| exec.module().values[v as usize].ty.clone());
-                if let Some(ty) = ty {
-                    let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
-                    let zeros = vec![0f32; shape.iter().product()];
-                    let array =
-                        NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
-                    exec.set_input(s, &array)
-                        .map_err(|e| data_error(e.message))?;
-                }
-            }
-        }
+        let zeroed: Vec<String> = zeroed_inputs(&train).map(str::to_string).collect();
+        zero_inputs(&mut exec, &zeroed)?;
         let state = LoopState {
             step: 0,
             updates: 0,
@@ -426,6 +426,7 @@ impl Trainer {
             batch: batch as u64,
             loss_scaling: train.loss_scale.to_string(),
             scale: train.loss_scale.initial(),
+            seed,
         };
         let mut trainer = Trainer {
             exec,
@@ -435,6 +436,7 @@ impl Trainer {
             batch,
             order: Vec::new(),
             state,
+            loss: f64::NAN,
         };
         trainer.order = trainer.epoch_order(0);
         Ok(trainer)
@@ -471,20 +473,13 @@ impl Trainer {
         order
     }
 
-    /// Runs one step: feeds the next batch and the scalars, runs the step, and writes the new
-    /// parameters and states back — unless the loss scaling skips the step because a gradient
-    /// is not finite.
+    /// Runs one update: for each of its `grad_accum` micro-batches feeds the next batch, the
+    /// scalars and the dropout seed and runs the step, keeping the gradient sums and running
+    /// statistics of all but the last run; the last run's new parameters and states are written
+    /// back — unless the loss scaling skips the update because a gradient is not finite (the
+    /// running statistics are kept either way, as PyTorch's forward updates them).
     pub fn step(&mut self) -> Res<StepMetrics> {
         let start = std::time::Instant::now();
-        let (per_epoch, _) = self.epoch_shape();
-        if self.state.batch_in_epoch as usize >= per_epoch {
-            self.state.epoch += 1;
-            self.state.batch_in_epoch = 0;
-            self.order = self.epoch_order(self.state.epoch);
-        }
-        let first = self.state.batch_in_epoch as usize * self.batch;
-        let rows = self.order[first..first + self.batch].to_vec();
-        self.data.feed(&mut self.exec, &rows)?;
         let k = self.state.updates;
         let opt = self.train.optimizer;
         let lr = self.schedule.lr(opt.lr, k);
@@ -497,7 +492,7 @@ impl Trainer {
             (LOSS_SCALE, loss_scale),
         ];
         for (name, value) in scalars {
-            if self.exec.module().inputs().any(|(n, _)| n == name) {
+            if self.has_input(name) {
                 let array = NpyArray::from_f32(vec![], &[value as f32])
                     .map_err(|e| data_error(e.to_string()))?;
                 self.exec
@@ -505,60 +500,112 @@ impl Trainer {
                     .map_err(|e| data_error(e.message))?;
             }
         }
-        self.exec.run().map_err(|e| {
-            let mut e = TrainRunError::of_run(e);
-            let scaler = self.train.loss_scale;
-            if let (Some(report), true) = (e.numerics.as_mut(), scaler.scales()) {
-                report.help.push_str(&format!(
-                    "; the step's loss was scaled by {loss_scale} (loss_scale = {scaler})"
-                ));
-                if scaler.skips_overflow() {
-                    report.help.push_str(
-                        ", and without --check-numerics a step whose gradients are not finite \
-                         is skipped",
-                    );
-                }
+        let micro = u64::from(self.train.grad_accum);
+        let mut losses = 0.0;
+        let mut skipped = false;
+        for m in 0..micro {
+            self.feed_next_batch()?;
+            if self.has_input(SEED) {
+                let seed = micro_seed(self.state.seed, self.state.step * micro + m);
+                let array =
+                    NpyArray::from_i64(vec![], &[seed]).map_err(|e| data_error(e.to_string()))?;
+                self.exec
+                    .set_input(SEED, &array)
+                    .map_err(|e| data_error(e.message))?;
             }
-            e
-        })?;
-        let scalar = |exec: &Executor, name: &str| {
-            exec.output_f32(name)
-                .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
-        };
-        let loss = scalar(&self.exec, LOSS);
-        let grad_norm = scalar(&self.exec, GRAD_NORM);
-        // NaN (an overflow) is not 0; a module that skips nothing has no such output.
-        let overflow = self
-            .exec
-            .output_f32(OVERFLOW)
-            .is_some_and(|(_, v)| v[0] != 0.0);
-        let skipped = self
-            .train
-            .loss_scale
-            .after_step(&mut self.state.scale, overflow);
-        if skipped {
-            self.state.skipped += 1;
-        } else {
-            self.exec
-                .write_back(write_backs(&self.train.params))
-                .map_err(TrainRunError::of_run)?;
-            self.state.updates += 1;
+            self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
+            losses += self.scalar(LOSS);
+            let buffers = self.train.buffers.iter().map(String::as_str);
+            if m + 1 < micro {
+                let sums = self.train.accumulators.iter().map(String::as_str);
+                self.exec
+                    .write_back(sums.chain(buffers))
+                    .map_err(TrainRunError::of_run)?;
+                continue;
+            }
+            // NaN (an overflow) is not 0; a module that skips nothing has no such output.
+            let overflow = self
+                .exec
+                .output_f32(OVERFLOW)
+                .is_some_and(|(_, v)| v[0] != 0.0);
+            skipped = self
+                .train
+                .loss_scale
+                .after_step(&mut self.state.scale, overflow);
+            if skipped {
+                self.state.skipped += 1;
+                self.exec
+                    .write_back(buffers)
+                    .map_err(TrainRunError::of_run)?;
+            } else {
+                self.exec
+                    .write_back(write_backs(&self.train.params).chain(buffers))
+                    .map_err(TrainRunError::of_run)?;
+                self.state.updates += 1;
+            }
         }
+        zero_inputs(&mut self.exec, &self.train.accumulators)?;
+        self.loss = losses / micro as f64;
         self.state.step += 1;
-        self.state.batch_in_epoch += 1;
         Ok(StepMetrics {
             step: self.state.step,
-            loss,
+            loss: self.loss,
             lr,
             loss_scale,
-            grad_norm,
+            grad_norm: self.scalar(GRAD_NORM),
             skipped,
             ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
 
-    /// Writes the last step's raw gradients as `DIR/grads.safetensors` (f32, by parameter path)
-    /// and its loss as `DIR/loss.npy`; the module must expose them
+    /// A failed run's error; under loss scaling, a numerics report also says the loss was
+    /// scaled by `loss_scale` (and that without --check-numerics the step would be skipped).
+    fn run_error(&self, e: ExecError, loss_scale: f64) -> TrainRunError {
+        let mut e = TrainRunError::of_run(e);
+        let scaler = self.train.loss_scale;
+        if let (Some(report), true) = (e.numerics.as_mut(), scaler.scales()) {
+            report.help.push_str(&format!(
+                "; the step's loss was scaled by {loss_scale} (loss_scale = {scaler})"
+            ));
+            if scaler.skips_overflow() {
+                report.help.push_str(
+                    ", and without --check-numerics a step whose gradients are not finite \
+                     is skipped",
+                );
+            }
+        }
+        e
+    }
+
+    fn has_input(&self, name: &str) -> bool {
+        self.exec.module().inputs().any(|(n, _)| n == name)
+    }
+
+    /// Scalar output `name` of the last run (NaN if absent).
+    fn scalar(&self, name: &str) -> f64 {
+        self.exec
+            .output_f32(name)
+            .map_or(f64::NAN, |(_, v)| f64::from(v[0]))
+    }
+
+    /// Feeds the next batch of the epoch, starting the next epoch when this one is used up.
+    fn feed_next_batch(&mut self) -> Res<()> {
+        let (per_epoch, _) = self.epoch_shape();
+        if self.state.batch_in_epoch as usize >= per_epoch {
+            self.state.epoch += 1;
+            self.state.batch_in_epoch = 0;
+            self.order = self.epoch_order(self.state.epoch);
+        }
+        let first = self.state.batch_in_epoch as usize * self.batch;
+        let rows = self.order[first..first + self.batch].to_vec();
+        self.data.feed(&mut self.exec, &rows)?;
+        self.state.batch_in_epoch += 1;
+        Ok(())
+    }
+
+    /// Writes the last update's raw gradients as `DIR/grads.safetensors` (f32, by parameter
+    /// path; with `grad_accum`, summed over the micro-batches of `loss / grad_accum`) and its
+    /// loss as `DIR/loss.npy`; the module must expose them
     /// ([`crate::train::TrainOptions::expose_grads`]).
     pub fn dump_grads(&self, dir: &Path) -> Res<Vec<PathBuf>> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
@@ -575,12 +622,9 @@ impl Trainer {
         let path = dir.join("grads.safetensors");
         let tensors: Vec<TensorRef> = grads.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
         write_safetensors(&path, &tensors).map_err(|e| write_error(e.to_string()))?;
-        let (_, loss) = self
-            .exec
-            .output_f32(LOSS)
-            .ok_or_else(|| run_missing(LOSS))?;
         let loss_path = dir.join("loss.npy");
-        let array = NpyArray::from_f32(vec![], &loss).map_err(|e| write_error(e.to_string()))?;
+        let array = NpyArray::from_f32(vec![], &[self.loss as f32])
+            .map_err(|e| write_error(e.to_string()))?;
         write_npy(&loss_path, &array).map_err(|e| write_error(e.to_string()))?;
         Ok(vec![path, loss_path])
     }
@@ -716,6 +760,31 @@ impl Trainer {
     pub fn params(&self) -> &[TrainedParam] {
         &self.train.params
     }
+}
+
+/// Sets each of the inputs `names` to zeros.
+fn zero_inputs(exec: &mut Executor, names: &[String]) -> Res<()> {
+    for name in names {
+        let ty = exec
+            .module()
+            .inputs()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| exec.module().values[v as usize].ty.clone());
+        if let Some(ty) = ty {
+            let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+            let zeros = vec![0f32; shape.iter().product()];
+            let array = NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
+            exec.set_input(name, &array)
+                .map_err(|e| data_error(e.message))?;
+        }
+    }
+    Ok(())
+}
+
+/// The dropout seed of micro-batch `index` (counted over the whole run) under the train seed:
+/// a pure function of the two, so a resumed run draws the masks a straight one would.
+fn micro_seed(seed: u64, index: u64) -> i64 {
+    SplitMix(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03)).next() as i64
 }
 
 fn run_missing(name: &str) -> TrainRunError {

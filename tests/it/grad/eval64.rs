@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use super::nn64;
 use super::tensor64::T64;
+use mslc_core::ops::family::elementwise::dropout_keeps;
 use mslc_core::ops::family::layout::{permutation, select_index, SliceRange};
 use mslc_core::ops::family::matmul::MatmulDims;
 use mslc_core::ops::family::reduce::reduced_axes;
@@ -99,7 +100,22 @@ pub fn eval_op(
                 x[0].data.iter().map(|&v| f(v)).collect(),
             ))
         }
-        Op::Dropout => one(x[0].clone()),
+        Op::Dropout => match x.get(1) {
+            // Training mode: the kernels' mask, from the seed, the salt and the index.
+            Some(seed) => {
+                let p = attrs.float("p").map_err(e)?;
+                let salt = attrs.opt_int("salt").map_err(e)?.unwrap_or(0);
+                let seed = seed.data[0] as i64;
+                let data = (x[0].data.iter().enumerate())
+                    .map(|(i, &v)| match dropout_keeps(seed, salt, i as u64, p) {
+                        true => v / (1.0 - p),
+                        false => 0.0,
+                    })
+                    .collect();
+                one(T64::new(&x[0].shape, data))
+            }
+            None => one(x[0].clone()),
+        },
         Op::CausalMask => {
             let s = attrs.int("size").map_err(e)? as usize;
             let data = (0..s * s)

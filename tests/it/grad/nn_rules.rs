@@ -1,5 +1,5 @@
-//! The gradient rules of the neural-net ops (norms, batch_norm, embedding, rope, attention,
-//! conv2d, pools) against central finite differences in f64, over random shapes (proptest);
+//! The gradient rules of the neural-net ops (norms, batch_norm — also in training mode, through
+//! its batch statistics — embedding, rope, attention, conv2d, pools, live dropout) against central finite differences in f64, over random shapes (proptest);
 //! their backward ops are evaluated by `nn64`. Plus the tie rule of max pooling and the
 //! input-free ops (`rope_table`, `causal_mask`) inside differentiated graphs.
 
@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use super::fd::{check_graph, check_op, gradients, Arg, Rng};
 use super::tensor64::T64;
 use mslc_core::ops::{Attrs, DType, Op};
+use mslc_driver::train_mode::batch_norm_train;
 use mslc_ir::{Graph, ValueRef};
 
 const RTOL: f64 = 1e-5;
@@ -68,6 +69,42 @@ proptest! {
             Arg::f64(rng.tensor(&[c], 0.2, 2.0)),
         ];
         check(Op::BatchNorm, &Attrs::new().with("eps", 1e-5), &args, seed)?;
+    }
+
+    /// Training-mode BatchNorm as a training step builds it (`train_mode::batch_norm_train`):
+    /// the gradient with respect to `x` flows through the batch mean and biased variance too.
+    #[test]
+    fn training_batch_norm_through_batch_statistics(
+        n in 1usize..=3, c in 1usize..=3,
+        spatial in proptest::collection::vec(1usize..=3, 0..=2),
+        seed in any::<u64>(),
+    ) {
+        let mut shape = vec![n, c];
+        shape.extend(spatial);
+        prop_assume!(shape.iter().product::<usize>() > c);
+        let mut rng = Rng(seed);
+        let x = rng.tensor(&shape, -2.0, 2.0);
+        let build = |g: &mut Graph, xs: &[ValueRef]| {
+            let attrs = Attrs::new().with("eps", 1e-3);
+            let (y, mean, var) = batch_norm_train(g, xs[0], attrs, "model.bn").unwrap();
+            vec![y, mean, var]
+        };
+        check_graph(&build, &[Arg::f64(x)], seed, RTOL).map_err(TestCaseError::fail)?;
+    }
+
+    /// Live dropout (a seed input): the gradient is the forward's mask, scaled.
+    #[test]
+    fn training_dropout_reuses_its_mask(
+        shape in proptest::collection::vec(1usize..=6, 1..=3),
+        p in 0.0f64..0.9,
+        salt in 0i64..4,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let x = rng.tensor(&shape, -2.0, 2.0);
+        let seed_value = T64::scalar((seed % 1000) as f64);
+        let attrs = Attrs::new().with("p", p).with("salt", salt);
+        check(Op::Dropout, &attrs, &[Arg::f64(x), Arg::i64(seed_value)], seed)?;
     }
 
     /// Few vocab rows, many ids: the table gradient accumulates over repeated ids.

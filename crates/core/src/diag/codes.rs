@@ -114,6 +114,8 @@ codes! {
     E0623 => "tuning budget out of range",
     E0630 => "training data does not fit the train",
     E0631 => "invalid checkpoint",
+    E0650 => "a train cannot run in training mode",
+    E0651 => "the train's batch does not split into its micro-batches",
     E0710 => "input dtype that generated bindings cannot take",
     E0700 => "cannot format a file in place",
     E0800 => "op has no gradient rule",

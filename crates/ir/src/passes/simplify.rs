@@ -141,7 +141,13 @@ fn simplify_node(g: &Graph, id: NodeId, cx: &PassContext) -> Option<(Rewrite, &'
             (r.start == 0 && r.end == g.ty(x).shape[r.axis])
                 .then_some((Rewrite::Value(x), "full_slice"))
         }
-        Op::Dropout if !cx.training || attrs.float("p").ok() == Some(0.0) => value("dropout"),
+        // A dropout with a seed is live (a training step's); one without is the identity
+        // unless the graph will be trained.
+        Op::Dropout
+            if (!cx.training && inputs.len() == 1) || attrs.float("p").ok() == Some(0.0) =>
+        {
+            value("dropout")
+        }
         _ => None,
     }
 }

@@ -4,6 +4,7 @@ use crate::elementwise::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 use crate::error::KernelResult;
 use crate::shape::{broadcast_shapes, broadcast_strides, check_len, for_each_offset};
 use crate::tensor::{Tensor, TensorRef};
+use mslc_core::ops::family::elementwise::dropout_keeps;
 
 /// One unary op on one value: the registry's f64 definition, rounded once to f32.
 pub fn unary_scalar(op: UnaryOp, x: f32) -> f32 {
@@ -55,13 +56,32 @@ pub fn cast(x: TensorRef<'_>, to: CastTarget) -> KernelResult<Tensor> {
     Tensor::new("cast", x.shape.to_vec(), data)
 }
 
-/// `dropout` in inference: the identity (`p` is checked to be a probability).
-pub fn dropout(x: TensorRef<'_>, p: f64) -> KernelResult<Tensor> {
+/// `dropout`: the identity in inference (`mask` `None`); in training (`mask` = (seed, salt))
+/// each element kept as [`dropout_keeps`] draws it and scaled by `1 / (1 − p)` (in f32, as
+/// PyTorch multiplies by its f32 scale), the others zero.
+pub fn dropout(x: TensorRef<'_>, p: f64, mask: Option<(i64, i64)>) -> KernelResult<Tensor> {
     if !(0.0..=1.0).contains(&p) {
         return Err(crate::KernelError::new(
             "dropout",
             format!("p = {p} is not a probability"),
         ));
     }
-    Tensor::new("dropout", x.shape.to_vec(), x.data.to_vec())
+    let data = match mask {
+        None => x.data.to_vec(),
+        Some((seed, salt)) => {
+            let scale = (1.0 / (1.0 - p)) as f32;
+            x.data
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if dropout_keeps(seed, salt, i as u64, p) {
+                        v * scale
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        }
+    };
+    Tensor::new("dropout", x.shape.to_vec(), data)
 }

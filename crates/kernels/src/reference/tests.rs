@@ -54,11 +54,30 @@ fn scalar_ops_hit_known_values() {
         &[1.0],
     );
     close(
-        &dropout(t(&[1.0, 2.0], &[2]), 0.5).unwrap(),
+        &dropout(t(&[1.0, 2.0], &[2]), 0.5, None).unwrap(),
         &[2],
         &[1.0, 2.0],
     );
-    assert!(dropout(t(&[1.0], &[1]), 1.5).is_err());
+    assert!(dropout(t(&[1.0], &[1]), 1.5, None).is_err());
+}
+
+#[test]
+fn training_dropout_keeps_1_minus_p_and_rescales() {
+    let n = 100_000;
+    let ones = vec![1.0f32; n];
+    let shape = [n];
+    let x = t(&ones, &shape);
+    let p = 0.3;
+    let y = dropout(x, p, Some((7, 2))).unwrap();
+    let kept = y.data.iter().filter(|&&v| v != 0.0).count();
+    // Binomial(n, 0.7): standard deviation ≈ 145; 5 of them.
+    assert!((kept as f64 - 0.7 * n as f64).abs() < 725.0, "kept {kept}");
+    let scale = (1.0 / (1.0 - p)) as f32;
+    assert!(y.data.iter().all(|&v| v == 0.0 || v == scale));
+    // The same seed and salt give the same mask; another salt or seed another one.
+    assert_eq!(dropout(x, p, Some((7, 2))).unwrap().data, y.data);
+    assert_ne!(dropout(x, p, Some((7, 3))).unwrap().data, y.data);
+    assert_ne!(dropout(x, p, Some((8, 2))).unwrap().data, y.data);
 }
 
 #[test]

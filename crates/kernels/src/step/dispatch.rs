@@ -170,6 +170,11 @@ impl StepKernel {
             StepKernel::Select(axis, index) => {
                 copy_tensor(out, reference::select(x(0), *axis, *index)?)?
             }
+            StepKernel::Dropout(p, salt) => {
+                let seed = ints.first().copied().unwrap_or(0);
+                let t = reference::dropout(x(0), *p, Some((seed, *salt)))?;
+                copy_tensor(out, t)?
+            }
             StepKernel::BatchNorm(eps) => {
                 copy_tensor(out, reference::batch_norm(x(0), x(1), x(2), *eps)?)?
             }

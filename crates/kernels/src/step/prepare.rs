@@ -92,6 +92,9 @@ pub enum StepKernel {
     Select(i64, i64),
     /// `batch_norm` (reference kernel).
     BatchNorm(f64),
+    /// Training-mode `dropout(x, seed)` (input 1 read as the integer seed): `p` and the op's
+    /// `salt`.
+    Dropout(f64, i64),
     /// `causal_mask` (reference kernel).
     CausalMask(usize),
     /// `mse_loss` (reference kernel).
@@ -145,6 +148,7 @@ impl StepKernel {
         match self {
             StepKernel::Embedding(_) | StepKernel::EmbeddingGrad(..) => Some(0),
             StepKernel::CrossEntropy(..) | StepKernel::CrossEntropyGrad(..) => Some(1),
+            StepKernel::Dropout(..) => Some(1),
             _ => None,
         }
     }
@@ -185,6 +189,10 @@ pub fn prepare(
         // A cast is a copy here: storing into the output's dtype rounds (floats, to nearest
         // even), truncates with saturation (ints) or tests for non-zero (bool) exactly as the
         // cast does.
+        Op::Dropout if inputs.len() == 2 => StepKernel::Dropout(
+            a.float("p").map_err(err)?,
+            a.opt_int("salt").map_err(err)?.unwrap_or(0),
+        ),
         Op::Reshape | Op::Dropout | Op::Cast => StepKernel::Copy,
         Op::FusedElementwise => {
             let text = a.str("program").map_err(err)?;

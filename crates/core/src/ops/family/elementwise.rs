@@ -100,12 +100,38 @@ pub const CAST: OpSpec = OpSpec {
     ..unary(1, infer_cast, grad_cast)
 };
 
-/// `dropout`: identity in inference; not fusable (training draws random numbers).
+/// `dropout(x)`: the identity (inference). `dropout(x, seed)` with an integer scalar `seed` is
+/// training mode, as PyTorch's `model.train()`: each element is zeroed with probability `p`
+/// and the kept ones scaled by `1 / (1 − p)`, the mask drawn by [`dropout_keeps`] from
+/// (`seed`, the op's `salt` (0 when absent), the element's index) — no hidden state, so a mask is the same on
+/// every rank and after a resume. Not fusable (training draws random numbers).
 pub const DROPOUT: OpSpec = OpSpec {
-    attrs: &[AttrSpec::defaulted("p", ConstAttr::Float(0.5))],
+    inputs: &["x", "seed"],
+    arity: Arity::Between(1, 2),
+    attrs: &[
+        AttrSpec::defaulted("p", ConstAttr::Float(0.5)),
+        AttrSpec::optional("salt", AttrKind::Int),
+    ],
     elementwise: false,
-    ..unary(1, infer_dropout, grad_identity)
+    in_place: false,
+    ..unary(1, infer_dropout, grad_dropout)
 };
+
+/// Whether training-mode `dropout` keeps element `index` of the op salted `salt` under `seed`:
+/// a counter-based draw (SplitMix64's finaliser of the key and the counter), uniform on 2⁻²⁴
+/// steps like PyTorch's f32 `bernoulli_`, kept when the draw is at least `p`.
+pub fn dropout_keeps(seed: i64, salt: i64, index: u64, p: f64) -> bool {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    let key = mix((seed as u64) ^ mix((salt as u64).wrapping_add(GOLDEN)));
+    let bits = mix(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN)));
+    let draw = (bits >> 40) as f64 / (1u64 << 24) as f64;
+    draw >= p
+}
 
 fn infer_constant(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let value = ctx.attrs.float("value")?;
@@ -164,7 +190,19 @@ fn infer_dropout(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     if !(0.0..1.0).contains(&p) {
         return Err(OpError::new(format!("`p` must be in [0, 1), got {p:?}")));
     }
-    infer_unary_float(ctx)
+    if ctx.inputs.len() == 2 {
+        ctx.int_input(1)?;
+        if ctx.input(1).rank() != 0 {
+            return Err(OpError::at(
+                1,
+                format!("expects a scalar seed, but {}", ctx.describe(1)),
+            ));
+        }
+    }
+    infer_unary_float(&OpCtx {
+        inputs: &ctx.inputs[..1],
+        ..*ctx
+    })
 }
 
 // Gradient rules. Each returns one cotangent per input; `unbroadcast` sums a binary op's
@@ -275,12 +313,18 @@ fn unary_grad(
     Ok(vec![Some(dx(em, dy, x, call.y(0))?)])
 }
 
-/// `dropout` in eval mode, where it is the identity: `dy`.
-pub fn grad_identity(
-    em: &mut dyn Emitter,
-    call: &GradCall,
-) -> Result<Vec<Option<Handle>>, OpError> {
-    unary_grad(em, call, |_, dy, _, _| Ok(dy))
+/// `dropout`: `dy` in inference; in training the same mask applied to `dy` — the op itself
+/// on `dy` with the same seed, salt and `p`, which redraws the mask from its counter instead
+/// of saving it. The seed gets no gradient.
+pub fn grad_dropout(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
+    match call.inputs {
+        [_, seed] => {
+            let dy = call.dy()?;
+            let dx = em.op1(Op::Dropout, call.attrs.clone(), &[dy, *seed])?;
+            Ok(vec![Some(dx), None])
+        }
+        _ => unary_grad(em, call, |_, dy, _, _| Ok(dy)),
+    }
 }
 
 /// `neg`: `-dy`.
@@ -556,6 +600,21 @@ mod tests {
         assert_eq!(e.message, "dropout: `p` must be in [0, 1), got 1.0");
         let e = err(Op::Dropout, Attrs::new().with("p", f64::NAN), &[f32t(&[2])]);
         assert!(e.message.contains("got NaN"));
+        // Training mode: an integer scalar seed.
+        let seeded = [f32t(&[2]), t(DType::I64, &[])];
+        assert_eq!(ok(Op::Dropout, Attrs::new(), &seeded), f32t(&[2]));
+        let e = err(Op::Dropout, Attrs::new(), &[f32t(&[2]), f32t(&[])]);
+        assert!(
+            e.message.contains("expects an integer tensor"),
+            "{}",
+            e.message
+        );
+        let e = err(
+            Op::Dropout,
+            Attrs::new(),
+            &[f32t(&[2]), t(DType::I64, &[1])],
+        );
+        assert!(e.message.contains("expects a scalar seed"), "{}", e.message);
     }
 
     #[test]

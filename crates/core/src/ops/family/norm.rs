@@ -57,10 +57,16 @@ pub const LAYER_NORM: OpSpec = OpSpec {
     ..normalize(6)
 };
 
-/// `batch_norm`: inference normalisation of `x [N, C, ...]` by per-channel `mean` and `var`.
+/// `batch_norm`: normalisation of `x [N, C, ...]` by per-channel `mean` and `var`. The op
+/// itself uses the statistics it is given (eval mode); a training step passes the batch's and
+/// updates the running ones by `momentum` (PyTorch's, default 0.1), which the op carries.
 pub const BATCH_NORM: OpSpec = OpSpec {
     inputs: &["x", "mean", "var"],
     arity: Arity::Exact(3),
+    attrs: &[
+        AttrSpec::defaulted("eps", ConstAttr::Float(1e-5)),
+        AttrSpec::defaulted("momentum", ConstAttr::Float(0.1)),
+    ],
     infer: infer_batch_norm,
     grad: Some(grad_batch_norm),
     ..normalize(2)
@@ -213,6 +219,12 @@ fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
 
 fn infer_batch_norm(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     check_eps(ctx)?;
+    let momentum = ctx.attrs.float("momentum")?;
+    if !(0.0..=1.0).contains(&momentum) {
+        return Err(OpError::new(format!(
+            "`momentum` must be in [0, 1], got {momentum:?}"
+        )));
+    }
     ctx.float_input(0)?;
     ctx.expect_min_rank(0, 2, "[N, C, ...]")?;
     let c = ctx.input(0).shape[1];
