@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::check_path;
 use mslc_core::diag::Code;
+use mslc_driver::recompute::MemoryRequest;
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
     choose_train, compile_train, train_compile_options, TrainError, TrainOptions,
@@ -123,6 +124,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let options = train_compile_options(&checked, model, selection).map_err(emit)?;
     let train_options = TrainOptions {
         expose_grads: args.dump_grads.is_some(),
+        memory: MemoryRequest::of_train(&checked, train),
     };
     let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => emit(d),
@@ -136,6 +138,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         .collect();
     let module = compiled.compiled.module.clone();
     let arena = compiled.compiled.memory.clone();
+    let recompute = compiled.recompute.clone();
     let inputs = data_inputs(&module, &compiled);
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -238,7 +241,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     }
     bar.finish_and_clear();
     let mut text = format!(
-        "trained {} ({} parameters, {}) for {} update(s), steps {}..{}\n  memory:  arena {} (lower bound {})\n",
+        "trained {} ({} parameters, {}) for {} update(s), steps {}..{}\n  memory:  arena {} planned, {} allocated (lower bound {})\n",
         train.spec.name.name,
         trainer.params().len(),
         trainer.state().optimizer,
@@ -246,8 +249,13 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         first + 1,
         trainer.state().step,
         mslc_core::units::human_bytes(arena.arena_bytes),
+        mslc_core::units::human_bytes(trainer.executor().arena_bytes() as u64),
         mslc_core::units::human_bytes(arena.lower_bound_bytes),
     );
+    for line in recompute.lines() {
+        text.push_str(&line);
+        text.push('\n');
+    }
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
     }
@@ -260,6 +268,8 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let json = serde_json::json!({
         "train": train.spec.name.name,
         "steps": history,
+        "recompute": recompute,
+        "allocated_arena_bytes": trainer.executor().arena_bytes(),
         "written": written,
         "notes": notes,
     });

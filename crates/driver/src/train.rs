@@ -28,7 +28,8 @@ use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::program::Model;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
-use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
+use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
+use crate::recompute::{plan_training, MemoryRequest, RecomputeError, RecomputeReport};
 use crate::select::{compile_options, root_error, Selection};
 
 /// Output: the loss of the step.
@@ -49,6 +50,9 @@ pub const GRAD_PREFIX: &str = "grad.";
 pub struct TrainOptions {
     /// Also output each parameter's raw gradient as `grad.PATH` (for `--dump-grads`).
     pub expose_grads: bool,
+    /// The train's memory policy ([`MemoryRequest::of_train`]): what to recompute, and the
+    /// budget the step must fit.
+    pub memory: Option<MemoryRequest>,
 }
 
 /// One trained parameter and its optimizer states.
@@ -71,6 +75,8 @@ pub struct CompiledTrain {
     pub optimizer: Optimizer,
     /// Trained parameters, by path.
     pub params: Vec<TrainedParam>,
+    /// What is recomputed, and the step's memory.
+    pub recompute: RecomputeReport,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -243,12 +249,28 @@ pub fn compile_train(
     })?;
     // Lowering, the backward and the update count as the lowering stage.
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut compiled = compile_graph(graph, options)?;
+    let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, options)?;
+    let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
+    let planned = plan_training(
+        &graph,
+        options,
+        &passes,
+        LOSS,
+        &is_state,
+        train_options.memory,
+    );
+    let (mut compiled, recompute) = planned.map_err(|e| match e {
+        RecomputeError::NoFit(d) => TrainError::Train(d),
+        RecomputeError::Compile(e) => TrainError::Compile(e),
+    })?;
+    compiled.ops_before = ops_before;
     compiled.times.lower_ms = lower_ms;
+    compiled.times.passes_ms = passes_ms;
     Ok(CompiledTrain {
         compiled,
         optimizer,
         params: trained,
+        recompute,
     })
 }
 
@@ -300,9 +322,22 @@ impl Builder<'_> {
     ) -> Built<Vec<TrainedParam>> {
         self.g.set_output(LOSS, loss);
         let scalar = TensorType::new(DType::F32, vec![]);
-        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
+        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it, summed in the order the
+        // backward produces the gradients (the reverse of the parameters' first use): the
+        // schedule computes values as their consumers need them, so each layer's weight
+        // gradients then run right after its backward instead of after the whole backward,
+        // with every layer's activation gradients (and recomputed activations) kept until then.
+        let mut order: Vec<usize> = (0..grads.len()).collect();
+        order.sort_by_key(|&i| {
+            let first_use = self
+                .g
+                .consumers(params[i].1.node)
+                .first()
+                .map(|n| n.index());
+            std::cmp::Reverse(first_use)
+        });
         let mut total: Option<ValueRef> = None;
-        for &g in grads {
+        for g in order.iter().map(|&i| grads[i]) {
             let sq = self.bin(Op::Mul, g, g)?;
             let s = self.op(Op::Sum, Attrs::new(), &[sq])?;
             total = Some(match total {
