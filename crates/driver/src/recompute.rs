@@ -334,7 +334,16 @@ pub fn plan_training(
         Recompute::Full => uniform(&planner, LayerChoice::Full),
         Recompute::Selective => uniform(&planner, LayerChoice::Selective),
     };
-    let mut chosen = planner.plan(&first)?;
+    let without = (
+        baseline.breakdown,
+        baseline.compiled.cost.flops,
+        baseline.compiled.memory.arena_bytes,
+    );
+    let mut chosen = if planner.forward.recompute_set(graph, &first).is_empty() {
+        baseline
+    } else {
+        planner.plan(&first)?
+    };
     if policy == Recompute::Auto && !fits(&chosen) {
         let budget = budget.unwrap_or(u64::MAX);
         let layers = planner.options();
@@ -381,15 +390,11 @@ pub fn plan_training(
         max_device_memory: budget,
         layers: chosen.layers,
         recomputed_ops: chosen.ops,
-        flops_added: chosen
-            .compiled
-            .cost
-            .flops
-            .saturating_sub(baseline.compiled.cost.flops),
-        flops_without: baseline.compiled.cost.flops,
-        arena_bytes_without: baseline.compiled.memory.arena_bytes,
+        flops_added: chosen.compiled.cost.flops.saturating_sub(without.1),
+        flops_without: without.1,
+        arena_bytes_without: without.2,
         arena_bytes: chosen.compiled.memory.arena_bytes,
-        without: baseline.breakdown,
+        without: without.0,
         breakdown: chosen.breakdown,
         plans: planner.plans,
     };
@@ -406,8 +411,9 @@ fn no_fit(r: MemoryRequest, budget: u64, needs: &Breakdown, full: &Breakdown) ->
         )
     } else {
         format!(
-            "even recomputing every layer needs {}: raise `max_device_memory` to at least that, or train on a smaller batch",
-            human_bytes(full.total())
+            "even recomputing every layer needs {}: raise `max_device_memory` to at least {}B, or train on a smaller batch",
+            human_bytes(full.total()),
+            full.total()
         )
     };
     Diagnostic::error(

@@ -90,6 +90,12 @@ pub fn layer_of(origin: &str) -> Option<&str> {
     None
 }
 
+/// The instance whose result is a checkpoint: the node's layer ([`layer_of`]), else its
+/// top-level instance (`lm_head.x` → `lm_head`, `a.mlp` → `a`; `` at model level).
+fn unit_of(origin: &str) -> &str {
+    layer_of(origin).unwrap_or_else(|| origin.split('.').next().unwrap_or_default())
+}
+
 /// The forward of a training graph, as recomputation sees it.
 #[derive(Clone, Debug)]
 pub struct Forward {
@@ -137,9 +143,9 @@ impl Forward {
     }
 
     /// The forward ops `choice` recomputes: the chosen layers' ops (all of them for `full`, the
-    /// light ones for `selective`) and, if it says so, every op marked `@recompute`, less those that must stay:
-    /// values read by a forward op of another layer (a layer's output is the next one's input,
-    /// the checkpoint), named outputs (the loss), values computed from parameters alone (kept
+    /// light ones for `selective`) and, if it says so, every op marked `@recompute` — less those
+    /// that must stay: values a forward op of another layer or top-level instance reads (an
+    /// instance's result is the next one's input: the checkpoint), named outputs (the loss), values computed from parameters alone (kept
     /// in the hoisted region anyway) and `dropout` (a second draw would differ).
     pub fn recompute_set(&self, graph: &Graph, choice: &Choice) -> HashSet<NodeId> {
         let invariant = invariant_nodes(graph, &self.order);
@@ -160,12 +166,12 @@ impl Forward {
             .copied()
             .filter(|&id| {
                 let node = graph.node(id);
-                let layer = layer_of(&node.origin);
+                let unit = unit_of(&node.origin);
                 let crosses = (0..node.outputs.len() as u32).any(|index| {
                     let v = ValueRef { node: id, index };
                     graph.is_output(v)
                         || graph.users(v).iter().any(|&(user, _)| {
-                            self.contains(user) && layer_of(&graph.node(user).origin) != layer
+                            self.contains(user) && unit_of(&graph.node(user).origin) != unit
                         })
                 });
                 wanted(id) && !crosses && !invariant.contains(&id) && node.op() != Some(Op::Dropout)
