@@ -181,6 +181,21 @@ impl From<CompileError> for RecomputeError {
     }
 }
 
+/// One way to treat a layer: the choice, the bytes of activations it stops keeping for the
+/// backward, and the flops its copies add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerOption {
+    /// Selective or full.
+    pub choice: LayerChoice,
+    /// Bytes no longer kept.
+    pub saved: u64,
+    /// Flops added.
+    pub flops: u64,
+}
+
+/// A layer's path and its options other than keep.
+pub type LayerOptions = (String, Vec<LayerOption>);
+
 /// A planned candidate.
 struct Candidate {
     compiled: Compiled,
@@ -223,8 +238,8 @@ impl Planner<'_> {
         })
     }
 
-    /// Per layer, its options other than keep: (choice, bytes it stops keeping, flops added).
-    fn options(&self) -> Vec<(String, Vec<(LayerChoice, u64, u64)>)> {
+    /// Per layer, its options other than keep.
+    fn options(&self) -> Vec<LayerOptions> {
         self.forward
             .layers
             .iter()
@@ -239,7 +254,11 @@ impl Planner<'_> {
                         let mut graph = self.graph.clone();
                         let set = self.forward.recompute_set(&graph, &choice);
                         let done = recompute(&mut graph, &self.forward, &set);
-                        (c, done.released_bytes, done.flops)
+                        LayerOption {
+                            choice: c,
+                            saved: done.released_bytes,
+                            flops: done.flops,
+                        }
                     })
                     .collect();
                 (layer.clone(), options)
@@ -250,10 +269,7 @@ impl Planner<'_> {
 
 /// The options (one per layer, keep costing nothing and saving nothing) of least total flops
 /// whose savings add up to `need` bytes; `None` when even the largest savings fall short.
-pub fn cheapest_cover(
-    layers: &[(String, Vec<(LayerChoice, u64, u64)>)],
-    need: u64,
-) -> Option<BTreeMap<String, LayerChoice>> {
+pub fn cheapest_cover(layers: &[LayerOptions], need: u64) -> Option<BTreeMap<String, LayerChoice>> {
     let q = need.div_ceil(BUCKETS).max(1);
     let target = need.div_ceil(q) as usize;
     // best[j]: least flops reaching j buckets (capped at target); parents per layer.
@@ -264,14 +280,14 @@ pub fn cheapest_cover(
         let mut next: Vec<Option<u64>> = best.clone();
         let mut parent: Vec<(usize, LayerChoice)> =
             (0..=target).map(|j| (j, LayerChoice::Keep)).collect();
-        for j in 0..=target {
-            let Some(flops) = best[j] else { continue };
-            for &(c, saved, added) in options {
-                let k = (j + (saved / q) as usize).min(target);
-                let f = flops.saturating_add(added);
+        for (j, flops) in best.iter().enumerate() {
+            let Some(flops) = *flops else { continue };
+            for o in options {
+                let k = (j + (o.saved / q) as usize).min(target);
+                let f = flops.saturating_add(o.flops);
                 if next[k].is_none_or(|g| f < g) {
                     next[k] = Some(f);
-                    parent[k] = (j, c);
+                    parent[k] = (j, o.choice);
                 }
             }
         }
@@ -437,16 +453,17 @@ fn no_fit(r: MemoryRequest, budget: u64, needs: &Breakdown, full: &Breakdown) ->
 mod tests {
     use super::*;
 
-    fn layer(
-        name: &str,
-        selective: (u64, u64),
-        full: (u64, u64),
-    ) -> (String, Vec<(LayerChoice, u64, u64)>) {
+    fn layer(name: &str, selective: (u64, u64), full: (u64, u64)) -> LayerOptions {
+        let option = |choice, (saved, flops)| LayerOption {
+            choice,
+            saved,
+            flops,
+        };
         (
             name.to_string(),
             vec![
-                (LayerChoice::Selective, selective.0, selective.1),
-                (LayerChoice::Full, full.0, full.1),
+                option(LayerChoice::Selective, selective),
+                option(LayerChoice::Full, full),
             ],
         )
     }
@@ -460,9 +477,10 @@ mod tests {
         ];
         let pick = |need| cheapest_cover(&layers, need);
         assert_eq!(pick(0), Some(BTreeMap::new()));
+        // Either layer, selective (ties go to the earlier layer).
         assert_eq!(
             pick(40),
-            Some(BTreeMap::from([("b".to_string(), LayerChoice::Selective)]))
+            Some(BTreeMap::from([("a".to_string(), LayerChoice::Selective)]))
         );
         assert_eq!(
             pick(80).map(|m| m.values().copied().collect::<Vec<_>>()),
