@@ -12,8 +12,8 @@
 //!   total flops whose savings cover the excess. That choice is planned; if the plan still does
 //!   not fit (a recomputed layer's copies need room while they live), the excess of the plan
 //!   is added to what must be saved and the knapsack runs again, at most [`ROUNDS`] times,
-//!   before full recomputation of every layer is tried. When nothing fits, [`NoFit`] says what
-//!   the least memory would be.
+//!   before full recomputation of every layer is tried. When nothing fits, E0720 says what the
+//!   least memory would be.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +31,7 @@ use mslc_ir::Graph;
 use mslc_plan::memory::Breakdown;
 
 use crate::compile::{plan_graph, CompileError, CompileOptions, Compiled};
+use crate::train::TrainError;
 
 /// Granularity of `auto`'s knapsack: the bytes to save are measured in at most this many steps.
 pub const BUCKETS: u64 = 1024;
@@ -164,21 +165,6 @@ pub fn breakdown_text(b: &Breakdown) -> String {
         .map(|(n, v)| format!("{n} {}", human_bytes(*v)))
         .collect();
     format!("{} (total {})", rows.join(", "), human_bytes(b.total()))
-}
-
-/// Why no plan was chosen.
-#[derive(Debug)]
-pub enum RecomputeError {
-    /// Nothing fits the budget (E0720).
-    NoFit(Box<Diagnostic>),
-    /// Planning failed.
-    Compile(CompileError),
-}
-
-impl From<CompileError> for RecomputeError {
-    fn from(e: CompileError) -> Self {
-        RecomputeError::Compile(e)
-    }
 }
 
 /// One way to treat a layer: the choice, the bytes of activations it stops keeping for the
@@ -317,7 +303,7 @@ pub fn plan_training(
     loss: &str,
     is_state: &dyn Fn(&str) -> bool,
     request: Option<MemoryRequest>,
-) -> Result<(Compiled, RecomputeReport), RecomputeError> {
+) -> Result<(Compiled, RecomputeReport), TrainError> {
     let loss_value = graph
         .outputs
         .iter()
@@ -393,7 +379,7 @@ pub fn plan_training(
                         .breakdown
                 }
             };
-            return Err(RecomputeError::NoFit(Box::new(no_fit(
+            return Err(TrainError::Train(Box::new(no_fit(
                 r,
                 b,
                 &chosen.breakdown,

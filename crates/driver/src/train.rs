@@ -29,7 +29,7 @@ use mslc_core::program::Model;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
-use crate::recompute::{plan_training, MemoryRequest, RecomputeError, RecomputeReport};
+use crate::recompute::{plan_training, MemoryRequest, RecomputeReport};
 use crate::select::{compile_options, root_error, Selection};
 
 /// Output: the loss of the step.
@@ -251,18 +251,14 @@ pub fn compile_train(
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
     let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, options)?;
     let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
-    let planned = plan_training(
+    let (mut compiled, recompute) = plan_training(
         &graph,
         options,
         &passes,
         LOSS,
         &is_state,
         train_options.memory,
-    );
-    let (mut compiled, recompute) = planned.map_err(|e| match e {
-        RecomputeError::NoFit(d) => TrainError::Train(d),
-        RecomputeError::Compile(e) => TrainError::Compile(e),
-    })?;
+    )?;
     compiled.ops_before = ops_before;
     compiled.times.lower_ms = lower_ms;
     compiled.times.passes_ms = passes_ms;
