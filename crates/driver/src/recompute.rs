@@ -145,7 +145,7 @@ impl RecomputeReport {
         vec![
             format!("  recompute:  {}{budget}: {chosen}", self.policy),
             format!(
-                "              {saved} of {} (arena {} → {}), +{} flops (+{pct:.1} %), {} plans tried",
+                "              {saved} of {} (arena {} → {}), +{} flops (+{pct:.1} %), {} plan(s) tried",
                 human_bytes(self.without.total()),
                 human_bytes(self.arena_bytes_without),
                 human_bytes(self.arena_bytes),
