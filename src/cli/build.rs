@@ -15,6 +15,7 @@ use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::{compile, Compiled};
 use mslc_driver::dep_info::dep_info;
+use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::train::{
     choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
@@ -109,6 +110,9 @@ struct Report<'a> {
     flops_per_forward: u64,
     estimated_seconds_per_forward: f64,
     stage_ms: StageMs,
+    /// A train entry's recomputation and step memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recompute: Option<&'a RecomputeReport>,
 }
 
 #[derive(Serialize)]
@@ -201,13 +205,13 @@ fn build(
     checked: &Checked,
     check_ms: f64,
 ) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
-    let (model, mut compiled) = match train_entry(args, checked) {
+    let (model, mut compiled, recompute) = match train_entry(args, checked) {
         Some(entry) => build_train(args, checked, entry)?,
         None => {
             let model = choose_model(checked, args.entry.as_deref())?;
             let options = compile_options(checked, model, selection(args))?;
             let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
-            (Cow::Borrowed(model), compiled)
+            (Cow::Borrowed(model), compiled, None)
         }
     };
     let model = model.as_ref();
@@ -276,7 +280,7 @@ fn build(
         memory: compiled.times.memory_ms,
         encode: encode_ms,
     };
-    let report = report(model, &compiled, stage_ms);
+    let report = report(model, &compiled, stage_ms, recompute.as_ref());
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
     let named: Vec<(String, Vec<u8>)> = files
         .iter()
@@ -397,12 +401,13 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
 }
 
 /// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
-/// f32: the module and the train's model (labels and loss included) are named after the train.
+/// f32: the module and the train's model (labels and loss included) are named after the train;
+/// with what its memory policy recomputes.
 fn build_train<'c>(
     args: &BuildArgs,
     checked: &'c Checked,
     entry: &str,
-) -> Result<(Cow<'c, Model>, Compiled), Box<Diagnostic>> {
+) -> Result<(Cow<'c, Model>, Compiled, Option<RecomputeReport>), Box<Diagnostic>> {
     let train = choose_train(checked, Some(entry))?;
     let model = train.graph.as_ref().ok_or_else(|| {
         root_error(
@@ -416,17 +421,17 @@ fn build_train<'c>(
     let train_options = TrainOptions {
         expose_grads: false,
         loss_scale,
+        memory: MemoryRequest::of_train(checked, train),
     };
-    let mut compiled = compile_train(train, &options, train_options)
-        .map_err(|e| match e {
-            TrainError::Train(d) => d,
-            TrainError::Compile(e) => e.diagnostic(checked),
-        })?
-        .compiled;
+    let train = compile_train(train, &options, train_options).map_err(|e| match e {
+        TrainError::Train(d) => d,
+        TrainError::Compile(e) => e.diagnostic(checked),
+    })?;
+    let mut compiled = train.compiled;
     compiled.module.name = entry.to_string();
     let mut model = model.clone();
     model.name = entry.to_string();
-    Ok((Cow::Owned(model), compiled))
+    Ok((Cow::Owned(model), compiled, Some(train.recompute)))
 }
 
 /// How the flags ask to compile.
@@ -449,7 +454,12 @@ fn table_help(e: &mslc_plan::kernels::KernelTableError) -> String {
     }
 }
 
-fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a> {
+fn report<'a>(
+    model: &'a Model,
+    c: &'a Compiled,
+    stage_ms: StageMs,
+    recompute: Option<&'a RecomputeReport>,
+) -> Report<'a> {
     Report {
         model: &model.name,
         target: &c.module.target,
@@ -470,6 +480,7 @@ fn report<'a>(model: &'a Model, c: &'a Compiled, stage_ms: StageMs) -> Report<'a
         flops_per_forward: c.cost.flops,
         estimated_seconds_per_forward: c.cost.seconds,
         stage_ms,
+        recompute,
     }
 }
 
@@ -521,6 +532,9 @@ fn report_text(
             "  verified:   the IR after lowering and after each of {} passes: acyclic, every op input connected once, result types as the op registry infers, outputs present",
             r.passes.len()
         ));
+    }
+    if let Some(recompute) = r.recompute {
+        lines.extend(recompute.lines());
     }
     if let Some(tuning) = tuning {
         lines.push(format!("  tuning:     {tuning}"));

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::check_path;
 use mslc_core::diag::Code;
+use mslc_driver::recompute::MemoryRequest;
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
     choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
@@ -136,6 +137,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let train_options = TrainOptions {
         expose_grads: args.dump_grads.is_some(),
         loss_scale,
+        memory: MemoryRequest::of_train(&checked, train),
     };
     let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => emit(d),
@@ -150,6 +152,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         .collect();
     let module = compiled.compiled.module.clone();
     let arena = compiled.compiled.memory.clone();
+    let recompute = compiled.recompute.clone();
     let inputs = data_inputs(&module, &compiled);
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -259,7 +262,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     }
     bar.finish_and_clear();
     let mut text = format!(
-        "trained {} ({} parameters, {}) for {} step(s), steps {}..{}\n  memory:  arena {} (lower bound {})\n",
+        "trained {} ({} parameters, {}) for {} step(s), steps {}..{}\n  memory:  arena {} planned, {} allocated (lower bound {})\n",
         train.spec.name.name,
         trainer.params().len(),
         trainer.state().optimizer,
@@ -267,8 +270,13 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         first + 1,
         trainer.state().step,
         mslc_core::units::human_bytes(arena.arena_bytes),
+        mslc_core::units::human_bytes(trainer.executor().arena_bytes() as u64),
         mslc_core::units::human_bytes(arena.lower_bound_bytes),
     );
+    for line in recompute.lines() {
+        text.push_str(&line);
+        text.push('\n');
+    }
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
     }
@@ -288,6 +296,8 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let json = serde_json::json!({
         "train": train.spec.name.name,
         "steps": history,
+        "recompute": recompute,
+        "allocated_arena_bytes": trainer.executor().arena_bytes(),
         "written": written,
         "notes": notes,
     });

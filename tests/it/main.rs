@@ -22,6 +22,7 @@ mod passes;
 mod pictures;
 mod readable;
 mod readme;
+mod recompute;
 mod robustness;
 mod round_trip;
 mod support;

@@ -23,7 +23,8 @@ pub struct PreparedStep {
     pub out_direct: bool,
     /// Where in the packed-weights region input 1 is kept packed (floats), when it depends on
     /// parameters alone (a parameter, or a hoisted value) and the kernel reads it packed: it
-    /// is packed once after the parameters change, not on every call.
+    /// is packed after the parameters change, not on every call. Steps applying the same op
+    /// and kernel to the same weight share one range.
     pub packed_b: Option<Range<usize>>,
 }
 
@@ -48,7 +49,9 @@ impl RuntimeNeeds {
         let mut staging = Staging::default();
         let mut scratch = 0;
         let mut packed_floats = 0usize;
-        let mut steps = Vec::with_capacity(module.steps.len());
+        // Steps that own a range of the packed-weights region.
+        let mut packers: Vec<usize> = Vec::new();
+        let mut steps: Vec<PreparedStep> = Vec::with_capacity(module.steps.len());
         for (s, step) in module.steps.iter().enumerate() {
             let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
             let [o] = step.outputs[..] else {
@@ -76,11 +79,27 @@ impl RuntimeNeeds {
             let packed_b = match kernel.packed_b_len() {
                 // A kernel this CPU cannot run has no layout; running it reports that.
                 Some(Ok(len)) if len > 0 && parameter_only(module, step.inputs[1]) => {
-                    let start = packed_floats;
-                    packed_floats = start
-                        .checked_add(len.next_multiple_of(16))
-                        .ok_or_else(|| at("the packed weights do not fit in memory".into()))?;
-                    Some(start..start + len)
+                    // A step like an earlier one (a recomputed copy) reads the same weight
+                    // packed the same way: it shares that range.
+                    let twin = packers.iter().find(|&&t| {
+                        let other = &module.steps[t];
+                        other.inputs[1] == step.inputs[1]
+                            && other.op == step.op
+                            && other.attrs == step.attrs
+                            && other.kernel == step.kernel
+                    });
+                    match twin.and_then(|&t| steps[t].packed_b.clone()) {
+                        Some(range) if range.len() == len => Some(range),
+                        _ => {
+                            packers.push(s);
+                            let start = packed_floats;
+                            packed_floats =
+                                start.checked_add(len.next_multiple_of(16)).ok_or_else(|| {
+                                    at("the packed weights do not fit in memory".into())
+                                })?;
+                            Some(start..start + len)
+                        }
+                    }
                 }
                 _ => None,
             };

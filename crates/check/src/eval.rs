@@ -511,8 +511,9 @@ impl<'a> Elaborator<'a> {
                 self.index(frame, v, i, index.span)
             }
             ExprKind::Annotated { expr, annotation } => {
+                let first = self.model.nodes.len();
                 let v = self.eval(frame, expr);
-                self.annotate(frame, &v, annotation, expr.span);
+                self.annotate(frame, &v, annotation, expr.span, first);
                 v
             }
         }
@@ -1111,7 +1112,16 @@ impl<'a> Elaborator<'a> {
         }
     }
 
-    fn annotate(&mut self, frame: &mut Frame, v: &Value, ann: &ast::Annotation, expr_span: Span) {
+    /// Applies `ann` to the op that produced `v`; `@recompute` to every op the annotated
+    /// expression added (nodes from `first` on, a whole instance for an instance call).
+    fn annotate(
+        &mut self,
+        frame: &mut Frame,
+        v: &Value,
+        ann: &ast::Annotation,
+        expr_span: Span,
+        first: usize,
+    ) {
         let &Value::Tensor(t) = v else {
             if !v.is_error() {
                 let d = self
@@ -1149,7 +1159,17 @@ impl<'a> Elaborator<'a> {
         };
         let name = ann.name.name.as_str();
         match (name, &ann.args) {
-            ("recompute", None) => self.model.nodes[node].annotations.recompute = true,
+            ("recompute", None) => {
+                // The expression's own ops, or the producer alone when it computed none.
+                let ops = if node >= first {
+                    first..self.model.nodes.len()
+                } else {
+                    node..node + 1
+                };
+                for n in &mut self.model.nodes[ops] {
+                    n.annotations.recompute = true;
+                }
+            }
             ("f32" | "f16" | "bf16", None) => {
                 self.model.nodes[node].annotations.keep_dtype = DType::parse(name);
             }

@@ -149,17 +149,39 @@ pub fn lower_verified(model: &Model, options: &CompileOptions) -> Result<Graph, 
 /// with its backward from `mslc_ir::backward`): the passes, the schedule and the memory plan
 /// of [`compile`] after lowering.
 pub fn compile_graph(mut graph: Graph, options: &CompileOptions) -> Result<Compiled, CompileError> {
-    let mut times = StageTimes::default();
+    let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, options)?;
+    let mut compiled = plan_graph(graph, options, passes)?;
+    compiled.ops_before = ops_before;
+    compiled.times.passes_ms = passes_ms;
+    Ok(compiled)
+}
+
+/// The passes of [`compile_graph`] alone: what they did, the op count before them, and the
+/// milliseconds they took.
+pub fn optimize_graph(
+    graph: &mut Graph,
+    options: &CompileOptions,
+) -> Result<(PipelineReport, usize, f64), CompileError> {
     let ops_before = graph.op_count();
     let t = Instant::now();
     let cx = options.pass_context();
     let passes = default_pipeline(&cx)
-        .run(&mut graph, &cx)
+        .run(graph, &cx)
         .map_err(|e| CompileError {
             stage: "passes",
             message: e.to_string(),
         })?;
-    times.passes_ms = ms(t);
+    Ok((passes, ops_before, ms(t)))
+}
+
+/// The schedule, memory plan and cost estimate of an optimized graph (the rest of
+/// [`compile_graph`]); `ops_before` and the passes' time are left for the caller to fill in.
+pub fn plan_graph(
+    graph: Graph,
+    options: &CompileOptions,
+    passes: PipelineReport,
+) -> Result<Compiled, CompileError> {
+    let mut times = StageTimes::default();
     let t = Instant::now();
     let mut module = schedule(&graph, &options.target).ok_or_else(|| CompileError {
         stage: "schedule",
@@ -182,7 +204,7 @@ pub fn compile_graph(mut graph: Graph, options: &CompileOptions) -> Result<Compi
         module,
         memory,
         cost,
-        ops_before,
+        ops_before: 0,
         passes,
         times,
     })

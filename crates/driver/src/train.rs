@@ -48,8 +48,9 @@ use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
-use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
+use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
 use crate::loss_scale::LossScaler;
+use crate::recompute::{plan_training, MemoryRequest, RecomputeReport};
 use crate::select::{amp_config, choose_policy, compile_options, root_error, Selection};
 
 /// Output: the loss of the step.
@@ -81,6 +82,9 @@ pub struct TrainOptions {
     pub expose_grads: bool,
     /// The loss scaling the step is built for ([`train_compile_options`] chooses it).
     pub loss_scale: LossScaler,
+    /// The train's memory policy ([`MemoryRequest::of_train`]): what to recompute, and the
+    /// budget the step must fit.
+    pub memory: Option<MemoryRequest>,
 }
 
 /// One trained parameter and its optimizer states.
@@ -111,6 +115,8 @@ pub struct CompiledTrain {
     pub accumulators: Vec<String>,
     /// Buffers the step updates (BatchNorm's running statistics), written back after every run.
     pub buffers: Vec<String>,
+    /// What is recomputed, and the step's memory.
+    pub recompute: RecomputeReport,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -354,10 +360,12 @@ pub fn compile_train(
                 })?;
         }
         if let Some(s) = scale {
-            objective = b.bin(Op::Mul, objective, s).map_err(|message| CompileError {
-                stage: "train",
-                message,
-            })?;
+            objective = b
+                .bin(Op::Mul, objective, s)
+                .map_err(|message| CompileError {
+                    stage: "train",
+                    message,
+                })?;
         }
         objective
     };
@@ -398,8 +406,19 @@ pub fn compile_train(
         amp: None,
         ..options.clone()
     };
-    let mut compiled = compile_graph(graph, &whole)?;
+    let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, &whole)?;
+    let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
+    let (mut compiled, recompute) = plan_training(
+        &graph,
+        &whole,
+        &passes,
+        LOSS,
+        &is_state,
+        train_options.memory,
+    )?;
+    compiled.ops_before = ops_before;
     compiled.times.lower_ms = lower_ms;
+    compiled.times.passes_ms = passes_ms;
     if let Some(forward) = forward_passes {
         compiled.passes.prepend(forward);
     }
@@ -411,6 +430,7 @@ pub fn compile_train(
         grad_accum,
         accumulators,
         buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
+        recompute,
     })
 }
 
@@ -518,14 +538,29 @@ impl Builder<'_> {
             }
         }
         let grads = &summed[..];
+        // The sums over all gradients (the overflow check, the norm) run in the order the
+        // backward produces the gradients (the reverse of the parameters' first use): the
+        // schedule computes values as their consumers need them, so each layer's weight
+        // gradients then run right after its backward instead of after the whole backward,
+        // with every layer's activation gradients (and recomputed activations) kept until then.
+        let mut order: Vec<usize> = (0..grads.len()).collect();
+        order.sort_by_key(|&i| {
+            let first_use = self
+                .g
+                .consumers(params[i].1.node)
+                .first()
+                .map(|n| n.index());
+            std::cmp::Reverse(first_use)
+        });
+        let produced: Vec<ValueRef> = order.iter().map(|&i| grads[i]).collect();
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
             let zero = self.scalar(0.0)?;
-            let overflow = self.total(grads, |b, g| b.bin(Op::Mul, g, zero))?;
+            let overflow = self.total(&produced, |b, g| b.bin(Op::Mul, g, zero))?;
             self.g.set_output(OVERFLOW, overflow);
         }
         // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let total = self.total(grads, |b, g| b.bin(Op::Mul, g, g))?;
+        let total = self.total(&produced, |b, g| b.bin(Op::Mul, g, g))?;
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {

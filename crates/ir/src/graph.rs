@@ -280,6 +280,26 @@ impl Graph {
         }
     }
 
+    /// Makes input `slot` of node `user` read `new` instead of what it reads now.
+    pub fn set_input(&mut self, user: NodeId, slot: u32, new: ValueRef) {
+        let old = self
+            .graph
+            .edges_directed(user, Direction::Incoming)
+            .find(|e| e.weight().slot == slot)
+            .map(|e| e.id());
+        if let Some(id) = old {
+            self.graph.remove_edge(id);
+        }
+        self.graph.add_edge(
+            new.node,
+            user,
+            Edge {
+                output: new.index,
+                slot,
+            },
+        );
+    }
+
     /// Removes a node and its edges.
     pub fn remove_node(&mut self, id: NodeId) {
         self.graph.remove_node(id);

@@ -1,5 +1,5 @@
 //! The graph IR (petgraph): lowering from the checked program, the verifier, reverse-mode
-//! autodiff, and text and DOT dumps.
+//! autodiff, activation recomputation, and text and DOT dumps.
 
 pub mod autodiff;
 pub mod dot;
@@ -7,6 +7,7 @@ mod graph;
 pub mod lower;
 pub mod passes;
 pub mod print;
+pub mod recompute;
 pub mod verify;
 
 pub use autodiff::{backward, AutodiffError};

@@ -43,7 +43,7 @@ pub const FIELDS: &[FieldDoc] = &[
     f(Parallel, "pipeline", "Pipeline parallelism: `{ stages:, micro_batches:, schedule: 1f1b | gpipe }`.", &["{ stages: 2, micro_batches: 4, schedule: 1f1b }"]),
     f(Parallel, "optimizer_shard", "ZeRO-style optimizer-state sharding level.", &["none", "level1", "level2", "level3"]),
     f(Memory, "max_device_memory", "The memory budget of one device, e.g. `16GB`.", &["16GB"]),
-    f(Memory, "recompute", "Activation recomputation: `none`, `full`, or `auto` (the least that fits).", &["auto", "none", "full"]),
+    f(Memory, "recompute", "Activation recomputation: `none`, `full`, `selective`, or `auto` (the least that fits).", &["auto", "none", "full", "selective"]),
     f(Train, "loss", "The loss expression over the model's outputs and the labels.", &["cross_entropy(logits, labels)"]),
     f(Train, "optimizer", "The optimizer and its hyper-parameters.", &["adamw(lr: 1e-4)", "sgd(lr: 0.1, momentum: 0.9)", "adam(lr: 1e-3)"]),
     f(Train, "batch", "Samples per step per data-parallel replica.", &["8"]),

@@ -14,6 +14,10 @@ use mslc_artifact::{Module, Storage};
 
 use super::arena::{plan_arena, ArenaError, BufferReq};
 
+mod breakdown;
+
+pub use breakdown::Breakdown;
+
 /// One arena buffer (one or more values sharing it through in-place reuse).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PlannedBuffer {

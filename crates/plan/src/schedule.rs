@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use mslc_artifact::{Module, SourceLoc, Step, Storage, ValueInfo};
+use mslc_ir::recompute::is_recomputed;
 use mslc_ir::{Graph, NodeId, NodeKind, ValueRef};
 
 use super::target::Target;
@@ -113,7 +114,8 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
 /// depth-first walk from the outputs (in declaration order) through each node's operands in
 /// slot order, emitting a node after its operands. Work that depends only on parameters —
 /// mixed precision's weight casts, constants, masks — lands right before its consumer instead
-/// of being hoisted to the start and kept alive across the schedule. Nodes no output needs come
+/// of being hoisted to the start and kept alive across the schedule. Among a node's operands,
+/// recomputed copies ([`mslc_ir::recompute`]) are computed last. Nodes no output needs come
 /// last, in topological order.
 fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
     let topo = graph.topo_order()?;
@@ -136,7 +138,13 @@ fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
                 continue;
             }
             stack.push((id, true));
-            for v in graph.inputs(id).iter().rev() {
+            // Recomputed copies go on the stack first, so they are computed last, right
+            // before this node: otherwise a backward op whose incoming gradient is a long chain
+            // would recompute its activations before that chain and keep them alive across it.
+            let inputs = graph.inputs(id);
+            let (late, early): (Vec<&ValueRef>, Vec<&ValueRef>) =
+                inputs.iter().partition(|v| is_recomputed(graph, v.node));
+            for v in late.into_iter().rev().chain(early.into_iter().rev()) {
                 if !done.contains(&v.node) {
                     stack.push((v.node, false));
                 }

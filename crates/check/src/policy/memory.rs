@@ -12,9 +12,9 @@ use super::report::{Choices, Reporter};
 pub enum Recompute {
     /// Keep every activation.
     None,
-    /// Recompute every layer's forward pass.
+    /// Keep each layer's input and recompute the layer in the backward.
     Full,
-    /// Recompute only the ops marked `@recompute` (cheap, memory-hungry ones).
+    /// Keep the results of matmul-like ops and recompute the cheap ones (norms, elementwise).
     Selective,
     /// The least recomputation that fits the budget, chosen by the planner.
     Auto,

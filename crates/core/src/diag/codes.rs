@@ -118,6 +118,7 @@ codes! {
     E0651 => "the train's batch does not split into its micro-batches",
     E0710 => "input dtype that generated bindings cannot take",
     E0700 => "cannot format a file in place",
+    E0720 => "training step does not fit the memory budget",
     E0800 => "op has no gradient rule",
     E0801 => "parameter does not reach the loss",
     E0802 => "parameter reaches the loss only through non-differentiable ops",
