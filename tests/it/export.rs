@@ -20,8 +20,11 @@ const LLAMA: [&str; 4] = ["--set", "layers=2", "--dim", "S=16"];
 /// The mlp shrunk: 12 inputs, hidden layers of 8, batches of 4.
 const MLP: [&str; 6] = ["--set", "inputs=12", "--set", "hidden=8", "--dim", "B=4"];
 
+/// `(name, value)` pairs of `--set` or `--dim`.
+type Pairs<'a> = Vec<(&'a str, &'a str)>;
+
 /// `["--set", "a=1", …]` as the `(name, value)` pairs of `--set` and of `--dim`.
-fn overrides<'a>(args: &[&'a str]) -> (Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>) {
+fn overrides<'a>(args: &[&'a str]) -> (Pairs<'a>, Pairs<'a>) {
     let (mut sets, mut dims) = (Vec::new(), Vec::new());
     for pair in args.chunks(2) {
         let (k, v) = pair[1].split_once('=').expect("NAME=VALUE");
