@@ -256,14 +256,12 @@ fn tiny_llama_ten_adamw_steps_match_mslc_train() {
     ten_steps_match_train(&dir, &source, "examples/tiny_llama.msl", &LLAMA, &data);
 }
 
-#[test]
-fn mlp_ten_adamw_steps_match_mslc_train() {
-    if !have_jax() {
-        return;
-    }
-    let dir = TestDir::new("export-mlp-train");
-    let train = "train Fit for Mlp {\n    labels: i32[B]\n    loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-2, weight_decay: 0.05)\n    no_decay = [\"**.bias\"]\n    batch = 4\n}";
-    let source = with_train(&dir, "examples/mlp.msl", "// bf16 keeps", train);
+/// Ten steps of the mlp trained by `optimizer` (and the rest of `fields`) against `mslc train`.
+fn mlp_ten_steps(tag: &str, fields: &str) {
+    let dir = TestDir::new(tag);
+    let train =
+        format!("train Fit for Mlp {{\n    labels: i32[B]\n    batch = 4\n    {fields}\n}}");
+    let source = with_train(&dir, "examples/mlp.msl", "// bf16 keeps", &train);
     let data = dir.path("data");
     std::fs::create_dir_all(&data).unwrap();
     let mut rng = Rng(9);
@@ -275,6 +273,28 @@ fn mlp_ten_adamw_steps_match_mslc_train() {
     let labels = NpyArray::new(mslc_io::npy::NpyDType::I32, vec![22], labels).unwrap();
     write_npy(data.join("labels.npy"), &labels).unwrap();
     ten_steps_match_train(&dir, &source, "examples/mlp.msl", &MLP, &data);
+}
+
+#[test]
+fn mlp_ten_adamw_steps_match_mslc_train() {
+    if !have_jax() {
+        return;
+    }
+    mlp_ten_steps(
+        "export-mlp-adamw",
+        "loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-2, weight_decay: 0.05)\n    no_decay = [\"**.bias\"]",
+    );
+}
+
+#[test]
+fn mlp_ten_sgd_nesterov_steps_match_mslc_train() {
+    if !have_jax() {
+        return;
+    }
+    mlp_ten_steps(
+        "export-mlp-sgd",
+        "loss = cross_entropy(logits, labels, ignore_index: 3)\n    optimizer = sgd(lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.01)\n    schedule = warmup_linear(warmup: 2, total: 6, min_lr: 1e-3)",
+    );
 }
 
 /// The replica groups of a collective as written in HLO text — explicit (`{{0,1},{2,3}}`),
