@@ -5,6 +5,7 @@
 mod build;
 mod check;
 mod explain;
+mod export;
 mod fmt;
 mod generate;
 mod inspect;
@@ -135,6 +136,8 @@ pub enum Command {
     Tune(tune::TuneArgs),
     /// Train a model: `mslc train model.msl --init-seed 0 --data data/ --steps 100`.
     Train(train::TrainArgs),
+    /// Export a model to another engine: `mslc export jax model.msl -o model.py`.
+    Export(export::ExportArgs),
     /// Format files in place, or with `--check` print a diff for each one not formatted.
     Fmt(fmt::FmtArgs),
     /// Print a shell completion script: `mslc completions bash > /etc/bash_completion.d/mslc`.
@@ -214,6 +217,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(&args, &reporter),
         Command::Tune(args) => tune::run(&args, &reporter),
         Command::Train(args) => train::run(&args, &reporter),
+        Command::Export(args) => export::run(&args, &reporter),
         Command::Fmt(args) => fmt::run(&args, &reporter),
         Command::Completions(args) => generate::completions(&args),
         Command::Man => generate::man(&reporter),

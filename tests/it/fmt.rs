@@ -291,7 +291,15 @@ fn completions_man_page_and_version() {
     let bash = mslc(&["completions", "bash"]);
     assert!(bash.status.success());
     let bash = String::from_utf8_lossy(&bash.stdout);
-    for command in ["check", "build", "run", "fmt", "completions", "man"] {
+    for command in [
+        "check",
+        "build",
+        "run",
+        "export",
+        "fmt",
+        "completions",
+        "man",
+    ] {
         assert!(bash.contains(command), "bash completions lack `{command}`");
     }
     for shell in ["zsh", "fish", "powershell", "elvish"] {

@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "mslc-driver",
     "mslc-build",
     "mslc-lsp",
+    "mslc-export",
 ];
 
 /// Compiler-only dependencies a runtime crate must not reach.

@@ -9,6 +9,7 @@ mod cargo_mslc;
 mod cli_check;
 mod exec;
 mod exit_status;
+mod export;
 mod fmt;
 mod fuzz_replay;
 mod grad;

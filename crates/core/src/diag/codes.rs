@@ -123,6 +123,8 @@ codes! {
     E0801 => "parameter does not reach the loss",
     E0802 => "parameter reaches the loss only through non-differentiable ops",
     E0803 => "loss is not a float scalar",
+    E0960 => "op the JAX export does not cover",
+    E0961 => "train setting the JAX export cannot mirror",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
     W0004 => "module built for another target runs on this CPU",
@@ -136,6 +138,7 @@ codes! {
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
+    W0050 => "pipeline stages not mirrored by the JAX export",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,

@@ -1,0 +1,262 @@
+//! The generated program's header and its facts: the docstring saying what is and is not
+//! mirrored, the imports, and the constants the runtime reads (`INPUTS`, `PARAMS`, `TRAIN`,
+//! `MESH`) — the model's interface, the optimizer and schedule, and the declared sharding.
+
+use std::fmt::Write;
+
+use mslc_check::decls::Train;
+use mslc_check::policy::{Decay, OptimizerKind, ParallelMode, ParallelPolicy, Schedule};
+use mslc_check::Model;
+use mslc_core::ops::TensorType;
+use mslc_ir::{Graph, NodeKind};
+
+use crate::py::{py_float, py_list, py_str};
+
+/// The imports: JAX and NumPy, and the Python standard library.
+pub const IMPORTS: &str = "\
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+# f32 matmuls in f32 on every backend (no TF32 or bf16 passes), as mslc computes them.
+jax.config.update(\"jax_default_matmul_precision\", \"highest\")
+
+";
+
+/// The module docstring.
+pub fn docstring(
+    source: &str,
+    model: &Model,
+    train: Option<&Train>,
+    parallel: Option<&ParallelPolicy>,
+) -> String {
+    let mut s = format!(
+        "\"\"\"Model `{}` of {source}, exported by `mslc export jax` ({}).\n\n",
+        model.name,
+        env!("CARGO_PKG_VERSION")
+    );
+    s.push_str(
+        "Self-contained: JAX and NumPy only (safetensors are read and written here). The\n\
+         command line mirrors `mslc run` and `mslc train`:\n\n\
+         \x20   python model.py --weights W.safetensors --input NAME=X.npy ... --output-dir DIR\n",
+    );
+    if train.is_some() {
+        s.push_str(
+            "    python model.py --weights W.safetensors --train --data PATH --steps N \\\n\
+             \x20       --metrics FILE.jsonl [--output-dir DIR]\n",
+        );
+    }
+    s.push_str(
+        "\nThe forward is the model's graph as mslc lowers it, one statement per op, in f32.\n\
+         Shapes are those of the export (its --set/--dim); other input shapes are refused.\n\
+         Dropout is the identity and batch_norm normalises with the running statistics (eval\n\
+         mode) in the forward and the training step alike; mixed precision is not exported.\n\
+         An embedding id out of range is clamped by XLA where mslc stops with an error.\n",
+    );
+    if let Some(t) = train {
+        s.push_str(&format!(
+            "\nThe training step is `{}`'s as `mslc train` runs it: its loss, jax.grad, the\n\
+             global gradient 2-norm, clip_grad_norm, and the optimizer with torch.optim's\n\
+             semantics, in f32. Batches are taken in order (no --shuffle).\n",
+            t.spec.name.name
+        ));
+    }
+    if let Some(p) = parallel {
+        s.push_str(&format!(
+            "\nSharding: a jax.sharding.Mesh of `{}`'s mesh, each parameter placed with the\n\
+             NamedSharding of its `shard` rule and the batch split over the data-parallel axis;\n\
+             XLA (GSPMD) inserts the collectives. The shardings come from the declaration until\n\
+             mslc's per-device plan exists. With fewer devices than the mesh needs, the program\n\
+             runs on one device.{}\n",
+            p.name.name,
+            if p.pipeline.is_some() {
+                " The pipeline is ignored: every device runs every layer."
+            } else {
+                ""
+            }
+        ));
+    }
+    s.push_str("\"\"\"\n\n");
+    s
+}
+
+/// `{"name": ("float32", (1, 16)), …}` of a graph's inputs.
+fn inputs_literal(graph: &Graph) -> String {
+    let items: Vec<String> = graph
+        .node_ids()
+        .into_iter()
+        .filter_map(|id| match &graph.node(id).kind {
+            NodeKind::Input { name } => Some(format!(
+                "{}: {}",
+                py_str(name),
+                type_literal(&graph.node(id).outputs[0])
+            )),
+            _ => None,
+        })
+        .collect();
+    format!("{{{}}}", items.join(", "))
+}
+
+/// `("float32", (2, 3))`.
+fn type_literal(t: &TensorType) -> String {
+    let dtype = crate::emit::jnp_dtype(t.dtype).trim_start_matches("jnp.");
+    let dims: Vec<String> = t.shape.iter().map(i64::to_string).collect();
+    let comma = if dims.len() == 1 { "," } else { "" };
+    format!("(\"{dtype}\", ({}{comma}))", dims.join(", "))
+}
+
+/// The constants the runtime reads.
+pub fn facts(
+    forward: &Graph,
+    train: Option<&Train>,
+    train_graph: Option<&Graph>,
+    parallel: Option<&ParallelPolicy>,
+) -> String {
+    let params_graph = train_graph.unwrap_or(forward);
+    let mut params: Vec<(String, TensorType, bool)> = params_graph
+        .node_ids()
+        .into_iter()
+        .filter_map(|id| match &params_graph.node(id).kind {
+            NodeKind::Param {
+                path, trainable, ..
+            } => Some((
+                path.clone(),
+                params_graph.node(id).outputs[0].clone(),
+                *trainable,
+            )),
+            _ => None,
+        })
+        .collect();
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut s = String::from("# The model's interface, as exported.\n");
+    writeln!(s, "MODEL = {}", py_str(&forward.name)).expect("String");
+    writeln!(s, "INPUTS = {}", inputs_literal(forward)).expect("String");
+    let outputs = py_list(forward.outputs.iter().map(|(n, _)| py_str(n)));
+    writeln!(s, "OUTPUTS = {outputs}").expect("String");
+    s.push_str("# Parameter path: (dtype, shape, trainable).\nPARAMS = {\n");
+    for (path, ty, trainable) in &params {
+        let t = if *trainable { "True" } else { "False" };
+        let ty = type_literal(ty);
+        let (dtype_shape, _) = ty.rsplit_once(')').expect("a tuple literal");
+        writeln!(s, "    {}: {dtype_shape}, {t}),", py_str(path)).expect("String");
+    }
+    s.push_str("}\n");
+    match (train, train_graph) {
+        (Some(t), Some(g)) => s.push_str(&train_literal(t, g, &params)),
+        _ => s.push_str("TRAIN = None\n"),
+    }
+    match parallel.filter(|p| p.mode != ParallelMode::StandAlone && !p.mesh.is_empty()) {
+        Some(p) => s.push_str(&mesh_literal(p, &params)),
+        None => s.push_str("MESH = None\n"),
+    }
+    s
+}
+
+/// `TRAIN = {…}`: the data inputs, the optimizer, each trained parameter's weight decay (0
+/// where a `no_decay` pattern matches, by the check crate's matcher), clipping and schedule.
+fn train_literal(train: &Train, graph: &Graph, params: &[(String, TensorType, bool)]) -> String {
+    let spec = &train.spec;
+    let mut s = String::from("TRAIN = {\n");
+    writeln!(s, "    \"name\": {},", py_str(&spec.name.name)).expect("String");
+    writeln!(s, "    \"inputs\": {},", inputs_literal(graph)).expect("String");
+    let labels = py_list(spec.labels.iter().map(|(n, _)| py_str(&n.name)));
+    writeln!(s, "    \"labels\": {labels},").expect("String");
+    if let Some(opt) = spec.optimizer {
+        let kind = match opt.kind {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+        };
+        writeln!(
+            s,
+            "    \"optimizer\": {{\"kind\": \"{kind}\", \"lr\": {}, \"betas\": ({}, {}), \"eps\": {}, \"momentum\": {}, \"nesterov\": {}}},",
+            py_float(opt.lr),
+            py_float(opt.betas.0),
+            py_float(opt.betas.1),
+            py_float(opt.eps),
+            py_float(opt.momentum),
+            if opt.nesterov { "True" } else { "False" }
+        )
+        .expect("String");
+        s.push_str("    \"weight_decay\": {\n");
+        for (path, _, trainable) in params {
+            if !trainable {
+                continue;
+            }
+            let excluded = spec.no_decay.iter().any(|(pat, _)| pat.matches(path));
+            let wd = if excluded { 0.0 } else { opt.weight_decay };
+            writeln!(s, "        {}: {},", py_str(path), py_float(wd)).expect("String");
+        }
+        s.push_str("    },\n");
+    }
+    let clip = spec.clip_grad_norm.map_or("None".to_string(), py_float);
+    writeln!(s, "    \"clip_grad_norm\": {clip},").expect("String");
+    let schedule = match spec.schedule {
+        Schedule::Constant => "None".to_string(),
+        Schedule::Warmup {
+            decay,
+            warmup,
+            total,
+            min_lr,
+        } => format!(
+            "{{\"decay\": \"{}\", \"warmup\": {warmup}, \"total\": {total}, \"min_lr\": {}}}",
+            match decay {
+                Decay::Cosine => "cosine",
+                Decay::Linear => "linear",
+            },
+            py_float(min_lr)
+        ),
+    };
+    writeln!(s, "    \"schedule\": {schedule},").expect("String");
+    s.push_str("}\n");
+    s
+}
+
+/// `MESH = {…}`: the mesh axes, the axes the batch is split over (every axis in `data` mode,
+/// `dp` in the semi-auto and auto modes, as [`ParallelPolicy::data_parallel_size`] counts), and
+/// each parameter's spec from the first shard rule of its rank matching its path (the rule the
+/// checker validated), in the modes that honour shard rules.
+fn mesh_literal(policy: &ParallelPolicy, params: &[(String, TensorType, bool)]) -> String {
+    let mut s = String::from("MESH = {\n");
+    writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
+    let axes = py_list(
+        policy
+            .mesh
+            .iter()
+            .map(|(a, n)| format!("({}, {n})", py_str(a))),
+    );
+    writeln!(s, "    \"axes\": {axes},").expect("String");
+    let batch: Vec<String> = match policy.mode {
+        ParallelMode::Data => policy.mesh.iter().map(|(a, _)| py_str(a)).collect(),
+        _ if policy.axis_size("dp").is_some() => vec![py_str("dp")],
+        _ => Vec::new(),
+    };
+    writeln!(s, "    \"batch\": {},", py_list(batch)).expect("String");
+    s.push_str("    \"params\": {\n");
+    if policy.mode.splits_ops() {
+        for (path, ty, _) in params {
+            let rule = policy
+                .shards
+                .iter()
+                .find(|r| r.axes.len() == ty.shape.len() && r.pattern.matches(path));
+            if let Some(rule) = rule {
+                let spec = py_list(
+                    rule.axes
+                        .iter()
+                        .map(|a| a.as_deref().map_or("None".to_string(), py_str)),
+                );
+                writeln!(s, "        {}: {spec},", py_str(path)).expect("String");
+            }
+        }
+    }
+    s.push_str("    },\n}\n");
+    s
+}

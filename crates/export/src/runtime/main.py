@@ -1,0 +1,325 @@
+# The runtime: weights, inputs, data, the mesh, the training step and loop, the command line.
+
+_ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+              "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def read_safetensors(path):
+    """The tensors of a safetensors file by name, as NumPy arrays (BF16 widened to f32)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+    except (OSError, ValueError, struct.error) as e:
+        fail(f"`{path}`: not a readable safetensors file ({e})")
+    base = 8 + size
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = data[base + start:base + end]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(raw, "<u2").astype(np.uint32) << 16
+            array = bits.view(np.float32)
+        elif info["dtype"] in _ST_DTYPES:
+            array = np.frombuffer(raw, _ST_DTYPES[info["dtype"]])
+        else:
+            fail(f"`{path}`: tensor `{name}` has dtype {info['dtype']}, which this program cannot read")
+        tensors[name] = array.reshape(info["shape"])
+    return tensors
+
+
+def write_safetensors(path, tensors):
+    """Writes f32 tensors by name, atomically (a temporary file renamed into place)."""
+    header, chunks, offset = {}, [], 0
+    for name in sorted(tensors):
+        raw = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    os.replace(tmp, path)
+
+
+def load_params(path):
+    """The parameters from a safetensors file, by path, checked against PARAMS."""
+    tensors = read_safetensors(path)
+    params = {}
+    for name, (dtype, shape, _) in PARAMS.items():
+        if name not in tensors:
+            fail(f"`{path}` has no tensor `{name}`")
+        array = tensors[name]
+        if tuple(array.shape) != tuple(shape):
+            fail(f"`{path}`: `{name}` has shape {list(array.shape)}, the model needs {list(shape)}")
+        params[name] = np.asarray(array, dtype=jnp.dtype(dtype))
+    return params
+
+
+def make_mesh():
+    """The declared mesh over the first devices JAX has; None (one device) without a
+    declaration or with too few devices."""
+    if MESH is None:
+        return None
+    names = tuple(a for a, _ in MESH["axes"])
+    sizes = tuple(n for _, n in MESH["axes"])
+    need = math.prod(sizes)
+    devices = jax.devices()
+    if len(devices) < need:
+        print(f"note: mesh `{MESH['name']}` needs {need} devices and JAX has {len(devices)}: "
+              "running on one device", file=sys.stderr)
+        return None
+    return jax.sharding.Mesh(np.array(devices[:need]).reshape(sizes), names)
+
+
+def param_sharding(mesh, name):
+    spec = MESH["params"].get(name, [])
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def batch_sharding(mesh, array):
+    """The batch's first dim over the data-parallel axes, when they divide it."""
+    axes = tuple(MESH["batch"])
+    size = math.prod(mesh.shape[a] for a in axes)
+    if not axes or array.ndim == 0 or array.shape[0] % size != 0:
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    first = axes[0] if len(axes) == 1 else axes
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(first))
+
+
+def place_params(mesh, params):
+    if mesh is None:
+        return {n: jnp.asarray(a) for n, a in params.items()}
+    return {n: jax.device_put(a, param_sharding(mesh, n)) for n, a in params.items()}
+
+
+def place_batch(mesh, batch):
+    if mesh is None:
+        return {n: jnp.asarray(a) for n, a in batch.items()}
+    return {n: jax.device_put(a, batch_sharding(mesh, a)) for n, a in batch.items()}
+
+
+def checked_input(name, array, dtype, shape, what):
+    if tuple(array.shape) != tuple(shape):
+        fail(f"{what} `{name}` has shape {list(array.shape)}, the exported model takes {list(shape)} "
+             "(export again with --dim for other shapes)")
+    return np.asarray(array, dtype=jnp.dtype(dtype))
+
+
+def read_inputs(pairs):
+    arrays = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or name not in INPUTS:
+            fail(f"--input {pair}: expected NAME=FILE.npy with NAME one of {', '.join(INPUTS)}")
+        dtype, shape = INPUTS[name]
+        arrays[name] = checked_input(name, np.load(path), dtype, shape, "input")
+    missing = [n for n in INPUTS if n not in arrays]
+    if missing:
+        fail(f"give every input: {', '.join(missing)} missing (--input NAME=FILE.npy)")
+    return arrays
+
+
+def read_data(path):
+    """`mslc train`'s --data: a folder of NAME.npy per input and label, or one tokens file
+    [N, S+1] feeding the one input ([:, :-1]) and the one label ([:, 1:])."""
+    inputs = TRAIN["inputs"]
+    if os.path.isdir(path):
+        columns = {}
+        for name in inputs:
+            file = os.path.join(path, f"{name}.npy")
+            if not os.path.exists(file):
+                fail(f"`{file}` is missing: --data needs one NAME.npy per input and label")
+            columns[name] = np.load(file)
+    else:
+        model_inputs = [n for n in inputs if n not in TRAIN["labels"]]
+        if len(model_inputs) != 1 or len(TRAIN["labels"]) != 1:
+            fail(f"`{path}` is one file, the language-model shorthand, which needs one input and one label")
+        tokens = np.load(path)
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            fail(f"`{path}` must be an integer array [N, S+1] of token ids")
+        columns = {model_inputs[0]: tokens[:, :-1], TRAIN["labels"][0]: tokens[:, 1:]}
+    samples = None
+    for name, array in columns.items():
+        dtype, shape = inputs[name]
+        if tuple(array.shape[1:]) != tuple(shape[1:]):
+            fail(f"--data `{name}` has shape {list(array.shape)}: each sample must have shape {list(shape[1:])}")
+        if samples is not None and array.shape[0] != samples:
+            fail(f"--data: `{name}` has {array.shape[0]} samples, another column {samples}")
+        samples = array.shape[0]
+        columns[name] = np.asarray(array, dtype=jnp.dtype(dtype))
+    return columns, samples
+
+
+def lr_at(k):
+    """The learning rate of update k (from 0): `mslc train`'s schedule."""
+    lr = TRAIN["optimizer"]["lr"]
+    s = TRAIN["schedule"]
+    if s is None:
+        return lr
+    if k < s["warmup"]:
+        return lr * k / s["warmup"]
+    progress = min((k - s["warmup"]) / (s["total"] - s["warmup"]), 1.0)
+    if s["decay"] == "cosine":
+        fraction = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        fraction = 1.0 - progress
+    return s["min_lr"] + (lr - s["min_lr"]) * fraction
+
+
+def state_names():
+    o = TRAIN["optimizer"]
+    if o["kind"] == "sgd":
+        return ["momentum_buffer"] if o["momentum"] > 0 else []
+    return ["exp_avg", "exp_avg_sq"]
+
+
+def train_step(params, states, batch, lr, step_size, bc2_sqrt):
+    """One update, as `mslc train` compiles it: the loss and its gradients, their global
+    2-norm, clip_grad_norm's scaling, then SGD / Adam / AdamW as torch.optim computes them."""
+    o = TRAIN["optimizer"]
+    trained = sorted(TRAIN["weight_decay"])
+    frozen = {n: v for n, v in params.items() if n not in TRAIN["weight_decay"]}
+
+    def loss_of(tp):
+        return train_graph({**frozen, **tp}, batch)["loss"]
+
+    loss, grads = jax.value_and_grad(loss_of)({n: params[n] for n in trained})
+    total = None
+    for n in trained:
+        s = jnp.sum(grads[n] * grads[n])
+        total = s if total is None else total + s
+    norm = jnp.sqrt(total)
+    coef = None
+    if TRAIN["clip_grad_norm"] is not None:
+        coef = jnp.minimum(TRAIN["clip_grad_norm"] / (norm + 1e-6), 1.0)
+    new_params, new_states = dict(params), {}
+    b1, b2 = o["betas"]
+    for n in trained:
+        p, g, wd = params[n], grads[n], TRAIN["weight_decay"][n]
+        if coef is not None:
+            g = g * coef
+        if o["kind"] == "sgd":
+            if wd > 0:
+                g = g + wd * p
+            d = g
+            if o["momentum"] > 0:
+                buf = o["momentum"] * states[n + ".momentum_buffer"] + g
+                new_states[n + ".momentum_buffer"] = buf
+                d = g + o["momentum"] * buf if o["nesterov"] else buf
+            new_params[n] = p - d * lr
+            continue
+        if wd > 0 and o["kind"] == "adam":
+            g = g + wd * p
+        if wd > 0 and o["kind"] == "adamw":
+            p = p - p * (lr * wd)
+        m = b1 * states[n + ".exp_avg"] + (1.0 - b1) * g
+        v = b2 * states[n + ".exp_avg_sq"] + (1.0 - b2) * (g * g)
+        denom = jnp.sqrt(v) / bc2_sqrt + o["eps"]
+        new_states[n + ".exp_avg"] = m
+        new_states[n + ".exp_avg_sq"] = v
+        new_params[n] = p - (m / denom) * step_size
+    return new_params, new_states, loss, norm
+
+
+def write_hlo(path, jitted, *args):
+    """The compiled HLO of the step this run executes (for counting its collectives)."""
+    text = jitted.lower(*args).compile().as_text()
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def run_forward(args, mesh):
+    params = place_params(mesh, load_params(args.weights))
+    inputs = place_batch(mesh, read_inputs(args.input))
+    step = jax.jit(forward)
+    if args.dump_hlo:
+        write_hlo(args.dump_hlo, step, params, inputs)
+    outputs = step(params, inputs)
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        for name in OUTPUTS:
+            np.save(os.path.join(args.output_dir, f"{name}.npy"), np.asarray(outputs[name]))
+    for name in OUTPUTS:
+        print(f"{name}: {outputs[name].dtype}{list(outputs[name].shape)}")
+
+
+def run_train(args, mesh):
+    if TRAIN is None:
+        fail("this model has no train declaration, so there is no training step (--train)")
+    if args.data is None:
+        fail("--train needs --data PATH")
+    params = place_params(mesh, load_params(args.weights))
+    columns, samples = read_data(args.data)
+    batch = TRAIN["inputs"][next(iter(TRAIN["inputs"]))][1][0]
+    if samples < batch:
+        fail(f"--data holds {samples} samples, fewer than one batch of {batch}")
+    per_epoch = samples // batch
+    states = {}
+    for n in sorted(TRAIN["weight_decay"]):
+        for key in state_names():
+            states[f"{n}.{key}"] = params[n] * 0
+    step = jax.jit(train_step)
+    b1, b2 = TRAIN["optimizer"]["betas"]
+    metrics = open(args.metrics, "a") if args.metrics else None
+    for k in range(args.steps):
+        start = time.perf_counter()
+        first = (k % per_epoch) * batch
+        feed = place_batch(mesh, {n: c[first:first + batch] for n, c in columns.items()})
+        lr = lr_at(k)
+        t = k + 1
+        scalars = (np.float32(lr), np.float32(lr / (1.0 - b1 ** t)), np.float32(math.sqrt(1.0 - b2 ** t)))
+        if args.dump_hlo and k == 0:
+            write_hlo(args.dump_hlo, step, params, states, feed, *scalars)
+        params, states, loss, norm = step(params, states, feed, *scalars)
+        loss, norm = float(loss), float(norm)
+        record = {"step": t, "loss": loss, "lr": lr, "loss_scale": 1.0, "grad_norm": norm,
+                  "skipped": False, "ms": (time.perf_counter() - start) * 1e3}
+        print(f"step {t} loss {loss:.6f} lr {lr:.3e} |g| {norm:.4f}")
+        if metrics:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+    if metrics:
+        metrics.close()
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        final = {n: np.asarray(v) for n, v in params.items()}
+        write_safetensors(os.path.join(args.output_dir, "model.safetensors"), final)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=f"Model {MODEL}, exported by mslc, on JAX.")
+    parser.add_argument("--weights", required=True, metavar="W.safetensors",
+                        help="parameters by path")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="an input value (forward)")
+    parser.add_argument("--output-dir", metavar="DIR",
+                        help="forward: DIR/OUTPUT.npy per output; --train: DIR/model.safetensors")
+    parser.add_argument("--train", action="store_true", help="run the training step")
+    parser.add_argument("--data", metavar="PATH", help="NAME.npy per input and label, or tokens.npy")
+    parser.add_argument("--steps", type=int, default=1, metavar="N", help="updates to run")
+    parser.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON object per update")
+    parser.add_argument("--dump-hlo", metavar="FILE", help="write the compiled HLO of the step")
+    args = parser.parse_args(argv)
+    mesh = make_mesh()
+    if mesh is not None:
+        print(f"mesh `{MESH['name']}`: {dict(mesh.shape)} over {mesh.devices.size} devices", file=sys.stderr)
+    if args.train:
+        run_train(args, mesh)
+    else:
+        run_forward(args, mesh)
+
+
+if __name__ == "__main__":
+    main()
