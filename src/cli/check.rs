@@ -32,6 +32,14 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
         let checked = check_path(file, &options);
         reporter.emit(&checked.diagnostics, &checked.sources);
         failed |= checked.has_errors();
+        if !checked.has_errors() {
+            for train in &checked.decls.trains {
+                if let Err(d) = mslc_driver::parallel::plan_train(&checked, train) {
+                    reporter.emit(&[*d], &checked.sources);
+                    failed = true;
+                }
+            }
+        }
         models += checked.models.len();
         parameters = checked
             .models

@@ -6,6 +6,7 @@ pub mod artifacts;
 pub mod compile;
 pub mod dep_info;
 pub mod numerics;
+pub mod parallel;
 pub mod render;
 pub mod select;
 pub mod snippet;
