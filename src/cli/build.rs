@@ -179,6 +179,7 @@ fn build(
     let model = model.as_ref();
     let name = &model.name;
     let dir = &args.out_dir;
+    let planned = parallel_plan(checked, train_entry, name)?;
     let table_path = args
         .kernels
         .clone()
@@ -244,6 +245,9 @@ fn build(
     };
     let report = report(model, &compiled, stage_ms);
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
+    if let Some((train, plan)) = &planned {
+        files.push((dir.join(format!("{train}.plan.json")), json(plan)));
+    }
     let named: Vec<(String, Vec<u8>)> = files
         .iter()
         .map(|(path, bytes)| {
@@ -284,7 +288,30 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
+    if let Some((train, plan)) = &planned {
+        for line in mslc_driver::parallel::summary_lines(train, plan) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
     Ok((text, json))
+}
+
+/// The per-device plan of the train this build is for: the `--entry` train, or the first
+/// train of the built model; `None` when there is none or it names nothing to plan for.
+fn parallel_plan(
+    checked: &Checked,
+    train_entry: Option<&str>,
+    model: &str,
+) -> Result<Option<(String, mslc_plan::parallel::PlanFile)>, Box<Diagnostic>> {
+    let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
+        Some(entry) => t.spec.name.name == entry,
+        None => t.spec.model.name == model,
+    }) else {
+        return Ok(None);
+    };
+    Ok(mslc_driver::parallel::plan_train(checked, train)?
+        .map(|plan| (train.spec.name.name.clone(), plan)))
 }
 
 /// The tuner's results this build uses: the knowledge base they come from and what it said.

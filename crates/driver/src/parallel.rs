@@ -318,3 +318,47 @@ pub fn breakdown_text(m: &Breakdown) -> String {
     .collect::<Vec<_>>()
     .join(" + ")
 }
+
+/// The plan in a few lines for `mslc build`'s summary: degrees, step time, and per stage the
+/// worst rank's memory against the budget.
+pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
+    let gib = |b: u64| human_bytes(b);
+    let mut lines = vec![
+        format!(
+            "  plan:       train {train} on {} devices: data {} × tensor {} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            plan.devices,
+            plan.mesh["dp"],
+            plan.mesh["tp"],
+            plan.mesh["pp"],
+            plan.micro_batches,
+            match plan.schedule { Schedule::GPipe => "gpipe", Schedule::OneFOneB => "1f1b" },
+            level_name(plan.optimizer_shard),
+            recompute_name(plan.recompute),
+            plan.search.mode,
+            plan.search.candidates,
+            plan.search.seconds * 1e3
+        ),
+        format!(
+            "  step:       ~{:.3} s estimated (compute {:.3} s, exposed communication {:.3} s, bubble {:.1} %), {:.0} TFLOP/s model FLOPs per device",
+            plan.step_time_s,
+            plan.compute_s,
+            plan.communication_s,
+            plan.bubble_fraction * 100.0,
+            plan.model_flops_per_device / 1e12
+        ),
+    ];
+    for g in &plan.per_device {
+        lines.push(format!(
+            "  stage {:<4} ranks {}–{}, layers {}–{}: {} of {} ({})",
+            g.stage,
+            g.ranks[0],
+            g.ranks[1],
+            g.layers[0],
+            g.layers[1],
+            gib(g.memory.total),
+            gib(plan.max_device_memory),
+            breakdown_text(&g.memory)
+        ));
+    }
+    lines
+}

@@ -170,12 +170,19 @@ pub fn check_parallel(
         .and_then(|v| mesh(v, rep))
         .unwrap_or_default();
     let mesh_span = mesh_value.as_ref().map(|v| v.span);
-    let devices = mesh_devices(&mesh, mesh_span, rep);
-    if let Some(mode) = mode {
-        check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
+    let mut devices = mesh_devices(&mesh, mesh_span, rep);
+    let given = fields.value("devices", rep);
+    // `auto` with a device count and no mesh leaves the mesh to the planner's search.
+    let searched = mode.is_some_and(|(m, _)| m == ParallelMode::Auto) && mesh_span.is_none();
+    match given {
+        Some(given) if searched => {
+            devices = rep.positive_int(&given, "the device count").unwrap_or(1);
+        }
+        Some(given) => check_device_count(&given, &mesh, mesh_span, devices, rep),
+        None => {}
     }
-    if let Some(given) = fields.value("devices", rep) {
-        check_device_count(&given, &mesh, mesh_span, devices, rep);
+    if let Some(mode) = mode.filter(|_| !(searched && given_devices(&fields))) {
+        check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
     }
     let shards = shard_rules(&fields, &mesh, mesh_span, mode, rep);
     let pipeline = fields
@@ -204,6 +211,11 @@ pub fn check_parallel(
         pipeline,
         optimizer_shard,
     }
+}
+
+/// Whether the declaration sets `devices`.
+fn given_devices(fields: &Fields) -> bool {
+    fields.expr("devices").is_some()
 }
 
 /// The mesh's axes with their sizes; axes with invalid sizes or repeated names are left out.
@@ -301,7 +313,10 @@ fn check_mode_fits_mesh(
                 format!("parallel `{}` does not set `mesh`", decl.name.name),
             )
             .with_label("missing `mesh`")
-            .with_help("add the device mesh, e.g. `mesh = { dp: 2, mp: 4 }`"),
+            .with_help(match mode {
+                ParallelMode::Auto => "add the device count, e.g. `devices = 1024`, and the planner searches the mesh; or give the mesh, e.g. `mesh = { dp: 2, mp: 4 }`",
+                _ => "add the device mesh, e.g. `mesh = { dp: 2, mp: 4 }`",
+            }),
         ),
     }
 }

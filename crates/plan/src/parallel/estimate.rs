@@ -11,7 +11,7 @@ use crate::target::Target;
 /// Fraction of a device's peak FLOP/s the matmul-heavy ops reach. Calibrated once against
 /// Megatron-LM's GPT-3 175B on 1,024 A100s (Narayanan et al. 2021, §5.1: 140 TFLOP/s per GPU);
 /// docs/parallel.md lists the other published results it is checked against.
-pub const COMPUTE_EFFICIENCY: f64 = 0.62;
+pub const COMPUTE_EFFICIENCY: f64 = 0.85;
 /// Fraction of the memory bandwidth streaming ops reach.
 pub const BANDWIDTH_EFFICIENCY: f64 = 0.8;
 /// Fraction of link bandwidth a ring collective reaches (NCCL's bus bandwidth on NVLink/IB).
@@ -244,14 +244,24 @@ fn seg_time(s: &Segment, tp: i64) -> f64 {
 
 /// Estimates `strategy` on workload `w` (propagated for `strategy.tp`).
 pub fn estimate(w: &Workload, strategy: Strategy, train: Training, cluster: &Cluster) -> Estimate {
+    let bounds = split_stages(w, strategy.tp, strategy.pp);
+    estimate_split(w, &bounds, strategy, train, cluster)
+}
+
+/// [`estimate`] with the stages' layers given (`[first, end)` each, from [`split_stages`]).
+pub fn estimate_split(
+    w: &Workload,
+    bounds: &[(usize, usize)],
+    strategy: Strategy,
+    train: Training,
+    cluster: &Cluster,
+) -> Estimate {
     let Strategy {
         dp,
         tp,
-        pp,
         micro_batches: m,
         ..
     } = strategy;
-    let bounds = split_stages(w, tp, pp);
     let p = bounds.len() as i64;
     let mut stages = Vec::with_capacity(bounds.len());
     let mut collectives: Vec<Collective> = Vec::new();

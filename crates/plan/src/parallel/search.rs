@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use mslc_core::program::Model;
 
-use super::estimate::{estimate, Cluster, Estimate, Recompute, Schedule, Strategy, Training};
+use super::estimate::{estimate_split, split_stages, Cluster, Estimate, Recompute, Schedule, Strategy, Training};
 use super::workload::{workload, WeightSplits, Widths, Workload};
 
 /// What the search may vary and what it must respect.
@@ -124,6 +124,7 @@ pub fn search(
             if pp > 1 && m < pp {
                 continue;
             }
+            let bounds = split_stages(&w, tp, pp);
             for &level in &levels {
                 if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
                     continue;
@@ -138,7 +139,7 @@ pub fn search(
                         optimizer_shard: level,
                         recompute,
                     };
-                    let e = estimate(&w, strategy, train, cluster);
+                    let e = estimate_split(&w, &bounds, strategy, train, cluster);
                     candidates += 1;
                     let fits = e.peak_bytes() <= cluster.budget;
                     let better = match &best {

@@ -113,15 +113,16 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         .map(|(i, p)| (p.value, i))
         .collect();
     let n = model.values.len();
-    // A value derived from a single parameter through views and casts stands for it.
-    let mut root: Vec<Option<usize>> = vec![None; n];
+    // A value derived from a single parameter through views and casts stands for it; the flag
+    // says the view is the parameter transposed (a rank-2 weight used as `W.T`).
+    let mut root: Vec<Option<(usize, bool)>> = vec![None; n];
     let mut is_act = vec![false; n];
     let mut layout = vec![Layout::Rep; n];
     for input in &model.inputs {
         is_act[input.value.0 as usize] = true;
     }
     for (&v, &i) in &param_of {
-        root[v.0 as usize] = Some(i);
+        root[v.0 as usize] = Some((i, false));
     }
     let mut chosen: BTreeMap<usize, usize> = BTreeMap::new();
     let given_layout = |chosen: &BTreeMap<usize, usize>, p: usize, root_ty: &TensorType| {
@@ -158,6 +159,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
     let (mut head_params, mut tail_params) = (Default::default(), Default::default());
     let mut seg_inputs: Vec<std::collections::BTreeSet<ValueId>> = Vec::new();
     let mut boundary_bytes = 0u64;
+    let mut col_inputs: std::collections::BTreeSet<ValueId> = Default::default();
     let bytes_of = |ty: &TensorType, lay: Layout| -> u64 {
         let width = if ty.dtype.is_float() {
             w.act_bytes.min(ty.dtype.size_bytes())
@@ -175,7 +177,8 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         if !act_in {
             // Parameter-only work (casts, views of weights, masks): no activation.
             if let ([input], [out]) = (&node.inputs[..], &node.outputs[..]) {
-                root[out.0 as usize] = root[input.0 as usize];
+                let flips = node.op == Op::Transpose && model.ty(*out).rank() == 2;
+                root[out.0 as usize] = root[input.0 as usize].map(|(p, t)| (p, t != flips));
             }
             continue;
         }
@@ -204,12 +207,13 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         // Weight layouts: given, or chosen for this matmul by least redistribution.
         if let (WeightSplits::Chosen, Op::Matmul) = (splits, node.op) {
             if let [a, b] = &node.inputs[..] {
-                if let Some(p) = root[b.0 as usize].filter(|_| !is_act[b.0 as usize]) {
+                if let Some((p, transposed)) = root[b.0 as usize].filter(|_| !is_act[b.0 as usize]) {
                     let tb = node.attrs.opt_bool("transpose_b").ok().flatten().unwrap_or(false);
                     let pty = model.ty(model.params[p].value);
                     if pty.rank() == 2 && !chosen.contains_key(&p) {
-                        // The param's dims: [k, n] or, transposed, [n, k].
-                        let (k_dim, n_dim) = if tb { (1, 0) } else { (0, 1) };
+                        // The operand's dims: [k, n], or [n, k] when transposed by the matmul;
+                        // a transposed view of the parameter flips them once more.
+                        let (k_dim, n_dim) = if tb != transposed { (1, 0) } else { (0, 1) };
                         let dim = match layout[a.0 as usize] {
                             Layout::Split(d) if d + 1 == in_types[0].rank() => k_dim,
                             _ => n_dim,
@@ -224,15 +228,12 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             let i = v.0 as usize;
             let lay = if is_act[i] {
                 layout[i]
-            } else if let Some(p) = root[i] {
+            } else if let Some((p, transposed)) = root[i] {
                 let pty = model.ty(model.params[p].value).clone();
-                let l = given_layout(&chosen, p, &pty);
                 // A transposed view of a weight moves its split dim.
-                match (l, pty.rank(), model.ty(*v).rank()) {
-                    (Layout::Split(d), 2, 2) if pty.shape != model.ty(*v).shape => {
-                        Layout::Split(1 - d)
-                    }
-                    _ => l,
+                match given_layout(&chosen, p, &pty) {
+                    Layout::Split(d) if transposed => Layout::Split(1 - d),
+                    l => l,
                 }
             } else {
                 Layout::Rep
@@ -251,7 +252,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             i => &mut seg_params[i as usize],
         };
         for (v, lay) in node.inputs.iter().zip(&in_layouts) {
-            if let Some(p) = root[v.0 as usize].filter(|_| !is_act[v.0 as usize]) {
+            if let Some((p, _)) = root[v.0 as usize].filter(|_| !is_act[v.0 as usize]) {
                 if params_here.insert(p) {
                     let numel = model.ty(model.params[p].value).numel();
                     segment.params += numel;
@@ -296,7 +297,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                     stats => stats,
                 }));
         }
-        if col_parallel {
+        // Column-parallel matmuls reading the same input (q, k, v; gate, up) share one
+        // all-reduce of its gradient, as Megatron's `f` operator does.
+        if col_parallel && col_inputs.insert(node.inputs[0]) {
             segment
                 .backward_all_reduces
                 .push(bytes_of(&in_types[0], Layout::Rep));
