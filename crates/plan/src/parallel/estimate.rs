@@ -465,3 +465,145 @@ fn stage(
     }
     (memory, compute, comm, calls)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(params: u64, acts: u64) -> Segment {
+        Segment {
+            params,
+            rep_acts: acts,
+            input_bytes: acts / 10,
+            rep_seconds: 1e-3,
+            ..Default::default()
+        }
+    }
+
+    fn workload(layers: usize, params: u64, acts: u64) -> Workload {
+        Workload {
+            head: Segment::default(),
+            layers: (0..layers).map(|_| layer(params, acts)).collect(),
+            tail: Segment::default(),
+            params: params * layers as u64,
+            boundary_bytes: acts / 10,
+            tp: 1,
+            shardings: Default::default(),
+        }
+    }
+
+    fn a100(budget: u64) -> Cluster {
+        Cluster {
+            target: Target {
+                name: "a100".into(),
+                peak_f32: 19.5e12,
+                peak_f16: 312e12,
+                peak_bf16: 312e12,
+                memory_bytes: 80_000_000_000,
+                bandwidth: 2039e9,
+                interconnect: 600e9,
+                network: 50e9,
+                devices_per_node: 8,
+            },
+            budget,
+        }
+    }
+
+    const MIXED_ADAM: Training = Training {
+        param_bytes: 2,
+        grad_bytes: 2,
+        state_bytes: 12,
+        act_bytes: 2,
+    };
+
+    fn strategy(dp: i64, pp: i64, m: i64, level: u8) -> Strategy {
+        Strategy {
+            dp,
+            tp: 1,
+            pp,
+            micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            optimizer_shard: level,
+            recompute: Recompute::None,
+        }
+    }
+
+    /// ZeRO (Rajbhandari et al. 2020) Table 1: a 7.5B-parameter model on N_d = 64 with
+    /// mixed-precision Adam needs 120 GB of model states per device without sharding, 31.4 GB
+    /// with P_os, 16.6 GB with P_os+g and 1.88 GB with P_os+g+p — exactly 16Ψ, 4Ψ + 12Ψ/N_d,
+    /// 2Ψ + 14Ψ/N_d and 16Ψ/N_d.
+    #[test]
+    fn optimizer_shard_levels_reproduce_zero_table_1() {
+        let psi = 7_500_000_000u64;
+        let w = workload(1, psi, 0);
+        let table_gb = [120.0, 31.4, 16.6, 1.88];
+        let exact = [16 * psi, 4 * psi + 12 * psi / 64, 2 * psi + 14 * psi / 64, 16 * psi / 64];
+        for level in 0..4u8 {
+            let e = estimate(&w, strategy(64, 1, 1, level), MIXED_ADAM, &a100(u64::MAX));
+            let m = e.stages[0].memory;
+            let states = m.parameters + m.gradients + m.optimizer_states;
+            assert_eq!(states, exact[level as usize], "level {level}");
+            let gb = states as f64 / 1e9;
+            assert!((gb - table_gb[level as usize]).abs() < 0.05, "level {level}: {gb} GB");
+        }
+    }
+
+    /// 1F1B keeps at most p − i micro-batches on stage i; GPipe keeps all m everywhere.
+    #[test]
+    fn schedules_hold_their_micro_batches_in_flight() {
+        let acts = 1_000_000;
+        let w = workload(8, 1000, acts);
+        let s = strategy(1, 4, 8, 0);
+        let one = estimate(&w, s, MIXED_ADAM, &a100(u64::MAX));
+        let gpipe = estimate(
+            &w,
+            Strategy {
+                schedule: Schedule::GPipe,
+                ..s
+            },
+            MIXED_ADAM,
+            &a100(u64::MAX),
+        );
+        let per_stage = 2 * acts; // two layers per stage
+        for (i, st) in one.stages.iter().enumerate() {
+            assert_eq!(st.layers, (2 * i, 2 * i + 2));
+            assert_eq!(st.memory.activations, (4 - i as u64) * per_stage);
+            assert_eq!(gpipe.stages[i].memory.activations, 8 * per_stage);
+        }
+        assert_eq!(one.bubble_fraction, 3.0 / 8.0);
+        // Full recompute keeps each layer's input per micro-batch plus one layer's working set.
+        let full = estimate(
+            &w,
+            Strategy {
+                recompute: Recompute::Full,
+                ..s
+            },
+            MIXED_ADAM,
+            &a100(u64::MAX),
+        );
+        assert_eq!(full.stages[0].memory.activations, 4 * 2 * (acts / 10) + acts);
+    }
+
+    /// Stages balance time, not layer counts: a costly head makes the first stage shorter.
+    #[test]
+    fn stages_balance_time() {
+        let mut w = workload(8, 1000, 0);
+        assert_eq!(split_stages(&w, 1, 2), vec![(0, 4), (4, 8)]);
+        w.head.rep_seconds = 4e-3;
+        assert_eq!(split_stages(&w, 1, 2), vec![(0, 2), (2, 8)]);
+        assert_eq!(split_stages(&w, 1, 1), vec![(0, 8)]);
+    }
+
+    #[test]
+    fn ring_all_reduce_moves_twice_the_data_once() {
+        let c = a100(0);
+        let bytes = 1_000_000_000;
+        let inside = c.all_reduce_s(bytes, 8, 1);
+        let link = 600e9 * LINK_EFFICIENCY / 2.0;
+        let expected = 2.0 * 7.0 / 8.0 * bytes as f64 / link + 14.0 * HOP_LATENCY_S;
+        assert!((inside - expected).abs() < 1e-12);
+        // Across nodes the network is the bottleneck.
+        assert!(c.all_reduce_s(bytes, 8, 8) > 10.0 * inside);
+        assert_eq!(c.all_reduce_s(bytes, 1, 1), 0.0);
+    }
+}
