@@ -19,6 +19,7 @@ mod lints;
 mod lsp;
 mod param_counts;
 mod passes;
+mod plan;
 mod pictures;
 mod readable;
 mod readme;

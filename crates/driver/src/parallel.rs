@@ -73,7 +73,7 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
 
 /// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
 /// rule whose pattern matches its path.
-fn weight_splits(parallel: &ParallelPolicy, graph: &mslc_core::program::Model) -> BTreeMap<String, usize> {
+pub fn weight_splits(parallel: &ParallelPolicy, graph: &mslc_core::program::Model) -> BTreeMap<String, usize> {
     graph
         .params
         .iter()

@@ -362,9 +362,13 @@ fn stage(
         dp, tp, micro_batches: m, ..
     } = strategy;
     let (dpu, tpu) = (dp.max(1) as u64, tp.max(1) as u64);
-    let params: u64 = segs
+    let weights: std::collections::BTreeMap<usize, (u64, bool)> = segs
         .iter()
-        .map(|g| g.params - g.split_params + g.split_params.div_ceil(tpu))
+        .flat_map(|g| g.weights.iter().map(|&(p, n, split)| (p, (n, split))))
+        .collect();
+    let params: u64 = weights
+        .values()
+        .map(|&(n, split)| if split { n.div_ceil(tpu) } else { n })
         .sum();
     let level = strategy.optimizer_shard;
     let shard = |bytes: u64, from: u8| if level >= from { bytes.div_ceil(dpu) } else { bytes };
@@ -470,9 +474,10 @@ fn stage(
 mod tests {
     use super::*;
 
-    fn layer(params: u64, acts: u64) -> Segment {
+    fn layer(index: usize, params: u64, acts: u64) -> Segment {
         Segment {
             params,
+            weights: vec![(index, params, false)],
             rep_acts: acts,
             input_bytes: acts / 10,
             rep_seconds: 1e-3,
@@ -483,7 +488,7 @@ mod tests {
     fn workload(layers: usize, params: u64, acts: u64) -> Workload {
         Workload {
             head: Segment::default(),
-            layers: (0..layers).map(|_| layer(params, acts)).collect(),
+            layers: (0..layers).map(|i| layer(i, params, acts)).collect(),
             tail: Segment::default(),
             params: params * layers as u64,
             boundary_bytes: acts / 10,

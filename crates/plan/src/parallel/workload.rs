@@ -20,6 +20,9 @@ pub struct Segment {
     pub params: u64,
     /// Of those, the elements split over the tensor-parallel axis.
     pub split_params: u64,
+    /// Each parameter read: its index in the model, elements, whether split — so a stage
+    /// holding two segments that share one (a tied embedding) counts it once.
+    pub weights: Vec<(usize, u64, bool)>,
     /// Forward roofline time at tensor-parallel degree 1 of ops that are not split, seconds.
     pub rep_seconds: f64,
     /// Forward roofline time of ops that are split (divided by the degree), seconds.
@@ -154,7 +157,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
     };
     let mut layers: Vec<Segment> = Vec::new();
     let mut layer_index: BTreeMap<String, usize> = BTreeMap::new();
-    let mut producer_seg: Vec<Option<usize>> = vec![None; n];
+    // The segment that produced each activation (`NONE` for model inputs).
+    const NONE: isize = isize::MIN;
+    let mut producer_seg: Vec<isize> = vec![NONE; n];
     let mut seg_params: Vec<std::collections::BTreeSet<usize>> = Vec::new();
     let (mut head_params, mut tail_params) = (Default::default(), Default::default());
     let mut seg_inputs: Vec<std::collections::BTreeSet<ValueId>> = Vec::new();
@@ -240,11 +245,22 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             };
             in_layouts.push(lay);
         }
-        let segment: &mut Segment = match seg_id {
-            -1 => &mut head,
-            -2 => &mut tail,
-            i => &mut layers[i as usize],
-        };
+        // A partial sum is all-reduced where it is produced, before anything but a matmul
+        // output reads it.
+        for (k, v) in node.inputs.iter().enumerate() {
+            if in_layouts[k] == Layout::Partial {
+                let owner = match producer_seg[v.0 as usize] {
+                    NONE => seg_id,
+                    s => s,
+                };
+                segment_mut(&mut head, &mut tail, &mut layers, owner)
+                    .forward_all_reduces
+                    .push(bytes_of(model.ty(*v), Layout::Rep));
+                in_layouts[k] = Layout::Rep;
+                layout[v.0 as usize] = Layout::Rep;
+            }
+        }
+        let segment = segment_mut(&mut head, &mut tail, &mut layers, seg_id);
         // Parameters read.
         let params_here: &mut std::collections::BTreeSet<usize> = match seg_id {
             -1 => &mut head_params,
@@ -255,8 +271,10 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             if let Some((p, _)) = root[v.0 as usize].filter(|_| !is_act[v.0 as usize]) {
                 if params_here.insert(p) {
                     let numel = model.ty(model.params[p].value).numel();
+                    let split = matches!(lay, Layout::Split(_));
                     segment.params += numel;
-                    if matches!(lay, Layout::Split(_)) {
+                    segment.weights.push((p, numel, split));
+                    if split {
                         segment.split_params += numel;
                     }
                 }
@@ -266,23 +284,13 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         if seg_id >= 0 {
             for v in &node.inputs {
                 let i = v.0 as usize;
-                if is_act[i] && producer_seg[i] != Some(seg_id as usize) && !model.inputs.iter().any(|x| x.value == *v) {
+                if is_act[i] && producer_seg[i] != seg_id && producer_seg[i] != NONE {
                     if seg_inputs[seg_id as usize].insert(*v) {
                         let b = bytes_of(model.ty(*v), layout[i]);
                         segment.input_bytes += b;
                         boundary_bytes = boundary_bytes.max(b);
                     }
                 }
-            }
-        }
-        // Partial sums are all-reduced before anything but a matmul output reads them.
-        for (k, v) in node.inputs.iter().enumerate() {
-            if in_layouts[k] == Layout::Partial {
-                segment
-                    .forward_all_reduces
-                    .push(bytes_of(model.ty(*v), Layout::Rep));
-                in_layouts[k] = Layout::Rep;
-                layout[v.0 as usize] = Layout::Rep;
             }
         }
         let out_types: Vec<TensorType> =
@@ -320,7 +328,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                 let i = v.0 as usize;
                 is_act[i] = true;
                 layout[i] = out_layout;
-                producer_seg[i] = (seg_id >= 0).then_some(seg_id as usize);
+                producer_seg[i] = seg_id;
                 if view || !ty.dtype.is_float() && ty.dtype != DType::Bool {
                     continue;
                 }
@@ -367,6 +375,20 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         boundary_bytes,
         tp,
         shardings,
+    }
+}
+
+/// The segment `id` names: −1 the head, −2 the tail, else a layer.
+fn segment_mut<'a>(
+    head: &'a mut Segment,
+    tail: &'a mut Segment,
+    layers: &'a mut [Segment],
+    id: isize,
+) -> &'a mut Segment {
+    match id {
+        -1 => head,
+        -2 => tail,
+        i => &mut layers[i as usize],
     }
 }
 
