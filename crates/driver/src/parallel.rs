@@ -54,7 +54,9 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
         .and_then(|i| graph.ty(i.value).shape.first().copied())
         .unwrap_or(1)
         .max(1);
-    let splits = parallel.map(|p| weight_splits(p, graph)).unwrap_or_default();
+    let splits = parallel
+        .map(|p| weight_splits(p, graph))
+        .unwrap_or_default();
     let (mode, space) = space(parallel, memory, spec, micro_batch)?;
     let weight_splits = match mode {
         ParallelMode::Auto if splits.is_empty() => WeightSplits::Chosen,
@@ -73,12 +75,18 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
 
 /// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
 /// rule whose pattern matches its path.
-pub fn weight_splits(parallel: &ParallelPolicy, graph: &mslc_core::program::Model) -> BTreeMap<String, usize> {
+pub fn weight_splits(
+    parallel: &ParallelPolicy,
+    graph: &mslc_core::program::Model,
+) -> BTreeMap<String, usize> {
     graph
         .params
         .iter()
         .filter_map(|p| {
-            let rule = parallel.shards.iter().find(|r| r.pattern.matches(&p.path))?;
+            let rule = parallel
+                .shards
+                .iter()
+                .find(|r| r.pattern.matches(&p.path))?;
             let dim = rule
                 .axes
                 .iter()
@@ -145,7 +153,10 @@ fn space(
             .iter()
             .filter(|(axis, _)| {
                 axis != "dp"
-                    && parallel.shards.iter().any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
+                    && parallel
+                        .shards
+                        .iter()
+                        .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
             })
             .map(|(_, size)| *size)
             .product(),
@@ -171,9 +182,16 @@ fn space(
     }
     let parts = micro_batch.saturating_mul(dp);
     let m = spec.batch / parts.max(1);
-    let expected = pipeline.map_or(spec.grad_accum, |p| p.micro_batches);
+    // With a pipeline, accumulated steps are more micro-batches through the same pipeline.
+    let expected = pipeline.map_or(spec.grad_accum, |p| {
+        p.micro_batches.saturating_mul(spec.grad_accum)
+    });
     if spec.batch % parts.max(1) != 0 || m != expected {
-        let what = if pipeline.is_some() { "micro_batches" } else { "grad_accum" };
+        let what = match pipeline {
+            Some(_) if spec.grad_accum > 1 => "micro_batches × grad_accum",
+            Some(_) => "micro_batches",
+            None => "grad_accum",
+        };
         let d = Diagnostic::error(
             Code::E0902,
             spec.file,
@@ -203,7 +221,11 @@ fn space(
 /// and optimizer.
 fn training(precision: Option<&PrecisionPolicy>, optimizer: Option<OptimizerKind>) -> Training {
     let low = precision.is_some_and(|p| matches!(p.level, AmpLevel::O2 | AmpLevel::O3));
-    let act = if precision.is_some_and(|p| p.level != AmpLevel::O0) { 2 } else { 4 };
+    let act = if precision.is_some_and(|p| p.level != AmpLevel::O0) {
+        2
+    } else {
+        4
+    };
     let moments = match optimizer {
         Some(OptimizerKind::Adam | OptimizerKind::AdamW) | None => 8,
         Some(OptimizerKind::Sgd) => 4,

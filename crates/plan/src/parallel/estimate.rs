@@ -156,7 +156,11 @@ pub struct Estimate {
 impl Estimate {
     /// The largest total over the stages.
     pub fn peak_bytes(&self) -> u64 {
-        self.stages.iter().map(|s| s.memory.total).max().unwrap_or(0)
+        self.stages
+            .iter()
+            .map(|s| s.memory.total)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -208,13 +212,15 @@ pub fn split_stages(w: &Workload, tp: i64, pp: i64) -> Vec<(usize, usize)> {
     }
     let (head, tail) = (seg_time(&w.head, tp), seg_time(&w.tail, tp));
     let cost = |s: usize, a: usize, b: usize| {
-        prefix[b] - prefix[a] + if s == 0 { head } else { 0.0 } + if s + 1 == p { tail } else { 0.0 }
+        prefix[b] - prefix[a]
+            + if s == 0 { head } else { 0.0 }
+            + if s + 1 == p { tail } else { 0.0 }
     };
     // best[s][i]: the least max-stage time of stages 0..=s covering layers 0..i.
     let mut best = vec![vec![f64::INFINITY; l + 1]; p];
     let mut cut = vec![vec![0usize; l + 1]; p];
-    for i in 1..=l {
-        best[0][i] = cost(0, 0, i);
+    for (i, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = cost(0, 0, i);
     }
     for s in 1..p {
         for i in s + 1..=l {
@@ -297,7 +303,11 @@ pub fn estimate_split(
         .iter()
         .max_by_key(|st| stage_params(st))
         .map_or(0, |st| {
-            let shard = if strategy.optimizer_shard >= 3 { dp as u64 } else { 1 };
+            let shard = if strategy.optimizer_shard >= 3 {
+                dp as u64
+            } else {
+                1
+            };
             st.memory.parameters * shard / train.param_bytes.max(1)
         });
     let grad_total = worst * train.grad_bytes;
@@ -333,7 +343,12 @@ pub fn estimate_split(
     } else {
         dp_comm
     };
-    let opt_bytes = worst / if strategy.optimizer_shard >= 1 { dp.max(1) as u64 } else { 1 }
+    let opt_bytes = worst
+        / if strategy.optimizer_shard >= 1 {
+            dp.max(1) as u64
+        } else {
+            1
+        }
         * (2 * train.state_bytes + train.grad_bytes + train.param_bytes);
     let optimizer = opt_bytes as f64 / (cluster.target.bandwidth * BANDWIDTH_EFFICIENCY).max(1.0);
     let step = pipeline + exposed_dp + optimizer;
@@ -359,7 +374,10 @@ fn stage(
     w: &Workload,
 ) -> (Breakdown, f64, f64, Vec<Collective>) {
     let Strategy {
-        dp, tp, micro_batches: m, ..
+        dp,
+        tp,
+        micro_batches: m,
+        ..
     } = strategy;
     let (dpu, tpu) = (dp.max(1) as u64, tp.max(1) as u64);
     let weights: std::collections::BTreeMap<usize, (u64, bool)> = segs
@@ -371,7 +389,13 @@ fn stage(
         .map(|&(n, split)| if split { n.div_ceil(tpu) } else { n })
         .sum();
     let level = strategy.optimizer_shard;
-    let shard = |bytes: u64, from: u8| if level >= from { bytes.div_ceil(dpu) } else { bytes };
+    let shard = |bytes: u64, from: u8| {
+        if level >= from {
+            bytes.div_ceil(dpu)
+        } else {
+            bytes
+        }
+    };
     let parameters = shard(params * train.param_bytes, 3);
     let gradients = shard(params * train.grad_bytes, 2);
     let optimizer_states = shard(params * train.state_bytes, 1);
@@ -431,7 +455,11 @@ fn stage(
     let compute = 3.0 * forward + extra;
     let mut calls: Vec<Collective> = Vec::new();
     let mut comm = 0.0;
-    let repeat = if strategy.recompute == Recompute::Full { 2 } else { 1 };
+    let repeat = if strategy.recompute == Recompute::Full {
+        2
+    } else {
+        1
+    };
     let mut add = |kind: &'static str, axis: &'static str, bytes: u64, count: u64, secs: f64| {
         comm += secs * count as f64;
         let n = count * m.max(1) as u64;
@@ -451,13 +479,25 @@ fn stage(
     if tp > 1 {
         for g in segs {
             for &b in &g.forward_all_reduces {
-                add("all_reduce", "tp", b, repeat, cluster.all_reduce_s(b, tp, 1));
+                add(
+                    "all_reduce",
+                    "tp",
+                    b,
+                    repeat,
+                    cluster.all_reduce_s(b, tp, 1),
+                );
             }
             for &b in &g.backward_all_reduces {
                 add("all_reduce", "tp", b, 1, cluster.all_reduce_s(b, tp, 1));
             }
             for (_, b) in &g.all_gathers {
-                add("all_gather", "tp", *b, repeat, cluster.all_reduce_s(*b, tp, 1) / 2.0);
+                add(
+                    "all_gather",
+                    "tp",
+                    *b,
+                    repeat,
+                    cluster.all_reduce_s(*b, tp, 1) / 2.0,
+                );
             }
         }
     }
@@ -465,7 +505,13 @@ fn stage(
         let neighbours = if s == 0 || s + 1 == p { 1 } else { 2 };
         let bw = cluster.link(2, dp * tp);
         let b = w.boundary_bytes;
-        add("send_recv", "pp", b, 2 * neighbours, b as f64 / bw.max(1.0) + HOP_LATENCY_S);
+        add(
+            "send_recv",
+            "pp",
+            b,
+            2 * neighbours,
+            b as f64 / bw.max(1.0) + HOP_LATENCY_S,
+        );
     }
     (memory, compute, comm, calls)
 }
@@ -542,14 +588,22 @@ mod tests {
         let psi = 7_500_000_000u64;
         let w = workload(1, psi, 0);
         let table_gb = [120.0, 31.4, 16.6, 1.88];
-        let exact = [16 * psi, 4 * psi + 12 * psi / 64, 2 * psi + 14 * psi / 64, 16 * psi / 64];
+        let exact = [
+            16 * psi,
+            4 * psi + 12 * psi / 64,
+            2 * psi + 14 * psi / 64,
+            16 * psi / 64,
+        ];
         for level in 0..4u8 {
             let e = estimate(&w, strategy(64, 1, 1, level), MIXED_ADAM, &a100(u64::MAX));
             let m = e.stages[0].memory;
             let states = m.parameters + m.gradients + m.optimizer_states;
             assert_eq!(states, exact[level as usize], "level {level}");
             let gb = states as f64 / 1e9;
-            assert!((gb - table_gb[level as usize]).abs() < 0.05, "level {level}: {gb} GB");
+            assert!(
+                (gb - table_gb[level as usize]).abs() < 0.05,
+                "level {level}: {gb} GB"
+            );
         }
     }
 
@@ -586,7 +640,10 @@ mod tests {
             MIXED_ADAM,
             &a100(u64::MAX),
         );
-        assert_eq!(full.stages[0].memory.activations, 4 * 2 * (acts / 10) + acts);
+        assert_eq!(
+            full.stages[0].memory.activations,
+            4 * 2 * (acts / 10) + acts
+        );
     }
 
     /// Stages balance time, not layer counts: a costly head makes the first stage shorter.

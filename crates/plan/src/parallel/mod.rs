@@ -146,7 +146,11 @@ fn what_ifs(
                 optimizer_shard: Some(level),
                 ..fixed.clone()
             };
-            try_space(format!("optimizer_shard = {}", level_name(level)), sp, workloads);
+            try_space(
+                format!("optimizer_shard = {}", level_name(level)),
+                sp,
+                workloads,
+            );
         }
     }
     for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
@@ -164,13 +168,21 @@ fn what_ifs(
             tp: Some(s.tp * 2),
             ..fixed.clone()
         };
-        try_space(format!("tensor parallel {} (data parallel {})", s.tp * 2, s.dp / 2), sp, workloads);
+        try_space(
+            format!("tensor parallel {} (data parallel {})", s.tp * 2, s.dp / 2),
+            sp,
+            workloads,
+        );
         let sp = Space {
             dp: Some(s.dp / 2),
             pp: Some(s.pp * 2),
             ..fixed.clone()
         };
-        try_space(format!("{} pipeline stages (data parallel {})", s.pp * 2, s.dp / 2), sp, workloads);
+        try_space(
+            format!("{} pipeline stages (data parallel {})", s.pp * 2, s.dp / 2),
+            sp,
+            workloads,
+        );
     }
     out
 }
@@ -210,7 +222,12 @@ fn describe(
         })
         .collect();
     let w = &found.workload;
-    let flops: u64 = w.layers.iter().chain([&w.head, &w.tail]).map(|l| l.flops).sum();
+    let flops: u64 = w
+        .layers
+        .iter()
+        .chain([&w.head, &w.tail])
+        .map(|l| l.flops)
+        .sum();
     // Model FLOPs per step: forward + backward (3× forward) on every micro-batch of every replica.
     let model_flops = 3.0 * flops as f64 * (s.micro_batches * s.dp) as f64;
     let mesh = [("dp", s.dp), ("tp", s.tp), ("pp", s.pp)]

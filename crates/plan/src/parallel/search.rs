@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use mslc_core::program::Model;
 
-use super::estimate::{estimate_split, split_stages, Cluster, Estimate, Recompute, Schedule, Strategy, Training};
+use super::estimate::{
+    estimate_split, split_stages, Cluster, Estimate, Recompute, Schedule, Strategy, Training,
+};
 use super::workload::{workload, WeightSplits, Widths, Workload};
 
 /// What the search may vary and what it must respect.
@@ -100,8 +102,7 @@ pub fn search(
         let layers = w.layers.len().max(1) as i64;
         // A degree that splits nothing only replicates work.
         if tp > 1
-            && w
-                .layers
+            && w.layers
                 .iter()
                 .chain([&w.head, &w.tail])
                 .all(|l| l.split_params == 0)
@@ -110,9 +111,7 @@ pub fn search(
         }
         for pp in divisors(n / tp) {
             let dp = n / tp / pp;
-            if pp > layers
-                || space.pp.is_some_and(|p| p != pp)
-                || space.dp.is_some_and(|d| d != dp)
+            if pp > layers || space.pp.is_some_and(|p| p != pp) || space.dp.is_some_and(|d| d != dp)
             {
                 continue;
             }

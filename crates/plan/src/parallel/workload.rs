@@ -204,16 +204,18 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             None if first_layer.is_none_or(|f| idx < f) => -1,
             None => -2,
         };
-        let in_types: Vec<TensorType> = node
-            .inputs
-            .iter()
-            .map(|v| model.ty(*v).clone())
-            .collect();
+        let in_types: Vec<TensorType> = node.inputs.iter().map(|v| model.ty(*v).clone()).collect();
         // Weight layouts: given, or chosen for this matmul by least redistribution.
         if let (WeightSplits::Chosen, Op::Matmul) = (splits, node.op) {
             if let [a, b] = &node.inputs[..] {
-                if let Some((p, transposed)) = root[b.0 as usize].filter(|_| !is_act[b.0 as usize]) {
-                    let tb = node.attrs.opt_bool("transpose_b").ok().flatten().unwrap_or(false);
+                if let Some((p, transposed)) = root[b.0 as usize].filter(|_| !is_act[b.0 as usize])
+                {
+                    let tb = node
+                        .attrs
+                        .opt_bool("transpose_b")
+                        .ok()
+                        .flatten()
+                        .unwrap_or(false);
                     let pty = model.ty(model.params[p].value);
                     if pty.rank() == 2 && !chosen.contains_key(&p) {
                         // The operand's dims: [k, n], or [n, k] when transposed by the matmul;
@@ -284,12 +286,14 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         if seg_id >= 0 {
             for v in &node.inputs {
                 let i = v.0 as usize;
-                if is_act[i] && producer_seg[i] != seg_id && producer_seg[i] != NONE {
-                    if seg_inputs[seg_id as usize].insert(*v) {
-                        let b = bytes_of(model.ty(*v), layout[i]);
-                        segment.input_bytes += b;
-                        boundary_bytes = boundary_bytes.max(b);
-                    }
+                if is_act[i]
+                    && producer_seg[i] != seg_id
+                    && producer_seg[i] != NONE
+                    && seg_inputs[seg_id as usize].insert(*v)
+                {
+                    let b = bytes_of(model.ty(*v), layout[i]);
+                    segment.input_bytes += b;
+                    boundary_bytes = boundary_bytes.max(b);
                 }
             }
         }
@@ -298,12 +302,13 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         let (out_layout, gathers, col_parallel) =
             propagate(node.op, &node.attrs, &in_types, &in_layouts, &out_types, tp);
         for (k, bytes_needed) in gathers {
-            segment
-                .all_gathers
-                .push((format!("{} in {}", node.op.name(), node.origin), match bytes_needed {
+            segment.all_gathers.push((
+                format!("{} in {}", node.op.name(), node.origin),
+                match bytes_needed {
                     0 => bytes_of(&in_types[k], Layout::Rep),
                     stats => stats,
-                }));
+                },
+            ));
         }
         // Column-parallel matmuls reading the same input (q, k, v; gate, up) share one
         // all-reduce of its gradient, as Megatron's `f` operator does.
@@ -505,9 +510,9 @@ fn propagate(
             let same_shape = outputs
                 .first()
                 .is_some_and(|o| e >= 0 && o.shape.get(e as usize) == inputs[k].shape.get(d));
-            let all_agree = split_inputs.iter().all(|&(k2, d2)| {
-                d2 as isize + out_rank as isize - inputs[k2].rank() as isize == e
-            });
+            let all_agree = split_inputs
+                .iter()
+                .all(|&(k2, d2)| d2 as isize + out_rank as isize - inputs[k2].rank() as isize == e);
             if same_shape && all_agree && !reduces_split {
                 (Layout::Split(e as usize), vec![], false)
             } else if same_shape && all_agree && out_rank == inputs[k].rank() {
