@@ -147,7 +147,8 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
         return 1;
     }
     match build(args, &checked, check_ms) {
-        Ok((text, json)) => {
+        Ok((text, json, warnings)) => {
+            reporter.emit(&warnings, &checked.sources);
             reporter.result(&text, json);
             0
         }
@@ -158,12 +159,12 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
     }
 }
 
-/// Builds and writes the artifacts; the summary as text and as JSON.
+/// Builds and writes the artifacts; the summary as text and as JSON, and the plan's warnings.
 fn build(
     args: &BuildArgs,
     checked: &Checked,
     check_ms: f64,
-) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
+) -> Result<(String, serde_json::Value, Vec<Diagnostic>), Box<Diagnostic>> {
     let train_entry = args.entry.as_deref().filter(|&e| {
         checked.model(e).is_none() && checked.decls.trains.iter().any(|t| t.spec.name.name == e)
     });
@@ -245,7 +246,7 @@ fn build(
     };
     let report = report(model, &compiled, stage_ms);
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
-    if let Some((train, plan)) = &planned {
+    if let Some((train, plan, _)) = &planned {
         files.push((dir.join(format!("{train}.plan.json")), json(plan)));
     }
     let named: Vec<(String, Vec<u8>)> = files
@@ -288,13 +289,14 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
-    if let Some((train, plan)) = &planned {
+    if let Some((train, plan, _)) = &planned {
         for line in mslc_driver::parallel::summary_lines(train, plan) {
             text.push_str(&line);
             text.push('\n');
         }
     }
-    Ok((text, json))
+    let warnings = planned.map(|(_, _, w)| w).unwrap_or_default();
+    Ok((text, json, warnings))
 }
 
 /// The per-device plan of the train this build is for: the `--entry` train, or the first
@@ -303,15 +305,19 @@ fn parallel_plan(
     checked: &Checked,
     train_entry: Option<&str>,
     model: &str,
-) -> Result<Option<(String, mslc_plan::parallel::PlanFile)>, Box<Diagnostic>> {
+) -> Result<Option<(String, mslc_plan::parallel::PlanFile, Vec<Diagnostic>)>, Box<Diagnostic>> {
     let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
         Some(entry) => t.spec.name.name == entry,
         None => t.spec.model.name == model,
     }) else {
         return Ok(None);
     };
-    Ok(mslc_driver::parallel::plan_train(checked, train)?
-        .map(|plan| (train.spec.name.name.clone(), plan)))
+    Ok(
+        mslc_driver::parallel::plan_train(checked, train)?.map(|plan| {
+            let warnings = mslc_driver::parallel::plan_warnings(checked, train, &plan);
+            (train.spec.name.name.clone(), plan, warnings)
+        }),
+    )
 }
 
 /// The tuner's results this build uses: the knowledge base they come from and what it said.

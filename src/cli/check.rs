@@ -34,9 +34,17 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
         failed |= checked.has_errors();
         if !checked.has_errors() {
             for train in &checked.decls.trains {
-                if let Err(d) = mslc_driver::parallel::plan_train(&checked, train) {
-                    reporter.emit(&[*d], &checked.sources);
-                    failed = true;
+                match mslc_driver::parallel::plan_train(&checked, train) {
+                    Ok(Some(plan)) => {
+                        let warnings = mslc_driver::parallel::plan_warnings(&checked, train, &plan);
+                        reporter.emit(&warnings, &checked.sources);
+                        failed |= warnings.iter().any(|d| d.is_error());
+                    }
+                    Ok(None) => {}
+                    Err(d) => {
+                        reporter.emit(&[*d], &checked.sources);
+                        failed = true;
+                    }
                 }
             }
         }

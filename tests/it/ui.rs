@@ -16,8 +16,12 @@ fn render_case(path: &Path) -> String {
     let mut diagnostics = checked.diagnostics.clone();
     if !checked.has_errors() {
         for train in &checked.decls.trains {
-            if let Err(d) = mslc_driver::parallel::plan_train(&checked, train) {
-                diagnostics.push(*d);
+            match mslc_driver::parallel::plan_train(&checked, train) {
+                Ok(Some(plan)) => {
+                    diagnostics.extend(mslc_driver::parallel::plan_warnings(&checked, train, &plan))
+                }
+                Ok(None) => {}
+                Err(d) => diagnostics.push(*d),
             }
         }
     }

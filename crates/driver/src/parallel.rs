@@ -325,6 +325,55 @@ fn does_not_fit(
     )
 }
 
+/// Redistributions the shard rules leave implicit (an all-gather the propagation had to insert)
+/// that move more than this per step are warning W0040.
+pub const REDISTRIBUTION_WARN_BYTES: u64 = 1 << 30;
+
+/// W0040 for each op whose implicit all-gathers move more than
+/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh.
+pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<Diagnostic> {
+    let Some(parallel) = train.parallel.map(|i| &checked.decls.parallels[i]) else {
+        return Vec::new();
+    };
+    // One warning per op of the repeated layer (`layers.*`), the bytes summed over layers.
+    let mut per_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+    for (op, bytes) in &plan.redistributions {
+        let generic: Vec<&str> = op
+            .split('.')
+            .map(|p| {
+                if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                    "*"
+                } else {
+                    p
+                }
+            })
+            .collect();
+        let entry = per_op.entry(generic.join(".")).or_default();
+        entry.0 = entry
+            .0
+            .saturating_add(bytes.saturating_mul(plan.micro_batches.max(1) as u64));
+        entry.1 += 1;
+    }
+    per_op
+        .into_iter()
+        .filter(|&(_, (bytes, _))| bytes > REDISTRIBUTION_WARN_BYTES)
+        .map(|(op, (bytes, times))| {
+            let op = match times {
+                1 => op,
+                n => format!("{op} (×{n})"),
+            };
+            Diagnostic::warning(
+                Code::W0040,
+                parallel.file,
+                parallel.mesh_span,
+                format!("{op} needs its input gathered over the tensor axis: {} per step", human_bytes(bytes)),
+            )
+            .with_label("implicit all-gather")
+            .with_help("add shard rules so the op's operands arrive split the way it consumes them (e.g. pair a column-parallel `[mp, _]` weight with a row-parallel `[_, mp]` one)")
+        })
+        .collect()
+}
+
 /// `parameters 650 GiB + gradients … + workspace …`.
 pub fn breakdown_text(m: &Breakdown) -> String {
     [
@@ -380,6 +429,15 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
             gib(g.memory.total),
             gib(plan.max_device_memory),
             breakdown_text(&g.memory)
+        ));
+    }
+    for w in &plan.what_if {
+        lines.push(format!(
+            "  what if    {}: {} per device ({}), ~{:.3} s per step",
+            w.change,
+            gib(w.peak_bytes),
+            if w.fits { "fits" } else { "does not fit" },
+            w.step_time_s
         ));
     }
     lines

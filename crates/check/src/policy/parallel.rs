@@ -174,15 +174,15 @@ pub fn check_parallel(
     let given = fields.value("devices", rep);
     // `auto` with a device count and no mesh leaves the mesh to the planner's search.
     let searched = mode.is_some_and(|(m, _)| m == ParallelMode::Auto) && mesh_span.is_none();
+    if let Some(mode) = mode.filter(|_| !(searched && given.is_some())) {
+        check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
+    }
     match given {
         Some(given) if searched => {
             devices = rep.positive_int(&given, "the device count").unwrap_or(1);
         }
         Some(given) => check_device_count(&given, &mesh, mesh_span, devices, rep),
         None => {}
-    }
-    if let Some(mode) = mode.filter(|_| !(searched && given_devices(&fields))) {
-        check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
     }
     let shards = shard_rules(&fields, &mesh, mesh_span, mode, rep);
     let pipeline = fields
@@ -211,11 +211,6 @@ pub fn check_parallel(
         pipeline,
         optimizer_shard,
     }
-}
-
-/// Whether the declaration sets `devices`.
-fn given_devices(fields: &Fields) -> bool {
-    fields.expr("devices").is_some()
 }
 
 /// The mesh's axes with their sizes; axes with invalid sizes or repeated names are left out.
@@ -539,6 +534,23 @@ mod tests {
             p.pipeline.map(|p| p.schedule),
             Some(PipelineSchedule::GPipe)
         );
+    }
+
+    #[test]
+    fn auto_needs_only_a_device_count() {
+        let (p, diags) = check("parallel P { mode = auto, devices = 1024 }");
+        assert!(diags.is_empty(), "{diags:?}");
+        assert_eq!(
+            (p.mode, p.devices, p.mesh.len()),
+            (ParallelMode::Auto, 1024, 0)
+        );
+        // Without either, the help says both ways.
+        let (_, diags) = check("parallel P { mode = auto }");
+        assert_eq!(codes(&diags), vec![Code::E0501]);
+        assert!(diags[0].help.as_deref().unwrap().contains("devices = 1024"));
+        // Other modes still need the mesh.
+        let (_, diags) = check("parallel P { mode = semi_auto, devices = 8 }");
+        assert_eq!(codes(&diags), vec![Code::E0501, Code::E0507]);
     }
 
     #[test]

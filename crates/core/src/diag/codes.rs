@@ -137,6 +137,7 @@ codes! {
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
+    W0040 => "implicit redistribution of more than 1 GiB per step",
 }
 
 /// What an error with a code says about the run, and so the exit status of `mslc` (README,
