@@ -299,13 +299,16 @@ fn build(
     Ok((text, json, warnings))
 }
 
+/// A train's name, its per-device plan and the plan's warnings.
+type Planned = (String, mslc_plan::parallel::PlanFile, Vec<Diagnostic>);
+
 /// The per-device plan of the train this build is for: the `--entry` train, or the first
 /// train of the built model; `None` when there is none or it names nothing to plan for.
 fn parallel_plan(
     checked: &Checked,
     train_entry: Option<&str>,
     model: &str,
-) -> Result<Option<(String, mslc_plan::parallel::PlanFile, Vec<Diagnostic>)>, Box<Diagnostic>> {
+) -> Result<Option<Planned>, Box<Diagnostic>> {
     let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
         Some(entry) => t.spec.name.name == entry,
         None => t.spec.model.name == model,
