@@ -116,6 +116,24 @@ fn auto_search_is_at_least_as_good_as_megatron() {
     assert!(odd.fits && odd.devices == 768);
 }
 
+/// One device cannot hold GPT-3 (E0900, not a panic); 65,536 devices are planned or refused
+/// with a code.
+#[test]
+fn extreme_device_counts_give_plans_or_codes() {
+    for (devices, fits) in [(1, false), (65536, true)] {
+        let checked = gpt3_auto(devices);
+        match plan_train(&checked, &checked.decls.trains[0]) {
+            Ok(Some(plan)) => assert!(fits && plan.fits && plan.devices == devices),
+            Ok(None) => panic!("no plan for {devices}"),
+            Err(d) => assert!(
+                !fits && d.code.as_str() == "E0900",
+                "{devices}: {}",
+                d.message
+            ),
+        }
+    }
+}
+
 /// Megatron's tensor parallelism on a GPT layer: exactly two all-reduces in the forward (after
 /// the attention's output projection and the MLP's down projection) and two in the backward
 /// (the input gradients of the QKV and h→4h projections), no other redistribution.
