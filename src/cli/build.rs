@@ -180,7 +180,14 @@ fn build(
     let model = model.as_ref();
     let name = &model.name;
     let dir = &args.out_dir;
-    let planned = parallel_plan(checked, train_entry, name)?;
+    // The train's batch and policies were written for the declared model; a model build with
+    // `--set`/`--dim` changes it (fewer layers, another batch dim), so it is not planned
+    // unless the train itself is built (`--entry TRAIN`), and the summary says so.
+    let overridden = !args.model.sets.is_empty() || !args.model.dims.is_empty();
+    let planned = match train_entry.is_none() && overridden {
+        true => None,
+        false => parallel_plan(checked, train_entry, name)?,
+    };
     let table_path = args
         .kernels
         .clone()
@@ -289,6 +296,9 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
+    if planned.is_none() && overridden && train_entry.is_none() {
+        text.push_str("  plan:       not made: --set/--dim change the model its train was written for (`mslc check` without them, or --entry TRAIN, plans it)\n");
+    }
     if let Some((train, plan, _)) = &planned {
         for line in mslc_driver::parallel::summary_lines(train, plan) {
             text.push_str(&line);

@@ -65,6 +65,28 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
     let mut workloads = Workloads::new(graph, weight_splits, widths);
     let cluster = Cluster { target, budget };
     let Some(file) = plan(&mut workloads, &space, training, &cluster, mode.keyword()) else {
+        let layers: std::collections::BTreeSet<String> = graph
+            .nodes
+            .iter()
+            .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
+            .collect();
+        if let (Some(pp), Some(pipeline)) = (space.pp, pipeline_of(parallel)) {
+            if pp > layers.len() as i64 {
+                return Err(Box::new(
+                    Diagnostic::error(
+                        Code::E0903,
+                        parallel.map_or(spec.file, |p| p.file),
+                        pipeline.span,
+                        format!(
+                            "{pp} pipeline stages, but the model has {} layers to split",
+                            layers.len()
+                        ),
+                    )
+                    .with_label(format!("{pp} stages"))
+                    .with_help(format!("use at most {} stages", layers.len().max(1))),
+                ));
+            }
+        }
         return Err(no_strategy(spec, parallel, space.devices, micro_batch));
     };
     if !file.fits {
@@ -246,6 +268,10 @@ fn compute_dtype(precision: Option<&PrecisionPolicy>) -> mslc_core::ops::DType {
         },
         _ => mslc_core::ops::DType::F32,
     }
+}
+
+fn pipeline_of(parallel: Option<&ParallelPolicy>) -> Option<mslc_check::policy::Pipeline> {
+    parallel.and_then(|p| p.pipeline)
 }
 
 /// E0903: the search found no strategy.
