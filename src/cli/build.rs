@@ -165,7 +165,8 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
         return 1;
     }
     match build(args, &checked, check_ms) {
-        Ok((text, json)) => {
+        Ok((text, json, warnings)) => {
+            reporter.emit(&warnings, &checked.sources);
             reporter.result(&text, json);
             0
         }
@@ -199,13 +200,14 @@ fn train_micro_batch(
     }
 }
 
-/// Builds and writes the artifacts; the summary as text and as JSON.
+/// Builds and writes the artifacts; the summary as text and as JSON, and the plan's warnings.
 fn build(
     args: &BuildArgs,
     checked: &Checked,
     check_ms: f64,
-) -> Result<(String, serde_json::Value), Box<Diagnostic>> {
-    let (model, mut compiled, recompute) = match train_entry(args, checked) {
+) -> Result<(String, serde_json::Value, Vec<Diagnostic>), Box<Diagnostic>> {
+    let train_entry = train_entry(args, checked);
+    let (model, mut compiled, recompute) = match train_entry {
         Some(entry) => build_train(args, checked, entry)?,
         None => {
             let model = choose_model(checked, args.entry.as_deref())?;
@@ -217,6 +219,14 @@ fn build(
     let model = model.as_ref();
     let name = &model.name;
     let dir = &args.out_dir;
+    // The train's batch and policies were written for the declared model; a model build with
+    // `--set`/`--dim` changes it (fewer layers, another batch dim), so it is not planned
+    // unless the train itself is built (`--entry TRAIN`), and the summary says so.
+    let overridden = !args.model.sets.is_empty() || !args.model.dims.is_empty();
+    let planned = match train_entry.is_none() && overridden {
+        true => None,
+        false => parallel_plan(checked, train_entry, name)?,
+    };
     let table_path = args
         .kernels
         .clone()
@@ -282,6 +292,9 @@ fn build(
     };
     let report = report(model, &compiled, stage_ms, recompute.as_ref());
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
+    if let Some((train, plan, _)) = &planned {
+        files.push((dir.join(format!("{train}.plan.json")), json(plan)));
+    }
     let named: Vec<(String, Vec<u8>)> = files
         .iter()
         .map(|(path, bytes)| {
@@ -322,7 +335,41 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
-    Ok((text, json))
+    if planned.is_none() && overridden && train_entry.is_none() {
+        text.push_str("  plan:       not made: --set/--dim change the model its train was written for (`mslc check` without them, or --entry TRAIN, plans it)\n");
+    }
+    if let Some((train, plan, _)) = &planned {
+        for line in mslc_driver::parallel::summary_lines(train, plan) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let warnings = planned.map(|(_, _, w)| w).unwrap_or_default();
+    Ok((text, json, warnings))
+}
+
+/// A train's name, its per-device plan and the plan's warnings.
+type Planned = (String, mslc_plan::parallel::PlanFile, Vec<Diagnostic>);
+
+/// The per-device plan of the train this build is for: the `--entry` train, or the first
+/// train of the built model; `None` when there is none or it names nothing to plan for.
+fn parallel_plan(
+    checked: &Checked,
+    train_entry: Option<&str>,
+    model: &str,
+) -> Result<Option<Planned>, Box<Diagnostic>> {
+    let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
+        Some(entry) => t.spec.name.name == entry,
+        None => t.spec.model.name == model,
+    }) else {
+        return Ok(None);
+    };
+    Ok(
+        mslc_driver::parallel::plan_train(checked, train)?.map(|plan| {
+            let warnings = mslc_driver::parallel::plan_warnings(checked, train, &plan);
+            (train.spec.name.name.clone(), plan, warnings)
+        }),
+    )
 }
 
 /// The tuner's results this build uses: the knowledge base they come from and what it said.

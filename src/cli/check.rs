@@ -32,6 +32,22 @@ pub fn run(args: &CheckArgs, reporter: &Reporter) -> u8 {
         let checked = check_path(file, &options);
         reporter.emit(&checked.diagnostics, &checked.sources);
         failed |= checked.has_errors();
+        if !checked.has_errors() {
+            for train in &checked.decls.trains {
+                match mslc_driver::parallel::plan_train(&checked, train) {
+                    Ok(Some(plan)) => {
+                        let warnings = mslc_driver::parallel::plan_warnings(&checked, train, &plan);
+                        reporter.emit(&warnings, &checked.sources);
+                        failed |= warnings.iter().any(|d| d.is_error());
+                    }
+                    Ok(None) => {}
+                    Err(d) => {
+                        reporter.emit(&[*d], &checked.sources);
+                        failed = true;
+                    }
+                }
+            }
+        }
         models += checked.models.len();
         parameters = checked
             .models

@@ -288,8 +288,9 @@ fn build_output_sets_are_locked_sealed_and_checked() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("Mlp.manifest.json")).unwrap())
             .unwrap();
-    // The .mir, the memory plan and the report; the kernel table is editable and not listed.
-    assert_eq!(manifest["files"].as_array().unwrap().len(), 3);
+    // The .mir, the memory plan, the report and the train's per-device plan; the kernel table
+    // is editable and not listed.
+    assert_eq!(manifest["files"].as_array().unwrap().len(), 4);
 
     // A concurrent build (simulated by holding the lock) is refused and writes nothing.
     let before = std::fs::read(dir.path().join("Mlp.mir")).unwrap();

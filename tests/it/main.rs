@@ -21,6 +21,7 @@ mod lsp;
 mod param_counts;
 mod passes;
 mod pictures;
+mod plan;
 mod readable;
 mod readme;
 mod recompute;

@@ -1,4 +1,4 @@
-//! UI tests: every `tests/ui/*.msl` is checked, and its source plus the rendered diagnostics
+//! UI tests: every `tests/ui/*.msl` is checked (and its trains planned, as `mslc check` does), and its source plus the rendered diagnostics
 //! (no colour, fixed width) are snapshotted, one snapshot per file (`insta::glob!`, so one
 //! mismatch does not hide the rest). Each case must produce at least one diagnostic, every
 //! code must be registered with a page, and nothing may panic.
@@ -12,12 +12,25 @@ fn render_case(path: &Path) -> String {
     let checked = check_path(path, &CheckOptions::default());
     let source = std::fs::read_to_string(path).unwrap_or_default();
     let mut out = format!("--- source\n{source}\n--- diagnostics\n");
+    // What `mslc check` adds after checking: each train's per-device plan.
+    let mut diagnostics = checked.diagnostics.clone();
+    if !checked.has_errors() {
+        for train in &checked.decls.trains {
+            match mslc_driver::parallel::plan_train(&checked, train) {
+                Ok(Some(plan)) => {
+                    diagnostics.extend(mslc_driver::parallel::plan_warnings(&checked, train, &plan))
+                }
+                Ok(None) => {}
+                Err(d) => diagnostics.push(*d),
+            }
+        }
+    }
     assert!(
-        !checked.diagnostics.is_empty(),
+        !diagnostics.is_empty(),
         "{} produced no diagnostic",
         path.display()
     );
-    for d in &checked.diagnostics {
+    for d in &diagnostics {
         assert!(!d.code.page().is_empty());
         let human = render_human(
             d,

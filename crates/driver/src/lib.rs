@@ -7,6 +7,7 @@ pub mod compile;
 pub mod dep_info;
 pub mod loss_scale;
 pub mod numerics;
+pub mod parallel;
 pub mod recompute;
 pub mod render;
 pub mod select;

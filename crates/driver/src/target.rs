@@ -14,6 +14,7 @@ pub fn target_from_spec(spec: &TargetSpec) -> Target {
         memory_bytes: spec.memory_bytes,
         bandwidth: spec.bandwidth_bytes_per_s,
         interconnect: spec.interconnect_bytes_per_s,
+        network: spec.network_bytes_per_s,
         devices_per_node: spec.devices_per_node,
     }
 }

@@ -61,6 +61,7 @@ pub const FIELDS: &[FieldDoc] = &[
     f(Target, "memory", "Memory of one device, e.g. `64GB`.", &[]),
     f(Target, "bandwidth", "Memory bandwidth of one device, e.g. `1.6TB/s`.", &[]),
     f(Target, "interconnect", "Bandwidth between devices, e.g. `56GB/s`.", &[]),
+    f(Target, "network", "Per-device bandwidth to other nodes, e.g. `50GB/s` (default: `interconnect`).", &[]),
     f(Target, "devices_per_node", "Devices in one node.", &[]),
     f(Target, "cores", "CPU cores one device has.", &[]),
 ];

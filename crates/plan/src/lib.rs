@@ -5,5 +5,6 @@ pub mod cost;
 pub mod kernels;
 pub mod memory;
 pub mod memory_svg;
+pub mod parallel;
 pub mod schedule;
 pub mod target;

@@ -18,8 +18,10 @@ pub struct Target {
     pub memory_bytes: u64,
     /// Device memory bandwidth in bytes/s.
     pub bandwidth: f64,
-    /// Device-to-device bandwidth in bytes/s.
+    /// Device-to-device bandwidth inside a node in bytes/s.
     pub interconnect: f64,
+    /// Per-device bandwidth to devices of other nodes in bytes/s.
+    pub network: f64,
     /// Devices per node.
     pub devices_per_node: i64,
 }

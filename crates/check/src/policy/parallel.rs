@@ -170,12 +170,19 @@ pub fn check_parallel(
         .and_then(|v| mesh(v, rep))
         .unwrap_or_default();
     let mesh_span = mesh_value.as_ref().map(|v| v.span);
-    let devices = mesh_devices(&mesh, mesh_span, rep);
-    if let Some(mode) = mode {
+    let mut devices = mesh_devices(&mesh, mesh_span, rep);
+    let given = fields.value("devices", rep);
+    // `auto` with a device count and no mesh leaves the mesh to the planner's search.
+    let searched = mode.is_some_and(|(m, _)| m == ParallelMode::Auto) && mesh_span.is_none();
+    if let Some(mode) = mode.filter(|_| !(searched && given.is_some())) {
         check_mode_fits_mesh(decl, mode, mesh_span, devices, rep);
     }
-    if let Some(given) = fields.value("devices", rep) {
-        check_device_count(&given, &mesh, mesh_span, devices, rep);
+    match given {
+        Some(given) if searched => {
+            devices = rep.positive_int(&given, "the device count").unwrap_or(1);
+        }
+        Some(given) => check_device_count(&given, &mesh, mesh_span, devices, rep),
+        None => {}
     }
     let shards = shard_rules(&fields, &mesh, mesh_span, mode, rep);
     let pipeline = fields
@@ -301,7 +308,10 @@ fn check_mode_fits_mesh(
                 format!("parallel `{}` does not set `mesh`", decl.name.name),
             )
             .with_label("missing `mesh`")
-            .with_help("add the device mesh, e.g. `mesh = { dp: 2, mp: 4 }`"),
+            .with_help(match mode {
+                ParallelMode::Auto => "add the device count, e.g. `devices = 1024`, and the planner searches the mesh; or give the mesh, e.g. `mesh = { dp: 2, mp: 4 }`",
+                _ => "add the device mesh, e.g. `mesh = { dp: 2, mp: 4 }`",
+            }),
         ),
     }
 }
@@ -524,6 +534,23 @@ mod tests {
             p.pipeline.map(|p| p.schedule),
             Some(PipelineSchedule::GPipe)
         );
+    }
+
+    #[test]
+    fn auto_needs_only_a_device_count() {
+        let (p, diags) = check("parallel P { mode = auto, devices = 1024 }");
+        assert!(diags.is_empty(), "{diags:?}");
+        assert_eq!(
+            (p.mode, p.devices, p.mesh.len()),
+            (ParallelMode::Auto, 1024, 0)
+        );
+        // Without either, the help says both ways.
+        let (_, diags) = check("parallel P { mode = auto }");
+        assert_eq!(codes(&diags), vec![Code::E0501]);
+        assert!(diags[0].help.as_deref().unwrap().contains("devices = 1024"));
+        // Other modes still need the mesh.
+        let (_, diags) = check("parallel P { mode = semi_auto, devices = 8 }");
+        assert_eq!(codes(&diags), vec![Code::E0501, Code::E0507]);
     }
 
     #[test]

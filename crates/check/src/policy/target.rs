@@ -34,8 +34,10 @@ pub struct TargetSpec {
     pub memory_span: Span,
     /// Device memory bandwidth.
     pub bandwidth_bytes_per_s: f64,
-    /// Bandwidth between devices.
+    /// Bandwidth between devices of one node.
     pub interconnect_bytes_per_s: f64,
+    /// Bandwidth from a device to devices of other nodes (default: `interconnect`).
+    pub network_bytes_per_s: f64,
     /// Devices in one node (default 1).
     pub devices_per_node: i64,
     /// Compute cores per device, where the target says.
@@ -49,6 +51,7 @@ const FIELDS: &[FieldSpec] = &[
     FieldSpec::required("memory", "memory = 64GB"),
     FieldSpec::required("bandwidth", "bandwidth = 1.6TB/s"),
     FieldSpec::required("interconnect", "interconnect = 56GB/s"),
+    FieldSpec::optional("network"),
     FieldSpec::optional("devices_per_node"),
     FieldSpec::optional("cores"),
 ];
@@ -67,6 +70,7 @@ pub fn check_target(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) 
     let bf16 = rate("peak_bf16", Unit::Flops, "312TFLOPS");
     let bandwidth = rate("bandwidth", Unit::BytesPerSecond, "1.6TB/s");
     let interconnect = rate("interconnect", Unit::BytesPerSecond, "56GB/s");
+    let network = rate("network", Unit::BytesPerSecond, "50GB/s");
     let memory = fields
         .value("memory", rep)
         .and_then(|v| rep.bytes(&v, "64GB"));
@@ -90,6 +94,7 @@ pub fn check_target(decl: &DeclItem, file: FileId, diags: &mut Vec<Diagnostic>) 
         memory_span: fields.expr("memory").map_or(decl.name.span, |e| e.span),
         bandwidth_bytes_per_s: bandwidth.unwrap_or(1.0),
         interconnect_bytes_per_s: interconnect.unwrap_or(1.0),
+        network_bytes_per_s: network.or(interconnect).unwrap_or(1.0),
         devices_per_node: devices_per_node.unwrap_or(1),
         cores,
     }
@@ -129,8 +134,12 @@ mod tests {
             (24 << 30, span_of(src, "24GiB", 0))
         );
         assert_eq!(
-            (t.bandwidth_bytes_per_s, t.interconnect_bytes_per_s),
-            (40e9, 10e9)
+            (
+                t.bandwidth_bytes_per_s,
+                t.interconnect_bytes_per_s,
+                t.network_bytes_per_s
+            ),
+            (40e9, 10e9, 10e9)
         );
         assert_eq!((t.devices_per_node, t.cores), (1, Some(2)));
     }

@@ -123,6 +123,10 @@ codes! {
     E0801 => "parameter does not reach the loss",
     E0802 => "parameter reaches the loss only through non-differentiable ops",
     E0803 => "loss is not a float scalar",
+    E0900 => "training step does not fit device memory",
+    E0901 => "mesh does not match the parallel degrees",
+    E0902 => "batch does not split into the model's micro-batches",
+    E0903 => "no parallel strategy for this device count",
     E0960 => "op the JAX export does not cover",
     E0961 => "train setting the JAX export cannot mirror",
     W0002 => "precision setting has no effect",
@@ -138,6 +142,7 @@ codes! {
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
+    W0040 => "implicit redistribution of more than 1 GiB per step",
     W0050 => "pipeline stages not mirrored by the JAX export",
 }
 

@@ -1,0 +1,470 @@
+//! From a checked `train` with its `parallel`, `memory`, `precision` and `target` declarations to
+//! the per-device plan ([`mslc_plan::parallel::PlanFile`]): the degrees the mesh and shard rules
+//! fix (or the search in `auto` mode), and the coded errors when they disagree (E0901), the batch
+//! does not split (E0902), nothing is possible (E0903) or a device does not fit (E0900).
+
+use std::collections::BTreeMap;
+
+use mslc_check::decls::Train;
+use mslc_check::policy::{
+    AmpLevel, MemoryPolicy, OptimizerKind, OptimizerShard, ParallelMode, ParallelPolicy,
+    PipelineSchedule, PrecisionPolicy, Recompute as RecomputePolicy,
+};
+use mslc_check::Checked;
+use mslc_core::diag::{Code, Diagnostic};
+use mslc_core::units::human_bytes;
+use mslc_plan::parallel::search::{Space, Workloads};
+use mslc_plan::parallel::workload::{WeightSplits, Widths};
+use mslc_plan::parallel::{
+    level_name, plan, recompute_name, Breakdown, Cluster, PlanFile, Recompute, Schedule, Training,
+};
+
+use crate::target::target_from_spec;
+
+/// The plan of `train`, or `None` when it names no target or neither a parallel nor a memory
+/// policy (nothing to plan for). An error when the policies disagree or a device does not fit.
+pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, Box<Diagnostic>> {
+    let decls = &checked.decls;
+    let (Some(target), Some(graph)) = (train.target.map(|i| &decls.targets[i]), &train.graph)
+    else {
+        return Ok(None);
+    };
+    let parallel = train.parallel.map(|i| &decls.parallels[i]);
+    let memory = train.memory.map(|i| &decls.memories[i]);
+    if parallel.is_none() && memory.is_none() {
+        return Ok(None);
+    }
+    let precision = train.precision.map(|i| &decls.precisions[i]);
+    let spec = &train.spec;
+    let target = target_from_spec(target);
+    let budget = memory
+        .and_then(|m| m.max_device_memory)
+        .unwrap_or(target.memory_bytes);
+    let training = training(precision, spec.optimizer.map(|o| o.kind));
+    let widths = Widths {
+        act_bytes: training.act_bytes,
+        tp: 1,
+        flops_per_s: target.peak(compute_dtype(precision))
+            * mslc_plan::parallel::estimate::COMPUTE_EFFICIENCY,
+        bandwidth: target.bandwidth * mslc_plan::parallel::estimate::BANDWIDTH_EFFICIENCY,
+    };
+    let micro_batch = graph
+        .inputs
+        .first()
+        .and_then(|i| graph.ty(i.value).shape.first().copied())
+        .unwrap_or(1)
+        .max(1);
+    let splits = parallel
+        .map(|p| weight_splits(p, graph))
+        .unwrap_or_default();
+    let (mode, space) = space(parallel, memory, spec, micro_batch)?;
+    let weight_splits = match mode {
+        ParallelMode::Auto if splits.is_empty() => WeightSplits::Chosen,
+        _ => WeightSplits::Given(&splits),
+    };
+    let mut workloads = Workloads::new(graph, weight_splits, widths);
+    let cluster = Cluster { target, budget };
+    let Some(file) = plan(&mut workloads, &space, training, &cluster, mode.keyword()) else {
+        let layers: std::collections::BTreeSet<String> = graph
+            .nodes
+            .iter()
+            .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
+            .collect();
+        if let (Some(pp), Some(pipeline)) = (space.pp, pipeline_of(parallel)) {
+            if pp > layers.len() as i64 {
+                return Err(Box::new(
+                    Diagnostic::error(
+                        Code::E0903,
+                        parallel.map_or(spec.file, |p| p.file),
+                        pipeline.span,
+                        format!(
+                            "{pp} pipeline stages, but the model has {} layers to split",
+                            layers.len()
+                        ),
+                    )
+                    .with_label(format!("{pp} stages"))
+                    .with_help(format!("use at most {} stages", layers.len().max(1))),
+                ));
+            }
+        }
+        return Err(no_strategy(spec, parallel, space.devices, micro_batch));
+    };
+    if !file.fits {
+        return Err(does_not_fit(train, parallel, memory, &file));
+    }
+    Ok(Some(file))
+}
+
+/// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
+/// rule whose pattern matches its path.
+pub fn weight_splits(
+    parallel: &ParallelPolicy,
+    graph: &mslc_core::program::Model,
+) -> BTreeMap<String, usize> {
+    graph
+        .params
+        .iter()
+        .filter_map(|p| {
+            let rule = parallel
+                .shards
+                .iter()
+                .find(|r| r.pattern.matches(&p.path))?;
+            let dim = rule
+                .axes
+                .iter()
+                .position(|a| a.as_deref().is_some_and(|a| a != "dp"))?;
+            Some((p.path.clone(), dim))
+        })
+        .collect()
+}
+
+/// The strategy space the policies leave: one point in `semi_auto`, `data` and `stand_alone`
+/// modes (checked against the mesh, E0901, and the batch, E0902); the whole space in `auto`.
+fn space(
+    parallel: Option<&ParallelPolicy>,
+    memory: Option<&MemoryPolicy>,
+    spec: &mslc_check::policy::TrainSpec,
+    micro_batch: i64,
+) -> Result<(ParallelMode, Space), Box<Diagnostic>> {
+    let recompute = match memory.map(|m| m.recompute) {
+        None | Some(RecomputePolicy::None) => Some(Recompute::None),
+        Some(RecomputePolicy::Selective) => Some(Recompute::Selective),
+        Some(RecomputePolicy::Full) => Some(Recompute::Full),
+        Some(RecomputePolicy::Auto) => None,
+    };
+    let mode = parallel.map_or(ParallelMode::StandAlone, |p| p.mode);
+    let pipeline = parallel.and_then(|p| p.pipeline);
+    let level = parallel.map(|p| match p.optimizer_shard {
+        OptimizerShard::None => 0,
+        OptimizerShard::Level1 => 1,
+        OptimizerShard::Level2 => 2,
+        OptimizerShard::Level3 => 3,
+    });
+    let devices = parallel.map_or(1, |p| p.devices);
+    let mut space = Space {
+        devices,
+        batch: spec.batch,
+        micro_batch,
+        dp: None,
+        tp: None,
+        pp: None,
+        optimizer_shard: level,
+        recompute,
+        schedule: match pipeline.map(|p| p.schedule) {
+            Some(PipelineSchedule::GPipe) => Schedule::GPipe,
+            _ => Schedule::OneFOneB,
+        },
+    };
+    let Some(parallel) = parallel else {
+        space.dp = Some(1);
+        space.tp = Some(1);
+        space.pp = Some(1);
+        return Ok((mode, space));
+    };
+    if mode == ParallelMode::Auto {
+        if parallel.optimizer_shard == OptimizerShard::None {
+            space.optimizer_shard = None;
+        }
+        return Ok((mode, space));
+    }
+    let dp = parallel.data_parallel_size();
+    let pp = pipeline.map_or(1, |p| p.stages);
+    let tp: i64 = match mode {
+        ParallelMode::SemiAuto => parallel
+            .mesh
+            .iter()
+            .filter(|(axis, _)| {
+                axis != "dp"
+                    && parallel
+                        .shards
+                        .iter()
+                        .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
+            })
+            .map(|(_, size)| *size)
+            .product(),
+        _ => 1,
+    };
+    if dp.saturating_mul(tp).saturating_mul(pp) != devices {
+        let d = Diagnostic::error(
+            Code::E0901,
+            parallel.file,
+            parallel.mesh_span,
+            format!(
+                "the mesh has {devices} devices, but data parallel {dp} × tensor parallel {tp} × {pp} pipeline stages is {}",
+                dp.saturating_mul(tp).saturating_mul(pp)
+            ),
+        )
+        .with_label(format!("{devices} devices"))
+        .with_help(if pp > 1 && devices % pp != 0 || dp * tp == devices {
+            format!("give the pipeline its own mesh axis, e.g. `pp: {pp}`, so the mesh counts every device ({} in all)", dp * tp * pp)
+        } else {
+            "make the `dp` axis, the axes the shard rules use and the stage count multiply to the mesh's devices".to_string()
+        });
+        return Err(Box::new(d));
+    }
+    let parts = micro_batch.saturating_mul(dp);
+    let m = spec.batch / parts.max(1);
+    // With a pipeline, accumulated steps are more micro-batches through the same pipeline.
+    let expected = pipeline.map_or(spec.grad_accum, |p| {
+        p.micro_batches.saturating_mul(spec.grad_accum)
+    });
+    if spec.batch % parts.max(1) != 0 || m != expected {
+        let what = match pipeline {
+            Some(_) if spec.grad_accum > 1 => "micro_batches × grad_accum",
+            Some(_) => "micro_batches",
+            None => "grad_accum",
+        };
+        let d = Diagnostic::error(
+            Code::E0902,
+            spec.file,
+            spec.batch_span,
+            format!(
+                "a batch of {} is not the model's batch dim {micro_batch} × data parallel {dp} × {what} {expected} = {}",
+                spec.batch,
+                parts.saturating_mul(expected)
+            ),
+        )
+        .with_label(format!("{} samples per step", spec.batch))
+        .with_related(parallel.file, parallel.mesh_span, format!("data parallel {dp}"))
+        .with_help(if spec.batch % parts.max(1) == 0 {
+            format!("set `{what}` to {m}, or the batch to {}", parts.saturating_mul(expected))
+        } else {
+            format!("set the batch to {}", parts.saturating_mul(expected))
+        });
+        return Err(Box::new(d));
+    }
+    space.dp = Some(dp);
+    space.tp = Some(tp);
+    space.pp = Some(pp);
+    Ok((mode, space))
+}
+
+/// How training stores parameters, gradients and optimizer state under the precision policy
+/// and optimizer.
+fn training(precision: Option<&PrecisionPolicy>, optimizer: Option<OptimizerKind>) -> Training {
+    let low = precision.is_some_and(|p| matches!(p.level, AmpLevel::O2 | AmpLevel::O3));
+    let act = if precision.is_some_and(|p| p.level != AmpLevel::O0) {
+        2
+    } else {
+        4
+    };
+    let moments = match optimizer {
+        Some(OptimizerKind::Adam | OptimizerKind::AdamW) | None => 8,
+        Some(OptimizerKind::Sgd) => 4,
+    };
+    Training {
+        param_bytes: if low { 2 } else { 4 },
+        grad_bytes: if low { 2 } else { 4 },
+        state_bytes: moments + if low { 4 } else { 0 },
+        act_bytes: act,
+    }
+}
+
+fn compute_dtype(precision: Option<&PrecisionPolicy>) -> mslc_core::ops::DType {
+    match precision {
+        Some(p) if p.level != AmpLevel::O0 => match p.compute {
+            mslc_core::precision::LowPrecision::F16 => mslc_core::ops::DType::F16,
+            mslc_core::precision::LowPrecision::BF16 => mslc_core::ops::DType::BF16,
+        },
+        _ => mslc_core::ops::DType::F32,
+    }
+}
+
+fn pipeline_of(parallel: Option<&ParallelPolicy>) -> Option<mslc_check::policy::Pipeline> {
+    parallel.and_then(|p| p.pipeline)
+}
+
+/// E0903: the search found no strategy.
+fn no_strategy(
+    spec: &mslc_check::policy::TrainSpec,
+    parallel: Option<&ParallelPolicy>,
+    devices: i64,
+    micro_batch: i64,
+) -> Box<Diagnostic> {
+    let (file, span) = parallel.map_or((spec.file, spec.batch_span), |p| (p.file, p.mesh_span));
+    Box::new(
+        Diagnostic::error(
+            Code::E0903,
+            file,
+            span,
+            format!("no way to run a batch of {} in micro-batches of {micro_batch} on {devices} devices", spec.batch),
+        )
+        .with_label(format!("{devices} devices"))
+        .with_related(spec.file, spec.batch_span, format!("batch {}", spec.batch))
+        .with_help("use a device count whose data-parallel factor divides the batch, or change the batch"),
+    )
+}
+
+/// E0900: the worst device's breakdown and the single changes that fit.
+fn does_not_fit(
+    train: &Train,
+    parallel: Option<&ParallelPolicy>,
+    memory: Option<&MemoryPolicy>,
+    file: &PlanFile,
+) -> Box<Diagnostic> {
+    let worst = file
+        .per_device
+        .iter()
+        .max_by_key(|g| g.memory.total)
+        .expect("a plan has at least one stage");
+    let spec = &train.spec;
+    let (code_file, span) = match (memory, parallel) {
+        (Some(m), _) if m.max_device_memory.is_some() => (m.file, m.max_device_memory_span),
+        (_, Some(p)) => (p.file, p.mesh_span),
+        (Some(m), None) => (m.file, m.name.span),
+        (None, None) => (spec.file, spec.name.span),
+    };
+    let fixes: Vec<String> = file
+        .what_if
+        .iter()
+        .filter(|w| w.fits)
+        .map(|w| format!("`{}` ({} per device)", w.change, human_bytes(w.peak_bytes)))
+        .collect();
+    let help = if fixes.is_empty() {
+        "no single change of optimizer_shard, recompute, tensor or pipeline degree fits; add devices or raise the budget".to_string()
+    } else {
+        format!("these single changes fit: {}", fixes.join(", "))
+    };
+    let ranks = worst.ranks;
+    Box::new(
+        Diagnostic::error(
+            Code::E0900,
+            code_file,
+            span,
+            format!(
+                "train `{}` needs {} on each device of pipeline stage {} (ranks {}–{}), more than the {} budget: {}",
+                spec.name.name,
+                human_bytes(worst.memory.total),
+                worst.stage,
+                ranks[0],
+                ranks[1],
+                human_bytes(file.max_device_memory),
+                breakdown_text(&worst.memory)
+            ),
+        )
+        .with_label(format!("{} per device", human_bytes(file.max_device_memory)))
+        .with_related(spec.file, spec.name.span, format!(
+            "planned as data parallel {} × tensor parallel {} × {} stages, optimizer_shard = {}, recompute = {}",
+            file.mesh["dp"], file.mesh["tp"], file.mesh["pp"], level_name(file.optimizer_shard), recompute_name(file.recompute)
+        ))
+        .with_help(help),
+    )
+}
+
+/// Redistributions the shard rules leave implicit (an all-gather the propagation had to insert)
+/// that move more than this per step are warning W0040.
+pub const REDISTRIBUTION_WARN_BYTES: u64 = 1 << 30;
+
+/// W0040 for each op whose implicit all-gathers move more than
+/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh.
+pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<Diagnostic> {
+    let Some(parallel) = train.parallel.map(|i| &checked.decls.parallels[i]) else {
+        return Vec::new();
+    };
+    // One warning per op of the repeated layer (`layers.*`), the bytes summed over layers.
+    let mut per_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
+    for (op, bytes) in &plan.redistributions {
+        let generic: Vec<&str> = op
+            .split('.')
+            .map(|p| {
+                if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                    "*"
+                } else {
+                    p
+                }
+            })
+            .collect();
+        let entry = per_op.entry(generic.join(".")).or_default();
+        entry.0 = entry
+            .0
+            .saturating_add(bytes.saturating_mul(plan.micro_batches.max(1) as u64));
+        entry.1 += 1;
+    }
+    per_op
+        .into_iter()
+        .filter(|&(_, (bytes, _))| bytes > REDISTRIBUTION_WARN_BYTES)
+        .map(|(op, (bytes, times))| {
+            let op = match times {
+                1 => op,
+                n => format!("{op} (×{n})"),
+            };
+            Diagnostic::warning(
+                Code::W0040,
+                parallel.file,
+                parallel.mesh_span,
+                format!("{op} needs its input gathered over the tensor axis: {} per step", human_bytes(bytes)),
+            )
+            .with_label("implicit all-gather")
+            .with_help("add shard rules so the op's operands arrive split the way it consumes them (e.g. pair a column-parallel `[mp, _]` weight with a row-parallel `[_, mp]` one)")
+        })
+        .collect()
+}
+
+/// `parameters 650 GiB + gradients … + workspace …`.
+pub fn breakdown_text(m: &Breakdown) -> String {
+    [
+        ("parameters", m.parameters),
+        ("gradients", m.gradients),
+        ("optimizer states", m.optimizer_states),
+        ("activations", m.activations),
+        ("communication", m.communication),
+        ("workspace", m.workspace),
+    ]
+    .iter()
+    .map(|(k, v)| format!("{k} {}", human_bytes(*v)))
+    .collect::<Vec<_>>()
+    .join(" + ")
+}
+
+/// The plan in a few lines for `mslc build`'s summary: degrees, step time, and per stage the
+/// worst rank's memory against the budget.
+pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
+    let gib = |b: u64| human_bytes(b);
+    let mut lines = vec![
+        format!(
+            "  plan:       train {train} on {} devices: data {} × tensor {} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            plan.devices,
+            plan.mesh["dp"],
+            plan.mesh["tp"],
+            plan.mesh["pp"],
+            plan.micro_batches,
+            match plan.schedule { Schedule::GPipe => "gpipe", Schedule::OneFOneB => "1f1b" },
+            level_name(plan.optimizer_shard),
+            recompute_name(plan.recompute),
+            plan.search.mode,
+            plan.search.candidates,
+            plan.search.seconds * 1e3
+        ),
+        format!(
+            "  step:       ~{:.3} s estimated (compute {:.3} s, exposed communication {:.3} s, bubble {:.1} %), {:.0} TFLOP/s model FLOPs per device",
+            plan.step_time_s,
+            plan.compute_s,
+            plan.communication_s,
+            plan.bubble_fraction * 100.0,
+            plan.model_flops_per_device / 1e12
+        ),
+    ];
+    for g in &plan.per_device {
+        lines.push(format!(
+            "  stage {:<4} ranks {}–{}, layers {}–{}: {} of {} ({})",
+            g.stage,
+            g.ranks[0],
+            g.ranks[1],
+            g.layers[0],
+            g.layers[1],
+            gib(g.memory.total),
+            gib(plan.max_device_memory),
+            breakdown_text(&g.memory)
+        ));
+    }
+    for w in &plan.what_if {
+        lines.push(format!(
+            "  what if    {}: {} per device ({}), ~{:.3} s per step",
+            w.change,
+            gib(w.peak_bytes),
+            if w.fits { "fits" } else { "does not fit" },
+            w.step_time_s
+        ));
+    }
+    lines
+}

@@ -1,0 +1,671 @@
+//! Per-device memory and step time of one parallel strategy on a [`Workload`]: ZeRO's model
+//! states per optimizer-shard level, the activations each pipeline schedule holds in flight
+//! under the recompute choice, communication buffers, workspace, and a roofline-plus-collectives
+//! step time (docs/parallel.md states every formula and the calibration).
+
+use serde::Serialize;
+
+use super::workload::{Segment, Workload};
+use crate::target::Target;
+
+/// Fraction of a device's peak FLOP/s the matmul-heavy ops reach. Calibrated once against
+/// Megatron-LM's GPT-3 175B on 1,024 A100s (Narayanan et al. 2021, §5.1: 140 TFLOP/s per GPU);
+/// docs/parallel.md lists the other published results it is checked against.
+pub const COMPUTE_EFFICIENCY: f64 = 0.85;
+/// Fraction of the memory bandwidth streaming ops reach.
+pub const BANDWIDTH_EFFICIENCY: f64 = 0.8;
+/// Fraction of link bandwidth a ring collective reaches (NCCL's bus bandwidth on NVLink/IB).
+pub const LINK_EFFICIENCY: f64 = 0.8;
+/// Per-hop latency of a collective step, seconds.
+pub const HOP_LATENCY_S: f64 = 5e-6;
+/// Share of the other terms kept free for allocator fragmentation (counted in `workspace`).
+pub const FRAGMENTATION: f64 = 0.05;
+/// The gradient bucket data-parallel reduction fills before sending (PyTorch DDP's 25 MB).
+pub const GRAD_BUCKET_BYTES: u64 = 25_000_000;
+
+/// Which activations are recomputed in the backward instead of kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Keep every activation.
+    None,
+    /// Recompute the attention scores (Korthikanti et al.'s selective recompute).
+    Selective,
+    /// Keep only each layer's input; recompute the layer in the backward.
+    Full,
+}
+
+/// How pipeline stages order micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// All forwards, then all backwards: every micro-batch's activations alive at once.
+    GPipe,
+    /// One forward, one backward: stage `i` of `p` holds at most `p − i` micro-batches.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+/// One parallel configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Strategy {
+    /// Data-parallel degree.
+    pub dp: i64,
+    /// Tensor-parallel degree.
+    pub tp: i64,
+    /// Pipeline stages.
+    pub pp: i64,
+    /// Micro-batches per step on each data-parallel replica.
+    pub micro_batches: i64,
+    /// The pipeline schedule.
+    pub schedule: Schedule,
+    /// Optimizer-shard level: 0 none, 1–3 ZeRO stages (MindSpore level1–level3).
+    pub optimizer_shard: u8,
+    /// What the backward recomputes.
+    pub recompute: Recompute,
+}
+
+impl Strategy {
+    /// Devices the strategy uses.
+    pub fn devices(&self) -> i64 {
+        self.dp.saturating_mul(self.tp).saturating_mul(self.pp)
+    }
+}
+
+/// How training stores each parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Training {
+    /// Bytes of a parameter as the forward reads it (2 under O2/O3 f16/bf16, else 4).
+    pub param_bytes: u64,
+    /// Bytes of a gradient.
+    pub grad_bytes: u64,
+    /// Bytes per parameter of optimizer state: an f32 master copy when parameters are
+    /// low-precision, plus the optimizer's moments (Adam: 8).
+    pub state_bytes: u64,
+    /// Bytes per activation element.
+    pub act_bytes: u64,
+}
+
+/// The per-device memory breakdown, bytes: what one rank of a stage holds at its peak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    /// Parameters (their shard).
+    pub parameters: u64,
+    /// Gradients.
+    pub gradients: u64,
+    /// Optimizer states, master weights included.
+    pub optimizer_states: u64,
+    /// Activations kept for the backward, for every micro-batch in flight.
+    pub activations: u64,
+    /// Communication buffers: gradient buckets, all-reduce and pipeline send/recv buffers,
+    /// gathered parameters under level 3.
+    pub communication: u64,
+    /// The largest op's transient and its gradient, plus the fragmentation reserve.
+    pub workspace: u64,
+    /// The sum.
+    pub total: u64,
+}
+
+/// What one pipeline stage holds and takes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageEstimate {
+    /// Stage index.
+    pub stage: i64,
+    /// The layers it runs, as `[first, end)` indices into the workload's layers.
+    pub layers: (usize, usize),
+    /// Memory of its worst rank.
+    pub memory: Breakdown,
+    /// Forward plus backward compute per micro-batch, seconds.
+    pub compute_s: f64,
+    /// Tensor-parallel and pipeline communication per micro-batch, seconds.
+    pub communication_s: f64,
+}
+
+/// A collective a step performs on every device of a stage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Collective {
+    /// `all_reduce`, `all_gather`, `reduce_scatter`, `send_recv`.
+    pub kind: &'static str,
+    /// The mesh axis: `tp`, `dp`, `pp`.
+    pub axis: &'static str,
+    /// Bytes per call.
+    pub bytes: u64,
+    /// Calls per step.
+    pub count: u64,
+}
+
+/// Everything the cost model says about one strategy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Per stage.
+    pub stages: Vec<StageEstimate>,
+    /// Estimated seconds per optimizer step.
+    pub step_time_s: f64,
+    /// Compute on the critical path.
+    pub compute_s: f64,
+    /// Communication not hidden behind compute.
+    pub communication_s: f64,
+    /// Idle share of the pipeline.
+    pub bubble_fraction: f64,
+    /// Collectives per step of the slowest stage's device.
+    pub collectives: Vec<Collective>,
+}
+
+impl Estimate {
+    /// The largest total over the stages.
+    pub fn peak_bytes(&self) -> u64 {
+        self.stages
+            .iter()
+            .map(|s| s.memory.total)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A device cluster: the target's devices and the budget each may use.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// The device.
+    pub target: Target,
+    /// Bytes one device may use.
+    pub budget: u64,
+}
+
+impl Cluster {
+    /// The one-way bandwidth of a ring over `group` ranks spaced `stride` apart: the
+    /// intra-node link when the ring stays inside a node, the network otherwise (targets quote
+    /// both directions summed, hence the half).
+    fn link(&self, group: i64, stride: i64) -> f64 {
+        let node = self.target.devices_per_node.max(1);
+        let inside = group.saturating_mul(stride) <= node;
+        LINK_EFFICIENCY / 2.0
+            * if inside {
+                self.target.interconnect
+            } else {
+                self.target.network
+            }
+    }
+
+    /// Seconds of a ring all-reduce of `bytes` over `group` ranks (2(n−1)/n of the bytes each
+    /// way); an all-gather or a reduce-scatter is half of it.
+    pub fn all_reduce_s(&self, bytes: u64, group: i64, stride: i64) -> f64 {
+        if group <= 1 {
+            return 0.0;
+        }
+        let n = group as f64;
+        2.0 * (n - 1.0) / n * bytes as f64 / self.link(group, stride).max(1.0)
+            + 2.0 * (n - 1.0) * HOP_LATENCY_S
+    }
+}
+
+/// Splits the layers into `pp` contiguous stages minimising the slowest stage's time (the
+/// first stage also runs the head, the last the tail); `[first, end)` per stage.
+pub fn split_stages(w: &Workload, tp: i64, pp: i64) -> Vec<(usize, usize)> {
+    let l = w.layers.len();
+    let p = (pp.max(1) as usize).min(l.max(1));
+    let t: Vec<f64> = w.layers.iter().map(|s| seg_time(s, tp)).collect();
+    let mut prefix = vec![0.0; l + 1];
+    for i in 0..l {
+        prefix[i + 1] = prefix[i] + t[i];
+    }
+    let (head, tail) = (seg_time(&w.head, tp), seg_time(&w.tail, tp));
+    let cost = |s: usize, a: usize, b: usize| {
+        prefix[b] - prefix[a]
+            + if s == 0 { head } else { 0.0 }
+            + if s + 1 == p { tail } else { 0.0 }
+    };
+    // best[s][i]: the least max-stage time of stages 0..=s covering layers 0..i.
+    let mut best = vec![vec![f64::INFINITY; l + 1]; p];
+    let mut cut = vec![vec![0usize; l + 1]; p];
+    for (i, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = cost(0, 0, i);
+    }
+    for s in 1..p {
+        for i in s + 1..=l {
+            for j in s..i {
+                let v = best[s - 1][j].max(cost(s, j, i));
+                if v < best[s][i] {
+                    best[s][i] = v;
+                    cut[s][i] = j;
+                }
+            }
+        }
+    }
+    let mut bounds = vec![(0, l); p];
+    let mut end = l;
+    for s in (0..p).rev() {
+        let start = if s == 0 { 0 } else { cut[s][end] };
+        bounds[s] = (start, end);
+        end = start;
+    }
+    bounds
+}
+
+/// Forward seconds of a segment at tensor-parallel degree `tp`.
+fn seg_time(s: &Segment, tp: i64) -> f64 {
+    s.rep_seconds + s.split_seconds / tp.max(1) as f64
+}
+
+/// Estimates `strategy` on workload `w` (propagated for `strategy.tp`).
+pub fn estimate(w: &Workload, strategy: Strategy, train: Training, cluster: &Cluster) -> Estimate {
+    let bounds = split_stages(w, strategy.tp, strategy.pp);
+    estimate_split(w, &bounds, strategy, train, cluster)
+}
+
+/// [`estimate`] with the stages' layers given (`[first, end)` each, from [`split_stages`]).
+pub fn estimate_split(
+    w: &Workload,
+    bounds: &[(usize, usize)],
+    strategy: Strategy,
+    train: Training,
+    cluster: &Cluster,
+) -> Estimate {
+    let Strategy {
+        dp,
+        tp,
+        micro_batches: m,
+        ..
+    } = strategy;
+    let p = bounds.len() as i64;
+    let mut stages = Vec::with_capacity(bounds.len());
+    let mut collectives: Vec<Collective> = Vec::new();
+    let mut slowest = (0.0f64, 0.0f64, 0usize);
+    for (s, &(a, b)) in bounds.iter().enumerate() {
+        let mut segs: Vec<&Segment> = w.layers[a..b].iter().collect();
+        if s == 0 {
+            segs.insert(0, &w.head);
+        }
+        if s + 1 == bounds.len() {
+            segs.push(&w.tail);
+        }
+        let (memory, compute, comm, calls) = stage(&segs, s as i64, p, strategy, train, cluster, w);
+        if compute + comm > slowest.0 + slowest.1 {
+            slowest = (compute, comm, s);
+            collectives = calls;
+        }
+        stages.push(StageEstimate {
+            stage: s as i64,
+            layers: (a, b),
+            memory,
+            compute_s: compute,
+            communication_s: comm,
+        });
+    }
+    let m_f = m.max(1) as f64;
+    let per_mb = slowest.0 + slowest.1;
+    let pipeline = (m_f + (p - 1) as f64) * per_mb;
+    // Gradient synchronisation over the data-parallel axis: all-reduce (levels 0–1), or
+    // reduce-scatter + all-gather (level 2, the same bytes), plus level 3's parameter gathers.
+    let stage_params = |st: &StageEstimate| st.memory.parameters;
+    let worst = stages
+        .iter()
+        .max_by_key(|st| stage_params(st))
+        .map_or(0, |st| {
+            let shard = if strategy.optimizer_shard >= 3 {
+                dp as u64
+            } else {
+                1
+            };
+            st.memory.parameters * shard / train.param_bytes.max(1)
+        });
+    let grad_total = worst * train.grad_bytes;
+    let mut dp_comm = cluster.all_reduce_s(grad_total, dp, tp);
+    if dp > 1 {
+        let (kind, count) = match strategy.optimizer_shard {
+            0 | 1 => ("all_reduce", 1),
+            _ => ("reduce_scatter", 1),
+        };
+        collectives.push(Collective {
+            kind,
+            axis: "dp",
+            bytes: grad_total,
+            count,
+        });
+        if strategy.optimizer_shard >= 1 {
+            collectives.push(Collective {
+                kind: "all_gather",
+                axis: "dp",
+                bytes: worst * train.param_bytes,
+                count: 1 + u64::from(strategy.optimizer_shard >= 3) * 2 * m.max(1) as u64,
+            });
+        }
+        if strategy.optimizer_shard >= 3 {
+            dp_comm *= 1.5;
+        }
+    }
+    // Without a pipeline the reduction overlaps the last backward (DDP's buckets); after a
+    // pipeline flush it does not (Megatron-LM).
+    let last_backward = slowest.0 * 2.0 / 3.0;
+    let exposed_dp = if p == 1 {
+        (dp_comm - last_backward).max(0.0)
+    } else {
+        dp_comm
+    };
+    let opt_bytes = worst
+        / if strategy.optimizer_shard >= 1 {
+            dp.max(1) as u64
+        } else {
+            1
+        }
+        * (2 * train.state_bytes + train.grad_bytes + train.param_bytes);
+    let optimizer = opt_bytes as f64 / (cluster.target.bandwidth * BANDWIDTH_EFFICIENCY).max(1.0);
+    let step = pipeline + exposed_dp + optimizer;
+    Estimate {
+        strategy,
+        stages,
+        step_time_s: step,
+        compute_s: m_f * slowest.0 + optimizer,
+        communication_s: m_f * slowest.1 + exposed_dp,
+        bubble_fraction: (p - 1) as f64 / m_f,
+        collectives,
+    }
+}
+
+/// One stage's memory, its compute and communication per micro-batch, and its collectives.
+fn stage(
+    segs: &[&Segment],
+    s: i64,
+    p: i64,
+    strategy: Strategy,
+    train: Training,
+    cluster: &Cluster,
+    w: &Workload,
+) -> (Breakdown, f64, f64, Vec<Collective>) {
+    let Strategy {
+        dp,
+        tp,
+        micro_batches: m,
+        ..
+    } = strategy;
+    let (dpu, tpu) = (dp.max(1) as u64, tp.max(1) as u64);
+    let weights: std::collections::BTreeMap<usize, (u64, bool)> = segs
+        .iter()
+        .flat_map(|g| g.weights.iter().map(|&(p, n, split)| (p, (n, split))))
+        .collect();
+    let params: u64 = weights
+        .values()
+        .map(|&(n, split)| if split { n.div_ceil(tpu) } else { n })
+        .sum();
+    let level = strategy.optimizer_shard;
+    let shard = |bytes: u64, from: u8| {
+        if level >= from {
+            bytes.div_ceil(dpu)
+        } else {
+            bytes
+        }
+    };
+    let parameters = shard(params * train.param_bytes, 3);
+    let gradients = shard(params * train.grad_bytes, 2);
+    let optimizer_states = shard(params * train.state_bytes, 1);
+    let in_flight = match strategy.schedule {
+        Schedule::GPipe => m.max(1),
+        Schedule::OneFOneB => (p - s).min(m.max(1)),
+    } as u64;
+    let full = |g: &Segment| g.rep_acts + g.split_acts;
+    let (kept, working): (u64, u64) = match strategy.recompute {
+        Recompute::None => (segs.iter().map(|g| full(g)).sum(), 0),
+        Recompute::Selective => (segs.iter().map(|g| full(g) - g.score_acts).sum(), 0),
+        Recompute::Full => (
+            segs.iter().map(|g| g.input_bytes).sum(),
+            segs.iter().map(|g| full(g)).max().unwrap_or(0),
+        ),
+    };
+    let activations = kept * in_flight + working;
+    let largest_message = segs
+        .iter()
+        .flat_map(|g| g.forward_all_reduces.iter().chain(&g.backward_all_reduces))
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let mut communication = 0;
+    if dp > 1 {
+        communication += GRAD_BUCKET_BYTES.min(gradients) * 2;
+    }
+    if tp > 1 {
+        communication += largest_message;
+    }
+    if p > 1 {
+        communication += 2 * w.boundary_bytes;
+    }
+    if level >= 3 {
+        let largest_layer = segs.iter().map(|g| g.params).max().unwrap_or(0);
+        communication += 2 * largest_layer * train.param_bytes / tpu;
+    }
+    let largest = segs.iter().map(|g| g.largest_act).max().unwrap_or(0);
+    let rest = parameters + gradients + optimizer_states + activations + communication;
+    let workspace = 2 * largest + (rest as f64 * FRAGMENTATION) as u64;
+    let memory = Breakdown {
+        parameters,
+        gradients,
+        optimizer_states,
+        activations,
+        communication,
+        workspace,
+        total: rest + workspace,
+    };
+    // Time per micro-batch.
+    let forward: f64 = segs.iter().map(|g| seg_time(g, tp)).sum();
+    let extra = match strategy.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => segs.iter().map(|g| g.score_seconds / tp as f64).sum(),
+        Recompute::Full => forward,
+    };
+    let compute = 3.0 * forward + extra;
+    let mut calls: Vec<Collective> = Vec::new();
+    let mut comm = 0.0;
+    let repeat = if strategy.recompute == Recompute::Full {
+        2
+    } else {
+        1
+    };
+    let mut add = |kind: &'static str, axis: &'static str, bytes: u64, count: u64, secs: f64| {
+        comm += secs * count as f64;
+        let n = count * m.max(1) as u64;
+        match calls
+            .iter_mut()
+            .find(|c| c.kind == kind && c.axis == axis && c.bytes == bytes)
+        {
+            Some(c) => c.count += n,
+            None => calls.push(Collective {
+                kind,
+                axis,
+                bytes,
+                count: n,
+            }),
+        }
+    };
+    if tp > 1 {
+        for g in segs {
+            for &b in &g.forward_all_reduces {
+                add(
+                    "all_reduce",
+                    "tp",
+                    b,
+                    repeat,
+                    cluster.all_reduce_s(b, tp, 1),
+                );
+            }
+            for &b in &g.backward_all_reduces {
+                add("all_reduce", "tp", b, 1, cluster.all_reduce_s(b, tp, 1));
+            }
+            for (_, b) in &g.all_gathers {
+                add(
+                    "all_gather",
+                    "tp",
+                    *b,
+                    repeat,
+                    cluster.all_reduce_s(*b, tp, 1) / 2.0,
+                );
+            }
+        }
+    }
+    if p > 1 {
+        let neighbours = if s == 0 || s + 1 == p { 1 } else { 2 };
+        let bw = cluster.link(2, dp * tp);
+        let b = w.boundary_bytes;
+        add(
+            "send_recv",
+            "pp",
+            b,
+            2 * neighbours,
+            b as f64 / bw.max(1.0) + HOP_LATENCY_S,
+        );
+    }
+    (memory, compute, comm, calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(index: usize, params: u64, acts: u64) -> Segment {
+        Segment {
+            params,
+            weights: vec![(index, params, false)],
+            rep_acts: acts,
+            input_bytes: acts / 10,
+            rep_seconds: 1e-3,
+            ..Default::default()
+        }
+    }
+
+    fn workload(layers: usize, params: u64, acts: u64) -> Workload {
+        Workload {
+            head: Segment::default(),
+            layers: (0..layers).map(|i| layer(i, params, acts)).collect(),
+            tail: Segment::default(),
+            params: params * layers as u64,
+            boundary_bytes: acts / 10,
+            tp: 1,
+            shardings: Default::default(),
+        }
+    }
+
+    fn a100(budget: u64) -> Cluster {
+        Cluster {
+            target: Target {
+                name: "a100".into(),
+                peak_f32: 19.5e12,
+                peak_f16: 312e12,
+                peak_bf16: 312e12,
+                memory_bytes: 80_000_000_000,
+                bandwidth: 2039e9,
+                interconnect: 600e9,
+                network: 50e9,
+                devices_per_node: 8,
+            },
+            budget,
+        }
+    }
+
+    const MIXED_ADAM: Training = Training {
+        param_bytes: 2,
+        grad_bytes: 2,
+        state_bytes: 12,
+        act_bytes: 2,
+    };
+
+    fn strategy(dp: i64, pp: i64, m: i64, level: u8) -> Strategy {
+        Strategy {
+            dp,
+            tp: 1,
+            pp,
+            micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            optimizer_shard: level,
+            recompute: Recompute::None,
+        }
+    }
+
+    /// ZeRO (Rajbhandari et al. 2020) Table 1: a 7.5B-parameter model on N_d = 64 with
+    /// mixed-precision Adam needs 120 GB of model states per device without sharding, 31.4 GB
+    /// with P_os, 16.6 GB with P_os+g and 1.88 GB with P_os+g+p — exactly 16Ψ, 4Ψ + 12Ψ/N_d,
+    /// 2Ψ + 14Ψ/N_d and 16Ψ/N_d.
+    #[test]
+    fn optimizer_shard_levels_reproduce_zero_table_1() {
+        let psi = 7_500_000_000u64;
+        let w = workload(1, psi, 0);
+        let table_gb = [120.0, 31.4, 16.6, 1.88];
+        let exact = [
+            16 * psi,
+            4 * psi + 12 * psi / 64,
+            2 * psi + 14 * psi / 64,
+            16 * psi / 64,
+        ];
+        for level in 0..4u8 {
+            let e = estimate(&w, strategy(64, 1, 1, level), MIXED_ADAM, &a100(u64::MAX));
+            let m = e.stages[0].memory;
+            let states = m.parameters + m.gradients + m.optimizer_states;
+            assert_eq!(states, exact[level as usize], "level {level}");
+            let gb = states as f64 / 1e9;
+            assert!(
+                (gb - table_gb[level as usize]).abs() < 0.05,
+                "level {level}: {gb} GB"
+            );
+        }
+    }
+
+    /// 1F1B keeps at most p − i micro-batches on stage i; GPipe keeps all m everywhere.
+    #[test]
+    fn schedules_hold_their_micro_batches_in_flight() {
+        let acts = 1_000_000;
+        let w = workload(8, 1000, acts);
+        let s = strategy(1, 4, 8, 0);
+        let one = estimate(&w, s, MIXED_ADAM, &a100(u64::MAX));
+        let gpipe = estimate(
+            &w,
+            Strategy {
+                schedule: Schedule::GPipe,
+                ..s
+            },
+            MIXED_ADAM,
+            &a100(u64::MAX),
+        );
+        let per_stage = 2 * acts; // two layers per stage
+        for (i, st) in one.stages.iter().enumerate() {
+            assert_eq!(st.layers, (2 * i, 2 * i + 2));
+            assert_eq!(st.memory.activations, (4 - i as u64) * per_stage);
+            assert_eq!(gpipe.stages[i].memory.activations, 8 * per_stage);
+        }
+        assert_eq!(one.bubble_fraction, 3.0 / 8.0);
+        // Full recompute keeps each layer's input per micro-batch plus one layer's working set.
+        let full = estimate(
+            &w,
+            Strategy {
+                recompute: Recompute::Full,
+                ..s
+            },
+            MIXED_ADAM,
+            &a100(u64::MAX),
+        );
+        assert_eq!(
+            full.stages[0].memory.activations,
+            4 * 2 * (acts / 10) + acts
+        );
+    }
+
+    /// Stages balance time, not layer counts: a costly head makes the first stage shorter.
+    #[test]
+    fn stages_balance_time() {
+        let mut w = workload(8, 1000, 0);
+        assert_eq!(split_stages(&w, 1, 2), vec![(0, 4), (4, 8)]);
+        w.head.rep_seconds = 4e-3;
+        assert_eq!(split_stages(&w, 1, 2), vec![(0, 2), (2, 8)]);
+        assert_eq!(split_stages(&w, 1, 1), vec![(0, 8)]);
+    }
+
+    #[test]
+    fn ring_all_reduce_moves_twice_the_data_once() {
+        let c = a100(0);
+        let bytes = 1_000_000_000;
+        let inside = c.all_reduce_s(bytes, 8, 1);
+        let link = 600e9 * LINK_EFFICIENCY / 2.0;
+        let expected = 2.0 * 7.0 / 8.0 * bytes as f64 / link + 14.0 * HOP_LATENCY_S;
+        assert!((inside - expected).abs() < 1e-12);
+        // Across nodes the network is the bottleneck.
+        assert!(c.all_reduce_s(bytes, 8, 8) > 10.0 * inside);
+        assert_eq!(c.all_reduce_s(bytes, 1, 1), 0.0);
+    }
+}
