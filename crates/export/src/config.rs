@@ -227,12 +227,18 @@ fn train_literal(train: &Train, graph: &Graph, params: &[(String, TensorType, bo
 fn mesh_literal(policy: &ParallelPolicy, params: &[(String, TensorType, bool)]) -> String {
     let mut s = String::from("MESH = {\n");
     writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
-    let axes = py_list(
+    // The pipeline is not mirrored, so its mesh axis (one neither `dp` nor used by a shard
+    // rule, as the planner counts stages) is left out: every device runs every layer.
+    let used = |axis: &str| {
         policy
-            .mesh
+            .shards
             .iter()
-            .map(|(a, n)| format!("({}, {n})", py_str(a))),
-    );
+            .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
+    };
+    let kept = policy.mesh.iter().filter(|(a, _)| {
+        policy.pipeline.is_none() || policy.mode == ParallelMode::Data || a == "dp" || used(a)
+    });
+    let axes = py_list(kept.map(|(a, n)| format!("({}, {n})", py_str(a))));
     writeln!(s, "    \"axes\": {axes},").expect("String");
     let batch: Vec<String> = match policy.mode {
         ParallelMode::Data => policy.mesh.iter().map(|(a, _)| py_str(a)).collect(),
