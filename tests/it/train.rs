@@ -116,6 +116,52 @@ pub(crate) fn assert_rel(what: &str, got: &[f64], want: &[f64], tol: f64) {
     );
 }
 
+/// The `loss` of every line of a `--metrics` file, in order.
+pub(crate) fn metric_losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Writes `source` to a file and trains it on no data: the codes it is refused with.
+pub(crate) fn refusal_codes(dir: &TestDir, source: &str) -> Vec<String> {
+    let path = dir.path("refused.msl");
+    std::fs::write(&path, source).unwrap();
+    let args = ["--message-format", "json", "train", s(&path)];
+    let (code, stdout, stderr) =
+        mslc(&[&args[..], &["--init-seed", "0", "--data", s(&dir.0)]].concat());
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    error_codes(&stderr, &stdout)
+}
+
+/// Runs tests/reference/llama_grad_ref.py for examples/tiny_llama.msl's 2-layer model on
+/// `weights` and `tokens` into `out`, with `extra` arguments (the AdamW steps).
+fn llama_reference(weights: &Path, tokens: &Path, out: &Path, extra: &[&str]) {
+    let status = std::process::Command::new("python3")
+        .arg(root().join("tests/reference/llama_grad_ref.py"))
+        .args([s(weights), s(tokens), s(out)])
+        .args([
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "4",
+            "--eps",
+            "1e-6",
+        ])
+        .args(extra)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the JAX reference failed");
+}
+
 pub(crate) fn npy_f64(path: &Path) -> Vec<f64> {
     let array = read_npy(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     array.to_f32().unwrap().into_iter().map(f64::from).collect()
@@ -566,24 +612,8 @@ fn bad_input_is_a_coded_error_naming_the_file() {
 #[test]
 fn a_train_without_trainable_parameters_is_refused() {
     let dir = TestDir::new("train-none");
-    let path = dir.path("fixed.msl");
-    std::fs::write(
-        &path,
-        "model Fixed {\n    dims B = 4\n    input x: f32[B, 8]\n    buffer w: [8, 2] ~ zeros\n    output y = matmul(x, w)\n}\ntrain T for Fixed {\n    labels: i32[B]\n    loss = cross_entropy(y, labels)\n    optimizer = sgd(lr: 0.1)\n    batch = 4\n}\n",
-    )
-    .unwrap();
-    let (code, stdout, stderr) = mslc(&[
-        "--message-format",
-        "json",
-        "train",
-        s(&path),
-        "--init-seed",
-        "0",
-        "--data",
-        s(&dir.0),
-    ]);
-    assert_eq!(code, 1, "{stdout}{stderr}");
-    assert_eq!(error_codes(&stderr, &stdout), ["E0520"]);
+    let source = "model Fixed {\n    dims B = 4\n    input x: f32[B, 8]\n    buffer w: [8, 2] ~ zeros\n    output y = matmul(x, w)\n}\ntrain T for Fixed {\n    labels: i32[B]\n    loss = cross_entropy(y, labels)\n    optimizer = sgd(lr: 0.1)\n    batch = 4\n}\n";
+    assert_eq!(refusal_codes(&dir, source), ["E0520"]);
 }
 
 /// The whole-model gradients of tiny_llama (2 layers, S = 16, one batch of 8 sequences) after the first
@@ -630,22 +660,7 @@ fn tiny_llama_gradients_match_jax() {
     ]);
     assert_eq!(code, 0, "mslc train:\n{out}\n{err}");
     let reference = dir.path("ref.safetensors");
-    let status = std::process::Command::new("python3")
-        .arg(root().join("tests/reference/llama_grad_ref.py"))
-        .args([s(&weights), s(&tokens), s(&reference)])
-        .args([
-            "--layers",
-            "2",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "4",
-            "--eps",
-            "1e-6",
-        ])
-        .status()
-        .expect("python3 runs");
-    assert!(status.success(), "the JAX reference failed");
+    llama_reference(&weights, &tokens, &reference, &[]);
     let got_loss = npy_f64(&grads.join("loss.npy"));
     assert_rel("loss", &got_loss, &safetensor_f64(&reference, "loss"), 1e-5);
     let mut checked = 0;
@@ -713,35 +728,23 @@ fn tiny_llama_twenty_adamw_steps_match_jax() {
     ]);
     assert_eq!(code, 0, "mslc train:\n{out}\n{err}");
     let reference = dir.path("ref.safetensors");
-    let status = std::process::Command::new("python3")
-        .arg(root().join("tests/reference/llama_grad_ref.py"))
-        .args([s(&weights), s(&tokens), s(&reference)])
-        .args([
-            "--layers",
-            "2",
-            "--heads",
-            "4",
-            "--kv-heads",
-            "4",
-            "--eps",
-            "1e-6",
-        ])
-        .args([
-            "--steps", "20", "--batch", "8", "--lr", "1e-4", "--betas", "0.9", "0.95",
-        ])
-        .args(["--weight-decay", "0.1", "--adam-eps", "1e-8"])
-        .status()
-        .expect("python3 runs");
-    assert!(status.success(), "the JAX reference failed");
-    let losses: Vec<f64> = std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect();
+    let adamw = [
+        "--steps",
+        "20",
+        "--batch",
+        "8",
+        "--lr",
+        "1e-4",
+        "--betas",
+        "0.9",
+        "0.95",
+        "--weight-decay",
+        "0.1",
+        "--adam-eps",
+        "1e-8",
+    ];
+    llama_reference(&weights, &tokens, &reference, &adamw);
+    let losses = metric_losses(&metrics);
     let want = safetensor_f64(&reference, "losses");
     assert_eq!(losses.len(), 20);
     for (k, (g, w)) in losses.iter().zip(&want).enumerate() {

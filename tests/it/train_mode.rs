@@ -10,7 +10,7 @@ use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 
 use crate::exec::common::{have_python_module, mslc, root, s, Rng, TestDir};
-use crate::train::{assert_rel, error_codes, npy_f64, safetensor_f64};
+use crate::train::{assert_rel, metric_losses, npy_f64, refusal_codes, safetensor_f64};
 
 const BN_SOURCE: &str = "import std.nn.Conv2d
 import std.nn.BatchNorm2d
@@ -131,15 +131,7 @@ fn batch_norm_trains_with_batch_statistics_as_torch() {
         .status()
         .expect("python3 runs");
     assert!(status.success(), "the JAX reference failed");
-    let losses: Vec<f64> = std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect();
+    let losses = metric_losses(&metrics);
     assert_rel(
         "losses",
         &losses,
@@ -307,24 +299,8 @@ fn dropout_masks_are_the_same_after_a_resume() {
 #[test]
 fn batch_norm_without_buffers_cannot_train() {
     let dir = TestDir::new("train-mode-bn-bad");
-    let path = dir.path("bn.msl");
-    std::fs::write(
-        &path,
-        "model M {\n    dims B = 4\n    input x: f32[B, 3, 2, 2]\n    param w: [3] ~ ones\n    output y = reshape(batch_norm(x, w * 0.0, w), [B, 12])\n}\ntrain T for M {\n    labels: i32[B]\n    loss = cross_entropy(y, labels)\n    optimizer = sgd(lr: 0.1)\n    batch = 4\n}\n",
-    )
-    .unwrap();
-    let (code, stdout, stderr) = mslc(&[
-        "--message-format",
-        "json",
-        "train",
-        s(&path),
-        "--init-seed",
-        "0",
-        "--data",
-        s(&dir.0),
-    ]);
-    assert_eq!(code, 1, "{stdout}{stderr}");
-    assert_eq!(error_codes(&stderr, &stdout), ["E0650"]);
+    let source = "model M {\n    dims B = 4\n    input x: f32[B, 3, 2, 2]\n    param w: [3] ~ ones\n    output y = reshape(batch_norm(x, w * 0.0, w), [B, 12])\n}\ntrain T for M {\n    labels: i32[B]\n    loss = cross_entropy(y, labels)\n    optimizer = sgd(lr: 0.1)\n    batch = 4\n}\n";
+    assert_eq!(refusal_codes(&dir, source), ["E0650"]);
 }
 
 /// `mslc build --entry TRAIN` compiles the step `mslc train` runs: one micro-batch of
