@@ -369,3 +369,57 @@ impl Gemm<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul::Isa;
+    use crate::testing::in_pool;
+
+    /// The (row, column) blocks the default parameters cut an `m × 64` by `64 × n` product
+    /// into, on 2 threads, with the 6×16 kernel.
+    fn blocks(m: usize, n: usize) -> (usize, usize) {
+        let kernel = MicroKernel::select(Isa::Portable).unwrap();
+        let shape = |rows, cols| MatRef {
+            data: &[],
+            offset: 0,
+            rs: cols,
+            cs: 1,
+            rows,
+            cols,
+        };
+        let (a, b) = ([shape(m, 64)], [shape(64, n)]);
+        let problems = [Problem {
+            a: 0,
+            b: 0,
+            c_offset: 0,
+            bias_offset: 0,
+        }];
+        let g = Gemm {
+            m,
+            n,
+            k: 64,
+            a: &a,
+            b: &b,
+            problems: &problems,
+            ldc: n,
+            accumulate: false,
+            bias: None,
+            activation: Activation::NONE,
+            kernel,
+        };
+        in_pool(2, || {
+            let grid = Grid::new(&g, &MatmulParams::default(), true);
+            (grid.rb, grid.cb)
+        })
+    }
+
+    /// 3 row blocks on 2 threads (the busiest does 2 of 3) are cut into an even number of
+    /// tasks; 6 blocks already balance and stay, since a finer cut saves under 10 %.
+    #[test]
+    fn the_thread_split_balances_the_threads() {
+        let (rb, cb) = blocks(256, 688);
+        assert!(rb * cb > 3 && (rb * cb).is_multiple_of(2), "{rb} × {cb}");
+        assert_eq!(blocks(512, 688), (6, 1));
+    }
+}
