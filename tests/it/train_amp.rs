@@ -35,11 +35,16 @@ const LR: f64 = 1e-2;
 /// tiny_llama's model with `policies` and a train `Fit` (AdamW, lr 1e-2, no weight decay) whose
 /// own precision is `Amp`.
 fn source(dir: &TestDir, policies: &str) -> PathBuf {
+    source_with(dir, policies, "batch = 8")
+}
+
+/// [`source`] with `batch` as the train's batch field (and `grad_accum`, if it says so).
+fn source_with(dir: &TestDir, policies: &str, batch: &str) -> PathBuf {
     let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
     let path = dir.path("llama_amp.msl");
     let train = format!(
-        "train Fit for TinyLlama {{\n    labels: i32[B, S]\n    loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: {LR}, betas: (0.9, 0.95), weight_decay: 0.0)\n    batch = 8\n    precision = Amp\n}}\n"
+        "train Fit for TinyLlama {{\n    labels: i32[B, S]\n    loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: {LR}, betas: (0.9, 0.95), weight_decay: 0.0)\n    {batch}\n    precision = Amp\n}}\n"
     );
     std::fs::write(&path, format!("{model}{policies}\n{train}")).unwrap();
     path
@@ -190,6 +195,36 @@ fn mindspore_scales(init: f64, factor: f64, window: u64, overflows: &[bool]) -> 
         cur_iter += 1;
     }
     used
+}
+
+/// With `grad_accum`, the overflow check sees the gradients summed over the update's
+/// micro-batches: an update that overflows is skipped whole, the scale follows MindSpore's
+/// manager as without accumulation, and a skipped update changes no weight or state.
+#[test]
+fn dynamic_scaling_skips_accumulated_updates_that_overflow() {
+    let dir = TestDir::new("amp-accum");
+    let init = 1_073_741_824.0;
+    let dynamic = "dynamic(init: 1073741824, factor: 2, window: 3)";
+    let source = source_with(
+        &dir,
+        &policy("Amp", "f16", dynamic),
+        "batch = 16, grad_accum = 2",
+    );
+    let out = dir.path("out");
+    let save = ["--output-dir", s(&out), "--save-every", "1"];
+    let run = train(&dir, &source, "accum", 20, &save);
+    let overflows: Vec<bool> = run.iter().map(|m| m.skipped).collect();
+    let scales: Vec<f64> = run.iter().map(|m| m.loss_scale).collect();
+    assert_eq!(scales, mindspore_scales(init, 2.0, 3, &overflows));
+    assert!(overflows[0], "2^30 overflows f16");
+    assert!(
+        overflows.contains(&false),
+        "an update is applied: {scales:?}"
+    );
+    for k in 2..=run.len() {
+        let file = |k: usize| read(&out.join(format!("step-{k}/model.safetensors")));
+        assert_eq!(file(k - 1) == file(k), overflows[k - 1], "step {k}");
+    }
 }
 
 #[test]
