@@ -12,7 +12,7 @@ use mslc_ir::passes::AmpConfig;
 
 use super::common::{
     assert_close, assert_matches_reference, compile_file, compile_sized, compile_with, executor,
-    have_numpy, mslc, random_weights, root, s, write_weights, Rng, TestDir,
+    have_numpy, mslc, random_weights, root, run_one, s, write_weights, Rng, TestDir,
 };
 
 #[test]
@@ -117,6 +117,31 @@ fn fused_and_unfused_graphs_agree() {
         let b = run_seeded(plain, 2, output);
         assert_close(file, &a, &b, 1e-5, 1e-4);
     }
+}
+
+#[test]
+fn a_transposed_product_runs_as_the_swapped_product() {
+    // (x0ᵀ·x1)ᵀ and a batched (x2·x3)ᵀ: fused, each is one matmul with its operands swapped and
+    // no transpose step; the result equals the unfused graph's within float reassociation
+    // (|Δ| ≤ 1e-6 + 1e-5·|unfused|).
+    let file = "tests/passes/transposed_product.msl";
+    let fused = compile_file(file, &[], true);
+    let plain = compile_file(file, &[], false);
+    let ops = |m: &Module, op: Op| m.steps.iter().filter(|s| s.op == op).count();
+    assert_eq!(ops(&fused, Op::Transpose), 0);
+    assert_eq!(ops(&fused, Op::Matmul), 2);
+    assert!(ops(&plain, Op::Transpose) >= 3);
+    let mut rng = Rng(11);
+    let inputs: Vec<NpyArray> = [&[6, 5][..], &[6, 4], &[2, 3, 7], &[2, 7, 5]]
+        .iter()
+        .map(|shape| {
+            let n = shape.iter().product();
+            NpyArray::from_f32(shape.to_vec(), &rng.vec(n, -1.0, 1.0)).unwrap()
+        })
+        .collect();
+    let a = run_one(fused, &inputs, 2);
+    let b = run_one(plain, &inputs, 2);
+    assert_close(file, &a, &b, 1e-6, 1e-5);
 }
 
 #[test]
