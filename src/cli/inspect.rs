@@ -89,7 +89,7 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
                 let kw = if *trainable { "param" } else { "buffer" };
                 let _ = writeln!(s, "  %{i} = {kw} {path:?} : {}", v.ty);
             }
-            Storage::Arena { .. } | Storage::Hoisted { .. } => {}
+            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {}
         }
     }
     for step in &m.steps {
@@ -106,6 +106,7 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
             .map(|&o| match m.values[o as usize].storage {
                 Storage::Arena { offset } => format!("@{offset}"),
                 Storage::Hoisted { offset } => format!("hoisted@{offset}"),
+                Storage::Next { .. } => "next".to_string(),
                 _ => String::new(),
             })
             .collect();

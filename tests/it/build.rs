@@ -68,8 +68,8 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
             assert!(b["first"].as_u64() <= b["last"].as_u64());
         }
         // Every byte the executor allocates once is in the total: the arena, the hoisted
-        // region (each hoisted value in its own slot), the parameters, the inputs, the
-        // staging buffers and the packed weights; the per-thread scratch is reported beside it.
+        // region (each hoisted value in its own slot), the parameters, the inputs, the next
+        // values of inputs and parameters, the staging buffers and the packed weights; the per-thread scratch is reported beside it.
         let bytes = |k: &str| plan[k].as_u64().unwrap();
         assert_eq!(
             bytes("total_bytes"),
@@ -77,6 +77,7 @@ fn every_example_builds_within_5_percent_of_the_lower_bound() {
                 + bytes("hoisted_bytes")
                 + bytes("params_bytes")
                 + bytes("inputs_bytes")
+                + bytes("next_bytes")
                 + bytes("staging_bytes")
                 + bytes("packed_bytes"),
             "{example}"

@@ -1,7 +1,7 @@
 //! The compiled module: what `NAME.mir` holds and what the executor runs. A scheduled list of
 //! steps over numbered values, every value's type and where it lives (an input, a parameter, a
-//! slot of the one intermediate arena, or a slot of the region of hoisted parameter-only values),
-//! and the kernel chosen for each step.
+//! slot of the one intermediate arena, a slot of the region of hoisted parameter-only values, or
+//! a buffer holding the next value of an input or parameter), and the kernel chosen for each step.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,14 @@ pub enum Storage {
     Hoisted {
         /// Byte offset in the hoisted region (64-byte aligned).
         offset: u64,
+    },
+    /// The next value of the input or parameter `name` (a training step's updated parameter,
+    /// optimizer state, gradient sum or running statistic), output under that name: a buffer
+    /// of its own, the same size as that input's, so writing it back for the next run
+    /// exchanges the two buffers instead of copying one over the other.
+    Next {
+        /// The input or parameter it replaces (and the output's name).
+        name: String,
     },
 }
 
@@ -160,12 +168,18 @@ impl Module {
         mslc_core::ops::cost(step.op, &step.attrs, &inputs).ok()
     }
 
-    /// Bytes of every buffer the plan sizes: the arena, the hoisted region, the parameters
-    /// and the inputs (saturating, for a crafted module's sizes).
+    /// Bytes of every buffer the plan sizes: the arena, the hoisted region, the parameters,
+    /// the inputs and the next values of inputs and parameters (saturating, for a crafted
+    /// module's sizes).
     pub fn planned_bytes(&self) -> u64 {
         self.values
             .iter()
-            .filter(|v| matches!(v.storage, Storage::Input { .. } | Storage::Param { .. }))
+            .filter(|v| {
+                matches!(
+                    v.storage,
+                    Storage::Input { .. } | Storage::Param { .. } | Storage::Next { .. }
+                )
+            })
             .fold(
                 self.arena_bytes.saturating_add(self.hoisted_bytes),
                 |sum, v| sum.saturating_add(v.ty.bytes()),

@@ -11,9 +11,11 @@ use mslc_kernels::binding::KernelParam;
 
 /// Checks names, indices, the definition order, types (re-inferred through the op registry),
 /// arena and hoisted-region bounds, that hoisted values do not overlap and are computed from
-/// parameters and hoisted values alone; the message names the first problem.
+/// parameters and hoisted values alone, and that each next value replaces an input or parameter
+/// of its type under its output name; the message names the first problem.
 pub fn validate(module: &Module) -> Result<(), String> {
     validate_names(module)?;
+    validate_next_values(module)?;
     check_tensor_sizes(module)?;
     let n = module.values.len();
     let mut defined = vec![false; n];
@@ -26,6 +28,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
             }
             Storage::Arena { offset } => (*offset, "arena", module.arena_bytes),
             Storage::Hoisted { offset } => (*offset, "hoisted region", module.hoisted_bytes),
+            Storage::Next { .. } => (0, "", 0),
         };
         if !region.is_empty() {
             let end = offset
@@ -95,7 +98,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
                 ));
             }
             match module.values[o].storage {
-                Storage::Arena { .. } => {}
+                Storage::Arena { .. } | Storage::Next { .. } => {}
                 Storage::Hoisted { .. } => {
                     if let Some(&i) = step.inputs.iter().find(|&&i| !invariant(i as usize)) {
                         return Err(format!(
@@ -107,7 +110,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
                 }
                 _ => {
                     return Err(format!(
-                        "step {s} writes %{o}, which is not an arena or hoisted value"
+                        "step {s} writes %{o}, which is not an arena, hoisted or next value"
                     ))
                 }
             }
@@ -127,6 +130,36 @@ pub fn validate(module: &Module) -> Result<(), String> {
         }
     }
     check_liveness(module)
+}
+
+/// Each next value is the module's output of its name, and an input or parameter of that name
+/// has its type: writing it back exchanges the two buffers, so they must be interchangeable.
+fn validate_next_values(module: &Module) -> Result<(), String> {
+    for (i, v) in module.values.iter().enumerate() {
+        let Storage::Next { name } = &v.storage else {
+            continue;
+        };
+        if !module
+            .outputs
+            .iter()
+            .any(|(n, o)| n == name && *o as usize == i)
+        {
+            return Err(format!(
+                "value %{i}, the next value of `{name}`, is not the output `{name}`"
+            ));
+        }
+        let replaced = module.values.iter().find(|r| match &r.storage {
+            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
+            _ => false,
+        });
+        if replaced.is_none_or(|r| r.ty != v.ty) {
+            return Err(format!(
+                "value %{i} ({}) is the next value of `{name}`, but no input or parameter `{name}` has its type",
+                v.ty
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Arena values alive at the same time occupy disjoint bytes. A value lives from the step
@@ -208,7 +241,9 @@ pub fn check_tensor_sizes(module: &Module) -> Result<(), String> {
         let what = match &v.storage {
             Storage::Input { name } => format!("input `{name}`"),
             Storage::Param { path, .. } => format!("parameter `{path}`"),
-            Storage::Arena { .. } | Storage::Hoisted { .. } => format!("value %{i}"),
+            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {
+                format!("value %{i}")
+            }
         };
         return Err(format!(
             "{what} is {}, more than the {MAX_TENSOR_ELEMENTS} elements a tensor may have",
@@ -281,7 +316,7 @@ fn validate_names(module: &Module) -> Result<(), String> {
                     return Err(format!("two parameters have the path `{path}`"));
                 }
             }
-            Storage::Arena { .. } | Storage::Hoisted { .. } => {}
+            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {}
         }
     }
     let mut outputs = BTreeSet::new();

@@ -54,6 +54,8 @@ enum Place {
     Input(usize),
     /// In the buffer of parameter number N.
     Param(usize),
+    /// In next-value buffer number N (the next value of an input or parameter).
+    Next(usize),
 }
 
 /// A value's type and place, in the forms the run loop needs.
@@ -96,6 +98,9 @@ pub struct Executor {
     inputs_set: Vec<bool>,
     params: Vec<AlignedBuf>,
     params_ready: bool,
+    /// The next values of inputs and parameters, each exchanged with the buffer it replaces by
+    /// [`Executor::write_back`].
+    next: Vec<AlignedBuf>,
     in_stage: Vec<AlignedBuf>,
     int_stage: AlignedBuf,
     out_stage: AlignedBuf,
@@ -180,6 +185,7 @@ impl Executor {
         };
         let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
         let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
+        let next = buffers(|s| matches!(s, Storage::Next { .. }), "an updated value")?;
         let warmed = pool.broadcast(|_| try_warm(needs.scratch_floats, SCRATCH_BUFFERS));
         if !warmed.iter().all(|&ok| ok) {
             return Err(module_error(format!(
@@ -204,6 +210,7 @@ impl Executor {
             .into_iter()
             .chain(&inputs)
             .chain(&params)
+            .chain(&next)
             .chain(&in_stage)
             .map(|b| b.len() as u64)
             .sum();
@@ -231,6 +238,7 @@ impl Executor {
             inputs,
             params_ready: params.is_empty(),
             params,
+            next,
             in_stage,
             int_stage,
             out_stage,
@@ -435,6 +443,7 @@ impl Executor {
             packed,
             inputs,
             params,
+            next,
             in_stage,
             int_stage,
             out_stage,
@@ -452,6 +461,7 @@ impl Executor {
         }
         par::record_busy(workers.is_some());
         let result = pool.install(|| {
+            let next = next.iter_mut().map(|b| b.as_mut_ptr()).collect();
             let mut mem = Memory {
                 slots,
                 arena: arena.as_mut_ptr(),
@@ -460,6 +470,7 @@ impl Executor {
                 repack: !*hoisted_ready,
                 inputs,
                 params,
+                next,
             };
             let run_start = Instant::now();
             if let Some(w) = workers.as_mut() {
@@ -538,6 +549,7 @@ impl Executor {
             Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
+            Place::Next(i) => self.next[i].bytes(),
         };
         Some((slot, bytes))
     }
@@ -569,9 +581,11 @@ impl Executor {
         NpyArray::new(npy, slot.shape.clone(), bytes.to_vec()).ok()
     }
 
-    /// Copies each output `name` of the last run over the input or parameter of the same name
-    /// (a training step's new parameters and optimizer states, docs/mir-format.md, "Training
-    /// modules"), so the next run reads them; values derived from parameters are recomputed.
+    /// Makes each output `name` of the last run the value of the input or parameter of the same
+    /// name (a training step's new parameters and optimizer states, docs/mir-format.md,
+    /// "Training modules"), so the next run reads them; values derived from parameters are
+    /// recomputed. A next value (`Storage::Next`) changes buffers with the input it replaces,
+    /// so that output then reads the replaced value; any other output is copied over it.
     pub fn write_back<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> ExecResult<()> {
         for name in names {
             let Some(&(_, src)) = self.module.outputs.iter().find(|(n, _)| n == name) else {
@@ -589,10 +603,18 @@ impl Executor {
                 )));
             };
             let slot = &self.slots[src as usize];
+            if let Place::Next(n) = slot.place {
+                match self.slots[dst].place {
+                    Place::Input(i) => std::mem::swap(&mut self.inputs[i], &mut self.next[n]),
+                    Place::Param(i) => std::mem::swap(&mut self.params[i], &mut self.next[n]),
+                    _ => return Err(module_error(format!("`{name}` has no buffer of its own"))),
+                }
+                continue;
+            }
             let bytes = match slot.place {
                 Place::Arena(off) => &self.arena.bytes()[off..off + slot.bytes],
                 Place::Hoisted(off) => &self.hoisted.bytes()[off..off + slot.bytes],
-                Place::Input(_) | Place::Param(_) => {
+                Place::Input(_) | Place::Param(_) | Place::Next(_) => {
                     return Err(module_error(format!(
                         "output `{name}` is not computed by a step"
                     )))
@@ -601,7 +623,7 @@ impl Executor {
             match self.slots[dst].place {
                 Place::Input(i) => self.inputs[i].bytes_mut().copy_from_slice(bytes),
                 Place::Param(i) => self.params[i].bytes_mut().copy_from_slice(bytes),
-                Place::Arena(_) | Place::Hoisted(_) => {
+                Place::Arena(_) | Place::Hoisted(_) | Place::Next(_) => {
                     return Err(module_error(format!("`{name}` has no buffer of its own")))
                 }
             }
@@ -668,7 +690,7 @@ impl Executor {
 /// Every value's type and place: inputs and parameters numbered in order, arena values at
 /// their offsets.
 fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
-    let (mut n_inputs, mut n_params) = (0, 0);
+    let (mut n_inputs, mut n_params, mut n_next) = (0, 0, 0);
     let mut slots = Vec::with_capacity(module.values.len());
     for (i, v) in module.values.iter().enumerate() {
         let bytes = usize::try_from(v.ty.bytes())
@@ -683,6 +705,10 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
             Storage::Param { .. } => {
                 n_params += 1;
                 Place::Param(n_params - 1)
+            }
+            Storage::Next { .. } => {
+                n_next += 1;
+                Place::Next(n_next - 1)
             }
         };
         slots.push(Slot {
@@ -731,6 +757,8 @@ struct Memory<'a> {
     repack: bool,
     inputs: &'a [AlignedBuf],
     params: &'a [AlignedBuf],
+    /// Where each next-value buffer starts.
+    next: Vec<*mut u8>,
 }
 
 impl<'a> Memory<'a> {
@@ -751,6 +779,8 @@ impl<'a> Memory<'a> {
             },
             Place::Input(i) => self.inputs[i].bytes(),
             Place::Param(i) => self.params[i].bytes(),
+            // SAFETY: as above; the buffer holds exactly the value.
+            Place::Next(i) => unsafe { std::slice::from_raw_parts(self.next[i], slot.bytes) },
         }
     }
 
@@ -837,13 +867,15 @@ impl<'a> Memory<'a> {
         Some(F32Result::of(&out))
     }
 
-    /// Where a step output's bytes start (outputs live in the arena or the hoisted region).
+    /// Where a step output's bytes start (outputs live in the arena, the hoisted region or a
+    /// next-value buffer).
     fn output_ptr(&self, place: Place) -> Option<*mut u8> {
         match place {
             // SAFETY: offsets are inside their regions (validated).
             Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
             // SAFETY: as above.
             Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
+            Place::Next(i) => Some(self.next[i]),
             Place::Input(_) | Place::Param(_) => None,
         }
     }

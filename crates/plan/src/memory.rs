@@ -40,7 +40,7 @@ pub struct PlannedBuffer {
 /// The `NAME.memplan.json` content.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryPlan {
-    /// Arena, hoisted region, parameters, inputs, staging and packed weights: every buffer the
+    /// Arena, hoisted region, parameters, inputs, next values, staging and packed weights: every buffer the
     /// executor allocates once, exactly (it checks at setup). Each pool thread adds
     /// `scratch_bytes_per_thread`.
     pub total_bytes: u64,
@@ -66,6 +66,10 @@ pub struct MemoryPlan {
     pub params_bytes: u64,
     /// Bytes of inputs (their own region).
     pub inputs_bytes: u64,
+    /// Bytes of the next values of inputs and parameters (a training step's updated
+    /// parameters and states), each in a buffer of its own that writing it back exchanges with
+    /// the input's.
+    pub next_bytes: u64,
     /// The placement strategy that won.
     pub strategy: String,
     /// Every strategy tried with the arena it needed.
@@ -126,6 +130,39 @@ fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
     (slots, bytes)
 }
 
+/// Gives every output that is the next value of an input or parameter of its name and type
+/// (a training step's updated parameters, optimizer states, gradient sums and running
+/// statistics) a buffer of its own instead of an arena slot, so writing it back for the next
+/// run exchanges buffers instead of copying (`Storage::Next`); returns their bytes. A value
+/// output under several names keeps its arena slot.
+fn carry_next_values(module: &mut Module) -> u64 {
+    let mut replaced = std::collections::HashMap::new();
+    for v in &module.values {
+        if let Storage::Input { name: n } | Storage::Param { path: n, .. } = &v.storage {
+            replaced.insert(n.clone(), v.ty.clone());
+        }
+    }
+    let mut bytes = 0;
+    for (name, v) in &module.outputs {
+        let v = *v as usize;
+        let once = module
+            .outputs
+            .iter()
+            .filter(|(_, o)| *o as usize == v)
+            .count()
+            == 1;
+        let value = &mut module.values[v];
+        if once
+            && matches!(value.storage, Storage::Arena { .. })
+            && replaced.get(name) == Some(&value.ty)
+        {
+            value.storage = Storage::Next { name: name.clone() };
+            bytes += value.ty.bytes();
+        }
+    }
+    bytes
+}
+
 /// Why a module's memory cannot be planned.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MemoryError {
@@ -166,6 +203,7 @@ impl MemoryPlan {
 /// sizes into it, then sizes what running it adds ([`MemoryPlan::account_runtime`]).
 pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
     let (hoisted, hoisted_bytes) = hoist(module);
+    let next_bytes = carry_next_values(module);
     let steps = module.steps.len();
     let n = module.values.len();
     let mut last_use = vec![0usize; n];
@@ -259,6 +297,7 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
         ratio: plan.ratio(),
         params_bytes,
         inputs_bytes,
+        next_bytes,
         strategy: plan.strategy.to_string(),
         strategies_tried: plan
             .strategies_tried

@@ -27,13 +27,14 @@ pub fn memory_svg(plan: &MemoryPlan, steps: usize, name: &str) -> String {
     let mut body = String::new();
     let mut y = 50.0;
     let title = format!(
-        "{name}: {} in all; arena {} (lower bound {}), hoisted {}, parameters {}, inputs {}",
+        "{name}: {} in all; arena {} (lower bound {}), hoisted {}, parameters {}, inputs {}, next values {}",
         human_bytes(plan.total_bytes),
         human_bytes(plan.arena_bytes),
         human_bytes(plan.lower_bound_bytes),
         human_bytes(plan.hoisted_bytes),
         human_bytes(plan.params_bytes),
         human_bytes(plan.inputs_bytes),
+        human_bytes(plan.next_bytes),
     );
     let _ = writeln!(
         body,

@@ -8,7 +8,7 @@ use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 use mslc_kernels::binding::choose_kernel;
 
-use super::common::{compile_file, mslc, s, TestDir};
+use super::common::{compile_file, mslc, one_step, s, TestDir};
 
 /// Runs `mslc run` with `args`, expecting exit 1, no panic, and `expect` in stderr.
 fn fails_with(args: &[&str], expect: &str) {
@@ -432,4 +432,50 @@ fn crafted_hoisted_values_are_rejected() {
     m.values[2].storage = Storage::Hoisted { offset: 64 };
     m.hoisted_bytes = 256;
     rejected(m, "hoisted values %1 and %2 overlap");
+}
+
+#[test]
+fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
+    // `x0 ← −x0`: the result is the next value of input `x0`, output under its name.
+    let next_of_input = || {
+        let mut m = one_step(Op::Neg, Attrs::new(), &[TensorType::new(DType::F32, [4])]);
+        m.outputs = vec![("x0".into(), 1)];
+        m.values[1].storage = Storage::Next { name: "x0".into() };
+        m
+    };
+    let mut exec = Executor::new(next_of_input(), &ExecOptions::default()).unwrap();
+    exec.set_input(
+        "x0",
+        &NpyArray::from_f32(vec![4], &[1.0, -2.0, 3.0, 0.5]).unwrap(),
+    )
+    .unwrap();
+    exec.run().unwrap();
+    assert_eq!(exec.output_f32("x0").unwrap().1, [-1.0, 2.0, -3.0, -0.5]);
+    exec.write_back(["x0"]).unwrap();
+    // The input now holds the result; the output, the replaced value until the next run.
+    assert_eq!(exec.input_f32("x0").unwrap().1, [-1.0, 2.0, -3.0, -0.5]);
+    assert_eq!(exec.output_f32("x0").unwrap().1, [1.0, -2.0, 3.0, 0.5]);
+    exec.run().unwrap();
+    assert_eq!(exec.output_f32("x0").unwrap().1, [1.0, -2.0, 3.0, 0.5]);
+
+    let rejected = |m: Module, want: &str| {
+        let e = Executor::new(m, &ExecOptions::default())
+            .err()
+            .expect("rejected");
+        assert_eq!(e.kind, ExecErrorKind::Module);
+        assert!(e.message.contains(want), "want `{want}`: {}", e.message);
+    };
+    // Output under another name than the input it claims to replace.
+    let mut m = next_of_input();
+    m.outputs = vec![("y".into(), 1)];
+    rejected(m, "the next value of `x0`, is not the output `x0`");
+    // No input or parameter of that name and type.
+    let mut m = next_of_input();
+    m.outputs = vec![("z".into(), 1)];
+    m.values[1].storage = Storage::Next { name: "z".into() };
+    rejected(m, "no input or parameter `z` has its type");
+    let mut m = one_step(Op::Sum, Attrs::new(), &[TensorType::new(DType::F32, [4])]);
+    m.outputs = vec![("x0".into(), 1)];
+    m.values[1].storage = Storage::Next { name: "x0".into() };
+    rejected(m, "no input or parameter `x0` has its type");
 }

@@ -25,7 +25,8 @@ pub struct Breakdown {
     /// copies included), live in the arena at its peak.
     pub activations: u64,
     /// Everything else: arena bytes free at the peak (fragmentation), the hoisted region of
-    /// parameter-only values, staging buffers, packed weights and one thread's kernel scratch.
+    /// parameter-only values, the buffers receiving the updated parameters and states, staging
+    /// buffers, packed weights and one thread's kernel scratch.
     pub workspace: u64,
 }
 
@@ -116,6 +117,7 @@ impl Breakdown {
             activations: batch + forward_at_peak,
             workspace: (plan.arena_bytes.saturating_sub(at_peak))
                 .saturating_add(plan.hoisted_bytes)
+                .saturating_add(plan.next_bytes)
                 .saturating_add(plan.staging_bytes)
                 .saturating_add(plan.packed_bytes)
                 .saturating_add(plan.scratch_bytes_per_thread),
