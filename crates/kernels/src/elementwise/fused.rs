@@ -1,11 +1,13 @@
 //! Fast evaluation of a fused elementwise [`Program`]: the output is cut into blocks; for each
 //! block every instruction fills its register (a block-long buffer, hot in L1) with one
-//! vectorised loop, so memory is touched once per input and once for the output.
+//! vectorised loop reading its operands where they are (registers, or inputs that need no
+//! broadcast, in place), and the last writes the output block, so memory is touched once per
+//! input and once for the output.
 
 use serde::{Deserialize, Serialize};
 
 use super::program::{Instr, Program};
-use super::slice::{binary_in_place, cast_in_place, unary_in_place};
+use super::slice::{binary_into, cast_into, unary_into};
 use crate::error::{KernelError, KernelResult};
 use crate::par;
 use crate::scratch::with_scratch;
@@ -123,32 +125,45 @@ pub fn fused_elementwise(
     let layout = Layout::new(&out_shape, &shapes);
     let block = params.block;
     let regs = program.instrs.len();
+    let last = regs - 1;
+    // Inputs with the output's element count are not broadcast: instructions read them in
+    // place instead of through a register.
+    let direct: Vec<Option<usize>> = program
+        .instrs
+        .iter()
+        .enumerate()
+        .map(|(i, instr)| match *instr {
+            Instr::Input(n) if i != last && inputs[n].data.len() == out.len() => Some(n),
+            _ => None,
+        })
+        .collect();
     let parallel = out.len() >= params.min_parallel_elems;
     par::for_each_chunk_mut(parallel, out, block, |ci, chunk| {
-        let len = chunk.len();
+        let (start, len) = (ci * block, chunk.len());
         with_scratch(regs * block, |reg| {
             for (i, instr) in program.instrs.iter().enumerate() {
-                let (done, cur) = reg.split_at_mut(i * block);
-                let cur = &mut cur[..len];
-                let get = |r: usize| &done[r * block..r * block + len];
+                if direct[i].is_some() {
+                    continue;
+                }
+                let (done, rest) = reg.split_at_mut(i * block);
+                // The last instruction writes the output itself.
+                let cur: &mut [f32] = if i == last {
+                    &mut *chunk
+                } else {
+                    &mut rest[..len]
+                };
+                let get = |r: usize| match direct[r] {
+                    Some(n) => &inputs[n].data[start..start + len],
+                    None => &done[r * block..r * block + len],
+                };
                 match *instr {
-                    Instr::Input(n) => layout.gather(n, inputs[n].data, ci * block, cur),
+                    Instr::Input(n) => layout.gather(n, inputs[n].data, start, cur),
                     Instr::Const(c) => cur.fill(c),
-                    Instr::Unary { op, x } => {
-                        cur.copy_from_slice(get(x));
-                        unary_in_place(op, cur);
-                    }
-                    Instr::Cast { to, x } => {
-                        cur.copy_from_slice(get(x));
-                        cast_in_place(to, cur);
-                    }
-                    Instr::Binary { op, a, b } => {
-                        cur.copy_from_slice(get(a));
-                        binary_in_place(op, cur, get(b));
-                    }
+                    Instr::Unary { op, x } => unary_into(op, get(x), cur),
+                    Instr::Cast { to, x } => cast_into(to, get(x), cur),
+                    Instr::Binary { op, a, b } => binary_into(op, get(a), get(b), cur),
                 }
             }
-            chunk.copy_from_slice(&reg[(regs - 1) * block..][..len]);
         });
     });
     Ok(())

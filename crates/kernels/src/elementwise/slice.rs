@@ -1,72 +1,139 @@
-//! Fast in-place elementwise ops over slices, compiled for AVX2+FMA when the CPU has them.
+//! Fast elementwise ops over slices, in place or into another slice, compiled for AVX2+FMA when
+//! the CPU has them.
 
 use super::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 use crate::cpu::dispatch_avx2;
 use crate::math;
 
-#[inline(always)]
-fn map(xs: &mut [f32], f: impl Fn(f32) -> f32) {
-    for x in xs {
-        *x = f(*x);
+/// Where an elementwise loop reads its operand: the destination itself (in place) or another
+/// slice of the same length.
+trait Operand {
+    /// Element `i` of the operand, for destination `dst`.
+    fn at(&self, dst: &[f32], i: usize) -> f32;
+}
+
+/// The destination is the operand.
+struct InPlace;
+
+impl Operand for InPlace {
+    #[inline(always)]
+    fn at(&self, dst: &[f32], i: usize) -> f32 {
+        dst[i]
+    }
+}
+
+impl Operand for &[f32] {
+    #[inline(always)]
+    fn at(&self, _: &[f32], i: usize) -> f32 {
+        self[i]
     }
 }
 
 #[inline(always)]
-fn unary_body(op: UnaryOp, xs: &mut [f32]) {
-    match op {
-        UnaryOp::Neg => map(xs, |x| -x),
-        UnaryOp::Exp => map(xs, math::exp),
-        UnaryOp::Log => map(xs, math::log),
-        UnaryOp::Sqrt => map(xs, f32::sqrt),
-        UnaryOp::Rsqrt => map(xs, |x| 1.0 / x.sqrt()),
-        UnaryOp::Reciprocal => map(xs, |x| 1.0 / x),
-        UnaryOp::Abs => map(xs, f32::abs),
-        UnaryOp::Tanh => map(xs, math::tanh),
-        UnaryOp::Sigmoid => map(xs, math::sigmoid),
-        UnaryOp::Relu => map(xs, math::relu),
-        UnaryOp::Gelu => map(xs, math::gelu),
-        UnaryOp::GeluTanh => map(xs, math::gelu_tanh),
-        UnaryOp::Silu => map(xs, math::silu),
-        UnaryOp::Erf => map(xs, math::erf),
-        UnaryOp::Softplus => map(xs, math::softplus),
-        UnaryOp::Sign => map(xs, math::sign),
+fn map(src: impl Operand, dst: &mut [f32], f: impl Fn(f32) -> f32) {
+    for i in 0..dst.len() {
+        dst[i] = f(src.at(dst, i));
     }
+}
+
+#[inline(always)]
+fn unary_body(op: UnaryOp, src: impl Operand, dst: &mut [f32]) {
+    match op {
+        UnaryOp::Neg => map(src, dst, |x| -x),
+        UnaryOp::Exp => map(src, dst, math::exp),
+        UnaryOp::Log => map(src, dst, math::log),
+        UnaryOp::Sqrt => map(src, dst, f32::sqrt),
+        UnaryOp::Rsqrt => map(src, dst, |x| 1.0 / x.sqrt()),
+        UnaryOp::Reciprocal => map(src, dst, |x| 1.0 / x),
+        UnaryOp::Abs => map(src, dst, f32::abs),
+        UnaryOp::Tanh => map(src, dst, math::tanh),
+        UnaryOp::Sigmoid => map(src, dst, math::sigmoid),
+        UnaryOp::Relu => map(src, dst, math::relu),
+        UnaryOp::Gelu => map(src, dst, math::gelu),
+        UnaryOp::GeluTanh => map(src, dst, math::gelu_tanh),
+        UnaryOp::Silu => map(src, dst, math::silu),
+        UnaryOp::Erf => map(src, dst, math::erf),
+        UnaryOp::Softplus => map(src, dst, math::softplus),
+        UnaryOp::Sign => map(src, dst, math::sign),
+    }
+}
+
+#[inline(always)]
+fn unary_in_place_body(op: UnaryOp, xs: &mut [f32]) {
+    unary_body(op, InPlace, xs)
+}
+
+#[inline(always)]
+fn unary_into_body(op: UnaryOp, xs: &[f32], out: &mut [f32]) {
+    unary_body(op, &xs[..out.len()], out)
 }
 
 dispatch_avx2! {
     /// Replaces every `x` in `xs` by `op(x)`: each registry unary op's vector kernel.
-    pub fn unary_in_place(op: UnaryOp, xs: &mut [f32]) = unary_body;
+    pub fn unary_in_place(op: UnaryOp, xs: &mut [f32]) = unary_in_place_body;
+}
+
+dispatch_avx2! {
+    /// Writes `op(xs[i])` to `out[i]` (`xs` at least as long as `out`).
+    pub fn unary_into(op: UnaryOp, xs: &[f32], out: &mut [f32]) = unary_into_body;
 }
 
 #[inline(always)]
-fn cast_body(to: CastTarget, xs: &mut [f32]) {
-    map(xs, |x| to.apply(x));
+fn cast_in_place_body(to: CastTarget, xs: &mut [f32]) {
+    map(InPlace, xs, |x| to.apply(x));
+}
+
+#[inline(always)]
+fn cast_into_body(to: CastTarget, xs: &[f32], out: &mut [f32]) {
+    map(&xs[..out.len()], out, |x| to.apply(x));
 }
 
 dispatch_avx2! {
     /// Replaces every `x` in `xs` by the value `to` holds for it.
-    pub fn cast_in_place(to: CastTarget, xs: &mut [f32]) = cast_body;
+    pub fn cast_in_place(to: CastTarget, xs: &mut [f32]) = cast_in_place_body;
+}
+
+dispatch_avx2! {
+    /// Writes the value `to` holds for `xs[i]` to `out[i]` (`xs` at least as long as `out`).
+    pub fn cast_into(to: CastTarget, xs: &[f32], out: &mut [f32]) = cast_into_body;
 }
 
 #[inline(always)]
-fn zip(acc: &mut [f32], rhs: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for (a, &b) in acc.iter_mut().zip(rhs) {
-        *a = f(*a, b);
+fn zip(lhs: impl Operand, rhs: &[f32], dst: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    let n = dst.len().min(rhs.len());
+    for i in 0..n {
+        dst[i] = f(lhs.at(dst, i), rhs[i]);
     }
 }
 
 #[inline(always)]
-fn binary_body(op: BinaryOp, acc: &mut [f32], rhs: &[f32]) {
+fn binary_body(op: BinaryOp, lhs: impl Operand, rhs: &[f32], dst: &mut [f32]) {
     match op {
-        BinaryOp::Add => zip(acc, rhs, |a, b| a + b),
-        BinaryOp::Sub => zip(acc, rhs, |a, b| a - b),
-        BinaryOp::Mul => zip(acc, rhs, |a, b| a * b),
-        BinaryOp::Div => zip(acc, rhs, |a, b| a / b),
-        other => zip(acc, rhs, |a, b| apply_binary(other, a, b)),
+        BinaryOp::Add => zip(lhs, rhs, dst, |a, b| a + b),
+        BinaryOp::Sub => zip(lhs, rhs, dst, |a, b| a - b),
+        BinaryOp::Mul => zip(lhs, rhs, dst, |a, b| a * b),
+        BinaryOp::Div => zip(lhs, rhs, dst, |a, b| a / b),
+        other => zip(lhs, rhs, dst, |a, b| apply_binary(other, a, b)),
     }
+}
+
+#[inline(always)]
+fn binary_in_place_body(op: BinaryOp, acc: &mut [f32], rhs: &[f32]) {
+    binary_body(op, InPlace, rhs, acc)
+}
+
+#[inline(always)]
+fn binary_into_body(op: BinaryOp, lhs: &[f32], rhs: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    binary_body(op, &lhs[..n], &rhs[..n], out)
 }
 
 dispatch_avx2! {
     /// Replaces `acc[i]` by `op(acc[i], rhs[i])` over the common length.
-    pub fn binary_in_place(op: BinaryOp, acc: &mut [f32], rhs: &[f32]) = binary_body;
+    pub fn binary_in_place(op: BinaryOp, acc: &mut [f32], rhs: &[f32]) = binary_in_place_body;
+}
+
+dispatch_avx2! {
+    /// Writes `op(lhs[i], rhs[i])` to `out[i]` (both operands at least as long as `out`).
+    pub fn binary_into(op: BinaryOp, lhs: &[f32], rhs: &[f32], out: &mut [f32]) = binary_into_body;
 }

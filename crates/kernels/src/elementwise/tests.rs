@@ -139,6 +139,9 @@ fn every_unary_op_matches_the_reference() {
             slice::unary_in_place(op, &mut got);
             // Math approximations: relative 4e-6 (see kernels::math); tiny outputs absolutely.
             assert_close_in(precision, &format!("{op:?}"), &got, &want.data, 1e-6, 4e-6);
+            let mut into = vec![f32::NAN; x.len()];
+            slice::unary_into(op, &x, &mut into);
+            assert_same_bits(&format!("{op:?} into"), &into, &got);
         }
         for to in CASTS {
             let shape = [x.len()];
@@ -146,6 +149,9 @@ fn every_unary_op_matches_the_reference() {
             let mut got = x.clone();
             slice::cast_in_place(to, &mut got);
             assert_same_bits(&format!("{to:?}"), &got, &want.data);
+            let mut into = vec![f32::NAN; x.len()];
+            slice::cast_into(to, &x, &mut into);
+            assert_same_bits(&format!("{to:?} into"), &into, &got);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Calling a prepared kernel on one step's operands: f32 views of the inputs, the integer
 //! input where the op reads one, and the output slice.
 
-use crate::elementwise::slice::{binary_in_place, unary_in_place};
+use crate::elementwise::slice::{binary_in_place, binary_into, unary_in_place, unary_into};
 use crate::elementwise::{fused_elementwise, ElementwiseParams};
 use crate::par::for_each_chunk_mut;
 use crate::{
@@ -91,16 +91,19 @@ impl StepKernel {
                 }
             }
             StepKernel::Unary(op, p) => chunked(p, out, |start, chunk| {
-                if !in_place {
-                    chunk.copy_from_slice(&x(0).data[start..start + chunk.len()]);
+                if in_place {
+                    unary_in_place(*op, chunk);
+                } else {
+                    unary_into(*op, &x(0).data[start..start + chunk.len()], chunk);
                 }
-                unary_in_place(*op, chunk);
             })?,
             StepKernel::Binary(op, None, p) => chunked(p, out, |start, chunk| {
-                if !in_place {
-                    chunk.copy_from_slice(&x(0).data[start..start + chunk.len()]);
+                let rhs = &x(1).data[start..start + chunk.len()];
+                if in_place {
+                    binary_in_place(*op, chunk, rhs);
+                } else {
+                    binary_into(*op, &x(0).data[start..start + chunk.len()], rhs, chunk);
                 }
-                binary_in_place(*op, chunk, &x(1).data[start..start + chunk.len()]);
             })?,
             StepKernel::Binary(_, Some(program), p) | StepKernel::Fused(program, p) => {
                 fused_elementwise(program, inputs, p, out)?
