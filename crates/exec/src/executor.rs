@@ -74,6 +74,8 @@ struct StepPlan {
     prepared: PreparedStep,
     /// Depends on parameters alone: runs only after they change.
     hoisted: bool,
+    /// Hoisted and reading no parameter, even indirectly (a constant, a rope table): runs once.
+    constant: bool,
 }
 
 /// Operand views kept on the stack up to this many inputs.
@@ -92,6 +94,8 @@ pub struct Executor {
     hoisted: AlignedBuf,
     /// The hoisted values and the packed weights hold the current parameters' values.
     hoisted_ready: bool,
+    /// The hoisted values that read no parameter have been computed.
+    constants_ready: bool,
     /// The weights matmuls read packed ([`PreparedStep::packed_b`]).
     packed: AlignedBuf,
     inputs: Vec<AlignedBuf>,
@@ -218,13 +222,26 @@ impl Executor {
             allocated,
             planned.saturating_add(staging).saturating_add(packed_bytes),
         )?;
+        let mut reads_params: Vec<bool> = module
+            .values
+            .iter()
+            .map(|v| matches!(v.storage, Storage::Param { .. }))
+            .collect();
         let plans = needs
             .steps
             .into_iter()
             .zip(&module.steps)
-            .map(|(prepared, step)| StepPlan {
-                prepared,
-                hoisted: matches!(slots[step.outputs[0] as usize].place, Place::Hoisted(_)),
+            .map(|(prepared, step)| {
+                let params = step.inputs.iter().any(|&i| reads_params[i as usize]);
+                for &o in &step.outputs {
+                    reads_params[o as usize] = params;
+                }
+                let hoisted = matches!(slots[step.outputs[0] as usize].place, Place::Hoisted(_));
+                StepPlan {
+                    prepared,
+                    hoisted,
+                    constant: hoisted && !params,
+                }
             })
             .collect();
         Ok(Executor {
@@ -233,6 +250,7 @@ impl Executor {
             arena,
             hoisted,
             hoisted_ready: false,
+            constants_ready: false,
             packed,
             inputs_set: vec![false; inputs.len()],
             inputs,
@@ -440,6 +458,7 @@ impl Executor {
             arena,
             hoisted,
             hoisted_ready,
+            constants_ready,
             packed,
             inputs,
             params,
@@ -477,7 +496,12 @@ impl Executor {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
             for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
-                if plan.hoisted && *hoisted_ready {
+                let ready = if plan.constant {
+                    *constants_ready
+                } else {
+                    *hoisted_ready
+                };
+                if plan.hoisted && ready {
                     times[s] = None;
                     continue;
                 }
@@ -521,6 +545,7 @@ impl Executor {
                 }
             }
             *hoisted_ready = true;
+            *constants_ready = true;
             Ok(())
         });
         par::record_busy(false);

@@ -479,3 +479,76 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
     m.values[1].storage = Storage::Next { name: "x0".into() };
     rejected(m, "no input or parameter `x0` has its type");
 }
+
+#[test]
+fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
+    // y = x + neg(w) + c: `c` (a constant) and `neg(w)` are hoisted; a parameter change (a
+    // training step's write-back, a reload) recomputes `neg(w)` but never the constant.
+    let t = TensorType::new(DType::F32, [4]);
+    let scalar = TensorType::new(DType::F32, Vec::<i64>::new());
+    let value = |ty: &TensorType, storage| ValueInfo {
+        ty: ty.clone(),
+        storage,
+    };
+    let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
+        op,
+        kernel: choose_kernel(op),
+        attrs,
+        inputs,
+        outputs: vec![out],
+        origin: String::new(),
+        loc: None,
+    };
+    let module = Module {
+        name: "hoisting".into(),
+        target: "cpu".into(),
+        target_fingerprint: String::new(),
+        values: vec![
+            value(&t, Storage::Input { name: "x".into() }),
+            value(
+                &t,
+                Storage::Param {
+                    path: "w".into(),
+                    init: mslc_core::program::Init::Ones,
+                    trainable: true,
+                },
+            ),
+            value(&scalar, Storage::Hoisted { offset: 0 }),
+            value(&t, Storage::Hoisted { offset: 64 }),
+            value(&t, Storage::Arena { offset: 0 }),
+            value(&t, Storage::Arena { offset: 64 }),
+        ],
+        steps: vec![
+            step(
+                Op::Constant,
+                Attrs::new().with("value", 0.5).with("dtype", DType::F32),
+                vec![],
+                2,
+            ),
+            step(Op::Neg, Attrs::new(), vec![1], 3),
+            step(Op::Add, Attrs::new(), vec![0, 3], 4),
+            step(Op::Add, Attrs::new(), vec![4, 2], 5),
+        ],
+        outputs: vec![("y".into(), 5)],
+        arena_bytes: 128,
+        hoisted_bytes: 128,
+    };
+    let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
+    exec.set_input(
+        "x",
+        &NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
+    )
+    .unwrap();
+    exec.init_params(0);
+    let ran =
+        |exec: &Executor| -> Vec<bool> { exec.step_times().iter().map(Option::is_some).collect() };
+    exec.run().unwrap();
+    assert_eq!(ran(&exec), [true, true, true, true]);
+    assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+    exec.run().unwrap();
+    assert_eq!(ran(&exec), [false, false, true, true]);
+    exec.init_params(0);
+    exec.run().unwrap();
+    assert_eq!(ran(&exec), [false, true, true, true]);
+    assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+}
