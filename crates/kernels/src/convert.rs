@@ -81,6 +81,39 @@ dispatch_avx2! {
     fn bf16_narrow(src: &[f32], dst: &mut [bf16]) = bf16_narrow_body;
 }
 
+#[inline(always)]
+fn bf16_round_body(src: &[f32], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f32::from_bits(u32::from(bf16_bits(s)) << 16);
+    }
+}
+
+dispatch_avx2! {
+    fn bf16_round(src: &[f32], dst: &mut [f32]) = bf16_round_body;
+}
+
+/// The value each of `src` keeps once stored as f16, as f32, into `dst` (over the common
+/// length): what a fused program's f16 intermediate holds.
+pub fn round_through_f16(src: &[f32], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let (src, dst) = (&src[..n], &mut dst[..n]);
+    let done = if has_f16c() {
+        // SAFETY: F16C and AVX2 are present; lengths are equal.
+        unsafe { f16c::round_trip(src, dst) }
+    } else {
+        0
+    };
+    for (d, &s) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = f16::from_f32(s).to_f32();
+    }
+}
+
+/// The value each of `src` keeps once stored as bf16, as f32, into `dst` (over the common
+/// length).
+pub fn round_through_bf16(src: &[f32], dst: &mut [f32]) {
+    bf16_round(src, dst);
+}
+
 /// Widens bf16 values to f32 (exact).
 pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) -> KernelResult<()> {
     same_len("bf16_to_f32", src.len(), dst.len())?;
@@ -118,6 +151,25 @@ mod f16c {
         full
     }
 
+    /// Rounds whole groups of 8 to f16 (nearest even) and widens them back; returns how many
+    /// values were done.
+    ///
+    /// # Safety
+    /// F16C and AVX2 must be available and `src.len() == dst.len()`.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn round_trip(src: &[f32], dst: &mut [f32]) -> usize {
+        let full = src.len() - src.len() % 8;
+        for i in (0..full).step_by(8) {
+            // SAFETY: i + 8 <= full <= len of both slices.
+            unsafe {
+                let v = _mm256_loadu_ps(src.as_ptr().add(i));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+        }
+        full
+    }
+
     /// Narrows whole groups of 8 with round-to-nearest-even; returns how many were converted.
     ///
     /// # Safety
@@ -148,6 +200,11 @@ mod f16c {
 
     /// No F16C off x86: nothing converted here.
     pub unsafe fn narrow(_: &[f32], _: &mut [f16]) -> usize {
+        0
+    }
+
+    /// No F16C off x86: nothing rounded here.
+    pub unsafe fn round_trip(_: &[f32], _: &mut [f32]) -> usize {
         0
     }
 }

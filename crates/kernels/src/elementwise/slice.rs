@@ -2,6 +2,7 @@
 //! the CPU has them.
 
 use super::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
+use crate::convert::{round_through_bf16, round_through_f16};
 use crate::cpu::dispatch_avx2;
 use crate::math;
 
@@ -79,23 +80,22 @@ dispatch_avx2! {
 }
 
 #[inline(always)]
-fn cast_in_place_body(to: CastTarget, xs: &mut [f32]) {
-    map(InPlace, xs, |x| to.apply(x));
-}
-
-#[inline(always)]
 fn cast_into_body(to: CastTarget, xs: &[f32], out: &mut [f32]) {
     map(&xs[..out.len()], out, |x| to.apply(x));
 }
 
 dispatch_avx2! {
-    /// Replaces every `x` in `xs` by the value `to` holds for it.
-    pub fn cast_in_place(to: CastTarget, xs: &mut [f32]) = cast_in_place_body;
+    fn cast_generic(to: CastTarget, xs: &[f32], out: &mut [f32]) = cast_into_body;
 }
 
-dispatch_avx2! {
-    /// Writes the value `to` holds for `xs[i]` to `out[i]` (`xs` at least as long as `out`).
-    pub fn cast_into(to: CastTarget, xs: &[f32], out: &mut [f32]) = cast_into_body;
+/// Writes the value `to` holds for `xs[i]` to `out[i]` (`xs` at least as long as `out`); f16
+/// and bf16 round with the CPU's conversion instructions where it has them.
+pub fn cast_into(to: CastTarget, xs: &[f32], out: &mut [f32]) {
+    match to {
+        CastTarget::F16 => round_through_f16(xs, out),
+        CastTarget::Bf16 => round_through_bf16(xs, out),
+        _ => cast_generic(to, xs, out),
+    }
 }
 
 #[inline(always)]

@@ -57,11 +57,7 @@ fn eval_one(p: &Program, inputs: &[f32]) -> f32 {
                 slice::unary_in_place(op, &mut v);
                 v[0]
             }
-            Instr::Cast { to, x } => {
-                let mut v = [regs[x]];
-                slice::cast_in_place(to, &mut v);
-                v[0]
-            }
+            Instr::Cast { to, x } => to.apply(regs[x]),
             Instr::Binary { op, a, b } => apply_binary(op, regs[a], regs[b]),
         };
         regs.push(v);
@@ -146,12 +142,9 @@ fn every_unary_op_matches_the_reference() {
         for to in CASTS {
             let shape = [x.len()];
             let want = reference::cast(TensorRef::new("t", &x, &shape).unwrap(), to).unwrap();
-            let mut got = x.clone();
-            slice::cast_in_place(to, &mut got);
+            let mut got = vec![f32::NAN; x.len()];
+            slice::cast_into(to, &x, &mut got);
             assert_same_bits(&format!("{to:?}"), &got, &want.data);
-            let mut into = vec![f32::NAN; x.len()];
-            slice::cast_into(to, &x, &mut into);
-            assert_same_bits(&format!("{to:?} into"), &into, &got);
         }
     }
 }
