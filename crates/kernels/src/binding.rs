@@ -107,6 +107,7 @@ impl KernelKind {
             | Op::LogSoftmax
             | Op::RmsNorm
             | Op::RmsNormScale
+            | Op::BatchNorm
             | Op::LayerNorm
             | Op::LayerNormAffine
             | Op::Rope

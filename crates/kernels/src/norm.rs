@@ -1,5 +1,5 @@
 //! rms_norm (+scale) and layer_norm (+affine) over the last dim, one vectorised pass per
-//! statistic, rows in parallel.
+//! statistic, rows in parallel; batch_norm with given statistics over channel planes.
 
 use super::cpu::dispatch_avx2;
 use super::error::{KernelError, KernelResult};
@@ -128,6 +128,60 @@ pub fn layer_norm(
     Ok(())
 }
 
+#[inline(always)]
+fn standardize_body(src: &[f32], dst: &mut [f32], mean: f64, std: f64) {
+    for (o, &v) in dst.iter_mut().zip(src) {
+        *o = ((f64::from(v) - mean) / std) as f32;
+    }
+}
+
+dispatch_avx2! {
+    /// `dst[i] = (src[i] − mean) / std`, computed in f64 and rounded once.
+    fn standardize(src: &[f32], dst: &mut [f32], mean: f64, std: f64) = standardize_body;
+}
+
+/// `batch_norm(x [N, C, ...], mean [C], var [C])`: `(x − mean) / √(var + eps)` per channel,
+/// in f64 rounded once (exactly the reference's values), channel planes in parallel.
+pub fn batch_norm(
+    x: TensorRef<'_>,
+    mean: TensorRef<'_>,
+    var: TensorRef<'_>,
+    eps: f64,
+    params: &RowParams,
+    out: &mut [f32],
+) -> KernelResult<()> {
+    const OP: &str = "batch_norm";
+    check_len(OP, "x", x.data.len(), x.shape)?;
+    check_len(OP, "out", out.len(), x.shape)?;
+    if x.shape.len() < 2 {
+        return Err(KernelError::new(OP, "x must be [N, C, ...]"));
+    }
+    let c = x.shape[1];
+    for (what, t) in [("mean", mean), ("var", var)] {
+        check_len(OP, what, t.data.len(), t.shape)?;
+        if t.shape != [c] {
+            return Err(KernelError::new(
+                OP,
+                format!("{what} has shape {:?}, expected [{c}]", t.shape),
+            ));
+        }
+    }
+    let plane: usize = x.shape[2..].iter().product();
+    for_each_row_group(params, x.data.len(), out, plane, |first, chunk| {
+        let src = &x.data[first * plane..first * plane + chunk.len()];
+        for (p, (xs, os)) in src
+            .chunks_exact(plane)
+            .zip(chunk.chunks_exact_mut(plane))
+            .enumerate()
+        {
+            let ch = (first + p) % c;
+            let std = (f64::from(var.data[ch]) + eps).sqrt();
+            standardize(xs, os, f64::from(mean.data[ch]), std);
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +233,36 @@ mod tests {
             assert_same_bits("threads", &one, &in_pool(2, run));
             // The f32 mean loses digits when |mean| >> spread; outputs are O(1).
             assert_close_in(precision, "norm", &one, &want.data, 2e-5, 1e-5);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn batch_norm_gives_the_reference_bits(
+            shape in prop::collection::vec(1usize..6, 2..5),
+            task in prop::sample::select(vec![1usize, 7, 1 << 14]),
+            seed in any::<u64>(),
+        ) {
+            let mut rng = Rng::new(seed);
+            let c = shape[1];
+            let x = rng.vec(shape.iter().product(), 3.0);
+            let mean = rng.vec(c, 1.0);
+            let var: Vec<f32> = rng.vec(c, 2.0).into_iter().map(f32::abs).collect();
+            let xt = TensorRef::new("t", &x, &shape).unwrap();
+            let channels = [c];
+            let mt = TensorRef::new("t", &mean, &channels).unwrap();
+            let vt = TensorRef::new("t", &var, &channels).unwrap();
+            let want = reference::batch_norm(xt, mt, vt, 1e-5).unwrap();
+            let params = RowParams { task_elems: task, min_parallel_elems: 0 };
+            let run = || {
+                let mut out = vec![f32::NAN; x.len()];
+                batch_norm(xt, mt, vt, 1e-5, &params, &mut out).unwrap();
+                out
+            };
+            assert_same_bits("batch_norm, 1 thread", &in_pool(1, run), &want.data);
+            assert_same_bits("batch_norm, 2 threads", &in_pool(2, run), &want.data);
         }
     }
 

@@ -178,9 +178,7 @@ impl StepKernel {
                 let t = reference::dropout(x(0), *p, Some((seed, *salt)))?;
                 copy_tensor(out, t)?
             }
-            StepKernel::BatchNorm(eps) => {
-                copy_tensor(out, reference::batch_norm(x(0), x(1), x(2), *eps)?)?
-            }
+            StepKernel::BatchNorm(eps, p) => norm::batch_norm(x(0), x(1), x(2), *eps, p, out)?,
             StepKernel::CausalMask(size) => copy_tensor(out, reference::causal_mask(*size))?,
             StepKernel::MseLoss => copy_tensor(out, reference::mse_loss(x(0), x(1))?)?,
             StepKernel::NormGrad(true, eps, p) => {

@@ -90,8 +90,8 @@ pub enum StepKernel {
     Slice(i64, i64, i64),
     /// `select` (reference kernel).
     Select(i64, i64),
-    /// `batch_norm` (reference kernel).
-    BatchNorm(f64),
+    /// `batch_norm` with its eps.
+    BatchNorm(f64, RowParams),
     /// Training-mode `dropout(x, seed)` (input 1 read as the integer seed): `p` and the op's
     /// `salt`.
     Dropout(f64, i64),
@@ -337,7 +337,7 @@ pub fn prepare(
             a.int("end").map_err(err)?,
         ),
         Op::Select => StepKernel::Select(a.int("axis").map_err(err)?, a.int("index").map_err(err)?),
-        Op::BatchNorm => StepKernel::BatchNorm(a.float("eps").map_err(err)?),
+        Op::BatchNorm => StepKernel::BatchNorm(a.float("eps").map_err(err)?, decode_params(k)?),
         Op::CausalMask => StepKernel::CausalMask(usize_of(a.int("size").map_err(err)?, "size")?),
         Op::MseLoss => StepKernel::MseLoss,
         Op::RmsNormGrad | Op::LayerNormGrad => StepKernel::NormGrad(
