@@ -403,15 +403,17 @@ fn crafted_overlaps_and_kernels_are_rejected() {
     assert!(e.message.contains("invalid module"), "{}", e.message);
 }
 
+/// Asserts the executor refuses module `m` as invalid, with a message containing `want`.
+fn rejected(m: Module, want: &str) {
+    let e = Executor::new(m, &ExecOptions::default())
+        .err()
+        .expect("rejected");
+    assert_eq!(e.kind, ExecErrorKind::Module);
+    assert!(e.message.contains(want), "want `{want}`: {}", e.message);
+}
+
 #[test]
 fn crafted_hoisted_values_are_rejected() {
-    let rejected = |m: Module, want: &str| {
-        let e = Executor::new(m, &ExecOptions::default())
-            .err()
-            .expect("rejected");
-        assert_eq!(e.kind, ExecErrorKind::Module);
-        assert!(e.message.contains(want), "want `{want}`: {}", e.message);
-    };
     // Computed from an input, so it would go stale on the next run.
     let mut m = in_place_chain();
     m.values[1].storage = Storage::Hoisted { offset: 0 };
@@ -457,14 +459,6 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
     assert_eq!(exec.output_f32("x0").unwrap().1, [1.0, -2.0, 3.0, 0.5]);
     exec.run().unwrap();
     assert_eq!(exec.output_f32("x0").unwrap().1, [1.0, -2.0, 3.0, 0.5]);
-
-    let rejected = |m: Module, want: &str| {
-        let e = Executor::new(m, &ExecOptions::default())
-            .err()
-            .expect("rejected");
-        assert_eq!(e.kind, ExecErrorKind::Module);
-        assert!(e.message.contains(want), "want `{want}`: {}", e.message);
-    };
     // Output under another name than the input it claims to replace.
     let mut m = next_of_input();
     m.outputs = vec![("y".into(), 1)];
