@@ -1,12 +1,12 @@
 //! `mslc build`: artifacts for every example, determinism across thread counts, the memory
 //! plan against its lower bound, and bad input that must fail cleanly with nothing written.
 
+use super::support::mslc_command;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn mslc(args: &[&str], threads: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
+    mslc_command(args)
         .env("RAYON_NUM_THREADS", threads)
         .output()
         .expect("run mslc")

@@ -3,8 +3,9 @@
 //! `--check` prints a diff and exits 1; a file with a syntax error or that is not a regular file
 //! is reported, coded, and left alone.
 
+use super::support::mslc_command;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use mslc_core::diag::FileId;
 use mslc_syntax::format::{format_source, WIDTH};
@@ -13,10 +14,7 @@ use mslc_syntax::{parse, trivia};
 use super::round_trip::{msl_files, same_tree};
 
 fn mslc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
-        .output()
-        .expect("run mslc")
+    mslc_command(args).output().expect("run mslc")
 }
 
 fn comment_texts(text: &str) -> Vec<String> {

@@ -2,17 +2,16 @@
 //! paths. Each must end in a coded error (or a clean success), never a panic (exit 3 or 101),
 //! an abort (134) or a hang, and must not write where it was not asked to.
 
+use super::support::mslc_command;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use mslc_artifact::{decode, encode, Module, Storage};
 use mslc_kernels::binding::KernelParam;
 
 /// Runs the binary in the repository root with JSON diagnostics.
 fn mslc(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .arg("--message-format=json")
-        .args(args)
+    let out = mslc_command(&[&["--message-format=json"], args].concat())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("mslc runs");

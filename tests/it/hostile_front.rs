@@ -2,6 +2,7 @@
 //! files): each ends with coded diagnostics or success, never a panic (101), an abort (134),
 //! the internal-error exit (3) or a hang.
 
+use super::support::mslc_command;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -28,8 +29,7 @@ impl Run {
 /// Runs `mslc` with `args`, killing it after `limit`; panics (failing the test) on a hang or a
 /// crash exit.
 fn mslc_within(args: &[&str], limit: Duration) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
+    let mut child = mslc_command(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

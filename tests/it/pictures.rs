@@ -2,21 +2,20 @@
 //! origins shown, a cluster per layer, long runs of identical layers elided) and the memory
 //! timeline SVG (one rectangle per planned buffer, the lower bound drawn), each parsed back.
 
+use super::support::mslc_command;
 use std::path::Path;
-use std::process::Command;
 
 fn build(example: &str, dir: &Path, emit: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args([
-            "build",
-            example,
-            "-o",
-            dir.to_str().unwrap(),
-            "--emit",
-            emit,
-        ])
-        .output()
-        .expect("run mslc");
+    let out = mslc_command(&[
+        "build",
+        example,
+        "-o",
+        dir.to_str().unwrap(),
+        "--emit",
+        emit,
+    ])
+    .output()
+    .expect("run mslc");
     assert!(
         out.status.success(),
         "{}",
@@ -181,19 +180,18 @@ fn a_hoisted_f16_copy_of_the_embedding_spans_the_whole_run() {
 fn the_profile_has_a_named_track_per_pool_thread_a_memory_counter_and_layer_names() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args([
-            "run",
-            "examples/tiny_llama.msl",
-            "--init-seed",
-            "1",
-            "--threads",
-            "2",
-        ])
-        .args(["--iterations", "2", "--set", "layers=1", "--profile"])
-        .arg(&trace)
-        .output()
-        .expect("run mslc");
+    let out = mslc_command(&[
+        "run",
+        "examples/tiny_llama.msl",
+        "--init-seed",
+        "1",
+        "--threads",
+        "2",
+    ])
+    .args(["--iterations", "2", "--set", "layers=1", "--profile"])
+    .arg(&trace)
+    .output()
+    .expect("run mslc");
     assert!(
         out.status.success(),
         "{}",

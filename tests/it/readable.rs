@@ -1,13 +1,10 @@
 //! What a person reads after `check` and `build`: one success line, a parameter table that
 //! collapses repeated layers, and sizes in the unit that suits them.
 
-use std::process::Command;
+use super::support::mslc_command;
 
 fn mslc(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
-        .output()
-        .expect("run mslc");
+    let out = mslc_command(args).output().expect("run mslc");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -81,8 +78,7 @@ fn build_prints_sizes_in_units_that_read() {
 
 #[test]
 fn a_long_run_into_a_pipe_shows_no_progress_bar_and_names_its_peak() {
-    let out = Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(["run", "examples/tiny_llama.msl", "--init-seed", "1"])
+    let out = mslc_command(&["run", "examples/tiny_llama.msl", "--init-seed", "1"])
         .args(["--set", "layers=1", "--iterations", "30", "--threads", "2"])
         .output()
         .expect("run mslc");

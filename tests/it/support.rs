@@ -5,16 +5,21 @@ use std::process::{Command, Output};
 
 /// Runs the `mslc` binary with `args` on one executor thread.
 pub fn mslc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
+    mslc_command(args)
         .env("RAYON_NUM_THREADS", "1")
-        // No tuning knowledge base of the user's changes what a build chooses.
-        .env(
-            "XDG_CACHE_HOME",
-            std::env::temp_dir().join("mslc-tests-no-cache"),
-        )
         .output()
         .expect("run mslc")
+}
+
+/// The command running the `mslc` binary under test with `args`, isolated from the user's
+/// environment: no tuning knowledge base of the user's changes what a build chooses.
+pub fn mslc_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mslc"));
+    command.args(args).env(
+        "XDG_CACHE_HOME",
+        std::env::temp_dir().join("mslc-tests-no-cache"),
+    );
+    command
 }
 
 /// The codes of the JSON objects on stdout that carry one, in order.

@@ -452,8 +452,7 @@ fn a_kill_during_saving_leaves_every_checkpoint_loadable() {
         "--output-dir",
         s(&out),
     ]);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(&args)
+    let mut child = crate::support::mslc_command(&args)
         .current_dir(root())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

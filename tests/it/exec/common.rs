@@ -276,14 +276,8 @@ impl Drop for TestDir {
 
 /// Runs the `mslc` binary with `args`; (exit code, stdout, stderr).
 pub fn mslc(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
+    let out = crate::support::mslc_command(args)
         .current_dir(root())
-        // No tuning knowledge base of the user's changes what a build chooses.
-        .env(
-            "XDG_CACHE_HOME",
-            std::env::temp_dir().join("mslc-tests-no-cache"),
-        )
         .output()
         .expect("mslc runs");
     (

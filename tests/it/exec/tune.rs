@@ -165,8 +165,7 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
         "--budget",
         "10m",
     ];
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mslc"))
-        .args(args)
+    let child = crate::support::mslc_command(&args)
         .current_dir(super::common::root())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
