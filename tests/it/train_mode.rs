@@ -4,7 +4,7 @@
 //! scaling measured through the loss and the gradient, the backward's mask the forward's, and
 //! masks that a resume reproduces byte for byte.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
@@ -51,19 +51,17 @@ fn write_f32s(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
 }
 
 /// Three SGD steps (batches of 6, taken from the train's `batch` without `--dim`) of a
-/// conv → BatchNorm2d → relu → linear classifier: every step's loss, the first step's
-/// gradients (through the batch statistics) and the final parameters and running statistics
-/// within 1e-4 relative of the float64 reference; then `mslc run` of the checkpoint stays in
-/// eval mode, normalising with the saved running statistics, as the reference's eval forward.
-#[test]
-fn batch_norm_trains_with_batch_statistics_as_torch() {
-    if !have_python_module("jax") {
-        eprintln!("note: python3 with jax is not available; skipping the BatchNorm check");
-        return;
-    }
-    let dir = TestDir::new("train-mode-bn");
+/// The ConvNet of [`BN_SOURCE`] in `dir` with `train_fields` added to its train and `policies`
+/// after it, random weights for it, and 14 random samples in a data directory: the source,
+/// weights and data paths and the images.
+fn bn_setup(
+    dir: &TestDir,
+    train_fields: &str,
+    policies: &str,
+) -> (PathBuf, PathBuf, PathBuf, Vec<f32>) {
     let source = dir.path("convnet.msl");
-    std::fs::write(&source, BN_SOURCE).unwrap();
+    let train = BN_SOURCE.replace("    batch = 6\n", &format!("    batch = 6\n{train_fields}"));
+    std::fs::write(&source, format!("{train}{policies}")).unwrap();
     let mut rng = Rng(21);
     let weights = dir.path("w.safetensors");
     write_f32s(
@@ -97,6 +95,68 @@ fn batch_norm_trains_with_batch_statistics_as_torch() {
         &NpyArray::from_i64(vec![samples], &labels).unwrap(),
     )
     .unwrap();
+    (source, weights, data, images)
+}
+
+/// A step that loss scaling skips leaves every parameter as it was but, as PyTorch's forward in
+/// `model.train()` (and MindSpore's, whose BatchNorm assigns its statistics in the forward),
+/// still moves the running statistics: a fixed scale of 2^30 overflows f16 on every step.
+#[test]
+fn a_skipped_update_still_moves_the_running_statistics() {
+    let dir = TestDir::new("train-mode-bn-skip");
+    let policy = "precision Half {\n    level = O2\n    compute = f16\n    loss_scale = fixed(1073741824)\n}\n";
+    let (source, weights, data, _) = bn_setup(&dir, "    precision = Half\n", policy);
+    let (out, metrics) = (dir.path("out"), dir.path("m.jsonl"));
+    let (code, stdout, stderr) = mslc(&[
+        "train",
+        s(&source),
+        "--weights",
+        s(&weights),
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+        "--output-dir",
+        s(&out),
+        "--metrics",
+        s(&metrics),
+    ]);
+    assert_eq!(code, 0, "mslc train:\n{stdout}\n{stderr}");
+    let skipped: Vec<bool> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["skipped"] == true)
+        .collect();
+    assert_eq!(skipped, [true, true]);
+    let model = out.join("step-2/model.safetensors");
+    for name in [
+        "conv.weight",
+        "bn.weight",
+        "bn.bias",
+        "head.weight",
+        "head.bias",
+    ] {
+        let (got, before) = (safetensor_f64(&model, name), safetensor_f64(&weights, name));
+        assert_eq!(got, before, "{name} changed in a skipped step");
+    }
+    for name in ["bn.running_mean", "bn.running_var"] {
+        let (got, before) = (safetensor_f64(&model, name), safetensor_f64(&weights, name));
+        assert_ne!(got, before, "{name} did not move");
+    }
+}
+
+/// conv → BatchNorm2d → relu → linear classifier: every step's loss, the first step's
+/// gradients (through the batch statistics) and the final parameters and running statistics
+/// within 1e-4 relative of the float64 reference; then `mslc run` of the checkpoint stays in
+/// eval mode, normalising with the saved running statistics, as the reference's eval forward.
+#[test]
+fn batch_norm_trains_with_batch_statistics_as_torch() {
+    if !have_python_module("jax") {
+        eprintln!("note: python3 with jax is not available; skipping the BatchNorm check");
+        return;
+    }
+    let dir = TestDir::new("train-mode-bn");
+    let (source, weights, data, images) = bn_setup(&dir, "", "");
     let eval_images = dir.path("eval_images.npy");
     write_npy(
         &eval_images,
