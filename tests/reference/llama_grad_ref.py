@@ -15,7 +15,6 @@ and `loss`. With --steps N it also trains N steps of torch.optim.AdamW's documen
 (decoupled decay, bias correction), in float64, on batches of B rows taken in order (an epoch
 is N // B batches), and adds `losses`, each step's loss before its update.
 """
-import argparse
 import json
 import struct
 
@@ -49,15 +48,7 @@ def write_safetensors(path, tensors):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("weights")
-    ap.add_argument("tokens")
-    ap.add_argument("out")
-    ap.add_argument("--layers", type=int, required=True)
-    ap.add_argument("--heads", type=int, required=True)
-    ap.add_argument("--kv-heads", type=int)
-    ap.add_argument("--eps", type=float, default=1e-6)
-    ap.add_argument("--theta", type=float, default=10000.0)
+    ap = llama_ref.model_arguments()
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--batch", type=int)
     ap.add_argument("--lr", type=float, default=1e-3)

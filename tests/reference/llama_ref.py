@@ -98,7 +98,8 @@ def forward(w, tokens, layers, heads, kv_heads, eps, theta):
     return x @ w["lm_head.weight"].T
 
 
-def main():
+def model_arguments():
+    """The command line both LLaMA references share: weights, tokens, output and the config."""
     ap = argparse.ArgumentParser()
     ap.add_argument("weights")
     ap.add_argument("tokens")
@@ -108,7 +109,11 @@ def main():
     ap.add_argument("--kv-heads", type=int)
     ap.add_argument("--eps", type=float, default=1e-6)
     ap.add_argument("--theta", type=float, default=10000.0)
-    a = ap.parse_args()
+    return ap
+
+
+def main():
+    a = model_arguments().parse_args()
     w = load_safetensors(a.weights)
     tokens = np.load(a.tokens).astype(np.int64)
     logits = forward(w, tokens, a.layers, a.heads, a.kv_heads or a.heads, a.eps, a.theta)
