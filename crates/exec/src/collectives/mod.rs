@@ -9,6 +9,7 @@
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub(crate) mod step;
 pub mod threads;
 
 use crate::error::{ExecError, ExecErrorKind, ExecResult};

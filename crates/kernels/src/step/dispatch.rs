@@ -180,6 +180,12 @@ impl StepKernel {
             }
             StepKernel::CausalMask(size) => copy_tensor(out, reference::causal_mask(*size))?,
             StepKernel::MseLoss => copy_tensor(out, reference::mse_loss(x(0), x(1))?)?,
+            StepKernel::Collective(c) => {
+                return Err(KernelError::new(
+                    c.op.name(),
+                    "a collective runs through the executor's collectives, not a kernel",
+                ))
+            }
             StepKernel::NormGrad(true, eps, p) => {
                 norm_grad::rms_norm_grad(x(0), x(1), *eps, p, out)?
             }
