@@ -7,15 +7,21 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mslc_check::check_path;
+use mslc_check::decls::Train;
+use mslc_check::{check_path, Checked};
 use mslc_core::diag::Code;
-use mslc_driver::recompute::MemoryRequest;
+use mslc_driver::loss_scale::LossScaler;
+use mslc_driver::parallel::plan_train;
+use mslc_driver::ranks;
+use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
     choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
 };
 use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
+use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
+use mslc_plan::memory::MemoryPlan;
 use mslc_io::safetensors::SafetensorsFile;
 
 use super::output::Failure;
@@ -64,9 +70,14 @@ pub struct TrainArgs {
     /// After the first update's backward, write DIR/grads.safetensors and DIR/loss.npy.
     #[arg(long, value_name = "DIR")]
     pub dump_grads: Option<PathBuf>,
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core; with --ranks, the cores shared among the ranks).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Run the train's parallel plan on N ranks, threads of this process exchanging through
+    /// shared memory; N must equal the plan's device count (E0970). Data-parallel plans run
+    /// (E0972 for the others); rank 0 reports and writes the checkpoints.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
     /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
     /// first op that produces one with where it was written and its operands' ranges (E0614).
     #[arg(long)]
@@ -93,6 +104,9 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
     if args.threads == Some(0) {
         return usage("--threads must be at least 1");
     }
+    if args.ranks == Some(0) {
+        return usage("--ranks must be at least 1");
+    }
     if args.save_every == Some(0) {
         return usage("--save-every must be at least 1");
     }
@@ -106,9 +120,10 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     usage_checks(args)?;
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
-    // A step takes one micro-batch, `batch / grad_accum` samples, unless --dim sets the
-    // model's batch dim: check again with that size.
-    if let Some((name, size)) = micro_batch_override(args, &checked, reporter)? {
+    let replicas = replicas(args, &checked, reporter)?;
+    // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
+    // unless --dim sets the model's batch dim: check again with that size.
+    if let Some((name, size)) = micro_batch_override(args, &checked, reporter, replicas)? {
         options.overrides.dims.insert(name, size.to_string());
         checked = check_path(&args.file, &options);
     }
@@ -138,6 +153,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         expose_grads: args.dump_grads.is_some(),
         loss_scale,
         memory: MemoryRequest::of_train(&checked, train),
+        data_parallel: replicas,
     };
     let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => emit(d),
@@ -157,35 +173,123 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let exec_options = ExecOptions {
-        threads: args.threads.unwrap_or(0),
+        threads: ranks::threads_per_rank(args.threads, replicas),
         memory_limit: mslc_exec::limits::available_memory(),
     };
-    let mut exec = Executor::new(module, &exec_options)
-        .map_err(|e| Failure::Message(Code::E0604, e.message))?;
-    if let Some(path) = &args.weights {
-        let file = SafetensorsFile::open(path)
-            .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-        exec.load_weights(file.tensors()).map_err(|e| {
-            Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
-        })?;
-    } else {
-        exec.init_params(args.init_seed.unwrap_or(0));
-    }
-    exec.check_numerics(args.check_numerics);
-    let mut trainer = Trainer::new(
-        exec,
-        compiled,
-        train.spec.schedule,
-        data,
-        args.shuffle,
-        args.seed,
-    )
-    .map_err(|e| Failure::Message(e.code, e.message))?;
-    if let Some(dir) = &args.resume {
-        trainer
-            .resume(dir)
-            .map_err(|e| Failure::Message(e.code, e.message))?;
-    }
+    // One rank: its executor over the shared module, weights and data, its slice of each batch.
+    let rank_loop = |replica: usize, comm: Option<Box<dyn Collectives>>| {
+        let mut exec = Executor::new(module.clone(), &exec_options)
+            .map_err(|e| Failure::Message(Code::E0604, e.message))?;
+        if let Some(comm) = comm {
+            exec.set_collectives(comm);
+        }
+        if let Some(path) = &args.weights {
+            let file = SafetensorsFile::open(path)
+                .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
+            exec.load_weights(file.tensors()).map_err(|e| {
+                Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
+            })?;
+        } else {
+            exec.init_params(args.init_seed.unwrap_or(0));
+        }
+        exec.check_numerics(args.check_numerics);
+        let mut trainer = Trainer::new(
+            exec,
+            compiled.clone(),
+            train.spec.schedule,
+            data.clone(),
+            args.shuffle,
+            args.seed,
+        )
+        .and_then(|mut t| t.shard_data(replica, replicas).map(|()| t))
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+        if let Some(dir) = &args.resume {
+            trainer
+                .resume(dir)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+        }
+        Ok::<Trainer, Failure>(trainer)
+    };
+    let mut comms = ranks::thread_world(replicas)
+        .map_err(|e| Failure::Message(e.code, e.message))?
+        .into_iter();
+    let leader_comm = comms.next().filter(|_| replicas > 1);
+    std::thread::scope(|scope| {
+        // Ranks 1.. step in the background; a rank that fails drops its collectives, and the
+        // others stop at their next collective with E0973 instead of waiting forever.
+        let followers: Vec<_> = comms
+            .enumerate()
+            .map(|(i, comm)| {
+                let rank_loop = &rank_loop;
+                scope.spawn(move || {
+                    let mut trainer = rank_loop(i + 1, Some(comm))?;
+                    while trainer.state().step < args.steps {
+                        trainer
+                            .step()
+                            .map_err(|e| Failure::Message(e.code, e.message))?;
+                    }
+                    Ok::<(), Failure>(())
+                })
+            })
+            .collect();
+        let leader = rank_loop(0, leader_comm).and_then(|trainer| {
+            let summary = Summary {
+                grad_accum,
+                loss_scale,
+                arena: &arena,
+                recompute: &recompute,
+            };
+            lead(args, reporter, &checked, train, trainer, summary)
+        });
+        let (done, mut errors) = match leader {
+            Ok(done) => (Some(done), Vec::new()),
+            Err(e) => (None, vec![e]),
+        };
+        for f in followers {
+            match f.join() {
+                Ok(Err(e)) => errors.push(e),
+                Ok(Ok(())) => {}
+                Err(_) => errors.push(Failure::Message(
+                    Code::E0973,
+                    "a rank's thread panicked".to_string(),
+                )),
+            }
+        }
+        let code = |f: &Failure| match f {
+            Failure::Message(c, _) => Some(*c),
+            _ => None,
+        };
+        match ranks::root_cause(errors, code) {
+            Some(e) => Err(e),
+            None => done.ok_or(Failure::Reported),
+        }
+    })
+}
+
+/// What the summary reports besides the loop's state.
+struct Summary<'a> {
+    grad_accum: u32,
+    loss_scale: LossScaler,
+    arena: &'a MemoryPlan,
+    recompute: &'a RecomputeReport,
+}
+
+/// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
+/// the summary.
+fn lead(
+    args: &TrainArgs,
+    reporter: &Reporter,
+    checked: &Checked,
+    train: &Train,
+    mut trainer: Trainer,
+    summary: Summary,
+) -> Result<(String, serde_json::Value), Failure> {
+    let Summary {
+        grad_accum,
+        loss_scale,
+        arena,
+        recompute,
+    } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes = Vec::new();
     if dropped > 0 {
@@ -304,12 +408,32 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     Ok((text, json))
 }
 
-/// The model dim to set to the train's micro-batch size ([`micro_batch_dim`]); nothing for a
-/// source that did not check (its errors come later).
+/// The data-parallel replicas `--ranks` runs the train's plan with (1 without `--ranks`: one
+/// device, whatever the plan); nothing to check for a source with errors (they come later).
+fn replicas(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
+    let Some(world) = args.ranks else {
+        return Ok(1);
+    };
+    if checked.has_errors() {
+        return Ok(1);
+    }
+    let emit = |d: Box<mslc_core::diag::Diagnostic>| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    };
+    let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
+    let plan = plan_train(checked, train).map_err(emit)?;
+    ranks::data_parallel_degree(plan.as_ref(), world, "--ranks")
+        .map_err(|e| Failure::Message(e.code, e.message))
+}
+
+/// The model dim to set to the micro-batch size of one of `replicas` ([`micro_batch_dim`]);
+/// nothing for a source that did not check (its errors come later).
 fn micro_batch_override(
     args: &TrainArgs,
-    checked: &mslc_check::Checked,
+    checked: &Checked,
     reporter: &Reporter,
+    replicas: usize,
 ) -> Result<Option<(String, i64)>, Failure> {
     if checked.has_errors() {
         return Ok(None);
@@ -320,7 +444,9 @@ fn micro_batch_override(
     };
     let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
     match train.model.and_then(|m| checked.models.get(m)) {
-        Some(model) => micro_batch_dim(train, model, &args.model.dims).map_err(emit),
+        Some(model) => {
+            micro_batch_dim(train, model, &args.model.dims, replicas as i64).map_err(emit)
+        }
         None => Ok(None),
     }
 }

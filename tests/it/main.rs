@@ -28,6 +28,7 @@ mod recompute;
 mod robustness;
 mod round_trip;
 mod support;
+mod ranks;
 mod train;
 mod train_amp;
 mod train_mode;

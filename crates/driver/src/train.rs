@@ -46,6 +46,7 @@ use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
+use mslc_ir::shard::{all_reduce_each, replica_loss, Group};
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
@@ -85,7 +86,15 @@ pub struct TrainOptions {
     /// The train's memory policy ([`MemoryRequest::of_train`]): what to recompute, and the
     /// budget the step must fit.
     pub memory: Option<MemoryRequest>,
+    /// Data-parallel replicas (0 or 1: one device). Above 1 the step is the per-rank program
+    /// of one replica: its loss weighed by its share of the batch, and every gradient summed
+    /// over the mesh axis [`DATA_AXIS`] before clipping and the optimizer
+    /// ([`mslc_ir::shard`]).
+    pub data_parallel: usize,
 }
+
+/// The mesh axis the data-parallel replicas of a per-rank training step form.
+pub const DATA_AXIS: &str = "dp";
 
 /// One trained parameter and its optimizer states.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,7 +108,7 @@ pub struct TrainedParam {
 }
 
 /// A compiled training step and what the loop needs to drive it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CompiledTrain {
     /// The compiled module.
     pub compiled: Compiled,
@@ -185,15 +194,16 @@ pub fn choose_train<'a>(
 }
 
 /// The dim override a step of `train` needs so that it takes one micro-batch on one device:
-/// the model's batch dim (the first dim of its first input) set to `batch / grad_accum` samples
-/// (the train's `batch` counts an update's samples, `B × dp × micro-batches`, and there is one
-/// device). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
+/// the model's batch dim (the first dim of its first input) set to `batch / (grad_accum ×
+/// replicas)` samples (the train's `batch` counts an update's samples, `B × dp ×
+/// micro-batches`; `replicas` is 1 on one device, the data-parallel degree per rank). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
 /// already has that size, or when its first input does not start with a named dim. A `batch`
 /// that `grad_accum` does not divide is refused (E0651).
 pub fn micro_batch_dim(
     train: &Train,
     model: &Model,
     given: &[(String, String)],
+    replicas: i64,
 ) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
     let Some(dim) = model
         .inputs
@@ -206,17 +216,25 @@ pub fn micro_batch_dim(
         return Ok(None);
     }
     let spec = &train.spec;
-    let k = spec.grad_accum.max(1);
+    let k = spec.grad_accum.max(1).saturating_mul(replicas.max(1));
     if spec.batch < 1 || spec.batch % k != 0 {
         return Err(Box::new(
             Diagnostic::error(
                 Code::E0651,
                 spec.file,
                 spec.batch_span,
-                format!(
-                    "batch = {} does not split into grad_accum = {k} micro-batches",
-                    spec.batch
-                ),
+                match replicas > 1 {
+                    false => format!(
+                        "batch = {} does not split into grad_accum = {k} micro-batches",
+                        spec.batch
+                    ),
+                    true => format!(
+                        "batch = {} does not split into {k} micro-batches (grad_accum = {} × \
+                         {replicas} data-parallel replicas)",
+                        spec.batch,
+                        spec.grad_accum.max(1),
+                    ),
+                },
             )
             .with_label("samples per update")
             .with_help(format!(
@@ -340,6 +358,24 @@ pub fn compile_train(
         ));
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
+    let group = (train_options.data_parallel > 1).then(|| Group {
+        axis: DATA_AXIS.to_string(),
+        ranks: train_options.data_parallel,
+    });
+    // A replica differentiates its share of the global loss and reports the global loss.
+    let (share, loss) = match &group {
+        Some(g) => {
+            let r = replica_loss(&mut graph, loss, g).map_err(|e| {
+                refuse(
+                    Code::E0971,
+                    format!("train `{}` cannot run data parallel: {e}", spec.name.name),
+                    "write the loss as a cross_entropy, mse_loss or mean",
+                )
+            })?;
+            (r.share, r.global)
+        }
+        None => (loss, loss),
+    };
     // PyTorch's accumulation recipe differentiates `loss / grad_accum`; loss scaling then
     // multiplies that by the scale.
     let scalar = TensorType::new(DType::F32, vec![]);
@@ -349,7 +385,7 @@ pub fn compile_train(
         .then(|| graph.add_input(LOSS_SCALE, scalar));
     let objective = {
         let mut b = Builder { g: &mut graph };
-        let mut objective = loss;
+        let mut objective = share;
         if grad_accum > 1 {
             let k = b.scalar(f64::from(grad_accum));
             objective = k
@@ -376,6 +412,13 @@ pub fn compile_train(
             "every trainable parameter needs a differentiable path to the loss",
         )
     })?;
+    let grads = match &group {
+        Some(g) => all_reduce_each(&mut graph, &grads, g).map_err(|e| CompileError {
+            stage: "train",
+            message: e.to_string(),
+        })?,
+        None => grads,
+    };
     let mut b = Builder { g: &mut graph };
     let accumulate = grad_accum > 1;
     let built = b.update(

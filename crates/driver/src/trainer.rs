@@ -16,7 +16,7 @@ use mslc_artifact::Module;
 use mslc_check::policy::{OptimizerKind, Schedule};
 use mslc_core::diag::Code;
 use mslc_core::ops::{Op, TensorType};
-use mslc_exec::{ExecError, Executor};
+use mslc_exec::{ExecError, ExecErrorKind, Executor};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
 
@@ -60,6 +60,9 @@ impl TrainRunError {
                     numerics: Some(Box::new(report)),
                 }
             }
+            None if e.kind == ExecErrorKind::Collective => {
+                TrainRunError::new(Code::E0973, e.message)
+            }
             None => TrainRunError::new(Code::E0603, e.message),
         }
     }
@@ -79,6 +82,7 @@ fn checkpoint_error(dir: &Path, message: impl std::fmt::Display) -> TrainRunErro
 }
 
 /// One input's samples: the whole array, first axis = samples.
+#[derive(Clone)]
 struct Column {
     /// The module input it feeds.
     input: String,
@@ -94,6 +98,7 @@ impl Column {
 }
 
 /// The training samples, one column per module input the data feeds.
+#[derive(Clone)]
 pub struct Dataset {
     columns: Vec<Column>,
     samples: usize,
@@ -354,7 +359,11 @@ pub struct Trainer {
     train: CompiledTrain,
     schedule: Schedule,
     data: Dataset,
+    /// Samples per run of this rank's step.
     batch: usize,
+    /// This rank's data-parallel replica and the replicas there are: it takes its slice of
+    /// each global batch of `batch × replicas` samples.
+    replica: (usize, usize),
     order: Vec<usize>,
     state: LoopState,
     /// The last update's loss (the mean over its micro-batches).
@@ -434,6 +443,7 @@ impl Trainer {
             schedule,
             data,
             batch,
+            replica: (0, 1),
             order: Vec::new(),
             state,
             loss: f64::NAN,
@@ -442,12 +452,32 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// Makes this the loop of data-parallel replica `replica` of `replicas`: each global batch
+    /// holds `replicas` of this step's batches, and this rank takes slice `replica` of it (the
+    /// others' slices go to the other ranks). The loop state counts global batches, so a
+    /// checkpoint resumes on any number of replicas.
+    pub fn shard_data(&mut self, replica: usize, replicas: usize) -> Res<()> {
+        let global = self.batch.saturating_mul(replicas.max(1));
+        if self.data.samples < global {
+            return Err(data_error(format!(
+                "--data holds {} samples, fewer than one batch of {global} ({replicas} replicas × {})",
+                self.data.samples, self.batch
+            )));
+        }
+        self.replica = (replica, replicas.max(1));
+        self.state.batch = global as u64;
+        Ok(())
+    }
+
+    /// Samples per global batch: this step's batch on each replica.
+    fn global_batch(&self) -> usize {
+        self.batch * self.replica.1
+    }
+
     /// Batches per epoch, and samples left over at its end.
     pub fn epoch_shape(&self) -> (usize, usize) {
-        (
-            self.data.samples / self.batch,
-            self.data.samples % self.batch,
-        )
+        let global = self.global_batch();
+        (self.data.samples / global, self.data.samples % global)
     }
 
     /// Where the loop is.
@@ -596,7 +626,8 @@ impl Trainer {
             self.state.batch_in_epoch = 0;
             self.order = self.epoch_order(self.state.epoch);
         }
-        let first = self.state.batch_in_epoch as usize * self.batch;
+        let first =
+            self.state.batch_in_epoch as usize * self.global_batch() + self.replica.0 * self.batch;
         let rows = self.order[first..first + self.batch].to_vec();
         self.data.feed(&mut self.exec, &rows)?;
         self.state.batch_in_epoch += 1;
