@@ -21,8 +21,8 @@ use mslc_driver::train::{
 use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_plan::memory::MemoryPlan;
 use mslc_io::safetensors::SafetensorsFile;
+use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
 use super::{ModelArgs, PrecisionArg, Reporter};
@@ -120,13 +120,14 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     usage_checks(args)?;
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
-    let replicas = replicas(args, &checked, reporter)?;
+    let split = batch_split(args, &checked, reporter)?;
     // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
     // unless --dim sets the model's batch dim: check again with that size.
-    if let Some((name, size)) = micro_batch_override(args, &checked, reporter, replicas)? {
+    if let Some((name, size)) = micro_batch_override(args, &checked, reporter, split)? {
         options.overrides.dims.insert(name, size.to_string());
         checked = check_path(&args.file, &options);
     }
+    let replicas = replicas(args, &checked, reporter)?;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(Failure::Reported);
@@ -408,21 +409,46 @@ fn lead(
     Ok((text, json))
 }
 
-/// The data-parallel replicas `--ranks` runs the train's plan with (1 without `--ranks`: one
-/// device, whatever the plan); nothing to check for a source with errors (they come later).
-fn replicas(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
-    let Some(world) = args.ranks else {
+/// The train of a source that checked, or `None` (its errors are reported later).
+fn checked_train<'c>(
+    args: &TrainArgs,
+    checked: &'c Checked,
+    reporter: &Reporter,
+) -> Result<Option<&'c Train>, Failure> {
+    if checked.has_errors() {
+        return Ok(None);
+    }
+    choose_train(checked, args.entry.as_deref())
+        .map(Some)
+        .map_err(|d| {
+            reporter.emit(&[*d], &checked.sources);
+            Failure::Reported
+        })
+}
+
+/// Into how many replicas' slices `--ranks` splits each batch: the `parallel` policy's
+/// data-parallel size, once the ranks are checked against its device count (E0970); 1 without
+/// `--ranks` (one device, whatever the policy).
+fn batch_split(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
+    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
         return Ok(1);
     };
-    if checked.has_errors() {
+    let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
+    ranks::check_world(policy.map_or(1, |p| p.devices), world, "--ranks")
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    Ok(policy.map_or(1, |p| p.data_parallel_size().max(1) as usize))
+}
+
+/// The data-parallel replicas `--ranks` runs the train's plan with (1 without `--ranks`: one
+/// device, whatever the plan); E0972 for a plan that splits more than the batch.
+fn replicas(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
+    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
         return Ok(1);
-    }
-    let emit = |d: Box<mslc_core::diag::Diagnostic>| {
+    };
+    let plan = plan_train(checked, train).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
-    };
-    let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
-    let plan = plan_train(checked, train).map_err(emit)?;
+    })?;
     ranks::data_parallel_degree(plan.as_ref(), world, "--ranks")
         .map_err(|e| Failure::Message(e.code, e.message))
 }
@@ -435,14 +461,13 @@ fn micro_batch_override(
     reporter: &Reporter,
     replicas: usize,
 ) -> Result<Option<(String, i64)>, Failure> {
-    if checked.has_errors() {
+    let Some(train) = checked_train(args, checked, reporter)? else {
         return Ok(None);
-    }
+    };
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     };
-    let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
     match train.model.and_then(|m| checked.models.get(m)) {
         Some(model) => {
             micro_batch_dim(train, model, &args.model.dims, replicas as i64).map_err(emit)

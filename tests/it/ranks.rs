@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::SafetensorsFile;
 
-use crate::exec::common::{mslc, s, Rng, TestDir};
+use crate::exec::common::{mslc, root, s, Rng, TestDir};
 use crate::train::{assert_rel, metric_losses, safetensor_f64};
 
 const INPUTS: usize = 12;
@@ -174,4 +174,73 @@ fn the_world_must_match_the_plan_and_be_runnable() {
     let (code, _, stderr) = mslc(&[&args[..], &["--ranks", "2"]].concat());
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("E0972"), "{stderr}");
+}
+
+/// examples/tiny_llama.msl's model (2 layers, hidden 32, vocab 64, S = 8) trained in f32 with
+/// AdamW on batches of 4 sequences, data parallel over 2 ranks against one device.
+#[test]
+fn tiny_llama_data_parallel_on_two_ranks_matches_one_device() {
+    let dir = TestDir::new("ranks-llama");
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let decl = "parallel P {
+    mesh = { dp: 2 }
+    mode = data
+}
+
+train Pretrain for TinyLlama {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1)
+    batch = 4
+    clip_grad_norm = 1.0
+    parallel = P
+    target = std.targets.cpu
+}
+";
+    let src = dir.path("llama.msl");
+    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    let mut rng = Rng(17);
+    let (n, seq) = (12, 8);
+    let tokens: Vec<i64> = (0..n * (seq + 1))
+        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
+        .collect();
+    let data = dir.path("tokens.npy");
+    write_npy(
+        &data,
+        &NpyArray::from_i64(vec![n, seq + 1], &tokens).unwrap(),
+    )
+    .unwrap();
+    let sets = [
+        "--set",
+        "layers=2",
+        "--set",
+        "hidden=32",
+        "--set",
+        "ffn=64",
+        "--set",
+        "vocab=64",
+        "--set",
+        "heads=4",
+        "--set",
+        "kv_heads=2",
+        "--dim",
+        "S=8",
+    ];
+    let (one, two) = (dir.path("one"), dir.path("two"));
+    let single = train(&src, &data, &one, "10", &sets);
+    let ranked = train(
+        &src,
+        &data,
+        &two,
+        "10",
+        &[&sets[..], &["--ranks", "2"]].concat(),
+    );
+    assert_eq!(single.len(), 10);
+    assert_rel("losses", &ranked, &single, 1e-5);
+    let (w1, w2) = (weights(&one.join("step-10")), weights(&two.join("step-10")));
+    assert_eq!(w1.len(), w2.len());
+    for ((name, a), (_, b)) in w1.iter().zip(&w2) {
+        assert_rel(name, b, a, 1e-5);
+    }
 }

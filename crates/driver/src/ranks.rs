@@ -30,10 +30,29 @@ impl RanksError {
     }
 }
 
+/// Checks that `world` ranks (started by `launcher`, for the message) are the `devices` a
+/// plan has (E0970).
+pub fn check_world(devices: i64, world: usize, launcher: &str) -> Result<(), RanksError> {
+    let devices = devices.max(1) as usize;
+    if world != devices {
+        let alone = if world == 1 && launcher.starts_with("mpiexec") {
+            " (a binary started without mpiexec, or by another MPI's launcher, sees one rank)"
+        } else {
+            ""
+        };
+        return Err(RanksError::new(
+            Code::E0970,
+            format!(
+                "{launcher} started {world} rank(s), but the plan has {devices} device(s){alone}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The data-parallel degree each of `world` ranks runs `plan` with (no plan: one device). An
-/// error when `world` differs from the plan's device count (`launcher` says how the ranks were
-/// started, for the message), or when the plan splits anything but the batch (tensor or
-/// pipeline parallelism, optimizer sharding: planned, not yet run).
+/// error when `world` differs from the plan's device count, or when the plan splits anything
+/// but the batch (tensor or pipeline parallelism, optimizer sharding: planned, not yet run).
 pub fn data_parallel_degree(
     plan: Option<&PlanFile>,
     world: usize,
@@ -55,20 +74,7 @@ struct Layout<'a> {
 }
 
 fn degree_of(plan: Option<Layout>, world: usize, launcher: &str) -> Result<usize, RanksError> {
-    let devices = plan.as_ref().map_or(1, |p| p.devices.max(1) as usize);
-    if world != devices {
-        let alone = if world == 1 && launcher.starts_with("mpiexec") {
-            " (a binary started without mpiexec, or by another MPI's launcher, sees one rank)"
-        } else {
-            ""
-        };
-        return Err(RanksError::new(
-            Code::E0970,
-            format!(
-                "{launcher} started {world} rank(s), but the plan has {devices} device(s){alone}"
-            ),
-        ));
-    }
+    check_world(plan.as_ref().map_or(1, |p| p.devices), world, launcher)?;
     let Some(plan) = plan else {
         return Ok(1);
     };
@@ -166,7 +172,11 @@ mod tests {
         assert_eq!(e.code, Code::E0972);
         assert!(e.message.contains("tp = 2"), "{}", e.message);
         let e = run(&[("dp", 2)], 1, 2, "--ranks").unwrap_err();
-        assert!(e.message.contains("optimizer_shard = level1"), "{}", e.message);
+        assert!(
+            e.message.contains("optimizer_shard = level1"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -174,6 +184,11 @@ mod tests {
         let errors = vec![(Code::E0973, "left"), (Code::E0601, "bad weights")];
         let e = root_cause(errors, |e| Some(e.0)).unwrap();
         assert_eq!(e.1, "bad weights");
-        assert_eq!(root_cause(vec![(Code::E0973, "x")], |e| Some(e.0)).unwrap().1, "x");
+        assert_eq!(
+            root_cause(vec![(Code::E0973, "x")], |e| Some(e.0))
+                .unwrap()
+                .1,
+            "x"
+        );
     }
 }

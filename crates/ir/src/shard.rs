@@ -89,13 +89,25 @@ pub fn replica_loss(
             // of 0: pick 0 instead of the mean, by the count's sign, as row 0 or 1 of
             // [[0], [loss]] (an `embedding` lookup: the NaN row is never read, nor multiplied).
             let zero = add(Op::Constant, constant(0.0), &[])?;
-            let zero = add(Op::Reshape, Attrs::new().with("shape", vec![1i64, 1]), &[zero])?;
-            let one = add(Op::Reshape, Attrs::new().with("shape", vec![1i64, 1]), &[loss])?;
+            let zero = add(
+                Op::Reshape,
+                Attrs::new().with("shape", vec![1i64, 1]),
+                &[zero],
+            )?;
+            let one = add(
+                Op::Reshape,
+                Attrs::new().with("shape", vec![1i64, 1]),
+                &[loss],
+            )?;
             let rows = add(Op::Concat, Attrs::new().with("axis", 0i64), &[zero, one])?;
             let row = add(Op::Sign, Attrs::new(), &[n])?;
             let row = add(Op::Cast, Attrs::new().with("dtype", DType::I32), &[row])?;
             let picked = add(Op::Embedding, Attrs::new(), &[row, rows])?;
-            let guarded = add(Op::Reshape, Attrs::new().with("shape", Vec::<i64>::new()), &[picked])?;
+            let guarded = add(
+                Op::Reshape,
+                Attrs::new().with("shape", Vec::<i64>::new()),
+                &[picked],
+            )?;
             (guarded, weight)
         }
         Some(Op::MseLoss | Op::Mean) => (

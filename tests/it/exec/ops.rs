@@ -575,7 +575,9 @@ fn collectives_on_two_ranks() {
     }
     // Gathered along dim 1: each row is rank 0's row then rank 1's.
     let rows = |v: &[f32], r: usize| v[r * 6..r * 6 + 6].to_vec();
-    let gathered: Vec<f32> = (0..2).flat_map(|r| [rows(&a, r), rows(&b, r)].concat()).collect();
+    let gathered: Vec<f32> = (0..2)
+        .flat_map(|r| [rows(&a, r), rows(&b, r)].concat())
+        .collect();
     for got in run(Op::AllGather, group(Some(1))) {
         assert_close("all_gather", &got, &gathered, 0.0, 0.0);
     }

@@ -8,7 +8,9 @@
 //! exhaustive dispatch over [`UnaryOp`] does not compile until it is there.
 
 use super::error::OpError;
-use super::family::{collective, conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce};
+use super::family::{
+    collective, conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce,
+};
 use super::scalar as s;
 use super::spec::{GradRule, OpSpec, PrecisionClass, ShardRule};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

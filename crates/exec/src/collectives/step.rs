@@ -114,8 +114,14 @@ mod tests {
         let got = on_two(|r, comm| {
             let x: Vec<f32> = (0..8).map(|i| (i + 100 * r) as f32).collect();
             let mut out = vec![0.0; 4];
-            run_collective(&step(Op::ReduceScatter, 1), Some(comm), &x, &[2, 4], &mut out)
-                .unwrap();
+            run_collective(
+                &step(Op::ReduceScatter, 1),
+                Some(comm),
+                &x,
+                &[2, 4],
+                &mut out,
+            )
+            .unwrap();
             out
         });
         assert_eq!(got[0], vec![100., 102., 108., 110.]);

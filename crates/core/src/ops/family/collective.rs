@@ -143,7 +143,11 @@ fn grad_parallel_copy(
 
 fn grad_all_gather(em: &mut dyn Emitter, call: &GradCall) -> Result<Vec<Option<Handle>>, OpError> {
     let attrs = same_group(call.attrs, Some(call.attrs.int("dim")?))?;
-    Ok(vec![Some(em.op1(Op::ReduceScatter, attrs, &[call.dy()?])?)])
+    Ok(vec![Some(em.op1(
+        Op::ReduceScatter,
+        attrs,
+        &[call.dy()?],
+    )?)])
 }
 
 fn grad_reduce_scatter(
