@@ -244,3 +244,215 @@ train Pretrain for TinyLlama {
         assert_rel(name, b, a, 1e-5);
     }
 }
+
+/// examples/tiny_llama.msl (2 layers, hidden 32, 4 heads, 2 kv heads, vocab 64, S = 8) with
+/// the example's Megatron shard patterns on a mesh of `mp: 2`, checked.
+fn llama_tensor_parallel() -> mslc_check::Checked {
+    let dir = TestDir::new("ranks-llama-tp");
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let decl = "parallel TP {
+    mesh = { mp: 2 }
+    mode = semi_auto
+    shard \"model.layers.*.self_attn.{q,k,v}_proj.weight\" = [mp, _]
+    shard \"model.layers.*.self_attn.o_proj.weight\" = [_, mp]
+    shard \"model.layers.*.mlp.{gate,up}_proj.weight\" = [mp, _]
+    shard \"model.layers.*.mlp.down_proj.weight\" = [_, mp]
+}
+
+train Pretrain for TinyLlama {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-2)
+    batch = 2
+    parallel = TP
+    target = std.targets.cpu
+}
+";
+    let src = dir.path("llama_tp.msl");
+    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    let mut options = mslc_check::CheckOptions::default();
+    for (k, v) in [
+        ("layers", "2"),
+        ("hidden", "32"),
+        ("ffn", "64"),
+        ("vocab", "64"),
+        ("kv_heads", "2"),
+    ] {
+        options.overrides.sets.insert(k.to_string(), v.to_string());
+    }
+    for (k, v) in [("S", "8"), ("B", "2")] {
+        options.overrides.dims.insert(k.to_string(), v.to_string());
+    }
+    let checked = mslc_check::check_path(&src, &options);
+    assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+    checked
+}
+
+/// The plan's splits of the tiny LLaMA and the tensor-parallel group of its 2 ranks.
+fn llama_splits(
+    checked: &mslc_check::Checked,
+) -> (
+    std::collections::BTreeMap<String, usize>,
+    mslc_ir::shard::Group,
+) {
+    let train = &checked.decls.trains[0];
+    let plan = mslc_driver::parallel::plan_train(checked, train)
+        .expect("plans")
+        .expect("a plan");
+    assert_eq!(plan.devices, 2);
+    let splits = mslc_driver::ranks::tensor_splits(&plan).unwrap();
+    assert_eq!(
+        splits.len(),
+        2 * 7,
+        "q, k, v, o, gate, up, down of 2 layers: {splits:?}"
+    );
+    let group = mslc_ir::shard::Group {
+        axis: "tp".to_string(),
+        ranks: 2,
+    };
+    (splits, group)
+}
+
+fn compile_options() -> mslc_driver::compile::CompileOptions {
+    mslc_driver::compile::CompileOptions {
+        target: crate::exec::common::host(),
+        verify: true,
+        fuse: true,
+        amp: None,
+    }
+}
+
+/// Megatron's count: with q/k/v/gate/up column parallel and o/down row parallel, the training
+/// graph of each rank has exactly two all-reduces per layer in the forward (after o and down)
+/// and two in the backward (the gradients of the copies in front of q/k/v and gate/up).
+#[test]
+fn tiny_llama_tensor_parallel_has_two_all_reduces_per_layer_each_way() {
+    use mslc_core::ops::Op;
+    let checked = llama_tensor_parallel();
+    let (splits, group) = llama_splits(&checked);
+    let model = checked.decls.trains[0].graph.as_ref().unwrap();
+    let mut graph = mslc_driver::compile::lower_verified(model, &compile_options()).unwrap();
+    let split = mslc_ir::shard::tensor::tensor_parallel(&mut graph, &splits, &group).unwrap();
+    assert_eq!(split.len(), splits.len());
+    mslc_ir::verify(&graph).unwrap();
+    let loss = graph.outputs.iter().find(|(n, _)| n == "loss").unwrap().1;
+    let params: Vec<_> = graph
+        .node_ids()
+        .into_iter()
+        .filter(|&id| matches!(graph.node(id).kind, mslc_ir::NodeKind::Param { .. }))
+        .map(|node| mslc_ir::ValueRef { node, index: 0 })
+        .collect();
+    mslc_ir::backward(&mut graph, loss, &params).unwrap();
+    mslc_ir::verify(&graph).unwrap();
+    let (mut forward, mut backward) = (0, 0);
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        if node.op() == Some(Op::AllReduce) {
+            match node.origin.ends_with("#grad") {
+                true => backward += 1,
+                false => forward += 1,
+            }
+        }
+    }
+    assert_eq!((forward, backward), (4, 4), "2 layers");
+    let text = mslc_ir::print::to_text(&graph);
+    assert!(
+        text.contains("all_reduce(") && text.contains("@sends(2048 B)"),
+        "{text}"
+    );
+}
+
+/// The tensor-parallel forward on two ranks (threads, each holding its shards of q, k, v, o,
+/// gate, up and down) gives the single-device logits within 1e-5 relative.
+#[test]
+fn tiny_llama_tensor_parallel_forward_matches_one_device() {
+    use mslc_exec::collectives::{threads::world, Mesh};
+    let checked = llama_tensor_parallel();
+    let (splits, group) = llama_splits(&checked);
+    let model = &checked.models[0];
+    let options = compile_options();
+    let single = mslc_driver::compile::compile(model, &options)
+        .unwrap()
+        .module;
+    let mut graph = mslc_driver::compile::lower_verified(model, &options).unwrap();
+    mslc_ir::shard::tensor::tensor_parallel(&mut graph, &splits, &group).unwrap();
+    let per_rank = mslc_driver::compile::compile_graph(graph, &options)
+        .unwrap()
+        .module;
+    let weights = crate::exec::common::random_weights(&single, 4);
+    let mut rng = Rng(8);
+    let tokens: Vec<i64> = (0..16)
+        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
+        .collect();
+    let tokens = NpyArray::from_i64(vec![2, 8], &tokens).unwrap();
+    let run = |module: mslc_artifact::Module,
+               weights: &[(String, Vec<usize>, Vec<u8>)],
+               comm: Option<Box<dyn mslc_exec::collectives::Collectives>>| {
+        let mut exec = crate::exec::common::executor(module, 1);
+        if let Some(comm) = comm {
+            exec.set_collectives(comm);
+        }
+        exec.load_weights(
+            weights
+                .iter()
+                .map(|(n, s, d)| mslc_io::safetensors::TensorRef {
+                    name: n,
+                    dtype: mslc_io::safetensors::StDType::F32,
+                    shape: s,
+                    data: d,
+                }),
+        )
+        .unwrap();
+        exec.set_input("tokens", &tokens).unwrap();
+        exec.run().unwrap();
+        exec.output_f32("logits").unwrap().1
+    };
+    let want = run(single, &weights, None);
+    let ranks = world(Mesh::line("tp", 2).unwrap());
+    let got: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, comm)| {
+                let shards = shard_weights(&weights, &splits, r, 2);
+                let (module, run) = (per_rank.clone(), &run);
+                scope.spawn(move || run(module, &shards, Some(Box::new(comm))))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let want: Vec<f64> = want.into_iter().map(f64::from).collect();
+    for logits in got {
+        let logits: Vec<f64> = logits.into_iter().map(f64::from).collect();
+        assert_rel("tensor-parallel logits", &logits, &want, 1e-5);
+    }
+}
+
+/// Rank `r`'s block of each weight split in `splits` (of `n` equal blocks along its dim).
+fn shard_weights(
+    weights: &[(String, Vec<usize>, Vec<u8>)],
+    splits: &std::collections::BTreeMap<String, usize>,
+    r: usize,
+    n: usize,
+) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    weights
+        .iter()
+        .map(|(name, shape, data)| {
+            let Some(&d) = splits.get(name) else {
+                return (name.clone(), shape.clone(), data.clone());
+            };
+            let outer: usize = shape[..d].iter().product();
+            let row = data.len() / outer;
+            let block = row / n;
+            let mut out = Vec::with_capacity(data.len() / n);
+            for o in 0..outer {
+                let start = o * row + r * block;
+                out.extend_from_slice(&data[start..start + block]);
+            }
+            let mut local = shape.clone();
+            local[d] /= n;
+            (name.clone(), local, out)
+        })
+        .collect()
+}

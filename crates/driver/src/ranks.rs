@@ -105,6 +105,33 @@ fn degree_of(plan: Option<Layout>, world: usize, launcher: &str) -> Result<usize
     Ok(degree("dp") as usize)
 }
 
+/// The parameters `plan` splits, each with the one dim it splits (what
+/// [`mslc_ir::shard::tensor::tensor_parallel`] takes); an error for a parameter split along
+/// more than one dim (not run yet).
+pub fn tensor_splits(plan: &PlanFile) -> Result<BTreeMap<String, usize>, RanksError> {
+    let mut splits = BTreeMap::new();
+    for (path, spec) in &plan.shardings {
+        let dims: Vec<usize> = spec
+            .iter()
+            .enumerate()
+            .filter_map(|(d, a)| a.as_ref().map(|_| d))
+            .collect();
+        match dims[..] {
+            [] => {}
+            [d] => {
+                splits.insert(path.clone(), d);
+            }
+            _ => {
+                return Err(RanksError::new(
+                    Code::E0972,
+                    format!("`{path}` is split along {} dims; one is run", dims.len()),
+                ))
+            }
+        }
+    }
+    Ok(splits)
+}
+
 /// The collectives of `replicas` data-parallel ranks as threads of this process, rank order.
 pub fn thread_world(replicas: usize) -> Result<Vec<Box<dyn Collectives>>, RanksError> {
     let mesh = Mesh::line(DATA_AXIS, replicas.max(1))

@@ -46,7 +46,8 @@ use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
-use mslc_ir::shard::{all_reduce_each, replica_loss, Group};
+use mslc_ir::shard::data::{all_reduce_each, replica_loss};
+use mslc_ir::shard::Group;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
