@@ -12,16 +12,18 @@ use mslc_check::{check_path, Checked};
 use mslc_core::diag::Code;
 use mslc_driver::loss_scale::LossScaler;
 use mslc_driver::parallel::plan_train;
-use mslc_driver::ranks;
+use mslc_driver::ranks::{self, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
+    choose_train, compile_train_ranked, micro_batch_dim, train_compile_options, TrainError,
+    TrainOptions, TENSOR_AXIS,
 };
-use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
+use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, TrainRunError, Trainer};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_io::safetensors::SafetensorsFile;
+use mslc_io::safetensors::{SafetensorsFile, TensorRef};
+use mslc_ir::shard::Group;
 use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
@@ -127,7 +129,8 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         options.overrides.dims.insert(name, size.to_string());
         checked = check_path(&args.file, &options);
     }
-    let replicas = replicas(args, &checked, reporter)?;
+    let layout = rank_layout(args, &checked, reporter)?;
+    let replicas = layout.dp;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(Failure::Reported);
@@ -156,10 +159,16 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         memory: MemoryRequest::of_train(&checked, train),
         data_parallel: replicas,
     };
-    let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
-        TrainError::Train(d) => emit(d),
-        TrainError::Compile(e) => emit(e.diagnostic(&checked)),
-    })?;
+    let tensor_group = Group {
+        axis: TENSOR_AXIS.to_string(),
+        ranks: layout.tp,
+    };
+    let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
+    let compiled =
+        compile_train_ranked(train, &options, train_options, tensor).map_err(|e| match e {
+            TrainError::Train(d) => emit(d),
+            TrainError::Compile(e) => emit(e.diagnostic(&checked)),
+        })?;
     let grad_accum = compiled.grad_accum;
     let labels: Vec<String> = train
         .spec
@@ -174,11 +183,17 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let exec_options = ExecOptions {
-        threads: ranks::threads_per_rank(args.threads, replicas),
+        threads: ranks::threads_per_rank(args.threads, replicas * layout.tp),
         memory_limit: mslc_exec::limits::available_memory(),
     };
-    // One rank: its executor over the shared module, weights and data, its slice of each batch.
-    let rank_loop = |replica: usize, comm: Option<Box<dyn Collectives>>| {
+    let mesh = layout
+        .mesh()
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    // One rank: its executor over the shared module, weights (its shards) and data (its
+    // replica's slice of each batch).
+    let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
+        let coords = mesh.coords(rank);
+        let (replica, part) = (coords[0], coords[1]);
         let mut exec = Executor::new(module.clone(), &exec_options)
             .map_err(|e| Failure::Message(Code::E0604, e.message))?;
         if let Some(comm) = comm {
@@ -187,7 +202,15 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         if let Some(path) = &args.weights {
             let file = SafetensorsFile::open(path)
                 .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-            exec.load_weights(file.tensors()).map_err(|e| {
+            let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+            let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
+                name,
+                dtype: *dtype,
+                shape,
+                data,
+            });
+            exec.load_weights(tensors).map_err(|e| {
                 Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
             })?;
         } else {
@@ -204,6 +227,9 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         )
         .and_then(|mut t| t.shard_data(replica, replicas).map(|()| t))
         .map_err(|e| Failure::Message(e.code, e.message))?;
+        if layout.tp > 1 {
+            trainer.shard_tensors(layout.splits.clone());
+        }
         if let Some(dir) = &args.resume {
             trainer
                 .resume(dir)
@@ -211,10 +237,8 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         }
         Ok::<Trainer, Failure>(trainer)
     };
-    let mut comms = ranks::thread_world(replicas)
-        .map_err(|e| Failure::Message(e.code, e.message))?
-        .into_iter();
-    let leader_comm = comms.next().filter(|_| replicas > 1);
+    let mut comms = ranks::thread_world(mesh.clone()).into_iter();
+    let leader_comm = comms.next().filter(|_| mesh.size() > 1);
     std::thread::scope(|scope| {
         // Ranks 1.. step in the background; a rank that fails drops its collectives, and the
         // others stop at their next collective with E0973 instead of waiting forever.
@@ -224,10 +248,13 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
                 let rank_loop = &rank_loop;
                 scope.spawn(move || {
                     let mut trainer = rank_loop(i + 1, Some(comm))?;
+                    let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
                     while trainer.state().step < args.steps {
-                        trainer
-                            .step()
-                            .map_err(|e| Failure::Message(e.code, e.message))?;
+                        let m = trainer.step().map_err(failed)?;
+                        // Tensor-parallel checkpoints gather every rank's shards.
+                        if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
+                            trainer.checkpoint_tensors().map_err(failed)?;
+                        }
                     }
                     Ok::<(), Failure>(())
                 })
@@ -265,6 +292,11 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
             None => done.ok_or(Failure::Reported),
         }
     })
+}
+
+/// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.
+fn save_due(args: &TrainArgs, step: u64) -> bool {
+    args.save_every.is_some_and(|k| step % k == 0) || step == args.steps
 }
 
 /// What the summary reports besides the loop's state.
@@ -355,8 +387,7 @@ fn lead(
                 );
             }
         }
-        let due = args.save_every.is_some_and(|k| m.step % k == 0) || m.step == args.steps;
-        if let (Some(out), true) = (&args.output_dir, due) {
+        if let (Some(out), true) = (&args.output_dir, save_due(args, m.step)) {
             written.push(
                 trainer
                     .save(out)
@@ -439,18 +470,43 @@ fn batch_split(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Resu
     Ok(policy.map_or(1, |p| p.data_parallel_size().max(1) as usize))
 }
 
-/// The data-parallel replicas `--ranks` runs the train's plan with (1 without `--ranks`: one
-/// device, whatever the plan); E0972 for a plan that splits more than the batch.
-fn replicas(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
+/// How `--ranks` runs the train's plan (one device without `--ranks`, whatever the plan);
+/// E0972 for what is planned but not run, and for what a tensor-parallel rank cannot do alone
+/// (initialise, resume or dump gradients of split weights).
+fn rank_layout(
+    args: &TrainArgs,
+    checked: &Checked,
+    reporter: &Reporter,
+) -> Result<RankLayout, Failure> {
+    let one = RankLayout {
+        dp: 1,
+        tp: 1,
+        splits: Default::default(),
+    };
     let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
-        return Ok(1);
+        return Ok(one);
     };
     let plan = plan_train(checked, train).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;
-    ranks::data_parallel_degree(plan.as_ref(), world, "--ranks")
-        .map_err(|e| Failure::Message(e.code, e.message))
+    let layout = ranks::layout(plan.as_ref(), world, "--ranks")
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let whole = [
+        (args.init_seed.is_some(), "--init-seed"),
+        (args.resume.is_some(), "--resume"),
+        (args.dump_grads.is_some(), "--dump-grads"),
+    ];
+    if let (true, Some((_, flag))) = (layout.tp > 1, whole.iter().find(|(given, _)| *given)) {
+        return Err(Failure::Message(
+            Code::E0972,
+            format!(
+                "{flag} is not run tensor parallel yet (split weights); give the whole weights \
+                 with --weights"
+            ),
+        ));
+    }
+    Ok(layout)
 }
 
 /// The model dim to set to the micro-batch size of one of `replicas` ([`micro_batch_dim`]);

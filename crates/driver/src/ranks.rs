@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use mslc_core::diag::Code;
 use mslc_exec::collectives::threads::world;
 use mslc_exec::collectives::{Collectives, Mesh};
+use mslc_io::safetensors::{StDType, TensorRef};
 use mslc_plan::parallel::PlanFile;
 
-use crate::train::DATA_AXIS;
+use crate::train::{DATA_AXIS, TENSOR_AXIS};
 
 /// A coded refusal to run a plan's ranks.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,14 +51,51 @@ pub fn check_world(devices: i64, world: usize, launcher: &str) -> Result<(), Ran
     Ok(())
 }
 
-/// The data-parallel degree each of `world` ranks runs `plan` with (no plan: one device). An
-/// error when `world` differs from the plan's device count, or when the plan splits anything
-/// but the batch (tensor or pipeline parallelism, optimizer sharding: planned, not yet run).
-pub fn data_parallel_degree(
+/// How `world` ranks run a plan: the data-parallel and tensor-parallel degrees (rank = dp
+/// coordinate × tp + tp coordinate) and the parameters the tensor-parallel ranks split.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankLayout {
+    /// Data-parallel replicas.
+    pub dp: usize,
+    /// Ranks of each tensor-parallel group.
+    pub tp: usize,
+    /// Split parameters (path → dim), when `tp` > 1.
+    pub splits: BTreeMap<String, usize>,
+}
+
+impl RankLayout {
+    /// The device mesh of the ranks: `dp` × `tp`.
+    pub fn mesh(&self) -> Result<Mesh, RanksError> {
+        Mesh::new(vec![
+            (DATA_AXIS.to_string(), self.dp),
+            (TENSOR_AXIS.to_string(), self.tp),
+        ])
+        .map_err(|e| RanksError::new(Code::E0970, e.message))
+    }
+}
+
+/// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
+/// from the plan's device count, or when the plan asks for what is planned but not run yet
+/// (pipeline stages, optimizer sharding, a parameter split along two dims).
+pub fn layout(
     plan: Option<&PlanFile>,
     world: usize,
     launcher: &str,
-) -> Result<usize, RanksError> {
+) -> Result<RankLayout, RanksError> {
+    let (dp, tp) = data_parallel_degree(plan, world, launcher)?;
+    let splits = match plan {
+        Some(p) if tp > 1 => tensor_splits(p)?,
+        _ => BTreeMap::new(),
+    };
+    Ok(RankLayout { dp, tp, splits })
+}
+
+/// The data- and tensor-parallel degrees of [`layout`].
+fn data_parallel_degree(
+    plan: Option<&PlanFile>,
+    world: usize,
+    launcher: &str,
+) -> Result<(usize, usize), RanksError> {
     let layout = plan.map(|p| Layout {
         devices: p.devices,
         mesh: &p.mesh,
@@ -73,16 +111,20 @@ struct Layout<'a> {
     optimizer_shard: u8,
 }
 
-fn degree_of(plan: Option<Layout>, world: usize, launcher: &str) -> Result<usize, RanksError> {
+fn degree_of(
+    plan: Option<Layout>,
+    world: usize,
+    launcher: &str,
+) -> Result<(usize, usize), RanksError> {
     check_world(plan.as_ref().map_or(1, |p| p.devices), world, launcher)?;
     let Some(plan) = plan else {
-        return Ok(1);
+        return Ok((1, 1));
     };
     let degree = |axis: &str| plan.mesh.get(axis).copied().unwrap_or(1).max(1);
     let others: Vec<String> = plan
         .mesh
         .iter()
-        .filter(|(axis, &n)| axis.as_str() != "dp" && n > 1)
+        .filter(|(axis, &n)| !matches!(axis.as_str(), "dp" | "tp") && n > 1)
         .map(|(axis, n)| format!("{axis} = {n}"))
         .collect();
     if !others.is_empty() || plan.optimizer_shard > 0 {
@@ -96,13 +138,13 @@ fn degree_of(plan: Option<Layout>, world: usize, launcher: &str) -> Result<usize
         return Err(RanksError::new(
             Code::E0972,
             format!(
-                "the plan asks for {}; the executor runs data parallelism only (replicated \
-                 weights and optimizer states)",
+                "the plan asks for {}; the executor runs data and tensor parallelism only \
+                 (replicated optimizer states)",
                 what.join(", ")
             ),
         ));
     }
-    Ok(degree("dp") as usize)
+    Ok((degree("dp") as usize, degree("tp") as usize))
 }
 
 /// The parameters `plan` splits, each with the one dim it splits (what
@@ -132,14 +174,74 @@ pub fn tensor_splits(plan: &PlanFile) -> Result<BTreeMap<String, usize>, RanksEr
     Ok(splits)
 }
 
-/// The collectives of `replicas` data-parallel ranks as threads of this process, rank order.
-pub fn thread_world(replicas: usize) -> Result<Vec<Box<dyn Collectives>>, RanksError> {
-    let mesh = Mesh::line(DATA_AXIS, replicas.max(1))
-        .map_err(|e| RanksError::new(Code::E0970, e.message))?;
-    Ok(world(mesh)
+/// The collectives of the ranks of `mesh` as threads of this process, in rank order.
+pub fn thread_world(mesh: Mesh) -> Vec<Box<dyn Collectives>> {
+    world(mesh)
         .into_iter()
         .map(|r| Box::new(r) as Box<dyn Collectives>)
-        .collect())
+        .collect()
+}
+
+/// A weight as a rank loads it: name, shape, dtype, bytes.
+pub type OwnedTensor = (String, Vec<usize>, StDType, Vec<u8>);
+
+/// The weights `tensors` as tensor-parallel rank `index` of `n` holds them: each parameter
+/// of `splits` cut to its block (E0972 when its dim does not split into `n`).
+pub fn shard_weights<'a>(
+    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+    splits: &BTreeMap<String, usize>,
+    index: usize,
+    n: usize,
+) -> Result<Vec<OwnedTensor>, RanksError> {
+    tensors
+        .into_iter()
+        .map(|t| {
+            let Some(&dim) = splits.get(t.name) else {
+                return Ok((
+                    t.name.to_string(),
+                    t.shape.to_vec(),
+                    t.dtype,
+                    t.data.to_vec(),
+                ));
+            };
+            let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
+                RanksError::new(
+                    Code::E0972,
+                    format!(
+                        "weight `{}` {:?} does not split into {n} blocks along dim {dim}",
+                        t.name, t.shape
+                    ),
+                )
+            })?;
+            Ok((t.name.to_string(), shape, t.dtype, data))
+        })
+        .collect()
+}
+
+/// Rank `index`'s block of `data` (of shape `shape`), cut along `dim` into `n` equal blocks:
+/// what a tensor-parallel rank holds of a whole weight. `None` when the dim does not split.
+pub fn shard_block(
+    shape: &[usize],
+    data: &[u8],
+    dim: usize,
+    index: usize,
+    n: usize,
+) -> Option<(Vec<usize>, Vec<u8>)> {
+    let size = *shape.get(dim)?;
+    if n == 0 || size % n != 0 || data.is_empty() {
+        return None;
+    }
+    let outer: usize = shape[..dim].iter().product();
+    let row = data.len() / outer.max(1);
+    let block = row / n;
+    let mut out = Vec::with_capacity(data.len() / n);
+    for o in 0..outer {
+        let start = o * row + index * block;
+        out.extend_from_slice(&data[start..start + block]);
+    }
+    let mut local = shape.to_vec();
+    local[dim] = size / n;
+    Some((local, out))
 }
 
 /// Worker threads per rank when `--threads` is not given: the cores shared among the ranks.
@@ -171,7 +273,7 @@ mod tests {
         level: u8,
         world: usize,
         launcher: &str,
-    ) -> Result<usize, RanksError> {
+    ) -> Result<(usize, usize), RanksError> {
         let mesh: BTreeMap<String, i64> = mesh.iter().map(|(a, n)| (a.to_string(), *n)).collect();
         let layout = Layout {
             devices: mesh.values().product(),
@@ -184,20 +286,24 @@ mod tests {
     #[test]
     fn the_world_must_match_the_plan() {
         let dp = [("dp", 2), ("tp", 1), ("pp", 1)];
-        assert_eq!(run(&dp, 0, 2, "--ranks"), Ok(2));
+        assert_eq!(run(&dp, 0, 2, "--ranks"), Ok((2, 1)));
         let e = run(&dp, 0, 4, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0970);
         assert!(e.message.contains("started 4 rank(s), but the plan has 2"));
         let e = run(&dp, 0, 1, "mpiexec").unwrap_err();
         assert!(e.message.contains("without mpiexec"), "{}", e.message);
-        assert_eq!(data_parallel_degree(None, 1, "--ranks"), Ok(1));
+        assert_eq!(data_parallel_degree(None, 1, "--ranks"), Ok((1, 1)));
     }
 
     #[test]
-    fn only_data_parallel_plans_run() {
-        let e = run(&[("dp", 1), ("tp", 2), ("pp", 1)], 0, 2, "--ranks").unwrap_err();
+    fn pipelines_and_optimizer_sharding_do_not_run_yet() {
+        assert_eq!(
+            run(&[("dp", 1), ("tp", 2), ("pp", 1)], 0, 2, "--ranks"),
+            Ok((1, 2))
+        );
+        let e = run(&[("dp", 1), ("tp", 1), ("pp", 2)], 0, 2, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0972);
-        assert!(e.message.contains("tp = 2"), "{}", e.message);
+        assert!(e.message.contains("pp = 2"), "{}", e.message);
         let e = run(&[("dp", 2)], 1, 2, "--ranks").unwrap_err();
         assert!(
             e.message.contains("optimizer_shard = level1"),

@@ -36,6 +36,7 @@
 //! micro-batch and keeps only the sums (and running statistics) of all but the last run,
 //! whose update it writes back ([`CompiledTrain::accumulators`]).
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use mslc_check::decls::Train;
@@ -47,6 +48,7 @@ use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
+use mslc_ir::shard::tensor::tensor_parallel;
 use mslc_ir::shard::Group;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
@@ -96,6 +98,8 @@ pub struct TrainOptions {
 
 /// The mesh axis the data-parallel replicas of a per-rank training step form.
 pub const DATA_AXIS: &str = "dp";
+/// The mesh axis the ranks of a tensor-parallel group form.
+pub const TENSOR_AXIS: &str = "tp";
 
 /// One trained parameter and its optimizer states.
 #[derive(Clone, Debug, PartialEq)]
@@ -283,6 +287,23 @@ pub fn compile_train(
     options: &CompileOptions,
     train_options: TrainOptions,
 ) -> Result<CompiledTrain, TrainError> {
+    compile_train_ranked(train, options, train_options, None)
+}
+
+/// The parameters a tensor-parallel step splits (path → dim) and the group of ranks it splits
+/// them over.
+pub type TensorSplits<'a> = (&'a BTreeMap<String, usize>, &'a Group);
+
+/// [`compile_train`] for one rank of a tensor-parallel group when `tensor` is given: the
+/// forward is split by Megatron's rewrite ([`tensor_parallel`]) before it is differentiated,
+/// and the gradients' global norm (and overflow check) sums the split parameters' shares over
+/// the group.
+pub fn compile_train_ranked(
+    train: &Train,
+    options: &CompileOptions,
+    train_options: TrainOptions,
+    tensor: Option<TensorSplits>,
+) -> Result<CompiledTrain, TrainError> {
     let spec = &train.spec;
     let refuse = |code: Code, message: String, help: &str| {
         TrainError::Train(Box::new(
@@ -330,6 +351,20 @@ pub fn compile_train(
             stage: "lower",
             message: "the training graph has no `loss` output".to_string(),
         })?;
+    if let Some((splits, group)) = tensor {
+        tensor_parallel(&mut graph, splits, group).map_err(|e| {
+            refuse(
+                Code::E0972,
+                format!("train `{}` cannot run tensor parallel: {e}", spec.name.name),
+                "split only the q/k/v/o and MLP projections of the layers (Megatron's pattern)",
+            )
+        })?;
+    }
+    let loss = graph
+        .outputs
+        .iter()
+        .find(|(name, _)| name == LOSS)
+        .map_or(loss, |(_, v)| *v);
     graph.outputs.clear();
     let mode = crate::train_mode::apply(&mut graph).map_err(|e| {
         refuse(
@@ -385,7 +420,10 @@ pub fn compile_train(
         .scales()
         .then(|| graph.add_input(LOSS_SCALE, scalar));
     let objective = {
-        let mut b = Builder { g: &mut graph };
+        let mut b = Builder {
+            g: &mut graph,
+            tensor: None,
+        };
         let mut objective = share;
         if grad_accum > 1 {
             let k = b.scalar(f64::from(grad_accum));
@@ -420,7 +458,14 @@ pub fn compile_train(
         })?,
         None => grads,
     };
-    let mut b = Builder { g: &mut graph };
+    let split: Vec<bool> = params
+        .iter()
+        .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
+        .collect();
+    let mut b = Builder {
+        g: &mut graph,
+        tensor: tensor.map(|(_, g)| (g, split)),
+    };
     let accumulate = grad_accum > 1;
     let built = b.update(
         spec,
@@ -486,6 +531,8 @@ pub fn accumulator(path: &str) -> String {
 /// Adds the norm, clipping and optimizer ops to a graph.
 struct Builder<'g> {
     g: &'g mut Graph,
+    /// The tensor-parallel group, and per parameter (in order) whether it is split over it.
+    tensor: Option<(&'g Group, Vec<bool>)>,
 }
 
 type Built<T> = Result<T, String>;
@@ -520,22 +567,35 @@ impl Builder<'_> {
         self.bin(Op::Add, ax, by)
     }
 
-    /// `Σ_g sum(f(g))` over the gradients.
+    /// `Σ_g sum(f(g))` over the gradients of the parameters `order` lists (indices, in the
+    /// order to sum); under tensor parallelism the split parameters' sum is summed over the
+    /// group first (each rank holds a share of those gradients).
     fn total(
         &mut self,
         grads: &[ValueRef],
+        order: &[usize],
         mut f: impl FnMut(&mut Self, ValueRef) -> Built<ValueRef>,
     ) -> Built<ValueRef> {
-        let mut total: Option<ValueRef> = None;
-        for &g in grads {
-            let x = f(self, g)?;
+        let split = |b: &Self, i: usize| b.tensor.as_ref().is_some_and(|(_, s)| s[i]);
+        let mut totals: [Option<ValueRef>; 2] = [None, None];
+        for &i in order {
+            let x = f(self, grads[i])?;
             let s = self.op(Op::Sum, Attrs::new(), &[x])?;
-            total = Some(match total {
+            let slot = &mut totals[usize::from(split(self, i))];
+            *slot = Some(match *slot {
                 Some(t) => self.bin(Op::Add, t, s)?,
                 None => s,
             });
         }
-        total.ok_or_else(|| "no gradients".to_string())
+        if let (Some(shares), Some((group, _))) = (totals[1], &self.tensor) {
+            let summed = self.op(Op::AllReduce, group.attrs(), &[shares])?;
+            totals[1] = Some(summed);
+        }
+        match totals {
+            [Some(a), Some(b)] => self.bin(Op::Add, a, b),
+            [Some(t), None] | [None, Some(t)] => Ok(t),
+            [None, None] => Err("no gradients".to_string()),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -596,15 +656,14 @@ impl Builder<'_> {
                 .map(|n| n.index());
             std::cmp::Reverse(first_use)
         });
-        let produced: Vec<ValueRef> = order.iter().map(|&i| grads[i]).collect();
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
             let zero = self.scalar(0.0)?;
-            let overflow = self.total(&produced, |b, g| b.bin(Op::Mul, g, zero))?;
+            let overflow = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, zero))?;
             self.g.set_output(OVERFLOW, overflow);
         }
         // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let total = self.total(&produced, |b, g| b.bin(Op::Mul, g, g))?;
+        let total = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, g))?;
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {

@@ -12,6 +12,8 @@ pub mod mpi;
 pub(crate) mod step;
 pub mod threads;
 
+pub use step::gather_dim;
+
 use crate::error::{ExecError, ExecErrorKind, ExecResult};
 
 /// The logical device mesh: named axes, the last varying fastest in the rank numbering

@@ -69,6 +69,28 @@ pub(crate) fn run_collective(
     }
 }
 
+/// The whole tensor of which every member of the group of mesh axis `axis` holds one block
+/// along `dim` (this rank's is `data`, of shape `shape`): what a sharded checkpoint gathers.
+pub fn gather_dim(
+    comm: &mut dyn Collectives,
+    axis: &str,
+    dim: usize,
+    shape: &[usize],
+    data: &[f32],
+) -> ExecResult<Vec<f32>> {
+    let a = comm.mesh().axis(axis)?;
+    let ranks = comm.mesh().axes()[a].1;
+    let step = CollectiveStep {
+        op: Op::AllGather,
+        axis: axis.to_string(),
+        ranks,
+        dim,
+    };
+    let mut out = vec![0.0; data.len() * ranks];
+    run_collective(&step, Some(comm), data, shape, &mut out)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
