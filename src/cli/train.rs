@@ -76,8 +76,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Run the train's parallel plan on N ranks, threads of this process exchanging through
-    /// shared memory; N must equal the plan's device count (E0970). Data-parallel plans run
-    /// (E0972 for the others); rank 0 reports and writes the checkpoints.
+    /// shared memory; N must equal the plan's device count (E0970). Data- and tensor-parallel
+    /// plans run (E0972 for the others); rank 0 reports and writes the checkpoints.
     #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
     /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
@@ -296,7 +296,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
 
 /// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.
 fn save_due(args: &TrainArgs, step: u64) -> bool {
-    args.save_every.is_some_and(|k| step % k == 0) || step == args.steps
+    args.save_every.is_some_and(|k| step.is_multiple_of(k)) || step == args.steps
 }
 
 /// What the summary reports besides the loop's state.
