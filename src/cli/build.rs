@@ -195,7 +195,7 @@ fn train_micro_batch(
     };
     let train = choose_train(checked, Some(entry))?;
     match train.model.and_then(|m| checked.models.get(m)) {
-        Some(model) => micro_batch_dim(train, model, &args.model.dims),
+        Some(model) => micro_batch_dim(train, model, &args.model.dims, 1),
         None => Ok(None),
     }
 }
@@ -469,6 +469,7 @@ fn build_train<'c>(
         expose_grads: false,
         loss_scale,
         memory: MemoryRequest::of_train(checked, train),
+        data_parallel: 1,
     };
     let train = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => d,

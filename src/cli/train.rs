@@ -7,16 +7,24 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mslc_check::check_path;
+use mslc_check::decls::Train;
+use mslc_check::{check_path, Checked};
 use mslc_core::diag::Code;
-use mslc_driver::recompute::MemoryRequest;
+use mslc_driver::loss_scale::LossScaler;
+use mslc_driver::parallel::plan_train;
+use mslc_driver::ranks::{self, RankLayout};
+use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
+    choose_train, compile_train_ranked, micro_batch_dim, train_compile_options, TrainError,
+    TrainOptions, TENSOR_AXIS,
 };
-use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, Trainer};
+use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, TrainRunError, Trainer};
+use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_io::safetensors::SafetensorsFile;
+use mslc_io::safetensors::{SafetensorsFile, TensorRef};
+use mslc_ir::shard::Group;
+use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
 use super::{ModelArgs, PrecisionArg, Reporter};
@@ -64,9 +72,14 @@ pub struct TrainArgs {
     /// After the first update's backward, write DIR/grads.safetensors and DIR/loss.npy.
     #[arg(long, value_name = "DIR")]
     pub dump_grads: Option<PathBuf>,
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core; with --ranks, the cores shared among the ranks).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Run the train's parallel plan on N ranks, threads of this process exchanging through
+    /// shared memory; N must equal the plan's device count (E0970). Data- and tensor-parallel
+    /// plans run (E0972 for the others); rank 0 reports and writes the checkpoints.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
     /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
     /// first op that produces one with where it was written and its operands' ranges (E0614).
     #[arg(long)]
@@ -93,6 +106,9 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
     if args.threads == Some(0) {
         return usage("--threads must be at least 1");
     }
+    if args.ranks == Some(0) {
+        return usage("--ranks must be at least 1");
+    }
     if args.save_every == Some(0) {
         return usage("--save-every must be at least 1");
     }
@@ -106,12 +122,15 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     usage_checks(args)?;
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
-    // A step takes one micro-batch, `batch / grad_accum` samples, unless --dim sets the
-    // model's batch dim: check again with that size.
-    if let Some((name, size)) = micro_batch_override(args, &checked, reporter)? {
+    let split = batch_split(args, &checked, reporter)?;
+    // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
+    // unless --dim sets the model's batch dim: check again with that size.
+    if let Some((name, size)) = micro_batch_override(args, &checked, reporter, split)? {
         options.overrides.dims.insert(name, size.to_string());
         checked = check_path(&args.file, &options);
     }
+    let layout = rank_layout(args, &checked, reporter)?;
+    let replicas = layout.dp;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(Failure::Reported);
@@ -138,11 +157,18 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         expose_grads: args.dump_grads.is_some(),
         loss_scale,
         memory: MemoryRequest::of_train(&checked, train),
+        data_parallel: replicas,
     };
-    let compiled = compile_train(train, &options, train_options).map_err(|e| match e {
-        TrainError::Train(d) => emit(d),
-        TrainError::Compile(e) => emit(e.diagnostic(&checked)),
-    })?;
+    let tensor_group = Group {
+        axis: TENSOR_AXIS.to_string(),
+        ranks: layout.tp,
+    };
+    let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
+    let compiled =
+        compile_train_ranked(train, &options, train_options, tensor).map_err(|e| match e {
+            TrainError::Train(d) => emit(d),
+            TrainError::Compile(e) => emit(e.diagnostic(&checked)),
+        })?;
     let grad_accum = compiled.grad_accum;
     let labels: Vec<String> = train
         .spec
@@ -157,35 +183,146 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let exec_options = ExecOptions {
-        threads: args.threads.unwrap_or(0),
+        threads: ranks::threads_per_rank(args.threads, replicas * layout.tp),
         memory_limit: mslc_exec::limits::available_memory(),
     };
-    let mut exec = Executor::new(module, &exec_options)
-        .map_err(|e| Failure::Message(Code::E0604, e.message))?;
-    if let Some(path) = &args.weights {
-        let file = SafetensorsFile::open(path)
-            .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-        exec.load_weights(file.tensors()).map_err(|e| {
-            Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
-        })?;
-    } else {
-        exec.init_params(args.init_seed.unwrap_or(0));
-    }
-    exec.check_numerics(args.check_numerics);
-    let mut trainer = Trainer::new(
-        exec,
-        compiled,
-        train.spec.schedule,
-        data,
-        args.shuffle,
-        args.seed,
-    )
-    .map_err(|e| Failure::Message(e.code, e.message))?;
-    if let Some(dir) = &args.resume {
-        trainer
-            .resume(dir)
-            .map_err(|e| Failure::Message(e.code, e.message))?;
-    }
+    let mesh = layout
+        .mesh()
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    // One rank: its executor over the shared module, weights (its shards) and data (its
+    // replica's slice of each batch).
+    let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
+        let coords = mesh.coords(rank);
+        let (replica, part) = (coords[0], coords[1]);
+        let mut exec = Executor::new(module.clone(), &exec_options)
+            .map_err(|e| Failure::Message(Code::E0604, e.message))?;
+        if let Some(comm) = comm {
+            exec.set_collectives(comm);
+        }
+        if let Some(path) = &args.weights {
+            let file = SafetensorsFile::open(path)
+                .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
+            let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+            let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
+                name,
+                dtype: *dtype,
+                shape,
+                data,
+            });
+            exec.load_weights(tensors).map_err(|e| {
+                Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
+            })?;
+        } else {
+            exec.init_params(args.init_seed.unwrap_or(0));
+        }
+        exec.check_numerics(args.check_numerics);
+        let mut trainer = Trainer::new(
+            exec,
+            compiled.clone(),
+            train.spec.schedule,
+            data.clone(),
+            args.shuffle,
+            args.seed,
+        )
+        .and_then(|mut t| t.shard_data(replica, replicas).map(|()| t))
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+        if layout.tp > 1 {
+            trainer.shard_tensors(layout.splits.clone());
+        }
+        if let Some(dir) = &args.resume {
+            trainer
+                .resume(dir)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+        }
+        Ok::<Trainer, Failure>(trainer)
+    };
+    let mut comms = ranks::thread_world(mesh.clone()).into_iter();
+    let leader_comm = comms.next().filter(|_| mesh.size() > 1);
+    std::thread::scope(|scope| {
+        // Ranks 1.. step in the background; a rank that fails drops its collectives, and the
+        // others stop at their next collective with E0973 instead of waiting forever.
+        let followers: Vec<_> = comms
+            .enumerate()
+            .map(|(i, comm)| {
+                let rank_loop = &rank_loop;
+                scope.spawn(move || {
+                    let mut trainer = rank_loop(i + 1, Some(comm))?;
+                    let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
+                    while trainer.state().step < args.steps {
+                        let m = trainer.step().map_err(failed)?;
+                        // Tensor-parallel checkpoints gather every rank's shards.
+                        if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
+                            trainer.checkpoint_tensors().map_err(failed)?;
+                        }
+                    }
+                    Ok::<(), Failure>(())
+                })
+            })
+            .collect();
+        let leader = rank_loop(0, leader_comm).and_then(|trainer| {
+            let summary = Summary {
+                grad_accum,
+                loss_scale,
+                arena: &arena,
+                recompute: &recompute,
+            };
+            lead(args, reporter, &checked, train, trainer, summary)
+        });
+        let (done, mut errors) = match leader {
+            Ok(done) => (Some(done), Vec::new()),
+            Err(e) => (None, vec![e]),
+        };
+        for f in followers {
+            match f.join() {
+                Ok(Err(e)) => errors.push(e),
+                Ok(Ok(())) => {}
+                Err(_) => errors.push(Failure::Message(
+                    Code::E0973,
+                    "a rank's thread panicked".to_string(),
+                )),
+            }
+        }
+        let code = |f: &Failure| match f {
+            Failure::Message(c, _) => Some(*c),
+            _ => None,
+        };
+        match ranks::root_cause(errors, code) {
+            Some(e) => Err(e),
+            None => done.ok_or(Failure::Reported),
+        }
+    })
+}
+
+/// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.
+fn save_due(args: &TrainArgs, step: u64) -> bool {
+    args.save_every.is_some_and(|k| step.is_multiple_of(k)) || step == args.steps
+}
+
+/// What the summary reports besides the loop's state.
+struct Summary<'a> {
+    grad_accum: u32,
+    loss_scale: LossScaler,
+    arena: &'a MemoryPlan,
+    recompute: &'a RecomputeReport,
+}
+
+/// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
+/// the summary.
+fn lead(
+    args: &TrainArgs,
+    reporter: &Reporter,
+    checked: &Checked,
+    train: &Train,
+    mut trainer: Trainer,
+    summary: Summary,
+) -> Result<(String, serde_json::Value), Failure> {
+    let Summary {
+        grad_accum,
+        loss_scale,
+        arena,
+        recompute,
+    } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes = Vec::new();
     if dropped > 0 {
@@ -250,8 +387,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
                 );
             }
         }
-        let due = args.save_every.is_some_and(|k| m.step % k == 0) || m.step == args.steps;
-        if let (Some(out), true) = (&args.output_dir, due) {
+        if let (Some(out), true) = (&args.output_dir, save_due(args, m.step)) {
             written.push(
                 trainer
                     .save(out)
@@ -304,23 +440,94 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
     Ok((text, json))
 }
 
-/// The model dim to set to the train's micro-batch size ([`micro_batch_dim`]); nothing for a
-/// source that did not check (its errors come later).
-fn micro_batch_override(
+/// The train of a source that checked, or `None` (its errors are reported later).
+fn checked_train<'c>(
     args: &TrainArgs,
-    checked: &mslc_check::Checked,
+    checked: &'c Checked,
     reporter: &Reporter,
-) -> Result<Option<(String, i64)>, Failure> {
+) -> Result<Option<&'c Train>, Failure> {
     if checked.has_errors() {
         return Ok(None);
     }
+    choose_train(checked, args.entry.as_deref())
+        .map(Some)
+        .map_err(|d| {
+            reporter.emit(&[*d], &checked.sources);
+            Failure::Reported
+        })
+}
+
+/// Into how many replicas' slices `--ranks` splits each batch: the `parallel` policy's
+/// data-parallel size, once the ranks are checked against its device count (E0970); 1 without
+/// `--ranks` (one device, whatever the policy).
+fn batch_split(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
+    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
+        return Ok(1);
+    };
+    let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
+    ranks::check_world(policy.map_or(1, |p| p.devices), world, "--ranks")
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    Ok(policy.map_or(1, |p| p.data_parallel_size().max(1) as usize))
+}
+
+/// How `--ranks` runs the train's plan (one device without `--ranks`, whatever the plan);
+/// E0972 for what is planned but not run, and for what a tensor-parallel rank cannot do alone
+/// (initialise, resume or dump gradients of split weights).
+fn rank_layout(
+    args: &TrainArgs,
+    checked: &Checked,
+    reporter: &Reporter,
+) -> Result<RankLayout, Failure> {
+    let one = RankLayout {
+        dp: 1,
+        tp: 1,
+        splits: Default::default(),
+    };
+    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
+        return Ok(one);
+    };
+    let plan = plan_train(checked, train).map_err(|d| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    })?;
+    let layout = ranks::layout(plan.as_ref(), world, "--ranks")
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let whole = [
+        (args.init_seed.is_some(), "--init-seed"),
+        (args.resume.is_some(), "--resume"),
+        (args.dump_grads.is_some(), "--dump-grads"),
+    ];
+    if let (true, Some((_, flag))) = (layout.tp > 1, whole.iter().find(|(given, _)| *given)) {
+        return Err(Failure::Message(
+            Code::E0972,
+            format!(
+                "{flag} is not run tensor parallel yet (split weights); give the whole weights \
+                 with --weights"
+            ),
+        ));
+    }
+    Ok(layout)
+}
+
+/// The model dim to set to the micro-batch size of one of `replicas` ([`micro_batch_dim`]);
+/// nothing for a source that did not check (its errors come later).
+fn micro_batch_override(
+    args: &TrainArgs,
+    checked: &Checked,
+    reporter: &Reporter,
+    replicas: usize,
+) -> Result<Option<(String, i64)>, Failure> {
+    let Some(train) = checked_train(args, checked, reporter)? else {
+        return Ok(None);
+    };
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     };
-    let train = choose_train(checked, args.entry.as_deref()).map_err(emit)?;
     match train.model.and_then(|m| checked.models.get(m)) {
-        Some(model) => micro_batch_dim(train, model, &args.model.dims).map_err(emit),
+        Some(model) => {
+            micro_batch_dim(train, model, &args.model.dims, replicas as i64).map_err(emit)
+        }
         None => Ok(None),
     }
 }

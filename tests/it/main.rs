@@ -22,6 +22,7 @@ mod param_counts;
 mod passes;
 mod pictures;
 mod plan;
+mod ranks;
 mod readable;
 mod readme;
 mod recompute;

@@ -57,7 +57,7 @@ pub struct StageTimes {
 }
 
 /// Everything a build produces in memory.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Compiled {
     /// The optimized graph.
     pub graph: Graph,

@@ -36,6 +36,7 @@
 //! micro-batch and keeps only the sums (and running statistics) of all but the last run,
 //! whose update it writes back ([`CompiledTrain::accumulators`]).
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use mslc_check::decls::Train;
@@ -46,6 +47,9 @@ use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
+use mslc_ir::shard::data::{all_reduce_each, replica_loss};
+use mslc_ir::shard::tensor::tensor_parallel;
+use mslc_ir::shard::Group;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
@@ -85,7 +89,17 @@ pub struct TrainOptions {
     /// The train's memory policy ([`MemoryRequest::of_train`]): what to recompute, and the
     /// budget the step must fit.
     pub memory: Option<MemoryRequest>,
+    /// Data-parallel replicas (0 or 1: one device). Above 1 the step is the per-rank program
+    /// of one replica: its loss weighed by its share of the batch, and every gradient summed
+    /// over the mesh axis [`DATA_AXIS`] before clipping and the optimizer
+    /// ([`mslc_ir::shard`]).
+    pub data_parallel: usize,
 }
+
+/// The mesh axis the data-parallel replicas of a per-rank training step form.
+pub const DATA_AXIS: &str = "dp";
+/// The mesh axis the ranks of a tensor-parallel group form.
+pub const TENSOR_AXIS: &str = "tp";
 
 /// One trained parameter and its optimizer states.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,7 +113,7 @@ pub struct TrainedParam {
 }
 
 /// A compiled training step and what the loop needs to drive it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CompiledTrain {
     /// The compiled module.
     pub compiled: Compiled,
@@ -185,15 +199,16 @@ pub fn choose_train<'a>(
 }
 
 /// The dim override a step of `train` needs so that it takes one micro-batch on one device:
-/// the model's batch dim (the first dim of its first input) set to `batch / grad_accum` samples
-/// (the train's `batch` counts an update's samples, `B × dp × micro-batches`, and there is one
-/// device). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
+/// the model's batch dim (the first dim of its first input) set to `batch / (grad_accum ×
+/// replicas)` samples (the train's `batch` counts an update's samples, `B × dp ×
+/// micro-batches`; `replicas` is 1 on one device, the data-parallel degree per rank). `None` when `given` (the `--dim` overrides) already sets that dim, when the model
 /// already has that size, or when its first input does not start with a named dim. A `batch`
 /// that `grad_accum` does not divide is refused (E0651).
 pub fn micro_batch_dim(
     train: &Train,
     model: &Model,
     given: &[(String, String)],
+    replicas: i64,
 ) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
     let Some(dim) = model
         .inputs
@@ -206,17 +221,25 @@ pub fn micro_batch_dim(
         return Ok(None);
     }
     let spec = &train.spec;
-    let k = spec.grad_accum.max(1);
+    let k = spec.grad_accum.max(1).saturating_mul(replicas.max(1));
     if spec.batch < 1 || spec.batch % k != 0 {
         return Err(Box::new(
             Diagnostic::error(
                 Code::E0651,
                 spec.file,
                 spec.batch_span,
-                format!(
-                    "batch = {} does not split into grad_accum = {k} micro-batches",
-                    spec.batch
-                ),
+                match replicas > 1 {
+                    false => format!(
+                        "batch = {} does not split into grad_accum = {k} micro-batches",
+                        spec.batch
+                    ),
+                    true => format!(
+                        "batch = {} does not split into {k} micro-batches (grad_accum = {} × \
+                         {replicas} data-parallel replicas)",
+                        spec.batch,
+                        spec.grad_accum.max(1),
+                    ),
+                },
             )
             .with_label("samples per update")
             .with_help(format!(
@@ -263,6 +286,23 @@ pub fn compile_train(
     train: &Train,
     options: &CompileOptions,
     train_options: TrainOptions,
+) -> Result<CompiledTrain, TrainError> {
+    compile_train_ranked(train, options, train_options, None)
+}
+
+/// The parameters a tensor-parallel step splits (path → dim) and the group of ranks it splits
+/// them over.
+pub type TensorSplits<'a> = (&'a BTreeMap<String, usize>, &'a Group);
+
+/// [`compile_train`] for one rank of a tensor-parallel group when `tensor` is given: the
+/// forward is split by Megatron's rewrite ([`tensor_parallel`]) before it is differentiated,
+/// and the gradients' global norm (and overflow check) sums the split parameters' shares over
+/// the group.
+pub fn compile_train_ranked(
+    train: &Train,
+    options: &CompileOptions,
+    train_options: TrainOptions,
+    tensor: Option<TensorSplits>,
 ) -> Result<CompiledTrain, TrainError> {
     let spec = &train.spec;
     let refuse = |code: Code, message: String, help: &str| {
@@ -311,6 +351,20 @@ pub fn compile_train(
             stage: "lower",
             message: "the training graph has no `loss` output".to_string(),
         })?;
+    if let Some((splits, group)) = tensor {
+        tensor_parallel(&mut graph, splits, group).map_err(|e| {
+            refuse(
+                Code::E0972,
+                format!("train `{}` cannot run tensor parallel: {e}", spec.name.name),
+                "split only the q/k/v/o and MLP projections of the layers (Megatron's pattern)",
+            )
+        })?;
+    }
+    let loss = graph
+        .outputs
+        .iter()
+        .find(|(name, _)| name == LOSS)
+        .map_or(loss, |(_, v)| *v);
     graph.outputs.clear();
     let mode = crate::train_mode::apply(&mut graph).map_err(|e| {
         refuse(
@@ -340,6 +394,24 @@ pub fn compile_train(
         ));
     }
     let wrt: Vec<ValueRef> = params.iter().map(|(_, v)| *v).collect();
+    let group = (train_options.data_parallel > 1).then(|| Group {
+        axis: DATA_AXIS.to_string(),
+        ranks: train_options.data_parallel,
+    });
+    // A replica differentiates its share of the global loss and reports the global loss.
+    let (share, loss) = match &group {
+        Some(g) => {
+            let r = replica_loss(&mut graph, loss, g).map_err(|e| {
+                refuse(
+                    Code::E0971,
+                    format!("train `{}` cannot run data parallel: {e}", spec.name.name),
+                    "write the loss as a cross_entropy, mse_loss or mean",
+                )
+            })?;
+            (r.share, r.global)
+        }
+        None => (loss, loss),
+    };
     // PyTorch's accumulation recipe differentiates `loss / grad_accum`; loss scaling then
     // multiplies that by the scale.
     let scalar = TensorType::new(DType::F32, vec![]);
@@ -348,8 +420,11 @@ pub fn compile_train(
         .scales()
         .then(|| graph.add_input(LOSS_SCALE, scalar));
     let objective = {
-        let mut b = Builder { g: &mut graph };
-        let mut objective = loss;
+        let mut b = Builder {
+            g: &mut graph,
+            tensor: None,
+        };
+        let mut objective = share;
         if grad_accum > 1 {
             let k = b.scalar(f64::from(grad_accum));
             objective = k
@@ -376,7 +451,21 @@ pub fn compile_train(
             "every trainable parameter needs a differentiable path to the loss",
         )
     })?;
-    let mut b = Builder { g: &mut graph };
+    let grads = match &group {
+        Some(g) => all_reduce_each(&mut graph, &grads, g).map_err(|e| CompileError {
+            stage: "train",
+            message: e.to_string(),
+        })?,
+        None => grads,
+    };
+    let split: Vec<bool> = params
+        .iter()
+        .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
+        .collect();
+    let mut b = Builder {
+        g: &mut graph,
+        tensor: tensor.map(|(_, g)| (g, split)),
+    };
     let accumulate = grad_accum > 1;
     let built = b.update(
         spec,
@@ -442,6 +531,8 @@ pub fn accumulator(path: &str) -> String {
 /// Adds the norm, clipping and optimizer ops to a graph.
 struct Builder<'g> {
     g: &'g mut Graph,
+    /// The tensor-parallel group, and per parameter (in order) whether it is split over it.
+    tensor: Option<(&'g Group, Vec<bool>)>,
 }
 
 type Built<T> = Result<T, String>;
@@ -476,22 +567,35 @@ impl Builder<'_> {
         self.bin(Op::Add, ax, by)
     }
 
-    /// `Σ_g sum(f(g))` over the gradients.
+    /// `Σ_g sum(f(g))` over the gradients of the parameters `order` lists (indices, in the
+    /// order to sum); under tensor parallelism the split parameters' sum is summed over the
+    /// group first (each rank holds a share of those gradients).
     fn total(
         &mut self,
         grads: &[ValueRef],
+        order: &[usize],
         mut f: impl FnMut(&mut Self, ValueRef) -> Built<ValueRef>,
     ) -> Built<ValueRef> {
-        let mut total: Option<ValueRef> = None;
-        for &g in grads {
-            let x = f(self, g)?;
+        let split = |b: &Self, i: usize| b.tensor.as_ref().is_some_and(|(_, s)| s[i]);
+        let mut totals: [Option<ValueRef>; 2] = [None, None];
+        for &i in order {
+            let x = f(self, grads[i])?;
             let s = self.op(Op::Sum, Attrs::new(), &[x])?;
-            total = Some(match total {
+            let slot = &mut totals[usize::from(split(self, i))];
+            *slot = Some(match *slot {
                 Some(t) => self.bin(Op::Add, t, s)?,
                 None => s,
             });
         }
-        total.ok_or_else(|| "no gradients".to_string())
+        if let (Some(shares), Some((group, _))) = (totals[1], &self.tensor) {
+            let summed = self.op(Op::AllReduce, group.attrs(), &[shares])?;
+            totals[1] = Some(summed);
+        }
+        match totals {
+            [Some(a), Some(b)] => self.bin(Op::Add, a, b),
+            [Some(t), None] | [None, Some(t)] => Ok(t),
+            [None, None] => Err("no gradients".to_string()),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -552,15 +656,14 @@ impl Builder<'_> {
                 .map(|n| n.index());
             std::cmp::Reverse(first_use)
         });
-        let produced: Vec<ValueRef> = order.iter().map(|&i| grads[i]).collect();
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
             let zero = self.scalar(0.0)?;
-            let overflow = self.total(&produced, |b, g| b.bin(Op::Mul, g, zero))?;
+            let overflow = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, zero))?;
             self.g.set_output(OVERFLOW, overflow);
         }
         // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let total = self.total(&produced, |b, g| b.bin(Op::Mul, g, g))?;
+        let total = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, g))?;
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {

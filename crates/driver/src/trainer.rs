@@ -7,6 +7,7 @@
 //! The loop is deterministic: the same data, seed and thread count give the same bytes, so N
 //! steps straight and N/2 + resume N/2 end with byte-identical weights.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -16,7 +17,8 @@ use mslc_artifact::Module;
 use mslc_check::policy::{OptimizerKind, Schedule};
 use mslc_core::diag::Code;
 use mslc_core::ops::{Op, TensorType};
-use mslc_exec::{ExecError, Executor};
+use mslc_exec::collectives::gather_dim;
+use mslc_exec::{ExecError, ExecErrorKind, Executor};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
 
@@ -24,7 +26,7 @@ use crate::loss_scale::ScaleState;
 use crate::numerics::NumericsReport;
 use crate::train::{
     write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LOSS_SCALE,
-    LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE,
+    LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE, TENSOR_AXIS,
 };
 use crate::train_mode::SEED;
 
@@ -60,12 +62,18 @@ impl TrainRunError {
                     numerics: Some(Box::new(report)),
                 }
             }
+            None if e.kind == ExecErrorKind::Collective => {
+                TrainRunError::new(Code::E0973, e.message)
+            }
             None => TrainRunError::new(Code::E0603, e.message),
         }
     }
 }
 
 type Res<T> = Result<T, TrainRunError>;
+
+/// A named tensor of a checkpoint: name, shape, values.
+pub type Named = (String, Vec<usize>, Vec<f32>);
 
 fn data_error(message: impl Into<String>) -> TrainRunError {
     TrainRunError::new(Code::E0630, message)
@@ -79,6 +87,7 @@ fn checkpoint_error(dir: &Path, message: impl std::fmt::Display) -> TrainRunErro
 }
 
 /// One input's samples: the whole array, first axis = samples.
+#[derive(Clone)]
 struct Column {
     /// The module input it feeds.
     input: String,
@@ -94,6 +103,7 @@ impl Column {
 }
 
 /// The training samples, one column per module input the data feeds.
+#[derive(Clone)]
 pub struct Dataset {
     columns: Vec<Column>,
     samples: usize,
@@ -354,7 +364,14 @@ pub struct Trainer {
     train: CompiledTrain,
     schedule: Schedule,
     data: Dataset,
+    /// Samples per run of this rank's step.
     batch: usize,
+    /// This rank's data-parallel replica and the replicas there are: it takes its slice of
+    /// each global batch of `batch × replicas` samples.
+    replica: (usize, usize),
+    /// Under tensor parallelism, the split parameters (path → dim), gathered over
+    /// [`TENSOR_AXIS`] for checkpoints.
+    tensor: Option<BTreeMap<String, usize>>,
     order: Vec<usize>,
     state: LoopState,
     /// The last update's loss (the mean over its micro-batches).
@@ -434,6 +451,8 @@ impl Trainer {
             schedule,
             data,
             batch,
+            replica: (0, 1),
+            tensor: None,
             order: Vec::new(),
             state,
             loss: f64::NAN,
@@ -442,12 +461,39 @@ impl Trainer {
         Ok(trainer)
     }
 
+    /// Makes this the loop of data-parallel replica `replica` of `replicas`: each global batch
+    /// holds `replicas` of this step's batches, and this rank takes slice `replica` of it (the
+    /// others' slices go to the other ranks). The loop state counts global batches, so a
+    /// checkpoint resumes on any number of replicas.
+    pub fn shard_data(&mut self, replica: usize, replicas: usize) -> Res<()> {
+        let global = self.batch.saturating_mul(replicas.max(1));
+        if self.data.samples < global {
+            return Err(data_error(format!(
+                "--data holds {} samples, fewer than one batch of {global} ({replicas} replicas × {})",
+                self.data.samples, self.batch
+            )));
+        }
+        self.replica = (replica, replicas.max(1));
+        self.state.batch = global as u64;
+        Ok(())
+    }
+
+    /// Makes this the loop of one rank of a tensor-parallel group whose parameters `splits`
+    /// (path → dim) hold 1/n of that dim: checkpoints gather them (and their optimizer states)
+    /// over [`TENSOR_AXIS`].
+    pub fn shard_tensors(&mut self, splits: BTreeMap<String, usize>) {
+        self.tensor = Some(splits);
+    }
+
+    /// Samples per global batch: this step's batch on each replica.
+    fn global_batch(&self) -> usize {
+        self.batch * self.replica.1
+    }
+
     /// Batches per epoch, and samples left over at its end.
     pub fn epoch_shape(&self) -> (usize, usize) {
-        (
-            self.data.samples / self.batch,
-            self.data.samples % self.batch,
-        )
+        let global = self.global_batch();
+        (self.data.samples / global, self.data.samples % global)
     }
 
     /// Where the loop is.
@@ -596,7 +642,8 @@ impl Trainer {
             self.state.batch_in_epoch = 0;
             self.order = self.epoch_order(self.state.epoch);
         }
-        let first = self.state.batch_in_epoch as usize * self.batch;
+        let first =
+            self.state.batch_in_epoch as usize * self.global_batch() + self.replica.0 * self.batch;
         let rows = self.order[first..first + self.batch].to_vec();
         self.data.feed(&mut self.exec, &rows)?;
         self.state.batch_in_epoch += 1;
@@ -632,7 +679,56 @@ impl Trainer {
     /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder
     /// beside it, which is renamed into place once complete, so a kill leaves the earlier
     /// checkpoints as they were and no partial `step-K`.
-    pub fn save(&self, out: &Path) -> Res<PathBuf> {
+    pub fn save(&mut self, out: &Path) -> Res<PathBuf> {
+        let (params, states) = self.checkpoint_tensors()?;
+        self.write_checkpoint(out, &params, &states)
+    }
+
+    /// The whole parameters and optimizer states (name, shape, values), gathered from the
+    /// ranks of a tensor-parallel group: a collective, which every rank of the group calls at
+    /// the same step.
+    pub fn checkpoint_tensors(&mut self) -> Res<(Vec<Named>, Vec<Named>)> {
+        let params = self.exec.params_f32();
+        let mut states = Vec::new();
+        for name in self.train.params.iter().flat_map(|p| &p.states) {
+            let (shape, values) = self.exec.input_f32(name).ok_or_else(|| run_missing(name))?;
+            states.push((name.clone(), shape, values));
+        }
+        let Some(splits) = self.tensor.clone() else {
+            return Ok((params, states));
+        };
+        let owner: BTreeMap<&str, &str> = self
+            .train
+            .params
+            .iter()
+            .flat_map(|p| p.states.iter().map(|s| (s.as_str(), p.path.as_str())))
+            .collect();
+        let comm = self
+            .exec
+            .collectives()
+            .ok_or_else(|| TrainRunError::new(Code::E0973, "no collectives to gather shards"))?;
+        let mut gather = |list: Vec<Named>, path_of: &dyn Fn(&str) -> String| -> Res<Vec<Named>> {
+            list.into_iter()
+                .map(
+                    |(name, mut shape, values)| match splits.get(&path_of(&name)) {
+                        None => Ok((name, shape, values)),
+                        Some(&d) => {
+                            let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values)
+                                .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
+                            shape[d] *= whole.len() / values.len().max(1);
+                            Ok((name, shape, whole))
+                        }
+                    },
+                )
+                .collect()
+        };
+        let params = gather(params, &|n| n.to_string())?;
+        let states = gather(states, &|n| owner.get(n).copied().unwrap_or(n).to_string())?;
+        Ok((params, states))
+    }
+
+    /// Writes the checkpoint of `params` and `states` (see [`Trainer::save`]).
+    fn write_checkpoint(&self, out: &Path, params: &[Named], states: &[Named]) -> Res<PathBuf> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
         let dir = out.join(format!("step-{}", self.state.step));
         let tmp = out.join(format!(".step-{}.partial", self.state.step));
@@ -644,20 +740,16 @@ impl Trainer {
         }
         fs::create_dir(&tmp)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", tmp.display())))?;
-        let params: Vec<(String, Vec<usize>, Vec<u8>)> = self
-            .exec
-            .params_f32()
-            .into_iter()
-            .map(|(n, s, v)| (n, s, f32_bytes(&v)))
-            .collect();
+        let bytes = |list: &[Named]| -> Vec<(String, Vec<usize>, Vec<u8>)> {
+            list.iter()
+                .map(|(n, s, v)| (n.clone(), s.clone(), f32_bytes(v)))
+                .collect()
+        };
+        let params = bytes(params);
         let tensors: Vec<TensorRef> = params.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
         write_safetensors(tmp.join("model.safetensors"), &tensors)
             .map_err(|e| write_error(e.to_string()))?;
-        let mut states = Vec::new();
-        for name in self.train.params.iter().flat_map(|p| &p.states) {
-            let (shape, values) = self.exec.input_f32(name).ok_or_else(|| run_missing(name))?;
-            states.push((name.clone(), shape, f32_bytes(&values)));
-        }
+        let states = bytes(states);
         let tensors: Vec<TensorRef> = states.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
         write_safetensors(tmp.join("optimizer.safetensors"), &tensors)
             .map_err(|e| write_error(e.to_string()))?;

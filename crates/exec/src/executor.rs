@@ -21,9 +21,11 @@ use mslc_kernels::par;
 use mslc_kernels::scratch::try_warm;
 use mslc_kernels::step::needs::SCRATCH_BUFFERS;
 use mslc_kernels::step::{OperandMode as Mode, Operands, StepKernel};
-use mslc_kernels::{KernelResult, TensorRef};
+use mslc_kernels::KernelError;
+use mslc_kernels::TensorRef;
 
 use super::buffer::AlignedBuf;
+use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::fill_input;
 use super::limits::exact_bytes;
@@ -115,6 +117,8 @@ pub struct Executor {
     workers: Option<WorkerTimes>,
     /// Whether each step's result is checked for NaN and infinity ([`Executor::check_numerics`]).
     check_numerics: bool,
+    /// This rank's link to the others, for the collective steps of a per-rank program.
+    comm: Option<Box<dyn Collectives>>,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -265,8 +269,20 @@ impl Executor {
             times: vec![None; module.steps.len()],
             workers: None,
             check_numerics: false,
+            comm: None,
             module,
         })
+    }
+
+    /// Gives the run the collectives its per-rank program's collective steps go through (this
+    /// rank of a threads world, or of an MPI world).
+    pub fn set_collectives(&mut self, comm: Box<dyn Collectives>) {
+        self.comm = Some(comm);
+    }
+
+    /// The collectives given by [`Executor::set_collectives`], if any.
+    pub fn collectives(&mut self) -> Option<&mut (dyn Collectives + 'static)> {
+        self.comm.as_deref_mut()
     }
 
     /// The module being run.
@@ -471,6 +487,7 @@ impl Executor {
             workers,
             threads,
             check_numerics,
+            comm,
             ..
         } = self;
         let threads = *threads;
@@ -515,16 +532,15 @@ impl Executor {
                         plan,
                         &step.inputs,
                         step.outputs[0],
+                        comm.as_deref_mut(),
                         in_stage,
                         int_stage,
                         out_stage,
                     )
                 }
                 .map_err(|e| {
-                    ExecError::new(
-                        ExecErrorKind::Kernel,
-                        format!("step {s} ({}{}): {e}", step.op, origin_suffix(&step.origin)),
-                    )
+                    let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
+                    ExecError::new(e.kind, format!("{at}: {}", e.message))
                 })?;
                 if *check_numerics {
                     // SAFETY: the step is done; no mutable view of the arena exists.
@@ -915,10 +931,11 @@ impl<'a> Memory<'a> {
         plan: &StepPlan,
         step_inputs: &[u32],
         output: u32,
+        comm: Option<&mut (dyn Collectives + 'static)>,
         in_stage: &mut [AlignedBuf],
         int_stage: &mut AlignedBuf,
         out_stage: &mut AlignedBuf,
-    ) -> KernelResult<()> {
+    ) -> ExecResult<()> {
         let mut inline = [NO_TENSOR; INLINE_INPUTS];
         let mut spilled = Vec::new();
         let views: &mut [TensorRef<'_>] = if step_inputs.len() <= INLINE_INPUTS {
@@ -970,26 +987,39 @@ impl<'a> Memory<'a> {
         } else {
             out_stage.f32s_mut(out_slot.numel)
         };
-        let packed_b = match &plan.prepared.packed_b {
-            Some(range) => {
-                let dst = &mut self.packed[range.clone()];
-                if self.repack {
-                    plan.prepared.kernel.pack_b(views[1].data, dst)?;
+        let kernel_error = |e: KernelError| ExecError::new(ExecErrorKind::Kernel, e.to_string());
+        if let StepKernel::Collective(c) = &plan.prepared.kernel {
+            let x = views[0];
+            let shape: Vec<usize> = x.shape.to_vec();
+            run_collective(c, comm, x.data, &shape, out)?;
+        } else {
+            let packed_b = match &plan.prepared.packed_b {
+                Some(range) => {
+                    let dst = &mut self.packed[range.clone()];
+                    if self.repack {
+                        plan.prepared
+                            .kernel
+                            .pack_b(views[1].data, dst)
+                            .map_err(kernel_error)?;
+                    }
+                    Some(&*dst)
                 }
-                Some(&*dst)
-            }
-            None => None,
-        };
-        plan.prepared.kernel.run_with_packed_b(
-            Operands {
-                inputs: views,
-                ints,
-                out,
-                out_shape: &out_slot.shape,
-                in_place,
-            },
-            packed_b,
-        )?;
+                None => None,
+            };
+            plan.prepared
+                .kernel
+                .run_with_packed_b(
+                    Operands {
+                        inputs: views,
+                        ints,
+                        out,
+                        out_shape: &out_slot.shape,
+                        in_place,
+                    },
+                    packed_b,
+                )
+                .map_err(kernel_error)?;
+        }
         if !plan.prepared.out_direct {
             // SAFETY: the kernel is done; no view of the arena is used after this point.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };

@@ -1,5 +1,5 @@
 //! The graph IR (petgraph): lowering from the checked program, the verifier, reverse-mode
-//! autodiff, activation recomputation, and text and DOT dumps.
+//! autodiff, activation recomputation, per-rank programs (data parallel), and text and DOT dumps.
 
 pub mod autodiff;
 pub mod dot;
@@ -8,6 +8,7 @@ pub mod lower;
 pub mod passes;
 pub mod print;
 pub mod recompute;
+pub mod shard;
 pub mod verify;
 
 pub use autodiff::{backward, AutodiffError};

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use super::graph::{Graph, NodeId, NodeKind, ValueRef};
+use mslc_core::ops::family::collective::payload_bytes;
 use mslc_core::program::Init;
 
 /// Print order and value numbering shared by both dumps.
@@ -94,6 +95,11 @@ pub fn to_text(graph: &Graph) -> String {
                     let _ = write!(out, " {{{}}}", attrs.join(", "));
                 }
                 let _ = write!(out, " : {}", types.join(", "));
+                if crate::shard::is_collective(*op) {
+                    let input = graph.inputs(*id).first().map(|v| graph.ty(*v).clone());
+                    let bytes = input.map_or(0, |t| payload_bytes(*op, &t));
+                    let _ = write!(out, " @sends({bytes} B)");
+                }
                 let a = &node.annotations;
                 if a.recompute {
                     out.push_str(" @recompute");

@@ -51,16 +51,18 @@ syn match   mslScalarType    "\.\@<!\<\%(int\|float\|str\|dtype\|shape\)\>\%(\s*
 " Ops are a match, not a keyword: a keyword would win over the label in
 " `attention.self.query: LinearBias(..)` and over a named argument `max: 3`.
 let s:ops = [
-      \ 'abs', 'adaptive_avg_pool2d', 'adaptive_avg_pool2d_grad', 'add', 'attention',
-      \ 'attention_grad', 'attention_lse', 'avg_pool2d', 'avg_pool2d_grad', 'batch_norm',
-      \ 'broadcast_to', 'cast', 'causal_mask', 'concat', 'constant', 'conv2d', 'conv2d_grad_input',
-      \ 'conv2d_grad_weight', 'cross_entropy', 'cross_entropy_grad', 'div', 'dropout', 'embedding',
-      \ 'embedding_grad', 'erf', 'exp', 'fused_elementwise', 'fused_matmul', 'gelu', 'gelu_tanh',
-      \ 'layer_norm', 'layer_norm_affine', 'layer_norm_grad', 'log', 'log_softmax', 'matmul',
-      \ 'max', 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul',
-      \ 'neg', 'pow', 'reciprocal', 'relu', 'reshape', 'rms_norm', 'rms_norm_grad',
-      \ 'rms_norm_scale', 'rope', 'rope_cached', 'rope_table', 'rsqrt', 'select', 'sigmoid',
-      \ 'sign', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum', 'tanh', 'transpose'
+      \ 'abs', 'adaptive_avg_pool2d', 'adaptive_avg_pool2d_grad', 'add', 'all_gather',
+      \ 'all_reduce', 'attention', 'attention_grad', 'attention_lse', 'avg_pool2d',
+      \ 'avg_pool2d_grad', 'batch_norm', 'broadcast_to', 'cast', 'causal_mask', 'concat',
+      \ 'constant', 'conv2d', 'conv2d_grad_input', 'conv2d_grad_weight', 'cross_entropy',
+      \ 'cross_entropy_grad', 'div', 'dropout', 'embedding', 'embedding_grad', 'erf', 'exp',
+      \ 'fused_elementwise', 'fused_matmul', 'gelu', 'gelu_tanh', 'layer_norm',
+      \ 'layer_norm_affine', 'layer_norm_grad', 'log', 'log_softmax', 'matmul', 'max',
+      \ 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg',
+      \ 'parallel_copy', 'pow', 'reciprocal', 'reduce_scatter', 'relu', 'reshape', 'rms_norm',
+      \ 'rms_norm_grad', 'rms_norm_scale', 'rope', 'rope_cached', 'rope_table', 'rsqrt', 'select',
+      \ 'sigmoid', 'sign', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum', 'tanh',
+      \ 'transpose'
       \ ]
 let s:lib_functions = [
       \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'

@@ -531,6 +531,62 @@ fn losses_and_fused_elementwise() {
     case.check(want);
 }
 
+/// The collectives on two ranks (threads, each its own executor): rank r's input is
+/// `x + 100·r`; the results against the sum, concatenation and split computed here.
+#[test]
+fn collectives_on_two_ranks() {
+    use mslc_exec::collectives::{threads::world, Collectives, Mesh};
+    let x = rand(6, 12, -1.0, 1.0);
+    let mine = |r: usize| -> Vec<f32> { x.iter().map(|v| v + 100.0 * r as f32).collect() };
+    let group = |dim: Option<i64>| {
+        let a = Attrs::new().with("axis", "mp").with("ranks", 2i64);
+        dim.map_or(a.clone(), |d| a.with("dim", d))
+    };
+    let run = |op: Op, attrs: Attrs| -> Vec<Vec<f32>> {
+        CHECKED.with(|c| c.borrow_mut().insert(op));
+        let ty = TensorType::new(DType::F32, [2, 6]);
+        let module = one_step(op, attrs, &[ty]);
+        let ranks = world(Mesh::line("mp", 2).unwrap());
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .map(|comm| {
+                    let (module, input) = (module.clone(), mine(comm.rank()));
+                    scope.spawn(move || {
+                        let mut exec = super::common::executor(module, 1);
+                        exec.set_collectives(Box::new(comm));
+                        exec.set_input("x0", &array(DType::F32, &[2, 6], &input))
+                            .unwrap();
+                        exec.run().unwrap();
+                        exec.output_f32("y").unwrap().1
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let (a, b) = (mine(0), mine(1));
+    let sum: Vec<f32> = a.iter().zip(&b).map(|(p, q)| p + q).collect();
+    for got in run(Op::AllReduce, group(None)) {
+        assert_close("all_reduce", &got, &sum, ATOL, RTOL);
+    }
+    for got in run(Op::ParallelCopy, group(None)).iter().zip([&a, &b]) {
+        assert_close("parallel_copy", got.0, got.1, 0.0, 0.0);
+    }
+    // Gathered along dim 1: each row is rank 0's row then rank 1's.
+    let rows = |v: &[f32], r: usize| v[r * 6..r * 6 + 6].to_vec();
+    let gathered: Vec<f32> = (0..2)
+        .flat_map(|r| [rows(&a, r), rows(&b, r)].concat())
+        .collect();
+    for got in run(Op::AllGather, group(Some(1))) {
+        assert_close("all_gather", &got, &gathered, 0.0, 0.0);
+    }
+    // Scattered along dim 0: rank r keeps row r of the sum.
+    for (r, got) in run(Op::ReduceScatter, group(Some(0))).iter().enumerate() {
+        assert_close("reduce_scatter", got, &rows(&sum, r), ATOL, RTOL);
+    }
+}
+
 /// The test that runs each op. An exhaustive `match`: a new op does not compile until it is
 /// given one, and [`every_op_has_a_case_here`] checks that the test really runs it.
 fn covering_test(op: Op) -> fn() {
@@ -581,6 +637,9 @@ fn covering_test(op: Op) -> fn() {
         | Op::MaxPool2dGrad
         | Op::AvgPool2dGrad
         | Op::AdaptiveAvgPool2dGrad => neural_net_backward_ops,
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter => {
+            collectives_on_two_ranks
+        }
     }
 }
 

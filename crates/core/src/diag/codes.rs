@@ -128,6 +128,10 @@ codes! {
     E0902 => "batch does not split into the model's micro-batches",
     E0903 => "no parallel strategy for this device count",
     E0960 => "op the JAX export does not cover",
+    E0970 => "rank count differs from the plan's device count",
+    E0971 => "loss does not combine over data-parallel replicas",
+    E0972 => "parallel layout the executor cannot run yet",
+    E0973 => "a rank stopped: a collective could not complete",
     E0961 => "train setting the JAX export cannot mirror",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
@@ -184,7 +188,8 @@ impl Code {
             | Code::E0610
             | Code::E0611
             | Code::E0613
-            | Code::E0623 => ExitClass::Usage,
+            | Code::E0623
+            | Code::E0970 => ExitClass::Usage,
             Code::E0608 => ExitClass::Internal,
             c if c.as_str().starts_with('W') => ExitClass::Warning,
             _ => ExitClass::Input,

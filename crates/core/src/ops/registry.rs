@@ -8,7 +8,9 @@
 //! exhaustive dispatch over [`UnaryOp`] does not compile until it is there.
 
 use super::error::OpError;
-use super::family::{conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce};
+use super::family::{
+    collective, conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce,
+};
 use super::scalar as s;
 use super::spec::{GradRule, OpSpec, PrecisionClass, ShardRule};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -232,6 +234,11 @@ op_table! {
     MaxPool2dGrad = "max_pool2d_grad" => conv::POOL2D_GRAD,
     AvgPool2dGrad = "avg_pool2d_grad" => conv::POOL2D_GRAD,
     AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
+    // Collectives (the sharding pass inserts them; the executor runs them)
+    AllReduce = "all_reduce" => collective::ALL_REDUCE,
+    ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
+    AllGather = "all_gather" => collective::ALL_GATHER,
+    ReduceScatter = "reduce_scatter" => collective::REDUCE_SCATTER,
 }
 
 impl Op {
@@ -315,7 +322,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 68);
+        assert_eq!(Op::ALL.len(), 72);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

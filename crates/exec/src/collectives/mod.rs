@@ -9,7 +9,10 @@
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub(crate) mod step;
 pub mod threads;
+
+pub use step::gather_dim;
 
 use crate::error::{ExecError, ExecErrorKind, ExecResult};
 

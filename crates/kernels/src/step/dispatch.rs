@@ -181,6 +181,12 @@ impl StepKernel {
             StepKernel::BatchNorm(eps, p) => norm::batch_norm(x(0), x(1), x(2), *eps, p, out)?,
             StepKernel::CausalMask(size) => copy_tensor(out, reference::causal_mask(*size))?,
             StepKernel::MseLoss => copy_tensor(out, reference::mse_loss(x(0), x(1))?)?,
+            StepKernel::Collective(c) => {
+                return Err(KernelError::new(
+                    c.op.name(),
+                    "a collective runs through the executor's collectives, not a kernel",
+                ))
+            }
             StepKernel::NormGrad(true, eps, p) => {
                 norm_grad::rms_norm_grad(x(0), x(1), *eps, p, out)?
             }

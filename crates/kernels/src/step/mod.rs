@@ -9,4 +9,4 @@ pub mod prepare;
 
 pub use dispatch::Operands;
 pub use needs::{OperandMode, Staging};
-pub use prepare::{prepare, StepKernel};
+pub use prepare::{prepare, CollectiveStep, StepKernel};

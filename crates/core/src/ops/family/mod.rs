@@ -2,6 +2,7 @@
 //! (or `const fn`s building them) that `registry.rs` names, plus whatever a kernel needs to
 //! read the op's attributes the same way the rules do.
 
+pub mod collective;
 pub mod conv;
 pub mod elementwise;
 pub mod fused;

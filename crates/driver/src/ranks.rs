@@ -1,0 +1,327 @@
+//! Running a plan's ranks: which per-rank program a plan asks for (today: data parallelism),
+//! the check that the world started matches the plan's device count (E0970), and N ranks as
+//! threads of one process, each with its own executor, talking through the threads backend of
+//! [`mslc_exec::collectives`].
+
+use std::collections::BTreeMap;
+
+use mslc_core::diag::Code;
+use mslc_exec::collectives::threads::world;
+use mslc_exec::collectives::{Collectives, Mesh};
+use mslc_io::safetensors::{StDType, TensorRef};
+use mslc_plan::parallel::PlanFile;
+
+use crate::train::{DATA_AXIS, TENSOR_AXIS};
+
+/// A coded refusal to run a plan's ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RanksError {
+    /// E0970 (world size), E0972 (layout not runnable) or E0973 (a rank stopped).
+    pub code: Code,
+    /// What is wrong, with the numbers.
+    pub message: String,
+}
+
+impl RanksError {
+    fn new(code: Code, message: impl Into<String>) -> RanksError {
+        RanksError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks that `world` ranks (started by `launcher`, for the message) are the `devices` a
+/// plan has (E0970).
+pub fn check_world(devices: i64, world: usize, launcher: &str) -> Result<(), RanksError> {
+    let devices = devices.max(1) as usize;
+    if world != devices {
+        let alone = if world == 1 && launcher.starts_with("mpiexec") {
+            " (a binary started without mpiexec, or by another MPI's launcher, sees one rank)"
+        } else {
+            ""
+        };
+        return Err(RanksError::new(
+            Code::E0970,
+            format!(
+                "{launcher} started {world} rank(s), but the plan has {devices} device(s){alone}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How `world` ranks run a plan: the data-parallel and tensor-parallel degrees (rank = dp
+/// coordinate × tp + tp coordinate) and the parameters the tensor-parallel ranks split.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankLayout {
+    /// Data-parallel replicas.
+    pub dp: usize,
+    /// Ranks of each tensor-parallel group.
+    pub tp: usize,
+    /// Split parameters (path → dim), when `tp` > 1.
+    pub splits: BTreeMap<String, usize>,
+}
+
+impl RankLayout {
+    /// The device mesh of the ranks: `dp` × `tp`.
+    pub fn mesh(&self) -> Result<Mesh, RanksError> {
+        Mesh::new(vec![
+            (DATA_AXIS.to_string(), self.dp),
+            (TENSOR_AXIS.to_string(), self.tp),
+        ])
+        .map_err(|e| RanksError::new(Code::E0970, e.message))
+    }
+}
+
+/// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
+/// from the plan's device count, or when the plan asks for what is planned but not run yet
+/// (pipeline stages, optimizer sharding, a parameter split along two dims).
+pub fn layout(
+    plan: Option<&PlanFile>,
+    world: usize,
+    launcher: &str,
+) -> Result<RankLayout, RanksError> {
+    let (dp, tp) = data_parallel_degree(plan, world, launcher)?;
+    let splits = match plan {
+        Some(p) if tp > 1 => tensor_splits(p)?,
+        _ => BTreeMap::new(),
+    };
+    Ok(RankLayout { dp, tp, splits })
+}
+
+/// The data- and tensor-parallel degrees of [`layout`].
+fn data_parallel_degree(
+    plan: Option<&PlanFile>,
+    world: usize,
+    launcher: &str,
+) -> Result<(usize, usize), RanksError> {
+    let layout = plan.map(|p| Layout {
+        devices: p.devices,
+        mesh: &p.mesh,
+        optimizer_shard: p.optimizer_shard,
+    });
+    degree_of(layout, world, launcher)
+}
+
+/// What of a plan decides the per-rank program.
+struct Layout<'a> {
+    devices: i64,
+    mesh: &'a BTreeMap<String, i64>,
+    optimizer_shard: u8,
+}
+
+fn degree_of(
+    plan: Option<Layout>,
+    world: usize,
+    launcher: &str,
+) -> Result<(usize, usize), RanksError> {
+    check_world(plan.as_ref().map_or(1, |p| p.devices), world, launcher)?;
+    let Some(plan) = plan else {
+        return Ok((1, 1));
+    };
+    let degree = |axis: &str| plan.mesh.get(axis).copied().unwrap_or(1).max(1);
+    let others: Vec<String> = plan
+        .mesh
+        .iter()
+        .filter(|(axis, &n)| !matches!(axis.as_str(), "dp" | "tp") && n > 1)
+        .map(|(axis, n)| format!("{axis} = {n}"))
+        .collect();
+    if !others.is_empty() || plan.optimizer_shard > 0 {
+        let mut what = others;
+        if plan.optimizer_shard > 0 {
+            what.push(format!(
+                "optimizer_shard = {}",
+                mslc_plan::parallel::level_name(plan.optimizer_shard)
+            ));
+        }
+        return Err(RanksError::new(
+            Code::E0972,
+            format!(
+                "the plan asks for {}; the executor runs data and tensor parallelism only \
+                 (replicated optimizer states)",
+                what.join(", ")
+            ),
+        ));
+    }
+    Ok((degree("dp") as usize, degree("tp") as usize))
+}
+
+/// The parameters `plan` splits, each with the one dim it splits (what
+/// [`mslc_ir::shard::tensor::tensor_parallel`] takes); an error for a parameter split along
+/// more than one dim (not run yet).
+pub fn tensor_splits(plan: &PlanFile) -> Result<BTreeMap<String, usize>, RanksError> {
+    let mut splits = BTreeMap::new();
+    for (path, spec) in &plan.shardings {
+        let dims: Vec<usize> = spec
+            .iter()
+            .enumerate()
+            .filter_map(|(d, a)| a.as_ref().map(|_| d))
+            .collect();
+        match dims[..] {
+            [] => {}
+            [d] => {
+                splits.insert(path.clone(), d);
+            }
+            _ => {
+                return Err(RanksError::new(
+                    Code::E0972,
+                    format!("`{path}` is split along {} dims; one is run", dims.len()),
+                ))
+            }
+        }
+    }
+    Ok(splits)
+}
+
+/// The collectives of the ranks of `mesh` as threads of this process, in rank order.
+pub fn thread_world(mesh: Mesh) -> Vec<Box<dyn Collectives>> {
+    world(mesh)
+        .into_iter()
+        .map(|r| Box::new(r) as Box<dyn Collectives>)
+        .collect()
+}
+
+/// A weight as a rank loads it: name, shape, dtype, bytes.
+pub type OwnedTensor = (String, Vec<usize>, StDType, Vec<u8>);
+
+/// The weights `tensors` as tensor-parallel rank `index` of `n` holds them: each parameter
+/// of `splits` cut to its block (E0972 when its dim does not split into `n`).
+pub fn shard_weights<'a>(
+    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+    splits: &BTreeMap<String, usize>,
+    index: usize,
+    n: usize,
+) -> Result<Vec<OwnedTensor>, RanksError> {
+    tensors
+        .into_iter()
+        .map(|t| {
+            let Some(&dim) = splits.get(t.name) else {
+                return Ok((
+                    t.name.to_string(),
+                    t.shape.to_vec(),
+                    t.dtype,
+                    t.data.to_vec(),
+                ));
+            };
+            let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
+                RanksError::new(
+                    Code::E0972,
+                    format!(
+                        "weight `{}` {:?} does not split into {n} blocks along dim {dim}",
+                        t.name, t.shape
+                    ),
+                )
+            })?;
+            Ok((t.name.to_string(), shape, t.dtype, data))
+        })
+        .collect()
+}
+
+/// Rank `index`'s block of `data` (of shape `shape`), cut along `dim` into `n` equal blocks:
+/// what a tensor-parallel rank holds of a whole weight. `None` when the dim does not split.
+pub fn shard_block(
+    shape: &[usize],
+    data: &[u8],
+    dim: usize,
+    index: usize,
+    n: usize,
+) -> Option<(Vec<usize>, Vec<u8>)> {
+    let size = *shape.get(dim)?;
+    if n == 0 || size % n != 0 || data.is_empty() {
+        return None;
+    }
+    let outer: usize = shape[..dim].iter().product();
+    let row = data.len() / outer.max(1);
+    let block = row / n;
+    let mut out = Vec::with_capacity(data.len() / n);
+    for o in 0..outer {
+        let start = o * row + index * block;
+        out.extend_from_slice(&data[start..start + block]);
+    }
+    let mut local = shape.to_vec();
+    local[dim] = size / n;
+    Some((local, out))
+}
+
+/// Worker threads per rank when `--threads` is not given: the cores shared among the ranks.
+pub fn threads_per_rank(given: Option<usize>, ranks: usize) -> usize {
+    given.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / ranks.max(1)).max(1)
+    })
+}
+
+/// The error to report when ranks failed: the first that is not a rank stopping because
+/// another one left (E0973), which names the real cause; else the first.
+pub fn root_cause<E>(errors: Vec<E>, code: impl Fn(&E) -> Option<Code>) -> Option<E> {
+    let first_real = errors.iter().position(|e| code(e) != Some(Code::E0973));
+    let mut errors = errors;
+    match first_real {
+        Some(i) => Some(errors.swap_remove(i)),
+        None => errors.into_iter().next(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The degree `world` ranks run a plan of `mesh` and optimizer-shard `level` with.
+    fn run(
+        mesh: &[(&str, i64)],
+        level: u8,
+        world: usize,
+        launcher: &str,
+    ) -> Result<(usize, usize), RanksError> {
+        let mesh: BTreeMap<String, i64> = mesh.iter().map(|(a, n)| (a.to_string(), *n)).collect();
+        let layout = Layout {
+            devices: mesh.values().product(),
+            mesh: &mesh,
+            optimizer_shard: level,
+        };
+        degree_of(Some(layout), world, launcher)
+    }
+
+    #[test]
+    fn the_world_must_match_the_plan() {
+        let dp = [("dp", 2), ("tp", 1), ("pp", 1)];
+        assert_eq!(run(&dp, 0, 2, "--ranks"), Ok((2, 1)));
+        let e = run(&dp, 0, 4, "--ranks").unwrap_err();
+        assert_eq!(e.code, Code::E0970);
+        assert!(e.message.contains("started 4 rank(s), but the plan has 2"));
+        let e = run(&dp, 0, 1, "mpiexec").unwrap_err();
+        assert!(e.message.contains("without mpiexec"), "{}", e.message);
+        assert_eq!(data_parallel_degree(None, 1, "--ranks"), Ok((1, 1)));
+    }
+
+    #[test]
+    fn pipelines_and_optimizer_sharding_do_not_run_yet() {
+        assert_eq!(
+            run(&[("dp", 1), ("tp", 2), ("pp", 1)], 0, 2, "--ranks"),
+            Ok((1, 2))
+        );
+        let e = run(&[("dp", 1), ("tp", 1), ("pp", 2)], 0, 2, "--ranks").unwrap_err();
+        assert_eq!(e.code, Code::E0972);
+        assert!(e.message.contains("pp = 2"), "{}", e.message);
+        let e = run(&[("dp", 2)], 1, 2, "--ranks").unwrap_err();
+        assert!(
+            e.message.contains("optimizer_shard = level1"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_root_cause_is_not_a_rank_that_stopped() {
+        let errors = vec![(Code::E0973, "left"), (Code::E0601, "bad weights")];
+        let e = root_cause(errors, |e| Some(e.0)).unwrap();
+        assert_eq!(e.1, "bad weights");
+        assert_eq!(
+            root_cause(vec![(Code::E0973, "x")], |e| Some(e.0))
+                .unwrap()
+                .1,
+            "x"
+        );
+    }
+}

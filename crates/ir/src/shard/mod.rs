@@ -1,0 +1,74 @@
+//! Per-rank programs: the passes that turn one device's graph into the graph each rank of a
+//! device mesh runs, with the collectives between them as explicit ops carrying their mesh
+//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism).
+
+pub mod data;
+pub mod tensor;
+
+use std::fmt;
+
+use mslc_core::ops::family::collective::payload_bytes;
+use mslc_core::ops::{Attrs, DType, Op, TensorType};
+
+use crate::graph::Graph;
+
+/// The group of ranks a collective runs over: one axis of the device mesh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// The mesh axis (`dp`).
+    pub axis: String,
+    /// Its size.
+    pub ranks: usize,
+}
+
+impl Group {
+    /// The attributes every collective over this group carries.
+    pub fn attrs(&self) -> Attrs {
+        Attrs::new()
+            .with("axis", self.axis.as_str())
+            .with("ranks", self.ranks as i64)
+    }
+}
+
+/// Why a graph cannot be made into a per-rank program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardError(pub String);
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+/// Bytes one rank hands each collective of `graph`, in print order of the nodes: (op, axis,
+/// bytes) — what `mslc inspect` and the IR dump show.
+pub fn collectives(graph: &Graph) -> Vec<(Op, String, u64)> {
+    let mut out = Vec::new();
+    for id in graph.topo_order().unwrap_or_default() {
+        let node = graph.node(id);
+        let (Some(op), Some(attrs)) = (node.op(), node.attrs()) else {
+            continue;
+        };
+        if !is_collective(op) {
+            continue;
+        }
+        let input: TensorType = graph
+            .inputs(id)
+            .first()
+            .map_or_else(|| TensorType::scalar(DType::F32), |v| graph.ty(*v).clone());
+        let axis = attrs.str("axis").unwrap_or_default();
+        let bytes = payload_bytes(op, &input);
+        out.push((op, axis, bytes));
+    }
+    out
+}
+
+/// Whether `op` talks to other ranks (or, for `parallel_copy`, its gradient does).
+pub fn is_collective(op: Op) -> bool {
+    matches!(
+        op,
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter
+    )
+}

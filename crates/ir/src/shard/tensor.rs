@@ -1,0 +1,319 @@
+//! Megatron-LM's tensor parallelism (Shoeybi et al. 2019, §3) as a rewrite of one device's
+//! forward graph into the graph each rank of a tensor-parallel group runs. The parameters
+//! given a split dim hold 1/n of their rows (`[mp, _]`: column parallel, q/k/v, gate, up) or
+//! columns (`[_, mp]`: row parallel, o, down); the split flows through the ops that keep it
+//! (transposes, reshapes that split heads, rope, attention over the local heads, elementwise
+//! ops); a column-parallel matmul reads its input through `parallel_copy` (Megatron's `f`) and
+//! a row-parallel matmul's partial sums go through `all_reduce` (`g`). Applied before
+//! autodiff, the backward's collectives follow from the two ops' gradient rules: two
+//! all-reduces per transformer layer in the forward (after o and down), two in the backward
+//! (the gradients of the copies in front of q/k/v and of gate/up).
+
+use std::collections::{BTreeMap, HashMap};
+
+use mslc_core::ops::{self, Attrs, Op};
+
+use super::{Group, ShardError};
+use crate::graph::{Graph, NodeId, NodeKind, ValueRef};
+
+/// What the rewrite split: each parameter's path and the dim it holds 1/n of.
+pub type SplitParams = Vec<(String, usize)>;
+
+/// Rewrites `graph` into one rank's program of the tensor-parallel `group`: every parameter
+/// of `splits` (path → dim) holds 1/`group.ranks` of that dim. An error names the op that
+/// reads a split tensor in a way this rewrite does not split (a norm over split features, a
+/// matmul with transposed operands), a dim that does not divide, or a split output.
+pub fn tensor_parallel(
+    graph: &mut Graph,
+    splits: &BTreeMap<String, usize>,
+    group: &Group,
+) -> Result<SplitParams, ShardError> {
+    let n = group.ranks as i64;
+    let order = graph
+        .topo_order()
+        .ok_or_else(|| ShardError("the graph has a cycle".to_string()))?;
+    let mut split: HashMap<ValueRef, usize> = HashMap::new();
+    let mut copies: HashMap<ValueRef, ValueRef> = HashMap::new();
+    let mut done = Vec::new();
+    for id in order {
+        let v = ValueRef { node: id, index: 0 };
+        match graph.node(id).kind.clone() {
+            NodeKind::Param { path, .. } => {
+                let Some(&d) = splits.get(&path) else {
+                    continue;
+                };
+                let ty = &mut graph.node_mut(id).outputs[0];
+                let size = ty.shape.get(d).copied().unwrap_or(0);
+                if size % n != 0 || size == 0 {
+                    return Err(ShardError(format!(
+                        "`{path}`: dim {d} of size {size} does not split into {n} ranks"
+                    )));
+                }
+                ty.shape[d] /= n;
+                split.insert(v, d);
+                done.push((path, d));
+            }
+            NodeKind::Input { .. } => {}
+            NodeKind::Op { op, attrs } => {
+                rewrite_op(graph, id, op, attrs, group, &mut split, &mut copies)?
+            }
+        }
+    }
+    if let Some((name, _)) = graph.outputs.iter().find(|(_, v)| split.contains_key(v)) {
+        return Err(ShardError(format!(
+            "output `{name}` would be split over `{}`; only whole outputs are supported",
+            group.axis
+        )));
+    }
+    Ok(done)
+}
+
+/// Splits one op whose inputs may be split: its new attributes and types, the copy in front
+/// of a column-parallel matmul and the all-reduce after a row-parallel one.
+fn rewrite_op(
+    graph: &mut Graph,
+    id: NodeId,
+    op: Op,
+    mut attrs: Attrs,
+    group: &Group,
+    split: &mut HashMap<ValueRef, usize>,
+    copies: &mut HashMap<ValueRef, ValueRef>,
+) -> Result<(), ShardError> {
+    let inputs = graph.inputs(id);
+    let dims: Vec<Option<usize>> = inputs.iter().map(|v| split.get(v).copied()).collect();
+    if dims.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let origin = graph.node(id).origin.clone();
+    let refuse = |why: &str| {
+        Err(ShardError(format!(
+            "`{op}` in `{origin}` {why}; tensor parallelism over `{}` splits matmuls, heads and \
+             elementwise ops only",
+            group.axis
+        )))
+    };
+    let rank = |v: &ValueRef| graph.ty(*v).rank();
+    let mut reduce_after = false;
+    let out: Option<usize> = match op {
+        Op::Transpose => {
+            let perm = attrs.ints("perm").map_err(|e| ShardError(e.message))?;
+            let d = dims[0].unwrap_or(0) as i64;
+            perm.iter().position(|&p| p == d)
+        }
+        Op::Reshape => {
+            let (shape, d) = split_reshape(graph, inputs[0], dims[0].unwrap_or(0), &attrs, group)
+                .ok_or_else(|| {
+                ShardError(format!(
+                    "`reshape` in `{origin}` cannot keep its input split over `{}`",
+                    group.axis
+                ))
+            })?;
+            attrs.insert("shape", shape);
+            Some(d)
+        }
+        Op::Matmul
+            if attrs.bool("transpose_a") == Ok(false) && attrs.bool("transpose_b") == Ok(false) =>
+        {
+            let (ra, rb) = (rank(&inputs[0]), rank(&inputs[1]));
+            match (dims[0], dims[1]) {
+                // Column parallel: the weight's output features split; the input is copied in.
+                (None, Some(d)) if rb == 2 && d == 1 => {
+                    let a = inputs[0];
+                    let copy = match copies.get(&a) {
+                        Some(c) => *c,
+                        None => {
+                            let c = graph
+                                .add_op(Op::ParallelCopy, group.attrs(), &[a], &origin)
+                                .map_err(|e| ShardError(e.message))?[0];
+                            copies.insert(a, c);
+                            c
+                        }
+                    };
+                    graph.set_input(id, 0, copy);
+                    Some(ra - 1)
+                }
+                // Row parallel: both contracted dims split; the products are partial sums.
+                (Some(da), Some(0)) if rb == 2 && da == ra - 1 => {
+                    reduce_after = true;
+                    None
+                }
+                _ => return refuse("multiplies operands split in another way"),
+            }
+        }
+        Op::Rope | Op::Cast | Op::Dropout => dims[0],
+        _ if op.unary().is_some() => dims[0],
+        _ if op.binary().is_some() => {
+            let same_rank = inputs.iter().all(|v| rank(v) == rank(&inputs[0]));
+            match (dims[0], dims[1]) {
+                (Some(a), Some(b)) if a == b && same_rank => Some(a),
+                _ => return refuse("combines a split tensor with a whole one"),
+            }
+        }
+        Op::Attention if dims.iter().all(|d| *d == Some(2)) => Some(2),
+        _ => return refuse("reads a tensor split over the mesh"),
+    };
+    let types: Vec<_> = graph
+        .inputs(id)
+        .iter()
+        .map(|v| graph.ty(*v).clone())
+        .collect();
+    let outputs = ops::infer(op, &attrs, &types)
+        .map_err(|e| ShardError(format!("`{op}` in `{origin}`: {}", e.message)))?;
+    let node = graph.node_mut(id);
+    node.outputs = outputs;
+    node.kind = NodeKind::Op { op, attrs };
+    let v = ValueRef { node: id, index: 0 };
+    if let Some(d) = out {
+        split.insert(v, d);
+    }
+    if reduce_after {
+        let users = graph.users(v);
+        let reduced = graph
+            .add_op(Op::AllReduce, group.attrs(), &[v], &origin)
+            .map_err(|e| ShardError(e.message))?[0];
+        for (user, slot) in users {
+            graph.set_input(user, slot, reduced);
+        }
+        for (_, o) in &mut graph.outputs {
+            if *o == v {
+                *o = reduced;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The shape a `reshape` of `x` (split on dim `d` into `group.ranks`) takes per rank, and its
+/// split dim: the output dim where the input dim's block starts (same product of the dims
+/// before it), divided by the group size. `None` when no output dim starts there or it does
+/// not divide.
+fn split_reshape(
+    graph: &Graph,
+    x: ValueRef,
+    d: usize,
+    attrs: &Attrs,
+    group: &Group,
+) -> Option<(Vec<i64>, usize)> {
+    let n = group.ranks as i64;
+    let local = &graph.ty(x).shape;
+    let before: i64 = local[..d].iter().product();
+    let whole: i64 = local.iter().product::<i64>() * n;
+    let mut shape = attrs.ints("shape").ok()?;
+    // Resolve a -1 against the whole input.
+    if let Some(i) = shape.iter().position(|&s| s == -1) {
+        let known: i64 = shape.iter().filter(|&&s| s != -1).product();
+        shape[i] = whole / known.max(1);
+    }
+    let mut prefix = 1;
+    for (j, size) in shape.iter_mut().enumerate() {
+        if prefix == before && *size != 1 {
+            if *size % n != 0 {
+                return None;
+            }
+            *size /= n;
+            return Some((shape, j));
+        }
+        prefix *= *size;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify;
+    use mslc_core::ops::{DType, TensorType};
+    use mslc_core::program::Init;
+
+    fn mp() -> Group {
+        Group {
+            axis: "tp".to_string(),
+            ranks: 2,
+        }
+    }
+
+    /// x [2, 8] → column-parallel w1 [16, 8] (as x @ w1ᵀ) → relu → row-parallel w2 [8, 16].
+    fn mlp() -> Graph {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::new(DType::F32, [2, 8]));
+        let w1 = g.add_param(
+            "w1",
+            TensorType::new(DType::F32, [16, 8]),
+            Init::Zeros,
+            true,
+        );
+        let w2 = g.add_param(
+            "w2",
+            TensorType::new(DType::F32, [8, 16]),
+            Init::Zeros,
+            true,
+        );
+        let t = |g: &mut Graph, w| {
+            let perm = Attrs::new().with("perm", vec![1i64, 0]);
+            g.add_op(Op::Transpose, perm, &[w], "t").unwrap()[0]
+        };
+        let mm =
+            |g: &mut Graph, a, b| g.add_op(Op::Matmul, Attrs::new(), &[a, b], "mm").unwrap()[0];
+        let w1t = t(&mut g, w1);
+        let h = mm(&mut g, x, w1t);
+        let h = g.add_op(Op::Relu, Attrs::new(), &[h], "act").unwrap()[0];
+        let h = g
+            .add_op(
+                Op::Reshape,
+                Attrs::new().with("shape", vec![2i64, 4, 4]),
+                &[h],
+                "r",
+            )
+            .unwrap()[0];
+        let h = g
+            .add_op(
+                Op::Reshape,
+                Attrs::new().with("shape", vec![2i64, 16]),
+                &[h],
+                "r",
+            )
+            .unwrap()[0];
+        let w2t = t(&mut g, w2);
+        let y = mm(&mut g, h, w2t);
+        g.set_output("y", y);
+        g
+    }
+
+    #[test]
+    fn a_column_then_row_parallel_pair_copies_in_and_reduces_out() {
+        let mut g = mlp();
+        let splits = BTreeMap::from([("w1".to_string(), 0), ("w2".to_string(), 1)]);
+        let done = tensor_parallel(&mut g, &splits, &mp()).unwrap();
+        verify(&g).unwrap();
+        assert_eq!(done, vec![("w1".to_string(), 0), ("w2".to_string(), 1)]);
+        let kinds: Vec<Op> = crate::shard::collectives(&g)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(kinds, vec![Op::ParallelCopy, Op::AllReduce]);
+        let y = g.outputs[0].1;
+        assert_eq!(g.node(y.node).op(), Some(Op::AllReduce));
+        assert_eq!(g.ty(y).shape, vec![2, 8]);
+        let text = crate::print::to_text(&g);
+        assert!(text.contains("{shape=[2,2,4]} : f32[2,2,4]"), "{text}");
+    }
+
+    #[test]
+    fn a_split_that_does_not_divide_or_reaches_an_output_is_refused() {
+        let mut g = mlp();
+        let splits = BTreeMap::from([("w1".to_string(), 0)]);
+        let e = tensor_parallel(&mut g, &splits, &mp()).unwrap_err();
+        assert!(
+            e.0.contains("multiplies operands split in another way"),
+            "{e}"
+        );
+        let mut g = mlp();
+        let three = Group {
+            axis: "tp".to_string(),
+            ranks: 3,
+        };
+        let e =
+            tensor_parallel(&mut g, &BTreeMap::from([("w2".to_string(), 1)]), &three).unwrap_err();
+        assert!(e.0.contains("does not split into 3"), "{e}");
+    }
+}
