@@ -17,6 +17,7 @@ use mslc_driver::compile::{compile, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
+use mslc_tune::graph::{tune_subgraphs, unfused as graph_unfused, ExecRunner, GraphOutcome, Subgraph};
 use mslc_tune::kb::{default_path, KnowledgeBase};
 use mslc_tune::measure::KernelRunner;
 use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};
@@ -55,6 +56,10 @@ pub struct TuneArgs {
 
 /// The most worker threads `--threads` asks for (as `mslc run`).
 const MAX_THREADS: usize = 256;
+
+/// The share of the budget graph-level tuning may take (it measures two variants per fused
+/// subgraph, far less than a kernel search; what it leaves goes to the kernels).
+const GRAPH_SHARE: f64 = 0.5;
 
 /// Set by Ctrl-C: the tuner finishes the measurement in progress, saves and reports.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -113,9 +118,10 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         ))
     })?;
     let module = load(args, reporter)?;
-    let cases = Case::of_module(&module);
+    let subgraphs = Subgraph::of_module(&module);
+    let mut cases = Case::of_module(&module);
     let device = mslc_tune::device::fingerprint();
-    if cases.is_empty() {
+    if cases.is_empty() && subgraphs.is_empty() {
         reporter.emit_plain(
             Code::W0013,
             Severity::Warning,
@@ -128,13 +134,29 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
     // Ctrl-C stops the search; a second handler cannot be installed, which only matters to
     // tests running the command in-process.
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::Relaxed));
-    let options = Options {
-        budget,
+    let start = std::time::Instant::now();
+    let mut options = Options {
+        budget: budget.mul_f64(GRAPH_SHARE),
         threads,
         device: device.clone(),
     };
-    let mut bar = Bar::new(cases.len() as u64);
-    let report = tune(
+    let mut bar = Bar::new(subgraphs.len() as u64);
+    let kb_error = |e: mslc_tune::kb::KbError| Some((e.code(), e.to_string()));
+    let graph = tune_subgraphs(
+        &subgraphs,
+        &mut kb,
+        Some(&db),
+        &options,
+        &ExecRunner,
+        &STOP,
+        &mut bar,
+    )
+    .map_err(kb_error)?;
+    // A subgraph left unfused runs no fused op: its kernel is not worth a search.
+    let unfused = graph_unfused(&graph);
+    cases.retain(|c| !unfused.contains_key(&c.signature));
+    options.budget = budget.saturating_sub(start.elapsed());
+    let mut report = tune(
         &cases,
         &mut kb,
         Some(&db),
@@ -143,7 +165,8 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         &STOP,
         &mut bar,
     )
-    .map_err(|e| Some((e.code(), e.to_string())))?;
+    .map_err(kb_error)?;
+    report.seconds = start.elapsed().as_secs_f64();
     bar.0.finish_and_clear();
     let json = serde_json::json!({
         "model": module.name,
@@ -152,6 +175,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         "budget_seconds": budget.as_secs_f64(),
         "knowledge_base": db,
         "report": report,
+        "subgraphs": graph,
     });
     let path = args.out_dir.join(format!("{}.tune.json", module.name));
     let mut bytes = serde_json::to_string_pretty(&json).unwrap_or_default();
@@ -171,7 +195,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
                 ),
             ))
         })?;
-    let text = summary(&module.name, &report, threads, &db, &path);
+    let text = summary(&module.name, &report, &graph, threads, &db, &path);
     Ok((text, serde_json::json!({ "summary": json })))
 }
 
@@ -236,6 +260,7 @@ impl Bar {
 
 impl Observer for Bar {
     fn progress(&mut self, p: &Progress<'_>) {
+        self.0.set_length(p.total as u64);
         self.0.set_position(p.done as u64);
         let mut current: String = p.current.chars().take(48).collect();
         if current.len() < p.current.len() {
@@ -254,6 +279,7 @@ impl Observer for Bar {
 fn summary(
     model: &str,
     report: &Report,
+    graph: &[GraphOutcome],
     threads: usize,
     db: &std::path::Path,
     json: &std::path::Path,
@@ -274,6 +300,18 @@ fn summary(
     for o in &report.outcomes {
         lines.push(row(o));
     }
+    if !graph.is_empty() {
+        lines.push(format!(
+            "  {:>10} {:>10} {:>8} {:>6}  {:<10} fused subgraph",
+            "fused", "unfused", "speedup", "choice", "result"
+        ));
+        lines.extend(graph.iter().map(graph_row));
+    }
+    for o in graph {
+        if let Some(why) = &o.rejected {
+            lines.push(format!("  rejected unfused {}: {why}", o.signature));
+        }
+    }
     for o in &report.outcomes {
         for r in &o.rejected {
             lines.push(format!(
@@ -289,27 +327,45 @@ fn summary(
     lines.join("\n") + "\n"
 }
 
-fn row(o: &Outcome) -> String {
-    let time = |us: f64| {
-        if us > 0.0 {
-            format!("{us:.1}us")
-        } else {
-            "-".to_string()
-        }
-    };
-    let result = match &o.source {
+/// A time in microseconds, or `-` when not measured.
+fn time(us: f64) -> String {
+    if us > 0.0 {
+        format!("{us:.1}us")
+    } else {
+        "-".to_string()
+    }
+}
+
+/// Where a result came from, as the summary says it.
+fn result(source: &Source) -> String {
+    match source {
         Source::Measured => "measured".to_string(),
         Source::Interrupted => "partial".to_string(),
         Source::KnowledgeBase => "known".to_string(),
         Source::Skipped(why) => format!("skipped ({why})"),
-    };
+    }
+}
+
+fn graph_row(o: &GraphOutcome) -> String {
+    format!(
+        "  {:>10} {:>10} {:>7.2}x {:>6}  {:<10} {}",
+        time(o.fused_us),
+        time(o.unfused_us),
+        o.speedup(),
+        if o.fused { "fused" } else { "split" },
+        result(&o.source),
+        o.signature
+    )
+}
+
+fn row(o: &Outcome) -> String {
     format!(
         "  {:>10} {:>10} {:>7.2}x {:>6}  {:<10} {}",
         time(o.default_us),
         time(o.tuned_us),
         o.speedup(),
         o.candidates,
-        result,
+        result(&o.source),
         o.signature
     )
 }

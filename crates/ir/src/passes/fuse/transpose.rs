@@ -5,7 +5,7 @@
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_helper, producer, rebuild, single_use};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, ValueRef};
 use mslc_core::ops::family::layout::permutation;
 use mslc_core::ops::{Attrs, Op, OpError};
@@ -34,7 +34,7 @@ fn absorbable(g: &Graph, v: ValueRef) -> Option<(ValueRef, Option<Vec<i64>>)> {
 }
 
 /// Folds swapping transposes into every `matmul` and `fused_matmul`.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for id in topo(g)? {
         let node = g.node(id);
         let (Some(op @ (Op::Matmul | Op::FusedMatmul)), Some(attrs)) = (node.op(), node.attrs())
