@@ -17,7 +17,9 @@ use mslc_driver::compile::{compile, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
-use mslc_tune::graph::{tune_subgraphs, unfused as graph_unfused, ExecRunner, GraphOutcome, Subgraph};
+use mslc_tune::graph::{
+    tune_subgraphs, unfused as graph_unfused, ExecRunner, GraphOutcome, Subgraph,
+};
 use mslc_tune::kb::{default_path, KnowledgeBase};
 use mslc_tune::measure::KernelRunner;
 use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};

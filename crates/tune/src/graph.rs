@@ -125,7 +125,9 @@ impl Subgraph {
                         .ok_or_else(|| "the program reads an operand it lacks".to_string())?;
                     results.push(added(g.add_op(step.op, step.attrs(), &args, ""))?);
                 }
-                *results.last().ok_or_else(|| "the program is empty".to_string())?
+                *results
+                    .last()
+                    .ok_or_else(|| "the program is empty".to_string())?
             }
         };
         g.set_output("y", out);
@@ -415,7 +417,10 @@ pub fn tune_subgraphs(
 
 /// The best speed-up among `outcomes`.
 fn best(outcomes: &[GraphOutcome]) -> f64 {
-    outcomes.iter().map(GraphOutcome::speedup).fold(1.0, f64::max)
+    outcomes
+        .iter()
+        .map(GraphOutcome::speedup)
+        .fold(1.0, f64::max)
 }
 
 /// The unfused decisions among `outcomes`, by signature, with the unfused time in

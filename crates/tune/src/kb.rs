@@ -241,7 +241,12 @@ impl KnowledgeBase {
     }
 
     /// The decision for fused subgraph `signature` on `device` with `threads` threads.
-    pub fn subgraph(&self, device: &str, threads: usize, signature: &str) -> Option<&SubgraphRecord> {
+    pub fn subgraph(
+        &self,
+        device: &str,
+        threads: usize,
+        signature: &str,
+    ) -> Option<&SubgraphRecord> {
         self.subgraphs
             .get(&(device.to_string(), threads, signature.to_string()))
     }
@@ -264,7 +269,11 @@ impl KnowledgeBase {
     /// Records and decisions measured on `device` (any thread count).
     pub fn count_for(&self, device: &str) -> usize {
         self.records.values().filter(|r| r.device == device).count()
-            + self.subgraphs.values().filter(|r| r.device == device).count()
+            + self
+                .subgraphs
+                .values()
+                .filter(|r| r.device == device)
+                .count()
     }
 
     /// The file's bytes.

@@ -232,8 +232,8 @@ fn chain_graph(dtype: DType) -> Graph {
     let mut g = Graph::new("chain");
     let x = g.add_input("x", TensorType::new(dtype, vec![64, 300]));
     let w = g.add_input("w", TensorType::new(dtype, vec![300]));
-    let op = |g: &mut Graph, op: Op, args: &[ValueRef]| g.add_op(op, Attrs::new(), args, "")
-        .unwrap()[0];
+    let op =
+        |g: &mut Graph, op: Op, args: &[ValueRef]| g.add_op(op, Attrs::new(), args, "").unwrap()[0];
     let m = op(&mut g, Op::Mul, &[x, w]);
     let a = op(&mut g, Op::Add, &[m, x]);
     let y = op(&mut g, Op::Relu, &[a]);
@@ -274,7 +274,10 @@ fn a_planted_unfused_decision_is_honoured_by_the_fusion_pass() {
         ..PassContext::default()
     };
     let (unfused, stats) = fused_module(chain_graph(DType::F16), &planted);
-    assert_eq!(stats.rewrites.get("fuse.elementwise_left_unfused"), Some(&1));
+    assert_eq!(
+        stats.rewrites.get("fuse.elementwise_left_unfused"),
+        Some(&1)
+    );
     assert!(!stats.rewrites.contains_key("fuse.elementwise"));
     let ops: Vec<Op> = unfused.steps.iter().map(|s| s.op).collect();
     assert_eq!(ops, [Op::Mul, Op::Add, Op::Relu]);

@@ -158,5 +158,9 @@ pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Res
 fn fused_signature(g: &Graph, node: NodeId) -> String {
     let inputs = g.inputs(node);
     let attrs = g.node(node).attrs().cloned().unwrap_or_default();
-    mslc_core::ops::signature(Op::FusedElementwise, inputs.iter().map(|v| g.ty(*v)), &attrs)
+    mslc_core::ops::signature(
+        Op::FusedElementwise,
+        inputs.iter().map(|v| g.ty(*v)),
+        &attrs,
+    )
 }
