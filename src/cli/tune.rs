@@ -3,6 +3,7 @@
 //! knowledge base that `mslc build` fills the kernel table from. Prints a summary table and
 //! writes `NAME.tune.json`; Ctrl-C stops early and keeps what was measured.
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,9 +12,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use mslc_artifact::write::write_all_or_nothing;
 use mslc_artifact::{decode, read_mir, Module};
-use mslc_check::check_path;
+use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Severity};
-use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
@@ -119,17 +120,16 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
             format!("{e}; move it aside or give --db another file (it is left as it is)"),
         ))
     })?;
-    let module = load(args, reporter)?;
-    let subgraphs = Subgraph::of_module(&module);
-    let mut cases = Case::of_module(&module);
+    let loaded = load(args, reporter)?;
+    let subgraphs = Subgraph::of_module(&loaded.module);
     let device = mslc_tune::device::fingerprint();
-    if cases.is_empty() && subgraphs.is_empty() {
+    if Case::of_module(&loaded.module).is_empty() && subgraphs.is_empty() {
         reporter.emit_plain(
             Code::W0013,
             Severity::Warning,
             &format!(
                 "`{}` has no kernel with parameters to tune (only copies and reference kernels); nothing measured",
-                module.name
+                loaded.module.name
             ),
         );
     }
@@ -154,9 +154,13 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         &mut bar,
     )
     .map_err(kb_error)?;
-    // A subgraph left unfused runs no fused op: its kernel is not worth a search.
-    let unfused = graph_unfused(&graph);
-    cases.retain(|c| !unfused.contains_key(&c.signature));
+    // A subgraph left unfused runs no fused op, but each of its ops on its own kernel: those
+    // are searched (block size, parallel threshold — the op's thread count) instead.
+    let unfused: BTreeSet<String> = graph_unfused(&graph).into_keys().collect();
+    let name = loaded.module.name.clone();
+    let module = loaded.unfused(unfused.clone())?;
+    let mut cases = Case::of_module(&module);
+    cases.retain(|c| !unfused.contains(&c.signature));
     options.budget = budget.saturating_sub(start.elapsed());
     let mut report = tune(
         &cases,
@@ -171,7 +175,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
     report.seconds = start.elapsed().as_secs_f64();
     bar.0.finish_and_clear();
     let json = serde_json::json!({
-        "model": module.name,
+        "model": name,
         "device": device,
         "threads": threads,
         "budget_seconds": budget.as_secs_f64(),
@@ -179,7 +183,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         "report": report,
         "subgraphs": graph,
     });
-    let path = args.out_dir.join(format!("{}.tune.json", module.name));
+    let path = args.out_dir.join(format!("{name}.tune.json"));
     let mut bytes = serde_json::to_string_pretty(&json).unwrap_or_default();
     bytes.push('\n');
     std::fs::create_dir_all(&args.out_dir)
@@ -197,13 +201,47 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
                 ),
             ))
         })?;
-    let text = summary(&module.name, &report, &graph, threads, &db, &path);
+    let text = summary(&name, &report, &graph, threads, &db, &path);
     Ok((text, serde_json::json!({ "summary": json })))
+}
+
+/// The module to tune and, for a source, what compiles it again.
+struct Loaded {
+    module: Module,
+    source: Option<(Checked, String, CompileOptions)>,
+}
+
+impl Loaded {
+    /// The module with the fused subgraphs `unfused` names left unfused, so that the kernels
+    /// of their ops are searched too (a `.mir` is fixed: it stays as it is).
+    fn unfused(self, unfused: BTreeSet<String>) -> Result<Module, Failure> {
+        let Some((checked, name, mut options)) = self.source.filter(|_| !unfused.is_empty()) else {
+            return Ok(self.module);
+        };
+        let model = checked
+            .model(&name)
+            .ok_or_else(|| Some((Code::E0603, format!("model `{name}` disappeared"))))?;
+        options.unfused = unfused;
+        compiled(model, &options)
+    }
+}
+
+/// `model` compiled with `options`, or the coded reason it cannot be.
+fn compiled(model: &mslc_check::Model, options: &CompileOptions) -> Result<Module, Failure> {
+    let compiled = compile(model, options).map_err(|e| {
+        let code = if e.stage == STAGE_SIZE {
+            Code::E0606
+        } else {
+            Code::E0603
+        };
+        Some((code, format!("cannot compile `{}`: {e}", model.name)))
+    })?;
+    Ok(compiled.module)
 }
 
 /// The module to tune: a `.mir` decoded, or a `.msl` checked and compiled as `mslc build`
 /// would.
-fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
+fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Loaded, Failure> {
     if args.file.extension().is_some_and(|e| e == "mir") {
         if let Some(m) = source_only_flags(&args.model, &args.precision) {
             return Err(Some((Code::E0609, m)));
@@ -212,7 +250,10 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
         let bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded =
             decode(&bytes).map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
-        return Ok(decoded.module);
+        return Ok(Loaded {
+            module: decoded.module,
+            source: None,
+        });
     }
     let checked = check_path(&args.file, &args.model.check_options());
     reporter.emit(&checked.diagnostics, &checked.sources);
@@ -230,15 +271,12 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
         ..Selection::default()
     };
     let options = compile_options(&checked, model, selection).map_err(reported)?;
-    let compiled = compile(model, &options).map_err(|e| {
-        let code = if e.stage == STAGE_SIZE {
-            Code::E0606
-        } else {
-            Code::E0603
-        };
-        Some((code, format!("cannot compile `{}`: {e}", model.name)))
-    })?;
-    Ok(compiled.module)
+    let module = compiled(model, &options)?;
+    let name = model.name.clone();
+    Ok(Loaded {
+        module,
+        source: Some((checked, name, options)),
+    })
 }
 
 /// The progress bar on stderr (only on a terminal): signatures done, best speed-up so far,
