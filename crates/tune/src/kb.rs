@@ -110,6 +110,10 @@ struct File {
 /// A record's key: device, threads, signature.
 type Key = (String, usize, String);
 
+fn key(device: &str, threads: usize, signature: &str) -> Key {
+    (device.to_string(), threads, signature.to_string())
+}
+
 /// The knowledge base: kernel records and graph-level decisions by (device, threads,
 /// signature).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -215,29 +219,25 @@ impl KnowledgeBase {
 
     /// Adds or replaces a record.
     pub fn insert(&mut self, record: Record) {
-        let key = (
-            record.device.clone(),
-            record.threads,
-            record.signature.clone(),
+        self.records.insert(
+            key(&record.device, record.threads, &record.signature),
+            record,
         );
-        self.records.insert(key, record);
     }
 
     /// The usable record for `signature` on `device` with `threads` threads.
     pub fn get(&self, device: &str, threads: usize, signature: &str) -> Option<&Record> {
         self.records
-            .get(&(device.to_string(), threads, signature.to_string()))
+            .get(&key(device, threads, signature))
             .filter(|r| r.usable())
     }
 
     /// Adds or replaces a graph-level decision.
     pub fn insert_subgraph(&mut self, record: SubgraphRecord) {
-        let key = (
-            record.device.clone(),
-            record.threads,
-            record.signature.clone(),
+        self.subgraphs.insert(
+            key(&record.device, record.threads, &record.signature),
+            record,
         );
-        self.subgraphs.insert(key, record);
     }
 
     /// The decision for fused subgraph `signature` on `device` with `threads` threads.
@@ -247,8 +247,7 @@ impl KnowledgeBase {
         threads: usize,
         signature: &str,
     ) -> Option<&SubgraphRecord> {
-        self.subgraphs
-            .get(&(device.to_string(), threads, signature.to_string()))
+        self.subgraphs.get(&key(device, threads, signature))
     }
 
     /// The signatures of the subgraphs decided unfused on `device` with `threads` threads,
