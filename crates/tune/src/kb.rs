@@ -373,9 +373,24 @@ mod tests {
         a.save(&path).unwrap();
         let mut b = KnowledgeBase::default();
         b.insert(record("matmul(f32[5, 3], f32[3, 4])"));
+        let decision = SubgraphRecord {
+            device: "dev".into(),
+            threads: 2,
+            signature: "fused_elementwise(f16[4]) {program=\"relu(x0)\"}".into(),
+            fused: false,
+            fused_us: 3.0,
+            unfused_us: 1.0,
+        };
+        b.insert_subgraph(decision.clone());
         b.save(&path).unwrap();
         let back = KnowledgeBase::read(&path).unwrap();
         assert_eq!(back.records().count(), 2);
+        assert_eq!(
+            back.subgraph("dev", 2, &decision.signature),
+            Some(&decision)
+        );
+        assert_eq!(back.unfused("dev", 2).len(), 1);
+        assert!(back.unfused("dev", 1).is_empty());
         assert!(back.get("dev", 2, "matmul(f32[2, 3], f32[3, 4])").is_some());
         assert!(back.get("dev", 4, "matmul(f32[2, 3], f32[3, 4])").is_none());
         assert!(back
@@ -402,6 +417,10 @@ mod tests {
             ),
             (
                 "{\"format\": \"mslc-tune-kb\", \"version\": 1, \"records\": [1]}",
+                "damaged",
+            ),
+            (
+                "{\"format\": \"mslc-tune-kb\", \"version\": 2, \"records\": [], \"subgraphs\": [{\"device\": \"d\"}]}",
                 "damaged",
             ),
         ] {
