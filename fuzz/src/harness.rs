@@ -152,6 +152,7 @@ pub fn exec_base() -> Option<&'static Module> {
             verify: false,
             fuse: true,
             amp: None,
+            unfused: Default::default(),
         };
         compile(model, &options).ok().map(|c| c.module)
     })

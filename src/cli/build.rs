@@ -13,7 +13,7 @@ use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
-use mslc_driver::compile::{compile, Compiled};
+use mslc_driver::compile::Compiled;
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
@@ -26,7 +26,7 @@ use mslc_tune::device::fingerprint;
 use mslc_tune::kb::{default_path, KnowledgeBase};
 
 use super::check::group_thousands;
-use super::{ModelArgs, PrecisionArg, Reporter};
+use super::{tune_decisions, ModelArgs, PrecisionArg, Reporter};
 
 /// Extra outputs `--emit` can ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -207,12 +207,20 @@ fn build(
     check_ms: f64,
 ) -> Result<(String, serde_json::Value, Vec<Diagnostic>), Box<Diagnostic>> {
     let train_entry = train_entry(args, checked);
+    let mut subgraphs = Vec::new();
     let (model, mut compiled, recompute) = match train_entry {
         Some(entry) => build_train(args, checked, entry)?,
         None => {
             let model = choose_model(checked, args.entry.as_deref())?;
             let options = compile_options(checked, model, selection(args))?;
-            let compiled = compile(model, &options).map_err(|e| e.diagnostic(checked))?;
+            let table = args.out_dir.join(format!("{}.kernels.toml", model.name));
+            let decisions = tune_decisions::decisions(
+                Some(args.kernels.as_deref().unwrap_or(&table)),
+                tune_db(args).as_deref(),
+            );
+            let compiled;
+            (compiled, subgraphs) = tune_decisions::compile_deciding(model, options, &decisions)
+                .map_err(|e| e.diagnostic(checked))?;
             (Cow::Borrowed(model), compiled, None)
         }
     };
@@ -270,6 +278,7 @@ fn build(
     if let Some(tuned) = &tuned {
         mark_tuned(&mut files, &compiled.module, tuned);
     }
+    tune_decisions::record(&mut files, name, &subgraphs);
     for emit in &args.emit {
         let (ext, text) = match emit {
             Emit::Ir => ("ir", mslc_ir::print::to_text(&compiled.graph)),
@@ -322,7 +331,9 @@ fn build(
         .iter()
         .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
         .collect();
-    let json = serde_json::json!({ "summary": { "report": &report, "files": written } });
+    let json = serde_json::json!({
+        "summary": { "report": &report, "files": written, "subgraphs": &subgraphs }
+    });
     let tuning = tuned.as_ref().map(|t| t.note.as_str());
     let mut text = report_text(
         &report,
@@ -335,6 +346,7 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
+    text.extend(tune_decisions::summary_line(&subgraphs));
     if planned.is_none() && overridden && train_entry.is_none() {
         text.push_str("  plan:       not made: --set/--dim change the model its train was written for (`mslc check` without them, or --entry TRAIN, plans it)\n");
     }
@@ -389,11 +401,7 @@ fn tuned_choices(
     module: &mut mslc_artifact::Module,
     replaceable: &std::collections::BTreeSet<String>,
 ) -> Result<Option<Tuned>, (Code, String, String)> {
-    let Some(path) = args
-        .tune_db
-        .clone()
-        .or_else(|| default_path().filter(|p| p.exists()))
-    else {
+    let Some(path) = tune_db(args) else {
         return Ok(None);
     };
     let kb = KnowledgeBase::read(&path).map_err(|e| {
@@ -426,6 +434,13 @@ fn tuned_choices(
         threads,
         note,
     }))
+}
+
+/// The knowledge base this build reads: `--tune-db`, else the default one when it exists.
+fn tune_db(args: &BuildArgs) -> Option<PathBuf> {
+    args.tune_db
+        .clone()
+        .or_else(|| default_path().filter(|p| p.exists()))
 }
 
 /// Rewrites the kernel table among `files` so that every entry whose choice is the tuner's

@@ -15,6 +15,7 @@ mod progress;
 mod run;
 mod train;
 mod tune;
+mod tune_decisions;
 mod weights;
 
 use std::io::IsTerminal;

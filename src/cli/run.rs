@@ -502,10 +502,11 @@ fn compile_source(
         fuse: !args.no_fuse,
         ..Selection::default()
     };
-    let options = compile_options(&checked, model, selection).map_err(|d| {
+    let mut options = compile_options(&checked, model, selection).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;
+    options.unfused = super::tune_decisions::table_unfused(args.kernels.as_deref());
     let compiled = compile(model, &options).map_err(|e| {
         let code = if e.stage == STAGE_SIZE {
             Code::E0606

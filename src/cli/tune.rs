@@ -3,6 +3,7 @@
 //! knowledge base that `mslc build` fills the kernel table from. Prints a summary table and
 //! writes `NAME.tune.json`; Ctrl-C stops early and keeps what was measured.
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +12,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use mslc_artifact::write::write_all_or_nothing;
 use mslc_artifact::{decode, read_mir, Module};
-use mslc_check::check_path;
+use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Severity};
-use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
+use mslc_tune::graph::{
+    tune_subgraphs, unfused as graph_unfused, ExecRunner, GraphOutcome, Subgraph,
+};
 use mslc_tune::kb::{default_path, KnowledgeBase};
 use mslc_tune::measure::KernelRunner;
 use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};
@@ -55,6 +59,10 @@ pub struct TuneArgs {
 
 /// The most worker threads `--threads` asks for (as `mslc run`).
 const MAX_THREADS: usize = 256;
+
+/// The share of the budget graph-level tuning may take (it measures two variants per fused
+/// subgraph, far less than a kernel search; what it leaves goes to the kernels).
+const GRAPH_SHARE: f64 = 0.5;
 
 /// Set by Ctrl-C: the tuner finishes the measurement in progress, saves and reports.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -112,29 +120,49 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
             format!("{e}; move it aside or give --db another file (it is left as it is)"),
         ))
     })?;
-    let module = load(args, reporter)?;
-    let cases = Case::of_module(&module);
+    let loaded = load(args, reporter)?;
+    let subgraphs = Subgraph::of_module(&loaded.module);
     let device = mslc_tune::device::fingerprint();
-    if cases.is_empty() {
+    if Case::of_module(&loaded.module).is_empty() && subgraphs.is_empty() {
         reporter.emit_plain(
             Code::W0013,
             Severity::Warning,
             &format!(
                 "`{}` has no kernel with parameters to tune (only copies and reference kernels); nothing measured",
-                module.name
+                loaded.module.name
             ),
         );
     }
     // Ctrl-C stops the search; a second handler cannot be installed, which only matters to
     // tests running the command in-process.
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::Relaxed));
-    let options = Options {
-        budget,
+    let start = std::time::Instant::now();
+    let mut options = Options {
+        budget: budget.mul_f64(GRAPH_SHARE),
         threads,
         device: device.clone(),
     };
-    let mut bar = Bar::new(cases.len() as u64);
-    let report = tune(
+    let mut bar = Bar::new(subgraphs.len() as u64);
+    let kb_error = |e: mslc_tune::kb::KbError| Some((e.code(), e.to_string()));
+    let graph = tune_subgraphs(
+        &subgraphs,
+        &mut kb,
+        Some(&db),
+        &options,
+        &ExecRunner,
+        &STOP,
+        &mut bar,
+    )
+    .map_err(kb_error)?;
+    // A subgraph left unfused runs no fused op, but each of its ops on its own kernel: those
+    // are searched (block size, parallel threshold — the op's thread count) instead.
+    let unfused: BTreeSet<String> = graph_unfused(&graph).into_keys().collect();
+    let name = loaded.module.name.clone();
+    let module = loaded.unfused(unfused.clone())?;
+    let mut cases = Case::of_module(&module);
+    cases.retain(|c| !unfused.contains(&c.signature));
+    options.budget = budget.saturating_sub(start.elapsed());
+    let mut report = tune(
         &cases,
         &mut kb,
         Some(&db),
@@ -143,17 +171,19 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         &STOP,
         &mut bar,
     )
-    .map_err(|e| Some((e.code(), e.to_string())))?;
+    .map_err(kb_error)?;
+    report.seconds = start.elapsed().as_secs_f64();
     bar.0.finish_and_clear();
     let json = serde_json::json!({
-        "model": module.name,
+        "model": name,
         "device": device,
         "threads": threads,
         "budget_seconds": budget.as_secs_f64(),
         "knowledge_base": db,
         "report": report,
+        "subgraphs": graph,
     });
-    let path = args.out_dir.join(format!("{}.tune.json", module.name));
+    let path = args.out_dir.join(format!("{name}.tune.json"));
     let mut bytes = serde_json::to_string_pretty(&json).unwrap_or_default();
     bytes.push('\n');
     std::fs::create_dir_all(&args.out_dir)
@@ -171,13 +201,47 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
                 ),
             ))
         })?;
-    let text = summary(&module.name, &report, threads, &db, &path);
+    let text = summary(&name, &report, &graph, threads, &db, &path);
     Ok((text, serde_json::json!({ "summary": json })))
+}
+
+/// The module to tune and, for a source, what compiles it again.
+struct Loaded {
+    module: Module,
+    source: Option<(Checked, String, CompileOptions)>,
+}
+
+impl Loaded {
+    /// The module with the fused subgraphs `unfused` names left unfused, so that the kernels
+    /// of their ops are searched too (a `.mir` is fixed: it stays as it is).
+    fn unfused(self, unfused: BTreeSet<String>) -> Result<Module, Failure> {
+        let Some((checked, name, mut options)) = self.source.filter(|_| !unfused.is_empty()) else {
+            return Ok(self.module);
+        };
+        let model = checked
+            .model(&name)
+            .ok_or_else(|| Some((Code::E0603, format!("model `{name}` disappeared"))))?;
+        options.unfused = unfused;
+        compiled(model, &options)
+    }
+}
+
+/// `model` compiled with `options`, or the coded reason it cannot be.
+fn compiled(model: &mslc_check::Model, options: &CompileOptions) -> Result<Module, Failure> {
+    let compiled = compile(model, options).map_err(|e| {
+        let code = if e.stage == STAGE_SIZE {
+            Code::E0606
+        } else {
+            Code::E0603
+        };
+        Some((code, format!("cannot compile `{}`: {e}", model.name)))
+    })?;
+    Ok(compiled.module)
 }
 
 /// The module to tune: a `.mir` decoded, or a `.msl` checked and compiled as `mslc build`
 /// would.
-fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
+fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Loaded, Failure> {
     if args.file.extension().is_some_and(|e| e == "mir") {
         if let Some(m) = source_only_flags(&args.model, &args.precision) {
             return Err(Some((Code::E0609, m)));
@@ -186,7 +250,10 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
         let bytes = read_mir(&args.file).map_err(unreadable)?;
         let decoded =
             decode(&bytes).map_err(|e| unreadable(format!("`{}`: {e}", args.file.display())))?;
-        return Ok(decoded.module);
+        return Ok(Loaded {
+            module: decoded.module,
+            source: None,
+        });
     }
     let checked = check_path(&args.file, &args.model.check_options());
     reporter.emit(&checked.diagnostics, &checked.sources);
@@ -204,15 +271,12 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Module, Failure> {
         ..Selection::default()
     };
     let options = compile_options(&checked, model, selection).map_err(reported)?;
-    let compiled = compile(model, &options).map_err(|e| {
-        let code = if e.stage == STAGE_SIZE {
-            Code::E0606
-        } else {
-            Code::E0603
-        };
-        Some((code, format!("cannot compile `{}`: {e}", model.name)))
-    })?;
-    Ok(compiled.module)
+    let module = compiled(model, &options)?;
+    let name = model.name.clone();
+    Ok(Loaded {
+        module,
+        source: Some((checked, name, options)),
+    })
 }
 
 /// The progress bar on stderr (only on a terminal): signatures done, best speed-up so far,
@@ -236,6 +300,7 @@ impl Bar {
 
 impl Observer for Bar {
     fn progress(&mut self, p: &Progress<'_>) {
+        self.0.set_length(p.total as u64);
         self.0.set_position(p.done as u64);
         let mut current: String = p.current.chars().take(48).collect();
         if current.len() < p.current.len() {
@@ -254,6 +319,7 @@ impl Observer for Bar {
 fn summary(
     model: &str,
     report: &Report,
+    graph: &[GraphOutcome],
     threads: usize,
     db: &std::path::Path,
     json: &std::path::Path,
@@ -274,6 +340,18 @@ fn summary(
     for o in &report.outcomes {
         lines.push(row(o));
     }
+    if !graph.is_empty() {
+        lines.push(format!(
+            "  {:>10} {:>10} {:>8} {:>6}  {:<10} fused subgraph",
+            "fused", "unfused", "speedup", "choice", "result"
+        ));
+        lines.extend(graph.iter().map(graph_row));
+    }
+    for o in graph {
+        if let Some(why) = &o.rejected {
+            lines.push(format!("  rejected unfused {}: {why}", o.signature));
+        }
+    }
     for o in &report.outcomes {
         for r in &o.rejected {
             lines.push(format!(
@@ -289,27 +367,45 @@ fn summary(
     lines.join("\n") + "\n"
 }
 
-fn row(o: &Outcome) -> String {
-    let time = |us: f64| {
-        if us > 0.0 {
-            format!("{us:.1}us")
-        } else {
-            "-".to_string()
-        }
-    };
-    let result = match &o.source {
+/// A time in microseconds, or `-` when not measured.
+fn time(us: f64) -> String {
+    if us > 0.0 {
+        format!("{us:.1}us")
+    } else {
+        "-".to_string()
+    }
+}
+
+/// Where a result came from, as the summary says it.
+fn result(source: &Source) -> String {
+    match source {
         Source::Measured => "measured".to_string(),
         Source::Interrupted => "partial".to_string(),
         Source::KnowledgeBase => "known".to_string(),
         Source::Skipped(why) => format!("skipped ({why})"),
-    };
+    }
+}
+
+fn graph_row(o: &GraphOutcome) -> String {
+    format!(
+        "  {:>10} {:>10} {:>7.2}x {:>6}  {:<10} {}",
+        time(o.fused_us),
+        time(o.unfused_us),
+        o.speedup(),
+        if o.fused { "fused" } else { "split" },
+        result(&o.source),
+        o.signature
+    )
+}
+
+fn row(o: &Outcome) -> String {
     format!(
         "  {:>10} {:>10} {:>7.2}x {:>6}  {:<10} {}",
         time(o.default_us),
         time(o.tuned_us),
         o.speedup(),
         o.candidates,
-        result,
+        result(&o.source),
         o.signature
     )
 }

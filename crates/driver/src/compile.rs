@@ -1,6 +1,7 @@
 //! The build pipeline after checking: lower a model to the graph IR, optimize it, schedule it,
 //! plan its memory and estimate its cost. Each stage is timed for the report.
 
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -29,6 +30,9 @@ pub struct CompileOptions {
     pub fuse: bool,
     /// Mixed precision to apply, from the model's precision policy.
     pub amp: Option<AmpConfig>,
+    /// Signatures of fused elementwise subgraphs the fusion pass leaves unfused (tuning
+    /// decisions from the kernel table or the knowledge base).
+    pub unfused: BTreeSet<String>,
 }
 
 impl CompileOptions {
@@ -39,6 +43,7 @@ impl CompileOptions {
             fuse: self.fuse,
             training: false,
             amp: self.amp.clone(),
+            unfused: self.unfused.clone(),
         }
     }
 }

@@ -151,6 +151,7 @@ pub fn compile_options(
         verify: selection.verify,
         fuse: selection.fuse,
         amp: choose_precision(checked, model, selection.precision)?,
+        unfused: Default::default(),
     })
 }
 

@@ -16,20 +16,12 @@ use mslc_core::diag::Code;
 use mslc_core::ops::Op;
 use mslc_kernels::binding::{choose_kernel, KernelChoice, KernelParam};
 
-/// The op signature a tuned kernel is keyed by: op, attributes and input types.
+/// The op signature a tuned kernel is keyed by: op, attributes and input types
+/// ([`mslc_core::ops::signature`]).
 pub fn signature(module: &Module, step: usize) -> String {
     let s = &module.steps[step];
-    let inputs: Vec<String> = s
-        .inputs
-        .iter()
-        .map(|&v| module.values[v as usize].ty.to_string())
-        .collect();
-    let attrs: Vec<String> = s.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if attrs.is_empty() {
-        format!("{}({})", s.op, inputs.join(", "))
-    } else {
-        format!("{}({}) {{{}}}", s.op, inputs.join(", "), attrs.join(", "))
-    }
+    let inputs = s.inputs.iter().map(|&v| &module.values[v as usize].ty);
+    mslc_core::ops::signature(s.op, inputs, &s.attrs)
 }
 
 /// The contents of `NAME.kernels.toml`.
@@ -46,6 +38,27 @@ pub struct KernelTable {
     /// One entry per distinct op signature.
     #[serde(default, rename = "kernel")]
     pub kernels: Vec<KernelEntry>,
+    /// Graph-level decisions: fused elementwise subgraphs to build fused or unfused.
+    #[serde(default, rename = "subgraph", skip_serializing_if = "Vec::is_empty")]
+    pub subgraphs: Vec<SubgraphEntry>,
+}
+
+/// One `[[subgraph]]` entry: whether the fusion pass fuses the elementwise chain whose fused
+/// op has this signature (`mslc tune` measured it faster unfused, or a person chose).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubgraphEntry {
+    /// The fused op's signature (`fused_elementwise(…) {program=…}`), as [`signature`]
+    /// writes it.
+    pub signature: String,
+    /// Fuse it (true) or run each op of its program as a step of its own.
+    pub fused: bool,
+    /// Microseconds per call the tuner measured fused (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused_us: Option<f64>,
+    /// Microseconds per call the tuner measured unfused (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfused_us: Option<f64>,
 }
 
 /// One `[[kernel]]` entry: the kernel and parameters for every step of one op signature.
@@ -189,6 +202,7 @@ impl KernelTable {
             target: module.target.clone(),
             fingerprint: module.target_fingerprint.clone(),
             kernels: by_signature.into_values().collect(),
+            subgraphs: Vec::new(),
         }
     }
 
@@ -218,6 +232,21 @@ impl KernelTable {
                 .ok_or_else(|| invalid("the signature names no known op".to_string()))?;
             entry.choice().check_for(op).map_err(invalid)?;
         }
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in &table.subgraphs {
+            let invalid = |message: &str| KernelTableError::Invalid {
+                signature: entry.signature.clone(),
+                message: message.to_string(),
+            };
+            if !entry.signature.starts_with("fused_elementwise(") {
+                return Err(invalid(
+                    "a [[subgraph]] entry names a fused elementwise op (`fused_elementwise(…)`)",
+                ));
+            }
+            if !seen.insert(entry.signature.as_str()) {
+                return Err(invalid("the subgraph has two entries"));
+            }
+        }
         Ok(table)
     }
 
@@ -240,6 +269,15 @@ impl KernelTable {
         self.kernels
             .iter()
             .filter(|e| e.measured_us.is_some())
+            .map(|e| e.signature.clone())
+            .collect()
+    }
+
+    /// The subgraphs the table says to build unfused.
+    pub fn unfused(&self) -> std::collections::BTreeSet<String> {
+        self.subgraphs
+            .iter()
+            .filter(|e| !e.fused)
             .map(|e| e.signature.clone())
             .collect()
     }
@@ -321,6 +359,27 @@ signature = "attention(f32[1, 2, 4, 8], f32[1, 2, 4, 8], f32[1, 2, 4, 8]) {causa
 name = "flash_attention"
 params = { block_q = 16 }
 "#;
+
+    #[test]
+    fn subgraph_decisions_round_trip_and_are_checked() {
+        let text = format!(
+            "{TABLE}\n[[subgraph]]\nsignature = \"fused_elementwise(f16[2, 3]) {{program=relu(x0)}}\"\nfused = false\nunfused_us = 1.5\n"
+        );
+        let table = KernelTable::parse(&text).unwrap();
+        assert_eq!(table.subgraphs.len(), 1);
+        assert_eq!(
+            table.unfused(),
+            std::collections::BTreeSet::from([
+                "fused_elementwise(f16[2, 3]) {program=relu(x0)}".to_string()
+            ])
+        );
+        assert_eq!(KernelTable::parse(&table.to_toml()).unwrap(), table);
+        let e = KernelTable::parse(&text.replace("fused_elementwise(", "relu(")).unwrap_err();
+        assert_eq!(e.code(), Code::E0621);
+        let twice = format!("{text}\n[[subgraph]]\nsignature = \"fused_elementwise(f16[2, 3]) {{program=relu(x0)}}\"\nfused = true\n");
+        let e = KernelTable::parse(&twice).unwrap_err();
+        assert!(e.to_string().contains("two entries"), "{e}");
+    }
 
     #[test]
     fn a_table_reads_back_and_checks_its_entries() {

@@ -1,7 +1,9 @@
 //! The knowledge base, like AOE's repository: every tuned signature's best kernel choice and
 //! times, keyed by device fingerprint, thread count and signature, in one JSON file (by default
 //! in the user's cache directory). Tuning another model reuses every signature already known;
-//! `mslc build` fills the kernel table from it. Written atomically, merged with what is on disk
+//! `mslc build` fills the kernel table from it. Graph-level decisions (a fused subgraph runs
+//! faster fused or unfused) are kept beside them, keyed the same way by the fused op's
+//! signature; `mslc build` hands the unfused ones to the fusion pass. Written atomically, merged with what is on disk
 //! at the time of writing, and never overwritten when it cannot be read back.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,8 +21,8 @@ use mslc_plan::kernels::signature;
 
 /// The `format` field of a knowledge base file.
 pub const FORMAT: &str = "mslc-tune-kb";
-/// The file layout version this mslc reads and writes.
-pub const VERSION: u32 = 1;
+/// The file layout version this mslc writes (2 added `subgraphs`); it reads 1 and 2.
+pub const VERSION: u32 = 2;
 
 /// One tuned signature.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -76,6 +78,24 @@ impl Record {
     }
 }
 
+/// One graph-level decision: whether a fused subgraph runs fused or unfused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubgraphRecord {
+    /// The device fingerprint it was measured on.
+    pub device: String,
+    /// Worker threads it was measured with.
+    pub threads: usize,
+    /// The fused op's signature, as the kernel table writes it.
+    pub signature: String,
+    /// The decision: run it as one fused op (true) or one step per op.
+    pub fused: bool,
+    /// Microseconds per call fused.
+    pub fused_us: f64,
+    /// Microseconds per call unfused (0 when the unfused variant was rejected).
+    pub unfused_us: f64,
+}
+
 /// The file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,12 +103,23 @@ struct File {
     format: String,
     version: u32,
     records: Vec<Record>,
+    #[serde(default)]
+    subgraphs: Vec<SubgraphRecord>,
 }
 
-/// The knowledge base: records by (device, threads, signature).
+/// A record's key: device, threads, signature.
+type Key = (String, usize, String);
+
+fn key(device: &str, threads: usize, signature: &str) -> Key {
+    (device.to_string(), threads, signature.to_string())
+}
+
+/// The knowledge base: kernel records and graph-level decisions by (device, threads,
+/// signature).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KnowledgeBase {
-    records: BTreeMap<(String, usize, String), Record>,
+    records: BTreeMap<Key, Record>,
+    subgraphs: BTreeMap<Key, SubgraphRecord>,
 }
 
 /// Why a knowledge base cannot be used.
@@ -167,7 +198,7 @@ impl KnowledgeBase {
             }
         }
         match value.get("version").and_then(|v| v.as_u64()) {
-            Some(v) if v == u64::from(VERSION) => {}
+            Some(v) if (1..=u64::from(VERSION)).contains(&v) => {}
             Some(v) => {
                 return Err(format!(
                     "version {v}, this mslc reads version {VERSION} (written by another mslc)"
@@ -180,24 +211,53 @@ impl KnowledgeBase {
         for r in file.records {
             kb.insert(r);
         }
+        for r in file.subgraphs {
+            kb.insert_subgraph(r);
+        }
         Ok(kb)
     }
 
     /// Adds or replaces a record.
     pub fn insert(&mut self, record: Record) {
-        let key = (
-            record.device.clone(),
-            record.threads,
-            record.signature.clone(),
+        self.records.insert(
+            key(&record.device, record.threads, &record.signature),
+            record,
         );
-        self.records.insert(key, record);
     }
 
     /// The usable record for `signature` on `device` with `threads` threads.
     pub fn get(&self, device: &str, threads: usize, signature: &str) -> Option<&Record> {
         self.records
-            .get(&(device.to_string(), threads, signature.to_string()))
+            .get(&key(device, threads, signature))
             .filter(|r| r.usable())
+    }
+
+    /// Adds or replaces a graph-level decision.
+    pub fn insert_subgraph(&mut self, record: SubgraphRecord) {
+        self.subgraphs.insert(
+            key(&record.device, record.threads, &record.signature),
+            record,
+        );
+    }
+
+    /// The decision for fused subgraph `signature` on `device` with `threads` threads.
+    pub fn subgraph(
+        &self,
+        device: &str,
+        threads: usize,
+        signature: &str,
+    ) -> Option<&SubgraphRecord> {
+        self.subgraphs.get(&key(device, threads, signature))
+    }
+
+    /// The signatures of the subgraphs decided unfused on `device` with `threads` threads,
+    /// with their decisions.
+    pub fn unfused(&self, device: &str, threads: usize) -> BTreeMap<String, &SubgraphRecord> {
+        self.subgraphs
+            .values()
+            .filter(|r| r.device == device && r.threads == threads && !r.fused)
+            .map(|r| (r.signature.clone(), r))
+            .collect()
     }
 
     /// Every record.
@@ -205,9 +265,14 @@ impl KnowledgeBase {
         self.records.values()
     }
 
-    /// Records measured on `device` (any thread count).
+    /// Records and decisions measured on `device` (any thread count).
     pub fn count_for(&self, device: &str) -> usize {
         self.records.values().filter(|r| r.device == device).count()
+            + self
+                .subgraphs
+                .values()
+                .filter(|r| r.device == device)
+                .count()
     }
 
     /// The file's bytes.
@@ -216,6 +281,7 @@ impl KnowledgeBase {
             format: FORMAT.to_string(),
             version: VERSION,
             records: self.records.values().cloned().collect(),
+            subgraphs: self.subgraphs.values().cloned().collect(),
         };
         let mut text = serde_json::to_string_pretty(&file).unwrap_or_default();
         text.push('\n');
@@ -230,6 +296,9 @@ impl KnowledgeBase {
         let mut merged = KnowledgeBase::read(path)?;
         for r in self.records.values() {
             merged.insert(r.clone());
+        }
+        for r in self.subgraphs.values() {
+            merged.insert_subgraph(r.clone());
         }
         let dir = path
             .parent()
@@ -304,9 +373,24 @@ mod tests {
         a.save(&path).unwrap();
         let mut b = KnowledgeBase::default();
         b.insert(record("matmul(f32[5, 3], f32[3, 4])"));
+        let decision = SubgraphRecord {
+            device: "dev".into(),
+            threads: 2,
+            signature: "fused_elementwise(f16[4]) {program=\"relu(x0)\"}".into(),
+            fused: false,
+            fused_us: 3.0,
+            unfused_us: 1.0,
+        };
+        b.insert_subgraph(decision.clone());
         b.save(&path).unwrap();
         let back = KnowledgeBase::read(&path).unwrap();
         assert_eq!(back.records().count(), 2);
+        assert_eq!(
+            back.subgraph("dev", 2, &decision.signature),
+            Some(&decision)
+        );
+        assert_eq!(back.unfused("dev", 2).len(), 1);
+        assert!(back.unfused("dev", 1).is_empty());
         assert!(back.get("dev", 2, "matmul(f32[2, 3], f32[3, 4])").is_some());
         assert!(back.get("dev", 4, "matmul(f32[2, 3], f32[3, 4])").is_none());
         assert!(back
@@ -333,6 +417,10 @@ mod tests {
             ),
             (
                 "{\"format\": \"mslc-tune-kb\", \"version\": 1, \"records\": [1]}",
+                "damaged",
+            ),
+            (
+                "{\"format\": \"mslc-tune-kb\", \"version\": 2, \"records\": [], \"subgraphs\": [{\"device\": \"d\"}]}",
                 "damaged",
             ),
         ] {

@@ -2,7 +2,8 @@
 //! a measured search of the kernel's parameters on this machine, guided by a cost model learned
 //! as it goes, with every candidate checked against the reference kernel; results kept in a
 //! knowledge base keyed by signature and device fingerprint, which `mslc build` reads to fill
-//! the kernel table.
+//! the kernel table; and, per fused subgraph, whether it runs faster fused or unfused, which
+//! `mslc build` hands to the fusion pass.
 //!
 //! - [`case`]: a signature as a tuning problem, with seeded inputs.
 //! - [`space`]: a kernel's parameter space, from the binding's parameter structs.
@@ -11,6 +12,8 @@
 //! - [`reference`]: the reference output a candidate must match.
 //! - [`model`], [`search`]: the learned cost model and the evolutionary search.
 //! - [`tuner`]: a module's run — budget split, knowledge base reuse, progress.
+//! - [`graph`]: graph-level tuning — per fused subgraph, fused or unfused, measured by the
+//!   executor.
 //! - [`kb`], [`device`]: the knowledge base file and the device fingerprint.
 //! - [`budget`]: the `--budget` value.
 
@@ -19,6 +22,7 @@
 pub mod budget;
 pub mod case;
 pub mod device;
+pub mod graph;
 pub mod kb;
 pub mod measure;
 pub mod model;

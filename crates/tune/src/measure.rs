@@ -67,10 +67,7 @@ const MAX_SAMPLES: usize = 200;
 /// Timed runs continue (up to [`MAX_SAMPLES`]) until this much time has been spent.
 const MIN_TIME: Duration = Duration::from_millis(15);
 
-/// Seconds per run of `kernel`: one warm-up run, then at least [`MIN_SAMPLES`] timed runs
-/// (more, up to [`MAX_SAMPLES`], while under [`MIN_TIME`]); the slowest quarter of the samples
-/// is dropped as interference (page faults, other processes) and the median of the rest is
-/// the result.
+/// Seconds per run of `kernel` ([`repeat`]ed).
 pub fn time(
     runner: &dyn CandidateRunner,
     case: &Case,
@@ -78,17 +75,29 @@ pub fn time(
     kernel: &StepKernel,
     out: &mut [f32],
 ) -> Result<f64, String> {
-    run_once(runner, case, choice, kernel, out)?;
+    repeat(|| run_once(runner, case, choice, kernel, out))
+}
+
+/// Seconds per call of `run`: one warm-up call, then at least [`MIN_SAMPLES`] timed calls
+/// (more, up to [`MAX_SAMPLES`], while under [`MIN_TIME`]); the slowest quarter of the samples
+/// is dropped as interference (page faults, other processes) and the median of the rest is
+/// the result.
+pub fn repeat(mut run: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    run()?;
     let start = Instant::now();
     let mut samples = Vec::new();
     while samples.len() < MIN_SAMPLES || (samples.len() < MAX_SAMPLES && start.elapsed() < MIN_TIME)
     {
         let t = Instant::now();
-        run_once(runner, case, choice, kernel, out)?;
+        run()?;
         samples.push(t.elapsed().as_secs_f64());
     }
     Ok(robust_time(&mut samples))
 }
+
+/// A tuned choice must beat the default by this factor in the final, fresh re-measurement
+/// of both, or the default is kept: a "win" inside the noise is no win.
+pub const CONFIRM: f64 = 0.97;
 
 /// The median of the fastest three quarters of `samples`.
 pub fn robust_time(samples: &mut [f64]) -> f64 {

@@ -1,7 +1,9 @@
 //! Tuner tests on small cases with tiny budgets: the correctness guard rejects a planted wrong
-//! candidate, the knowledge base makes a second run measure nothing, and a stop keeps what
-//! was measured.
+//! candidate (a kernel's, or a subgraph's unfused variant), the knowledge base makes a second
+//! run measure nothing, a stop keeps what was measured, and the fusion pass honours a planted
+//! unfused decision.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -9,9 +11,17 @@ use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_kernels::binding::{choose_kernel, KernelChoice};
 use mslc_kernels::step::StepKernel;
 
+use mslc_artifact::Module;
+use mslc_exec::Executor;
+use mslc_ir::passes::{Fuse, Pass, PassContext, PassStats};
+use mslc_ir::{Graph, ValueRef};
+use mslc_plan::memory::plan_memory;
+use mslc_plan::schedule::schedule;
+
 use crate::case::Case;
+use crate::graph::{host, tune_subgraphs, ExecRunner, Subgraph, Variant, VariantRunner};
 use crate::kb::KnowledgeBase;
-use crate::measure::{CandidateRunner, KernelRunner};
+use crate::measure::{CandidateRunner, KernelRunner, CONFIRM};
 use crate::tuner::{tune, Observer, Options, Progress, Source};
 
 fn matmul_case(m: i64, k: i64, n: i64) -> Case {
@@ -215,4 +225,160 @@ fn a_stop_keeps_what_was_measured() {
         .expect("the signature being searched when stopped");
     let record = saved.get("test-device", 2, &cut.signature).unwrap();
     assert!(!record.complete, "searched again next time");
+}
+
+/// `relu(x * w + x)` over `x: DTYPE[64, 300]`, `w: DTYPE[300]`: one elementwise chain.
+fn chain_graph(dtype: DType) -> Graph {
+    let mut g = Graph::new("chain");
+    let x = g.add_input("x", TensorType::new(dtype, vec![64, 300]));
+    let w = g.add_input("w", TensorType::new(dtype, vec![300]));
+    let op =
+        |g: &mut Graph, op: Op, args: &[ValueRef]| g.add_op(op, Attrs::new(), args, "").unwrap()[0];
+    let m = op(&mut g, Op::Mul, &[x, w]);
+    let a = op(&mut g, Op::Add, &[m, x]);
+    let y = op(&mut g, Op::Relu, &[a]);
+    g.set_output("y", y);
+    g
+}
+
+/// `graph` fused under `cx`, scheduled and memory-planned; with the fusion pass's rewrites.
+fn fused_module(mut graph: Graph, cx: &PassContext) -> (Module, PassStats) {
+    let stats = Fuse.run(&mut graph, cx).unwrap();
+    let mut module = schedule(&graph, &host()).unwrap();
+    plan_memory(&mut module).unwrap();
+    (module, stats)
+}
+
+#[test]
+fn a_planted_unfused_decision_is_honoured_by_the_fusion_pass() {
+    let (module, stats) = fused_module(chain_graph(DType::F16), &PassContext::default());
+    assert_eq!(stats.rewrites.get("fuse.elementwise"), Some(&1));
+    let subgraphs = Subgraph::of_module(&module);
+    assert_eq!(subgraphs.len(), 1);
+    let signature = subgraphs[0].signature.clone();
+    assert!(
+        signature.starts_with("fused_elementwise(f16[64,300], f16[300]) {program="),
+        "{signature}"
+    );
+
+    // A decision for another subgraph changes nothing.
+    let other = PassContext {
+        unfused: BTreeSet::from([signature.replace("f16[300]", "f16[301]")]),
+        ..PassContext::default()
+    };
+    let (same, _) = fused_module(chain_graph(DType::F16), &other);
+    assert_eq!(Subgraph::of_module(&same).len(), 1);
+
+    let planted = PassContext {
+        unfused: BTreeSet::from([signature]),
+        ..PassContext::default()
+    };
+    let (unfused, stats) = fused_module(chain_graph(DType::F16), &planted);
+    assert_eq!(
+        stats.rewrites.get("fuse.elementwise_left_unfused"),
+        Some(&1)
+    );
+    assert!(!stats.rewrites.contains_key("fuse.elementwise"));
+    let ops: Vec<Op> = unfused.steps.iter().map(|s| s.op).collect();
+    assert_eq!(ops, [Op::Mul, Op::Add, Op::Relu]);
+}
+
+/// Counts variant runs and, when `break_unfused` is set, corrupts the unfused result.
+struct PlantedVariant {
+    runs: AtomicUsize,
+    break_unfused: bool,
+}
+
+impl VariantRunner for PlantedVariant {
+    fn run(&self, variant: Variant, exec: &mut Executor) -> Result<(), String> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        ExecRunner.run(variant, exec)
+    }
+
+    fn output(&self, variant: Variant, exec: &Executor) -> Result<Vec<f32>, String> {
+        let mut out = ExecRunner.output(variant, exec)?;
+        if self.break_unfused && variant == Variant::Unfused {
+            let mid = out.len() / 2;
+            out[mid] += 0.5;
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn subgraphs_are_decided_by_measuring_both_variants_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kb.json");
+    let stop = AtomicBool::new(false);
+    for dtype in [DType::F32, DType::F16] {
+        let (module, _) = fused_module(chain_graph(dtype), &PassContext::default());
+        let subgraphs = Subgraph::of_module(&module);
+        let mut kb = KnowledgeBase::default();
+        let first = tune_subgraphs(
+            &subgraphs,
+            &mut kb,
+            Some(&db),
+            &options(5_000),
+            &ExecRunner,
+            &stop,
+            &mut Quiet,
+        )
+        .unwrap();
+        let o = &first[0];
+        assert_eq!(o.source, Source::Measured, "{dtype}: {o:?}");
+        // Both variants matched the reference kernel, or the unfused one would be rejected.
+        assert_eq!(o.rejected, None, "{dtype}");
+        assert!(o.fused_us > 0.0 && o.unfused_us > 0.0, "{o:?}");
+        assert_eq!(o.fused, o.unfused_us >= o.fused_us * CONFIRM, "{o:?}");
+        assert_eq!(o.ops, 3);
+
+        let counting = PlantedVariant {
+            runs: AtomicUsize::new(0),
+            break_unfused: false,
+        };
+        let mut kb = KnowledgeBase::read(&db).unwrap();
+        let second = tune_subgraphs(
+            &subgraphs,
+            &mut kb,
+            Some(&db),
+            &options(5_000),
+            &counting,
+            &stop,
+            &mut Quiet,
+        )
+        .unwrap();
+        assert_eq!(counting.runs.load(Ordering::Relaxed), 0);
+        assert_eq!(second[0].source, Source::KnowledgeBase);
+        assert_eq!(second[0].fused, o.fused);
+    }
+}
+
+#[test]
+fn a_wrong_unfused_variant_is_rejected_and_the_subgraph_stays_fused() {
+    let (module, _) = fused_module(chain_graph(DType::F16), &PassContext::default());
+    let subgraphs = Subgraph::of_module(&module);
+    let runner = PlantedVariant {
+        runs: AtomicUsize::new(0),
+        break_unfused: true,
+    };
+    let mut kb = KnowledgeBase::default();
+    let stop = AtomicBool::new(false);
+    let out = tune_subgraphs(
+        &subgraphs,
+        &mut kb,
+        None,
+        &options(5_000),
+        &runner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap();
+    let o = &out[0];
+    assert!(o.fused, "{o:?}");
+    assert_eq!(o.unfused_us, 0.0);
+    let why = o.rejected.as_deref().unwrap_or_default();
+    assert!(why.starts_with("wrong result"), "{why}");
+    let record = kb.subgraph("test-device", 2, &o.signature).unwrap();
+    assert!(record.fused);
+    assert!(kb.unfused("test-device", 2).is_empty());
 }

@@ -15,7 +15,7 @@ use mslc_kernels::binding::KernelParam;
 
 use crate::case::Case;
 use crate::kb::{KbError, KnowledgeBase, Record};
-use crate::measure::{check_output, run_once, time, CandidateRunner};
+use crate::measure::{check_output, run_once, time, CandidateRunner, CONFIRM};
 use crate::reference::reference_output;
 use crate::search::{Rejected, Search};
 use crate::space::Space;
@@ -111,10 +111,6 @@ pub struct Report {
     /// Seconds the run took.
     pub seconds: f64,
 }
-
-/// A tuned candidate must beat the default by this factor in the final, fresh re-measurement
-/// of both, or the default is kept: a "win" inside the noise is no win.
-const CONFIRM: f64 = 0.97;
 
 /// Tunes `cases` with `runner` and the budget and threads of `options`, reusing and filling
 /// `kb` (saved to `db` after every signature, when given). `stop` ends the run early, keeping

@@ -65,6 +65,7 @@ fn compile_overridden(
         verify: true,
         fuse,
         amp,
+        unfused: Default::default(),
     };
     compile(&checked.models[0], &options)
         .expect("compiles")

@@ -1,5 +1,6 @@
 //! `mslc tune`: a small model tuned within a tiny budget fills the knowledge base, a second
-//! run reuses it without measuring, `mslc build` marks the kernel table from it, and bad input
+//! run reuses it without measuring, `mslc build` marks the kernel table from it and follows
+//! its graph-level decisions (a planted one is built, recorded and run), and bad input
 //! (a damaged or foreign knowledge base, a budget of zero or of days, a model with nothing to
 //! tune, Ctrl-C) gets a clear answer with nothing lost.
 
@@ -197,4 +198,112 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
     let kb: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&db).unwrap()).unwrap();
     assert!(!kb["records"].as_array().unwrap().is_empty());
+}
+
+/// tiny_llama, shrunk: under its f16 policy its scaled RMS norm output is cast and scaled in
+/// one fused elementwise subgraph.
+const LLAMA: [&str; 5] = [
+    "examples/tiny_llama.msl",
+    "--set",
+    "layers=1",
+    "--dim",
+    "S=8",
+];
+
+/// The logits of `args` (a source and its flags, or a `.mir`) run with seed 1, and the run's
+/// profile (which names every step's op).
+fn logits(dir: &TestDir, args: &[&str], out: &str) -> (Vec<f32>, String) {
+    let out_dir = dir.path(out);
+    let profile = dir.path(&format!("{out}.profile.json"));
+    let mut run = vec!["run"];
+    run.extend(args);
+    run.extend(["--init-seed", "1", "--output-dir", s(&out_dir)]);
+    run.extend(["--profile", s(&profile)]);
+    let (code, _, err) = mslc(&run);
+    assert_eq!(code, 0, "{err}");
+    let array = mslc_io::npy::read_npy(out_dir.join("logits.npy")).unwrap();
+    (
+        array.to_f32().unwrap(),
+        std::fs::read_to_string(profile).unwrap(),
+    )
+}
+
+#[test]
+fn a_planted_unfused_decision_is_built_recorded_and_run() {
+    let dir = TestDir::new("tune-graph");
+    let default_dir = dir.path("default");
+    let mut build = vec!["build"];
+    build.extend(LLAMA);
+    build.extend(["-o", s(&default_dir)]);
+    let (code, _, err) = mslc(&build);
+    assert_eq!(code, 0, "{err}");
+    let table = std::fs::read_to_string(default_dir.join("TinyLlama.kernels.toml")).unwrap();
+    let table: toml::Value = toml::from_str(&table).unwrap();
+    let fused: Vec<&str> = table["kernel"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| k["signature"].as_str())
+        .filter(|sig| sig.starts_with("fused_elementwise("))
+        .collect();
+    assert_eq!(fused.len(), 1, "{fused:?}");
+    let signature = fused[0];
+
+    // A knowledge base deciding that subgraph unfused on this device.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kb = serde_json::json!({
+        "format": "mslc-tune-kb",
+        "version": 2,
+        "records": [],
+        "subgraphs": [{
+            "device": mslc_tune::device::fingerprint(),
+            "threads": threads,
+            "signature": signature,
+            "fused": false,
+            "fused_us": 10.0,
+            "unfused_us": 5.0,
+        }],
+    });
+    let db = dir.path("kb.json");
+    std::fs::write(&db, serde_json::to_string(&kb).unwrap()).unwrap();
+    let tuned_dir = dir.path("tuned");
+    let mut build = vec!["build"];
+    build.extend(LLAMA);
+    build.extend(["--tune-db", s(&db), "-o", s(&tuned_dir)]);
+    let (code, out, err) = mslc(&build);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("1 fused elementwise subgraph(s) left unfused"),
+        "{out}"
+    );
+    let tuned_table = tuned_dir.join("TinyLlama.kernels.toml");
+    let text = std::fs::read_to_string(&tuned_table).unwrap();
+    let table: toml::Value = toml::from_str(&text).unwrap();
+    let kernels = table["kernel"].as_array().unwrap();
+    assert!(
+        kernels.iter().all(|k| !k["signature"]
+            .as_str()
+            .unwrap()
+            .starts_with("fused_elementwise(")),
+        "no fused op left: {text}"
+    );
+    let entry = &table["subgraph"][0];
+    assert_eq!(entry["signature"].as_str(), Some(signature));
+    assert_eq!(entry["fused"].as_bool(), Some(false));
+
+    // The unfused module computes what the fused one does (f16 rounding at the same points),
+    // built from the knowledge base or run from the source with the table.
+    let (want, profile) = logits(&dir, &[s(&default_dir.join("TinyLlama.mir"))], "o-default");
+    assert!(profile.contains("fused_elementwise"));
+    let built = logits(&dir, &[s(&tuned_dir.join("TinyLlama.mir"))], "o-built");
+    let mut from_source = LLAMA.to_vec();
+    from_source.extend(["--kernels", s(&tuned_table)]);
+    let run = logits(&dir, &from_source, "o-source");
+    for (got, profile) in [built, run] {
+        assert!(!profile.contains("fused_elementwise"), "the decision holds");
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-3 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
 }

@@ -32,6 +32,23 @@ pub use spec::{
 };
 pub use tensor_type::TensorType;
 
+/// The op signature kernel choices and tuning decisions are keyed by: the op, its input types
+/// and its attributes, e.g. `matmul(f32[2, 3], f32[3, 4])` or `softmax(f32[4, 8]) {axis=-1}`
+/// (the kernel table's key, and the fusion pass's for a fused subgraph).
+pub fn signature<'a>(
+    op: Op,
+    inputs: impl IntoIterator<Item = &'a TensorType>,
+    attrs: &Attrs,
+) -> String {
+    let inputs: Vec<String> = inputs.into_iter().map(TensorType::to_string).collect();
+    let attrs: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if attrs.is_empty() {
+        format!("{op}({})", inputs.join(", "))
+    } else {
+        format!("{op}({}) {{{}}}", inputs.join(", "), attrs.join(", "))
+    }
+}
+
 /// Checks `attrs` against the op's schema and returns them complete (defaults filled in,
 /// ints widened to floats where floats are declared); errors name the op.
 pub fn resolve_attrs(op: Op, attrs: &Attrs) -> Result<Attrs, OpError> {

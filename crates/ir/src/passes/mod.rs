@@ -13,7 +13,7 @@ mod manager;
 mod rewrite;
 mod simplify;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::Serialize;
@@ -43,6 +43,9 @@ pub struct PassContext {
     pub training: bool,
     /// Mixed precision to apply, if any.
     pub amp: Option<AmpConfig>,
+    /// Signatures of `fused_elementwise` subgraphs to leave unfused (a tuning decision: their
+    /// ops run faster on their own kernels here); the fusion pass keeps their ops as they are.
+    pub unfused: BTreeSet<String>,
 }
 
 impl Default for PassContext {
@@ -53,6 +56,7 @@ impl Default for PassContext {
             fuse: true,
             training: false,
             amp: None,
+            unfused: BTreeSet::new(),
         }
     }
 }

@@ -419,8 +419,8 @@ fn conv_attrs(w: &Window, groups: i64) -> Result<Conv2dAttrs, String> {
     })
 }
 
-/// The rounding a cast to `dtype` applies to an f32 value.
-fn cast_target(dtype: DType) -> CastTarget {
+/// The rounding a cast to `dtype` applies to an f32 value (what storing it in `dtype` does).
+pub fn cast_target(dtype: DType) -> CastTarget {
     match dtype {
         DType::F64 => CastTarget::F64,
         DType::F32 => CastTarget::F32,

@@ -15,7 +15,7 @@ use super::{topo, NAME};
 use crate::passes::rewrite::{
     add_helper, add_like, producer, replace_with, scalar_constant, single_use,
 };
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::{Attrs, DType, Op, OpError};
 
@@ -152,7 +152,7 @@ fn heads_transpose() -> Attrs {
 }
 
 /// Fuses every explicit attention.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for root in topo(g)? {
         if !g.contains(root) {
             continue;

@@ -2,13 +2,14 @@
 //! from the last op of a chain (visiting the graph from its outputs back), an operand joins
 //! the chain when an elementwise op produces it, only the chain reads it, it is not a model
 //! output and it has the chain's output shape; existing `fused_elementwise` ops are inlined,
-//! so fusing again only merges.
+//! so fusing again only merges. A chain whose fused op's signature is in `cx.unfused` (a
+//! tuning decision) is left as it is, and none of its ops joins another chain.
 
 use std::collections::{HashMap, HashSet};
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_like, replace_with};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand, Step};
 use mslc_core::ops::{Attrs, Op, OpError};
@@ -26,9 +27,14 @@ fn fusable(g: &Graph, id: NodeId) -> bool {
 }
 
 /// The chain ending at `root`, in topological order (root last): every elementwise producer
-/// of the chain's output shape all of whose readers are already in the chain, grown until
-/// nothing more joins.
-fn chain(g: &Graph, root: NodeId, position: &HashMap<NodeId, usize>) -> Vec<NodeId> {
+/// of the chain's output shape, not `kept` unfused, all of whose readers are already in the
+/// chain, grown until nothing more joins.
+fn chain(
+    g: &Graph,
+    root: NodeId,
+    position: &HashMap<NodeId, usize>,
+    kept: &HashSet<NodeId>,
+) -> Vec<NodeId> {
     let shape = &g.node(root).outputs[0].shape;
     let mut members: HashSet<NodeId> = HashSet::from([root]);
     loop {
@@ -38,6 +44,7 @@ fn chain(g: &Graph, root: NodeId, position: &HashMap<NodeId, usize>) -> Vec<Node
                 let joins = !members.contains(&v.node)
                     && !joined.contains(&v.node)
                     && position.contains_key(&v.node)
+                    && !kept.contains(&v.node)
                     && fusable(g, v.node)
                     && &g.ty(v).shape == shape
                     && !g.is_output(v)
@@ -116,21 +123,28 @@ fn program(g: &Graph, members: &[NodeId]) -> Result<(ElementwiseProgram, Vec<Val
     Ok((ElementwiseProgram { steps }, inputs))
 }
 
-/// Fuses every chain of two or more elementwise ops.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+/// Fuses every chain of two or more elementwise ops, except the chains `cx.unfused` names.
+pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     let order = topo(g)?;
     let position: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut kept: HashSet<NodeId> = HashSet::new();
     for &root in order.iter().rev() {
-        if !g.contains(root) || !fusable(g, root) {
+        if !g.contains(root) || kept.contains(&root) || !fusable(g, root) {
             continue;
         }
-        let members = chain(g, root, &position);
+        let members = chain(g, root, &position, &kept);
         if members.len() < 2 {
             continue;
         }
         let (program, inputs) = program(g, &members)?;
         let attrs = Attrs::new().with("program", program.to_string().as_str());
         let fused = add_like(g, root, Op::FusedElementwise, attrs, &inputs)?;
+        if !cx.unfused.is_empty() && cx.unfused.contains(&fused_signature(g, fused.node)) {
+            g.remove_node(fused.node);
+            kept.extend(members);
+            stats.record(NAME, "elementwise_left_unfused");
+            continue;
+        }
         replace_with(g, root, fused);
         for &m in &members[..members.len() - 1] {
             g.remove_node(m);
@@ -138,4 +152,15 @@ pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
         stats.record(NAME, "elementwise");
     }
     Ok(())
+}
+
+/// The signature of the fused op `node`, as the kernel table and the tuner key it.
+fn fused_signature(g: &Graph, node: NodeId) -> String {
+    let inputs = g.inputs(node);
+    let attrs = g.node(node).attrs().cloned().unwrap_or_default();
+    mslc_core::ops::signature(
+        Op::FusedElementwise,
+        inputs.iter().map(|v| g.ty(*v)),
+        &attrs,
+    )
 }

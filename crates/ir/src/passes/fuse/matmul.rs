@@ -3,7 +3,7 @@
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_like, is_op, replace_with, single_use};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::family::fused::Activation;
 use mslc_core::ops::{Op, OpError};
@@ -60,7 +60,7 @@ fn label(bias: bool, act: Activation) -> &'static str {
 
 /// Fuses every matmul + bias (+ activation) and matmul + activation; roots are visited from
 /// the outputs back, so an activation claims its bias add before the add is tried alone.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for root in topo(g)?.into_iter().rev() {
         if !g.contains(root) {
             continue;

@@ -8,7 +8,8 @@
 //! 3. matmul + bias add (+ an activation: a unary op marked `epilogue` in the op table)
 //!    → `fused_matmul`;
 //! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
-//! 5. chains of elementwise ops of one output shape → `fused_elementwise`;
+//! 5. chains of elementwise ops of one output shape → `fused_elementwise`, except those whose
+//!    fused op's signature is in `cx.unfused` (tuning found their ops faster on their own);
 //! 6. `rope(x)` → `rope_cached(x, rope_table)`, the table shared by ropes of one shape and
 //!    theta and computed once per module (it depends on nothing, so the planner hoists it).
 //!
@@ -34,7 +35,7 @@ pub struct Fuse;
 const NAME: &str = "fuse";
 
 /// One fusion rule: one sweep over the graph, recording a label per rewrite.
-type Rule = fn(&mut Graph, &mut PassStats) -> Result<(), OpError>;
+type Rule = fn(&mut Graph, &PassContext, &mut PassStats) -> Result<(), OpError>;
 
 const RULES: [Rule; 6] = [
     transpose::run,
@@ -61,7 +62,7 @@ impl Pass for Fuse {
             return Ok(stats);
         }
         for rule in RULES {
-            rule(g, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
+            rule(g, cx, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
         }
         Ok(stats)
     }

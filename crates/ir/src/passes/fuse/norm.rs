@@ -4,7 +4,7 @@
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_like, is_op, replace_with, single_use};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::{broadcasts_to, Attrs, Op, OpError};
 
@@ -82,7 +82,7 @@ fn find(g: &Graph, root: NodeId) -> Option<Found> {
 }
 
 /// Fuses every scaled RMS norm and affine layer norm.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for root in topo(g)? {
         if !g.contains(root) {
             continue;

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_like, replace_with};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, ValueRef};
 use mslc_core::ops::{resolve_attrs, AttrValue, Attrs, Op, OpError};
 
 /// Rewrites every `rope` onto a shared `rope_table`.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     let mut tables: HashMap<(u64, i64, i64), ValueRef> = HashMap::new();
     for node in topo(g)? {
         if g.node(node).op() != Some(Op::Rope) {

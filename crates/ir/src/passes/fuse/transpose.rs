@@ -8,7 +8,7 @@
 
 use super::{topo, NAME};
 use crate::passes::rewrite::{add_helper, producer, rebuild, single_use};
-use crate::passes::PassStats;
+use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::family::layout::permutation;
 use mslc_core::ops::{Attrs, Op, OpError};
@@ -77,7 +77,7 @@ fn swapped_product(g: &Graph, id: NodeId) -> Option<(Attrs, [ValueRef; 2])> {
 
 /// Folds swapping transposes into every `matmul` and `fused_matmul`, and transposed matmul
 /// results into swapped matmuls.
-pub(super) fn run(g: &mut Graph, stats: &mut PassStats) -> Result<(), OpError> {
+pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for id in topo(g)? {
         if let Some((attrs, operands)) = swapped_product(g, id) {
             let product = g.inputs(id)[0].node;
