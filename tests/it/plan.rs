@@ -67,7 +67,7 @@ fn gpt3_megatron_configuration_fits_with_megatrons_parameter_layout() {
     let per_layer = (12 * h * h + 7 * h) / 8 + 6 * h;
     let psi = 6 * per_layer;
     for group in &plan.per_device[1..15] {
-        assert_eq!(group.layers[1] - group.layers[0], 6);
+        assert_eq!(group.layers[0][1] - group.layers[0][0], 6);
         let m = group.memory;
         assert_eq!(m.parameters, 2 * psi, "stage {}", group.stage);
         assert_eq!(m.gradients, 2 * psi);

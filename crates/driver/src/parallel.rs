@@ -13,6 +13,7 @@ use mslc_check::policy::{
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
+use mslc_plan::parallel::explain::generic_path;
 use mslc_plan::parallel::search::{Space, Workloads};
 use mslc_plan::parallel::workload::{WeightSplits, Widths};
 use mslc_plan::parallel::{
@@ -62,14 +63,17 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
         ParallelMode::Auto if splits.is_empty() => WeightSplits::Chosen,
         _ => WeightSplits::Given(&splits),
     };
+    let layers: std::collections::BTreeSet<String> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
+        .collect();
+    if let (Some(pp), Some(pipeline), Some(p)) = (space.pp, pipeline_of(parallel), parallel) {
+        interleaving_fits(p, &pipeline, pp, layers.len() as i64, spec)?;
+    }
     let mut workloads = Workloads::new(graph, weight_splits, widths);
     let cluster = Cluster { target, budget };
     let Some(file) = plan(&mut workloads, &space, training, &cluster, mode.keyword()) else {
-        let layers: std::collections::BTreeSet<String> = graph
-            .nodes
-            .iter()
-            .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
-            .collect();
         if let (Some(pp), Some(pipeline)) = (space.pp, pipeline_of(parallel)) {
             if pp > layers.len() as i64 {
                 return Err(Box::new(
@@ -93,6 +97,61 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
         return Err(does_not_fit(train, parallel, memory, &file));
     }
     Ok(Some(file))
+}
+
+/// E0904 unless the interleaved schedule's `stages × v` chunks divide the layers; E0905 unless
+/// its micro-batches are whole rounds of the stages (Megatron-LM's two conditions).
+fn interleaving_fits(
+    parallel: &ParallelPolicy,
+    pipeline: &mslc_check::policy::Pipeline,
+    pp: i64,
+    layers: i64,
+    spec: &mslc_check::policy::TrainSpec,
+) -> Result<(), Box<Diagnostic>> {
+    let PipelineSchedule::Interleaved(v) = pipeline.schedule else {
+        return Ok(());
+    };
+    let chunks = pp.saturating_mul(v);
+    if layers % chunks.max(1) != 0 {
+        let fitting: Vec<String> = (1..=layers / pp.max(1))
+            .filter(|c| layers % (pp * c) == 0)
+            .map(|c| c.to_string())
+            .collect();
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0904,
+                parallel.file,
+                pipeline.span,
+                format!(
+                    "interleaved({v}) on {pp} stages cuts the model into {chunks} chunks, but its {layers} layers do not divide into {chunks}"
+                ),
+            )
+            .with_label(format!("{pp} stages × {v} chunks = {chunks}"))
+            .with_related(parallel.file, pipeline.stages_span, format!("{pp} stages"))
+            .with_help(format!(
+                "use a chunk count v with {layers} divisible by {pp}·v: {}",
+                fitting.join(", ")
+            )),
+        ));
+    }
+    let m = pipeline.micro_batches.saturating_mul(spec.grad_accum);
+    if m % pp.max(1) != 0 {
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0905,
+                parallel.file,
+                pipeline.micro_batches_span,
+                format!("the interleaved schedule runs micro-batches in rounds of {pp} (the stage count), but there are {m}"),
+            )
+            .with_label(format!("{m} micro-batches"))
+            .with_related(parallel.file, pipeline.stages_span, format!("{pp} stages"))
+            .with_help(format!(
+                "use a multiple of {pp} micro-batches, e.g. {}",
+                (m / pp.max(1) + 1) * pp
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
@@ -152,7 +211,13 @@ fn space(
         recompute,
         schedule: match pipeline.map(|p| p.schedule) {
             Some(PipelineSchedule::GPipe) => Schedule::GPipe,
-            _ => Schedule::OneFOneB,
+            Some(PipelineSchedule::Interleaved(v)) => Schedule::Interleaved(v),
+            Some(PipelineSchedule::OneFOneB) | None => Schedule::OneFOneB,
+        },
+        // Outside `auto`, sequence parallelism is off unless asked for.
+        sequence_parallel: match mode {
+            ParallelMode::Auto => parallel.and_then(|p| p.sequence_parallel),
+            _ => Some(parallel.and_then(|p| p.sequence_parallel).unwrap_or(false)),
         },
     };
     let Some(parallel) = parallel else {
@@ -356,25 +421,56 @@ fn does_not_fit(
 pub const REDISTRIBUTION_WARN_BYTES: u64 = 1 << 30;
 
 /// W0040 for each op whose implicit all-gathers move more than
-/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh.
+/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh; W0041 for each
+/// parameter (per layer pattern) left whole because the tensor degree does not divide its dim.
 pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<Diagnostic> {
     let Some(parallel) = train.parallel.map(|i| &checked.decls.parallels[i]) else {
         return Vec::new();
     };
+    let mut out = undivided_warnings(parallel, plan);
+    out.extend(redistribution_warnings(parallel, plan));
+    out
+}
+
+/// W0041 per parameter pattern the degree leaves whole, at the shard rule asking for the split
+/// (or the mesh, where the search chose it).
+fn undivided_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
+    let tp = plan.mesh["tp"];
+    let mut per: BTreeMap<String, (usize, i64, usize, String)> = BTreeMap::new();
+    for (path, dim, size) in &plan.undivided {
+        let e = per
+            .entry(generic_path(path))
+            .or_insert((*dim, *size, 0, path.clone()));
+        e.2 += 1;
+    }
+    per.into_iter()
+        .map(|(generic, (dim, size, times, path))| {
+            let span = parallel
+                .shards
+                .iter()
+                .find(|r| r.pattern.matches(&path))
+                .map_or(parallel.mesh_span, |r| r.span);
+            let name = if times > 1 { format!("{generic} (×{times})") } else { path };
+            Diagnostic::warning(
+                Code::W0041,
+                parallel.file,
+                span,
+                format!("dim {dim} of `{name}` has size {size}, which tensor parallel {tp} does not divide: it stays whole on every device of the group"),
+            )
+            .with_label("replicated, not split")
+            .with_help(format!(
+                "use a tensor-parallel degree that divides {size}, or pad the dim; until then its memory is not divided by {tp}"
+            ))
+        })
+        .collect()
+}
+
+/// W0040 per op of the repeated layer whose implicit all-gathers exceed the threshold.
+fn redistribution_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
     // One warning per op of the repeated layer (`layers.*`), the bytes summed over layers.
     let mut per_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     for (op, bytes) in &plan.redistributions {
-        let generic: Vec<&str> = op
-            .split('.')
-            .map(|p| {
-                if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
-                    "*"
-                } else {
-                    p
-                }
-            })
-            .collect();
-        let entry = per_op.entry(generic.join(".")).or_default();
+        let entry = per_op.entry(generic_path(op)).or_default();
         entry.0 = entry
             .0
             .saturating_add(bytes.saturating_mul(plan.micro_batches.max(1) as u64));
@@ -400,6 +496,15 @@ pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<D
         .collect()
 }
 
+/// `0–6` or, interleaved, `0–2, 8–10`.
+pub fn layer_ranges(layers: &[[usize; 2]]) -> String {
+    layers
+        .iter()
+        .map(|[a, b]| format!("{a}–{b}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `parameters 650 GiB + gradients … + workspace …`.
 pub fn breakdown_text(m: &Breakdown) -> String {
     [
@@ -409,6 +514,7 @@ pub fn breakdown_text(m: &Breakdown) -> String {
         ("activations", m.activations),
         ("communication", m.communication),
         ("workspace", m.workspace),
+        ("fragmentation reserve", m.fragmentation),
     ]
     .iter()
     .map(|(k, v)| format!("{k} {}", human_bytes(*v)))
@@ -422,13 +528,14 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     let gib = |b: u64| human_bytes(b);
     let mut lines = vec![
         format!(
-            "  plan:       train {train} on {} devices: data {} × tensor {} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            "  plan:       train {train} on {} devices: data {} × tensor {}{} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
             plan.devices,
             plan.mesh["dp"],
             plan.mesh["tp"],
+            if plan.sequence_parallel { " (sequence parallel)" } else { "" },
             plan.mesh["pp"],
             plan.micro_batches,
-            match plan.schedule { Schedule::GPipe => "gpipe", Schedule::OneFOneB => "1f1b" },
+            plan.schedule.name(),
             level_name(plan.optimizer_shard),
             recompute_name(plan.recompute),
             plan.search.mode,
@@ -446,12 +553,11 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     ];
     for g in &plan.per_device {
         lines.push(format!(
-            "  stage {:<4} ranks {}–{}, layers {}–{}: {} of {} ({})",
+            "  stage {:<4} ranks {}–{}, layers {}: {} of {} ({})",
             g.stage,
             g.ranks[0],
             g.ranks[1],
-            g.layers[0],
-            g.layers[1],
+            layer_ranges(&g.layers),
             gib(g.memory.total),
             gib(plan.max_device_memory),
             breakdown_text(&g.memory)
@@ -467,4 +573,116 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use mslc_check::{check_path, CheckOptions, Checked};
+    use mslc_plan::parallel::estimate::{input_bytes, kept_bytes};
+    use mslc_plan::parallel::workload::{workload, Segment, WeightSplits, Widths};
+
+    use super::weight_splits;
+
+    fn example(name: &str) -> Checked {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name);
+        let checked = check_path(&path, &CheckOptions::default());
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        checked
+    }
+
+    /// A middle layer of GPT-3 175B with Megatron's shard rules at tensor-parallel degree `t`.
+    fn gpt3_layer(checked: &Checked, t: i64) -> Segment {
+        let train = &checked.decls.trains[0];
+        let parallel = &checked.decls.parallels[train.parallel.unwrap()];
+        let graph = train.graph.as_ref().unwrap();
+        let splits = weight_splits(parallel, graph);
+        let widths = Widths {
+            act_bytes: 2,
+            tp: t,
+            flops_per_s: 1e12,
+            bandwidth: 1e12,
+        };
+        let w = workload(graph, &WeightSplits::Given(&splits), widths);
+        w.layers[40].clone()
+    }
+
+    /// Korthikanti et al. 2022, Table 2: activation bytes per GPT layer (16-bit activations,
+    /// 1-byte dropout masks, attention keeping its s×s scores) are sbh(34 + 5as/h) without
+    /// parallelism, sbh(10 + 24/t + 5as/(ht)) with tensor parallel t, sbh(34/t + 5as/(ht)) with
+    /// sequence parallel too, 34sbh/t with selective recompute, 2sbh (2sbh/t with sequence
+    /// parallel) with full recompute. mslc keeps what its gradient rules read, which differs
+    /// in exactly three places, each a term below:
+    /// - its LayerNorm is `layer_norm(x) * weight + bias`, three ops: the backward keeps the
+    ///   norm's input, its output (for the weight's gradient) and the affine result (the next
+    ///   matmul's input) — one more 2sbh tensor per norm than Megatron's fused LayerNorm: +4sbh;
+    /// - its dropout redraws the mask from the seed in the backward instead of keeping it:
+    ///   −2sbh for the two hidden dropouts (replicated without sequence parallel), −as²b for
+    ///   the attention dropout;
+    /// - everything else — q, k, v, the softmax output, the dropout output read by the
+    ///   attention-over-values matmul, the projections' inputs, the GeLU's input and output,
+    ///   the layer input under full recompute — is the same tensor, same bytes.
+    /// So mslc's figures are sbh(36 + 4as/h), sbh(12 + 24/t + 4as/(ht)), sbh(36/t + 4as/(ht)),
+    /// 36sbh/t and 2sbh (2sbh/t), checked to the byte on GPT-3 175B (s = 2048, b = 1,
+    /// h = 12288, a = 96, t = 8). A flash-style attention (the `attention` op LLaMA uses)
+    /// keeps no s×s tensor at all: the 4as²b term is zero there.
+    #[test]
+    fn gpt3_layer_activations_follow_korthikanti_table_2() {
+        let checked = example("gpt3_175b.msl");
+        let (s, b, h, a, t) = (2048u64, 1u64, 12288u64, 96u64, 8u64);
+        let sbh = s * b * h;
+        let as2b = a * s * s * b;
+        // Korthikanti's formulas, in bytes.
+        let paper_none = 34 * sbh + 5 * as2b;
+        let paper_tp = 10 * sbh + 24 * sbh / t + 5 * as2b / t;
+        let paper_sp = 34 * sbh / t + 5 * as2b / t;
+        let paper_selective_sp = 34 * sbh / t;
+        // mslc's differences: +2sbh per LayerNorm (two), −sbh per hidden dropout mask (two,
+        // split by t under sequence parallel), −as²b for the attention dropout mask.
+        let (norms, masks, attn_mask) = (4 * sbh, 2 * sbh, as2b);
+        let one = gpt3_layer(&checked, 1);
+        assert_eq!(
+            kept_bytes(&one, 1, false),
+            paper_none + norms - masks - attn_mask
+        );
+        let tp = gpt3_layer(&checked, t as i64);
+        assert_eq!(
+            kept_bytes(&tp, t as i64, false),
+            paper_tp + norms - masks - attn_mask / t
+        );
+        assert_eq!(
+            kept_bytes(&tp, t as i64, true),
+            paper_sp + (norms - masks) / t - attn_mask / t
+        );
+        // Selective recompute drops the s×s tensors (softmax and dropout outputs).
+        assert_eq!(tp.score_acts, 4 * as2b / t);
+        assert_eq!(
+            kept_bytes(&tp, t as i64, true) - tp.score_acts,
+            paper_selective_sp + (norms - masks) / t
+        );
+        // Full recompute keeps the layer input: exactly the paper's 2sbh, 2sbh/t with
+        // sequence parallel.
+        assert_eq!(input_bytes(&tp, t as i64, false), 2 * sbh);
+        assert_eq!(input_bytes(&tp, t as i64, true), 2 * sbh / t);
+        // LLaMA's fused attention keeps no s×s scores.
+        let llama = example("llama2_7b.msl");
+        let train = &llama.decls.trains[0];
+        let widths = Widths {
+            act_bytes: 2,
+            tp: 1,
+            flops_per_s: 1e12,
+            bandwidth: 1e12,
+        };
+        let splits = Default::default();
+        let w = workload(
+            train.graph.as_ref().unwrap(),
+            &WeightSplits::Given(&splits),
+            widths,
+        );
+        assert!(w.layers.iter().all(|l| l.score_acts == 0));
+        assert!(w.layers[0].rep_acts > 0);
+    }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use mslc_core::program::Model;
 
 use super::estimate::{
-    estimate_split, split_stages, Cluster, Estimate, Recompute, Schedule, Strategy, Training,
+    device_chunks, estimate_split, Cluster, Estimate, Recompute, Schedule, Strategy, Training,
 };
 use super::workload::{workload, WeightSplits, Widths, Workload};
 
@@ -35,6 +35,8 @@ pub struct Space {
     pub recompute: Option<Recompute>,
     /// The pipeline schedule.
     pub schedule: Schedule,
+    /// Only this sequence-parallel choice (searched where the tensor degree is above 1).
+    pub sequence_parallel: Option<bool>,
 }
 
 /// The search's answer: the best strategy that fits (or, when none does, the one needing the
@@ -68,6 +70,21 @@ impl<'a> Workloads<'a> {
             widths,
             cache: BTreeMap::new(),
         }
+    }
+
+    /// The workload at degree `tp` with the weight layout `splits` (path → dim) instead: an
+    /// alternative layout, for `--explain-plan`.
+    pub fn with_splits(&self, tp: i64, splits: &BTreeMap<String, usize>) -> Workload {
+        workload(
+            self.model,
+            &WeightSplits::Given(splits),
+            Widths { tp, ..self.widths },
+        )
+    }
+
+    /// The model the workloads are of.
+    pub fn model(&self) -> &Model {
+        self.model
     }
 
     /// The workload at degree `tp`.
@@ -123,35 +140,53 @@ pub fn search(
             if pp > 1 && m < pp {
                 continue;
             }
-            let bounds = split_stages(&w, tp, pp);
-            for &level in &levels {
-                if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
-                    continue;
-                }
-                for &recompute in &recomputes {
-                    let strategy = Strategy {
-                        dp,
-                        tp,
-                        pp,
-                        micro_batches: m,
-                        schedule: space.schedule,
-                        optimizer_shard: level,
-                        recompute,
-                    };
-                    let e = estimate_split(&w, &bounds, strategy, train, cluster);
-                    candidates += 1;
-                    let fits = e.peak_bytes() <= cluster.budget;
-                    let better = match &best {
-                        None => true,
-                        Some((b, bfits, _)) => match (fits, *bfits) {
-                            (true, false) => true,
-                            (false, true) => false,
-                            (true, true) => e.step_time_s < b.step_time_s,
-                            (false, false) => e.peak_bytes() < b.peak_bytes(),
-                        },
-                    };
-                    if better {
-                        best = Some((e, fits, tp));
+            // Megatron-LM's interleaved schedule needs whole chunks and whole rounds.
+            let v = space.schedule.chunks();
+            if pp > 1 && v > 1 && (layers % (pp * v) != 0 || m % pp != 0) {
+                continue;
+            }
+            let sps: &[bool] = match (space.sequence_parallel, tp > 1) {
+                (Some(sp), true) => &[sp][..],
+                (None, true) => &[false, true],
+                (_, false) => &[false],
+            };
+            for &sequence_parallel in sps {
+                let base = Strategy {
+                    dp,
+                    tp,
+                    pp,
+                    micro_batches: m,
+                    schedule: space.schedule,
+                    optimizer_shard: 0,
+                    recompute: Recompute::None,
+                    sequence_parallel,
+                };
+                let bounds = device_chunks(&w, &base);
+                for &level in &levels {
+                    if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
+                        continue;
+                    }
+                    for &recompute in &recomputes {
+                        let strategy = Strategy {
+                            optimizer_shard: level,
+                            recompute,
+                            ..base
+                        };
+                        let e = estimate_split(&w, &bounds, strategy, train, cluster);
+                        candidates += 1;
+                        let fits = e.peak_bytes() <= cluster.budget;
+                        let better = match &best {
+                            None => true,
+                            Some((b, bfits, _)) => match (fits, *bfits) {
+                                (true, false) => true,
+                                (false, true) => false,
+                                (true, true) => e.step_time_s < b.step_time_s,
+                                (false, false) => e.peak_bytes() < b.peak_bytes(),
+                            },
+                        };
+                        if better {
+                            best = Some((e, fits, tp));
+                        }
                     }
                 }
             }
