@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::estimate::{estimate, Cluster, Estimate, Recompute, Strategy, Training};
+use super::estimate::{device_chunks, estimate, Cluster, Estimate, Recompute, Strategy, Training};
 use super::search::Workloads;
-use super::workload::{Activation, Workload};
+use super::workload::{layer_key, Activation, Workload};
 
 /// A collective one parameter causes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -21,7 +21,7 @@ pub struct Caused {
     pub axis: &'static str,
     /// Bytes per call.
     pub bytes: u64,
-    /// Calls per step (over every layer the pattern covers and every micro-batch).
+    /// Calls per step on one rank (its stage's layers, every micro-batch).
     pub per_step: u64,
     /// Seconds per step, by the cost model's ring formula.
     pub seconds: f64,
@@ -47,12 +47,14 @@ pub struct ParamExplanation {
     pub pattern: String,
     /// Parameters it covers.
     pub count: usize,
+    /// Of those, the most one rank holds (the layers of its pipeline stage).
+    pub on_rank: usize,
     /// Shape of each, whole.
     pub shape: Vec<i64>,
     /// The layout: `[tp, _]`-style spec, or `whole`.
     pub layout: String,
-    /// Bytes of model states (parameter, gradient, optimizer state) per rank, all of the
-    /// pattern's parameters together, after the optimizer-shard level's division.
+    /// Bytes of model states (parameter, gradient, optimizer state) of the `on_rank`
+    /// parameters one rank holds, after the optimizer-shard level's division.
     pub state_bytes_per_rank: u64,
     /// Collectives it causes.
     pub collectives: Vec<Caused>,
@@ -130,12 +132,33 @@ pub fn explain(
         + train.state_bytes as f64 / if level >= 1 { dp } else { 1.0 };
     let m = strategy.micro_batches.max(1) as u64;
     let sp = strategy.sequence_parallel && tp > 1;
+    // The layer each rank's stage runs, by name, to count a pattern's parameters per rank.
+    let stage_of: BTreeMap<&str, usize> = device_chunks(&w, &strategy)
+        .iter()
+        .enumerate()
+        .flat_map(|(s, ranges)| {
+            ranges
+                .iter()
+                .flat_map(|&(a, b)| &w.layers[a..b])
+                .map(move |l| (l.name.as_str(), s))
+        })
+        .collect();
     let mut parameters = Vec::new();
     for pattern in order {
         let group = &members[&pattern];
         let (first, shape) = &group[0];
         let dim = current.get(first).copied();
         let numel: i64 = shape.iter().product();
+        let mut per_stage: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+        for (path, _) in group {
+            let stage = layer_key(path).and_then(|k| stage_of.get(k.as_str()).copied());
+            *per_stage.entry(stage).or_default() += 1;
+        }
+        let on_rank = match per_stage.iter().filter_map(|(s, n)| s.map(|_| *n)).max() {
+            Some(n) => n,
+            None => 1,
+        };
+        let share = on_rank as f64 / group.len() as f64;
         let per_rank = numel as f64 / if dim.is_some() { tp as f64 } else { 1.0 };
         let mut collectives = Vec::new();
         let mut tp_calls: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
@@ -152,7 +175,7 @@ pub fn explain(
             } else {
                 1
             };
-            let per_step = calls * m * repeat;
+            let per_step = ((calls as f64 * share).round() as u64).max(1) * m * repeat;
             let what = if sp {
                 format!("{what} (a reduce-scatter + all-gather pair under sequence parallel)")
             } else {
@@ -167,7 +190,7 @@ pub fn explain(
             });
         }
         if strategy.dp > 1 {
-            let bytes = (per_rank * train.grad_bytes as f64) as u64 * group.len() as u64;
+            let bytes = (per_rank * train.grad_bytes as f64) as u64 * on_rank as u64;
             let what = if level >= 2 {
                 "data-parallel reduce-scatter of its gradient"
             } else {
@@ -209,9 +232,10 @@ pub fn explain(
         parameters.push(ParamExplanation {
             pattern,
             count: group.len(),
+            on_rank,
             shape: shape.clone(),
             layout: spec(dim, shape.len()),
-            state_bytes_per_rank: (per_rank * per_element) as u64 * group.len() as u64,
+            state_bytes_per_rank: (per_rank * per_element) as u64 * on_rank as u64,
             collectives,
             alternative,
         });

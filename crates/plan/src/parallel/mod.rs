@@ -6,6 +6,7 @@
 pub mod estimate;
 pub mod explain;
 pub mod search;
+pub mod svg;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -40,6 +41,8 @@ pub struct DeviceGroup {
     pub layers: Vec<[usize; 2]>,
     /// Memory of each of its ranks.
     pub memory: Breakdown,
+    /// Forward and backward of one micro-batch (all its chunks), communication included.
+    pub seconds_per_micro_batch: f64,
 }
 
 /// How the strategy was found.
@@ -280,6 +283,7 @@ fn describe(
             stage: st.stage,
             layers: st.layers.iter().map(|&(a, b)| [a, b]).collect(),
             memory: st.memory,
+            seconds_per_micro_batch: st.compute_s + st.communication_s,
         })
         .collect();
     let w = &found.workload;

@@ -480,7 +480,11 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                 let b = bytes_of(ty, out_layout);
                 segment.largest_act = segment.largest_act.max(b);
                 if seg_id <= 0 {
-                    logged.push((i, format!("{} in {}", node.op.name(), node.origin)));
+                    let place = match node.origin.as_str() {
+                        "" => "the model's body",
+                        o => o,
+                    };
+                    logged.push((i, format!("{} in {place}", node.op.name())));
                 }
                 if is_score(ty) {
                     segment.score_seconds += t;
