@@ -255,10 +255,18 @@ fn build(
     // `--set`/`--dim` changes it (fewer layers, another batch dim), so it is not planned
     // unless the train itself is built (`--entry TRAIN`), and the summary says so.
     let overridden = !args.model.sets.is_empty() || !args.model.dims.is_empty();
-    let planned = match train_entry.is_none() && overridden {
+    let mut planned = match train_entry.is_none() && overridden {
         true => None,
         false => parallel_plan(checked, train_entry, name, args.explain_plan)?,
     };
+    // Under `--deny warnings` a plan warning stops the build before anything is written.
+    if let Some(p) = &mut planned {
+        deny(args, &mut p.warnings);
+        if p.warnings.iter().any(|d| d.severity == Severity::Error) {
+            let warnings = std::mem::take(&mut p.warnings);
+            return Ok((String::new(), serde_json::Value::Null, warnings));
+        }
+    }
     let table_path = args
         .kernels
         .clone()
@@ -372,6 +380,9 @@ fn build(
     text.push_str(&format!(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
+    if planned.is_none() && (args.emit.contains(&Emit::PlanSvg) || args.explain_plan) {
+        text.push_str("  plan:       none to draw or explain: no train of this model names a target and a parallel or memory policy (or --set/--dim changed the model)\n");
+    }
     if planned.is_none() && overridden && train_entry.is_none() {
         text.push_str("  plan:       not made: --set/--dim change the model its train was written for (`mslc check` without them, or --entry TRAIN, plans it)\n");
     }

@@ -250,8 +250,9 @@ fn fit_suggestions(workloads: &mut Workloads, setup: &Setup, file: &PlanFile) ->
             if let Some(f) = fits_on(workloads, high) {
                 let s = f.best.strategy;
                 out.push(format!(
-                    "at least {high} devices (`mode = auto, devices = {high}` plans data {} × tensor {} × {} stages, {} per device)",
-                    s.dp, s.tp, s.pp, human_bytes(f.best.peak_bytes())
+                    "{high} devices: `mode = auto, devices = {high}` plans data {} × tensor {} × {} stages, {} per device ({} do not fit)",
+                    s.dp, s.tp, s.pp, human_bytes(f.best.peak_bytes()),
+                    high - 1
                 ));
             }
         }
@@ -672,12 +673,13 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
     lines.push("parameters (layout over the tensor-parallel axis `tp`):".into());
     for p in &e.parameters {
         lines.push(format!(
-            "  {} ×{} {:?}: {}, model states {} per rank",
+            "  {} ×{} {:?}: {}, model states {} per rank ({} of them)",
             p.pattern,
             p.count,
             p.shape,
             p.layout,
-            b(p.state_bytes_per_rank)
+            b(p.state_bytes_per_rank),
+            p.on_rank
         ));
         for c in &p.collectives {
             lines.push(format!(
