@@ -1,7 +1,9 @@
 //! `mode = auto`: exhaustive search over every factorisation of the device count into data ×
 //! tensor × pipeline degrees (any count, not only powers of two), each with the micro-batch count
-//! the batch gives, every optimizer-shard level and recompute choice, keeping the fastest
-//! strategy by the cost model whose every stage fits the budget. The tensor-parallel layout of
+//! the batch gives, every optimizer-shard level and recompute choice and, with a tensor degree
+//! above 1, sequence parallelism on and off, keeping the fastest strategy by the cost model
+//! whose every stage fits the budget. An `interleaved(v)` schedule admits only stage counts
+//! whose chunks divide the layers and the micro-batches. The tensor-parallel layout of
 //! each degree is propagated once and shared by all strategies with that degree; per-op choices
 //! (column or row parallel) come from that propagation.
 

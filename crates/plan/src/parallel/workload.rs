@@ -249,6 +249,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
     // reads.
     let mut storage: Vec<usize> = (0..n).collect();
     let mut saved: std::collections::BTreeSet<usize> = Default::default();
+    let mut reads_cache: std::collections::HashMap<String, Vec<bool>> = Default::default();
     // Outputs of the head, the tail and the first layer, for `activations`.
     let mut logged: Vec<(usize, String)> = Vec::new();
     let seg_of = |origin: &str| layer_key(origin);
@@ -502,13 +503,18 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                 is_act[i] || root[i].is_some_and(|(p, _)| model.params[p].trainable)
             })
             .collect();
-        let reads = backward_reads(node.op, &node.attrs, &in_types, &out_types, &needs_grad)
-            .unwrap_or_else(|| {
-                let mut all = vec![true; node.inputs.len()];
-                all.resize(node.inputs.len() + node.outputs.len(), false);
-                all
-            });
-        for (v, read) in node.inputs.iter().chain(&node.outputs).zip(reads) {
+        // Repeated layers repeat the same ops: run each distinct rule application once.
+        let key = format!("{:?}{:?}{:?}{needs_grad:?}", node.op, node.attrs, in_types);
+        let reads = reads_cache.entry(key).or_insert_with(|| {
+            backward_reads(node.op, &node.attrs, &in_types, &out_types, &needs_grad).unwrap_or_else(
+                || {
+                    let mut all = vec![true; node.inputs.len()];
+                    all.resize(node.inputs.len() + node.outputs.len(), false);
+                    all
+                },
+            )
+        });
+        for (v, &read) in node.inputs.iter().chain(&node.outputs).zip(reads.iter()) {
             let i = v.0 as usize;
             if read && is_act[i] {
                 saved.insert(storage[i]);
