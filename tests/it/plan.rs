@@ -6,7 +6,8 @@ use std::path::Path;
 
 use mslc_check::{check_path, CheckOptions, Checked};
 use mslc_driver::parallel::{plan_train, weight_splits};
-use mslc_plan::parallel::workload::{workload, WeightSplits, Widths};
+use mslc_plan::parallel::estimate::{input_bytes, kept_bytes};
+use mslc_plan::parallel::workload::{workload, WeightSplits, Widths, Workload};
 use mslc_plan::parallel::PlanFile;
 
 use super::support::mslc;
@@ -21,6 +22,37 @@ fn plan_of(checked: &Checked) -> PlanFile {
     plan_train(checked, &checked.decls.trains[0])
         .unwrap_or_else(|d| panic!("{}", d.message))
         .expect("the train has a plan")
+}
+
+/// The workload of the example's train under its shard rules at tensor-parallel degree `tp`,
+/// with 16-bit activations.
+fn sharded_workload(checked: &Checked, tp: i64) -> Workload {
+    let train = &checked.decls.trains[0];
+    let parallel = &checked.decls.parallels[train.parallel.unwrap()];
+    let graph = train.graph.as_ref().unwrap();
+    let splits = weight_splits(parallel, graph);
+    let widths = Widths {
+        act_bytes: 2,
+        tp,
+        flops_per_s: 1e12,
+        bandwidth: 1e12,
+    };
+    workload(graph, &WeightSplits::Given(&splits), widths)
+}
+
+/// `mslc build` with `args` into a fresh temporary directory: its output and the directory.
+fn build_in_temp(what: &str, args: &[&str]) -> (std::process::Output, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mslc-plan-{what}-{}", std::process::id()));
+    let mut all = vec!["build"];
+    all.extend_from_slice(args);
+    all.extend(["-o", dir.to_str().unwrap()]);
+    let out = mslc(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, dir)
 }
 
 /// The example's GPT-3 175B with `mode = auto` on `devices` devices and the shard rules,
@@ -144,18 +176,7 @@ fn megatron_tensor_parallel_has_two_all_reduces_per_layer_each_way() {
         ("examples/gpt3_175b.msl", 8, 2048 * 12288 * 2),
         ("examples/tiny_llama.msl", 2, 128 * 256 * 2),
     ] {
-        let checked = checked(path);
-        let train = &checked.decls.trains[0];
-        let parallel = &checked.decls.parallels[train.parallel.unwrap()];
-        let graph = train.graph.as_ref().unwrap();
-        let splits = weight_splits(parallel, graph);
-        let widths = Widths {
-            act_bytes: 2,
-            tp,
-            flops_per_s: 1e12,
-            bandwidth: 1e12,
-        };
-        let w = workload(graph, &WeightSplits::Given(&splits), widths);
+        let w = sharded_workload(&checked(path), tp);
         assert!(!w.layers.is_empty());
         for layer in &w.layers {
             assert_eq!(layer.forward_all_reduces.len(), 2, "{path}: {}", layer.name);
@@ -206,18 +227,7 @@ fn data_mode_all_reduces_gradients_only() {
 /// the plan in its summary.
 #[test]
 fn build_writes_the_plan() {
-    let dir = std::env::temp_dir().join(format!("mslc-plan-build-{}", std::process::id()));
-    let out = mslc(&[
-        "build",
-        "examples/tiny_llama.msl",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (out, dir) = build_in_temp("build", &["examples/tiny_llama.msl"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("plan:") && text.contains("stage 1"), "{text}");
     let plan: serde_json::Value =
@@ -256,19 +266,7 @@ fn build_writes_the_plan() {
 /// next-best layout's cost; per stage the worst rank with every memory part; the what-ifs.
 #[test]
 fn explain_plan_names_layouts_collectives_alternatives_and_what_ifs() {
-    let dir = std::env::temp_dir().join(format!("mslc-plan-explain-{}", std::process::id()));
-    let out = mslc(&[
-        "build",
-        "examples/gpt3_175b.msl",
-        "--explain-plan",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (out, dir) = build_in_temp("explain", &["examples/gpt3_175b.msl", "--explain-plan"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let qkv = text
         .lines()
@@ -318,20 +316,7 @@ fn explain_plan_names_layouts_collectives_alternatives_and_what_ifs() {
 /// when interleaved).
 #[test]
 fn plan_svg_draws_the_memory_bars_budget_and_schedule() {
-    let dir = std::env::temp_dir().join(format!("mslc-plan-svg-{}", std::process::id()));
-    let out = mslc(&[
-        "build",
-        "examples/tiny_llama.msl",
-        "--emit",
-        "plan-svg",
-        "-o",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (_, dir) = build_in_temp("svg", &["examples/tiny_llama.msl", "--emit", "plan-svg"]);
     let plan: PlanFile = {
         let checked = checked("examples/tiny_llama.msl");
         plan_of(&checked)
@@ -504,4 +489,68 @@ fn does_not_fit_suggests_changes_that_plan_and_fit() {
         .unwrap_or_else(|| panic!("{help}"));
     assert!(plan_of(&gpt3_auto(n)).fits);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Korthikanti et al. 2022, Table 2: activation bytes per GPT layer (16-bit activations,
+/// 1-byte dropout masks, attention keeping its s×s scores) are sbh(34 + 5as/h) without
+/// parallelism, sbh(10 + 24/t + 5as/(ht)) with tensor parallel t, sbh(34/t + 5as/(ht)) with
+/// sequence parallel too, 34sbh/t with selective recompute, 2sbh (2sbh/t with sequence
+/// parallel) with full recompute. mslc keeps what its gradient rules read, which differs
+/// in exactly three places, each a term below:
+/// - its LayerNorm is `layer_norm(x) * weight + bias`, three ops: the backward keeps the
+///   norm's input, its output (for the weight's gradient) and the affine result (the next
+///   matmul's input) — one more 2sbh tensor per norm than Megatron's fused LayerNorm: +4sbh;
+/// - its dropout redraws the mask from the seed in the backward instead of keeping it:
+///   −2sbh for the two hidden dropouts (replicated without sequence parallel), −as²b for
+///   the attention dropout;
+/// - everything else — q, k, v, the softmax output, the dropout output read by the
+///   attention-over-values matmul, the projections' inputs, the GeLU's input and output,
+///   the layer input under full recompute — is the same tensor, same bytes.
+///
+/// So mslc's figures are sbh(36 + 4as/h), sbh(12 + 24/t + 4as/(ht)), sbh(36/t + 4as/(ht)),
+/// 36sbh/t and 2sbh (2sbh/t), checked to the byte on GPT-3 175B (s = 2048, b = 1,
+/// h = 12288, a = 96, t = 8). A flash-style attention (the `attention` op LLaMA uses)
+/// keeps no s×s tensor at all: the 4as²b term is zero there.
+#[test]
+fn gpt3_layer_activations_follow_korthikanti_table_2() {
+    let gpt3 = checked("examples/gpt3_175b.msl");
+    let (s, b, h, a, t) = (2048u64, 1u64, 12288u64, 96u64, 8u64);
+    let sbh = s * b * h;
+    let as2b = a * s * s * b;
+    // Korthikanti's formulas, in bytes.
+    let paper_none = 34 * sbh + 5 * as2b;
+    let paper_tp = 10 * sbh + 24 * sbh / t + 5 * as2b / t;
+    let paper_sp = 34 * sbh / t + 5 * as2b / t;
+    let paper_selective_sp = 34 * sbh / t;
+    // mslc's differences: +2sbh per LayerNorm (two), −sbh per hidden dropout mask (two,
+    // split by t under sequence parallel), −as²b for the attention dropout mask.
+    let (norms, masks, attn_mask) = (4 * sbh, 2 * sbh, as2b);
+    let one = sharded_workload(&gpt3, 1).layers[40].clone();
+    assert_eq!(
+        kept_bytes(&one, 1, false),
+        paper_none + norms - masks - attn_mask
+    );
+    let tp = sharded_workload(&gpt3, t as i64).layers[40].clone();
+    assert_eq!(
+        kept_bytes(&tp, t as i64, false),
+        paper_tp + norms - masks - attn_mask / t
+    );
+    assert_eq!(
+        kept_bytes(&tp, t as i64, true),
+        paper_sp + (norms - masks) / t - attn_mask / t
+    );
+    // Selective recompute drops the s×s tensors (softmax and dropout outputs).
+    assert_eq!(tp.score_acts, 4 * as2b / t);
+    assert_eq!(
+        kept_bytes(&tp, t as i64, true) - tp.score_acts,
+        paper_selective_sp + (norms - masks) / t
+    );
+    // Full recompute keeps the layer input: exactly the paper's 2sbh, 2sbh/t with
+    // sequence parallel.
+    assert_eq!(input_bytes(&tp, t as i64, false), 2 * sbh);
+    assert_eq!(input_bytes(&tp, t as i64, true), 2 * sbh / t);
+    // LLaMA's fused attention keeps no s×s scores.
+    let w = sharded_workload(&checked("examples/llama2_7b.msl"), 1);
+    assert!(w.layers.iter().all(|l| l.score_acts == 0));
+    assert!(w.layers[0].rep_acts > 0);
 }

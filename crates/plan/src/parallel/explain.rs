@@ -154,10 +154,11 @@ pub fn explain(
             let stage = layer_key(path).and_then(|k| stage_of.get(k.as_str()).copied());
             *per_stage.entry(stage).or_default() += 1;
         }
-        let on_rank = match per_stage.iter().filter_map(|(s, n)| s.map(|_| *n)).max() {
-            Some(n) => n,
-            None => 1,
-        };
+        let on_rank = per_stage
+            .iter()
+            .filter_map(|(s, n)| s.map(|_| *n))
+            .max()
+            .unwrap_or(1);
         let share = on_rank as f64 / group.len() as f64;
         let per_rank = numel as f64 / if dim.is_some() { tp as f64 } else { 1.0 };
         let mut collectives = Vec::new();
