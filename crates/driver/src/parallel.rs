@@ -276,7 +276,7 @@ fn interleaving_fits(
         return Ok(());
     };
     let chunks = pp.saturating_mul(v);
-    if layers % chunks.max(1) != 0 {
+    if chunks > layers || layers % chunks.max(1) != 0 {
         let fitting: Vec<String> = (1..=layers / pp.max(1))
             .filter(|c| layers % (pp * c) == 0)
             .map(|c| c.to_string())

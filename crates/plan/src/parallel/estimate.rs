@@ -477,7 +477,12 @@ fn stage(
     let full = |g: &Segment| kept_bytes(g, tp, sp);
     let (kept, working): (u64, u64) = match strategy.recompute {
         Recompute::None => (segs.iter().map(|g| full(g)).sum(), 0),
-        Recompute::Selective => (segs.iter().map(|g| full(g) - g.score_acts).sum(), 0),
+        Recompute::Selective => (
+            segs.iter()
+                .map(|g| full(g).saturating_sub(g.score_acts))
+                .sum(),
+            0,
+        ),
         Recompute::Full => (
             segs.iter().map(|g| input_bytes(g, tp, sp)).sum(),
             segs.iter().map(|g| full(g)).max().unwrap_or(0),

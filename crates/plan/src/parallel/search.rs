@@ -144,7 +144,8 @@ pub fn search(
             }
             // Megatron-LM's interleaved schedule needs whole chunks and whole rounds.
             let v = space.schedule.chunks();
-            if pp > 1 && v > 1 && (layers % (pp * v) != 0 || m % pp != 0) {
+            let chunks = pp.saturating_mul(v);
+            if v > 1 && (chunks > layers || layers % chunks != 0 || m % pp != 0) {
                 continue;
             }
             let sps: &[bool] = match (space.sequence_parallel, tp > 1) {
