@@ -10,7 +10,7 @@ use serde::Serialize;
 use mslc_artifact::encode;
 use mslc_artifact::write::{write_build_set, SetError};
 use mslc_check::{check_path, Checked, Model};
-use mslc_core::diag::{Code, Diagnostic};
+use mslc_core::diag::{Code, Diagnostic, Severity};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::Compiled;
@@ -39,6 +39,16 @@ pub enum Emit {
     MemorySvg,
     /// A Makefile rule naming every source file read: `NAME.d`, as `rustc --emit dep-info`.
     DepInfo,
+    /// The per-device plan as a picture: `TRAIN.plan.svg`, memory per stage against the budget
+    /// and the pipeline schedule.
+    PlanSvg,
+}
+
+/// What `--deny` turns into errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Deny {
+    /// Every warning (the checker's and the planner's).
+    Warnings,
 }
 
 /// Arguments of `mslc build`.
@@ -63,10 +73,18 @@ pub struct BuildArgs {
     /// Output directory.
     #[arg(short = 'o', long = "out-dir", default_value = "build")]
     pub out_dir: PathBuf,
-    /// Also write the IR as text or Graphviz, the memory plan as SVG, or the dep-info:
-    /// `--emit ir,dot,memory-svg,dep-info`.
+    /// Also write the IR as text or Graphviz, the memory plan as SVG, the dep-info, or the
+    /// per-device plan as SVG: `--emit ir,dot,memory-svg,dep-info,plan-svg`.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub emit: Vec<Emit>,
+    /// Print why the per-device plan is as it is: per parameter its layout, the collectives it
+    /// causes and the next-best layout's cost; the large activations; memory per stage's worst
+    /// rank; what-if deltas for single knobs.
+    #[arg(long)]
+    pub explain_plan: bool,
+    /// Treat warnings as errors: `--deny warnings`.
+    #[arg(long, value_enum)]
+    pub deny: Vec<Deny>,
     /// Run the IR verifier after lowering and after every pass.
     #[arg(long)]
     pub verify: bool,
@@ -160,19 +178,33 @@ pub fn run(args: &BuildArgs, reporter: &Reporter) -> u8 {
         }
     }
     let check_ms = start.elapsed().as_secs_f64() * 1e3;
+    deny(args, &mut checked.diagnostics);
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return 1;
     }
     match build(args, &checked, check_ms) {
-        Ok((text, json, warnings)) => {
+        Ok((text, json, mut warnings)) => {
+            deny(args, &mut warnings);
             reporter.emit(&warnings, &checked.sources);
+            if warnings.iter().any(|d| d.severity == Severity::Error) {
+                return 1;
+            }
             reporter.result(&text, json);
             0
         }
         Err(d) => {
             reporter.emit(&[*d], &checked.sources);
             1
+        }
+    }
+}
+
+/// Under `--deny warnings`, makes every warning among `diags` an error.
+fn deny(args: &BuildArgs, diags: &mut [Diagnostic]) {
+    if args.deny.contains(&Deny::Warnings) {
+        for d in diags.iter_mut().filter(|d| d.severity == Severity::Warning) {
+            d.severity = Severity::Error;
         }
     }
 }
@@ -231,10 +263,18 @@ fn build(
     // `--set`/`--dim` changes it (fewer layers, another batch dim), so it is not planned
     // unless the train itself is built (`--entry TRAIN`), and the summary says so.
     let overridden = !args.model.sets.is_empty() || !args.model.dims.is_empty();
-    let planned = match train_entry.is_none() && overridden {
+    let mut planned = match train_entry.is_none() && overridden {
         true => None,
-        false => parallel_plan(checked, train_entry, name)?,
+        false => parallel_plan(checked, train_entry, name, args.explain_plan)?,
     };
+    // Under `--deny warnings` a plan warning stops the build before anything is written.
+    if let Some(p) = &mut planned {
+        deny(args, &mut p.warnings);
+        if p.warnings.iter().any(|d| d.severity == Severity::Error) {
+            let warnings = std::mem::take(&mut p.warnings);
+            return Ok((String::new(), serde_json::Value::Null, warnings));
+        }
+    }
     let table_path = args
         .kernels
         .clone()
@@ -288,6 +328,7 @@ fn build(
                 memory_svg(&compiled.memory, compiled.module.steps.len(), name),
             ),
             Emit::DepInfo => ("d", dep_info(&files[0].0, &checked.files)),
+            Emit::PlanSvg => continue,
         };
         files.push((dir.join(format!("{name}.{ext}")), text.into_bytes()));
     }
@@ -301,8 +342,12 @@ fn build(
     };
     let report = report(model, &compiled, stage_ms, recompute.as_ref());
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
-    if let Some((train, plan, _)) = &planned {
-        files.push((dir.join(format!("{train}.plan.json")), json(plan)));
+    if let Some(p) = &planned {
+        files.push((dir.join(format!("{}.plan.json", p.train)), json(&p.plan)));
+        if args.emit.contains(&Emit::PlanSvg) {
+            let svg = mslc_plan::parallel::svg::plan_svg(&p.plan, &p.train);
+            files.push((dir.join(format!("{}.plan.svg", p.train)), svg.into_bytes()));
+        }
     }
     let named: Vec<(String, Vec<u8>)> = files
         .iter()
@@ -347,21 +392,33 @@ fn build(
         "    {name}.manifest.json (their SHA-256, written last)\n"
     ));
     text.extend(tune_decisions::summary_line(&subgraphs));
+    if planned.is_none() && (args.emit.contains(&Emit::PlanSvg) || args.explain_plan) {
+        text.push_str("  plan:       none to draw or explain: no train of this model names a target and a parallel or memory policy (or --set/--dim changed the model)\n");
+    }
     if planned.is_none() && overridden && train_entry.is_none() {
         text.push_str("  plan:       not made: --set/--dim change the model its train was written for (`mslc check` without them, or --entry TRAIN, plans it)\n");
     }
-    if let Some((train, plan, _)) = &planned {
-        for line in mslc_driver::parallel::summary_lines(train, plan) {
-            text.push_str(&line);
+    if let Some(p) = &planned {
+        let explained = p.explanation.iter().flatten();
+        for line in mslc_driver::parallel::summary_lines(&p.train, &p.plan)
+            .iter()
+            .chain(explained)
+        {
+            text.push_str(line);
             text.push('\n');
         }
     }
-    let warnings = planned.map(|(_, _, w)| w).unwrap_or_default();
+    let warnings = planned.map(|p| p.warnings).unwrap_or_default();
     Ok((text, json, warnings))
 }
 
-/// A train's name, its per-device plan and the plan's warnings.
-type Planned = (String, mslc_plan::parallel::PlanFile, Vec<Diagnostic>);
+/// A train's per-device plan, its warnings and, under `--explain-plan`, its explanation.
+struct Planned {
+    train: String,
+    plan: mslc_plan::parallel::PlanFile,
+    warnings: Vec<Diagnostic>,
+    explanation: Option<Vec<String>>,
+}
 
 /// The per-device plan of the train this build is for: the `--entry` train, or the first
 /// train of the built model; `None` when there is none or it names nothing to plan for.
@@ -369,6 +426,7 @@ fn parallel_plan(
     checked: &Checked,
     train_entry: Option<&str>,
     model: &str,
+    explain: bool,
 ) -> Result<Option<Planned>, Box<Diagnostic>> {
     let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
         Some(entry) => t.spec.name.name == entry,
@@ -376,12 +434,20 @@ fn parallel_plan(
     }) else {
         return Ok(None);
     };
-    Ok(
-        mslc_driver::parallel::plan_train(checked, train)?.map(|plan| {
-            let warnings = mslc_driver::parallel::plan_warnings(checked, train, &plan);
-            (train.spec.name.name.clone(), plan, warnings)
-        }),
-    )
+    use mslc_driver::parallel::{explain_lines, explain_train, plan_train, plan_warnings};
+    Ok(plan_train(checked, train)?.map(|plan| {
+        let name = &train.spec.name.name;
+        let explanation = explain
+            .then(|| explain_train(checked, train, &plan))
+            .flatten()
+            .map(|e| explain_lines(name, &plan, &e));
+        Planned {
+            train: name.clone(),
+            warnings: plan_warnings(checked, train, &plan),
+            plan,
+            explanation,
+        }
+    }))
 }
 
 /// The tuner's results this build uses: the knowledge base they come from and what it said.

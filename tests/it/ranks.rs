@@ -336,6 +336,7 @@ fn compile_options() -> mslc_driver::compile::CompileOptions {
         verify: true,
         fuse: true,
         amp: None,
+        unfused: Default::default(),
     }
 }
 

@@ -13,7 +13,9 @@ use mslc_check::policy::{
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
-use mslc_plan::parallel::search::{Space, Workloads};
+use mslc_plan::parallel::explain::generic_path;
+use mslc_plan::parallel::explain::{explain, Explanation};
+use mslc_plan::parallel::search::{search, Space, Workloads};
 use mslc_plan::parallel::workload::{WeightSplits, Widths};
 use mslc_plan::parallel::{
     level_name, plan, recompute_name, Breakdown, Cluster, PlanFile, Recompute, Schedule, Training,
@@ -21,9 +23,36 @@ use mslc_plan::parallel::{
 
 use crate::target::target_from_spec;
 
-/// The plan of `train`, or `None` when it names no target or neither a parallel nor a memory
-/// policy (nothing to plan for). An error when the policies disagree or a device does not fit.
-pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, Box<Diagnostic>> {
+/// What planning a train needs, read off its declarations once.
+struct Setup<'c> {
+    graph: &'c mslc_core::program::Model,
+    parallel: Option<&'c ParallelPolicy>,
+    memory: Option<&'c MemoryPolicy>,
+    /// The shard rules' split dim per parameter path.
+    splits: BTreeMap<String, usize>,
+    mode: ParallelMode,
+    space: Space,
+    training: Training,
+    widths: Widths,
+    cluster: Cluster,
+    micro_batch: i64,
+}
+
+impl Setup<'_> {
+    /// The workloads of the graph under the shard rules (or, in `auto` without rules, the
+    /// layout the propagation chooses).
+    fn workloads(&self) -> Workloads<'_> {
+        let splits = match self.mode {
+            ParallelMode::Auto if self.splits.is_empty() => WeightSplits::Chosen,
+            _ => WeightSplits::Given(&self.splits),
+        };
+        Workloads::new(self.graph, splits, self.widths)
+    }
+}
+
+/// The [`Setup`] of `train`; `None` when it names no target or neither a parallel nor a memory
+/// policy. E0901/E0902 when the mesh or the batch disagree with the degrees.
+fn setup<'c>(checked: &'c Checked, train: &'c Train) -> Result<Option<Setup<'c>>, Box<Diagnostic>> {
     let decls = &checked.decls;
     let (Some(target), Some(graph)) = (train.target.map(|i| &decls.targets[i]), &train.graph)
     else {
@@ -58,18 +87,45 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
         .map(|p| weight_splits(p, graph))
         .unwrap_or_default();
     let (mode, space) = space(parallel, memory, spec, micro_batch)?;
-    let weight_splits = match mode {
-        ParallelMode::Auto if splits.is_empty() => WeightSplits::Chosen,
-        _ => WeightSplits::Given(&splits),
+    Ok(Some(Setup {
+        graph,
+        parallel,
+        memory,
+        splits,
+        mode,
+        space,
+        training,
+        widths,
+        cluster: Cluster { target, budget },
+        micro_batch,
+    }))
+}
+
+/// The plan of `train`, or `None` when it names no target or neither a parallel nor a memory
+/// policy (nothing to plan for). An error when the policies disagree or a device does not fit.
+pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, Box<Diagnostic>> {
+    let Some(setup) = setup(checked, train)? else {
+        return Ok(None);
     };
-    let mut workloads = Workloads::new(graph, weight_splits, widths);
-    let cluster = Cluster { target, budget };
-    let Some(file) = plan(&mut workloads, &space, training, &cluster, mode.keyword()) else {
-        let layers: std::collections::BTreeSet<String> = graph
-            .nodes
-            .iter()
-            .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
-            .collect();
+    let (spec, parallel, space) = (&train.spec, setup.parallel, &setup.space);
+    let layers: std::collections::BTreeSet<String> = setup
+        .graph
+        .nodes
+        .iter()
+        .filter_map(|n| mslc_plan::parallel::workload::layer_key(&n.origin))
+        .collect();
+    if let (Some(pp), Some(pipeline), Some(p)) = (space.pp, pipeline_of(parallel), parallel) {
+        interleaving_fits(p, &pipeline, pp, layers.len() as i64, spec)?;
+    }
+    let mut workloads = setup.workloads();
+    let (training, cluster) = (setup.training, &setup.cluster);
+    let Some(file) = plan(
+        &mut workloads,
+        space,
+        training,
+        cluster,
+        setup.mode.keyword(),
+    ) else {
         if let (Some(pp), Some(pipeline)) = (space.pp, pipeline_of(parallel)) {
             if pp > layers.len() as i64 {
                 return Err(Box::new(
@@ -87,12 +143,179 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
                 ));
             }
         }
-        return Err(no_strategy(spec, parallel, space.devices, micro_batch));
+        return Err(no_strategy(
+            spec,
+            parallel,
+            space.devices,
+            setup.micro_batch,
+        ));
     };
     if !file.fits {
-        return Err(does_not_fit(train, parallel, memory, &file));
+        let fixes = fit_suggestions(&mut workloads, &setup, &file);
+        return Err(does_not_fit(train, parallel, setup.memory, &file, &fixes));
     }
     Ok(Some(file))
+}
+
+/// The explanation of `plan` (made by [`plan_train`] for `train`): per parameter its layout,
+/// the collectives it causes and the best other layout re-planned; the large activations.
+pub fn explain_train(checked: &Checked, train: &Train, plan: &PlanFile) -> Option<Explanation> {
+    let setup = setup(checked, train).ok()??;
+    let mut workloads = setup.workloads();
+    Some(explain(
+        &mut workloads,
+        plan.strategy(),
+        setup.training,
+        &setup.cluster,
+    ))
+}
+
+/// The changes that make a plan fit, cheapest step time first, each planned: the single-knob
+/// what-ifs that fit; in the same device count every degree, level and recompute choice
+/// searched together (when the policies fixed some); and the fewest devices on which the
+/// search finds a plan that fits (doubling, then bisecting between the last two counts).
+fn fit_suggestions(workloads: &mut Workloads, setup: &Setup, file: &PlanFile) -> Vec<String> {
+    let (train, cluster) = (setup.training, &setup.cluster);
+    let mut fixes: Vec<(f64, String)> = file
+        .what_if
+        .iter()
+        .filter(|w| w.fits)
+        .map(|w| {
+            (
+                w.step_time_s,
+                format!(
+                    "`{}` ({} per device, ~{:.2} s per step)",
+                    w.change,
+                    human_bytes(w.peak_bytes),
+                    w.step_time_s
+                ),
+            )
+        })
+        .collect();
+    let free = Space {
+        dp: None,
+        tp: None,
+        pp: None,
+        optimizer_shard: None,
+        recompute: None,
+        sequence_parallel: None,
+        ..setup.space.clone()
+    };
+    let fits_on = |workloads: &mut Workloads, devices: i64| {
+        let sp = Space {
+            devices,
+            ..free.clone()
+        };
+        search(workloads, &sp, train, cluster).filter(|f| f.fits)
+    };
+    let same = fits_on(workloads, file.devices);
+    let constrained = setup.mode != ParallelMode::Auto
+        || setup.space.optimizer_shard.is_some()
+        || setup.space.recompute.is_some();
+    if constrained {
+        if let Some(f) = &same {
+            let s = f.best.strategy;
+            fixes.push((
+                f.best.step_time_s,
+                format!(
+                    "data {} × tensor {} × {} stages, optimizer_shard = {}, recompute = {}{} together ({} per device, ~{:.2} s per step)",
+                    s.dp, s.tp, s.pp, level_name(s.optimizer_shard), recompute_name(s.recompute),
+                    if s.sequence_parallel { ", sequence_parallel = true" } else { "" },
+                    human_bytes(f.best.peak_bytes()), f.best.step_time_s
+                ),
+            ));
+        }
+    }
+    fixes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<String> = fixes.into_iter().map(|(_, f)| f).collect();
+    if same.is_none() {
+        let (mut low, mut high) = (file.devices.max(1), None);
+        let mut n = low;
+        while n <= MAX_SUGGESTED_DEVICES {
+            n = n.saturating_mul(2);
+            if fits_on(workloads, n).is_some() {
+                high = Some(n);
+                break;
+            }
+            low = n;
+        }
+        if let Some(mut high) = high {
+            while high - low > 1 {
+                let mid = low + (high - low) / 2;
+                match fits_on(workloads, mid) {
+                    Some(_) => high = mid,
+                    None => low = mid,
+                }
+            }
+            if let Some(f) = fits_on(workloads, high) {
+                let s = f.best.strategy;
+                out.push(format!(
+                    "{high} devices: `mode = auto, devices = {high}` plans data {} × tensor {} × {} stages, {} per device ({} do not fit)",
+                    s.dp, s.tp, s.pp, human_bytes(f.best.peak_bytes()),
+                    high - 1
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The largest device count a fit suggestion tries.
+const MAX_SUGGESTED_DEVICES: i64 = 65_536;
+
+/// E0904 unless the interleaved schedule's `stages × v` chunks divide the layers; E0905 unless
+/// its micro-batches are whole rounds of the stages (Megatron-LM's two conditions).
+fn interleaving_fits(
+    parallel: &ParallelPolicy,
+    pipeline: &mslc_check::policy::Pipeline,
+    pp: i64,
+    layers: i64,
+    spec: &mslc_check::policy::TrainSpec,
+) -> Result<(), Box<Diagnostic>> {
+    let PipelineSchedule::Interleaved(v) = pipeline.schedule else {
+        return Ok(());
+    };
+    let chunks = pp.saturating_mul(v);
+    if chunks > layers || layers % chunks.max(1) != 0 {
+        let fitting: Vec<String> = (1..=layers / pp.max(1))
+            .filter(|c| layers % (pp * c) == 0)
+            .map(|c| c.to_string())
+            .collect();
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0904,
+                parallel.file,
+                pipeline.span,
+                format!(
+                    "interleaved({v}) on {pp} stages cuts the model into {chunks} chunks, but its {layers} layers do not divide into {chunks}"
+                ),
+            )
+            .with_label(format!("{pp} stages × {v} chunks = {chunks}"))
+            .with_related(parallel.file, pipeline.stages_span, format!("{pp} stages"))
+            .with_help(format!(
+                "use a chunk count v with {layers} divisible by {pp}·v: {}",
+                fitting.join(", ")
+            )),
+        ));
+    }
+    let m = pipeline.micro_batches.saturating_mul(spec.grad_accum);
+    if m % pp.max(1) != 0 {
+        return Err(Box::new(
+            Diagnostic::error(
+                Code::E0905,
+                parallel.file,
+                pipeline.micro_batches_span,
+                format!("the interleaved schedule runs micro-batches in rounds of {pp} (the stage count), but there are {m}"),
+            )
+            .with_label(format!("{m} micro-batches"))
+            .with_related(parallel.file, pipeline.stages_span, format!("{pp} stages"))
+            .with_help(format!(
+                "use a multiple of {pp} micro-batches, e.g. {}",
+                (m / pp.max(1) + 1) * pp
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
@@ -152,7 +375,13 @@ fn space(
         recompute,
         schedule: match pipeline.map(|p| p.schedule) {
             Some(PipelineSchedule::GPipe) => Schedule::GPipe,
-            _ => Schedule::OneFOneB,
+            Some(PipelineSchedule::Interleaved(v)) => Schedule::Interleaved(v),
+            Some(PipelineSchedule::OneFOneB) | None => Schedule::OneFOneB,
+        },
+        // Outside `auto`, sequence parallelism is off unless asked for.
+        sequence_parallel: match mode {
+            ParallelMode::Auto => parallel.and_then(|p| p.sequence_parallel),
+            _ => Some(parallel.and_then(|p| p.sequence_parallel).unwrap_or(false)),
         },
     };
     let Some(parallel) = parallel else {
@@ -295,12 +524,13 @@ fn no_strategy(
     )
 }
 
-/// E0900: the worst device's breakdown and the single changes that fit.
+/// E0900: the worst device's breakdown and the changes that fit ([`fit_suggestions`]).
 fn does_not_fit(
     train: &Train,
     parallel: Option<&ParallelPolicy>,
     memory: Option<&MemoryPolicy>,
     file: &PlanFile,
+    fixes: &[String],
 ) -> Box<Diagnostic> {
     let worst = file
         .per_device
@@ -314,16 +544,13 @@ fn does_not_fit(
         (Some(m), None) => (m.file, m.name.span),
         (None, None) => (spec.file, spec.name.span),
     };
-    let fixes: Vec<String> = file
-        .what_if
-        .iter()
-        .filter(|w| w.fits)
-        .map(|w| format!("`{}` ({} per device)", w.change, human_bytes(w.peak_bytes)))
-        .collect();
     let help = if fixes.is_empty() {
-        "no single change of optimizer_shard, recompute, tensor or pipeline degree fits; add devices or raise the budget".to_string()
+        "nothing the planner tried fits (a single knob, all knobs together, up to 65,536 devices); raise the budget or shrink the model".to_string()
     } else {
-        format!("these single changes fit: {}", fixes.join(", "))
+        format!(
+            "these changes fit (each planned; fastest first): {}",
+            fixes.join("; ")
+        )
     };
     let ranks = worst.ranks;
     Box::new(
@@ -356,25 +583,56 @@ fn does_not_fit(
 pub const REDISTRIBUTION_WARN_BYTES: u64 = 1 << 30;
 
 /// W0040 for each op whose implicit all-gathers move more than
-/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh.
+/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh; W0041 for each
+/// parameter (per layer pattern) left whole because the tensor degree does not divide its dim.
 pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<Diagnostic> {
     let Some(parallel) = train.parallel.map(|i| &checked.decls.parallels[i]) else {
         return Vec::new();
     };
+    let mut out = undivided_warnings(parallel, plan);
+    out.extend(redistribution_warnings(parallel, plan));
+    out
+}
+
+/// W0041 per parameter pattern the degree leaves whole, at the shard rule asking for the split
+/// (or the mesh, where the search chose it).
+fn undivided_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
+    let tp = plan.mesh["tp"];
+    let mut per: BTreeMap<String, (usize, i64, usize, String)> = BTreeMap::new();
+    for (path, dim, size) in &plan.undivided {
+        let e = per
+            .entry(generic_path(path))
+            .or_insert((*dim, *size, 0, path.clone()));
+        e.2 += 1;
+    }
+    per.into_iter()
+        .map(|(generic, (dim, size, times, path))| {
+            let span = parallel
+                .shards
+                .iter()
+                .find(|r| r.pattern.matches(&path))
+                .map_or(parallel.mesh_span, |r| r.span);
+            let name = if times > 1 { format!("{generic} (×{times})") } else { path };
+            Diagnostic::warning(
+                Code::W0041,
+                parallel.file,
+                span,
+                format!("dim {dim} of `{name}` has size {size}, which tensor parallel {tp} does not divide: it stays whole on every device of the group"),
+            )
+            .with_label("replicated, not split")
+            .with_help(format!(
+                "use a tensor-parallel degree that divides {size}, or pad the dim; until then its memory is not divided by {tp}"
+            ))
+        })
+        .collect()
+}
+
+/// W0040 per op of the repeated layer whose implicit all-gathers exceed the threshold.
+fn redistribution_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
     // One warning per op of the repeated layer (`layers.*`), the bytes summed over layers.
     let mut per_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     for (op, bytes) in &plan.redistributions {
-        let generic: Vec<&str> = op
-            .split('.')
-            .map(|p| {
-                if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
-                    "*"
-                } else {
-                    p
-                }
-            })
-            .collect();
-        let entry = per_op.entry(generic.join(".")).or_default();
+        let entry = per_op.entry(generic_path(op)).or_default();
         entry.0 = entry
             .0
             .saturating_add(bytes.saturating_mul(plan.micro_batches.max(1) as u64));
@@ -400,6 +658,121 @@ pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<D
         .collect()
 }
 
+/// `--explain-plan`'s text: per parameter pattern its layout, model states per rank, the
+/// collectives it causes and the best other layout planned; the large activations; per stage
+/// the worst rank's memory; the single-knob what-ifs.
+pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<String> {
+    let b = |x: u64| human_bytes(x);
+    let signed = |x: i64| {
+        let sign = if x < 0 { "−" } else { "+" };
+        format!("{sign}{}", human_bytes(x.unsigned_abs()))
+    };
+    let mut lines = vec![format!(
+        "plan of train {train} explained (bytes per rank; times per step on the cost model of docs/parallel.md)"
+    )];
+    lines.push("parameters (layout over the tensor-parallel axis `tp`):".into());
+    for p in &e.parameters {
+        lines.push(format!(
+            "  {} ×{} {:?}: {}, model states {} per rank ({} of them)",
+            p.pattern,
+            p.count,
+            p.shape,
+            p.layout,
+            b(p.state_bytes_per_rank),
+            p.on_rank
+        ));
+        for c in &p.collectives {
+            lines.push(format!(
+                "      causes {} over {}: {} × {} per step, {:.3} s",
+                c.what,
+                c.axis,
+                b(c.bytes),
+                c.per_step,
+                c.seconds
+            ));
+        }
+        match &p.alternative {
+            Some(a) => lines.push(format!(
+                "      next best {}: step {:+.3} s, worst rank {}{}",
+                a.layout,
+                a.step_time_delta_s,
+                signed(a.peak_delta_bytes),
+                if a.fits { "" } else { " (does not fit)" }
+            )),
+            None => lines
+                .push("      no other layout (tensor parallel 1, or nothing else divides)".into()),
+        }
+    }
+    lines.push("large activations (embeddings, first layer, output; per micro-batch):".into());
+    for a in &e.activations {
+        let layout = match a.split {
+            Some(d) => format!("split dim {d}"),
+            None if a.sequence && plan.sequence_parallel => "split along the sequence".into(),
+            None => "whole".into(),
+        };
+        let bytes = match a.split {
+            None if a.sequence && plan.sequence_parallel => {
+                a.bytes.div_ceil(plan.mesh["tp"].max(1) as u64)
+            }
+            _ => a.bytes,
+        };
+        let alternative = match (a.split, a.sequence, plan.sequence_parallel) {
+            (Some(_), _, _) => format!(
+                "whole would be {} and an all-gather",
+                b(a.bytes * plan.mesh["tp"].max(1) as u64)
+            ),
+            (None, true, false) if plan.mesh["tp"] > 1 => format!(
+                "sequence parallel would make it {}",
+                b(a.bytes.div_ceil(plan.mesh["tp"] as u64))
+            ),
+            _ => "no other layout".into(),
+        };
+        lines.push(format!(
+            "  {} {:?}: {layout}, {} per rank, {}; {alternative}",
+            a.name,
+            a.shape,
+            b(bytes),
+            if a.kept {
+                "kept for the backward"
+            } else {
+                "transient"
+            }
+        ));
+    }
+    lines.push("memory, worst rank of every stage (never averaged):".into());
+    for g in &plan.per_device {
+        lines.push(format!(
+            "  stage {} (ranks {}–{}): {} = {}",
+            g.stage,
+            g.ranks[0],
+            g.ranks[1],
+            b(g.memory.total),
+            breakdown_text(&g.memory)
+        ));
+    }
+    lines.push("what if one knob changed:".into());
+    for w in &plan.what_if {
+        lines.push(format!(
+            "  {}: worst rank {} ({}), step {:.3} s ({:+.3} s)",
+            w.change,
+            b(w.peak_bytes),
+            if w.fits { "fits" } else { "does not fit" },
+            w.step_time_s,
+            w.step_time_s - plan.step_time_s
+        ));
+    }
+    lines
+}
+
+/// `0–6` or, interleaved, `0–2, 8–10`.
+pub fn layer_ranges(layers: &[[usize; 2]]) -> String {
+    layers
+        .iter()
+        .map(|[a, b]| format!("{a}–{b}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `parameters 650 GiB + gradients … + workspace …`.
 pub fn breakdown_text(m: &Breakdown) -> String {
     [
@@ -409,6 +782,7 @@ pub fn breakdown_text(m: &Breakdown) -> String {
         ("activations", m.activations),
         ("communication", m.communication),
         ("workspace", m.workspace),
+        ("fragmentation reserve", m.fragmentation),
     ]
     .iter()
     .map(|(k, v)| format!("{k} {}", human_bytes(*v)))
@@ -422,13 +796,14 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     let gib = |b: u64| human_bytes(b);
     let mut lines = vec![
         format!(
-            "  plan:       train {train} on {} devices: data {} × tensor {} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            "  plan:       train {train} on {} devices: data {} × tensor {}{} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
             plan.devices,
             plan.mesh["dp"],
             plan.mesh["tp"],
+            if plan.sequence_parallel { " (sequence parallel)" } else { "" },
             plan.mesh["pp"],
             plan.micro_batches,
-            match plan.schedule { Schedule::GPipe => "gpipe", Schedule::OneFOneB => "1f1b" },
+            plan.schedule.name(),
             level_name(plan.optimizer_shard),
             recompute_name(plan.recompute),
             plan.search.mode,
@@ -446,12 +821,11 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     ];
     for g in &plan.per_device {
         lines.push(format!(
-            "  stage {:<4} ranks {}–{}, layers {}–{}: {} of {} ({})",
+            "  stage {:<4} ranks {}–{}, layers {}: {} of {} ({})",
             g.stage,
             g.ranks[0],
             g.ranks[1],
-            g.layers[0],
-            g.layers[1],
+            layer_ranges(&g.layers),
             gib(g.memory.total),
             gib(plan.max_device_memory),
             breakdown_text(&g.memory)

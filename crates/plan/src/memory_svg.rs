@@ -184,7 +184,7 @@ impl Panel {
 }
 
 /// `text` with XML's special characters escaped.
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

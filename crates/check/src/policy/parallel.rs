@@ -47,6 +47,9 @@ pub enum PipelineSchedule {
     GPipe,
     /// One forward, one backward: at most `stages` micro-batches of activations alive.
     OneFOneB,
+    /// 1F1B with each device running this many model chunks (Narayanan et al. 2021's
+    /// interleaved schedule): the bubble divided by the chunk count.
+    Interleaved(i64),
 }
 
 /// Pipeline parallelism: the model cut into stages, the batch into micro-batches.
@@ -60,6 +63,10 @@ pub struct Pipeline {
     pub schedule: PipelineSchedule,
     /// The `pipeline` value.
     pub span: Span,
+    /// The `stages` entry's value.
+    pub stages_span: Span,
+    /// The `micro_batches` entry's value.
+    pub micro_batches_span: Span,
 }
 
 /// MindSpore's optimizer-parallel levels (ZeRO stages 1–3).
@@ -96,6 +103,9 @@ pub struct ParallelPolicy {
     pub pipeline: Option<Pipeline>,
     /// Optimizer-state sharding.
     pub optimizer_shard: OptimizerShard,
+    /// Sequence parallelism (Korthikanti et al. 2022) with tensor parallelism: `Some` when
+    /// `sequence_parallel` is given, `None` to leave it to the planner (off outside `auto`).
+    pub sequence_parallel: Option<bool>,
 }
 
 impl ParallelPolicy {
@@ -124,6 +134,7 @@ const FIELDS: &[FieldSpec] = &[
     FieldSpec::optional("devices"),
     FieldSpec::optional("pipeline"),
     FieldSpec::optional("optimizer_shard"),
+    FieldSpec::optional("sequence_parallel"),
 ];
 
 const MODES: &Choices<ParallelMode> = &[
@@ -197,6 +208,9 @@ pub fn check_parallel(
             _ => rep.word(&v, "optimizer shard level", OPTIMIZER_SHARDS),
         })
         .unwrap_or(OptimizerShard::None);
+    let sequence_parallel = fields
+        .value("sequence_parallel", rep)
+        .and_then(|v| rep.flag(&v, "sequence_parallel"));
     ParallelPolicy {
         name: decl.name.clone(),
         file,
@@ -210,6 +224,7 @@ pub fn check_parallel(
         shards,
         pipeline,
         optimizer_shard,
+        sequence_parallel,
     }
 }
 
@@ -407,9 +422,7 @@ fn pipeline(
     let stages = slots[0].and_then(|v| Some((rep.positive_int(v, "the stage count")?, v.span)));
     let micro =
         slots[1].and_then(|v| Some((rep.positive_int(v, "the micro-batch count")?, v.span)));
-    let schedule = slot_or(slots[2], PipelineSchedule::OneFOneB, rep, |rep, v| {
-        rep.word(v, "pipeline schedule", SCHEDULES)
-    });
+    let schedule = slot_or(slots[2], PipelineSchedule::OneFOneB, rep, schedule);
     let mut valid = true;
     if let Some((mode, mode_span)) = mode.filter(|(m, _)| !m.splits_ops()) {
         rep.push(
@@ -460,8 +473,27 @@ fn pipeline(
         micro_batches: micro?.0,
         schedule: schedule?,
         span: value.span,
+        stages_span: stages?.1,
+        micro_batches_span: micro?.1,
     };
     valid.then_some(pipeline)
+}
+
+/// `gpipe`, `1f1b` or `interleaved(v)` with v ≥ 1 model chunks per device.
+fn schedule(rep: &mut Reporter, value: &Value) -> Option<PipelineSchedule> {
+    match &value.val {
+        Val::Call(name, args) if name.name == "interleaved" => match &args[..] {
+            [(None, chunks)] => rep
+                .positive_int(chunks, "the chunk count")
+                .map(PipelineSchedule::Interleaved),
+            _ => {
+                let help = "write e.g. `interleaved(2)`: each device runs 2 model chunks".into();
+                rep.expected(value, "`interleaved(v)` with one chunk count", help);
+                None
+            }
+        },
+        _ => rep.word(value, "pipeline schedule", SCHEDULES),
+    }
 }
 
 #[cfg(test)]
@@ -655,5 +687,31 @@ mod tests {
             "parallel P { mesh = { dp: 2 }, mode = auto, pipeline = 2, optimizer_shard = level4 }",
         );
         assert_eq!(codes(&diags), vec![Code::E0502, Code::E0502]);
+    }
+
+    #[test]
+    fn interleaved_schedule_and_sequence_parallel() {
+        let (p, diags) = check("parallel P { mesh = { dp: 2, mp: 2 }, mode = semi_auto, pipeline = { stages: 2, micro_batches: 4, schedule: interleaved(3) }, sequence_parallel = true }");
+        assert!(diags.is_empty(), "{diags:?}");
+        assert_eq!(
+            p.pipeline.map(|p| p.schedule),
+            Some(PipelineSchedule::Interleaved(3))
+        );
+        assert_eq!(p.sequence_parallel, Some(true));
+        let (p, _) = check("parallel P { mode = auto, devices = 8 }");
+        assert_eq!(p.sequence_parallel, None);
+        for bad in [
+            "interleaved(0)",
+            "interleaved()",
+            "interleaved(2, 3)",
+            "interleaved(v: 2)",
+        ] {
+            let src = format!("parallel P {{ mesh = {{ dp: 2 }}, mode = semi_auto, pipeline = {{ stages: 2, micro_batches: 4, schedule: {bad} }} }}");
+            let (p, diags) = check(&src);
+            assert_eq!(codes(&diags), vec![Code::E0502], "{bad}");
+            assert_eq!(p.pipeline, None);
+        }
+        let (_, diags) = check("parallel P { mode = auto, devices = 8, sequence_parallel = 1 }");
+        assert_eq!(codes(&diags), vec![Code::E0502]);
     }
 }

@@ -127,6 +127,8 @@ codes! {
     E0901 => "mesh does not match the parallel degrees",
     E0902 => "batch does not split into the model's micro-batches",
     E0903 => "no parallel strategy for this device count",
+    E0904 => "interleaved pipeline chunks do not divide the layers",
+    E0905 => "interleaved pipeline micro-batches are not whole rounds of the stages",
     E0960 => "op the JAX export does not cover",
     E0970 => "rank count differs from the plan's device count",
     E0971 => "loss does not combine over data-parallel replicas",
@@ -147,6 +149,7 @@ codes! {
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
     W0040 => "implicit redistribution of more than 1 GiB per step",
+    W0041 => "a shard rule's dim does not divide, so the tensor stays whole",
     W0050 => "pipeline stages not mirrored by the JAX export",
 }
 

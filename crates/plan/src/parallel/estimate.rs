@@ -44,6 +44,29 @@ pub enum Schedule {
     /// One forward, one backward: stage `i` of `p` holds at most `p − i` micro-batches.
     #[serde(rename = "1f1b")]
     OneFOneB,
+    /// 1F1B over `v` model chunks per device (Narayanan et al. 2021, §2.2.2): device `i` runs
+    /// chunks `i, i + p, …`; the bubble shrinks to (p − 1)/(m·v), and device `i` holds up to
+    /// `v·p + p − 1 − 2i` chunk-micro-batches (Megatron-LM's warm-up count + 1).
+    Interleaved(i64),
+}
+
+impl Schedule {
+    /// Model chunks per device: `v` interleaved, else 1.
+    pub fn chunks(self) -> i64 {
+        match self {
+            Schedule::Interleaved(v) => v.max(1),
+            _ => 1,
+        }
+    }
+
+    /// The `.msl` spelling.
+    pub fn name(self) -> String {
+        match self {
+            Schedule::GPipe => "gpipe".into(),
+            Schedule::OneFOneB => "1f1b".into(),
+            Schedule::Interleaved(v) => format!("interleaved({v})"),
+        }
+    }
 }
 
 /// One parallel configuration.
@@ -63,6 +86,10 @@ pub struct Strategy {
     pub optimizer_shard: u8,
     /// What the backward recomputes.
     pub recompute: Recompute,
+    /// Sequence parallelism (Korthikanti et al. 2022) over the tensor-parallel axis: the
+    /// activations outside the split matmuls (norms, dropout, residuals) split along the
+    /// sequence, each tensor-parallel all-reduce an all-gather/reduce-scatter pair.
+    pub sequence_parallel: bool,
 }
 
 impl Strategy {
@@ -100,8 +127,10 @@ pub struct Breakdown {
     /// Communication buffers: gradient buckets, all-reduce and pipeline send/recv buffers,
     /// gathered parameters under level 3.
     pub communication: u64,
-    /// The largest op's transient and its gradient, plus the fragmentation reserve.
+    /// The largest op's transient and its gradient.
     pub workspace: u64,
+    /// Kept free for the allocator's fragmentation: [`FRAGMENTATION`] of the rest.
+    pub fragmentation: u64,
     /// The sum.
     pub total: u64,
 }
@@ -111,8 +140,9 @@ pub struct Breakdown {
 pub struct StageEstimate {
     /// Stage index.
     pub stage: i64,
-    /// The layers it runs, as `[first, end)` indices into the workload's layers.
-    pub layers: (usize, usize),
+    /// The layers it runs, as `[first, end)` indices into the workload's layers: one range,
+    /// or one per model chunk under the interleaved schedule.
+    pub layers: Vec<(usize, usize)>,
     /// Memory of its worst rank.
     pub memory: Breakdown,
     /// Forward plus backward compute per micro-batch, seconds.
@@ -201,16 +231,18 @@ impl Cluster {
 }
 
 /// Splits the layers into `pp` contiguous stages minimising the slowest stage's time (the
-/// first stage also runs the head, the last the tail); `[first, end)` per stage.
-pub fn split_stages(w: &Workload, tp: i64, pp: i64) -> Vec<(usize, usize)> {
+/// first stage also runs the head, the last the tail); `[first, end)` per stage. For the
+/// interleaved schedule `pp` is the stage count × the chunks per device.
+pub fn split_stages(w: &Workload, tp: i64, sp: bool, pp: i64) -> Vec<(usize, usize)> {
     let l = w.layers.len();
     let p = (pp.max(1) as usize).min(l.max(1));
-    let t: Vec<f64> = w.layers.iter().map(|s| seg_time(s, tp)).collect();
+    let seg_time = |s: &Segment| seg_time(s, tp, sp);
+    let t: Vec<f64> = w.layers.iter().map(seg_time).collect();
     let mut prefix = vec![0.0; l + 1];
     for i in 0..l {
         prefix[i + 1] = prefix[i] + t[i];
     }
-    let (head, tail) = (seg_time(&w.head, tp), seg_time(&w.tail, tp));
+    let (head, tail) = (seg_time(&w.head), seg_time(&w.tail));
     let cost = |s: usize, a: usize, b: usize| {
         prefix[b] - prefix[a]
             + if s == 0 { head } else { 0.0 }
@@ -243,21 +275,51 @@ pub fn split_stages(w: &Workload, tp: i64, pp: i64) -> Vec<(usize, usize)> {
     bounds
 }
 
-/// Forward seconds of a segment at tensor-parallel degree `tp`.
-fn seg_time(s: &Segment, tp: i64) -> f64 {
-    s.rep_seconds + s.split_seconds / tp.max(1) as f64
+/// Forward seconds of a segment at tensor-parallel degree `tp`, with sequence parallelism
+/// splitting the unsplit ops on sequence-long tensors too.
+fn seg_time(s: &Segment, tp: i64, sp: bool) -> f64 {
+    let t = tp.max(1) as f64;
+    let seq = if sp { s.seq_seconds } else { 0.0 };
+    s.rep_seconds - seq + (s.split_seconds + seq) / t
+}
+
+/// Activation bytes a segment keeps per micro-batch without recompute (the split ones as
+/// split; under sequence parallelism the sequence-long ones split too).
+pub fn kept_bytes(s: &Segment, tp: i64, sp: bool) -> u64 {
+    let seq = if sp { s.seq_acts } else { 0 };
+    s.rep_acts - seq + seq.div_ceil(tp.max(1) as u64) + s.split_acts
+}
+
+/// The bytes of a segment's inputs (what full recompute keeps), split along the sequence
+/// under sequence parallelism.
+pub fn input_bytes(s: &Segment, tp: i64, sp: bool) -> u64 {
+    let seq = if sp { s.seq_input_bytes } else { 0 };
+    s.input_bytes - seq + seq.div_ceil(tp.max(1) as u64)
+}
+
+/// The layer ranges of each device: `pp` contiguous stages, or under the interleaved schedule
+/// `pp × v` chunks dealt round-robin (device `i` runs chunks `i, i + pp, …`).
+pub fn device_chunks(w: &Workload, strategy: &Strategy) -> Vec<Vec<(usize, usize)>> {
+    let v = strategy.schedule.chunks();
+    let chunks = split_stages(w, strategy.tp, strategy.sequence_parallel, strategy.pp * v);
+    let p = (chunks.len() as i64 / v).max(1) as usize;
+    let mut devices = vec![Vec::new(); p];
+    for (i, c) in chunks.into_iter().enumerate() {
+        devices[i % p].push(c);
+    }
+    devices
 }
 
 /// Estimates `strategy` on workload `w` (propagated for `strategy.tp`).
 pub fn estimate(w: &Workload, strategy: Strategy, train: Training, cluster: &Cluster) -> Estimate {
-    let bounds = split_stages(w, strategy.tp, strategy.pp);
+    let bounds = device_chunks(w, &strategy);
     estimate_split(w, &bounds, strategy, train, cluster)
 }
 
-/// [`estimate`] with the stages' layers given (`[first, end)` each, from [`split_stages`]).
+/// [`estimate`] with each device's layers given (from [`device_chunks`]).
 pub fn estimate_split(
     w: &Workload,
-    bounds: &[(usize, usize)],
+    bounds: &[Vec<(usize, usize)>],
     strategy: Strategy,
     train: Training,
     cluster: &Cluster,
@@ -272,8 +334,8 @@ pub fn estimate_split(
     let mut stages = Vec::with_capacity(bounds.len());
     let mut collectives: Vec<Collective> = Vec::new();
     let mut slowest = (0.0f64, 0.0f64, 0usize);
-    for (s, &(a, b)) in bounds.iter().enumerate() {
-        let mut segs: Vec<&Segment> = w.layers[a..b].iter().collect();
+    for (s, ranges) in bounds.iter().enumerate() {
+        let mut segs: Vec<&Segment> = ranges.iter().flat_map(|&(a, b)| &w.layers[a..b]).collect();
         if s == 0 {
             segs.insert(0, &w.head);
         }
@@ -287,7 +349,7 @@ pub fn estimate_split(
         }
         stages.push(StageEstimate {
             stage: s as i64,
-            layers: (a, b),
+            layers: ranges.clone(),
             memory,
             compute_s: compute,
             communication_s: comm,
@@ -295,7 +357,10 @@ pub fn estimate_split(
     }
     let m_f = m.max(1) as f64;
     let per_mb = slowest.0 + slowest.1;
-    let pipeline = (m_f + (p - 1) as f64) * per_mb;
+    // A device's v chunks each take 1/v of its micro-batch time, so the fill and drain
+    // (p − 1 chunk slots) shrink by v.
+    let bubble = (p - 1) as f64 / strategy.schedule.chunks() as f64;
+    let pipeline = (m_f + bubble) * per_mb;
     // Gradient synchronisation over the data-parallel axis: all-reduce (levels 0–1), or
     // reduce-scatter + all-gather (level 2, the same bytes), plus level 3's parameter gathers.
     let stage_params = |st: &StageEstimate| st.memory.parameters;
@@ -358,7 +423,7 @@ pub fn estimate_split(
         step_time_s: step,
         compute_s: m_f * slowest.0 + optimizer,
         communication_s: m_f * slowest.1 + exposed_dp,
-        bubble_fraction: (p - 1) as f64 / m_f,
+        bubble_fraction: bubble / m_f,
         collectives,
     }
 }
@@ -399,20 +464,31 @@ fn stage(
     let parameters = shard(params * train.param_bytes, 3);
     let gradients = shard(params * train.grad_bytes, 2);
     let optimizer_states = shard(params * train.state_bytes, 1);
+    let sp = strategy.sequence_parallel && tp > 1;
+    let m = m.max(1);
+    // Micro-batches in flight, in chunk units: `v` chunks make one micro-batch of the
+    // device's layers.
+    let v = strategy.schedule.chunks();
     let in_flight = match strategy.schedule {
-        Schedule::GPipe => m.max(1),
-        Schedule::OneFOneB => (p - s).min(m.max(1)),
+        Schedule::GPipe => m,
+        Schedule::OneFOneB => (p - s).min(m),
+        Schedule::Interleaved(_) => (v * p + p - 1 - 2 * s).clamp(1, m * v),
     } as u64;
-    let full = |g: &Segment| g.rep_acts + g.split_acts;
+    let full = |g: &Segment| kept_bytes(g, tp, sp);
     let (kept, working): (u64, u64) = match strategy.recompute {
         Recompute::None => (segs.iter().map(|g| full(g)).sum(), 0),
-        Recompute::Selective => (segs.iter().map(|g| full(g) - g.score_acts).sum(), 0),
+        Recompute::Selective => (
+            segs.iter()
+                .map(|g| full(g).saturating_sub(g.score_acts))
+                .sum(),
+            0,
+        ),
         Recompute::Full => (
-            segs.iter().map(|g| g.input_bytes).sum(),
+            segs.iter().map(|g| input_bytes(g, tp, sp)).sum(),
             segs.iter().map(|g| full(g)).max().unwrap_or(0),
         ),
     };
-    let activations = kept * in_flight + working;
+    let activations = (kept as u128 * in_flight as u128 / v as u128) as u64 + working;
     let largest_message = segs
         .iter()
         .flat_map(|g| g.forward_all_reduces.iter().chain(&g.backward_all_reduces))
@@ -426,16 +502,22 @@ fn stage(
     if tp > 1 {
         communication += largest_message;
     }
+    let boundary = if sp {
+        w.boundary_bytes.div_ceil(tpu)
+    } else {
+        w.boundary_bytes
+    };
     if p > 1 {
-        communication += 2 * w.boundary_bytes;
+        communication += 2 * boundary;
     }
     if level >= 3 {
         let largest_layer = segs.iter().map(|g| g.params).max().unwrap_or(0);
         communication += 2 * largest_layer * train.param_bytes / tpu;
     }
     let largest = segs.iter().map(|g| g.largest_act).max().unwrap_or(0);
-    let rest = parameters + gradients + optimizer_states + activations + communication;
-    let workspace = 2 * largest + (rest as f64 * FRAGMENTATION) as u64;
+    let workspace = 2 * largest;
+    let rest = parameters + gradients + optimizer_states + activations + communication + workspace;
+    let fragmentation = (rest as f64 * FRAGMENTATION) as u64;
     let memory = Breakdown {
         parameters,
         gradients,
@@ -443,10 +525,11 @@ fn stage(
         activations,
         communication,
         workspace,
-        total: rest + workspace,
+        fragmentation,
+        total: rest + fragmentation,
     };
     // Time per micro-batch.
-    let forward: f64 = segs.iter().map(|g| seg_time(g, tp)).sum();
+    let forward: f64 = segs.iter().map(|g| seg_time(g, tp, sp)).sum();
     let extra = match strategy.recompute {
         Recompute::None => 0.0,
         Recompute::Selective => segs.iter().map(|g| g.score_seconds / tp as f64).sum(),
@@ -462,7 +545,7 @@ fn stage(
     };
     let mut add = |kind: &'static str, axis: &'static str, bytes: u64, count: u64, secs: f64| {
         comm += secs * count as f64;
-        let n = count * m.max(1) as u64;
+        let n = count * m as u64;
         match calls
             .iter_mut()
             .find(|c| c.kind == kind && c.axis == axis && c.bytes == bytes)
@@ -478,17 +561,22 @@ fn stage(
     };
     if tp > 1 {
         for g in segs {
-            for &b in &g.forward_all_reduces {
-                add(
-                    "all_reduce",
-                    "tp",
-                    b,
-                    repeat,
-                    cluster.all_reduce_s(b, tp, 1),
-                );
-            }
-            for &b in &g.backward_all_reduces {
-                add("all_reduce", "tp", b, 1, cluster.all_reduce_s(b, tp, 1));
+            // Sequence parallel: the same bytes as a reduce-scatter after the split ops and
+            // an all-gather before the next (Korthikanti et al. 2022, §4.2.2), each half an
+            // all-reduce's time.
+            for (&b, n) in g
+                .forward_all_reduces
+                .iter()
+                .map(|b| (b, repeat))
+                .chain(g.backward_all_reduces.iter().map(|b| (b, 1)))
+            {
+                let t = cluster.all_reduce_s(b, tp, 1);
+                if sp {
+                    add("reduce_scatter", "tp", b, n, t / 2.0);
+                    add("all_gather", "tp", b, n, t / 2.0);
+                } else {
+                    add("all_reduce", "tp", b, n, t);
+                }
             }
             for (_, b) in &g.all_gathers {
                 add(
@@ -502,14 +590,19 @@ fn stage(
         }
     }
     if p > 1 {
-        let neighbours = if s == 0 || s + 1 == p { 1 } else { 2 };
+        // Interleaved chunks wrap around: the last device sends to the first.
+        let neighbours = if v == 1 && (s == 0 || s + 1 == p) {
+            1
+        } else {
+            2
+        };
         let bw = cluster.link(2, dp * tp);
-        let b = w.boundary_bytes;
+        let b = boundary;
         add(
             "send_recv",
             "pp",
             b,
-            2 * neighbours,
+            2 * neighbours * v as u64,
             b as f64 / bw.max(1.0) + HOP_LATENCY_S,
         );
     }
@@ -540,6 +633,9 @@ mod tests {
             boundary_bytes: acts / 10,
             tp: 1,
             shardings: Default::default(),
+            undivided: Vec::new(),
+            activations: Vec::new(),
+            caused: Default::default(),
         }
     }
 
@@ -576,6 +672,7 @@ mod tests {
             schedule: Schedule::OneFOneB,
             optimizer_shard: level,
             recompute: Recompute::None,
+            sequence_parallel: false,
         }
     }
 
@@ -625,7 +722,7 @@ mod tests {
         );
         let per_stage = 2 * acts; // two layers per stage
         for (i, st) in one.stages.iter().enumerate() {
-            assert_eq!(st.layers, (2 * i, 2 * i + 2));
+            assert_eq!(st.layers, vec![(2 * i, 2 * i + 2)]);
             assert_eq!(st.memory.activations, (4 - i as u64) * per_stage);
             assert_eq!(gpipe.stages[i].memory.activations, 8 * per_stage);
         }
@@ -650,10 +747,84 @@ mod tests {
     #[test]
     fn stages_balance_time() {
         let mut w = workload(8, 1000, 0);
-        assert_eq!(split_stages(&w, 1, 2), vec![(0, 4), (4, 8)]);
+        assert_eq!(split_stages(&w, 1, false, 2), vec![(0, 4), (4, 8)]);
         w.head.rep_seconds = 4e-3;
-        assert_eq!(split_stages(&w, 1, 2), vec![(0, 2), (2, 8)]);
-        assert_eq!(split_stages(&w, 1, 1), vec![(0, 8)]);
+        assert_eq!(split_stages(&w, 1, false, 2), vec![(0, 2), (2, 8)]);
+        assert_eq!(split_stages(&w, 1, false, 1), vec![(0, 8)]);
+    }
+
+    /// Interleaving v chunks per device (Narayanan et al. 2021; Korthikanti et al. 2022,
+    /// §4.2.3): the bubble is (p − 1)/(m·v), device i runs chunks i, i + p, …, and the first
+    /// device holds L(1 + (p − 1)/(p·v)) layers' activations — v·p + p − 1 chunk-micro-batches
+    /// of L/(p·v) layers each.
+    #[test]
+    fn interleaving_shrinks_the_bubble_and_holds_more_in_flight() {
+        let acts = 1_000_000;
+        let (l, p, m, v) = (16u64, 4i64, 8i64, 2i64);
+        let w = workload(l as usize, 1000, acts);
+        let s = Strategy {
+            schedule: Schedule::Interleaved(v),
+            ..strategy(1, p, m, 0)
+        };
+        let e = estimate(&w, s, MIXED_ADAM, &a100(u64::MAX));
+        assert_eq!(e.bubble_fraction, 3.0 / 16.0);
+        assert_eq!(e.stages[0].layers, vec![(0, 2), (8, 10)]);
+        assert_eq!(e.stages[3].layers, vec![(6, 8), (14, 16)]);
+        // Korthikanti's factor: L·(1 + (p − 1)/(p·v)) layers on the first device.
+        let layers_held = l as f64 * (1.0 + (p - 1) as f64 / (p * v) as f64);
+        assert_eq!(
+            e.stages[0].memory.activations,
+            (layers_held * acts as f64) as u64
+        );
+        // The last device: v·p + p − 1 − 2(p − 1) = 5 chunk-micro-batches of 2 layers
+        // (Megatron-LM's (p − i − 1)·2 + (v − 1)·p warm-up forwards, plus one).
+        assert_eq!(e.stages[3].memory.activations, 5 * 2 * acts);
+        // Against plain 1F1B: the bubble shrinks by v at the cost of the extra activations.
+        let plain = estimate(&w, strategy(1, p, m, 0), MIXED_ADAM, &a100(u64::MAX));
+        assert_eq!(plain.bubble_fraction, 3.0 / 8.0);
+        assert_eq!(plain.stages[0].memory.activations, l * acts);
+        assert!(e.step_time_s < plain.step_time_s);
+    }
+
+    /// Sequence parallelism splits the sequence-long unsplit activations and the ops making
+    /// them by t, and turns each tensor-parallel all-reduce into a reduce-scatter and an
+    /// all-gather of the same bytes.
+    #[test]
+    fn sequence_parallel_splits_the_rest_and_pairs_the_collectives() {
+        let mut w = workload(2, 1000, 0);
+        for g in &mut w.layers {
+            g.rep_acts = 800;
+            g.seq_acts = 600;
+            g.split_acts = 400;
+            g.forward_all_reduces = vec![64, 64];
+            g.backward_all_reduces = vec![64, 64];
+            g.split_params = 1000;
+            g.seq_seconds = 0.5e-3;
+        }
+        let base = Strategy {
+            tp: 4,
+            ..strategy(1, 1, 1, 0)
+        };
+        let sp = Strategy {
+            sequence_parallel: true,
+            ..base
+        };
+        let (a, b) = (
+            estimate(&w, base, MIXED_ADAM, &a100(u64::MAX)),
+            estimate(&w, sp, MIXED_ADAM, &a100(u64::MAX)),
+        );
+        assert_eq!(a.stages[0].memory.activations, 2 * 1200);
+        assert_eq!(b.stages[0].memory.activations, 2 * (200 + 150 + 400));
+        let kinds = |e: &Estimate| {
+            e.collectives
+                .iter()
+                .filter(|c| c.axis == "tp")
+                .map(|c| (c.kind, c.count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kinds(&a), vec![("all_reduce", 8)]);
+        assert_eq!(kinds(&b), vec![("reduce_scatter", 8), ("all_gather", 8)]);
+        assert!(b.compute_s < a.compute_s);
     }
 
     #[test]

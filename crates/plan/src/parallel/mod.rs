@@ -4,13 +4,16 @@
 //! ([`PlanFile`]); docs/parallel.md states the formulas.
 
 pub mod estimate;
+pub mod explain;
 pub mod search;
+pub mod svg;
 pub mod workload;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use estimate::estimate;
 pub use estimate::{Breakdown, Cluster, Estimate, Recompute, Schedule, Strategy, Training};
 use search::{Found, Space, Workloads};
 
@@ -34,10 +37,12 @@ pub struct DeviceGroup {
     pub ranks: [i64; 2],
     /// The pipeline stage.
     pub stage: i64,
-    /// The layers it runs, `[first, end)`.
-    pub layers: [usize; 2],
+    /// The layers it runs, `[first, end)`: one range, or one per model chunk when interleaved.
+    pub layers: Vec<[usize; 2]>,
     /// Memory of each of its ranks.
     pub memory: Breakdown,
+    /// Forward and backward of one micro-batch (all its chunks), communication included.
+    pub seconds_per_micro_batch: f64,
 }
 
 /// How the strategy was found.
@@ -66,6 +71,8 @@ pub struct PlanFile {
     pub optimizer_shard: u8,
     /// The recompute choice.
     pub recompute: Recompute,
+    /// Whether sequence parallelism splits the rest of each layer over the tensor axis.
+    pub sequence_parallel: bool,
     /// Whether every device fits `max_device_memory`.
     pub fits: bool,
     /// The per-device budget, bytes.
@@ -88,10 +95,29 @@ pub struct PlanFile {
     pub redistributions: Vec<(String, u64)>,
     /// Split parameters: path → per-dim axis (`null` where whole).
     pub shardings: BTreeMap<String, Vec<Option<String>>>,
+    /// Parameters a shard rule asks to split but whose dim the degree does not divide, so
+    /// they stay whole: path, dim, size.
+    pub undivided: Vec<(String, usize, i64)>,
     /// Memory and step time if one knob changed.
     pub what_if: Vec<WhatIf>,
     /// How the strategy was found.
     pub search: SearchInfo,
+}
+
+impl PlanFile {
+    /// The strategy the plan describes.
+    pub fn strategy(&self) -> Strategy {
+        Strategy {
+            dp: self.mesh["dp"],
+            tp: self.mesh["tp"],
+            pp: self.mesh["pp"],
+            micro_batches: self.micro_batches,
+            schedule: self.schedule,
+            optimizer_shard: self.optimizer_shard,
+            recompute: self.recompute,
+            sequence_parallel: self.sequence_parallel,
+        }
+    }
 }
 
 /// Plans `space` and describes the result as a [`PlanFile`]: the best strategy in the space (one
@@ -111,8 +137,10 @@ pub fn plan(
     Some(describe(&found, what_if, cluster, mode, seconds))
 }
 
-/// The strategies one knob away from `found`'s: each optimizer-shard level, recompute choice,
-/// twice the tensor or pipeline degree (halving data parallel), twice the micro-batches.
+/// The strategies one knob away from `found`'s, each planned: each other optimizer-shard
+/// level and recompute choice, sequence parallelism toggled, twice or half the tensor degree
+/// and twice the stages (data parallel taking up the difference), and twice or half the
+/// micro-batches (the micro-batch halved or doubled, the batch per step unchanged).
 fn what_ifs(
     workloads: &mut Workloads,
     space: &Space,
@@ -122,7 +150,72 @@ fn what_ifs(
 ) -> Vec<WhatIf> {
     let s = found.best.strategy;
     let mut out = Vec::new();
-    let mut try_space = |change: String, sp: Space, workloads: &mut Workloads| {
+    let fixed = Space {
+        dp: Some(s.dp),
+        tp: Some(s.tp),
+        pp: Some(s.pp),
+        optimizer_shard: Some(s.optimizer_shard),
+        recompute: Some(s.recompute),
+        sequence_parallel: Some(s.sequence_parallel),
+        ..space.clone()
+    };
+    let mut changes: Vec<(String, Space)> = Vec::new();
+    for level in (0..=3u8).filter(|&l| l != s.optimizer_shard && s.dp > 1) {
+        let sp = Space {
+            optimizer_shard: Some(level),
+            ..fixed.clone()
+        };
+        changes.push((format!("optimizer_shard = {}", level_name(level)), sp));
+    }
+    for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
+        if r != s.recompute {
+            let sp = Space {
+                recompute: Some(r),
+                ..fixed.clone()
+            };
+            changes.push((format!("recompute = {}", recompute_name(r)), sp));
+        }
+    }
+    if s.tp > 1 {
+        let sp = Space {
+            sequence_parallel: Some(!s.sequence_parallel),
+            ..fixed.clone()
+        };
+        changes.push((format!("sequence_parallel = {}", !s.sequence_parallel), sp));
+    }
+    if s.dp % 2 == 0 {
+        let (dp, tp, pp) = (Some(s.dp / 2), Some(s.tp * 2), Some(s.pp * 2));
+        let more_tp = Space {
+            dp,
+            tp,
+            ..fixed.clone()
+        };
+        changes.push((
+            format!("tensor parallel {} (data parallel {})", s.tp * 2, s.dp / 2),
+            more_tp,
+        ));
+        let more_pp = Space {
+            dp,
+            pp,
+            ..fixed.clone()
+        };
+        changes.push((
+            format!("{} pipeline stages (data parallel {})", s.pp * 2, s.dp / 2),
+            more_pp,
+        ));
+    }
+    if s.tp % 2 == 0 {
+        let fewer_tp = Space {
+            dp: Some(s.dp * 2),
+            tp: Some(s.tp / 2),
+            ..fixed.clone()
+        };
+        changes.push((
+            format!("tensor parallel {} (data parallel {})", s.tp / 2, s.dp * 2),
+            fewer_tp,
+        ));
+    }
+    for (change, sp) in changes {
         if let Some(f) = search::search(workloads, &sp, train, cluster) {
             out.push(WhatIf {
                 change,
@@ -131,58 +224,29 @@ fn what_ifs(
                 fits: f.fits,
             });
         }
-    };
-    let fixed = Space {
-        dp: Some(s.dp),
-        tp: Some(s.tp),
-        pp: Some(s.pp),
-        optimizer_shard: Some(s.optimizer_shard),
-        recompute: Some(s.recompute),
-        ..space.clone()
-    };
-    for level in 0..=3u8 {
-        if level != s.optimizer_shard && s.dp > 1 {
-            let sp = Space {
-                optimizer_shard: Some(level),
-                ..fixed.clone()
-            };
-            try_space(
-                format!("optimizer_shard = {}", level_name(level)),
-                sp,
-                workloads,
-            );
-        }
     }
-    for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
-        if r != s.recompute {
-            let sp = Space {
-                recompute: Some(r),
-                ..fixed.clone()
-            };
-            try_space(format!("recompute = {}", recompute_name(r)), sp, workloads);
-        }
+    // The micro-batch count with the batch per step fixed: the micro-batch changes size.
+    let mut micro = |m: i64, factor: f64| {
+        let strategy = Strategy {
+            micro_batches: m,
+            ..s
+        };
+        let e = estimate(&found.workload.scaled(factor), strategy, train, cluster);
+        out.push(WhatIf {
+            change: format!(
+                "{m} micro-batches of {} samples",
+                (space.micro_batch as f64 * factor) as i64
+            ),
+            peak_bytes: e.peak_bytes(),
+            step_time_s: e.step_time_s,
+            fits: e.peak_bytes() <= cluster.budget,
+        });
+    };
+    if space.micro_batch % 2 == 0 {
+        micro(s.micro_batches * 2, 0.5);
     }
-    if s.dp % 2 == 0 {
-        let sp = Space {
-            dp: Some(s.dp / 2),
-            tp: Some(s.tp * 2),
-            ..fixed.clone()
-        };
-        try_space(
-            format!("tensor parallel {} (data parallel {})", s.tp * 2, s.dp / 2),
-            sp,
-            workloads,
-        );
-        let sp = Space {
-            dp: Some(s.dp / 2),
-            pp: Some(s.pp * 2),
-            ..fixed.clone()
-        };
-        try_space(
-            format!("{} pipeline stages (data parallel {})", s.pp * 2, s.dp / 2),
-            sp,
-            workloads,
-        );
+    if s.micro_batches % 2 == 0 && s.micro_batches / 2 >= s.pp {
+        micro(s.micro_batches / 2, 2.0);
     }
     out
 }
@@ -217,8 +281,9 @@ fn describe(
         .map(|st| DeviceGroup {
             ranks: [st.stage * per_stage, (st.stage + 1) * per_stage - 1],
             stage: st.stage,
-            layers: [st.layers.0, st.layers.1],
+            layers: st.layers.iter().map(|&(a, b)| [a, b]).collect(),
             memory: st.memory,
+            seconds_per_micro_batch: st.compute_s + st.communication_s,
         })
         .collect();
     let w = &found.workload;
@@ -241,6 +306,7 @@ fn describe(
         schedule: s.schedule,
         optimizer_shard: s.optimizer_shard,
         recompute: s.recompute,
+        sequence_parallel: s.sequence_parallel,
         fits: found.fits,
         max_device_memory: cluster.budget,
         step_time_s: e.step_time_s,
@@ -257,6 +323,7 @@ fn describe(
             .flat_map(|l| l.all_gathers.iter().cloned())
             .collect(),
         shardings: w.shardings.clone(),
+        undivided: w.undivided.clone(),
         what_if,
         search: SearchInfo {
             mode: mode.to_string(),

@@ -1,7 +1,9 @@
 //! `mode = auto`: exhaustive search over every factorisation of the device count into data ×
 //! tensor × pipeline degrees (any count, not only powers of two), each with the micro-batch count
-//! the batch gives, every optimizer-shard level and recompute choice, keeping the fastest
-//! strategy by the cost model whose every stage fits the budget. The tensor-parallel layout of
+//! the batch gives, every optimizer-shard level and recompute choice and, with a tensor degree
+//! above 1, sequence parallelism on and off, keeping the fastest strategy by the cost model
+//! whose every stage fits the budget. An `interleaved(v)` schedule admits only stage counts
+//! whose chunks divide the layers and the micro-batches. The tensor-parallel layout of
 //! each degree is propagated once and shared by all strategies with that degree; per-op choices
 //! (column or row parallel) come from that propagation.
 
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 use mslc_core::program::Model;
 
 use super::estimate::{
-    estimate_split, split_stages, Cluster, Estimate, Recompute, Schedule, Strategy, Training,
+    device_chunks, estimate_split, Cluster, Estimate, Recompute, Schedule, Strategy, Training,
 };
 use super::workload::{workload, WeightSplits, Widths, Workload};
 
@@ -35,6 +37,8 @@ pub struct Space {
     pub recompute: Option<Recompute>,
     /// The pipeline schedule.
     pub schedule: Schedule,
+    /// Only this sequence-parallel choice (searched where the tensor degree is above 1).
+    pub sequence_parallel: Option<bool>,
 }
 
 /// The search's answer: the best strategy that fits (or, when none does, the one needing the
@@ -68,6 +72,21 @@ impl<'a> Workloads<'a> {
             widths,
             cache: BTreeMap::new(),
         }
+    }
+
+    /// The workload at degree `tp` with the weight layout `splits` (path → dim) instead: an
+    /// alternative layout, for `--explain-plan`.
+    pub fn with_splits(&self, tp: i64, splits: &BTreeMap<String, usize>) -> Workload {
+        workload(
+            self.model,
+            &WeightSplits::Given(splits),
+            Widths { tp, ..self.widths },
+        )
+    }
+
+    /// The model the workloads are of.
+    pub fn model(&self) -> &Model {
+        self.model
     }
 
     /// The workload at degree `tp`.
@@ -123,35 +142,54 @@ pub fn search(
             if pp > 1 && m < pp {
                 continue;
             }
-            let bounds = split_stages(&w, tp, pp);
-            for &level in &levels {
-                if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
-                    continue;
-                }
-                for &recompute in &recomputes {
-                    let strategy = Strategy {
-                        dp,
-                        tp,
-                        pp,
-                        micro_batches: m,
-                        schedule: space.schedule,
-                        optimizer_shard: level,
-                        recompute,
-                    };
-                    let e = estimate_split(&w, &bounds, strategy, train, cluster);
-                    candidates += 1;
-                    let fits = e.peak_bytes() <= cluster.budget;
-                    let better = match &best {
-                        None => true,
-                        Some((b, bfits, _)) => match (fits, *bfits) {
-                            (true, false) => true,
-                            (false, true) => false,
-                            (true, true) => e.step_time_s < b.step_time_s,
-                            (false, false) => e.peak_bytes() < b.peak_bytes(),
-                        },
-                    };
-                    if better {
-                        best = Some((e, fits, tp));
+            // Megatron-LM's interleaved schedule needs whole chunks and whole rounds.
+            let v = space.schedule.chunks();
+            let chunks = pp.saturating_mul(v);
+            if v > 1 && (chunks > layers || layers % chunks != 0 || m % pp != 0) {
+                continue;
+            }
+            let sps: &[bool] = match (space.sequence_parallel, tp > 1) {
+                (Some(sp), true) => &[sp][..],
+                (None, true) => &[false, true],
+                (_, false) => &[false],
+            };
+            for &sequence_parallel in sps {
+                let base = Strategy {
+                    dp,
+                    tp,
+                    pp,
+                    micro_batches: m,
+                    schedule: space.schedule,
+                    optimizer_shard: 0,
+                    recompute: Recompute::None,
+                    sequence_parallel,
+                };
+                let bounds = device_chunks(&w, &base);
+                for &level in &levels {
+                    if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
+                        continue;
+                    }
+                    for &recompute in &recomputes {
+                        let strategy = Strategy {
+                            optimizer_shard: level,
+                            recompute,
+                            ..base
+                        };
+                        let e = estimate_split(&w, &bounds, strategy, train, cluster);
+                        candidates += 1;
+                        let fits = e.peak_bytes() <= cluster.budget;
+                        let better = match &best {
+                            None => true,
+                            Some((b, bfits, _)) => match (fits, *bfits) {
+                                (true, false) => true,
+                                (false, true) => false,
+                                (true, true) => e.step_time_s < b.step_time_s,
+                                (false, false) => e.peak_bytes() < b.peak_bytes(),
+                            },
+                        };
+                        if better {
+                            best = Some((e, fits, tp));
+                        }
                     }
                 }
             }

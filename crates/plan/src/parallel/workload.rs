@@ -31,6 +31,12 @@ pub struct Segment {
     pub flops: u64,
     /// Bytes of the activations the backward keeps that are not split.
     pub rep_acts: u64,
+    /// Of those, the ones with a sequence dim (norm and dropout outputs, residual sums, the
+    /// layer input): what sequence parallelism splits over the tensor-parallel axis.
+    pub seq_acts: u64,
+    /// Forward time of the unsplit ops producing `seq_acts` (split too under sequence
+    /// parallelism).
+    pub seq_seconds: f64,
     /// Bytes of kept activations split over the tensor-parallel axis.
     pub split_acts: u64,
     /// Of the split activations, those with two sequence-long dims (attention scores,
@@ -38,8 +44,11 @@ pub struct Segment {
     pub score_acts: u64,
     /// Forward time of the ops producing `score_acts` (what selective recompute repeats).
     pub score_seconds: f64,
-    /// Bytes of the activations entering the segment (what full recompute keeps).
+    /// Bytes of the activations entering the segment (what full recompute keeps); under
+    /// sequence parallelism those with a sequence dim are split.
     pub input_bytes: u64,
+    /// Of `input_bytes`, those with a sequence dim.
+    pub seq_input_bytes: u64,
     /// The largest single activation, as split (the transient an op needs at once).
     pub largest_act: u64,
     /// Forward all-reduces of partial sums (row-parallel outputs), bytes each.
@@ -68,6 +77,80 @@ pub struct Workload {
     pub tp: i64,
     /// Parameters whose split was chosen, with the dim split.
     pub shardings: BTreeMap<String, Vec<Option<String>>>,
+    /// Parameters a shard rule asks to split along a dim the degree does not divide, left
+    /// whole: path, dim, its size.
+    pub undivided: Vec<(String, usize, i64)>,
+    /// The large activations of the first layer, the head and the tail (at least 1/8 of the
+    /// largest), largest first: what `--explain-plan` lists.
+    pub activations: Vec<Activation>,
+    /// The tensor-parallel collectives each split parameter causes per micro-batch (over all
+    /// layers): path → (what, bytes). A row-parallel weight's output all-reduce (forward), a
+    /// column-parallel weight's input-gradient all-reduce (backward; shared by the weights
+    /// reading the same input, listed under the first).
+    pub caused: BTreeMap<String, Vec<(&'static str, u64)>>,
+}
+
+impl Segment {
+    /// The segment for a micro-batch `factor` times the size: activations, flops, op times
+    /// and collective bytes scaled (op times linearly — the weights' reads inside memory-bound
+    /// ops do not really scale, a small overestimate for larger micro-batches), parameters
+    /// not.
+    fn scaled(&self, factor: f64) -> Segment {
+        let b = |x: u64| (x as f64 * factor).round() as u64;
+        Segment {
+            rep_seconds: self.rep_seconds * factor,
+            split_seconds: self.split_seconds * factor,
+            seq_seconds: self.seq_seconds * factor,
+            score_seconds: self.score_seconds * factor,
+            flops: b(self.flops),
+            rep_acts: b(self.rep_acts),
+            seq_acts: b(self.seq_acts),
+            split_acts: b(self.split_acts),
+            score_acts: b(self.score_acts),
+            input_bytes: b(self.input_bytes),
+            seq_input_bytes: b(self.seq_input_bytes),
+            largest_act: b(self.largest_act),
+            forward_all_reduces: self.forward_all_reduces.iter().map(|&x| b(x)).collect(),
+            backward_all_reduces: self.backward_all_reduces.iter().map(|&x| b(x)).collect(),
+            all_gathers: self
+                .all_gathers
+                .iter()
+                .map(|(op, x)| (op.clone(), b(*x)))
+                .collect(),
+            ..self.clone()
+        }
+    }
+}
+
+impl Workload {
+    /// The workload of a micro-batch `factor` times the size (see [`Segment::scaled`]): what
+    /// a what-if on the micro-batch count estimates with the batch per step unchanged.
+    pub fn scaled(&self, factor: f64) -> Workload {
+        Workload {
+            head: self.head.scaled(factor),
+            layers: self.layers.iter().map(|l| l.scaled(factor)).collect(),
+            tail: self.tail.scaled(factor),
+            boundary_bytes: (self.boundary_bytes as f64 * factor).round() as u64,
+            ..self.clone()
+        }
+    }
+}
+
+/// One activation as the layout propagation left it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Activation {
+    /// The op making it, with its instance path (`add in model.layers.0.mlp`).
+    pub name: String,
+    /// Its shape, whole.
+    pub shape: Vec<i64>,
+    /// The dim split over the tensor-parallel axis, `None` where every rank holds all of it.
+    pub split: Option<usize>,
+    /// Bytes per rank per micro-batch in that layout.
+    pub bytes: u64,
+    /// Whether it has a sequence dim (sequence parallelism would split it when whole).
+    pub sequence: bool,
+    /// Whether the backward keeps it (else a transient).
+    pub kept: bool,
 }
 
 /// The layout of one value under tensor parallelism.
@@ -145,6 +228,30 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         .first()
         .and_then(|i| model.ty(i.value).shape.get(1).copied())
         .unwrap_or(0);
+    // A tensor with a sequence dim after its batch dim: what sequence parallelism splits.
+    let has_seq = |ty: &TensorType| seq > 1 && ty.rank() >= 2 && ty.shape[1] == seq;
+    // Attention scores, what selective recompute drops: [..., S, S] with more in front than
+    // the batch (the heads) — so a [B, S, H] activation with H = S is not one.
+    let batch = model
+        .inputs
+        .first()
+        .and_then(|i| model.ty(i.value).shape.first().copied())
+        .unwrap_or(1);
+    let is_score = |ty: &TensorType| {
+        let r = ty.rank();
+        seq > 1
+            && r >= 3
+            && ty.shape[r - 1] == seq
+            && ty.shape[r - 2] == seq
+            && ty.shape[..r - 2].iter().product::<i64>() != batch
+    };
+    // The buffer each value lives in (a view's is its input's), and the buffers the backward
+    // reads.
+    let mut storage: Vec<usize> = (0..n).collect();
+    let mut saved: std::collections::BTreeSet<usize> = Default::default();
+    let mut reads_cache: std::collections::HashMap<String, Vec<bool>> = Default::default();
+    // Outputs of the head, the tail and the first layer, for `activations`.
+    let mut logged: Vec<(usize, String)> = Vec::new();
     let seg_of = |origin: &str| layer_key(origin);
     let first_layer = model.nodes.iter().position(|n| seg_of(&n.origin).is_some());
     let mut head = Segment {
@@ -165,6 +272,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
     let mut seg_inputs: Vec<std::collections::BTreeSet<ValueId>> = Vec::new();
     let mut boundary_bytes = 0u64;
     let mut col_inputs: std::collections::BTreeSet<ValueId> = Default::default();
+    // The split parameter that made each partial sum.
+    let mut partial_of: Vec<Option<usize>> = vec![None; n];
+    let mut caused: BTreeMap<usize, Vec<(&'static str, u64)>> = BTreeMap::new();
     let bytes_of = |ty: &TensorType, lay: Layout| -> u64 {
         let width = if ty.dtype.is_float() {
             w.act_bytes.min(ty.dtype.size_bytes())
@@ -255,9 +365,16 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                     NONE => seg_id,
                     s => s,
                 };
+                let bytes = bytes_of(model.ty(*v), Layout::Rep);
                 segment_mut(&mut head, &mut tail, &mut layers, owner)
                     .forward_all_reduces
-                    .push(bytes_of(model.ty(*v), Layout::Rep));
+                    .push(bytes);
+                if let Some(p) = partial_of[v.0 as usize] {
+                    caused
+                        .entry(p)
+                        .or_default()
+                        .push(("forward all-reduce of its output", bytes));
+                }
                 in_layouts[k] = Layout::Rep;
                 layout[v.0 as usize] = Layout::Rep;
             }
@@ -293,6 +410,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                 {
                     let b = bytes_of(model.ty(*v), layout[i]);
                     segment.input_bytes += b;
+                    if has_seq(model.ty(*v)) && layout[i] == Layout::Rep {
+                        segment.seq_input_bytes += b;
+                    }
                     boundary_bytes = boundary_bytes.max(b);
                 }
             }
@@ -312,10 +432,27 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         }
         // Column-parallel matmuls reading the same input (q, k, v; gate, up) share one
         // all-reduce of its gradient, as Megatron's `f` operator does.
+        let weight = node
+            .inputs
+            .iter()
+            .zip(&in_layouts)
+            .find(|(v, l)| matches!(l, Layout::Split(_)) && !is_act[v.0 as usize])
+            .and_then(|(v, _)| root[v.0 as usize])
+            .map(|(p, _)| p);
         if col_parallel && col_inputs.insert(node.inputs[0]) {
-            segment
-                .backward_all_reduces
-                .push(bytes_of(&in_types[0], Layout::Rep));
+            let bytes = bytes_of(&in_types[0], Layout::Rep);
+            segment.backward_all_reduces.push(bytes);
+            if let Some(p) = weight {
+                caused
+                    .entry(p)
+                    .or_default()
+                    .push(("backward all-reduce of its input's gradient", bytes));
+            }
+        }
+        if out_layout == Layout::Partial {
+            for v in &node.outputs {
+                partial_of[v.0 as usize] = weight;
+            }
         }
         let split = matches!(out_layout, Layout::Split(_) | Layout::Partial);
         if let Ok(cost) = ops::cost(node.op, &node.attrs, &in_types) {
@@ -334,23 +471,115 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                 is_act[i] = true;
                 layout[i] = out_layout;
                 producer_seg[i] = seg_id;
+                storage[i] = match (view, node.inputs.first()) {
+                    (true, Some(input)) if is_act[input.0 as usize] => storage[input.0 as usize],
+                    _ => i,
+                };
                 if view || !ty.dtype.is_float() && ty.dtype != DType::Bool {
                     continue;
                 }
                 let b = bytes_of(ty, out_layout);
                 segment.largest_act = segment.largest_act.max(b);
-                if matches!(out_layout, Layout::Split(_)) {
-                    segment.split_acts += b;
-                    if seq > 1 && ty.shape.iter().filter(|&&d| d == seq).count() >= 2 {
-                        segment.score_acts += b;
-                        segment.score_seconds += t;
-                    }
-                } else {
-                    segment.rep_acts += b;
+                if seg_id <= 0 {
+                    let place = match node.origin.as_str() {
+                        "" => "the model's body",
+                        o => o,
+                    };
+                    logged.push((i, format!("{} in {place}", node.op.name())));
+                }
+                if is_score(ty) {
+                    segment.score_seconds += t;
+                } else if !split && has_seq(ty) {
+                    segment.seq_seconds += t;
                 }
             }
         }
+        // What the backward keeps of this op: the values its gradient rule reads.
+        let needs_grad: Vec<bool> = node
+            .inputs
+            .iter()
+            .map(|v| {
+                let i = v.0 as usize;
+                is_act[i] || root[i].is_some_and(|(p, _)| model.params[p].trainable)
+            })
+            .collect();
+        // Repeated layers repeat the same ops: run each distinct rule application once.
+        let key = format!("{:?}{:?}{:?}{needs_grad:?}", node.op, node.attrs, in_types);
+        let reads = reads_cache.entry(key).or_insert_with(|| {
+            backward_reads(node.op, &node.attrs, &in_types, &out_types, &needs_grad).unwrap_or_else(
+                || {
+                    let mut all = vec![true; node.inputs.len()];
+                    all.resize(node.inputs.len() + node.outputs.len(), false);
+                    all
+                },
+            )
+        });
+        for (v, &read) in node.inputs.iter().chain(&node.outputs).zip(reads.iter()) {
+            let i = v.0 as usize;
+            if read && is_act[i] {
+                saved.insert(storage[i]);
+            }
+        }
     }
+    // The kept activations, each buffer once, in the layout it ends in, to the segment that
+    // made it (model inputs, held by the data loader, are not counted).
+    for &i in &saved {
+        let seg = producer_seg[i];
+        let ty = &model.values[i];
+        if seg == NONE || !ty.dtype.is_float() && ty.dtype != DType::Bool {
+            continue;
+        }
+        let b = bytes_of(ty, layout[i]);
+        let segment = segment_mut(&mut head, &mut tail, &mut layers, seg);
+        if is_score(ty) {
+            segment.score_acts += b;
+        }
+        if matches!(layout[i], Layout::Split(_)) {
+            segment.split_acts += b;
+        } else {
+            segment.rep_acts += b;
+            if has_seq(ty) {
+                segment.seq_acts += b;
+            }
+        }
+    }
+    let mut activations: Vec<Activation> = logged
+        .into_iter()
+        .map(|(i, name)| {
+            let ty = &model.values[i];
+            Activation {
+                name,
+                shape: ty.shape.clone(),
+                split: match layout[i] {
+                    Layout::Split(d) => Some(d),
+                    _ => None,
+                },
+                bytes: bytes_of(ty, layout[i]),
+                sequence: has_seq(ty),
+                kept: saved.contains(&storage[i]),
+            }
+        })
+        .collect();
+    activations.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
+    let cut = activations.first().map_or(0, |a| a.bytes / 8);
+    activations.retain(|a| a.bytes >= cut);
+    let undivided = model
+        .params
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            let d = match splits {
+                WeightSplits::Given(map) => map.get(&p.path).copied(),
+                WeightSplits::Chosen => chosen.get(&i).copied(),
+            }?;
+            let size = *model.ty(p.value).shape.get(d)?;
+            (tp > 1 && size % tp != 0).then(|| (p.path.clone(), d, size))
+        })
+        .collect();
+    let caused = caused
+        .into_iter()
+        .map(|(p, c)| (model.params[p].path.clone(), c))
+        .collect();
     let shardings = model
         .params
         .iter()
@@ -380,6 +609,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         boundary_bytes,
         tp,
         shardings,
+        undivided,
+        activations,
+        caused,
     }
 }
 
@@ -544,4 +776,104 @@ fn reshape_dim(from: &[i64], to: &[i64], d: usize, tp: i64) -> Option<usize> {
         }
     }
     None
+}
+
+/// A gradient rule's view of the graph: handles `0..inputs` are the op's inputs, then its
+/// outputs, then one cotangent per output, then what the rule emits; each emitted value
+/// remembers which of the op's inputs and outputs it was computed from.
+struct Recorder {
+    types: Vec<TensorType>,
+    /// Per handle, the op's inputs and outputs (by handle) it depends on.
+    deps: Vec<std::collections::BTreeSet<usize>>,
+    /// Inputs plus outputs: handles below this are the forward values.
+    forward: usize,
+}
+
+impl ops::Emitter for Recorder {
+    fn ty(&self, value: ops::Handle) -> Result<TensorType, ops::OpError> {
+        self.types
+            .get(value.0)
+            .cloned()
+            .ok_or_else(|| ops::OpError::new("unknown handle"))
+    }
+
+    fn emit(
+        &mut self,
+        op: Op,
+        attrs: ops::Attrs,
+        inputs: &[ops::Handle],
+    ) -> Result<Vec<ops::Handle>, ops::OpError> {
+        let types: Vec<TensorType> = inputs
+            .iter()
+            .map(|h| self.ty(*h))
+            .collect::<Result<_, _>>()?;
+        let out = ops::infer(op, &attrs, &types)?;
+        let mut deps = std::collections::BTreeSet::new();
+        for h in inputs {
+            if h.0 < self.forward {
+                deps.insert(h.0);
+            } else {
+                deps.extend(self.deps[h.0].iter().copied());
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|t| {
+                self.types.push(t);
+                self.deps.push(deps.clone());
+                ops::Handle(self.types.len() - 1)
+            })
+            .collect())
+    }
+}
+
+/// Which of an op's inputs and outputs its backward reads — found by running the op's
+/// gradient rule (the one autodiff runs) on placeholders and following the gradients of the
+/// inputs in `needs_grad` back to the forward values they use, as autodiff's dead-code
+/// elimination leaves them. Dropout redraws its mask from the seed, so it keeps nothing.
+/// `None` when the op has no rule or it fails here (the caller then keeps every input).
+fn backward_reads(
+    op: Op,
+    attrs: &ops::Attrs,
+    inputs: &[TensorType],
+    outputs: &[TensorType],
+    needs_grad: &[bool],
+) -> Option<Vec<bool>> {
+    let rule = op.grad_rule().ok()?;
+    let attrs = ops::resolve_attrs(op, attrs).unwrap_or_else(|_| attrs.clone());
+    let forward = inputs.len() + outputs.len();
+    let mut rec = Recorder {
+        types: inputs
+            .iter()
+            .chain(outputs)
+            .chain(outputs)
+            .cloned()
+            .collect(),
+        deps: vec![Default::default(); forward + outputs.len()],
+        forward,
+    };
+    let handles: Vec<ops::Handle> = (0..forward + outputs.len()).map(ops::Handle).collect();
+    let cotangents: Vec<Option<ops::Handle>> =
+        handles[forward..].iter().map(|&h| Some(h)).collect();
+    let call = ops::GradCall {
+        attrs: &attrs,
+        inputs: &handles[..inputs.len()],
+        outputs: &handles[inputs.len()..forward],
+        cotangents: &cotangents,
+    };
+    let grads = rule(&mut rec, &call).ok()?;
+    let mut read = vec![false; forward];
+    for (g, _) in grads.iter().zip(needs_grad).filter(|(_, &n)| n) {
+        if let Some(h) = g {
+            if h.0 < forward {
+                // A gradient that is a forward value itself (rare) keeps it.
+                read[h.0] = true;
+            } else {
+                for &d in &rec.deps[h.0] {
+                    read[d] = true;
+                }
+            }
+        }
+    }
+    Some(read)
 }
