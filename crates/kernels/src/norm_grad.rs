@@ -99,14 +99,18 @@ pub fn layer_norm_grad(
     for_each_grad_row("layer_norm_grad", x, dy, params, out, |xr, gr, or| {
         let d = xr.len();
         let n = d as f32;
-        let mean = rows::sum(xr) / n;
-        let var = rows::sum_sq_dev(xr, mean) as f64 / d as f64;
-        let r = (1.0 / (var + eps).sqrt()) as f32;
+        // The mean as an f32 `hi` plus the small `lo` f32 cannot hold: when |mean| ≫ the
+        // spread, `x − hi` is exact and `lo` keeps the deviations accurate, so a row of close
+        // values (where the gradient is a small difference of large terms) loses no digits.
+        let hi = rows::sum(xr) / n;
+        let lo = rows::sum_dev(xr, hi) / n;
+        let var = rows::sum_sq_dev(xr, hi) as f64 / d as f64 - f64::from(lo) * f64::from(lo);
+        let r = (1.0 / (var.max(0.0) + eps).sqrt()) as f32;
         let gm = rows::sum(gr) / n;
         // r·x̂·mean(dy·x̂) = (x − mean)·r³·mean(dy·(x − mean)).
-        let c = r * r * r * dot_shifted(gr, xr, mean) / n;
+        let c = r * r * r * (dot_shifted(gr, xr, hi) - lo * rows::sum(gr)) / n;
         for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
-            *o = r * (gi - gm) - c * (xi - mean);
+            *o = r * (gi - gm) - c * ((xi - hi) - lo);
         }
     })
 }

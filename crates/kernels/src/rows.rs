@@ -46,6 +46,11 @@ fn sum_sq_dev_body(xs: &[f32], mean: f32) -> f32 {
     lane_sum(xs, |x| (x - mean) * (x - mean))
 }
 
+#[inline(always)]
+fn sum_dev_body(xs: &[f32], shift: f32) -> f32 {
+    lane_sum(xs, |x| x - shift)
+}
+
 /// Keeps the larger of `acc` and `x`; a NaN, once seen, sticks.
 #[inline(always)]
 pub fn max_step(acc: f32, x: f32) -> f32 {
@@ -102,6 +107,11 @@ dispatch_avx2! {
     pub fn sum_sq_dev(xs: &[f32], mean: f32) -> f32 = sum_sq_dev_body;
 }
 dispatch_avx2! {
+    /// Σ (x - shift): with `shift` near the values, each difference is exact, so this recovers
+    /// what an f32 mean could not hold.
+    pub fn sum_dev(xs: &[f32], shift: f32) -> f32 = sum_dev_body;
+}
+dispatch_avx2! {
     /// The largest value (-inf for an empty row, NaN if any value is NaN).
     pub fn max(xs: &[f32]) -> f32 = max_body;
 }
@@ -133,6 +143,8 @@ mod tests {
         let mean = plain / 37.0;
         let dev: f32 = xs.iter().map(|x| (x - mean) * (x - mean)).sum();
         assert!((sum_sq_dev(&xs, mean) - dev).abs() < 1e-5);
+        let shifted: f32 = xs.iter().map(|x| x - 0.25).sum();
+        assert!((sum_dev(&xs, 0.25) - shifted).abs() < 1e-5);
         let mut e = xs.clone();
         let s = exp_sum(&mut e, 2.0, 1.0);
         for (a, b) in e.iter().zip(&xs) {
