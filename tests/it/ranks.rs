@@ -203,17 +203,7 @@ train Pretrain for TinyLlama {
 ";
     let src = dir.path("llama.msl");
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
-    let mut rng = Rng(17);
-    let (n, seq) = (12, 8);
-    let tokens: Vec<i64> = (0..n * (seq + 1))
-        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
-        .collect();
-    let data = dir.path("tokens.npy");
-    write_npy(
-        &data,
-        &NpyArray::from_i64(vec![n, seq + 1], &tokens).unwrap(),
-    )
-    .unwrap();
+    let data = random_tokens(&dir, 12, 8, 17);
     let sets = [
         "--set",
         "layers=2",
@@ -328,6 +318,22 @@ fn llama_splits(
         ranks: 2,
     };
     (splits, group)
+}
+
+/// `n` rows of `seq + 1` random token ids below 64, from `seed`, as `DIR/tokens.npy` (the
+/// language-model shorthand of `mslc train --data`).
+fn random_tokens(dir: &TestDir, n: usize, seq: usize, seed: u64) -> std::path::PathBuf {
+    let mut rng = Rng(seed);
+    let tokens: Vec<i64> = (0..n * (seq + 1))
+        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
+        .collect();
+    let data = dir.path("tokens.npy");
+    write_npy(
+        &data,
+        &NpyArray::from_i64(vec![n, seq + 1], &tokens).unwrap(),
+    )
+    .unwrap();
+    data
 }
 
 fn compile_options() -> mslc_driver::compile::CompileOptions {
@@ -473,17 +479,7 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
         .module;
     let weights = dir.path("w.safetensors");
     crate::exec::common::write_weights(&weights, &crate::exec::common::random_weights(&single, 6));
-    let mut rng = Rng(23);
-    let (n, seq) = (8, 8);
-    let tokens: Vec<i64> = (0..n * (seq + 1))
-        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
-        .collect();
-    let data = dir.path("tokens.npy");
-    write_npy(
-        &data,
-        &NpyArray::from_i64(vec![n, seq + 1], &tokens).unwrap(),
-    )
-    .unwrap();
+    let data = random_tokens(&dir, 8, 8, 23);
     let mut flags: Vec<String> = vec!["--weights".into(), s(&weights).into()];
     for (k, v) in LLAMA_SETS {
         flags.extend(["--set".to_string(), format!("{k}={v}")]);
