@@ -124,7 +124,11 @@ fn losses(path: &Path) -> Vec<f64> {
     std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
         .collect()
 }
 

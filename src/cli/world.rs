@@ -7,6 +7,10 @@ use mslc_exec::collectives::{Collectives, Mesh};
 
 use super::output::Failure;
 
+/// One rank this process runs: its number in the mesh and its collectives (none on a mesh of
+/// one device).
+pub type Rank = (usize, Option<Box<dyn Collectives>>);
+
 /// The ranks this process runs.
 pub enum World {
     /// Neither flag: one device, whatever the plan.
@@ -42,9 +46,8 @@ impl World {
         }
     }
 
-    /// The ranks of `mesh` this process runs, in rank order, each with its collectives (none
-    /// on a mesh of one device).
-    pub fn ranks(self, mesh: &Mesh) -> Result<Vec<(usize, Option<Box<dyn Collectives>>)>, Failure> {
+    /// The ranks of `mesh` this process runs, in rank order.
+    pub fn ranks(self, mesh: &Mesh) -> Result<Vec<Rank>, Failure> {
         let alone = mesh.size() == 1;
         let comms: Vec<(usize, Box<dyn Collectives>)> = match self {
             World::One | World::Threads(_) => mslc_driver::ranks::thread_world(mesh.clone())
