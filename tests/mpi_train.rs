@@ -115,7 +115,11 @@ fn train(dir: &Path, out: &str, launcher: &[&str], extra: &[&str]) -> (i32, Stri
         .arg(out.with_extension("jsonl"))
         .arg("--output-dir")
         .arg(&out)
-        .args(extra);
+        .args(extra)
+        // No tuning knowledge base of the user's changes what the build chooses (mpiexec
+        // passes the environment on to its ranks).
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RAYON_NUM_THREADS", "1");
     run_limited(cmd)
 }
 
