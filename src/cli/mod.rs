@@ -17,6 +17,7 @@ mod train;
 mod tune;
 mod tune_decisions;
 mod weights;
+mod world;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

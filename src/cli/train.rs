@@ -27,6 +27,7 @@ use mslc_ir::shard::Group;
 use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
+use super::world::World;
 use super::{ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc train`.
@@ -80,6 +81,12 @@ pub struct TrainArgs {
     /// plans run (E0972 for the others); rank 0 reports and writes the checkpoints.
     #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
+    /// Run this process's rank of the train's parallel plan over MPI, one rank per process:
+    /// `mpiexec -n N mslc train --mpi …`, N the plan's device count (E0970 otherwise, a world
+    /// of 1 included). Rank 0 reports and writes the checkpoints; the others stay quiet. Needs
+    /// an mslc built with the cargo feature `mpi`.
+    #[arg(long)]
+    pub mpi: bool,
     /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
     /// first op that produces one with where it was written and its operands' ranges (E0614).
     #[arg(long)]
@@ -92,7 +99,11 @@ pub struct TrainArgs {
 
 /// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &TrainArgs, reporter: &Reporter) -> u8 {
-    reporter.finish(execute(args, reporter))
+    match execute(args, reporter) {
+        // A rank other than 0 of an MPI world: rank 0 reports.
+        Ok(None) => 0,
+        outcome => reporter.finish(outcome.map(|done| done.unwrap_or_default())),
+    }
 }
 
 fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
@@ -118,18 +129,24 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
+/// The summary of rank 0; `None` in the other processes of an MPI world.
+fn execute(
+    args: &TrainArgs,
+    reporter: &Reporter,
+) -> Result<Option<(String, serde_json::Value)>, Failure> {
     usage_checks(args)?;
+    let world = World::of(args.ranks, args.mpi)?;
+    let started = world.started();
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
-    let split = batch_split(args, &checked, reporter)?;
+    let split = batch_split(args, started, &checked, reporter)?;
     // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
     // unless --dim sets the model's batch dim: check again with that size.
     if let Some((name, size)) = micro_batch_override(args, &checked, reporter, split)? {
         options.overrides.dims.insert(name, size.to_string());
         checked = check_path(&args.file, &options);
     }
-    let layout = rank_layout(args, &checked, reporter)?;
+    let layout = rank_layout(args, started, &checked, reporter)?;
     let replicas = layout.dp;
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
@@ -237,27 +254,33 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         }
         Ok::<Trainer, Failure>(trainer)
     };
-    let mut comms = ranks::thread_world(mesh.clone()).into_iter();
-    let leader_comm = comms.next().filter(|_| mesh.size() > 1);
+    // A rank other than 0: steps quietly, joining in the gathers of checkpoints.
+    let follow = |rank: usize, comm: Option<Box<dyn Collectives>>| {
+        let mut trainer = rank_loop(rank, comm)?;
+        let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
+        while trainer.state().step < args.steps {
+            let m = trainer.step().map_err(failed)?;
+            // Tensor-parallel checkpoints gather every rank's shards.
+            if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
+                trainer.checkpoint_tensors().map_err(failed)?;
+            }
+        }
+        Ok::<(), Failure>(())
+    };
+    let mut comms = world.ranks(&mesh)?.into_iter().peekable();
+    let Some(leader_comm) = comms.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm) else {
+        // This process's one rank of an MPI world, not rank 0.
+        return comms
+            .try_for_each(|(rank, comm)| follow(rank, comm))
+            .map(|()| None);
+    };
     std::thread::scope(|scope| {
         // Ranks 1.. step in the background; a rank that fails drops its collectives, and the
         // others stop at their next collective with E0973 instead of waiting forever.
         let followers: Vec<_> = comms
-            .enumerate()
-            .map(|(i, comm)| {
-                let rank_loop = &rank_loop;
-                scope.spawn(move || {
-                    let mut trainer = rank_loop(i + 1, Some(comm))?;
-                    let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
-                    while trainer.state().step < args.steps {
-                        let m = trainer.step().map_err(failed)?;
-                        // Tensor-parallel checkpoints gather every rank's shards.
-                        if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
-                            trainer.checkpoint_tensors().map_err(failed)?;
-                        }
-                    }
-                    Ok::<(), Failure>(())
-                })
+            .map(|(rank, comm)| {
+                let follow = &follow;
+                scope.spawn(move || follow(rank, comm))
             })
             .collect();
         let leader = rank_loop(0, leader_comm).and_then(|trainer| {
@@ -289,7 +312,7 @@ fn execute(args: &TrainArgs, reporter: &Reporter) -> Result<(String, serde_json:
         };
         match ranks::root_cause(errors, code) {
             Some(e) => Err(e),
-            None => done.ok_or(Failure::Reported),
+            None => done.map(Some).ok_or(Failure::Reported),
         }
     })
 }
@@ -457,24 +480,31 @@ fn checked_train<'c>(
         })
 }
 
-/// Into how many replicas' slices `--ranks` splits each batch: the `parallel` policy's
-/// data-parallel size, once the ranks are checked against its device count (E0970); 1 without
-/// `--ranks` (one device, whatever the policy).
-fn batch_split(args: &TrainArgs, checked: &Checked, reporter: &Reporter) -> Result<usize, Failure> {
-    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
+/// Into how many replicas' slices the `started` ranks (`--ranks` or `--mpi`) split each batch:
+/// the `parallel` policy's data-parallel size, once the ranks are checked against its device
+/// count (E0970); 1 on one device (whatever the policy).
+fn batch_split(
+    args: &TrainArgs,
+    started: Option<(usize, &str)>,
+    checked: &Checked,
+    reporter: &Reporter,
+) -> Result<usize, Failure> {
+    let (Some((world, launcher)), Some(train)) = (started, checked_train(args, checked, reporter)?)
+    else {
         return Ok(1);
     };
     let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
-    ranks::check_world(policy.map_or(1, |p| p.devices), world, "--ranks")
+    ranks::check_world(policy.map_or(1, |p| p.devices), world, launcher)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     Ok(policy.map_or(1, |p| p.data_parallel_size().max(1) as usize))
 }
 
-/// How `--ranks` runs the train's plan (one device without `--ranks`, whatever the plan);
-/// E0972 for what is planned but not run, and for what a tensor-parallel rank cannot do alone
-/// (initialise, resume or dump gradients of split weights).
+/// How the `started` ranks run the train's plan (one device when none were, whatever the
+/// plan); E0972 for what is planned but not run, and for what a tensor-parallel rank cannot do
+/// alone (initialise, resume or dump gradients of split weights).
 fn rank_layout(
     args: &TrainArgs,
+    started: Option<(usize, &str)>,
     checked: &Checked,
     reporter: &Reporter,
 ) -> Result<RankLayout, Failure> {
@@ -483,14 +513,15 @@ fn rank_layout(
         tp: 1,
         splits: Default::default(),
     };
-    let (Some(world), Some(train)) = (args.ranks, checked_train(args, checked, reporter)?) else {
+    let (Some((world, launcher)), Some(train)) = (started, checked_train(args, checked, reporter)?)
+    else {
         return Ok(one);
     };
     let plan = plan_train(checked, train).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;
-    let layout = ranks::layout(plan.as_ref(), world, "--ranks")
+    let layout = ranks::layout(plan.as_ref(), world, launcher)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let whole = [
         (args.init_seed.is_some(), "--init-seed"),

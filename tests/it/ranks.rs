@@ -179,6 +179,24 @@ fn the_world_must_match_the_plan_and_be_runnable() {
     assert!(stderr.contains("E0972"), "{stderr}");
 }
 
+/// `--mpi` (one rank per process, tests/mpi_train.rs) is not `--ranks` as well, and a build
+/// without the cargo feature `mpi` says which build it needs.
+#[test]
+fn mpi_is_its_own_launcher() {
+    let dir = TestDir::new("ranks-mpi-flag");
+    let data = write_data(&dir);
+    let src = source(&dir, DATA, 4);
+    let args = ["train", s(&src), "--init-seed", "0", "--data", s(&data)];
+    let (code, _, stderr) = mslc(&[&args[..], &["--ranks", "2", "--mpi"]].concat());
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("not both"), "{stderr}");
+    if !cfg!(feature = "mpi") {
+        let (code, _, stderr) = mslc(&[&args[..], &["--mpi"]].concat());
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains("the `mpi` feature"), "{stderr}");
+    }
+}
+
 /// examples/tiny_llama.msl's model (2 layers, hidden 32, vocab 64, S = 8) trained in f32 with
 /// AdamW on batches of 4 sequences, data parallel over 2 ranks against one device.
 #[test]

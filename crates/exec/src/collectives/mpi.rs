@@ -25,13 +25,36 @@ pub struct MpiRank {
     _universe: Universe,
 }
 
-impl MpiRank {
-    /// Initialises MPI and lays the world out as `mesh`; the world's size must be the mesh's
-    /// (a binary started without `mpiexec`, or by another MPI's launcher, sees a world of 1).
-    pub fn init(mesh: Mesh) -> ExecResult<MpiRank> {
+/// An initialised MPI world not yet laid out as a mesh: what a launcher started, so a caller
+/// can read the world's size and this process's rank before it knows the plan's mesh.
+pub struct MpiWorld {
+    world: SimpleCommunicator,
+    universe: Universe,
+}
+
+impl MpiWorld {
+    /// Initialises MPI (once per process).
+    pub fn init() -> ExecResult<MpiWorld> {
         let universe = mpi::initialize()
             .ok_or_else(|| collective_error("MPI is already initialised in this process"))?;
         let world = universe.world();
+        Ok(MpiWorld { world, universe })
+    }
+
+    /// How many processes the launcher started (1 for a binary started without `mpiexec`, or
+    /// by another MPI's launcher).
+    pub fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    /// This process's rank in the world.
+    pub fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    /// Lays the world out as `mesh`, whose size must be the world's.
+    pub fn into_rank(self, mesh: Mesh) -> ExecResult<MpiRank> {
+        let MpiWorld { world, universe } = self;
         let size = world.size() as usize;
         if size != mesh.size() {
             return Err(collective_error(format!(
@@ -60,6 +83,14 @@ impl MpiRank {
             rank,
             _universe: universe,
         })
+    }
+}
+
+impl MpiRank {
+    /// Initialises MPI and lays the world out as `mesh`; the world's size must be the mesh's
+    /// (a binary started without `mpiexec`, or by another MPI's launcher, sees a world of 1).
+    pub fn init(mesh: Mesh) -> ExecResult<MpiRank> {
+        MpiWorld::init()?.into_rank(mesh)
     }
 
     fn comm(&self, axis: usize) -> ExecResult<&SimpleCommunicator> {
