@@ -31,7 +31,13 @@ impl World {
                 "give either --ranks (threads) or --mpi (processes), not both".to_string(),
             )),
             (Some(n), false) => Ok(World::Threads(n)),
-            (None, false) => Ok(World::One),
+            (None, false) => match launched_by_mpi() {
+                Some((var, n)) => Err(Failure::Usage(format!(
+                    "this process is one of {n} that an MPI launcher started ({var}={n}), but \
+                     --mpi was not given, so each would train alone: add --mpi"
+                ))),
+                None => Ok(World::One),
+            },
             (None, true) => mpi_world(),
         }
     }
@@ -68,6 +74,17 @@ impl World {
             .map(|(rank, comm)| (rank, (!alone).then_some(comm)))
             .collect())
     }
+}
+
+/// The world size an MPI launcher announces to each process it starts (MPICH's Hydra:
+/// `PMI_SIZE`; Open MPI: `OMPI_COMM_WORLD_SIZE`), with the variable's name, when it is over 1.
+fn launched_by_mpi() -> Option<(&'static str, usize)> {
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+        .into_iter()
+        .find_map(|var| {
+            let n: usize = std::env::var(var).ok()?.trim().parse().ok()?;
+            (n > 1).then_some((var, n))
+        })
 }
 
 #[cfg(feature = "mpi")]

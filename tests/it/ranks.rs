@@ -195,6 +195,20 @@ fn mpi_is_its_own_launcher() {
         assert_eq!(code, 2, "{stderr}");
         assert!(stderr.contains("the `mpi` feature"), "{stderr}");
     }
+    // One of several processes an MPI launcher started, without --mpi, must not train alone.
+    for var in ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"] {
+        let out = crate::support::mslc_command(&args)
+            .current_dir(root())
+            .env(var, "2")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("({var}=2)")) && stderr.contains("add --mpi"),
+            "{stderr}"
+        );
+    }
 }
 
 /// examples/tiny_llama.msl's model (2 layers, hidden 32, vocab 64, S = 8) trained in f32 with
