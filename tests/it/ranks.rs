@@ -118,6 +118,22 @@ fn weights_of(dir: &Path) -> Vec<(String, Vec<f64>)> {
         .collect()
 }
 
+/// Asserts the final checkpoints `one/step-10` and `two/step-10` hold the same tensors, each
+/// within `tol` relative.
+fn assert_same_final_weights(one: &Path, two: &Path, tol: f64) {
+    let (w1, w2) = (
+        weights_of(&one.join("step-10")),
+        weights_of(&two.join("step-10")),
+    );
+    assert_eq!(
+        w1.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        w2.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    for ((name, a), (_, b)) in w1.iter().zip(&w2) {
+        assert_rel(name, b, a, tol);
+    }
+}
+
 #[test]
 fn data_parallel_on_two_ranks_matches_one_device() {
     let dir = TestDir::new("ranks-dp");
@@ -128,17 +144,7 @@ fn data_parallel_on_two_ranks_matches_one_device() {
     let ranked = train(&src, &data, &two, "10", &["--ranks", "2"]);
     assert_eq!(single.len(), 10);
     assert_rel("losses", &ranked, &single, 1e-5);
-    let (w1, w2) = (
-        weights_of(&one.join("step-10")),
-        weights_of(&two.join("step-10")),
-    );
-    assert_eq!(
-        w1.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-        w2.iter().map(|(n, _)| n).collect::<Vec<_>>()
-    );
-    for ((name, a), (_, b)) in w1.iter().zip(&w2) {
-        assert_rel(name, b, a, 1e-5);
-    }
+    assert_same_final_weights(&one, &two, 1e-5);
     // A checkpoint of two ranks resumes on one device.
     let resumed = train(
         &src,
@@ -263,14 +269,7 @@ train Pretrain for TinyLlama {
     );
     assert_eq!(single.len(), 10);
     assert_rel("losses", &ranked, &single, 1e-5);
-    let (w1, w2) = (
-        weights_of(&one.join("step-10")),
-        weights_of(&two.join("step-10")),
-    );
-    assert_eq!(w1.len(), w2.len());
-    for ((name, a), (_, b)) in w1.iter().zip(&w2) {
-        assert_rel(name, b, a, 1e-5);
-    }
+    assert_same_final_weights(&one, &two, 1e-5);
 }
 
 /// The sizes of the tensor-parallel tiny LLaMA: 2 layers, hidden 32, 4 heads, 2 kv heads,
@@ -543,14 +542,7 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
     let ranked_losses = run(&two, &["--ranks", "2"]);
     assert_eq!(single_losses.len(), 10);
     assert_rel("losses", &ranked_losses, &single_losses, 1e-5);
-    let (w1, w2) = (
-        weights_of(&one.join("step-10")),
-        weights_of(&two.join("step-10")),
-    );
-    assert_eq!(w1.len(), w2.len());
-    for ((name, a), (_, b)) in w1.iter().zip(&w2) {
-        assert_rel(name, b, a, 1e-4);
-    }
+    assert_same_final_weights(&one, &two, 1e-4);
     let states = |d: &Path| {
         safetensor_f64(
             &d.join("step-10/optimizer.safetensors"),

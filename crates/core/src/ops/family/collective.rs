@@ -12,9 +12,8 @@
 
 use crate::ops::attrs::{AttrKind, AttrSpec, Attrs, ConstAttr};
 use crate::ops::error::OpError;
-use crate::ops::spec::{
-    Arity, Cost, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec, PrecisionClass,
-};
+use crate::ops::family::layout::movement;
+use crate::ops::spec::{Cost, CostRule, Emitter, GradCall, GradRule, Handle, OpCtx, OpSpec};
 use crate::ops::{Op, TensorType};
 
 const AXIS: AttrSpec = AttrSpec::required("axis", AttrKind::Str);
@@ -27,16 +26,8 @@ const fn collective(
     grad: GradRule,
 ) -> OpSpec {
     OpSpec {
-        inputs: &["x"],
-        arity: Arity::Exact(1),
-        attrs,
-        infer,
         cost: CostRule::Custom(cost),
-        precision: PrecisionClass::FollowInput,
-        elementwise: false,
-        in_place: false,
-        grad: Some(grad),
-        shard: None,
+        ..movement(attrs, infer, grad)
     }
 }
 

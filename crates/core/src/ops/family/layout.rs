@@ -10,7 +10,7 @@ use crate::ops::spec::{
 use crate::ops::{Op, TensorType};
 
 /// A one-input op that copies data without arithmetic.
-const fn movement(
+pub(super) const fn movement(
     attrs: &'static [AttrSpec],
     infer: fn(&OpCtx) -> Result<Vec<TensorType>, OpError>,
     grad: GradRule,
