@@ -401,6 +401,23 @@ mod tests {
         );
     }
 
+    #[test]
+    fn next_values_of_inputs_get_buffers_of_their_own() {
+        // The module's result output as `x` (x's type): the next value of input `x`, off the
+        // arena and counted in the plan; output under two names, it keeps its arena slot.
+        let mut m = module();
+        m.outputs = vec![("x".into(), 5)];
+        let plan = plan_memory(&mut m).unwrap();
+        assert_eq!(m.values[5].storage, Storage::Next { name: "x".into() });
+        assert_eq!(plan.next_bytes, m.values[5].ty.bytes());
+        assert_eq!(plan.total_bytes, m.planned_bytes() + plan.staging_bytes);
+        let mut m = module();
+        m.outputs = vec![("x".into(), 5), ("y".into(), 5)];
+        let plan = plan_memory(&mut m).unwrap();
+        assert!(matches!(m.values[5].storage, Storage::Arena { .. }));
+        assert_eq!(plan.next_bytes, 0);
+    }
+
     /// `y = x @ w` and `z = y @ x2`: the parameter `w` is packed once for the GEMM (counted in
     /// the plan); an input operand is not.
     #[test]
