@@ -429,11 +429,13 @@ fn the_forward_casts_each_parameter_once_and_the_update_stays_f32() {
         assert!(!lines.is_empty(), "no {op}");
         assert!(lines.iter().all(|l| l.contains(": f32[")), "{lines:#?}");
     }
-    for op in ["attention", "attention_grad", "embedding"] {
+    for op in ["attention_lse", "attention_grad", "embedding"] {
         let lines = typed(op);
         assert!(!lines.is_empty(), "no {op}");
         assert!(lines.iter().all(|l| l.contains(": f16[")), "{lines:#?}");
     }
+    // The forward's attention is the attention_lse the backward reads (one pass, CSE).
+    assert!(typed("attention").is_empty(), "{:#?}", typed("attention"));
     // The optimizer states are f32, as the masters they update.
     let states: Vec<&str> = ir
         .lines()

@@ -19,8 +19,11 @@ pub struct PreparedStep {
     pub kernel: StepKernel,
     /// How each input reaches the kernel.
     pub modes: Vec<OperandMode>,
-    /// The output is f32 and written straight into its buffer (else through staging).
+    /// Output 0 is f32 and written straight into its buffer (else through staging).
     pub out_direct: bool,
+    /// Per output after the first (of a multi-output op): f32 and written straight into its
+    /// buffer (else through staging, after output 0's).
+    pub more_direct: Vec<bool>,
     /// Where in the packed-weights region input 1 is kept packed (floats), when it depends on
     /// parameters alone (a parameter, or a hoisted value) and the kernel reads it packed: it
     /// is packed after the parameters change, not on every call. Steps applying the same op
@@ -54,12 +57,17 @@ impl RuntimeNeeds {
         let mut steps: Vec<PreparedStep> = Vec::with_capacity(module.steps.len());
         for (s, step) in module.steps.iter().enumerate() {
             let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
-            let [o] = step.outputs[..] else {
-                return Err(at("the executor runs one-output steps".to_string()));
+            let Some((&o, more)) = step.outputs.split_first() else {
+                return Err(at("a step has at least one output".to_string()));
             };
             let ty = |v: u32| &module.values[v as usize].ty;
             let types: Vec<TensorType> = step.inputs.iter().map(|&v| ty(v).clone()).collect();
             let out = ty(o);
+            for &m in more {
+                if output_aliases_input0(module, step, m).map_err(at)? {
+                    return Err(at("only its first output may overwrite input 0".into()));
+                }
+            }
             let kernel = prepare(step.op, &step.attrs, &step.kernel, &types, out).map_err(at)?;
             let aliased = output_aliases_input0(module, step, o).map_err(at)?;
             let out_direct = out.dtype == DType::F32;
@@ -72,9 +80,12 @@ impl RuntimeNeeds {
                     mode
                 })
                 .collect();
-            if !out_direct {
-                staging.need_output(out);
-            }
+            let more_direct: Vec<bool> = more.iter().map(|&m| ty(m).dtype == DType::F32).collect();
+            let staged = std::iter::once((o, out_direct))
+                .chain(more.iter().copied().zip(more_direct.iter().copied()))
+                .filter(|&(_, direct)| !direct)
+                .map(|(v, _)| ty(v));
+            staging.need_outputs(staged);
             scratch = scratch.max(scratch_floats(&kernel, &types, out));
             let packed_b = match kernel.packed_b_len() {
                 // A kernel this CPU cannot run has no layout; running it reports that.
@@ -107,6 +118,7 @@ impl RuntimeNeeds {
                 kernel,
                 modes,
                 out_direct,
+                more_direct,
                 packed_b,
             });
         }

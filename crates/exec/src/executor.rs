@@ -531,7 +531,7 @@ impl Executor {
                     mem.run_step(
                         plan,
                         &step.inputs,
-                        step.outputs[0],
+                        &step.outputs,
                         comm.as_deref_mut(),
                         in_stage,
                         int_stage,
@@ -840,12 +840,16 @@ impl<'a> Memory<'a> {
         module: &Module,
         out_stage: &mut AlignedBuf,
     ) -> Option<NumericsFault> {
-        let out = step.outputs[0];
-        let ty = &module.values[out as usize].ty;
         // SAFETY (all `bytes` calls): the caller rules out a live `&mut`.
-        let first_index = NumericsFault::first_nonfinite(ty, unsafe { self.bytes(out) })?;
+        let (out, first_index) = step.outputs.iter().find_map(|&o| {
+            let ty = &module.values[o as usize].ty;
+            NumericsFault::first_nonfinite(ty, unsafe { self.bytes(o) }).map(|i| (o, i))
+        })?;
+        let ty = &module.values[out as usize].ty;
         let low_precision = matches!(ty.dtype, DType::F16 | DType::BF16);
         let in_f32 = match &plan.prepared.kernel {
+            // Only output 0's f32 result is kept in `out_stage` as it is.
+            _ if out != step.outputs[0] => None,
             // A program rounds its low-precision steps inside the kernel: evaluate it again
             // without those roundings.
             StepKernel::Fused(program, params) | StepKernel::Binary(_, Some(program), params) => {
@@ -930,7 +934,7 @@ impl<'a> Memory<'a> {
         &mut self,
         plan: &StepPlan,
         step_inputs: &[u32],
-        output: u32,
+        outputs: &[u32],
         comm: Option<&mut (dyn Collectives + 'static)>,
         in_stage: &mut [AlignedBuf],
         int_stage: &mut AlignedBuf,
@@ -975,18 +979,43 @@ impl<'a> Memory<'a> {
                 shape: &slot.shape,
             };
         }
-        let out_slot = &self.slots[output as usize];
-        let Some(dst) = self.output_ptr(out_slot.place) else {
-            return Ok(());
-        };
+        // Each output's bytes, and whether it is written there directly (f32) or staged in
+        // `out_stage` (output 0 first, then the others, side by side) and stored after.
+        let mut places = Vec::with_capacity(outputs.len());
+        for (i, &o) in outputs.iter().enumerate() {
+            let slot = &self.slots[o as usize];
+            let Some(dst) = self.output_ptr(slot.place) else {
+                return Ok(());
+            };
+            let direct = match i {
+                0 => plan.prepared.out_direct,
+                _ => plan.prepared.more_direct[i - 1],
+            };
+            places.push((dst, slot, direct));
+        }
+        let staged: usize = places
+            .iter()
+            .filter(|(_, _, direct)| !direct)
+            .map(|(_, slot, _)| slot.numel)
+            .sum();
+        let mut stage = out_stage.f32s_mut(staged);
+        let mut slices: Vec<&mut [f32]> = Vec::with_capacity(places.len());
+        for &(dst, slot, direct) in &places {
+            slices.push(if direct {
+                // SAFETY: inside its region; disjoint from every input view and every other
+                // output (validated), input 0 included unless output 0 is `InPlace`, in which
+                // case no view of it exists.
+                unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), slot.numel) }
+            } else {
+                let (mine, rest) = std::mem::take(&mut stage).split_at_mut(slot.numel);
+                stage = rest;
+                mine
+            });
+        }
+        let mut slices = slices.into_iter();
+        let out = slices.next().unwrap_or_default();
+        let more_outs: Vec<&mut [f32]> = slices.collect();
         let in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
-        let out: &mut [f32] = if plan.prepared.out_direct {
-            // SAFETY: inside the arena; disjoint from every input view (validated), input 0
-            // included unless it is `InPlace`, in which case no view of it exists.
-            unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), out_slot.numel) }
-        } else {
-            out_stage.f32s_mut(out_slot.numel)
-        };
         let kernel_error = |e: KernelError| ExecError::new(ExecErrorKind::Kernel, e.to_string());
         if let StepKernel::Collective(c) = &plan.prepared.kernel {
             let x = views[0];
@@ -1013,17 +1042,24 @@ impl<'a> Memory<'a> {
                         inputs: views,
                         ints,
                         out,
-                        out_shape: &out_slot.shape,
+                        out_shape: &places[0].1.shape,
                         in_place,
+                        more_outs,
                     },
                     packed_b,
                 )
                 .map_err(kernel_error)?;
         }
-        if !plan.prepared.out_direct {
+        let mut stage = out_stage.f32s_mut(staged);
+        for (dst, slot, direct) in places {
+            if direct {
+                continue;
+            }
+            let (mine, rest) = std::mem::take(&mut stage).split_at_mut(slot.numel);
+            stage = rest;
             // SAFETY: the kernel is done; no view of the arena is used after this point.
-            let dst = unsafe { std::slice::from_raw_parts_mut(dst, out_slot.bytes) };
-            store_f32(out_slot.dtype, out_stage.f32s_mut(out_slot.numel), dst);
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst, slot.bytes) };
+            store_f32(slot.dtype, mine, dst);
         }
         Ok(())
     }

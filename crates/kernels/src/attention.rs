@@ -1,7 +1,7 @@
 //! Flash-style attention: per (batch, query head, query tile) task, key tiles stream through an
 //! online softmax, so no S×T score matrix is ever held. Causal (last query aligned with the last
-//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The same tiles
-//! give [`attention_lse`], the per-row log-sum-exp the backward ([`crate::attention_grad`])
+//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The same pass
+//! gives, in [`attention_lse`], the per-row log-sum-exp the backward ([`crate::attention_grad`])
 //! rebuilds the weights from.
 
 use serde::{Deserialize, Serialize};
@@ -60,8 +60,8 @@ struct AttentionJob<'a> {
     block_k: usize,
     gemm: MatmulParams,
     kernel: MicroKernel,
-    /// Write each row's log-sum-exp (`[B, S, Hq]`) instead of the attention output.
-    lse_only: bool,
+    /// Where each row's log-sum-exp goes (`[B, S, Hq]`), when the caller wants it.
+    lse: Option<SyncPtr>,
 }
 
 /// `attention(q, k, v)`: `softmax(q kᵀ · scale [+ causal mask]) v`; `scale` defaults to 1/√D.
@@ -77,13 +77,14 @@ pub fn attention(
     params: &AttentionParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    check_len("attention", "out", out.len(), q.shape)?;
-    run("attention", q, k, v, causal, scale, params, false, out)
+    run("attention", q, k, v, causal, scale, params, out, None)
 }
 
-/// `attention_lse(q, k, v)` into `out` (`[B, S, Hq]`): per query row, the log-sum-exp of its
-/// visible scaled scores (`m + ln Σ exp(score − m)`, online over the key tiles); -inf for a row
-/// that sees no key. Bit-identical for any thread count and `block_q`.
+/// [`attention`] into `out`, and into `lse` (`[B, S, Hq]`) per query row the log-sum-exp of its
+/// visible scaled scores (`m + ln Σ exp(score − m)`, online over the key tiles; -inf for a row
+/// that sees no key), from the same pass. `out` has the same bits as [`attention`]'s; both are
+/// bit-identical for any thread count and `block_q`.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_lse(
     q: TensorRef<'_>,
     k: TensorRef<'_>,
@@ -92,13 +93,23 @@ pub fn attention_lse(
     scale: Option<f64>,
     params: &AttentionParams,
     out: &mut [f32],
+    lse: &mut [f32],
 ) -> KernelResult<()> {
-    let (b, s, _, hq, _, _) = attention_dims(q, k, v)?;
-    check_len("attention_lse", "out", out.len(), &[b, s, hq])?;
-    run("attention_lse", q, k, v, causal, scale, params, true, out)
+    run(
+        "attention_lse",
+        q,
+        k,
+        v,
+        causal,
+        scale,
+        params,
+        out,
+        Some(lse),
+    )
 }
 
-/// The forward's tiles over every (batch, head, query tile), writing outputs or log-sum-exps.
+/// The forward's tiles over every (batch, head, query tile), writing the outputs and, when
+/// asked, the log-sum-exps.
 #[allow(clippy::too_many_arguments)]
 fn run(
     op: &'static str,
@@ -108,10 +119,14 @@ fn run(
     causal: bool,
     scale: Option<f64>,
     params: &AttentionParams,
-    lse_only: bool,
     out: &mut [f32],
+    lse: Option<&mut [f32]>,
 ) -> KernelResult<()> {
     let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
+    check_len(op, "out", out.len(), q.shape)?;
+    if let Some(lse) = &lse {
+        check_len(op, "lse", lse.len(), &[b, s, hq])?;
+    }
     if params.block_q == 0 || params.block_k == 0 {
         return Err(KernelError::new(op, "block sizes must be at least 1"));
     }
@@ -139,7 +154,7 @@ fn run(
             small_m: MatmulParams::default().small_m,
         },
         kernel,
-        lse_only,
+        lse: lse.map(|l| SyncPtr(l.as_mut_ptr())),
     };
     let q_tiles = s.div_ceil(params.block_q);
     let tasks = b * hq * q_tiles;
@@ -150,8 +165,8 @@ fn run(
     let out_ptr = SyncPtr(out.as_mut_ptr());
     par::for_each_index(parallel, tasks, |task| {
         let (bh, tile) = (task / q_tiles, task % q_tiles);
-        // SAFETY: task (b, h, tile) writes only the rows (or log-sum-exps) of its query tile at
-        // head h, disjoint from every other task's, inside `out` (length checked by the caller).
+        // SAFETY: task (b, h, tile) writes only the rows and log-sum-exps of its query tile at
+        // head h, disjoint from every other task's, inside `out` and `lse` (lengths checked).
         unsafe { p.tile(bh / hq, bh % hq, tile, out_ptr) };
     });
     Ok(())
@@ -179,8 +194,8 @@ impl AttentionJob<'_> {
     /// Computes one query tile of one (batch, head).
     ///
     /// # Safety
-    /// `out` must point to the `[B, S, Hq, D]` output (`[B, S, Hq]` when `lse_only`), and no
-    /// other task may write this tile.
+    /// `out` must point to the `[B, S, Hq, D]` output (and `self.lse`, if any, to `[B, S, Hq]`),
+    /// and no other task may write this tile.
     unsafe fn tile(&self, b: usize, h: usize, tile: usize, out: SyncPtr) {
         let (s, t, d) = (self.s, self.t, self.d);
         let q0 = tile * self.block_q;
@@ -248,12 +263,7 @@ impl AttentionJob<'_> {
                     let sum = rows::exp_sum(row, 1.0, new_max);
                     row_sum[r] = row_sum[r] * correction + sum;
                     row_max[r] = new_max;
-                    if !self.lse_only {
-                        rows::scale(&mut acc[r * d..(r + 1) * d], correction);
-                    }
-                }
-                if self.lse_only {
-                    continue;
+                    rows::scale(&mut acc[r * d..(r + 1) * d], correction);
                 }
                 let p = [MatRef {
                     data: scores,
@@ -279,17 +289,16 @@ impl AttentionJob<'_> {
                 }
                 .run(acc, &self.gemm);
             }
-            if self.lse_only {
+            if let Some(lse_out) = self.lse {
                 for r in 0..bq {
                     let lse = if row_sum[r] > 0.0 {
                         row_max[r] + math::log(row_sum[r])
                     } else {
                         f32::NEG_INFINITY
                     };
-                    // SAFETY: entry (b, q0 + r, h) lies inside `out` and belongs to this task.
-                    unsafe { *out.get().add((b * s + q0 + r) * self.hq + h) = lse };
+                    // SAFETY: entry (b, q0 + r, h) lies inside `lse` and belongs to this task.
+                    unsafe { *lse_out.get().add((b * s + q0 + r) * self.hq + h) = lse };
                 }
-                return;
             }
             for r in 0..bq {
                 let inv = if row_sum[r] > 0.0 {

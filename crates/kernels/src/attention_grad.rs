@@ -1,11 +1,14 @@
 //! The backward of attention, FlashAttention-2 style: the forward's per-row log-sum-exp
 //! ([`crate::attention::attention_lse`]) lets [`attention_grad`] rebuild each tile of attention
 //! weights from Q, K and the saved log-sum-exp as `exp(q·k·scale − lse)`, so no S×T matrix is
-//! ever stored. Each task owns a tile of output rows (query rows for dq, key rows for dk and dv)
-//! and streams the other side through in tiles, every product a packed GEMM on the tile; threads
-//! never write the same row and the result does not depend on the thread count. Layout
-//! `[B, S, H, D]`, GQA (query head h reads kv head h / (Hq / Hkv)), causal with the last query
-//! aligned to the last key.
+//! ever stored, and one pass gives all three gradients: per (query tile, key tile) the weights
+//! and the score gradients are built once and feed dq, dk and dv — five packed GEMMs per tile.
+//! A task owns one kv head of one batch row (and the query heads sharing it), so the dq rows and
+//! the dk / dv rows it writes are its own; where batch × kv heads is too few to keep the threads
+//! busy (multi-query attention), the query heads of a group are split over tasks whose dk / dv
+//! parts are added in a fixed order. The split depends on the shapes alone, so the result does
+//! not depend on the thread count. Layout `[B, S, H, D]`, GQA (query head h reads kv head
+//! h / (Hq / Hkv)), causal with the last query aligned to the last key.
 
 use super::attention::AttentionParams;
 use super::error::{KernelError, KernelResult};
@@ -171,75 +174,61 @@ impl GradJob<'_> {
         }
     }
 
-    /// dq rows `i0..i0+ni` of head `h` into `acc` (`ni × D`): `Σ_j dS·k_j` over the visible keys,
-    /// `block_k` keys at a time.
+    /// The gradients from query head `h` of batch row `b`: its dq rows into `dq` (`S × D`,
+    /// overwritten) and its contributions to kv head `h / group`'s dk and dv into `dk`, `dv`
+    /// (`T × D` each, added to). Query tiles of `block_q` rows go outermost; for each, the key
+    /// tiles it sees stream through `block_k` at a time, and each tile's weights `P` and score
+    /// gradients `dS` (in `work`) give `dq += dS·k`, `dk += dSᵀ·q` and `dv += Pᵀ·dout`.
     #[allow(clippy::too_many_arguments)]
-    fn dq_tile(
+    fn head(
         &self,
         b: usize,
         h: usize,
-        i0: usize,
-        ni: usize,
+        block_q: usize,
         block_k: usize,
-        buf: &mut [f32],
-        acc: &mut [f32],
+        work: &mut [f32],
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
     ) {
-        let kh = h / (self.hq / self.hkv);
-        let limit = self.visible(i0 + ni - 1);
-        for j0 in (0..limit).step_by(block_k) {
-            let nj = block_k.min(limit - j0);
-            let (p, ds) = buf[..2 * ni * nj].split_at_mut(ni * nj);
-            self.weights(b, h, i0, ni, j0, nj, p);
-            self.score_grads(b, h, i0, ni, j0, nj, p, ds);
-            let k = self.rows(self.k, b, j0, nj, kh, self.t, self.hkv);
-            self.product(Self::dense(ds, ni, nj, false), k, acc, true);
-        }
-    }
-
-    /// dk (`wrt` 1) or dv (`wrt` 2) rows `j0..j0+nj` of kv head `kh` into `acc` (`nj × D`):
-    /// `Σ dS·q_i` or `Σ P·dout_i` over every query of the head's group that sees the keys,
-    /// `step` queries at a time.
-    #[allow(clippy::too_many_arguments)]
-    fn dkv_tile(
-        &self,
-        b: usize,
-        kh: usize,
-        j0: usize,
-        nj: usize,
-        wrt: usize,
-        step: usize,
-        buf: &mut [f32],
-        acc: &mut [f32],
-    ) {
-        let group = self.hq / self.hkv;
-        // The first query that sees key j0.
-        let first = if self.causal {
-            (j0 + self.s).saturating_sub(self.t).min(self.s)
-        } else {
-            0
-        };
-        for h in kh * group..(kh + 1) * group {
-            for i0 in (first..self.s).step_by(step) {
-                let ni = step.min(self.s - i0);
-                let (p, ds) = buf[..2 * ni * nj].split_at_mut(ni * nj);
+        let (d, kh) = (self.d, h / (self.hq / self.hkv));
+        for i0 in (0..self.s).step_by(block_q) {
+            let ni = block_q.min(self.s - i0);
+            let dq_rows = &mut dq[i0 * d..(i0 + ni) * d];
+            dq_rows.fill(0.0);
+            let q = self.rows(self.q, b, i0, ni, h, self.s, self.hq);
+            let go = self.rows(self.dout, b, i0, ni, h, self.s, self.hq);
+            let limit = self.visible(i0 + ni - 1);
+            for j0 in (0..limit).step_by(block_k) {
+                let nj = block_k.min(limit - j0);
+                let (p, ds) = work[..2 * ni * nj].split_at_mut(ni * nj);
                 self.weights(b, h, i0, ni, j0, nj, p);
-                let (weights, rows) = if wrt == 2 {
-                    (&*p, self.rows(self.dout, b, i0, ni, h, self.s, self.hq))
-                } else {
-                    self.score_grads(b, h, i0, ni, j0, nj, p, ds);
-                    (&*ds, self.rows(self.q, b, i0, ni, h, self.s, self.hq))
-                };
-                self.product(Self::dense(weights, ni, nj, true), rows, acc, true);
+                self.score_grads(b, h, i0, ni, j0, nj, p, ds);
+                let k = self.rows(self.k, b, j0, nj, kh, self.t, self.hkv);
+                self.product(Self::dense(ds, ni, nj, false), k, dq_rows, true);
+                let keys = j0 * d..(j0 + nj) * d;
+                self.product(
+                    Self::dense(ds, ni, nj, true),
+                    q,
+                    &mut dk[keys.clone()],
+                    true,
+                );
+                self.product(Self::dense(p, ni, nj, true), go, &mut dv[keys], true);
             }
         }
     }
 }
 
-/// `attention_grad(q, k, v, out, dout, lse)` for the input `wrt` (0 q, 1 k, 2 v) into `grad`
-/// (that input's shape). With `P = exp(q·k·scale − lse)`, `dP = dout·vᵀ` and
-/// `dS = P·(dP − Σ dout·out)`: `dq = scale·Σ_j dS·k_j`, `dk = scale·Σ dS·q_i`, `dv = Σ P·dout_i`,
-/// the kv sums running over every query head of the kv head's group. A task owns `block_q` rows
-/// of the gradient and streams the other side `block_k` rows at a time.
+/// Fewer (batch row, kv head) pairs than this and the query heads of each group are split over
+/// tasks too (see the module doc). A constant, not the thread count, so the bits never depend on
+/// the pool.
+const MIN_TASKS: usize = 8;
+
+/// `attention_grad(q, k, v, out, dout, lse)`: the gradients of `attention(q, k, v)` with respect
+/// to q, k and v into `dq`, `dk`, `dv` (the inputs' shapes). With `P = exp(q·k·scale − lse)`,
+/// `dP = dout·vᵀ` and `dS = P·(dP − Σ dout·out)`: `dq = scale·Σ_j dS·k_j`,
+/// `dk = scale·Σ dS·q_i`, `dv = Σ P·dout_i`, the kv sums running over every query head of the kv
+/// head's group.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
     q: TensorRef<'_>,
@@ -250,9 +239,10 @@ pub fn attention_grad(
     lse: TensorRef<'_>,
     causal: bool,
     scale: Option<f64>,
-    wrt: usize,
     params: &AttentionParams,
-    grad: &mut [f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
 ) -> KernelResult<()> {
     const OP: &str = "attention_grad";
     let (b, s, t, hq, hkv, d) = attention_dims(q, k, v)?;
@@ -271,25 +261,30 @@ pub fn attention_grad(
             format!("lse {:?} must be [{b}, {s}, {hq}]", lse.shape),
         ));
     }
-    let target = match wrt {
-        0 => q,
-        1 => k,
-        2 => v,
-        _ => {
-            return Err(KernelError::new(
-                OP,
-                format!("no input {wrt} to differentiate"),
-            ))
-        }
-    };
-    check_len(OP, "grad", grad.len(), target.shape)?;
+    check_len(OP, "dq", dq.len(), q.shape)?;
+    check_len(OP, "dk", dk.len(), k.shape)?;
+    check_len(OP, "dv", dv.len(), v.shape)?;
     if params.block_q == 0 || params.block_k == 0 {
         return Err(KernelError::new(OP, "block sizes must be at least 1"));
     }
     let kernel = MicroKernel::select(params.isa)?;
     let (block_q, block_k) = (params.block_q, params.block_k);
-    let rows_total = b * s * hq;
-    with_scratch(rows_total, |delta| {
+    let group = hq / hkv;
+    // Query heads per task: the whole group, or a share of it when there are few kv heads.
+    let splits = MIN_TASKS.div_ceil(b * hkv).clamp(1, group);
+    let per_task = group.div_ceil(splits);
+    let splits = group.div_ceil(per_task);
+    let kv_len = t * d;
+    // With split groups, each split's dk / dv go to a part of their own, added up after.
+    let mut parts = vec![
+        0f32;
+        if splits > 1 {
+            2 * splits * b * hkv * kv_len
+        } else {
+            0
+        }
+    ];
+    with_scratch(b * s * hq, |delta| {
         // delta = rowsum(dout ∘ out), once per query row.
         for (r, dl) in delta.iter_mut().enumerate() {
             let at = r * d..(r + 1) * d;
@@ -320,42 +315,82 @@ pub fn attention_grad(
             },
             kernel,
         };
-        // Output rows per (batch, head) and the heads of the gradient.
-        let (len, heads) = if wrt == 0 { (s, hq) } else { (t, hkv) };
-        let tiles = len.div_ceil(block_q);
         let flops = [b, hq, s, t, d]
             .iter()
             .fold(4usize, |f, &x| f.saturating_mul(x));
         let parallel = flops >= params.min_parallel_flops;
-        let grad_ptr = SyncPtr(grad.as_mut_ptr());
-        par::for_each_index(parallel, b * heads * tiles, |task| {
-            let (bh, tile) = (task / tiles, task % tiles);
-            let (bi, h) = (bh / heads, bh % heads);
-            let r0 = tile * block_q;
-            let nr = block_q.min(len - r0);
-            with_scratch(nr * d + 2 * block_q * block_k, |buf| {
-                let (acc, work) = buf.split_at_mut(nr * d);
-                acc.fill(0.0);
-                if wrt == 0 {
-                    job.dq_tile(bi, h, r0, nr, block_k, work, acc);
-                } else {
-                    job.dkv_tile(bi, h, r0, nr, wrt, block_k, work, acc);
+        let (dq_ptr, dk_ptr, dv_ptr) = (
+            SyncPtr(dq.as_mut_ptr()),
+            SyncPtr(dk.as_mut_ptr()),
+            SyncPtr(dv.as_mut_ptr()),
+        );
+        let parts_ptr = SyncPtr(parts.as_mut_ptr());
+        par::for_each_index(parallel, b * hkv * splits, |task| {
+            let (pair, split) = (task / splits, task % splits);
+            let (bi, kh) = (pair / hkv, pair % hkv);
+            let heads = kh * group + split * per_task
+                ..(kh * group + (split + 1) * per_task).min((kh + 1) * group);
+            let scratch = 2 * kv_len + s * d + 2 * block_q * block_k;
+            with_scratch(scratch, |buf| {
+                let (dkv, rest) = buf.split_at_mut(2 * kv_len);
+                let (dq_head, work) = rest.split_at_mut(s * d);
+                dkv.fill(0.0);
+                let (dk_acc, dv_acc) = dkv.split_at_mut(kv_len);
+                for h in heads {
+                    job.head(bi, h, block_q, block_k, work, dq_head, dk_acc, dv_acc);
+                    for (i, row) in dq_head.chunks_exact(d).enumerate() {
+                        // SAFETY: dq row i of head h (batch bi) belongs to this task alone (its
+                        // heads are its own) and lies inside `dq` (length checked).
+                        unsafe { write_row(dq_ptr, ((bi * s + i) * hq + h) * d, row) };
+                    }
                 }
-                for (r, row) in acc.chunks_exact(d).enumerate() {
-                    // SAFETY: row r0 + r of head h belongs to this task alone and lies inside
-                    // `grad` (its length was checked against the target's shape).
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            grad_ptr.get().add(((bi * len + r0 + r) * heads + h) * d),
-                            d,
-                        )
-                    };
-                    dst.copy_from_slice(row);
+                for (acc, whole, part) in [(&*dk_acc, dk_ptr, 0), (&*dv_acc, dv_ptr, 1)] {
+                    for (j, row) in acc.chunks_exact(d).enumerate() {
+                        // SAFETY: without splits, row j of kv head kh (batch bi) belongs to
+                        // this task alone and lies inside `dk` / `dv`; with splits, the task
+                        // writes its own part, inside `parts` (sized for every split).
+                        unsafe {
+                            if splits == 1 {
+                                write_row(whole, ((bi * t + j) * hkv + kh) * d, row);
+                            } else {
+                                let at = ((part * splits + split) * b * hkv + pair) * kv_len;
+                                write_row(parts_ptr, at + j * d, row);
+                            }
+                        }
+                    }
                 }
             });
         });
     });
+    if splits > 1 {
+        // Each kv head's parts, added in split order.
+        for (part, grad) in [dk, dv].into_iter().enumerate() {
+            for pair in 0..b * hkv {
+                let (bi, kh) = (pair / hkv, pair % hkv);
+                for j in 0..t {
+                    let row = &mut grad[((bi * t + j) * hkv + kh) * d..][..d];
+                    row.fill(0.0);
+                    for split in 0..splits {
+                        let at = ((part * splits + split) * b * hkv + pair) * kv_len + j * d;
+                        for (x, &y) in row.iter_mut().zip(&parts[at..at + d]) {
+                            *x += y;
+                        }
+                    }
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+/// Copies `row` to `dst + at`.
+///
+/// # Safety
+/// `at..at + row.len()` must lie inside the buffer `dst` points to, and no other thread may
+/// touch it meanwhile.
+unsafe fn write_row(dst: SyncPtr, at: usize, row: &[f32]) {
+    // SAFETY: as the caller guarantees.
+    unsafe { std::slice::from_raw_parts_mut(dst.get().add(at), row.len()) }.copy_from_slice(row);
 }
 
 #[cfg(test)]
@@ -370,13 +405,14 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(32))]
 
         /// lse and the three gradients against the f64 reference (fed the reference's own
-        /// forward output and lse), GQA, causal or not, S ≠ T, any tiling and micro-kernel; 1 and
-        /// 2 threads agree bit for bit. Tolerance: f32 dot products of at most 16 terms and sums
-        /// over at most 9·4 scores.
+        /// forward output and lse), GQA with and without split groups, causal or not, S ≠ T, any
+        /// tiling and micro-kernel; 1 and 2 threads agree bit for bit, and the output written
+        /// with the lse has `attention`'s bits. Tolerance: f32 dot products of at most 16 terms
+        /// and sums over at most 9·4 scores.
         #[test]
         fn fast_matches_reference(
-            b in 1usize..3, s in 1usize..9, t in 1usize..9,
-            hkv in 1usize..3, group in 1usize..3, d in 1usize..17,
+            b in 1usize..4, s in 1usize..9, t in 1usize..9,
+            hkv in 1usize..5, group in 1usize..5, d in 1usize..17,
             causal in any::<bool>(),
             block_q in prop::sample::select(vec![1usize, 3, 32]),
             block_k in prop::sample::select(vec![1usize, 5, 128]),
@@ -400,42 +436,55 @@ mod tests {
             let lse = reference::attention_lse(qt, kt, vt, causal, None).unwrap();
             let params = AttentionParams { block_q, block_k, min_parallel_flops: 0, isa };
             let run_lse = || {
-                let mut o = vec![f32::NAN; b * s * hq];
-                attention::attention_lse(qt, kt, vt, causal, None, &params, &mut o).unwrap();
-                o
+                let (mut o, mut l) = (vec![f32::NAN; q.len()], vec![f32::NAN; b * s * hq]);
+                attention::attention_lse(qt, kt, vt, causal, None, &params, &mut o, &mut l)
+                    .unwrap();
+                (o, l)
             };
-            let got = in_pool(1, run_lse);
-            assert_same_bits("lse threads", &got, &in_pool(2, run_lse));
+            let (out, got) = in_pool(1, run_lse);
+            let (out2, got2) = in_pool(2, run_lse);
+            assert_same_bits("lse threads", &got, &got2);
+            assert_same_bits("out threads", &out, &out2);
             assert_close("lse", &got, &lse.data, 1e-5, 1e-5);
-            for wrt in 0..3 {
+            let mut alone = vec![f32::NAN; q.len()];
+            attention::attention(qt, kt, vt, causal, None, &params, &mut alone).unwrap();
+            assert_same_bits("out with lse", &out, &alone);
+            let run = || {
+                let mut g = [q.len(), k.len(), v.len()].map(|n| vec![f32::NAN; n]);
+                let [dq, dk, dv] = &mut g;
+                attention_grad(
+                    qt, kt, vt, fwd.view(), gt, lse.view(), causal, None, &params, dq, dk, dv,
+                ).unwrap();
+                g
+            };
+            let one = in_pool(1, run);
+            let two = in_pool(2, run);
+            for (wrt, (one, two)) in one.iter().zip(&two).enumerate() {
                 let want = reference::attention_grad(
                     qt, kt, vt, fwd.view(), gt, lse.view(), causal, None, wrt,
                 ).unwrap();
-                let run = || {
-                    let mut o = vec![f32::NAN; want.data.len()];
-                    attention_grad(
-                        qt, kt, vt, fwd.view(), gt, lse.view(), causal, None, wrt, &params, &mut o,
-                    ).unwrap();
-                    o
-                };
-                let one = in_pool(1, run);
-                assert_same_bits("grad threads", &one, &in_pool(2, run));
-                assert_close("attention grad", &one, &want.data, 2e-5, 1e-4);
+                assert_same_bits("grad threads", one, two);
+                assert_close("attention grad", one, &want.data, 2e-5, 1e-4);
             }
         }
     }
 
     #[test]
-    fn wrt_and_lse_shape_are_checked() {
+    fn gradient_and_lse_shapes_are_checked() {
         let x = [0.5f32; 4];
         let t = TensorRef::new("t", &x, &[1, 1, 1, 4]).unwrap();
         let l = [0.0f32; 1];
         let lt = TensorRef::new("t", &l, &[1, 1, 1]).unwrap();
         let p = AttentionParams::default();
-        let mut out = [0.0; 4];
-        assert!(attention_grad(t, t, t, t, t, lt, false, None, 3, &p, &mut out).is_err());
+        let ([mut a, mut b], mut short) = ([[0.0; 4]; 2], [0.0; 3]);
+        let mut c = [0.0; 4];
+        assert!(
+            attention_grad(t, t, t, t, t, lt, false, None, &p, &mut a, &mut b, &mut short).is_err()
+        );
         let bad = TensorRef::new("t", &l, &[1, 1]).unwrap();
-        assert!(attention_grad(t, t, t, t, t, bad, false, None, 0, &p, &mut out).is_err());
-        assert!(attention_grad(t, t, t, t, t, lt, false, None, 0, &p, &mut out).is_ok());
+        assert!(
+            attention_grad(t, t, t, t, t, bad, false, None, &p, &mut a, &mut b, &mut c).is_err()
+        );
+        assert!(attention_grad(t, t, t, t, t, lt, false, None, &p, &mut a, &mut b, &mut c).is_ok());
     }
 }

@@ -140,9 +140,10 @@ pub fn assert_matches_reference(got: &NpyArray, want: &NpyArray, what: &str) {
     );
 }
 
-/// A module of one `op` step over inputs `x0, x1, ...` of the given types, output `y`.
+/// A module of one `op` step over inputs `x0, x1, ...` of the given types, outputs `y` (and
+/// `y1`, `y2`, ... for a multi-output op).
 pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
-    let out = infer(op, &attrs, inputs).expect("valid op")[0].clone();
+    let outs = infer(op, &attrs, inputs).expect("valid op");
     let mut values: Vec<ValueInfo> = inputs
         .iter()
         .enumerate()
@@ -153,12 +154,21 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
             },
         })
         .collect();
-    let arena_bytes = out.bytes().div_ceil(64) * 64;
-    values.push(ValueInfo {
-        ty: out,
-        storage: Storage::Arena { offset: 0 },
-    });
-    let y = (values.len() - 1) as u32;
+    // The outputs side by side in the arena, named y, y1, y2, ...
+    let mut arena_bytes = 0;
+    let mut outputs = Vec::new();
+    for (i, ty) in outs.into_iter().enumerate() {
+        let bytes = ty.bytes().div_ceil(64) * 64;
+        values.push(ValueInfo {
+            ty,
+            storage: Storage::Arena {
+                offset: arena_bytes,
+            },
+        });
+        arena_bytes += bytes;
+        let name = if i == 0 { "y".into() } else { format!("y{i}") };
+        outputs.push((name, (values.len() - 1) as u32));
+    }
     Module {
         name: format!("one_{op}"),
         target: "cpu".into(),
@@ -169,11 +179,11 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
             kernel: choose_kernel(op),
             attrs,
             inputs: (0..inputs.len() as u32).collect(),
-            outputs: vec![y],
+            outputs: outputs.iter().map(|(_, v)| *v).collect(),
             origin: "test".into(),
             loc: None,
         }],
-        outputs: vec![("y".into(), y)],
+        outputs,
         arena_bytes,
         hoisted_bytes: 0,
     }
@@ -210,14 +220,24 @@ pub fn executor(module: Module, threads: usize) -> Executor {
     .expect("setup")
 }
 
-/// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns output `y`.
+/// Runs `module` on `threads` threads with inputs `x0, x1, ...` and returns its outputs, one
+/// after another.
 pub fn run_one(module: Module, inputs: &[NpyArray], threads: usize) -> Vec<f32> {
     let mut exec = executor(module, threads);
     for (i, a) in inputs.iter().enumerate() {
         exec.set_input(&format!("x{i}"), a).expect("input");
     }
     exec.run().expect("run");
-    exec.output_f32("y").expect("output y").1
+    let names: Vec<String> = exec
+        .module()
+        .outputs
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    names
+        .iter()
+        .flat_map(|name| exec.output_f32(name).expect("output").1)
+        .collect()
 }
 
 /// SplitMix64 values for test data.

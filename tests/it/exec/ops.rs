@@ -73,6 +73,12 @@ impl Case {
     }
 }
 
+/// The outputs of a multi-output op one after another, as `Case::check` compares them.
+fn concatenated(parts: &[&Tensor]) -> Tensor {
+    let data: Vec<f32> = parts.iter().flat_map(|t| t.data.iter().copied()).collect();
+    Tensor::new("outputs", vec![data.len()], data).unwrap()
+}
+
 fn rand(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     Rng(seed).vec(n, lo, hi)
 }
@@ -408,31 +414,23 @@ fn neural_net_backward_ops() {
             .input(DType::F32, &ks, v.clone());
         let (qt, kt, vt) = (t(&q, &qs), t(&kv, &ks), t(&v, &ks));
         let lse = r::attention_lse(qt, kt, vt, causal, None).unwrap();
-        case.check(lse.clone());
         let out = r::attention(qt, kt, vt, causal, None).unwrap();
+        case.check(concatenated(&[&out, &lse]));
         let dout = rand(7, q.len(), -1.0, 1.0);
-        for (wrt, name) in ["q", "k", "v"].into_iter().enumerate() {
-            let case = Case::new(Op::AttentionGrad, a.clone().with("wrt", name))
-                .input(DType::F32, &qs, q.clone())
-                .input(DType::F32, &ks, kv.clone())
-                .input(DType::F32, &ks, v.clone())
-                .input(DType::F32, &qs, out.data.clone())
-                .input(DType::F32, &qs, dout.clone())
-                .input(DType::F32, &lse.shape, lse.data.clone());
-            let want = r::attention_grad(
-                case.x(0),
-                case.x(1),
-                case.x(2),
-                case.x(3),
-                case.x(4),
-                case.x(5),
-                causal,
-                None,
-                wrt,
-            )
-            .unwrap();
-            case.check(want);
-        }
+        let case = Case::new(Op::AttentionGrad, a.clone())
+            .input(DType::F32, &qs, q.clone())
+            .input(DType::F32, &ks, kv.clone())
+            .input(DType::F32, &ks, v.clone())
+            .input(DType::F32, &qs, out.data.clone())
+            .input(DType::F32, &qs, dout.clone())
+            .input(DType::F32, &lse.shape, lse.data.clone());
+        let grads: Vec<Tensor> = (0..3)
+            .map(|wrt| {
+                let x = |i| case.x(i);
+                r::attention_grad(x(0), x(1), x(2), x(3), x(4), x(5), causal, None, wrt).unwrap()
+            })
+            .collect();
+        case.check(concatenated(&grads.iter().collect::<Vec<_>>()));
     }
     let conv = Conv2dAttrs {
         stride: [2, 1],

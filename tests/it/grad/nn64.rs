@@ -3,7 +3,6 @@
 //! here. Written straight from the definitions (docs/ops.md), independently of the kernels.
 
 use super::tensor64::T64;
-use mslc_core::ops::family::nn::attention_grad_wrt;
 use mslc_core::ops::{resolve_attrs, Attrs, Op};
 
 type R<T> = Result<T, String>;
@@ -58,10 +57,13 @@ pub fn eval_op(op: Op, attrs: &Attrs, inputs: &[&T64]) -> Result<Vec<T64>, Strin
         ),
         Op::RopeCached => rope_cached(x[0], x[1]),
         Op::Attention => Attn::new(x, &a)?.forward().0,
-        Op::AttentionLse => Attn::new(x, &a)?.forward().1,
+        Op::AttentionLse => {
+            let (out, lse) = Attn::new(x, &a)?.forward();
+            return Ok(vec![out, lse]);
+        }
         Op::AttentionGrad => {
-            let wrt = attention_grad_wrt(&a).map_err(|e| e.message)?;
-            Attn::new(x, &a)?.grad(x[3], x[4], x[5], wrt)?
+            let attn = Attn::new(x, &a)?;
+            return (0..3).map(|wrt| attn.grad(x[3], x[4], x[5], wrt)).collect();
         }
         Op::Conv2d => {
             let c = Conv::new(x[0].shape.clone(), x[1].shape.clone(), &a)?;

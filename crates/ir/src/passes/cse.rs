@@ -17,6 +17,15 @@ fn same(a: &Node, b: &Node) -> bool {
     a.attrs() == b.attrs() && a.annotations == b.annotations
 }
 
+/// The op an `attention` or `attention_lse` merges with.
+fn attention_partner(op: Op) -> Option<Op> {
+    match op {
+        Op::Attention => Some(Op::AttentionLse),
+        Op::AttentionLse => Some(Op::Attention),
+        _ => None,
+    }
+}
+
 impl Pass for Cse {
     fn name(&self) -> &'static str {
         "cse"
@@ -40,8 +49,39 @@ impl Pass for Cse {
             if op == Op::Dropout {
                 continue;
             }
+            let inputs = g.inputs(id);
+            if let Some(other) = attention_partner(op) {
+                if let Some(&partner) = seen
+                    .get(&(other, inputs.clone()))
+                    .and_then(|b| b.iter().find(|n| same(g.node(**n), g.node(id))))
+                {
+                    let (attention, with_lse) = if op == Op::Attention {
+                        (id, partner)
+                    } else {
+                        (partner, id)
+                    };
+                    g.replace_all_uses(
+                        ValueRef {
+                            node: attention,
+                            index: 0,
+                        },
+                        ValueRef {
+                            node: with_lse,
+                            index: 0,
+                        },
+                    );
+                    g.remove_node(attention);
+                    stats.record(self.name(), "merged");
+                    if op == Op::Attention {
+                        continue;
+                    }
+                    seen.entry((other, inputs.clone()))
+                        .or_default()
+                        .retain(|&n| n != partner);
+                }
+            }
             // Operands were canonicalised already: the order is topological.
-            let bucket = seen.entry((op, g.inputs(id))).or_default();
+            let bucket = seen.entry((op, inputs)).or_default();
             match bucket.iter().find(|n| same(g.node(**n), g.node(id))) {
                 Some(&first) => {
                     for index in 0..g.node(id).outputs.len() as u32 {
@@ -57,5 +97,46 @@ impl Pass for Cse {
             }
         }
         Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mslc_core::ops::{Attrs, DType, TensorType};
+
+    /// Whichever comes first in the order, the forward `attention` is replaced by the first
+    /// output of the `attention_lse` of the same operands and attributes; one with other
+    /// attributes stays.
+    #[test]
+    fn attention_merges_into_attention_lse_of_the_same_operands() {
+        for lse_first in [false, true] {
+            let mut g = Graph::new("m");
+            let t = TensorType::new(DType::F32, [1, 4, 2, 8]);
+            let qkv: Vec<ValueRef> = ["q", "k", "v"]
+                .iter()
+                .map(|n| g.add_input(n, t.clone()))
+                .collect();
+            let causal = Attrs::new().with("causal", true);
+            let add = |g: &mut Graph, op: Op, attrs: &Attrs| {
+                g.add_op(op, attrs.clone(), &qkv, "").unwrap()
+            };
+            let (attention, with_lse) = if lse_first {
+                let l = add(&mut g, Op::AttentionLse, &causal);
+                (add(&mut g, Op::Attention, &causal), l)
+            } else {
+                let a = add(&mut g, Op::Attention, &causal);
+                (a, add(&mut g, Op::AttentionLse, &causal))
+            };
+            let other = add(&mut g, Op::Attention, &Attrs::new());
+            g.set_output("out", attention[0]);
+            g.set_output("lse", with_lse[1]);
+            g.set_output("other", other[0]);
+            let stats = Cse.run(&mut g, &PassContext::default()).unwrap();
+            assert_eq!(stats.rewrites.get("cse.merged"), Some(&1));
+            assert!(!g.contains(attention[0].node));
+            assert_eq!(g.outputs[0].1, with_lse[0]);
+            assert_eq!(g.outputs[2].1, other[0]);
+        }
     }
 }

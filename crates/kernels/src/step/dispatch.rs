@@ -25,6 +25,9 @@ pub struct Operands<'a> {
     pub out_shape: &'a [usize],
     /// `out` already holds input 0 (the result overwrites its operand).
     pub in_place: bool,
+    /// Where outputs 1, 2, … of a multi-output op go (`attention_lse`'s log-sum-exps,
+    /// `attention_grad`'s dk and dv); empty for every other op.
+    pub more_outs: Vec<&'a mut [f32]>,
 }
 
 impl StepKernel {
@@ -81,6 +84,7 @@ impl StepKernel {
             out,
             out_shape,
             in_place,
+            more_outs,
         } = io;
         let x = |i: usize| inputs[i];
         match self {
@@ -200,25 +204,31 @@ impl StepKernel {
                 causal,
                 scale,
                 params,
-            } => attention::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out)?,
+            } => {
+                let [lse] = more_outputs("attention_lse", more_outs)?;
+                attention::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out, lse)?
+            }
             StepKernel::AttentionGrad {
                 causal,
                 scale,
-                wrt,
                 params,
-            } => attention_grad::attention_grad(
-                x(0),
-                x(1),
-                x(2),
-                x(3),
-                x(4),
-                x(5),
-                *causal,
-                Some(*scale),
-                *wrt,
-                params,
-                out,
-            )?,
+            } => {
+                let [dk, dv] = more_outputs("attention_grad", more_outs)?;
+                attention_grad::attention_grad(
+                    x(0),
+                    x(1),
+                    x(2),
+                    x(3),
+                    x(4),
+                    x(5),
+                    *causal,
+                    Some(*scale),
+                    params,
+                    out,
+                    dk,
+                    dv,
+                )?
+            }
             StepKernel::Conv2dGradInput(attrs, size, p) => {
                 conv_grad::conv2d_grad_input(x(0), x(1), attrs, *size, p, out)?
             }
@@ -234,6 +244,20 @@ impl StepKernel {
         }
         Ok(())
     }
+}
+
+/// Outputs 1..=N of a multi-output `op`; an error when the caller gave another number.
+fn more_outputs<'a, const N: usize>(
+    op: &'static str,
+    outs: Vec<&'a mut [f32]>,
+) -> KernelResult<[&'a mut [f32]; N]> {
+    let given = outs.len();
+    outs.try_into().map_err(|_| {
+        KernelError::new(
+            op,
+            format!("has {} outputs, but {} were given", N + 1, given + 1),
+        )
+    })
 }
 
 /// Runs `f(start, chunk)` over `block`-long chunks of `out`, in parallel for large outputs.

@@ -60,7 +60,7 @@ pub struct Staging {
     pub inputs: Vec<usize>,
     /// For integer operands.
     pub ints: usize,
-    /// For outputs that are not f32.
+    /// For a step's outputs that are not f32, one after another.
     pub out: usize,
 }
 
@@ -80,9 +80,12 @@ impl Staging {
         }
     }
 
-    /// Makes room for an output of type `ty` that is not stored as f32.
-    pub fn need_output(&mut self, ty: &TensorType) {
-        self.out = self.out.max(numel(ty).saturating_mul(4));
+    /// Makes room for one step's outputs that are not stored as f32, side by side.
+    pub fn need_outputs<'a>(&mut self, tys: impl IntoIterator<Item = &'a TensorType>) {
+        let bytes = tys.into_iter().fold(0usize, |sum, ty| {
+            sum.saturating_add(numel(ty).saturating_mul(4))
+        });
+        self.out = self.out.max(bytes);
     }
 
     /// All staging bytes.

@@ -14,7 +14,7 @@ use crate::reference::CrossEntropyAttrs;
 use crate::transpose::TransposeParams;
 use crate::Activation;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry, Window};
-use mslc_core::ops::family::nn::{attention_grad_wrt, AttentionDims};
+use mslc_core::ops::family::nn::AttentionDims;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
 use mslc_core::ops::{resolve_attrs, Attrs, DType, Op, OpError, TensorType};
@@ -103,7 +103,7 @@ pub enum StepKernel {
     NormGrad(bool, f64, RowParams),
     /// `embedding_grad` (input 0 read as integers) into a table of this many rows.
     EmbeddingGrad(usize, RowParams),
-    /// `attention_lse`.
+    /// `attention_lse`: the output and, as output 1, the log-sum-exps.
     AttentionLse {
         /// Causal mask.
         causal: bool,
@@ -112,14 +112,12 @@ pub enum StepKernel {
         /// Tiles and thread split.
         params: AttentionParams,
     },
-    /// `attention_grad`.
+    /// `attention_grad`: dq, and dk and dv as outputs 1 and 2.
     AttentionGrad {
         /// Causal mask.
         causal: bool,
         /// Score scale.
         scale: f64,
-        /// The input differentiated: 0 q, 1 k, 2 v.
-        wrt: usize,
         /// Tiles and thread split.
         params: AttentionParams,
     },
@@ -390,7 +388,6 @@ pub fn prepare(
                 StepKernel::AttentionGrad {
                     causal: dims.causal,
                     scale: dims.scale,
-                    wrt: attention_grad_wrt(&a).map_err(err)?,
                     params,
                 }
             }

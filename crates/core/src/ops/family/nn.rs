@@ -109,15 +109,17 @@ pub const EMBEDDING_GRAD: OpSpec = OpSpec {
     shard: None,
 };
 
-/// `attention_lse`: the natural log of each query row's softmax denominator (scaled scores,
-/// max-shifted), as f32 `[B, S, Hq]` — what `attention_grad` needs to rebuild the attention
-/// weights tile by tile instead of storing the S×T matrix. A row that sees no key gets -inf.
+/// `attention_lse`: `attention`'s output and, as a second output from the same pass, the natural
+/// log of each query row's softmax denominator (scaled scores, max-shifted), as f32
+/// `[B, S, Hq]` — what `attention_grad` needs to rebuild the attention weights tile by tile
+/// instead of storing the S×T matrix. A row that sees no key gets -inf. In a training step it
+/// replaces the forward's `attention` (CSE), so the forward runs once.
 pub const ATTENTION_LSE: OpSpec = OpSpec {
     inputs: &["q", "k", "v"],
     arity: Arity::Exact(3),
     attrs: &ATTENTION_ATTRS,
     infer: infer_attention_lse,
-    cost: CostRule::Custom(cost_attention_lse),
+    cost: CostRule::Custom(cost_attention),
     precision: PrecisionClass::KeepF32,
     elementwise: false,
     in_place: false,
@@ -125,18 +127,14 @@ pub const ATTENTION_LSE: OpSpec = OpSpec {
     shard: None,
 };
 
-/// `attention_grad`: the gradient of `attention(q, k, v)` w.r.t. the input `wrt` names (`"q"`,
-/// `"k"` or `"v"`), from the forward output `out`, its cotangent `dout` and the `attention_lse`
-/// rows; the weights are recomputed per key tile from q, k and lse. For k and v, the query
-/// heads sharing a kv head (GQA) add up.
+/// `attention_grad`: the gradients of `attention(q, k, v)` with respect to q, k and v (three
+/// outputs), from the forward output `out`, its cotangent `dout` and the `attention_lse` rows;
+/// the weights are rebuilt tile by tile from q, k and lse, once for all three. For k and v, the
+/// query heads sharing a kv head (GQA) add up.
 pub const ATTENTION_GRAD: OpSpec = OpSpec {
     inputs: &["q", "k", "v", "out", "dout", "lse"],
     arity: Arity::Exact(6),
-    attrs: &[
-        AttrSpec::defaulted("causal", ConstAttr::Bool(false)),
-        AttrSpec::optional("scale", AttrKind::Float),
-        AttrSpec::required("wrt", AttrKind::Str),
-    ],
+    attrs: &ATTENTION_ATTRS,
     infer: infer_attention_grad,
     cost: CostRule::Custom(cost_attention_grad),
     precision: PrecisionClass::KeepF32,
@@ -304,24 +302,22 @@ fn grad_rope_cached(em: &mut dyn Emitter, call: &GradCall) -> Grads {
     Ok(vec![Some(dx), None])
 }
 
-/// `attention`: one `attention_lse` (the score products again, no S×T matrix kept) and one
-/// `attention_grad` per input, each rebuilding the weights from q, k and the lse; dead-code
-/// elimination drops the ones no parameter needs.
+/// `attention`: one `attention_lse` for the log-sum-exps (CSE then lets it compute the forward
+/// output too) and one `attention_grad` for all three gradients, rebuilding the weights from q,
+/// k and the lse.
 fn grad_attention(em: &mut dyn Emitter, call: &GradCall) -> Grads {
     let mut attrs = Attrs::new().with("causal", call.attrs.opt_bool("causal")?.unwrap_or(false));
     if let Some(scale) = call.attrs.opt_float("scale")? {
         attrs.insert("scale", scale);
     }
     let qkv = [call.x(0), call.x(1), call.x(2)];
-    let lse = em.op1(Op::AttentionLse, attrs.clone(), &qkv)?;
+    let lse = em.emit(Op::AttentionLse, attrs.clone(), &qkv)?[1];
     let inputs = [qkv[0], qkv[1], qkv[2], call.y(0), call.dy()?, lse];
-    ["q", "k", "v"]
+    Ok(em
+        .emit(Op::AttentionGrad, attrs, &inputs)?
         .into_iter()
-        .map(|wrt| {
-            em.op1(Op::AttentionGrad, attrs.clone().with("wrt", wrt), &inputs)
-                .map(Some)
-        })
-        .collect()
+        .map(Some)
+        .collect())
 }
 
 fn infer_embedding(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -410,33 +406,13 @@ fn infer_embedding_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
 }
 
 fn infer_attention_lse(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
-    infer_attention(ctx)?;
+    let out = infer_attention(ctx)?.remove(0);
     let d = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)?;
-    Ok(vec![TensorType::new(DType::F32, [d.b, d.s, d.hq])])
-}
-
-/// `2·B·Hq·S·T·D`: the score products only.
-fn cost_attention_lse(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
-    let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
-        .map_or(0, |d| d.flops() / 2);
-    Cost::streaming(flops, ctx.inputs, outputs)
-}
-
-/// The input `attention_grad` differentiates for: 0 (q), 1 (k) or 2 (v).
-pub fn attention_grad_wrt(attrs: &Attrs) -> Result<usize, OpError> {
-    match attrs.str("wrt")?.as_str() {
-        "q" => Ok(0),
-        "k" => Ok(1),
-        "v" => Ok(2),
-        other => Err(OpError::new(format!(
-            "`wrt` must be \"q\", \"k\" or \"v\", got {other:?}"
-        ))),
-    }
+    Ok(vec![out, TensorType::new(DType::F32, [d.b, d.s, d.hq])])
 }
 
 fn infer_attention_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
-    let wrt = attention_grad_wrt(ctx.attrs)?;
-    let lse = infer_attention_lse(ctx)?.remove(0);
+    let lse = infer_attention_lse(ctx)?.remove(1);
     for i in [3, 4] {
         ctx.same_dtype(0, i)?;
         if ctx.input(i).shape != ctx.input(0).shape {
@@ -460,18 +436,19 @@ fn infer_attention_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             ),
         ));
     }
-    Ok(vec![ctx.input(wrt).clone()])
+    Ok(vec![
+        ctx.input(0).clone(),
+        ctx.input(1).clone(),
+        ctx.input(2).clone(),
+    ])
 }
 
-/// The score products again, plus one (v), two (k) or two (q) more products of the same size.
+/// Five products the size of the score product: the scores and `dout·vᵀ` again, then one each
+/// for dq, dk and dv.
 fn cost_attention_grad(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     let flops = AttentionDims::of(ctx.input(0), ctx.input(1), ctx.input(2), ctx.attrs)
         .map_or(0, |d| d.flops() / 2);
-    let products = match attention_grad_wrt(ctx.attrs) {
-        Ok(2) => 2,
-        _ => 3,
-    };
-    Cost::streaming(flops.saturating_mul(products), ctx.inputs, outputs)
+    Cost::streaming(flops.saturating_mul(5), ctx.inputs, outputs)
 }
 
 fn infer_rope_table(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -519,7 +496,7 @@ fn infer_causal_mask(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
 mod tests {
     use super::*;
     use crate::ops::family::testing::*;
-    use crate::ops::{cost, DType, Op};
+    use crate::ops::{cost, infer, DType, Op};
 
     #[test]
     fn embedding() {
@@ -659,27 +636,26 @@ mod tests {
     fn attention_backward_shapes() {
         let q = f32t(&[2, 5, 8, 16]);
         let kv = f32t(&[2, 7, 2, 16]);
-        let lse = ok(
+        let outs = infer(
             Op::AttentionLse,
-            Attrs::new(),
+            &Attrs::new(),
             &[q.clone(), kv.clone(), kv.clone()],
-        );
-        assert_eq!(lse, f32t(&[2, 5, 8]));
+        )
+        .unwrap();
+        assert_eq!(outs, [q.clone(), f32t(&[2, 5, 8])]);
+        let lse = outs[1].clone();
         let ins = [q.clone(), kv.clone(), kv.clone(), q.clone(), q.clone(), lse];
-        for (wrt, want) in [("q", &q), ("k", &kv), ("v", &kv)] {
-            let a = Attrs::new().with("wrt", wrt);
-            assert_eq!(&ok(Op::AttentionGrad, a, &ins), want);
-        }
-        let a = Attrs::new().with("wrt", "out");
-        assert!(err(Op::AttentionGrad, a, &ins)
-            .message
-            .contains("`wrt` must be"));
+        let grads = infer(Op::AttentionGrad, &Attrs::new(), &ins).unwrap();
+        assert_eq!(grads, [q.clone(), kv.clone(), kv.clone()]);
         let mut bad = ins.clone();
         bad[5] = f32t(&[2, 8, 5]);
-        let e = err(Op::AttentionGrad, Attrs::new().with("wrt", "q"), &bad);
+        let e = err(Op::AttentionGrad, Attrs::new(), &bad);
         assert_eq!(e.input, Some(5));
+        let forward = 4 * 2 * 8 * 5 * 7 * 16;
         let c = cost(Op::AttentionLse, &Attrs::new(), &ins[..3]).unwrap();
-        assert_eq!(c.flops, 2 * 2 * 8 * 5 * 7 * 16);
+        assert_eq!(c.flops, forward);
+        let c = cost(Op::AttentionGrad, &Attrs::new(), &ins).unwrap();
+        assert_eq!(c.flops, forward / 2 * 5);
     }
 
     #[test]
