@@ -412,6 +412,22 @@ fn rejected(m: Module, want: &str) {
     assert!(e.message.contains(want), "want `{want}`: {}", e.message);
 }
 
+/// A multi-output step's outputs are all checked: two placed over each other, or a step giving
+/// fewer outputs than its op has, are refused.
+#[test]
+fn crafted_multi_output_steps_are_rejected() {
+    let q = TensorType::new(DType::F32, [1, 4, 2, 8]);
+    let qkv = [q.clone(), q.clone(), q];
+    let m = one_step(Op::AttentionLse, Attrs::new(), &qkv);
+    assert_eq!(m.steps[0].outputs.len(), 2);
+    let mut overlapping = m.clone();
+    overlapping.values[4].storage = Storage::Arena { offset: 0 };
+    rejected(overlapping, "overlaps %3");
+    let mut short = m;
+    short.steps[0].outputs.pop();
+    rejected(short, "has 1 outputs, the op gives 2");
+}
+
 #[test]
 fn crafted_hoisted_values_are_rejected() {
     // Computed from an input, so it would go stale on the next run.
