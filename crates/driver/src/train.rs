@@ -538,12 +538,15 @@ struct Builder<'g> {
 type Built<T> = Result<T, String>;
 
 impl Builder<'_> {
-    fn op(&mut self, op: Op, attrs: Attrs, inputs: &[ValueRef]) -> Built<ValueRef> {
-        let outs = self
-            .g
+    /// Every output of `op` applied to `inputs`.
+    fn ops(&mut self, op: Op, attrs: Attrs, inputs: &[ValueRef]) -> Built<Vec<ValueRef>> {
+        self.g
             .add_op(op, attrs, inputs, "train")
-            .map_err(|e| format!("{op}: {}", e.message))?;
-        Ok(outs[0])
+            .map_err(|e| format!("{op}: {}", e.message))
+    }
+
+    fn op(&mut self, op: Op, attrs: Attrs, inputs: &[ValueRef]) -> Built<ValueRef> {
+        Ok(self.ops(op, attrs, inputs)?[0])
     }
 
     fn bin(&mut self, op: Op, a: ValueRef, b: ValueRef) -> Built<ValueRef> {
@@ -772,30 +775,18 @@ impl Builder<'_> {
         let [m, v] = state else {
             return Err("Adam needs two moments".to_string());
         };
-        let decoupled = opt.kind == OptimizerKind::AdamW;
-        let g = if wd > 0.0 && !decoupled {
-            self.lerp(1.0, g, wd, p)?
-        } else {
-            g
-        };
-        let p = if wd > 0.0 && decoupled {
-            // p ← p − lr·wd·p
-            let lr_wd = self.scale(lr, wd)?;
-            let decay = self.bin(Op::Mul, p, lr_wd)?;
-            self.bin(Op::Sub, p, decay)?
-        } else {
-            p
-        };
-        let (b1, b2) = opt.betas;
-        let new_m = self.lerp(b1, *m, 1.0 - b1, g)?;
-        let g2 = self.bin(Op::Mul, g, g)?;
-        let new_v = self.lerp(b2, *v, 1.0 - b2, g2)?;
-        let root = self.op(Op::Sqrt, Attrs::new(), &[new_v])?;
-        let unbiased = self.bin(Op::Div, root, bc2_sqrt)?;
-        let eps = self.scalar(opt.eps)?;
-        let denom = self.bin(Op::Add, unbiased, eps)?;
-        let ratio = self.bin(Op::Div, new_m, denom)?;
-        let step = self.bin(Op::Mul, ratio, step_size)?;
-        Ok((self.bin(Op::Sub, p, step)?, vec![new_m, new_v]))
+        // One fused step per parameter (p, g, m and v read once; the new three written once).
+        let attrs = Attrs::new()
+            .with("beta1", opt.betas.0)
+            .with("beta2", opt.betas.1)
+            .with("eps", opt.eps)
+            .with("weight_decay", wd)
+            .with("decoupled", opt.kind == OptimizerKind::AdamW);
+        let outs = self.ops(
+            Op::AdamUpdate,
+            attrs,
+            &[p, g, *m, *v, lr, step_size, bc2_sqrt],
+        )?;
+        Ok((outs[0], vec![outs[1], outs[2]]))
     }
 }

@@ -102,7 +102,9 @@ impl KernelKind {
             Op::Attention | Op::AttentionLse | Op::AttentionGrad => KernelKind::FlashAttention,
             Op::Transpose => KernelKind::Transpose,
             Op::Dropout => KernelKind::Reference,
-            _ if op.spec().elementwise || op == Op::FusedElementwise => KernelKind::Elementwise,
+            _ if op.spec().elementwise || matches!(op, Op::FusedElementwise | Op::AdamUpdate) => {
+                KernelKind::Elementwise
+            }
             Op::Softmax
             | Op::LogSoftmax
             | Op::RmsNorm

@@ -41,6 +41,7 @@ pub mod math;
 pub mod matmul;
 pub mod norm;
 pub mod norm_grad;
+pub mod optimizer;
 pub mod par;
 pub mod peak;
 pub mod pool;

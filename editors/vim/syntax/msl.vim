@@ -51,8 +51,8 @@ syn match   mslScalarType    "\.\@<!\<\%(int\|float\|str\|dtype\|shape\)\>\%(\s*
 " Ops are a match, not a keyword: a keyword would win over the label in
 " `attention.self.query: LinearBias(..)` and over a named argument `max: 3`.
 let s:ops = [
-      \ 'abs', 'adaptive_avg_pool2d', 'adaptive_avg_pool2d_grad', 'add', 'all_gather',
-      \ 'all_reduce', 'attention', 'attention_grad', 'attention_lse', 'avg_pool2d',
+      \ 'abs', 'adam_update', 'adaptive_avg_pool2d', 'adaptive_avg_pool2d_grad', 'add',
+      \ 'all_gather', 'all_reduce', 'attention', 'attention_grad', 'attention_lse', 'avg_pool2d',
       \ 'avg_pool2d_grad', 'batch_norm', 'broadcast_to', 'cast', 'causal_mask', 'concat',
       \ 'constant', 'conv2d', 'conv2d_grad_input', 'conv2d_grad_weight', 'cross_entropy',
       \ 'cross_entropy_grad', 'div', 'dropout', 'embedding', 'embedding_grad', 'erf', 'exp',

@@ -638,6 +638,51 @@ fn covering_test(op: Op) -> fn() {
         Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter => {
             collectives_on_two_ranks
         }
+        Op::AdamUpdate => adam_update_as_torch,
+    }
+}
+
+/// `adam_update` against `torch.optim.Adam` / `AdamW`'s step written out in f64, at step 3:
+/// Adam with L2 decay, AdamW with decoupled decay, and neither.
+#[test]
+fn adam_update_as_torch() {
+    let (b1, b2, eps, lr, t) = (0.9f64, 0.95f64, 1e-8f64, 1e-2f64, 3);
+    let step_size = lr / (1.0 - b1.powi(t));
+    let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
+    let [p, g, m] = [11, 12, 13].map(|seed| rand(seed, 15, -1.0, 1.0));
+    let v = rand(14, 15, 0.0, 0.5);
+    for (wd, decoupled) in [(0.1, true), (0.05, false), (0.0, true)] {
+        let attrs = Attrs::new()
+            .with("beta1", b1)
+            .with("beta2", b2)
+            .with("eps", eps)
+            .with("weight_decay", wd)
+            .with("decoupled", decoupled);
+        let scalar = |x: f64| vec![x as f32];
+        let mut case = Case::new(Op::AdamUpdate, attrs);
+        for x in [&p, &g, &m, &v] {
+            case = case.input(DType::F32, &[3, 5], x.clone());
+        }
+        for x in [lr, step_size, bc2_sqrt] {
+            case = case.input(DType::F32, &[], scalar(x));
+        }
+        let mut want = vec![Vec::new(); 3];
+        for i in 0..15 {
+            let (mut pi, mut gi) = (p[i] as f64, g[i] as f64);
+            if decoupled {
+                pi *= 1.0 - lr * wd;
+            } else {
+                gi += wd * pi;
+            }
+            let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+            let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+            let new_p = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
+            for (k, x) in [new_p, mi, vi].into_iter().enumerate() {
+                want[k].push(x as f32);
+            }
+        }
+        let data = want.concat();
+        case.check(Tensor::new("outputs", vec![data.len()], data).unwrap());
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::error::OpError;
 use super::family::{
-    collective, conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, reduce,
+    collective, conv, elementwise as ew, fused, layout, loss, matmul, nn, norm, optim, reduce,
 };
 use super::scalar as s;
 use super::spec::{GradRule, OpSpec, PrecisionClass, ShardRule};
@@ -234,6 +234,8 @@ op_table! {
     MaxPool2dGrad = "max_pool2d_grad" => conv::POOL2D_GRAD,
     AvgPool2dGrad = "avg_pool2d_grad" => conv::POOL2D_GRAD,
     AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
+    // Optimizer updates (a training step builds them)
+    AdamUpdate = "adam_update" => optim::ADAM_UPDATE,
     // Collectives (the sharding pass inserts them; the executor runs them)
     AllReduce = "all_reduce" => collective::ALL_REDUCE,
     ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
@@ -322,7 +324,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 72);
+        assert_eq!(Op::ALL.len(), 73);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

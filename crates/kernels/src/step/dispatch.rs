@@ -6,8 +6,8 @@ use crate::elementwise::{fused_elementwise, ElementwiseParams};
 use crate::par::for_each_chunk_mut;
 use crate::{
     attention, attention_grad, conv, conv_grad, embedding, embedding_grad, loss, norm, norm_grad,
-    pool, pool_grad, reduce, reference, rope, softmax, transpose, KernelError, KernelResult,
-    Tensor, TensorRef,
+    optimizer, pool, pool_grad, reduce, reference, rope, softmax, transpose, KernelError,
+    KernelResult, Tensor, TensorRef,
 };
 
 use super::prepare::StepKernel;
@@ -207,6 +207,22 @@ impl StepKernel {
             } => {
                 let [lse] = more_outputs("attention_lse", more_outs)?;
                 attention::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out, lse)?
+            }
+            StepKernel::AdamUpdate([beta1, beta2, eps, wd], decoupled, p) => {
+                let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
+                let step = optimizer::AdamStep::new(
+                    *beta1,
+                    *beta2,
+                    *eps,
+                    *wd,
+                    *decoupled,
+                    scalar(4),
+                    scalar(5),
+                    scalar(6),
+                );
+                let [m, v] = more_outputs("adam_update", more_outs)?;
+                let inputs = [x(0).data, x(1).data, x(2).data, x(3).data];
+                optimizer::adam_update(&step, inputs, p, [out, m, v])?
             }
             StepKernel::AttentionGrad {
                 causal,

@@ -112,6 +112,9 @@ pub enum StepKernel {
         /// Tiles and thread split.
         params: AttentionParams,
     },
+    /// `adam_update` with β1, β2, eps, weight decay and decoupled (its attributes; the step's
+    /// scalars are read from inputs 4–6 when it runs): p, and m and v as outputs 1 and 2.
+    AdamUpdate([f64; 4], bool, ElementwiseParams),
     /// `attention_grad`: dq, and dk and dv as outputs 1 and 2.
     AttentionGrad {
         /// Causal mask.
@@ -373,6 +376,17 @@ pub fn prepare(
         ),
         Op::EmbeddingGrad => StepKernel::EmbeddingGrad(
             usize_of(a.int("vocab").map_err(err)?, "vocab")?,
+            decode_params(k)?,
+        ),
+        Op::AdamUpdate => StepKernel::AdamUpdate(
+            ["beta1", "beta2", "eps", "weight_decay"]
+                .map(|name| a.float(name))
+                .into_iter()
+                .collect::<Result<Vec<f64>, _>>()
+                .map_err(err)?
+                .try_into()
+                .map_err(|_| "four attributes".to_string())?,
+            a.bool("decoupled").map_err(err)?,
             decode_params(k)?,
         ),
         Op::AttentionLse | Op::AttentionGrad => {

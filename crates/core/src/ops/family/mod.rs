@@ -11,6 +11,7 @@ pub mod loss;
 pub mod matmul;
 pub mod nn;
 pub mod norm;
+pub mod optim;
 pub mod program;
 pub mod reduce;
 

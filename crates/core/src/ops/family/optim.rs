@@ -1,0 +1,107 @@
+//! Fused optimizer updates: one op per parameter that reads the parameter, its gradient and its
+//! states once and writes the new ones, instead of a chain of elementwise steps that each write
+//! a tensor (as MindSpore's `AdamWeightDecay` and PyTorch's fused AdamW do). A training step
+//! builds them; they have no gradient.
+
+use crate::ops::attrs::{AttrKind, AttrSpec, ConstAttr};
+use crate::ops::error::OpError;
+use crate::ops::shape::fmt_dims;
+use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
+use crate::ops::{DType, TensorType};
+
+/// `adam_update(p, g, m, v, lr, step_size, bc2_sqrt)`: one Adam / AdamW step of parameter `p`
+/// with gradient `g` and moments `m`, `v`, giving the new `p`, `m`, `v` (three outputs), as
+/// `torch.optim.Adam` / `AdamW` compute it: with `decoupled` (AdamW) `p ← p − lr·wd·p`, else
+/// `g ← g + wd·p`; `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`,
+/// `p ← p − step_size · m / (√v / bc2_sqrt + eps)`, where the scalar inputs carry the step's
+/// learning rate, `lr / (1 − β1^t)` and `√(1 − β2^t)`.
+pub const ADAM_UPDATE: OpSpec = OpSpec {
+    inputs: &["p", "g", "m", "v", "lr", "step_size", "bc2_sqrt"],
+    arity: Arity::Exact(7),
+    attrs: &[
+        AttrSpec::required("beta1", AttrKind::Float),
+        AttrSpec::required("beta2", AttrKind::Float),
+        AttrSpec::required("eps", AttrKind::Float),
+        AttrSpec::defaulted("weight_decay", ConstAttr::Float(0.0)),
+        AttrSpec::defaulted("decoupled", ConstAttr::Bool(true)),
+    ],
+    infer: infer_adam_update,
+    cost: CostRule::PerInput(14),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    for i in 0..7 {
+        if ctx.input(i).dtype != DType::F32 {
+            return Err(OpError::at(
+                i,
+                format!("{} must be f32, got {}", ctx.arg_name(i), ctx.input(i)),
+            ));
+        }
+    }
+    let p = ctx.input(0);
+    for i in 1..4 {
+        if ctx.input(i).shape != p.shape {
+            return Err(OpError::at(
+                i,
+                format!(
+                    "{} {} must have the shape of p {}",
+                    ctx.arg_name(i),
+                    fmt_dims(&ctx.input(i).shape),
+                    fmt_dims(&p.shape)
+                ),
+            ));
+        }
+    }
+    for i in 4..7 {
+        ctx.expect_rank(i, 0, "a scalar")?;
+    }
+    Ok(vec![p.clone(), p.clone(), p.clone()])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::family::testing::*;
+    use crate::ops::{cost, infer, Attrs, DType, Op};
+
+    fn attrs() -> Attrs {
+        Attrs::new()
+            .with("beta1", 0.9)
+            .with("beta2", 0.999)
+            .with("eps", 1e-8)
+    }
+
+    #[test]
+    fn adam_update_gives_three_tensors_of_the_parameter() {
+        let p = f32t(&[4, 3]);
+        let s = f32t(&[]);
+        let ins = [
+            p.clone(),
+            p.clone(),
+            p.clone(),
+            p.clone(),
+            s.clone(),
+            s.clone(),
+            s,
+        ];
+        let outs = infer(Op::AdamUpdate, &attrs(), &ins).unwrap();
+        assert_eq!(outs, [p.clone(), p.clone(), p.clone()]);
+        assert_eq!(cost(Op::AdamUpdate, &attrs(), &ins).unwrap().flops, 12 * 14);
+        let mut bad = ins.clone();
+        bad[3] = f32t(&[3, 4]);
+        let e = err(Op::AdamUpdate, attrs(), &bad);
+        assert_eq!(e.input, Some(3));
+        let mut bad = ins.clone();
+        bad[1] = t(DType::F16, &[4, 3]);
+        assert!(err(Op::AdamUpdate, attrs(), &bad)
+            .message
+            .contains("must be f32"));
+        let mut bad = ins;
+        bad[5] = f32t(&[1]);
+        assert_eq!(err(Op::AdamUpdate, attrs(), &bad).input, Some(5));
+    }
+}

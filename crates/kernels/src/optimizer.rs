@@ -1,0 +1,223 @@
+//! Fused optimizer updates ([`adam_update`]): each element of a parameter, its gradient and its
+//! moments is read once and the new values written once — 28 bytes of traffic per element
+//! instead of the 40 that the separate moment and parameter programs move. Each operation is the
+//! f32 operation the unfused graph performs, in the same order, so the results have its bits.
+
+use super::cpu::dispatch_avx2;
+use super::elementwise::ElementwiseParams;
+use super::error::{KernelError, KernelResult};
+use super::par::{self, SyncPtr};
+
+/// The constants of one Adam / AdamW step (the op's attributes and scalar inputs, in f32 as
+/// the graph's constants are).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    /// β1 and 1 − β1.
+    pub beta1: [f32; 2],
+    /// β2 and 1 − β2.
+    pub beta2: [f32; 2],
+    /// Added to the bias-corrected root of v.
+    pub eps: f32,
+    /// The weight decay (0: none).
+    pub weight_decay: f32,
+    /// AdamW's decoupled decay `p − lr·wd·p` (else Adam's `g + wd·p`).
+    pub decoupled: bool,
+    /// The step's learning rate.
+    pub lr: f32,
+    /// `lr / (1 − β1^t)`.
+    pub step_size: f32,
+    /// `√(1 − β2^t)`.
+    pub bc2_sqrt: f32,
+}
+
+impl AdamStep {
+    /// The step of attributes `beta1`, `beta2`, `eps`, `weight_decay`, `decoupled` and scalar
+    /// inputs `lr`, `step_size`, `bc2_sqrt`; each attribute rounded to f32 as a graph constant.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        decoupled: bool,
+        lr: f32,
+        step_size: f32,
+        bc2_sqrt: f32,
+    ) -> AdamStep {
+        AdamStep {
+            beta1: [beta1 as f32, (1.0 - beta1) as f32],
+            beta2: [beta2 as f32, (1.0 - beta2) as f32],
+            eps: eps as f32,
+            weight_decay: weight_decay as f32,
+            decoupled,
+            lr,
+            step_size,
+            bc2_sqrt,
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn update_body(
+    s: &AdamStep,
+    p: &[f32],
+    g: &[f32],
+    m: &[f32],
+    v: &[f32],
+    p_out: &mut [f32],
+    m_out: &mut [f32],
+    v_out: &mut [f32],
+) {
+    let decay = s.weight_decay != 0.0;
+    let lr_wd = s.lr * s.weight_decay;
+    let n = p_out.len();
+    let (p, g, m, v, m_out, v_out) = (
+        &p[..n],
+        &g[..n],
+        &m[..n],
+        &v[..n],
+        &mut m_out[..n],
+        &mut v_out[..n],
+    );
+    for i in 0..n {
+        let (mut p, mut g) = (p[i], g[i]);
+        if decay && s.decoupled {
+            p -= p * lr_wd;
+        } else if decay {
+            g += s.weight_decay * p;
+        }
+        let m = s.beta1[0] * m[i] + s.beta1[1] * g;
+        let v = s.beta2[0] * v[i] + s.beta2[1] * (g * g);
+        let denom = v.sqrt() / s.bc2_sqrt + s.eps;
+        p_out[i] = p - m / denom * s.step_size;
+        m_out[i] = m;
+        v_out[i] = v;
+    }
+}
+
+dispatch_avx2! {
+    /// One Adam step over equal-length slices.
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        s: &AdamStep,
+        p: &[f32],
+        g: &[f32],
+        m: &[f32],
+        v: &[f32],
+        p_out: &mut [f32],
+        m_out: &mut [f32],
+        v_out: &mut [f32],
+    ) = update_body;
+}
+
+/// `adam_update`: the new parameter, first and second moments of one Adam / AdamW step into
+/// `out = [p, m, v]`, blocks of `params.block` elements in parallel for large parameters.
+pub fn adam_update(
+    step: &AdamStep,
+    inputs: [&[f32]; 4],
+    params: &ElementwiseParams,
+    out: [&mut [f32]; 3],
+) -> KernelResult<()> {
+    let n = inputs[0].len();
+    if inputs.iter().any(|x| x.len() != n) || out.iter().any(|x| x.len() != n) {
+        return Err(KernelError::new(
+            "adam_update",
+            "p, g, m, v and the three results must have one length",
+        ));
+    }
+    if params.block == 0 {
+        return Err(KernelError::new("adam_update", "block must be at least 1"));
+    }
+    let [p, g, m, v] = inputs;
+    let [p_out, m_out, v_out] = out;
+    let (m_ptr, v_ptr) = (SyncPtr(m_out.as_mut_ptr()), SyncPtr(v_out.as_mut_ptr()));
+    let parallel = n >= params.min_parallel_elems;
+    par::for_each_chunk_mut(parallel, p_out, params.block, |i, p_out| {
+        let at = i * params.block;
+        let len = p_out.len();
+        // SAFETY: block i of m_out and v_out (elements at..at + len, inside both, which have p's
+        // length) belongs to this task alone, as block i of p_out does.
+        let (m_out, v_out) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(m_ptr.get().add(at), len),
+                std::slice::from_raw_parts_mut(v_ptr.get().add(at), len),
+            )
+        };
+        let r = at..at + len;
+        update(
+            step,
+            &p[r.clone()],
+            &g[r.clone()],
+            &m[r.clone()],
+            &v[r],
+            p_out,
+            m_out,
+            v_out,
+        );
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{assert_same_bits, in_pool, Rng};
+
+    /// Against the update written as the unfused graph computes it, element by element in f32
+    /// (same bits), for Adam and AdamW with and without decay; 1 and 2 threads agree.
+    #[test]
+    fn matches_the_unfused_update_bit_for_bit() {
+        let n = 5000;
+        let mut rng = Rng::new(3);
+        let [p, g, m] = [0, 1, 2].map(|_| rng.vec(n, 1.0));
+        let v: Vec<f32> = rng.vec(n, 1.0).iter().map(|x| x * x).collect();
+        for (wd, decoupled) in [(0.0, true), (0.1, true), (0.01, false)] {
+            let step = AdamStep::new(0.9, 0.95, 1e-8, wd, decoupled, 3e-4, 3e-3, 0.2);
+            let params = ElementwiseParams {
+                block: 777,
+                min_parallel_elems: 0,
+            };
+            let run = || {
+                let mut out = [0, 1, 2].map(|_| vec![f32::NAN; n]);
+                let [a, b, c] = &mut out;
+                adam_update(&step, [&p, &g, &m, &v], &params, [a, b, c]).unwrap();
+                out
+            };
+            let got = in_pool(1, run);
+            assert_same_bits("threads", &got.concat(), &in_pool(2, run).concat());
+            let (wd32, lr_wd) = (wd as f32, 3e-4f32 * wd as f32);
+            for i in 0..n {
+                let (mut pi, mut gi) = (p[i], g[i]);
+                if wd > 0.0 && decoupled {
+                    pi = pi - pi * lr_wd;
+                } else if wd > 0.0 {
+                    gi = 1.0 * gi + wd32 * pi;
+                }
+                let mi = 0.9f32 * m[i] + (1.0f64 - 0.9) as f32 * gi;
+                let vi = 0.95f32 * v[i] + (1.0f64 - 0.95) as f32 * (gi * gi);
+                let denom = vi.sqrt() / 0.2 + 1e-8f32;
+                let want = [pi - (mi / denom) * 3e-3, mi, vi];
+                for (k, w) in want.iter().enumerate() {
+                    assert_eq!(got[k][i].to_bits(), w.to_bits(), "output {k} element {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lengths_and_block_are_checked() {
+        let x = [1.0f32; 4];
+        let step = AdamStep::new(0.9, 0.99, 1e-8, 0.0, true, 1e-3, 1e-3, 1.0);
+        let p = ElementwiseParams::default();
+        let (mut a, mut b, mut c) = ([0.0; 4], [0.0; 4], [0.0; 3]);
+        assert!(adam_update(&step, [&x, &x, &x, &x], &p, [&mut a, &mut b, &mut c]).is_err());
+        let mut c = [0.0; 4];
+        let zero = ElementwiseParams {
+            block: 0,
+            ..Default::default()
+        };
+        assert!(adam_update(&step, [&x, &x, &x, &x], &zero, [&mut a, &mut b, &mut c]).is_err());
+        assert!(adam_update(&step, [&x, &x, &x, &x], &p, [&mut a, &mut b, &mut c]).is_ok());
+    }
+}
