@@ -288,25 +288,7 @@ const LLAMA_DIMS: [(&str, &str); 2] = [("S", "8"), ("B", "2")];
 fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
     let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model_end = example.find("// f16 has").expect("the model part");
-    let decl = "parallel TP {
-    mesh = { mp: 2 }
-    mode = semi_auto
-    shard \"model.layers.*.self_attn.{q,k,v}_proj.weight\" = [mp, _]
-    shard \"model.layers.*.self_attn.o_proj.weight\" = [_, mp]
-    shard \"model.layers.*.mlp.{gate,up}_proj.weight\" = [mp, _]
-    shard \"model.layers.*.mlp.down_proj.weight\" = [_, mp]
-}
-
-train Pretrain for TinyLlama {
-    labels: i32[B, S]
-    loss = cross_entropy(logits, labels)
-    optimizer = adamw(lr: 1e-2, weight_decay: 0.1)
-    batch = 2
-    clip_grad_norm = 0.5
-    parallel = TP
-    target = std.targets.cpu
-}
-";
+    let decl = include_str!("../fixtures/tiny_llama_tp.msl-decls");
     let src = dir.path("llama_tp.msl");
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
     let mut options = mslc_check::CheckOptions::default();
