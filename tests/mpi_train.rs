@@ -1,8 +1,11 @@
-//! `mpiexec -n 2 mslc train --mpi` (cargo feature `mpi`; `harness = false`): a data-parallel
-//! train run as one rank per process over MPI gives, step for step, the losses and the final
-//! weights of the same train on one device within 1e-5 relative, with rank 0 alone reporting
-//! and writing; a world that does not match the plan (a binary started without mpiexec sees
-//! a world of 1) is E0970 naming both numbers. Without mpiexec installed the test fails.
+//! `mpiexec -n 2 mslc train --mpi` and `mpiexec -n 2 mslc run --mpi` (cargo feature `mpi`;
+//! `harness = false`): a data-parallel train run as one rank per process over MPI gives, step
+//! for step, the losses and the final weights of the same train on one device within 1e-5
+//! relative, with rank 0 alone reporting and writing; so does the tensor-parallel tiny LLaMA
+//! (losses 1e-5, gathered weights 1e-4: see [`tensor_parallel_training`]); the sharded
+//! forward, data and tensor parallel, writes one device's outputs within 1e-5 relative; a
+//! world that does not match the plan (a binary started without mpiexec sees a world of 1) is
+//! E0970 naming both numbers, printed once. Without mpiexec installed the test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -93,9 +96,9 @@ fn run_limited(mut cmd: Command) -> (i32, String, String) {
     )
 }
 
-/// `mslc train` of the source for [`STEPS`] steps into `out`, under `launcher` (e.g.
-/// `mpiexec -n 2`, or nothing) with `extra` flags.
-fn train(dir: &Path, out: &str, launcher: &[&str], extra: &[&str]) -> (i32, String, String) {
+/// `mslc` under `launcher` (e.g. `mpiexec -n 2`, or nothing), isolated from the user's
+/// tuning knowledge base (mpiexec passes the environment on to its ranks).
+fn mslc(dir: &Path, launcher: &[&str]) -> Command {
     let mslc = env!("CARGO_BIN_EXE_mslc");
     let mut cmd = match launcher.split_first() {
         Some((first, rest)) => {
@@ -105,22 +108,73 @@ fn train(dir: &Path, out: &str, launcher: &[&str], extra: &[&str]) -> (i32, Stri
         }
         None => Command::new(mslc),
     };
-    let (src, data, out) = (dir.join("net.msl"), dir.join("data"), dir.join(out));
+    cmd.env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("RAYON_NUM_THREADS", "1");
+    cmd
+}
+
+/// `mslc train` of `src` for `steps` steps into `out` (metrics in `out.jsonl`), under
+/// `launcher` with `extra` flags.
+fn train_with(
+    dir: &Path,
+    src: &str,
+    (data, steps): (&Path, &str),
+    out: &str,
+    launcher: &[&str],
+    extra: &[&str],
+) -> (i32, String, String) {
+    let out = dir.join(out);
+    let mut cmd = mslc(dir, launcher);
     cmd.arg("train")
-        .arg(&src)
-        .args(["--init-seed", "3", "--shuffle", "9", "--threads", "1"])
-        .args(["--steps", STEPS, "--data"])
-        .arg(&data)
+        .arg(dir.join(src))
+        .args(["--threads", "1", "--steps", steps, "--data"])
+        .arg(data)
         .arg("--metrics")
         .arg(out.with_extension("jsonl"))
         .arg("--output-dir")
         .arg(&out)
-        .args(extra)
-        // No tuning knowledge base of the user's changes what the build chooses (mpiexec
-        // passes the environment on to its ranks).
-        .env("XDG_CACHE_HOME", dir.join("cache"))
-        .env("RAYON_NUM_THREADS", "1");
+        .args(extra);
     run_limited(cmd)
+}
+
+/// The classifier's train for [`STEPS`] steps into `out`, under `launcher` with `extra` flags.
+fn train(dir: &Path, out: &str, launcher: &[&str], extra: &[&str]) -> (i32, String, String) {
+    let seeds = ["--init-seed", "3", "--shuffle", "9"];
+    let data = dir.join("data");
+    let all = [&seeds[..], extra].concat();
+    train_with(dir, "net.msl", (&data, STEPS), out, launcher, &all)
+}
+
+/// `mslc run` of `src` with `args` into `out`, under `launcher` with `extra` flags; the exit
+/// code, stdout, stderr and the values of output `output` (empty when it failed).
+fn forward(
+    dir: &Path,
+    src: &str,
+    args: &[&str],
+    (out, output): (&str, &str),
+    launcher: &[&str],
+    extra: &[&str],
+) -> (i32, String, String, Vec<f64>) {
+    let out = dir.join(out);
+    let mut cmd = mslc(dir, launcher);
+    cmd.arg("run")
+        .arg(dir.join(src))
+        .args(["--threads", "1", "--output-dir"])
+        .arg(&out)
+        .args(args)
+        .args(extra);
+    let (code, stdout, stderr) = run_limited(cmd);
+    let values = match code {
+        0 => NpyArray::from_npy_bytes(&std::fs::read(out.join(format!("{output}.npy"))).unwrap())
+            .unwrap()
+            .to_f32()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        _ => Vec::new(),
+    };
+    (code, stdout, stderr, values)
 }
 
 /// The losses of a metrics file, one per step.
@@ -137,7 +191,7 @@ fn losses(path: &Path) -> Vec<f64> {
 }
 
 /// Every f32 tensor of a checkpoint, by name.
-fn weights(dir: &Path) -> Vec<(String, Vec<f64>)> {
+fn weights_of(dir: &Path) -> Vec<(String, Vec<f64>)> {
     let file = SafetensorsFile::open(dir.join("model.safetensors")).unwrap();
     file.tensors()
         .map(|t| {
@@ -164,6 +218,22 @@ fn assert_rel(what: &str, got: &[f64], want: &[f64], rel: f64) {
     }
 }
 
+/// `got` equals `want` within `rel` of `want`'s largest magnitude (tests/it/train.rs's
+/// measure, which the threads backend's tensor-parallel tests use): the error of an element
+/// near zero is weighed against the tensor, not against itself.
+fn assert_rel_to_max(what: &str, got: &[f64], want: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
+    assert!(
+        err <= rel * scale,
+        "{what}: max error {err:e} > {rel:e} × {scale:e}"
+    );
+}
+
 fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -182,8 +252,8 @@ fn main() {
     assert_rel("losses", &mpi, &single, 1e-5);
     let last = format!("step-{STEPS}");
     let (w1, w2) = (
-        weights(&dir.join("one").join(&last)),
-        weights(&dir.join("two").join(&last)),
+        weights_of(&dir.join("one").join(&last)),
+        weights_of(&dir.join("two").join(&last)),
     );
     let names = |w: &[(String, Vec<f64>)]| w.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     assert_eq!(names(&w1), names(&w2));
@@ -195,6 +265,28 @@ fn main() {
         mpi.len(),
         w2.len()
     );
+
+    // The forward: each replica runs half the batch, rank 0 writes the whole logits.
+    let x: Vec<f32> = (0..6 * INPUTS)
+        .map(|i| (i as f32 * 0.37).sin() * 2.0)
+        .collect();
+    let x = NpyArray::from_f32(vec![6, INPUTS], &x).unwrap();
+    write_npy(dir.join("x.npy"), &x).unwrap();
+    let input = format!("x={}", dir.join("x.npy").display());
+    let args = ["--init-seed", "3", "--input", &input];
+    let (code, stdout, stderr, want) =
+        forward(dir, "net.msl", &args, ("fwd-one", "logits"), &[], &[]);
+    assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
+    let mpi = ["mpiexec", "-n", "2"];
+    let at = ("fwd-two", "logits");
+    let (code, stdout, stderr, got) = forward(dir, "net.msl", &args, at, &mpi, &["--mpi"]);
+    assert_eq!(code, 0, "mpiexec -n 2 mslc run:\n{stdout}{stderr}");
+    assert_eq!(stdout.matches("ran Net").count(), 1, "{stdout}{stderr}");
+    assert_eq!(got.len(), 6 * CLASSES);
+    assert_rel("data-parallel logits", &got, &want, 1e-5);
+    println!("mpiexec -n 2 mslc run --mpi: data-parallel logits match one device within 1e-5");
+
+    tensor_parallel_training(dir);
 
     // Started without mpiexec, the process sees a world of 1, and the plan has 2 devices.
     let (code, _, stderr) = train(dir, "alone", &[], &["--mpi"]);
@@ -211,6 +303,154 @@ fn main() {
         stderr.contains("mpiexec started 3 rank(s), but the plan has 2 device(s)"),
         "{stderr}"
     );
+    // Rank 0 alone says so; the others exit with the same status, silently.
+    assert_eq!(stderr.matches("E0970").count(), 1, "{stderr}");
     assert!(!dir.join("three.jsonl").exists());
     println!("worlds of 1 and 3 for a plan of 2 devices: E0970");
+}
+
+/// The tensor-parallel policy and train of the tiny LLaMA (tests/it/ranks.rs's too).
+const LLAMA_TP: &str = include_str!("fixtures/tiny_llama_tp.msl-decls");
+
+/// The tiny LLaMA's sizes: 2 layers, hidden 32, 4 heads, 2 kv heads, vocab 64, S = 8.
+const LLAMA_SETS: [&str; 12] = [
+    "--set",
+    "layers=2",
+    "--set",
+    "hidden=32",
+    "--set",
+    "ffn=64",
+    "--set",
+    "vocab=64",
+    "--set",
+    "kv_heads=2",
+    "--dim",
+    "S=8",
+];
+
+/// `mpiexec -n 2 mslc train --mpi` of examples/tiny_llama.msl's model under Megatron tensor
+/// parallelism, each process holding its shards, against one device: ten steps' losses within
+/// 1e-5 relative, and the gathered final weights within 1e-4 of each tensor's largest
+/// magnitude ([`assert_rel_to_max`]) — the
+/// row-parallel products add their two halves in another order (fp32 reassociation, ~1e-7
+/// relative), and AdamW's `m / √v` turns that into up to ~5e-5 of a tensor's largest weight
+/// where an element's gradient is near zero (the tolerance tests/it/ranks.rs's threads test
+/// uses for the same reason), and bit for bit those of `--ranks 2` (threads). Then the
+/// tensor-parallel forward under `mpiexec -n 2 mslc run
+/// --mpi` writes one device's logits within 1e-5 relative.
+fn tensor_parallel_training(dir: &Path) {
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tiny_llama.msl"),
+    )
+    .unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    std::fs::write(
+        dir.join("llama.msl"),
+        format!("{}{LLAMA_TP}", &example[..model_end]),
+    )
+    .unwrap();
+    // Random ids (xorshift): a regular pattern leaves embedding rows whose gradient nearly
+    // cancels, where AdamW's `m / √v` blows reassociation up past 1e-4.
+    let mut state = 0x2545_f491_u32;
+    let tokens: Vec<i64> = (0..8 * 9)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            i64::from(state % 64)
+        })
+        .collect();
+    let tokens = NpyArray::from_i64(vec![8, 9], &tokens).unwrap();
+    let data = dir.join("tokens.npy");
+    write_npy(&data, &tokens).unwrap();
+    // Starting weights: one seeded step on one device (a tensor-parallel rank cannot
+    // initialise its shards alone).
+    let init = [&LLAMA_SETS[..], &["--init-seed", "5"]].concat();
+    let (code, stdout, stderr) =
+        train_with(dir, "llama.msl", (&data, "1"), "llama-init", &[], &init);
+    assert_eq!(code, 0, "initial weights:\n{stdout}{stderr}");
+    let weights = dir.join("llama-init/step-1/model.safetensors");
+    let weights = weights.to_str().unwrap();
+    let flags = [&LLAMA_SETS[..], &["--weights", weights]].concat();
+    let (code, stdout, stderr) =
+        train_with(dir, "llama.msl", (&data, "10"), "llama-one", &[], &flags);
+    assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
+    let mpi = ["mpiexec", "-n", "2"];
+    let ranked = [&flags[..], &["--mpi"]].concat();
+    let (code, stdout, stderr) =
+        train_with(dir, "llama.msl", (&data, "10"), "llama-two", &mpi, &ranked);
+    assert_eq!(code, 0, "mpiexec -n 2:\n{stdout}{stderr}");
+    assert_eq!(
+        stdout.matches("trained Pretrain").count(),
+        1,
+        "{stdout}{stderr}"
+    );
+    let single = losses(&dir.join("llama-one.jsonl"));
+    assert_eq!(single.len(), 10);
+    assert_rel(
+        "tensor-parallel losses",
+        &losses(&dir.join("llama-two.jsonl")),
+        &single,
+        1e-5,
+    );
+    let (w1, w2) = (
+        weights_of(&dir.join("llama-one/step-10")),
+        weights_of(&dir.join("llama-two/step-10")),
+    );
+    assert_eq!(w1.len(), w2.len());
+    for ((name, a), (other, b)) in w1.iter().zip(&w2) {
+        assert_eq!(name, other);
+        assert_rel_to_max(name, b, a, 1e-4);
+    }
+    // The same per-rank programs on the threads backend: the same bits (both sum a group's
+    // contributions in member order).
+    let threads = [&flags[..], &["--ranks", "2"]].concat();
+    let (code, stdout, stderr) = train_with(
+        dir,
+        "llama.msl",
+        (&data, "10"),
+        "llama-threads",
+        &[],
+        &threads,
+    );
+    assert_eq!(code, 0, "--ranks 2:\n{stdout}{stderr}");
+    assert_eq!(w2, weights_of(&dir.join("llama-threads/step-10")));
+    println!(
+        "mpiexec -n 2, tensor parallel: 10 losses within 1e-5, {} gathered weights within 1e-4 \
+         of one device and equal to --ranks 2's",
+        w2.len()
+    );
+    // The tensor-parallel forward of the trained weights.
+    let trained = dir.join("llama-one/step-10/model.safetensors");
+    let tokens = dir.join("prompt.npy");
+    write_npy(
+        &tokens,
+        &NpyArray::from_i64(
+            vec![2, 8],
+            &(0..16).map(|i| (i * 5 + 3) % 64).collect::<Vec<_>>(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let input = format!("tokens={}", tokens.display());
+    let args = [
+        &LLAMA_SETS[..],
+        &["--weights", trained.to_str().unwrap(), "--input", &input],
+    ]
+    .concat();
+    let (code, stdout, stderr, want) = forward(
+        dir,
+        "llama.msl",
+        &args,
+        ("llama-fwd-one", "logits"),
+        &[],
+        &[],
+    );
+    assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
+    let at = ("llama-fwd-two", "logits");
+    let (code, stdout, stderr, got) = forward(dir, "llama.msl", &args, at, &mpi, &["--mpi"]);
+    assert_eq!(code, 0, "mpiexec -n 2 mslc run:\n{stdout}{stderr}");
+    assert_eq!(got.len(), 2 * 8 * 64);
+    assert_rel_to_max("tensor-parallel logits", &got, &want, 1e-5);
+    println!("mpiexec -n 2 mslc run --mpi: tensor-parallel logits match one device within 1e-5");
 }

@@ -13,6 +13,7 @@ mod output;
 mod param_groups;
 mod progress;
 mod run;
+mod run_ranks;
 mod train;
 mod tune;
 mod tune_decisions;

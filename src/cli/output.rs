@@ -1,6 +1,6 @@
 //! Printing diagnostics in the format and colour the user chose.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use mslc_core::diag::{Code, Diagnostic, Severity, Sources};
 use mslc_driver::numerics::NumericsReport;
@@ -18,7 +18,9 @@ pub struct Reporter {
     /// ANSI colours in human output.
     pub color: bool,
     /// The highest exit status of the codes reported so far ([`Code::exit_class`]).
-    status: Cell<u8>,
+    status: AtomicU8,
+    /// Counts but prints nothing: the ranks but 0 of an MPI world, which rank 0 speaks for.
+    muted: AtomicBool,
 }
 
 impl Reporter {
@@ -27,23 +29,33 @@ impl Reporter {
         Reporter {
             format,
             color,
-            status: Cell::new(0),
+            status: AtomicU8::new(0),
+            muted: AtomicBool::new(false),
         }
+    }
+
+    /// Stops (or resumes) printing; the exit status still counts every code reported.
+    pub fn mute(&self, muted: bool) {
+        self.muted.store(muted, Ordering::Relaxed);
     }
 
     /// The exit status the reported codes call for: the highest of their classes' (README,
     /// "Exit status"), so that a usage error exits 2 whichever command found it.
     pub fn status(&self) -> u8 {
-        self.status.get()
+        self.status.load(Ordering::Relaxed)
     }
 
     fn count(&self, code: Code) {
         self.status
-            .set(self.status.get().max(code.exit_class().status()));
+            .fetch_max(code.exit_class().status(), Ordering::Relaxed);
     }
 
     /// Prints every diagnostic to stderr (JSON lines go to stdout, for tools).
     pub fn emit(&self, diags: &[Diagnostic], sources: &Sources) {
+        if self.muted.load(Ordering::Relaxed) {
+            diags.iter().for_each(|d| self.count(d.code));
+            return;
+        }
         for d in diags {
             self.count(d.code);
             match self.format {
@@ -91,6 +103,9 @@ impl Reporter {
         help: Option<&str>,
     ) {
         self.count(code);
+        if self.muted.load(Ordering::Relaxed) {
+            return;
+        }
         let plain = Plain {
             code,
             severity,
@@ -153,6 +168,9 @@ impl Reporter {
     /// Prints a command's result: `text` as it is in human mode, one JSON object in JSON mode
     /// (so that stdout carries nothing but JSON lines there).
     pub fn result(&self, text: &str, json: serde_json::Value) {
+        if self.muted.load(Ordering::Relaxed) {
+            return;
+        }
         match self.format {
             MessageFormat::Human => print_stdout(text),
             MessageFormat::Json => print_stdout(&format!("{json}\n")),

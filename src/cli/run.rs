@@ -10,12 +10,14 @@ use std::time::Instant;
 use mslc_artifact::validate::file_in;
 use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module};
-use mslc_check::check_path;
+use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Severity, Sources};
 use mslc_core::units::human_bytes;
-use mslc_driver::compile::{compile, STAGE_SIZE};
+use mslc_driver::compile::STAGE_SIZE;
 use mslc_driver::numerics::NumericsReport;
+use mslc_driver::ranks::{compile_rank, STAGE_TENSOR_PARALLEL};
 use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selection};
+use mslc_driver::train::TensorSplits;
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
@@ -25,6 +27,7 @@ use mslc_plan::kernels::KernelTable;
 
 use super::output::Failure;
 use super::progress::Progress;
+use super::world::{self, World};
 use super::{parse_key_value, source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc run`.
@@ -73,6 +76,17 @@ pub struct RunArgs {
     /// The model to run when the source declares several.
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
+    /// Run the forward on N ranks by the parallel plan of the model's first train, threads of
+    /// this process exchanging through shared memory; N must equal the plan's device count
+    /// (E0970). Data parallel splits the inputs' batch among the replicas, tensor parallel
+    /// gives each rank its shard of the split weights; rank 0 writes the whole outputs.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
+    /// Run this process's rank of that plan over MPI, one rank per process:
+    /// `mpiexec -n N mslc run --mpi …` (E0970 when N is not the plan's device count). Rank 0
+    /// reports and writes the outputs. Needs an mslc built with the cargo feature `mpi`.
+    #[arg(long)]
+    pub mpi: bool,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -87,18 +101,26 @@ const MAX_THREADS: usize = 256;
 
 /// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
-    reporter.finish(execute(args, reporter))
+    world::command(reporter, args.ranks, args.mpi, |world| {
+        execute(args, world, reporter)
+    })
 }
 
 /// A failure to read a file named on the command line.
-fn unreadable(m: String) -> Failure {
+pub(super) fn unreadable(m: String) -> Failure {
     Failure::Message(Code::E0602, m)
 }
 
-/// Runs the model; the summary as text and as JSON.
-fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::Value), Failure> {
-    if args.threads == Some(0) {
-        return Err(Failure::Usage("--threads must be at least 1".to_string()));
+/// Runs the model; the summary as text and as JSON (`None` in the ranks of an MPI world
+/// other than 0).
+fn execute(args: &RunArgs, world: World, reporter: &Reporter) -> world::Outcome {
+    if args.threads == Some(0) || args.ranks == Some(0) {
+        let flag = if args.threads == Some(0) {
+            "--threads"
+        } else {
+            "--ranks"
+        };
+        return Err(Failure::Usage(format!("{flag} must be at least 1")));
     }
     if let Some(n) = args.threads.filter(|&n| n > MAX_THREADS) {
         return Err(Failure::Message(
@@ -119,6 +141,15 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         }
     }
     let is_mir = args.file.extension().is_some_and(|e| e == "mir");
+    if let Some((_, launcher)) = world.started() {
+        if is_mir {
+            return Err(Failure::Usage(format!(
+                "{launcher} runs a .msl source's parallel plan; `{}` holds one device's program",
+                args.file.display()
+            )));
+        }
+        return super::run_ranks::execute(args, world, arrays, reporter);
+    }
     let mir_bytes;
     let (mut module, embedded, sources) = if is_mir {
         if let Some(m) = source_only_flags(&args.model, &args.precision) {
@@ -135,43 +166,15 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
         warn_if_foreign(&decoded.module, reporter);
         (decoded.module, decoded.weights, None)
     } else {
-        let (module, sources) = compile_source(args, &arrays, reporter)?;
+        let shapes = shapes_of(&arrays);
+        let (module, sources) = compile_source(args, &shapes, None, true, reporter)?;
         warn_if_foreign(&module, reporter);
         (module, None, Some(sources))
     };
-    let (memory_limit, limit_source) = match (available_memory(), args.max_memory) {
-        (Some(a), Some(m)) if a < m => (Some(a), "the memory this system has available now"),
-        (_, Some(m)) => (Some(m), "--max-memory"),
-        (a, None) => (a, "the memory this system has available now"),
-    };
-    let beside = is_mir.then(|| args.file.with_extension("kernels.toml"));
-    let table_path = args
-        .kernels
-        .clone()
-        .or_else(|| beside.filter(|p| p.exists()));
-    let mut kernel_table = None;
-    if let Some(path) = table_path {
-        let table =
-            KernelTable::read(&path).map_err(|e| Failure::Message(e.code(), e.to_string()))?;
-        let applied = table.apply(&mut module);
-        kernel_table = Some((path, applied.to_string()));
-    }
-    let options = ExecOptions {
-        threads: args.threads.unwrap_or(0),
-        memory_limit,
-    };
+    let kernel_table = apply_kernels(args, &mut module, is_mir)?;
     let flops = module.flops();
     let name = module.name.clone();
-    let mut exec = Executor::new(module, &options).map_err(|e| match e.kind {
-        ExecErrorKind::Memory => Failure::Message(
-            Code::E0604,
-            format!(
-                "{} ({limit_source}); run a smaller configuration or on a bigger machine",
-                e.message
-            ),
-        ),
-        _ => e.message.into(),
-    })?;
+    let mut exec = executor(args, module, args.threads.unwrap_or(0))?;
     let ignored_weights = load_params(args, &mut exec, embedded)?;
     exec.check_numerics(args.check_numerics);
     for (input, array) in &arrays {
@@ -184,22 +187,122 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
             seeded.push((input, bound));
         }
     }
+    let times = timed_runs(args, &mut exec, sources.as_ref(), reporter, true)?;
+    let peak = mslc_kernels::peak::measure(exec.threads());
+    let mut arrays = Vec::new();
+    for (name, v) in &exec.module().outputs {
+        let array = exec
+            .output_npy(name)
+            .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
+        let ty = exec.module().values[*v as usize].ty.to_string();
+        arrays.push((name.clone(), ty, array));
+    }
+    let summary = RunSummary {
+        model: name,
+        threads: exec.threads(),
+        ranks: None,
+        peak,
+        flops,
+        times,
+        arena_bytes: exec.arena_bytes(),
+        hoisted_bytes: exec.hoisted_bytes(),
+        kernel_table,
+        seeded,
+        ignored_weights,
+        outputs: Vec::new(),
+        profile: args.profile.clone(),
+    };
+    let profile = args.profile.as_ref().map(|_| exec.profile_json());
+    let done = finish(args, summary, arrays, profile)?;
+    warn_nonfinite(&exec, reporter);
+    Ok(Some(done))
+}
+
+/// Applies the kernel table (`--kernels`, or for a `.mir` the one beside it) to `module`:
+/// its path and what applying it did.
+pub(super) fn apply_kernels(
+    args: &RunArgs,
+    module: &mut Module,
+    is_mir: bool,
+) -> Result<Option<(PathBuf, String)>, Failure> {
+    let beside = is_mir.then(|| args.file.with_extension("kernels.toml"));
+    let Some(path) = args
+        .kernels
+        .clone()
+        .or_else(|| beside.filter(|p| p.exists()))
+    else {
+        return Ok(None);
+    };
+    let table = KernelTable::read(&path).map_err(|e| Failure::Message(e.code(), e.to_string()))?;
+    let applied = table.apply(module);
+    Ok(Some((path, applied.to_string())))
+}
+
+/// The executor of `module` on `threads` worker threads (0: one per core), refused (E0604)
+/// when it needs more than `--max-memory` or the memory this system has available.
+pub(super) fn executor(
+    args: &RunArgs,
+    module: Module,
+    threads: usize,
+) -> Result<Executor, Failure> {
+    let (memory_limit, limit_source) = match (available_memory(), args.max_memory) {
+        (Some(a), Some(m)) if a < m => (Some(a), "the memory this system has available now"),
+        (_, Some(m)) => (Some(m), "--max-memory"),
+        (a, None) => (a, "the memory this system has available now"),
+    };
+    let options = ExecOptions {
+        threads,
+        memory_limit,
+    };
+    Executor::new(module, &options).map_err(|e| match e.kind {
+        ExecErrorKind::Memory => Failure::Message(
+            Code::E0604,
+            format!(
+                "{} ({limit_source}); run a smaller configuration or on a bigger machine",
+                e.message
+            ),
+        ),
+        _ => e.message.into(),
+    })
+}
+
+/// Runs the forward `--iterations` times (the last recording the workers for `--profile`),
+/// with a progress bar when `progress`; the seconds each took.
+pub(super) fn timed_runs(
+    args: &RunArgs,
+    exec: &mut Executor,
+    sources: Option<&Sources>,
+    reporter: &Reporter,
+    progress: bool,
+) -> Result<Vec<f64>, Failure> {
     let mut times = Vec::new();
-    let mut progress = Progress::new(args.iterations);
+    let mut bar = progress.then(|| Progress::new(args.iterations));
     for i in 0..args.iterations {
         if args.profile.is_some() && i + 1 == args.iterations {
             exec.record_workers(true);
         }
         let start = Instant::now();
-        exec.run()
-            .map_err(|e| run_failure(e, sources.as_ref(), reporter))?;
+        exec.run().map_err(|e| run_failure(e, sources, reporter))?;
         times.push(start.elapsed().as_secs_f64());
-        progress.set(i + 1);
+        if let Some(bar) = bar.as_mut() {
+            bar.set(i + 1);
+        }
     }
-    progress.finish();
-    let peak = mslc_kernels::peak::measure(exec.threads());
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    Ok(times)
+}
+
+/// Writes the outputs `arrays` (name, type, value) as `--output-dir`/NAME.npy and the profile,
+/// all or nothing, into `summary`; the summary as text and JSON.
+pub(super) fn finish(
+    args: &RunArgs,
+    mut summary: RunSummary,
+    arrays: Vec<(String, String, NpyArray)>,
+    profile: Option<String>,
+) -> Result<(String, serde_json::Value), Failure> {
     let mut files = Vec::new();
-    let mut outputs = Vec::new();
     if let Some(dir) = &args.output_dir {
         if dir.exists() && !dir.is_dir() {
             return Err(Failure::Message(
@@ -216,34 +319,21 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
                 format!("cannot create `{}`: {e}", dir.display()),
             )
         })?;
-        for (name, v) in &exec.module().outputs {
-            let array = exec
-                .output_npy(name)
-                .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
-            let path = file_in(dir, name, "npy").map_err(|m| format!("output `{name}`: {m}"))?;
-            let ty = exec.module().values[*v as usize].ty.to_string();
-            outputs.push((name.clone(), ty, path.clone()));
+        for (name, ty, array) in arrays {
+            let path = file_in(dir, &name, "npy").map_err(|m| format!("output `{name}`: {m}"))?;
+            summary.outputs.push((name, ty, path.clone()));
             files.push((path, array.to_npy_bytes()));
         }
     }
-    if let Some(path) = &args.profile {
-        files.push((path.clone(), exec.profile_json().into_bytes()));
+    if let (Some(path), Some(json)) = (&args.profile, profile) {
+        files.push((path.clone(), json.into_bytes()));
     }
-    let run = RunSummary {
-        model: name,
-        threads: exec.threads(),
-        peak,
-        flops,
-        times,
-        arena_bytes: exec.arena_bytes(),
-        hoisted_bytes: exec.hoisted_bytes(),
-        kernel_table,
-        seeded,
-        ignored_weights,
-        outputs,
-        profile: args.profile.clone(),
-    };
     write_all_or_nothing(&files).map_err(|e| Failure::Message(Code::E0600, e.to_string()))?;
+    Ok((summary.text(), summary.json()))
+}
+
+/// W0003 when an output of the last forward holds NaN or infinite values.
+pub(super) fn warn_nonfinite(exec: &Executor, reporter: &Reporter) {
     let bad = exec.nonfinite_outputs();
     if !bad.is_empty() {
         reporter.emit_plain(
@@ -259,30 +349,32 @@ fn execute(args: &RunArgs, reporter: &Reporter) -> Result<(String, serde_json::V
             ),
         );
     }
-    Ok((run.text(), run.json()))
 }
 
 /// What a run did, for the summary.
-struct RunSummary {
-    model: String,
-    threads: usize,
+pub(super) struct RunSummary {
+    pub model: String,
+    pub threads: usize,
+    /// Under `--ranks`/`--mpi`: how many ranks ran the forward, how (data × tensor parallel)
+    /// and by what launcher; the times and memory are rank 0's.
+    pub ranks: Option<(usize, String)>,
     /// This machine's f32 peak on the run's thread count, measured after the timed runs.
-    peak: Option<Peak>,
-    flops: u64,
+    pub peak: Option<Peak>,
+    pub flops: u64,
     /// Seconds per forward pass.
-    times: Vec<f64>,
-    arena_bytes: usize,
+    pub times: Vec<f64>,
+    pub arena_bytes: usize,
     /// Bytes of the planned region of hoisted, parameter-only values.
-    hoisted_bytes: usize,
+    pub hoisted_bytes: usize,
     /// The kernel table read, and what applying it did.
-    kernel_table: Option<(PathBuf, String)>,
+    pub kernel_table: Option<(PathBuf, String)>,
     /// Inputs not given and seeded, with the id bound used for integer ones.
-    seeded: Vec<(String, Option<u64>)>,
+    pub seeded: Vec<(String, Option<u64>)>,
     /// Framework bookkeeping buffers of the weights file left out: name, what they are.
-    ignored_weights: Vec<(String, &'static str)>,
+    pub ignored_weights: Vec<(String, &'static str)>,
     /// Name, type and file of every written output.
-    outputs: Vec<(String, String, PathBuf)>,
-    profile: Option<PathBuf>,
+    pub outputs: Vec<(String, String, PathBuf)>,
+    pub profile: Option<PathBuf>,
 }
 
 impl RunSummary {
@@ -314,6 +406,11 @@ impl RunSummary {
             self.flops as f64 / 1e9,
             rate / 1e9,
         );
+        if let Some((n, how)) = &self.ranks {
+            s.push_str(&format!(
+                "  ranks:   {n} ({how}); time and memory of rank 0\n"
+            ));
+        }
         s.push_str(&format!(
             "  memory:  {} arena for the intermediates, {} for hoisted parameter-only values\n",
             human_bytes(self.arena_bytes as u64),
@@ -359,6 +456,7 @@ impl RunSummary {
         serde_json::json!({ "summary": {
             "model": self.model,
             "threads": self.threads,
+            "ranks": self.ranks.as_ref().map(|(n, how)| serde_json::json!({ "ranks": n, "layout": how })),
             "iterations": self.times.len(),
             "median_ms": median * 1e3,
             "best_ms": best * 1e3,
@@ -401,7 +499,7 @@ fn group_ignored<'a>(ignored: &'a [(String, &'static str)]) -> Vec<(&'static str
 
 /// Parameters from `--weights`, `--init-seed`, or the weights embedded in the artifact; the
 /// framework bookkeeping buffers of the weights left out.
-fn load_params(
+pub(super) fn load_params(
     args: &RunArgs,
     exec: &mut Executor,
     embedded: Option<&[u8]>,
@@ -438,7 +536,7 @@ fn load_params(
 
 /// Warns when a module was planned for another target than this CPU (`cpu` is the host
 /// target, `Target::is_host`, the only one this executor is): it runs, with that target's plan.
-fn warn_if_foreign(module: &Module, reporter: &Reporter) {
+pub(super) fn warn_if_foreign(module: &Module, reporter: &Reporter) {
     if module.target != "cpu" {
         reporter.emit_plain(
             Code::W0004,
@@ -452,40 +550,51 @@ fn warn_if_foreign(module: &Module, reporter: &Reporter) {
 }
 
 /// A failed run: a `--check-numerics` fault as its diagnostic (at the op's source when the
-/// sources are at hand), any other error as its message.
+/// sources are at hand), a collective that could not complete as E0973, any other error as
+/// its message.
 fn run_failure(e: ExecError, sources: Option<&Sources>, reporter: &Reporter) -> Failure {
     let Some(fault) = &e.fault else {
-        return e.message.into();
+        return match e.kind {
+            // Another rank left (or handed a collective a buffer of another size).
+            ExecErrorKind::Collective => Failure::Message(Code::E0973, e.message),
+            _ => e.message.into(),
+        };
     };
     reporter.emit_numerics(&NumericsReport::of(fault), sources);
     Failure::Reported
 }
 
-/// Checks and compiles the source with the options `mslc build` would use (the `train`'s
-/// precision policy and target), with dims derived from the inputs' shapes
-/// (checked once more with them, when they change any); the module and the files it was
-/// compiled from.
-fn compile_source(
+/// The shape of every input array, by name.
+pub(super) fn shapes_of(arrays: &BTreeMap<String, NpyArray>) -> BTreeMap<String, Vec<usize>> {
+    arrays
+        .iter()
+        .map(|(name, a)| (name.clone(), a.shape().to_vec()))
+        .collect()
+}
+
+/// Checks the source with dims derived from the inputs' shapes (once more with them, when
+/// they change any): the checked files and the model's name. The first check's diagnostics
+/// are reported when `report` (a ranked run has reported them already).
+pub(super) fn check_for_inputs(
     args: &RunArgs,
-    arrays: &BTreeMap<String, NpyArray>,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    report: bool,
     reporter: &Reporter,
-) -> Result<(Module, Sources), Failure> {
+) -> Result<(Checked, String), Failure> {
     let mut options = args.model.check_options();
     let mut checked = check_path(&args.file, &options);
-    reporter.emit(&checked.diagnostics, &checked.sources);
+    if report || checked.has_errors() {
+        reporter.emit(&checked.diagnostics, &checked.sources);
+    }
     if checked.has_errors() {
         return Err(Failure::Reported);
     }
-    let shapes = arrays
-        .iter()
-        .map(|(name, a)| (name.clone(), a.shape().to_vec()))
-        .collect();
     let model = choose_model(&checked, args.entry.as_deref()).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
     })?;
     let entry = model.name.clone();
-    let derived = dims_from_inputs(model, &shapes, &options.overrides.dims)?;
+    let derived = dims_from_inputs(model, shapes, &options.overrides.dims)?;
     if !derived.is_empty() {
         options.overrides.dims.extend(derived);
         checked = check_path(&args.file, &options);
@@ -494,6 +603,21 @@ fn compile_source(
             return Err(Failure::Reported);
         }
     }
+    Ok((checked, entry))
+}
+
+/// Checks ([`check_for_inputs`]) and compiles the source with the options `mslc build` would
+/// use (the `train`'s precision policy and target) for inputs of `shapes` — as one member of
+/// a tensor-parallel group when `tensor` is given (E0972 when the model does not split so),
+/// reporting the first check's diagnostics when `report`; the module and the files it was compiled from.
+pub(super) fn compile_source(
+    args: &RunArgs,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    tensor: Option<TensorSplits>,
+    report: bool,
+    reporter: &Reporter,
+) -> Result<(Module, Sources), Failure> {
+    let (checked, entry) = check_for_inputs(args, shapes, report, reporter)?;
     let model = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
@@ -507,11 +631,11 @@ fn compile_source(
         Failure::Reported
     })?;
     options.unfused = super::tune_decisions::table_unfused(args.kernels.as_deref());
-    let compiled = compile(model, &options).map_err(|e| {
-        let code = if e.stage == STAGE_SIZE {
-            Code::E0606
-        } else {
-            Code::E0603
+    let compiled = compile_rank(model, &options, tensor).map_err(|e| {
+        let code = match e.stage {
+            STAGE_SIZE => Code::E0606,
+            STAGE_TENSOR_PARALLEL => Code::E0972,
+            _ => Code::E0603,
         };
         Failure::Message(code, format!("cannot compile `{entry}`: {e}"))
     })?;

@@ -4,12 +4,13 @@
 
 use std::fs::OpenOptions;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::decls::Train;
 use mslc_check::{check_path, Checked};
-use mslc_core::diag::Code;
+use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::loss_scale::LossScaler;
 use mslc_driver::parallel::plan_train;
 use mslc_driver::ranks::{self, RankLayout};
@@ -22,12 +23,11 @@ use mslc_driver::train::{
 use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, TrainRunError, Trainer};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_io::safetensors::{SafetensorsFile, TensorRef};
 use mslc_ir::shard::Group;
 use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
-use super::world::World;
+use super::world::{self, World};
 use super::{ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc train`.
@@ -99,11 +99,9 @@ pub struct TrainArgs {
 
 /// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &TrainArgs, reporter: &Reporter) -> u8 {
-    match execute(args, reporter) {
-        // A rank other than 0 of an MPI world: rank 0 reports.
-        Ok(None) => 0,
-        outcome => reporter.finish(outcome.map(|done| done.unwrap_or_default())),
-    }
+    world::command(reporter, args.ranks, args.mpi, |world| {
+        execute(args, world, reporter)
+    })
 }
 
 fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
@@ -130,28 +128,20 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
 }
 
 /// The summary of rank 0; `None` in the other processes of an MPI world.
-fn execute(
-    args: &TrainArgs,
-    reporter: &Reporter,
-) -> Result<Option<(String, serde_json::Value)>, Failure> {
+fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcome {
     usage_checks(args)?;
-    let world = World::of(args.ranks, args.mpi)?;
     let started = world.started();
-    let mut options = args.model.check_options();
-    let mut checked = check_path(&args.file, &options);
-    let split = batch_split(args, started, &checked, reporter)?;
-    // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
-    // unless --dim sets the model's batch dim: check again with that size.
-    if let Some((name, size)) = micro_batch_override(args, &checked, reporter, split)? {
-        options.overrides.dims.insert(name, size.to_string());
-        checked = check_path(&args.file, &options);
-    }
-    let layout = rank_layout(args, started, &checked, reporter)?;
+    let pick = (args.entry.as_deref(), the_train as PickTrain);
+    let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
+    world::whole_weights_only(
+        &layout,
+        &[
+            (args.init_seed.is_some(), "--init-seed"),
+            (args.resume.is_some(), "--resume"),
+            (args.dump_grads.is_some(), "--dump-grads"),
+        ],
+    )?;
     let replicas = layout.dp;
-    reporter.emit(&checked.diagnostics, &checked.sources);
-    if checked.has_errors() {
-        return Err(Failure::Reported);
-    }
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
@@ -198,6 +188,7 @@ fn execute(
     let recompute = compiled.recompute.clone();
     let inputs = data_inputs(&module, &compiled);
     let data = Dataset::read(&args.data, &inputs, &labels)
+        .map(Arc::new)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let exec_options = ExecOptions {
         threads: ranks::threads_per_rank(args.threads, replicas * layout.tp),
@@ -217,19 +208,7 @@ fn execute(
             exec.set_collectives(comm);
         }
         if let Some(path) = &args.weights {
-            let file = SafetensorsFile::open(path)
-                .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-            let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
-                .map_err(|e| Failure::Message(e.code, e.message))?;
-            let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
-                name,
-                dtype: *dtype,
-                shape,
-                data,
-            });
-            exec.load_weights(tensors).map_err(|e| {
-                Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
-            })?;
+            world::load_shard(&mut exec, path, &layout, part)?;
         } else {
             exec.init_params(args.init_seed.unwrap_or(0));
         }
@@ -238,7 +217,7 @@ fn execute(
             exec,
             compiled.clone(),
             train.spec.schedule,
-            data.clone(),
+            Arc::clone(&data),
             args.shuffle,
             args.seed,
         )
@@ -267,54 +246,17 @@ fn execute(
         }
         Ok::<(), Failure>(())
     };
-    let mut comms = world.ranks(&mesh)?.into_iter().peekable();
-    let Some(leader_comm) = comms.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm) else {
-        // This process's one rank of an MPI world, not rank 0.
-        return comms
-            .try_for_each(|(rank, comm)| follow(rank, comm))
-            .map(|()| None);
+    let leader = |comm| {
+        let trainer = rank_loop(0, comm)?;
+        let summary = Summary {
+            grad_accum,
+            loss_scale,
+            arena: &arena,
+            recompute: &recompute,
+        };
+        lead(args, reporter, &checked, train, trainer, summary)
     };
-    std::thread::scope(|scope| {
-        // Ranks 1.. step in the background; a rank that fails drops its collectives, and the
-        // others stop at their next collective with E0973 instead of waiting forever.
-        let followers: Vec<_> = comms
-            .map(|(rank, comm)| {
-                let follow = &follow;
-                scope.spawn(move || follow(rank, comm))
-            })
-            .collect();
-        let leader = rank_loop(0, leader_comm).and_then(|trainer| {
-            let summary = Summary {
-                grad_accum,
-                loss_scale,
-                arena: &arena,
-                recompute: &recompute,
-            };
-            lead(args, reporter, &checked, train, trainer, summary)
-        });
-        let (done, mut errors) = match leader {
-            Ok(done) => (Some(done), Vec::new()),
-            Err(e) => (None, vec![e]),
-        };
-        for f in followers {
-            match f.join() {
-                Ok(Err(e)) => errors.push(e),
-                Ok(Ok(())) => {}
-                Err(_) => errors.push(Failure::Message(
-                    Code::E0973,
-                    "a rank's thread panicked".to_string(),
-                )),
-            }
-        }
-        let code = |f: &Failure| match f {
-            Failure::Message(c, _) => Some(*c),
-            _ => None,
-        };
-        match ranks::root_cause(errors, code) {
-            Some(e) => Err(e),
-            None => done.map(Some).ok_or(Failure::Reported),
-        }
-    })
+    world::run_ranks(world.ranks(&mesh)?, reporter, leader, follow)
 }
 
 /// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.
@@ -463,104 +405,82 @@ fn lead(
     Ok((text, json))
 }
 
-/// The train of a source that checked, or `None` (its errors are reported later).
-fn checked_train<'c>(
-    args: &TrainArgs,
+/// Picks the train whose plan ranks run from a source that checked, by `--entry`: `mslc
+/// train`'s train, or the first train of `mslc run`'s model (none: one device).
+pub type PickTrain =
+    for<'c> fn(&'c Checked, Option<&str>) -> Result<Option<&'c Train>, Box<Diagnostic>>;
+
+/// `mslc train`'s pick: the `--entry` train, or the only one.
+fn the_train<'c>(
     checked: &'c Checked,
-    reporter: &Reporter,
-) -> Result<Option<&'c Train>, Failure> {
-    if checked.has_errors() {
-        return Ok(None);
-    }
-    choose_train(checked, args.entry.as_deref())
-        .map(Some)
-        .map_err(|d| {
-            reporter.emit(&[*d], &checked.sources);
-            Failure::Reported
-        })
+    entry: Option<&str>,
+) -> Result<Option<&'c Train>, Box<Diagnostic>> {
+    choose_train(checked, entry).map(Some)
 }
 
-/// Into how many replicas' slices the `started` ranks (`--ranks` or `--mpi`) split each batch:
-/// the `parallel` policy's data-parallel size, once the ranks are checked against its device
-/// count (E0970); 1 on one device (whatever the policy).
-fn batch_split(
-    args: &TrainArgs,
+/// Checks `file` for the ranks `started` (`--ranks` or `--mpi`; `None`: one device, whatever
+/// the plan) and reports its diagnostics: the picked train's model with its batch dim set to
+/// one replica's micro-batch ([`micro_batch_dim`]), and how the ranks run the train's plan.
+/// E0970 when the ranks are not the plan's device count, E0972 for what is planned but not run.
+pub fn check_for_ranks(
+    file: &Path,
+    model: &ModelArgs,
     started: Option<(usize, &str)>,
-    checked: &Checked,
     reporter: &Reporter,
-) -> Result<usize, Failure> {
-    let (Some((world, launcher)), Some(train)) = (started, checked_train(args, checked, reporter)?)
-    else {
-        return Ok(1);
-    };
-    let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
-    ranks::check_world(policy.map_or(1, |p| p.devices), world, launcher)
-        .map_err(|e| Failure::Message(e.code, e.message))?;
-    Ok(policy.map_or(1, |p| p.data_parallel_size().max(1) as usize))
-}
-
-/// How the `started` ranks run the train's plan (one device when none were, whatever the
-/// plan); E0972 for what is planned but not run, and for what a tensor-parallel rank cannot do
-/// alone (initialise, resume or dump gradients of split weights).
-fn rank_layout(
-    args: &TrainArgs,
-    started: Option<(usize, &str)>,
-    checked: &Checked,
-    reporter: &Reporter,
-) -> Result<RankLayout, Failure> {
+    (entry, pick): (Option<&str>, PickTrain),
+) -> Result<(Checked, RankLayout), Failure> {
     let one = RankLayout {
         dp: 1,
         tp: 1,
         splits: Default::default(),
     };
-    let (Some((world, launcher)), Some(train)) = (started, checked_train(args, checked, reporter)?)
-    else {
-        return Ok(one);
-    };
-    let plan = plan_train(checked, train).map_err(|d| {
+    let mut options = model.check_options();
+    let mut checked = check_path(file, &options);
+    let emit = |d: Box<Diagnostic>, checked: &Checked| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
-    })?;
+    };
+    let train = match checked.has_errors() {
+        true => None,
+        false => pick(&checked, entry).map_err(|d| emit(d, &checked))?,
+    };
+    // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
+    // unless --dim sets the model's batch dim: check again with that size.
+    if let Some(train) = train {
+        let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
+        let replicas = match started {
+            Some((world, launcher)) => {
+                ranks::check_world(policy.map_or(1, |p| p.devices), world, launcher)
+                    .map_err(|e| Failure::Message(e.code, e.message))?;
+                policy.map_or(1, |p| p.data_parallel_size().max(1))
+            }
+            None => 1,
+        };
+        let dim = match train.model.and_then(|m| checked.models.get(m)) {
+            Some(m) => {
+                micro_batch_dim(train, m, &model.dims, replicas).map_err(|d| emit(d, &checked))?
+            }
+            None => None,
+        };
+        if let Some((name, size)) = dim {
+            options.overrides.dims.insert(name, size.to_string());
+            checked = check_path(file, &options);
+        }
+    }
+    reporter.emit(&checked.diagnostics, &checked.sources);
+    if checked.has_errors() {
+        return Err(Failure::Reported);
+    }
+    let Some((world, launcher)) = started else {
+        return Ok((checked, one));
+    };
+    let plan = match pick(&checked, entry).map_err(|d| emit(d, &checked))? {
+        Some(train) => plan_train(&checked, train).map_err(|d| emit(d, &checked))?,
+        None => None,
+    };
     let layout = ranks::layout(plan.as_ref(), world, launcher)
         .map_err(|e| Failure::Message(e.code, e.message))?;
-    let whole = [
-        (args.init_seed.is_some(), "--init-seed"),
-        (args.resume.is_some(), "--resume"),
-        (args.dump_grads.is_some(), "--dump-grads"),
-    ];
-    if let (true, Some((_, flag))) = (layout.tp > 1, whole.iter().find(|(given, _)| *given)) {
-        return Err(Failure::Message(
-            Code::E0972,
-            format!(
-                "{flag} is not run tensor parallel yet (split weights); give the whole weights \
-                 with --weights"
-            ),
-        ));
-    }
-    Ok(layout)
-}
-
-/// The model dim to set to the micro-batch size of one of `replicas` ([`micro_batch_dim`]);
-/// nothing for a source that did not check (its errors come later).
-fn micro_batch_override(
-    args: &TrainArgs,
-    checked: &Checked,
-    reporter: &Reporter,
-    replicas: usize,
-) -> Result<Option<(String, i64)>, Failure> {
-    let Some(train) = checked_train(args, checked, reporter)? else {
-        return Ok(None);
-    };
-    let emit = |d: Box<mslc_core::diag::Diagnostic>| {
-        reporter.emit(&[*d], &checked.sources);
-        Failure::Reported
-    };
-    match train.model.and_then(|m| checked.models.get(m)) {
-        Some(model) => {
-            micro_batch_dim(train, model, &args.model.dims, replicas as i64).map_err(emit)
-        }
-        None => Ok(None),
-    }
+    Ok((checked, layout))
 }
 
 /// A bar with the step's metrics as its message, on stderr when it is a terminal.

@@ -1,11 +1,42 @@
-//! Which ranks of a parallel plan `mslc train` runs in this process, and what carries their
-//! collectives: every rank as threads of this process (`--ranks N`), or this process's one
-//! rank of the world an MPI launcher started (`--mpi`, cargo feature `mpi`). Everything else
-//! about a rank — its program, shards, data and loop — is the same whichever runs it.
+//! Which ranks of a parallel plan `mslc train` and `mslc run` run in this process, and what
+//! carries their collectives: every rank as threads of this process (`--ranks N`), or this
+//! process's one rank of the world an MPI launcher started (`--mpi`, cargo feature `mpi`).
+//! Everything else about a rank — its program, shards, data and loop — is the same whichever
+//! runs it, and so is how the ranks are driven ([`command`], [`run_ranks`]).
 
+use std::path::Path;
+
+use mslc_core::diag::Code;
+use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::{Collectives, Mesh};
+use mslc_exec::Executor;
+use mslc_io::safetensors::{SafetensorsFile, TensorRef};
 
 use super::output::Failure;
+use super::Reporter;
+
+/// A command's summary as text and JSON; `None` in the ranks of an MPI world other than 0.
+pub type Outcome = Result<Option<(String, serde_json::Value)>, Failure>;
+
+/// Runs a command that may run ranks: the world `--ranks`/`--mpi` ask for, handed to
+/// `execute`; in the processes of an MPI world other than rank 0 nothing is printed (rank 0
+/// reports for all, and they exit with the status of what they found) unless a failure is
+/// their own ([`run_ranks`]). The exit status.
+pub fn command(
+    reporter: &Reporter,
+    ranks: Option<usize>,
+    mpi: bool,
+    execute: impl FnOnce(World) -> Outcome,
+) -> u8 {
+    let outcome = World::of(ranks, mpi).and_then(|world| {
+        reporter.mute(world.follower());
+        execute(world)
+    });
+    match outcome {
+        Ok(None) => 0,
+        outcome => reporter.finish(outcome.map(Option::unwrap_or_default)),
+    }
+}
 
 /// One rank this process runs: its number in the mesh and its collectives (none on a mesh of
 /// one device).
@@ -34,7 +65,7 @@ impl World {
             (None, false) => match launched_by_mpi() {
                 Some((var, n)) => Err(Failure::Usage(format!(
                     "this process is one of {n} that an MPI launcher started ({var}={n}), but \
-                     --mpi was not given, so each would train alone: add --mpi"
+                     --mpi was not given, so each would run alone: add --mpi"
                 ))),
                 None => Ok(World::One),
             },
@@ -49,6 +80,15 @@ impl World {
             World::Threads(n) => Some((*n, "--ranks")),
             #[cfg(feature = "mpi")]
             World::Mpi(w) => Some((w.size(), "mpiexec")),
+        }
+    }
+
+    /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
+    pub fn follower(&self) -> bool {
+        match self {
+            World::One | World::Threads(_) => false,
+            #[cfg(feature = "mpi")]
+            World::Mpi(w) => w.rank() != 0,
         }
     }
 
@@ -74,6 +114,102 @@ impl World {
             .map(|(rank, comm)| (rank, (!alone).then_some(comm)))
             .collect())
     }
+}
+
+/// Runs the `ranks` of this process: rank 0, when it is here, on this thread through `lead`
+/// (its result is returned), the others through `follow` — on threads of their own (a rank
+/// that fails drops its collectives, and the others stop at their next collective with E0973
+/// instead of waiting forever), or on this thread for this process's one rank of an MPI world
+/// (`None` returned). Of several failures the root cause is returned ([`ranks::root_cause`]);
+/// a follower's own failure in an MPI world is printed, naming its rank, though rank 0 speaks
+/// for the rest.
+pub fn run_ranks<T: Send>(
+    ranks: Vec<Rank>,
+    reporter: &Reporter,
+    lead: impl FnOnce(Option<Box<dyn Collectives>>) -> Result<T, Failure>,
+    follow: impl Fn(usize, Option<Box<dyn Collectives>>) -> Result<(), Failure> + Sync,
+) -> Result<Option<T>, Failure> {
+    let mut ranks = ranks.into_iter().peekable();
+    let Some(leader) = ranks.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm) else {
+        // This process's one rank of an MPI world, not rank 0.
+        return ranks
+            .try_for_each(|(rank, comm)| {
+                follow(rank, comm).map_err(|e| match e {
+                    Failure::Message(code, m) if code != Code::E0973 => {
+                        reporter.mute(false);
+                        Failure::Message(code, format!("rank {rank}: {m}"))
+                    }
+                    e => e,
+                })
+            })
+            .map(|()| None);
+    };
+    std::thread::scope(|scope| {
+        let follow = &follow;
+        let followers: Vec<_> = ranks
+            .map(|(rank, comm)| scope.spawn(move || follow(rank, comm)))
+            .collect();
+        let (done, mut errors) = match lead(leader) {
+            Ok(done) => (Some(done), Vec::new()),
+            Err(e) => (None, vec![e]),
+        };
+        for f in followers {
+            match f.join() {
+                Ok(Err(e)) => errors.push(e),
+                Ok(Ok(())) => {}
+                Err(_) => errors.push(Failure::Message(
+                    Code::E0973,
+                    "a rank's thread panicked".to_string(),
+                )),
+            }
+        }
+        let code = |f: &Failure| match f {
+            Failure::Message(c, _) => Some(*c),
+            _ => None,
+        };
+        match ranks::root_cause(errors, code) {
+            Some(e) => Err(e),
+            None => done.map(Some).ok_or(Failure::Reported),
+        }
+    })
+}
+
+/// E0972 when a tensor-parallel `layout` meets one of the `flags` given (given, name) that
+/// needs the whole weights on every rank (initialising, resuming or dumping split weights).
+pub fn whole_weights_only(layout: &RankLayout, flags: &[(bool, &str)]) -> Result<(), Failure> {
+    match (layout.tp > 1, flags.iter().find(|(given, _)| *given)) {
+        (true, Some((_, flag))) => Err(Failure::Message(
+            Code::E0972,
+            format!(
+                "{flag} is not run tensor parallel yet (split weights); give the whole weights \
+                 with --weights"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Loads into `exec` the weights of `path` as tensor-parallel member `part` of `layout`
+/// holds them: only its block of each split parameter, the rest whole. The framework
+/// bookkeeping tensors of the file left out.
+pub fn load_shard(
+    exec: &mut Executor,
+    path: &Path,
+    layout: &RankLayout,
+    part: usize,
+) -> Result<Vec<(String, &'static str)>, Failure> {
+    let file = SafetensorsFile::open(path)
+        .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
+    let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
+        name,
+        dtype: *dtype,
+        shape,
+        data,
+    });
+    exec.load_weights(tensors)
+        .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))
 }
 
 /// The world size an MPI launcher announces to each process it starts (MPICH's Hydra:

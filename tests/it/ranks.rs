@@ -288,25 +288,7 @@ const LLAMA_DIMS: [(&str, &str); 2] = [("S", "8"), ("B", "2")];
 fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
     let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model_end = example.find("// f16 has").expect("the model part");
-    let decl = "parallel TP {
-    mesh = { mp: 2 }
-    mode = semi_auto
-    shard \"model.layers.*.self_attn.{q,k,v}_proj.weight\" = [mp, _]
-    shard \"model.layers.*.self_attn.o_proj.weight\" = [_, mp]
-    shard \"model.layers.*.mlp.{gate,up}_proj.weight\" = [mp, _]
-    shard \"model.layers.*.mlp.down_proj.weight\" = [_, mp]
-}
-
-train Pretrain for TinyLlama {
-    labels: i32[B, S]
-    loss = cross_entropy(logits, labels)
-    optimizer = adamw(lr: 1e-2, weight_decay: 0.1)
-    batch = 2
-    clip_grad_norm = 0.5
-    parallel = TP
-    target = std.targets.cpu
-}
-";
+    let decl = include_str!("../fixtures/tiny_llama_tp.msl-decls");
     let src = dir.path("llama_tp.msl");
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
     let mut options = mslc_check::CheckOptions::default();
@@ -555,4 +537,113 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
         &states(&one),
         1e-4,
     );
+}
+
+/// Runs `mslc run` of `src` with `args` (and `extra`, e.g. `--ranks 2`) writing into `out`;
+/// the values of output `name`.
+fn forward(src: &Path, args: &[&str], out: &Path, extra: &[&str], name: &str) -> Vec<f64> {
+    let head = ["run", s(src), "--output-dir", s(out), "--threads", "1"];
+    let (code, stdout, stderr) = mslc(&[&head[..], args, extra].concat());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let array = mslc_io::npy::read_npy(out.join(format!("{name}.npy"))).unwrap();
+    array.to_f32().unwrap().into_iter().map(f64::from).collect()
+}
+
+/// `mslc run --ranks 2` of the tensor-parallel tiny LLaMA — each rank holding its shards of
+/// q, k, v, o, gate, up and down, cut from `--weights` — writes the logits `mslc run` writes
+/// on one device, within 1e-5 relative (the row-parallel sums reassociate).
+#[test]
+fn run_on_two_ranks_tensor_parallel_matches_one_device() {
+    let dir = TestDir::new("ranks-run-tp");
+    let (src, checked) = llama_tensor_parallel_in(&dir);
+    let single = mslc_driver::compile::compile(&checked.models[0], &compile_options())
+        .unwrap()
+        .module;
+    let weights = dir.path("w.safetensors");
+    crate::exec::common::write_weights(&weights, &crate::exec::common::random_weights(&single, 7));
+    let mut rng = Rng(11);
+    let tokens: Vec<i64> = (0..16)
+        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
+        .collect();
+    let tokens_file = dir.path("tokens.npy");
+    write_npy(
+        &tokens_file,
+        &NpyArray::from_i64(vec![2, 8], &tokens).unwrap(),
+    )
+    .unwrap();
+    let input = format!("tokens={}", s(&tokens_file));
+    let mut args: Vec<String> = vec!["--weights".into(), s(&weights).into()];
+    args.extend(["--input".to_string(), input]);
+    for (k, v) in LLAMA_SETS {
+        args.extend(["--set".to_string(), format!("{k}={v}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let got = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
+    assert_eq!(want.len(), 2 * 8 * 64);
+    assert_rel("tensor-parallel logits", &got, &want, 1e-5);
+    // A tensor-parallel rank cannot initialise its shards alone.
+    let (code, _, stderr) = mslc(
+        &[
+            &["run", s(&src), "--init-seed", "1", "--ranks", "2"][..],
+            &args[2..],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("E0972") && stderr.contains("--init-seed"),
+        "{stderr}"
+    );
+}
+
+/// `mslc run --ranks 2` of the classifier under data parallelism: each replica runs half of
+/// the batch, and rank 0 writes the whole logits, equal to one device's within 1e-5 relative
+/// (the same rows through the same weights). A batch that does not split is E0974, a world
+/// that does not match the plan E0970, and the launcher flags are misused as for train.
+#[test]
+fn run_on_two_ranks_data_parallel_matches_one_device() {
+    let dir = TestDir::new("ranks-run-dp");
+    let src = source(&dir, DATA, 4);
+    let mut rng = Rng(13);
+    let write_x = |name: &str, rows: usize, rng: &mut Rng| {
+        let path = dir.path(name);
+        let x = rng.vec(rows * INPUTS, -2.0, 2.0);
+        write_npy(&path, &NpyArray::from_f32(vec![rows, INPUTS], &x).unwrap()).unwrap();
+        format!("x={}", s(&path))
+    };
+    let x = write_x("x.npy", 6, &mut rng);
+    let args = ["--init-seed", "3", "--input", &x];
+    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let got = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
+    assert_eq!(want.len(), 6 * CLASSES);
+    assert_rel("data-parallel logits", &got, &want, 1e-5);
+    let odd = write_x("x5.npy", 5, &mut rng);
+    let run = |extra: &[&str]| {
+        let head = ["run", s(&src), "--init-seed", "3", "--input", &odd];
+        mslc(&[&head[..], extra].concat())
+    };
+    let (code, _, stderr) = run(&["--ranks", "2"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("E0974") && stderr.contains("batch of 5"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--ranks", "3"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("started 3 rank(s), but the plan has 2"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--ranks", "2", "--mpi"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("not both"), "{stderr}");
+    let out = crate::support::mslc_command(&["run", s(&src), "--init-seed", "3", "--input", &x])
+        .current_dir(root())
+        .env("PMI_SIZE", "2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("add --mpi"), "{stderr}");
 }

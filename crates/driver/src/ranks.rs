@@ -1,6 +1,7 @@
-//! Running a plan's ranks: which per-rank program a plan asks for (today: data parallelism),
-//! the check that the world started matches the plan's device count (E0970), and N ranks as
-//! threads of one process, each with its own executor, talking through the threads backend of
+//! Running a plan's ranks: which per-rank program a plan asks for (data and tensor
+//! parallelism), the check that the world started matches the plan's device count (E0970), a
+//! rank's forward program and its share of the inputs and outputs, and N ranks as threads of
+//! one process, each with its own executor, talking through the threads backend of
 //! [`mslc_exec::collectives`].
 
 use std::collections::BTreeMap;
@@ -11,7 +12,148 @@ use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
 use mslc_plan::parallel::PlanFile;
 
-use crate::train::{DATA_AXIS, TENSOR_AXIS};
+use mslc_core::program::Model;
+use mslc_io::npy::NpyArray;
+
+use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
+use crate::train::{TensorSplits, DATA_AXIS, TENSOR_AXIS};
+
+/// The [`CompileError::stage`] of a model that Megatron's rewrite cannot split as the plan
+/// asks (E0972).
+pub const STAGE_TENSOR_PARALLEL: &str = "tensor parallel";
+
+/// One rank's forward program of `model`: what one device compiles, rewritten first for one
+/// member of a tensor-parallel group when `tensor` is given
+/// ([`mslc_ir::shard::tensor::tensor_parallel`]).
+pub fn compile_rank(
+    model: &Model,
+    options: &CompileOptions,
+    tensor: Option<TensorSplits>,
+) -> Result<Compiled, CompileError> {
+    let mut graph = lower_verified(model, options)?;
+    if let Some((splits, group)) = tensor {
+        mslc_ir::shard::tensor::tensor_parallel(&mut graph, splits, group).map_err(|e| {
+            CompileError {
+                stage: STAGE_TENSOR_PARALLEL,
+                message: e.to_string(),
+            }
+        })?;
+    }
+    compile_graph(graph, options)
+}
+
+/// The inputs `arrays` of `model` as each of `replicas` data-parallel replicas takes them, in
+/// replica order: every input whose first dim is the model's batch dim (the first dim of its
+/// first input) cut into equal slices along it, the others whole. E0974 when the batch does
+/// not split into the replicas or the model has no named batch dim.
+pub fn split_inputs(
+    model: &Model,
+    arrays: &BTreeMap<String, NpyArray>,
+    replicas: usize,
+) -> Result<Vec<BTreeMap<String, NpyArray>>, RanksError> {
+    if replicas <= 1 {
+        return Ok(vec![arrays.clone()]);
+    }
+    let batch = model
+        .inputs
+        .first()
+        .and_then(|i| i.dims.first().cloned().flatten())
+        .ok_or_else(|| {
+            RanksError::new(
+                Code::E0974,
+                format!(
+                    "data parallel splits the batch among {replicas} replicas, but the first \
+                     input of `{}` does not start with a named batch dim",
+                    model.name
+                ),
+            )
+        })?;
+    let mut out = vec![BTreeMap::new(); replicas];
+    for (name, array) in arrays {
+        let batched = model
+            .inputs
+            .iter()
+            .any(|i| i.name == *name && i.dims.first().cloned().flatten() == Some(batch.clone()));
+        let size = array.shape().first().copied().unwrap_or(0);
+        if batched && size % replicas != 0 {
+            return Err(RanksError::new(
+                Code::E0974,
+                format!(
+                    "input `{name}` holds a batch of {size} ({batch} = {size}), which does not \
+                     split into {replicas} data-parallel replicas"
+                ),
+            ));
+        }
+        let rows = size / replicas.max(1);
+        let row_bytes = array.data().len() / size.max(1);
+        for (r, part) in out.iter_mut().enumerate() {
+            let slice = match batched {
+                true => {
+                    let mut shape = array.shape().to_vec();
+                    shape[0] = rows;
+                    let bytes =
+                        array.data()[r * rows * row_bytes..(r + 1) * rows * row_bytes].to_vec();
+                    NpyArray::new(array.dtype(), shape, bytes)
+                        .map_err(|e| RanksError::new(Code::E0974, e.to_string()))?
+                }
+                false => array.clone(),
+            };
+            part.insert(name.clone(), slice);
+        }
+    }
+    Ok(out)
+}
+
+/// The dim along which the data-parallel replicas' parts of an output of shape `part` make the
+/// whole output of shape `whole`: the one dim `replicas` times longer, all others equal.
+pub fn gather_dim(whole: &[usize], part: &[usize], replicas: usize) -> Option<usize> {
+    if whole.len() != part.len() {
+        return None;
+    }
+    let differing: Vec<usize> = (0..whole.len()).filter(|&d| whole[d] != part[d]).collect();
+    match differing[..] {
+        [d] if whole[d] == part[d] * replicas => Some(d),
+        _ => None,
+    }
+}
+
+/// Gathers `data` (a tensor of `shape`, of any dtype) from every member of the group of mesh
+/// axis `axis` and concatenates the members' tensors along `dim`, in group order: how the
+/// data-parallel replicas' parts of an output become the whole. The bytes travel as f32
+/// words, which the collectives copy bit for bit.
+pub fn gather_bytes(
+    comm: &mut dyn Collectives,
+    axis: &str,
+    dim: usize,
+    shape: &[usize],
+    data: &[u8],
+) -> mslc_exec::ExecResult<Vec<u8>> {
+    let a = comm.mesh().axis(axis)?;
+    let members = comm.mesh().axes()[a].1;
+    let words = data.len().div_ceil(4);
+    let mut padded = data.to_vec();
+    padded.resize(words * 4, 0);
+    let send: Vec<f32> = padded
+        .chunks_exact(4)
+        .map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    let mut recv = vec![0.0f32; words * members];
+    comm.all_gather(a, &send, &mut recv)?;
+    let bytes: Vec<u8> = recv
+        .iter()
+        .flat_map(|w| w.to_bits().to_le_bytes())
+        .collect();
+    let outer: usize = shape[..dim.min(shape.len())].iter().product();
+    let inner = data.len() / outer.max(1);
+    let mut out = Vec::with_capacity(data.len() * members);
+    for o in 0..outer {
+        for m in 0..members {
+            let block = &bytes[m * words * 4..];
+            out.extend_from_slice(&block[o * inner..(o + 1) * inner]);
+        }
+    }
+    Ok(out)
+}
 
 /// A coded refusal to run a plan's ranks.
 #[derive(Clone, Debug, PartialEq)]
@@ -310,6 +452,39 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    /// Two replicas' parts of a `[2, 3]` tensor of 2-byte values (an odd number of f32 words
+    /// each) gathered along dim 1 give the `[2, 6]` whole, row by row, on both members.
+    #[test]
+    fn gathered_parts_concatenate_along_their_dim() {
+        let mesh = Mesh::line(DATA_AXIS, 2).unwrap();
+        let parts: Vec<Vec<u8>> = (0..2u8)
+            .map(|m| (0..12).map(|i| m * 100 + i).collect())
+            .collect();
+        let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = thread_world(mesh)
+                .into_iter()
+                .zip(&parts)
+                .map(|(mut comm, part)| {
+                    scope.spawn(move || gather_bytes(comm.as_mut(), DATA_AXIS, 1, &[2, 3], part))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        let want: Vec<u8> = [
+            &parts[0][..6],
+            &parts[1][..6],
+            &parts[0][6..],
+            &parts[1][6..],
+        ]
+        .concat();
+        assert_eq!(got, vec![want.clone(), want]);
+        assert_eq!(gather_dim(&[2, 6], &[2, 3], 2), Some(1));
+        assert_eq!(gather_dim(&[5], &[5], 2), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -363,7 +364,8 @@ pub struct Trainer {
     exec: Executor,
     train: CompiledTrain,
     schedule: Schedule,
-    data: Dataset,
+    /// The samples, shared by the ranks of one process (each reads its own rows).
+    data: Arc<Dataset>,
     /// Samples per run of this rank's step.
     batch: usize,
     /// This rank's data-parallel replica and the replicas there are: it takes its slice of
@@ -413,7 +415,7 @@ impl Trainer {
         mut exec: Executor,
         train: CompiledTrain,
         schedule: Schedule,
-        data: Dataset,
+        data: Arc<Dataset>,
         shuffle: Option<u64>,
         seed: u64,
     ) -> Res<Trainer> {

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Training speed on ranks (issue 11's benchmark): tokens/s of tiny_llama's training step on one
+rank against two ranks, data parallel and Megatron tensor parallel, on the threads backend
+(`mslc train --ranks 2`), every rank given one worker thread (`--threads 1` is per rank), so that
+on a 2-core machine the two-rank runs use the cores one rank alone cannot (ideal: 2x for data
+parallel). One rank on two threads is printed as well, as what the cores give without ranks.
+Then the threads backend's all-reduce bandwidth for 1-64 MiB against a memcpy of the same size
+(crates/exec/benches/collectives.rs). Ratios are taken within this one run.
+
+All runs train examples/tiny_llama.msl's model (--set layers=LAYERS, f32, AdamW) on the same
+synthetic tokens from the same weights; the script prints per configuration the median ms/step
+after the warm-up steps and tokens/s, then the ratios against one rank on one thread.
+
+usage: scripts/bench_ranks.py [--mslc PATH] [--layers 8] [--batch 8] [--seq 64] [--steps 10]
+                              [--warmup 2] [--no-collectives]
+
+Needs numpy and a release mslc (`cargo build --release`); the bandwidth part runs
+`cargo bench -p mslc-exec --bench collectives`.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DATA = """parallel P {
+    mesh = { dp: 2 }
+    mode = data
+}
+"""
+
+TENSOR = """parallel P {
+    mesh = { mp: 2 }
+    mode = semi_auto
+    shard "model.layers.*.self_attn.{q,k,v}_proj.weight" = [mp, _]
+    shard "model.layers.*.self_attn.o_proj.weight" = [_, mp]
+    shard "model.layers.*.mlp.{gate,up}_proj.weight" = [mp, _]
+    shard "model.layers.*.mlp.down_proj.weight" = [_, mp]
+}
+"""
+
+TRAIN = """
+train Pretrain for TinyLlama {{
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-4, betas: (0.9, 0.95), weight_decay: 0.1)
+    batch = {batch}
+    parallel = P
+    target = std.targets.cpu
+}}
+"""
+
+
+def source(tmp, name, policy, batch):
+    """examples/tiny_llama.msl's model with `policy` and a train of `batch` sequences."""
+    with open(os.path.join(ROOT, "examples", "tiny_llama.msl")) as f:
+        example = f.read()
+    model = example[: example.index("// f16 has")]
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(model + policy + TRAIN.format(batch=batch))
+    return path
+
+
+def train(mslc, src, sets, tokens, out, extra):
+    """Runs `mslc train`; the per-step milliseconds from its metrics."""
+    metrics = out + ".jsonl"
+    cmd = [mslc, "train", src, "--data", tokens, "--metrics", metrics, *sets, *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
+    with open(metrics) as f:
+        return [json.loads(line)["ms"] for line in f]
+
+
+def collectives():
+    """The all-reduce and memcpy figures of crates/exec/benches/collectives.rs."""
+    done = subprocess.run(
+        ["cargo", "bench", "-q", "-p", "mslc-exec", "--bench", "collectives"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        sys.exit(f"the collectives benchmark failed:\n{done.stdout}{done.stderr}")
+    line = next(l for l in done.stdout.splitlines() if l.startswith("JSON "))
+    return json.loads(line[5:])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mslc", default=os.path.join(ROOT, "target", "release", "mslc"))
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-collectives", action="store_true")
+    a = p.parse_args()
+    if not os.path.exists(a.mslc):
+        sys.exit(f"{a.mslc} not found: build it with `cargo build --release` or pass --mslc")
+    sets = ["--set", f"layers={a.layers}", "--dim", f"S={a.seq}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(0)
+        tokens = os.path.join(tmp, "tokens.npy")
+        vocab = 1000  # examples/tiny_llama.msl's vocab
+        np.save(tokens, rng.integers(0, vocab, size=(a.batch * 4, a.seq + 1)).astype(np.int64))
+        data_src = source(tmp, "dp.msl", DATA, a.batch)
+        tensor_src = source(tmp, "tp.msl", TENSOR, a.batch)
+        # The same starting weights for every run (a tensor-parallel rank cuts its shards from
+        # whole weights): one seeded step on one device.
+        train(a.mslc, data_src, sets, tokens, os.path.join(tmp, "init"),
+              ["--init-seed", "0", "--steps", "1", "--output-dir", os.path.join(tmp, "init")])
+        weights = ["--weights", os.path.join(tmp, "init", "step-1", "model.safetensors")]
+        steps = ["--steps", str(a.steps + a.warmup)]
+        runs = [
+            ("1 rank x 1 thread", data_src, ["--threads", "1"]),
+            ("1 rank x 2 threads", data_src, ["--threads", "2"]),
+            ("2 ranks data parallel x 1 thread", data_src, ["--ranks", "2", "--threads", "1"]),
+            ("2 ranks tensor parallel x 1 thread", tensor_src, ["--ranks", "2", "--threads", "1"]),
+        ]
+        tokens_per_step = a.batch * a.seq
+        print(f"tiny_llama {a.layers} layers, batch {a.batch} x S {a.seq} = {tokens_per_step} "
+              f"tokens per step, f32, {a.steps} steps after {a.warmup} warm-up, {os.cpu_count()} cores")
+        rates = {}
+        for i, (name, src, extra) in enumerate(runs):
+            ms = train(a.mslc, src, sets, tokens, os.path.join(tmp, f"run{i}"),
+                       [*weights, *steps, *extra])[a.warmup:]
+            median = statistics.median(ms)
+            rates[name] = tokens_per_step / (median / 1e3)
+            print(f"  {name:36} {median:9.1f} ms/step  {rates[name]:9.0f} tokens/s")
+        base = rates[runs[0][0]]
+        for name, _, _ in runs[1:]:
+            print(f"  {name} / 1 rank x 1 thread: {rates[name] / base:.2f}x")
+    if not a.no_collectives:
+        c = collectives()
+        print(f"all-reduce over {c['ranks']} ranks (threads backend) against memcpy:")
+        for s in c["sizes"]:
+            print(f"  {s['mib']:3} MiB: {s['algo_gbps']:6.2f} GB/s algorithm, "
+                  f"{s['bus_gbps']:6.2f} GB/s bus, memcpy {s['memcpy_gbps']:6.2f} GB/s, "
+                  f"ratio {s['algo_gbps'] / s['memcpy_gbps']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

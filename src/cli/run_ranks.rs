@@ -1,0 +1,220 @@
+//! `mslc run FILE.msl --ranks N` and `mpiexec -n N mslc run --mpi …`: the forward of a model
+//! under the parallel plan of its first train, one executor per rank. A data-parallel replica
+//! runs its slice of the inputs' batch, a tensor-parallel rank its shard of the split weights
+//! (Megatron's rewrite, the same as training's); rank 0 gathers the replicas' outputs and
+//! writes them as `mslc run` on one device does.
+
+use std::collections::BTreeMap;
+
+use mslc_check::decls::Train;
+use mslc_check::Checked;
+use mslc_core::diag::{Code, Diagnostic};
+use mslc_driver::ranks::{self, RankLayout};
+use mslc_driver::select::choose_model;
+use mslc_driver::train::{DATA_AXIS, TENSOR_AXIS};
+use mslc_exec::collectives::{Collectives, Mesh};
+use mslc_exec::Executor;
+use mslc_io::npy::NpyArray;
+use mslc_ir::shard::Group;
+
+use super::output::Failure;
+use super::run::{self, RunArgs, RunSummary};
+use super::train::{check_for_ranks, PickTrain};
+use super::world::{self, World};
+use super::Reporter;
+
+/// The first train of the `--entry` model (none: the model runs on one device).
+fn model_train<'c>(
+    checked: &'c Checked,
+    entry: Option<&str>,
+) -> Result<Option<&'c Train>, Box<Diagnostic>> {
+    let model = choose_model(checked, entry)?;
+    Ok(checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.model.name == model.name))
+}
+
+/// Runs the ranks of this process; rank 0's summary (`None` in the other processes of an MPI
+/// world).
+pub fn execute(
+    args: &RunArgs,
+    world: World,
+    arrays: BTreeMap<String, NpyArray>,
+    reporter: &Reporter,
+) -> world::Outcome {
+    let started = world.started();
+    let pick = (args.entry.as_deref(), model_train as PickTrain);
+    let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
+    world::whole_weights_only(&layout, &[(args.init_seed.is_some(), "--init-seed")])?;
+    let model = choose_model(&checked, args.entry.as_deref()).map_err(|d| {
+        reporter.emit(&[*d], &checked.sources);
+        Failure::Reported
+    })?;
+    if let Some(missing) = model.inputs.iter().find(|i| !arrays.contains_key(&i.name)) {
+        return Err(Failure::Usage(format!(
+            "input `{}` is not given: a run on ranks takes every input from --input (a seeded \
+             one would differ between the replicas)",
+            missing.name
+        )));
+    }
+    let replicas = ranks::split_inputs(model, &arrays, layout.dp)
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let tensor_group = Group {
+        axis: TENSOR_AXIS.to_string(),
+        ranks: layout.tp,
+    };
+    let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
+    let shapes = run::shapes_of(&replicas[0]);
+    let (mut module, sources) = run::compile_source(args, &shapes, tensor, false, reporter)?;
+    run::warn_if_foreign(&module, reporter);
+    let kernel_table = run::apply_kernels(args, &mut module, false)?;
+    let gather = gather_dims(args, &arrays, &module, layout.dp, reporter)?;
+    let mesh = layout
+        .mesh()
+        .map_err(|e| Failure::Message(e.code, e.message))?;
+    let threads = ranks::threads_per_rank(args.threads, mesh.size());
+    // One rank: its executor over its shards and its replica's inputs, run `--iterations`
+    // times; the outputs gathered over the replicas (whole on every rank of the data axis).
+    let rank = |rank: usize, comm: Option<Box<dyn Collectives>>| {
+        let coords = mesh.coords(rank);
+        let (replica, part) = (coords[0], coords[1]);
+        let mut exec = run::executor(args, module.clone(), threads)?;
+        if let Some(comm) = comm {
+            exec.set_collectives(comm);
+        }
+        let ignored = match &args.weights {
+            Some(path) => world::load_shard(&mut exec, path, &layout, part)?,
+            None => run::load_params(args, &mut exec, None)?,
+        };
+        exec.check_numerics(args.check_numerics);
+        for (input, array) in &replicas[replica] {
+            exec.set_input(input, array).map_err(|e| e.message)?;
+        }
+        let times = run::timed_runs(args, &mut exec, Some(&sources), reporter, rank == 0)?;
+        let outputs = gathered_outputs(&mut exec, &gather)?;
+        Ok::<_, Failure>((exec, times, outputs, ignored))
+    };
+    let lead = |comm| {
+        let (exec, times, outputs, ignored_weights) = rank(0, comm)?;
+        let summary = RunSummary {
+            model: exec.module().name.clone(),
+            threads: exec.threads(),
+            ranks: Some((mesh.size(), describe(&layout, started))),
+            peak: mslc_kernels::peak::measure(exec.threads()),
+            flops: exec.module().flops(),
+            times,
+            arena_bytes: exec.arena_bytes(),
+            hoisted_bytes: exec.hoisted_bytes(),
+            kernel_table: kernel_table.clone(),
+            seeded: Vec::new(),
+            ignored_weights,
+            outputs: Vec::new(),
+            profile: args.profile.clone(),
+        };
+        let profile = args.profile.as_ref().map(|_| exec.profile_json());
+        let done = run::finish(args, summary, outputs, profile)?;
+        run::warn_nonfinite(&exec, reporter);
+        Ok(done)
+    };
+    let follow = |r, comm| rank(r, comm).map(drop);
+    world::run_ranks(world.ranks(&mesh)?, reporter, lead, follow)
+}
+
+/// `data 2 × tensor 1, --ranks`: the layout and the launcher, for the summary.
+fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
+    let launcher = started.map_or("", |(_, l)| l);
+    format!("data {} × tensor {}, {launcher}", layout.dp, layout.tp)
+}
+
+/// Per output of `module` (one replica's program), the dim its replicas' parts are gathered
+/// along — the one the whole batch's output (the model checked for the whole `arrays`) has
+/// `replicas` times longer; E0975 for an output without one. Nothing to gather for one
+/// replica.
+fn gather_dims(
+    args: &RunArgs,
+    arrays: &BTreeMap<String, NpyArray>,
+    module: &mslc_artifact::Module,
+    replicas: usize,
+    reporter: &Reporter,
+) -> Result<Vec<Option<usize>>, Failure> {
+    if replicas <= 1 {
+        return Ok(vec![None; module.outputs.len()]);
+    }
+    let (checked, entry) = run::check_for_inputs(args, &run::shapes_of(arrays), false, reporter)?;
+    let whole = checked
+        .model(&entry)
+        .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
+    module
+        .outputs
+        .iter()
+        .map(|(name, v)| {
+            let part: Vec<usize> = module.values[*v as usize]
+                .ty
+                .shape
+                .iter()
+                .map(|&d| d as usize)
+                .collect();
+            let full: Option<Vec<usize>> =
+                whole.outputs.iter().find(|o| o.name == *name).map(|o| {
+                    whole
+                        .ty(o.value)
+                        .shape
+                        .iter()
+                        .map(|&d| d as usize)
+                        .collect()
+                });
+            full.and_then(|full| ranks::gather_dim(&full, &part, replicas))
+                .map(Some)
+                .ok_or_else(|| {
+                    Failure::Message(
+                        Code::E0975,
+                        format!(
+                            "output `{name}` {:?} has no batch dim to gather from the {replicas} \
+                             data-parallel replicas (each holds a different value of it)",
+                            part
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Every output of the last forward of `exec` (name, type, value), gathered from the
+/// data-parallel replicas along `gather`'s dim where it names one; the type is the whole's.
+fn gathered_outputs(
+    exec: &mut Executor,
+    gather: &[Option<usize>],
+) -> Result<Vec<(String, String, NpyArray)>, Failure> {
+    let mut out = Vec::new();
+    let outputs = exec.module().outputs.clone();
+    for ((name, v), dim) in outputs.iter().zip(gather) {
+        let array = exec
+            .output_npy(name)
+            .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
+        let mut ty = exec.module().values[*v as usize].ty.clone();
+        let array = match dim {
+            None => array,
+            Some(d) => {
+                let comm = exec
+                    .collectives()
+                    .ok_or_else(|| Failure::Message(Code::E0973, "no collectives".to_string()))?;
+                let members = data_members(comm.mesh());
+                let bytes = ranks::gather_bytes(comm, DATA_AXIS, *d, array.shape(), array.data())
+                    .map_err(|e| Failure::Message(Code::E0973, e.message))?;
+                let mut shape = array.shape().to_vec();
+                shape[*d] *= members;
+                ty.shape[*d] *= members as i64;
+                NpyArray::new(array.dtype(), shape, bytes).map_err(|e| e.to_string())?
+            }
+        };
+        out.push((name.clone(), ty.to_string(), array));
+    }
+    Ok(out)
+}
+
+/// The data-parallel replicas of `mesh`.
+fn data_members(mesh: &Mesh) -> usize {
+    mesh.axis(DATA_AXIS).map_or(1, |a| mesh.axes()[a].1)
+}
