@@ -175,6 +175,7 @@ fn execute(
         loss_scale,
         memory: MemoryRequest::of_train(&checked, train),
         data_parallel: replicas,
+        optimizer_shard: layout.optimizer_shard,
     };
     let tensor_group = Group {
         axis: TENSOR_AXIS.to_string(),
@@ -219,8 +220,12 @@ fn execute(
         if let Some(path) = &args.weights {
             let file = SafetensorsFile::open(path)
                 .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-            let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
-                .map_err(|e| Failure::Message(e.code, e.message))?;
+            let mut shards =
+                ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+                    .map_err(|e| Failure::Message(e.code, e.message))?;
+            if let Some(z) = &compiled.zero {
+                shards = ranks::zero_slices(shards, z, replica);
+            }
             let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
                 name,
                 dtype: *dtype,
@@ -230,6 +235,9 @@ fn execute(
             exec.load_weights(tensors).map_err(|e| {
                 Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message))
             })?;
+        } else if let Some(z) = compiled.zero.as_ref().filter(|z| z.shards_params()) {
+            ranks::zero_init(&mut exec, args.init_seed.unwrap_or(0), z, replica)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
         } else {
             exec.init_params(args.init_seed.unwrap_or(0));
         }
@@ -260,8 +268,9 @@ fn execute(
         let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
         while trainer.state().step < args.steps {
             let m = trainer.step().map_err(failed)?;
-            // Tensor-parallel checkpoints gather every rank's shards.
-            if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
+            // Sharded checkpoints gather every rank's shards and slices.
+            if trainer.gathers_checkpoints() && args.output_dir.is_some() && save_due(args, m.step)
+            {
                 trainer.checkpoint_tensors().map_err(failed)?;
             }
         }
@@ -512,6 +521,7 @@ fn rank_layout(
         dp: 1,
         tp: 1,
         splits: Default::default(),
+        optimizer_shard: 0,
     };
     let (Some((world, launcher)), Some(train)) = (started, checked_train(args, checked, reporter)?)
     else {
@@ -528,6 +538,16 @@ fn rank_layout(
         (args.resume.is_some(), "--resume"),
         (args.dump_grads.is_some(), "--dump-grads"),
     ];
+    if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
+        return Err(Failure::Message(
+            Code::E0980,
+            format!(
+                "--dump-grads writes whole gradients, but under optimizer_shard = {} each rank \
+                 holds only its slice of them; dump them on one device, or with level0 or level1",
+                mslc_plan::parallel::level_name(layout.optimizer_shard)
+            ),
+        ));
+    }
     if let (true, Some((_, flag))) = (layout.tp > 1, whole.iter().find(|(given, _)| *given)) {
         return Err(Failure::Message(
             Code::E0972,

@@ -134,6 +134,7 @@ codes! {
     E0971 => "loss does not combine over data-parallel replicas",
     E0972 => "parallel layout the executor cannot run yet",
     E0973 => "a rank stopped: a collective could not complete",
+    E0980 => "whole gradients asked of ranks that hold slices",
     E0961 => "train setting the JAX export cannot mirror",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
