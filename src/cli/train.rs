@@ -220,9 +220,8 @@ fn execute(
         if let Some(path) = &args.weights {
             let file = SafetensorsFile::open(path)
                 .map_err(|e| Failure::Message(Code::E0602, e.to_string()))?;
-            let mut shards =
-                ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
-                    .map_err(|e| Failure::Message(e.code, e.message))?;
+            let mut shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
             if let Some(z) = &compiled.zero {
                 shards = ranks::zero_slices(shards, z, replica);
             }
@@ -441,6 +440,18 @@ fn lead(
         mslc_core::units::human_bytes(trainer.executor().arena_bytes() as u64),
         mslc_core::units::human_bytes(arena.lower_bound_bytes),
     );
+    // Each rank runs the same per-rank program: its memory plan with the scratch of its
+    // threads, against what its executor allocated.
+    let exec = trainer.executor();
+    let rank_planned = arena
+        .total_bytes
+        .saturating_add(arena.scratch_bytes_per_thread * exec.threads() as u64);
+    text.push_str(&format!(
+        "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)), {} allocated\n",
+        mslc_core::units::human_bytes(rank_planned),
+        exec.threads(),
+        mslc_core::units::human_bytes(exec.allocated_bytes()),
+    ));
     for line in recompute.lines() {
         text.push_str(&line);
         text.push('\n');
@@ -466,6 +477,13 @@ fn lead(
         "steps": history,
         "recompute": recompute,
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
+        "rank_memory": {
+            "planned_bytes": rank_planned,
+            "allocated_bytes": trainer.executor().allocated_bytes(),
+            "params_bytes": arena.params_bytes,
+            "inputs_bytes": arena.inputs_bytes,
+            "next_bytes": arena.next_bytes,
+        },
         "written": written,
         "notes": notes,
     });

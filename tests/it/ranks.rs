@@ -509,8 +509,33 @@ fn tiny_llama_tensor_parallel_forward_matches_one_device() {
 /// agree to 2e-6, the worst weight differs by 9e-6).
 #[test]
 fn tiny_llama_tensor_parallel_training_matches_one_device() {
-    let dir = TestDir::new("ranks-llama-tp-train");
+    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2");
+}
+
+/// [`tiny_llama_tensor_parallel_training_matches_one_device`] on a mesh of 2 data-parallel ×
+/// 2 tensor-parallel ranks under optimizer sharding level 3: each rank holds half of its
+/// tensor-parallel shard of every parameter and of its states (with the same tolerances: the
+/// same row-parallel reassociation).
+#[test]
+fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
+    let policy = |text: String| {
+        text.replace(
+            "mesh = { mp: 2 }",
+            "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
+        )
+        .replace("batch = 2", "batch = 4")
+    };
+    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4");
+}
+
+/// Trains the tensor-parallel tiny LLaMA, its train rewritten by `policy`, 10 steps on one
+/// device and on `ranks` ranks from the same whole weights, and compares losses, final weights
+/// and an optimizer state.
+fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String, ranks: &str) {
+    let dir = TestDir::new(tag);
     let (src, checked) = llama_tensor_parallel_in(&dir);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, policy(text)).unwrap();
     let options = compile_options();
     let single = mslc_driver::compile::compile(&checked.models[0], &options)
         .unwrap()
@@ -546,7 +571,7 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
     };
     let (one, two) = (dir.path("one"), dir.path("two"));
     let single_losses = run(&one, &[]);
-    let ranked_losses = run(&two, &["--ranks", "2"]);
+    let ranked_losses = run(&two, &["--ranks", ranks]);
     assert_eq!(single_losses.len(), 10);
     assert_rel("losses", &ranked_losses, &single_losses, 1e-5);
     assert_same_final_weights(&one, &two, 1e-4);
@@ -631,31 +656,10 @@ fn optimizer_sharding_on_two_ranks_matches_one_device() {
 #[test]
 fn tiny_llama_optimizer_sharding_on_two_ranks_matches_one_device() {
     let dir = TestDir::new("ranks-llama-zero");
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
-    let with_level = |level: &str| {
-        let decl = format!(
-            "parallel P {{
-    mesh = {{ dp: 2 }}
-    mode = data
-    optimizer_shard = {level}
-}}
-
-train Pretrain for TinyLlama {{
-    labels: i32[B, S]
-    loss = cross_entropy(logits, labels)
-    optimizer = adamw(lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1)
+    let fields = "optimizer = adamw(lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1)
     batch = 4
-    clip_grad_norm = 1.0
-    parallel = P
-    target = std.targets.cpu
-}}
-"
-        );
-        let src = dir.path(&format!("llama_{level}.msl"));
-        std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
-        src
-    };
+    clip_grad_norm = 1.0";
+    let with_level = |level: &str| llama_zero_source(&dir, "llama", level, fields);
     let data = random_tokens(&dir, 12, 8, 17);
     let sets = [
         "--set",
@@ -708,7 +712,8 @@ fn optimizer_sharding_programs_hold_the_planned_collectives() {
             optimizer_shard: level,
             ..Default::default()
         };
-        let Ok(step) = mslc_driver::train::compile_train_ranked(train, &options, options_train, None)
+        let Ok(step) =
+            mslc_driver::train::compile_train_ranked(train, &options, options_train, None)
         else {
             panic!("{name} compiles");
         };
@@ -719,7 +724,10 @@ fn optimizer_sharding_programs_hold_the_planned_collectives() {
         let params = step.params.len();
         assert_eq!(params, 4, "hidden and head, weight and bias");
         let planned = |kind: &str| {
-            let calls = plan.collectives.iter().filter(|c| c.axis == "dp" && c.kind == kind);
+            let calls = plan
+                .collectives
+                .iter()
+                .filter(|c| c.axis == "dp" && c.kind == kind);
             calls.map(|c| c.count as usize).sum::<usize>()
         };
         let (reduced, scattered) = match level {
@@ -736,11 +744,110 @@ fn optimizer_sharding_programs_hold_the_planned_collectives() {
             _ => params * planned("all_gather"),
         };
         assert_eq!(count(Op::AllGather), gathers, "{name}");
-        assert!(count(Op::AllGather) <= params * planned("all_gather"), "{name}");
+        assert!(
+            count(Op::AllGather) <= params * planned("all_gather"),
+            "{name}"
+        );
         assert_eq!(planned("reduce_scatter") > 0, scattered > 0, "{name}");
         assert_eq!(
             step.zero.as_ref().map(|z| z.level),
             (level > 0).then_some(level)
         );
     }
+}
+
+/// Each rank's memory under data parallelism on 2 ranks, level0 against level3 (tiny LLaMA,
+/// f32 AdamW): what every rank's executor allocated (buffers and its threads' scratch) is
+/// within 5 % of its per-rank program's memory plan, and ZeRO stage 3 halves what each rank
+/// keeps of the parameters (with the next values the update writes) and of the optimizer
+/// states — up to each tensor's padding to an even split — so its total falls.
+#[test]
+fn optimizer_sharding_per_rank_memory_falls_and_matches_the_plan() {
+    let dir = TestDir::new("ranks-zero-memory");
+    let data = random_tokens(&dir, 8, 8, 5);
+    let memory = |level: &str| {
+        let fields = "optimizer = adamw(lr: 1e-2)\n    batch = 4";
+        let src = llama_zero_source(&dir, "llama", level, fields);
+        let args = [
+            "--message-format",
+            "json",
+            "train",
+            s(&src),
+            "--set",
+            "layers=2",
+            "--set",
+            "hidden=64",
+            "--set",
+            "ffn=128",
+            "--set",
+            "vocab=64",
+            "--dim",
+            "S=8",
+            "--init-seed",
+            "1",
+            "--data",
+            s(&data),
+            "--steps",
+            "1",
+            "--threads",
+            "1",
+            "--ranks",
+            "2",
+        ];
+        let (code, stdout, stderr) = mslc(&args);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let summary = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v.get("train").is_some())
+            .unwrap_or_else(|| panic!("no JSON summary in\n{stdout}"));
+        let m = &summary["rank_memory"];
+        let get = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+        let (planned, allocated) = (get("planned_bytes"), get("allocated_bytes"));
+        assert!(
+            allocated.abs_diff(planned) as f64 <= 0.05 * planned as f64,
+            "{level}: allocated {allocated} against the planned {planned}"
+        );
+        (
+            allocated,
+            get("params_bytes"),
+            get("inputs_bytes"),
+            get("next_bytes"),
+        )
+    };
+    let (whole, params0, inputs0, next0) = memory("none");
+    let (sharded, params3, inputs3, next3) = memory("level3");
+    // Halved, up to the padding (at most one value per tensor) and the data inputs.
+    let half = |x: u64| x / 2;
+    assert!(params3 <= half(params0) + 64 * 4, "{params3} of {params0}");
+    assert!(next3 <= half(next0) + 64 * 4 * 3, "{next3} of {next0}");
+    assert!(inputs3 < inputs0 * 6 / 10, "{inputs3} of {inputs0}");
+    assert!(sharded < whole, "level3 {sharded} ≥ level0 {whole}");
+    eprintln!("per rank: level0 {whole} bytes, level3 {sharded} bytes");
+}
+
+/// examples/tiny_llama.msl's model with a train `Pretrain` of `fields` (optimizer, batch, …),
+/// data parallel on 2 ranks under optimizer-sharding `level`, written as `dir/NAME_LEVEL.msl`.
+fn llama_zero_source(dir: &TestDir, name: &str, level: &str, fields: &str) -> PathBuf {
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let decl = format!(
+        "parallel P {{
+    mesh = {{ dp: 2 }}
+    mode = data
+    optimizer_shard = {level}
+}}
+
+train Pretrain for TinyLlama {{
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    {fields}
+    parallel = P
+    target = std.targets.cpu
+}}
+"
+    );
+    let src = dir.path(&format!("{name}_{level}.msl"));
+    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    src
 }

@@ -784,7 +784,9 @@ impl Builder<'_> {
                 .collect();
             let (new_p, new_states) = match adam {
                 None => self.sgd(opt, p, g, wd, lr, &state_in)?,
-                Some((step_size, bc2)) => self.adam(opt, p, g, wd, lr, step_size, bc2, &state_in)?,
+                Some((step_size, bc2)) => {
+                    self.adam(opt, p, g, wd, lr, step_size, bc2, &state_in)?
+                }
             };
             // Levels 1 and 2 gather the updated slices into the whole parameter.
             let new_p = match self.zero.filter(|z| !z.shards_params()) {

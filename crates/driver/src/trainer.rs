@@ -28,8 +28,8 @@ use crate::train::{
     write_backs, CompiledTrain, TrainedParam, BC2_SQRT, DATA_AXIS, GRAD_NORM, GRAD_PREFIX, LOSS,
     LOSS_SCALE, LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE, TENSOR_AXIS,
 };
-use mslc_ir::shard::zero::DP_INDEX;
 use crate::train_mode::SEED;
+use mslc_ir::shard::zero::DP_INDEX;
 
 /// A coded failure of the loop, naming the file or value at fault.
 #[derive(Clone, Debug, PartialEq)]

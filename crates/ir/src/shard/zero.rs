@@ -95,14 +95,24 @@ pub fn flat_padded(g: &mut Graph, v: ValueRef, ranks: usize) -> Result<ValueRef,
         Attrs::new().with("value", 0.0).with("dtype", ty.dtype),
         &[],
     )?;
-    let zero = op1(g, Op::Reshape, Attrs::new().with("shape", vec![1i64]), &[zero])?;
+    let zero = op1(
+        g,
+        Op::Reshape,
+        Attrs::new().with("shape", vec![1i64]),
+        &[zero],
+    )?;
     let zeros = op1(
         g,
         Op::BroadcastTo,
         Attrs::new().with("shape", vec![(padded - n) as i64]),
         &[zero],
     )?;
-    op1(g, Op::Concat, Attrs::new().with("axis", 0i64), &[flat, zeros])
+    op1(
+        g,
+        Op::Concat,
+        Attrs::new().with("axis", 0i64),
+        &[flat, zeros],
+    )
 }
 
 /// This rank's slice of the replicated `v` (same on every member): row `index` of its
@@ -144,12 +154,7 @@ pub fn gather_whole(
     shape: &[usize],
     group: &Group,
 ) -> Result<ValueRef, ShardError> {
-    let gathered = op1(
-        g,
-        Op::AllGather,
-        group.attrs().with("dim", 0i64),
-        &[slice],
-    )?;
+    let gathered = op1(g, Op::AllGather, group.attrs().with("dim", 0i64), &[slice])?;
     let n: usize = shape.iter().product();
     let cut = if numel(g.ty(gathered)) == n {
         gathered
@@ -192,13 +197,7 @@ pub fn shard_params(
         for (user, slot) in readers {
             g.set_input(user, slot, whole);
         }
-        out.push((
-            shape,
-            ShardedParam {
-                slice: *p,
-                whole,
-            },
-        ));
+        out.push((shape, ShardedParam { slice: *p, whole }));
     }
     Ok(out)
 }
@@ -286,8 +285,8 @@ fn copy_view(
 mod tests {
     use super::*;
     use crate::shard::collectives;
-    use mslc_core::ops::DType;
     use crate::verify;
+    use mslc_core::ops::DType;
     use mslc_core::program::Init;
 
     fn dp() -> Group {
