@@ -551,6 +551,7 @@ fn build_train<'c>(
         loss_scale,
         memory: MemoryRequest::of_train(checked, train),
         data_parallel: 1,
+        optimizer_shard: 0,
     };
     let train = compile_train(train, &options, train_options).map_err(|e| match e {
         TrainError::Train(d) => d,

@@ -85,7 +85,7 @@ pub fn execute(
             exec.set_collectives(comm);
         }
         let ignored = match &args.weights {
-            Some(path) => world::load_shard(&mut exec, path, &layout, part)?,
+            Some(path) => world::load_shard(&mut exec, path, &layout, part, None)?,
             None => run::load_params(args, &mut exec, None)?,
         };
         exec.check_numerics(args.check_numerics);

@@ -133,6 +133,16 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
+    if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
+        return Err(Failure::Message(
+            Code::E0980,
+            format!(
+                "--dump-grads writes whole gradients, but under optimizer_shard = {} each rank \
+                 holds only its slice of them; dump them on one device, or with level0 or level1",
+                mslc_plan::parallel::level_name(layout.optimizer_shard)
+            ),
+        ));
+    }
     world::whole_weights_only(
         &layout,
         &[
@@ -165,6 +175,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         loss_scale,
         memory: MemoryRequest::of_train(&checked, train),
         data_parallel: replicas,
+        optimizer_shard: layout.optimizer_shard,
     };
     let tensor_group = Group {
         axis: TENSOR_AXIS.to_string(),
@@ -208,7 +219,11 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             exec.set_collectives(comm);
         }
         if let Some(path) = &args.weights {
-            world::load_shard(&mut exec, path, &layout, part)?;
+            let zero = compiled.zero.as_ref().map(|z| (z, replica));
+            world::load_shard(&mut exec, path, &layout, part, zero)?;
+        } else if let Some(z) = compiled.zero.as_ref().filter(|z| z.shards_params()) {
+            ranks::zero_init(&mut exec, args.init_seed.unwrap_or(0), z, replica)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
         } else {
             exec.init_params(args.init_seed.unwrap_or(0));
         }
@@ -239,8 +254,9 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
         while trainer.state().step < args.steps {
             let m = trainer.step().map_err(failed)?;
-            // Tensor-parallel checkpoints gather every rank's shards.
-            if layout.tp > 1 && args.output_dir.is_some() && save_due(args, m.step) {
+            // Sharded checkpoints gather every rank's shards and slices.
+            if trainer.gathers_checkpoints() && args.output_dir.is_some() && save_due(args, m.step)
+            {
                 trainer.checkpoint_tensors().map_err(failed)?;
             }
         }
@@ -374,6 +390,18 @@ fn lead(
         mslc_core::units::human_bytes(trainer.executor().arena_bytes() as u64),
         mslc_core::units::human_bytes(arena.lower_bound_bytes),
     );
+    // Each rank runs the same per-rank program: its memory plan with the scratch of its
+    // threads, against what its executor allocated.
+    let exec = trainer.executor();
+    let rank_planned = arena
+        .total_bytes
+        .saturating_add(arena.scratch_bytes_per_thread * exec.threads() as u64);
+    text.push_str(&format!(
+        "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)), {} allocated\n",
+        mslc_core::units::human_bytes(rank_planned),
+        exec.threads(),
+        mslc_core::units::human_bytes(exec.allocated_bytes()),
+    ));
     for line in recompute.lines() {
         text.push_str(&line);
         text.push('\n');
@@ -399,6 +427,13 @@ fn lead(
         "steps": history,
         "recompute": recompute,
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
+        "rank_memory": {
+            "planned_bytes": rank_planned,
+            "allocated_bytes": trainer.executor().allocated_bytes(),
+            "params_bytes": arena.params_bytes,
+            "inputs_bytes": arena.inputs_bytes,
+            "next_bytes": arena.next_bytes,
+        },
         "written": written,
         "notes": notes,
     });
@@ -433,6 +468,7 @@ pub fn check_for_ranks(
         dp: 1,
         tp: 1,
         splits: Default::default(),
+        optimizer_shard: 0,
     };
     let mut options = model.check_options();
     let mut checked = check_path(file, &options);

@@ -10,6 +10,7 @@ use mslc_core::diag::Code;
 use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
+use mslc_ir::shard::zero::ZeroShard;
 use mslc_io::safetensors::{SafetensorsFile, TensorRef};
 
 use super::output::Failure;
@@ -190,18 +191,23 @@ pub fn whole_weights_only(layout: &RankLayout, flags: &[(bool, &str)]) -> Result
 }
 
 /// Loads into `exec` the weights of `path` as tensor-parallel member `part` of `layout`
-/// holds them: only its block of each split parameter, the rest whole. The framework
-/// bookkeeping tensors of the file left out.
+/// holds them: only its block of each split parameter, the rest whole, and of those ZeRO
+/// shards over the data-parallel axis (`zero`: the sharding and this rank's replica) only its
+/// slice. The framework bookkeeping tensors of the file left out.
 pub fn load_shard(
     exec: &mut Executor,
     path: &Path,
     layout: &RankLayout,
     part: usize,
+    zero: Option<(&ZeroShard, usize)>,
 ) -> Result<Vec<(String, &'static str)>, Failure> {
     let file = SafetensorsFile::open(path)
         .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
-    let shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+    let mut shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
         .map_err(|e| Failure::Message(e.code, e.message))?;
+    if let Some((z, replica)) = zero {
+        shards = ranks::zero_slices(shards, z, replica);
+    }
     let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
         name,
         dtype: *dtype,

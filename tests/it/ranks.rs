@@ -102,8 +102,9 @@ fn train(source: &Path, data: &Path, out: &Path, steps: &str, extra: &[&str]) ->
     metric_losses(&metrics)
 }
 
-fn weights_of(dir: &Path) -> Vec<(String, Vec<f64>)> {
-    let file = dir.join("model.safetensors");
+/// Every tensor of a safetensors file, by name, as f64.
+fn tensors_of(file: &Path) -> Vec<(String, Vec<f64>)> {
+    let file = file.to_path_buf();
     let names: Vec<String> = SafetensorsFile::open(&file)
         .unwrap()
         .tensors()
@@ -121,9 +122,15 @@ fn weights_of(dir: &Path) -> Vec<(String, Vec<f64>)> {
 /// Asserts the final checkpoints `one/step-10` and `two/step-10` hold the same tensors, each
 /// within `tol` relative.
 fn assert_same_final_weights(one: &Path, two: &Path, tol: f64) {
+    assert_same_tensors(one, two, "model.safetensors", tol);
+}
+
+/// Asserts `FILE` of the final checkpoints `one/step-10` and `two/step-10` holds the same
+/// tensors, each within `tol` relative (of the tensor's largest magnitude).
+fn assert_same_tensors(one: &Path, two: &Path, file: &str, tol: f64) {
     let (w1, w2) = (
-        weights_of(&one.join("step-10")),
-        weights_of(&two.join("step-10")),
+        tensors_of(&one.join("step-10").join(file)),
+        tensors_of(&two.join("step-10").join(file)),
     );
     assert_eq!(
         w1.iter().map(|(n, _)| n).collect::<Vec<_>>(),
@@ -484,8 +491,33 @@ fn tiny_llama_tensor_parallel_forward_matches_one_device() {
 /// agree to 2e-6, the worst weight differs by 9e-6).
 #[test]
 fn tiny_llama_tensor_parallel_training_matches_one_device() {
-    let dir = TestDir::new("ranks-llama-tp-train");
+    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2");
+}
+
+/// [`tiny_llama_tensor_parallel_training_matches_one_device`] on a mesh of 2 data-parallel ×
+/// 2 tensor-parallel ranks under optimizer sharding level 3: each rank holds half of its
+/// tensor-parallel shard of every parameter and of its states (with the same tolerances: the
+/// same row-parallel reassociation).
+#[test]
+fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
+    let policy = |text: String| {
+        text.replace(
+            "mesh = { mp: 2 }",
+            "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
+        )
+        .replace("batch = 2", "batch = 4")
+    };
+    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4");
+}
+
+/// Trains the tensor-parallel tiny LLaMA, its train rewritten by `policy`, 10 steps on one
+/// device and on `ranks` ranks from the same whole weights, and compares losses, final weights
+/// and an optimizer state.
+fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String, ranks: &str) {
+    let dir = TestDir::new(tag);
     let (src, checked) = llama_tensor_parallel_in(&dir);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, policy(text)).unwrap();
     let options = compile_options();
     let single = mslc_driver::compile::compile(&checked.models[0], &options)
         .unwrap()
@@ -521,7 +553,7 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
     };
     let (one, two) = (dir.path("one"), dir.path("two"));
     let single_losses = run(&one, &[]);
-    let ranked_losses = run(&two, &["--ranks", "2"]);
+    let ranked_losses = run(&two, &["--ranks", ranks]);
     assert_eq!(single_losses.len(), 10);
     assert_rel("losses", &ranked_losses, &single_losses, 1e-5);
     assert_same_final_weights(&one, &two, 1e-4);
@@ -646,4 +678,267 @@ fn run_on_two_ranks_data_parallel_matches_one_device() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("add --mpi"), "{stderr}");
+}
+
+/// The optimizer-sharding levels run on two data-parallel ranks.
+const LEVELS: [&str; 3] = ["level1", "level2", "level3"];
+
+/// Trains `src` for 10 steps on one device and on two ranks under each of [`LEVELS`] (the
+/// source's `optimizer_shard` written in by `with_level`), asserting that each gives the
+/// single-device losses, final weights and final optimizer states — gathered whole into rank
+/// 0's checkpoint — within 1e-5 relative. Returns the directories of the one-device run and of
+/// each level's run.
+fn zero_parity(
+    dir: &TestDir,
+    with_level: impl Fn(&str) -> PathBuf,
+    train: impl Fn(&Path, &Path, &[&str]) -> Vec<f64>,
+) -> (PathBuf, Vec<PathBuf>) {
+    let one = dir.path("one");
+    let single = train(&with_level("none"), &one, &[]);
+    assert_eq!(single.len(), 10);
+    let mut runs = Vec::new();
+    for level in LEVELS {
+        let out = dir.path(level);
+        let ranked = train(&with_level(level), &out, &["--ranks", "2"]);
+        assert_rel(&format!("{level} losses"), &ranked, &single, 1e-5);
+        assert_same_final_weights(&one, &out, 1e-5);
+        assert_same_tensors(&one, &out, "optimizer.safetensors", 1e-5);
+        runs.push(out);
+    }
+    (one, runs)
+}
+
+/// The classifier of [`source`] with clipping (0.5, which the early steps hit), data parallel
+/// on two ranks under optimizer sharding: `head.bias` has 5 values, which 2 ranks hold as
+/// padded slices of 3. A level-3 checkpoint (whole: parameters and states gathered) resumes on
+/// one device and on two level-3 ranks (each taking its slice) as one device's own does.
+#[test]
+fn optimizer_sharding_on_two_ranks_matches_one_device() {
+    let dir = TestDir::new("ranks-zero");
+    let data = write_data(&dir);
+    let with_level = |level: &str| {
+        let policy = format!("{DATA}\n    optimizer_shard = {level}");
+        let src = source(&dir, &policy, 4);
+        let text = std::fs::read_to_string(&src).unwrap();
+        let text = text.replace("batch = 8", "batch = 8\n    clip_grad_norm = 0.5");
+        let path = dir.path(&format!("net_{level}.msl"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let run = |src: &Path, out: &Path, extra: &[&str]| train(src, &data, out, "10", extra);
+    let (one, runs) = zero_parity(&dir, with_level, run);
+    let level3 = with_level("level3");
+    let resume = |from: &Path, out: &str, extra: &[&str]| {
+        let checkpoint = from.join("step-10");
+        let flags = [&["--resume", s(&checkpoint)][..], extra].concat();
+        train(&level3, &data, &dir.path(out), "12", &flags)
+    };
+    let continued = resume(&one, "continued", &[]);
+    assert_eq!(continued.len(), 2);
+    let on_one = resume(&runs[2], "level3-on-one", &[]);
+    assert_rel("level3 resumed on one device", &on_one, &continued, 1e-5);
+    let on_two = resume(&runs[2], "level3-on-two", &["--ranks", "2"]);
+    assert_rel("level3 resumed on two ranks", &on_two, &continued, 1e-5);
+}
+
+/// examples/tiny_llama.msl's model (2 layers, hidden 32, vocab 64, S = 8) trained in f32 with
+/// AdamW and clipping on batches of 4 sequences, data parallel over 2 ranks under each
+/// optimizer-sharding level, against one device.
+#[test]
+fn tiny_llama_optimizer_sharding_on_two_ranks_matches_one_device() {
+    let dir = TestDir::new("ranks-llama-zero");
+    let fields = "optimizer = adamw(lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1)
+    batch = 4
+    clip_grad_norm = 1.0";
+    let with_level = |level: &str| llama_zero_source(&dir, "llama", level, fields);
+    let data = random_tokens(&dir, 12, 8, 17);
+    let sets = [
+        "--set",
+        "layers=2",
+        "--set",
+        "hidden=32",
+        "--set",
+        "ffn=64",
+        "--set",
+        "vocab=64",
+        "--set",
+        "heads=4",
+        "--set",
+        "kv_heads=2",
+        "--dim",
+        "S=8",
+    ];
+    let run = |src: &Path, out: &Path, extra: &[&str]| {
+        train(src, &data, out, "10", &[&sets[..], extra].concat())
+    };
+    zero_parity(&dir, with_level, run);
+}
+
+/// The per-rank program of each optimizer-sharding level holds the collectives over `dp` that
+/// ZeRO prescribes and the plan counts: per parameter an all-reduce of its gradient (levels 0
+/// and 1) or a reduce-scatter (levels 2 and 3), and as many all-gathers as the plan has per
+/// step (one of the updated slices at levels 1 and 2; at level 3 one for the forward and one
+/// for each parameter the backward reads, the parameters staying sliced). Besides those, the two scalar
+/// all-reduces of the loss, and at levels 2 and 3 the one of the sliced gradients' squares.
+#[test]
+fn optimizer_sharding_programs_hold_the_planned_collectives() {
+    use mslc_core::ops::Op;
+    let dir = TestDir::new("ranks-zero-program");
+    for (level, name) in [(0u8, "none"), (1, "level1"), (2, "level2"), (3, "level3")] {
+        let src = source(&dir, &format!("{DATA}\n    optimizer_shard = {name}"), 4);
+        let checked = mslc_check::check_path(&src, &Default::default());
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        let train = &checked.decls.trains[0];
+        let plan = mslc_driver::parallel::plan_train(&checked, train)
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan.optimizer_shard, level);
+        let model = train.graph.as_ref().unwrap();
+        let selection = mslc_driver::select::Selection::default();
+        let (options, loss_scale) =
+            mslc_driver::train::train_compile_options(&checked, train, model, selection).unwrap();
+        let options_train = mslc_driver::train::TrainOptions {
+            loss_scale,
+            data_parallel: 2,
+            optimizer_shard: level,
+            ..Default::default()
+        };
+        let Ok(step) =
+            mslc_driver::train::compile_train_ranked(train, &options, options_train, None)
+        else {
+            panic!("{name} compiles");
+        };
+        let count = |op: Op| {
+            let steps = &step.compiled.module.steps;
+            steps.iter().filter(|s| s.op == op).count()
+        };
+        let params = step.params.len();
+        assert_eq!(params, 4, "hidden and head, weight and bias");
+        let planned = |kind: &str| {
+            let calls = plan
+                .collectives
+                .iter()
+                .filter(|c| c.axis == "dp" && c.kind == kind);
+            calls.map(|c| c.count as usize).sum::<usize>()
+        };
+        let (reduced, scattered) = match level {
+            0 | 1 => (params + 2, 0),
+            _ => (3, params),
+        };
+        assert_eq!(count(Op::AllReduce), reduced, "{name}");
+        assert_eq!(count(Op::ReduceScatter), scattered, "{name}");
+        // Level 3 gathers again only what the backward reads: of this net, `head.weight`
+        // (for the hidden layer's gradient); the input's gradient is not taken and a bias is
+        // never read. The plan counts 2 per parameter, an upper bound.
+        let gathers = match level {
+            3 => params + 1,
+            _ => params * planned("all_gather"),
+        };
+        assert_eq!(count(Op::AllGather), gathers, "{name}");
+        assert!(
+            count(Op::AllGather) <= params * planned("all_gather"),
+            "{name}"
+        );
+        assert_eq!(planned("reduce_scatter") > 0, scattered > 0, "{name}");
+        assert_eq!(
+            step.zero.as_ref().map(|z| z.level),
+            (level > 0).then_some(level)
+        );
+    }
+}
+
+/// Each rank's memory under data parallelism on 2 ranks, level0 against level3 (tiny LLaMA,
+/// f32 AdamW): what every rank's executor allocated (buffers and its threads' scratch) is
+/// within 5 % of its per-rank program's memory plan, and ZeRO stage 3 halves what each rank
+/// keeps of the parameters (with the next values the update writes) and of the optimizer
+/// states — up to each tensor's padding to an even split — so its total falls.
+#[test]
+fn optimizer_sharding_per_rank_memory_falls_and_matches_the_plan() {
+    let dir = TestDir::new("ranks-zero-memory");
+    let data = random_tokens(&dir, 8, 8, 5);
+    let memory = |level: &str| {
+        let fields = "optimizer = adamw(lr: 1e-2)\n    batch = 4";
+        let src = llama_zero_source(&dir, "llama", level, fields);
+        let args = [
+            "--message-format",
+            "json",
+            "train",
+            s(&src),
+            "--set",
+            "layers=2",
+            "--set",
+            "hidden=64",
+            "--set",
+            "ffn=128",
+            "--set",
+            "vocab=64",
+            "--dim",
+            "S=8",
+            "--init-seed",
+            "1",
+            "--data",
+            s(&data),
+            "--steps",
+            "1",
+            "--threads",
+            "1",
+            "--ranks",
+            "2",
+        ];
+        let (code, stdout, stderr) = mslc(&args);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let summary = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v.get("train").is_some())
+            .unwrap_or_else(|| panic!("no JSON summary in\n{stdout}"));
+        let m = &summary["rank_memory"];
+        let get = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+        let (planned, allocated) = (get("planned_bytes"), get("allocated_bytes"));
+        assert!(
+            allocated.abs_diff(planned) as f64 <= 0.05 * planned as f64,
+            "{level}: allocated {allocated} against the planned {planned}"
+        );
+        (
+            allocated,
+            get("params_bytes"),
+            get("inputs_bytes"),
+            get("next_bytes"),
+        )
+    };
+    let (whole, params0, inputs0, next0) = memory("none");
+    let (sharded, params3, inputs3, next3) = memory("level3");
+    // Halved, up to the padding (at most one value per tensor) and the data inputs.
+    let half = |x: u64| x / 2;
+    assert!(params3 <= half(params0) + 64 * 4, "{params3} of {params0}");
+    assert!(next3 <= half(next0) + 64 * 4 * 3, "{next3} of {next0}");
+    assert!(inputs3 < inputs0 * 6 / 10, "{inputs3} of {inputs0}");
+    assert!(sharded < whole, "level3 {sharded} ≥ level0 {whole}");
+    eprintln!("per rank: level0 {whole} bytes, level3 {sharded} bytes");
+}
+
+/// examples/tiny_llama.msl's model with a train `Pretrain` of `fields` (optimizer, batch, …),
+/// data parallel on 2 ranks under optimizer-sharding `level`, written as `dir/NAME_LEVEL.msl`.
+fn llama_zero_source(dir: &TestDir, name: &str, level: &str, fields: &str) -> PathBuf {
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let decl = format!(
+        "parallel P {{
+    mesh = {{ dp: 2 }}
+    mode = data
+    optimizer_shard = {level}
+}}
+
+train Pretrain for TinyLlama {{
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    {fields}
+    parallel = P
+    target = std.targets.cpu
+}}
+"
+    );
+    let src = dir.path(&format!("{name}_{level}.msl"));
+    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    src
 }

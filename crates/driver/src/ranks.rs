@@ -1,7 +1,7 @@
 //! Running a plan's ranks: which per-rank program a plan asks for (data and tensor
-//! parallelism), the check that the world started matches the plan's device count (E0970), a
-//! rank's forward program and its share of the inputs and outputs, and N ranks as threads of
-//! one process, each with its own executor, talking through the threads backend of
+//! parallelism, optimizer sharding), the check that the world started matches the plan's device
+//! count (E0970), a rank's forward program and its share of the inputs and outputs, and N ranks
+//! as threads of one process, each with its own executor, talking through the threads backend of
 //! [`mslc_exec::collectives`].
 
 use std::collections::BTreeMap;
@@ -10,6 +10,7 @@ use mslc_core::diag::Code;
 use mslc_exec::collectives::threads::world;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
+use mslc_ir::shard::zero::ZeroShard;
 use mslc_plan::parallel::PlanFile;
 
 use mslc_core::program::Model;
@@ -203,6 +204,8 @@ pub struct RankLayout {
     pub tp: usize,
     /// Split parameters (path → dim), when `tp` > 1.
     pub splits: BTreeMap<String, usize>,
+    /// The `optimizer_shard` level (0–3) over the `dp` replicas.
+    pub optimizer_shard: u8,
 }
 
 impl RankLayout {
@@ -218,7 +221,7 @@ impl RankLayout {
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
 /// from the plan's device count, or when the plan asks for what is planned but not run yet
-/// (pipeline stages, optimizer sharding, a parameter split along two dims).
+/// (pipeline stages, a parameter split along two dims).
 pub fn layout(
     plan: Option<&PlanFile>,
     world: usize,
@@ -229,7 +232,12 @@ pub fn layout(
         Some(p) if tp > 1 => tensor_splits(p)?,
         _ => BTreeMap::new(),
     };
-    Ok(RankLayout { dp, tp, splits })
+    Ok(RankLayout {
+        dp,
+        tp,
+        splits,
+        optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
+    })
 }
 
 /// The data- and tensor-parallel degrees of [`layout`].
@@ -241,7 +249,6 @@ fn data_parallel_degree(
     let layout = plan.map(|p| Layout {
         devices: p.devices,
         mesh: &p.mesh,
-        optimizer_shard: p.optimizer_shard,
     });
     degree_of(layout, world, launcher)
 }
@@ -250,7 +257,6 @@ fn data_parallel_degree(
 struct Layout<'a> {
     devices: i64,
     mesh: &'a BTreeMap<String, i64>,
-    optimizer_shard: u8,
 }
 
 fn degree_of(
@@ -269,20 +275,13 @@ fn degree_of(
         .filter(|(axis, &n)| !matches!(axis.as_str(), "dp" | "tp") && n > 1)
         .map(|(axis, n)| format!("{axis} = {n}"))
         .collect();
-    if !others.is_empty() || plan.optimizer_shard > 0 {
-        let mut what = others;
-        if plan.optimizer_shard > 0 {
-            what.push(format!(
-                "optimizer_shard = {}",
-                mslc_plan::parallel::level_name(plan.optimizer_shard)
-            ));
-        }
+    if !others.is_empty() {
         return Err(RanksError::new(
             Code::E0972,
             format!(
-                "the plan asks for {}; the executor runs data and tensor parallelism only \
-                 (replicated optimizer states)",
-                what.join(", ")
+                "the plan asks for {}; the executor runs data and tensor parallelism and \
+                 optimizer sharding, not pipelines",
+                others.join(", ")
             ),
         ));
     }
@@ -360,6 +359,79 @@ pub fn shard_weights<'a>(
         .collect()
 }
 
+/// The weights `tensors` as data-parallel member `index` holds them under level-3 optimizer
+/// sharding: each trained parameter of `zero` as its f32 slice ([`ZeroShard::slice`]), the
+/// rest whole.
+pub fn zero_slices(tensors: Vec<OwnedTensor>, zero: &ZeroShard, index: usize) -> Vec<OwnedTensor> {
+    tensors
+        .into_iter()
+        .map(|(name, shape, dtype, data)| {
+            let values = TensorRef {
+                name: &name,
+                dtype,
+                shape: &shape,
+                data: &data,
+            }
+            .to_f32();
+            match values {
+                Ok(values) if zero.shards_params() && zero.shapes.contains_key(&name) => {
+                    let slice = zero.slice(&values, index);
+                    let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    (name, vec![slice.len()], StDType::F32, bytes)
+                }
+                _ => (name, shape, dtype, data),
+            }
+        })
+        .collect()
+}
+
+/// Initialises the parameters of `exec`'s step from their declared init under `seed` as
+/// data-parallel member `index` holds them under level-3 optimizer sharding: each sliced
+/// parameter drawn whole, as one device draws it, then cut to this member's slice.
+pub fn zero_init(
+    exec: &mut mslc_exec::Executor,
+    seed: u64,
+    zero: &ZeroShard,
+    index: usize,
+) -> Result<(), RanksError> {
+    exec.init_params(seed);
+    let inits: BTreeMap<String, mslc_core::program::Init> = exec
+        .module()
+        .values
+        .iter()
+        .filter_map(|v| match &v.storage {
+            mslc_artifact::Storage::Param { path, init, .. } => Some((path.clone(), init.clone())),
+            _ => None,
+        })
+        .collect();
+    let tensors: Vec<OwnedTensor> = exec
+        .params_f32()
+        .into_iter()
+        .map(|(path, shape, values)| {
+            let (shape, values) = match (zero.shapes.get(&path), inits.get(&path)) {
+                (Some(whole), Some(init)) if zero.shards_params() => {
+                    let mut all = vec![0f32; whole.iter().product()];
+                    mslc_exec::init::fill(init, seed, &path, &mut all);
+                    let slice = zero.slice(&all, index);
+                    (vec![slice.len()], slice)
+                }
+                _ => (shape, values),
+            };
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (path, shape, StDType::F32, bytes)
+        })
+        .collect();
+    let refs = tensors.iter().map(|(name, shape, dtype, data)| TensorRef {
+        name,
+        dtype: *dtype,
+        shape,
+        data,
+    });
+    exec.load_weights(refs)
+        .map(|_| ())
+        .map_err(|e| RanksError::new(Code::E0601, e.message))
+}
+
 /// Rank `index`'s block of `data` (of shape `shape`), cut along `dim` into `n` equal blocks:
 /// what a tensor-parallel rank holds of a whole weight. `None` when the dim does not split.
 pub fn shard_block(
@@ -409,10 +481,9 @@ pub fn root_cause<E>(errors: Vec<E>, code: impl Fn(&E) -> Option<Code>) -> Optio
 mod tests {
     use super::*;
 
-    /// The degree `world` ranks run a plan of `mesh` and optimizer-shard `level` with.
+    /// The degree `world` ranks run a plan of `mesh` with.
     fn run(
         mesh: &[(&str, i64)],
-        level: u8,
         world: usize,
         launcher: &str,
     ) -> Result<(usize, usize), RanksError> {
@@ -420,7 +491,6 @@ mod tests {
         let layout = Layout {
             devices: mesh.values().product(),
             mesh: &mesh,
-            optimizer_shard: level,
         };
         degree_of(Some(layout), world, launcher)
     }
@@ -428,30 +498,24 @@ mod tests {
     #[test]
     fn the_world_must_match_the_plan() {
         let dp = [("dp", 2), ("tp", 1), ("pp", 1)];
-        assert_eq!(run(&dp, 0, 2, "--ranks"), Ok((2, 1)));
-        let e = run(&dp, 0, 4, "--ranks").unwrap_err();
+        assert_eq!(run(&dp, 2, "--ranks"), Ok((2, 1)));
+        let e = run(&dp, 4, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0970);
         assert!(e.message.contains("started 4 rank(s), but the plan has 2"));
-        let e = run(&dp, 0, 1, "mpiexec").unwrap_err();
+        let e = run(&dp, 1, "mpiexec").unwrap_err();
         assert!(e.message.contains("without mpiexec"), "{}", e.message);
         assert_eq!(data_parallel_degree(None, 1, "--ranks"), Ok((1, 1)));
     }
 
     #[test]
-    fn pipelines_and_optimizer_sharding_do_not_run_yet() {
+    fn pipelines_do_not_run_yet() {
         assert_eq!(
-            run(&[("dp", 1), ("tp", 2), ("pp", 1)], 0, 2, "--ranks"),
+            run(&[("dp", 1), ("tp", 2), ("pp", 1)], 2, "--ranks"),
             Ok((1, 2))
         );
-        let e = run(&[("dp", 1), ("tp", 1), ("pp", 2)], 0, 2, "--ranks").unwrap_err();
+        let e = run(&[("dp", 1), ("tp", 1), ("pp", 2)], 2, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0972);
         assert!(e.message.contains("pp = 2"), "{}", e.message);
-        let e = run(&[("dp", 2)], 1, 2, "--ranks").unwrap_err();
-        assert!(
-            e.message.contains("optimizer_shard = level1"),
-            "{}",
-            e.message
-        );
     }
 
     /// Two replicas' parts of a `[2, 3]` tensor of 2-byte values (an odd number of f32 words

@@ -49,6 +49,7 @@ use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
 use mslc_ir::shard::tensor::tensor_parallel;
+use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
 use mslc_ir::shard::Group;
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
@@ -94,6 +95,9 @@ pub struct TrainOptions {
     /// over the mesh axis [`DATA_AXIS`] before clipping and the optimizer
     /// ([`mslc_ir::shard`]).
     pub data_parallel: usize,
+    /// MindSpore's `optimizer_shard` level (0–3) over the data-parallel replicas
+    /// ([`mslc_ir::shard::zero`]); ignored on one replica.
+    pub optimizer_shard: u8,
 }
 
 /// The mesh axis the data-parallel replicas of a per-rank training step form.
@@ -131,6 +135,9 @@ pub struct CompiledTrain {
     pub buffers: Vec<String>,
     /// What is recomputed, and the step's memory.
     pub recompute: RecomputeReport,
+    /// How the trained tensors are sliced over the data-parallel group (optimizer sharding),
+    /// when they are: the states (and at level 3 the parameters) are this rank's slices.
+    pub zero: Option<ZeroShard>,
 }
 
 /// The optimizer-state names of parameter `path` (`torch.optim`'s state keys).
@@ -398,6 +405,31 @@ pub fn compile_train_ranked(
         axis: DATA_AXIS.to_string(),
         ranks: train_options.data_parallel,
     });
+    let shard_error = |e: mslc_ir::shard::ShardError| CompileError {
+        stage: "train",
+        message: e.to_string(),
+    };
+    let zero = match &group {
+        Some(g) if train_options.optimizer_shard > 0 => Some(ZeroShard {
+            level: train_options.optimizer_shard.min(3),
+            group: g.clone(),
+            shapes: params
+                .iter()
+                .map(|(path, v)| {
+                    let shape = graph.ty(*v).shape.iter().map(|&d| d.max(0) as usize);
+                    (path.clone(), shape.collect())
+                })
+                .collect(),
+        }),
+        _ => None,
+    };
+    // Level 3: each parameter is this rank's slice, gathered where it is read.
+    let sharded = match &zero {
+        Some(z) if z.shards_params() => {
+            zero::shard_params(&mut graph, &params, &z.group).map_err(shard_error)?
+        }
+        _ => Vec::new(),
+    };
     // A replica differentiates its share of the global loss and reports the global loss.
     let (share, loss) = match &group {
         Some(g) => {
@@ -423,6 +455,8 @@ pub fn compile_train_ranked(
         let mut b = Builder {
             g: &mut graph,
             tensor: None,
+            zero: None,
+            dp_index: None,
         };
         let mut objective = share;
         if grad_accum > 1 {
@@ -444,6 +478,7 @@ pub fn compile_train_ranked(
         }
         objective
     };
+    let forward: std::collections::HashSet<_> = graph.node_ids().into_iter().collect();
     let grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
         refuse(
             Code::E0521,
@@ -451,12 +486,20 @@ pub fn compile_train_ranked(
             "every trainable parameter needs a differentiable path to the loss",
         )
     })?;
-    let grads = match &group {
-        Some(g) => all_reduce_each(&mut graph, &grads, g).map_err(|e| CompileError {
-            stage: "train",
-            message: e.to_string(),
-        })?,
-        None => grads,
+    // Level 3's gradients are already slices (the gathers' gradients reduce-scatter them);
+    // level 2 reduce-scatters them; below that they are summed whole.
+    let grads = match (&group, zero.as_ref().map(|z| z.level)) {
+        (Some(g), Some(3)) => {
+            zero::regather_in_backward(&mut graph, &sharded, &forward, g).map_err(shard_error)?;
+            grads
+        }
+        (Some(g), Some(2)) => grads
+            .iter()
+            .map(|&d| zero::scatter_grad(&mut graph, d, g))
+            .collect::<Result<_, _>>()
+            .map_err(shard_error)?,
+        (Some(g), _) => all_reduce_each(&mut graph, &grads, g).map_err(shard_error)?,
+        (None, _) => grads,
     };
     let split: Vec<bool> = params
         .iter()
@@ -465,6 +508,8 @@ pub fn compile_train_ranked(
     let mut b = Builder {
         g: &mut graph,
         tensor: tensor.map(|(_, g)| (g, split)),
+        zero: zero.as_ref(),
+        dp_index: None,
     };
     let accumulate = grad_accum > 1;
     let built = b.update(
@@ -520,6 +565,7 @@ pub fn compile_train_ranked(
         accumulators,
         buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
         recompute,
+        zero,
     })
 }
 
@@ -533,6 +579,10 @@ struct Builder<'g> {
     g: &'g mut Graph,
     /// The tensor-parallel group, and per parameter (in order) whether it is split over it.
     tensor: Option<(&'g Group, Vec<bool>)>,
+    /// The optimizer sharding, when the update works on slices.
+    zero: Option<&'g ZeroShard>,
+    /// The [`DP_INDEX`] input, once a slice of a replicated tensor was selected.
+    dp_index: Option<ValueRef>,
 }
 
 type Built<T> = Result<T, String>;
@@ -594,11 +644,31 @@ impl Builder<'_> {
             let summed = self.op(Op::AllReduce, group.attrs(), &[shares])?;
             totals[1] = Some(summed);
         }
-        match totals {
-            [Some(a), Some(b)] => self.bin(Op::Add, a, b),
-            [Some(t), None] | [None, Some(t)] => Ok(t),
-            [None, None] => Err("no gradients".to_string()),
+        let total = match totals {
+            [Some(a), Some(b)] => self.bin(Op::Add, a, b)?,
+            [Some(t), None] | [None, Some(t)] => t,
+            [None, None] => return Err("no gradients".to_string()),
+        };
+        // Gradient slices (levels 2 and 3): each replica summed its own slices.
+        match self.zero.filter(|z| z.level >= 2) {
+            Some(z) => self.op(Op::AllReduce, z.group.attrs(), &[total]),
+            None => Ok(total),
         }
+    }
+
+    /// This rank's slice of the replicated `v` (levels 1 and 2), selected by [`DP_INDEX`].
+    fn own_slice(&mut self, z: &ZeroShard, v: ValueRef) -> Built<ValueRef> {
+        let index = match self.dp_index {
+            Some(i) => i,
+            None => {
+                let i = self
+                    .g
+                    .add_input(DP_INDEX, TensorType::new(DType::I32, vec![]));
+                self.dp_index = Some(i);
+                i
+            }
+        };
+        zero::select_slice(self.g, v, index, z.group.ranks).map_err(|e| e.to_string())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -632,10 +702,10 @@ impl Builder<'_> {
         // With accumulation, each gradient is the sum over the update's micro-batches so far
         // (an overflow in an earlier one carries into the sum, so the last run sees it).
         let mut summed = Vec::with_capacity(grads.len());
-        for ((path, p), &g) in params.iter().zip(&grads) {
+        for ((path, _), &g) in params.iter().zip(&grads) {
             if accumulate {
                 let name = accumulator(path);
-                let ty = self.g.ty(*p).clone();
+                let ty = self.g.ty(g).clone();
                 let earlier = self.g.add_input(&name, ty);
                 let sum = self.bin(Op::Add, earlier, g)?;
                 self.g.set_output(&name, sum);
@@ -696,6 +766,13 @@ impl Builder<'_> {
         };
         let mut trained = Vec::new();
         for ((path, p), &g) in params.iter().zip(grads) {
+            // Under optimizer sharding the update works on this rank's slices: of the whole
+            // gradient at level 1, of the parameter at levels 1 and 2.
+            let (p, g) = match self.zero {
+                Some(z) if z.level == 1 => (self.own_slice(z, *p)?, self.own_slice(z, g)?),
+                Some(z) if z.level == 2 => (self.own_slice(z, *p)?, g),
+                _ => (*p, g),
+            };
             let g = match coef {
                 Some(c) => self.bin(Op::Mul, g, c)?,
                 None => g,
@@ -703,16 +780,25 @@ impl Builder<'_> {
             let excluded = spec.no_decay.iter().any(|(pat, _)| pat.matches(path));
             let wd = if excluded { 0.0 } else { opt.weight_decay };
             let states = state_names(opt, path);
-            let ty = self.g.ty(*p).clone();
+            let ty = self.g.ty(p).clone();
             let state_in: Vec<ValueRef> = states
                 .iter()
                 .map(|s| self.g.add_input(s, ty.clone()))
                 .collect();
             let (new_p, new_states) = match adam {
-                None => self.sgd(opt, *p, g, wd, lr, &state_in)?,
+                None => self.sgd(opt, p, g, wd, lr, &state_in)?,
                 Some((step_size, bc2)) => {
-                    self.adam(opt, *p, g, wd, lr, step_size, bc2, &state_in)?
+                    self.adam(opt, p, g, wd, lr, step_size, bc2, &state_in)?
                 }
+            };
+            // Levels 1 and 2 gather the updated slices into the whole parameter.
+            let new_p = match self.zero.filter(|z| !z.shards_params()) {
+                Some(z) => {
+                    let shape = z.shapes.get(path).cloned().unwrap_or_default();
+                    zero::gather_whole(self.g, new_p, &shape, &z.group)
+                        .map_err(|e| e.to_string())?
+                }
+                None => new_p,
             };
             for (name, v) in states.iter().zip(new_states) {
                 self.g.set_output(name, v);

@@ -26,10 +26,11 @@ use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRe
 use crate::loss_scale::ScaleState;
 use crate::numerics::NumericsReport;
 use crate::train::{
-    write_backs, CompiledTrain, TrainedParam, BC2_SQRT, GRAD_NORM, GRAD_PREFIX, LOSS, LOSS_SCALE,
-    LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE, TENSOR_AXIS,
+    write_backs, CompiledTrain, TrainedParam, BC2_SQRT, DATA_AXIS, GRAD_NORM, GRAD_PREFIX, LOSS,
+    LOSS_SCALE, LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE, TENSOR_AXIS,
 };
 use crate::train_mode::SEED;
+use mslc_ir::shard::zero::DP_INDEX;
 
 /// A coded failure of the loop, naming the file or value at fault.
 #[derive(Clone, Debug, PartialEq)]
@@ -403,7 +404,9 @@ pub fn data_inputs(module: &Module, train: &CompiledTrain) -> Vec<(String, Tenso
     let states: Vec<&str> = zeroed_inputs(train).collect();
     module
         .inputs()
-        .filter(|(n, _)| !states.contains(n) && !SCALAR_INPUTS.contains(n) && *n != SEED)
+        .filter(|(n, _)| {
+            !states.contains(n) && !SCALAR_INPUTS.contains(n) && *n != SEED && *n != DP_INDEX
+        })
         .map(|(n, v)| (n.to_string(), module.values[v as usize].ty.clone()))
         .collect()
 }
@@ -460,6 +463,7 @@ impl Trainer {
             loss: f64::NAN,
         };
         trainer.order = trainer.epoch_order(0);
+        trainer.set_dp_index()?;
         Ok(trainer)
     }
 
@@ -477,7 +481,27 @@ impl Trainer {
         }
         self.replica = (replica, replicas.max(1));
         self.state.batch = global as u64;
-        Ok(())
+        self.set_dp_index()
+    }
+
+    /// Tells a step that selects its slices of replicated tensors (optimizer sharding levels 1
+    /// and 2) which replica this is.
+    fn set_dp_index(&mut self) -> Res<()> {
+        if !self.has_input(DP_INDEX) {
+            return Ok(());
+        }
+        let array = NpyArray::from_i64(vec![], &[self.replica.0 as i64])
+            .map_err(|e| data_error(e.to_string()))?;
+        self.exec
+            .set_input(DP_INDEX, &array)
+            .map_err(|e| data_error(e.message))
+    }
+
+    /// Whether a checkpoint is a collective: the ranks' shards (tensor parallel) or slices
+    /// (optimizer sharding) are gathered, so every rank calls [`Trainer::checkpoint_tensors`]
+    /// at the same step.
+    pub fn gathers_checkpoints(&self) -> bool {
+        self.tensor.is_some() || self.train.zero.is_some()
     }
 
     /// Makes this the loop of one rank of a tensor-parallel group whose parameters `splits`
@@ -687,28 +711,49 @@ impl Trainer {
     }
 
     /// The whole parameters and optimizer states (name, shape, values), gathered from the
-    /// ranks of a tensor-parallel group: a collective, which every rank of the group calls at
-    /// the same step.
+    /// slices of the data-parallel group (optimizer sharding) and the shards of a
+    /// tensor-parallel group: a collective, which every rank calls at the same step.
     pub fn checkpoint_tensors(&mut self) -> Res<(Vec<Named>, Vec<Named>)> {
-        let params = self.exec.params_f32();
+        let mut params = self.exec.params_f32();
         let mut states = Vec::new();
         for name in self.train.params.iter().flat_map(|p| &p.states) {
             let (shape, values) = self.exec.input_f32(name).ok_or_else(|| run_missing(name))?;
             states.push((name.clone(), shape, values));
         }
-        let Some(splits) = self.tensor.clone() else {
+        if !self.gathers_checkpoints() {
             return Ok((params, states));
-        };
-        let owner: BTreeMap<&str, &str> = self
+        }
+        let owner: BTreeMap<String, String> = self
             .train
             .params
             .iter()
-            .flat_map(|p| p.states.iter().map(|s| (s.as_str(), p.path.as_str())))
+            .flat_map(|p| p.states.iter().map(|s| (s.clone(), p.path.clone())))
             .collect();
+        let path_of = |n: &str| owner.get(n).cloned().unwrap_or_else(|| n.to_string());
+        let zero = self.train.zero.clone();
+        let splits = self.tensor.clone().unwrap_or_default();
         let comm = self
             .exec
             .collectives()
             .ok_or_else(|| TrainRunError::new(Code::E0973, "no collectives to gather shards"))?;
+        if let Some(z) = &zero {
+            // Each slice all-gathered over the data-parallel axis, the padding cut off.
+            let mut whole = |list: &mut Vec<Named>, sliced: bool| -> Res<()> {
+                for (name, shape, values) in list.iter_mut() {
+                    let Some(full) = z.shapes.get(&path_of(name)).filter(|_| sliced) else {
+                        continue;
+                    };
+                    let mut all = gather_dim(comm, DATA_AXIS, 0, &[values.len()], values)
+                        .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
+                    all.truncate(full.iter().product());
+                    *shape = full.clone();
+                    *values = all;
+                }
+                Ok(())
+            };
+            whole(&mut states, true)?;
+            whole(&mut params, z.shards_params())?;
+        }
         let mut gather = |list: Vec<Named>, path_of: &dyn Fn(&str) -> String| -> Res<Vec<Named>> {
             list.into_iter()
                 .map(
@@ -725,7 +770,7 @@ impl Trainer {
                 .collect()
         };
         let params = gather(params, &|n| n.to_string())?;
-        let states = gather(states, &|n| owner.get(n).copied().unwrap_or(n).to_string())?;
+        let states = gather(states, &path_of)?;
         Ok((params, states))
     }
 
@@ -805,13 +850,33 @@ impl Trainer {
             .map_err(|e| checkpoint_error(dir, e))?;
         let optim = SafetensorsFile::open(dir.join("optimizer.safetensors"))
             .map_err(|e| checkpoint_error(dir, e))?;
+        // Under optimizer sharding this rank takes its slice of each whole tensor.
+        let zero = self.train.zero.as_ref();
+        let local = |shape: &[usize], values: Vec<f32>| match zero {
+            Some(z) => {
+                let slice = z.slice(&values, self.replica.0);
+                (vec![slice.len()], slice)
+            }
+            None => (shape.to_vec(), values),
+        };
         let mut states = Vec::new();
         for name in self.train.params.iter().flat_map(|p| &p.states) {
             let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
             let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-            let array = NpyArray::from_f32(t.shape.to_vec(), &values)
-                .map_err(|e| checkpoint_error(dir, e))?;
+            let (shape, values) = local(t.shape, values);
+            let array = NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
             states.push((name.clone(), array));
+        }
+        let mut weights: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for t in model.tensors() {
+            let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+            let (shape, values) = match zero {
+                Some(z) if z.shards_params() && z.shapes.contains_key(t.name) => {
+                    local(t.shape, values)
+                }
+                _ => (t.shape.to_vec(), values),
+            };
+            weights.push((t.name.to_string(), shape, f32_bytes(&values)));
         }
         if optim.len() != states.len() {
             return Err(checkpoint_error(
@@ -825,7 +890,7 @@ impl Trainer {
         }
         let before: Vec<(String, Vec<usize>, Vec<f32>)> = self.exec.params_f32();
         self.exec
-            .load_weights(model.tensors())
+            .load_weights(weights.iter().map(|(n, s, d)| tensor(n, s, d)))
             .map_err(|e| checkpoint_error(dir, e.message))?;
         for (name, array) in &states {
             if let Err(e) = self.exec.set_input(name, array) {

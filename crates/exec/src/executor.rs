@@ -119,6 +119,8 @@ pub struct Executor {
     check_numerics: bool,
     /// This rank's link to the others, for the collective steps of a per-rank program.
     comm: Option<Box<dyn Collectives>>,
+    /// Bytes of every buffer allocated here, and of the kernels' scratch of every pool thread.
+    allocated_bytes: u64,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -226,6 +228,8 @@ impl Executor {
             allocated,
             planned.saturating_add(staging).saturating_add(packed_bytes),
         )?;
+        let allocated_bytes =
+            allocated.saturating_add(scratch_bytes.saturating_mul(threads as u64));
         let mut reads_params: Vec<bool> = module
             .values
             .iter()
@@ -271,7 +275,15 @@ impl Executor {
             check_numerics: false,
             comm: None,
             module,
+            allocated_bytes,
         })
+    }
+
+    /// The memory this executor holds, measured from its allocations: every buffer (arena,
+    /// hoisted region, parameters, inputs, updated values, staging, packed weights) and each
+    /// pool thread's kernel scratch — what one rank of a parallel run holds.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated_bytes
     }
 
     /// Gives the run the collectives its per-rank program's collective steps go through (this

@@ -6,7 +6,7 @@ mod buffer;
 pub mod collectives;
 mod error;
 mod executor;
-mod init;
+pub mod init;
 mod inputs;
 pub mod limits;
 pub mod numerics;

@@ -104,7 +104,9 @@ fn planned(module: &Module, s: usize, o: usize, offset: u64, last: usize) -> Pla
 
 /// Moves every value computed from parameters alone (and by input-free steps such as constants)
 /// to the hoisted region, one 64-byte-aligned slot each, and returns the slots and the
-/// region's size.
+/// region's size. A collective is never hoisted: it runs every step in lockstep with the other
+/// ranks, and what it gathers (a level-3 sharded parameter) is meant to live only around its
+/// uses, in the arena.
 fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
     let last = module.steps.len().saturating_sub(1);
     let mut invariant: Vec<bool> = module
@@ -116,7 +118,9 @@ fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
     let mut bytes = 0u64;
     for s in 0..module.steps.len() {
         let step = &module.steps[s];
-        if !step.inputs.iter().all(|&v| invariant[v as usize]) {
+        if !step.inputs.iter().all(|&v| invariant[v as usize])
+            || mslc_ir::shard::is_collective(step.op)
+        {
             continue;
         }
         for o in step.outputs.clone() {

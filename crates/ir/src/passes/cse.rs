@@ -1,6 +1,8 @@
 //! Common-subexpression elimination: two applications of the same op with the same
 //! attributes, annotations and operands compute the same values, so later ones are replaced by
-//! the first. `dropout` is never merged (in training each application draws its own mask).
+//! the first. `dropout` is never merged (in training each application draws its own mask), nor
+//! `all_gather`: a sharded parameter is gathered again where the backward reads it (ZeRO stage
+//! 3) so that the forward's copy is freed in between, which a merge would undo.
 
 use std::collections::HashMap;
 
@@ -46,7 +48,7 @@ impl Pass for Cse {
             let Some(op) = g.node(id).op() else {
                 continue;
             };
-            if op == Op::Dropout {
+            if matches!(op, Op::Dropout | Op::AllGather) {
                 continue;
             }
             let inputs = g.inputs(id);

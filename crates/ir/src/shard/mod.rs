@@ -1,9 +1,11 @@
 //! Per-rank programs: the passes that turn one device's graph into the graph each rank of a
 //! device mesh runs, with the collectives between them as explicit ops carrying their mesh
-//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism).
+//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`zero`]:
+//! optimizer sharding).
 
 pub mod data;
 pub mod tensor;
+pub mod zero;
 
 use std::fmt;
 

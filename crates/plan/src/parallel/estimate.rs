@@ -388,12 +388,18 @@ pub fn estimate_split(
             bytes: grad_total,
             count,
         });
+        // Levels 1–2 gather the updated slices once per step; level 3 keeps its slices and
+        // gathers each parameter where the forward and again where the backward reads it,
+        // per micro-batch (ZeRO's 3Ψ with the reduce-scatter).
         if strategy.optimizer_shard >= 1 {
             collectives.push(Collective {
                 kind: "all_gather",
                 axis: "dp",
                 bytes: worst * train.param_bytes,
-                count: 1 + u64::from(strategy.optimizer_shard >= 3) * 2 * m.max(1) as u64,
+                count: match strategy.optimizer_shard {
+                    3.. => 2 * m.max(1) as u64,
+                    _ => 1,
+                },
             });
         }
         if strategy.optimizer_shard >= 3 {
