@@ -267,7 +267,11 @@ fn execute(
         }
         Ok::<(), Failure>(())
     };
-    let mut comms = world.ranks(&mesh)?.into_iter().peekable();
+    let comms = world.ranks(&mesh)?;
+    // The run's memory is measured from here: the ranks' executors and trainers, each rank's
+    // copy of the data, the steps.
+    let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, comms.len()));
+    let mut comms = comms.into_iter().peekable();
     let Some(leader_comm) = comms.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm) else {
         // This process's one rank of an MPI world, not rank 0.
         return comms
@@ -289,6 +293,8 @@ fn execute(
                 loss_scale,
                 arena: &arena,
                 recompute: &recompute,
+                measured_from,
+                threads: exec_options.threads,
             };
             lead(args, reporter, &checked, train, trainer, summary)
         });
@@ -328,6 +334,10 @@ struct Summary<'a> {
     loss_scale: LossScaler,
     arena: &'a MemoryPlan,
     recompute: &'a RecomputeReport,
+    /// The resident set when the ranks started, and how many ranks this process runs.
+    measured_from: Option<(mslc_exec::limits::RssMark, usize)>,
+    /// Executor threads per rank.
+    threads: usize,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -345,6 +355,8 @@ fn lead(
         loss_scale,
         arena,
         recompute,
+        measured_from,
+        threads,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes = Vec::new();
@@ -436,6 +448,21 @@ fn lead(
         text.push_str(&line);
         text.push('\n');
     }
+    // What each rank holds by the plan, with the planner's fragmentation reserve; it runs no
+    // collective buffers of its own (the collectives reduce in place).
+    let planned =
+        mslc_plan::parallel::Breakdown::of(recompute.breakdown.on_threads(arena, threads), 0).total;
+    let measured = measured_from.and_then(|(mark, ranks)| {
+        Some(mslc_exec::limits::peak_rss_since(mark)? / ranks.max(1) as u64)
+    });
+    if let Some(m) = measured {
+        text.push_str(&format!(
+            "  measured: peak resident memory {} per rank over the run, planned {} ({:+.1} %)\n",
+            mslc_core::units::human_bytes(m),
+            mslc_core::units::human_bytes(planned),
+            100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)
+        ));
+    }
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
     }
@@ -457,6 +484,8 @@ fn lead(
         "steps": history,
         "recompute": recompute,
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
+        "planned_peak_bytes_per_rank": planned,
+        "measured_peak_bytes_per_rank": measured,
         "written": written,
         "notes": notes,
     });
