@@ -262,6 +262,10 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         }
         Ok::<(), Failure>(())
     };
+    let ranks = world.ranks(&mesh)?;
+    // The run's memory is measured from here: the ranks' executors and trainers, each rank's
+    // copy of the data, the steps.
+    let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, ranks.len()));
     let leader = |comm| {
         let trainer = rank_loop(0, comm)?;
         let summary = Summary {
@@ -269,10 +273,12 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             loss_scale,
             arena: &arena,
             recompute: &recompute,
+            measured_from,
+            threads: exec_options.threads,
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
-    world::run_ranks(world.ranks(&mesh)?, reporter, leader, follow)
+    world::run_ranks(ranks, reporter, leader, follow)
 }
 
 /// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.
@@ -286,6 +292,10 @@ struct Summary<'a> {
     loss_scale: LossScaler,
     arena: &'a MemoryPlan,
     recompute: &'a RecomputeReport,
+    /// The resident set when the ranks started, and how many ranks this process runs.
+    measured_from: Option<(mslc_exec::limits::RssMark, usize)>,
+    /// Executor threads per rank.
+    threads: usize,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -303,6 +313,8 @@ fn lead(
         loss_scale,
         arena,
         recompute,
+        measured_from,
+        threads,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes = Vec::new();
@@ -406,6 +418,21 @@ fn lead(
         text.push_str(&line);
         text.push('\n');
     }
+    // What each rank holds by the plan, with the planner's fragmentation reserve; it runs no
+    // collective buffers of its own (the collectives reduce in place).
+    let planned =
+        mslc_plan::parallel::Breakdown::of(recompute.breakdown.on_threads(arena, threads), 0).total;
+    let measured = measured_from.and_then(|(mark, ranks)| {
+        Some(mslc_exec::limits::peak_rss_since(mark)? / ranks.max(1) as u64)
+    });
+    if let Some(m) = measured {
+        text.push_str(&format!(
+            "  measured: peak resident memory {} per rank over the run, planned peak {} with the 5 % reserve ({:+.1} %)\n",
+            mslc_core::units::human_bytes(m),
+            mslc_core::units::human_bytes(planned),
+            100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)
+        ));
+    }
     if let (Some(a), Some(b)) = (history.first(), history.last()) {
         text.push_str(&format!("  loss:    {:.6} -> {:.6}\n", a.loss, b.loss));
     }
@@ -434,6 +461,8 @@ fn lead(
             "inputs_bytes": arena.inputs_bytes,
             "next_bytes": arena.next_bytes,
         },
+        "planned_peak_bytes_per_rank": planned,
+        "measured_peak_bytes_per_rank": measured,
         "written": written,
         "notes": notes,
     });

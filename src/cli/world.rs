@@ -10,8 +10,8 @@ use mslc_core::diag::Code;
 use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
-use mslc_ir::shard::zero::ZeroShard;
 use mslc_io::safetensors::{SafetensorsFile, TensorRef};
+use mslc_ir::shard::zero::ZeroShard;
 
 use super::output::Failure;
 use super::Reporter;

@@ -22,6 +22,7 @@ mod param_counts;
 mod passes;
 mod pictures;
 mod plan;
+mod plan_measured;
 mod ranks;
 mod readable;
 mod readme;

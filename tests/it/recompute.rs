@@ -12,9 +12,8 @@ use mslc_driver::recompute::MemoryRequest;
 use mslc_driver::render::{render_human, RenderOptions};
 use mslc_driver::select::{compile_options, Selection};
 use mslc_driver::train::{compile_train, TrainError, TrainOptions};
-use mslc_io::npy::{write_npy, NpyArray};
 
-use crate::exec::common::{mslc, root, s, Rng, TestDir};
+use crate::exec::common::{mslc, root, s, token_file, train_summary, TestDir};
 
 /// tiny_llama shrunk so that activations, not weights, dominate the step: 4 layers of width
 /// 64 over 8 × 64 tokens.
@@ -60,14 +59,7 @@ fn build_report(source: &Path, out: &Path, extra: &[&str]) -> serde_json::Value 
 
 /// 8 random sequences of 65 token ids below 256, as `--data` takes them.
 fn tokens(dir: &TestDir) -> PathBuf {
-    let ids: Vec<i64> = Rng(3)
-        .vec(8 * 65, 0.0, 256.0)
-        .iter()
-        .map(|&x| x as i64)
-        .collect();
-    let path = dir.path("tokens.npy");
-    write_npy(&path, &NpyArray::from_i64(vec![8, 65], &ids).unwrap()).unwrap();
-    path
+    token_file(dir, [8, 65], 256.0, 3)
 }
 
 /// One training step with `--dump-grads`; the gradients and loss files' bytes and the JSON
@@ -87,11 +79,7 @@ fn train_once(source: &Path, data: &Path, grads: &Path) -> (Vec<u8>, Vec<u8>, se
     ]);
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "mslc train:\n{stdout}\n{stderr}");
-    let summary = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v.get("train").is_some())
-        .unwrap_or_else(|| panic!("no JSON summary in\n{stdout}"));
+    let summary = train_summary(&stdout);
     (
         std::fs::read(grads.join("grads.safetensors")).unwrap(),
         std::fs::read(grads.join("loss.npy")).unwrap(),

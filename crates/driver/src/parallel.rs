@@ -18,7 +18,7 @@ use mslc_plan::parallel::explain::{explain, Explanation};
 use mslc_plan::parallel::search::{search, Space, Workloads};
 use mslc_plan::parallel::workload::{WeightSplits, Widths};
 use mslc_plan::parallel::{
-    level_name, plan, recompute_name, Breakdown, Cluster, PlanFile, Recompute, Schedule, Training,
+    level_name, plan, recompute_name, Cluster, PlanFile, Recompute, Schedule, Training,
 };
 
 use crate::target::target_from_spec;
@@ -150,6 +150,11 @@ pub fn plan_train(checked: &Checked, train: &Train) -> Result<Option<PlanFile>, 
             setup.micro_batch,
         ));
     };
+    let mut file = file;
+    if let Some(p) = parallel {
+        let stages = file.mesh["pp"];
+        file.name_axes(user_axis_names(p, stages));
+    }
     if !file.fits {
         let fixes = fit_suggestions(&mut workloads, &setup, &file);
         return Err(does_not_fit(train, parallel, setup.memory, &file, &fixes));
@@ -316,6 +321,36 @@ fn interleaving_fits(
         ));
     }
     Ok(())
+}
+
+/// The user's names of the planner's axes: `tp` is the mesh axes the shard rules split over
+/// (other than `dp`; `mp×xp` for two), `pp` the remaining mesh axis whose size is the stage
+/// count. Axes the mesh does not name keep the planner's key.
+pub fn user_axis_names(parallel: &ParallelPolicy, stages: i64) -> BTreeMap<String, String> {
+    let sharded = |axis: &str| {
+        parallel
+            .shards
+            .iter()
+            .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
+    };
+    let tensor: Vec<&str> = parallel
+        .mesh
+        .iter()
+        .map(|(axis, _)| axis.as_str())
+        .filter(|&a| a != "dp" && sharded(a))
+        .collect();
+    let mut names = BTreeMap::new();
+    if !tensor.is_empty() {
+        names.insert("tp".to_string(), tensor.join("×"));
+    }
+    if let Some((axis, _)) = parallel
+        .mesh
+        .iter()
+        .find(|(a, size)| a != "dp" && !sharded(a) && *size == stages && stages > 1)
+    {
+        names.insert("pp".to_string(), axis.clone());
+    }
+    names
 }
 
 /// Each split parameter's dim over a tensor axis (any mesh axis but `dp`), by the first shard
@@ -566,24 +601,25 @@ fn does_not_fit(
                 ranks[0],
                 ranks[1],
                 human_bytes(file.max_device_memory),
-                breakdown_text(&worst.memory)
+                worst.memory.text()
             ),
         )
         .with_label(format!("{} per device", human_bytes(file.max_device_memory)))
         .with_related(spec.file, spec.name.span, format!(
-            "planned as data parallel {} × tensor parallel {} × {} stages, optimizer_shard = {}, recompute = {}",
-            file.mesh["dp"], file.mesh["tp"], file.mesh["pp"], level_name(file.optimizer_shard), recompute_name(file.recompute)
+            "planned as {}, optimizer_shard = {}, recompute = {}",
+            file.degrees_text(), level_name(file.optimizer_shard), recompute_name(file.recompute)
         ))
         .with_help(help),
     )
 }
 
 /// Redistributions the shard rules leave implicit (an all-gather the propagation had to insert)
-/// that move more than this per step are warning W0040.
+/// that move more than this per step are warning W0040, unless the `parallel` declaration's
+/// `redistribution_threshold` says otherwise.
 pub const REDISTRIBUTION_WARN_BYTES: u64 = 1 << 30;
 
-/// W0040 for each op whose implicit all-gathers move more than
-/// [`REDISTRIBUTION_WARN_BYTES`] per step, at the parallel declaration's mesh; W0041 for each
+/// W0040 for each op whose implicit all-gathers move more than the threshold
+/// ([`REDISTRIBUTION_WARN_BYTES`] by default) per step, at the parallel declaration's mesh; W0041 for each
 /// parameter (per layer pattern) left whole because the tensor degree does not divide its dim.
 pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<Diagnostic> {
     let Some(parallel) = train.parallel.map(|i| &checked.decls.parallels[i]) else {
@@ -598,6 +634,7 @@ pub fn plan_warnings(checked: &Checked, train: &Train, plan: &PlanFile) -> Vec<D
 /// (or the mesh, where the search chose it).
 fn undivided_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
     let tp = plan.mesh["tp"];
+    let axis = plan.axis_name("tp");
     let mut per: BTreeMap<String, (usize, i64, usize, String)> = BTreeMap::new();
     for (path, dim, size) in &plan.undivided {
         let e = per
@@ -617,7 +654,7 @@ fn undivided_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnos
                 Code::W0041,
                 parallel.file,
                 span,
-                format!("dim {dim} of `{name}` has size {size}, which tensor parallel {tp} does not divide: it stays whole on every device of the group"),
+                format!("dim {dim} of `{name}` has size {size}, which tensor parallel {tp} (over `{axis}`) does not divide: it stays whole on every device of the group"),
             )
             .with_label("replicated, not split")
             .with_help(format!(
@@ -630,6 +667,10 @@ fn undivided_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnos
 /// W0040 per op of the repeated layer whose implicit all-gathers exceed the threshold.
 fn redistribution_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Diagnostic> {
     // One warning per op of the repeated layer (`layers.*`), the bytes summed over layers.
+    let (threshold, set_at) = match parallel.redistribution_threshold {
+        Some((bytes, span)) => (bytes, Some(span)),
+        None => (REDISTRIBUTION_WARN_BYTES, None),
+    };
     let mut per_op: BTreeMap<String, (u64, usize)> = BTreeMap::new();
     for (op, bytes) in &plan.redistributions {
         let entry = per_op.entry(generic_path(op)).or_default();
@@ -640,20 +681,29 @@ fn redistribution_warnings(parallel: &ParallelPolicy, plan: &PlanFile) -> Vec<Di
     }
     per_op
         .into_iter()
-        .filter(|&(_, (bytes, _))| bytes > REDISTRIBUTION_WARN_BYTES)
+        .filter(|&(_, (bytes, _))| bytes > threshold)
         .map(|(op, (bytes, times))| {
             let op = match times {
                 1 => op,
                 n => format!("{op} (×{n})"),
             };
-            Diagnostic::warning(
+            let d = Diagnostic::warning(
                 Code::W0040,
                 parallel.file,
                 parallel.mesh_span,
-                format!("{op} needs its input gathered over the tensor axis: {} per step", human_bytes(bytes)),
+                format!(
+                    "{op} needs its input gathered over the tensor axis `{}`: {} per step, more than the {} threshold",
+                    plan.axis_name("tp"),
+                    human_bytes(bytes),
+                    human_bytes(threshold)
+                ),
             )
             .with_label("implicit all-gather")
-            .with_help("add shard rules so the op's operands arrive split the way it consumes them (e.g. pair a column-parallel `[mp, _]` weight with a row-parallel `[_, mp]` one)")
+            .with_help("add shard rules so the op's operands arrive split the way it consumes them (e.g. pair a column-parallel `[mp, _]` weight with a row-parallel `[_, mp]` one)");
+            match set_at {
+                Some(span) => d.with_related(parallel.file, span, "the threshold"),
+                None => d,
+            }
         })
         .collect()
 }
@@ -670,14 +720,19 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
     let mut lines = vec![format!(
         "plan of train {train} explained (bytes per rank; times per step on the cost model of docs/parallel.md)"
     )];
-    lines.push("parameters (layout over the tensor-parallel axis `tp`):".into());
+    lines.push(format!(
+        "parameters (layout over the tensor-parallel axis `{}`):",
+        plan.axis_name("tp")
+    ));
+    // Layouts are written over the planner's key; show the user's axis.
+    let named = |layout: &str| layout.replace("tp", plan.axis_name("tp"));
     for p in &e.parameters {
         lines.push(format!(
             "  {} ×{} {:?}: {}, model states {} per rank ({} of them)",
             p.pattern,
             p.count,
             p.shape,
-            p.layout,
+            named(&p.layout),
             b(p.state_bytes_per_rank),
             p.on_rank
         ));
@@ -685,7 +740,7 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
             lines.push(format!(
                 "      causes {} over {}: {} × {} per step, {:.3} s",
                 c.what,
-                c.axis,
+                plan.axis_name(c.axis),
                 b(c.bytes),
                 c.per_step,
                 c.seconds
@@ -694,7 +749,7 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
         match &p.alternative {
             Some(a) => lines.push(format!(
                 "      next best {}: step {:+.3} s, worst rank {}{}",
-                a.layout,
+                named(&a.layout),
                 a.step_time_delta_s,
                 signed(a.peak_delta_bytes),
                 if a.fits { "" } else { " (does not fit)" }
@@ -739,6 +794,25 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
             }
         ));
     }
+    lines.push(
+        "collectives per activation (embeddings, first layer standing for every layer, output):"
+            .into(),
+    );
+    if e.moved.is_empty() {
+        lines.push("  none (tensor parallel 1)".into());
+    }
+    for c in &e.moved {
+        lines.push(format!(
+            "  {} {:?}: {} over {}, {} × {} per step, {}",
+            c.activation,
+            c.shape,
+            c.what,
+            plan.axis_name(c.axis),
+            b(c.bytes),
+            c.per_step,
+            short_seconds(c.seconds)
+        ));
+    }
     lines.push("memory, worst rank of every stage (never averaged):".into());
     for g in &plan.per_device {
         lines.push(format!(
@@ -747,7 +821,7 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
             g.ranks[0],
             g.ranks[1],
             b(g.memory.total),
-            breakdown_text(&g.memory)
+            g.memory.text()
         ));
     }
     lines.push("what if one knob changed:".into());
@@ -764,6 +838,17 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
     lines
 }
 
+/// `26.4 µs`, `1.25 ms` or `2.500 s`: small collective times stay readable.
+fn short_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.1} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}
+
 /// `0–6` or, interleaved, `0–2, 8–10`.
 pub fn layer_ranges(layers: &[[usize; 2]]) -> String {
     layers
@@ -773,35 +858,16 @@ pub fn layer_ranges(layers: &[[usize; 2]]) -> String {
         .join(", ")
 }
 
-/// `parameters 650 GiB + gradients … + workspace …`.
-pub fn breakdown_text(m: &Breakdown) -> String {
-    [
-        ("parameters", m.parameters),
-        ("gradients", m.gradients),
-        ("optimizer states", m.optimizer_states),
-        ("activations", m.activations),
-        ("communication", m.communication),
-        ("workspace", m.workspace),
-        ("fragmentation reserve", m.fragmentation),
-    ]
-    .iter()
-    .map(|(k, v)| format!("{k} {}", human_bytes(*v)))
-    .collect::<Vec<_>>()
-    .join(" + ")
-}
-
 /// The plan in a few lines for `mslc build`'s summary: degrees, step time, and per stage the
 /// worst rank's memory against the budget.
 pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     let gib = |b: u64| human_bytes(b);
     let mut lines = vec![
         format!(
-            "  plan:       train {train} on {} devices: data {} × tensor {}{} × pipeline {}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            "  plan:       train {train} on {} devices: {}{}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
             plan.devices,
-            plan.mesh["dp"],
-            plan.mesh["tp"],
-            if plan.sequence_parallel { " (sequence parallel)" } else { "" },
-            plan.mesh["pp"],
+            plan.degrees_text(),
+            if plan.sequence_parallel { ", sequence parallel" } else { "" },
             plan.micro_batches,
             plan.schedule.name(),
             level_name(plan.optimizer_shard),
@@ -828,7 +894,7 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
             layer_ranges(&g.layers),
             gib(g.memory.total),
             gib(plan.max_device_memory),
-            breakdown_text(&g.memory)
+            g.memory.text()
         ));
     }
     for w in &plan.what_if {

@@ -152,19 +152,9 @@ impl RecomputeReport {
                 self.flops_added,
                 self.plans
             ),
-            format!("  step memory: {}", breakdown_text(&self.breakdown)),
+            format!("  step memory: {}", self.breakdown.text()),
         ]
     }
-}
-
-/// `parameters 1.00 MiB, gradients …, workspace … (total …)`.
-pub fn breakdown_text(b: &Breakdown) -> String {
-    let rows: Vec<String> = b
-        .rows()
-        .iter()
-        .map(|(n, v)| format!("{n} {}", human_bytes(*v)))
-        .collect();
-    format!("{} (total {})", rows.join(", "), human_bytes(b.total()))
 }
 
 /// One way to treat a layer: the choice, the bytes of activations it stops keeping for the
@@ -432,7 +422,7 @@ fn no_fit(r: MemoryRequest, budget: u64, needs: &Breakdown, full: &Breakdown) ->
         "{} over this budget",
         human_bytes(needs.total() - budget)
     ))
-    .with_help(format!("{fix}\nthe step's memory: {}", breakdown_text(needs)))
+    .with_help(format!("{fix}\nthe step's memory: {}", needs.text()))
 }
 
 #[cfg(test)]

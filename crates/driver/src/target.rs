@@ -4,7 +4,8 @@
 use mslc_check::policy::TargetSpec;
 use mslc_plan::target::Target;
 
-/// The target a checked `target` declaration describes.
+/// The target a checked `target` declaration describes; the host (`cpu`) with this machine's
+/// detected peak ([`Target::detected`]).
 pub fn target_from_spec(spec: &TargetSpec) -> Target {
     Target {
         name: spec.name.name.clone(),
@@ -17,6 +18,7 @@ pub fn target_from_spec(spec: &TargetSpec) -> Target {
         network: spec.network_bytes_per_s,
         devices_per_node: spec.devices_per_node,
     }
+    .detected()
 }
 
 /// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled

@@ -19,13 +19,52 @@ pub fn available_memory() -> Option<u64> {
     }
 }
 
-/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
-fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+/// Where a measurement of this process's peak memory started: the resident set then, and its
+/// file-backed part (mapped code and files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RssMark {
+    rss: u64,
+    file: u64,
+}
+
+/// Starts a measurement of this process's peak memory: resets the kernel's high-water mark of
+/// the resident set (`/proc/self/clear_refs`, Linux 4.0+) to the current resident set. `None`
+/// where that cannot be done (then no measurement is made).
+pub fn reset_peak_rss() -> Option<RssMark> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    Some(RssMark {
+        rss: status_bytes("VmRSS:")?,
+        file: status_bytes("RssFile:")?,
+    })
+}
+
+/// How far the resident set rose above `mark` at its highest since then (`VmHWM`), less the
+/// file-backed pages it gained (the executable's code paged in as new kernels run: not memory
+/// a plan holds), bytes.
+pub fn peak_rss_since(mark: RssMark) -> Option<u64> {
+    let (peak, file) = (status_bytes("VmHWM:")?, status_bytes("RssFile:")?);
+    Some(
+        peak.saturating_sub(mark.rss)
+            .saturating_sub(file.saturating_sub(mark.file)),
+    )
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    kib_field(&text, field)
+}
+
+/// The value of a `NAME: N kB` line of a `/proc` text, in bytes.
+fn kib_field(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.strip_prefix(field))?;
     let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    kib_field(meminfo, "MemAvailable:")
 }
 
 /// Limit minus usage of the cgroup mounted at `root` (v2 `memory.max`/`memory.current`, else
@@ -107,6 +146,25 @@ mod tests {
         for bad in ["", "MB", "12XB", "1e400GB", "-1", "99999999999999999999TB"] {
             assert!(parse_size(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Touching 64 MiB after a reset raises the high-water mark by about that much.
+    #[test]
+    fn the_peak_resident_set_is_measured_from_a_reset() {
+        let Some(mark) = reset_peak_rss() else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "no /proc/self/clear_refs under CI"
+            );
+            return;
+        };
+        let mut block = vec![0u8; 64 << 20];
+        for page in block.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        std::hint::black_box(&block);
+        let grown = peak_rss_since(mark).unwrap();
+        assert!(grown >= 60 << 20, "grew {grown} bytes");
     }
 
     #[test]

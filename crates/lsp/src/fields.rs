@@ -42,6 +42,7 @@ pub const FIELDS: &[FieldDoc] = &[
     f(Parallel, "devices", "Number of devices; the product of the mesh sizes and pipeline stages.", &["8"]),
     f(Parallel, "pipeline", "Pipeline parallelism: `{ stages:, micro_batches:, schedule: 1f1b | gpipe }`.", &["{ stages: 2, micro_batches: 4, schedule: 1f1b }"]),
     f(Parallel, "optimizer_shard", "ZeRO-style optimizer-state sharding level.", &["none", "level1", "level2", "level3"]),
+    f(Parallel, "redistribution_threshold", "Implicit redistributions above this many bytes per step are warning W0040 (default 1GiB).", &["1GiB"]),
     f(Memory, "max_device_memory", "The memory budget of one device, e.g. `16GB`.", &["16GB"]),
     f(Memory, "recompute", "Activation recomputation: `none`, `full`, `selective`, or `auto` (the least that fits).", &["auto", "none", "full", "selective"]),
     f(Train, "loss", "The loss expression over the model's outputs and the labels.", &["cross_entropy(logits, labels)"]),

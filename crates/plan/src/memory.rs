@@ -16,7 +16,7 @@ use super::arena::{plan_arena, ArenaError, BufferReq};
 
 mod breakdown;
 
-pub use breakdown::Breakdown;
+pub use breakdown::{rows_text, Breakdown};
 
 /// One arena buffer (one or more values sharing it through in-place reuse).
 #[derive(Clone, Debug, PartialEq, Serialize)]

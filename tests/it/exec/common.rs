@@ -8,7 +8,7 @@ use mslc_check::{check_path, CheckOptions};
 use mslc_core::ops::{infer, Attrs, DType, Op, TensorType};
 use mslc_driver::compile::{compile, CompileOptions};
 use mslc_exec::{ExecOptions, Executor};
-use mslc_io::npy::{NpyArray, NpyDType};
+use mslc_io::npy::{write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
 use mslc_ir::passes::AmpConfig;
 use mslc_kernels::binding::choose_kernel;
@@ -331,4 +331,26 @@ pub fn have_python_module(module: &str) -> bool {
 /// A path as a `&str` for command lines.
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// `rows` random sequences of `cols` token ids below `vocab`, from seed `seed`, written as
+/// `DIR/tokens.npy` the way `mslc train --data` takes them.
+pub fn token_file(dir: &TestDir, [rows, cols]: [usize; 2], vocab: f32, seed: u64) -> PathBuf {
+    let ids: Vec<i64> = Rng(seed)
+        .vec(rows * cols, 0.0, vocab)
+        .iter()
+        .map(|&x| x as i64)
+        .collect();
+    let path = dir.path("tokens.npy");
+    write_npy(&path, &NpyArray::from_i64(vec![rows, cols], &ids).unwrap()).unwrap();
+    path
+}
+
+/// The summary object of `mslc --message-format json train`'s stdout.
+pub fn train_summary(stdout: &str) -> serde_json::Value {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("train").is_some())
+        .unwrap_or_else(|| panic!("no JSON summary in\n{stdout}"))
 }

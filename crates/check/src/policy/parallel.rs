@@ -106,6 +106,10 @@ pub struct ParallelPolicy {
     /// Sequence parallelism (Korthikanti et al. 2022) with tensor parallelism: `Some` when
     /// `sequence_parallel` is given, `None` to leave it to the planner (off outside `auto`).
     pub sequence_parallel: Option<bool>,
+    /// `redistribution_threshold`: implicit redistributions moving more bytes than this per
+    /// step are warning W0040 (the planner's default, 1 GiB, when not given), with the
+    /// field's span.
+    pub redistribution_threshold: Option<(u64, Span)>,
 }
 
 impl ParallelPolicy {
@@ -135,6 +139,7 @@ const FIELDS: &[FieldSpec] = &[
     FieldSpec::optional("pipeline"),
     FieldSpec::optional("optimizer_shard"),
     FieldSpec::optional("sequence_parallel"),
+    FieldSpec::optional("redistribution_threshold"),
 ];
 
 const MODES: &Choices<ParallelMode> = &[
@@ -211,6 +216,26 @@ pub fn check_parallel(
     let sequence_parallel = fields
         .value("sequence_parallel", rep)
         .and_then(|v| rep.flag(&v, "sequence_parallel"));
+    let redistribution_threshold = fields
+        .value("redistribution_threshold", rep)
+        .and_then(|v| Some((rep.bytes(&v, "512MB")?, v.span)));
+    if let (Some((_, span)), Some((m, _))) = (redistribution_threshold, mode) {
+        if matches!(m, ParallelMode::StandAlone | ParallelMode::Data) {
+            rep.push(
+                Diagnostic::warning(
+                    Code::W0042,
+                    file,
+                    span,
+                    format!(
+                        "`redistribution_threshold` has no effect in mode `{}`: only tensor-parallel layouts redistribute",
+                        m.keyword()
+                    ),
+                )
+                .with_label("never reached")
+                .with_help("remove it, or use `mode = semi_auto` or `auto` with shard rules"),
+            );
+        }
+    }
     ParallelPolicy {
         name: decl.name.clone(),
         file,
@@ -225,6 +250,7 @@ pub fn check_parallel(
         pipeline,
         optimizer_shard,
         sequence_parallel,
+        redistribution_threshold,
     }
 }
 
@@ -687,6 +713,27 @@ mod tests {
             "parallel P { mesh = { dp: 2 }, mode = auto, pipeline = 2, optimizer_shard = level4 }",
         );
         assert_eq!(codes(&diags), vec![Code::E0502, Code::E0502]);
+    }
+
+    /// The W0040 threshold is a size; anything else is an error at the value, and a mode that
+    /// never redistributes makes it W0042 at the field.
+    #[test]
+    fn redistribution_threshold_is_a_size_for_tensor_parallel_modes() {
+        let src = "parallel P { mesh = { dp: 2, mp: 2 }, mode = semi_auto, redistribution_threshold = 256MB }";
+        let (p, diags) = check(src);
+        assert!(diags.is_empty(), "{diags:?}");
+        let value = span_of(src, "256MB", 0);
+        assert_eq!(p.redistribution_threshold, Some((256_000_000, value)));
+        let (p, diags) = check(
+            "parallel P { mesh = { dp: 2, mp: 2 }, mode = semi_auto, redistribution_threshold = 3 }",
+        );
+        assert_eq!(codes(&diags).len(), 1, "{diags:?}");
+        assert!(diags[0].is_error());
+        assert_eq!(p.redistribution_threshold, None);
+        let src = "parallel P { mesh = { dp: 2 }, mode = data, redistribution_threshold = 1GB }";
+        let (_, diags) = check(src);
+        assert_eq!(codes(&diags), vec![Code::W0042]);
+        assert_eq!(diags[0].primary.span, span_of(src, "1GB", 0));
     }
 
     #[test]

@@ -151,8 +151,9 @@ codes! {
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
-    W0040 => "implicit redistribution of more than 1 GiB per step",
+    W0040 => "implicit redistribution of more than the threshold (1 GiB by default) per step",
     W0041 => "a shard rule's dim does not divide, so the tensor stays whole",
+    W0042 => "redistribution threshold in a mode that never redistributes",
     W0050 => "pipeline stages not mirrored by the JAX export",
 }
 

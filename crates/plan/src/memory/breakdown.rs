@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use mslc_artifact::{Module, Storage};
+use mslc_core::units::human_bytes;
 use mslc_ir::recompute::RECOMPUTE_MARK;
 
 use super::MemoryPlan;
@@ -38,6 +39,16 @@ impl Breakdown {
             .fold(0u64, |t, (_, b)| t.saturating_add(*b))
     }
 
+    /// This breakdown on `threads` executor threads: the other threads' kernel scratch added
+    /// to the workspace (the five count one thread's).
+    pub fn on_threads(mut self, plan: &MemoryPlan, threads: usize) -> Breakdown {
+        let others = threads.saturating_sub(1) as u64;
+        self.workspace = self
+            .workspace
+            .saturating_add(plan.scratch_bytes_per_thread.saturating_mul(others));
+        self
+    }
+
     /// The five, named for reports, in order.
     pub fn rows(&self) -> [(&'static str, u64); 5] {
         [
@@ -47,6 +58,15 @@ impl Breakdown {
             ("activations", self.activations),
             ("workspace", self.workspace),
         ]
+    }
+
+    /// `parameters 1.00 MiB, gradients …, workspace … (total …)`.
+    pub fn text(&self) -> String {
+        format!(
+            "{} (total {})",
+            rows_text(&self.rows(), ", "),
+            human_bytes(self.total())
+        )
     }
 
     /// The breakdown of a planned training `module` whose loss is output `loss`; `is_state`
@@ -123,6 +143,15 @@ impl Breakdown {
                 .saturating_add(plan.scratch_bytes_per_thread),
         }
     }
+}
+
+/// Named byte counts as `name 1.00 MiB`, joined by `separator`: how every memory breakdown
+/// reads in reports.
+pub fn rows_text(rows: &[(&str, u64)], separator: &str) -> String {
+    rows.iter()
+        .map(|(name, bytes)| format!("{name} {}", human_bytes(*bytes)))
+        .collect::<Vec<_>>()
+        .join(separator)
 }
 
 /// The step computing each value (`usize::MAX` for inputs and parameters) and, per step,

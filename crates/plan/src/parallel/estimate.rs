@@ -113,26 +113,57 @@ pub struct Training {
     pub act_bytes: u64,
 }
 
-/// The per-device memory breakdown, bytes: what one rank of a stage holds at its peak.
+/// The per-device memory breakdown, bytes: what one rank of a stage holds at its peak — the
+/// five parts every training step has ([`crate::memory::Breakdown`], their one definition) and
+/// what only a sharded step adds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Breakdown {
-    /// Parameters (their shard).
-    pub parameters: u64,
-    /// Gradients.
-    pub gradients: u64,
-    /// Optimizer states, master weights included.
-    pub optimizer_states: u64,
-    /// Activations kept for the backward, for every micro-batch in flight.
-    pub activations: u64,
+    /// Parameters (their shard), gradients, optimizer states (master weights included),
+    /// activations kept for the backward for every micro-batch in flight, and workspace (the
+    /// largest op's transient and its gradient).
+    #[serde(flatten)]
+    pub step: crate::memory::Breakdown,
     /// Communication buffers: gradient buckets, all-reduce and pipeline send/recv buffers,
     /// gathered parameters under level 3.
     pub communication: u64,
-    /// The largest op's transient and its gradient.
-    pub workspace: u64,
     /// Kept free for the allocator's fragmentation: [`FRAGMENTATION`] of the rest.
     pub fragmentation: u64,
     /// The sum.
     pub total: u64,
+}
+
+impl Breakdown {
+    /// `step` with `communication` and the fragmentation reserve added, totalled.
+    pub fn of(step: crate::memory::Breakdown, communication: u64) -> Breakdown {
+        let rest = step.total().saturating_add(communication);
+        let fragmentation = (rest as f64 * FRAGMENTATION) as u64;
+        Breakdown {
+            step,
+            communication,
+            fragmentation,
+            total: rest.saturating_add(fragmentation),
+        }
+    }
+
+    /// The seven parts, named for reports, in order: the step's five with communication before
+    /// the workspace, then the fragmentation reserve.
+    pub fn rows(&self) -> [(&'static str, u64); 7] {
+        let [p, g, o, a, w] = self.step.rows();
+        [
+            p,
+            g,
+            o,
+            a,
+            ("communication", self.communication),
+            w,
+            ("fragmentation reserve", self.fragmentation),
+        ]
+    }
+
+    /// `parameters 650 GiB + gradients … + fragmentation reserve …`.
+    pub fn text(&self) -> String {
+        crate::memory::rows_text(&self.rows(), " + ")
+    }
 }
 
 /// What one pipeline stage holds and takes.
@@ -310,6 +341,20 @@ pub fn device_chunks(w: &Workload, strategy: &Strategy) -> Vec<Vec<(usize, usize
     devices
 }
 
+/// Megatron-LM's scatter/gather of pipeline sends (Narayanan et al. 2021, §4.1): with tensor
+/// parallelism the `tp` ranks of a stage hold the same boundary activation, so each sends
+/// only its 1/tp slice over the inter-node link and the next stage all-gathers the slices
+/// over the intra-node link. Returns the bytes each rank sends of a `boundary`-byte
+/// activation and whether the receiver gathers; under sequence parallelism the activation
+/// is already split along the sequence and is sent as it is.
+pub fn scatter_gather(boundary: u64, tp: i64, sp: bool) -> (u64, bool) {
+    if tp > 1 && !sp {
+        (boundary.div_ceil(tp as u64), true)
+    } else {
+        (boundary, false)
+    }
+}
+
 /// Estimates `strategy` on workload `w` (propagated for `strategy.tp`).
 pub fn estimate(w: &Workload, strategy: Strategy, train: Training, cluster: &Cluster) -> Estimate {
     let bounds = device_chunks(w, &strategy);
@@ -363,7 +408,7 @@ pub fn estimate_split(
     let pipeline = (m_f + bubble) * per_mb;
     // Gradient synchronisation over the data-parallel axis: all-reduce (levels 0–1), or
     // reduce-scatter + all-gather (level 2, the same bytes), plus level 3's parameter gathers.
-    let stage_params = |st: &StageEstimate| st.memory.parameters;
+    let stage_params = |st: &StageEstimate| st.memory.step.parameters;
     let worst = stages
         .iter()
         .max_by_key(|st| stage_params(st))
@@ -373,7 +418,7 @@ pub fn estimate_split(
             } else {
                 1
             };
-            st.memory.parameters * shard / train.param_bytes.max(1)
+            st.memory.step.parameters * shard / train.param_bytes.max(1)
         });
     let grad_total = worst * train.grad_bytes;
     let mut dp_comm = cluster.all_reduce_s(grad_total, dp, tp);
@@ -522,18 +567,16 @@ fn stage(
     }
     let largest = segs.iter().map(|g| g.largest_act).max().unwrap_or(0);
     let workspace = 2 * largest;
-    let rest = parameters + gradients + optimizer_states + activations + communication + workspace;
-    let fragmentation = (rest as f64 * FRAGMENTATION) as u64;
-    let memory = Breakdown {
-        parameters,
-        gradients,
-        optimizer_states,
-        activations,
+    let memory = Breakdown::of(
+        crate::memory::Breakdown {
+            parameters,
+            gradients,
+            optimizer_states,
+            activations,
+            workspace,
+        },
         communication,
-        workspace,
-        fragmentation,
-        total: rest + fragmentation,
-    };
+    );
     // Time per micro-batch.
     let forward: f64 = segs.iter().map(|g| seg_time(g, tp, sp)).sum();
     let extra = match strategy.recompute {
@@ -603,14 +646,25 @@ fn stage(
             2
         };
         let bw = cluster.link(2, dp * tp);
-        let b = boundary;
+        let sends = 2 * neighbours * v as u64;
+        let (bytes, gather) = scatter_gather(boundary, tp, sp);
         add(
             "send_recv",
             "pp",
-            b,
-            2 * neighbours * v as u64,
-            b as f64 / bw.max(1.0) + HOP_LATENCY_S,
+            bytes,
+            sends,
+            bytes as f64 / bw.max(1.0) + HOP_LATENCY_S,
         );
+        if gather {
+            // Each received slice is all-gathered over the tensor group, inside the node.
+            add(
+                "all_gather",
+                "tp",
+                boundary,
+                sends,
+                cluster.all_reduce_s(boundary, tp, 1) / 2.0,
+            );
+        }
     }
     (memory, compute, comm, calls)
 }
@@ -642,6 +696,7 @@ mod tests {
             undivided: Vec::new(),
             activations: Vec::new(),
             caused: Default::default(),
+            moved: Vec::new(),
         }
     }
 
@@ -700,7 +755,7 @@ mod tests {
         for level in 0..4u8 {
             let e = estimate(&w, strategy(64, 1, 1, level), MIXED_ADAM, &a100(u64::MAX));
             let m = e.stages[0].memory;
-            let states = m.parameters + m.gradients + m.optimizer_states;
+            let states = m.step.parameters + m.step.gradients + m.step.optimizer_states;
             assert_eq!(states, exact[level as usize], "level {level}");
             let gb = states as f64 / 1e9;
             assert!(
@@ -729,8 +784,8 @@ mod tests {
         let per_stage = 2 * acts; // two layers per stage
         for (i, st) in one.stages.iter().enumerate() {
             assert_eq!(st.layers, vec![(2 * i, 2 * i + 2)]);
-            assert_eq!(st.memory.activations, (4 - i as u64) * per_stage);
-            assert_eq!(gpipe.stages[i].memory.activations, 8 * per_stage);
+            assert_eq!(st.memory.step.activations, (4 - i as u64) * per_stage);
+            assert_eq!(gpipe.stages[i].memory.step.activations, 8 * per_stage);
         }
         assert_eq!(one.bubble_fraction, 3.0 / 8.0);
         // Full recompute keeps each layer's input per micro-batch plus one layer's working set.
@@ -744,7 +799,7 @@ mod tests {
             &a100(u64::MAX),
         );
         assert_eq!(
-            full.stages[0].memory.activations,
+            full.stages[0].memory.step.activations,
             4 * 2 * (acts / 10) + acts
         );
     }
@@ -779,16 +834,16 @@ mod tests {
         // Korthikanti's factor: L·(1 + (p − 1)/(p·v)) layers on the first device.
         let layers_held = l as f64 * (1.0 + (p - 1) as f64 / (p * v) as f64);
         assert_eq!(
-            e.stages[0].memory.activations,
+            e.stages[0].memory.step.activations,
             (layers_held * acts as f64) as u64
         );
         // The last device: v·p + p − 1 − 2(p − 1) = 5 chunk-micro-batches of 2 layers
         // (Megatron-LM's (p − i − 1)·2 + (v − 1)·p warm-up forwards, plus one).
-        assert_eq!(e.stages[3].memory.activations, 5 * 2 * acts);
+        assert_eq!(e.stages[3].memory.step.activations, 5 * 2 * acts);
         // Against plain 1F1B: the bubble shrinks by v at the cost of the extra activations.
         let plain = estimate(&w, strategy(1, p, m, 0), MIXED_ADAM, &a100(u64::MAX));
         assert_eq!(plain.bubble_fraction, 3.0 / 8.0);
-        assert_eq!(plain.stages[0].memory.activations, l * acts);
+        assert_eq!(plain.stages[0].memory.step.activations, l * acts);
         assert!(e.step_time_s < plain.step_time_s);
     }
 
@@ -819,8 +874,8 @@ mod tests {
             estimate(&w, base, MIXED_ADAM, &a100(u64::MAX)),
             estimate(&w, sp, MIXED_ADAM, &a100(u64::MAX)),
         );
-        assert_eq!(a.stages[0].memory.activations, 2 * 1200);
-        assert_eq!(b.stages[0].memory.activations, 2 * (200 + 150 + 400));
+        assert_eq!(a.stages[0].memory.step.activations, 2 * 1200);
+        assert_eq!(b.stages[0].memory.step.activations, 2 * (200 + 150 + 400));
         let kinds = |e: &Estimate| {
             e.collectives
                 .iter()
@@ -831,6 +886,55 @@ mod tests {
         assert_eq!(kinds(&a), vec![("all_reduce", 8)]);
         assert_eq!(kinds(&b), vec![("reduce_scatter", 8), ("all_gather", 8)]);
         assert!(b.compute_s < a.compute_s);
+    }
+
+    /// Narayanan et al. 2021, §4.1: with tensor parallel 8 across 2 stages on different
+    /// nodes, each rank sends 1/8 of the boundary activation over the network and the slices
+    /// are all-gathered over NVLink — 8× fewer inter-node bytes, traded for an intra-node
+    /// gather; under sequence parallelism the activation is already split and sent as is.
+    #[test]
+    fn pipeline_sends_scatter_over_the_network_and_gather_inside_the_node() {
+        let boundary = 64_000_000u64;
+        let mut w = workload(4, 1000, 0);
+        w.boundary_bytes = boundary;
+        let c = a100(u64::MAX);
+        let s = Strategy {
+            tp: 8,
+            ..strategy(1, 2, 1, 0)
+        };
+        let e = estimate(&w, s, MIXED_ADAM, &c);
+        let calls = |e: &Estimate, kind: &str, axis: &str| {
+            e.collectives
+                .iter()
+                .find(|x| x.kind == kind && x.axis == axis)
+                .map(|x| (x.bytes, x.count))
+        };
+        // Each end stage sends its activation forward or its gradient back: 2 calls.
+        assert_eq!(calls(&e, "send_recv", "pp"), Some((boundary / 8, 2)));
+        assert_eq!(calls(&e, "all_gather", "tp"), Some((boundary, 2)));
+        // The stride of 8 devices leaves the node: the sends cross the network.
+        let network = 50e9 * LINK_EFFICIENCY / 2.0;
+        let per_send = (boundary / 8) as f64 / network + HOP_LATENCY_S;
+        let gather = c.all_reduce_s(boundary, 8, 1) / 2.0;
+        assert!((e.stages[0].communication_s - 2.0 * (per_send + gather)).abs() < 1e-12);
+        let unsplit = boundary as f64 / network + HOP_LATENCY_S;
+        assert!(
+            per_send + gather < unsplit / 4.0,
+            "{per_send} + {gather} vs {unsplit}"
+        );
+        // Sequence parallel: the boundary is already 1/8 per rank, sent as is, no gather.
+        let sp = estimate(
+            &w,
+            Strategy {
+                sequence_parallel: true,
+                ..s
+            },
+            MIXED_ADAM,
+            &c,
+        );
+        assert_eq!(calls(&sp, "send_recv", "pp"), Some((boundary / 8, 2)));
+        assert_eq!(calls(&sp, "all_gather", "tp"), None);
+        assert_eq!(scatter_gather(boundary, 1, false), (boundary, false));
     }
 
     #[test]

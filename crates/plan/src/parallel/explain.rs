@@ -62,6 +62,27 @@ pub struct ParamExplanation {
     pub alternative: Option<Alternative>,
 }
 
+/// A collective moving one activation, per step on one rank.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MovedActivation {
+    /// The activation (`matmul in model.layers.0.mlp`): in the first layer, it stands for the
+    /// same activation of every layer the rank runs.
+    pub activation: String,
+    /// Its shape, whole.
+    pub shape: Vec<i64>,
+    /// What moves it (under sequence parallelism an all-reduce is a reduce-scatter +
+    /// all-gather pair of the same bytes and time).
+    pub what: String,
+    /// The mesh axis.
+    pub axis: &'static str,
+    /// Bytes per call.
+    pub bytes: u64,
+    /// Calls per step on one rank of the stage running most layers.
+    pub per_step: u64,
+    /// Seconds per step, by the cost model's ring formula.
+    pub seconds: f64,
+}
+
 /// The explanation of a plan.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Explanation {
@@ -69,6 +90,9 @@ pub struct Explanation {
     pub parameters: Vec<ParamExplanation>,
     /// The large activations of the first layer, the embeddings and the output.
     pub activations: Vec<Activation>,
+    /// The tensor-parallel collectives moving activations of the embeddings, the first layer
+    /// and the output.
+    pub moved: Vec<MovedActivation>,
 }
 
 /// `[tp, _]` for a split along `dim` of a rank-`rank` tensor; `whole` for none.
@@ -241,10 +265,67 @@ pub fn explain(
             alternative,
         });
     }
+    let layers_on_rank = device_chunks(&w, &strategy)
+        .iter()
+        .map(|ranges| ranges.iter().map(|&(a, b)| b - a).sum::<usize>())
+        .max()
+        .unwrap_or(0) as u64;
     Explanation {
         parameters,
         activations: w.activations.clone(),
+        moved: moved_activations(&w, strategy, layers_on_rank, cluster),
     }
+}
+
+/// Each distinct collective of [`Workload::moved`] with its calls and seconds per step: a
+/// first-layer one for every layer on the rank, each for every micro-batch, a forward one
+/// twice under full recompute.
+fn moved_activations(
+    w: &Workload,
+    strategy: Strategy,
+    layers_on_rank: u64,
+    cluster: &Cluster,
+) -> Vec<MovedActivation> {
+    let tp = strategy.tp;
+    if tp <= 1 {
+        return Vec::new();
+    }
+    let m = strategy.micro_batches.max(1) as u64;
+    let sp = strategy.sequence_parallel;
+    let mut out: Vec<MovedActivation> = Vec::new();
+    for mv in &w.moved {
+        if out
+            .iter()
+            .any(|o| o.activation == mv.activation && o.what.starts_with(&mv.what))
+        {
+            continue;
+        }
+        let forward = mv.what.starts_with("forward");
+        let repeat = if forward && strategy.recompute == Recompute::Full {
+            2
+        } else {
+            1
+        };
+        let layers = if mv.per_layer { layers_on_rank } else { 1 };
+        let per_step = layers * m * repeat;
+        let gather = mv.what.starts_with("all-gather");
+        let call = cluster.all_reduce_s(mv.bytes, tp, 1) / if gather { 2.0 } else { 1.0 };
+        let what = if sp && !gather {
+            format!("{} (reduce-scatter + all-gather)", mv.what)
+        } else {
+            mv.what.clone()
+        };
+        out.push(MovedActivation {
+            activation: mv.activation.clone(),
+            shape: mv.shape.clone(),
+            what,
+            axis: "tp",
+            bytes: mv.bytes,
+            per_step,
+            seconds: per_step as f64 * call,
+        });
+    }
+    out
 }
 
 /// The other layouts worth planning for a parameter at degree `tp`: whole or the other dim

@@ -63,6 +63,9 @@ pub struct PlanFile {
     pub devices: i64,
     /// Degrees per axis: `dp`, `tp`, `pp`.
     pub mesh: BTreeMap<String, i64>,
+    /// The user's name of each of those axes (`tp` → `mp` when the shard rules split over a
+    /// mesh axis `mp`): what reports, diagnostics and `shardings` show.
+    pub axis_names: BTreeMap<String, String>,
     /// Micro-batches per step per data-parallel replica.
     pub micro_batches: i64,
     /// The pipeline schedule.
@@ -105,6 +108,41 @@ pub struct PlanFile {
 }
 
 impl PlanFile {
+    /// The user's name of the planner's axis `key` (`dp`, `tp`, `pp`); the key itself when the
+    /// user named none.
+    pub fn axis_name<'a>(&'a self, key: &'a str) -> &'a str {
+        self.axis_names.get(key).map_or(key, String::as_str)
+    }
+
+    /// Gives the planner's axes the user's names (`key` → name), in `axis_names` and in the
+    /// split parameters' specs.
+    pub fn name_axes(&mut self, names: BTreeMap<String, String>) {
+        for spec in self.shardings.values_mut() {
+            for axis in spec.iter_mut().flatten() {
+                if let Some(name) = names.get(axis.as_str()) {
+                    *axis = name.clone();
+                }
+            }
+        }
+        self.axis_names.extend(names);
+    }
+
+    /// `data 2 × tensor 2 (mp) × pipeline 2`: the degrees, each with the user's name of its
+    /// axis where that differs from the planner's key.
+    pub fn degrees_text(&self) -> String {
+        [("data", "dp"), ("tensor", "tp"), ("pipeline", "pp")]
+            .iter()
+            .map(|&(word, key)| {
+                let degree = self.mesh.get(key).copied().unwrap_or(1);
+                match self.axis_name(key) {
+                    name if name == key => format!("{word} {degree}"),
+                    name => format!("{word} {degree} ({name})"),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" × ")
+    }
+
     /// The strategy the plan describes.
     pub fn strategy(&self) -> Strategy {
         Strategy {
@@ -265,6 +303,11 @@ pub fn recompute_name(r: Recompute) -> &'static str {
     }
 }
 
+/// Each planner axis named by itself, until [`PlanFile::name_axes`] gives the user's names.
+fn mesh_keys(mesh: &BTreeMap<String, i64>) -> BTreeMap<String, String> {
+    mesh.keys().map(|k| (k.clone(), k.clone())).collect()
+}
+
 fn describe(
     found: &Found,
     what_if: Vec<WhatIf>,
@@ -301,6 +344,7 @@ fn describe(
         .collect();
     PlanFile {
         devices: s.devices(),
+        axis_names: mesh_keys(&mesh),
         mesh,
         micro_batches: s.micro_batches,
         schedule: s.schedule,

@@ -164,11 +164,9 @@ pub fn simulate(plan: &PlanFile) -> Vec<Slot> {
 pub fn plan_svg(plan: &PlanFile, train: &str) -> String {
     let mut body = String::new();
     let title = format!(
-        "{train}: {} devices, data {} × tensor {} × pipeline {}, {} micro-batches ({}), ~{:.3} s per step, bubble {:.1} %",
+        "{train}: {} devices, {}, {} micro-batches ({}), ~{:.3} s per step, bubble {:.1} %",
         plan.devices,
-        plan.mesh["dp"],
-        plan.mesh["tp"],
-        plan.mesh["pp"],
+        plan.degrees_text(),
         plan.micro_batches,
         plan.schedule.name(),
         plan.step_time_s,
@@ -199,16 +197,7 @@ pub fn plan_svg(plan: &PlanFile, train: &str) -> String {
         let x = LEFT + i as f64 * (BAR_WIDTH + BAR_GAP);
         let mut y = base;
         let m = &g.memory;
-        let values = [
-            m.parameters,
-            m.gradients,
-            m.optimizer_states,
-            m.activations,
-            m.communication,
-            m.workspace,
-            m.fragmentation,
-        ];
-        for ((class, label, _), bytes) in PARTS.iter().zip(values) {
+        for ((class, label, _), (_, bytes)) in PARTS.iter().zip(m.rows()) {
             let h = bytes as f64 * scale;
             y -= h;
             let _ = writeln!(

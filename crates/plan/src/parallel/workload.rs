@@ -88,6 +88,26 @@ pub struct Workload {
     /// column-parallel weight's input-gradient all-reduce (backward; shared by the weights
     /// reading the same input, listed under the first).
     pub caused: BTreeMap<String, Vec<(&'static str, u64)>>,
+    /// The tensor-parallel collectives that move an activation of the head, the first layer
+    /// or the tail, per micro-batch: what `--explain-plan` lists per activation.
+    pub moved: Vec<Moved>,
+}
+
+/// A collective moving one activation (or its gradient), once per micro-batch.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Moved {
+    /// The op making the activation, with its instance path (`matmul in model.layers.0.mlp`);
+    /// `input NAME` for a model input.
+    pub activation: String,
+    /// Its shape, whole.
+    pub shape: Vec<i64>,
+    /// What moves it: `forward all-reduce`, `backward all-reduce of its gradient`,
+    /// `all-gather before OP`.
+    pub what: String,
+    /// Bytes per call (the whole activation).
+    pub bytes: u64,
+    /// Whether it is in a repeated layer (the first), so every layer repeats it.
+    pub per_layer: bool,
 }
 
 impl Segment {
@@ -275,6 +295,26 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
     // The split parameter that made each partial sum.
     let mut partial_of: Vec<Option<usize>> = vec![None; n];
     let mut caused: BTreeMap<usize, Vec<(&'static str, u64)>> = BTreeMap::new();
+    // The name of each activation of the head, the first layer and the tail, and the
+    // collectives moving them.
+    let mut act_name: Vec<Option<String>> = vec![None; n];
+    for input in &model.inputs {
+        act_name[input.value.0 as usize] = Some(format!("input {}", input.name));
+    }
+    let mut moved: Vec<Moved> = Vec::new();
+    // `seg`: the segment whose op causes the collective; only the head, the first layer (0)
+    // and the tail (−2) are listed, like the large activations.
+    let mut record = |(names, seg): (&[Option<String>], isize), v: ValueId, what, bytes| {
+        if let (Some(name), true) = (&names[v.0 as usize], seg <= 0) {
+            moved.push(Moved {
+                activation: name.clone(),
+                shape: model.ty(v).shape.clone(),
+                what,
+                bytes,
+                per_layer: seg == 0,
+            });
+        }
+    };
     let bytes_of = |ty: &TensorType, lay: Layout| -> u64 {
         let width = if ty.dtype.is_float() {
             w.act_bytes.min(ty.dtype.size_bytes())
@@ -375,6 +415,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                         .or_default()
                         .push(("forward all-reduce of its output", bytes));
                 }
+                record((&act_name, owner), *v, "forward all-reduce".into(), bytes);
                 in_layouts[k] = Layout::Rep;
                 layout[v.0 as usize] = Layout::Rep;
             }
@@ -422,6 +463,13 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         let (out_layout, gathers, col_parallel) =
             propagate(node.op, &node.attrs, &in_types, &in_layouts, &out_types, tp);
         for (k, bytes_needed) in gathers {
+            let whole = bytes_of(&in_types[k], Layout::Rep);
+            record(
+                (&act_name, seg_id),
+                node.inputs[k],
+                format!("all-gather before {}", node.op.name()),
+                whole,
+            );
             segment.all_gathers.push((
                 format!("{} in {}", node.op.name(), node.origin),
                 match bytes_needed {
@@ -441,6 +489,12 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
             .map(|(p, _)| p);
         if col_parallel && col_inputs.insert(node.inputs[0]) {
             let bytes = bytes_of(&in_types[0], Layout::Rep);
+            record(
+                (&act_name, seg_id),
+                node.inputs[0],
+                "backward all-reduce of its gradient".into(),
+                bytes,
+            );
             segment.backward_all_reduces.push(bytes);
             if let Some(p) = weight {
                 caused
@@ -485,7 +539,9 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
                         "" => "the model's body",
                         o => o,
                     };
-                    logged.push((i, format!("{} in {place}", node.op.name())));
+                    let name = format!("{} in {place}", node.op.name());
+                    act_name[i] = Some(name.clone());
+                    logged.push((i, name));
                 }
                 if is_score(ty) {
                     segment.score_seconds += t;
@@ -612,6 +668,7 @@ pub fn workload(model: &Model, splits: &WeightSplits, w: Widths) -> Workload {
         undivided,
         activations,
         caused,
+        moved,
     }
 }
 

@@ -1,0 +1,85 @@
+//! Issue 10, item 8, on the host: the peak memory per rank the plan predicts for a training
+//! step against the peak `mslc train` measures running it (the process's resident-set
+//! high-water mark above where the ranks started, less code paged in, per rank), on one device
+//! and on two data-parallel ranks. The issue's tolerance: within 5 % and never below.
+
+use std::path::{Path, PathBuf};
+
+use crate::exec::common::{mslc, root, s, token_file, train_summary, TestDir};
+
+/// examples/tiny_llama.msl's model (B = 4, S = 128 per rank), f32, AdamW, with a memory policy
+/// and, for `ranks` > 1, a data-parallel policy over that many devices.
+fn source(dir: &TestDir, ranks: usize) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = text.find("// f16 has a narrow").expect("the model part");
+    let model = text[..model_end].replace("dims B = 1,", "dims B = 4,");
+    let (parallel, uses) = match ranks {
+        1 => (String::new(), ""),
+        n => (
+            format!("parallel Data {{\n    mesh = {{ dp: {n} }}\n    mode = data\n}}\n\n"),
+            ", parallel = Data",
+        ),
+    };
+    let path = dir.path(&format!("host{ranks}.msl"));
+    let train = format!(
+        "{parallel}memory Host {{\n    max_device_memory = 8GB\n}}\n\ntrain Fit for TinyLlama {{\n    \
+         labels: i32[B, S]\n    loss = cross_entropy(logits, labels)\n    \
+         optimizer = adamw(lr: 1e-4)\n    batch = {}\n    memory = Host{uses}\n    \
+         target = std.targets.cpu\n}}\n",
+        4 * ranks
+    );
+    std::fs::write(&path, format!("{model}\n{train}")).unwrap();
+    path
+}
+
+/// Two steps of `source` on `ranks` ranks: the planned and the measured peak per rank.
+fn planned_and_measured(source: &Path, data: &Path, ranks: usize) -> (u64, Option<u64>) {
+    let ranks_arg = ranks.to_string();
+    let mut args = vec![
+        "--message-format",
+        "json",
+        "train",
+        s(source),
+        "--data",
+        s(data),
+    ];
+    args.extend(["--init-seed", "0", "--steps", "2"]);
+    if ranks > 1 {
+        args.extend(["--ranks", &ranks_arg]);
+    }
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "mslc train:\n{stdout}\n{stderr}");
+    let summary = train_summary(&stdout);
+    (
+        summary["planned_peak_bytes_per_rank"].as_u64().unwrap(),
+        summary["measured_peak_bytes_per_rank"].as_u64(),
+    )
+}
+
+#[test]
+fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
+    let dir = TestDir::new("plan-measured");
+    // 16 sequences of 129 token ids below the vocab of 1000.
+    let data = token_file(&dir, [16, 129], 1000.0, 5);
+    for ranks in [1, 2] {
+        let (planned, measured) = planned_and_measured(&source(&dir, ranks), &data, ranks);
+        let Some(measured) = measured else {
+            // No /proc/self/clear_refs (not Linux): nothing was measured.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "no peak measured under CI"
+            );
+            return;
+        };
+        let over = (planned as f64 - measured as f64) / measured as f64;
+        eprintln!(
+            "{ranks} rank(s): planned {planned}, measured {measured} bytes per rank ({:+.1} %)",
+            100.0 * over
+        );
+        assert!(
+            planned >= measured,
+            "{ranks} rank(s): below the measured peak"
+        );
+        assert!(over <= 0.05, "{ranks} rank(s): {:.1} % over", 100.0 * over);
+    }
+}
