@@ -124,7 +124,7 @@ pub fn summary_line(applied: &[SubgraphEntry]) -> Option<String> {
     let unfused = applied.iter().filter(|d| !d.fused).count();
     (!applied.is_empty()).then(|| {
         format!(
-            "  subgraphs:  {unfused} fused elementwise subgraph(s) left unfused, {} kept fused (tuning decisions)\n",
+            "  subgraphs:  {unfused} fused subgraph(s) left unfused, {} kept fused (tuning decisions)\n",
             applied.len() - unfused
         )
     })

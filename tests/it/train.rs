@@ -899,7 +899,7 @@ fn tuning_decisions_apply_to_training_builds_and_runs() {
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("1 fused elementwise subgraph(s) left unfused"),
+        stdout.contains("1 fused subgraph(s) left unfused"),
         "{stdout}"
     );
     let table: toml::Value =
