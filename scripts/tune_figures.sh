@@ -6,7 +6,8 @@
 # `mslc run` with the default kernels and with the tuned table, alternated three times, median
 # of N forwards each (more for sub-millisecond models: a second's worth); the row shows the three
 # medians of each (the spread) and the ratio of the lowest ones; the last line is the geometric
-# mean. Usage: scripts/tune_figures.sh [BUDGET] [N]
+# mean; each row also shows the tune's own whole-model confirmation (default -> tuned forward
+# and the decisions it kept). Usage: scripts/tune_figures.sh [BUDGET] [N]
 set -euo pipefail
 MSLC=${MSLC:-target/release/mslc}
 BUDGET=${1:-60s}
@@ -38,6 +39,14 @@ median() {
 row() {
   local label=$1; shift
   "$MSLC" tune "$@" --budget "$BUDGET" --db "$KB" -o "$WORK/$label" >"$WORK/$label.tune.txt"
+  local whole
+  whole=$(python3 -c 'import json, sys
+w = json.load(open(sys.argv[1]))["whole_model"]
+if w is None:
+    print("confirm: nothing changed")
+else:
+    d, t, k = w["default_ms"], w["tuned_ms"], w["kept"]
+    print(f"confirm: {d:.3f}->{t:.3f} ms, kept {k}")' "$WORK/$label"/*.tune.json)
   local again
   again=$(python3 -c 'import subprocess, sys, time
 t = time.monotonic()
@@ -52,14 +61,15 @@ print(time.monotonic() - t)' "$MSLC" tune "$@" --budget "$BUDGET" --db "$KB" -o 
   d3=$(median "$@"); t3=$(median "$@" --kernels "$table")
   local unfused
   unfused=$(grep -c '^fused = false' "$table" || true)
-  python3 - "$label" "$d1" "$t1" "$d2" "$t2" "$d3" "$t3" "$again" "$unfused" <<'PY' | tee -a "$WORK/rows"
+  python3 - "$label" "$d1" "$t1" "$d2" "$t2" "$d3" "$t3" "$again" "$unfused" "$whole" <<'PY' | tee -a "$WORK/rows"
 import sys
 label = sys.argv[1]
 d1, t1, d2, t2, d3, t3, again = map(float, sys.argv[2:9])
 d, t = min(d1, d2, d3), min(t1, t2, t3)
 ms = lambda *xs: "/".join(f"{x*1e3:.3f}" for x in xs)
 print(f"{label:<16} default {ms(d1, d2, d3)} ms  tuned {ms(t1, t2, t3)} ms"
-      f"  speed-up {d/t:5.3f}x  ({sys.argv[9]} subgraphs unfused; re-tune {again:.2f} s)")
+      f"  speed-up {d/t:5.3f}x  ({sys.argv[9]} subgraphs unfused; re-tune {again:.2f} s;"
+      f" {sys.argv[10]})")
 PY
 }
 row tiny_llama_S128 examples/tiny_llama.msl

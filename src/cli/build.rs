@@ -20,7 +20,7 @@ use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::train::{
     choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
 };
-use mslc_plan::kernels::KernelTable;
+use mslc_plan::kernels::{KernelTable, SubgraphEntry};
 use mslc_plan::memory_svg::memory_svg;
 use mslc_tune::device::fingerprint;
 use mslc_tune::kb::{default_path, KnowledgeBase};
@@ -239,8 +239,7 @@ fn build(
     check_ms: f64,
 ) -> Result<(String, serde_json::Value, Vec<Diagnostic>), Box<Diagnostic>> {
     let train_entry = train_entry(args, checked);
-    let mut subgraphs = Vec::new();
-    let (model, mut compiled, recompute) = match train_entry {
+    let ((model, mut compiled, recompute), subgraphs) = match train_entry {
         Some(entry) => build_train(args, checked, entry)?,
         None => {
             let model = choose_model(checked, args.entry.as_deref())?;
@@ -250,10 +249,9 @@ fn build(
                 Some(args.kernels.as_deref().unwrap_or(&table)),
                 tune_db(args).as_deref(),
             );
-            let compiled;
-            (compiled, subgraphs) = tune_decisions::compile_deciding(model, options, &decisions)
+            let (compiled, applied) = tune_decisions::compile_deciding(model, options, &decisions)
                 .map_err(|e| e.diagnostic(checked))?;
-            (Cow::Borrowed(model), compiled, None)
+            ((Cow::Borrowed(model), compiled, None), applied)
         }
     };
     let model = model.as_ref();
@@ -528,14 +526,17 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
     }
 }
 
+/// A compiled model or training step, with its recompute report (a training step's).
+type Built<'c> = (Cow<'c, Model>, Compiled, Option<RecomputeReport>);
+
 /// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
 /// f32: the module and the train's model (labels and loss included) are named after the train;
-/// with what its memory policy recomputes.
+/// with what its memory policy recomputes, and the graph-level tuning decisions applied.
 fn build_train<'c>(
     args: &BuildArgs,
     checked: &'c Checked,
     entry: &str,
-) -> Result<(Cow<'c, Model>, Compiled, Option<RecomputeReport>), Box<Diagnostic>> {
+) -> Result<(Built<'c>, Vec<SubgraphEntry>), Box<Diagnostic>> {
     let train = choose_train(checked, Some(entry))?;
     let model = train.graph.as_ref().ok_or_else(|| {
         root_error(
@@ -553,7 +554,20 @@ fn build_train<'c>(
         data_parallel: 1,
         optimizer_shard: 0,
     };
-    let train = compile_train(train, &options, train_options).map_err(|e| match e {
+    // The graph-level tuning decisions that name a fused subgraph of the training step apply
+    // as they do to the forward.
+    let table = args.out_dir.join(format!("{entry}.kernels.toml"));
+    let decisions = tune_decisions::decisions(
+        Some(args.kernels.as_deref().unwrap_or(&table)),
+        tune_db(args).as_deref(),
+    );
+    let (train, applied) = tune_decisions::deciding(
+        options,
+        &decisions,
+        |o| compile_train(train, o, train_options),
+        |t| &t.compiled.module,
+    )
+    .map_err(|e| match e {
         TrainError::Train(d) => d,
         TrainError::Compile(e) => e.diagnostic(checked),
     })?;
@@ -561,7 +575,10 @@ fn build_train<'c>(
     compiled.module.name = entry.to_string();
     let mut model = model.clone();
     model.name = entry.to_string();
-    Ok((Cow::Owned(model), compiled, Some(train.recompute)))
+    Ok((
+        (Cow::Owned(model), compiled, Some(train.recompute)),
+        applied,
+    ))
 }
 
 /// How the flags ask to compile.

@@ -91,6 +91,10 @@ pub struct TrainArgs {
     /// first op that produces one with where it was written and its operands' ranges (E0614).
     #[arg(long)]
     pub check_numerics: bool,
+    /// Take tuned kernel choices and graph-level decisions from this knowledge base, as
+    /// `mslc build` does (default: the one `mslc tune` writes, when it exists).
+    #[arg(long, value_name = "FILE.json")]
+    pub tune_db: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -182,11 +186,37 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         ranks: layout.tp,
     };
     let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
-    let compiled =
-        compile_train_ranked(train, &options, train_options, tensor).map_err(|e| match e {
-            TrainError::Train(d) => emit(d),
-            TrainError::Compile(e) => emit(e.diagnostic(&checked)),
-        })?;
+    // The tuning decisions for this device, as a build follows them.
+    let tune_db = args
+        .tune_db
+        .clone()
+        .or_else(|| mslc_tune::kb::default_path().filter(|p| p.exists()));
+    let decisions = super::tune_decisions::decisions(None, tune_db.as_deref());
+    let (mut compiled, unfused) = super::tune_decisions::deciding(
+        options,
+        &decisions,
+        |o| compile_train_ranked(train, o, train_options, tensor),
+        |t| &t.compiled.module,
+    )
+    .map_err(|e| match e {
+        TrainError::Train(d) => emit(d),
+        TrainError::Compile(e) => emit(e.diagnostic(&checked)),
+    })?;
+    let threads = ranks::threads_per_rank(args.threads, replicas * layout.tp);
+    let tuned = super::tune_decisions::apply_kernels(
+        &mut compiled.compiled.module,
+        tune_db.as_deref(),
+        threads,
+    );
+    let tuning = tune_db
+        .filter(|_| tuned > 0 || !unfused.is_empty())
+        .map(|db| {
+            format!(
+                "tuning:  {tuned} kernel signature(s), {} subgraph decision(s) from {}",
+                unfused.len(),
+                db.display()
+            )
+        });
     let grad_accum = compiled.grad_accum;
     let labels: Vec<String> = train
         .spec
@@ -202,7 +232,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         .map(Arc::new)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let exec_options = ExecOptions {
-        threads: ranks::threads_per_rank(args.threads, replicas * layout.tp),
+        threads,
         memory_limit: mslc_exec::limits::available_memory(),
     };
     let mesh = layout
@@ -275,6 +305,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             recompute: &recompute,
             measured_from,
             threads: exec_options.threads,
+            tuning: tuning.as_deref(),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -296,6 +327,8 @@ struct Summary<'a> {
     measured_from: Option<(mslc_exec::limits::RssMark, usize)>,
     /// Executor threads per rank.
     threads: usize,
+    /// What the tuning knowledge base changed, when it changed anything.
+    tuning: Option<&'a str>,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -315,9 +348,10 @@ fn lead(
         recompute,
         measured_from,
         threads,
+        tuning,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
     if dropped > 0 {
         notes.push(format!(
             "note: {} samples make {per_epoch} batches of {}; the last {dropped} of each epoch are dropped",

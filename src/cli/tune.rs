@@ -18,6 +18,7 @@ use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
+use mslc_tune::confirm::{confirm_model, Kept, Model, WholeModel};
 use mslc_tune::graph::{
     tune_subgraphs, unfused as graph_unfused, ExecRunner, GraphOutcome, Subgraph,
 };
@@ -63,6 +64,10 @@ const MAX_THREADS: usize = 256;
 /// The share of the budget graph-level tuning may take (it measures two variants per fused
 /// subgraph, far less than a kernel search; what it leaves goes to the kernels).
 const GRAPH_SHARE: f64 = 0.5;
+
+/// The share of the budget kept for the whole-model confirmation (a few alternated forwards
+/// of the default and tuned modules).
+const CONFIRM_SHARE: f64 = 0.1;
 
 /// Set by Ctrl-C: the tuner finishes the measurement in progress, saves and reports.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -158,10 +163,13 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
     // are searched (block size, parallel threshold — the op's thread count) instead.
     let unfused: BTreeSet<String> = graph_unfused(&graph).into_keys().collect();
     let name = loaded.module.name.clone();
+    let default = loaded.module.clone();
     let module = loaded.unfused(unfused.clone())?;
     let mut cases = Case::of_module(&module);
     cases.retain(|c| !unfused.contains(&c.signature));
-    options.budget = budget.saturating_sub(start.elapsed());
+    options.budget = budget
+        .saturating_sub(start.elapsed())
+        .saturating_sub(budget.mul_f64(CONFIRM_SHARE));
     let mut report = tune(
         &cases,
         &mut kb,
@@ -172,6 +180,18 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         &mut bar,
     )
     .map_err(kb_error)?;
+    bar.0.set_message("confirming the whole model's forward");
+    let model = Model {
+        default: &default,
+        graph: &module,
+        unfused: &unfused,
+        device: &device,
+        threads,
+    };
+    let whole = match report.interrupted {
+        true => None,
+        false => confirm_model(&model, &mut kb, Some(&db), &STOP).map_err(kb_error)?,
+    };
     report.seconds = start.elapsed().as_secs_f64();
     bar.0.finish_and_clear();
     let json = serde_json::json!({
@@ -182,6 +202,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
         "knowledge_base": db,
         "report": report,
         "subgraphs": graph,
+        "whole_model": whole,
     });
     let path = args.out_dir.join(format!("{name}.tune.json"));
     let mut bytes = serde_json::to_string_pretty(&json).unwrap_or_default();
@@ -201,7 +222,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
                 ),
             ))
         })?;
-    let text = summary(&name, &report, &graph, threads, &db, &path);
+    let text = summary(&name, &report, &graph, whole.as_ref(), threads, &db, &path);
     Ok((text, serde_json::json!({ "summary": json })))
 }
 
@@ -320,6 +341,7 @@ fn summary(
     model: &str,
     report: &Report,
     graph: &[GraphOutcome],
+    whole: Option<&WholeModel>,
     threads: usize,
     db: &std::path::Path,
     json: &std::path::Path,
@@ -362,9 +384,54 @@ fn summary(
             ));
         }
     }
+    lines.push(whole_line(whole));
     lines.push(format!("  knowledge base: {}", db.display()));
     lines.push(format!("  wrote {}", json.display()));
     lines.join("\n") + "\n"
+}
+
+/// The whole-model line: the default and tuned forward, the speed-up, what was kept and
+/// what dropped.
+fn whole_line(whole: Option<&WholeModel>) -> String {
+    let Some(w) = whole else {
+        return "  whole model: no decision changes the forward (tuned = default)".to_string();
+    };
+    let c = &w.confirmation;
+    if let Source::Skipped(why) = &w.source {
+        return format!("  whole model: not confirmed ({why}); decisions kept as measured");
+    }
+    let kept = match c.kept {
+        Kept::All => "every decision kept",
+        Kept::Kernels => "kernel decisions kept, graph-level ones dropped",
+        Kept::Graph => "graph-level decisions kept, kernel ones dropped",
+        Kept::None => "every decision dropped: the defaults are kept",
+    };
+    let mut line = format!(
+        "  whole model: default {:.3} ms, tuned {:.3} ms per forward, {:.2}x ({kept}; noise {:.1} %; {})",
+        c.default_ms,
+        c.tuned_ms,
+        c.speedup(),
+        c.noise * 100.0,
+        result(&w.source)
+    );
+    for t in &c.tried {
+        match &t.rejected {
+            Some(why) => line.push_str(&format!("\n    {:?} forward rejected: {why}", t.kept)),
+            None if t.kept != c.kept => line.push_str(&format!(
+                "\n    {:?} forward {:.3} ms: slower than the default beyond noise",
+                t.kept, t.ms
+            )),
+            None => {}
+        }
+    }
+    if !w.dropped_kernels.is_empty() || !w.dropped_subgraphs.is_empty() {
+        line.push_str(&format!(
+            "\n    dropped from the knowledge base: {} kernel decision(s), {} unfused subgraph(s)",
+            w.dropped_kernels.len(),
+            w.dropped_subgraphs.len()
+        ));
+    }
+    line
 }
 
 /// A time in microseconds, or `-` when not measured.

@@ -1,10 +1,13 @@
 //! The graph-level tuning decisions `mslc build` and `mslc run FILE.msl` follow: the kernel
 //! table's `[[subgraph]]` entries and the knowledge base's unfused decisions for this device,
 //! handed to the fusion pass; and the table's record of those that applied to the model.
+//! Training builds and `mslc train` follow them too, with the knowledge base's kernel
+//! choices.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use mslc_artifact::Module;
 use mslc_check::Model;
 use mslc_driver::compile::{compile, CompileError, CompileOptions, Compiled};
 use mslc_plan::kernels::{KernelTable, SubgraphEntry};
@@ -52,14 +55,25 @@ pub fn decisions(table: Option<&Path>, kb: Option<&Path>) -> Vec<SubgraphEntry> 
 /// model and the decisions that name one of its subgraphs.
 pub fn compile_deciding(
     model: &Model,
-    mut options: CompileOptions,
+    options: CompileOptions,
     decisions: &[SubgraphEntry],
 ) -> Result<(Compiled, Vec<SubgraphEntry>), CompileError> {
-    let compiled = compile(model, &options)?;
+    deciding(options, decisions, |o| compile(model, o), |c| &c.module)
+}
+
+/// [`compile_deciding`] for any compilation (a model's forward, a training step): `compile`
+/// compiles with the given options, `module` is the module it compiled.
+pub fn deciding<T, E>(
+    mut options: CompileOptions,
+    decisions: &[SubgraphEntry],
+    compile: impl Fn(&CompileOptions) -> Result<T, E>,
+    module: impl Fn(&T) -> &Module,
+) -> Result<(T, Vec<SubgraphEntry>), E> {
+    let compiled = compile(&options)?;
     if decisions.is_empty() {
         return Ok((compiled, Vec::new()));
     }
-    let present: BTreeSet<String> = Subgraph::of_module(&compiled.module)
+    let present: BTreeSet<String> = Subgraph::of_module(module(&compiled))
         .into_iter()
         .map(|s| s.signature)
         .collect();
@@ -76,7 +90,19 @@ pub fn compile_deciding(
     if options.unfused.is_empty() {
         return Ok((compiled, applied));
     }
-    Ok((compile(model, &options)?, applied))
+    Ok((compile(&options)?, applied))
+}
+
+/// Gives the steps of `module` the kernel choices the knowledge base at `kb` holds for this
+/// device and `threads` worker threads (as `mslc build` does for the table it writes), for a
+/// module run without a build (`mslc train`); the number of signatures applied. A file that
+/// cannot be read gives none here.
+pub fn apply_kernels(module: &mut Module, kb: Option<&Path>, threads: usize) -> usize {
+    kb.and_then(|p| KnowledgeBase::read(p).ok())
+        .map_or(0, |kb| {
+            kb.apply(module, &fingerprint(), threads, &BTreeSet::new())
+                .len()
+        })
 }
 
 /// Writes `applied` as the `[[subgraph]]` entries of the kernel table `NAME.kernels.toml`
@@ -98,7 +124,7 @@ pub fn summary_line(applied: &[SubgraphEntry]) -> Option<String> {
     let unfused = applied.iter().filter(|d| !d.fused).count();
     (!applied.is_empty()).then(|| {
         format!(
-            "  subgraphs:  {unfused} fused elementwise subgraph(s) left unfused, {} kept fused (tuning decisions)\n",
+            "  subgraphs:  {unfused} fused subgraph(s) left unfused, {} kept fused (tuning decisions)\n",
             applied.len() - unfused
         )
     })

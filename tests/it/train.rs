@@ -859,3 +859,89 @@ fn bert_base_gradients_match_jax() {
         "every parameter of the 2-layer model"
     );
 }
+
+#[test]
+fn tuning_decisions_apply_to_training_builds_and_runs() {
+    let dir = TestDir::new("train-tuned");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl("optimizer = sgd(lr: 0.1, momentum: 0.9)"));
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .to_string();
+    // A knowledge base for this device: a GEMM blocking for one of the backward's matmuls and
+    // the ReLU gradient's fused subgraph left unfused.
+    let gemm = "matmul(f32[4,10], f32[10,8]) {transpose_a=false, transpose_b=false}";
+    let relu_grad = r#"fused_elementwise(f32[4,8], f32[4,8]) {program="sign(x0); mul(x1, t0)"}"#;
+    let device = mslc_tune::device::fingerprint();
+    let mut params = mslc_kernels::binding::choose_kernel(mslc_core::ops::Op::Matmul).params;
+    params.insert("mc".into(), mslc_kernels::binding::KernelParam::Int(16));
+    let kb = serde_json::json!({
+        "format": "mslc-tune-kb",
+        "version": 3,
+        "records": [{
+            "device": device, "threads": threads.parse::<usize>().unwrap(), "signature": gemm,
+            "kernel": "gemm", "params": params, "default_us": 2.0, "tuned_us": 1.0,
+            "candidates": 4,
+        }],
+        "subgraphs": [{
+            "device": device, "threads": threads.parse::<usize>().unwrap(),
+            "signature": relu_grad, "fused": false, "fused_us": 2.0, "unfused_us": 1.0,
+        }],
+    });
+    let db = dir.path("kb.json");
+    std::fs::write(&db, kb.to_string()).unwrap();
+
+    // `mslc build --entry TRAIN` follows both, as a forward build does.
+    let out = dir.path("built");
+    let mut args = vec!["build", s(&source), "--entry", "Fit"];
+    args.extend_from_slice(&SETS);
+    args.extend(["--tune-db", s(&db), "-o", s(&out)]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 fused subgraph(s) left unfused"),
+        "{stdout}"
+    );
+    let table: toml::Value =
+        toml::from_str(&std::fs::read_to_string(out.join("Fit.kernels.toml")).unwrap()).unwrap();
+    let entry = |sig: &str| {
+        table["kernel"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["signature"].as_str() == Some(sig))
+            .cloned()
+    };
+    let tuned = entry(gemm).expect("the backward's matmul");
+    assert_eq!(tuned["tuned"].as_bool(), Some(true), "{tuned}");
+    assert_eq!(tuned["params"]["mc"].as_integer(), Some(16), "{tuned}");
+    assert!(entry(relu_grad).is_none(), "left unfused");
+
+    // `mslc train` follows them too and trains as the defaults do: the same losses.
+    let data = dir.path("data");
+    let run = |extra: &[&str], metrics: &Path| {
+        let mut args = vec![
+            "--weights",
+            s(&weights),
+            "--data",
+            s(&data),
+            "--steps",
+            "4",
+            "--threads",
+            &threads,
+            "--metrics",
+            s(metrics),
+        ];
+        args.extend_from_slice(extra);
+        let (code, stdout, stderr) = train(&source, &args);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        (stdout, metric_losses(metrics))
+    };
+    let (_, want) = run(&[], &dir.path("default.jsonl"));
+    let (stdout, got) = run(&["--tune-db", s(&db)], &dir.path("tuned.jsonl"));
+    assert!(
+        stdout.contains("tuning:  1 kernel signature(s), 1 subgraph decision(s)"),
+        "{stdout}"
+    );
+    assert_rel("losses with the tuned choices", &got, &want, 1e-5);
+}

@@ -30,7 +30,7 @@ pub struct CompileOptions {
     pub fuse: bool,
     /// Mixed precision to apply, from the model's precision policy.
     pub amp: Option<AmpConfig>,
-    /// Signatures of fused elementwise subgraphs the fusion pass leaves unfused (tuning
+    /// Signatures of fused subgraphs the fusion pass leaves unfused (tuning
     /// decisions from the kernel table or the knowledge base).
     pub unfused: BTreeSet<String>,
 }

@@ -38,20 +38,29 @@ pub struct KernelTable {
     /// One entry per distinct op signature.
     #[serde(default, rename = "kernel")]
     pub kernels: Vec<KernelEntry>,
-    /// Graph-level decisions: fused elementwise subgraphs to build fused or unfused.
+    /// Graph-level decisions: fused subgraphs to build fused or unfused.
     #[serde(default, rename = "subgraph", skip_serializing_if = "Vec::is_empty")]
     pub subgraphs: Vec<SubgraphEntry>,
 }
 
-/// One `[[subgraph]]` entry: whether the fusion pass fuses the elementwise chain whose fused
-/// op has this signature (`mslc tune` measured it faster unfused, or a person chose).
+/// The fused ops whose patterns a `[[subgraph]]` entry may leave unfused: an elementwise
+/// chain, a matmul with its bias and activation, a norm with its affine.
+pub const SUBGRAPH_OPS: [Op; 4] = [
+    Op::FusedElementwise,
+    Op::FusedMatmul,
+    Op::RmsNormScale,
+    Op::LayerNormAffine,
+];
+
+/// One `[[subgraph]]` entry: whether the fusion pass fuses the pattern whose fused op has this
+/// signature (`mslc tune` measured it faster unfused, or a person chose).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubgraphEntry {
-    /// The fused op's signature (`fused_elementwise(…) {program=…}`), as [`signature`]
-    /// writes it.
+    /// The fused op's signature (`fused_elementwise(…) {program=…}`, `fused_matmul(…)`, …),
+    /// as [`signature`] writes it.
     pub signature: String,
-    /// Fuse it (true) or run each op of its program as a step of its own.
+    /// Fuse it (true) or leave its ops as they are.
     pub fused: bool,
     /// Microseconds per call the tuner measured fused (informational).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,9 +247,10 @@ impl KernelTable {
                 signature: entry.signature.clone(),
                 message: message.to_string(),
             };
-            if !entry.signature.starts_with("fused_elementwise(") {
+            let op = entry.signature.split('(').next().and_then(Op::from_name);
+            if !op.is_some_and(|op| SUBGRAPH_OPS.contains(&op)) {
                 return Err(invalid(
-                    "a [[subgraph]] entry names a fused elementwise op (`fused_elementwise(…)`)",
+                    "a [[subgraph]] entry names a fused op (`fused_elementwise(…)`, `fused_matmul(…)`, `rms_norm_scale(…)` or `layer_norm_affine(…)`)",
                 ));
             }
             if !seen.insert(entry.signature.as_str()) {

@@ -1,6 +1,8 @@
-//! Graph-level tuning (AOE's subgraph tuning): for every distinct fused elementwise subgraph of
-//! a module, whether it runs faster fused — one `fused_elementwise` step evaluating its program
-//! — or unfused — each op of the program a step of its own on its native kernel. Each variant
+//! Graph-level tuning (AOE's subgraph tuning): for every distinct fused subgraph of a module —
+//! an elementwise chain (`fused_elementwise`), a matmul with its bias and activation epilogue
+//! (`fused_matmul`), a norm with its affine (`rms_norm_scale`, `layer_norm_affine`) — whether
+//! it runs faster fused — one step — or unfused — each op of the pattern a step of its own on
+//! its native kernel. Each variant
 //! is built as a small module of its own (scheduled and memory-planned as `mslc build` would)
 //! and run by the executor on this machine, staging and rounding to f16/bf16 included; its
 //! result must match the reference kernel before its time counts, and unfused wins only when
@@ -8,7 +10,7 @@
 //! by the fused op's signature and the device fingerprint; `mslc build` hands them to the
 //! fusion pass.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,15 +18,17 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use mslc_artifact::Module;
+use mslc_core::ops::family::fused::Activation;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
-use mslc_core::ops::{Attrs, Op, TensorType};
+use mslc_core::ops::{resolve_attrs, Attrs, Op, TensorType};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::NpyArray;
+use mslc_ir::passes::{Fuse, Pass, PassContext};
 use mslc_ir::{Graph, ValueRef};
 use mslc_kernels::binding::choose_kernel;
 use mslc_kernels::step::prepare::{cast_target, prepare};
 use mslc_kernels::TensorRef;
-use mslc_plan::kernels::signature;
+use mslc_plan::kernels::{signature, SUBGRAPH_OPS};
 use mslc_plan::memory::plan_memory;
 use mslc_plan::schedule::schedule;
 use mslc_plan::target::Target;
@@ -35,36 +39,102 @@ use crate::measure::{check_output, repeat, CONFIRM};
 use crate::reference::reference_output;
 use crate::tuner::{Observer, Options, Progress, Source};
 
-/// A fused elementwise subgraph of a module: the `fused_elementwise` op, its program and
-/// operand types.
+/// A fused subgraph of a module: the fused op, the ops it stands for and its operand types.
 #[derive(Clone, Debug)]
 pub struct Subgraph {
     /// The fused op's signature, as the kernel table writes it.
     pub signature: String,
     /// The steps of the module with this signature.
     pub steps: Vec<usize>,
+    op: Op,
     attrs: Attrs,
     inputs: Vec<TensorType>,
     output: TensorType,
-    program: ElementwiseProgram,
+    parts: Vec<Part>,
+}
+
+/// One op of an unfused subgraph: its operands are the fused op's inputs or earlier parts'
+/// results.
+#[derive(Clone, Debug)]
+struct Part {
+    op: Op,
+    attrs: Attrs,
+    args: Vec<Operand>,
+}
+
+impl Part {
+    fn new(op: Op, attrs: Attrs, args: &[Operand]) -> Part {
+        Part {
+            op,
+            attrs,
+            args: args.to_vec(),
+        }
+    }
+}
+
+/// The ops a fused step of `op` with `attrs` stands for, in order (the fusion pass's
+/// patterns, read backwards); `None` for an op that is not a fused subgraph.
+fn parts(op: Op, attrs: &Attrs) -> Option<Vec<Part>> {
+    use Operand::{Input, Step};
+    let eps = || {
+        let mut a = Attrs::new();
+        a.insert("eps", attrs.get("eps").cloned()?);
+        Some(a)
+    };
+    let parts = match op {
+        Op::FusedElementwise => {
+            let program = ElementwiseProgram::parse(&attrs.str("program").ok()?).ok()?;
+            program
+                .steps
+                .iter()
+                .map(|s| Part::new(s.op, s.attrs(), &s.args))
+                .collect()
+        }
+        Op::FusedMatmul => {
+            let a = resolve_attrs(op, attrs).ok()?;
+            let flags = Attrs::new()
+                .with("transpose_a", a.bool("transpose_a").ok()?)
+                .with("transpose_b", a.bool("transpose_b").ok()?);
+            let mut parts = vec![Part::new(Op::Matmul, flags, &[Input(0), Input(1)])];
+            if a.bool("has_bias").ok()? {
+                parts.push(Part::new(Op::Add, Attrs::new(), &[Step(0), Input(2)]));
+            }
+            if let Some(act) = Activation::of(&a).ok()?.op() {
+                let last = Step(parts.len() - 1);
+                parts.push(Part::new(act, Attrs::new(), &[last]));
+            }
+            parts
+        }
+        Op::RmsNormScale => vec![
+            Part::new(Op::RmsNorm, eps()?, &[Input(0)]),
+            Part::new(Op::Mul, Attrs::new(), &[Step(0), Input(1)]),
+        ],
+        Op::LayerNormAffine => vec![
+            Part::new(Op::LayerNorm, eps()?, &[Input(0)]),
+            Part::new(Op::Mul, Attrs::new(), &[Step(0), Input(1)]),
+            Part::new(Op::Add, Attrs::new(), &[Step(1), Input(2)]),
+        ],
+        _ => return None,
+    };
+    Some(parts)
 }
 
 /// How a subgraph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Variant {
-    /// One `fused_elementwise` step.
+    /// One fused step.
     Fused,
-    /// One step per op of the program.
+    /// One step per op it stands for.
     Unfused,
 }
 
 impl Subgraph {
-    /// Every distinct fused elementwise signature of `module`, in first-use order.
+    /// Every distinct fused subgraph signature of `module`, in first-use order.
     pub fn of_module(module: &Module) -> Vec<Subgraph> {
         let mut found: Vec<Subgraph> = Vec::new();
         for (i, step) in module.steps.iter().enumerate() {
-            if step.op != Op::FusedElementwise {
+            if !SUBGRAPH_OPS.contains(&step.op) {
                 continue;
             }
             let sig = signature(module, i);
@@ -73,28 +143,27 @@ impl Subgraph {
                 continue;
             }
             let ty = |v: &u32| module.values[*v as usize].ty.clone();
-            let program = step
-                .attrs
-                .str("program")
-                .ok()
-                .and_then(|p| ElementwiseProgram::parse(&p).ok());
-            let (Some(program), Some(output)) = (program, step.outputs.first().map(ty)) else {
+            let (Some(parts), Some(output)) =
+                (parts(step.op, &step.attrs), step.outputs.first().map(ty))
+            else {
                 continue;
             };
             found.push(Subgraph {
                 signature: sig,
                 steps: vec![i],
+                op: step.op,
                 attrs: step.attrs.clone(),
                 inputs: step.inputs.iter().map(ty).collect(),
                 output,
-                program,
+                parts,
             });
         }
         found
     }
 
-    /// The graph of one variant: the subgraph's operands as inputs `x0`, `x1`, …, its op(s),
-    /// and its result as output `y`.
+    /// The graph of one variant: the subgraph's operands as inputs `x0`, `x1`, …, its op(s)
+    /// (unfused: as the fusion pass leaves them under an unfused decision), and its result as
+    /// output `y`.
     pub fn graph(&self, variant: Variant) -> Result<Graph, String> {
         let mut g = Graph::new("subgraph");
         let xs: Vec<ValueRef> = self
@@ -110,10 +179,10 @@ impl Subgraph {
                 .ok_or_else(|| "the op has no result".to_string())
         };
         let out = match variant {
-            Variant::Fused => added(g.add_op(Op::FusedElementwise, self.attrs.clone(), &xs, ""))?,
+            Variant::Fused => added(g.add_op(self.op, self.attrs.clone(), &xs, ""))?,
             Variant::Unfused => {
                 let mut results: Vec<ValueRef> = Vec::new();
-                for step in &self.program.steps {
+                for step in &self.parts {
                     let args = step
                         .args
                         .iter()
@@ -122,15 +191,25 @@ impl Subgraph {
                             Operand::Step(n) => results.get(n).copied(),
                         })
                         .collect::<Option<Vec<_>>>()
-                        .ok_or_else(|| "the program reads an operand it lacks".to_string())?;
-                    results.push(added(g.add_op(step.op, step.attrs(), &args, ""))?);
+                        .ok_or_else(|| "an op reads an operand the subgraph lacks".to_string())?;
+                    results.push(added(g.add_op(step.op, step.attrs.clone(), &args, ""))?);
                 }
                 *results
                     .last()
-                    .ok_or_else(|| "the program is empty".to_string())?
+                    .ok_or_else(|| "the subgraph is empty".to_string())?
             }
         };
         g.set_output("y", out);
+        if variant == Variant::Unfused {
+            // As a build with this decision compiles it: the pattern left unfused, what is
+            // left of it fused by the other rules (a matmul's bias add and activation become
+            // one elementwise step).
+            let cx = PassContext {
+                unfused: BTreeSet::from([self.signature.clone()]),
+                ..PassContext::default()
+            };
+            Fuse.run(&mut g, &cx).map_err(|e| e.to_string())?;
+        }
         Ok(g)
     }
 
@@ -190,7 +269,7 @@ pub struct GraphOutcome {
     pub signature: String,
     /// Steps of the module with it.
     pub steps: usize,
-    /// Ops of its program (steps it becomes when unfused).
+    /// Ops it stands for (steps it becomes when unfused).
     pub ops: usize,
     /// The decision: fused (true) or unfused.
     pub fused: bool,
@@ -260,9 +339,9 @@ fn prepare_variant(
     Ok(exec)
 }
 
-/// The reference result of `sub` on `operands`: the reference kernel of its fused program.
+/// The reference result of `sub` on `operands`: the reference kernel of its fused op.
 fn reference(sub: &Subgraph, operands: &[Vec<f32>]) -> Result<Vec<f32>, String> {
-    let op = Op::FusedElementwise;
+    let op = sub.op;
     let kernel = prepare(op, &sub.attrs, &choose_kernel(op), &sub.inputs, &sub.output)?;
     let shapes: Vec<Vec<usize>> = sub
         .inputs
@@ -309,7 +388,7 @@ fn decide(
     let mut outcome = GraphOutcome {
         signature: sub.signature.clone(),
         steps: sub.steps.len(),
-        ops: sub.program.steps.len(),
+        ops: sub.parts.len(),
         fused: true,
         fused_us: fused_s * 1e6,
         unfused_us: 0.0,
@@ -367,7 +446,7 @@ pub fn tune_subgraphs(
         let unmeasured = |source: Source| GraphOutcome {
             signature: sub.signature.clone(),
             steps: sub.steps.len(),
-            ops: sub.program.steps.len(),
+            ops: sub.parts.len(),
             fused: true,
             fused_us: 0.0,
             unfused_us: 0.0,

@@ -19,10 +19,12 @@ use mslc_core::ops::Op;
 use mslc_kernels::binding::{choose_kernel, KernelChoice, KernelParam};
 use mslc_plan::kernels::signature;
 
+use crate::confirm::Confirmation;
+
 /// The `format` field of a knowledge base file.
 pub const FORMAT: &str = "mslc-tune-kb";
-/// The file layout version this mslc writes (2 added `subgraphs`); it reads 1 and 2.
-pub const VERSION: u32 = 2;
+/// The file layout version this mslc writes (2 added `subgraphs`, 3 `models`); it reads 1 to 3.
+pub const VERSION: u32 = 3;
 
 /// One tuned signature.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,6 +98,24 @@ pub struct SubgraphRecord {
     pub unfused_us: f64,
 }
 
+/// One model's whole-model confirmation ([`crate::confirm`]): the forward with the decisions
+/// it kept, timed against the default's, keyed by [`crate::confirm::key`] of that forward, so
+/// that tuning the model again with nothing new to decide measures nothing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRecord {
+    /// The device fingerprint it was measured on.
+    pub device: String,
+    /// Worker threads it was measured with.
+    pub threads: usize,
+    /// The confirmed forward's key.
+    pub key: String,
+    /// The model's name (informational).
+    pub model: String,
+    /// The measurement and the decisions kept.
+    pub confirmation: Confirmation,
+}
+
 /// The file's contents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,6 +125,8 @@ struct File {
     records: Vec<Record>,
     #[serde(default)]
     subgraphs: Vec<SubgraphRecord>,
+    #[serde(default)]
+    models: Vec<ModelRecord>,
 }
 
 /// A record's key: device, threads, signature.
@@ -120,6 +142,7 @@ fn key(device: &str, threads: usize, signature: &str) -> Key {
 pub struct KnowledgeBase {
     records: BTreeMap<Key, Record>,
     subgraphs: BTreeMap<Key, SubgraphRecord>,
+    models: BTreeMap<Key, ModelRecord>,
 }
 
 /// Why a knowledge base cannot be used.
@@ -214,6 +237,9 @@ impl KnowledgeBase {
         for r in file.subgraphs {
             kb.insert_subgraph(r);
         }
+        for r in file.models {
+            kb.insert_model(r);
+        }
         Ok(kb)
     }
 
@@ -250,6 +276,53 @@ impl KnowledgeBase {
         self.subgraphs.get(&key(device, threads, signature))
     }
 
+    /// Adds or replaces a whole-model confirmation.
+    pub fn insert_model(&mut self, record: ModelRecord) {
+        self.models
+            .insert(key(&record.device, record.threads, &record.key), record);
+    }
+
+    /// The confirmation of the forward keyed `model_key` on `device` with `threads` threads.
+    pub fn model(&self, device: &str, threads: usize, model_key: &str) -> Option<&ModelRecord> {
+        self.models.get(&key(device, threads, model_key))
+    }
+
+    /// Drops the kernel decisions for `signatures` on `device` with `threads` threads: each
+    /// record keeps its times but now chooses its kernel's default parameters (the whole
+    /// forward was slower with them).
+    pub fn drop_kernels<'s>(
+        &mut self,
+        device: &str,
+        threads: usize,
+        signatures: impl IntoIterator<Item = &'s String>,
+    ) {
+        for sig in signatures {
+            let Some(r) = self.records.get_mut(&key(device, threads, sig)) else {
+                continue;
+            };
+            let Some(op) = sig.split('(').next().and_then(Op::from_name) else {
+                continue;
+            };
+            r.params = choose_kernel(op).params;
+            r.tuned_us = r.default_us;
+        }
+    }
+
+    /// Drops the unfused decisions for `signatures` on `device` with `threads` threads: they
+    /// run fused again (the whole forward was slower unfused).
+    pub fn drop_unfused<'s>(
+        &mut self,
+        device: &str,
+        threads: usize,
+        signatures: impl IntoIterator<Item = &'s String>,
+    ) {
+        for sig in signatures {
+            if let Some(r) = self.subgraphs.get_mut(&key(device, threads, sig)) {
+                r.fused = true;
+            }
+        }
+    }
+
     /// The signatures of the subgraphs decided unfused on `device` with `threads` threads,
     /// with their decisions.
     pub fn unfused(&self, device: &str, threads: usize) -> BTreeMap<String, &SubgraphRecord> {
@@ -282,6 +355,7 @@ impl KnowledgeBase {
             version: VERSION,
             records: self.records.values().cloned().collect(),
             subgraphs: self.subgraphs.values().cloned().collect(),
+            models: self.models.values().cloned().collect(),
         };
         let mut text = serde_json::to_string_pretty(&file).unwrap_or_default();
         text.push('\n');
@@ -299,6 +373,9 @@ impl KnowledgeBase {
         }
         for r in self.subgraphs.values() {
             merged.insert_subgraph(r.clone());
+        }
+        for r in self.models.values() {
+            merged.insert_model(r.clone());
         }
         let dir = path
             .parent()

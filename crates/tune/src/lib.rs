@@ -14,6 +14,7 @@
 //! - [`tuner`]: a module's run — budget split, knowledge base reuse, progress.
 //! - [`graph`]: graph-level tuning — per fused subgraph, fused or unfused, measured by the
 //!   executor.
+//! - [`confirm`]: whole-model confirmation — the tuned forward against the default's.
 //! - [`kb`], [`device`]: the knowledge base file and the device fingerprint.
 //! - [`budget`]: the `--budget` value.
 
@@ -21,6 +22,7 @@
 
 pub mod budget;
 pub mod case;
+pub mod confirm;
 pub mod device;
 pub mod graph;
 pub mod kb;

@@ -83,11 +83,20 @@ pub fn time(
 /// (more, up to [`MAX_SAMPLES`], while under [`MIN_TIME`]); the slowest quarter of the samples
 /// is dropped as interference (page faults, other processes) and the median of the rest is
 /// the result.
-pub fn repeat(mut run: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+pub fn repeat(run: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    repeat_for(run, MIN_TIME)
+}
+
+/// [`repeat`], with timed calls continuing (up to [`MAX_SAMPLES`]) until `min_time` has been
+/// spent (a whole forward is measured for longer than one kernel).
+pub fn repeat_for(
+    mut run: impl FnMut() -> Result<(), String>,
+    min_time: Duration,
+) -> Result<f64, String> {
     run()?;
     let start = Instant::now();
     let mut samples = Vec::new();
-    while samples.len() < MIN_SAMPLES || (samples.len() < MAX_SAMPLES && start.elapsed() < MIN_TIME)
+    while samples.len() < MIN_SAMPLES || (samples.len() < MAX_SAMPLES && start.elapsed() < min_time)
     {
         let t = Instant::now();
         run()?;

@@ -382,3 +382,83 @@ fn a_wrong_unfused_variant_is_rejected_and_the_subgraph_stays_fused() {
     assert!(record.fused);
     assert!(kb.unfused("test-device", 2).is_empty());
 }
+
+/// `layer_norm(rms_norm(relu(x @ w.T + b)) * g) * g2 + b2` over `x: f32[16, 32]`,
+/// `w: f32[24, 32]`: a matmul epilogue, a scaled RMS norm and an affine layer norm.
+fn matmul_norm_graph() -> Graph {
+    let mut g = Graph::new("matmul_norm");
+    let f32s = |shape: Vec<i64>| TensorType::new(DType::F32, shape);
+    let x = g.add_input("x", f32s(vec![16, 32]));
+    let w = g.add_input("w", f32s(vec![24, 32]));
+    let [b, gain, gain2, b2] = ["b", "g", "g2", "b2"].map(|n| g.add_input(n, f32s(vec![24])));
+    let op = |g: &mut Graph, op: Op, attrs: Attrs, args: &[ValueRef]| {
+        g.add_op(op, attrs, args, "").unwrap()[0]
+    };
+    let flags = Attrs::new().with("transpose_b", true);
+    let eps = || Attrs::new().with("eps", 1e-5);
+    let mm = op(&mut g, Op::Matmul, flags, &[x, w]);
+    let a = op(&mut g, Op::Add, Attrs::new(), &[mm, b]);
+    let r = op(&mut g, Op::Relu, Attrs::new(), &[a]);
+    let n = op(&mut g, Op::RmsNorm, eps(), &[r]);
+    let s = op(&mut g, Op::Mul, Attrs::new(), &[n, gain]);
+    let l = op(&mut g, Op::LayerNorm, eps(), &[s]);
+    let m = op(&mut g, Op::Mul, Attrs::new(), &[l, gain2]);
+    let y = op(&mut g, Op::Add, Attrs::new(), &[m, b2]);
+    g.set_output("y", y);
+    g
+}
+
+#[test]
+fn fused_matmul_and_norm_subgraphs_are_decided_and_the_fusion_pass_honours_them() {
+    let (module, _) = fused_module(matmul_norm_graph(), &PassContext::default());
+    let subgraphs = Subgraph::of_module(&module);
+    let ops: Vec<&str> = subgraphs
+        .iter()
+        .map(|s| s.signature.split('(').next().unwrap())
+        .collect();
+    assert_eq!(ops, ["fused_matmul", "rms_norm_scale", "layer_norm_affine"]);
+
+    // Both variants of each are built, checked against the fused op's reference kernel
+    // (a wrong decomposition would be rejected) and timed.
+    let mut kb = KnowledgeBase::default();
+    let stop = AtomicBool::new(false);
+    let out = tune_subgraphs(
+        &subgraphs,
+        &mut kb,
+        None,
+        &options(5_000),
+        &ExecRunner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap();
+    for o in &out {
+        assert_eq!(o.source, Source::Measured, "{o:?}");
+        assert_eq!(o.rejected, None, "{o:?}");
+        assert!(o.fused_us > 0.0 && o.unfused_us > 0.0, "{o:?}");
+        assert_eq!(o.fused, o.unfused_us >= o.fused_us * CONFIRM, "{o:?}");
+    }
+    assert_eq!(out.iter().map(|o| o.ops).collect::<Vec<_>>(), [3, 2, 3]);
+
+    // Planted unfused decisions: the patterns stay as they are, what is left of them fused
+    // by the elementwise rule.
+    let planted = PassContext {
+        unfused: subgraphs.iter().map(|s| s.signature.clone()).collect(),
+        ..PassContext::default()
+    };
+    let (unfused, stats) = fused_module(matmul_norm_graph(), &planted);
+    assert_eq!(stats.rewrites.get("fuse.matmul_left_unfused"), Some(&1));
+    assert_eq!(stats.rewrites.get("fuse.norm_left_unfused"), Some(&2));
+    let ops: Vec<Op> = unfused.steps.iter().map(|s| s.op).collect();
+    assert_eq!(
+        ops,
+        [
+            Op::Matmul,
+            Op::FusedElementwise,
+            Op::RmsNorm,
+            Op::Mul,
+            Op::LayerNorm,
+            Op::FusedElementwise
+        ]
+    );
+}

@@ -43,8 +43,9 @@ pub struct PassContext {
     pub training: bool,
     /// Mixed precision to apply, if any.
     pub amp: Option<AmpConfig>,
-    /// Signatures of `fused_elementwise` subgraphs to leave unfused (a tuning decision: their
-    /// ops run faster on their own kernels here); the fusion pass keeps their ops as they are.
+    /// Signatures of fused ops (`fused_elementwise`, `fused_matmul`, `rms_norm_scale`,
+    /// `layer_norm_affine`) whose patterns stay unfused (a tuning decision: their ops run faster
+    /// on their own kernels here); the fusion pass keeps their ops as they are.
     pub unfused: BTreeSet<String>,
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{topo, NAME};
+use super::{left_unfused, topo, NAME};
 use crate::passes::rewrite::{add_like, replace_with};
 use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
@@ -139,7 +139,7 @@ pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Res
         let (program, inputs) = program(g, &members)?;
         let attrs = Attrs::new().with("program", program.to_string().as_str());
         let fused = add_like(g, root, Op::FusedElementwise, attrs, &inputs)?;
-        if !cx.unfused.is_empty() && cx.unfused.contains(&fused_signature(g, fused.node)) {
+        if left_unfused(g, cx, fused.node) {
             g.remove_node(fused.node);
             kept.extend(members);
             stats.record(NAME, "elementwise_left_unfused");
@@ -152,15 +152,4 @@ pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Res
         stats.record(NAME, "elementwise");
     }
     Ok(())
-}
-
-/// The signature of the fused op `node`, as the kernel table and the tuner key it.
-fn fused_signature(g: &Graph, node: NodeId) -> String {
-    let inputs = g.inputs(node);
-    let attrs = g.node(node).attrs().cloned().unwrap_or_default();
-    mslc_core::ops::signature(
-        Op::FusedElementwise,
-        inputs.iter().map(|v| g.ty(*v)),
-        &attrs,
-    )
 }

@@ -1,7 +1,9 @@
 //! `matmul` + bias add (+ activation) → `fused_matmul`; also `matmul` + activation alone.
 //! The bias must have the product's dtype and broadcast to its shape without widening it.
 
-use super::{topo, NAME};
+use std::collections::HashSet;
+
+use super::{left_unfused, topo, NAME};
 use crate::passes::rewrite::{add_like, is_op, replace_with, single_use};
 use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
@@ -58,11 +60,14 @@ fn label(bias: bool, act: Activation) -> &'static str {
     }
 }
 
-/// Fuses every matmul + bias (+ activation) and matmul + activation; roots are visited from
-/// the outputs back, so an activation claims its bias add before the add is tried alone.
-pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
+/// Fuses every matmul + bias (+ activation) and matmul + activation, except the patterns
+/// `cx.unfused` names; roots are visited from the outputs back, so an activation claims its
+/// bias add before the add is tried alone.
+pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
+    // The nodes of patterns left unfused: a part of one is not fused on its own either.
+    let mut kept: HashSet<NodeId> = HashSet::new();
     for root in topo(g)?.into_iter().rev() {
-        if !g.contains(root) {
+        if !g.contains(root) || kept.contains(&root) {
             continue;
         }
         let Some((mm, bias, act, absorbed)) = find(g, root) else {
@@ -74,6 +79,12 @@ pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Resu
         let mut inputs = g.inputs(mm);
         inputs.extend(bias);
         let fused = add_like(g, root, Op::FusedMatmul, attrs, &inputs)?;
+        if left_unfused(g, cx, fused.node) {
+            g.remove_node(fused.node);
+            kept.extend(absorbed);
+            stats.record(NAME, "matmul_left_unfused");
+            continue;
+        }
         replace_with(g, root, fused);
         for n in absorbed {
             g.remove_node(n);

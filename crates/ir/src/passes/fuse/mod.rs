@@ -8,8 +8,11 @@
 //! 3. matmul + bias add (+ an activation: a unary op marked `epilogue` in the op table)
 //!    → `fused_matmul`;
 //! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
-//! 5. chains of elementwise ops of one output shape → `fused_elementwise`, except those whose
-//!    fused op's signature is in `cx.unfused` (tuning found their ops faster on their own);
+//! 5. chains of elementwise ops of one output shape → `fused_elementwise`;
+//!
+//! except, in rules 3–5, a pattern whose fused op's signature is in `cx.unfused` (tuning found
+//! its ops faster on their own): it is left as it is, and may still match a later rule;
+//!
 //! 6. `rope(x)` → `rope_cached(x, rope_table)`, the table shared by ropes of one shape and
 //!    theta and computed once per module (it depends on nothing, so the planner hoists it).
 //!
@@ -72,4 +75,19 @@ impl Pass for Fuse {
 fn topo(g: &Graph) -> Result<Vec<crate::NodeId>, OpError> {
     g.topo_order()
         .ok_or_else(|| OpError::new("the graph has a cycle"))
+}
+
+/// Whether the fused op `node` just added must be left unfused: its signature, as the kernel
+/// table and the tuner key it, is in `cx.unfused`.
+fn left_unfused(g: &Graph, cx: &PassContext, node: crate::NodeId) -> bool {
+    if cx.unfused.is_empty() {
+        return false;
+    }
+    let Some(op) = g.node(node).op() else {
+        return false;
+    };
+    let attrs = g.node(node).attrs().cloned().unwrap_or_default();
+    let inputs = g.inputs(node);
+    let signature = mslc_core::ops::signature(op, inputs.iter().map(|v| g.ty(*v)), &attrs);
+    cx.unfused.contains(&signature)
 }

@@ -2,7 +2,7 @@
 //! `layer_norm_affine(x, g, b)`, when the parameters have `x`'s dtype, broadcast to its shape
 //! and the result keeps `x`'s type.
 
-use super::{topo, NAME};
+use super::{left_unfused, topo, NAME};
 use crate::passes::rewrite::{add_like, is_op, replace_with, single_use};
 use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
@@ -81,8 +81,8 @@ fn find(g: &Graph, root: NodeId) -> Option<Found> {
     }
 }
 
-/// Fuses every scaled RMS norm and affine layer norm.
-pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
+/// Fuses every scaled RMS norm and affine layer norm, except those `cx.unfused` names.
+pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     for root in topo(g)? {
         if !g.contains(root) {
             continue;
@@ -98,6 +98,11 @@ pub(super) fn run(g: &mut Graph, _: &PassContext, stats: &mut PassStats) -> Resu
         let mut attrs = Attrs::new();
         attrs.insert("eps", eps);
         let fused = add_like(g, root, op, attrs, &inputs)?;
+        if left_unfused(g, cx, fused.node) {
+            g.remove_node(fused.node);
+            stats.record(NAME, "norm_left_unfused");
+            continue;
+        }
         replace_with(g, root, fused);
         for n in absorbed {
             g.remove_node(n);
