@@ -20,7 +20,7 @@ use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams, Program};
 use mslc_kernels::par;
 use mslc_kernels::scratch::try_warm;
 use mslc_kernels::step::needs::SCRATCH_BUFFERS;
-use mslc_kernels::step::{OperandMode as Mode, Operands, StepKernel};
+use mslc_kernels::step::{OperandMode as Mode, Operands, StepKernel, MAX_OUTPUTS};
 use mslc_kernels::KernelError;
 use mslc_kernels::TensorRef;
 
@@ -993,7 +993,14 @@ impl<'a> Memory<'a> {
         }
         // Each output's bytes, and whether it is written there directly (f32) or staged in
         // `out_stage` (output 0 first, then the others, side by side) and stored after.
-        let mut places = Vec::with_capacity(outputs.len());
+        // (Fixed arrays: a warm step allocates nothing.)
+        if outputs.len() > MAX_OUTPUTS {
+            return Err(module_error(format!(
+                "a step writes {} outputs; no op has more than {MAX_OUTPUTS}",
+                outputs.len()
+            )));
+        }
+        let mut places: [Option<(*mut u8, &Slot, bool)>; MAX_OUTPUTS] = [None; MAX_OUTPUTS];
         for (i, &o) in outputs.iter().enumerate() {
             let slot = &self.slots[o as usize];
             let Some(dst) = self.output_ptr(slot.place) else {
@@ -1003,17 +1010,21 @@ impl<'a> Memory<'a> {
                 0 => plan.prepared.out_direct,
                 _ => plan.prepared.more_direct[i - 1],
             };
-            places.push((dst, slot, direct));
+            places[i] = Some((dst, slot, direct));
         }
+        let Some((_, out_slot, _)) = places[0] else {
+            return Ok(());
+        };
         let staged: usize = places
             .iter()
+            .flatten()
             .filter(|(_, _, direct)| !direct)
             .map(|(_, slot, _)| slot.numel)
             .sum();
         let mut stage = out_stage.f32s_mut(staged);
-        let mut slices: Vec<&mut [f32]> = Vec::with_capacity(places.len());
-        for &(dst, slot, direct) in &places {
-            slices.push(if direct {
+        let mut slices: [Option<&mut [f32]>; MAX_OUTPUTS] = Default::default();
+        for (slice, &(dst, slot, direct)) in slices.iter_mut().zip(places.iter().flatten()) {
+            *slice = Some(if direct {
                 // SAFETY: inside its region; disjoint from every input view and every other
                 // output (validated), input 0 included unless output 0 is `InPlace`, in which
                 // case no view of it exists.
@@ -1024,9 +1035,8 @@ impl<'a> Memory<'a> {
                 mine
             });
         }
-        let mut slices = slices.into_iter();
-        let out = slices.next().unwrap_or_default();
-        let more_outs: Vec<&mut [f32]> = slices.collect();
+        let [out, more_outs @ ..] = slices;
+        let out = out.unwrap_or_default();
         let in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
         let kernel_error = |e: KernelError| ExecError::new(ExecErrorKind::Kernel, e.to_string());
         if let StepKernel::Collective(c) = &plan.prepared.kernel {
@@ -1054,7 +1064,7 @@ impl<'a> Memory<'a> {
                         inputs: views,
                         ints,
                         out,
-                        out_shape: &places[0].1.shape,
+                        out_shape: &out_slot.shape,
                         in_place,
                         more_outs,
                     },
@@ -1063,7 +1073,7 @@ impl<'a> Memory<'a> {
                 .map_err(kernel_error)?;
         }
         let mut stage = out_stage.f32s_mut(staged);
-        for (dst, slot, direct) in places {
+        for (dst, slot, direct) in places.into_iter().flatten() {
             if direct {
                 continue;
             }

@@ -43,7 +43,7 @@ impl CandidateRunner for KernelRunner {
                 out,
                 out_shape: &shape,
                 in_place: false,
-                more_outs: Vec::new(),
+                more_outs: Default::default(),
             })
             .map_err(|e| e.to_string())
     }

@@ -12,6 +12,10 @@ use crate::{
 
 use super::prepare::StepKernel;
 
+/// The most outputs one step writes (`attention_grad`'s dq, dk and dv; `adam_update`'s p, m
+/// and v).
+pub const MAX_OUTPUTS: usize = 3;
+
 /// One step's operands.
 pub struct Operands<'a> {
     /// The inputs as f32. When `in_place` is set, input 0's data is empty: its values are in
@@ -26,8 +30,9 @@ pub struct Operands<'a> {
     /// `out` already holds input 0 (the result overwrites its operand).
     pub in_place: bool,
     /// Where outputs 1, 2, … of a multi-output op go (`attention_lse`'s log-sum-exps,
-    /// `attention_grad`'s dk and dv); empty for every other op.
-    pub more_outs: Vec<&'a mut [f32]>,
+    /// `attention_grad`'s dk and dv), in order; all `None` for every other op. (An array,
+    /// not a `Vec`: a warm step allocates nothing.)
+    pub more_outs: [Option<&'a mut [f32]>; MAX_OUTPUTS - 1],
 }
 
 impl StepKernel {
@@ -265,15 +270,17 @@ impl StepKernel {
 /// Outputs 1..=N of a multi-output `op`; an error when the caller gave another number.
 fn more_outputs<'a, const N: usize>(
     op: &'static str,
-    outs: Vec<&'a mut [f32]>,
+    outs: [Option<&'a mut [f32]>; MAX_OUTPUTS - 1],
 ) -> KernelResult<[&'a mut [f32]; N]> {
-    let given = outs.len();
-    outs.try_into().map_err(|_| {
-        KernelError::new(
+    let given = outs.iter().flatten().count();
+    if given != N {
+        return Err(KernelError::new(
             op,
             format!("has {} outputs, but {} were given", N + 1, given + 1),
-        )
-    })
+        ));
+    }
+    let mut outs = outs.into_iter().flatten();
+    Ok(std::array::from_fn(|_| outs.next().unwrap_or_default()))
 }
 
 /// Runs `f(start, chunk)` over `block`-long chunks of `out`, in parallel for large outputs.

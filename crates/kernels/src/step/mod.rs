@@ -7,6 +7,6 @@ pub mod dispatch;
 pub mod needs;
 pub mod prepare;
 
-pub use dispatch::Operands;
+pub use dispatch::{Operands, MAX_OUTPUTS};
 pub use needs::{OperandMode, Staging};
 pub use prepare::{prepare, CollectiveStep, StepKernel};
