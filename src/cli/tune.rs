@@ -392,6 +392,16 @@ fn summary(
 
 /// The whole-model line: the default and tuned forward, the speed-up, what was kept and
 /// what dropped.
+/// Which decisions a confirmed forward was given, in words.
+fn decisions(kept: &Kept) -> &'static str {
+    match kept {
+        Kept::All => "every decision",
+        Kept::Kernels => "the kernel decisions only",
+        Kept::Graph => "the graph-level decisions only",
+        Kept::None => "no decision",
+    }
+}
+
 fn whole_line(whole: Option<&WholeModel>) -> String {
     let Some(w) = whole else {
         return "  whole model: no decision changes the forward (tuned = default)".to_string();
@@ -416,10 +426,14 @@ fn whole_line(whole: Option<&WholeModel>) -> String {
     );
     for t in &c.tried {
         match &t.rejected {
-            Some(why) => line.push_str(&format!("\n    {:?} forward rejected: {why}", t.kept)),
+            Some(why) => line.push_str(&format!(
+                "\n    the forward with {} rejected: {why}",
+                decisions(&t.kept)
+            )),
             None if t.kept != c.kept => line.push_str(&format!(
-                "\n    {:?} forward {:.3} ms: slower than the default beyond noise",
-                t.kept, t.ms
+                "\n    the forward with {} {:.3} ms: slower than the default beyond noise",
+                decisions(&t.kept),
+                t.ms
             )),
             None => {}
         }
