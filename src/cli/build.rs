@@ -26,7 +26,7 @@ use mslc_tune::device::fingerprint;
 use mslc_tune::kb::{default_path, KnowledgeBase};
 
 use super::check::group_thousands;
-use super::{tune_decisions, ModelArgs, PrecisionArg, Reporter};
+use super::{build_ranks, tune_decisions, ModelArgs, PrecisionArg, Reporter};
 
 /// Extra outputs `--emit` can ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -216,8 +216,9 @@ fn train_entry<'a>(args: &'a BuildArgs, checked: &Checked) -> Option<&'a str> {
     })
 }
 
-/// For `--entry TRAIN`, the dim override that makes its step take one micro-batch
-/// ([`micro_batch_dim`]); nothing for a model entry or a source with errors.
+/// For `--entry TRAIN`, the dim override that makes its step take one micro-batch of one
+/// data-parallel replica ([`micro_batch_dim`]), as each rank of `mslc train` takes it (one
+/// pipeline micro-batch under a pipeline); nothing for a model entry or a source with errors.
 fn train_micro_batch(
     args: &BuildArgs,
     checked: &Checked,
@@ -227,7 +228,19 @@ fn train_micro_batch(
     };
     let train = choose_train(checked, Some(entry))?;
     match train.model.and_then(|m| checked.models.get(m)) {
-        Some(model) => micro_batch_dim(train, model, &args.model.dims, 1),
+        Some(model) => {
+            // The batch counts `B × dp × micro-batches (pipeline) × grad_accum`.
+            let policy = train.parallel.map(|p| &checked.decls.parallels[p]);
+            let parts = policy.map_or(1, |p| {
+                let pipeline = p.pipeline.as_ref().map_or(1, |p| p.micro_batches.max(1));
+                p.data_parallel_size().max(1).saturating_mul(pipeline)
+            });
+            // A batch that does not split so is the plan's error (E0902), with its help.
+            micro_batch_dim(train, model, &args.model.dims, parts).or_else(|e| match parts {
+                1 => Err(e),
+                _ => micro_batch_dim(train, model, &args.model.dims, 1),
+            })
+        }
         None => Ok(None),
     }
 }
@@ -347,6 +360,14 @@ fn build(
             files.push((dir.join(format!("{}.plan.svg", p.train)), svg.into_bytes()));
         }
     }
+    // A parallel train's step as each rank runs it.
+    let ranked = match (train_entry, &planned) {
+        (Some(entry), Some(p)) => build_ranks::rank_artifacts(args, checked, entry, &p.plan)?,
+        _ => None,
+    };
+    if let Some(r) = &ranked {
+        files.extend(r.files.iter().cloned());
+    }
     let named: Vec<(String, Vec<u8>)> = files
         .iter()
         .map(|(path, bytes)| {
@@ -374,8 +395,9 @@ fn build(
         .iter()
         .map(|(path, bytes)| serde_json::json!({ "path": path, "bytes": bytes.len() }))
         .collect();
+    let ranks = ranked.as_ref().map(|r| &r.json);
     let json = serde_json::json!({
-        "summary": { "report": &report, "files": written, "subgraphs": &subgraphs }
+        "summary": { "report": &report, "files": written, "subgraphs": &subgraphs, "ranks": ranks }
     });
     let tuning = tuned.as_ref().map(|t| t.note.as_str());
     let mut text = report_text(
@@ -405,6 +427,10 @@ fn build(
             text.push_str(line);
             text.push('\n');
         }
+    }
+    if let Some(r) = &ranked {
+        text.push_str(&r.line);
+        text.push('\n');
     }
     let warnings = planned.map(|p| p.warnings).unwrap_or_default();
     Ok((text, json, warnings))
@@ -582,7 +608,7 @@ fn build_train<'c>(
 }
 
 /// How the flags ask to compile.
-fn selection(args: &BuildArgs) -> Selection<'_> {
+pub(super) fn selection(args: &BuildArgs) -> Selection<'_> {
     Selection {
         target: args.target.as_deref(),
         precision: args.precision.precision.as_deref(),

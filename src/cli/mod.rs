@@ -3,6 +3,7 @@
 //! mslc — the highest class of the codes reported ([`mslc_core::diag::Code::exit_class`]).
 
 mod build;
+mod build_ranks;
 mod check;
 mod explain;
 mod export;

@@ -942,3 +942,135 @@ train Pretrain for TinyLlama {{
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
     src
 }
+
+/// The module and parameter shapes of `dir/NAME.rank.mir`, and `dir/NAME.ranks.json`.
+fn rank_program(
+    dir: &Path,
+    name: &str,
+) -> (
+    mslc_artifact::Module,
+    std::collections::BTreeMap<String, Vec<i64>>,
+    serde_json::Value,
+) {
+    let bytes = std::fs::read(dir.join(format!("{name}.rank.mir"))).unwrap();
+    let module = mslc_artifact::decode(&bytes).unwrap().module;
+    let shapes = module
+        .params()
+        .map(|(path, v)| (path.to_string(), module.values[v as usize].ty.shape.clone()))
+        .collect();
+    let ranks = std::fs::read_to_string(dir.join(format!("{name}.ranks.json"))).unwrap();
+    (module, shapes, serde_json::from_str(&ranks).unwrap())
+}
+
+/// `mslc build --entry TRAIN` of a parallel train writes the step every rank runs
+/// (docs/mir-format.md, "Per-rank programs"): the tensor-parallel tiny LLaMA's holds each
+/// rank's shards and the plan's all-reduces (two per layer each way, and the clipping norm's);
+/// the data-parallel classifier under level 3 takes one replica's half of the batch and holds
+/// slices of every parameter, gathered before use; a pipeline plan writes none and says why.
+#[test]
+fn build_writes_the_per_rank_program() {
+    use mslc_core::ops::Op;
+    let dir = TestDir::new("ranks-build");
+    let (src, _) = llama_tensor_parallel_in(&dir);
+    let out = dir.path("tp");
+    let mut args = vec![
+        "build",
+        s(&src),
+        "--entry",
+        "Pretrain",
+        "--out-dir",
+        s(&out),
+    ];
+    let sets: Vec<String> = LLAMA_SETS.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for set in &sets {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--dim", "S=8"]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("per rank:   Pretrain.rank.mir for all 2 ranks (1 data × 2 tensor)"),
+        "{stdout}"
+    );
+    let (module, shapes, ranks) = rank_program(&out, "Pretrain");
+    let all_reduces = module
+        .steps
+        .iter()
+        .filter(|s| s.op == Op::AllReduce)
+        .count();
+    assert_eq!(
+        all_reduces,
+        2 * 2 * 2 + 1,
+        "2 layers, forward and backward, and the norm"
+    );
+    let o_proj = "model.layers.0.self_attn.o_proj.weight";
+    assert_eq!(shapes[o_proj], [32, 16]);
+    assert_eq!(shapes["model.layers.1.mlp.up_proj.weight"], [32, 32]);
+    assert_eq!(shapes["lm_head.weight"], [64, 32]);
+    assert_eq!(ranks["mesh"], serde_json::json!([["dp", 1], ["mp", 2]]));
+    assert_eq!(ranks["ranks"].as_array().unwrap().len(), 2);
+    assert_eq!(ranks["ranks"][1]["tensor"], 1);
+    let o = &ranks["parameters"][o_proj];
+    assert_eq!(o["shape"], serde_json::json!([32, 32]));
+    assert_eq!(o["rank_shape"], serde_json::json!([32, 16]));
+    assert_eq!(o["tensor_split_dim"], 1);
+    let memplan: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("Pretrain.rank.memplan.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(memplan["arena_bytes"].as_u64(), Some(module.arena_bytes));
+    let (code, stdout, stderr) = mslc(&["inspect", s(&out.join("Pretrain.rank.mir"))]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    // Data parallel, level 3: one replica's 4 of the 8 samples, every parameter a slice.
+    let level3 = format!("{DATA}\n    optimizer_shard = level3");
+    let src = source(&dir, &level3, 4);
+    let out = dir.path("dp");
+    let (code, stdout, stderr) = mslc(&["build", s(&src), "--entry", "Fit", "--out-dir", s(&out)]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (module, shapes, ranks) = rank_program(&out, "Fit");
+    let x = module.inputs().find(|(n, _)| *n == "x").unwrap().1;
+    assert_eq!(module.values[x as usize].ty.shape, [4, INPUTS as i64]);
+    assert_eq!(
+        shapes["head.bias"],
+        [3],
+        "5 values padded to 6, in 2 slices"
+    );
+    assert_eq!(ranks["parameters"]["head.bias"]["parameter_sliced"], true);
+    assert_eq!(ranks["optimizer_shard"], "level3");
+    assert!(module.steps.iter().any(|s| s.op == Op::AllGather));
+
+    // A pipeline: planned, not run, so no per-rank program.
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let piped = dir.path("piped.msl");
+    let decls = "parallel PP {
+    mesh = { pp: 2 }
+    mode = semi_auto
+    pipeline = { stages: 2, micro_batches: 2, schedule: gpipe }
+}
+
+train Piped for TinyLlama {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-2)
+    batch = 4
+    parallel = PP
+    target = std.targets.cpu
+}
+";
+    std::fs::write(&piped, format!("{}{decls}", &example[..model_end])).unwrap();
+    let out = dir.path("pp");
+    let mut args = vec!["build", s(&piped), "--entry", "Piped", "--out-dir", s(&out)];
+    for set in &sets {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--dim", "S=8", "--dim", "B=2"]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("per rank:   not written: the plan asks for pp = 2"),
+        "{stdout}"
+    );
+    assert!(!out.join("Piped.rank.mir").exists());
+}
