@@ -27,7 +27,7 @@ use mslc_plan::kernels::KernelTable;
 
 use super::output::Failure;
 use super::progress::Progress;
-use super::world::{self, World};
+use super::world::{self, LaunchArgs, World};
 use super::{parse_key_value, source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc run`.
@@ -76,17 +76,8 @@ pub struct RunArgs {
     /// The model to run when the source declares several.
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
-    /// Run the forward on N ranks by the parallel plan of the model's first train, threads of
-    /// this process exchanging through shared memory; N must equal the plan's device count
-    /// (E0970). Data parallel splits the inputs' batch among the replicas, tensor parallel
-    /// gives each rank its shard of the split weights; rank 0 writes the whole outputs.
-    #[arg(long, value_name = "N")]
-    pub ranks: Option<usize>,
-    /// Run this process's rank of that plan over MPI, one rank per process:
-    /// `mpiexec -n N mslc run --mpi …` (E0970 when N is not the plan's device count). Rank 0
-    /// reports and writes the outputs. Needs an mslc built with the cargo feature `mpi`.
-    #[arg(long)]
-    pub mpi: bool,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -101,7 +92,7 @@ const MAX_THREADS: usize = 256;
 
 /// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &RunArgs, reporter: &Reporter) -> u8 {
-    world::command(reporter, args.ranks, args.mpi, |world| {
+    world::command(reporter, &args.launch, |world| {
         execute(args, world, reporter)
     })
 }
@@ -114,7 +105,7 @@ pub(super) fn unreadable(m: String) -> Failure {
 /// Runs the model; the summary as text and as JSON (`None` in the ranks of an MPI world
 /// other than 0).
 fn execute(args: &RunArgs, world: World, reporter: &Reporter) -> world::Outcome {
-    if args.threads == Some(0) || args.ranks == Some(0) {
+    if args.threads == Some(0) || args.launch.ranks == Some(0) {
         let flag = if args.threads == Some(0) {
             "--threads"
         } else {

@@ -27,7 +27,7 @@ use mslc_ir::shard::Group;
 use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
-use super::world::{self, World};
+use super::world::{self, LaunchArgs, World};
 use super::{ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc train`.
@@ -76,17 +76,8 @@ pub struct TrainArgs {
     /// Worker threads (default: one per core; with --ranks, the cores shared among the ranks).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// Run the train's parallel plan on N ranks, threads of this process exchanging through
-    /// shared memory; N must equal the plan's device count (E0970). Data- and tensor-parallel
-    /// plans run (E0972 for the others); rank 0 reports and writes the checkpoints.
-    #[arg(long, value_name = "N")]
-    pub ranks: Option<usize>,
-    /// Run this process's rank of the train's parallel plan over MPI, one rank per process:
-    /// `mpiexec -n N mslc train --mpi …`, N the plan's device count (E0970 otherwise, a world
-    /// of 1 included). Rank 0 reports and writes the checkpoints; the others stay quiet. Needs
-    /// an mslc built with the cargo feature `mpi`.
-    #[arg(long)]
-    pub mpi: bool,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// Check every step's result, forward and backward, for NaN and infinity, and stop at the
     /// first op that produces one with where it was written and its operands' ranges (E0614).
     #[arg(long)]
@@ -103,7 +94,7 @@ pub struct TrainArgs {
 
 /// Runs the command; 1 on errors in the input, 2 on misused flags.
 pub fn run(args: &TrainArgs, reporter: &Reporter) -> u8 {
-    world::command(reporter, args.ranks, args.mpi, |world| {
+    world::command(reporter, &args.launch, |world| {
         execute(args, world, reporter)
     })
 }
@@ -119,7 +110,7 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
     if args.threads == Some(0) {
         return usage("--threads must be at least 1");
     }
-    if args.ranks == Some(0) {
+    if args.launch.ranks == Some(0) {
         return usage("--ranks must be at least 1");
     }
     if args.save_every == Some(0) {

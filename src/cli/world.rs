@@ -5,9 +5,11 @@
 //! runs it, and so is how the ranks are driven ([`command`], [`run_ranks`]).
 
 use std::path::Path;
+use std::time::Duration;
 
 use mslc_core::diag::Code;
 use mslc_driver::ranks::{self, RankLayout};
+use mslc_exec::collectives::threads::DEFAULT_TIMEOUT;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
 use mslc_io::safetensors::{SafetensorsFile, TensorRef};
@@ -15,6 +17,27 @@ use mslc_ir::shard::zero::ZeroShard;
 
 use super::output::Failure;
 use super::Reporter;
+
+/// How `mslc run` and `mslc train` start the ranks of the parallel plan they run.
+#[derive(clap::Args, Debug, Default)]
+pub struct LaunchArgs {
+    /// Run the plan (the train's, or for `run` the model's first train's) on N ranks, threads
+    /// of this process exchanging through shared memory; N must equal the plan's device count
+    /// (E0970). Data and tensor parallelism and optimizer sharding run (E0972 for the rest);
+    /// rank 0 reports and writes the outputs or checkpoints.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
+    /// Run this process's rank of the plan over MPI, one rank per process:
+    /// `mpiexec -n N mslc run|train --mpi …`, N the plan's device count (E0970 otherwise, a
+    /// world of 1 included). Rank 0 reports and writes; the others stay quiet. Needs an mslc
+    /// built with the cargo feature `mpi`.
+    #[arg(long)]
+    pub mpi: bool,
+    /// With --ranks: how long a rank waits in a collective for the others before it stops
+    /// with E0973, naming the ranks that did not arrive (one hung); default 600.
+    #[arg(long, value_name = "SECONDS")]
+    pub collective_timeout: Option<f64>,
+}
 
 /// A command's summary as text and JSON; `None` in the ranks of an MPI world other than 0.
 pub type Outcome = Result<Option<(String, serde_json::Value)>, Failure>;
@@ -25,11 +48,10 @@ pub type Outcome = Result<Option<(String, serde_json::Value)>, Failure>;
 /// their own ([`run_ranks`]). The exit status.
 pub fn command(
     reporter: &Reporter,
-    ranks: Option<usize>,
-    mpi: bool,
+    launch: &LaunchArgs,
     execute: impl FnOnce(World) -> Outcome,
 ) -> u8 {
-    let outcome = World::of(ranks, mpi).and_then(|world| {
+    let outcome = World::of(launch).and_then(|world| {
         reporter.mute(world.follower());
         execute(world)
     });
@@ -47,8 +69,8 @@ pub type Rank = (usize, Option<Box<dyn Collectives>>);
 pub enum World {
     /// Neither flag: one device, whatever the plan.
     One,
-    /// `--ranks N`: N threads of this process.
-    Threads(usize),
+    /// `--ranks N`: N threads of this process, and how long one waits in a collective.
+    Threads(usize, Duration),
     /// `--mpi`: one rank of the world `mpiexec` started (a world of 1 without it).
     #[cfg(feature = "mpi")]
     Mpi(mslc_exec::collectives::mpi::MpiWorld),
@@ -56,13 +78,32 @@ pub enum World {
 
 impl World {
     /// The world `--ranks` and `--mpi` ask for (MPI is initialised here); a usage error for
-    /// both at once, or for `--mpi` in a build without the `mpi` feature.
-    pub fn of(ranks: Option<usize>, mpi: bool) -> Result<World, Failure> {
-        match (ranks, mpi) {
+    /// both at once, for `--mpi` in a build without the `mpi` feature, and for a collective
+    /// timeout that is not a positive number of seconds or not under --ranks.
+    pub fn of(launch: &LaunchArgs) -> Result<World, Failure> {
+        let timeout = match launch.collective_timeout {
+            None => DEFAULT_TIMEOUT,
+            Some(_) if launch.ranks.is_none() => {
+                return Err(Failure::Usage(
+                    "--collective-timeout applies to --ranks (threads); under --mpi the MPI \
+                     library waits as it does"
+                        .to_string(),
+                ))
+            }
+            Some(s) => Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    Failure::Usage(format!(
+                        "--collective-timeout {s}: give a positive number of seconds"
+                    ))
+                })?,
+        };
+        match (launch.ranks, launch.mpi) {
             (Some(_), true) => Err(Failure::Usage(
                 "give either --ranks (threads) or --mpi (processes), not both".to_string(),
             )),
-            (Some(n), false) => Ok(World::Threads(n)),
+            (Some(n), false) => Ok(World::Threads(n, timeout)),
             (None, false) => match launched_by_mpi() {
                 Some((var, n)) => Err(Failure::Usage(format!(
                     "this process is one of {n} that an MPI launcher started ({var}={n}), but \
@@ -78,7 +119,7 @@ impl World {
     pub fn started(&self) -> Option<(usize, &'static str)> {
         match self {
             World::One => None,
-            World::Threads(n) => Some((*n, "--ranks")),
+            World::Threads(n, _) => Some((*n, "--ranks")),
             #[cfg(feature = "mpi")]
             World::Mpi(w) => Some((w.size(), "mpiexec")),
         }
@@ -87,7 +128,7 @@ impl World {
     /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
     pub fn follower(&self) -> bool {
         match self {
-            World::One | World::Threads(_) => false,
+            World::One | World::Threads(..) => false,
             #[cfg(feature = "mpi")]
             World::Mpi(w) => w.rank() != 0,
         }
@@ -97,7 +138,11 @@ impl World {
     pub fn ranks(self, mesh: &Mesh) -> Result<Vec<Rank>, Failure> {
         let alone = mesh.size() == 1;
         let comms: Vec<(usize, Box<dyn Collectives>)> = match self {
-            World::One | World::Threads(_) => mslc_driver::ranks::thread_world(mesh.clone())
+            World::One => ranks::thread_world(mesh.clone(), DEFAULT_TIMEOUT)
+                .into_iter()
+                .enumerate()
+                .collect(),
+            World::Threads(_, timeout) => ranks::thread_world(mesh.clone(), timeout)
                 .into_iter()
                 .enumerate()
                 .collect(),

@@ -192,8 +192,9 @@ fn the_world_must_match_the_plan_and_be_runnable() {
     assert!(stderr.contains("E0972"), "{stderr}");
 }
 
-/// `--mpi` (one rank per process, tests/mpi_train.rs) is not `--ranks` as well, and a build
-/// without the cargo feature `mpi` says which build it needs.
+/// `--mpi` (one rank per process, tests/mpi_train.rs) is not `--ranks` as well, a build
+/// without the cargo feature `mpi` says which build it needs, and `--collective-timeout` is
+/// for `--ranks`, in positive seconds.
 #[test]
 fn mpi_is_its_own_launcher() {
     let dir = TestDir::new("ranks-mpi-flag");
@@ -203,6 +204,28 @@ fn mpi_is_its_own_launcher() {
     let (code, _, stderr) = mslc(&[&args[..], &["--ranks", "2", "--mpi"]].concat());
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("not both"), "{stderr}");
+    // The collective timeout is the threads backend's, and a positive time.
+    for (extra, says) in [
+        (
+            &["--mpi", "--collective-timeout", "5"][..],
+            "applies to --ranks",
+        ),
+        (
+            &["--ranks", "2", "--collective-timeout", "0"][..],
+            "positive number",
+        ),
+        (
+            &["--ranks", "2", "--collective-timeout=-1"][..],
+            "positive number",
+        ),
+    ] {
+        let (code, _, stderr) = mslc(&[&args[..], extra].concat());
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: {stderr}");
+    }
+    let (code, stdout, stderr) =
+        mslc(&[&args[..], &["--ranks", "2", "--collective-timeout", "30"]].concat());
+    assert_eq!(code, 0, "{stdout}{stderr}");
     if !cfg!(feature = "mpi") {
         let (code, _, stderr) = mslc(&[&args[..], &["--mpi"]].concat());
         assert_eq!(code, 2, "{stderr}");

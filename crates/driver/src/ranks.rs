@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use mslc_core::diag::Code;
-use mslc_exec::collectives::threads::world;
+use mslc_exec::collectives::threads::world_with_timeout;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
 use mslc_ir::shard::zero::ZeroShard;
@@ -315,9 +315,10 @@ pub fn tensor_splits(plan: &PlanFile) -> Result<BTreeMap<String, usize>, RanksEr
     Ok(splits)
 }
 
-/// The collectives of the ranks of `mesh` as threads of this process, in rank order.
-pub fn thread_world(mesh: Mesh) -> Vec<Box<dyn Collectives>> {
-    world(mesh)
+/// The collectives of the ranks of `mesh` as threads of this process, in rank order, each
+/// waiting at most `timeout` in a collective.
+pub fn thread_world(mesh: Mesh, timeout: std::time::Duration) -> Vec<Box<dyn Collectives>> {
+    world_with_timeout(mesh, timeout)
         .into_iter()
         .map(|r| Box::new(r) as Box<dyn Collectives>)
         .collect()
@@ -527,13 +528,15 @@ mod tests {
             .map(|m| (0..12).map(|i| m * 100 + i).collect())
             .collect();
         let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = thread_world(mesh)
-                .into_iter()
-                .zip(&parts)
-                .map(|(mut comm, part)| {
-                    scope.spawn(move || gather_bytes(comm.as_mut(), DATA_AXIS, 1, &[2, 3], part))
-                })
-                .collect();
+            let handles: Vec<_> =
+                thread_world(mesh, mslc_exec::collectives::threads::DEFAULT_TIMEOUT)
+                    .into_iter()
+                    .zip(&parts)
+                    .map(|(mut comm, part)| {
+                        scope
+                            .spawn(move || gather_bytes(comm.as_mut(), DATA_AXIS, 1, &[2, 3], part))
+                    })
+                    .collect();
             handles
                 .into_iter()
                 .map(|h| h.join().unwrap().unwrap())

@@ -17,10 +17,28 @@ const SMALL: [&str; 7] = [
     "B=8",
 ];
 
+/// The mlp example at sizes where a GEMM blocking of 1 costs many times the default, far
+/// beyond the noise of a loaded machine.
+const LARGER: [&str; 7] = [
+    "examples/mlp.msl",
+    "--set",
+    "inputs=128",
+    "--set",
+    "hidden=256",
+    "--dim",
+    "B=64",
+];
+
 fn tune(dir: &TestDir, extra: &[&str]) -> (i32, String, String) {
+    tune_model(dir, &SMALL, extra)
+}
+
+/// `mslc tune` of `model` (the source and its `--set`/`--dim`) into `dir`, its knowledge base
+/// `dir/kb.json`.
+fn tune_model(dir: &TestDir, model: &[&str], extra: &[&str]) -> (i32, String, String) {
     let db = dir.path("kb.json");
     let mut args = vec!["tune"];
-    args.extend(SMALL);
+    args.extend(model);
     args.extend(["--db", s(&db), "-o", s(&dir.0)]);
     args.extend(extra);
     mslc(&args)
@@ -97,7 +115,7 @@ fn read_kb(dir: &TestDir) -> serde_json::Value {
 #[test]
 fn a_planted_slower_decision_is_dropped_by_the_whole_model_confirmation() {
     let dir = TestDir::new("tune-confirm");
-    let (code, _, err) = tune(&dir, &["--budget", "2s"]);
+    let (code, _, err) = tune_model(&dir, &LARGER, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
     // Plant GEMM blockings of one value each, recorded as a 30x win: each kernel on its own
     // "measured" faster, the whole forward far slower.
@@ -111,7 +129,7 @@ fn a_planted_slower_decision_is_dropped_by_the_whole_model_confirmation() {
     }
     std::fs::write(dir.path("kb.json"), kb.to_string()).unwrap();
 
-    let (code, out, err) = tune(&dir, &["--budget", "2s"]);
+    let (code, out, err) = tune_model(&dir, &LARGER, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("every decision dropped"), "{out}");
     let report: serde_json::Value =
@@ -136,7 +154,7 @@ fn a_planted_slower_decision_is_dropped_by_the_whole_model_confirmation() {
         assert_ne!(r["params"]["mc"], serde_json::json!({ "Int": 1 }), "{r}");
         assert_eq!(r["tuned_us"], r["default_us"], "{r}");
     }
-    let (code, out, err) = tune(&dir, &["--budget", "2s"]);
+    let (code, out, err) = tune_model(&dir, &LARGER, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("the defaults are kept; noise"), "{out}");
     let again: serde_json::Value =

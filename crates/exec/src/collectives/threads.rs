@@ -5,11 +5,15 @@
 //! contribution, the last to arrive publishes all of them at once, and every member then reads
 //! what it needs from the published set — sums are taken in group order, so every member gets
 //! the same bits. A rank that is dropped (its thread returned or panicked) is marked as left,
-//! and every rank waiting for it in a collective gets an error instead of hanging.
+//! and every rank waiting for it in a collective gets an error instead of hanging; a rank that
+//! hangs (alive, never arriving) fails the others' wait after the world's timeout. The
+//! contribution buffers of a completed round are kept for the next (no fresh pages per
+//! collective), and sums run one cache-sized chunk at a time over every member.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::{block_len, check_len, collective_error, Collectives, Mesh};
 use crate::error::ExecResult;
@@ -32,6 +36,8 @@ struct RoundState {
     pending: Vec<Option<Vec<f32>>>,
     /// The last completed round.
     published: Option<Round>,
+    /// Contribution buffers of rounds every member is done with, for the next deposits.
+    spare: Vec<Vec<f32>>,
 }
 
 /// What every rank shares.
@@ -41,6 +47,8 @@ struct Shared {
     groups: HashMap<(usize, usize), Rendezvous>,
     /// The ranks that have left (their [`ThreadRank`] was dropped).
     left: Mutex<Vec<usize>>,
+    /// How long a rank waits in a collective for the others before failing.
+    timeout: Duration,
 }
 
 impl Shared {
@@ -77,8 +85,18 @@ pub struct ThreadRank {
     from: Vec<Receiver<Vec<f32>>>,
 }
 
-/// The ranks of `mesh`, in rank order.
+/// How long a rank of [`world`] waits for the others in one collective: a step's compute
+/// between collectives, or rank 0 writing a checkpoint while the others wait, stays far below.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The ranks of `mesh`, in rank order, waiting at most [`DEFAULT_TIMEOUT`] in a collective.
 pub fn world(mesh: Mesh) -> Vec<ThreadRank> {
+    world_with_timeout(mesh, DEFAULT_TIMEOUT)
+}
+
+/// The ranks of `mesh`, in rank order: a rank waiting longer than `timeout` for the others of
+/// its group in a collective (one hangs) fails with an error naming the missing ranks.
+pub fn world_with_timeout(mesh: Mesh, timeout: Duration) -> Vec<ThreadRank> {
     let n = mesh.size();
     let mut groups = HashMap::new();
     for axis in 0..mesh.axes().len() {
@@ -92,6 +110,7 @@ pub fn world(mesh: Mesh) -> Vec<ThreadRank> {
         mesh,
         groups,
         left: Mutex::new(Vec::new()),
+        timeout,
     });
     // channels[src][dst]
     let mut senders: Vec<Vec<Sender<Vec<f32>>>> = Vec::with_capacity(n);
@@ -130,9 +149,9 @@ impl Drop for ThreadRank {
 }
 
 impl ThreadRank {
-    /// Deposits `mine` in this rank's group along `axis` and returns every member's
+    /// Deposits a copy of `mine` in this rank's group along `axis` and returns every member's
     /// contribution once all have arrived, with this rank's index in the group.
-    fn exchange(&self, axis: usize, mine: Vec<f32>) -> ExecResult<(Round, usize)> {
+    fn exchange(&self, axis: usize, mine: &[f32]) -> ExecResult<(Round, usize)> {
         let mesh = &self.shared.mesh;
         if axis >= mesh.axes().len() {
             return Err(collective_error(format!(
@@ -143,34 +162,58 @@ impl ThreadRank {
         let group = mesh.group(self.rank, axis);
         let member = mesh.coords(self.rank)[axis];
         let rendezvous = &self.shared.groups[&(axis, group[0])];
+        // Copied outside the lock, into a buffer of an earlier round when there is one.
+        let mut copy = lock(&rendezvous.state).spare.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(mine);
         let mut state = lock(&rendezvous.state);
         if state.pending.len() != group.len() {
             state.pending = vec![None; group.len()];
         }
         let generation = state.generation;
-        state.pending[member] = Some(mine);
+        state.pending[member] = Some(copy);
         if state.pending.iter().all(Option::is_some) {
             let round: Vec<Vec<f32>> = state
                 .pending
                 .iter_mut()
                 .map(|p| p.take().unwrap_or_default())
                 .collect();
+            // Every member has arrived here, so each is done with the previous round.
+            if let Some(done) = state.published.take().and_then(|r| Arc::try_unwrap(r).ok()) {
+                state.spare.extend(done);
+            }
             state.published = Some(Arc::new(round));
             state.generation += 1;
             rendezvous.turn.notify_all();
         }
+        let deadline = Instant::now() + self.shared.timeout;
         while state.generation == generation {
+            let axis_name = &mesh.axes()[axis].0;
             if let Some(left) = self.shared.missing(&group, &state.pending) {
                 return Err(collective_error(format!(
-                    "rank {} left before the collective on axis `{}` completed",
-                    left,
-                    mesh.axes()[axis].0
+                    "rank {left} left before the collective on axis `{axis_name}` completed"
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let absent: Vec<String> = group
+                    .iter()
+                    .zip(&state.pending)
+                    .filter(|(_, p)| p.is_none())
+                    .map(|(rank, _)| rank.to_string())
+                    .collect();
+                return Err(collective_error(format!(
+                    "rank(s) {} did not reach the collective on axis `{axis_name}` within {:.1} s \
+                     (hung?)",
+                    absent.join(", "),
+                    self.shared.timeout.as_secs_f64()
                 )));
             }
             state = rendezvous
                 .turn
-                .wait(state)
-                .unwrap_or_else(|e| e.into_inner());
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         let round = state
             .published
@@ -205,20 +248,15 @@ impl Collectives for ThreadRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        let (round, _) = self.exchange(axis, data.to_vec())?;
+        let (round, _) = self.exchange(axis, data)?;
         self.same_lengths("all_reduce", &round, data.len())?;
-        data.fill(0.0);
-        for contribution in round.iter() {
-            for (d, &c) in data.iter_mut().zip(contribution) {
-                *d += c;
-            }
-        }
+        sum_in_member_order(data, &round, 0);
         Ok(())
     }
 
     fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
         check_len("all_gather", recv.len(), send.len() * self.group_size(axis))?;
-        let (round, _) = self.exchange(axis, send.to_vec())?;
+        let (round, _) = self.exchange(axis, send)?;
         self.same_lengths("all_gather", &round, send.len())?;
         for (block, contribution) in recv.chunks_exact_mut(send.len().max(1)).zip(round.iter()) {
             block.copy_from_slice(contribution);
@@ -232,15 +270,9 @@ impl Collectives for ThreadRank {
             send.len(),
             recv.len() * self.group_size(axis),
         )?;
-        let (round, member) = self.exchange(axis, send.to_vec())?;
+        let (round, member) = self.exchange(axis, send)?;
         self.same_lengths("reduce_scatter", &round, send.len())?;
-        let block = member * recv.len()..(member + 1) * recv.len();
-        recv.fill(0.0);
-        for contribution in round.iter() {
-            for (r, &c) in recv.iter_mut().zip(&contribution[block.clone()]) {
-                *r += c;
-            }
-        }
+        sum_in_member_order(recv, &round, member * recv.len());
         Ok(())
     }
 
@@ -248,7 +280,7 @@ impl Collectives for ThreadRank {
         let n = self.group_size(axis);
         check_len("all_to_all", recv.len(), send.len())?;
         let b = block_len("all_to_all", send.len(), n)?;
-        let (round, member) = self.exchange(axis, send.to_vec())?;
+        let (round, member) = self.exchange(axis, send)?;
         self.same_lengths("all_to_all", &round, send.len())?;
         for (i, block) in recv.chunks_exact_mut(b.max(1)).take(n).enumerate() {
             block.copy_from_slice(&round[i][member * b..(member + 1) * b]);
@@ -281,6 +313,22 @@ impl Collectives for ThreadRank {
         check_len(&format!("recv from rank {from}"), message.len(), data.len())?;
         data.copy_from_slice(&message);
         Ok(())
+    }
+}
+
+/// `out[i] = 0.0 + c₀[offset + i] + c₁[offset + i] + …` over the members' contributions in
+/// member order (every member computes the same bits), one cache-sized chunk of `out` at a
+/// time, so each value is read once and `out` written once.
+fn sum_in_member_order(out: &mut [f32], round: &[Vec<f32>], offset: usize) {
+    const CHUNK: usize = 2048;
+    for (c, chunk) in out.chunks_mut(CHUNK).enumerate() {
+        let start = offset + c * CHUNK;
+        chunk.fill(0.0);
+        for contribution in round {
+            for (o, &x) in chunk.iter_mut().zip(&contribution[start..]) {
+                *o += x;
+            }
+        }
     }
 }
 
@@ -424,6 +472,64 @@ mod tests {
         for rank in [0, 2] {
             let err = out[rank].as_ref().unwrap_err();
             assert!(err.message.contains("rank 1 left"), "{}", err.message);
+        }
+    }
+
+    /// A rank that hangs — alive, holding its rank, never arriving — fails the others after
+    /// the world's timeout, naming it, instead of blocking them forever.
+    #[test]
+    fn a_rank_that_hangs_fails_its_peers_after_the_timeout() {
+        let timeout = Duration::from_millis(200);
+        let ranks = world_with_timeout(Mesh::line("dp", 2).unwrap(), timeout);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let mut rx = Some(rx);
+        let out: Vec<ExecResult<Duration>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .map(|mut r| {
+                    let rx = if r.rank() == 1 { rx.take() } else { None };
+                    let tx = tx.clone();
+                    scope.spawn(move || {
+                        if let Some(rx) = rx {
+                            // Hangs until rank 0 has given up, then leaves.
+                            let _ = rx.recv();
+                            return Ok(Duration::ZERO);
+                        }
+                        let start = Instant::now();
+                        let mut data = vec![1.0; 4];
+                        let result = r.all_reduce(0, &mut data).map(|()| start.elapsed());
+                        tx.send(()).unwrap();
+                        result
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let err = out[0].as_ref().unwrap_err();
+        assert!(
+            err.message.contains("rank(s) 1 did not reach") && err.message.contains("0.2 s"),
+            "{}",
+            err.message
+        );
+    }
+
+    /// Buffers of earlier rounds are reused, and every round still sums its own values.
+    #[test]
+    fn repeated_all_reduces_reuse_buffers_and_stay_exact() {
+        let out = on_ranks(Mesh::line("dp", 2).unwrap(), |r| {
+            (0..5)
+                .map(|round| {
+                    let mut data: Vec<f32> =
+                        (0..5000).map(|i| (i + r.rank() + round) as f32).collect();
+                    r.all_reduce(0, &mut data).unwrap();
+                    data
+                })
+                .collect::<Vec<_>>()
+        });
+        for (round, got) in out[0].iter().enumerate() {
+            let want: Vec<f32> = (0..5000).map(|i| (2 * (i + round) + 1) as f32).collect();
+            assert_eq!(got, &want, "round {round}");
+            assert_eq!(got, &out[1][round]);
         }
     }
 }
