@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mslc_core::diag::Code;
 use mslc_driver::ranks::{self, RankLayout};
-use mslc_exec::collectives::threads::DEFAULT_TIMEOUT;
+use mslc_exec::collectives::DEFAULT_TIMEOUT;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
 use mslc_io::safetensors::{SafetensorsFile, TensorRef};
@@ -33,8 +33,9 @@ pub struct LaunchArgs {
     /// built with the cargo feature `mpi`.
     #[arg(long)]
     pub mpi: bool,
-    /// With --ranks: how long a rank waits in a collective for the others before it stops
-    /// with E0973, naming the ranks that did not arrive (one hung); default 600.
+    /// How long a rank waits in a collective for the others before it stops with E0973 (one
+    /// hung): with --ranks naming the ranks that did not arrive, with --mpi aborting the MPI
+    /// job; default 600.
     #[arg(long, value_name = "SECONDS")]
     pub collective_timeout: Option<f64>,
 }
@@ -71,23 +72,22 @@ pub enum World {
     One,
     /// `--ranks N`: N threads of this process, and how long one waits in a collective.
     Threads(usize, Duration),
-    /// `--mpi`: one rank of the world `mpiexec` started (a world of 1 without it).
+    /// `--mpi`: one rank of the world `mpiexec` started (a world of 1 without it), and how
+    /// long it waits in a collective.
     #[cfg(feature = "mpi")]
-    Mpi(mslc_exec::collectives::mpi::MpiWorld),
+    Mpi(mslc_exec::collectives::mpi::MpiWorld, Duration),
 }
 
 impl World {
     /// The world `--ranks` and `--mpi` ask for (MPI is initialised here); a usage error for
     /// both at once, for `--mpi` in a build without the `mpi` feature, and for a collective
-    /// timeout that is not a positive number of seconds or not under --ranks.
+    /// timeout that is not a positive number of seconds or has no ranks to time.
     pub fn of(launch: &LaunchArgs) -> Result<World, Failure> {
         let timeout = match launch.collective_timeout {
             None => DEFAULT_TIMEOUT,
-            Some(_) if launch.ranks.is_none() => {
+            Some(_) if launch.ranks.is_none() && !launch.mpi => {
                 return Err(Failure::Usage(
-                    "--collective-timeout applies to --ranks (threads); under --mpi the MPI \
-                     library waits as it does"
-                        .to_string(),
+                    "--collective-timeout is for the ranks of --ranks or --mpi".to_string(),
                 ))
             }
             Some(s) => Duration::try_from_secs_f64(s)
@@ -111,7 +111,7 @@ impl World {
                 ))),
                 None => Ok(World::One),
             },
-            (None, true) => mpi_world(),
+            (None, true) => mpi_world(timeout),
         }
     }
 
@@ -121,7 +121,7 @@ impl World {
             World::One => None,
             World::Threads(n, _) => Some((*n, "--ranks")),
             #[cfg(feature = "mpi")]
-            World::Mpi(w) => Some((w.size(), "mpiexec")),
+            World::Mpi(w, _) => Some((w.size(), "mpiexec")),
         }
     }
 
@@ -130,7 +130,7 @@ impl World {
         match self {
             World::One | World::Threads(..) => false,
             #[cfg(feature = "mpi")]
-            World::Mpi(w) => w.rank() != 0,
+            World::Mpi(w, _) => w.rank() != 0,
         }
     }
 
@@ -147,10 +147,10 @@ impl World {
                 .enumerate()
                 .collect(),
             #[cfg(feature = "mpi")]
-            World::Mpi(w) => {
+            World::Mpi(w, timeout) => {
                 let rank = w.rank();
                 let comm = w
-                    .into_rank(mesh.clone())
+                    .into_rank(mesh.clone(), timeout)
                     .map_err(|e| Failure::Message(mslc_core::diag::Code::E0973, e.message))?;
                 vec![(rank, Box::new(comm) as Box<dyn Collectives>)]
             }
@@ -275,14 +275,14 @@ fn launched_by_mpi() -> Option<(&'static str, usize)> {
 }
 
 #[cfg(feature = "mpi")]
-fn mpi_world() -> Result<World, Failure> {
+fn mpi_world(timeout: Duration) -> Result<World, Failure> {
     mslc_exec::collectives::mpi::MpiWorld::init()
-        .map(World::Mpi)
+        .map(|w| World::Mpi(w, timeout))
         .map_err(|e| Failure::Message(mslc_core::diag::Code::E0973, e.message))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_world() -> Result<World, Failure> {
+fn mpi_world(_: Duration) -> Result<World, Failure> {
     Err(Failure::Usage(
         "--mpi needs an mslc built with the `mpi` feature (`cargo install mslc --features mpi`, \
          with an MPI such as MPICH installed)"

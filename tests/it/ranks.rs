@@ -194,7 +194,7 @@ fn the_world_must_match_the_plan_and_be_runnable() {
 
 /// `--mpi` (one rank per process, tests/mpi_train.rs) is not `--ranks` as well, a build
 /// without the cargo feature `mpi` says which build it needs, and `--collective-timeout` is
-/// for `--ranks`, in positive seconds.
+/// for ranks, in positive seconds.
 #[test]
 fn mpi_is_its_own_launcher() {
     let dir = TestDir::new("ranks-mpi-flag");
@@ -204,11 +204,11 @@ fn mpi_is_its_own_launcher() {
     let (code, _, stderr) = mslc(&[&args[..], &["--ranks", "2", "--mpi"]].concat());
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("not both"), "{stderr}");
-    // The collective timeout is the threads backend's, and a positive time.
+    // The collective timeout is for ranks, and a positive time.
     for (extra, says) in [
         (
-            &["--mpi", "--collective-timeout", "5"][..],
-            "applies to --ranks",
+            &["--collective-timeout", "5"][..],
+            "for the ranks of --ranks or --mpi",
         ),
         (
             &["--ranks", "2", "--collective-timeout", "0"][..],

@@ -528,15 +528,13 @@ mod tests {
             .map(|m| (0..12).map(|i| m * 100 + i).collect())
             .collect();
         let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> =
-                thread_world(mesh, mslc_exec::collectives::threads::DEFAULT_TIMEOUT)
-                    .into_iter()
-                    .zip(&parts)
-                    .map(|(mut comm, part)| {
-                        scope
-                            .spawn(move || gather_bytes(comm.as_mut(), DATA_AXIS, 1, &[2, 3], part))
-                    })
-                    .collect();
+            let handles: Vec<_> = thread_world(mesh, mslc_exec::collectives::DEFAULT_TIMEOUT)
+                .into_iter()
+                .zip(&parts)
+                .map(|(mut comm, part)| {
+                    scope.spawn(move || gather_bytes(comm.as_mut(), DATA_AXIS, 1, &[2, 3], part))
+                })
+                .collect();
             handles
                 .into_iter()
                 .map(|h| h.join().unwrap().unwrap())

@@ -2,17 +2,22 @@
 //! `harness = false`). Run plainly, this test starts itself under `mpiexec -n 2` and `-n 4`
 //! (and once without mpiexec, which must be refused as a world of 1). Each MPI rank runs the
 //! same collectives on both backends — the threads one in-process, all ranks as threads — and
-//! requires the same bits.
+//! requires the same bits. Last, a rank that hangs before a collective: the other says so
+//! after its timeout and aborts the job, well before the hung rank would have arrived.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use mslc_exec::collectives::mpi::MpiRank;
+use mslc_exec::collectives::mpi::{MpiRank, MpiWorld};
 use mslc_exec::collectives::threads::world;
 use mslc_exec::collectives::{Collectives, Mesh};
 
 /// Set in the processes mpiexec starts: the world size they expect.
 const CHILD: &str = "MSLC_MPI_TEST_RANKS";
+/// Set (with [`CHILD`]) in the processes of the hung-rank run.
+const HANG: &str = "MSLC_MPI_TEST_HANG";
+/// How long rank 1 of the hung-rank run sleeps before its collective.
+const HUNG_FOR: Duration = Duration::from_secs(60);
 /// Seconds one mpiexec run may take before it is killed and the test fails.
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -80,6 +85,28 @@ fn threads_results(ranks: usize, rank: usize) -> Vec<Vec<f32>> {
     all.swap_remove(rank)
 }
 
+/// One rank of the hung-rank run: rank 1 sleeps [`HUNG_FOR`] before its all-reduce, rank 0
+/// waits 1 s for it, then says so and aborts the job.
+fn hung_child() -> ExitCode {
+    let me = MpiWorld::init().and_then(|w| w.into_rank(mesh(2), Duration::from_secs(1)));
+    let mut me = match me {
+        Ok(me) => me,
+        Err(e) => {
+            eprintln!("{}", e.message);
+            return ExitCode::from(3);
+        }
+    };
+    if me.rank() == 1 {
+        std::thread::sleep(HUNG_FOR);
+    }
+    let mut data = values(me.rank(), 4);
+    match me.all_reduce(0, &mut data) {
+        Ok(()) => println!("rank {}: the all-reduce completed", me.rank()),
+        Err(e) => eprintln!("rank {}: {}", me.rank(), e.message),
+    }
+    ExitCode::SUCCESS
+}
+
 /// One MPI rank: both backends, the same bits.
 fn child(ranks: usize) -> ExitCode {
     let mut me = match MpiRank::init(mesh(ranks)) {
@@ -136,6 +163,9 @@ fn run_limited(mut cmd: Command) -> (bool, String) {
 }
 
 fn main() -> ExitCode {
+    if std::env::var(HANG).is_ok() {
+        return hung_child();
+    }
     if let Ok(ranks) = std::env::var(CHILD) {
         return child(ranks.parse().expect("a rank count"));
     }
@@ -155,5 +185,18 @@ fn main() -> ExitCode {
     let (ok, out) = run_limited(alone);
     assert!(!ok && out.contains("world has 1 process"), "{out}");
     println!("started without mpiexec: refused as a world of 1");
+    let mut hung = Command::new("mpiexec");
+    hung.args(["-n", "2"]).arg(&exe).env(HANG, "1");
+    let start = Instant::now();
+    let (ok, out) = run_limited(hung);
+    let took = start.elapsed();
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("E0973")
+            && out.contains("rank 0: a member of its group on mesh axis `dp` did not reach the all_reduce within 1.0 s"),
+        "{out}"
+    );
+    assert!(took < HUNG_FOR / 2, "took {took:?}:\n{out}");
+    println!("a rank that hangs: the other aborts the job after its 1 s timeout ({took:.1?})");
     ExitCode::SUCCESS
 }

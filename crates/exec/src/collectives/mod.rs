@@ -14,6 +14,11 @@ pub mod threads;
 
 pub use step::gather_dim;
 
+/// How long a rank waits for the others of its group in one collective before it gives up
+/// (E0973): a step's compute between collectives, or rank 0 writing a checkpoint while the
+/// others wait, stays far below.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 use crate::error::{ExecError, ExecErrorKind, ExecResult};
 
 /// The logical device mesh: named axes, the last varying fastest in the rank numbering

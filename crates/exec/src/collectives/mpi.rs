@@ -5,12 +5,17 @@
 //! the group's contributions to it in member order, and the blocks are gathered — so both
 //! backends give the same bits, and every member of a group gets the same bits. Members first
 //! agree on buffer lengths, so a mismatch is an error on every member, not a hang or garbage.
+//! That agreement waits at most the rank's timeout: a member that never arrives (it hangs)
+//! makes the waiting ranks say so and abort the MPI job, since a collective in flight cannot
+//! be called off.
+
+use std::time::{Duration, Instant};
 
 use mpi::environment::Universe;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::{block_len, check_len, collective_error, Collectives, Mesh};
+use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
 use crate::error::ExecResult;
 
 /// This process's rank of an MPI world laid out as a mesh.
@@ -20,6 +25,8 @@ pub struct MpiRank {
     axes: Vec<SimpleCommunicator>,
     mesh: Mesh,
     rank: usize,
+    /// How long this rank waits for the others of a group to reach a collective.
+    timeout: Duration,
     /// Dropping it finalises MPI, so it is the last field (fields drop in order): the axis
     /// communicators are freed before.
     _universe: Universe,
@@ -52,8 +59,9 @@ impl MpiWorld {
         self.world.rank() as usize
     }
 
-    /// Lays the world out as `mesh`, whose size must be the world's.
-    pub fn into_rank(self, mesh: Mesh) -> ExecResult<MpiRank> {
+    /// Lays the world out as `mesh`, whose size must be the world's; a rank waits at most
+    /// `timeout` for the others to reach a collective, then aborts the job.
+    pub fn into_rank(self, mesh: Mesh, timeout: Duration) -> ExecResult<MpiRank> {
         let MpiWorld { world, universe } = self;
         let size = world.size() as usize;
         if size != mesh.size() {
@@ -81,6 +89,7 @@ impl MpiWorld {
             axes,
             mesh,
             rank,
+            timeout,
             _universe: universe,
         })
     }
@@ -90,7 +99,7 @@ impl MpiRank {
     /// Initialises MPI and lays the world out as `mesh`; the world's size must be the mesh's
     /// (a binary started without `mpiexec`, or by another MPI's launcher, sees a world of 1).
     pub fn init(mesh: Mesh) -> ExecResult<MpiRank> {
-        MpiWorld::init()?.into_rank(mesh)
+        MpiWorld::init()?.into_rank(mesh, DEFAULT_TIMEOUT)
     }
 
     fn comm(&self, axis: usize) -> ExecResult<&SimpleCommunicator> {
@@ -102,17 +111,52 @@ impl MpiRank {
         })
     }
 
-    /// Checks that every member of `comm` passes the same `len`.
-    fn agree(what: &str, comm: &SimpleCommunicator, len: usize) -> ExecResult<()> {
+    /// Checks that every member of group `axis` passes the same `len`, waiting at most the
+    /// timeout for them to arrive; past it, says which collective waited and aborts the job.
+    fn agree(&self, what: &str, axis: usize, len: usize) -> ExecResult<&SimpleCommunicator> {
+        let comm = self.comm(axis)?;
         let mut lens = vec![0u64; comm.size() as usize];
-        comm.all_gather_into(&(len as u64), &mut lens[..]);
-        match lens.iter().position(|&l| l != len as u64) {
-            None => Ok(()),
+        let mine = len as u64;
+        mpi::request::scope(|scope| {
+            let mut request = comm.immediate_all_gather_into(scope, &mine, &mut lens[..]);
+            let start = Instant::now();
+            loop {
+                match request.test() {
+                    Ok(_) => break,
+                    Err(pending) => request = pending,
+                }
+                let waited = start.elapsed();
+                if waited >= self.timeout {
+                    self.abort_hung(what, axis);
+                }
+                // Spin briefly (collectives usually meet within microseconds), then poll
+                // without holding the core.
+                match waited < Duration::from_millis(5) {
+                    true => std::thread::yield_now(),
+                    false => std::thread::sleep(Duration::from_micros(200)),
+                }
+            }
+        });
+        match lens.iter().position(|&l| l != mine) {
+            None => Ok(comm),
             Some(other) => Err(collective_error(format!(
                 "{what}: member {other} of the group sent {} values, this rank {len}",
                 lens[other]
             ))),
         }
+    }
+
+    /// Ends the MPI job after a member of group `axis` did not reach collective `what`
+    /// within the timeout: the collective cannot be called off, and every rank must stop.
+    fn abort_hung(&self, what: &str, axis: usize) -> ! {
+        eprintln!(
+            "error[E0973]: rank {}: a member of its group on mesh axis `{}` did not reach the \
+             {what} within {:.1} s (hung?); aborting the MPI job",
+            self.rank,
+            self.mesh.axes()[axis].0,
+            self.timeout.as_secs_f64()
+        );
+        self.world.abort(1)
     }
 
     /// Each member's block `b` of `send` (`n` blocks of `block`) summed over the group in
@@ -140,8 +184,7 @@ impl Collectives for MpiRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        let comm = self.comm(axis)?;
-        Self::agree("all_reduce", comm, data.len())?;
+        let comm = self.agree("all_reduce", axis, data.len())?;
         let n = comm.size() as usize;
         let block = data.len().div_ceil(n);
         let mut padded = data.to_vec();
@@ -153,31 +196,26 @@ impl Collectives for MpiRank {
     }
 
     fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let comm = self.comm(axis)?;
-        check_len("all_gather", recv.len(), send.len() * comm.size() as usize)?;
-        Self::agree("all_gather", comm, send.len())?;
+        let n = self.comm(axis)?.size() as usize;
+        check_len("all_gather", recv.len(), send.len() * n)?;
+        let comm = self.agree("all_gather", axis, send.len())?;
         comm.all_gather_into(send, recv);
         Ok(())
     }
 
     fn reduce_scatter(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let comm = self.comm(axis)?;
-        check_len(
-            "reduce_scatter",
-            send.len(),
-            recv.len() * comm.size() as usize,
-        )?;
-        Self::agree("reduce_scatter", comm, send.len())?;
+        let n = self.comm(axis)?.size() as usize;
+        check_len("reduce_scatter", send.len(), recv.len() * n)?;
+        let comm = self.agree("reduce_scatter", axis, send.len())?;
         recv.copy_from_slice(&Self::sum_my_block(comm, send, recv.len()));
         Ok(())
     }
 
     fn all_to_all(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let comm = self.comm(axis)?;
-        let n = comm.size() as usize;
+        let n = self.comm(axis)?.size() as usize;
         check_len("all_to_all", recv.len(), send.len())?;
         block_len("all_to_all", send.len(), n)?;
-        Self::agree("all_to_all", comm, send.len())?;
+        let comm = self.agree("all_to_all", axis, send.len())?;
         comm.all_to_all_into(send, recv);
         Ok(())
     }

@@ -15,7 +15,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{block_len, check_len, collective_error, Collectives, Mesh};
+use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
 use crate::error::ExecResult;
 
 /// The contributions of one completed round, indexed by member.
@@ -84,10 +84,6 @@ pub struct ThreadRank {
     /// From every rank (index = source).
     from: Vec<Receiver<Vec<f32>>>,
 }
-
-/// How long a rank of [`world`] waits for the others in one collective: a step's compute
-/// between collectives, or rank 0 writing a checkpoint while the others wait, stays far below.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The ranks of `mesh`, in rank order, waiting at most [`DEFAULT_TIMEOUT`] in a collective.
 pub fn world(mesh: Mesh) -> Vec<ThreadRank> {
