@@ -1041,8 +1041,7 @@ impl<'a> Memory<'a> {
         let kernel_error = |e: KernelError| ExecError::new(ExecErrorKind::Kernel, e.to_string());
         if let StepKernel::Collective(c) = &plan.prepared.kernel {
             let x = views[0];
-            let shape: Vec<usize> = x.shape.to_vec();
-            run_collective(c, comm, x.data, &shape, out)?;
+            run_collective(c, comm, x.data, x.shape, out)?;
         } else {
             let packed_b = match &plan.prepared.packed_b {
                 Some(range) => {
