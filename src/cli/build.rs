@@ -9,16 +9,17 @@ use serde::Serialize;
 
 use mslc_artifact::encode;
 use mslc_artifact::write::{write_build_set, SetError};
+use mslc_check::decls::Train;
 use mslc_check::{check_path, Checked, Model};
 use mslc_core::diag::{Code, Diagnostic, Severity};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
-use mslc_driver::compile::Compiled;
+use mslc_driver::compile::{CompileOptions, Compiled};
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::train::{
-    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainError, TrainOptions,
+    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainOptions,
 };
 use mslc_plan::kernels::{KernelTable, SubgraphEntry};
 use mslc_plan::memory_svg::memory_svg;
@@ -555,14 +556,14 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
 /// A compiled model or training step, with its recompute report (a training step's).
 type Built<'c> = (Cow<'c, Model>, Compiled, Option<RecomputeReport>);
 
-/// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
-/// f32: the module and the train's model (labels and loss included) are named after the train;
-/// with what its memory policy recomputes, and the graph-level tuning decisions applied.
-fn build_train<'c>(
+/// The train `entry` of `checked`, its model (labels and loss included), and how `mslc build`
+/// compiles its step for one device: the compile options of the selection and the training
+/// options (no exposed gradients, one replica).
+pub(super) fn train_step<'c>(
     args: &BuildArgs,
     checked: &'c Checked,
     entry: &str,
-) -> Result<(Built<'c>, Vec<SubgraphEntry>), Box<Diagnostic>> {
+) -> Result<(&'c Train, &'c Model, CompileOptions, TrainOptions), Box<Diagnostic>> {
     let train = choose_train(checked, Some(entry))?;
     let model = train.graph.as_ref().ok_or_else(|| {
         root_error(
@@ -580,6 +581,18 @@ fn build_train<'c>(
         data_parallel: 1,
         optimizer_shard: 0,
     };
+    Ok((train, model, options, train_options))
+}
+
+/// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
+/// f32: the module and the train's model (labels and loss included) are named after the train;
+/// with what its memory policy recomputes, and the graph-level tuning decisions applied.
+fn build_train<'c>(
+    args: &BuildArgs,
+    checked: &'c Checked,
+    entry: &str,
+) -> Result<(Built<'c>, Vec<SubgraphEntry>), Box<Diagnostic>> {
+    let (train, model, options, train_options) = train_step(args, checked, entry)?;
     // The graph-level tuning decisions that name a fused subgraph of the training step apply
     // as they do to the forward.
     let table = args.out_dir.join(format!("{entry}.kernels.toml"));
@@ -593,10 +606,7 @@ fn build_train<'c>(
         |o| compile_train(train, o, train_options),
         |t| &t.compiled.module,
     )
-    .map_err(|e| match e {
-        TrainError::Train(d) => d,
-        TrainError::Compile(e) => e.diagnostic(checked),
-    })?;
+    .map_err(|e| e.diagnostic(checked))?;
     let mut compiled = train.compiled;
     compiled.module.name = entry.to_string();
     let mut model = model.clone();

@@ -8,20 +8,16 @@ use std::path::PathBuf;
 
 use mslc_artifact::encode;
 use mslc_check::Checked;
-use mslc_core::diag::{Code, Diagnostic};
+use mslc_core::diag::Diagnostic;
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::ranks::{self, RankLayout};
-use mslc_driver::recompute::MemoryRequest;
-use mslc_driver::select::root_error;
 use mslc_driver::train::{
-    choose_train, compile_train_ranked, train_compile_options, CompiledTrain, TrainError,
-    TrainOptions, DATA_AXIS, TENSOR_AXIS,
+    compile_train_ranked, CompiledTrain, TrainOptions, DATA_AXIS, TENSOR_AXIS,
 };
-use mslc_ir::shard::Group;
 use mslc_plan::parallel::PlanFile;
 
-use super::build::{selection, BuildArgs};
+use super::build::{train_step, BuildArgs};
 
 /// What a build of a parallel train adds: the per-rank files, a summary line and the report's
 /// `ranks` object.
@@ -99,33 +95,15 @@ fn compile_rank(
     entry: &str,
     layout: &RankLayout,
 ) -> Result<CompiledTrain, Box<Diagnostic>> {
-    let train = choose_train(checked, Some(entry))?;
-    let model = train.graph.as_ref().ok_or_else(|| {
-        root_error(
-            checked,
-            Code::E0608,
-            format!("train `{entry}` did not check"),
-            "fix the errors `mslc check` reports".to_string(),
-        )
-    })?;
-    let (compile_options, loss_scale) =
-        train_compile_options(checked, train, model, selection(args))?;
+    let (train, _, options, train_options) = train_step(args, checked, entry)?;
     let train_options = TrainOptions {
-        expose_grads: false,
-        loss_scale,
-        memory: MemoryRequest::of_train(checked, train),
         data_parallel: layout.dp,
         optimizer_shard: layout.optimizer_shard,
+        ..train_options
     };
-    let group = Group {
-        axis: TENSOR_AXIS.to_string(),
-        ranks: layout.tp,
-    };
+    let group = layout.tensor_group();
     let tensor = (layout.tp > 1).then_some((&layout.splits, &group));
-    compile_train_ranked(train, &compile_options, train_options, tensor).map_err(|e| match e {
-        TrainError::Train(d) => d,
-        TrainError::Compile(e) => e.diagnostic(checked),
-    })
+    compile_train_ranked(train, &options, train_options, tensor).map_err(|e| e.diagnostic(checked))
 }
 
 /// `TRAIN.ranks.json`: the mesh, every rank's coordinates, and per parameter the shape each

@@ -11,11 +11,10 @@ use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::ranks::{self, RankLayout};
 use mslc_driver::select::choose_model;
-use mslc_driver::train::{DATA_AXIS, TENSOR_AXIS};
+use mslc_driver::train::DATA_AXIS;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
 use mslc_io::npy::NpyArray;
-use mslc_ir::shard::Group;
 
 use super::output::Failure;
 use super::run::{self, RunArgs, RunSummary};
@@ -61,10 +60,7 @@ pub fn execute(
     }
     let replicas = ranks::split_inputs(model, &arrays, layout.dp)
         .map_err(|e| Failure::Message(e.code, e.message))?;
-    let tensor_group = Group {
-        axis: TENSOR_AXIS.to_string(),
-        ranks: layout.tp,
-    };
+    let tensor_group = layout.tensor_group();
     let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
     let shapes = run::shapes_of(&replicas[0]);
     let (mut module, sources) = run::compile_source(args, &shapes, tensor, false, reporter)?;

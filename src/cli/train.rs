@@ -17,13 +17,11 @@ use mslc_driver::ranks::{self, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train_ranked, micro_batch_dim, train_compile_options, TrainError,
-    TrainOptions, TENSOR_AXIS,
+    choose_train, compile_train_ranked, micro_batch_dim, train_compile_options, TrainOptions,
 };
 use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, TrainRunError, Trainer};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
-use mslc_ir::shard::Group;
 use mslc_plan::memory::MemoryPlan;
 
 use super::output::Failure;
@@ -172,10 +170,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         data_parallel: replicas,
         optimizer_shard: layout.optimizer_shard,
     };
-    let tensor_group = Group {
-        axis: TENSOR_AXIS.to_string(),
-        ranks: layout.tp,
-    };
+    let tensor_group = layout.tensor_group();
     let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
     // The tuning decisions for this device, as a build follows them.
     let tune_db = args
@@ -189,10 +184,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         |o| compile_train_ranked(train, o, train_options, tensor),
         |t| &t.compiled.module,
     )
-    .map_err(|e| match e {
-        TrainError::Train(d) => emit(d),
-        TrainError::Compile(e) => emit(e.diagnostic(&checked)),
-    })?;
+    .map_err(|e| emit(e.diagnostic(&checked)))?;
     let threads = ranks::threads_per_rank(args.threads, replicas * layout.tp);
     let tuned = super::tune_decisions::apply_kernels(
         &mut compiled.compiled.module,

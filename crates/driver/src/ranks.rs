@@ -217,6 +217,14 @@ impl RankLayout {
         ])
         .map_err(|e| RanksError::new(Code::E0970, e.message))
     }
+
+    /// The group a rank's tensor-parallel rewrite splits over: the `tp` ranks of its row.
+    pub fn tensor_group(&self) -> mslc_ir::shard::Group {
+        mslc_ir::shard::Group {
+            axis: TENSOR_AXIS.to_string(),
+            ranks: self.tp,
+        }
+    }
 }
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs

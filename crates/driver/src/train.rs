@@ -174,6 +174,17 @@ impl From<CompileError> for TrainError {
     }
 }
 
+impl TrainError {
+    /// The error as a diagnostic: the train's own, or a compiler failure on the root file of
+    /// `checked` ([`CompileError::diagnostic`]).
+    pub fn diagnostic(self, checked: &Checked) -> Box<Diagnostic> {
+        match self {
+            TrainError::Train(d) => d,
+            TrainError::Compile(e) => e.diagnostic(checked),
+        }
+    }
+}
+
 /// The train to run: the one called `entry`, else the file's only `train` declaration.
 pub fn choose_train<'a>(
     checked: &'a Checked,
