@@ -220,10 +220,7 @@ impl RankLayout {
 
     /// The group a rank's tensor-parallel rewrite splits over: the `tp` ranks of its row.
     pub fn tensor_group(&self) -> mslc_ir::shard::Group {
-        mslc_ir::shard::Group {
-            axis: TENSOR_AXIS.to_string(),
-            ranks: self.tp,
-        }
+        mslc_ir::shard::Group::new(TENSOR_AXIS, self.tp)
     }
 }
 

@@ -114,15 +114,12 @@ const SEED: u64 = 0x636f_6e66;
 /// The module's float outputs after one run, in output order.
 fn outputs(exec: &mut Executor) -> Result<Vec<Vec<f32>>, String> {
     exec.run().map_err(|e| e.message)?;
-    let names: Vec<String> = exec
+    let exec = &*exec;
+    Ok(exec
         .module()
         .outputs
         .iter()
-        .map(|(n, _)| n.clone())
-        .collect();
-    Ok(names
-        .iter()
-        .filter_map(|n| exec.output_f32(n).map(|(_, v)| v))
+        .filter_map(|(n, _)| exec.output_f32(n).map(|(_, v)| v))
         .collect())
 }
 

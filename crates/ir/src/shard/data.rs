@@ -134,13 +134,6 @@ mod tests {
     use mslc_core::ops::TensorType;
     use mslc_core::program::Init;
 
-    fn dp() -> Group {
-        Group {
-            axis: "dp".to_string(),
-            ranks: 2,
-        }
-    }
-
     #[test]
     fn a_cross_entropy_replica_weighs_its_loss_by_its_counted_labels() {
         let mut g = Graph::new("t");
@@ -149,7 +142,7 @@ mod tests {
         let loss = g
             .add_op(Op::CrossEntropy, Attrs::new(), &[logits, labels], "loss")
             .unwrap()[0];
-        let r = replica_loss(&mut g, loss, &dp()).unwrap();
+        let r = replica_loss(&mut g, loss, &Group::new("dp", 2)).unwrap();
         verify(&g).unwrap();
         let ops: Vec<(Op, String, u64)> = collectives(&g);
         // The count of labels, then the weighted loss: two scalar sums over `dp`.
@@ -169,9 +162,9 @@ mod tests {
         let mut g = Graph::new("t");
         let w = g.add_param("w", TensorType::new(DType::F32, [2]), Init::Zeros, true);
         let s = g.add_op(Op::Sum, Attrs::new(), &[w], "loss").unwrap()[0];
-        let e = replica_loss(&mut g, s, &dp()).unwrap_err();
+        let e = replica_loss(&mut g, s, &Group::new("dp", 2)).unwrap_err();
         assert!(e.0.contains("the loss is `sum`"), "{e}");
-        let summed = all_reduce_each(&mut g, &[w], &dp()).unwrap();
+        let summed = all_reduce_each(&mut g, &[w], &Group::new("dp", 2)).unwrap();
         assert_eq!(g.ty(summed[0]), g.ty(w));
         assert_eq!(collectives(&g), vec![(Op::AllReduce, "dp".to_string(), 8)]);
     }

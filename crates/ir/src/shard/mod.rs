@@ -24,6 +24,14 @@ pub struct Group {
 }
 
 impl Group {
+    /// The group of `ranks` ranks along mesh axis `axis`.
+    pub fn new(axis: &str, ranks: usize) -> Group {
+        Group {
+            axis: axis.to_string(),
+            ranks,
+        }
+    }
+
     /// The attributes every collective over this group carries.
     pub fn attrs(&self) -> Attrs {
         Attrs::new()

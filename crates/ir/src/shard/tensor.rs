@@ -225,13 +225,6 @@ mod tests {
     use mslc_core::ops::{DType, TensorType};
     use mslc_core::program::Init;
 
-    fn mp() -> Group {
-        Group {
-            axis: "tp".to_string(),
-            ranks: 2,
-        }
-    }
-
     /// x [2, 8] → column-parallel w1 [16, 8] (as x @ w1ᵀ) → relu → row-parallel w2 [8, 16].
     fn mlp() -> Graph {
         let mut g = Graph::new("t");
@@ -283,7 +276,7 @@ mod tests {
     fn a_column_then_row_parallel_pair_copies_in_and_reduces_out() {
         let mut g = mlp();
         let splits = BTreeMap::from([("w1".to_string(), 0), ("w2".to_string(), 1)]);
-        let done = tensor_parallel(&mut g, &splits, &mp()).unwrap();
+        let done = tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap();
         verify(&g).unwrap();
         assert_eq!(done, vec![("w1".to_string(), 0), ("w2".to_string(), 1)]);
         let kinds: Vec<Op> = crate::shard::collectives(&g)
@@ -302,7 +295,7 @@ mod tests {
     fn a_split_that_does_not_divide_or_reaches_an_output_is_refused() {
         let mut g = mlp();
         let splits = BTreeMap::from([("w1".to_string(), 0)]);
-        let e = tensor_parallel(&mut g, &splits, &mp()).unwrap_err();
+        let e = tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap_err();
         assert!(
             e.0.contains("multiplies operands split in another way"),
             "{e}"

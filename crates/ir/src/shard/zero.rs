@@ -289,13 +289,6 @@ mod tests {
     use mslc_core::ops::DType;
     use mslc_core::program::Init;
 
-    fn dp() -> Group {
-        Group {
-            axis: "dp".to_string(),
-            ranks: 2,
-        }
-    }
-
     #[test]
     fn slices_are_padded_to_equal_chunks() {
         let z = ZeroShard {
@@ -324,7 +317,7 @@ mod tests {
         let y = g.add_op(Op::Matmul, Attrs::new(), &[x, w], "y").unwrap()[0];
         let s = g.add_op(Op::Sum, Attrs::new(), &[y], "loss").unwrap()[0];
         g.set_output("loss", s);
-        let done = shard_params(&mut g, &[("w".to_string(), w)], &dp()).unwrap();
+        let done = shard_params(&mut g, &[("w".to_string(), w)], &Group::new("dp", 2)).unwrap();
         verify(&g).unwrap();
         // 9 values in slices of 5: the gather returns 10, cut to 9 and reshaped.
         assert_eq!(g.ty(w).shape, vec![5]);
@@ -333,7 +326,7 @@ mod tests {
         assert_eq!(g.inputs(y.node)[1], done[0].1.whole);
         assert_eq!(collectives(&g), vec![(Op::AllGather, "dp".to_string(), 20)]);
         // The gradient slice of a whole one: padded to 10, reduce-scattered to 5.
-        let grad = scatter_grad(&mut g, y, &dp()).unwrap();
+        let grad = scatter_grad(&mut g, y, &Group::new("dp", 2)).unwrap();
         assert_eq!(g.ty(grad).shape, vec![3]);
         let index = g.add_input(DP_INDEX, TensorType::new(DType::I32, vec![]));
         let picked = select_slice(&mut g, w, index, 2).unwrap();
