@@ -10,9 +10,14 @@
 //! states) gives the same losses, and its gathered checkpoint the same weights and optimizer
 //! states. Without mpiexec installed the test fails.
 
+#[path = "shared/tolerance.rs"]
+mod tolerance;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tolerance::assert_rel_to_max;
 
 use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsFile, StDType};
@@ -237,22 +242,6 @@ fn assert_rel(what: &str, got: &[f64], want: &[f64], rel: f64) {
     }
 }
 
-/// `got` equals `want` within `rel` of `want`'s largest magnitude (tests/it/train.rs's
-/// measure, which the threads backend's tensor-parallel tests use): the error of an element
-/// near zero is weighed against the tensor, not against itself.
-fn assert_rel_to_max(what: &str, got: &[f64], want: &[f64], rel: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
-    assert!(
-        err <= rel * scale,
-        "{what}: max error {err:e} > {rel:e} × {scale:e}"
-    );
-}
-
 fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -356,21 +345,13 @@ fn main() {
 /// The tensor-parallel policy and train of the tiny LLaMA (tests/it/ranks.rs's too).
 const LLAMA_TP: &str = include_str!("fixtures/tiny_llama_tp.msl-decls");
 
-/// The tiny LLaMA's sizes: 2 layers, hidden 32, 4 heads, 2 kv heads, vocab 64, S = 8.
-const LLAMA_SETS: [&str; 12] = [
-    "--set",
-    "layers=2",
-    "--set",
-    "hidden=32",
-    "--set",
-    "ffn=64",
-    "--set",
-    "vocab=64",
-    "--set",
-    "kv_heads=2",
-    "--dim",
-    "S=8",
-];
+/// The tiny LLaMA's sizes as `mslc` flags (tests/it/ranks.rs's too): 2 layers, hidden 32,
+/// 4 heads, 2 kv heads, vocab 64; S = 8.
+fn llama_flags() -> Vec<&'static str> {
+    include_str!("fixtures/tiny_llama_sizes.args")
+        .split_whitespace()
+        .collect()
+}
 
 /// `mpiexec -n 2 mslc train --mpi` of examples/tiny_llama.msl's model under Megatron tensor
 /// parallelism, each process holding its shards, against one device: ten steps' losses within
@@ -409,13 +390,13 @@ fn tensor_parallel_training(dir: &Path) {
     write_npy(&data, &tokens).unwrap();
     // Starting weights: one seeded step on one device (a tensor-parallel rank cannot
     // initialise its shards alone).
-    let init = [&LLAMA_SETS[..], &["--init-seed", "5"]].concat();
+    let init = [&llama_flags()[..], &["--init-seed", "5"]].concat();
     let (code, stdout, stderr) =
         train_with(dir, "llama.msl", (&data, "1"), "llama-init", &[], &init);
     assert_eq!(code, 0, "initial weights:\n{stdout}{stderr}");
     let weights = dir.join("llama-init/step-1/model.safetensors");
     let weights = weights.to_str().unwrap();
-    let flags = [&LLAMA_SETS[..], &["--weights", weights]].concat();
+    let flags = [&llama_flags()[..], &["--weights", weights]].concat();
     let (code, stdout, stderr) =
         train_with(dir, "llama.msl", (&data, "10"), "llama-one", &[], &flags);
     assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
@@ -478,7 +459,7 @@ fn tensor_parallel_training(dir: &Path) {
     .unwrap();
     let input = format!("tokens={}", tokens.display());
     let args = [
-        &LLAMA_SETS[..],
+        &llama_flags()[..],
         &["--weights", trained.to_str().unwrap(), "--input", &input],
     ]
     .concat();

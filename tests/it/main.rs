@@ -30,6 +30,8 @@ mod recompute;
 mod robustness;
 mod round_trip;
 mod support;
+#[path = "../shared/tolerance.rs"]
+mod tolerance;
 mod train;
 mod train_amp;
 mod train_mode;

@@ -272,22 +272,7 @@ train Pretrain for TinyLlama {
     let src = dir.path("llama.msl");
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
     let data = random_tokens(&dir, 12, 8, 17);
-    let sets = [
-        "--set",
-        "layers=2",
-        "--set",
-        "hidden=32",
-        "--set",
-        "ffn=64",
-        "--set",
-        "vocab=64",
-        "--set",
-        "heads=4",
-        "--set",
-        "kv_heads=2",
-        "--dim",
-        "S=8",
-    ];
+    let sets = llama_flags();
     let (one, two) = (dir.path("one"), dir.path("two"));
     let single = train(&src, &data, &one, "10", &sets);
     let ranked = train(
@@ -302,18 +287,15 @@ train Pretrain for TinyLlama {
     assert_same_final_weights(&one, &two, 1e-5);
 }
 
-/// The sizes of the tensor-parallel tiny LLaMA: 2 layers, hidden 32, 4 heads, 2 kv heads,
-/// vocab 64; S = 8, B = 2.
-const LLAMA_SETS: [(&str, &str); 5] = [
-    ("layers", "2"),
-    ("hidden", "32"),
-    ("ffn", "64"),
-    ("vocab", "64"),
-    ("kv_heads", "2"),
-];
-const LLAMA_DIMS: [(&str, &str); 2] = [("S", "8"), ("B", "2")];
+/// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
+/// 4 heads, 2 kv heads, vocab 64; S = 8.
+fn llama_flags() -> Vec<&'static str> {
+    include_str!("../fixtures/tiny_llama_sizes.args")
+        .split_whitespace()
+        .collect()
+}
 
-/// examples/tiny_llama.msl's model ([`LLAMA_SETS`]) with the example's Megatron shard
+/// examples/tiny_llama.msl's model ([`llama_flags`]) with the example's Megatron shard
 /// patterns on a mesh of `mp: 2`, written in `dir`, and checked.
 fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
     let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
@@ -322,12 +304,19 @@ fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
     let src = dir.path("llama_tp.msl");
     std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
     let mut options = mslc_check::CheckOptions::default();
-    for (k, v) in LLAMA_SETS {
-        options.overrides.sets.insert(k.to_string(), v.to_string());
+    for flag in llama_flags().chunks(2) {
+        let (k, v) = flag[1].split_once('=').expect("NAME=VALUE");
+        let overrides = match flag[0] {
+            "--set" => &mut options.overrides.sets,
+            _ => &mut options.overrides.dims,
+        };
+        overrides.insert(k.to_string(), v.to_string());
     }
-    for (k, v) in LLAMA_DIMS {
-        options.overrides.dims.insert(k.to_string(), v.to_string());
-    }
+    // The train's batch of 2 on one device.
+    options
+        .overrides
+        .dims
+        .insert("B".to_string(), "2".to_string());
     let checked = mslc_check::check_path(&src, &options);
     assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
     (src, checked)
@@ -548,12 +537,7 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
     let weights = dir.path("w.safetensors");
     crate::exec::common::write_weights(&weights, &crate::exec::common::random_weights(&single, 6));
     let data = random_tokens(&dir, 8, 8, 23);
-    let mut flags: Vec<String> = vec!["--weights".into(), s(&weights).into()];
-    for (k, v) in LLAMA_SETS {
-        flags.extend(["--set".to_string(), format!("{k}={v}")]);
-    }
-    flags.extend(["--dim".to_string(), "S=8".to_string()]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let flags = [&["--weights", s(&weights)][..], &llama_flags()].concat();
     let run = |out: &Path, extra: &[&str]| -> Vec<f64> {
         let metrics = out.with_extension("jsonl");
         let args = [
@@ -627,12 +611,11 @@ fn run_on_two_ranks_tensor_parallel_matches_one_device() {
     )
     .unwrap();
     let input = format!("tokens={}", s(&tokens_file));
-    let mut args: Vec<String> = vec!["--weights".into(), s(&weights).into()];
-    args.extend(["--input".to_string(), input]);
-    for (k, v) in LLAMA_SETS {
-        args.extend(["--set".to_string(), format!("{k}={v}")]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args = [
+        &["--weights", s(&weights), "--input", &input][..],
+        &llama_flags(),
+    ]
+    .concat();
     let want = forward(&src, &args, &dir.path("one"), &[], "logits");
     let got = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
     assert_eq!(want.len(), 2 * 8 * 64);
@@ -775,22 +758,7 @@ fn tiny_llama_optimizer_sharding_on_two_ranks_matches_one_device() {
     clip_grad_norm = 1.0";
     let with_level = |level: &str| llama_zero_source(&dir, "llama", level, fields);
     let data = random_tokens(&dir, 12, 8, 17);
-    let sets = [
-        "--set",
-        "layers=2",
-        "--set",
-        "hidden=32",
-        "--set",
-        "ffn=64",
-        "--set",
-        "vocab=64",
-        "--set",
-        "heads=4",
-        "--set",
-        "kv_heads=2",
-        "--dim",
-        "S=8",
-    ];
+    let sets = llama_flags();
     let run = |src: &Path, out: &Path, extra: &[&str]| {
         train(src, &data, out, "10", &[&sets[..], extra].concat())
     };
@@ -1004,11 +972,7 @@ fn build_writes_the_per_rank_program() {
         "--out-dir",
         s(&out),
     ];
-    let sets: Vec<String> = LLAMA_SETS.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    for set in &sets {
-        args.extend(["--set", set]);
-    }
-    args.extend(["--dim", "S=8"]);
+    args.extend(llama_flags());
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
@@ -1084,11 +1048,9 @@ train Piped for TinyLlama {
 ";
     std::fs::write(&piped, format!("{}{decls}", &example[..model_end])).unwrap();
     let out = dir.path("pp");
+    // The step takes one of the 2 pipeline micro-batches of the batch of 4: B = 2.
     let mut args = vec!["build", s(&piped), "--entry", "Piped", "--out-dir", s(&out)];
-    for set in &sets {
-        args.extend(["--set", set]);
-    }
-    args.extend(["--dim", "S=8", "--dim", "B=2"]);
+    args.extend(llama_flags());
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
@@ -1096,4 +1058,11 @@ train Piped for TinyLlama {
         "{stdout}"
     );
     assert!(!out.join("Piped.rank.mir").exists());
+    // The example's own train (2 data × 2 tensor × 2 stages, 4 micro-batches) builds with
+    // the sizes it declares: B = 8 / (2 × 4) = 1.
+    let example = root().join("examples/tiny_llama.msl");
+    let args = ["build", s(&example), "--entry", "Pretrain", "-o", s(&out)];
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("per rank:   not written"), "{stdout}");
 }

@@ -102,19 +102,8 @@ fn train(source: &Path, extra: &[&str]) -> (i32, String, String) {
     mslc(&args)
 }
 
-/// ‖got − want‖∞ ≤ tol · ‖want‖∞.
-pub(crate) fn assert_rel(what: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
-    assert!(
-        err <= tol * scale,
-        "{what}: max error {err:e} > {tol:e} × {scale:e}\n got {got:?}\nwant {want:?}"
-    );
-}
+/// ‖got − want‖∞ ≤ tol · ‖want‖∞ (the measure tests/mpi_train.rs shares).
+pub(crate) use crate::tolerance::assert_rel_to_max as assert_rel;
 
 /// The `loss` of every line of a `--metrics` file, in order.
 pub(crate) fn metric_losses(path: &Path) -> Vec<f64> {
