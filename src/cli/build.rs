@@ -232,10 +232,7 @@ fn train_micro_batch(
         Some(model) => {
             // The batch counts `B × dp × micro-batches (pipeline) × grad_accum`.
             let policy = train.parallel.map(|p| &checked.decls.parallels[p]);
-            let parts = policy.map_or(1, |p| {
-                let pipeline = p.pipeline.as_ref().map_or(1, |p| p.micro_batches.max(1));
-                p.data_parallel_size().max(1).saturating_mul(pipeline)
-            });
+            let parts = policy.map_or(1, |p| p.batch_parts());
             // A batch that does not split so is the plan's error (E0902), with its help.
             micro_batch_dim(train, model, &args.model.dims, parts).or_else(|e| match parts {
                 1 => Err(e),

@@ -42,7 +42,9 @@ pub fn rank_artifacts(
     if devices <= 1 {
         return Ok(None);
     }
-    let layout = match ranks::layout(Some(plan), devices, "the plan") {
+    let layout = ranks::layout(Some(plan), devices, "the plan")
+        .and_then(|l| l.refuse_pipeline("a per-rank program").map(|()| l));
+    let layout = match layout {
         Ok(layout) => layout,
         Err(e) => {
             return Ok(Some(RankArtifacts {
@@ -122,11 +124,10 @@ fn ranks_description(
             .cloned()
             .unwrap_or(axis.to_string())
     };
-    let mesh = layout.mesh().ok();
     let ranks: Vec<serde_json::Value> = (0..layout.dp * layout.tp)
         .map(|rank| {
-            let coords = mesh.as_ref().map_or(vec![0, 0], |m| m.coords(rank));
-            serde_json::json!({ "rank": rank, "data": coords[0], "tensor": coords[1] })
+            let coords = layout.coords(rank);
+            serde_json::json!({ "rank": rank, "data": coords.replica, "tensor": coords.part })
         })
         .collect();
     let module = &compiled.compiled.module;

@@ -14,6 +14,7 @@ mod output;
 mod param_groups;
 mod progress;
 mod run;
+mod run_pipeline;
 mod run_ranks;
 mod train;
 mod tune;

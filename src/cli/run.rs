@@ -15,13 +15,16 @@ use mslc_core::diag::{Code, Severity, Sources};
 use mslc_core::units::human_bytes;
 use mslc_driver::compile::STAGE_SIZE;
 use mslc_driver::numerics::NumericsReport;
-use mslc_driver::ranks::{compile_rank, STAGE_TENSOR_PARALLEL};
+use mslc_driver::ranks::{
+    compile_rank, compile_stage, PipelineLayout, STAGE_PIPELINE, STAGE_TENSOR_PARALLEL,
+};
 use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selection};
 use mslc_driver::train::TensorSplits;
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor};
 use mslc_io::npy::{read_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
+use mslc_ir::shard::pipeline::StageCut;
 use mslc_kernels::peak::Peak;
 use mslc_plan::kernels::KernelTable;
 
@@ -543,7 +546,7 @@ pub(super) fn warn_if_foreign(module: &Module, reporter: &Reporter) {
 /// A failed run: a `--check-numerics` fault as its diagnostic (at the op's source when the
 /// sources are at hand), a collective that could not complete as E0973, any other error as
 /// its message.
-fn run_failure(e: ExecError, sources: Option<&Sources>, reporter: &Reporter) -> Failure {
+pub(super) fn run_failure(e: ExecError, sources: Option<&Sources>, reporter: &Reporter) -> Failure {
     let Some(fault) = &e.fault else {
         return match e.kind {
             // Another rank left (or handed a collective a buffer of another size).
@@ -608,6 +611,20 @@ pub(super) fn compile_source(
     report: bool,
     reporter: &Reporter,
 ) -> Result<(Module, Sources), Failure> {
+    compile_source_stage(args, shapes, tensor, None, report, reporter)
+        .map(|(module, sources, _)| (module, sources))
+}
+
+/// [`compile_source`], cut to one stage of a pipeline when `stage` is given (E0972 when the
+/// model does not cut so); also what the stage receives, sends and outputs.
+pub(super) fn compile_source_stage(
+    args: &RunArgs,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    tensor: Option<TensorSplits>,
+    stage: Option<(&PipelineLayout, usize)>,
+    report: bool,
+    reporter: &Reporter,
+) -> Result<(Module, Sources, StageCut), Failure> {
     let (checked, entry) = check_for_inputs(args, shapes, report, reporter)?;
     let model = checked
         .model(&entry)
@@ -622,13 +639,17 @@ pub(super) fn compile_source(
         Failure::Reported
     })?;
     options.unfused = super::tune_decisions::table_unfused(args.kernels.as_deref());
-    let compiled = compile_rank(model, &options, tensor).map_err(|e| {
+    let compiled = match stage {
+        Some((pipeline, stage)) => compile_stage(model, &options, tensor, pipeline, stage),
+        None => compile_rank(model, &options, tensor).map(|c| (c, StageCut::default())),
+    };
+    let (compiled, cut) = compiled.map_err(|e| {
         let code = match e.stage {
             STAGE_SIZE => Code::E0606,
-            STAGE_TENSOR_PARALLEL => Code::E0972,
+            STAGE_TENSOR_PARALLEL | STAGE_PIPELINE => Code::E0972,
             _ => Code::E0603,
         };
         Failure::Message(code, format!("cannot compile `{entry}`: {e}"))
     })?;
-    Ok((compiled.module, checked.sources))
+    Ok((compiled.module, checked.sources, cut))
 }

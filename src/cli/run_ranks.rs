@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use mslc_check::decls::Train;
 use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
-use mslc_driver::ranks::{self, RankLayout};
+use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::select::choose_model;
 use mslc_driver::train::DATA_AXIS;
 use mslc_exec::collectives::{Collectives, Mesh};
@@ -58,6 +58,11 @@ pub fn execute(
             missing.name
         )));
     }
+    if let Some(pipeline) = &layout.pipeline {
+        return super::run_pipeline::execute(
+            args, world, &arrays, model, &layout, pipeline, reporter,
+        );
+    }
     let replicas = ranks::split_inputs(model, &arrays, layout.dp)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let tensor_group = layout.tensor_group();
@@ -66,7 +71,15 @@ pub fn execute(
     let (mut module, sources) = run::compile_source(args, &shapes, tensor, false, reporter)?;
     run::warn_if_foreign(&module, reporter);
     let kernel_table = run::apply_kernels(args, &mut module, false)?;
-    let gather = gather_dims(args, &arrays, &module, layout.dp, reporter)?;
+    let outputs: Vec<(String, Vec<usize>)> = module
+        .outputs
+        .iter()
+        .map(|(name, v)| {
+            let shape = module.values[*v as usize].ty.shape.iter();
+            (name.clone(), shape.map(|&d| d as usize).collect())
+        })
+        .collect();
+    let gather = gather_dims(args, &arrays, &outputs, layout.dp, reporter)?;
     let mesh = layout
         .mesh()
         .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -74,8 +87,7 @@ pub fn execute(
     // One rank: its executor over its shards and its replica's inputs, run `--iterations`
     // times; the outputs gathered over the replicas (whole on every rank of the data axis).
     let rank = |rank: usize, comm: Option<Box<dyn Collectives>>| {
-        let coords = mesh.coords(rank);
-        let (replica, part) = (coords[0], coords[1]);
+        let RankCoords { replica, part, .. } = layout.coords(rank);
         let mut exec = run::executor(args, module.clone(), threads)?;
         if let Some(comm) = comm {
             exec.set_collectives(comm);
@@ -118,40 +130,45 @@ pub fn execute(
     world::run_ranks(world.ranks(&mesh)?, reporter, lead, follow)
 }
 
-/// `data 2 × tensor 1, --ranks`: the layout and the launcher, for the summary.
-fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
+/// `data 2 × tensor 1, --ranks` (`× pipeline 2 of 4 micro-batches` with stages): the layout
+/// and the launcher, for the summary.
+pub(super) fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
     let launcher = started.map_or("", |(_, l)| l);
-    format!("data {} × tensor {}, {launcher}", layout.dp, layout.tp)
+    let pipeline = match &layout.pipeline {
+        Some(p) => format!(
+            " × pipeline {} of {} micro-batches",
+            p.layers.len(),
+            p.micro_batches
+        ),
+        None => String::new(),
+    };
+    format!(
+        "data {} × tensor {}{pipeline}, {launcher}",
+        layout.dp, layout.tp
+    )
 }
 
-/// Per output of `module` (one replica's program), the dim its replicas' parts are gathered
-/// along — the one the whole batch's output (the model checked for the whole `arrays`) has
-/// `replicas` times longer; E0975 for an output without one. Nothing to gather for one
-/// replica.
-fn gather_dims(
+/// Per output (name, shape of one part), the dim along which `parts` parts of it (the
+/// data-parallel replicas', or their micro-batches') make the whole — the one the whole
+/// batch's output (the model checked for the whole `arrays`) has `parts` times longer; E0975
+/// for an output without one. Nothing to gather for one part.
+pub(super) fn gather_dims(
     args: &RunArgs,
     arrays: &BTreeMap<String, NpyArray>,
-    module: &mslc_artifact::Module,
-    replicas: usize,
+    outputs: &[(String, Vec<usize>)],
+    parts: usize,
     reporter: &Reporter,
 ) -> Result<Vec<Option<usize>>, Failure> {
-    if replicas <= 1 {
-        return Ok(vec![None; module.outputs.len()]);
+    if parts <= 1 {
+        return Ok(vec![None; outputs.len()]);
     }
     let (checked, entry) = run::check_for_inputs(args, &run::shapes_of(arrays), false, reporter)?;
     let whole = checked
         .model(&entry)
         .ok_or_else(|| format!("model `{entry}` disappeared after setting its dims"))?;
-    module
-        .outputs
+    outputs
         .iter()
-        .map(|(name, v)| {
-            let part: Vec<usize> = module.values[*v as usize]
-                .ty
-                .shape
-                .iter()
-                .map(|&d| d as usize)
-                .collect();
+        .map(|(name, part)| {
             let full: Option<Vec<usize>> =
                 whole.outputs.iter().find(|o| o.name == *name).map(|o| {
                     whole
@@ -161,15 +178,15 @@ fn gather_dims(
                         .map(|&d| d as usize)
                         .collect()
                 });
-            full.and_then(|full| ranks::gather_dim(&full, &part, replicas))
+            full.and_then(|full| ranks::gather_dim(&full, part, parts))
                 .map(Some)
                 .ok_or_else(|| {
                     Failure::Message(
                         Code::E0975,
                         format!(
-                            "output `{name}` {:?} has no batch dim to gather from the {replicas} \
-                             data-parallel replicas (each holds a different value of it)",
-                            part
+                            "output `{name}` {part:?} has no batch dim to gather from the {parts} \
+                             data-parallel replicas or micro-batches (each holds a different \
+                             value of it)"
                         ),
                     )
                 })

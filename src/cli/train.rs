@@ -13,7 +13,7 @@ use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::loss_scale::LossScaler;
 use mslc_driver::parallel::plan_train;
-use mslc_driver::ranks::{self, RankLayout};
+use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
@@ -126,6 +126,9 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
+    layout
+        .refuse_pipeline("`mslc train`")
+        .map_err(|e| Failure::Message(e.code, e.message))?;
     if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
         return Err(Failure::Message(
             Code::E0980,
@@ -224,8 +227,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     // One rank: its executor over the shared module, weights (its shards) and data (its
     // replica's slice of each batch).
     let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
-        let coords = mesh.coords(rank);
-        let (replica, part) = (coords[0], coords[1]);
+        let RankCoords { replica, part, .. } = layout.coords(rank);
         let mut exec = Executor::new(module.clone(), &exec_options)
             .map_err(|e| Failure::Message(Code::E0604, e.message))?;
         if let Some(comm) = comm {
@@ -510,12 +512,7 @@ pub fn check_for_ranks(
     reporter: &Reporter,
     (entry, pick): (Option<&str>, PickTrain),
 ) -> Result<(Checked, RankLayout), Failure> {
-    let one = RankLayout {
-        dp: 1,
-        tp: 1,
-        splits: Default::default(),
-        optimizer_shard: 0,
-    };
+    let one = RankLayout::one();
     let mut options = model.check_options();
     let mut checked = check_path(file, &options);
     let emit = |d: Box<Diagnostic>, checked: &Checked| {
@@ -534,7 +531,7 @@ pub fn check_for_ranks(
             Some((world, launcher)) => {
                 ranks::check_world(policy.map_or(1, |p| p.devices), world, launcher)
                     .map_err(|e| Failure::Message(e.code, e.message))?;
-                policy.map_or(1, |p| p.data_parallel_size().max(1))
+                policy.map_or(1, |p| p.batch_parts())
             }
             None => 1,
         };

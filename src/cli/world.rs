@@ -4,6 +4,7 @@
 //! Everything else about a rank — its program, shards, data and loop — is the same whichever
 //! runs it, and so is how the ranks are driven ([`command`], [`run_ranks`]).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -246,9 +247,23 @@ pub fn load_shard(
     part: usize,
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<Vec<(String, &'static str)>, Failure> {
+    load_stage_shard(exec, path, layout, part, zero, &BTreeSet::new())
+}
+
+/// [`load_shard`] for a pipeline stage: the weights of the parameters in `elsewhere` (those
+/// only other stages read) are left out; any other the stage lacks is still an error.
+pub fn load_stage_shard(
+    exec: &mut Executor,
+    path: &Path,
+    layout: &RankLayout,
+    part: usize,
+    zero: Option<(&ZeroShard, usize)>,
+    elsewhere: &BTreeSet<String>,
+) -> Result<Vec<(String, &'static str)>, Failure> {
     let file = SafetensorsFile::open(path)
         .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
-    let mut shards = ranks::shard_weights(file.tensors(), &layout.splits, part, layout.tp)
+    let here = file.tensors().filter(|t| !elsewhere.contains(t.name));
+    let mut shards = ranks::shard_weights(here, &layout.splits, part, layout.tp)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     if let Some((z, replica)) = zero {
         shards = ranks::zero_slices(shards, z, replica);

@@ -21,6 +21,7 @@ mod lsp;
 mod param_counts;
 mod passes;
 mod pictures;
+mod pipeline;
 mod plan;
 mod plan_measured;
 mod ranks;

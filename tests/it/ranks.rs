@@ -289,7 +289,7 @@ train Pretrain for TinyLlama {
 
 /// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
 /// 4 heads, 2 kv heads, vocab 64; S = 8.
-fn llama_flags() -> Vec<&'static str> {
+pub(crate) fn llama_flags() -> Vec<&'static str> {
     include_str!("../fixtures/tiny_llama_sizes.args")
         .split_whitespace()
         .collect()
@@ -298,11 +298,23 @@ fn llama_flags() -> Vec<&'static str> {
 /// examples/tiny_llama.msl's model ([`llama_flags`]) with the example's Megatron shard
 /// patterns on a mesh of `mp: 2`, written in `dir`, and checked.
 fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
+    let decls = include_str!("../fixtures/tiny_llama_tp.msl-decls");
+    // The train's batch of 2 on one device.
+    llama_source_in(dir, "llama_tp.msl", decls, 2)
+}
+
+/// examples/tiny_llama.msl's model ([`llama_flags`]) followed by `decls`, written in `dir` as
+/// `file`, and checked with the batch dim `B` = `batch`.
+pub(crate) fn llama_source_in(
+    dir: &TestDir,
+    file: &str,
+    decls: &str,
+    batch: usize,
+) -> (PathBuf, mslc_check::Checked) {
     let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model_end = example.find("// f16 has").expect("the model part");
-    let decl = include_str!("../fixtures/tiny_llama_tp.msl-decls");
-    let src = dir.path("llama_tp.msl");
-    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    let src = dir.path(file);
+    std::fs::write(&src, format!("{}{decls}", &example[..model_end])).unwrap();
     let mut options = mslc_check::CheckOptions::default();
     for flag in llama_flags().chunks(2) {
         let (k, v) = flag[1].split_once('=').expect("NAME=VALUE");
@@ -312,11 +324,10 @@ fn llama_tensor_parallel_in(dir: &TestDir) -> (PathBuf, mslc_check::Checked) {
         };
         overrides.insert(k.to_string(), v.to_string());
     }
-    // The train's batch of 2 on one device.
     options
         .overrides
         .dims
-        .insert("B".to_string(), "2".to_string());
+        .insert("B".to_string(), batch.to_string());
     let checked = mslc_check::check_path(&src, &options);
     assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
     (src, checked)
@@ -368,7 +379,7 @@ fn random_tokens(dir: &TestDir, n: usize, seq: usize, seed: u64) -> std::path::P
     data
 }
 
-fn compile_options() -> mslc_driver::compile::CompileOptions {
+pub(crate) fn compile_options() -> mslc_driver::compile::CompileOptions {
     mslc_driver::compile::CompileOptions {
         target: crate::exec::common::host(),
         verify: true,
@@ -580,7 +591,13 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
 
 /// Runs `mslc run` of `src` with `args` (and `extra`, e.g. `--ranks 2`) writing into `out`;
 /// the values of output `name`.
-fn forward(src: &Path, args: &[&str], out: &Path, extra: &[&str], name: &str) -> Vec<f64> {
+pub(crate) fn forward(
+    src: &Path,
+    args: &[&str],
+    out: &Path,
+    extra: &[&str],
+    name: &str,
+) -> Vec<f64> {
     let head = ["run", s(src), "--output-dir", s(out), "--threads", "1"];
     let (code, stdout, stderr) = mslc(&[&head[..], args, extra].concat());
     assert_eq!(code, 0, "{stdout}{stderr}");

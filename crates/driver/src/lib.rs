@@ -8,6 +8,7 @@ pub mod dep_info;
 pub mod loss_scale;
 pub mod numerics;
 pub mod parallel;
+pub mod pipeline;
 pub mod ranks;
 pub mod recompute;
 pub mod render;

@@ -10,18 +10,24 @@ use mslc_core::diag::Code;
 use mslc_exec::collectives::threads::world_with_timeout;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
+use mslc_ir::shard::pipeline::{pipeline_stage, StageCut};
 use mslc_ir::shard::zero::ZeroShard;
+use mslc_plan::parallel::workload::layer_key;
 use mslc_plan::parallel::PlanFile;
 
 use mslc_core::program::Model;
 use mslc_io::npy::NpyArray;
 
 use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
-use crate::train::{TensorSplits, DATA_AXIS, TENSOR_AXIS};
+use crate::train::{TensorSplits, DATA_AXIS, PIPELINE_AXIS, TENSOR_AXIS};
 
 /// The [`CompileError::stage`] of a model that Megatron's rewrite cannot split as the plan
 /// asks (E0972).
 pub const STAGE_TENSOR_PARALLEL: &str = "tensor parallel";
+
+/// The [`CompileError::stage`] of a model that cannot be cut into the plan's pipeline stages
+/// (E0972).
+pub const STAGE_PIPELINE: &str = "pipeline";
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one
 /// member of a tensor-parallel group when `tensor` is given
@@ -31,6 +37,27 @@ pub fn compile_rank(
     options: &CompileOptions,
     tensor: Option<TensorSplits>,
 ) -> Result<Compiled, CompileError> {
+    compile_cut(model, options, tensor, None).map(|(compiled, _)| compiled)
+}
+
+/// [`compile_rank`] cut to stage `stage` of `pipeline` ([`pipeline_stage`]): the stage's
+/// program and what it receives, sends and outputs.
+pub fn compile_stage(
+    model: &Model,
+    options: &CompileOptions,
+    tensor: Option<TensorSplits>,
+    pipeline: &PipelineLayout,
+    stage: usize,
+) -> Result<(Compiled, StageCut), CompileError> {
+    compile_cut(model, options, tensor, Some((pipeline, stage)))
+}
+
+fn compile_cut(
+    model: &Model,
+    options: &CompileOptions,
+    tensor: Option<TensorSplits>,
+    stage: Option<(&PipelineLayout, usize)>,
+) -> Result<(Compiled, StageCut), CompileError> {
     let mut graph = lower_verified(model, options)?;
     if let Some((splits, group)) = tensor {
         mslc_ir::shard::tensor::tensor_parallel(&mut graph, splits, group).map_err(|e| {
@@ -40,7 +67,38 @@ pub fn compile_rank(
             }
         })?;
     }
-    compile_graph(graph, options)
+    let cut = match stage {
+        Some((pipeline, stage)) => {
+            let layer_stage = layer_stages(&graph, pipeline);
+            let of = |origin: &str| layer_key(origin).and_then(|k| layer_stage.get(&k).copied());
+            pipeline_stage(&mut graph, stage, pipeline.layers.len(), &of).map_err(|e| {
+                CompileError {
+                    stage: STAGE_PIPELINE,
+                    message: e.to_string(),
+                }
+            })?
+        }
+        None => StageCut::default(),
+    };
+    compile_graph(graph, options).map(|compiled| (compiled, cut))
+}
+
+/// The stage of each repeated layer of `graph` (by [`layer_key`], numbered in the order the
+/// layers first appear, as the planner numbers them) under `pipeline`'s layer ranges.
+fn layer_stages(graph: &mslc_ir::Graph, pipeline: &PipelineLayout) -> BTreeMap<String, usize> {
+    let stage_of = mslc_ir::shard::pipeline::stage_of_layers(&pipeline.layers);
+    let mut keys: Vec<String> = Vec::new();
+    for id in graph.node_ids() {
+        if let Some(key) = layer_key(&graph.node(id).origin) {
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys.into_iter()
+        .enumerate()
+        .filter_map(|(i, key)| stage_of.get(&i).map(|&s| (key, s)))
+        .collect()
 }
 
 /// The inputs `arrays` of `model` as each of `replicas` data-parallel replicas takes them, in
@@ -194,8 +252,9 @@ pub fn check_world(devices: i64, world: usize, launcher: &str) -> Result<(), Ran
     Ok(())
 }
 
-/// How `world` ranks run a plan: the data-parallel and tensor-parallel degrees (rank = dp
-/// coordinate × tp + tp coordinate) and the parameters the tensor-parallel ranks split.
+/// How `world` ranks run a plan: the pipeline stages, data-parallel replicas and
+/// tensor-parallel degree (ranks numbered stage-major, then replica, then tensor-parallel
+/// member, as the plan numbers them) and the parameters the tensor-parallel ranks split.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankLayout {
     /// Data-parallel replicas.
@@ -206,51 +265,148 @@ pub struct RankLayout {
     pub splits: BTreeMap<String, usize>,
     /// The `optimizer_shard` level (0–3) over the `dp` replicas.
     pub optimizer_shard: u8,
+    /// The pipeline, when the plan has more than one stage.
+    pub pipeline: Option<PipelineLayout>,
+}
+
+/// A plan's pipeline as its ranks run it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineLayout {
+    /// Each stage's layers, `[first, end)` ranges (the plan's).
+    pub layers: Vec<Vec<[usize; 2]>>,
+    /// Micro-batches per step of each replica.
+    pub micro_batches: usize,
+}
+
+/// Where one rank sits in a [`RankLayout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankCoords {
+    /// Its pipeline stage.
+    pub stage: usize,
+    /// Its data-parallel replica.
+    pub replica: usize,
+    /// Its member index in the tensor-parallel group.
+    pub part: usize,
 }
 
 impl RankLayout {
-    /// The device mesh of the ranks: `dp` × `tp`.
+    /// The layout of one device.
+    pub fn one() -> RankLayout {
+        RankLayout {
+            dp: 1,
+            tp: 1,
+            splits: BTreeMap::new(),
+            optimizer_shard: 0,
+            pipeline: None,
+        }
+    }
+
+    /// Pipeline stages (1 without a pipeline).
+    pub fn pp(&self) -> usize {
+        self.pipeline.as_ref().map_or(1, |p| p.layers.len())
+    }
+
+    /// The device mesh of the ranks: `pp` × `dp` × `tp`.
     pub fn mesh(&self) -> Result<Mesh, RanksError> {
         Mesh::new(vec![
+            (PIPELINE_AXIS.to_string(), self.pp()),
             (DATA_AXIS.to_string(), self.dp),
             (TENSOR_AXIS.to_string(), self.tp),
         ])
         .map_err(|e| RanksError::new(Code::E0970, e.message))
     }
 
+    /// Where `rank` sits.
+    pub fn coords(&self, rank: usize) -> RankCoords {
+        let per_stage = (self.dp * self.tp).max(1);
+        let within = rank % per_stage;
+        RankCoords {
+            stage: rank / per_stage,
+            replica: within / self.tp.max(1),
+            part: within % self.tp.max(1),
+        }
+    }
+
+    /// The rank at `coords`.
+    pub fn rank(&self, coords: RankCoords) -> usize {
+        (coords.stage * self.dp + coords.replica) * self.tp + coords.part
+    }
+
     /// The group a rank's tensor-parallel rewrite splits over: the `tp` ranks of its row.
     pub fn tensor_group(&self) -> mslc_ir::shard::Group {
         mslc_ir::shard::Group::new(TENSOR_AXIS, self.tp)
+    }
+
+    /// E0972 when the layout has a pipeline, which `what` does not run.
+    pub fn refuse_pipeline(&self, what: &str) -> Result<(), RanksError> {
+        match &self.pipeline {
+            Some(p) => Err(RanksError::new(
+                Code::E0972,
+                format!(
+                    "the plan has {} pipeline stages; {what} does not run pipelines yet \
+                     (`mslc run --ranks` runs a pipeline's forward)",
+                    p.layers.len()
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 }
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
 /// from the plan's device count, or when the plan asks for what is planned but not run yet
-/// (pipeline stages, a parameter split along two dims).
+/// (an interleaved pipeline, a parameter split along two dims).
 pub fn layout(
     plan: Option<&PlanFile>,
     world: usize,
     launcher: &str,
 ) -> Result<RankLayout, RanksError> {
-    let (dp, tp) = data_parallel_degree(plan, world, launcher)?;
+    let (dp, tp, pp) = degrees(plan, world, launcher)?;
     let splits = match plan {
         Some(p) if tp > 1 => tensor_splits(p)?,
         _ => BTreeMap::new(),
+    };
+    let pipeline = match plan {
+        Some(p) if pp > 1 => Some(pipeline_layout(p, pp)?),
+        _ => None,
     };
     Ok(RankLayout {
         dp,
         tp,
         splits,
         optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
+        pipeline,
     })
 }
 
-/// The data- and tensor-parallel degrees of [`layout`].
-fn data_parallel_degree(
+/// The stages of `plan`'s pipeline of `pp` stages, E0972 for an interleaved schedule (a
+/// stage running several chunks of layers).
+fn pipeline_layout(plan: &PlanFile, pp: usize) -> Result<PipelineLayout, RanksError> {
+    let mut layers = vec![Vec::new(); pp];
+    for group in &plan.per_device {
+        if let Some(stage) = usize::try_from(group.stage).ok().filter(|&s| s < pp) {
+            layers[stage] = group.layers.clone();
+        }
+    }
+    if layers.iter().any(|l| l.len() != 1) {
+        return Err(RanksError::new(
+            Code::E0972,
+            "the plan's interleaved schedule gives a stage several chunks of layers; the \
+             executor runs one chunk per stage (gpipe or 1f1b)",
+        ));
+    }
+    Ok(PipelineLayout {
+        layers,
+        micro_batches: usize::try_from(plan.micro_batches.max(1)).unwrap_or(1),
+    })
+}
+
+/// The data-, tensor- and pipeline-parallel degrees of [`layout`].
+fn degrees(
     plan: Option<&PlanFile>,
     world: usize,
     launcher: &str,
-) -> Result<(usize, usize), RanksError> {
+) -> Result<(usize, usize, usize), RanksError> {
     let layout = plan.map(|p| Layout {
         devices: p.devices,
         mesh: &p.mesh,
@@ -264,33 +420,37 @@ struct Layout<'a> {
     mesh: &'a BTreeMap<String, i64>,
 }
 
+/// The data-, tensor- and pipeline-parallel degrees `world` ranks run a plan with.
 fn degree_of(
     plan: Option<Layout>,
     world: usize,
     launcher: &str,
-) -> Result<(usize, usize), RanksError> {
+) -> Result<(usize, usize, usize), RanksError> {
     check_world(plan.as_ref().map_or(1, |p| p.devices), world, launcher)?;
     let Some(plan) = plan else {
-        return Ok((1, 1));
+        return Ok((1, 1, 1));
     };
     let degree = |axis: &str| plan.mesh.get(axis).copied().unwrap_or(1).max(1);
     let others: Vec<String> = plan
         .mesh
         .iter()
-        .filter(|(axis, &n)| !matches!(axis.as_str(), "dp" | "tp") && n > 1)
+        .filter(|(axis, &n)| !matches!(axis.as_str(), "dp" | "tp" | "pp") && n > 1)
         .map(|(axis, n)| format!("{axis} = {n}"))
         .collect();
     if !others.is_empty() {
         return Err(RanksError::new(
             Code::E0972,
             format!(
-                "the plan asks for {}; the executor runs data and tensor parallelism and \
-                 optimizer sharding, not pipelines",
+                "the plan asks for {}; the executor runs data, tensor and pipeline parallelism",
                 others.join(", ")
             ),
         ));
     }
-    Ok((degree("dp") as usize, degree("tp") as usize))
+    Ok((
+        degree("dp") as usize,
+        degree("tp") as usize,
+        degree("pp") as usize,
+    ))
 }
 
 /// The parameters `plan` splits, each with the one dim it splits (what
@@ -492,7 +652,7 @@ mod tests {
         mesh: &[(&str, i64)],
         world: usize,
         launcher: &str,
-    ) -> Result<(usize, usize), RanksError> {
+    ) -> Result<(usize, usize, usize), RanksError> {
         let mesh: BTreeMap<String, i64> = mesh.iter().map(|(a, n)| (a.to_string(), *n)).collect();
         let layout = Layout {
             devices: mesh.values().product(),
@@ -504,24 +664,44 @@ mod tests {
     #[test]
     fn the_world_must_match_the_plan() {
         let dp = [("dp", 2), ("tp", 1), ("pp", 1)];
-        assert_eq!(run(&dp, 2, "--ranks"), Ok((2, 1)));
+        assert_eq!(run(&dp, 2, "--ranks"), Ok((2, 1, 1)));
         let e = run(&dp, 4, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0970);
         assert!(e.message.contains("started 4 rank(s), but the plan has 2"));
         let e = run(&dp, 1, "mpiexec").unwrap_err();
         assert!(e.message.contains("without mpiexec"), "{}", e.message);
-        assert_eq!(data_parallel_degree(None, 1, "--ranks"), Ok((1, 1)));
+        assert_eq!(degrees(None, 1, "--ranks"), Ok((1, 1, 1)));
     }
 
     #[test]
-    fn pipelines_do_not_run_yet() {
+    fn an_axis_the_executor_does_not_know_is_refused() {
         assert_eq!(
-            run(&[("dp", 1), ("tp", 2), ("pp", 1)], 2, "--ranks"),
-            Ok((1, 2))
+            run(&[("dp", 1), ("tp", 2), ("pp", 2)], 4, "--ranks"),
+            Ok((1, 2, 2))
         );
-        let e = run(&[("dp", 1), ("tp", 1), ("pp", 2)], 2, "--ranks").unwrap_err();
+        let e = run(&[("dp", 1), ("ep", 2)], 2, "--ranks").unwrap_err();
         assert_eq!(e.code, Code::E0972);
-        assert!(e.message.contains("pp = 2"), "{}", e.message);
+        assert!(e.message.contains("ep = 2"), "{}", e.message);
+    }
+
+    /// Ranks are numbered stage-major, then replica, then tensor-parallel member.
+    #[test]
+    fn a_rank_and_its_coords_agree() {
+        let layout = RankLayout {
+            dp: 2,
+            tp: 2,
+            pipeline: Some(PipelineLayout {
+                layers: vec![vec![[0, 1]], vec![[1, 2]]],
+                micro_batches: 4,
+            }),
+            ..RankLayout::one()
+        };
+        let c = layout.coords(6);
+        assert_eq!((c.stage, c.replica, c.part), (1, 1, 0));
+        for rank in 0..8 {
+            assert_eq!(layout.rank(layout.coords(rank)), rank);
+        }
+        assert_eq!(layout.mesh().unwrap().coords(6), [1, 1, 0]);
     }
 
     /// Two replicas' parts of a `[2, 3]` tensor of 2-byte values (an odd number of f32 words

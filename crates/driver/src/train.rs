@@ -104,6 +104,8 @@ pub struct TrainOptions {
 pub const DATA_AXIS: &str = "dp";
 /// The mesh axis the ranks of a tensor-parallel group form.
 pub const TENSOR_AXIS: &str = "tp";
+/// The mesh axis the stages of a pipeline form.
+pub const PIPELINE_AXIS: &str = "pp";
 
 /// One trained parameter and its optimizer states.
 #[derive(Clone, Debug, PartialEq)]

@@ -130,6 +130,13 @@ impl ParallelPolicy {
             ParallelMode::SemiAuto | ParallelMode::Auto => self.axis_size("dp").unwrap_or(1),
         }
     }
+
+    /// How many micro-batches of the model's batch dim one step's batch is: the data-parallel
+    /// replicas × the pipeline's micro-batches (`batch = B × dp × micro_batches × grad_accum`).
+    pub fn batch_parts(&self) -> i64 {
+        let pipeline = self.pipeline.as_ref().map_or(1, |p| p.micro_batches.max(1));
+        self.data_parallel_size().max(1).saturating_mul(pipeline)
+    }
 }
 
 const FIELDS: &[FieldSpec] = &[

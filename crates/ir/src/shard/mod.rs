@@ -1,9 +1,10 @@
 //! Per-rank programs: the passes that turn one device's graph into the graph each rank of a
 //! device mesh runs, with the collectives between them as explicit ops carrying their mesh
 //! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`zero`]:
-//! optimizer sharding).
+//! optimizer sharding; [`pipeline`]: a stage's part of the graph, and what crosses its cuts).
 
 pub mod data;
+pub mod pipeline;
 pub mod tensor;
 pub mod zero;
 

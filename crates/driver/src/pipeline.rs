@@ -1,0 +1,172 @@
+//! Running one pipeline stage's forward ([`mslc_ir::shard::pipeline`]) on its rank: the
+//! micro-batches one after another, each received from the stages before, run, and sent on —
+//! the forward half of GPipe's and 1F1B's schedules, in which every stage works on the next
+//! micro-batch while the later stages take the last one — and the transfer of whole arrays of
+//! any dtype between ranks.
+
+use std::collections::BTreeMap;
+
+use mslc_exec::collectives::Collectives;
+use mslc_exec::{ExecError, ExecErrorKind, ExecResult, Executor};
+use mslc_io::npy::NpyArray;
+use mslc_ir::shard::pipeline::StageCut;
+
+/// Runs stage `cut`'s program in `exec` once per micro-batch of `micro` (the model inputs of
+/// each, of which those the stage reads are set), receiving what crosses the cut into it
+/// before each run and sending what crosses out after, over `exec`'s collectives;
+/// `rank_of(stage)` is the rank of `stage` in this rank's row (the same replica and
+/// tensor-parallel member). Returns, per model output of the stage ([`StageCut::outputs`]),
+/// its value for each micro-batch.
+pub fn forward_micro_batches(
+    exec: &mut Executor,
+    cut: &StageCut,
+    micro: &[BTreeMap<String, NpyArray>],
+    rank_of: &dyn Fn(usize) -> usize,
+) -> ExecResult<Vec<Vec<NpyArray>>> {
+    let inputs: Vec<(String, Vec<usize>)> = exec
+        .module()
+        .inputs()
+        .map(|(name, v)| {
+            let shape = exec.module().values[v as usize].ty.shape.iter();
+            (
+                name.to_string(),
+                shape.map(|&d| d.max(0) as usize).collect(),
+            )
+        })
+        .collect();
+    let shape_of = |name: &str| inputs.iter().find(|(n, _)| n == name).map(|(_, s)| s);
+    let mut outputs = vec![Vec::with_capacity(micro.len()); cut.outputs.len()];
+    for batch in micro {
+        for (name, array) in batch {
+            if shape_of(name).is_some() {
+                exec.set_input(name, array)?;
+            }
+        }
+        for crossing in &cut.receives {
+            let shape = shape_of(&crossing.name)
+                .ok_or_else(|| missing(format!("no input `{}` to receive", crossing.name)))?
+                .clone();
+            let mut values = vec![0f32; shape.iter().product()];
+            comm(exec)?.recv(rank_of(crossing.peer), &mut values)?;
+            let array = NpyArray::from_f32(shape, &values).map_err(|e| missing(e.to_string()))?;
+            exec.set_input(&crossing.name, &array)?;
+        }
+        exec.run()?;
+        for crossing in &cut.sends {
+            let (_, values) = exec
+                .output_f32(&crossing.name)
+                .ok_or_else(|| missing(format!("no output `{}` to send", crossing.name)))?;
+            comm(exec)?.send(rank_of(crossing.peer), &values)?;
+        }
+        for (name, out) in cut.outputs.iter().zip(&mut outputs) {
+            let array = exec
+                .output_npy(name)
+                .ok_or_else(|| missing(format!("output `{name}` has no array form")))?;
+            out.push(array);
+        }
+    }
+    Ok(outputs)
+}
+
+/// Sends `array` (any dtype and shape) to rank `to`: its `.npy` bytes' length, then the bytes,
+/// as f32 words (which the collectives copy bit for bit). [`recv_array`] is the other side.
+pub fn send_array(comm: &mut dyn Collectives, to: usize, array: &NpyArray) -> ExecResult<()> {
+    let mut bytes = array.to_npy_bytes();
+    let len = bytes.len() as u64;
+    let header = [len as u32, (len >> 32) as u32].map(f32::from_bits);
+    comm.send(to, &header)?;
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    let words: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .collect();
+    comm.send(to, &words)
+}
+
+/// Receives an array [`send_array`] sent from rank `from`.
+pub fn recv_array(comm: &mut dyn Collectives, from: usize) -> ExecResult<NpyArray> {
+    let mut header = [0f32; 2];
+    comm.recv(from, &mut header)?;
+    let len = u64::from(header[0].to_bits()) | (u64::from(header[1].to_bits()) << 32);
+    let len = usize::try_from(len).map_err(|_| missing(format!("an array of {len} bytes")))?;
+    let mut words = vec![0f32; len.div_ceil(4)];
+    comm.recv(from, &mut words)?;
+    let mut bytes: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.to_bits().to_le_bytes())
+        .collect();
+    bytes.truncate(len);
+    NpyArray::from_npy_bytes(&bytes).map_err(|e| missing(format!("a received array: {e}")))
+}
+
+/// `parts` (arrays of one dtype, equal but for dim `dim`) joined along `dim`, in order.
+pub fn concat(parts: &[NpyArray], dim: usize) -> Result<NpyArray, String> {
+    let first = parts.first().ok_or("nothing to join")?;
+    let shape = first.shape();
+    if dim >= shape.len() {
+        return Err(format!("dim {dim} of a rank-{} array", shape.len()));
+    }
+    let outer: usize = shape[..dim].iter().product();
+    let mut joined = shape.to_vec();
+    joined[dim] = 0;
+    for p in parts {
+        let same = p.dtype() == first.dtype()
+            && p.shape().len() == shape.len()
+            && (0..shape.len()).all(|d| d == dim || p.shape()[d] == shape[d]);
+        if !same {
+            return Err(format!(
+                "parts {:?} and {:?} do not join along dim {dim}",
+                shape,
+                p.shape()
+            ));
+        }
+        joined[dim] += p.shape()[dim];
+    }
+    let mut data = Vec::with_capacity(parts.iter().map(|p| p.data().len()).sum());
+    for o in 0..outer {
+        for p in parts {
+            let block = p.data().len() / outer.max(1);
+            data.extend_from_slice(&p.data()[o * block..(o + 1) * block]);
+        }
+    }
+    NpyArray::new(first.dtype(), joined, data).map_err(|e| e.to_string())
+}
+
+fn comm(exec: &mut Executor) -> ExecResult<&mut (dyn Collectives + 'static)> {
+    exec.collectives()
+        .ok_or_else(|| missing("a pipeline stage runs without collectives".to_string()))
+}
+
+fn missing(message: String) -> ExecError {
+    ExecError::new(ExecErrorKind::Input, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use mslc_exec::collectives::threads::world;
+    use mslc_exec::collectives::Mesh;
+
+    use super::*;
+
+    #[test]
+    fn arrays_of_any_dtype_travel_whole() {
+        let ids = NpyArray::from_i64(vec![2, 3], &[1, -2, 3, i64::MAX, 5, 6]).unwrap();
+        let mut ranks = world(Mesh::line("pp", 2).unwrap());
+        let mut second = ranks.pop().unwrap();
+        let mut first = ranks.pop().unwrap();
+        send_array(&mut first, 1, &ids).unwrap();
+        assert_eq!(recv_array(&mut second, 0).unwrap(), ids);
+    }
+
+    #[test]
+    fn parts_join_along_their_dim() {
+        let a = NpyArray::from_f32(vec![2, 1], &[1.0, 2.0]).unwrap();
+        let b = NpyArray::from_f32(vec![2, 2], &[3.0, 4.0, 5.0, 6.0]).unwrap();
+        let joined = concat(&[a.clone(), b.clone()], 1).unwrap();
+        assert_eq!(joined.shape(), [2, 3]);
+        assert_eq!(joined.to_f32().unwrap(), [1.0, 3.0, 4.0, 2.0, 5.0, 6.0]);
+        let rows = concat(&[a.clone(), a.clone()], 0).unwrap();
+        assert_eq!(rows.to_f32().unwrap(), [1.0, 2.0, 1.0, 2.0]);
+        assert!(concat(&[a, b], 0).is_err());
+    }
+}
