@@ -3,17 +3,22 @@
 //! the same program — its parameters are its shards, its collectives find their group from the
 //! rank at run time — so one module serves them all: `TRAIN.rank.mir` with its kernel table and
 //! memory plan, and `TRAIN.ranks.json` saying which part of each parameter every rank holds.
+//! With pipeline stages the ranks of each stage share one step, `TRAIN.stageS.rank.mir`, and
+//! every stage but the last a forward, `TRAIN.stageS.forward.mir`; `TRAIN.ranks.json` adds
+//! what crosses each stage's cuts and the schedule.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use mslc_artifact::encode;
 use mslc_check::Checked;
-use mslc_core::diag::Diagnostic;
+use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
+use mslc_driver::compile::Compiled;
 use mslc_driver::ranks::{self, RankLayout};
 use mslc_driver::train::{
-    compile_train_ranked, CompiledTrain, TrainOptions, DATA_AXIS, TENSOR_AXIS,
+    compile_train_ranked, compile_train_stage, CompiledTrain, StageStep, TrainOptions, DATA_AXIS,
+    PIPELINE_AXIS, TENSOR_AXIS,
 };
 use mslc_plan::parallel::PlanFile;
 
@@ -42,27 +47,27 @@ pub fn rank_artifacts(
     if devices <= 1 {
         return Ok(None);
     }
-    let layout = ranks::layout(Some(plan), devices, "the plan")
-        .and_then(|l| l.refuse_pipeline("a per-rank program").map(|()| l));
-    let layout = match layout {
+    let layout = match ranks::layout(Some(plan), devices, "the plan") {
         Ok(layout) => layout,
-        Err(e) => {
-            return Ok(Some(RankArtifacts {
-                files: Vec::new(),
-                line: format!("  per rank:   not written: {}", e.message),
-                json: serde_json::json!({ "written": false, "reason": e.message }),
-            }))
-        }
+        Err(e) => return Ok(Some(not_written(&e.message))),
     };
-    let compiled = compile_rank(args, checked, entry, &layout)?;
+    if layout.pipeline.is_some() {
+        if layout.optimizer_shard > 0 {
+            let why = "pipeline stages do not run with optimizer sharding yet";
+            return Ok(Some(not_written(why)));
+        }
+        return match stage_artifacts(args, checked, entry, plan, &layout) {
+            // What the stages do not run (E0972) is said, not a failed build.
+            Err(d) if d.code == Code::E0972 => Ok(Some(not_written(&d.message))),
+            built => built.map(Some),
+        };
+    }
+    let (compiled, _) = compile_rank(args, checked, entry, &layout, None)?;
     let name = format!("{entry}.rank");
     let dir = &args.out_dir;
-    let mut module = compiled.compiled.module.clone();
-    module.name = entry.to_string();
-    let mir = encode(&module, None);
-    let mut files = artifact_files(dir, &name, &compiled.compiled, mir);
+    let mut files = program_files(dir, entry, &name, &compiled.compiled);
     let memory = &compiled.compiled.memory;
-    let description = ranks_description(&layout, plan, &compiled, &name);
+    let description = ranks_description(&layout, plan, &[(&compiled, None)], &name);
     files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
     let line = format!(
         "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}), arena {} (lower bound {}) each",
@@ -88,15 +93,108 @@ pub fn rank_artifacts(
     }))
 }
 
+/// The per-rank programs a plan the executor does not run leaves out, and why.
+fn not_written(why: &str) -> RankArtifacts {
+    RankArtifacts {
+        files: Vec::new(),
+        line: format!("  per rank:   not written: {why}"),
+        json: serde_json::json!({ "written": false, "reason": why }),
+    }
+}
+
+/// `NAME.mir` (named `entry` inside), its kernel table and memory plan in `dir`.
+fn program_files(
+    dir: &Path,
+    entry: &str,
+    name: &str,
+    compiled: &Compiled,
+) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut module = compiled.module.clone();
+    module.name = entry.to_string();
+    let mir = encode(&module, None);
+    artifact_files(dir, name, compiled, mir)
+}
+
+/// The programs of a plan with pipeline stages: per stage its step and (but the last) its
+/// forward, and `TRAIN.ranks.json` with every stage's cut.
+fn stage_artifacts(
+    args: &BuildArgs,
+    checked: &Checked,
+    entry: &str,
+    plan: &PlanFile,
+    layout: &RankLayout,
+) -> Result<RankArtifacts, Box<Diagnostic>> {
+    let dir = &args.out_dir;
+    let mut files = Vec::new();
+    let mut steps = Vec::new();
+    let mut lines = Vec::new();
+    let mut programs = Vec::new();
+    for stage in 0..layout.pp() {
+        let (compiled, cut) = compile_rank(args, checked, entry, layout, Some(stage))?;
+        let cut = cut.expect("a stage's step has its cut");
+        let name = format!("{entry}.stage{stage}.rank");
+        files.extend(program_files(dir, entry, &name, &compiled.compiled));
+        let forward = cut.forward.as_ref().map(|f| {
+            let forward_name = format!("{entry}.stage{stage}.forward");
+            files.extend(program_files(dir, entry, &forward_name, f));
+            forward_name
+        });
+        let memory = &compiled.compiled.memory;
+        lines.push(format!(
+            "  stage {stage}:    {name}.mir{}, arena {} (lower bound {}) each",
+            forward
+                .as_ref()
+                .map_or(String::new(), |f| format!(" and {f}.mir")),
+            human_bytes(memory.arena_bytes),
+            human_bytes(memory.lower_bound_bytes),
+        ));
+        programs.push(serde_json::json!({
+            "stage": stage,
+            "program": format!("{name}.mir"),
+            "forward": forward.map(|f| format!("{f}.mir")),
+            "arena_bytes": memory.arena_bytes,
+            "lower_bound_bytes": memory.lower_bound_bytes,
+        }));
+        steps.push((compiled, cut));
+    }
+    let with_cuts: Vec<(&CompiledTrain, Option<&StageStep>)> =
+        steps.iter().map(|(c, cut)| (c, Some(cut))).collect();
+    let description = ranks_description(layout, plan, &with_cuts, &format!("{entry}.stageS.rank"));
+    files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
+    let (micro, schedule) = layout
+        .pipeline
+        .as_ref()
+        .map_or((1, String::new()), |p| (p.micro_batches, p.schedule.name()));
+    let line = format!(
+        "  per rank:   one step per pipeline stage for all {} ranks ({} stages × {} data × {} \
+         tensor, {micro} micro-batches, {schedule})\n{}",
+        plan.devices,
+        layout.pp(),
+        layout.dp,
+        layout.tp,
+        lines.join("\n")
+    );
+    Ok(RankArtifacts {
+        files,
+        line,
+        json: serde_json::json!({
+            "written": true,
+            "stages": programs,
+            "description": format!("{entry}.ranks.json"),
+        }),
+    })
+}
+
 /// Compiles one rank's training step as `mslc train` does under `layout`: `checked` holds the
 /// source with one replica's micro-batch; the plan's data-parallel degree, optimizer sharding
-/// and tensor split.
+/// and tensor split — and, on pipeline stage `stage`, that stage's step and cut.
 fn compile_rank(
     args: &BuildArgs,
     checked: &Checked,
     entry: &str,
     layout: &RankLayout,
-) -> Result<CompiledTrain, Box<Diagnostic>> {
+    stage: Option<usize>,
+) -> Result<(CompiledTrain, Option<StageStep>), Box<Diagnostic>> {
     let (train, _, options, train_options) = train_step(args, checked, entry)?;
     let train_options = TrainOptions {
         data_parallel: layout.dp,
@@ -105,17 +203,26 @@ fn compile_rank(
     };
     let group = layout.tensor_group();
     let tensor = (layout.tp > 1).then_some((&layout.splits, &group));
-    compile_train_ranked(train, &options, train_options, tensor).map_err(|e| e.diagnostic(checked))
+    let compiled = match (stage, &layout.pipeline) {
+        (Some(s), Some(pipeline)) => {
+            compile_train_stage(train, &options, train_options, tensor, (pipeline, s))
+                .map(|(step, cut)| (step, Some(cut)))
+        }
+        _ => compile_train_ranked(train, &options, train_options, tensor).map(|c| (c, None)),
+    };
+    compiled.map_err(|e| e.diagnostic(checked))
 }
 
 /// `TRAIN.ranks.json`: the mesh, every rank's coordinates, and per parameter the shape each
 /// rank holds, the dim the tensor-parallel ranks split it along (rank `tensor` holds block
 /// `tensor` of it) and whether optimizer sharding slices it further over the data-parallel
-/// ranks (flattened, padded to a multiple of `dp`, replica `data` holding slice `data`).
+/// ranks (flattened, padded to a multiple of `dp`, replica `data` holding slice `data`). With
+/// pipeline stages (`steps` one per stage, with its cut), each parameter's stage, and per
+/// stage what it receives and sends (the value's name and the peer stage).
 fn ranks_description(
     layout: &RankLayout,
     plan: &PlanFile,
-    compiled: &CompiledTrain,
+    steps: &[(&CompiledTrain, Option<&StageStep>)],
     program: &str,
 ) -> serde_json::Value {
     let axis_name = |axis: &str| {
@@ -124,15 +231,67 @@ fn ranks_description(
             .cloned()
             .unwrap_or(axis.to_string())
     };
-    let ranks: Vec<serde_json::Value> = (0..layout.dp * layout.tp)
+    let ranks: Vec<serde_json::Value> = (0..layout.pp() * layout.dp * layout.tp)
         .map(|rank| {
-            let coords = layout.coords(rank);
-            serde_json::json!({ "rank": rank, "data": coords.replica, "tensor": coords.part })
+            let c = layout.coords(rank);
+            serde_json::json!({
+                "rank": rank,
+                "stage": c.stage,
+                "data": c.replica,
+                "tensor": c.part,
+            })
         })
         .collect();
+    let mut parameters = serde_json::Map::new();
+    let mut stages = Vec::new();
+    for (stage, (compiled, cut)) in steps.iter().enumerate() {
+        parameters.extend(parameters_of(layout, compiled, stage));
+        if let Some(cut) = cut {
+            let crossing = |c: &mslc_ir::shard::pipeline::Crossing| serde_json::json!({ "value": c.name, "stage": c.peer });
+            stages.push(serde_json::json!({
+                "stage": stage,
+                "layers": layout.pipeline.as_ref().map(|p| p.layers[stage].clone()),
+                "receives": cut.cut.receives.iter().map(crossing).collect::<Vec<_>>(),
+                "sends": cut.cut.sends.iter().map(crossing).collect::<Vec<_>>(),
+            }));
+        }
+    }
+    let mut mesh = vec![
+        serde_json::json!([axis_name(DATA_AXIS), layout.dp]),
+        serde_json::json!([axis_name(TENSOR_AXIS), layout.tp]),
+    ];
+    let mut description = serde_json::json!({
+        "program": format!("{program}.mir"),
+        "devices": plan.devices,
+        "optimizer_shard": mslc_plan::parallel::level_name(layout.optimizer_shard),
+        "ranks": ranks,
+        "parameters": parameters,
+    });
+    if let Some(pipeline) = &layout.pipeline {
+        mesh.insert(
+            0,
+            serde_json::json!([axis_name(PIPELINE_AXIS), layout.pp()]),
+        );
+        description["pipeline"] = serde_json::json!({
+            "micro_batches": pipeline.micro_batches,
+            "schedule": pipeline.schedule.name(),
+            "stages": stages,
+        });
+    }
+    description["mesh"] = serde_json::Value::Array(mesh);
+    description
+}
+
+/// Per parameter of `compiled` (the step of pipeline stage `stage`), what each of its ranks
+/// holds ([`ranks_description`]).
+fn parameters_of(
+    layout: &RankLayout,
+    compiled: &CompiledTrain,
+    stage: usize,
+) -> serde_json::Map<String, serde_json::Value> {
     let module = &compiled.compiled.module;
     let level = compiled.zero.as_ref().map_or(0, |z| z.level);
-    let parameters: serde_json::Map<String, serde_json::Value> = module
+    module
         .params()
         .map(|(name, value)| {
             let held: Vec<usize> = module.values[value as usize]
@@ -150,6 +309,7 @@ fn ranks_description(
                 *x *= layout.tp;
             }
             let info = serde_json::json!({
+                "stage": stage,
                 "shape": whole,
                 "tensor_shard_shape": shard,
                 "rank_shape": held,
@@ -159,13 +319,5 @@ fn ranks_description(
             });
             (name.to_string(), info)
         })
-        .collect();
-    serde_json::json!({
-        "program": format!("{program}.mir"),
-        "devices": plan.devices,
-        "mesh": [[axis_name(DATA_AXIS), layout.dp], [axis_name(TENSOR_AXIS), layout.tp]],
-        "optimizer_shard": mslc_plan::parallel::level_name(layout.optimizer_shard),
-        "ranks": ranks,
-        "parameters": parameters,
-    })
+        .collect()
 }

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use mslc_artifact::{Module, Storage};
+use mslc_artifact::Module;
 use mslc_core::diag::Code;
 use mslc_core::program::Model;
 use mslc_driver::pipeline::{concat, forward_micro_batches, recv_array, send_array};
@@ -86,7 +86,8 @@ pub fn execute(
         };
         stages.push(Stage { module, cut, join });
     }
-    let params: Vec<BTreeSet<String>> = stages.iter().map(|s| params_of(&s.module)).collect();
+    let params: Vec<BTreeSet<String>> =
+        stages.iter().map(|s| world::params_of(&s.module)).collect();
     let mesh = layout
         .mesh()
         .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -100,12 +101,7 @@ pub fn execute(
         }
         let ignored = match &args.weights {
             Some(path) => {
-                let elsewhere: BTreeSet<String> = params
-                    .iter()
-                    .flatten()
-                    .filter(|p| !params[c.stage].contains(*p))
-                    .cloned()
-                    .collect();
+                let elsewhere = world::elsewhere(&params, c.stage);
                 world::load_stage_shard(&mut exec, path, layout, c.part, None, &elsewhere)?
             }
             None => run::load_params(args, &mut exec, None)?,
@@ -254,16 +250,4 @@ fn output_type(module: &Module, name: &str) -> mslc_core::ops::TensorType {
 fn output_shape(module: &Module, name: &str) -> Vec<usize> {
     let ty = output_type(module, name);
     ty.shape.iter().map(|&d| d.max(0) as usize).collect()
-}
-
-/// The parameter paths of `module`.
-fn params_of(module: &Module) -> BTreeSet<String> {
-    module
-        .values
-        .iter()
-        .filter_map(|v| match &v.storage {
-            Storage::Param { path, .. } => Some(path.clone()),
-            _ => None,
-        })
-        .collect()
 }

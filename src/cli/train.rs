@@ -2,6 +2,7 @@
 //! `--data` for `--steps` steps, with a progress line per step, optional JSONL metrics,
 //! atomic checkpoints, exact resumption and the first step's gradients for comparison.
 
+use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -17,12 +18,16 @@ use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train_ranked, micro_batch_dim, train_compile_options, TrainOptions,
+    choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim,
+    train_compile_options, CompiledTrain, StageStep, TrainOptions,
 };
-use mslc_driver::trainer::{data_inputs, Dataset, StepMetrics, TrainRunError, Trainer};
+use mslc_driver::trainer::{
+    data_inputs, Dataset, StageRuntime, StepMetrics, TrainRunError, Trainer,
+};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
 use mslc_plan::memory::MemoryPlan;
+use mslc_plan::parallel::estimate::Schedule;
 
 use super::output::Failure;
 use super::world::{self, LaunchArgs, World};
@@ -126,9 +131,20 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
-    layout
-        .refuse_pipeline("`mslc train`")
-        .map_err(|e| Failure::Message(e.code, e.message))?;
+    if layout.pipeline.is_some() {
+        let refuse = |what: &str| Err(Failure::Message(Code::E0972, what.to_string()));
+        if layout.optimizer_shard > 0 {
+            return refuse(
+                "the plan mixes pipeline stages with optimizer sharding, which pipeline stages \
+                 do not train yet",
+            );
+        }
+        if args.dump_grads.is_some() {
+            return refuse(
+                "--dump-grads writes one device's gradients; pipeline stages each hold theirs",
+            );
+        }
+    }
     if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
         return Err(Failure::Message(
             Code::E0980,
@@ -181,19 +197,36 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         .clone()
         .or_else(|| mslc_tune::kb::default_path().filter(|p| p.exists()));
     let decisions = super::tune_decisions::decisions(None, tune_db.as_deref());
-    let (mut compiled, unfused) = super::tune_decisions::deciding(
-        options,
-        &decisions,
-        |o| compile_train_ranked(train, o, train_options, tensor),
-        |t| &t.compiled.module,
-    )
-    .map_err(|e| emit(e.diagnostic(&checked)))?;
-    let threads = ranks::threads_per_rank(args.threads, replicas * layout.tp);
-    let tuned = super::tune_decisions::apply_kernels(
+    // A pipeline: each stage's step (and forward); rank 0 runs the first.
+    let mut stages: Vec<(CompiledTrain, StageStep)> = Vec::new();
+    let (mut compiled, unfused) = match &layout.pipeline {
+        None => super::tune_decisions::deciding(
+            options,
+            &decisions,
+            |o| compile_train_ranked(train, o, train_options, tensor),
+            |t| &t.compiled.module,
+        )
+        .map_err(|e| emit(e.diagnostic(&checked)))?,
+        Some(pipeline) => {
+            for s in 0..pipeline.layers.len() {
+                let stage = (pipeline, s);
+                let step = compile_train_stage(train, &options, train_options, tensor, stage)
+                    .map_err(|e| emit(e.diagnostic(&checked)))?;
+                stages.push(step);
+            }
+            (stages[0].0.clone(), Vec::new())
+        }
+    };
+    let threads = ranks::threads_per_rank(args.threads, replicas * layout.tp * layout.pp());
+    let mut tuned = super::tune_decisions::apply_kernels(
         &mut compiled.compiled.module,
         tune_db.as_deref(),
         threads,
     );
+    for (step, _) in stages.iter_mut().skip(1) {
+        let module = &mut step.compiled.module;
+        tuned += super::tune_decisions::apply_kernels(module, tune_db.as_deref(), threads);
+    }
     let tuning = tune_db
         .filter(|_| tuned > 0 || !unfused.is_empty())
         .map(|db| {
@@ -213,7 +246,29 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let module = compiled.compiled.module.clone();
     let arena = compiled.compiled.memory.clone();
     let recompute = compiled.recompute.clone();
-    let inputs = data_inputs(&module, &compiled);
+    let mut inputs = data_inputs(&module, &compiled);
+    if !stages.is_empty() {
+        // A pipeline's data: each stage's data inputs (the first's ids, the last's labels).
+        inputs.clear();
+        for (step, cut) in &stages {
+            let exchanged = cut.exchanged_inputs();
+            for input in data_inputs(&step.compiled.module, step) {
+                if !exchanged.contains(&input.0) && !inputs.iter().any(|(n, _)| *n == input.0) {
+                    inputs.push(input);
+                }
+            }
+        }
+    }
+    let stage_params: Vec<BTreeSet<String>> = stages
+        .iter()
+        .map(|(step, _)| world::params_of(&step.compiled.module))
+        .collect();
+    // A micro-batch's samples: the batch dim of the first stage's first data input.
+    let micro_batch = inputs
+        .first()
+        .and_then(|(_, ty)| ty.shape.first().copied())
+        .unwrap_or(1)
+        .max(1) as usize;
     let data = Dataset::read(&args.data, &inputs, &labels)
         .map(Arc::new)
         .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -227,7 +282,12 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     // One rank: its executor over the shared module, weights (its shards) and data (its
     // replica's slice of each batch).
     let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
-        let RankCoords { replica, part, .. } = layout.coords(rank);
+        let coords = layout.coords(rank);
+        let RankCoords { replica, part, .. } = coords;
+        let (module, compiled) = match stages.get(coords.stage) {
+            Some((step, _)) => (&step.compiled.module, step),
+            None => (&module, &compiled),
+        };
         let mut exec = Executor::new(module.clone(), &exec_options)
             .map_err(|e| Failure::Message(Code::E0604, e.message))?;
         if let Some(comm) = comm {
@@ -235,7 +295,8 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         }
         if let Some(path) = &args.weights {
             let zero = compiled.zero.as_ref().map(|z| (z, replica));
-            world::load_shard(&mut exec, path, &layout, part, zero)?;
+            let elsewhere = world::elsewhere(&stage_params, coords.stage);
+            world::load_stage_shard(&mut exec, path, &layout, part, zero, &elsewhere)?;
         } else if let Some(z) = compiled.zero.as_ref().filter(|z| z.shards_params()) {
             ranks::zero_init(&mut exec, args.init_seed.unwrap_or(0), z, replica)
                 .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -255,6 +316,31 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         .map_err(|e| Failure::Message(e.code, e.message))?;
         if layout.tp > 1 {
             trainer.shard_tensors(layout.splits.clone());
+        }
+        if let Some((_, step)) = stages.get(coords.stage) {
+            let forward = match &step.forward {
+                Some(f) => Some(
+                    Executor::new(f.module.clone(), &exec_options)
+                        .map_err(|e| Failure::Message(Code::E0604, e.message))?,
+                ),
+                None => None,
+            };
+            let runtime = StageRuntime {
+                forward,
+                cut: step.cut.clone(),
+                stage: coords.stage,
+                ranks: (0..stages.len())
+                    .map(|stage| layout.rank(RankCoords { stage, ..coords }))
+                    .collect(),
+                micro_batches: layout.pipeline.as_ref().map_or(1, |p| p.micro_batches),
+                schedule: layout
+                    .pipeline
+                    .as_ref()
+                    .map_or(Schedule::OneFOneB, |p| p.schedule),
+            };
+            trainer
+                .run_as_stage(runtime, micro_batch)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
         }
         if let Some(dir) = &args.resume {
             trainer

@@ -278,6 +278,23 @@ pub fn load_stage_shard(
         .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))
 }
 
+/// The parameter paths of `module`.
+pub fn params_of(module: &mslc_artifact::Module) -> BTreeSet<String> {
+    module.params().map(|(path, _)| path.to_string()).collect()
+}
+
+/// The parameters only stages other than `stage` read, of each stage's `params`: what a
+/// rank of `stage` leaves out of a whole weights file.
+pub fn elsewhere(params: &[BTreeSet<String>], stage: usize) -> BTreeSet<String> {
+    let own = params.get(stage);
+    params
+        .iter()
+        .flatten()
+        .filter(|p| own.is_none_or(|own| !own.contains(*p)))
+        .cloned()
+        .collect()
+}
+
 /// The world size an MPI launcher announces to each process it starts (MPICH's Hydra:
 /// `PMI_SIZE`; Open MPI: `OMPI_COMM_WORLD_SIZE`), with the variable's name, when it is over 1.
 fn launched_by_mpi() -> Option<(&'static str, usize)> {

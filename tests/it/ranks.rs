@@ -365,7 +365,7 @@ fn llama_splits(
 
 /// `n` rows of `seq + 1` random token ids below 64, from `seed`, as `DIR/tokens.npy` (the
 /// language-model shorthand of `mslc train --data`).
-fn random_tokens(dir: &TestDir, n: usize, seq: usize, seed: u64) -> std::path::PathBuf {
+pub(crate) fn random_tokens(dir: &TestDir, n: usize, seq: usize, seed: u64) -> std::path::PathBuf {
     let mut rng = Rng(seed);
     let tokens: Vec<i64> = (0..n * (seq + 1))
         .map(|_| (rng.uniform() * 64.0) as i64 % 64)
@@ -541,19 +541,32 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
     let (src, checked) = llama_tensor_parallel_in(&dir);
     let text = std::fs::read_to_string(&src).unwrap();
     std::fs::write(&src, policy(text)).unwrap();
+    llama_training_parity(&dir, &src, &checked, ranks, 1e-4);
+}
+
+/// Trains the tiny LLaMA of `src` (checked as `checked`) 10 steps on one device and on
+/// `ranks` ranks from the same random whole weights, and compares the losses (within 1e-5
+/// relative), the final weights and an optimizer state (within `tol`).
+pub(crate) fn llama_training_parity(
+    dir: &TestDir,
+    src: &Path,
+    checked: &mslc_check::Checked,
+    ranks: &str,
+    tol: f64,
+) {
     let options = compile_options();
     let single = mslc_driver::compile::compile(&checked.models[0], &options)
         .unwrap()
         .module;
     let weights = dir.path("w.safetensors");
     crate::exec::common::write_weights(&weights, &crate::exec::common::random_weights(&single, 6));
-    let data = random_tokens(&dir, 8, 8, 23);
+    let data = random_tokens(dir, 8, 8, 23);
     let flags = [&["--weights", s(&weights)][..], &llama_flags()].concat();
     let run = |out: &Path, extra: &[&str]| -> Vec<f64> {
         let metrics = out.with_extension("jsonl");
         let args = [
             "train",
-            s(&src),
+            s(src),
             "--data",
             s(&data),
             "--steps",
@@ -574,7 +587,7 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
     let ranked_losses = run(&two, &["--ranks", ranks]);
     assert_eq!(single_losses.len(), 10);
     assert_rel("losses", &ranked_losses, &single_losses, 1e-5);
-    assert_same_final_weights(&one, &two, 1e-4);
+    assert_same_final_weights(&one, &two, tol);
     let states = |d: &Path| {
         safetensor_f64(
             &d.join("step-10/optimizer.safetensors"),
@@ -585,7 +598,7 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
         "a gathered optimizer state",
         &states(&two),
         &states(&one),
-        1e-4,
+        tol,
     );
 }
 
@@ -1044,7 +1057,7 @@ fn build_writes_the_per_rank_program() {
     assert_eq!(ranks["optimizer_shard"], "level3");
     assert!(module.steps.iter().any(|s| s.op == Op::AllGather));
 
-    // A pipeline: planned, not run, so no per-rank program.
+    // A pipeline: one step per stage (and a forward for the first), with what crosses the cut.
     let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model_end = example.find("// f16 has").expect("the model part");
     let piped = dir.path("piped.msl");
@@ -1071,15 +1084,37 @@ train Piped for TinyLlama {
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("per rank:   not written: the plan asks for pp = 2"),
+        stdout.contains("one step per pipeline stage for all 2 ranks")
+            && stdout.contains("2 micro-batches, gpipe"),
         "{stdout}"
     );
     assert!(!out.join("Piped.rank.mir").exists());
+    for file in [
+        "Piped.stage0.rank.mir",
+        "Piped.stage0.forward.mir",
+        "Piped.stage1.rank.mir",
+    ] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    assert!(!out.join("Piped.stage1.forward.mir").exists());
+    let ranks: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("Piped.ranks.json")).unwrap()).unwrap();
+    let stages = &ranks["pipeline"]["stages"];
+    assert_eq!(stages[0]["sends"][0]["stage"], 1);
+    assert_eq!(
+        stages[1]["receives"][0]["value"],
+        stages[0]["sends"][0]["value"]
+    );
+    assert_eq!(ranks["parameters"]["lm_head.weight"]["stage"], 1);
+    assert_eq!(ranks["parameters"]["model.embed_tokens.weight"]["stage"], 0);
     // The example's own train (2 data × 2 tensor × 2 stages, 4 micro-batches) builds with
     // the sizes it declares: B = 8 / (2 × 4) = 1.
     let example = root().join("examples/tiny_llama.msl");
     let args = ["build", s(&example), "--entry", "Pretrain", "-o", s(&out)];
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("per rank:   not written"), "{stdout}");
+    assert!(
+        stdout.contains("per rank:   not written: pipeline stages do not run with optimizer"),
+        "{stdout}"
+    );
 }

@@ -10,6 +10,7 @@ use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecError, ExecErrorKind, ExecResult, Executor};
 use mslc_io::npy::NpyArray;
 use mslc_ir::shard::pipeline::StageCut;
+use mslc_plan::parallel::estimate::Schedule;
 
 /// Runs stage `cut`'s program in `exec` once per micro-batch of `micro` (the model inputs of
 /// each, of which those the stage reads are set), receiving what crosses the cut into it
@@ -68,27 +69,72 @@ pub fn forward_micro_batches(
     Ok(outputs)
 }
 
-/// Sends `array` (any dtype and shape) to rank `to`: its `.npy` bytes' length, then the bytes,
-/// as f32 words (which the collectives copy bit for bit). [`recv_array`] is the other side.
+/// One step of a stage's schedule: the forward or the backward of a micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// The forward of micro-batch `i`.
+    Forward(usize),
+    /// The backward of micro-batch `i`.
+    Backward(usize),
+}
+
+/// Stage `stage` of `stages`'s passes over `micro` micro-batches under `schedule`. GPipe: every
+/// forward, then every backward (all `micro` micro-batches held at once). PipeDream-Flush's
+/// 1F1B (Narayanan et al. 2021): `min(stages − 1 − stage, micro)` forwards to fill the
+/// pipeline, then one forward and one backward in turn, then the backwards left, so the stage
+/// holds at most `stages − stage` micro-batches between their forward and their backward.
+/// Both give the same gradients; an interleaved schedule is not run ([`crate::ranks::layout`]
+/// refuses it).
+pub fn schedule_passes(schedule: Schedule, stages: usize, stage: usize, micro: usize) -> Vec<Pass> {
+    let warmup = match schedule {
+        Schedule::GPipe => micro,
+        _ => stages.saturating_sub(stage + 1).min(micro),
+    };
+    let mut passes: Vec<Pass> = (0..warmup).map(Pass::Forward).collect();
+    for i in 0..micro {
+        if warmup + i < micro {
+            passes.push(Pass::Forward(warmup + i));
+        }
+        passes.push(Pass::Backward(i));
+    }
+    passes
+}
+
+/// Sends `array` (any dtype and shape) to rank `to` as its `.npy` bytes ([`send_bytes`]).
+/// [`recv_array`] is the other side.
 pub fn send_array(comm: &mut dyn Collectives, to: usize, array: &NpyArray) -> ExecResult<()> {
-    let mut bytes = array.to_npy_bytes();
-    let len = bytes.len() as u64;
-    let header = [len as u32, (len >> 32) as u32].map(f32::from_bits);
-    comm.send(to, &header)?;
-    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-    let words: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-        .collect();
-    comm.send(to, &words)
+    send_bytes(comm, to, &array.to_npy_bytes())
 }
 
 /// Receives an array [`send_array`] sent from rank `from`.
 pub fn recv_array(comm: &mut dyn Collectives, from: usize) -> ExecResult<NpyArray> {
+    let bytes = recv_bytes(comm, from)?;
+    NpyArray::from_npy_bytes(&bytes).map_err(|e| missing(format!("a received array: {e}")))
+}
+
+/// Sends `bytes` to rank `to`: their length, then the bytes, as f32 words (which the
+/// collectives copy bit for bit). [`recv_bytes`] is the other side.
+pub fn send_bytes(comm: &mut dyn Collectives, to: usize, bytes: &[u8]) -> ExecResult<()> {
+    let len = bytes.len() as u64;
+    let header = [len as u32, (len >> 32) as u32].map(f32::from_bits);
+    comm.send(to, &header)?;
+    let words: Vec<f32> = bytes
+        .chunks(4)
+        .map(|b| {
+            let mut word = [0u8; 4];
+            word[..b.len()].copy_from_slice(b);
+            f32::from_bits(u32::from_le_bytes(word))
+        })
+        .collect();
+    comm.send(to, &words)
+}
+
+/// Receives the bytes [`send_bytes`] sent from rank `from`.
+pub fn recv_bytes(comm: &mut dyn Collectives, from: usize) -> ExecResult<Vec<u8>> {
     let mut header = [0f32; 2];
     comm.recv(from, &mut header)?;
     let len = u64::from(header[0].to_bits()) | (u64::from(header[1].to_bits()) << 32);
-    let len = usize::try_from(len).map_err(|_| missing(format!("an array of {len} bytes")))?;
+    let len = usize::try_from(len).map_err(|_| missing(format!("a message of {len} bytes")))?;
     let mut words = vec![0f32; len.div_ceil(4)];
     comm.recv(from, &mut words)?;
     let mut bytes: Vec<u8> = words
@@ -96,7 +142,7 @@ pub fn recv_array(comm: &mut dyn Collectives, from: usize) -> ExecResult<NpyArra
         .flat_map(|w| w.to_bits().to_le_bytes())
         .collect();
     bytes.truncate(len);
-    NpyArray::from_npy_bytes(&bytes).map_err(|e| missing(format!("a received array: {e}")))
+    Ok(bytes)
 }
 
 /// `parts` (arrays of one dtype, equal but for dim `dim`) joined along `dim`, in order.
@@ -156,6 +202,47 @@ mod tests {
         let mut first = ranks.pop().unwrap();
         send_array(&mut first, 1, &ids).unwrap();
         assert_eq!(recv_array(&mut second, 0).unwrap(), ids);
+    }
+
+    /// Megatron-LM's 1F1B on 4 stages of 6 micro-batches: the first stage fills the pipeline
+    /// with 3 forwards and never holds more than 4 micro-batches; the last alternates. GPipe
+    /// runs every forward first.
+    #[test]
+    fn one_f_one_b_fills_alternates_and_drains_and_gpipe_holds_all() {
+        use Pass::{Backward as B, Forward as F};
+        let one_f_one_b =
+            |stages, stage, micro| schedule_passes(Schedule::OneFOneB, stages, stage, micro);
+        let first = [
+            F(0),
+            F(1),
+            F(2),
+            F(3),
+            B(0),
+            F(4),
+            B(1),
+            F(5),
+            B(2),
+            B(3),
+            B(4),
+            B(5),
+        ];
+        assert_eq!(one_f_one_b(4, 0, 6), first);
+        assert_eq!(one_f_one_b(4, 3, 3), [F(0), B(0), F(1), B(1), F(2), B(2)]);
+        assert_eq!(one_f_one_b(4, 1, 1), [F(0), B(0)]);
+        let gpipe = schedule_passes(Schedule::GPipe, 4, 3, 3);
+        assert_eq!(gpipe, [F(0), F(1), F(2), B(0), B(1), B(2)]);
+        for stage in 0..4 {
+            let mut held: usize = 0;
+            let mut most = 0;
+            for pass in one_f_one_b(4, stage, 8) {
+                match pass {
+                    F(_) => held += 1,
+                    B(_) => held -= 1,
+                }
+                most = most.max(held);
+            }
+            assert_eq!(most, 4 - stage);
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
 use mslc_ir::shard::pipeline::{pipeline_stage, StageCut};
 use mslc_ir::shard::zero::ZeroShard;
+use mslc_plan::parallel::estimate::Schedule;
 use mslc_plan::parallel::workload::layer_key;
 use mslc_plan::parallel::PlanFile;
 
@@ -85,7 +86,10 @@ fn compile_cut(
 
 /// The stage of each repeated layer of `graph` (by [`layer_key`], numbered in the order the
 /// layers first appear, as the planner numbers them) under `pipeline`'s layer ranges.
-fn layer_stages(graph: &mslc_ir::Graph, pipeline: &PipelineLayout) -> BTreeMap<String, usize> {
+pub(crate) fn layer_stages(
+    graph: &mslc_ir::Graph,
+    pipeline: &PipelineLayout,
+) -> BTreeMap<String, usize> {
     let stage_of = mslc_ir::shard::pipeline::stage_of_layers(&pipeline.layers);
     let mut keys: Vec<String> = Vec::new();
     for id in graph.node_ids() {
@@ -276,6 +280,8 @@ pub struct PipelineLayout {
     pub layers: Vec<Vec<[usize; 2]>>,
     /// Micro-batches per step of each replica.
     pub micro_batches: usize,
+    /// The order each stage runs its micro-batches' passes in (GPipe or 1F1B).
+    pub schedule: Schedule,
 }
 
 /// Where one rank sits in a [`RankLayout`].
@@ -336,21 +342,6 @@ impl RankLayout {
     pub fn tensor_group(&self) -> mslc_ir::shard::Group {
         mslc_ir::shard::Group::new(TENSOR_AXIS, self.tp)
     }
-
-    /// E0972 when the layout has a pipeline, which `what` does not run.
-    pub fn refuse_pipeline(&self, what: &str) -> Result<(), RanksError> {
-        match &self.pipeline {
-            Some(p) => Err(RanksError::new(
-                Code::E0972,
-                format!(
-                    "the plan has {} pipeline stages; {what} does not run pipelines yet \
-                     (`mslc run --ranks` runs a pipeline's forward)",
-                    p.layers.len()
-                ),
-            )),
-            None => Ok(()),
-        }
-    }
 }
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
@@ -398,6 +389,7 @@ fn pipeline_layout(plan: &PlanFile, pp: usize) -> Result<PipelineLayout, RanksEr
     Ok(PipelineLayout {
         layers,
         micro_batches: usize::try_from(plan.micro_batches.max(1)).unwrap_or(1),
+        schedule: plan.schedule,
     })
 }
 
@@ -693,6 +685,7 @@ mod tests {
             pipeline: Some(PipelineLayout {
                 layers: vec![vec![[0, 1]], vec![[1, 2]]],
                 micro_batches: 4,
+                schedule: Schedule::OneFOneB,
             }),
             ..RankLayout::one()
         };

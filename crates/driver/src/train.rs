@@ -48,6 +48,7 @@ use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
+use mslc_ir::shard::pipeline::{pipeline_stage, Crossing, StageCut};
 use mslc_ir::shard::tensor::tensor_parallel;
 use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
 use mslc_ir::shard::Group;
@@ -55,6 +56,7 @@ use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
 use crate::loss_scale::LossScaler;
+use crate::ranks::PipelineLayout;
 use crate::recompute::{plan_training, MemoryRequest, RecomputeReport};
 use crate::select::{amp_config, choose_policy, compile_options, root_error, Selection};
 
@@ -324,6 +326,80 @@ pub fn compile_train_ranked(
     train_options: TrainOptions,
     tensor: Option<TensorSplits>,
 ) -> Result<CompiledTrain, TrainError> {
+    compile_train_step(train, options, train_options, tensor, None).map(|(step, _)| step)
+}
+
+/// What a pipeline stage's training step exchanges and runs besides its step: the cut
+/// ([`StageCut`]) and, on every stage but the last, the forward program that computes what it
+/// sends on (the step itself recomputes that forward before its backward). The step's inputs
+/// and outputs beyond a whole step's: each received value (an input under its crossing's
+/// name) and its gradient (the output [`grad_of`] that name, sent back); on every stage but
+/// the last, the gradient of each value it sends, from the stage that read it (the input
+/// [`grad_from`] the name and that stage).
+#[derive(Clone, Debug)]
+pub struct StageStep {
+    /// What crosses the stage's cuts.
+    pub cut: StageCut,
+    /// The forward to the values it sends (none on the last stage).
+    pub forward: Option<Compiled>,
+}
+
+impl StageStep {
+    /// The inputs of the stage's step that other stages send (received values and the
+    /// gradients of sent ones), not data.
+    pub fn exchanged_inputs(&self) -> Vec<String> {
+        let received = self.cut.receives.iter().map(|c| c.name.clone());
+        let gradients = self.cut.sends.iter().map(|c| grad_from(&c.name, c.peer));
+        received.chain(gradients).collect()
+    }
+}
+
+/// The output holding the gradient of received value `name`.
+pub fn grad_of(name: &str) -> String {
+    format!("{name}.grad")
+}
+
+/// The input holding the gradient of sent value `name` from the stage `peer` that read it.
+pub fn grad_from(name: &str, peer: usize) -> String {
+    format!("{name}.grad.from{peer}")
+}
+
+/// Output of a stage but the last: the scalar it differentiates, `Σ sum(y ⊙ dy)` over what
+/// it sends (its "loss" for the memory planner).
+pub const STAGE_OBJECTIVE: &str = "pipeline.objective";
+
+/// [`compile_train_ranked`] for stage `stage` of `pipeline`: the train's graph (in training mode,
+/// so every dropout keeps its place among all of the model's) cut to the stage's layers
+/// ([`pipeline_stage`]); the last stage differentiates the loss of one micro-batch divided by
+/// the micro-batches of an update (`micro_batches × grad_accum`, accumulated as
+/// `grad_accum` is), the others `Σ sum(y ⊙ dy)` over the values they send, whose gradients
+/// `dy` come back from the stages that read them. Each stage's update is its own parameters'
+/// (E0972 for what needs all stages' gradients at once: `clip_grad_norm`, a loss scale that
+/// skips overflowing steps, BatchNorm's running statistics).
+pub fn compile_train_stage(
+    train: &Train,
+    options: &CompileOptions,
+    train_options: TrainOptions,
+    tensor: Option<TensorSplits>,
+    (pipeline, stage): (&PipelineLayout, usize),
+) -> Result<(CompiledTrain, StageStep), TrainError> {
+    let (step, parts) = compile_train_step(
+        train,
+        options,
+        train_options,
+        tensor,
+        Some((pipeline, stage)),
+    )?;
+    Ok((step, parts.expect("a stage's step has its cut")))
+}
+
+fn compile_train_step(
+    train: &Train,
+    options: &CompileOptions,
+    train_options: TrainOptions,
+    tensor: Option<TensorSplits>,
+    stage: Option<(&PipelineLayout, usize)>,
+) -> Result<(CompiledTrain, Option<StageStep>), TrainError> {
     let spec = &train.spec;
     let refuse = |code: Code, message: String, help: &str| {
         TrainError::Train(Box::new(
@@ -393,6 +469,90 @@ pub fn compile_train_ranked(
             "give batch_norm its running statistics as `buffer`s (std.nn.BatchNorm2d does)",
         )
     })?;
+    // Whole-update operations need every stage's gradients at once: not run on stages.
+    let staged = match stage {
+        Some((pipeline, s)) => {
+            let across = [
+                (spec.clip_grad_norm.is_some(), "clip_grad_norm"),
+                (
+                    train_options.loss_scale.skips_overflow(),
+                    "a loss scale that skips overflowing steps",
+                ),
+                (!mode.running.is_empty(), "BatchNorm's running statistics"),
+            ];
+            if let Some((_, what)) = across.iter().find(|(asked, _)| *asked) {
+                return Err(refuse(
+                    Code::E0972,
+                    format!(
+                        "train `{}` asks for {what}, which needs every pipeline stage's \
+                         gradients or statistics at once; pipeline stages do not run it yet",
+                        spec.name.name
+                    ),
+                    "train without it on a pipeline, or without pipeline stages",
+                ));
+            }
+            graph.outputs = vec![(LOSS.to_string(), loss)];
+            let layers = crate::ranks::layer_stages(&graph, pipeline);
+            let of = |origin: &str| {
+                mslc_plan::parallel::workload::layer_key(origin)
+                    .and_then(|k| layers.get(&k).copied())
+            };
+            let cut = pipeline_stage(&mut graph, s, pipeline.layers.len(), &of).map_err(|e| {
+                refuse(
+                    Code::E0972,
+                    format!(
+                        "train `{}` cannot be cut into the plan's pipeline stages: {e}",
+                        spec.name.name
+                    ),
+                    "give each stage whole layers of the model's repeated `layers`",
+                )
+            })?;
+            let sends: Vec<(String, ValueRef)> = graph
+                .outputs
+                .iter()
+                .filter(|(name, _)| name != LOSS)
+                .cloned()
+                .collect();
+            let forward = match s + 1 < pipeline.layers.len() {
+                true => {
+                    let mut forward = graph.clone();
+                    forward.outputs.retain(|(name, _)| name != LOSS);
+                    let whole = CompileOptions {
+                        amp: None,
+                        ..options.clone()
+                    };
+                    Some(crate::compile::compile_graph(forward, &whole)?)
+                }
+                false => None,
+            };
+            graph.outputs.clear();
+            let received: Vec<(String, ValueRef)> = cut
+                .receives
+                .iter()
+                .filter_map(|c| {
+                    graph
+                        .node_ids()
+                        .into_iter()
+                        .find_map(|id| match &graph.node(id).kind {
+                            NodeKind::Input { name } if *name == c.name => {
+                                Some((c.name.clone(), ValueRef { node: id, index: 0 }))
+                            }
+                            _ => None,
+                        })
+                })
+                .collect();
+            let last = cut.outputs.iter().any(|o| o == LOSS);
+            Some((
+                cut,
+                forward,
+                sends,
+                received,
+                last,
+                pipeline.micro_batches as u32,
+            ))
+        }
+        None => None,
+    };
     let mut params: Vec<(String, ValueRef)> = graph
         .node_ids()
         .into_iter()
@@ -444,8 +604,9 @@ pub fn compile_train_ranked(
         _ => Vec::new(),
     };
     // A replica differentiates its share of the global loss and reports the global loss.
+    let sends_only = matches!(&staged, Some((.., false, _)));
     let (share, loss) = match &group {
-        Some(g) => {
+        Some(g) if !sends_only => {
             let r = replica_loss(&mut graph, loss, g).map_err(|e| {
                 refuse(
                     Code::E0971,
@@ -455,7 +616,7 @@ pub fn compile_train_ranked(
             })?;
             (r.share, r.global)
         }
-        None => (loss, loss),
+        _ => (loss, loss),
     };
     // PyTorch's accumulation recipe differentiates `loss / grad_accum`; loss scaling then
     // multiplies that by the scale.
@@ -464,41 +625,77 @@ pub fn compile_train_ranked(
         .loss_scale
         .scales()
         .then(|| graph.add_input(LOSS_SCALE, scalar));
-    let objective = {
-        let mut b = Builder {
-            g: &mut graph,
-            tensor: None,
-            zero: None,
-            dp_index: None,
-        };
-        let mut objective = share;
-        if grad_accum > 1 {
-            let k = b.scalar(f64::from(grad_accum));
-            objective = k
-                .and_then(|k| b.bin(Op::Div, objective, k))
-                .map_err(|message| CompileError {
-                    stage: "train",
-                    message,
-                })?;
+    // A stage but the last: the values it sends, each against its gradient from its reader.
+    let stage_objective = match &staged {
+        Some((cut, _, sends, _, false, _)) => {
+            let mut b = Builder {
+                g: &mut graph,
+                tensor: None,
+                zero: None,
+                dp_index: None,
+            };
+            let objective =
+                b.stage_objective(&cut.sends, sends)
+                    .map_err(|message| CompileError {
+                        stage: "train",
+                        message,
+                    })?;
+            Some(objective)
         }
-        if let Some(s) = scale {
-            objective = b
-                .bin(Op::Mul, objective, s)
-                .map_err(|message| CompileError {
-                    stage: "train",
-                    message,
-                })?;
+        _ => None,
+    };
+    let grad_accum = match &staged {
+        Some((.., micro_batches)) => grad_accum.saturating_mul(*micro_batches),
+        None => grad_accum,
+    };
+    let objective = match stage_objective {
+        Some(objective) => objective,
+        None => {
+            let mut b = Builder {
+                g: &mut graph,
+                tensor: None,
+                zero: None,
+                dp_index: None,
+            };
+            let mut objective = share;
+            if grad_accum > 1 {
+                let k = b.scalar(f64::from(grad_accum));
+                objective = k
+                    .and_then(|k| b.bin(Op::Div, objective, k))
+                    .map_err(|message| CompileError {
+                        stage: "train",
+                        message,
+                    })?;
+            }
+            if let Some(s) = scale {
+                objective = b
+                    .bin(Op::Mul, objective, s)
+                    .map_err(|message| CompileError {
+                        stage: "train",
+                        message,
+                    })?;
+            }
+            objective
         }
-        objective
     };
     let forward: std::collections::HashSet<_> = graph.node_ids().into_iter().collect();
-    let grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
+    // A stage differentiates what it received too, to send those gradients back.
+    let received = staged.as_ref().map_or(&[][..], |st| &st.3[..]);
+    let wrt: Vec<ValueRef> = wrt
+        .iter()
+        .copied()
+        .chain(received.iter().map(|(_, v)| *v))
+        .collect();
+    let mut grads = mslc_ir::autodiff::backward(&mut graph, objective, &wrt).map_err(|e| {
         refuse(
             Code::E0521,
             format!("cannot differentiate train `{}`: {e}", spec.name.name),
             "every trainable parameter needs a differentiable path to the loss",
         )
     })?;
+    for ((name, _), g) in received.iter().zip(grads.split_off(params.len())) {
+        graph.set_output(&grad_of(name), g);
+    }
     // Level 3's gradients are already slices (the gathers' gradients reduce-scatter them);
     // level 2 reduce-scatters them; below that they are summed whole.
     let grads = match (&group, zero.as_ref().map(|z| z.level)) {
@@ -525,6 +722,17 @@ pub fn compile_train_ranked(
         dp_index: None,
     };
     let accumulate = grad_accum > 1;
+    // A stage but the last has no loss: its objective stands in for the memory planner.
+    let loss_output = match &staged {
+        Some((.., false, _)) => {
+            b.g.set_output(STAGE_OBJECTIVE, objective);
+            STAGE_OBJECTIVE
+        }
+        _ => {
+            b.g.set_output(LOSS, loss);
+            LOSS
+        }
+    };
     let built = b.update(
         spec,
         &optimizer,
@@ -532,7 +740,6 @@ pub fn compile_train_ranked(
         &grads,
         scale,
         train_options,
-        loss,
         accumulate,
     );
     let trained = built.map_err(|message| CompileError {
@@ -559,7 +766,7 @@ pub fn compile_train_ranked(
         &graph,
         &whole,
         &passes,
-        LOSS,
+        loss_output,
         &is_state,
         train_options.memory,
     )?;
@@ -569,7 +776,7 @@ pub fn compile_train_ranked(
     if let Some(forward) = forward_passes {
         compiled.passes.prepend(forward);
     }
-    Ok(CompiledTrain {
+    let step = CompiledTrain {
         compiled,
         optimizer,
         params: trained,
@@ -579,7 +786,9 @@ pub fn compile_train_ranked(
         buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
         recompute,
         zero,
-    })
+    };
+    let stage = staged.map(|(cut, forward, ..)| StageStep { cut, forward });
+    Ok((step, stage))
 }
 
 /// The accumulator input and output of parameter `path`'s gradient.
@@ -669,6 +878,34 @@ impl Builder<'_> {
         }
     }
 
+    /// `Σ sum(y ⊙ dy)` over the values `sends` (name → value) a pipeline stage sends, `dy`
+    /// each one's gradient from the stage that read it (an input [`grad_from`] the name and
+    /// that stage; a value read by two stages gets the sum of both).
+    fn stage_objective(
+        &mut self,
+        crossings: &[Crossing],
+        sends: &[(String, ValueRef)],
+    ) -> Built<ValueRef> {
+        let mut total = None;
+        for c in crossings {
+            let y = sends
+                .iter()
+                .find(|(name, _)| *name == c.name)
+                .map(|(_, v)| *v)
+                .ok_or_else(|| format!("no value `{}` to send", c.name))?;
+            let dy = self
+                .g
+                .add_input(&grad_from(&c.name, c.peer), self.g.ty(y).clone());
+            let product = self.bin(Op::Mul, y, dy)?;
+            let sum = self.op(Op::Sum, Attrs::new(), &[product])?;
+            total = Some(match total {
+                Some(t) => self.bin(Op::Add, t, sum)?,
+                None => sum,
+            });
+        }
+        total.ok_or_else(|| "a stage before the last sends nothing".to_string())
+    }
+
     /// This rank's slice of the replicated `v` (levels 1 and 2), selected by [`DP_INDEX`].
     fn own_slice(&mut self, z: &ZeroShard, v: ValueRef) -> Built<ValueRef> {
         let index = match self.dp_index {
@@ -693,10 +930,8 @@ impl Builder<'_> {
         grads: &[ValueRef],
         scale: Option<ValueRef>,
         options: TrainOptions,
-        loss: ValueRef,
         accumulate: bool,
     ) -> Built<Vec<TrainedParam>> {
-        self.g.set_output(LOSS, loss);
         let scalar = TensorType::new(DType::F32, vec![]);
         // Unscaled by the reciprocal of the scale, as MindSpore's `_grad_scale` and PyTorch's
         // `GradScaler.unscale_` do (exact for the usual powers of two).

@@ -32,6 +32,10 @@ use crate::train::{
 use crate::train_mode::SEED;
 use mslc_ir::shard::zero::DP_INDEX;
 
+mod stage;
+
+pub use stage::StageRuntime;
+
 /// A coded failure of the loop, naming the file or value at fault.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainRunError {
@@ -235,9 +239,13 @@ impl Dataset {
         Ok(())
     }
 
-    /// Sets every column's input to the samples `rows`.
+    /// Sets every column's input the module of `exec` has (a pipeline stage reads only some)
+    /// to the samples `rows`.
     fn feed(&self, exec: &mut Executor, rows: &[usize]) -> Res<()> {
         for c in &self.columns {
+            if !exec.module().inputs().any(|(n, _)| n == c.input) {
+                continue;
+            }
             let size = c.row_bytes();
             let mut data = Vec::with_capacity(size * rows.len());
             for &r in rows {
@@ -379,6 +387,8 @@ pub struct Trainer {
     state: LoopState,
     /// The last update's loss (the mean over its micro-batches).
     loss: f64,
+    /// When this is one stage of a pipeline: its forward, cut and peers.
+    stage: Option<StageRuntime>,
 }
 
 fn optimizer_name(kind: OptimizerKind) -> &'static str {
@@ -461,6 +471,7 @@ impl Trainer {
             order: Vec::new(),
             state,
             loss: f64::NAN,
+            stage: None,
         };
         trainer.order = trainer.epoch_order(0);
         trainer.set_dp_index()?;
@@ -501,7 +512,7 @@ impl Trainer {
     /// (optimizer sharding) are gathered, so every rank calls [`Trainer::checkpoint_tensors`]
     /// at the same step.
     pub fn gathers_checkpoints(&self) -> bool {
-        self.tensor.is_some() || self.train.zero.is_some()
+        self.tensor.is_some() || self.train.zero.is_some() || self.stage.is_some()
     }
 
     /// Makes this the loop of one rank of a tensor-parallel group whose parameters `splits`
@@ -551,27 +562,11 @@ impl Trainer {
     /// back — unless the loss scaling skips the update because a gradient is not finite (the
     /// running statistics are kept either way, as PyTorch's forward updates them).
     pub fn step(&mut self) -> Res<StepMetrics> {
-        let start = std::time::Instant::now();
-        let k = self.state.updates;
-        let opt = self.train.optimizer;
-        let lr = self.schedule.lr(opt.lr, k);
-        let t = (k + 1) as i32;
-        let loss_scale = self.state.scale.loss_scale;
-        let scalars = [
-            (LR, lr),
-            (STEP_SIZE, lr / (1.0 - opt.betas.0.powi(t))),
-            (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
-            (LOSS_SCALE, loss_scale),
-        ];
-        for (name, value) in scalars {
-            if self.has_input(name) {
-                let array = NpyArray::from_f32(vec![], &[value as f32])
-                    .map_err(|e| data_error(e.to_string()))?;
-                self.exec
-                    .set_input(name, &array)
-                    .map_err(|e| data_error(e.message))?;
-            }
+        if self.stage.is_some() {
+            return self.stage_step();
         }
+        let start = std::time::Instant::now();
+        let (lr, loss_scale) = self.set_update_scalars()?;
         let micro = u64::from(self.train.grad_accum);
         let mut losses = 0.0;
         let mut skipped = false;
@@ -630,6 +625,32 @@ impl Trainer {
         })
     }
 
+    /// Sets the update's scalars (learning rate, Adam's corrections, the loss scale) the
+    /// module reads; the learning rate and the loss scale.
+    fn set_update_scalars(&mut self) -> Res<(f64, f64)> {
+        let k = self.state.updates;
+        let opt = self.train.optimizer;
+        let lr = self.schedule.lr(opt.lr, k);
+        let t = (k + 1) as i32;
+        let loss_scale = self.state.scale.loss_scale;
+        let scalars = [
+            (LR, lr),
+            (STEP_SIZE, lr / (1.0 - opt.betas.0.powi(t))),
+            (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
+            (LOSS_SCALE, loss_scale),
+        ];
+        for (name, value) in scalars {
+            if self.has_input(name) {
+                let array = NpyArray::from_f32(vec![], &[value as f32])
+                    .map_err(|e| data_error(e.to_string()))?;
+                self.exec
+                    .set_input(name, &array)
+                    .map_err(|e| data_error(e.message))?;
+            }
+        }
+        Ok((lr, loss_scale))
+    }
+
     /// A failed run's error; under loss scaling, a numerics report also says the loss was
     /// scaled by `loss_scale` (and that without --check-numerics the step would be skipped).
     fn run_error(&self, e: ExecError, loss_scale: f64) -> TrainRunError {
@@ -662,6 +683,13 @@ impl Trainer {
 
     /// Feeds the next batch of the epoch, starting the next epoch when this one is used up.
     fn feed_next_batch(&mut self) -> Res<()> {
+        let rows = self.next_rows();
+        self.data.feed(&mut self.exec, &rows)
+    }
+
+    /// The rows of the next batch of the epoch (this replica's slice), starting the next epoch
+    /// when this one is used up.
+    fn next_rows(&mut self) -> Vec<usize> {
         let (per_epoch, _) = self.epoch_shape();
         if self.state.batch_in_epoch as usize >= per_epoch {
             self.state.epoch += 1;
@@ -670,10 +698,8 @@ impl Trainer {
         }
         let first =
             self.state.batch_in_epoch as usize * self.global_batch() + self.replica.0 * self.batch;
-        let rows = self.order[first..first + self.batch].to_vec();
-        self.data.feed(&mut self.exec, &rows)?;
         self.state.batch_in_epoch += 1;
-        Ok(())
+        self.order[first..first + self.batch].to_vec()
     }
 
     /// Writes the last update's raw gradients as `DIR/grads.safetensors` (f32, by parameter
@@ -771,7 +797,10 @@ impl Trainer {
         };
         let params = gather(params, &|n| n.to_string())?;
         let states = gather(states, &path_of)?;
-        Ok((params, states))
+        match &self.stage {
+            Some(stage) => Self::gather_stages(stage, comm, params, states),
+            None => Ok((params, states)),
+        }
     }
 
     /// Writes the checkpoint of `params` and `states` (see [`Trainer::save`]).
@@ -868,7 +897,13 @@ impl Trainer {
             states.push((name.clone(), array));
         }
         let mut weights: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-        for t in model.tensors() {
+        // A pipeline stage takes its own parameters of the whole checkpoint.
+        let here: Vec<String> = self.exec.params_f32().into_iter().map(|p| p.0).collect();
+        let staged = self.stage.is_some();
+        for t in model
+            .tensors()
+            .filter(|t| !staged || here.iter().any(|h| h == t.name))
+        {
             let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
             let (shape, values) = match zero {
                 Some(z) if z.shards_params() && z.shapes.contains_key(t.name) => {
@@ -878,7 +913,7 @@ impl Trainer {
             };
             weights.push((t.name.to_string(), shape, f32_bytes(&values)));
         }
-        if optim.len() != states.len() {
+        if optim.len() != states.len() && !staged {
             return Err(checkpoint_error(
                 dir,
                 format!(
@@ -904,6 +939,9 @@ impl Trainer {
                     .load_weights(bytes.iter().map(|(n, s, d)| tensor(n, s, d)));
                 return Err(checkpoint_error(dir, e.message));
             }
+        }
+        if let Some(forward) = self.stage.as_mut().and_then(|s| s.forward.as_mut()) {
+            stage::copy_params(&self.exec, forward)?;
         }
         self.state = state;
         if self.state.loss_scaling != self.train.loss_scale.to_string() {

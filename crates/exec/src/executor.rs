@@ -297,6 +297,12 @@ impl Executor {
         self.comm.as_deref_mut()
     }
 
+    /// Takes the collectives back (to lend them to another executor of the same rank, such as
+    /// a pipeline stage's forward).
+    pub fn take_collectives(&mut self) -> Option<Box<dyn Collectives>> {
+        self.comm.take()
+    }
+
     /// The module being run.
     pub fn module(&self) -> &Module {
         &self.module

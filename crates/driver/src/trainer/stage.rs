@@ -1,0 +1,360 @@
+//! One pipeline stage's loop ([`Trainer::step`] of a step compiled by
+//! [`crate::train::compile_train_stage`]) under the plan's schedule
+//! ([`crate::pipeline::schedule_passes`]: PipeDream-Flush's 1F1B — stage `s` of `p` runs
+//! `min(p − 1 − s, m)` forwards first, then alternates one forward with one backward, then
+//! the backwards left, holding at most `p − s` micro-batches in flight — or GPipe's all
+//! forwards then all backwards); the update follows the last backward. A forward runs the stage's forward program on the values received from the
+//! stages before and sends what later stages read; a backward runs the stage's step on the
+//! same received values (it recomputes the stage's forward, keeping only the received values
+//! per micro-batch in flight) with the gradients of what it sent, accumulates its parameters'
+//! gradients and sends the received values' gradients back. The update is each stage's own.
+//! Rank 0 (the first stage's) receives the loss and each stage's gradient norm for the
+//! metrics, and every stage's parameters and states for checkpoints.
+
+use std::collections::VecDeque;
+
+use mslc_exec::collectives::Collectives;
+use mslc_exec::Executor;
+use mslc_io::npy::NpyArray;
+use mslc_ir::shard::pipeline::StageCut;
+
+use super::{
+    data_error, f32_bytes, micro_seed, run_missing, tensor, zero_inputs, Named, Res, StepMetrics,
+    TrainRunError, Trainer,
+};
+use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
+use crate::train::{grad_from, grad_of, write_backs, GRAD_NORM, LOSS};
+use crate::train_mode::SEED;
+use mslc_core::diag::Code;
+use mslc_plan::parallel::estimate::Schedule;
+
+/// What a [`Trainer`] needs to run one stage of a pipeline.
+pub struct StageRuntime {
+    /// The stage's forward program (every stage but the last), with its parameters loaded as
+    /// the step's; the loop keeps them equal after each update.
+    pub forward: Option<Executor>,
+    /// What crosses the stage's cuts.
+    pub cut: StageCut,
+    /// This stage.
+    pub stage: usize,
+    /// The rank of each stage in this rank's row (the same replica and tensor-parallel
+    /// member), indexed by stage.
+    pub ranks: Vec<usize>,
+    /// The pipeline's micro-batches per batch (the plan's `micro_batches`; an update runs
+    /// `grad_accum` batches).
+    pub micro_batches: usize,
+    /// The order of the stage's passes (GPipe or 1F1B).
+    pub schedule: Schedule,
+}
+
+/// Values received for one micro-batch in flight: (input name, value).
+type Received = Vec<(String, NpyArray)>;
+
+impl Trainer {
+    /// Makes this the loop of one pipeline stage: `runtime` its forward (whose parameters it
+    /// sets to the step's), cut and peers, each run of its step one micro-batch of `batch`
+    /// samples. The loop takes batches of the pipeline's micro-batches × `batch` samples, as
+    /// one device takes the train's batch, so its position (and checkpoints) count the same
+    /// batches one device counts.
+    pub fn run_as_stage(&mut self, runtime: StageRuntime, batch: usize) -> Res<()> {
+        let whole = batch * runtime.micro_batches.max(1);
+        if self.data.samples < whole {
+            return Err(data_error(format!(
+                "--data holds {} samples, fewer than one batch of {whole} ({} micro-batches × \
+                 {batch})",
+                self.data.samples, runtime.micro_batches
+            )));
+        }
+        self.batch = whole;
+        self.state.batch = (whole * self.replica.1) as u64;
+        let mut runtime = runtime;
+        if let Some(forward) = runtime.forward.as_mut() {
+            copy_params(&self.exec, forward)?;
+        }
+        self.stage = Some(runtime);
+        Ok(())
+    }
+
+    /// One update of a stage: the 1F1B schedule over its micro-batches, then its update.
+    pub(super) fn stage_step(&mut self) -> Res<StepMetrics> {
+        let start = std::time::Instant::now();
+        let (lr, loss_scale) = self.set_update_scalars()?;
+        let micro = self.train.grad_accum as usize;
+        let per_batch = self.stage.as_ref().map_or(1, |s| s.micro_batches.max(1));
+        let size = (self.batch / per_batch).max(1);
+        let mut rows: Vec<Vec<usize>> = Vec::with_capacity(micro);
+        for _ in 0..micro / per_batch {
+            rows.extend(self.next_rows().chunks(size).map(<[usize]>::to_vec));
+        }
+        let first = self.state.step * micro as u64;
+        let seeds: Vec<i64> = (0..micro as u64)
+            .map(|j| micro_seed(self.state.seed, first + j))
+            .collect();
+        let Some(mut stage) = self.stage.take() else {
+            return Err(run_missing("the pipeline stage"));
+        };
+        let ran = self.run_schedule(&mut stage, &rows, &seeds, loss_scale);
+        let finished = ran.and_then(|losses| {
+            self.exec
+                .write_back(write_backs(&self.train.params))
+                .map_err(TrainRunError::of_run)?;
+            self.state.updates += 1;
+            zero_inputs(&mut self.exec, &self.train.accumulators)?;
+            if let Some(forward) = stage.forward.as_mut() {
+                copy_params(&self.exec, forward)?;
+            }
+            self.stage_metrics(&stage, losses)
+        });
+        self.stage = Some(stage);
+        let (loss, grad_norm) = finished?;
+        self.loss = loss / micro as f64;
+        self.state.step += 1;
+        Ok(StepMetrics {
+            step: self.state.step,
+            loss: self.loss,
+            lr,
+            loss_scale,
+            grad_norm,
+            skipped: false,
+            ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Runs the micro-batches `rows` (with their dropout `seeds`) through this stage in 1F1B
+    /// order; the sum of their losses (on the last stage; 0 on the others).
+    fn run_schedule(
+        &mut self,
+        stage: &mut StageRuntime,
+        rows: &[Vec<usize>],
+        seeds: &[i64],
+        loss_scale: f64,
+    ) -> Res<f64> {
+        let mut in_flight: VecDeque<Received> = VecDeque::new();
+        let mut losses = 0.0;
+        let passes = schedule_passes(stage.schedule, stage.ranks.len(), stage.stage, rows.len());
+        for pass in passes {
+            let i = match pass {
+                Pass::Forward(j) => {
+                    in_flight.push_back(self.stage_forward(stage, &rows[j], seeds[j])?);
+                    continue;
+                }
+                Pass::Backward(i) => i,
+            };
+            let received = in_flight
+                .pop_front()
+                .ok_or_else(|| run_missing("a micro-batch in flight"))?;
+            self.data.feed(&mut self.exec, &rows[i])?;
+            set_seed(&mut self.exec, seeds[i])?;
+            for (name, array) in &received {
+                self.exec
+                    .set_input(name, array)
+                    .map_err(|e| data_error(e.message))?;
+            }
+            for c in &stage.cut.sends {
+                let name = grad_from(&c.name, c.peer);
+                let array = receive(&mut self.exec, &name, stage.ranks[c.peer])?;
+                self.exec
+                    .set_input(&name, &array)
+                    .map_err(|e| data_error(e.message))?;
+            }
+            self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
+            if stage.cut.outputs.iter().any(|o| o == LOSS) {
+                losses += self.scalar(LOSS);
+            }
+            for c in &stage.cut.receives {
+                let (_, values) = self
+                    .exec
+                    .output_f32(&grad_of(&c.name))
+                    .ok_or_else(|| run_missing(&grad_of(&c.name)))?;
+                comm(&mut self.exec)?
+                    .send(stage.ranks[c.peer], &values)
+                    .map_err(TrainRunError::of_run)?;
+            }
+            if i + 1 < rows.len() {
+                let sums = self.train.accumulators.iter().map(String::as_str);
+                self.exec.write_back(sums).map_err(TrainRunError::of_run)?;
+            }
+        }
+        Ok(losses)
+    }
+
+    /// The forward of one micro-batch on this stage: receives what it reads from the stages
+    /// before, runs the forward program (every stage but the last) and sends what later
+    /// stages read; the received values, which its backward reads again.
+    fn stage_forward(
+        &mut self,
+        stage: &mut StageRuntime,
+        rows: &[usize],
+        seed: i64,
+    ) -> Res<Received> {
+        let mut received = Vec::with_capacity(stage.cut.receives.len());
+        for c in &stage.cut.receives {
+            let array = receive(&mut self.exec, &c.name, stage.ranks[c.peer])?;
+            received.push((c.name.clone(), array));
+        }
+        let Some(forward) = stage.forward.as_mut() else {
+            return Ok(received);
+        };
+        self.data.feed(forward, rows)?;
+        set_seed(forward, seed)?;
+        for (name, array) in &received {
+            forward
+                .set_input(name, array)
+                .map_err(|e| data_error(e.message))?;
+        }
+        // The forward's collectives (tensor parallelism within the stage) are this rank's.
+        if let Some(comm) = self.exec.take_collectives() {
+            forward.set_collectives(comm);
+        }
+        let ran = forward.run().map_err(TrainRunError::of_run);
+        if let Some(comm) = forward.take_collectives() {
+            self.exec.set_collectives(comm);
+        }
+        ran?;
+        for c in &stage.cut.sends {
+            let (_, values) = forward
+                .output_f32(&c.name)
+                .ok_or_else(|| run_missing(&c.name))?;
+            comm(&mut self.exec)?
+                .send(stage.ranks[c.peer], &values)
+                .map_err(TrainRunError::of_run)?;
+        }
+        Ok(received)
+    }
+
+    /// The update's loss sum and global gradient norm, on the first stage (which receives
+    /// the last stage's losses and every stage's squared norm); this stage's own elsewhere.
+    fn stage_metrics(&mut self, stage: &StageRuntime, losses: f64) -> Res<(f64, f64)> {
+        let norm = self.scalar(GRAD_NORM);
+        let last = stage.ranks.len() - 1;
+        let comm = comm(&mut self.exec)?;
+        if stage.stage != 0 {
+            send_f64s(comm, stage.ranks[0], &[losses, norm * norm])?;
+            return Ok((losses, norm));
+        }
+        let (mut loss, mut squares) = (losses, norm * norm);
+        for (s, &rank) in stage.ranks.iter().enumerate().skip(1) {
+            let got = recv_f64s(comm, rank, 2)?;
+            squares += got[1];
+            if s == last {
+                loss = got[0];
+            }
+        }
+        Ok((loss, squares.sqrt()))
+    }
+
+    /// All stages' parameters and states, on the first stage (the others send theirs to it
+    /// and keep none): what a checkpoint of the whole model writes.
+    pub(super) fn gather_stages(
+        stage: &StageRuntime,
+        comm: &mut dyn Collectives,
+        mut params: Vec<Named>,
+        mut states: Vec<Named>,
+    ) -> Res<(Vec<Named>, Vec<Named>)> {
+        if stage.stage != 0 {
+            send_named(comm, stage.ranks[0], &params)?;
+            send_named(comm, stage.ranks[0], &states)?;
+            return Ok((Vec::new(), Vec::new()));
+        }
+        for &rank in &stage.ranks[1..] {
+            params.extend(recv_named(comm, rank)?);
+            states.extend(recv_named(comm, rank)?);
+        }
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok((params, states))
+    }
+}
+
+/// Receives the value of input `name` of `exec`'s module (of its shape, as f32) from `from`.
+fn receive(exec: &mut Executor, name: &str, from: usize) -> Res<NpyArray> {
+    let shape: Vec<usize> = exec
+        .module()
+        .inputs()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| {
+            let ty = &exec.module().values[v as usize].ty;
+            ty.shape.iter().map(|&d| d.max(0) as usize).collect()
+        })
+        .ok_or_else(|| run_missing(name))?;
+    let mut values = vec![0f32; shape.iter().product()];
+    comm(exec)?
+        .recv(from, &mut values)
+        .map_err(TrainRunError::of_run)?;
+    NpyArray::from_f32(shape, &values).map_err(|e| data_error(e.to_string()))
+}
+
+fn set_seed(exec: &mut Executor, seed: i64) -> Res<()> {
+    if !exec.module().inputs().any(|(n, _)| n == SEED) {
+        return Ok(());
+    }
+    let array = NpyArray::from_i64(vec![], &[seed]).map_err(|e| data_error(e.to_string()))?;
+    exec.set_input(SEED, &array)
+        .map_err(|e| data_error(e.message))
+}
+
+/// Loads the parameters of `step` (just updated) into `forward`.
+pub(super) fn copy_params(step: &Executor, forward: &mut Executor) -> Res<()> {
+    let params: Vec<(String, Vec<usize>, Vec<u8>)> = step
+        .params_f32()
+        .into_iter()
+        .map(|(n, s, v)| (n, s, f32_bytes(&v)))
+        .collect();
+    forward
+        .load_weights(params.iter().map(|(n, s, d)| tensor(n, s, d)))
+        .map(drop)
+        .map_err(TrainRunError::of_run)
+}
+
+fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
+    exec.collectives()
+        .ok_or_else(|| TrainRunError::new(Code::E0973, "a pipeline stage has no collectives"))
+}
+
+/// `values` sent bit for bit as pairs of f32 words.
+fn send_f64s(comm: &mut dyn Collectives, to: usize, values: &[f64]) -> Res<()> {
+    let words: Vec<f32> = values
+        .iter()
+        .flat_map(|v| {
+            let bits = v.to_bits();
+            [bits as u32, (bits >> 32) as u32].map(f32::from_bits)
+        })
+        .collect();
+    comm.send(to, &words).map_err(TrainRunError::of_run)
+}
+
+/// `n` values [`send_f64s`] sent.
+fn recv_f64s(comm: &mut dyn Collectives, from: usize, n: usize) -> Res<Vec<f64>> {
+    let mut words = vec![0f32; 2 * n];
+    comm.recv(from, &mut words).map_err(TrainRunError::of_run)?;
+    Ok(words
+        .chunks_exact(2)
+        .map(|w| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32)))
+        .collect())
+}
+
+/// Named f32 tensors sent to `to`: their names and shapes as JSON, then each one's values.
+fn send_named(comm: &mut dyn Collectives, to: usize, list: &[Named]) -> Res<()> {
+    let header: Vec<(&str, &[usize])> = list.iter().map(|(n, s, _)| (n.as_str(), &s[..])).collect();
+    let json = serde_json::to_vec(&header).map_err(|e| data_error(e.to_string()))?;
+    send_bytes(comm, to, &json).map_err(TrainRunError::of_run)?;
+    for (_, _, values) in list {
+        comm.send(to, values).map_err(TrainRunError::of_run)?;
+    }
+    Ok(())
+}
+
+/// The named tensors [`send_named`] sent from `from`.
+fn recv_named(comm: &mut dyn Collectives, from: usize) -> Res<Vec<Named>> {
+    let json = recv_bytes(comm, from).map_err(TrainRunError::of_run)?;
+    let header: Vec<(String, Vec<usize>)> =
+        serde_json::from_slice(&json).map_err(|e| data_error(e.to_string()))?;
+    let mut out = Vec::with_capacity(header.len());
+    for (name, shape) in header {
+        let mut values = vec![0f32; shape.iter().product()];
+        comm.recv(from, &mut values)
+            .map_err(TrainRunError::of_run)?;
+        out.push((name, shape, values));
+    }
+    Ok(out)
+}
