@@ -320,6 +320,7 @@ fn main() {
     println!("mpiexec -n 2 mslc run --mpi: data-parallel logits match one device within 1e-5");
 
     tensor_parallel_training(dir);
+    pipeline_training(dir);
 
     // Started without mpiexec, the process sees a world of 1, and the plan has 2 devices.
     let (code, _, stderr) = train(dir, "alone", &[], &["--mpi"]);
@@ -351,6 +352,139 @@ fn llama_flags() -> Vec<&'static str> {
     include_str!("fixtures/tiny_llama_sizes.args")
         .split_whitespace()
         .collect()
+}
+
+/// The pipeline policies and train of the tiny LLaMA (tests/it/pipeline.rs's too).
+const LLAMA_PP: &str = include_str!("fixtures/tiny_llama_pp.msl-decls");
+const LLAMA_MIX: &str = include_str!("fixtures/tiny_llama_mix.msl-decls");
+
+/// `mpiexec -n 2 mslc train --mpi` of the tiny LLaMA cut into two pipeline stages (1F1B over
+/// 4 micro-batches of 2), each process one stage: ten steps' losses within 1e-5 of one
+/// device's, the checkpoint rank 0 gathers within 1e-4 of each tensor's largest magnitude (the
+/// micro-batches' rounding through AdamW, as tests/it/pipeline.rs measures) and bit for bit
+/// `--ranks 2`'s; then `mpiexec -n 4` of 2 stages × 2 tensor-parallel ranks (2 micro-batches
+/// of 4) trained with SGD, weights within 1e-4; and the pipelined forward under
+/// `mpiexec -n 2 mslc run --mpi`.
+fn pipeline_training(dir: &Path) {
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tiny_llama.msl"),
+    )
+    .unwrap();
+    let model = &example[..example.find("// f16 has").expect("the model part")];
+    std::fs::write(dir.join("llama-pp.msl"), format!("{model}{LLAMA_PP}")).unwrap();
+    // With SGD, whose update does not divide by the gradient's own size as AdamW's does (AdamW
+    // turns the row-parallel sums' ~1e-7 rounding into ~5e-4 of a weight here, tensor
+    // parallelism alone as much): measured 1.6e-5 of an embedding's largest weight, where
+    // tensor parallelism alone gives 2.2e-5.
+    let pp_tp = LLAMA_MIX
+        .replace("mesh = { dp: 2, pp: 2, mp: 2 }", "mesh = { pp: 2, mp: 2 }")
+        .replace("adamw(lr: 1e-2, weight_decay: 0.1)", "sgd(lr: 0.5)");
+    assert_eq!(
+        pp_tp.matches("sgd").count() + pp_tp.matches("pp: 2, mp").count(),
+        2
+    );
+    std::fs::write(dir.join("llama-pp-tp.msl"), format!("{model}{pp_tp}")).unwrap();
+    let data = dir.join("tokens.npy");
+    let weights = dir.join("llama-init/step-1/model.safetensors");
+    let flags = [
+        &llama_flags()[..],
+        &["--weights", weights.to_str().unwrap()],
+    ]
+    .concat();
+    let steps = (data.as_path(), "10");
+    for (src, launcher, extra, tag, tol) in [
+        (
+            "llama-pp.msl",
+            &["mpiexec", "-n", "2"][..],
+            "--mpi",
+            "pp-mpi",
+            1e-4,
+        ),
+        ("llama-pp.msl", &[][..], "--ranks=2", "pp-threads", 1e-4),
+        (
+            "llama-pp-tp.msl",
+            &["mpiexec", "-n", "4"][..],
+            "--mpi",
+            "pp-tp-mpi",
+            1e-4,
+        ),
+    ] {
+        let one = format!("{tag}-one");
+        let (code, stdout, stderr) = train_with(dir, src, steps, &one, &[], &flags);
+        assert_eq!(
+            code, 0,
+            "one device:
+{stdout}{stderr}"
+        );
+        let ranked = [&flags[..], &[extra]].concat();
+        let (code, stdout, stderr) = train_with(dir, src, steps, tag, launcher, &ranked);
+        assert_eq!(
+            code, 0,
+            "{tag}:
+{stdout}{stderr}"
+        );
+        assert_eq!(
+            stdout.matches("trained Pretrain").count(),
+            1,
+            "{stdout}{stderr}"
+        );
+        let single = losses(&dir.join(format!("{one}.jsonl")));
+        assert_eq!(single.len(), 10);
+        let staged = losses(&dir.join(format!("{tag}.jsonl")));
+        assert_rel(&format!("{tag} losses"), &staged, &single, 1e-5);
+        let (w1, w2) = (
+            weights_of(&dir.join(&one).join("step-10")),
+            weights_of(&dir.join(tag).join("step-10")),
+        );
+        assert_eq!(w1.len(), w2.len());
+        for ((name, a), (other, b)) in w1.iter().zip(&w2) {
+            assert_eq!(name, other);
+            assert_rel_to_max(&format!("{tag} {name}"), b, a, tol);
+        }
+        println!(
+            "{tag}: 10 losses within 1e-5, {} gathered weights within {tol}",
+            w2.len()
+        );
+    }
+    assert_eq!(
+        weights_of(&dir.join("pp-mpi/step-10")),
+        weights_of(&dir.join("pp-threads/step-10"))
+    );
+    // The pipelined forward of the trained weights: 8 sequences, 4 micro-batches of 2.
+    let trained = dir.join("pp-mpi-one/step-10/model.safetensors");
+    let tokens = dir.join("prompt8.npy");
+    let ids: Vec<i64> = (0..64).map(|i| (i * 7 + 1) % 64).collect();
+    write_npy(&tokens, &NpyArray::from_i64(vec![8, 8], &ids).unwrap()).unwrap();
+    let input = format!("tokens={}", tokens.display());
+    let args = [
+        &llama_flags()[..],
+        &["--weights", trained.to_str().unwrap(), "--input", &input],
+    ]
+    .concat();
+    let (code, stdout, stderr, want) = forward(
+        dir,
+        "llama-pp.msl",
+        &args,
+        ("pp-fwd-one", "logits"),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        code, 0,
+        "one device:
+{stdout}{stderr}"
+    );
+    let mpi = ["mpiexec", "-n", "2"];
+    let at = ("pp-fwd-two", "logits");
+    let (code, stdout, stderr, got) = forward(dir, "llama-pp.msl", &args, at, &mpi, &["--mpi"]);
+    assert_eq!(
+        code, 0,
+        "mpiexec -n 2 mslc run:
+{stdout}{stderr}"
+    );
+    assert_eq!(got.len(), 8 * 8 * 64);
+    assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
+    println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
 }
 
 /// `mpiexec -n 2 mslc train --mpi` of examples/tiny_llama.msl's model under Megatron tensor
