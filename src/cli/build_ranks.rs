@@ -35,8 +35,9 @@ pub struct RankArtifacts {
     pub json: serde_json::Value,
 }
 
-/// The per-rank program of train `entry` under `plan`; `None` for a plan of one device. A plan
-/// the executor cannot run yet (pipeline stages) writes nothing and says why.
+/// The per-rank programs of train `entry` under `plan` (one, or one per pipeline stage); `None`
+/// for a plan of one device. A plan the executor cannot run yet (E0972) writes nothing and says
+/// why.
 pub fn rank_artifacts(
     args: &BuildArgs,
     checked: &Checked,

@@ -24,7 +24,7 @@ use super::Reporter;
 pub struct LaunchArgs {
     /// Run the plan (the train's, or for `run` the model's first train's) on N ranks, threads
     /// of this process exchanging through shared memory; N must equal the plan's device count
-    /// (E0970). Data and tensor parallelism and optimizer sharding run (E0972 for the rest);
+    /// (E0970). Data, tensor and pipeline parallelism and optimizer sharding run (E0972 for the rest);
     /// rank 0 reports and writes the outputs or checkpoints.
     #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
