@@ -325,8 +325,11 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
                 ),
                 None => None,
             };
+            let update = Executor::new(step.update.compiled.module.clone(), &exec_options)
+                .map_err(|e| Failure::Message(Code::E0604, e.message))?;
             let runtime = StageRuntime {
                 forward,
+                update: (update, step.update.clone()),
                 cut: step.cut.clone(),
                 stage: coords.stage,
                 ranks: (0..stages.len())

@@ -45,7 +45,7 @@ use mslc_check::Checked;
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::precision::{AmpLevel, LossScale};
-use mslc_core::program::Model;
+use mslc_core::program::{Init, Model};
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
 use mslc_ir::shard::pipeline::{pipeline_stage, Crossing, StageCut};
@@ -342,6 +342,9 @@ pub struct StageStep {
     pub cut: StageCut,
     /// The forward to the values it sends (none on the last stage).
     pub forward: Option<Compiled>,
+    /// The update of its parameters from the sums of their gradients (the step's outputs
+    /// [`accumulator`] of each path), with the global norm over all stages.
+    pub update: CompiledTrain,
 }
 
 impl StageStep {
@@ -373,9 +376,10 @@ pub const STAGE_OBJECTIVE: &str = "pipeline.objective";
 /// ([`pipeline_stage`]); the last stage differentiates the loss of one micro-batch divided by
 /// the micro-batches of an update (`micro_batches × grad_accum`, accumulated as
 /// `grad_accum` is), the others `Σ sum(y ⊙ dy)` over the values they send, whose gradients
-/// `dy` come back from the stages that read them. Each stage's update is its own parameters'
-/// (E0972 for what needs all stages' gradients at once: `clip_grad_norm`, a loss scale that
-/// skips overflowing steps, BatchNorm's running statistics).
+/// `dy` come back from the stages that read them. The step only sums its parameters'
+/// gradients; [`StageStep::update`] updates them, with the gradients' global norm (for
+/// `clip_grad_norm`) and overflow check (for a loss scale that skips overflowing steps) summed
+/// over all stages. BatchNorm's running statistics are refused (E0972).
 pub fn compile_train_stage(
     train: &Train,
     options: &CompileOptions,
@@ -472,23 +476,15 @@ fn compile_train_step(
     // Whole-update operations need every stage's gradients at once: not run on stages.
     let staged = match stage {
         Some((pipeline, s)) => {
-            let across = [
-                (spec.clip_grad_norm.is_some(), "clip_grad_norm"),
-                (
-                    train_options.loss_scale.skips_overflow(),
-                    "a loss scale that skips overflowing steps",
-                ),
-                (!mode.running.is_empty(), "BatchNorm's running statistics"),
-            ];
-            if let Some((_, what)) = across.iter().find(|(asked, _)| *asked) {
+            if !mode.running.is_empty() {
                 return Err(refuse(
                     Code::E0972,
                     format!(
-                        "train `{}` asks for {what}, which needs every pipeline stage's \
-                         gradients or statistics at once; pipeline stages do not run it yet",
+                        "train `{}` updates BatchNorm's running statistics, which pipeline \
+                         stages do not run yet",
                         spec.name.name
                     ),
-                    "train without it on a pipeline, or without pipeline stages",
+                    "train it without pipeline stages",
                 ));
             }
             graph.outputs = vec![(LOSS.to_string(), loss)];
@@ -628,12 +624,7 @@ fn compile_train_step(
     // A stage but the last: the values it sends, each against its gradient from its reader.
     let stage_objective = match &staged {
         Some((cut, _, sends, _, false, _)) => {
-            let mut b = Builder {
-                g: &mut graph,
-                tensor: None,
-                zero: None,
-                dp_index: None,
-            };
+            let mut b = Builder::on(&mut graph);
             let objective =
                 b.stage_objective(&cut.sends, sends)
                     .map_err(|message| CompileError {
@@ -651,12 +642,7 @@ fn compile_train_step(
     let objective = match stage_objective {
         Some(objective) => objective,
         None => {
-            let mut b = Builder {
-                g: &mut graph,
-                tensor: None,
-                zero: None,
-                dp_index: None,
-            };
+            let mut b = Builder::on(&mut graph);
             let mut objective = share;
             if grad_accum > 1 {
                 let k = b.scalar(f64::from(grad_accum));
@@ -720,8 +706,10 @@ fn compile_train_step(
         tensor: tensor.map(|(_, g)| (g, split)),
         zero: zero.as_ref(),
         dp_index: None,
+        pipeline: None,
     };
-    let accumulate = grad_accum > 1;
+    // A stage's step only sums its gradients; its update is a program of its own.
+    let accumulate = grad_accum > 1 || staged.is_some();
     // A stage but the last has no loss: its objective stands in for the memory planner.
     let loss_output = match &staged {
         Some((.., false, _)) => {
@@ -733,19 +721,57 @@ fn compile_train_step(
             LOSS
         }
     };
-    let built = b.update(
-        spec,
-        &optimizer,
-        &params,
-        &grads,
-        scale,
-        train_options,
-        accumulate,
-    );
+    let built = match &staged {
+        Some(_) => b
+            .unscale(&grads, scale)
+            .and_then(|unscaled| b.accumulate(&params, &unscaled))
+            .map(|_| Vec::new()),
+        None => b.update(
+            spec,
+            &optimizer,
+            &params,
+            &grads,
+            scale,
+            train_options,
+            accumulate,
+        ),
+    };
     let trained = built.map_err(|message| CompileError {
         stage: "train",
         message,
     })?;
+    let update = match &staged {
+        Some(_) => {
+            let pipeline = stage.map_or(1, |(p, _)| p.layers.len());
+            let split: Vec<bool> = params
+                .iter()
+                .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
+                .collect();
+            let tensor = tensor.map(|(_, g)| (g, split));
+            let spec_params: Vec<(String, TensorType, Init)> = params
+                .iter()
+                .map(|(path, v)| {
+                    let init = match &graph.node(v.node).kind {
+                        NodeKind::Param { init, .. } => init.clone(),
+                        _ => Init::Zeros,
+                    };
+                    (path.clone(), graph.ty(*v).clone(), init)
+                })
+                .collect();
+            let stages = Group::new(PIPELINE_AXIS, pipeline);
+            let u = compile_stage_update(
+                spec,
+                &optimizer,
+                &spec_params,
+                options,
+                train_options,
+                tensor,
+                &stages,
+            )?;
+            Some(u)
+        }
+        None => None,
+    };
     for (path, v) in &mode.running {
         graph.set_output(path, *v);
     }
@@ -779,7 +805,7 @@ fn compile_train_step(
     let step = CompiledTrain {
         compiled,
         optimizer,
-        params: trained,
+        params: update.as_ref().map_or(trained, |u| u.params.clone()),
         loss_scale: train_options.loss_scale,
         grad_accum,
         accumulators,
@@ -787,8 +813,76 @@ fn compile_train_step(
         recompute,
         zero,
     };
-    let stage = staged.map(|(cut, forward, ..)| StageStep { cut, forward });
+    let stage = staged
+        .zip(update)
+        .map(|((cut, forward, ..), update)| StageStep {
+            cut,
+            forward,
+            update,
+        });
     Ok((step, stage))
+}
+
+/// The update of a pipeline stage's parameters `params` (path, type, init) from the sums of
+/// their gradients over the update's micro-batches (the inputs [`accumulator`] of each path,
+/// already unscaled): the global norm (and overflow check) summed over the pipeline's
+/// `stages` (and the tensor-parallel group for its split parameters), then clipping and the
+/// optimizer, as a whole step's update.
+#[allow(clippy::too_many_arguments)]
+fn compile_stage_update(
+    spec: &mslc_check::policy::TrainSpec,
+    optimizer: &Optimizer,
+    params: &[(String, TensorType, Init)],
+    options: &CompileOptions,
+    train_options: TrainOptions,
+    tensor: Option<(&Group, Vec<bool>)>,
+    stages: &Group,
+) -> Result<CompiledTrain, TrainError> {
+    let mut graph = Graph::new(format!("{}_update", spec.name.name));
+    let values: Vec<(String, ValueRef)> = params
+        .iter()
+        .map(|(path, ty, init)| {
+            let v = graph.add_param(path, ty.clone(), init.clone(), true);
+            (path.clone(), v)
+        })
+        .collect();
+    let grads: Vec<ValueRef> = params
+        .iter()
+        .map(|(path, ty, _)| graph.add_input(&accumulator(path), ty.clone()))
+        .collect();
+    let mut b = Builder {
+        g: &mut graph,
+        tensor,
+        zero: None,
+        dp_index: None,
+        pipeline: Some(stages),
+    };
+    let trained = b
+        .update(spec, optimizer, &values, &grads, None, train_options, false)
+        .map_err(|message| CompileError {
+            stage: "train",
+            message,
+        })?;
+    let whole = CompileOptions {
+        amp: None,
+        ..options.clone()
+    };
+    let (passes, ops_before, _) = optimize_graph(&mut graph, &whole)?;
+    let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
+    let (mut compiled, recompute) =
+        plan_training(&graph, &whole, &passes, GRAD_NORM, &is_state, None)?;
+    compiled.ops_before = ops_before;
+    Ok(CompiledTrain {
+        compiled,
+        optimizer: *optimizer,
+        params: trained,
+        loss_scale: train_options.loss_scale,
+        grad_accum: 1,
+        accumulators: Vec::new(),
+        buffers: Vec::new(),
+        recompute,
+        zero: None,
+    })
 }
 
 /// The accumulator input and output of parameter `path`'s gradient.
@@ -805,11 +899,25 @@ struct Builder<'g> {
     zero: Option<&'g ZeroShard>,
     /// The [`DP_INDEX`] input, once a slice of a replicated tensor was selected.
     dp_index: Option<ValueRef>,
+    /// A pipeline stage's update: its gradients' sums (norm, overflow) are summed over the
+    /// stages.
+    pipeline: Option<&'g Group>,
 }
 
 type Built<T> = Result<T, String>;
 
-impl Builder<'_> {
+impl<'g> Builder<'g> {
+    /// A builder of ops on `g` with no collectives.
+    fn on(g: &'g mut Graph) -> Builder<'g> {
+        Builder {
+            g,
+            tensor: None,
+            zero: None,
+            dp_index: None,
+            pipeline: None,
+        }
+    }
+
     /// Every output of `op` applied to `inputs`.
     fn ops(&mut self, op: Op, attrs: Attrs, inputs: &[ValueRef]) -> Built<Vec<ValueRef>> {
         self.g
@@ -872,8 +980,13 @@ impl Builder<'_> {
             [None, None] => return Err("no gradients".to_string()),
         };
         // Gradient slices (levels 2 and 3): each replica summed its own slices.
-        match self.zero.filter(|z| z.level >= 2) {
-            Some(z) => self.op(Op::AllReduce, z.group.attrs(), &[total]),
+        let total = match self.zero.filter(|z| z.level >= 2) {
+            Some(z) => self.op(Op::AllReduce, z.group.attrs(), &[total])?,
+            None => total,
+        };
+        // A pipeline stage holds its own parameters' gradients.
+        match self.pipeline {
+            Some(stages) => self.op(Op::AllReduce, stages.attrs(), &[total]),
             None => Ok(total),
         }
     }
@@ -921,6 +1034,40 @@ impl Builder<'_> {
         zero::select_slice(self.g, v, index, z.group.ranks).map_err(|e| e.to_string())
     }
 
+    /// `grads` unscaled by the reciprocal of the loss `scale`, as MindSpore's `_grad_scale`
+    /// and PyTorch's `GradScaler.unscale_` do (exact for the usual powers of two).
+    fn unscale(&mut self, grads: &[ValueRef], scale: Option<ValueRef>) -> Built<Vec<ValueRef>> {
+        let Some(s) = scale else {
+            return Ok(grads.to_vec());
+        };
+        let one = self.scalar(1.0)?;
+        let inverse = self.bin(Op::Div, one, s)?;
+        grads
+            .iter()
+            .map(|&g| self.bin(Op::Mul, g, inverse))
+            .collect()
+    }
+
+    /// Each gradient as the sum over the update's micro-batches so far: plus the input
+    /// [`accumulator`] of its parameter, output under the same name (an overflow in an earlier
+    /// micro-batch carries into the sum, so the last run sees it).
+    fn accumulate(
+        &mut self,
+        params: &[(String, ValueRef)],
+        grads: &[ValueRef],
+    ) -> Built<Vec<ValueRef>> {
+        let mut summed = Vec::with_capacity(grads.len());
+        for ((path, _), &g) in params.iter().zip(grads) {
+            let name = accumulator(path);
+            let ty = self.g.ty(g).clone();
+            let earlier = self.g.add_input(&name, ty);
+            let sum = self.bin(Op::Add, earlier, g)?;
+            self.g.set_output(&name, sum);
+            summed.push(sum);
+        }
+        Ok(summed)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
@@ -933,35 +1080,11 @@ impl Builder<'_> {
         accumulate: bool,
     ) -> Built<Vec<TrainedParam>> {
         let scalar = TensorType::new(DType::F32, vec![]);
-        // Unscaled by the reciprocal of the scale, as MindSpore's `_grad_scale` and PyTorch's
-        // `GradScaler.unscale_` do (exact for the usual powers of two).
-        let grads: Vec<ValueRef> = match scale {
-            Some(s) => {
-                let one = self.scalar(1.0)?;
-                let inverse = self.bin(Op::Div, one, s)?;
-                let mut unscaled = Vec::with_capacity(grads.len());
-                for &g in grads {
-                    unscaled.push(self.bin(Op::Mul, g, inverse)?);
-                }
-                unscaled
-            }
-            None => grads.to_vec(),
+        let grads = self.unscale(grads, scale)?;
+        let summed = match accumulate {
+            true => self.accumulate(params, &grads)?,
+            false => grads,
         };
-        // With accumulation, each gradient is the sum over the update's micro-batches so far
-        // (an overflow in an earlier one carries into the sum, so the last run sees it).
-        let mut summed = Vec::with_capacity(grads.len());
-        for ((path, _), &g) in params.iter().zip(&grads) {
-            if accumulate {
-                let name = accumulator(path);
-                let ty = self.g.ty(g).clone();
-                let earlier = self.g.add_input(&name, ty);
-                let sum = self.bin(Op::Add, earlier, g)?;
-                self.g.set_output(&name, sum);
-                summed.push(sum);
-            } else {
-                summed.push(g);
-            }
-        }
         let grads = &summed[..];
         // The sums over all gradients (the overflow check, the norm) run in the order the
         // backward produces the gradients (the reverse of the parameters' first use): the

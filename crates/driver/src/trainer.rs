@@ -639,13 +639,19 @@ impl Trainer {
             (BC2_SQRT, (1.0 - opt.betas.1.powi(t)).sqrt()),
             (LOSS_SCALE, loss_scale),
         ];
-        for (name, value) in scalars {
-            if self.has_input(name) {
-                let array = NpyArray::from_f32(vec![], &[value as f32])
-                    .map_err(|e| data_error(e.to_string()))?;
-                self.exec
-                    .set_input(name, &array)
-                    .map_err(|e| data_error(e.message))?;
+        // A pipeline stage's update is a program of its own, the step scales its loss.
+        let mut targets = vec![&mut self.exec];
+        if let Some(stage) = self.stage.as_mut() {
+            targets.push(&mut stage.update.0);
+        }
+        for exec in targets {
+            for (name, value) in scalars {
+                if exec.module().inputs().any(|(n, _)| n == name) {
+                    let array = NpyArray::from_f32(vec![], &[value as f32])
+                        .map_err(|e| data_error(e.to_string()))?;
+                    exec.set_input(name, &array)
+                        .map_err(|e| data_error(e.message))?;
+                }
             }
         }
         Ok((lr, loss_scale))
@@ -742,8 +748,10 @@ impl Trainer {
     pub fn checkpoint_tensors(&mut self) -> Res<(Vec<Named>, Vec<Named>)> {
         let mut params = self.exec.params_f32();
         let mut states = Vec::new();
+        // A pipeline stage's optimizer states are its update's.
+        let holder = self.stage.as_ref().map_or(&self.exec, |s| &s.update.0);
         for name in self.train.params.iter().flat_map(|p| &p.states) {
-            let (shape, values) = self.exec.input_f32(name).ok_or_else(|| run_missing(name))?;
+            let (shape, values) = holder.input_f32(name).ok_or_else(|| run_missing(name))?;
             states.push((name.clone(), shape, values));
         }
         if !self.gathers_checkpoints() {
@@ -928,7 +936,11 @@ impl Trainer {
             .load_weights(weights.iter().map(|(n, s, d)| tensor(n, s, d)))
             .map_err(|e| checkpoint_error(dir, e.message))?;
         for (name, array) in &states {
-            if let Err(e) = self.exec.set_input(name, array) {
+            let holder = match self.stage.as_mut() {
+                Some(stage) => &mut stage.update.0,
+                None => &mut self.exec,
+            };
+            if let Err(e) = holder.set_input(name, array) {
                 // Put the parameters back: a refused checkpoint changes nothing.
                 let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = before
                     .iter()
@@ -940,8 +952,11 @@ impl Trainer {
                 return Err(checkpoint_error(dir, e.message));
             }
         }
-        if let Some(forward) = self.stage.as_mut().and_then(|s| s.forward.as_mut()) {
-            stage::copy_params(&self.exec, forward)?;
+        if let Some(stage) = self.stage.as_mut() {
+            stage::copy_params(&self.exec, &mut stage.update.0)?;
+            if let Some(forward) = stage.forward.as_mut() {
+                stage::copy_params(&self.exec, forward)?;
+            }
         }
         self.state = state;
         if self.state.loss_scaling != self.train.loss_scale.to_string() {

@@ -7,9 +7,11 @@
 //! stages before and sends what later stages read; a backward runs the stage's step on the
 //! same received values (it recomputes the stage's forward, keeping only the received values
 //! per micro-batch in flight) with the gradients of what it sent, accumulates its parameters'
-//! gradients and sends the received values' gradients back. The update is each stage's own.
-//! Rank 0 (the first stage's) receives the loss and each stage's gradient norm for the
-//! metrics, and every stage's parameters and states for checkpoints.
+//! gradients and sends the received values' gradients back. After the last backward each
+//! stage runs its update program on its gradient sums, whose global norm and overflow check
+//! sum over all stages (so clipping and loss-scale skipping agree everywhere). Rank 0 (the
+//! first stage's) receives the loss from the last stage for the metrics, and every stage's
+//! parameters and states for checkpoints.
 
 use std::collections::VecDeque;
 
@@ -23,7 +25,7 @@ use super::{
     TrainRunError, Trainer,
 };
 use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
-use crate::train::{grad_from, grad_of, write_backs, GRAD_NORM, LOSS};
+use crate::train::{grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW};
 use crate::train_mode::SEED;
 use mslc_core::diag::Code;
 use mslc_plan::parallel::estimate::Schedule;
@@ -45,6 +47,9 @@ pub struct StageRuntime {
     pub micro_batches: usize,
     /// The order of the stage's passes (GPipe or 1F1B).
     pub schedule: Schedule,
+    /// The stage's update ([`crate::train::StageStep::update`]) and its executor, which holds
+    /// the optimizer states.
+    pub update: (Executor, CompiledTrain),
 }
 
 /// Values received for one micro-batch in flight: (input name, value).
@@ -71,6 +76,10 @@ impl Trainer {
         if let Some(forward) = runtime.forward.as_mut() {
             copy_params(&self.exec, forward)?;
         }
+        let (update, step) = &mut runtime.update;
+        copy_params(&self.exec, update)?;
+        let states: Vec<String> = step.params.iter().flat_map(|p| p.states.clone()).collect();
+        zero_inputs(update, &states)?;
         self.stage = Some(runtime);
         Ok(())
     }
@@ -95,18 +104,12 @@ impl Trainer {
         };
         let ran = self.run_schedule(&mut stage, &rows, &seeds, loss_scale);
         let finished = ran.and_then(|losses| {
-            self.exec
-                .write_back(write_backs(&self.train.params))
-                .map_err(TrainRunError::of_run)?;
-            self.state.updates += 1;
-            zero_inputs(&mut self.exec, &self.train.accumulators)?;
-            if let Some(forward) = stage.forward.as_mut() {
-                copy_params(&self.exec, forward)?;
-            }
-            self.stage_metrics(&stage, losses)
+            let (skipped, grad_norm) = self.stage_update(&mut stage)?;
+            let loss = self.stage_loss(&stage, losses)?;
+            Ok((loss, grad_norm, skipped))
         });
         self.stage = Some(stage);
-        let (loss, grad_norm) = finished?;
+        let (loss, grad_norm, skipped) = finished?;
         self.loss = loss / micro as f64;
         self.state.step += 1;
         Ok(StepMetrics {
@@ -115,7 +118,7 @@ impl Trainer {
             lr,
             loss_scale,
             grad_norm,
-            skipped: false,
+            skipped,
             ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
@@ -222,25 +225,73 @@ impl Trainer {
         Ok(received)
     }
 
-    /// The update's loss sum and global gradient norm, on the first stage (which receives
-    /// the last stage's losses and every stage's squared norm); this stage's own elsewhere.
-    fn stage_metrics(&mut self, stage: &StageRuntime, losses: f64) -> Res<(f64, f64)> {
-        let norm = self.scalar(GRAD_NORM);
+    /// The stage's update after its last backward: the step's gradient sums handed to the
+    /// update program, run with this rank's collectives (the global norm and overflow check
+    /// sum over every stage), its new parameters and states kept (unless the loss scaling
+    /// skips the update: every stage sees the same overflow) and its parameters copied into
+    /// the step and the forward. Whether the update was skipped, and the global norm.
+    fn stage_update(&mut self, stage: &mut StageRuntime) -> Res<(bool, f64)> {
+        let (update, step) = &mut stage.update;
+        for name in &self.train.accumulators {
+            let (shape, values) = self
+                .exec
+                .output_f32(name)
+                .ok_or_else(|| run_missing(name))?;
+            let array =
+                NpyArray::from_f32(shape, &values).map_err(|e| data_error(e.to_string()))?;
+            update
+                .set_input(name, &array)
+                .map_err(|e| data_error(e.message))?;
+        }
+        zero_inputs(&mut self.exec, &self.train.accumulators)?;
+        if let Some(comm) = self.exec.take_collectives() {
+            update.set_collectives(comm);
+        }
+        let ran = update.run().map_err(TrainRunError::of_run);
+        if let Some(comm) = update.take_collectives() {
+            self.exec.set_collectives(comm);
+        }
+        ran?;
+        let overflow = update
+            .output_f32(OVERFLOW)
+            .is_some_and(|(_, v)| v[0] != 0.0);
+        let skipped = self
+            .train
+            .loss_scale
+            .after_step(&mut self.state.scale, overflow);
+        let norm = update
+            .output_f32(GRAD_NORM)
+            .map_or(f64::NAN, |(_, v)| f64::from(v[0]));
+        if skipped {
+            self.state.skipped += 1;
+            return Ok((true, norm));
+        }
+        update
+            .write_back(write_backs(&step.params))
+            .map_err(TrainRunError::of_run)?;
+        self.state.updates += 1;
+        copy_params(update, &mut self.exec)?;
+        if let Some(forward) = stage.forward.as_mut() {
+            copy_params(update, forward)?;
+        }
+        Ok((false, norm))
+    }
+
+    /// The update's loss sum on the first stage, which receives it from the last; this
+    /// stage's own (0 but on the last) elsewhere.
+    fn stage_loss(&mut self, stage: &StageRuntime, losses: f64) -> Res<f64> {
         let last = stage.ranks.len() - 1;
         let comm = comm(&mut self.exec)?;
-        if stage.stage != 0 {
-            send_f64s(comm, stage.ranks[0], &[losses, norm * norm])?;
-            return Ok((losses, norm));
-        }
-        let (mut loss, mut squares) = (losses, norm * norm);
-        for (s, &rank) in stage.ranks.iter().enumerate().skip(1) {
-            let got = recv_f64s(comm, rank, 2)?;
-            squares += got[1];
-            if s == last {
-                loss = got[0];
+        match stage.stage {
+            s if s == last => {
+                if s != 0 {
+                    send_f64s(comm, stage.ranks[0], &[losses])?;
+                }
+                Ok(losses)
             }
+            0 => Ok(recv_f64s(comm, stage.ranks[last], 1)?[0]),
+            _ => Ok(losses),
         }
-        Ok((loss, squares.sqrt()))
     }
 
     /// All stages' parameters and states, on the first stage (the others send theirs to it
