@@ -3,9 +3,10 @@
 //! the same program — its parameters are its shards, its collectives find their group from the
 //! rank at run time — so one module serves them all: `TRAIN.rank.mir` with its kernel table and
 //! memory plan, and `TRAIN.ranks.json` saying which part of each parameter every rank holds.
-//! With pipeline stages the ranks of each stage share one step, `TRAIN.stageS.rank.mir`, and
-//! every stage but the last a forward, `TRAIN.stageS.forward.mir`; `TRAIN.ranks.json` adds
-//! what crosses each stage's cuts and the schedule.
+//! With pipeline stages the ranks of each stage share one step, `TRAIN.stageS.rank.mir`, its
+//! update, `TRAIN.stageS.update.mir`, and on every stage but the last a forward,
+//! `TRAIN.stageS.forward.mir`; `TRAIN.ranks.json` adds what crosses each stage's cuts and the
+//! schedule.
 
 use std::path::{Path, PathBuf};
 
@@ -140,18 +141,21 @@ fn stage_artifacts(
             files.extend(program_files(dir, entry, &forward_name, f));
             forward_name
         });
+        let update = format!("{entry}.stage{stage}.update");
+        files.extend(program_files(dir, entry, &update, &cut.update.compiled));
         let memory = &compiled.compiled.memory;
         lines.push(format!(
-            "  stage {stage}:    {name}.mir{}, arena {} (lower bound {}) each",
+            "  stage {stage}:    {name}.mir, {update}.mir{}, arena {} (lower bound {}) each",
             forward
                 .as_ref()
-                .map_or(String::new(), |f| format!(" and {f}.mir")),
+                .map_or(String::new(), |f| format!(", {f}.mir")),
             human_bytes(memory.arena_bytes),
             human_bytes(memory.lower_bound_bytes),
         ));
         programs.push(serde_json::json!({
             "stage": stage,
             "program": format!("{name}.mir"),
+            "update": format!("{update}.mir"),
             "forward": forward.map(|f| format!("{f}.mir")),
             "arena_bytes": memory.arena_bytes,
             "lower_bound_bytes": memory.lower_bound_bytes,

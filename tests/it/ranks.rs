@@ -1092,7 +1092,9 @@ train Piped for TinyLlama {
     for file in [
         "Piped.stage0.rank.mir",
         "Piped.stage0.forward.mir",
+        "Piped.stage0.update.mir",
         "Piped.stage1.rank.mir",
+        "Piped.stage1.update.mir",
     ] {
         assert!(out.join(file).exists(), "{file}");
     }
