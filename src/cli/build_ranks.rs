@@ -54,10 +54,6 @@ pub fn rank_artifacts(
         Err(e) => return Ok(Some(not_written(&e.message))),
     };
     if layout.pipeline.is_some() {
-        if layout.optimizer_shard > 0 {
-            let why = "pipeline stages do not run with optimizer sharding yet";
-            return Ok(Some(not_written(why)));
-        }
         return match stage_artifacts(args, checked, entry, plan, &layout) {
             // What the stages do not run (E0972) is said, not a failed build.
             Err(d) if d.code == Code::E0972 => Ok(Some(not_written(&d.message))),

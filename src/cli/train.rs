@@ -133,12 +133,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
     if layout.pipeline.is_some() {
         let refuse = |what: &str| Err(Failure::Message(Code::E0972, what.to_string()));
-        if layout.optimizer_shard > 0 {
-            return refuse(
-                "the plan mixes pipeline stages with optimizer sharding, which pipeline stages \
-                 do not train yet",
-            );
-        }
         if args.dump_grads.is_some() {
             return refuse(
                 "--dump-grads writes one device's gradients; pipeline stages each hold theirs",

@@ -487,6 +487,18 @@ fn compile_train_step(
                     "train it without pipeline stages",
                 ));
             }
+            if train_options.optimizer_shard >= 2 && train_options.data_parallel > 1 {
+                return Err(refuse(
+                    Code::E0972,
+                    format!(
+                        "train `{}` shards gradients or parameters (optimizer_shard = {}), \
+                         which pipeline stages do not run yet",
+                        spec.name.name,
+                        mslc_plan::parallel::level_name(train_options.optimizer_shard)
+                    ),
+                    "use optimizer_shard = level1 with pipeline stages",
+                ));
+            }
             graph.outputs = vec![(LOSS.to_string(), loss)];
             let layers = crate::ranks::layer_stages(&graph, pipeline);
             let of = |origin: &str| {
@@ -765,7 +777,7 @@ fn compile_train_step(
                 &spec_params,
                 options,
                 train_options,
-                tensor,
+                (tensor, zero.as_ref()),
                 &stages,
             )?;
             Some(u)
@@ -835,7 +847,7 @@ fn compile_stage_update(
     params: &[(String, TensorType, Init)],
     options: &CompileOptions,
     train_options: TrainOptions,
-    tensor: Option<(&Group, Vec<bool>)>,
+    (tensor, zero): (Option<(&Group, Vec<bool>)>, Option<&ZeroShard>),
     stages: &Group,
 ) -> Result<CompiledTrain, TrainError> {
     let mut graph = Graph::new(format!("{}_update", spec.name.name));
@@ -853,7 +865,7 @@ fn compile_stage_update(
     let mut b = Builder {
         g: &mut graph,
         tensor,
-        zero: None,
+        zero,
         dp_index: None,
         pipeline: Some(stages),
     };
@@ -881,7 +893,7 @@ fn compile_stage_update(
         accumulators: Vec::new(),
         buffers: Vec::new(),
         recompute,
-        zero: None,
+        zero: zero.cloned(),
     })
 }
 

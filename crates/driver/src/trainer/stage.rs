@@ -28,6 +28,7 @@ use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
 use crate::train::{grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW};
 use crate::train_mode::SEED;
 use mslc_core::diag::Code;
+use mslc_ir::shard::zero::DP_INDEX;
 use mslc_plan::parallel::estimate::Schedule;
 
 /// What a [`Trainer`] needs to run one stage of a pipeline.
@@ -80,6 +81,14 @@ impl Trainer {
         copy_params(&self.exec, update)?;
         let states: Vec<String> = step.params.iter().flat_map(|p| p.states.clone()).collect();
         zero_inputs(update, &states)?;
+        // Under optimizer sharding the update works on this replica's slices.
+        if update.module().inputs().any(|(n, _)| n == DP_INDEX) {
+            let index = NpyArray::from_i64(vec![], &[self.replica.0 as i64])
+                .map_err(|e| data_error(e.to_string()))?;
+            update
+                .set_input(DP_INDEX, &index)
+                .map_err(|e| data_error(e.message))?;
+        }
         self.stage = Some(runtime);
         Ok(())
     }
