@@ -374,6 +374,14 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             measured_from,
             threads: exec_options.threads,
             tuning: tuning.as_deref(),
+            stage_programs: stages.first().map_or(0, |(_, cut)| {
+                let planned = |m: &MemoryPlan| {
+                    m.total_bytes
+                        .saturating_add(m.scratch_bytes_per_thread * exec_options.threads as u64)
+                };
+                let forward = cut.forward.as_ref().map_or(0, |f| planned(&f.memory));
+                forward + planned(&cut.update.compiled.memory)
+            }),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -397,6 +405,9 @@ struct Summary<'a> {
     threads: usize,
     /// What the tuning knowledge base changed, when it changed anything.
     tuning: Option<&'a str>,
+    /// On a pipeline, rank 0's stage's other programs (its forward and its update) by their
+    /// memory plans: planned bytes with their threads' scratch.
+    stage_programs: u64,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -417,6 +428,7 @@ fn lead(
         measured_from,
         threads,
         tuning,
+        stage_programs,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
@@ -505,16 +517,28 @@ fn lead(
         mslc_core::units::human_bytes(arena.lower_bound_bytes),
     );
     // Each rank runs the same per-rank program: its memory plan with the scratch of its
-    // threads, against what its executor allocated.
+    // threads, against what its executor allocated (on a pipeline, rank 0's stage's step,
+    // forward and update).
     let exec = trainer.executor();
     let rank_planned = arena
         .total_bytes
-        .saturating_add(arena.scratch_bytes_per_thread * exec.threads() as u64);
+        .saturating_add(arena.scratch_bytes_per_thread * exec.threads() as u64)
+        .saturating_add(stage_programs);
+    let allocated = exec.allocated_bytes()
+        + trainer
+            .stage_executors()
+            .iter()
+            .map(|e| e.allocated_bytes())
+            .sum::<u64>();
+    let which = match stage_programs {
+        0 => String::new(),
+        _ => " (the first stage's step, forward and update)".to_string(),
+    };
     text.push_str(&format!(
-        "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)), {} allocated\n",
+        "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)){which}, {} allocated\n",
         mslc_core::units::human_bytes(rank_planned),
         exec.threads(),
-        mslc_core::units::human_bytes(exec.allocated_bytes()),
+        mslc_core::units::human_bytes(allocated),
     ));
     for line in recompute.lines() {
         text.push_str(&line);
@@ -523,7 +547,8 @@ fn lead(
     // What each rank holds by the plan, with the planner's fragmentation reserve; it runs no
     // collective buffers of its own (the collectives reduce in place).
     let planned =
-        mslc_plan::parallel::Breakdown::of(recompute.breakdown.on_threads(arena, threads), 0).total;
+        mslc_plan::parallel::Breakdown::of(recompute.breakdown.on_threads(arena, threads), 0).total
+            + stage_programs;
     let measured = measured_from.and_then(|(mark, ranks)| {
         Some(mslc_exec::limits::peak_rss_since(mark)? / ranks.max(1) as u64)
     });
@@ -558,7 +583,7 @@ fn lead(
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
         "rank_memory": {
             "planned_bytes": rank_planned,
-            "allocated_bytes": trainer.executor().allocated_bytes(),
+            "allocated_bytes": allocated,
             "params_bytes": arena.params_bytes,
             "inputs_bytes": arena.inputs_bytes,
             "next_bytes": arena.next_bytes,

@@ -93,6 +93,14 @@ impl Trainer {
         Ok(())
     }
 
+    /// A pipeline stage's other executors (its forward's and its update's); none elsewhere.
+    pub fn stage_executors(&self) -> Vec<&Executor> {
+        let Some(stage) = &self.stage else {
+            return Vec::new();
+        };
+        stage.forward.iter().chain([&stage.update.0]).collect()
+    }
+
     /// One update of a stage: the 1F1B schedule over its micro-batches, then its update.
     pub(super) fn stage_step(&mut self) -> Res<StepMetrics> {
         let start = std::time::Instant::now();
