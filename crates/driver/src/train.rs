@@ -515,6 +515,16 @@ fn compile_train_step(
                     "give each stage whole layers of the model's repeated `layers`",
                 )
             })?;
+            if let Some(path) = cut.shared.first() {
+                return Err(refuse(
+                    Code::E0972,
+                    format!(
+                        "`{path}` is trained on more than one pipeline stage (a tied weight); \
+                         pipeline stages do not sum a shared parameter's gradients yet"
+                    ),
+                    "untie it, or put the layers that read it on one stage",
+                ));
+            }
             let sends: Vec<(String, ValueRef)> = graph
                 .outputs
                 .iter()

@@ -33,6 +33,9 @@ pub struct StageCut {
     pub sends: Vec<Crossing>,
     /// The model outputs this stage computes (the others compute none of them).
     pub outputs: Vec<String>,
+    /// Trained parameters this stage reads that another stage reads too (tied weights, such
+    /// as an output head sharing the embedding's table): each stage has a copy.
+    pub shared: Vec<String>,
 }
 
 /// The input and output name of value `v` of the whole graph where it crosses a cut.
@@ -59,44 +62,24 @@ pub fn pipeline_stage(
         .topo_order()
         .ok_or_else(|| ShardError("the graph has a cycle".to_string()))?;
     let placed = place(graph, &order, stages, layer_stage)?;
-    let last = stages - 1;
     let stage_of = |v: ValueRef| placed.get(&v.node).copied();
-    // What this stage computes: its placed ops, the outputs placed on it (an output computed
-    // from inputs and parameters alone is the last stage's), and the copies they read.
-    let mut keep: BTreeSet<NodeId> = BTreeSet::new();
-    let mut stack: Vec<NodeId> = order
-        .iter()
-        .copied()
-        .filter(|n| placed.get(n) == Some(&stage))
-        .collect();
-    let mut outputs = Vec::new();
-    for (name, v) in &graph.outputs {
-        if stage_of(*v).unwrap_or(last) == stage {
-            outputs.push(name.clone());
-            stack.push(v.node);
-        }
-    }
-    let mut received: BTreeSet<ValueRef> = BTreeSet::new();
-    while let Some(n) = stack.pop() {
-        if !keep.insert(n) {
-            continue;
-        }
-        for v in graph.inputs(n) {
-            match stage_of(v) {
-                Some(s) if s == stage => stack.push(v.node),
-                Some(s) if s < stage => {
-                    received.insert(v);
-                }
-                Some(s) => {
-                    return Err(ShardError(format!(
-                        "`{}` on stage {stage} reads a value of stage {s}",
-                        graph.node(n).origin
-                    )))
-                }
-                None => stack.push(v.node),
+    let (keep, received, outputs) = needed(graph, &order, &placed, stages, stage)?;
+    // Trained parameters another stage reads too (tied weights).
+    let mut shared = BTreeSet::new();
+    for other in (0..stages).filter(|&t| t != stage) {
+        let (theirs, ..) = needed(graph, &order, &placed, stages, other)?;
+        for id in keep.intersection(&theirs) {
+            if let NodeKind::Param {
+                path,
+                trainable: true,
+                ..
+            } = &graph.node(*id).kind
+            {
+                shared.insert(path.clone());
             }
         }
     }
+    let mut keep = keep;
     // Values of this stage that later stages read, each once per reading stage.
     let mut sends: BTreeSet<(ValueRef, usize)> = BTreeSet::new();
     for &n in &order {
@@ -114,6 +97,7 @@ pub fn pipeline_stage(
     }
     let mut cut = StageCut {
         outputs: outputs.clone(),
+        shared: shared.into_iter().collect(),
         ..StageCut::default()
     };
     for v in &received {
@@ -153,6 +137,57 @@ pub fn pipeline_stage(
     cut.receives.sort();
     cut.sends.sort();
     Ok(cut)
+}
+
+/// A stage's nodes, the values it receives and its outputs' names ([`needed`]).
+type Needed = (BTreeSet<NodeId>, BTreeSet<ValueRef>, Vec<String>);
+
+/// What stage `stage` computes: its placed ops, the outputs placed on it (an output computed
+/// from inputs and parameters alone is the last stage's), and the copies they read; the values
+/// it receives from earlier stages; the names of its outputs.
+fn needed(
+    graph: &Graph,
+    order: &[NodeId],
+    placed: &HashMap<NodeId, usize>,
+    stages: usize,
+    stage: usize,
+) -> Result<Needed, ShardError> {
+    let stage_of = |v: ValueRef| placed.get(&v.node).copied();
+    let mut keep: BTreeSet<NodeId> = BTreeSet::new();
+    let mut stack: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|n| placed.get(n) == Some(&stage))
+        .collect();
+    let mut outputs = Vec::new();
+    for (name, v) in &graph.outputs {
+        if stage_of(*v).unwrap_or(stages - 1) == stage {
+            outputs.push(name.clone());
+            stack.push(v.node);
+        }
+    }
+    let mut received: BTreeSet<ValueRef> = BTreeSet::new();
+    while let Some(n) = stack.pop() {
+        if !keep.insert(n) {
+            continue;
+        }
+        for v in graph.inputs(n) {
+            match stage_of(v) {
+                Some(s) if s == stage => stack.push(v.node),
+                Some(s) if s < stage => {
+                    received.insert(v);
+                }
+                Some(s) => {
+                    return Err(ShardError(format!(
+                        "`{}` on stage {stage} reads a value of stage {s}",
+                        graph.node(n).origin
+                    )))
+                }
+                None => stack.push(v.node),
+            }
+        }
+    }
+    Ok((keep, received, outputs))
 }
 
 /// The stage of every node that depends on an activation (the others are copied where read):
@@ -306,6 +341,28 @@ mod tests {
         assert!(n.contains(&"neg table".to_string()));
         assert!(!n.iter().any(|s| s == "input x" || s == "param layers.0.w"));
         assert_eq!(second.outputs.len(), 1);
+    }
+
+    /// A weight both layers read is each stage's copy, and each says it shares it.
+    #[test]
+    fn a_weight_two_stages_read_is_shared() {
+        let mut g = chain();
+        let shared = g.node_ids().into_iter().find(|&id| {
+            matches!(&g.node(id).kind, NodeKind::Param { path, .. } if path == "layers.0.w")
+        });
+        let w0 = ValueRef {
+            node: shared.unwrap(),
+            index: 0,
+        };
+        // Layer 1 reads layer 0's weight too.
+        let h = g.outputs[0].1;
+        let tied = g.add_op(Op::Mul, Attrs::new(), &[h, w0], "layers.1").unwrap()[0];
+        g.outputs[0].1 = tied;
+        let mut second = g.clone();
+        assert_eq!(pipeline_stage(&mut g, 0, 2, &layer_of).unwrap().shared, ["layers.0.w"]);
+        let cut = pipeline_stage(&mut second, 1, 2, &layer_of).unwrap();
+        assert_eq!(cut.shared, ["layers.0.w"]);
+        assert!(pipeline_stage(&mut chain(), 0, 2, &layer_of).unwrap().shared.is_empty());
     }
 
     #[test]
