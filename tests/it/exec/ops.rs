@@ -583,6 +583,10 @@ fn collectives_on_two_ranks() {
     for (r, got) in run(Op::ReduceScatter, group(Some(0))).iter().enumerate() {
         assert_close("reduce_scatter", got, &rows(&sum, r), ATOL, RTOL);
     }
+    // Sliced along dim 0: rank r keeps row r of its own input.
+    for (r, got) in run(Op::RankSlice, group(Some(0))).iter().enumerate() {
+        assert_close("rank_slice", got, &rows(&mine(r), r), 0.0, 0.0);
+    }
 }
 
 /// The test that runs each op. An exhaustive `match`: a new op does not compile until it is
@@ -635,7 +639,7 @@ fn covering_test(op: Op) -> fn() {
         | Op::MaxPool2dGrad
         | Op::AvgPool2dGrad
         | Op::AdaptiveAvgPool2dGrad => neural_net_backward_ops,
-        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter => {
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter | Op::RankSlice => {
             collectives_on_two_ranks
         }
         Op::AdamUpdate => adam_update_as_torch,

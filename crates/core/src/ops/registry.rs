@@ -241,6 +241,7 @@ op_table! {
     ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
     AllGather = "all_gather" => collective::ALL_GATHER,
     ReduceScatter = "reduce_scatter" => collective::REDUCE_SCATTER,
+    RankSlice = "rank_slice" => collective::RANK_SLICE,
 }
 
 impl Op {

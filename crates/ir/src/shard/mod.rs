@@ -1,10 +1,12 @@
 //! Per-rank programs: the passes that turn one device's graph into the graph each rank of a
 //! device mesh runs, with the collectives between them as explicit ops carrying their mesh
-//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`zero`]:
-//! optimizer sharding; [`pipeline`]: a stage's part of the graph, and what crosses its cuts).
+//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`sequence`]:
+//! its sequence parallelism; [`zero`]: optimizer sharding; [`pipeline`]: a stage's part of the
+//! graph, and what crosses its cuts).
 
 pub mod data;
 pub mod pipeline;
+pub mod sequence;
 pub mod tensor;
 pub mod zero;
 
@@ -76,10 +78,11 @@ pub fn collectives(graph: &Graph) -> Vec<(Op, String, u64)> {
     out
 }
 
-/// Whether `op` talks to other ranks (or, for `parallel_copy`, its gradient does).
+/// Whether `op` talks to other ranks (or, for `parallel_copy` and `rank_slice`, its gradient
+/// does; `rank_slice` also depends on which rank runs it, so it is never hoisted).
 pub fn is_collective(op: Op) -> bool {
     matches!(
         op,
-        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter | Op::RankSlice
     )
 }

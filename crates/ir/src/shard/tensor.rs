@@ -28,6 +28,15 @@ pub fn tensor_parallel(
     splits: &BTreeMap<String, usize>,
     group: &Group,
 ) -> Result<SplitParams, ShardError> {
+    split_features(graph, splits, group).map(|(done, _)| done)
+}
+
+/// [`tensor_parallel`], also handing back every value it left split (value → split dim).
+pub(super) fn split_features(
+    graph: &mut Graph,
+    splits: &BTreeMap<String, usize>,
+    group: &Group,
+) -> Result<(SplitParams, HashMap<ValueRef, usize>), ShardError> {
     let n = group.ranks as i64;
     let order = graph
         .topo_order()
@@ -65,7 +74,7 @@ pub fn tensor_parallel(
             group.axis
         )));
     }
-    Ok(done)
+    Ok((done, split))
 }
 
 /// Splits one op whose inputs may be split: its new attributes and types, the copy in front

@@ -132,21 +132,21 @@ pub enum StepKernel {
     PoolGrad(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d_grad`.
     AdaptivePoolGrad([usize; 2], RowParams),
-    /// `all_reduce` / `all_gather` / `reduce_scatter`: run by the executor through its
-    /// collectives, not by a kernel.
+    /// `all_reduce` / `all_gather` / `reduce_scatter` / `rank_slice`: run by the executor
+    /// through its collectives, not by a kernel.
     Collective(CollectiveStep),
 }
 
 /// A collective step as the executor runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectiveStep {
-    /// `all_reduce`, `all_gather` or `reduce_scatter`.
+    /// `all_reduce`, `all_gather`, `reduce_scatter` or `rank_slice`.
     pub op: Op,
     /// The mesh axis whose group it runs over.
     pub axis: String,
     /// The group's size the step was compiled for.
     pub ranks: usize,
-    /// The dim gathered or scattered (0 for `all_reduce`).
+    /// The dim gathered, scattered or sliced (0 for `all_reduce`).
     pub dim: usize,
 }
 
@@ -211,7 +211,7 @@ pub fn prepare(
             a.opt_int("salt").map_err(err)?.unwrap_or(0),
         ),
         Op::Reshape | Op::Dropout | Op::Cast | Op::ParallelCopy => StepKernel::Copy,
-        Op::AllReduce | Op::AllGather | Op::ReduceScatter => {
+        Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::RankSlice => {
             let dim = match op {
                 Op::AllReduce => 0,
                 _ => mslc_core::ops::normalize_axis(a.int("dim").map_err(err)?, inputs[0].rank())?,
