@@ -65,9 +65,13 @@ pub fn rank_artifacts(
     let description = ranks_description(&layout, plan, &compiled, &name);
     files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
     let line = format!(
-        "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}), arena {} (lower bound {}) each",
+        "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}{}), arena {} (lower bound {}) each",
         layout.dp,
         layout.tp,
+        match layout.sequence_parallel {
+            true => ", sequence parallel",
+            false => "",
+        },
         match layout.optimizer_shard {
             0 => String::new(),
             level => format!(", optimizer_shard = {}", mslc_plan::parallel::level_name(level)),
@@ -103,8 +107,8 @@ fn compile_rank(
         optimizer_shard: layout.optimizer_shard,
         ..train_options
     };
-    let group = layout.tensor_group();
-    let tensor = (layout.tp > 1).then_some((&layout.splits, &group));
+    let tensor_group = layout.tensor_group();
+    let tensor = layout.tensor(&tensor_group);
     compile_train_ranked(train, &options, train_options, tensor).map_err(|e| e.diagnostic(checked))
 }
 
@@ -165,6 +169,7 @@ fn ranks_description(
         "devices": plan.devices,
         "mesh": [[axis_name(DATA_AXIS), layout.dp], [axis_name(TENSOR_AXIS), layout.tp]],
         "optimizer_shard": mslc_plan::parallel::level_name(layout.optimizer_shard),
+        "sequence_parallel": layout.sequence_parallel,
         "ranks": ranks,
         "parameters": parameters,
     })

@@ -93,8 +93,8 @@ fn pipeline_forward_parity(tag: &str, decls: &str, batch: usize, ranks: &str) {
         &llama_flags(),
     ]
     .concat();
-    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let got = forward(
+    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let (got, _) = forward(
         &src,
         &args,
         &dir.path("ranks"),

@@ -30,8 +30,9 @@ pub const STAGE_TENSOR_PARALLEL: &str = "tensor parallel";
 pub const STAGE_PIPELINE: &str = "pipeline";
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one
-/// member of a tensor-parallel group when `tensor` is given
-/// ([`mslc_ir::shard::tensor::tensor_parallel`]).
+/// member of a tensor-parallel group when `tensor` is given ([`TensorSplits::apply`]: tensor
+/// parallel, with sequence parallelism when the plan asks). A forward runs in eval mode, so
+/// its dropouts are the identity and run on a block of the sequence as well as on the whole.
 pub fn compile_rank(
     model: &Model,
     options: &CompileOptions,
@@ -59,12 +60,10 @@ fn compile_cut(
     stage: Option<(&PipelineLayout, usize)>,
 ) -> Result<(Compiled, StageCut), CompileError> {
     let mut graph = lower_verified(model, options)?;
-    if let Some((splits, group)) = tensor {
-        mslc_ir::shard::tensor::tensor_parallel(&mut graph, splits, group).map_err(|e| {
-            CompileError {
-                stage: STAGE_TENSOR_PARALLEL,
-                message: e.to_string(),
-            }
+    if let Some(tensor) = tensor {
+        tensor.apply(&mut graph).map_err(|e| CompileError {
+            stage: STAGE_TENSOR_PARALLEL,
+            message: e.to_string(),
         })?;
     }
     let cut = match stage {
@@ -267,6 +266,9 @@ pub struct RankLayout {
     pub optimizer_shard: u8,
     /// The pipeline, when the plan has more than one stage.
     pub pipeline: Option<PipelineLayout>,
+    /// Whether the ops between the layers' matmuls run on a block of the sequence (the plan's
+    /// `sequence_parallel`, when `tp` > 1).
+    pub sequence_parallel: bool,
 }
 
 /// A plan's pipeline as its ranks run it.
@@ -298,6 +300,7 @@ impl RankLayout {
             splits: BTreeMap::new(),
             optimizer_shard: 0,
             pipeline: None,
+            sequence_parallel: false,
         }
     }
 
@@ -351,6 +354,16 @@ impl RankLayout {
             None => Ok(()),
         }
     }
+
+    /// How a rank splits its forward over `group` (its [`RankLayout::tensor_group`]); `None`
+    /// when `tp` is 1.
+    pub fn tensor<'a>(&'a self, group: &'a mslc_ir::shard::Group) -> Option<TensorSplits<'a>> {
+        (self.tp > 1).then_some(TensorSplits {
+            splits: &self.splits,
+            group,
+            sequence_parallel: self.sequence_parallel,
+        })
+    }
 }
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
@@ -376,6 +389,7 @@ pub fn layout(
         splits,
         optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
         pipeline,
+        sequence_parallel: tp > 1 && plan.is_some_and(|p| p.sequence_parallel),
     })
 }
 

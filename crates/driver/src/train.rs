@@ -48,9 +48,10 @@ use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
+use mslc_ir::shard::sequence::sequence_parallel;
 use mslc_ir::shard::tensor::tensor_parallel;
 use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
-use mslc_ir::shard::Group;
+use mslc_ir::shard::{Group, ShardError};
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
@@ -310,9 +311,32 @@ pub fn compile_train(
     compile_train_ranked(train, options, train_options, None)
 }
 
-/// The parameters a tensor-parallel step splits (path → dim) and the group of ranks it splits
-/// them over.
-pub type TensorSplits<'a> = (&'a BTreeMap<String, usize>, &'a Group);
+/// How one rank of a tensor-parallel group splits a forward graph: the parameters it splits
+/// (path → dim), the group of ranks it splits them over, and whether the ops between the
+/// layers' matmuls run on its block of the sequence too (Megatron's sequence parallelism).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorSplits<'a> {
+    /// Split parameters, path → dim.
+    pub splits: &'a BTreeMap<String, usize>,
+    /// The tensor-parallel group.
+    pub group: &'a Group,
+    /// Whether the plan asks for sequence parallelism.
+    pub sequence_parallel: bool,
+}
+
+impl TensorSplits<'_> {
+    /// Rewrites `graph` into this rank's program: [`tensor_parallel`], or
+    /// [`sequence_parallel`] when the plan asks for it. Returns the origins of the live
+    /// dropouts that would run on a block of the sequence (none without sequence
+    /// parallelism).
+    pub fn apply(&self, graph: &mut Graph) -> Result<Vec<String>, ShardError> {
+        if self.sequence_parallel {
+            sequence_parallel(graph, self.splits, self.group).map(|s| s.live_dropouts)
+        } else {
+            tensor_parallel(graph, self.splits, self.group).map(|_| Vec::new())
+        }
+    }
+}
 
 /// [`compile_train`] for one rank of a tensor-parallel group when `tensor` is given: the
 /// forward is split by Megatron's rewrite ([`tensor_parallel`]) before it is differentiated,
@@ -371,14 +395,30 @@ pub fn compile_train_ranked(
             stage: "lower",
             message: "the training graph has no `loss` output".to_string(),
         })?;
-    if let Some((splits, group)) = tensor {
-        tensor_parallel(&mut graph, splits, group).map_err(|e| {
+    if let Some(tensor) = tensor {
+        let how = match tensor.sequence_parallel {
+            true => "tensor and sequence parallel",
+            false => "tensor parallel",
+        };
+        let live = tensor.apply(&mut graph).map_err(|e| {
             refuse(
                 Code::E0972,
-                format!("train `{}` cannot run tensor parallel: {e}", spec.name.name),
+                format!("train `{}` cannot run {how}: {e}", spec.name.name),
                 "split only the q/k/v/o and MLP projections of the layers (Megatron's pattern)",
             )
         })?;
+        if let Some(origin) = live.first() {
+            return Err(refuse(
+                Code::E0972,
+                format!(
+                    "train `{}` cannot run sequence parallel: the dropout in `{origin}` would \
+                     run on a block of the sequence, and its mask is drawn by element index \
+                     within the tensor it sees, so it would differ from one device's",
+                    spec.name.name
+                ),
+                "set the dropout's `p` to 0, or turn `sequence_parallel` off",
+            ));
+        }
     }
     let loss = graph
         .outputs
@@ -516,11 +556,11 @@ pub fn compile_train_ranked(
     };
     let split: Vec<bool> = params
         .iter()
-        .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
+        .map(|(path, _)| tensor.is_some_and(|t| t.splits.contains_key(path)))
         .collect();
     let mut b = Builder {
         g: &mut graph,
-        tensor: tensor.map(|(_, g)| (g, split)),
+        tensor: tensor.map(|t| (t.group, split)),
         zero: zero.as_ref(),
         dp_index: None,
     };
