@@ -408,7 +408,7 @@ fn llama_rank_collectives(
         group: &group,
         sequence_parallel: sequence,
     };
-    assert_eq!(tensor.apply(&mut graph).unwrap(), Vec::<String>::new());
+    assert_eq!(tensor.apply(&mut graph).unwrap().len(), splits.len());
     mslc_ir::verify(&graph).unwrap();
     let loss = graph.outputs.iter().find(|(n, _)| n == "loss").unwrap().1;
     let params: Vec<_> = graph
@@ -574,7 +574,7 @@ fn tiny_llama_tensor_parallel_forward_matches_one_device() {
 /// agree to 2e-6, the worst weight differs by 9e-6).
 #[test]
 fn tiny_llama_tensor_parallel_training_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2");
+    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2", 1e-4);
 }
 
 /// [`tiny_llama_tensor_parallel_training_matches_one_device`] with Megatron's sequence
@@ -582,7 +582,26 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
 /// same tolerances: the reduce-scatters add the same two halves as the all-reduces did.
 #[test]
 fn tiny_llama_sequence_parallel_training_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-sp-train", sequence_parallel, "2");
+    tensor_parallel_training_parity("ranks-llama-sp-train", sequence_parallel, "2", 1e-4);
+}
+
+/// [`tiny_llama_sequence_parallel_training_matches_one_device`] with dropout (p = 0.1) on
+/// both residual branches of every layer, inside the sequence-split region: each rank draws
+/// its half of the sequence's mask at the positions one device draws it, so the losses agree
+/// within 1e-5 (a rank drawing by its block's own indices is 2e-2 off). The weights are
+/// compared within 2e-4: the masks' zeros leave more gradients near zero, where AdamW's
+/// `m / √v` amplifies the row-parallel reassociation (measured: 1.4e-4 of q_proj's largest
+/// weight, the same without sequence parallelism).
+#[test]
+fn tiny_llama_sequence_parallel_with_dropout_matches_one_device() {
+    let policy = |text: String| {
+        let decls = &text[text.find("parallel TP").expect("the policy")..];
+        sequence_parallel(format!(
+            "{}\n{decls}",
+            include_str!("../fixtures/drop_llama.msl")
+        ))
+    };
+    tensor_parallel_training_parity("ranks-llama-sp-dropout", policy, "2", 2e-4);
 }
 
 /// The tiny LLaMA's tensor-parallel policy with `sequence_parallel = true`.
@@ -605,13 +624,18 @@ fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
         )
         .replace("batch = 2", "batch = 4")
     };
-    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4");
+    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4", 1e-4);
 }
 
 /// Trains the tensor-parallel tiny LLaMA, its train rewritten by `policy`, 10 steps on one
-/// device and on `ranks` ranks from the same whole weights, and compares losses, final weights
-/// and an optimizer state.
-fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String, ranks: &str) {
+/// device and on `ranks` ranks from the same whole weights, and compares losses (1e-5
+/// relative), final weights and an optimizer state (`tol` relative per tensor).
+fn tensor_parallel_training_parity(
+    tag: &str,
+    policy: impl Fn(String) -> String,
+    ranks: &str,
+    tol: f64,
+) {
     let dir = TestDir::new(tag);
     let (src, checked) = llama_tensor_parallel_in(&dir);
     let text = std::fs::read_to_string(&src).unwrap();
@@ -649,7 +673,7 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
     let ranked_losses = run(&two, &["--ranks", ranks]);
     assert_eq!(single_losses.len(), 10);
     assert_rel("losses", &ranked_losses, &single_losses, 1e-5);
-    assert_same_final_weights(&one, &two, 1e-4);
+    assert_same_final_weights(&one, &two, tol);
     let states = |d: &Path| {
         safetensor_f64(
             &d.join("step-10/optimizer.safetensors"),
@@ -660,7 +684,7 @@ fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String,
         "a gathered optimizer state",
         &states(&two),
         &states(&one),
-        1e-4,
+        tol,
     );
 }
 

@@ -49,7 +49,7 @@ use mslc_core::program::Model;
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
 use mslc_ir::shard::sequence::sequence_parallel;
-use mslc_ir::shard::tensor::tensor_parallel;
+use mslc_ir::shard::tensor::{tensor_parallel, SplitParams};
 use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
 use mslc_ir::shard::{Group, ShardError};
 use mslc_ir::{Graph, NodeKind, ValueRef};
@@ -326,14 +326,11 @@ pub struct TensorSplits<'a> {
 
 impl TensorSplits<'_> {
     /// Rewrites `graph` into this rank's program: [`tensor_parallel`], or
-    /// [`sequence_parallel`] when the plan asks for it. Returns the origins of the live
-    /// dropouts that would run on a block of the sequence (none without sequence
-    /// parallelism).
-    pub fn apply(&self, graph: &mut Graph) -> Result<Vec<String>, ShardError> {
-        if self.sequence_parallel {
-            sequence_parallel(graph, self.splits, self.group).map(|s| s.live_dropouts)
-        } else {
-            tensor_parallel(graph, self.splits, self.group).map(|_| Vec::new())
+    /// [`sequence_parallel`] when the plan asks for it; the parameters split.
+    pub fn apply(&self, graph: &mut Graph) -> Result<SplitParams, ShardError> {
+        match self.sequence_parallel {
+            true => sequence_parallel(graph, self.splits, self.group),
+            false => tensor_parallel(graph, self.splits, self.group),
         }
     }
 }
@@ -400,25 +397,13 @@ pub fn compile_train_ranked(
             true => "tensor and sequence parallel",
             false => "tensor parallel",
         };
-        let live = tensor.apply(&mut graph).map_err(|e| {
+        tensor.apply(&mut graph).map_err(|e| {
             refuse(
                 Code::E0972,
                 format!("train `{}` cannot run {how}: {e}", spec.name.name),
                 "split only the q/k/v/o and MLP projections of the layers (Megatron's pattern)",
             )
         })?;
-        if let Some(origin) = live.first() {
-            return Err(refuse(
-                Code::E0972,
-                format!(
-                    "train `{}` cannot run sequence parallel: the dropout in `{origin}` would \
-                     run on a block of the sequence, and its mask is drawn by element index \
-                     within the tensor it sees, so it would differ from one device's",
-                    spec.name.name
-                ),
-                "set the dropout's `p` to 0, or turn `sequence_parallel` off",
-            ));
-        }
     }
     let loss = graph
         .outputs

@@ -137,14 +137,14 @@ fn constant_cast_dropout_reshape() {
         &[5],
         rand(2, 5, -1.0, 1.0),
     );
-    let want = r::dropout(case.x(0), 0.5, None).unwrap();
+    let want = r::dropout(case.x(0), 0.5, None, None).unwrap();
     case.check(want);
     // Training mode: a seed input and the op's salt pick the mask.
     let attrs = Attrs::new().with("p", 0.25).with("salt", 3i64);
     let case = Case::new(Op::Dropout, attrs)
         .input(DType::F32, &[4, 8], rand(4, 32, -1.0, 1.0))
         .input(DType::I64, &[], vec![12345.0]);
-    let want = r::dropout(case.x(0), 0.25, Some((12345, 3))).unwrap();
+    let want = r::dropout(case.x(0), 0.25, Some((12345, 3)), None).unwrap();
     assert!(want.data.contains(&0.0), "some elements dropped");
     case.check(want);
     let case = Case::new(Op::Reshape, Attrs::new().with("shape", vec![3i64, 4])).input(

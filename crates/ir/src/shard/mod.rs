@@ -41,6 +41,21 @@ impl Group {
             .with("axis", self.axis.as_str())
             .with("ranks", self.ranks as i64)
     }
+
+    /// The attributes of a collective along `dim` over this group (`all_gather`,
+    /// `reduce_scatter`, `rank_slice`).
+    pub fn along(&self, dim: usize) -> Attrs {
+        self.attrs().with("dim", dim as i64)
+    }
+
+    /// `attrs` of a `dropout` made to run on this rank's block, along `dim`, of a tensor split
+    /// over the group: marked with [`Group::along`], so its mask is the whole tensor's.
+    pub fn split_dropout(&self, mut attrs: Attrs, dim: usize) -> Attrs {
+        for (name, value) in self.along(dim).iter() {
+            attrs.insert(name, value.clone());
+        }
+        attrs
+    }
 }
 
 /// Why a graph cannot be made into a per-rank program.

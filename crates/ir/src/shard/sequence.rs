@@ -16,7 +16,9 @@
 //! sharded value leaves it (the head after the final norm, an output), an `all_gather` whose
 //! gradient is this rank's block of the replicated cotangent (`replicated_grad`) makes it whole.
 //! A whole operand broadcast into the region (a norm's weight) is read through `parallel_copy`,
-//! so its gradient, a sum over this rank's positions only, is all-reduced over the group.
+//! so its gradient, a sum over this rank's positions only, is all-reduced over the group. A
+//! dropout in the region draws its mask at its elements' positions in the whole sequence
+//! ([`Group::split_dropout`]), so the ranks' masks are one device's.
 //! An op outside the region that reads a sharded value and feeds the region again (attention
 //! over the residual stream, a mean over the sequence) mixes positions: refused, naming it.
 
@@ -28,36 +30,22 @@ use super::tensor::{split_features, SplitParams};
 use super::{Group, ShardError};
 use crate::graph::{Graph, NodeId, NodeKind, ValueRef};
 
-/// What [`sequence_parallel`] did.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SequenceSplit {
-    /// The parameters split over features, as [`super::tensor::tensor_parallel`] returns them.
-    pub params: SplitParams,
-    /// The origins of the dropouts with `p > 0` that run on a rank's block of the sequence: in
-    /// training their masks would be drawn over the block's positions, not the whole's.
-    pub live_dropouts: Vec<String>,
-}
-
 /// Rewrites `graph` into one rank's program of the tensor-parallel `group` with sequence
 /// parallelism: [`super::tensor::tensor_parallel`] for the parameters of `splits`, then the
 /// region between each row-parallel output and the next column-parallel input on this rank's
-/// 1/n of the sequence (see the module comment). An error names the op that mixes sequence
-/// positions inside the region, a sequence dim that does not divide, or a value the region
-/// would split twice.
+/// 1/n of the sequence (see the module comment). Returns what `tensor_parallel` returns. An
+/// error names the op that mixes sequence positions inside the region, a sequence dim that
+/// does not divide, or a value the region would split twice.
 pub fn sequence_parallel(
     graph: &mut Graph,
     splits: &std::collections::BTreeMap<String, usize>,
     group: &Group,
-) -> Result<SequenceSplit, ShardError> {
+) -> Result<SplitParams, ShardError> {
     let (params, features) = split_features(graph, splits, group)?;
     let region = Region::find(graph, group, &features)?;
     region.refuse_mixing(graph)?;
-    let live_dropouts = region.live_dropouts(graph);
     region.rewrite(graph, group)?;
-    Ok(SequenceSplit {
-        params,
-        live_dropouts,
-    })
+    Ok(params)
 }
 
 /// Whether `op` treats every position of the dims before the last on its own, so it runs on a
@@ -286,34 +274,12 @@ impl Region {
         Ok(())
     }
 
-    /// The origins of the live dropouts that would run on the block, sorted.
-    fn live_dropouts(&self, graph: &Graph) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .seq
-            .keys()
-            .filter(|v| self.runs_split(graph, v.node))
-            .map(|v| graph.node(v.node))
-            .filter(|node| {
-                node.op() == Some(Op::Dropout)
-                    && node
-                        .attrs()
-                        .and_then(|a| a.float("p").ok())
-                        .is_some_and(|p| p > 0.0)
-            })
-            .map(|node| node.origin.clone())
-            .collect();
-        out.sort();
-        out.dedup();
-        out
-    }
-
     /// Makes the region run on this rank's block: cuts at its entries, `reduce_scatter` for
     /// `g`, `all_gather` for `f` and at its exits, `parallel_copy` on broadcast operands.
     fn rewrite(&self, graph: &mut Graph, group: &Group) -> Result<(), ShardError> {
         let order = graph
             .topo_order()
             .ok_or_else(|| ShardError("the graph has a cycle".to_string()))?;
-        let dim_attrs = |d: usize| group.attrs().with("dim", d as i64);
         // Entries: whole values the region reads, cut to this rank's block.
         let mut entries: Vec<(ValueRef, usize)> = self
             .seq
@@ -336,7 +302,7 @@ impl Region {
                 .filter(|(u, _)| self.runs_split(graph, *u))
                 .collect();
             let origin = graph.node(v.node).origin.clone();
-            let cut = add1(graph, Op::RankSlice, dim_attrs(d), v, &origin)?;
+            let cut = add1(graph, Op::RankSlice, group.along(d), v, &origin)?;
             for (user, slot) in readers {
                 graph.set_input(user, slot, cut);
             }
@@ -346,14 +312,17 @@ impl Region {
         for id in order {
             let v = ValueRef { node: id, index: 0 };
             let (op, attrs) = if self.reduces.contains(&id) {
-                (Op::ReduceScatter, dim_attrs(self.seq[&v]))
+                (Op::ReduceScatter, group.along(self.seq[&v]))
             } else if self.runs_split(graph, id) {
                 let node = graph.node(id);
                 let (Some(op), Some(attrs)) = (node.op(), node.attrs().cloned()) else {
                     continue;
                 };
                 self.copy_broadcast_operands(graph, id, group, &mut copies)?;
-                (op, attrs)
+                match op {
+                    Op::Dropout => (op, group.split_dropout(attrs, self.seq[&v])),
+                    _ => (op, attrs),
+                }
             } else {
                 continue;
             };
@@ -374,14 +343,14 @@ impl Region {
                     continue;
                 }
                 if is_group_op(graph, user, Op::ParallelCopy, group) {
-                    retype(graph, user, Op::AllGather, dim_attrs(d))?;
+                    retype(graph, user, Op::AllGather, group.along(d))?;
                     continue;
                 }
                 let whole = match gathered {
                     Some(g) => g,
                     None => {
                         let origin = graph.node(v.node).origin.clone();
-                        let attrs = dim_attrs(d).with("replicated_grad", true);
+                        let attrs = group.along(d).with("replicated_grad", true);
                         *gathered.insert(add1(graph, Op::AllGather, attrs, v, &origin)?)
                     }
                 };
@@ -392,7 +361,7 @@ impl Region {
                     Some(g) => g,
                     None => {
                         let origin = graph.node(v.node).origin.clone();
-                        let attrs = dim_attrs(d).with("replicated_grad", true);
+                        let attrs = group.along(d).with("replicated_grad", true);
                         add1(graph, Op::AllGather, attrs, v, &origin)?
                     }
                 };
@@ -492,8 +461,8 @@ mod tests {
     use mslc_core::ops::{Attrs, DType, TensorType};
     use mslc_core::program::Init;
 
-    /// One pre-norm block over x [2, 4, 8] (B, S, H) and a head: `h = x + w2(relu(w1(norm(x)
-    /// · s1)))`, `y = norm(h) · s2 @ headᵀ`; w1 [16, 8] column parallel, w2 [8, 16] row
+    /// One pre-norm block over x [2, 4, 8] (B, S, H) and a head: `h = x +
+    /// dropout(w2(relu(w1(norm(x) · s1))))`, `y = norm(h) · s2 @ headᵀ`; w1 [16, 8] column parallel, w2 [8, 16] row
     /// parallel. With `mix`, `h` is also added to its own mean over the sequence before the
     /// final norm.
     fn block(mix: bool) -> Graph {
@@ -527,6 +496,7 @@ mod tests {
         let a = op(&mut g, Op::Relu, Attrs::new(), &[a]);
         let w2t = t(&mut g, w2);
         let a = op(&mut g, Op::Matmul, Attrs::new(), &[a, w2t]);
+        let a = op(&mut g, Op::Dropout, Attrs::new().with("p", 0.1), &[a]);
         let mut h = op(&mut g, Op::Add, Attrs::new(), &[x, a]);
         if mix {
             let keep = Attrs::new().with("axes", vec![1i64]).with("keepdim", true);
@@ -549,8 +519,7 @@ mod tests {
         let mut g = block(false);
         let done = sequence_parallel(&mut g, &splits(), &Group::new("tp", 2)).unwrap();
         verify(&g).unwrap();
-        assert_eq!(done.params.len(), 2);
-        assert!(done.live_dropouts.is_empty());
+        assert_eq!(done.len(), 2);
         let kinds: Vec<Op> = crate::shard::collectives(&g)
             .into_iter()
             .map(|c| c.0)
@@ -575,6 +544,20 @@ mod tests {
         );
         let y = g.outputs[0].1;
         assert_eq!(g.ty(y).shape, vec![2, 4, 8]);
+        // The dropout draws its mask at its block's positions in the whole sequence.
+        let dropout = g
+            .node_ids()
+            .into_iter()
+            .find(|&id| g.node(id).op() == Some(Op::Dropout));
+        let attrs = g.node(dropout.unwrap()).attrs().unwrap();
+        assert_eq!(
+            (
+                attrs.str("axis").unwrap(),
+                attrs.int("ranks").unwrap(),
+                attrs.int("dim").unwrap()
+            ),
+            ("tp".to_string(), 2, 1)
+        );
         // The head's gather hands back this rank's block of the (replicated) cotangent; the
         // gradients of f and g swap; the scales' gradients are summed over the group.
         let loss = g.add_op(Op::Sum, Attrs::new(), &[y], "loss").unwrap()[0];
