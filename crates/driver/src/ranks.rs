@@ -455,7 +455,8 @@ fn degree_of(
         return Err(RanksError::new(
             Code::E0972,
             format!(
-                "the plan asks for {}; the executor runs data, tensor and pipeline parallelism",
+                "the plan asks for {}; the executor runs data, tensor (and sequence) and pipeline \
+                 parallelism",
                 others.join(", ")
             ),
         ));
