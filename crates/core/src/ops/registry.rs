@@ -325,7 +325,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 73);
+        assert_eq!(Op::ALL.len(), 74);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()
