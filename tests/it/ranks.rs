@@ -606,9 +606,9 @@ fn tiny_llama_sequence_parallel_with_dropout_matches_one_device() {
 
 /// The tiny LLaMA's tensor-parallel policy with `sequence_parallel = true`.
 fn sequence_parallel(text: String) -> String {
-    let mesh = "mesh = { mp: 2 }";
-    assert!(text.contains(mesh));
-    text.replace(mesh, &format!("{mesh}\n    sequence_parallel = true"))
+    let mode = "mode = semi_auto";
+    assert!(text.contains(mode));
+    text.replace(mode, &format!("{mode}\n    sequence_parallel = true"))
 }
 
 /// [`tiny_llama_tensor_parallel_training_matches_one_device`] on a mesh of 2 data-parallel ×
@@ -617,14 +617,26 @@ fn sequence_parallel(text: String) -> String {
 /// same row-parallel reassociation).
 #[test]
 fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
-    let policy = |text: String| {
-        text.replace(
-            "mesh = { mp: 2 }",
-            "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
-        )
-        .replace("batch = 2", "batch = 4")
-    };
-    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4", 1e-4);
+    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", data_and_level3, "4", 1e-4);
+}
+
+/// [`tiny_llama_data_tensor_parallel_with_level3_matches_one_device`] with sequence
+/// parallelism in each tensor-parallel group: a rank's block of the sequence is its place on
+/// the `mp` axis of the 2 × 2 mesh.
+#[test]
+fn tiny_llama_data_sequence_parallel_with_level3_matches_one_device() {
+    let policy = |text| sequence_parallel(data_and_level3(text));
+    tensor_parallel_training_parity("ranks-llama-dp-sp-zero", policy, "4", 1e-4);
+}
+
+/// The tiny LLaMA's tensor-parallel policy on a mesh of 2 data-parallel × 2 tensor-parallel
+/// ranks under optimizer sharding level 3, with a batch of 4.
+fn data_and_level3(text: String) -> String {
+    text.replace(
+        "mesh = { mp: 2 }",
+        "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
+    )
+    .replace("batch = 2", "batch = 4")
 }
 
 /// Trains the tensor-parallel tiny LLaMA, its train rewritten by `policy`, 10 steps on one

@@ -43,7 +43,7 @@ pub fn sequence_parallel(
 ) -> Result<SplitParams, ShardError> {
     let (params, features) = split_features(graph, splits, group)?;
     let region = Region::find(graph, group, &features)?;
-    region.refuse_mixing(graph)?;
+    region.refuse_mixing(graph, group)?;
     region.rewrite(graph, group)?;
     Ok(params)
 }
@@ -238,7 +238,7 @@ impl Region {
 
     /// Refuses an op outside the region that reads a split value and whose result flows back
     /// into the region: it would need the whole sequence in the middle of the region.
-    fn refuse_mixing(&self, graph: &Graph) -> Result<(), ShardError> {
+    fn refuse_mixing(&self, graph: &Graph, group: &Group) -> Result<(), ShardError> {
         let order = graph.topo_order().unwrap_or_default();
         // Nodes from which a node of the region is reachable.
         let mut feeds: HashSet<NodeId> = HashSet::new();
@@ -259,8 +259,8 @@ impl Region {
         made.sort_by_key(|v| (v.node, v.index));
         for v in made {
             for (user, _) in graph.users(v) {
-                let inside =
-                    self.runs_split(graph, user) || graph.node(user).op() == Some(Op::ParallelCopy);
+                let inside = self.runs_split(graph, user)
+                    || is_group_op(graph, user, Op::ParallelCopy, group);
                 if !inside && feeds.contains(&user) {
                     return Err(refusal(
                         graph,
