@@ -1257,7 +1257,7 @@ train Piped for TinyLlama {
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("per rank:   not written: the plan asks for pp = 2"),
+        stdout.contains("per rank:   not written: the plan has 2 pipeline stages"),
         "{stdout}"
     );
     assert!(!out.join("Piped.rank.mir").exists());
