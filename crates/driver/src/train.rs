@@ -336,7 +336,8 @@ impl TensorSplits<'_> {
 }
 
 /// [`compile_train`] for one rank of a tensor-parallel group when `tensor` is given: the
-/// forward is split by Megatron's rewrite ([`tensor_parallel`]) before it is differentiated,
+/// forward is split by Megatron's rewrite ([`TensorSplits::apply`]: [`tensor_parallel`], with
+/// [`sequence_parallel`] when the plan asks) before it is differentiated,
 /// and the gradients' global norm (and overflow check) sums the split parameters' shares over
 /// the group.
 pub fn compile_train_ranked(
