@@ -2,7 +2,8 @@
 //! `harness = false`): a data-parallel train run as one rank per process over MPI gives, step
 //! for step, the losses and the final weights of the same train on one device within 1e-5
 //! relative, with rank 0 alone reporting and writing; so does the tensor-parallel tiny LLaMA
-//! (losses 1e-5, gathered weights 1e-4: see [`tensor_parallel_training`]); the sharded
+//! (losses 1e-5, gathered weights 1e-4: see [`tensor_parallel_training`]), also with sequence
+//! parallelism; the sharded
 //! forward, data and tensor parallel, writes one device's outputs within 1e-5 relative; a
 //! world that does not match the plan (a binary started without mpiexec sees a world of 1) is
 //! E0970 naming both numbers, printed once. The data-parallel train under
@@ -494,7 +495,8 @@ fn pipeline_training(dir: &Path) {
 /// row-parallel products add their two halves in another order (fp32 reassociation, ~1e-7
 /// relative), and AdamW's `m / √v` turns that into up to ~5e-5 of a tensor's largest weight
 /// where an element's gradient is near zero (the tolerance tests/it/ranks.rs's threads test
-/// uses for the same reason), and bit for bit those of `--ranks 2` (threads). Then the
+/// uses for the same reason), and bit for bit those of `--ranks 2` (threads); the same with
+/// `sequence_parallel = true` (against one device). Then the
 /// tensor-parallel forward under `mpiexec -n 2 mslc run
 /// --mpi` writes one device's logits within 1e-5 relative.
 fn tensor_parallel_training(dir: &Path) {
@@ -578,6 +580,40 @@ fn tensor_parallel_training(dir: &Path) {
         "mpiexec -n 2, tensor parallel: 10 losses within 1e-5, {} gathered weights within 1e-4 \
          of one device and equal to --ranks 2's",
         w2.len()
+    );
+    // Sequence parallelism on top (each process cuts its own block of the sequence, by its
+    // place on the tensor-parallel axis): the same numbers.
+    let mode = "mode = semi_auto";
+    std::fs::write(
+        dir.join("llama_sp.msl"),
+        format!("{}{LLAMA_TP}", &example[..model_end])
+            .replace(mode, &format!("{mode}\n    sequence_parallel = true")),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = train_with(
+        dir,
+        "llama_sp.msl",
+        (&data, "10"),
+        "llama-sp",
+        &mpi,
+        &ranked,
+    );
+    assert_eq!(
+        code, 0,
+        "mpiexec -n 2, sequence parallel:\n{stdout}{stderr}"
+    );
+    assert_rel(
+        "sequence-parallel losses",
+        &losses(&dir.join("llama-sp.jsonl")),
+        &single,
+        1e-5,
+    );
+    for ((name, a), (_, b)) in w1.iter().zip(&weights_of(&dir.join("llama-sp/step-10"))) {
+        assert_rel_to_max(name, b, a, 1e-4);
+    }
+    println!(
+        "mpiexec -n 2, sequence parallel: 10 losses within 1e-5, the gathered weights within \
+         1e-4 of one device"
     );
     // The tensor-parallel forward of the trained weights.
     let trained = dir.join("llama-one/step-10/model.safetensors");

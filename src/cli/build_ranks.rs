@@ -68,9 +68,13 @@ pub fn rank_artifacts(
     let description = ranks_description(&layout, plan, &[(&compiled, None)], &name);
     files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
     let line = format!(
-        "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}), arena {} (lower bound {}) each",
+        "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}{}), arena {} (lower bound {}) each",
         layout.dp,
         layout.tp,
+        match layout.sequence_parallel {
+            true => ", sequence parallel",
+            false => "",
+        },
         match layout.optimizer_shard {
             0 => String::new(),
             level => format!(", optimizer_shard = {}", mslc_plan::parallel::level_name(level)),
@@ -203,7 +207,7 @@ fn compile_rank(
         ..train_options
     };
     let group = layout.tensor_group();
-    let tensor = (layout.tp > 1).then_some((&layout.splits, &group));
+    let tensor = layout.tensor(&group);
     let compiled = match (stage, &layout.pipeline) {
         (Some(s), Some(pipeline)) => {
             compile_train_stage(train, &options, train_options, tensor, (pipeline, s))
@@ -265,6 +269,7 @@ fn ranks_description(
         "program": format!("{program}.mir"),
         "devices": plan.devices,
         "optimizer_shard": mslc_plan::parallel::level_name(layout.optimizer_shard),
+        "sequence_parallel": layout.sequence_parallel,
         "ranks": ranks,
         "parameters": parameters,
     });

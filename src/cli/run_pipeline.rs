@@ -61,7 +61,7 @@ pub fn execute(
     let micro = ranks::split_inputs(model, arrays, parts)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let group = layout.tensor_group();
-    let tensor = (layout.tp > 1).then_some((&layout.splits, &group));
+    let tensor = layout.tensor(&group);
     let shapes = run::shapes_of(&micro[0]);
     let mut stages = Vec::with_capacity(pipeline.layers.len());
     let mut sources = None;

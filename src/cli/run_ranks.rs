@@ -66,7 +66,7 @@ pub fn execute(
     let replicas = ranks::split_inputs(model, &arrays, layout.dp)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     let tensor_group = layout.tensor_group();
-    let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
+    let tensor = layout.tensor(&tensor_group);
     let shapes = run::shapes_of(&replicas[0]);
     let (mut module, sources) = run::compile_source(args, &shapes, tensor, false, reporter)?;
     run::warn_if_foreign(&module, reporter);
@@ -130,8 +130,8 @@ pub fn execute(
     world::run_ranks(world.ranks(&mesh)?, reporter, lead, follow)
 }
 
-/// `data 2 × tensor 1, --ranks` (`× pipeline 2 of 4 micro-batches` with stages): the layout
-/// and the launcher, for the summary.
+/// `data 2 × tensor 1, --ranks` (`× pipeline 2 of 4 micro-batches` with stages; `data 1 ×
+/// tensor 2 with sequence parallelism, --ranks`): the layout and the launcher, for the summary.
 pub(super) fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
     let launcher = started.map_or("", |(_, l)| l);
     let pipeline = match &layout.pipeline {
@@ -142,8 +142,12 @@ pub(super) fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> S
         ),
         None => String::new(),
     };
+    let sequence = match layout.sequence_parallel {
+        true => " with sequence parallelism",
+        false => "",
+    };
     format!(
-        "data {} × tensor {}{pipeline}, {launcher}",
+        "data {} × tensor {}{pipeline}{sequence}, {launcher}",
         layout.dp, layout.tp
     )
 }

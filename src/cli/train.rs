@@ -184,7 +184,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         optimizer_shard: layout.optimizer_shard,
     };
     let tensor_group = layout.tensor_group();
-    let tensor = (layout.tp > 1).then_some((&layout.splits, &tensor_group));
+    let tensor = layout.tensor(&tensor_group);
     // The tuning decisions for this device, as a build follows them.
     let tune_db = args
         .tune_db

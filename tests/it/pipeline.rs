@@ -1,8 +1,8 @@
 //! Pipeline stages run for real: `mslc run --ranks N` of a plan with pipeline stages cuts the
 //! tiny LLaMA between its layers, each stage's ranks run their part over the micro-batches and
 //! hand the residual stream on, and rank 0 writes the logits one device writes — alone and
-//! mixed with data and tensor parallelism; `mslc train --ranks N` trains it under 1F1B with
-//! one device's losses, weights and checkpoints.
+//! mixed with data and tensor (and sequence) parallelism; `mslc train --ranks N` trains it
+//! under 1F1B with one device's losses, weights and checkpoints.
 
 use mslc_io::npy::{write_npy, NpyArray};
 
@@ -96,8 +96,8 @@ fn pipeline_forward_parity(tag: &str, decls: &str, batch: usize, ranks: &str) {
         &llama_flags(),
     ]
     .concat();
-    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let got = forward(
+    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let (got, _) = forward(
         &src,
         &args,
         &dir.path("ranks"),
@@ -116,6 +116,38 @@ fn run_on_two_pipeline_stages_matches_one_device() {
 #[test]
 fn run_on_two_replicas_of_two_stages_of_two_tensor_ranks_matches_one_device() {
     pipeline_forward_parity("pipeline-run-mix", MIX, 2, "8");
+}
+
+/// [`run_on_two_replicas_of_two_stages_of_two_tensor_ranks_matches_one_device`] with
+/// sequence parallelism: what crosses the cut is each tensor-parallel rank's block of the
+/// residual stream, sent to the rank of the same block in the next stage.
+#[test]
+fn run_on_two_stages_with_sequence_parallelism_matches_one_device() {
+    let mode = "mode = semi_auto";
+    let decls = MIX.replace(mode, &format!("{mode}\n    sequence_parallel = true"));
+    pipeline_forward_parity("pipeline-run-mix-sp", &decls, 2, "8");
+    let dir = TestDir::new("pipeline-cut-sp");
+    let (_, checked) = llama_source_in(&dir, "sp.msl", &decls, 2);
+    let plan = mslc_driver::parallel::plan_train(&checked, &checked.decls.trains[0])
+        .unwrap()
+        .expect("a plan");
+    let layout = mslc_driver::ranks::layout(Some(&plan), 8, "--ranks").unwrap();
+    assert!(layout.sequence_parallel);
+    let group = layout.tensor_group();
+    let (module, cut) = mslc_driver::ranks::compile_stage(
+        &checked.models[0],
+        &compile_options(),
+        layout.tensor(&group),
+        layout.pipeline.as_ref().unwrap(),
+        1,
+    )
+    .unwrap();
+    let (_, v) = module
+        .module
+        .inputs()
+        .find(|(n, _)| *n == cut.receives[0].name)
+        .expect("the received input");
+    assert_eq!(module.module.values[v as usize].ty.shape, [2, 4, 32]);
 }
 
 /// Ten AdamW steps of the tiny LLaMA on two pipeline stages (1F1B over 4 micro-batches of 2)
@@ -209,6 +241,18 @@ fn pipeline_and_one_device_resume_each_other_s_checkpoints() {
         &straight[3..],
         1e-5,
     );
+}
+
+/// [`training_on_two_replicas_of_two_stages_of_two_tensor_ranks_matches_one_device`] with
+/// sequence parallelism within each stage: the residual stream's blocks cross the cut and
+/// their gradients come back block by block.
+#[test]
+fn training_with_sequence_parallel_stages_matches_one_device() {
+    let dir = TestDir::new("pipeline-train-mix-sp");
+    let mode = "mode = semi_auto";
+    let decls = MIX.replace(mode, &format!("{mode}\n    sequence_parallel = true"));
+    let (src, checked) = llama_source_in(&dir, "mix-sp.msl", &decls, 2);
+    llama_training_parity(&dir, &src, &checked, "8", 2e-4);
 }
 
 /// Clipping by the global norm and dynamic loss scaling need every stage's gradients: each

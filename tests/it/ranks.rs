@@ -389,18 +389,26 @@ pub(crate) fn compile_options() -> mslc_driver::compile::CompileOptions {
     }
 }
 
-/// Megatron's count: with q/k/v/gate/up column parallel and o/down row parallel, the training
-/// graph of each rank has exactly two all-reduces per layer in the forward (after o and down)
-/// and two in the backward (the gradients of the copies in front of q/k/v and gate/up).
-#[test]
-fn tiny_llama_tensor_parallel_has_two_all_reduces_per_layer_each_way() {
-    use mslc_core::ops::Op;
+/// The tiny LLaMA's training graph as one rank of its tensor-parallel group builds it, with
+/// Megatron's sequence parallelism when `sequence`, differentiated for every parameter: per
+/// collective op and direction (`true`: the backward), the bytes each one sends, in order; and
+/// the graph as text.
+fn llama_rank_collectives(
+    sequence: bool,
+) -> (
+    std::collections::BTreeMap<(mslc_core::ops::Op, bool), Vec<u64>>,
+    String,
+) {
     let checked = llama_tensor_parallel();
     let (splits, group) = llama_splits(&checked);
     let model = checked.decls.trains[0].graph.as_ref().unwrap();
     let mut graph = mslc_driver::compile::lower_verified(model, &compile_options()).unwrap();
-    let split = mslc_ir::shard::tensor::tensor_parallel(&mut graph, &splits, &group).unwrap();
-    assert_eq!(split.len(), splits.len());
+    let tensor = mslc_driver::train::TensorSplits {
+        splits: &splits,
+        group: &group,
+        sequence_parallel: sequence,
+    };
+    assert_eq!(tensor.apply(&mut graph).unwrap().len(), splits.len());
     mslc_ir::verify(&graph).unwrap();
     let loss = graph.outputs.iter().find(|(n, _)| n == "loss").unwrap().1;
     let params: Vec<_> = graph
@@ -411,22 +419,74 @@ fn tiny_llama_tensor_parallel_has_two_all_reduces_per_layer_each_way() {
         .collect();
     mslc_ir::backward(&mut graph, loss, &params).unwrap();
     mslc_ir::verify(&graph).unwrap();
-    let (mut forward, mut backward) = (0, 0);
-    for id in graph.node_ids() {
+    let mut out = std::collections::BTreeMap::<_, Vec<u64>>::new();
+    for id in graph.topo_order().unwrap() {
         let node = graph.node(id);
-        if node.op() == Some(Op::AllReduce) {
-            match node.origin.ends_with("#grad") {
-                true => backward += 1,
-                false => forward += 1,
-            }
-        }
+        let Some(op) = node.op().filter(|&op| mslc_ir::shard::is_collective(op)) else {
+            continue;
+        };
+        let input = graph.ty(graph.inputs(id)[0]);
+        let bytes = mslc_core::ops::family::collective::payload_bytes(op, input);
+        let backward = node.origin.ends_with("#grad");
+        out.entry((op, backward)).or_default().push(bytes);
     }
-    assert_eq!((forward, backward), (4, 4), "2 layers");
-    let text = mslc_ir::print::to_text(&graph);
+    (out, mslc_ir::print::to_text(&graph))
+}
+
+/// Megatron's count: with q/k/v/gate/up column parallel and o/down row parallel, the training
+/// graph of each rank has exactly two all-reduces per layer in the forward (after o and down,
+/// each of the whole [2, 8, 32] stream) and two in the backward (the gradients of the copies in
+/// front of q/k/v and gate/up).
+#[test]
+fn tiny_llama_tensor_parallel_has_two_all_reduces_per_layer_each_way() {
+    use mslc_core::ops::Op;
+    let (c, text) = llama_rank_collectives(false);
+    assert_eq!(c[&(Op::AllReduce, false)], vec![2048; 4], "2 layers");
+    assert_eq!(c[&(Op::AllReduce, true)].len(), 4, "2 layers");
+    assert_eq!(c[&(Op::ParallelCopy, false)].len(), 4);
+    assert_eq!(c.len(), 3, "{c:?}");
     assert!(
         text.contains("all_reduce(") && text.contains("@sends(2048 B)"),
         "{text}"
     );
+}
+
+/// Korthikanti et al.'s count under sequence parallelism: per layer the forward has two
+/// all-gathers of the [2, 4, 32] sequence block (in front of q/k/v and gate/up) and two
+/// reduce-scatters of the [2, 8, 32] partial sums (after o and down), the backward the other
+/// way round; no activation is all-reduced. The residual stream is cut once after the
+/// embedding (`rank_slice`, whose gradient gathers) and gathered once before the head (whose
+/// gradient is this rank's block). What is all-reduced are the gradients of the five RMSNorm
+/// scales, [32] each, which every rank sees only its positions of.
+#[test]
+fn tiny_llama_sequence_parallel_has_two_gathers_and_two_scatters_per_layer_each_way() {
+    use mslc_core::ops::Op;
+    let (c, _) = llama_rank_collectives(true);
+    let count = |op: Op, backward: bool| c.get(&(op, backward)).map_or(0, Vec::len);
+    let f: Vec<u64> = c[&(Op::AllGather, false)].clone();
+    assert_eq!(
+        f.iter().filter(|&&b| b == 1024).count(),
+        5,
+        "4 layers' f, the head: {f:?}"
+    );
+    assert_eq!(c[&(Op::ReduceScatter, false)], vec![2048; 4], "2 layers' g");
+    assert_eq!(count(Op::ReduceScatter, true), 4, "the gradients of f");
+    assert_eq!(
+        count(Op::AllGather, true),
+        4 + 1,
+        "the gradients of g and of the cut"
+    );
+    assert_eq!(
+        (count(Op::RankSlice, false), count(Op::RankSlice, true)),
+        (1, 1)
+    );
+    assert_eq!(count(Op::AllReduce, false), 0);
+    assert_eq!(
+        c[&(Op::AllReduce, true)],
+        vec![128; 5],
+        "2 norms per layer and the final one"
+    );
+    assert_eq!(count(Op::ParallelCopy, false), 5, "the norms' scales");
 }
 
 /// The tensor-parallel forward on two ranks (threads, each holding its shards of q, k, v, o,
@@ -514,7 +574,41 @@ fn tiny_llama_tensor_parallel_forward_matches_one_device() {
 /// agree to 2e-6, the worst weight differs by 9e-6).
 #[test]
 fn tiny_llama_tensor_parallel_training_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2");
+    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2", 1e-4);
+}
+
+/// [`tiny_llama_tensor_parallel_training_matches_one_device`] with Megatron's sequence
+/// parallelism (the norms and residual adds on each rank's half of the sequence), within the
+/// same tolerances: the reduce-scatters add the same two halves as the all-reduces did.
+#[test]
+fn tiny_llama_sequence_parallel_training_matches_one_device() {
+    tensor_parallel_training_parity("ranks-llama-sp-train", sequence_parallel, "2", 1e-4);
+}
+
+/// [`tiny_llama_sequence_parallel_training_matches_one_device`] with dropout (p = 0.1) on
+/// both residual branches of every layer, inside the sequence-split region: each rank draws
+/// its half of the sequence's mask at the positions one device draws it, so the losses agree
+/// within 1e-5 (a rank drawing by its block's own indices is 2e-2 off). The weights are
+/// compared within 2e-4: the masks' zeros leave more gradients near zero, where AdamW's
+/// `m / √v` amplifies the row-parallel reassociation (measured: 1.4e-4 of q_proj's largest
+/// weight, the same without sequence parallelism).
+#[test]
+fn tiny_llama_sequence_parallel_with_dropout_matches_one_device() {
+    let policy = |text: String| {
+        let decls = &text[text.find("parallel TP").expect("the policy")..];
+        sequence_parallel(format!(
+            "{}\n{decls}",
+            include_str!("../fixtures/drop_llama.msl")
+        ))
+    };
+    tensor_parallel_training_parity("ranks-llama-sp-dropout", policy, "2", 2e-4);
+}
+
+/// The tiny LLaMA's tensor-parallel policy with `sequence_parallel = true`.
+fn sequence_parallel(text: String) -> String {
+    let mode = "mode = semi_auto";
+    assert!(text.contains(mode));
+    text.replace(mode, &format!("{mode}\n    sequence_parallel = true"))
 }
 
 /// [`tiny_llama_tensor_parallel_training_matches_one_device`] on a mesh of 2 data-parallel ×
@@ -523,25 +617,42 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
 /// same row-parallel reassociation).
 #[test]
 fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
-    let policy = |text: String| {
-        text.replace(
-            "mesh = { mp: 2 }",
-            "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
-        )
-        .replace("batch = 2", "batch = 4")
-    };
-    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", policy, "4");
+    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", data_and_level3, "4", 1e-4);
+}
+
+/// [`tiny_llama_data_tensor_parallel_with_level3_matches_one_device`] with sequence
+/// parallelism in each tensor-parallel group: a rank's block of the sequence is its place on
+/// the `mp` axis of the 2 × 2 mesh.
+#[test]
+fn tiny_llama_data_sequence_parallel_with_level3_matches_one_device() {
+    let policy = |text| sequence_parallel(data_and_level3(text));
+    tensor_parallel_training_parity("ranks-llama-dp-sp-zero", policy, "4", 1e-4);
+}
+
+/// The tiny LLaMA's tensor-parallel policy on a mesh of 2 data-parallel × 2 tensor-parallel
+/// ranks under optimizer sharding level 3, with a batch of 4.
+fn data_and_level3(text: String) -> String {
+    text.replace(
+        "mesh = { mp: 2 }",
+        "mesh = { dp: 2, mp: 2 }\n    optimizer_shard = level3",
+    )
+    .replace("batch = 2", "batch = 4")
 }
 
 /// Trains the tensor-parallel tiny LLaMA, its train rewritten by `policy`, 10 steps on one
-/// device and on `ranks` ranks from the same whole weights, and compares losses, final weights
-/// and an optimizer state.
-fn tensor_parallel_training_parity(tag: &str, policy: impl Fn(String) -> String, ranks: &str) {
+/// device and on `ranks` ranks from the same whole weights, and compares losses (1e-5
+/// relative), final weights and an optimizer state (`tol` relative per tensor).
+fn tensor_parallel_training_parity(
+    tag: &str,
+    policy: impl Fn(String) -> String,
+    ranks: &str,
+    tol: f64,
+) {
     let dir = TestDir::new(tag);
     let (src, checked) = llama_tensor_parallel_in(&dir);
     let text = std::fs::read_to_string(&src).unwrap();
     std::fs::write(&src, policy(text)).unwrap();
-    llama_training_parity(&dir, &src, &checked, ranks, 1e-4);
+    llama_training_parity(&dir, &src, &checked, ranks, tol);
 }
 
 /// Trains the tiny LLaMA of `src` (checked as `checked`) 10 steps on one device and on
@@ -603,19 +714,20 @@ pub(crate) fn llama_training_parity(
 }
 
 /// Runs `mslc run` of `src` with `args` (and `extra`, e.g. `--ranks 2`) writing into `out`;
-/// the values of output `name`.
+/// the values of output `name`, and what the run printed.
 pub(crate) fn forward(
     src: &Path,
     args: &[&str],
     out: &Path,
     extra: &[&str],
     name: &str,
-) -> Vec<f64> {
+) -> (Vec<f64>, String) {
     let head = ["run", s(src), "--output-dir", s(out), "--threads", "1"];
     let (code, stdout, stderr) = mslc(&[&head[..], args, extra].concat());
     assert_eq!(code, 0, "{stdout}{stderr}");
     let array = mslc_io::npy::read_npy(out.join(format!("{name}.npy"))).unwrap();
-    array.to_f32().unwrap().into_iter().map(f64::from).collect()
+    let values = array.to_f32().unwrap().into_iter().map(f64::from).collect();
+    (values, stdout)
 }
 
 /// `mslc run --ranks 2` of the tensor-parallel tiny LLaMA — each rank holding its shards of
@@ -624,7 +736,47 @@ pub(crate) fn forward(
 #[test]
 fn run_on_two_ranks_tensor_parallel_matches_one_device() {
     let dir = TestDir::new("ranks-run-tp");
-    let (src, checked) = llama_tensor_parallel_in(&dir);
+    let (src, args, _) = tensor_parallel_forward_parity(&dir, |text| text);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // A tensor-parallel rank cannot initialise its shards alone.
+    let (code, _, stderr) = mslc(
+        &[
+            &["run", s(&src), "--init-seed", "1", "--ranks", "2"][..],
+            &args[2..],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("E0972") && stderr.contains("--init-seed"),
+        "{stderr}"
+    );
+}
+
+/// [`run_on_two_ranks_tensor_parallel_matches_one_device`] with Megatron's sequence
+/// parallelism: the norms and residual adds run on each rank's half of the 8 positions, the
+/// stream gathered before the head; the same logits within 1e-5 relative.
+#[test]
+fn run_on_two_ranks_sequence_parallel_matches_one_device() {
+    let dir = TestDir::new("ranks-run-sp");
+    let (_, _, stdout) = tensor_parallel_forward_parity(&dir, sequence_parallel);
+    assert!(
+        stdout.contains("ranks:   2 (data 1 × tensor 2 with sequence parallelism, --ranks)"),
+        "{stdout}"
+    );
+}
+
+/// Writes the tensor-parallel tiny LLaMA (its source rewritten by `policy`), random whole
+/// weights and a batch of tokens in `dir`, and checks that `mslc run --ranks 2` writes the
+/// logits of one device within 1e-5 relative. Returns the source, the run's flags (weights,
+/// input, sizes) and what the ranked run printed.
+fn tensor_parallel_forward_parity(
+    dir: &TestDir,
+    policy: impl Fn(String) -> String,
+) -> (PathBuf, Vec<String>, String) {
+    let (src, checked) = llama_tensor_parallel_in(dir);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, policy(text)).unwrap();
     let single = mslc_driver::compile::compile(&checked.models[0], &compile_options())
         .unwrap()
         .module;
@@ -646,23 +798,12 @@ fn run_on_two_ranks_tensor_parallel_matches_one_device() {
         &llama_flags(),
     ]
     .concat();
-    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let got = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
+    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let (got, stdout) = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
     assert_eq!(want.len(), 2 * 8 * 64);
     assert_rel("tensor-parallel logits", &got, &want, 1e-5);
-    // A tensor-parallel rank cannot initialise its shards alone.
-    let (code, _, stderr) = mslc(
-        &[
-            &["run", s(&src), "--init-seed", "1", "--ranks", "2"][..],
-            &args[2..],
-        ]
-        .concat(),
-    );
-    assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.contains("E0972") && stderr.contains("--init-seed"),
-        "{stderr}"
-    );
+    let args = args.into_iter().map(str::to_string).collect();
+    (src, args, stdout)
 }
 
 /// `mslc run --ranks 2` of the classifier under data parallelism: each replica runs half of
@@ -682,8 +823,8 @@ fn run_on_two_ranks_data_parallel_matches_one_device() {
     };
     let x = write_x("x.npy", 6, &mut rng);
     let args = ["--init-seed", "3", "--input", &x];
-    let want = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let got = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
+    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
+    let (got, _) = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
     assert_eq!(want.len(), 6 * CLASSES);
     assert_rel("data-parallel logits", &got, &want, 1e-5);
     let odd = write_x("x5.npy", 5, &mut rng);
@@ -981,6 +1122,51 @@ fn rank_program(
         .collect();
     let ranks = std::fs::read_to_string(dir.join(format!("{name}.ranks.json"))).unwrap();
     (module, shapes, serde_json::from_str(&ranks).unwrap())
+}
+
+/// `mslc build --entry Pretrain` of the tiny LLaMA under `sequence_parallel = true` writes
+/// the sequence-parallel step (the program `mslc train --ranks 2` runs): each way, two
+/// reduce-scatters and two all-gathers per layer, the stream cut after the embedding and
+/// gathered before the head; the all-reduces are the five norm scales' gradients and the
+/// clipping norm's.
+#[test]
+fn build_writes_the_sequence_parallel_per_rank_program() {
+    use mslc_core::ops::Op;
+    let dir = TestDir::new("ranks-build-sp");
+    let (src, _) = llama_tensor_parallel_in(&dir);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, sequence_parallel(text)).unwrap();
+    let out = dir.path("sp");
+    let mut args = vec![
+        "build",
+        s(&src),
+        "--entry",
+        "Pretrain",
+        "--out-dir",
+        s(&out),
+    ];
+    args.extend(llama_flags());
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("for all 2 ranks (1 data × 2 tensor, sequence parallel)"),
+        "{stdout}"
+    );
+    let (module, _, ranks) = rank_program(&out, "Pretrain");
+    assert_eq!(ranks["sequence_parallel"], true);
+    let count = |op: Op| module.steps.iter().filter(|s| s.op == op).count();
+    assert_eq!(count(Op::ReduceScatter), 2 * 2 * 2);
+    assert_eq!(
+        count(Op::AllGather),
+        2 * 2 * 2 + 2,
+        "and the head's and the cut's"
+    );
+    assert_eq!(
+        count(Op::RankSlice),
+        2,
+        "the cut and the head gather's gradient"
+    );
+    assert_eq!(count(Op::AllReduce), 5 + 1);
 }
 
 /// `mslc build --entry TRAIN` of a parallel train writes the step every rank runs

@@ -31,8 +31,9 @@ pub const STAGE_TENSOR_PARALLEL: &str = "tensor parallel";
 pub const STAGE_PIPELINE: &str = "pipeline";
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one
-/// member of a tensor-parallel group when `tensor` is given
-/// ([`mslc_ir::shard::tensor::tensor_parallel`]).
+/// member of a tensor-parallel group when `tensor` is given ([`TensorSplits::apply`]: tensor
+/// parallel, with sequence parallelism when the plan asks). A forward runs in eval mode, so
+/// its dropouts are the identity and run on a block of the sequence as well as on the whole.
 pub fn compile_rank(
     model: &Model,
     options: &CompileOptions,
@@ -60,12 +61,10 @@ fn compile_cut(
     stage: Option<(&PipelineLayout, usize)>,
 ) -> Result<(Compiled, StageCut), CompileError> {
     let mut graph = lower_verified(model, options)?;
-    if let Some((splits, group)) = tensor {
-        mslc_ir::shard::tensor::tensor_parallel(&mut graph, splits, group).map_err(|e| {
-            CompileError {
-                stage: STAGE_TENSOR_PARALLEL,
-                message: e.to_string(),
-            }
+    if let Some(tensor) = tensor {
+        tensor.apply(&mut graph).map_err(|e| CompileError {
+            stage: STAGE_TENSOR_PARALLEL,
+            message: e.to_string(),
         })?;
     }
     let cut = match stage {
@@ -271,6 +270,9 @@ pub struct RankLayout {
     pub optimizer_shard: u8,
     /// The pipeline, when the plan has more than one stage.
     pub pipeline: Option<PipelineLayout>,
+    /// Whether the ops between the layers' matmuls run on a block of the sequence (the plan's
+    /// `sequence_parallel`, when `tp` > 1).
+    pub sequence_parallel: bool,
 }
 
 /// A plan's pipeline as its ranks run it.
@@ -304,6 +306,7 @@ impl RankLayout {
             splits: BTreeMap::new(),
             optimizer_shard: 0,
             pipeline: None,
+            sequence_parallel: false,
         }
     }
 
@@ -342,6 +345,16 @@ impl RankLayout {
     pub fn tensor_group(&self) -> mslc_ir::shard::Group {
         mslc_ir::shard::Group::new(TENSOR_AXIS, self.tp)
     }
+
+    /// How a rank splits its forward over `group` (its [`RankLayout::tensor_group`]); `None`
+    /// when `tp` is 1.
+    pub fn tensor<'a>(&'a self, group: &'a mslc_ir::shard::Group) -> Option<TensorSplits<'a>> {
+        (self.tp > 1).then_some(TensorSplits {
+            splits: &self.splits,
+            group,
+            sequence_parallel: self.sequence_parallel,
+        })
+    }
 }
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
@@ -367,6 +380,7 @@ pub fn layout(
         splits,
         optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
         pipeline,
+        sequence_parallel: tp > 1 && plan.is_some_and(|p| p.sequence_parallel),
     })
 }
 
@@ -433,7 +447,8 @@ fn degree_of(
         return Err(RanksError::new(
             Code::E0972,
             format!(
-                "the plan asks for {}; the executor runs data, tensor and pipeline parallelism",
+                "the plan asks for {}; the executor runs data, tensor (and sequence) and pipeline \
+                 parallelism",
                 others.join(", ")
             ),
         ));

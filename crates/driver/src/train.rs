@@ -49,9 +49,10 @@ use mslc_core::program::{Init, Model};
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
 use mslc_ir::shard::pipeline::{pipeline_stage, Crossing, StageCut};
-use mslc_ir::shard::tensor::tensor_parallel;
+use mslc_ir::shard::sequence::sequence_parallel;
+use mslc_ir::shard::tensor::{tensor_parallel, SplitParams};
 use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
-use mslc_ir::shard::Group;
+use mslc_ir::shard::{Group, ShardError};
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
 use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
@@ -312,12 +313,33 @@ pub fn compile_train(
     compile_train_ranked(train, options, train_options, None)
 }
 
-/// The parameters a tensor-parallel step splits (path → dim) and the group of ranks it splits
-/// them over.
-pub type TensorSplits<'a> = (&'a BTreeMap<String, usize>, &'a Group);
+/// How one rank of a tensor-parallel group splits a forward graph: the parameters it splits
+/// (path → dim), the group of ranks it splits them over, and whether the ops between the
+/// layers' matmuls run on its block of the sequence too (Megatron's sequence parallelism).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorSplits<'a> {
+    /// Split parameters, path → dim.
+    pub splits: &'a BTreeMap<String, usize>,
+    /// The tensor-parallel group.
+    pub group: &'a Group,
+    /// Whether the plan asks for sequence parallelism.
+    pub sequence_parallel: bool,
+}
+
+impl TensorSplits<'_> {
+    /// Rewrites `graph` into this rank's program: [`tensor_parallel`], or
+    /// [`sequence_parallel`] when the plan asks for it; the parameters split.
+    pub fn apply(&self, graph: &mut Graph) -> Result<SplitParams, ShardError> {
+        match self.sequence_parallel {
+            true => sequence_parallel(graph, self.splits, self.group),
+            false => tensor_parallel(graph, self.splits, self.group),
+        }
+    }
+}
 
 /// [`compile_train`] for one rank of a tensor-parallel group when `tensor` is given: the
-/// forward is split by Megatron's rewrite ([`tensor_parallel`]) before it is differentiated,
+/// forward is split by Megatron's rewrite ([`TensorSplits::apply`]: [`tensor_parallel`], with
+/// [`sequence_parallel`] when the plan asks) before it is differentiated,
 /// and the gradients' global norm (and overflow check) sums the split parameters' shares over
 /// the group.
 pub fn compile_train_ranked(
@@ -451,11 +473,15 @@ fn compile_train_step(
             stage: "lower",
             message: "the training graph has no `loss` output".to_string(),
         })?;
-    if let Some((splits, group)) = tensor {
-        tensor_parallel(&mut graph, splits, group).map_err(|e| {
+    if let Some(tensor) = tensor {
+        let how = match tensor.sequence_parallel {
+            true => "tensor and sequence parallel",
+            false => "tensor parallel",
+        };
+        tensor.apply(&mut graph).map_err(|e| {
             refuse(
                 Code::E0972,
-                format!("train `{}` cannot run tensor parallel: {e}", spec.name.name),
+                format!("train `{}` cannot run {how}: {e}", spec.name.name),
                 "split only the q/k/v/o and MLP projections of the layers (Megatron's pattern)",
             )
         })?;
@@ -721,11 +747,11 @@ fn compile_train_step(
     };
     let split: Vec<bool> = params
         .iter()
-        .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
+        .map(|(path, _)| tensor.is_some_and(|t| t.splits.contains_key(path)))
         .collect();
     let mut b = Builder {
         g: &mut graph,
-        tensor: tensor.map(|(_, g)| (g, split)),
+        tensor: tensor.map(|t| (t.group, split.clone())),
         zero: zero.as_ref(),
         dp_index: None,
         pipeline: None,
@@ -765,11 +791,7 @@ fn compile_train_step(
     let update = match &staged {
         Some(_) => {
             let pipeline = stage.map_or(1, |(p, _)| p.layers.len());
-            let split: Vec<bool> = params
-                .iter()
-                .map(|(path, _)| tensor.is_some_and(|(s, _)| s.contains_key(path)))
-                .collect();
-            let tensor = tensor.map(|(_, g)| (g, split));
+            let tensor = tensor.map(|t| (t.group, split));
             let spec_params: Vec<(String, TensorType, Init)> = params
                 .iter()
                 .map(|(path, v)| {

@@ -287,8 +287,14 @@ impl Executor {
     }
 
     /// Gives the run the collectives its per-rank program's collective steps go through (this
-    /// rank of a threads world, or of an MPI world).
+    /// rank of a threads world, or of an MPI world); the steps that depend on this rank's place
+    /// on a mesh axis (a dropout over its block of a split tensor) learn it from them.
     pub fn set_collectives(&mut self, comm: Box<dyn Collectives>) {
+        let mesh = comm.mesh();
+        let place = |axis: &str| Some(mesh.coord(comm.rank(), mesh.axis(axis).ok()?));
+        for plan in &mut self.plans {
+            plan.prepared.kernel.place_on(&place);
+        }
         self.comm = Some(comm);
     }
 

@@ -137,14 +137,14 @@ fn constant_cast_dropout_reshape() {
         &[5],
         rand(2, 5, -1.0, 1.0),
     );
-    let want = r::dropout(case.x(0), 0.5, None).unwrap();
+    let want = r::dropout(case.x(0), 0.5, None, None).unwrap();
     case.check(want);
     // Training mode: a seed input and the op's salt pick the mask.
     let attrs = Attrs::new().with("p", 0.25).with("salt", 3i64);
     let case = Case::new(Op::Dropout, attrs)
         .input(DType::F32, &[4, 8], rand(4, 32, -1.0, 1.0))
         .input(DType::I64, &[], vec![12345.0]);
-    let want = r::dropout(case.x(0), 0.25, Some((12345, 3))).unwrap();
+    let want = r::dropout(case.x(0), 0.25, Some((12345, 3)), None).unwrap();
     assert!(want.data.contains(&0.0), "some elements dropped");
     case.check(want);
     let case = Case::new(Op::Reshape, Attrs::new().with("shape", vec![3i64, 4])).input(
@@ -583,6 +583,10 @@ fn collectives_on_two_ranks() {
     for (r, got) in run(Op::ReduceScatter, group(Some(0))).iter().enumerate() {
         assert_close("reduce_scatter", got, &rows(&sum, r), ATOL, RTOL);
     }
+    // Sliced along dim 0: rank r keeps row r of its own input.
+    for (r, got) in run(Op::RankSlice, group(Some(0))).iter().enumerate() {
+        assert_close("rank_slice", got, &rows(&mine(r), r), 0.0, 0.0);
+    }
 }
 
 /// The test that runs each op. An exhaustive `match`: a new op does not compile until it is
@@ -635,7 +639,7 @@ fn covering_test(op: Op) -> fn() {
         | Op::MaxPool2dGrad
         | Op::AvgPool2dGrad
         | Op::AdaptiveAvgPool2dGrad => neural_net_backward_ops,
-        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter => {
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter | Op::RankSlice => {
             collectives_on_two_ranks
         }
         Op::AdamUpdate => adam_update_as_torch,

@@ -241,6 +241,7 @@ op_table! {
     ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
     AllGather = "all_gather" => collective::ALL_GATHER,
     ReduceScatter = "reduce_scatter" => collective::REDUCE_SCATTER,
+    RankSlice = "rank_slice" => collective::RANK_SLICE,
 }
 
 impl Op {
@@ -324,7 +325,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 73);
+        assert_eq!(Op::ALL.len(), 74);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

@@ -89,9 +89,12 @@ impl Mesh {
 
     /// The coordinates of `rank`, one per axis.
     pub fn coords(&self, rank: usize) -> Vec<usize> {
-        (0..self.axes.len())
-            .map(|a| rank / self.stride(a) % self.axes[a].1)
-            .collect()
+        (0..self.axes.len()).map(|a| self.coord(rank, a)).collect()
+    }
+
+    /// The coordinate of `rank` on `axis`: its place in its group along that axis.
+    pub fn coord(&self, rank: usize, axis: usize) -> usize {
+        rank / self.stride(axis) % self.axes[axis].1
     }
 
     /// The group of `rank` along `axis`: every rank with the same coordinates elsewhere,

@@ -1,6 +1,7 @@
 //! Running one collective step of a per-rank program: the step names its mesh axis and group
 //! size; the rank's [`Collectives`] carries the data. Gathers and scatters along a dim other
-//! than 0 are laid out here, since the backends exchange flat, equal blocks.
+//! than 0 are laid out here, since the backends exchange flat, equal blocks; `rank_slice`
+//! copies this rank's block, its place in the group read from the mesh.
 
 use mslc_core::ops::Op;
 use mslc_kernels::step::CollectiveStep;
@@ -64,6 +65,15 @@ pub(crate) fn run_collective(
                 }
             }
             comm.reduce_scatter(axis, &blocks, out)
+        }
+        Op::RankSlice => {
+            // Input [outer][n][piece]: this rank keeps [outer][its index][piece].
+            let me = comm.mesh().coord(comm.rank(), axis);
+            let piece = inner / size;
+            for (row, dst) in x.chunks_exact(inner).zip(out.chunks_exact_mut(piece)) {
+                dst.copy_from_slice(&row[me * piece..(me + 1) * piece]);
+            }
+            Ok(())
         }
         other => Err(collective_error(format!("`{other}` is not a collective"))),
     }
@@ -148,6 +158,19 @@ mod tests {
         });
         assert_eq!(got[0], vec![100., 102., 108., 110.]);
         assert_eq!(got[1], vec![104., 106., 112., 114.]);
+    }
+
+    #[test]
+    fn each_rank_slices_its_own_block() {
+        // Both ranks hold the same [2, 4] = 0..8; each keeps its [2, 2] block of dim 1.
+        let got = on_two(|_, comm| {
+            let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+            let mut out = vec![0.0; 4];
+            let step = step(Op::RankSlice, 1);
+            run_collective(&step, Some(comm), &x, &[2, 4], &mut out).unwrap();
+            out
+        });
+        assert_eq!(got, vec![vec![0., 1., 4., 5.], vec![2., 3., 6., 7.]]);
     }
 
     #[test]

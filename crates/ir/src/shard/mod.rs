@@ -1,10 +1,12 @@
 //! Per-rank programs: the passes that turn one device's graph into the graph each rank of a
 //! device mesh runs, with the collectives between them as explicit ops carrying their mesh
-//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`zero`]:
-//! optimizer sharding; [`pipeline`]: a stage's part of the graph, and what crosses its cuts).
+//! axis ([`data`]: data parallelism; [`tensor`]: Megatron's tensor parallelism; [`sequence`]:
+//! its sequence parallelism; [`zero`]: optimizer sharding; [`pipeline`]: a stage's part of the
+//! graph, and what crosses its cuts).
 
 pub mod data;
 pub mod pipeline;
+pub mod sequence;
 pub mod tensor;
 pub mod zero;
 
@@ -38,6 +40,21 @@ impl Group {
         Attrs::new()
             .with("axis", self.axis.as_str())
             .with("ranks", self.ranks as i64)
+    }
+
+    /// The attributes of a collective along `dim` over this group (`all_gather`,
+    /// `reduce_scatter`, `rank_slice`).
+    pub fn along(&self, dim: usize) -> Attrs {
+        self.attrs().with("dim", dim as i64)
+    }
+
+    /// `attrs` of a `dropout` made to run on this rank's block, along `dim`, of a tensor split
+    /// over the group: marked with [`Group::along`], so its mask is the whole tensor's.
+    pub fn split_dropout(&self, mut attrs: Attrs, dim: usize) -> Attrs {
+        for (name, value) in self.along(dim).iter() {
+            attrs.insert(name, value.clone());
+        }
+        attrs
     }
 }
 
@@ -76,10 +93,11 @@ pub fn collectives(graph: &Graph) -> Vec<(Op, String, u64)> {
     out
 }
 
-/// Whether `op` talks to other ranks (or, for `parallel_copy`, its gradient does).
+/// Whether `op` talks to other ranks (or, for `parallel_copy` and `rank_slice`, its gradient
+/// does; `rank_slice` also depends on which rank runs it, so it is never hoisted).
 pub fn is_collective(op: Op) -> bool {
     matches!(
         op,
-        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter
+        Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter | Op::RankSlice
     )
 }

@@ -347,22 +347,30 @@ mod tests {
     #[test]
     fn a_weight_two_stages_read_is_shared() {
         let mut g = chain();
-        let shared = g.node_ids().into_iter().find(|&id| {
-            matches!(&g.node(id).kind, NodeKind::Param { path, .. } if path == "layers.0.w")
-        });
+        let shared = g.node_ids().into_iter().find(
+            |&id| matches!(&g.node(id).kind, NodeKind::Param { path, .. } if path == "layers.0.w"),
+        );
         let w0 = ValueRef {
             node: shared.unwrap(),
             index: 0,
         };
         // Layer 1 reads layer 0's weight too.
         let h = g.outputs[0].1;
-        let tied = g.add_op(Op::Mul, Attrs::new(), &[h, w0], "layers.1").unwrap()[0];
+        let tied = g
+            .add_op(Op::Mul, Attrs::new(), &[h, w0], "layers.1")
+            .unwrap()[0];
         g.outputs[0].1 = tied;
         let mut second = g.clone();
-        assert_eq!(pipeline_stage(&mut g, 0, 2, &layer_of).unwrap().shared, ["layers.0.w"]);
+        assert_eq!(
+            pipeline_stage(&mut g, 0, 2, &layer_of).unwrap().shared,
+            ["layers.0.w"]
+        );
         let cut = pipeline_stage(&mut second, 1, 2, &layer_of).unwrap();
         assert_eq!(cut.shared, ["layers.0.w"]);
-        assert!(pipeline_stage(&mut chain(), 0, 2, &layer_of).unwrap().shared.is_empty());
+        assert!(pipeline_stage(&mut chain(), 0, 2, &layer_of)
+            .unwrap()
+            .shared
+            .is_empty());
     }
 
     #[test]

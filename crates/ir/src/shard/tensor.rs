@@ -28,6 +28,15 @@ pub fn tensor_parallel(
     splits: &BTreeMap<String, usize>,
     group: &Group,
 ) -> Result<SplitParams, ShardError> {
+    split_features(graph, splits, group).map(|(done, _)| done)
+}
+
+/// [`tensor_parallel`], also handing back every value it left split (value → split dim).
+pub(super) fn split_features(
+    graph: &mut Graph,
+    splits: &BTreeMap<String, usize>,
+    group: &Group,
+) -> Result<(SplitParams, HashMap<ValueRef, usize>), ShardError> {
     let n = group.ranks as i64;
     let order = graph
         .topo_order()
@@ -65,7 +74,7 @@ pub fn tensor_parallel(
             group.axis
         )));
     }
-    Ok(done)
+    Ok((done, split))
 }
 
 /// Splits one op whose inputs may be split: its new attributes and types, the copy in front
@@ -140,7 +149,12 @@ fn rewrite_op(
                 _ => return refuse("multiplies operands split in another way"),
             }
         }
-        Op::Rope | Op::Cast | Op::Dropout => dims[0],
+        Op::Dropout => {
+            let d = dims[0].unwrap_or(0);
+            attrs = group.split_dropout(attrs, d);
+            Some(d)
+        }
+        Op::Rope | Op::Cast => dims[0],
         _ if op.unary().is_some() => dims[0],
         _ if op.binary().is_some() => {
             let same_rank = inputs.iter().all(|v| rank(v) == rank(&inputs[0]));
@@ -289,6 +303,36 @@ mod tests {
         assert_eq!(g.ty(y).shape, vec![2, 8]);
         let text = crate::print::to_text(&g);
         assert!(text.contains("{shape=[2,2,4]} : f32[2,2,4]"), "{text}");
+    }
+
+    #[test]
+    fn a_dropout_over_split_features_draws_the_whole_tensors_mask() {
+        let mut g = mlp();
+        let act = g
+            .node_ids()
+            .into_iter()
+            .find(|&id| g.node(id).op() == Some(Op::Relu))
+            .unwrap();
+        let act = ValueRef {
+            node: act,
+            index: 0,
+        };
+        let users = g.users(act);
+        let p = Attrs::new().with("p", 0.1);
+        let dropped = g.add_op(Op::Dropout, p, &[act], "drop").unwrap()[0];
+        for (user, slot) in users {
+            g.set_input(user, slot, dropped);
+        }
+        tensor_parallel(
+            &mut g,
+            &BTreeMap::from([("w1".to_string(), 0), ("w2".to_string(), 1)]),
+            &Group::new("tp", 2),
+        )
+        .unwrap();
+        let attrs = g.node(dropped.node).attrs().unwrap();
+        assert_eq!(attrs.int("dim").unwrap(), 1, "the features of [2, 16]");
+        assert_eq!(attrs.str("axis").unwrap(), "tp");
+        assert_eq!(g.ty(dropped).shape, vec![2, 8]);
     }
 
     #[test]

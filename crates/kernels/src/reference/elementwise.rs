@@ -56,10 +56,38 @@ pub fn cast(x: TensorRef<'_>, to: CastTarget) -> KernelResult<Tensor> {
     Tensor::new("cast", x.shape.to_vec(), data)
 }
 
+/// Where a tensor sits in the tensor a dropout mask is drawn over: block `index` of `blocks`
+/// equal blocks along `dim` (one rank's part of a split tensor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaskBlock {
+    /// The dim the whole tensor is split along.
+    pub dim: usize,
+    /// Into how many equal blocks.
+    pub blocks: usize,
+    /// Which block this tensor is.
+    pub index: usize,
+}
+
+impl MaskBlock {
+    /// The index in the whole tensor of element `i` of the block, whose shape is `shape`.
+    fn whole_index(&self, shape: &[usize], i: usize) -> u64 {
+        // Values from `dim` on in the block (`span`) and the whole (`span · blocks`).
+        let span: usize = shape[self.dim.min(shape.len())..].iter().product();
+        let (outer, within) = (i / span.max(1), i % span.max(1));
+        (outer * span * self.blocks + self.index * span + within) as u64
+    }
+}
+
 /// `dropout`: the identity in inference (`mask` `None`); in training (`mask` = (seed, salt))
 /// each element kept as [`dropout_keeps`] draws it and scaled by `1 / (1 − p)` (in f32, as
-/// PyTorch multiplies by its f32 scale), the others zero.
-pub fn dropout(x: TensorRef<'_>, p: f64, mask: Option<(i64, i64)>) -> KernelResult<Tensor> {
+/// PyTorch multiplies by its f32 scale), the others zero. With `block`, `x` is that block of
+/// the tensor the mask is drawn over, and each element draws at its index in the whole.
+pub fn dropout(
+    x: TensorRef<'_>,
+    p: f64,
+    mask: Option<(i64, i64)>,
+    block: Option<MaskBlock>,
+) -> KernelResult<Tensor> {
     if !(0.0..=1.0).contains(&p) {
         return Err(crate::KernelError::new(
             "dropout",
@@ -74,7 +102,8 @@ pub fn dropout(x: TensorRef<'_>, p: f64, mask: Option<(i64, i64)>) -> KernelResu
                 .iter()
                 .enumerate()
                 .map(|(i, &v)| {
-                    if dropout_keeps(seed, salt, i as u64, p) {
+                    let at = block.map_or(i as u64, |b| b.whole_index(x.shape, i));
+                    if dropout_keeps(seed, salt, at, p) {
                         v * scale
                     } else {
                         0.0

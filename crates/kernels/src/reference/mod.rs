@@ -14,7 +14,9 @@ pub mod norm;
 pub mod reduce;
 
 pub use conv::{adaptive_avg_pool2d, conv2d, pool2d};
-pub use elementwise::{binary, broadcast_values, cast, constant, dropout, unary, unary_scalar};
+pub use elementwise::{
+    binary, broadcast_values, cast, constant, dropout, unary, unary_scalar, MaskBlock,
+};
 pub use fused::fused_elementwise;
 pub use layout::{broadcast_to, concat, reshape, select, slice, transpose};
 pub use linalg::{fused_matmul, matmul};

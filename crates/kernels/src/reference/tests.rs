@@ -54,11 +54,11 @@ fn scalar_ops_hit_known_values() {
         &[1.0],
     );
     close(
-        &dropout(t(&[1.0, 2.0], &[2]), 0.5, None).unwrap(),
+        &dropout(t(&[1.0, 2.0], &[2]), 0.5, None, None).unwrap(),
         &[2],
         &[1.0, 2.0],
     );
-    assert!(dropout(t(&[1.0], &[1]), 1.5, None).is_err());
+    assert!(dropout(t(&[1.0], &[1]), 1.5, None, None).is_err());
 }
 
 #[test]
@@ -68,16 +68,41 @@ fn training_dropout_keeps_1_minus_p_and_rescales() {
     let shape = [n];
     let x = t(&ones, &shape);
     let p = 0.3;
-    let y = dropout(x, p, Some((7, 2))).unwrap();
+    let y = dropout(x, p, Some((7, 2)), None).unwrap();
     let kept = y.data.iter().filter(|&&v| v != 0.0).count();
     // Binomial(n, 0.7): standard deviation ≈ 145; 5 of them.
     assert!((kept as f64 - 0.7 * n as f64).abs() < 725.0, "kept {kept}");
     let scale = (1.0 / (1.0 - p)) as f32;
     assert!(y.data.iter().all(|&v| v == 0.0 || v == scale));
     // The same seed and salt give the same mask; another salt or seed another one.
-    assert_eq!(dropout(x, p, Some((7, 2))).unwrap().data, y.data);
-    assert_ne!(dropout(x, p, Some((7, 3))).unwrap().data, y.data);
-    assert_ne!(dropout(x, p, Some((8, 2))).unwrap().data, y.data);
+    assert_eq!(dropout(x, p, Some((7, 2)), None).unwrap().data, y.data);
+    assert_ne!(dropout(x, p, Some((7, 3)), None).unwrap().data, y.data);
+    assert_ne!(dropout(x, p, Some((8, 2)), None).unwrap().data, y.data);
+}
+
+#[test]
+fn a_block_of_a_split_tensor_draws_the_whole_tensors_mask() {
+    // x [2, 4, 3] split along dim 1 into 2 blocks [2, 2, 3]: each block's result is its
+    // block of the whole's.
+    let whole: Vec<f32> = (0..24).map(|i| i as f32 + 1.0).collect();
+    let shape = [2, 4, 3];
+    let want = dropout(t(&whole, &shape), 0.5, Some((3, 1)), None).unwrap();
+    for index in 0..2 {
+        let part: Vec<f32> = (0..2)
+            .flat_map(|o| whole[o * 12 + index * 6..o * 12 + index * 6 + 6].to_vec())
+            .collect();
+        let block = MaskBlock {
+            dim: 1,
+            blocks: 2,
+            index,
+        };
+        let got = dropout(t(&part, &[2, 2, 3]), 0.5, Some((3, 1)), Some(block)).unwrap();
+        let mine: Vec<f32> = (0..2)
+            .flat_map(|o| want.data[o * 12 + index * 6..o * 12 + index * 6 + 6].to_vec())
+            .collect();
+        assert_eq!(got.data, mine);
+    }
+    assert!(want.data.contains(&0.0) && want.data.iter().any(|&v| v > 1.0));
 }
 
 #[test]

@@ -182,9 +182,26 @@ impl StepKernel {
             StepKernel::Select(axis, index) => {
                 copy_tensor(out, reference::select(x(0), *axis, *index)?)?
             }
-            StepKernel::Dropout(p, salt) => {
+            StepKernel::Dropout(p, salt, block) => {
                 let seed = ints.first().copied().unwrap_or(0);
-                let t = reference::dropout(x(0), *p, Some((seed, *salt)))?;
+                let block = match block {
+                    Some(b) => Some(reference::MaskBlock {
+                        dim: b.dim,
+                        blocks: b.ranks,
+                        index: b.index.ok_or_else(|| {
+                            KernelError::new(
+                                "dropout",
+                                format!(
+                                    "runs on one rank's block of a tensor split over mesh axis \
+                                     `{}`, but this program was given no rank on it",
+                                    b.axis
+                                ),
+                            )
+                        })?,
+                    }),
+                    None => None,
+                };
+                let t = reference::dropout(x(0), *p, Some((seed, *salt)), block)?;
                 copy_tensor(out, t)?
             }
             StepKernel::BatchNorm(eps, p) => norm::batch_norm(x(0), x(1), x(2), *eps, p, out)?,

@@ -9,4 +9,4 @@ pub mod prepare;
 
 pub use dispatch::{Operands, MAX_OUTPUTS};
 pub use needs::{OperandMode, Staging};
-pub use prepare::{prepare, CollectiveStep, StepKernel};
+pub use prepare::{prepare, CollectiveStep, DropoutBlock, StepKernel};

@@ -92,9 +92,9 @@ pub enum StepKernel {
     Select(i64, i64),
     /// `batch_norm` with its eps.
     BatchNorm(f64, RowParams),
-    /// Training-mode `dropout(x, seed)` (input 1 read as the integer seed): `p` and the op's
-    /// `salt`.
-    Dropout(f64, i64),
+    /// Training-mode `dropout(x, seed)` (input 1 read as the integer seed): `p`, the op's
+    /// `salt`, and where `x` sits in a split tensor when it is one rank's block of it.
+    Dropout(f64, i64, Option<DropoutBlock>),
     /// `causal_mask` (reference kernel).
     CausalMask(usize),
     /// `mse_loss` (reference kernel).
@@ -132,21 +132,36 @@ pub enum StepKernel {
     PoolGrad(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d_grad`.
     AdaptivePoolGrad([usize; 2], RowParams),
-    /// `all_reduce` / `all_gather` / `reduce_scatter`: run by the executor through its
-    /// collectives, not by a kernel.
+    /// `all_reduce` / `all_gather` / `reduce_scatter` / `rank_slice`: run by the executor
+    /// through its collectives, not by a kernel.
     Collective(CollectiveStep),
+}
+
+/// A dropout over one rank's block of a split tensor (`dropout {axis, ranks, dim}`): the
+/// block's place is the rank's place on mesh axis `axis`, which the executor learns from its
+/// collectives ([`StepKernel::place_on`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropoutBlock {
+    /// The mesh axis whose group splits the tensor.
+    pub axis: String,
+    /// The group's size: blocks of the tensor.
+    pub ranks: usize,
+    /// The dim the tensor is split along.
+    pub dim: usize,
+    /// This rank's place on `axis`, once known.
+    pub index: Option<usize>,
 }
 
 /// A collective step as the executor runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectiveStep {
-    /// `all_reduce`, `all_gather` or `reduce_scatter`.
+    /// `all_reduce`, `all_gather`, `reduce_scatter` or `rank_slice`.
     pub op: Op,
     /// The mesh axis whose group it runs over.
     pub axis: String,
     /// The group's size the step was compiled for.
     pub ranks: usize,
-    /// The dim gathered or scattered (0 for `all_reduce`).
+    /// The dim gathered, scattered or sliced (0 for `all_reduce`).
     pub dim: usize,
 }
 
@@ -158,6 +173,14 @@ impl StepKernel {
             self,
             StepKernel::Copy | StepKernel::Unary(..) | StepKernel::Binary(_, None, _)
         )
+    }
+
+    /// Tells a step that depends on the rank's place on a mesh axis (a dropout over a block
+    /// of a split tensor) that place: `place(axis)`, `None` when the mesh has no such axis.
+    pub fn place_on(&mut self, place: &dyn Fn(&str) -> Option<usize>) {
+        if let StepKernel::Dropout(_, _, Some(block)) = self {
+            block.index = place(&block.axis);
+        }
     }
 
     /// Which inputs the kernel reads as integers (ids, labels).
@@ -206,12 +229,30 @@ pub fn prepare(
         // A cast is a copy here: storing into the output's dtype rounds (floats, to nearest
         // even), truncates with saturation (ints) or tests for non-zero (bool) exactly as the
         // cast does.
-        Op::Dropout if inputs.len() == 2 => StepKernel::Dropout(
-            a.float("p").map_err(err)?,
-            a.opt_int("salt").map_err(err)?.unwrap_or(0),
-        ),
+        Op::Dropout if inputs.len() == 2 => {
+            let block = match (
+                a.opt_str("axis").map_err(err)?,
+                a.opt_int("ranks").map_err(err)?,
+            ) {
+                (Some(axis), Some(ranks)) => Some(DropoutBlock {
+                    axis,
+                    ranks: usize_of(ranks, "ranks")?,
+                    dim: mslc_core::ops::normalize_axis(
+                        a.int("dim").map_err(err)?,
+                        inputs[0].rank(),
+                    )?,
+                    index: None,
+                }),
+                _ => None,
+            };
+            StepKernel::Dropout(
+                a.float("p").map_err(err)?,
+                a.opt_int("salt").map_err(err)?.unwrap_or(0),
+                block,
+            )
+        }
         Op::Reshape | Op::Dropout | Op::Cast | Op::ParallelCopy => StepKernel::Copy,
-        Op::AllReduce | Op::AllGather | Op::ReduceScatter => {
+        Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::RankSlice => {
             let dim = match op {
                 Op::AllReduce => 0,
                 _ => mslc_core::ops::normalize_axis(a.int("dim").map_err(err)?, inputs[0].rank())?,

@@ -105,12 +105,20 @@ pub const CAST: OpSpec = OpSpec {
 /// and the kept ones scaled by `1 / (1 − p)`, the mask drawn by [`dropout_keeps`] from
 /// (`seed`, the op's `salt` (0 when absent), the element's index) — no hidden state, so a mask is the same on
 /// every rank and after a resume. Not fusable (training draws random numbers).
+///
+/// With `axis`, `ranks` and `dim` (a sharding pass sets them), `x` is one rank's block of a
+/// tensor split into `ranks` equal blocks along `dim` — block i on the rank at place i of mesh
+/// axis `axis` — and each element's draw is that of its index in the whole tensor, so the
+/// ranks' masks together are one device's mask.
 pub const DROPOUT: OpSpec = OpSpec {
     inputs: &["x", "seed"],
     arity: Arity::Between(1, 2),
     attrs: &[
         AttrSpec::defaulted("p", ConstAttr::Float(0.5)),
         AttrSpec::optional("salt", AttrKind::Int),
+        AttrSpec::optional("axis", AttrKind::Str),
+        AttrSpec::optional("ranks", AttrKind::Int),
+        AttrSpec::optional("dim", AttrKind::Int),
     ],
     elementwise: false,
     in_place: false,
@@ -189,6 +197,22 @@ fn infer_dropout(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let p = ctx.attrs.float("p")?;
     if !(0.0..1.0).contains(&p) {
         return Err(OpError::new(format!("`p` must be in [0, 1), got {p:?}")));
+    }
+    let block = [
+        ctx.attrs.opt_str("axis")?.is_some(),
+        ctx.attrs.opt_int("ranks")?.is_some(),
+        ctx.attrs.opt_int("dim")?.is_some(),
+    ];
+    if block.contains(&true) {
+        if block.contains(&false) {
+            return Err(OpError::new(
+                "a dropout over a block of a split tensor needs `axis`, `ranks` and `dim` together",
+            ));
+        }
+        ctx.axis("dim", 0)?;
+        if ctx.attrs.int("ranks")? < 1 {
+            return Err(OpError::new("`ranks` must be at least 1"));
+        }
     }
     if ctx.inputs.len() == 2 {
         ctx.int_input(1)?;
@@ -603,6 +627,21 @@ mod tests {
         // Training mode: an integer scalar seed.
         let seeded = [f32t(&[2]), t(DType::I64, &[])];
         assert_eq!(ok(Op::Dropout, Attrs::new(), &seeded), f32t(&[2]));
+        // A rank's block of a split tensor: all three of axis, ranks, dim, dim in range.
+        let block = Attrs::new().with("axis", "tp").with("ranks", 2i64);
+        let e = err(Op::Dropout, block.clone(), &seeded);
+        assert!(
+            e.message.contains("`axis`, `ranks` and `dim` together"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            ok(Op::Dropout, block.clone().with("dim", 0i64), &seeded),
+            f32t(&[2])
+        );
+        assert!(err(Op::Dropout, block.with("dim", 1i64), &seeded)
+            .message
+            .contains("dim"));
         let e = err(Op::Dropout, Attrs::new(), &[f32t(&[2]), f32t(&[])]);
         assert!(
             e.message.contains("expects an integer tensor"),
