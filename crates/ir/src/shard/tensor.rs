@@ -68,11 +68,16 @@ pub(super) fn split_features(
             }
         }
     }
-    if let Some((name, _)) = graph.outputs.iter().find(|(_, v)| split.contains_key(v)) {
-        return Err(ShardError(format!(
-            "output `{name}` would be split over `{}`; only whole outputs are supported",
-            group.axis
-        )));
+    // An output stays whole: gathered over the group (logits over a vocabulary-parallel head).
+    for k in 0..graph.outputs.len() {
+        let v = graph.outputs[k].1;
+        if let Some(&d) = split.get(&v) {
+            let attrs = group.along(d).with("replicated_grad", true);
+            let origin = graph.node(v.node).origin.clone();
+            graph.outputs[k].1 = graph
+                .add_op(Op::AllGather, attrs, &[v], &origin)
+                .map_err(|e| ShardError(e.message))?[0];
+        }
     }
     Ok((done, split))
 }
@@ -164,7 +169,23 @@ fn rewrite_op(
             }
         }
         Op::Attention if dims.iter().all(|d| *d == Some(2)) => Some(2),
-        _ => return refuse("reads a tensor split over the mesh"),
+        // Any other op reads its split operands whole, gathered over the group: an embedding
+        // over a vocabulary-parallel table, a loss over vocabulary-parallel logits. What
+        // follows runs alike on every rank, so a gather's gradient is this rank's block of
+        // the (replicated) cotangent.
+        _ => {
+            for (slot, (v, d)) in inputs.iter().zip(&dims).enumerate() {
+                let Some(d) = d else {
+                    continue;
+                };
+                let attrs = group.along(*d).with("replicated_grad", true);
+                let whole = graph
+                    .add_op(Op::AllGather, attrs, &[*v], &origin)
+                    .map_err(|e| ShardError(e.message))?[0];
+                graph.set_input(id, slot as u32, whole);
+            }
+            None
+        }
     };
     let types: Vec<_> = graph
         .inputs(id)
@@ -335,8 +356,41 @@ mod tests {
         assert_eq!(g.ty(dropped).shape, vec![2, 8]);
     }
 
+    /// A split the rewrite does not carry through an op, or a split output, is gathered whole
+    /// over the group, its gradient this rank's block.
     #[test]
-    fn a_split_that_does_not_divide_or_reaches_an_output_is_refused() {
+    fn what_reads_a_split_tensor_whole_gets_it_gathered() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::new(DType::F32, [2, 8]));
+        let table = TensorType::new(DType::F32, [16, 8]);
+        let w = g.add_param("w", table, Init::Zeros, true);
+        let perm = Attrs::new().with("perm", vec![1i64, 0]);
+        let wt = g.add_op(Op::Transpose, perm, &[w], "head").unwrap()[0];
+        let logits = g
+            .add_op(Op::Matmul, Attrs::new(), &[x, wt], "head")
+            .unwrap()[0];
+        let soft = Attrs::new().with("axis", -1i64);
+        let p = g.add_op(Op::Softmax, soft, &[logits], "p").unwrap()[0];
+        g.set_output("logits", logits);
+        g.set_output("p", p);
+        let splits = BTreeMap::from([("w".to_string(), 0)]);
+        tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap();
+        for (name, v) in &g.outputs {
+            let node = g.node(v.node);
+            let gathered = match name.as_str() {
+                "logits" => v.node,
+                _ => g.inputs(v.node)[0].node,
+            };
+            assert_eq!(g.node(gathered).op(), Some(Op::AllGather), "{name}");
+            let attrs = g.node(gathered).attrs().unwrap();
+            assert_eq!(attrs.bool("replicated_grad"), Ok(true));
+            assert_eq!(node.outputs[0].shape, [2, 16], "{name} whole");
+        }
+        verify::verify(&g).unwrap();
+    }
+
+    #[test]
+    fn a_split_that_does_not_divide_or_multiplies_another_way_is_refused() {
         let mut g = mlp();
         let splits = BTreeMap::from([("w1".to_string(), 0)]);
         let e = tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap_err();
