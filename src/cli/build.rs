@@ -554,10 +554,11 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
 type Built<'c> = (Cow<'c, Model>, Compiled, Option<RecomputeReport>);
 
 /// The train `entry` of `checked`, its model (labels and loss included), and how `mslc build`
-/// compiles its step for one device: the compile options of the selection and the training
-/// options (no exposed gradients, one replica).
+/// (and `mslc tune`) compiles its step for one device: the compile options of the `selected`
+/// target, precision and fusion, and the training options (no exposed gradients, one
+/// replica).
 pub(super) fn train_step<'c>(
-    args: &BuildArgs,
+    selected: Selection,
     checked: &'c Checked,
     entry: &str,
 ) -> Result<(&'c Train, &'c Model, CompileOptions, TrainOptions), Box<Diagnostic>> {
@@ -570,7 +571,7 @@ pub(super) fn train_step<'c>(
             "fix the errors `mslc check` reports".to_string(),
         )
     })?;
-    let (options, loss_scale) = train_compile_options(checked, train, model, selection(args))?;
+    let (options, loss_scale) = train_compile_options(checked, train, model, selected)?;
     let train_options = TrainOptions {
         expose_grads: false,
         loss_scale,
@@ -589,7 +590,7 @@ fn build_train<'c>(
     checked: &'c Checked,
     entry: &str,
 ) -> Result<(Built<'c>, Vec<SubgraphEntry>), Box<Diagnostic>> {
-    let (train, model, options, train_options) = train_step(args, checked, entry)?;
+    let (train, model, options, train_options) = train_step(selection(args), checked, entry)?;
     // The graph-level tuning decisions that name a fused subgraph of the training step apply
     // as they do to the forward.
     let table = args.out_dir.join(format!("{entry}.kernels.toml"));

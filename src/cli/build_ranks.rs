@@ -23,7 +23,7 @@ use mslc_driver::train::{
 };
 use mslc_plan::parallel::PlanFile;
 
-use super::build::{train_step, BuildArgs};
+use super::build::{selection, train_step, BuildArgs};
 
 /// What a build of a parallel train adds: the per-rank files, a summary line and the report's
 /// `ranks` object.
@@ -200,7 +200,7 @@ fn compile_rank(
     layout: &RankLayout,
     stage: Option<usize>,
 ) -> Result<(CompiledTrain, Option<StageStep>), Box<Diagnostic>> {
-    let (train, _, options, train_options) = train_step(args, checked, entry)?;
+    let (train, _, options, train_options) = train_step(selection(args), checked, entry)?;
     let train_options = TrainOptions {
         data_parallel: layout.dp,
         optimizer_shard: layout.optimizer_shard,

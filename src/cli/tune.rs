@@ -16,6 +16,7 @@ use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Severity};
 use mslc_driver::compile::{compile, CompileOptions, STAGE_SIZE};
 use mslc_driver::select::{choose_model, compile_options, Selection};
+use mslc_driver::train::{choose_train, compile_train, micro_batch_dim, TrainOptions};
 use mslc_tune::budget::parse_budget;
 use mslc_tune::case::Case;
 use mslc_tune::confirm::{confirm_model, Kept, Model, WholeModel};
@@ -26,6 +27,7 @@ use mslc_tune::kb::{default_path, KnowledgeBase};
 use mslc_tune::measure::KernelRunner;
 use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};
 
+use super::build::train_step;
 use super::{source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc tune`.
@@ -33,7 +35,8 @@ use super::{source_only_flags, ModelArgs, PrecisionArg, Reporter};
 pub struct TuneArgs {
     /// A model source (`.msl`) or a built artifact (`.mir`).
     pub file: PathBuf,
-    /// The model to tune when the source declares several.
+    /// The model to tune when the source declares several, or a `train` (its training step,
+    /// as `mslc build --entry TRAIN` compiles it for one device).
     #[arg(long, value_name = "NAME")]
     pub entry: Option<String>,
     /// Wall-clock time for the whole model: `60s`, `5m`, `1h` (at most 24h).
@@ -226,25 +229,51 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
     Ok((text, serde_json::json!({ "summary": json })))
 }
 
-/// The module to tune and, for a source, what compiles it again.
+/// The module to tune and, for a source, what compiles it again: the checked source, the
+/// model or train entry, its options, and for a train its training options.
 struct Loaded {
     module: Module,
-    source: Option<(Checked, String, CompileOptions)>,
+    source: Option<(Checked, String, CompileOptions, Option<TrainOptions>)>,
 }
 
 impl Loaded {
     /// The module with the fused subgraphs `unfused` names left unfused, so that the kernels
     /// of their ops are searched too (a `.mir` is fixed: it stays as it is).
     fn unfused(self, unfused: BTreeSet<String>) -> Result<Module, Failure> {
-        let Some((checked, name, mut options)) = self.source.filter(|_| !unfused.is_empty()) else {
+        let Some((checked, name, mut options, train)) = self.source.filter(|_| !unfused.is_empty())
+        else {
             return Ok(self.module);
         };
+        options.unfused = unfused;
+        if let Some(train_options) = train {
+            return train_module(&checked, &name, &options, train_options);
+        }
         let model = checked
             .model(&name)
             .ok_or_else(|| Some((Code::E0603, format!("model `{name}` disappeared"))))?;
-        options.unfused = unfused;
         compiled(model, &options)
     }
+}
+
+/// The training step of train `entry` of `checked`, compiled with `options` and named after
+/// the train, as `mslc build --entry TRAIN` names it.
+fn train_module(
+    checked: &Checked,
+    entry: &str,
+    options: &CompileOptions,
+    train_options: TrainOptions,
+) -> Result<Module, Failure> {
+    let train =
+        choose_train(checked, Some(entry)).map_err(|d| Some((d.code, d.message.clone())))?;
+    compile_train(train, options, train_options)
+        .map(|step| Module {
+            name: entry.to_string(),
+            ..step.compiled.module
+        })
+        .map_err(|e| {
+            let d = e.diagnostic(checked);
+            Some((d.code, d.message))
+        })
 }
 
 /// `model` compiled with `options`, or the coded reason it cannot be.
@@ -276,7 +305,37 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Loaded, Failure> {
             source: None,
         });
     }
-    let checked = check_path(&args.file, &args.model.check_options());
+    let mut options = args.model.check_options();
+    let mut checked = check_path(&args.file, &options);
+    let selection = Selection {
+        precision: args.precision.precision.as_deref(),
+        fuse: !args.no_fuse,
+        ..Selection::default()
+    };
+    // A train's step, as one device runs it: the batch dim set to one micro-batch.
+    let train = args
+        .entry
+        .as_deref()
+        .filter(|e| checked.decls.trains.iter().any(|t| t.spec.name.name == *e));
+    if let (Some(entry), false) = (train, checked.has_errors()) {
+        let dim = choose_train(&checked, Some(entry)).and_then(|t| {
+            match t.model.and_then(|m| checked.models.get(m)) {
+                Some(model) => micro_batch_dim(t, model, &args.model.dims, 1),
+                None => Ok(None),
+            }
+        });
+        match dim {
+            Ok(Some((name, size))) => {
+                options.overrides.dims.insert(name, size.to_string());
+                checked = check_path(&args.file, &options);
+            }
+            Ok(None) => {}
+            Err(d) => {
+                reporter.emit(&[*d], &checked.sources);
+                return Err(None);
+            }
+        }
+    }
     reporter.emit(&checked.diagnostics, &checked.sources);
     if checked.has_errors() {
         return Err(None);
@@ -285,18 +344,22 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Loaded, Failure> {
         reporter.emit(&[*d], &checked.sources);
         None
     };
+    if let Some(entry) = train {
+        let (_, _, options, train_options) =
+            train_step(selection, &checked, entry).map_err(reported)?;
+        let module = train_module(&checked, entry, &options, train_options)?;
+        return Ok(Loaded {
+            module,
+            source: Some((checked, entry.to_string(), options, Some(train_options))),
+        });
+    }
     let model = choose_model(&checked, args.entry.as_deref()).map_err(reported)?;
-    let selection = Selection {
-        precision: args.precision.precision.as_deref(),
-        fuse: !args.no_fuse,
-        ..Selection::default()
-    };
     let options = compile_options(&checked, model, selection).map_err(reported)?;
     let module = compiled(model, &options)?;
     let name = model.name.clone();
     Ok(Loaded {
         module,
-        source: Some((checked, name, options)),
+        source: Some((checked, name, options, None)),
     })
 }
 

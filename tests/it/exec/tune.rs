@@ -377,3 +377,43 @@ fn a_planted_unfused_decision_is_built_recorded_and_run() {
         }
     }
 }
+
+/// `mslc tune FILE.msl --entry TRAIN` tunes the training step as `mslc build --entry TRAIN`
+/// compiles it for one device (its batch dim one micro-batch), the report named after the
+/// train, and `mslc build` of the train then marks its kernel table from the knowledge base.
+#[test]
+fn a_train_entry_of_a_source_tunes_its_training_step() {
+    let dir = TestDir::new("tune-train");
+    let db = dir.path("kb.json");
+    let model = [
+        "examples/mlp.msl",
+        "--set",
+        "inputs=64",
+        "--set",
+        "hidden=32",
+    ];
+    let (code, out, err) = tune_model(&dir, &model, &["--entry", "Classify", "--budget", "2s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path("Classify.tune.json")).unwrap())
+            .unwrap();
+    let outcomes = report["report"]["outcomes"].as_array().unwrap();
+    let signatures: Vec<&str> = outcomes
+        .iter()
+        .filter_map(|o| o["signature"].as_str())
+        .collect();
+    // A weight gradient's GEMM (xᵀ · dy) is the backward's alone.
+    assert!(
+        signatures
+            .iter()
+            .any(|s| s.starts_with("matmul(") && s.contains("transpose_a=true")),
+        "the backward is tuned too: {signatures:?}"
+    );
+    let mut args = vec!["build"];
+    args.extend(model);
+    args.extend(["--entry", "Classify", "--tune-db", s(&db), "-o", s(&dir.0)]);
+    let (code, out, err) = mslc(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    let table = std::fs::read_to_string(dir.path("Classify.kernels.toml")).unwrap();
+    assert!(table.contains("tuned = true"), "{table}");
+}

@@ -130,9 +130,13 @@ fn rewrite_op(
         {
             let (ra, rb) = (rank(&inputs[0]), rank(&inputs[1]));
             match (dims[0], dims[1]) {
-                // Column parallel: the weight's output features split; the input is copied in.
-                (None, Some(d)) if rb == 2 && d == 1 => {
-                    let a = inputs[0];
+                // Column parallel: the weight's output features split; the input is copied in
+                // (gathered first when it is split: two column-parallel layers in a row).
+                (da, Some(d)) if rb == 2 && d == 1 => {
+                    let a = match da {
+                        Some(da) => gather(graph, id, 0, inputs[0], da, group, &origin)?,
+                        None => inputs[0],
+                    };
                     let copy = match copies.get(&a) {
                         Some(c) => *c,
                         None => {
@@ -154,6 +158,30 @@ fn rewrite_op(
                 _ => return refuse("multiplies operands split in another way"),
             }
         }
+        // Broadcasting ops: the split dims must line up from the right (a bias split along
+        // the features it is added to); a whole operand must not span the split dim.
+        _ if op.binary().is_some() => {
+            let out_rank = inputs.iter().map(&rank).max().unwrap_or(0);
+            let aligned: Vec<Option<usize>> = inputs
+                .iter()
+                .zip(&dims)
+                .map(|(v, d)| d.map(|d| out_rank - rank(v) + d))
+                .collect();
+            let d = aligned.iter().flatten().copied().next().unwrap_or(0);
+            let spans = |v: &ValueRef| {
+                let r = rank(v);
+                (r + d >= out_rank) && graph.ty(*v).shape[r + d - out_rank] > 1
+            };
+            let lined_up = aligned.iter().flatten().all(|&a| a == d);
+            let whole_spans = inputs
+                .iter()
+                .zip(&dims)
+                .any(|(v, dim)| dim.is_none() && spans(v));
+            if !lined_up || whole_spans {
+                return refuse("combines a split tensor with a whole one");
+            }
+            Some(d)
+        }
         Op::Dropout => {
             let d = dims[0].unwrap_or(0);
             attrs = group.split_dropout(attrs, d);
@@ -161,13 +189,6 @@ fn rewrite_op(
         }
         Op::Rope | Op::Cast => dims[0],
         _ if op.unary().is_some() => dims[0],
-        _ if op.binary().is_some() => {
-            let same_rank = inputs.iter().all(|v| rank(v) == rank(&inputs[0]));
-            match (dims[0], dims[1]) {
-                (Some(a), Some(b)) if a == b && same_rank => Some(a),
-                _ => return refuse("combines a split tensor with a whole one"),
-            }
-        }
         Op::Attention if dims.iter().all(|d| *d == Some(2)) => Some(2),
         // Any other op reads its split operands whole, gathered over the group: an embedding
         // over a vocabulary-parallel table, a loss over vocabulary-parallel logits. What
@@ -175,14 +196,9 @@ fn rewrite_op(
         // the (replicated) cotangent.
         _ => {
             for (slot, (v, d)) in inputs.iter().zip(&dims).enumerate() {
-                let Some(d) = d else {
-                    continue;
-                };
-                let attrs = group.along(*d).with("replicated_grad", true);
-                let whole = graph
-                    .add_op(Op::AllGather, attrs, &[*v], &origin)
-                    .map_err(|e| ShardError(e.message))?[0];
-                graph.set_input(id, slot as u32, whole);
+                if let Some(d) = d {
+                    gather(graph, id, slot, *v, *d, group, &origin)?;
+                }
             }
             None
         }
@@ -216,6 +232,26 @@ fn rewrite_op(
         }
     }
     Ok(())
+}
+
+/// Makes input `slot` of `id` the whole of `v` (split along `d`), gathered over `group`; what
+/// follows runs alike on every rank, so the gather's gradient is this rank's block of the
+/// replicated cotangent. The gathered value.
+fn gather(
+    graph: &mut Graph,
+    id: NodeId,
+    slot: usize,
+    v: ValueRef,
+    d: usize,
+    group: &Group,
+    origin: &str,
+) -> Result<ValueRef, ShardError> {
+    let attrs = group.along(d).with("replicated_grad", true);
+    let whole = graph
+        .add_op(Op::AllGather, attrs, &[v], origin)
+        .map_err(|e| ShardError(e.message))?[0];
+    graph.set_input(id, slot as u32, whole);
+    Ok(whole)
 }
 
 /// The shape a `reshape` of `x` (split on dim `d` into `group.ranks`) takes per rank, and its
@@ -354,6 +390,63 @@ mod tests {
         assert_eq!(attrs.int("dim").unwrap(), 1, "the features of [2, 16]");
         assert_eq!(attrs.str("axis").unwrap(), "tp");
         assert_eq!(g.ty(dropped).shape, vec![2, 8]);
+    }
+
+    /// A bias split with the features it is added to stays split; a second column-parallel
+    /// layer reads the first's output gathered; a whole operand spanning the split dim is
+    /// refused.
+    #[test]
+    fn biases_line_up_from_the_right_and_column_layers_chain_through_a_gather() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::new(DType::F32, [2, 8]));
+        let mut h = x;
+        for (k, (out, inp)) in [(16i64, 8i64), (8, 16)].into_iter().enumerate() {
+            let w = g.add_param(
+                &format!("w{k}"),
+                TensorType::new(DType::F32, [out, inp]),
+                Init::Zeros,
+                true,
+            );
+            let b = g.add_param(
+                &format!("b{k}"),
+                TensorType::new(DType::F32, [out]),
+                Init::Zeros,
+                true,
+            );
+            let perm = Attrs::new().with("perm", vec![1i64, 0]);
+            let wt = g.add_op(Op::Transpose, perm, &[w], "l").unwrap()[0];
+            let y = g.add_op(Op::Matmul, Attrs::new(), &[h, wt], "l").unwrap()[0];
+            h = g.add_op(Op::Add, Attrs::new(), &[y, b], "l").unwrap()[0];
+        }
+        g.set_output("y", h);
+        let splits: BTreeMap<String, usize> = ["w0", "b0", "w1", "b1"]
+            .iter()
+            .map(|p| (p.to_string(), 0))
+            .collect();
+        tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap();
+        let gathers = g
+            .node_ids()
+            .into_iter()
+            .filter(|&id| g.node(id).op() == Some(Op::AllGather))
+            .count();
+        assert_eq!(gathers, 2, "the first layer's output and the output");
+        verify::verify(&g).unwrap();
+        // A whole [8]-wide operand added to features split in two.
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::new(DType::F32, [2, 8]));
+        let w = g.add_param("w", TensorType::new(DType::F32, [8, 8]), Init::Zeros, true);
+        let b = g.add_param("b", TensorType::new(DType::F32, [8]), Init::Zeros, true);
+        let perm = Attrs::new().with("perm", vec![1i64, 0]);
+        let wt = g.add_op(Op::Transpose, perm, &[w], "l").unwrap()[0];
+        let y = g.add_op(Op::Matmul, Attrs::new(), &[x, wt], "l").unwrap()[0];
+        let h = g.add_op(Op::Add, Attrs::new(), &[y, b], "l").unwrap()[0];
+        g.set_output("y", h);
+        let splits = BTreeMap::from([("w".to_string(), 0)]);
+        let e = tensor_parallel(&mut g, &splits, &Group::new("tp", 2)).unwrap_err();
+        assert!(
+            e.0.contains("combines a split tensor with a whole one"),
+            "{e}"
+        );
     }
 
     /// A split the rewrite does not carry through an op, or a split output, is gathered whole
