@@ -1320,7 +1320,6 @@ fn the_mlp_example_trains_on_its_four_ranks_as_on_one_device() {
     let data = dir.path("data");
     std::fs::create_dir_all(&data).unwrap();
     let images = rng.vec(128 * 784, -1.0, 1.0);
-    let images: Vec<f32> = images.into_iter().map(|x| x as f32).collect();
     write_npy(
         data.join("images.npy"),
         &NpyArray::from_f32(vec![128, 784], &images).unwrap(),
