@@ -20,8 +20,8 @@ use mslc_io::npy::NpyArray;
 use mslc_ir::shard::pipeline::StageCut;
 
 use super::output::Failure;
-use super::run::{self, RunArgs, RunSummary};
-use super::run_ranks::{describe, gather_dims};
+use super::run::{self, RunArgs};
+use super::run_ranks::{describe, finish_rank0, gather_dims, Rank0};
 use super::world::{self, World};
 use super::Reporter;
 
@@ -129,25 +129,15 @@ pub fn execute(
     let lead = |comm| {
         let (mut exec, times, own, ignored_weights) = rank(0, comm)?;
         let outputs = collect_outputs(&mut exec, layout, &stages, own, model)?;
-        let summary = RunSummary {
-            model: exec.module().name.clone(),
-            threads: exec.threads(),
-            ranks: Some((mesh.size(), describe(layout, started))),
-            peak: mslc_kernels::peak::measure(exec.threads()),
+        let ran = Rank0 {
+            exec: &exec,
+            ranks: (mesh.size(), describe(layout, started)),
             flops: exec.module().flops() * m as u64,
             times,
-            arena_bytes: exec.arena_bytes(),
-            hoisted_bytes: exec.hoisted_bytes(),
             kernel_table: kernel_table.clone(),
-            seeded: Vec::new(),
             ignored_weights,
-            outputs: Vec::new(),
-            profile: args.profile.clone(),
         };
-        let profile = args.profile.as_ref().map(|_| exec.profile_json());
-        let done = run::finish(args, summary, outputs, profile)?;
-        run::warn_nonfinite(&exec, reporter);
-        Ok(done)
+        finish_rank0(args, ran, outputs, reporter)
     };
     let follow = |r, comm| {
         let (mut exec, _, joined, _) = rank(r, comm)?;

@@ -106,28 +106,64 @@ pub fn execute(
     };
     let lead = |comm| {
         let (exec, times, outputs, ignored_weights) = rank(0, comm)?;
-        let summary = RunSummary {
-            model: exec.module().name.clone(),
-            threads: exec.threads(),
-            ranks: Some((mesh.size(), describe(&layout, started))),
-            peak: mslc_kernels::peak::measure(exec.threads()),
+        let ran = Rank0 {
+            exec: &exec,
+            ranks: (mesh.size(), describe(&layout, started)),
             flops: exec.module().flops(),
             times,
-            arena_bytes: exec.arena_bytes(),
-            hoisted_bytes: exec.hoisted_bytes(),
             kernel_table: kernel_table.clone(),
-            seeded: Vec::new(),
             ignored_weights,
-            outputs: Vec::new(),
-            profile: args.profile.clone(),
         };
-        let profile = args.profile.as_ref().map(|_| exec.profile_json());
-        let done = run::finish(args, summary, outputs, profile)?;
-        run::warn_nonfinite(&exec, reporter);
-        Ok(done)
+        finish_rank0(args, ran, outputs, reporter)
     };
     let follow = |r, comm| rank(r, comm).map(drop);
     world::run_ranks(world.ranks(&mesh)?, reporter, lead, follow)
+}
+
+/// What rank 0 ran, for the summary of a run on ranks.
+pub(super) struct Rank0<'a> {
+    /// Its executor.
+    pub exec: &'a Executor,
+    /// How many ranks ran, and how ([`describe`]).
+    pub ranks: (usize, String),
+    /// FLOPs of one timed run of rank 0.
+    pub flops: u64,
+    /// Seconds per timed run.
+    pub times: Vec<f64>,
+    /// The kernel table read, and what applying it did.
+    pub kernel_table: Option<(std::path::PathBuf, String)>,
+    /// Bookkeeping tensors of the weights file left out.
+    pub ignored_weights: Vec<(String, &'static str)>,
+}
+
+/// Writes the `outputs` rank 0 gathered and the summary of its run, as `mslc run` on one
+/// device does, with the ranks line.
+pub(super) fn finish_rank0(
+    args: &RunArgs,
+    ran: Rank0,
+    outputs: Vec<(String, String, NpyArray)>,
+    reporter: &Reporter,
+) -> Result<(String, serde_json::Value), Failure> {
+    let exec = ran.exec;
+    let summary = RunSummary {
+        model: exec.module().name.clone(),
+        threads: exec.threads(),
+        ranks: Some(ran.ranks),
+        peak: mslc_kernels::peak::measure(exec.threads()),
+        flops: ran.flops,
+        times: ran.times,
+        arena_bytes: exec.arena_bytes(),
+        hoisted_bytes: exec.hoisted_bytes(),
+        kernel_table: ran.kernel_table,
+        seeded: Vec::new(),
+        ignored_weights: ran.ignored_weights,
+        outputs: Vec::new(),
+        profile: args.profile.clone(),
+    };
+    let profile = args.profile.as_ref().map(|_| exec.profile_json());
+    let done = run::finish(args, summary, outputs, profile)?;
+    run::warn_nonfinite(exec, reporter);
+    Ok(done)
 }
 
 /// `data 2 × tensor 1, --ranks` (`× pipeline 2 of 4 micro-batches` with stages; `data 1 ×

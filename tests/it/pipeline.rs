@@ -4,11 +4,10 @@
 //! mixed with data and tensor (and sequence) parallelism; `mslc train --ranks N` trains it
 //! under 1F1B with one device's losses, weights and checkpoints.
 
-use mslc_io::npy::{write_npy, NpyArray};
-
-use crate::exec::common::{mslc, random_weights, s, write_weights, Rng, TestDir};
+use crate::exec::common::{mslc, random_weights, s, write_weights, TestDir};
 use crate::ranks::{
-    compile_options, forward, llama_flags, llama_source_in, llama_training_parity, random_tokens,
+    compile_options, llama_flags, llama_forward_parity, llama_source_in, llama_training_parity,
+    random_tokens,
 };
 use crate::train::{assert_rel, metric_losses};
 
@@ -75,37 +74,7 @@ fn each_stage_holds_its_layers_and_one_value_crosses_the_cut() {
 fn pipeline_forward_parity(tag: &str, decls: &str, batch: usize, ranks: &str) {
     let dir = TestDir::new(tag);
     let (src, checked) = llama_source_in(&dir, "llama.msl", decls, batch);
-    let single = mslc_driver::compile::compile(&checked.models[0], &compile_options())
-        .unwrap()
-        .module;
-    let weights = dir.path("w.safetensors");
-    write_weights(&weights, &random_weights(&single, 5));
-    let mut rng = Rng(21);
-    let tokens: Vec<i64> = (0..64)
-        .map(|_| (rng.uniform() * 64.0) as i64 % 64)
-        .collect();
-    let tokens_file = dir.path("tokens.npy");
-    write_npy(
-        &tokens_file,
-        &NpyArray::from_i64(vec![8, 8], &tokens).unwrap(),
-    )
-    .unwrap();
-    let input = format!("tokens={}", s(&tokens_file));
-    let args = [
-        &["--weights", s(&weights), "--input", &input][..],
-        &llama_flags(),
-    ]
-    .concat();
-    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let (got, _) = forward(
-        &src,
-        &args,
-        &dir.path("ranks"),
-        &["--ranks", ranks],
-        "logits",
-    );
-    assert_eq!(want.len(), 8 * 8 * 64);
-    assert_rel("pipelined logits", &got, &want, 1e-5);
+    llama_forward_parity(&dir, &src, &checked, 8, ranks);
 }
 
 #[test]

@@ -777,19 +777,34 @@ fn tensor_parallel_forward_parity(
     let (src, checked) = llama_tensor_parallel_in(dir);
     let text = std::fs::read_to_string(&src).unwrap();
     std::fs::write(&src, policy(text)).unwrap();
+    let (args, stdout) = llama_forward_parity(dir, &src, &checked, 2, "2");
+    (src, args, stdout)
+}
+
+/// Writes random whole weights of the tiny LLaMA of `src` (checked as `checked`) and `rows`
+/// sequences of 8 random tokens in `dir`, and checks that `mslc run --ranks RANKS` writes the
+/// logits of one device within 1e-5 relative. The run's flags (weights, input, sizes) and
+/// what the ranked run printed.
+pub(crate) fn llama_forward_parity(
+    dir: &TestDir,
+    src: &Path,
+    checked: &mslc_check::Checked,
+    rows: usize,
+    ranks: &str,
+) -> (Vec<String>, String) {
     let single = mslc_driver::compile::compile(&checked.models[0], &compile_options())
         .unwrap()
         .module;
     let weights = dir.path("w.safetensors");
     crate::exec::common::write_weights(&weights, &crate::exec::common::random_weights(&single, 7));
     let mut rng = Rng(11);
-    let tokens: Vec<i64> = (0..16)
+    let tokens: Vec<i64> = (0..rows * 8)
         .map(|_| (rng.uniform() * 64.0) as i64 % 64)
         .collect();
     let tokens_file = dir.path("tokens.npy");
     write_npy(
         &tokens_file,
-        &NpyArray::from_i64(vec![2, 8], &tokens).unwrap(),
+        &NpyArray::from_i64(vec![rows, 8], &tokens).unwrap(),
     )
     .unwrap();
     let input = format!("tokens={}", s(&tokens_file));
@@ -798,12 +813,18 @@ fn tensor_parallel_forward_parity(
         &llama_flags(),
     ]
     .concat();
-    let (want, _) = forward(&src, &args, &dir.path("one"), &[], "logits");
-    let (got, stdout) = forward(&src, &args, &dir.path("two"), &["--ranks", "2"], "logits");
-    assert_eq!(want.len(), 2 * 8 * 64);
-    assert_rel("tensor-parallel logits", &got, &want, 1e-5);
+    let (want, _) = forward(src, &args, &dir.path("one"), &[], "logits");
+    let (got, stdout) = forward(
+        src,
+        &args,
+        &dir.path("ranks"),
+        &["--ranks", ranks],
+        "logits",
+    );
+    assert_eq!(want.len(), rows * 8 * 64);
+    assert_rel("logits on ranks", &got, &want, 1e-5);
     let args = args.into_iter().map(str::to_string).collect();
-    (src, args, stdout)
+    (args, stdout)
 }
 
 /// `mslc run --ranks 2` of the classifier under data parallelism: each replica runs half of

@@ -612,17 +612,38 @@ impl Trainer {
             }
         }
         zero_inputs(&mut self.exec, &self.train.accumulators)?;
-        self.loss = losses / micro as f64;
+        let grad_norm = self.scalar(GRAD_NORM);
+        Ok(self.step_done(
+            losses / micro as f64,
+            (lr, loss_scale),
+            grad_norm,
+            skipped,
+            start,
+        ))
+    }
+
+    /// Counts the step done and reports it: the mean `loss` of its micro-batches, its learning
+    /// rate and loss scale, the gradients' global norm, whether it was skipped, its time since
+    /// `start`.
+    fn step_done(
+        &mut self,
+        loss: f64,
+        (lr, loss_scale): (f64, f64),
+        grad_norm: f64,
+        skipped: bool,
+        start: std::time::Instant,
+    ) -> StepMetrics {
+        self.loss = loss;
         self.state.step += 1;
-        Ok(StepMetrics {
+        StepMetrics {
             step: self.state.step,
-            loss: self.loss,
+            loss,
             lr,
             loss_scale,
-            grad_norm: self.scalar(GRAD_NORM),
+            grad_norm,
             skipped,
             ms: start.elapsed().as_secs_f64() * 1e3,
-        })
+        }
     }
 
     /// Sets the update's scalars (learning rate, Adam's corrections, the loss scale) the

@@ -127,17 +127,8 @@ impl Trainer {
         });
         self.stage = Some(stage);
         let (loss, grad_norm, skipped) = finished?;
-        self.loss = loss / micro as f64;
-        self.state.step += 1;
-        Ok(StepMetrics {
-            step: self.state.step,
-            loss: self.loss,
-            lr,
-            loss_scale,
-            grad_norm,
-            skipped,
-            ms: start.elapsed().as_secs_f64() * 1e3,
-        })
+        let scalars = (lr, loss_scale);
+        Ok(self.step_done(loss / micro as f64, scalars, grad_norm, skipped, start))
     }
 
     /// Runs the micro-batches `rows` (with their dropout `seeds`) through this stage in 1F1B
