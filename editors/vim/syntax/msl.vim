@@ -59,7 +59,7 @@ let s:ops = [
       \ 'fused_elementwise', 'fused_matmul', 'gelu', 'gelu_tanh', 'layer_norm',
       \ 'layer_norm_affine', 'layer_norm_grad', 'log', 'log_softmax', 'matmul', 'max',
       \ 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg',
-      \ 'parallel_copy', 'pow', 'reciprocal', 'reduce_scatter', 'relu', 'reshape', 'rms_norm',
+      \ 'parallel_copy', 'pow', 'rank_slice', 'reciprocal', 'reduce_scatter', 'relu', 'reshape', 'rms_norm',
       \ 'rms_norm_grad', 'rms_norm_scale', 'rope', 'rope_cached', 'rope_table', 'rsqrt', 'select',
       \ 'sigmoid', 'sign', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'sub', 'sum', 'tanh',
       \ 'transpose'
