@@ -15,7 +15,7 @@ use std::fmt;
 use mslc_core::ops::family::collective::payload_bytes;
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 
-use crate::graph::Graph;
+use crate::graph::{Graph, NodeId, NodeKind};
 
 /// The group of ranks a collective runs over: one axis of the device mesh.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,4 +100,26 @@ pub fn is_collective(op: Op) -> bool {
         op,
         Op::AllReduce | Op::ParallelCopy | Op::AllGather | Op::ReduceScatter | Op::RankSlice
     )
+}
+
+/// Makes node `id` the op `op` with `attrs`, its result types inferred from its operands now.
+pub(crate) fn retype(
+    graph: &mut Graph,
+    id: NodeId,
+    op: Op,
+    attrs: Attrs,
+) -> Result<(), ShardError> {
+    let origin = graph.node(id).origin.clone();
+    let attrs = mslc_core::ops::resolve_attrs(op, &attrs).map_err(|e| ShardError(e.message))?;
+    let types: Vec<_> = graph
+        .inputs(id)
+        .iter()
+        .map(|v| graph.ty(*v).clone())
+        .collect();
+    let outputs = mslc_core::ops::infer(op, &attrs, &types)
+        .map_err(|e| ShardError(format!("`{op}` in `{origin}`: {}", e.message)))?;
+    let node = graph.node_mut(id);
+    node.outputs = outputs;
+    node.kind = NodeKind::Op { op, attrs };
+    Ok(())
 }

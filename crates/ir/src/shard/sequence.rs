@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use mslc_core::ops::{self, Op};
 
 use super::tensor::{split_features, SplitParams};
-use super::{Group, ShardError};
+use super::{retype, Group, ShardError};
 use crate::graph::{Graph, NodeId, NodeKind, ValueRef};
 
 /// Rewrites `graph` into one rank's program of the tensor-parallel `group` with sequence
@@ -418,23 +418,6 @@ fn add1(
         .add_op(op, attrs, &[x], origin)
         .map(|v| v[0])
         .map_err(|e| ShardError(format!("`{op}` in `{origin}`: {}", e.message)))
-}
-
-/// Makes node `id` the op `op` with `attrs`, its result types inferred from its operands now.
-fn retype(graph: &mut Graph, id: NodeId, op: Op, attrs: ops::Attrs) -> Result<(), ShardError> {
-    let origin = graph.node(id).origin.clone();
-    let attrs = ops::resolve_attrs(op, &attrs).map_err(|e| ShardError(e.message))?;
-    let types: Vec<_> = graph
-        .inputs(id)
-        .iter()
-        .map(|v| graph.ty(*v).clone())
-        .collect();
-    let outputs = ops::infer(op, &attrs, &types)
-        .map_err(|e| ShardError(format!("`{op}` in `{origin}`: {}", e.message)))?;
-    let node = graph.node_mut(id);
-    node.outputs = outputs;
-    node.kind = NodeKind::Op { op, attrs };
-    Ok(())
 }
 
 /// The refusal of the op making (or reading) node `id`'s value.

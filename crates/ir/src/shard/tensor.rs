@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use mslc_core::ops::{self, Attrs, Op};
+use mslc_core::ops::{Attrs, Op};
 
-use super::{Group, ShardError};
+use super::{retype, Group, ShardError};
 use crate::graph::{Graph, NodeId, NodeKind, ValueRef};
 
 /// What the rewrite split: each parameter's path and the dim it holds 1/n of.
@@ -203,16 +203,7 @@ fn rewrite_op(
             None
         }
     };
-    let types: Vec<_> = graph
-        .inputs(id)
-        .iter()
-        .map(|v| graph.ty(*v).clone())
-        .collect();
-    let outputs = ops::infer(op, &attrs, &types)
-        .map_err(|e| ShardError(format!("`{op}` in `{origin}`: {}", e.message)))?;
-    let node = graph.node_mut(id);
-    node.outputs = outputs;
-    node.kind = NodeKind::Op { op, attrs };
+    retype(graph, id, op, attrs)?;
     let v = ValueRef { node: id, index: 0 };
     if let Some(d) = out {
         split.insert(v, d);
