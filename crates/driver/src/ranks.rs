@@ -69,13 +69,9 @@ fn compile_cut(
     }
     let cut = match stage {
         Some((pipeline, stage)) => {
-            let layer_stage = layer_stages(&graph, pipeline);
-            let of = |origin: &str| layer_key(origin).and_then(|k| layer_stage.get(&k).copied());
-            pipeline_stage(&mut graph, stage, pipeline.layers.len(), &of).map_err(|e| {
-                CompileError {
-                    stage: STAGE_PIPELINE,
-                    message: e.to_string(),
-                }
+            cut_to_stage(&mut graph, pipeline, stage).map_err(|e| CompileError {
+                stage: STAGE_PIPELINE,
+                message: e.to_string(),
             })?
         }
         None => StageCut::default(),
@@ -83,12 +79,21 @@ fn compile_cut(
     compile_graph(graph, options).map(|compiled| (compiled, cut))
 }
 
+/// Rewrites `graph` into stage `stage`'s part of `pipeline` ([`pipeline_stage`]), each op of a
+/// repeated layer on the stage the plan puts its layer on.
+pub(crate) fn cut_to_stage(
+    graph: &mut mslc_ir::Graph,
+    pipeline: &PipelineLayout,
+    stage: usize,
+) -> Result<StageCut, mslc_ir::shard::ShardError> {
+    let layers = layer_stages(graph, pipeline);
+    let of = |origin: &str| layer_key(origin).and_then(|k| layers.get(&k).copied());
+    pipeline_stage(graph, stage, pipeline.layers.len(), &of)
+}
+
 /// The stage of each repeated layer of `graph` (by [`layer_key`], numbered in the order the
 /// layers first appear, as the planner numbers them) under `pipeline`'s layer ranges.
-pub(crate) fn layer_stages(
-    graph: &mslc_ir::Graph,
-    pipeline: &PipelineLayout,
-) -> BTreeMap<String, usize> {
+fn layer_stages(graph: &mslc_ir::Graph, pipeline: &PipelineLayout) -> BTreeMap<String, usize> {
     let stage_of = mslc_ir::shard::pipeline::stage_of_layers(&pipeline.layers);
     let mut keys: Vec<String> = Vec::new();
     for id in graph.node_ids() {

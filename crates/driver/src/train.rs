@@ -48,7 +48,7 @@ use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::{Init, Model};
 use mslc_ir::passes::amp_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
-use mslc_ir::shard::pipeline::{pipeline_stage, Crossing, StageCut};
+use mslc_ir::shard::pipeline::{Crossing, StageCut};
 use mslc_ir::shard::sequence::sequence_parallel;
 use mslc_ir::shard::tensor::{tensor_parallel, SplitParams};
 use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
@@ -526,12 +526,7 @@ fn compile_train_step(
                 ));
             }
             graph.outputs = vec![(LOSS.to_string(), loss)];
-            let layers = crate::ranks::layer_stages(&graph, pipeline);
-            let of = |origin: &str| {
-                mslc_plan::parallel::workload::layer_key(origin)
-                    .and_then(|k| layers.get(&k).copied())
-            };
-            let cut = pipeline_stage(&mut graph, s, pipeline.layers.len(), &of).map_err(|e| {
+            let cut = crate::ranks::cut_to_stage(&mut graph, pipeline, s).map_err(|e| {
                 refuse(
                     Code::E0972,
                     format!(
