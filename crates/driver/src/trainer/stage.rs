@@ -293,11 +293,18 @@ impl Trainer {
         match stage.stage {
             s if s == last => {
                 if s != 0 {
-                    send_f64s(comm, stage.ranks[0], &[losses])?;
+                    send_bytes(comm, stage.ranks[0], &losses.to_le_bytes())
+                        .map_err(TrainRunError::of_run)?;
                 }
                 Ok(losses)
             }
-            0 => Ok(recv_f64s(comm, stage.ranks[last], 1)?[0]),
+            0 => {
+                let bytes = recv_bytes(comm, stage.ranks[last]).map_err(TrainRunError::of_run)?;
+                let bytes: [u8; 8] = bytes
+                    .try_into()
+                    .map_err(|_| data_error("the last stage's loss is not one f64".to_string()))?;
+                Ok(f64::from_le_bytes(bytes))
+            }
             _ => Ok(losses),
         }
     }
@@ -368,28 +375,6 @@ pub(super) fn copy_params(step: &Executor, forward: &mut Executor) -> Res<()> {
 fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
     exec.collectives()
         .ok_or_else(|| TrainRunError::new(Code::E0973, "a pipeline stage has no collectives"))
-}
-
-/// `values` sent bit for bit as pairs of f32 words.
-fn send_f64s(comm: &mut dyn Collectives, to: usize, values: &[f64]) -> Res<()> {
-    let words: Vec<f32> = values
-        .iter()
-        .flat_map(|v| {
-            let bits = v.to_bits();
-            [bits as u32, (bits >> 32) as u32].map(f32::from_bits)
-        })
-        .collect();
-    comm.send(to, &words).map_err(TrainRunError::of_run)
-}
-
-/// `n` values [`send_f64s`] sent.
-fn recv_f64s(comm: &mut dyn Collectives, from: usize, n: usize) -> Res<Vec<f64>> {
-    let mut words = vec![0f32; 2 * n];
-    comm.recv(from, &mut words).map_err(TrainRunError::of_run)?;
-    Ok(words
-        .chunks_exact(2)
-        .map(|w| f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32)))
-        .collect())
 }
 
 /// Named f32 tensors sent to `to`: their names and shapes as JSON, then each one's values.
