@@ -6,12 +6,12 @@
 //! what it needs from the published set — sums are taken in group order, so every member gets
 //! the same bits. A rank that is dropped (its thread returned or panicked) is marked as left,
 //! and every rank waiting for it in a collective gets an error instead of hanging; a rank that
-//! hangs (alive, never arriving) fails the others' wait after the world's timeout. The
-//! contribution buffers of a completed round are kept for the next (no fresh pages per
-//! collective), and sums run one cache-sized chunk at a time over every member.
+//! hangs (alive, never arriving or never sending) fails the others' wait after the world's
+//! timeout. The contribution buffers of a completed round are kept for the next (no fresh
+//! pages per collective), and sums run one cache-sized chunk at a time over every member.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -303,9 +303,17 @@ impl Collectives for ThreadRank {
                 self.from.len()
             ))
         })?;
-        let message = channel
-            .recv()
-            .map_err(|_| collective_error(format!("recv from rank {from}: that rank has left")))?;
+        // A sender that hangs fails the receive after the world's timeout, as a collective does.
+        let timeout = self.shared.timeout;
+        let message = channel.recv_timeout(timeout).map_err(|e| match e {
+            RecvTimeoutError::Timeout => collective_error(format!(
+                "recv from rank {from}: nothing came within {:.1} s (hung?)",
+                timeout.as_secs_f64()
+            )),
+            RecvTimeoutError::Disconnected => {
+                collective_error(format!("recv from rank {from}: that rank has left"))
+            }
+        })?;
         check_len(&format!("recv from rank {from}"), message.len(), data.len())?;
         data.copy_from_slice(&message);
         Ok(())
@@ -504,6 +512,23 @@ mod tests {
         let err = out[0].as_ref().unwrap_err();
         assert!(
             err.message.contains("rank(s) 1 did not reach") && err.message.contains("0.2 s"),
+            "{}",
+            err.message
+        );
+    }
+
+    /// A receive from a rank that never sends (a pipeline stage that hangs) fails after the
+    /// world's timeout too, naming the sender.
+    #[test]
+    fn a_receive_from_a_rank_that_never_sends_fails_after_the_timeout() {
+        let timeout = Duration::from_millis(100);
+        let mut ranks = world_with_timeout(Mesh::line("pp", 2).unwrap(), timeout);
+        let _silent = ranks.pop();
+        let mut waiting = ranks.pop().unwrap();
+        let mut data = vec![0.0; 3];
+        let err = waiting.recv(1, &mut data).unwrap_err();
+        assert!(
+            err.message.contains("recv from rank 1") && err.message.contains("0.1 s"),
             "{}",
             err.message
         );
