@@ -4,12 +4,14 @@
 //! mixed with data and tensor (and sequence) parallelism; `mslc train --ranks N` trains it
 //! under 1F1B with one device's losses, weights and checkpoints.
 
+use std::path::Path;
+
 use crate::exec::common::{mslc, random_weights, s, write_weights, TestDir};
 use crate::ranks::{
     compile_options, llama_flags, llama_forward_parity, llama_source_in, llama_training_parity,
     random_tokens,
 };
-use crate::train::{assert_rel, metric_losses};
+use crate::train::assert_rel;
 
 /// Two stages, four micro-batches of 2 sequences (1F1B).
 const PP: &str = include_str!("../fixtures/tiny_llama_pp.msl-decls");
@@ -162,29 +164,14 @@ fn pipeline_and_one_device_resume_each_other_s_checkpoints() {
     let (src, _) = llama_source_in(&dir, "pp.msl", PP, 2);
     let data = random_tokens(&dir, 16, 8, 5);
     let run = |out: &str, steps: &str, extra: &[&str]| -> Vec<f64> {
-        let metrics = dir.path(&format!("{out}.jsonl"));
-        let head = [
-            "train",
-            s(&src),
-            "--data",
-            s(&data),
-            "--steps",
-            steps,
-            "--metrics",
-            s(&metrics),
-            "--output-dir",
-        ];
-        let out = dir.path(out);
-        let args = [
-            &head[..],
-            &[s(&out), "--threads", "1"],
-            extra,
-            &llama_flags(),
-        ]
-        .concat();
-        let (code, stdout, stderr) = mslc(&args);
-        assert_eq!(code, 0, "{stdout}{stderr}");
-        metric_losses(&metrics)
+        let rows = train_metrics(
+            &dir,
+            &src,
+            &data,
+            out,
+            &[&["--steps", steps][..], extra].concat(),
+        );
+        column(&rows, "loss")
     };
     let straight = run("straight", "6", &["--init-seed", "4"]);
     run("one", "3", &["--init-seed", "4"]);
@@ -234,36 +221,11 @@ fn the_tiny_llama_example_trains_on_its_eight_ranks_as_on_one_device() {
     let dir = TestDir::new("pipeline-example");
     let example = crate::exec::common::root().join("examples/tiny_llama.msl");
     let data = random_tokens(&dir, 16, 8, 11);
-    let run = |out: &str, extra: &[&str]| -> Vec<serde_json::Value> {
-        let metrics = dir.path(&format!("{out}.jsonl"));
-        let head = [
-            "train",
-            s(&example),
-            "--data",
-            s(&data),
-            "--threads",
-            "1",
-            "--metrics",
-            s(&metrics),
-            "--output-dir",
-        ];
-        let out = dir.path(out);
-        let args = [&head[..], &[s(&out)], extra, &llama_flags()].concat();
-        let (code, stdout, stderr) = mslc(&args);
-        assert_eq!(code, 0, "{stdout}{stderr}");
-        std::fs::read_to_string(&metrics)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let run = |out: &str, extra: &[&str]| train_metrics(&dir, &example, &data, out, extra);
     // A tensor-parallel rank starts from whole weights: one step on one device makes them.
     run("init", &["--init-seed", "2", "--steps", "1"]);
     let weights = dir.path("init/step-1/model.safetensors");
     let from = ["--weights", s(&weights), "--steps", "4"];
-    let column = |rows: &[serde_json::Value], key: &str| -> Vec<f64> {
-        rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
-    };
     let f32 = [&from[..], &["--precision", "f32"]].concat();
     let one = run("f32-one", &f32);
     let eight = run("f32-eight", &[&f32[..], &["--ranks", "8"]].concat());
@@ -305,47 +267,19 @@ fn clipping_and_dynamic_loss_scaling_on_a_pipeline_match_one_device() {
     let mixed = mixed.replace("batch = 8\n", "batch = 8\n    precision = Mixed\n");
     assert!(clipped != PP && mixed.matches("Mixed").count() == 2);
     let data = random_tokens(&dir, 8, 8, 3);
-    let metrics = |file: &str, tag: &str, ranks: &[&str]| -> Vec<serde_json::Value> {
-        let out = dir.path(&format!("{tag}.jsonl"));
-        let args = [
-            &[
-                "train",
-                file,
-                "--data",
-                s(&data),
-                "--init-seed",
-                "1",
-                "--steps",
-                "10",
-                "--threads",
-                "1",
-                "--metrics",
-                s(&out),
-            ][..],
-            ranks,
-            &llama_flags(),
-        ]
-        .concat();
-        let (code, stdout, stderr) = mslc(&args);
-        assert_eq!(code, 0, "{stdout}{stderr}");
-        std::fs::read_to_string(&out)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
-    let column = |rows: &[serde_json::Value], key: &str| -> Vec<f64> {
-        rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
+    let metrics = |src: &Path, tag: &str, ranks: &[&str]| {
+        let seeded = ["--init-seed", "1", "--steps", "10"];
+        train_metrics(&dir, src, &data, tag, &[&seeded[..], ranks].concat())
     };
     let (src, _) = llama_source_in(&dir, "clip.msl", &clipped, 2);
-    let one = metrics(s(&src), "clip-one", &[]);
-    let two = metrics(s(&src), "clip-two", &["--ranks", "2"]);
+    let one = metrics(&src, "clip-one", &[]);
+    let two = metrics(&src, "clip-two", &["--ranks", "2"]);
     for key in ["loss", "grad_norm"] {
         assert_rel(key, &column(&two, key), &column(&one, key), 1e-5);
     }
     let (src, _) = llama_source_in(&dir, "mixed.msl", &mixed, 2);
-    let one = metrics(s(&src), "mixed-one", &[]);
-    let two = metrics(s(&src), "mixed-two", &["--ranks", "2"]);
+    let one = metrics(&src, "mixed-one", &[]);
+    let two = metrics(&src, "mixed-two", &["--ranks", "2"]);
     assert_eq!(column(&two, "loss_scale"), column(&one, "loss_scale"));
     let skipped = |rows: &[serde_json::Value]| -> Vec<bool> {
         rows.iter()
@@ -417,4 +351,31 @@ fn a_pipeline_with_optimizer_sharding_level1_updates_as_without() {
     let (code, log, _) = train(&src, "zero2");
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("E0972") && log.contains("level2"), "{log}");
+}
+
+/// `mslc train` of `src` on `data` with `args` and the tiny LLaMA's sizes, one thread, into
+/// `dir/TAG` (metrics in `dir/TAG.jsonl`): each step's metrics.
+fn train_metrics(
+    dir: &TestDir,
+    src: &Path,
+    data: &Path,
+    tag: &str,
+    args: &[&str],
+) -> Vec<serde_json::Value> {
+    let metrics = dir.path(&format!("{tag}.jsonl"));
+    let out = dir.path(tag);
+    let head = ["train", s(src), "--data", s(data), "--threads", "1"];
+    let tail = ["--metrics", s(&metrics), "--output-dir", s(&out)];
+    let (code, stdout, stderr) = mslc(&[&head[..], args, &tail, &llama_flags()].concat());
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Metric `key` of each step of `rows`.
+fn column(rows: &[serde_json::Value], key: &str) -> Vec<f64> {
+    rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
 }
