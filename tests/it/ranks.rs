@@ -1158,17 +1158,7 @@ fn build_writes_the_sequence_parallel_per_rank_program() {
     let text = std::fs::read_to_string(&src).unwrap();
     std::fs::write(&src, sequence_parallel(text)).unwrap();
     let out = dir.path("sp");
-    let mut args = vec![
-        "build",
-        s(&src),
-        "--entry",
-        "Pretrain",
-        "--out-dir",
-        s(&out),
-    ];
-    args.extend(llama_flags());
-    let (code, stdout, stderr) = mslc(&args);
-    assert_eq!(code, 0, "{stdout}{stderr}");
+    let stdout = build_llama(&src, "Pretrain", &out);
     assert!(
         stdout.contains("for all 2 ranks (1 data × 2 tensor, sequence parallel)"),
         "{stdout}"
@@ -1201,17 +1191,7 @@ fn build_writes_the_per_rank_program() {
     let dir = TestDir::new("ranks-build");
     let (src, _) = llama_tensor_parallel_in(&dir);
     let out = dir.path("tp");
-    let mut args = vec![
-        "build",
-        s(&src),
-        "--entry",
-        "Pretrain",
-        "--out-dir",
-        s(&out),
-    ];
-    args.extend(llama_flags());
-    let (code, stdout, stderr) = mslc(&args);
-    assert_eq!(code, 0, "{stdout}{stderr}");
+    let stdout = build_llama(&src, "Pretrain", &out);
     assert!(
         stdout.contains("per rank:   Pretrain.rank.mir for all 2 ranks (1 data × 2 tensor)"),
         "{stdout}"
@@ -1286,10 +1266,7 @@ train Piped for TinyLlama {
     std::fs::write(&piped, format!("{}{decls}", &example[..model_end])).unwrap();
     let out = dir.path("pp");
     // The step takes one of the 2 pipeline micro-batches of the batch of 4: B = 2.
-    let mut args = vec!["build", s(&piped), "--entry", "Piped", "--out-dir", s(&out)];
-    args.extend(llama_flags());
-    let (code, stdout, stderr) = mslc(&args);
-    assert_eq!(code, 0, "{stdout}{stderr}");
+    let stdout = build_llama(&piped, "Piped", &out);
     assert!(
         stdout.contains("one step per pipeline stage for all 2 ranks")
             && stdout.contains("2 micro-batches, gpipe"),
@@ -1380,4 +1357,14 @@ fn the_mlp_example_trains_on_its_four_ranks_as_on_one_device() {
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(out.join("Classify.rank.mir").exists(), "{stdout}");
+}
+
+/// `mslc build` of train `entry` of the tiny LLaMA source `src` at its test sizes
+/// ([`llama_flags`]) into `out`: what it printed.
+fn build_llama(src: &Path, entry: &str, out: &Path) -> String {
+    let mut args = vec!["build", s(src), "--entry", entry, "--out-dir", s(out)];
+    args.extend(llama_flags());
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    stdout
 }
