@@ -453,36 +453,8 @@ fn pipeline_training(dir: &Path) {
     );
     // The pipelined forward of the trained weights: 8 sequences, 4 micro-batches of 2.
     let trained = dir.join("pp-mpi-one/step-10/model.safetensors");
-    let tokens = dir.join("prompt8.npy");
     let ids: Vec<i64> = (0..64).map(|i| (i * 7 + 1) % 64).collect();
-    write_npy(&tokens, &NpyArray::from_i64(vec![8, 8], &ids).unwrap()).unwrap();
-    let input = format!("tokens={}", tokens.display());
-    let args = [
-        &llama_flags()[..],
-        &["--weights", trained.to_str().unwrap(), "--input", &input],
-    ]
-    .concat();
-    let (code, stdout, stderr, want) = forward(
-        dir,
-        "llama-pp.msl",
-        &args,
-        ("pp-fwd-one", "logits"),
-        &[],
-        &[],
-    );
-    assert_eq!(
-        code, 0,
-        "one device:
-{stdout}{stderr}"
-    );
-    let mpi = ["mpiexec", "-n", "2"];
-    let at = ("pp-fwd-two", "logits");
-    let (code, stdout, stderr, got) = forward(dir, "llama-pp.msl", &args, at, &mpi, &["--mpi"]);
-    assert_eq!(
-        code, 0,
-        "mpiexec -n 2 mslc run:
-{stdout}{stderr}"
-    );
+    let (got, want) = llama_forward_mpi(dir, "llama-pp.msl", &trained, &ids, "pp-fwd");
     assert_eq!(got.len(), 8 * 8 * 64);
     assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
@@ -617,35 +589,37 @@ fn tensor_parallel_training(dir: &Path) {
     );
     // The tensor-parallel forward of the trained weights.
     let trained = dir.join("llama-one/step-10/model.safetensors");
-    let tokens = dir.join("prompt.npy");
-    write_npy(
-        &tokens,
-        &NpyArray::from_i64(
-            vec![2, 8],
-            &(0..16).map(|i| (i * 5 + 3) % 64).collect::<Vec<_>>(),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let ids: Vec<i64> = (0..16).map(|i| (i * 5 + 3) % 64).collect();
+    let (got, want) = llama_forward_mpi(dir, "llama.msl", &trained, &ids, "llama-fwd");
+    assert_eq!(got.len(), 2 * 8 * 64);
+    assert_rel_to_max("tensor-parallel logits", &got, &want, 1e-5);
+    println!("mpiexec -n 2 mslc run --mpi: tensor-parallel logits match one device within 1e-5");
+}
+
+/// `mslc run` of the tiny LLaMA source `dir/src` with the `trained` weights on the token
+/// `ids` (sequences of 8), on one device and under `mpiexec -n 2 … --mpi`, into
+/// `dir/TAG-one` and `dir/TAG-two`: the logits of the two (MPI's, then one device's).
+fn llama_forward_mpi(
+    dir: &Path,
+    src: &str,
+    trained: &Path,
+    ids: &[i64],
+    tag: &str,
+) -> (Vec<f64>, Vec<f64>) {
+    let tokens = dir.join(format!("{tag}-tokens.npy"));
+    let array = NpyArray::from_i64(vec![ids.len() / 8, 8], ids).unwrap();
+    write_npy(&tokens, &array).unwrap();
     let input = format!("tokens={}", tokens.display());
     let args = [
         &llama_flags()[..],
         &["--weights", trained.to_str().unwrap(), "--input", &input],
     ]
     .concat();
-    let (code, stdout, stderr, want) = forward(
-        dir,
-        "llama.msl",
-        &args,
-        ("llama-fwd-one", "logits"),
-        &[],
-        &[],
-    );
+    let (one, two) = (format!("{tag}-one"), format!("{tag}-two"));
+    let (code, stdout, stderr, want) = forward(dir, src, &args, (&one, "logits"), &[], &[]);
     assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
-    let at = ("llama-fwd-two", "logits");
-    let (code, stdout, stderr, got) = forward(dir, "llama.msl", &args, at, &mpi, &["--mpi"]);
+    let mpi = ["mpiexec", "-n", "2"];
+    let (code, stdout, stderr, got) = forward(dir, src, &args, (&two, "logits"), &mpi, &["--mpi"]);
     assert_eq!(code, 0, "mpiexec -n 2 mslc run:\n{stdout}{stderr}");
-    assert_eq!(got.len(), 2 * 8 * 64);
-    assert_rel_to_max("tensor-parallel logits", &got, &want, 1e-5);
-    println!("mpiexec -n 2 mslc run --mpi: tensor-parallel logits match one device within 1e-5");
+    (got, want)
 }
