@@ -379,3 +379,51 @@ fn train_metrics(
 fn column(rows: &[serde_json::Value], key: &str) -> Vec<f64> {
     rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
 }
+
+/// What stages do not run is said before anything runs (E0972): an interleaved schedule (a
+/// stage holding several chunks of layers) and `--dump-grads` (each stage holds only its own
+/// gradients).
+#[test]
+fn an_interleaved_schedule_or_a_gradient_dump_on_stages_is_refused() {
+    let dir = TestDir::new("pipeline-refused");
+    let data = random_tokens(&dir, 8, 8, 3);
+    let interleaved = PP.replace("schedule: 1f1b", "schedule: interleaved(2)");
+    assert_ne!(interleaved, PP);
+    // Four layers: two chunks of one layer on each of the two stages.
+    let four: Vec<&str> = llama_flags()
+        .into_iter()
+        .map(|f| if f == "layers=2" { "layers=4" } else { f })
+        .collect();
+    assert!(four.contains(&"layers=4"));
+    // The model part alone, checked (the interleaved plan needs the four layers to check).
+    let (model, _) = llama_source_in(&dir, "model.msl", "", 2);
+    let model = std::fs::read_to_string(model).unwrap();
+    for (decls, flags, extra, what) in [
+        (&interleaved, &four, &[][..], "interleaved"),
+        (
+            &PP.to_string(),
+            &llama_flags(),
+            &["--dump-grads", "grads"][..],
+            "--dump-grads",
+        ),
+    ] {
+        let src = dir.path("refused.msl");
+        std::fs::write(&src, format!("{model}{decls}")).unwrap();
+        let head = [
+            "train",
+            s(&src),
+            "--data",
+            s(&data),
+            "--init-seed",
+            "1",
+            "--ranks",
+            "2",
+        ];
+        let (code, stdout, stderr) = mslc(&[&head[..], extra, flags].concat());
+        assert_eq!(code, 1, "{what}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("E0972") && stderr.contains(what),
+            "{stderr}"
+        );
+    }
+}
