@@ -379,6 +379,22 @@ impl StageStep {
     }
 }
 
+/// A pipeline stage's training graph while it is built: its cut, its forward program, the
+/// values it sends and those it receives (name → value in the graph).
+struct Staged {
+    cut: StageCut,
+    forward: Option<Compiled>,
+    sends: Vec<(String, ValueRef)>,
+    received: Vec<(String, ValueRef)>,
+}
+
+impl Staged {
+    /// Whether this is the last stage, the one with the loss.
+    fn is_last(&self) -> bool {
+        self.cut.outputs.iter().any(|o| o == LOSS)
+    }
+}
+
 /// The output holding the gradient of received value `name`.
 pub fn grad_of(name: &str) -> String {
     format!("{name}.grad")
@@ -580,15 +596,12 @@ fn compile_train_step(
                         })
                 })
                 .collect();
-            let last = cut.outputs.iter().any(|o| o == LOSS);
-            Some((
+            Some(Staged {
                 cut,
                 forward,
                 sends,
                 received,
-                last,
-                pipeline.micro_batches as u32,
-            ))
+            })
         }
         None => None,
     };
@@ -643,7 +656,7 @@ fn compile_train_step(
         _ => Vec::new(),
     };
     // A replica differentiates its share of the global loss and reports the global loss.
-    let sends_only = matches!(&staged, Some((.., false, _)));
+    let sends_only = staged.as_ref().is_some_and(|st| !st.is_last());
     let (share, loss) = match &group {
         Some(g) if !sends_only => {
             let r = replica_loss(&mut graph, loss, g).map_err(|e| {
@@ -666,20 +679,21 @@ fn compile_train_step(
         .then(|| graph.add_input(LOSS_SCALE, scalar));
     // A stage but the last: the values it sends, each against its gradient from its reader.
     let stage_objective = match &staged {
-        Some((cut, _, sends, _, false, _)) => {
+        Some(st) if !st.is_last() => {
             let mut b = Builder::on(&mut graph);
-            let objective =
-                b.stage_objective(&cut.sends, sends)
-                    .map_err(|message| CompileError {
-                        stage: "train",
-                        message,
-                    })?;
+            let objective = b
+                .stage_objective(&st.cut.sends, &st.sends)
+                .map_err(|message| CompileError {
+                    stage: "train",
+                    message,
+                })?;
             Some(objective)
         }
         _ => None,
     };
-    let grad_accum = match &staged {
-        Some((.., micro_batches)) => grad_accum.saturating_mul(*micro_batches),
+    // A stage's update sums the gradients of the pipeline's micro-batches too.
+    let grad_accum = match stage {
+        Some((pipeline, _)) => grad_accum.saturating_mul(pipeline.micro_batches as u32),
         None => grad_accum,
     };
     let objective = match stage_objective {
@@ -709,7 +723,7 @@ fn compile_train_step(
     };
     let forward: std::collections::HashSet<_> = graph.node_ids().into_iter().collect();
     // A stage differentiates what it received too, to send those gradients back.
-    let received = staged.as_ref().map_or(&[][..], |st| &st.3[..]);
+    let received = staged.as_ref().map_or(&[][..], |st| &st.received[..]);
     let wrt: Vec<ValueRef> = wrt
         .iter()
         .copied()
@@ -755,7 +769,7 @@ fn compile_train_step(
     let accumulate = grad_accum > 1 || staged.is_some();
     // A stage but the last has no loss: its objective stands in for the memory planner.
     let loss_output = match &staged {
-        Some((.., false, _)) => {
+        Some(st) if !st.is_last() => {
             b.g.set_output(STAGE_OBJECTIVE, objective);
             STAGE_OBJECTIVE
         }
@@ -852,13 +866,11 @@ fn compile_train_step(
         recompute,
         zero,
     };
-    let stage = staged
-        .zip(update)
-        .map(|((cut, forward, ..), update)| StageStep {
-            cut,
-            forward,
-            update,
-        });
+    let stage = staged.zip(update).map(|(st, update)| StageStep {
+        cut: st.cut,
+        forward: st.forward,
+        update,
+    });
     Ok((step, stage))
 }
 
