@@ -168,14 +168,21 @@ pub fn concat(parts: &[NpyArray], dim: usize) -> Result<NpyArray, String> {
         }
         joined[dim] += p.shape()[dim];
     }
-    let mut data = Vec::with_capacity(parts.iter().map(|p| p.data().len()).sum());
+    let bytes: Vec<&[u8]> = parts.iter().map(NpyArray::data).collect();
+    NpyArray::new(first.dtype(), joined, join_bytes(&bytes, outer)).map_err(|e| e.to_string())
+}
+
+/// The row-major tensors `parts`, each `outer` equal blocks (the dims before the one they
+/// join along), joined block by block: for each block, every part's in order.
+pub fn join_bytes(parts: &[&[u8]], outer: usize) -> Vec<u8> {
+    let mut data = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
     for o in 0..outer {
         for p in parts {
-            let block = p.data().len() / outer.max(1);
-            data.extend_from_slice(&p.data()[o * block..(o + 1) * block]);
+            let block = p.len() / outer.max(1);
+            data.extend_from_slice(&p[o * block..(o + 1) * block]);
         }
     }
-    NpyArray::new(first.dtype(), joined, data).map_err(|e| e.to_string())
+    data
 }
 
 fn comm(exec: &mut Executor) -> ExecResult<&mut (dyn Collectives + 'static)> {

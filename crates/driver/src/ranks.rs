@@ -211,15 +211,10 @@ pub fn gather_bytes(
         .flat_map(|w| w.to_bits().to_le_bytes())
         .collect();
     let outer: usize = shape[..dim.min(shape.len())].iter().product();
-    let inner = data.len() / outer.max(1);
-    let mut out = Vec::with_capacity(data.len() * members);
-    for o in 0..outer {
-        for m in 0..members {
-            let block = &bytes[m * words * 4..];
-            out.extend_from_slice(&block[o * inner..(o + 1) * inner]);
-        }
-    }
-    Ok(out)
+    let parts: Vec<&[u8]> = (0..members)
+        .map(|m| &bytes[m * words * 4..m * words * 4 + data.len()])
+        .collect();
+    Ok(crate::pipeline::join_bytes(&parts, outer))
 }
 
 /// A coded refusal to run a plan's ranks.
