@@ -2,8 +2,9 @@
 //! `harness = false`). Run plainly, this test starts itself under `mpiexec -n 2` and `-n 4`
 //! (and once without mpiexec, which must be refused as a world of 1). Each MPI rank runs the
 //! same collectives on both backends — the threads one in-process, all ranks as threads — and
-//! requires the same bits. Last, a rank that hangs before a collective: the other says so
-//! after its timeout and aborts the job, well before the hung rank would have arrived.
+//! requires the same bits. Last, a rank that hangs before a collective, and one that hangs
+//! before the message its peer waits for: the other says so after its timeout and aborts the
+//! job, well before the hung rank would have arrived.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use mslc_exec::collectives::{Collectives, Mesh};
 
 /// Set in the processes mpiexec starts: the world size they expect.
 const CHILD: &str = "MSLC_MPI_TEST_RANKS";
-/// Set (with [`CHILD`]) in the processes of the hung-rank run.
+/// Set in the processes of a hung-rank run: what rank 0 waits in (`all_reduce`, `recv`).
 const HANG: &str = "MSLC_MPI_TEST_HANG";
 /// How long rank 1 of the hung-rank run sleeps before its collective.
 const HUNG_FOR: Duration = Duration::from_secs(60);
@@ -85,9 +86,10 @@ fn threads_results(ranks: usize, rank: usize) -> Vec<Vec<f32>> {
     all.swap_remove(rank)
 }
 
-/// One rank of the hung-rank run: rank 1 sleeps [`HUNG_FOR`] before its all-reduce, rank 0
-/// waits 1 s for it, then says so and aborts the job.
-fn hung_child() -> ExitCode {
+/// One rank of a hung-rank run: rank 1 sleeps [`HUNG_FOR`] before its part of `what` (an
+/// all-reduce, or the send rank 0 receives), rank 0 waits 1 s for it, then says so and aborts
+/// the job.
+fn hung_child(what: &str) -> ExitCode {
     let me = MpiWorld::init().and_then(|w| w.into_rank(mesh(2), Duration::from_secs(1)));
     let mut me = match me {
         Ok(me) => me,
@@ -100,8 +102,13 @@ fn hung_child() -> ExitCode {
         std::thread::sleep(HUNG_FOR);
     }
     let mut data = values(me.rank(), 4);
-    match me.all_reduce(0, &mut data) {
-        Ok(()) => println!("rank {}: the all-reduce completed", me.rank()),
+    let done = match (what, me.rank()) {
+        ("recv", 0) => me.recv(1, &mut data),
+        ("recv", _) => me.send(0, &data),
+        _ => me.all_reduce(0, &mut data),
+    };
+    match done {
+        Ok(()) => println!("rank {}: the {what} completed", me.rank()),
         Err(e) => eprintln!("rank {}: {}", me.rank(), e.message),
     }
     ExitCode::SUCCESS
@@ -163,8 +170,8 @@ fn run_limited(mut cmd: Command) -> (bool, String) {
 }
 
 fn main() -> ExitCode {
-    if std::env::var(HANG).is_ok() {
-        return hung_child();
+    if let Ok(what) = std::env::var(HANG) {
+        return hung_child(&what);
     }
     if let Ok(ranks) = std::env::var(CHILD) {
         return child(ranks.parse().expect("a rank count"));
@@ -185,18 +192,26 @@ fn main() -> ExitCode {
     let (ok, out) = run_limited(alone);
     assert!(!ok && out.contains("world has 1 process"), "{out}");
     println!("started without mpiexec: refused as a world of 1");
-    let mut hung = Command::new("mpiexec");
-    hung.args(["-n", "2"]).arg(&exe).env(HANG, "1");
-    let start = Instant::now();
-    let (ok, out) = run_limited(hung);
-    let took = start.elapsed();
-    assert!(!ok, "{out}");
-    assert!(
-        out.contains("E0973")
-            && out.contains("rank 0: a member of its group on mesh axis `dp` did not reach the all_reduce within 1.0 s"),
-        "{out}"
-    );
-    assert!(took < HUNG_FOR / 2, "took {took:?}:\n{out}");
-    println!("a rank that hangs: the other aborts the job after its 1 s timeout ({took:.1?})");
+    let hangs = [
+        (
+            "all_reduce",
+            "a member of its group on mesh axis `dp` did not reach the all_reduce",
+        ),
+        ("recv", "rank 1 did not send the message it was waited for"),
+    ];
+    for (what, said) in hangs {
+        let mut hung = Command::new("mpiexec");
+        hung.args(["-n", "2"]).arg(&exe).env(HANG, what);
+        let start = Instant::now();
+        let (ok, out) = run_limited(hung);
+        let took = start.elapsed();
+        assert!(!ok, "{out}");
+        assert!(
+            out.contains("E0973") && out.contains(&format!("rank 0: {said} within 1.0 s")),
+            "{out}"
+        );
+        assert!(took < HUNG_FOR / 2, "took {took:?}:\n{out}");
+        println!("a rank that hangs ({what}): the other aborts the job after its 1 s timeout ({took:.1?})");
+    }
     ExitCode::SUCCESS
 }

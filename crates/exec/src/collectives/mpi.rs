@@ -118,24 +118,8 @@ impl MpiRank {
         let mut lens = vec![0u64; comm.size() as usize];
         let mine = len as u64;
         mpi::request::scope(|scope| {
-            let mut request = comm.immediate_all_gather_into(scope, &mine, &mut lens[..]);
-            let start = Instant::now();
-            loop {
-                match request.test() {
-                    Ok(_) => break,
-                    Err(pending) => request = pending,
-                }
-                let waited = start.elapsed();
-                if waited >= self.timeout {
-                    self.abort_hung(what, axis);
-                }
-                // Spin briefly (collectives usually meet within microseconds), then poll
-                // without holding the core.
-                match waited < Duration::from_millis(5) {
-                    true => std::thread::yield_now(),
-                    false => std::thread::sleep(Duration::from_micros(200)),
-                }
-            }
+            let request = comm.immediate_all_gather_into(scope, &mine, &mut lens[..]);
+            self.complete(request, || self.group_hung(what, axis));
         });
         match lens.iter().position(|&l| l != mine) {
             None => Ok(comm),
@@ -146,17 +130,67 @@ impl MpiRank {
         }
     }
 
-    /// Ends the MPI job after a member of group `axis` did not reach collective `what`
-    /// within the timeout: the collective cannot be called off, and every rank must stop.
-    fn abort_hung(&self, what: &str, axis: usize) -> ! {
-        eprintln!(
-            "error[E0973]: rank {}: a member of its group on mesh axis `{}` did not reach the \
-             {what} within {:.1} s (hung?); aborting the MPI job",
-            self.rank,
-            self.mesh.axes()[axis].0,
-            self.timeout.as_secs_f64()
-        );
-        self.world.abort(1)
+    /// Polls `poll` until it gives a value, spinning briefly (collectives and messages
+    /// usually meet within microseconds), then without holding the core; past the timeout,
+    /// says what `hung` describes and aborts the MPI job, since an operation in flight cannot
+    /// be called off and every rank must stop.
+    fn within<T>(&self, hung: impl FnOnce() -> String, mut poll: impl FnMut() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(done) = poll() {
+                return done;
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                eprintln!(
+                    "error[E0973]: rank {}: {} within {:.1} s (hung?); aborting the MPI job",
+                    self.rank,
+                    hung(),
+                    self.timeout.as_secs_f64()
+                );
+                self.world.abort(1)
+            }
+            match waited < Duration::from_millis(5) {
+                true => std::thread::yield_now(),
+                false => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+    }
+
+    /// Waits for `request` to complete, within the timeout ([`Self::within`]).
+    fn complete<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
+        &self,
+        request: mpi::request::Request<'a, D, S>,
+        hung: impl FnOnce() -> String,
+    ) {
+        let mut pending = Some(request);
+        self.within(hung, || match pending.take()?.test() {
+            Ok(_) => Some(()),
+            Err(request) => {
+                pending = Some(request);
+                None
+            }
+        })
+    }
+
+    /// What a member of group `axis` that never reached collective `what` failed to do.
+    fn group_hung(&self, what: &str, axis: usize) -> String {
+        format!(
+            "a member of its group on mesh axis `{}` did not reach the {what}",
+            self.mesh.axes()[axis].0
+        )
+    }
+
+    /// The MPI rank of point-to-point peer `rank` (`what`: `send to`, `recv from`), which
+    /// must be in the mesh.
+    fn peer(&self, what: &str, rank: usize) -> ExecResult<i32> {
+        if rank >= self.mesh.size() {
+            return Err(collective_error(format!(
+                "{what} rank {rank}: the mesh has {} ranks",
+                self.mesh.size()
+            )));
+        }
+        Ok(rank as i32)
     }
 
     /// Each member's block `b` of `send` (`n` blocks of `block`) summed over the group in
@@ -221,26 +255,27 @@ impl Collectives for MpiRank {
     }
 
     fn send(&mut self, to: usize, data: &[f32]) -> ExecResult<()> {
-        if to >= self.mesh.size() {
-            return Err(collective_error(format!(
-                "send to rank {to}: the mesh has {} ranks",
-                self.mesh.size()
-            )));
-        }
-        self.world.process_at_rank(to as i32).send(data);
+        let peer = self.world.process_at_rank(self.peer("send to", to)?);
+        mpi::request::scope(|scope| {
+            let request = peer.immediate_send(scope, data);
+            self.complete(request, || format!("rank {to} did not take its message"));
+        });
         Ok(())
     }
 
     fn recv(&mut self, from: usize, data: &mut [f32]) -> ExecResult<()> {
-        if from >= self.mesh.size() {
-            return Err(collective_error(format!(
-                "recv from rank {from}: the mesh has {} ranks",
-                self.mesh.size()
-            )));
+        let peer = self.world.process_at_rank(self.peer("recv from", from)?);
+        let (message, status) = self.within(
+            || format!("rank {from} did not send the message it was waited for"),
+            || peer.immediate_matched_probe(),
+        );
+        let sent = status.count(f32::equivalent_datatype()).max(0) as usize;
+        if sent != data.len() {
+            // Take the message off the queue before saying it does not fit.
+            let _ = (message, status).matched_receive_vec::<f32>();
+            return check_len(&format!("recv from rank {from}"), sent, data.len());
         }
-        let (message, _) = self.world.process_at_rank(from as i32).receive_vec::<f32>();
-        check_len(&format!("recv from rank {from}"), message.len(), data.len())?;
-        data.copy_from_slice(&message);
+        message.matched_receive_into(data);
         Ok(())
     }
 }
