@@ -183,6 +183,9 @@ fn execute(args: &RunArgs, world: World, reporter: &Reporter) -> world::Outcome 
     }
     let times = timed_runs(args, &mut exec, sources.as_ref(), reporter, true)?;
     let peak = mslc_kernels::peak::measure(exec.threads());
+    if let Some(p) = &peak {
+        mslc_driver::host::remember(p);
+    }
     let mut arrays = Vec::new();
     for (name, v) in &exec.module().outputs {
         let array = exec

@@ -5,6 +5,7 @@
 pub mod artifacts;
 pub mod compile;
 pub mod dep_info;
+pub mod host;
 pub mod loss_scale;
 pub mod numerics;
 pub mod parallel;

@@ -5,9 +5,9 @@ use mslc_check::policy::TargetSpec;
 use mslc_plan::target::Target;
 
 /// The target a checked `target` declaration describes; the host (`cpu`) with this machine's
-/// detected peak ([`Target::detected`]).
+/// measured peak on its default thread count ([`crate::host::peak_flops`]).
 pub fn target_from_spec(spec: &TargetSpec) -> Target {
-    Target {
+    let target = Target {
         name: spec.name.name.clone(),
         peak_f32: spec.peak_flops.f32,
         peak_f16: spec.peak_flops.f16,
@@ -17,8 +17,11 @@ pub fn target_from_spec(spec: &TargetSpec) -> Target {
         interconnect: spec.interconnect_bytes_per_s,
         network: spec.network_bytes_per_s,
         devices_per_node: spec.devices_per_node,
-    }
-    .detected()
+    };
+    let host_peak = target.is_host().then(|| {
+        crate::host::peak_flops(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    });
+    target.with_host_peak(host_peak.flatten())
 }
 
 /// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled

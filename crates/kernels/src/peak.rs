@@ -41,6 +41,17 @@ impl Peak {
     }
 }
 
+/// What a measured peak is kept under: the CPU's model, the instructions the calibration uses
+/// and the thread count, e.g. `AMD EPYC | AVX2+FMA | 2 thread(s)`.
+pub fn machine_key(threads: usize) -> String {
+    format!(
+        "{} | {} | {} thread(s)",
+        cpu_model().as_deref().unwrap_or("unknown CPU"),
+        widest().0,
+        threads.max(1)
+    )
+}
+
 /// How long each timed round runs on every thread.
 const ROUND: Duration = Duration::from_millis(30);
 
@@ -177,6 +188,7 @@ mod tests {
         assert!(peak.flops_per_s > 1e6, "{peak:?}");
         eprintln!("{}", peak.describe());
         assert!(peak.describe().starts_with("measured f32 peak "));
+        assert!(machine_key(2).ends_with(&format!(" | {} | 2 thread(s)", peak.isa)));
     }
 
     #[test]

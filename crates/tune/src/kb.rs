@@ -182,11 +182,7 @@ impl std::error::Error for KbError {}
 /// The default file: `$XDG_CACHE_HOME/mslc/tune-kb.json`, else `~/.cache/mslc/tune-kb.json`;
 /// `None` when neither variable is set.
 pub fn default_path() -> Option<PathBuf> {
-    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    let cache = nonempty("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| nonempty("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(cache.join("mslc").join("tune-kb.json"))
+    mslc_io::cache::cache_file("tune-kb.json")
 }
 
 impl KnowledgeBase {
