@@ -400,6 +400,7 @@ fn build(
     let tuning = tuned.as_ref().map(|t| t.note.as_str());
     let mut text = report_text(
         &report,
+        train_entry.is_some(),
         args.verify,
         kernels.as_deref(),
         tuning,
@@ -678,6 +679,7 @@ fn rewrites_text(by_label: &std::collections::BTreeMap<String, usize>) -> String
 
 fn report_text(
     r: &Report,
+    training_step: bool,
     verified: bool,
     kernels: Option<&str>,
     tuning: Option<&str>,
@@ -702,7 +704,13 @@ fn report_text(
             "  hoisted:    {} of parameter-only values, computed once per parameter change",
             human_bytes(r.hoisted_bytes)
         ),
-        format!("  compute:    {:.3} GFLOP per forward, ~{:.3} ms on {}", r.flops_per_forward as f64 / 1e9, r.estimated_seconds_per_forward * 1e3, r.target),
+        format!(
+            "  compute:    {:.3} GFLOP per {}, ~{:.3} ms on {}",
+            r.flops_per_forward as f64 / 1e9,
+            if training_step { "training step" } else { "forward" },
+            r.estimated_seconds_per_forward * 1e3,
+            r.target
+        ),
         format!(
             "  time:       check {:.1} ms, lower {:.1} ms, passes {:.1} ms, schedule {:.1} ms, memory {:.1} ms, encode {:.1} ms",
             s.check, s.lower, s.passes, s.schedule, s.memory, s.encode

@@ -453,8 +453,6 @@ fn summary(
     lines.join("\n") + "\n"
 }
 
-/// The whole-model line: the default and tuned forward, the speed-up, what was kept and
-/// what dropped.
 /// Which decisions a confirmed forward was given, in words.
 fn decisions(kept: &Kept) -> &'static str {
     match kept {
@@ -465,9 +463,11 @@ fn decisions(kept: &Kept) -> &'static str {
     }
 }
 
+/// The whole-model line: the default and tuned run of the module (a forward, or a training
+/// step), the speed-up, what was kept and what dropped.
 fn whole_line(whole: Option<&WholeModel>) -> String {
     let Some(w) = whole else {
-        return "  whole model: no decision changes the forward (tuned = default)".to_string();
+        return "  whole model: no decision changes the module (tuned = default)".to_string();
     };
     let c = &w.confirmation;
     if let Source::Skipped(why) = &w.source {
@@ -480,7 +480,7 @@ fn whole_line(whole: Option<&WholeModel>) -> String {
         Kept::None => "every decision dropped: the defaults are kept",
     };
     let mut line = format!(
-        "  whole model: default {:.3} ms, tuned {:.3} ms per forward, {:.2}x ({kept}; noise {:.1} %; {})",
+        "  whole model: default {:.3} ms, tuned {:.3} ms per run, {:.2}x ({kept}; noise {:.1} %; {})",
         c.default_ms,
         c.tuned_ms,
         c.speedup(),

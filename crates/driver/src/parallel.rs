@@ -862,27 +862,38 @@ pub fn layer_ranges(layers: &[[usize; 2]]) -> String {
 /// worst rank's memory against the budget.
 pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     let gib = |b: u64| human_bytes(b);
+    let pipelined = plan.mesh.get("pp").is_some_and(|&pp| pp > 1);
+    let micro_batches = match (pipelined, plan.micro_batches) {
+        (true, m) => format!(", {m} micro-batches ({})", plan.schedule.name()),
+        (false, 1) => String::new(),
+        (false, m) => format!(", {m} micro-batches"),
+    };
+    let model_flops = plan.model_flops_per_device;
+    let (flops, unit) = if model_flops >= 1e12 {
+        (model_flops / 1e12, "TFLOP/s")
+    } else {
+        (model_flops / 1e9, "GFLOP/s")
+    };
     let mut lines = vec![
         format!(
-            "  plan:       train {train} on {} devices: {}{}, {} micro-batches ({}), optimizer_shard = {}, recompute = {} ({}, {} candidates in {:.1} ms)",
+            "  plan:       train {train} on {} device{}: {}{}{micro_batches}, optimizer_shard = {}, recompute = {} ({}, {} candidate{} in {:.1} ms)",
             plan.devices,
+            if plan.devices == 1 { "" } else { "s" },
             plan.degrees_text(),
             if plan.sequence_parallel { ", sequence parallel" } else { "" },
-            plan.micro_batches,
-            plan.schedule.name(),
             level_name(plan.optimizer_shard),
             recompute_name(plan.recompute),
             plan.search.mode,
             plan.search.candidates,
+            if plan.search.candidates == 1 { "" } else { "s" },
             plan.search.seconds * 1e3
         ),
         format!(
-            "  step:       ~{:.3} s estimated (compute {:.3} s, exposed communication {:.3} s, bubble {:.1} %), {:.0} TFLOP/s model FLOPs per device",
+            "  step:       ~{:.3} s estimated (compute {:.3} s, exposed communication {:.3} s, bubble {:.1} %), {flops:.0} {unit} model FLOPs per device",
             plan.step_time_s,
             plan.compute_s,
             plan.communication_s,
             plan.bubble_fraction * 100.0,
-            plan.model_flops_per_device / 1e12
         ),
     ];
     for g in &plan.per_device {
