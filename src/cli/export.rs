@@ -55,9 +55,18 @@ fn jax(args: &JaxArgs, reporter: &Reporter) -> Result<(String, serde_json::Value
     if checked.has_errors() {
         return Err(Failure::Reported);
     }
+    let recheck = |dim: &str, size: i64| {
+        let mut options = args.model.check_options();
+        options
+            .overrides
+            .dims
+            .insert(dim.to_string(), size.to_string());
+        check_path(&args.file, &options)
+    };
     let request = Request {
         entry: args.entry.as_deref(),
         precision: args.precision.precision.as_deref(),
+        recheck: Some(&recheck),
     };
     let exported = export_jax(&checked, &request).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
@@ -89,11 +98,17 @@ fn jax(args: &JaxArgs, reporter: &Reporter) -> Result<(String, serde_json::Value
             "  mesh:    {p} (shardings from the declaration)\n"
         ));
     }
+    if let Some(p) = &exported.pipeline {
+        text.push_str(&format!(
+            "  pipeline: {p} (GSPMD: layers stacked by stage, collective-permutes between stages)\n"
+        ));
+    }
     let json = serde_json::json!({
         "model": exported.model,
         "ops": exported.ops,
         "train": exported.train,
         "parallel": exported.parallel,
+        "pipeline": exported.pipeline,
         "written": args.output,
     });
     Ok((text, json))

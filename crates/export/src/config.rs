@@ -37,6 +37,7 @@ pub fn docstring(
     model: &Model,
     train: Option<&Train>,
     parallel: Option<&ParallelPolicy>,
+    pipelined: bool,
 ) -> String {
     let mut s = format!(
         "\"\"\"Model `{}` of {source}, exported by `mslc export jax` ({}).\n\n",
@@ -77,10 +78,14 @@ pub fn docstring(
              mslc's per-device plan exists. With fewer devices than the mesh needs, the program\n\
              runs on one device.{}\n",
             p.name.name,
-            if p.pipeline.is_some() {
-                " The pipeline is ignored: every device runs every layer."
-            } else {
-                ""
+            match (p.pipeline.is_some(), pipelined) {
+                (true, true) => {
+                    " The pipeline is GSPMD's: the layers' parameters stacked by\n\
+                     stage over the pipeline axis, each stage running its layers on one\n\
+                     micro-batch per tick and passing it on (collective-permutes)."
+                }
+                (true, false) => " The pipeline is ignored: every device runs every layer.",
+                _ => "",
             }
         ));
     }
@@ -119,6 +124,7 @@ pub fn facts(
     train: Option<&Train>,
     train_graph: Option<&Graph>,
     parallel: Option<&ParallelPolicy>,
+    pipelined: bool,
 ) -> String {
     let params_graph = train_graph.unwrap_or(forward);
     let mut params: Vec<(String, TensorType, bool)> = params_graph
@@ -154,7 +160,7 @@ pub fn facts(
         _ => s.push_str("TRAIN = None\n"),
     }
     match parallel.filter(|p| p.mode != ParallelMode::StandAlone && !p.mesh.is_empty()) {
-        Some(p) => s.push_str(&mesh_literal(p, &params)),
+        Some(p) => s.push_str(&mesh_literal(p, &params, pipelined)),
         None => s.push_str("MESH = None\n"),
     }
     s
@@ -224,11 +230,15 @@ fn train_literal(train: &Train, graph: &Graph, params: &[(String, TensorType, bo
 /// `dp` in the semi-auto and auto modes, as [`ParallelPolicy::data_parallel_size`] counts), and
 /// each parameter's spec from the first shard rule of its rank matching its path (the rule the
 /// checker validated), in the modes that honour shard rules.
-fn mesh_literal(policy: &ParallelPolicy, params: &[(String, TensorType, bool)]) -> String {
+fn mesh_literal(
+    policy: &ParallelPolicy,
+    params: &[(String, TensorType, bool)],
+    pipelined: bool,
+) -> String {
     let mut s = String::from("MESH = {\n");
     writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
-    // The pipeline is not mirrored, so its mesh axis (one neither `dp` nor used by a shard
-    // rule, as the planner counts stages) is left out: every device runs every layer.
+    // A pipeline that is not mirrored has its mesh axis (one neither `dp` nor used by a shard
+    // rule, as the planner counts stages) left out: every device runs every layer.
     let used = |axis: &str| {
         policy
             .shards
@@ -236,7 +246,11 @@ fn mesh_literal(policy: &ParallelPolicy, params: &[(String, TensorType, bool)]) 
             .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
     };
     let kept = policy.mesh.iter().filter(|(a, _)| {
-        policy.pipeline.is_none() || policy.mode == ParallelMode::Data || a == "dp" || used(a)
+        pipelined
+            || policy.pipeline.is_none()
+            || policy.mode == ParallelMode::Data
+            || a == "dp"
+            || used(a)
     });
     let axes = py_list(kept.map(|(a, n)| format!("({}, {n})", py_str(a))));
     writeln!(s, "    \"axes\": {axes},").expect("String");

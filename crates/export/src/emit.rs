@@ -28,40 +28,12 @@ pub fn jnp_dtype(d: DType) -> &'static str {
 /// `def NAME(p, x):` computing `graph`: `p` maps parameter paths to arrays, `x` input names to
 /// arrays; it returns a dict of the graph's outputs by name.
 pub fn emit_function(graph: &Graph, name: &str, doc: &str) -> Result<String, Box<Diagnostic>> {
-    let order = graph.topo_order().ok_or_else(|| {
-        Box::new(Diagnostic::error(
-            Code::E0608,
-            FileId(0),
-            Span::default(),
-            format!("the graph of `{}` has a cycle", graph.name),
-        ))
-    })?;
+    let order = topo_order(graph)?;
     let mut out = format!("def {name}(p, x):\n    {}\n", py_str(doc));
     for id in order {
-        let node = graph.node(id);
         let target = value_name(ValueRef { node: id, index: 0 });
-        let expr = match &node.kind {
-            NodeKind::Input { name } => format!("x[{}]", py_str(name)),
-            NodeKind::Param { path, .. } => format!("p[{}]", py_str(path)),
-            NodeKind::Op { op, attrs } => op_expr(graph, id, *op, attrs).map_err(|e| {
-                let loc = node.loc;
-                let (file, span) = loc.map_or((FileId(0), Span::default()), |l| (l.file, l.span));
-                Box::new(
-                    Diagnostic::error(Code::E0960, file, span, e)
-                        .with_label("this op")
-                        .with_help(
-                            "the export covers the forward ops and losses of docs/ops.md; \
-                             report the model if a forward op is refused",
-                        ),
-                )
-            })?,
-        };
-        let origin = if node.origin.is_empty() {
-            String::new()
-        } else {
-            format!("  # {}", node.origin)
-        };
-        writeln!(out, "    {target} = {expr}{origin}").expect("writing to a String");
+        let line = statement(graph, id, &target, &value_name, true)?;
+        writeln!(out, "    {line}").expect("writing to a String");
     }
     out.push_str("    return {");
     for (i, (name, v)) in graph.outputs.iter().enumerate() {
@@ -74,8 +46,62 @@ pub fn emit_function(graph: &Graph, name: &str, doc: &str) -> Result<String, Box
     Ok(out)
 }
 
+/// `graph`'s nodes in an order where each follows its inputs; E0608 for a cycle.
+pub(crate) fn topo_order(graph: &Graph) -> Result<Vec<NodeId>, Box<Diagnostic>> {
+    graph.topo_order().ok_or_else(|| {
+        Box::new(Diagnostic::error(
+            Code::E0608,
+            FileId(0),
+            Span::default(),
+            format!("the graph of `{}` has a cycle", graph.name),
+        ))
+    })
+}
+
+/// What a model input or parameter node reads (`x["tokens"]`, `p["lm_head.weight"]`); `None`
+/// for an op.
+pub(crate) fn leaf_expr(graph: &Graph, id: NodeId) -> Option<String> {
+    match &graph.node(id).kind {
+        NodeKind::Input { name } => Some(format!("x[{}]", py_str(name))),
+        NodeKind::Param { path, .. } => Some(format!("p[{}]", py_str(path))),
+        NodeKind::Op { .. } => None,
+    }
+}
+
+/// `TARGET = EXPR` for node `id` (an op's operands named by `name`), with an op's instance
+/// path as a comment when `comment`; E0960 at the op's source for an op without a translation.
+pub(crate) fn statement(
+    graph: &Graph,
+    id: NodeId,
+    target: &str,
+    name: &dyn Fn(ValueRef) -> String,
+    comment: bool,
+) -> Result<String, Box<Diagnostic>> {
+    let node = graph.node(id);
+    let (op, attrs) = match (&node.kind, leaf_expr(graph, id)) {
+        (NodeKind::Op { op, attrs }, _) => (op, attrs),
+        (_, leaf) => return Ok(format!("{target} = {}", leaf.unwrap_or_default())),
+    };
+    let expr = op_expr(graph, id, *op, attrs, name).map_err(|e| {
+        let loc = node.loc;
+        let (file, span) = loc.map_or((FileId(0), Span::default()), |l| (l.file, l.span));
+        Box::new(
+            Diagnostic::error(Code::E0960, file, span, e)
+                .with_label("this op")
+                .with_help(
+                    "the export covers the forward ops and losses of docs/ops.md; \
+                     report the model if a forward op is refused",
+                ),
+        )
+    })?;
+    Ok(match comment && !node.origin.is_empty() {
+        true => format!("{target} = {expr}  # {}", node.origin),
+        false => format!("{target} = {expr}"),
+    })
+}
+
 /// The local variable holding value `v`.
-fn value_name(v: ValueRef) -> String {
+pub(crate) fn value_name(v: ValueRef) -> String {
     match v.index {
         0 => format!("v{}", v.node.index()),
         i => format!("v{}_{i}", v.node.index()),
@@ -94,9 +120,15 @@ fn tuple(xs: &[i64]) -> String {
 }
 
 /// The expression computing op node `id`; an error message when the op has no translation.
-fn op_expr(graph: &Graph, id: NodeId, op: Op, attrs: &Attrs) -> Result<String, String> {
+fn op_expr(
+    graph: &Graph,
+    id: NodeId,
+    op: Op,
+    attrs: &Attrs,
+    name: &dyn Fn(ValueRef) -> String,
+) -> Result<String, String> {
     let inputs = graph.inputs(id);
-    let args: Vec<String> = inputs.iter().map(|v| value_name(*v)).collect();
+    let args: Vec<String> = inputs.iter().map(|v| name(*v)).collect();
     let ty = |i: usize| -> &TensorType { graph.ty(inputs[i]) };
     let out = &graph.node(id).outputs[0];
     let a = |i: usize| args[i].as_str();

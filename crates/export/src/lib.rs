@@ -1,8 +1,9 @@
 //! `mslc export jax`: a checked model as a self-contained Python program on JAX — the forward,
 //! the training step of its `train` (loss, `jax.grad`, clipping, the optimizer with PyTorch's
 //! semantics, as `mslc train` runs it), and a `jax.sharding.Mesh` with each parameter's
-//! `NamedSharding` from the train's `parallel` declaration — whose numbers are checked against
-//! mslc's executor (tests/it/export.rs). A second, independent engine for the same model.
+//! `NamedSharding` from the train's `parallel` declaration, and its plan's pipeline the GSPMD
+//! way ([`layers`]) — whose numbers are checked against mslc's executor (tests/it/export.rs). A
+//! second, independent engine for the same model.
 //!
 //! The program is generated from the graph IR as lowered, before any pass: one Python statement
 //! per op ([`emit`]), around a fixed runtime (`runtime/ops.py`: the ops that take more than one
@@ -10,6 +11,7 @@
 
 mod config;
 mod emit;
+mod layers;
 mod py;
 
 use mslc_check::decls::Train;
@@ -19,17 +21,24 @@ use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::Op;
 use mslc_driver::compile::lower_verified;
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
-use mslc_ir::Graph;
+use mslc_ir::{Graph, NodeKind};
 
 pub use emit::jnp_dtype;
 
+/// Checks the exported source again with dim `NAME` set to `N` (the command line's other
+/// `--set`/`--dim` kept).
+pub type Recheck<'a> = &'a dyn Fn(&str, i64) -> Checked;
+
 /// What to export, as chosen on the command line.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct Request<'a> {
     /// `--entry`: a model, or a train (whose model is then exported), of the file.
     pub entry: Option<&'a str>,
     /// `--precision`: only `f32` is exported; `None` takes the train's, which must be f32.
     pub precision: Option<&'a str>,
+    /// The same source checked again with dim `NAME` set to `N`: a pipeline's layers are
+    /// exported at the size of one micro-batch. `None`: pipelines are not mirrored (W0050).
+    pub recheck: Option<Recheck<'a>>,
 }
 
 /// An exported program and what it holds.
@@ -45,6 +54,10 @@ pub struct Exported {
     pub train: Option<String>,
     /// The parallel declaration whose mesh and shardings the program uses, if any.
     pub parallel: Option<String>,
+    /// The plan's pipeline as the program runs it ("2 stages × 4 micro-batches over mesh axis
+    /// `pp`"),
+    /// when it is mirrored.
+    pub pipeline: Option<String>,
     /// Ops of the forward graph (one statement each).
     pub ops: usize,
 }
@@ -53,6 +66,62 @@ pub struct Exported {
 pub fn export_jax(checked: &Checked, request: &Request) -> Result<Exported, Box<Diagnostic>> {
     let (model, train) = choose(checked, request.entry)?;
     refuse_unmirrored(checked, train, request.precision)?;
+    let (forward, train_graph) = lowered(checked, model, train)?;
+    if let (Some(t), Some(g)) = (train, &train_graph) {
+        refuse_training_mode(t, g)?;
+    }
+    let parallel = train
+        .and_then(|t| t.parallel)
+        .map(|i| &checked.decls.parallels[i]);
+    let mut warnings = Vec::new();
+    let mut pipelined = None;
+    if let (Some(policy), Some(pipeline), Some(t)) =
+        (parallel, parallel.and_then(|p| p.pipeline), train)
+    {
+        match pipeline_parts(checked, request, model, t, &forward)? {
+            Ok(parts) => pipelined = Some(parts),
+            Err(why) => warnings.push(
+                Diagnostic::warning(
+                    Code::W0050,
+                    policy.file,
+                    pipeline.span,
+                    format!(
+                        "the JAX export does not mirror the pipeline of `{}` ({} stages, {} micro-batches): {why}",
+                        policy.name.name, pipeline.stages, pipeline.micro_batches
+                    ),
+                )
+                .with_label("not mirrored")
+                .with_help("every device of the mesh runs all the layers; the numbers are the same"),
+            ),
+        }
+    }
+    let program = program(
+        checked,
+        model,
+        &forward,
+        train,
+        train_graph.as_ref(),
+        parallel,
+        pipelined.as_ref(),
+    )?;
+    Ok(Exported {
+        program,
+        warnings,
+        model: model.name.clone(),
+        train: train.map(|t| t.spec.name.name.clone()),
+        parallel: parallel.map(|p| p.name.name.clone()),
+        pipeline: pipelined.map(|p| p.summary),
+        ops: forward.op_count(),
+    })
+}
+
+/// The forward graph of `model` and the graph of `train` (model, labels and loss), lowered
+/// in f32 and verified, as exported.
+fn lowered(
+    checked: &Checked,
+    model: &Model,
+    train: Option<&Train>,
+) -> Result<(Graph, Option<Graph>), Box<Diagnostic>> {
     let selection = Selection {
         precision: Some("f32"),
         verify: true,
@@ -65,44 +134,122 @@ pub fn export_jax(checked: &Checked, request: &Request) -> Result<Exported, Box<
         Some(g) => Some(lower(g)?),
         None => None,
     };
-    if let (Some(t), Some(g)) = (train, &train_graph) {
-        refuse_training_mode(t, g)?;
-    }
-    let parallel = train
-        .and_then(|t| t.parallel)
-        .map(|i| &checked.decls.parallels[i]);
-    let mut warnings = Vec::new();
-    if let Some((policy, pipeline)) = parallel.and_then(|p| Some((p, p.pipeline?))) {
-        warnings.push(
-            Diagnostic::warning(
-                Code::W0050,
-                policy.file,
-                pipeline.span,
-                format!(
-                    "the JAX export ignores the pipeline of `{}` ({} stages, {} micro-batches)",
-                    policy.name.name, pipeline.stages, pipeline.micro_batches
-                ),
-            )
-            .with_label("not mirrored")
-            .with_help("every device of the mesh runs all the layers; the numbers are the same"),
-        );
-    }
-    let program = program(
-        checked,
-        model,
-        &forward,
-        train,
-        train_graph.as_ref(),
-        parallel,
-    )?;
-    Ok(Exported {
-        program,
-        warnings,
-        model: model.name.clone(),
-        train: train.map(|t| t.spec.name.name.clone()),
-        parallel: parallel.map(|p| p.name.name.clone()),
-        ops: forward.op_count(),
-    })
+    Ok((forward, train_graph))
+}
+
+/// A pipeline as the program mirrors it: the `PIPELINE` facts and the pipelined forms of the
+/// forward and of the train's graph ([`layers::emit_pipelined`]).
+struct Pipelined {
+    /// In words, for the summary.
+    summary: String,
+    facts: String,
+    forward: String,
+    train: String,
+    /// The forward and the train's graph at the step's whole batch: the program's interface.
+    whole: (Graph, Graph),
+}
+
+/// The pipelined functions of `train`'s plan for `model`, exported at the size of one
+/// micro-batch (`request.recheck`); `Ok(Err)` says why the pipeline cannot be mirrored.
+fn pipeline_parts(
+    checked: &Checked,
+    request: &Request,
+    model: &Model,
+    train: &Train,
+    forward: &Graph,
+) -> Result<Result<Pipelined, String>, Box<Diagnostic>> {
+    let Some(recheck) = request.recheck else {
+        return Ok(Err(
+            "this export was asked for without micro-batch shapes".into()
+        ));
+    };
+    let plan = match mslc_driver::parallel::plan_train(checked, train) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(Err("the train has no per-device plan".into())),
+        Err(d) => return Ok(Err(format!("the train has no plan ({})", d.message))),
+    };
+    let devices = usize::try_from(plan.devices).unwrap_or(0);
+    let layout = match mslc_driver::ranks::layout(Some(&plan), devices, "the export") {
+        Ok(layout) => layout,
+        Err(e) => return Ok(Err(e.message)),
+    };
+    let Some(stages) = layout.pipeline else {
+        return Ok(Err("the plan has a single stage".into()));
+    };
+    let (micro_batches, replicas) = (stages.micro_batches, layout.dp);
+    let first = model.inputs.first();
+    let dim = first.and_then(|i| i.dims.first().cloned().flatten());
+    let batch = first.and_then(|i| {
+        forward
+            .node_ids()
+            .into_iter()
+            .find_map(|id| match &forward.node(id).kind {
+                NodeKind::Input { name } if *name == i.name => {
+                    forward.node(id).outputs[0].shape.first().copied()
+                }
+                _ => None,
+            })
+    });
+    let (Some(dim), Some(batch)) = (dim, batch) else {
+        return Ok(Err("the model's first input has no named batch dim".into()));
+    };
+    // The model's batch dim is one replica's micro-batch (the plan checks that the train's
+    // batch is it × replicas × micro-batches): the layers run on the replicas' micro-batches
+    // side by side, the step on the train's whole batch.
+    let name = &train.spec.name.name;
+    let lower_at = |size: i64| -> Result<Result<(Graph, Graph), String>, Box<Diagnostic>> {
+        let again = recheck(&dim, size);
+        let Ok((m, Some(t))) = choose(&again, Some(name)) else {
+            return Ok(Err(format!(
+                "train `{name}` does not check with {dim} = {size}"
+            )));
+        };
+        match lowered(&again, m, Some(t))? {
+            (forward, Some(graph)) => Ok(Ok((forward, graph))),
+            _ => Ok(Err(format!("train `{name}` has no graph"))),
+        }
+    };
+    let micro = batch * replicas as i64;
+    let (micro_forward, micro_graph) = match lower_at(micro)? {
+        Ok(graphs) => graphs,
+        Err(why) => return Ok(Err(why)),
+    };
+    let whole = match lower_at(micro * micro_batches as i64)? {
+        Ok(graphs) => graphs,
+        Err(why) => return Ok(Err(why)),
+    };
+    let doc = format!("The forward of `{}`: the outputs by name.", model.name);
+    let forward = match layers::emit_pipelined(&micro_forward, "forward", &doc)? {
+        Ok(text) => text,
+        Err(why) => return Ok(Err(why)),
+    };
+    let doc = "The model with the train's labels and loss: `loss` (and nothing else).";
+    let train_text = match layers::emit_pipelined(&micro_graph, "train_graph", doc)? {
+        Ok(text) => text,
+        Err(why) => return Ok(Err(why)),
+    };
+    let ranges = stages.layers.iter().map(|r| {
+        let [first, end] = r.first().copied().unwrap_or_default();
+        format!("({first}, {end})")
+    });
+    let facts = format!(
+        "# The plan's pipeline: its mesh axis, stages (each a range of layers), micro-batches per\n\
+         # step of each of the data-parallel replicas.\n\
+         PIPELINE = {{\"axis\": {}, \"stage_layers\": {}, \"micro_batches\": {micro_batches}, \"replicas\": {replicas}}}\n",
+        py::py_str(plan.axis_name("pp")),
+        py::py_list(ranges),
+    );
+    Ok(Ok(Pipelined {
+        summary: format!(
+            "{} stages × {micro_batches} micro-batches over mesh axis `{}`",
+            stages.layers.len(),
+            plan.axis_name("pp")
+        ),
+        facts,
+        forward,
+        train: train_text,
+        whole,
+    }))
 }
 
 /// The model and train to export: `entry` naming a train takes it and its model; otherwise the
@@ -220,29 +367,50 @@ fn program(
     train: Option<&Train>,
     train_graph: Option<&Graph>,
     parallel: Option<&ParallelPolicy>,
+    pipelined: Option<&Pipelined>,
 ) -> Result<String, Box<Diagnostic>> {
     let source = checked
         .files
         .first()
         .map_or(String::new(), |f| f.display().to_string());
-    let mut text = config::docstring(&source, model, train, parallel);
+    let mut text = config::docstring(&source, model, train, parallel, pipelined.is_some());
     text.push_str(config::IMPORTS);
     text.push_str(include_str!("runtime/ops.py"));
     text.push('\n');
-    text.push_str(&config::facts(forward, train, train_graph, parallel));
-    text.push('\n');
-    text.push_str(&emit::emit_function(
+    let (forward, train_graph) = match pipelined {
+        Some(p) => (&p.whole.0, Some(&p.whole.1)),
+        None => (forward, train_graph),
+    };
+    text.push_str(&config::facts(
         forward,
-        "forward",
-        &format!("The forward of `{}`: the outputs by name.", model.name),
-    )?);
+        train,
+        train_graph,
+        parallel,
+        pipelined.is_some(),
+    ));
+    match pipelined {
+        Some(p) => text.push_str(&p.facts),
+        None => text.push_str("PIPELINE = None\n"),
+    }
+    text.push('\n');
+    match pipelined {
+        Some(p) => text.push_str(&p.forward),
+        None => text.push_str(&emit::emit_function(
+            forward,
+            "forward",
+            &format!("The forward of `{}`: the outputs by name.", model.name),
+        )?),
+    }
     if let Some(g) = train_graph {
         text.push('\n');
-        text.push_str(&emit::emit_function(
-            g,
-            "train_graph",
-            "The model with the train's labels and loss: `loss` (and nothing else).",
-        )?);
+        match pipelined {
+            Some(p) => text.push_str(&p.train),
+            None => text.push_str(&emit::emit_function(
+                g,
+                "train_graph",
+                "The model with the train's labels and loss: `loss` (and nothing else).",
+            )?),
+        }
     }
     text.push('\n');
     text.push_str(include_str!("runtime/main.py"));

@@ -185,6 +185,88 @@ def state_names():
     return ["exp_avg", "exp_avg_sq"]
 
 
+# The mesh the program runs on (None: one device), for the pipeline's sharding constraints.
+RUN_MESH = None
+
+
+def constrain(array, *spec):
+    """`array` laid out as `spec` over the run's mesh (unchanged on one device)."""
+    if RUN_MESH is None:
+        return array
+    sharding = jax.sharding.NamedSharding(RUN_MESH, jax.sharding.PartitionSpec(*spec))
+    return jax.lax.with_sharding_constraint(array, sharding)
+
+
+def to_micro(array):
+    """[B, ...] as [M, B / M, ...]: micro-batch k of the step holds the k-th micro-batch of
+    every data-parallel replica's rows (as `mslc train` splits them), so no row moves."""
+    m, r = PIPELINE["micro_batches"], PIPELINE["replicas"]
+    rest = array.shape[1:]
+    rows = array.shape[0] // (m * r)
+    return array.reshape((r, m, rows) + rest).swapaxes(0, 1).reshape((m, r * rows) + rest)
+
+
+def from_micro(array):
+    """The inverse of `to_micro`: [M, B / M, ...] back to [B, ...]."""
+    m, r = PIPELINE["micro_batches"], PIPELINE["replicas"]
+    rest = array.shape[2:]
+    rows = array.shape[1] // r
+    return array.reshape((m, r, rows) + rest).swapaxes(0, 1).reshape((m * r * rows,) + rest)
+
+
+def pipelined(parts, p, x):
+    """A part of the model (`forward`, `train_graph`) as the plan's pipeline runs it, GSPMD
+    style: the step's batch split into micro-batches; the head (what comes before the layers)
+    on each; the layers' parameters stacked by stage, [stages, layers per stage, ...], the
+    stage axis over the mesh's pipeline axis; at each of M + P - 1 ticks every stage applies
+    its layers to the micro-batch it holds (the first stage taking the next one) and the
+    stream shifts one stage on (jnp.roll over the pipeline axis: collective-permutes); the
+    tail on each micro-batch leaving the last stage; the outputs joined back along the batch
+    (a scalar loss averaged over the micro-batches, as `mslc train` averages them)."""
+    head, layer, tail, spec = parts
+    stages = PIPELINE["stage_layers"]
+    n_stages, m = len(stages), PIPELINE["micro_batches"]
+    if stages[-1][1] != len(spec["layers"]):
+        fail(f"the plan's stages cover {stages[-1][1]} layers and the model has {len(spec['layers'])}")
+    batch = {n: to_micro(a) for n, a in x.items()}
+    env = jax.vmap(head, in_axes=(None, 0))(p, batch)
+    stream = tuple(env[n] for n in spec["stream"])
+    depth = max(end - first for first, end in stages)
+    # Stage s's slot j holds layer first_s + j; a stage with fewer layers repeats its last one
+    # in the slots it lacks, masked out.
+    slot = [[first + min(j, end - first - 1) for j in range(depth)] for first, end in stages]
+    live = np.array([[j < end - first for j in range(depth)] for first, end in stages])
+    axis = PIPELINE["axis"]
+    stacked = {}
+    for rel in spec["params"]:
+        array = jnp.stack([jnp.stack([p[spec["layers"][i] + rel] for i in row]) for row in slot])
+        tensor = MESH["params"].get(spec["layers"][0] + rel, []) if MESH else []
+        stacked[rel] = constrain(array, axis, None, *tensor)
+    batch_axes = tuple(MESH["batch"]) if MESH else ()
+    rows = batch_axes[0] if len(batch_axes) == 1 else (batch_axes or None)
+
+    def stage(params, alive, s):
+        for j in range(depth):
+            out = layer({rel: a[j] for rel, a in params.items()}, s, p)
+            s = tuple(jnp.where(alive[j], new, old) for new, old in zip(out, s))
+        return s
+
+    state = tuple(jnp.zeros((n_stages,) + a.shape[1:], a.dtype) for a in stream)
+    done = []
+    for tick in range(m + n_stages - 1):
+        if tick < m:
+            state = tuple(s.at[0].set(a[tick]) for s, a in zip(state, stream))
+        state = tuple(constrain(s, axis, rows) if s.ndim > 1 else s for s in state)
+        state = jax.vmap(stage)(stacked, live, state)
+        if tick >= n_stages - 1:
+            done.append(tuple(s[n_stages - 1] for s in state[:spec["carry"]]))
+        state = tuple(jnp.roll(s, 1, axis=0) for s in state)
+    carry = tuple(jnp.stack([d[i] for d in done]) for i in range(spec["carry"]))
+    outputs = jax.vmap(tail, in_axes=(None, 0, 0, 0))(p, batch, env, carry)
+    return {n: jnp.mean(v, axis=0) if spec["outputs"][n] == "mean" else from_micro(v)
+            for n, v in outputs.items()}
+
+
 def train_step(params, states, batch, lr, step_size, bc2_sqrt):
     """One update, as `mslc train` compiles it: the loss and its gradients, their global
     2-norm, clip_grad_norm's scaling, then SGD / Adam / AdamW as torch.optim computes them."""
@@ -312,7 +394,8 @@ def main(argv=None):
     parser.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON object per update")
     parser.add_argument("--dump-hlo", metavar="FILE", help="write the compiled HLO of the step")
     args = parser.parse_args(argv)
-    mesh = make_mesh()
+    global RUN_MESH
+    mesh = RUN_MESH = make_mesh()
     if mesh is not None:
         print(f"mesh `{MESH['name']}`: {dict(mesh.shape)} over {mesh.devices.size} devices", file=sys.stderr)
     if args.train:
