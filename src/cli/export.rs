@@ -95,7 +95,12 @@ fn jax(args: &JaxArgs, reporter: &Reporter) -> Result<(String, serde_json::Value
     }
     if let Some(p) = &exported.parallel {
         text.push_str(&format!(
-            "  mesh:    {p} (shardings from the declaration)\n"
+            "  mesh:    {p} (shardings from {})\n",
+            if exported.planned {
+                "the per-device plan"
+            } else {
+                "the declaration"
+            }
         ));
     }
     if let Some(p) = &exported.pipeline {

@@ -9,6 +9,7 @@ use mslc_check::policy::{Decay, OptimizerKind, ParallelMode, ParallelPolicy, Sch
 use mslc_check::Model;
 use mslc_core::ops::TensorType;
 use mslc_ir::{Graph, NodeKind};
+use mslc_plan::parallel::PlanFile;
 
 use crate::py::{py_float, py_list, py_str};
 
@@ -37,6 +38,7 @@ pub fn docstring(
     model: &Model,
     train: Option<&Train>,
     parallel: Option<&ParallelPolicy>,
+    planned: bool,
     pipelined: bool,
 ) -> String {
     let mut s = format!(
@@ -72,12 +74,22 @@ pub fn docstring(
     }
     if let Some(p) = parallel {
         s.push_str(&format!(
-            "\nSharding: a jax.sharding.Mesh of `{}`'s mesh, each parameter placed with the\n\
-             NamedSharding of its `shard` rule and the batch split over the data-parallel axis;\n\
-             XLA (GSPMD) inserts the collectives. The shardings come from the declaration until\n\
-             mslc's per-device plan exists. With fewer devices than the mesh needs, the program\n\
-             runs on one device.{}\n",
+            "\nSharding: a jax.sharding.Mesh of `{}`'s {}, each parameter placed with the\n\
+             NamedSharding {}, the batch split over the data-parallel axis{};\n\
+             XLA (GSPMD) inserts the collectives. With fewer devices than the mesh needs, the\n\
+             program runs on one device.{}\n",
             p.name.name,
+            if planned { "per-device plan" } else { "mesh" },
+            if planned {
+                "the plan gives it"
+            } else {
+                "of its `shard` rule"
+            },
+            if planned {
+                " and the optimizer\nstates over it as the plan's optimizer_shard says"
+            } else {
+                ""
+            },
             match (p.pipeline.is_some(), pipelined) {
                 (true, true) => {
                     " The pipeline is GSPMD's: the layers' parameters stacked by\n\
@@ -124,6 +136,7 @@ pub fn facts(
     train: Option<&Train>,
     train_graph: Option<&Graph>,
     parallel: Option<&ParallelPolicy>,
+    plan: Option<&PlanFile>,
     pipelined: bool,
 ) -> String {
     let params_graph = train_graph.unwrap_or(forward);
@@ -159,9 +172,14 @@ pub fn facts(
         (Some(t), Some(g)) => s.push_str(&train_literal(t, g, &params)),
         _ => s.push_str("TRAIN = None\n"),
     }
-    match parallel.filter(|p| p.mode != ParallelMode::StandAlone && !p.mesh.is_empty()) {
-        Some(p) => s.push_str(&mesh_literal(p, &params, pipelined)),
-        None => s.push_str("MESH = None\n"),
+    match (plan, parallel) {
+        (Some(plan), Some(p)) if plan.devices > 1 => {
+            s.push_str(&plan_mesh_literal(plan, p, &params, pipelined))
+        }
+        (_, Some(p)) if p.mode != ParallelMode::StandAlone && !p.mesh.is_empty() => {
+            s.push_str(&mesh_literal(p, &params, pipelined))
+        }
+        _ => s.push_str("MESH = None\n"),
     }
     s
 }
@@ -277,6 +295,102 @@ fn mesh_literal(
             }
         }
     }
-    s.push_str("    },\n}\n");
+    s.push_str("    },\n    \"states\": {},\n    \"shard_grads\": False,\n}\n");
+    s
+}
+
+/// `MESH` from the per-device plan: its axes with a degree above 1 in the declaration's order
+/// (the pipeline axis only when the program runs the pipeline), the batch over the
+/// data-parallel axis, each split parameter's spec as the plan splits it, and the plan's
+/// optimizer sharding (ZeRO, MindSpore's `optimizer_shard`) over the data-parallel axis: the
+/// optimizer states' specs from level 1, the gradients' from level 2 (`shard_grads`), the
+/// parameters' own from level 3 — each on the first dim the tensor parallelism leaves whole
+/// that the replicas divide (a tensor with none stays whole).
+fn plan_mesh_literal(
+    plan: &PlanFile,
+    policy: &ParallelPolicy,
+    params: &[(String, TensorType, bool)],
+    pipelined: bool,
+) -> String {
+    let degree = |key: &str| plan.mesh.get(key).copied().unwrap_or(1);
+    let declared = |key: &str| {
+        let name = plan.axis_name(key);
+        policy
+            .mesh
+            .iter()
+            .position(|(a, _)| a == name)
+            .unwrap_or(usize::MAX)
+    };
+    let mut keys: Vec<&str> = ["dp", "pp", "tp"]
+        .into_iter()
+        .filter(|&k| degree(k) > 1 && (k != "pp" || pipelined))
+        .collect();
+    keys.sort_by_key(|k| declared(k));
+    let mut s = String::from("MESH = {\n");
+    writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
+    let axes = py_list(
+        keys.iter()
+            .map(|k| format!("({}, {})", py_str(plan.axis_name(k)), degree(k))),
+    );
+    writeln!(s, "    \"axes\": {axes},").expect("String");
+    let dp = degree("dp");
+    let dp_name = plan.axis_name("dp");
+    let batch = match dp > 1 {
+        true => vec![py_str(dp_name)],
+        false => Vec::new(),
+    };
+    writeln!(s, "    \"batch\": {},", py_list(batch)).expect("String");
+    let level = if dp > 1 { plan.optimizer_shard } else { 0 };
+    let spec_text = |spec: &[Option<String>]| {
+        py_list(
+            spec.iter()
+                .map(|a| a.as_deref().map_or("None".to_string(), py_str)),
+        )
+    };
+    let (mut param_specs, mut state_specs) = (String::new(), String::new());
+    for (path, ty, trainable) in params {
+        let tensor: Vec<Option<String>> = plan
+            .shardings
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| vec![None; ty.shape.len()]);
+        let mut sharded = tensor.clone();
+        if let Some(d) = (0..ty.shape.len()).find(|&d| tensor[d].is_none() && ty.shape[d] % dp == 0)
+        {
+            sharded[d] = Some(dp_name.to_string());
+        }
+        let param = if level >= 3 && *trainable {
+            &sharded
+        } else {
+            &tensor
+        };
+        if param.iter().any(Option::is_some) {
+            writeln!(
+                param_specs,
+                "        {}: {},",
+                py_str(path),
+                spec_text(param)
+            )
+            .expect("String");
+        }
+        if level >= 1 && *trainable && sharded != tensor {
+            writeln!(
+                state_specs,
+                "        {}: {},",
+                py_str(path),
+                spec_text(&sharded)
+            )
+            .expect("String");
+        }
+    }
+    writeln!(s, "    \"params\": {{\n{param_specs}    }},").expect("String");
+    writeln!(s, "    \"states\": {{\n{state_specs}    }},").expect("String");
+    writeln!(
+        s,
+        "    \"shard_grads\": {},",
+        if level >= 2 { "True" } else { "False" }
+    )
+    .expect("String");
+    s.push_str("}\n");
     s
 }

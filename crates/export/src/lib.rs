@@ -20,8 +20,10 @@ use mslc_check::{Checked, Model};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::Op;
 use mslc_driver::compile::lower_verified;
+use mslc_driver::ranks::RankLayout;
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_ir::{Graph, NodeKind};
+use mslc_plan::parallel::PlanFile;
 
 pub use emit::jnp_dtype;
 
@@ -54,6 +56,8 @@ pub struct Exported {
     pub train: Option<String>,
     /// The parallel declaration whose mesh and shardings the program uses, if any.
     pub parallel: Option<String>,
+    /// Whether the mesh and shardings are the per-device plan's (else the declaration's).
+    pub planned: bool,
     /// The plan's pipeline as the program runs it ("2 stages × 4 micro-batches over mesh axis
     /// `pp`"),
     /// when it is mirrored.
@@ -73,12 +77,42 @@ pub fn export_jax(checked: &Checked, request: &Request) -> Result<Exported, Box<
     let parallel = train
         .and_then(|t| t.parallel)
         .map(|i| &checked.decls.parallels[i]);
+    // The per-device plan the program mirrors (its mesh, shardings, optimizer sharding and
+    // pipeline); without one, the declaration's mesh and shard rules.
+    let plan = match (train, parallel) {
+        (Some(t), Some(_)) => match mslc_driver::parallel::plan_train(checked, t) {
+            Ok(plan) => plan.ok_or_else(|| "the train has no per-device plan".to_string()),
+            Err(d) => Err(format!("the train has no plan ({})", d.message)),
+        },
+        _ => Err("the train has no per-device plan".to_string()),
+    };
+    let layout = plan.as_ref().map_err(String::clone).and_then(|plan| {
+        let devices = usize::try_from(plan.devices).unwrap_or(0);
+        mslc_driver::ranks::layout(Some(plan), devices, "the export").map_err(|e| e.message)
+    });
+    let resizer = match train {
+        Some(t) => Resizer::new(request, model, t, &forward),
+        None => Err("there is no train".to_string()),
+    };
+    // Under the plan, the step runs on the train's whole batch: the model's (one replica's
+    // micro-batch) × replicas × micro-batches.
+    let (mut forward, mut train_graph) = (forward, train_graph);
+    if let (Ok(layout), Ok(resizer)) = (&layout, &resizer) {
+        let times = layout.dp * layout.pipeline.as_ref().map_or(1, |p| p.micro_batches);
+        if times > 1 {
+            if let Ok((f, g)) = resizer.lowered(times)? {
+                (forward, train_graph) = (f, Some(g));
+            }
+        }
+    }
     let mut warnings = Vec::new();
     let mut pipelined = None;
-    if let (Some(policy), Some(pipeline), Some(t)) =
-        (parallel, parallel.and_then(|p| p.pipeline), train)
-    {
-        match pipeline_parts(checked, request, model, t, &forward)? {
+    if let (Some(policy), Some(pipeline)) = (parallel, parallel.and_then(|p| p.pipeline)) {
+        let parts = match (&plan, &layout, &resizer) {
+            (Ok(plan), Ok(layout), Ok(resizer)) => pipeline_parts(resizer, model, plan, layout)?,
+            (Err(why), ..) | (_, Err(why), _) | (.., Err(why)) => Err(why.clone()),
+        };
+        match parts {
             Ok(parts) => pipelined = Some(parts),
             Err(why) => warnings.push(
                 Diagnostic::warning(
@@ -95,14 +129,18 @@ pub fn export_jax(checked: &Checked, request: &Request) -> Result<Exported, Box<
             ),
         }
     }
+    let sharding = Sharding {
+        parallel,
+        plan: plan.as_ref().ok(),
+        pipelined: pipelined.as_ref(),
+    };
     let program = program(
         checked,
         model,
         &forward,
         train,
         train_graph.as_ref(),
-        parallel,
-        pipelined.as_ref(),
+        &sharding,
     )?;
     Ok(Exported {
         program,
@@ -110,6 +148,7 @@ pub fn export_jax(checked: &Checked, request: &Request) -> Result<Exported, Box<
         model: model.name.clone(),
         train: train.map(|t| t.spec.name.name.clone()),
         parallel: parallel.map(|p| p.name.name.clone()),
+        planned: plan.as_ref().is_ok_and(|p| p.devices > 1),
         pipeline: pipelined.map(|p| p.summary),
         ops: forward.op_count(),
     })
@@ -145,76 +184,85 @@ struct Pipelined {
     facts: String,
     forward: String,
     train: String,
-    /// The forward and the train's graph at the step's whole batch: the program's interface.
-    whole: (Graph, Graph),
 }
 
-/// The pipelined functions of `train`'s plan for `model`, exported at the size of one
-/// micro-batch (`request.recheck`); `Ok(Err)` says why the pipeline cannot be mirrored.
-fn pipeline_parts(
-    checked: &Checked,
-    request: &Request,
-    model: &Model,
-    train: &Train,
-    forward: &Graph,
-) -> Result<Result<Pipelined, String>, Box<Diagnostic>> {
-    let Some(recheck) = request.recheck else {
-        return Ok(Err(
-            "this export was asked for without micro-batch shapes".into()
-        ));
-    };
-    let plan = match mslc_driver::parallel::plan_train(checked, train) {
-        Ok(Some(plan)) => plan,
-        Ok(None) => return Ok(Err("the train has no per-device plan".into())),
-        Err(d) => return Ok(Err(format!("the train has no plan ({})", d.message))),
-    };
-    let devices = usize::try_from(plan.devices).unwrap_or(0);
-    let layout = match mslc_driver::ranks::layout(Some(&plan), devices, "the export") {
-        Ok(layout) => layout,
-        Err(e) => return Ok(Err(e.message)),
-    };
-    let Some(stages) = layout.pipeline else {
-        return Ok(Err("the plan has a single stage".into()));
-    };
-    let (micro_batches, replicas) = (stages.micro_batches, layout.dp);
-    let first = model.inputs.first();
-    let dim = first.and_then(|i| i.dims.first().cloned().flatten());
-    let batch = first.and_then(|i| {
-        forward
-            .node_ids()
-            .into_iter()
-            .find_map(|id| match &forward.node(id).kind {
-                NodeKind::Input { name } if *name == i.name => {
-                    forward.node(id).outputs[0].shape.first().copied()
-                }
-                _ => None,
-            })
-    });
-    let (Some(dim), Some(batch)) = (dim, batch) else {
-        return Ok(Err("the model's first input has no named batch dim".into()));
-    };
-    // The model's batch dim is one replica's micro-batch (the plan checks that the train's
-    // batch is it × replicas × micro-batches): the layers run on the replicas' micro-batches
-    // side by side, the step on the train's whole batch.
-    let name = &train.spec.name.name;
-    let lower_at = |size: i64| -> Result<Result<(Graph, Graph), String>, Box<Diagnostic>> {
-        let again = recheck(&dim, size);
+/// The model and its train lowered again with the batch dim at another size (`request.recheck`):
+/// the plan's model batch dim is one replica's micro-batch, while the program runs the step on
+/// the train's whole batch and a pipeline's layers on the replicas' micro-batches side by side.
+struct Resizer<'a> {
+    recheck: Recheck<'a>,
+    train: &'a str,
+    /// The batch dim's name and its size in the model as checked.
+    dim: String,
+    batch: i64,
+}
+
+impl<'a> Resizer<'a> {
+    /// The resizer of `model` (whose lowered forward is `forward`) and train `train`; why not
+    /// when there is no recheck or the model's first input has no named batch dim.
+    fn new(
+        request: &Request<'a>,
+        model: &Model,
+        train: &'a Train,
+        forward: &Graph,
+    ) -> Result<Resizer<'a>, String> {
+        let recheck = request
+            .recheck
+            .ok_or("this export was asked for without other batch sizes")?;
+        let first = model.inputs.first();
+        let dim = first.and_then(|i| i.dims.first().cloned().flatten());
+        let batch = first.and_then(|i| {
+            forward
+                .node_ids()
+                .into_iter()
+                .find_map(|id| match &forward.node(id).kind {
+                    NodeKind::Input { name } if *name == i.name => {
+                        forward.node(id).outputs[0].shape.first().copied()
+                    }
+                    _ => None,
+                })
+        });
+        let (Some(dim), Some(batch)) = (dim, batch) else {
+            return Err("the model's first input has no named batch dim".into());
+        };
+        Ok(Resizer {
+            recheck,
+            train: &train.spec.name.name,
+            dim,
+            batch,
+        })
+    }
+
+    /// The forward and the train's graph with the batch dim at `times` × its size.
+    fn lowered(&self, times: usize) -> Result<Result<(Graph, Graph), String>, Box<Diagnostic>> {
+        let (name, size) = (self.train, self.batch * times as i64);
+        let again = (self.recheck)(&self.dim, size);
         let Ok((m, Some(t))) = choose(&again, Some(name)) else {
             return Ok(Err(format!(
-                "train `{name}` does not check with {dim} = {size}"
+                "train `{name}` does not check with {} = {size}",
+                self.dim
             )));
         };
         match lowered(&again, m, Some(t))? {
             (forward, Some(graph)) => Ok(Ok((forward, graph))),
             _ => Ok(Err(format!("train `{name}` has no graph"))),
         }
+    }
+}
+
+/// The pipelined functions of `layout`'s pipeline for `model`, exported at the size of the
+/// replicas' micro-batches side by side; `Ok(Err)` says why the pipeline cannot be mirrored.
+fn pipeline_parts(
+    resizer: &Resizer,
+    model: &Model,
+    plan: &PlanFile,
+    layout: &RankLayout,
+) -> Result<Result<Pipelined, String>, Box<Diagnostic>> {
+    let Some(stages) = &layout.pipeline else {
+        return Ok(Err("the plan has a single stage".into()));
     };
-    let micro = batch * replicas as i64;
-    let (micro_forward, micro_graph) = match lower_at(micro)? {
-        Ok(graphs) => graphs,
-        Err(why) => return Ok(Err(why)),
-    };
-    let whole = match lower_at(micro * micro_batches as i64)? {
+    let (micro_batches, replicas) = (stages.micro_batches, layout.dp);
+    let (micro_forward, micro_graph) = match resizer.lowered(replicas)? {
         Ok(graphs) => graphs,
         Err(why) => return Ok(Err(why)),
     };
@@ -248,7 +296,6 @@ fn pipeline_parts(
         facts,
         forward,
         train: train_text,
-        whole,
     }))
 }
 
@@ -360,32 +407,49 @@ fn refuse_unmirrored(
 }
 
 /// The whole program's text.
+/// How the program spreads over devices: the train's parallel declaration, its per-device
+/// plan (when it has one that holds) and the pipeline as mirrored (when it is).
+struct Sharding<'a> {
+    parallel: Option<&'a ParallelPolicy>,
+    plan: Option<&'a PlanFile>,
+    pipelined: Option<&'a Pipelined>,
+}
+
 fn program(
     checked: &Checked,
     model: &Model,
     forward: &Graph,
     train: Option<&Train>,
     train_graph: Option<&Graph>,
-    parallel: Option<&ParallelPolicy>,
-    pipelined: Option<&Pipelined>,
+    sharding: &Sharding,
 ) -> Result<String, Box<Diagnostic>> {
+    let Sharding {
+        parallel,
+        plan,
+        pipelined,
+    } = *sharding;
     let source = checked
         .files
         .first()
         .map_or(String::new(), |f| f.display().to_string());
-    let mut text = config::docstring(&source, model, train, parallel, pipelined.is_some());
+    let planned = plan.is_some_and(|p| p.devices > 1);
+    let mut text = config::docstring(
+        &source,
+        model,
+        train,
+        parallel,
+        planned,
+        pipelined.is_some(),
+    );
     text.push_str(config::IMPORTS);
     text.push_str(include_str!("runtime/ops.py"));
     text.push('\n');
-    let (forward, train_graph) = match pipelined {
-        Some(p) => (&p.whole.0, Some(&p.whole.1)),
-        None => (forward, train_graph),
-    };
     text.push_str(&config::facts(
         forward,
         train,
         train_graph,
         parallel,
+        plan,
         pipelined.is_some(),
     ));
     match pipelined {

@@ -83,9 +83,21 @@ def make_mesh():
     return jax.sharding.Mesh(np.array(devices[:need]).reshape(sizes), names)
 
 
+def param_spec(name):
+    """Parameter `name`'s partition spec in the plan ([] where every device holds it all)."""
+    return [] if MESH is None else MESH["params"].get(name, [])
+
+
 def param_sharding(mesh, name):
-    spec = MESH["params"].get(name, [])
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*param_spec(name)))
+
+
+def state_spec(name):
+    """How parameter `name`'s optimizer states (and, with `shard_grads`, its gradient) are
+    laid out: over the data-parallel axis too when the plan shards the optimizer."""
+    if MESH is None:
+        return []
+    return MESH["states"].get(name, param_spec(name))
 
 
 def batch_sharding(mesh, array):
@@ -240,7 +252,7 @@ def pipelined(parts, p, x):
     stacked = {}
     for rel in spec["params"]:
         array = jnp.stack([jnp.stack([p[spec["layers"][i] + rel] for i in row]) for row in slot])
-        tensor = MESH["params"].get(spec["layers"][0] + rel, []) if MESH else []
+        tensor = param_spec(spec["layers"][0] + rel)
         stacked[rel] = constrain(array, axis, None, *tensor)
     batch_axes = tuple(MESH["batch"]) if MESH else ()
     rows = batch_axes[0] if len(batch_axes) == 1 else (batch_axes or None)
@@ -278,6 +290,8 @@ def train_step(params, states, batch, lr, step_size, bc2_sqrt):
         return train_graph({**frozen, **tp}, batch)["loss"]
 
     loss, grads = jax.value_and_grad(loss_of)({n: params[n] for n in trained})
+    if MESH is not None and MESH["shard_grads"]:
+        grads = {n: constrain(g, *state_spec(n)) for n, g in grads.items()}
     total = None
     for n in trained:
         s = jnp.sum(grads[n] * grads[n])
@@ -297,10 +311,10 @@ def train_step(params, states, batch, lr, step_size, bc2_sqrt):
                 g = g + wd * p
             d = g
             if o["momentum"] > 0:
-                buf = o["momentum"] * states[n + ".momentum_buffer"] + g
+                buf = constrain(o["momentum"] * states[n + ".momentum_buffer"] + g, *state_spec(n))
                 new_states[n + ".momentum_buffer"] = buf
                 d = g + o["momentum"] * buf if o["nesterov"] else buf
-            new_params[n] = p - d * lr
+            new_params[n] = constrain(p - d * lr, *param_spec(n))
             continue
         if wd > 0 and o["kind"] == "adam":
             g = g + wd * p
@@ -309,9 +323,9 @@ def train_step(params, states, batch, lr, step_size, bc2_sqrt):
         m = b1 * states[n + ".exp_avg"] + (1.0 - b1) * g
         v = b2 * states[n + ".exp_avg_sq"] + (1.0 - b2) * (g * g)
         denom = jnp.sqrt(v) / bc2_sqrt + o["eps"]
-        new_states[n + ".exp_avg"] = m
-        new_states[n + ".exp_avg_sq"] = v
-        new_params[n] = p - (m / denom) * step_size
+        new_states[n + ".exp_avg"] = constrain(m, *state_spec(n))
+        new_states[n + ".exp_avg_sq"] = constrain(v, *state_spec(n))
+        new_params[n] = constrain(p - (m / denom) * step_size, *param_spec(n))
     return new_params, new_states, loss, norm
 
 
@@ -351,7 +365,9 @@ def run_train(args, mesh):
     states = {}
     for n in sorted(TRAIN["weight_decay"]):
         for key in state_names():
-            states[f"{n}.{key}"] = params[n] * 0
+            zeros = np.zeros(PARAMS[n][1], dtype=jnp.dtype(PARAMS[n][0]))
+            states[f"{n}.{key}"] = zeros if mesh is None else jax.device_put(
+                zeros, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*state_spec(n))))
     step = jax.jit(train_step)
     b1, b2 = TRAIN["optimizer"]["betas"]
     metrics = open(args.metrics, "a") if args.metrics else None
