@@ -110,6 +110,29 @@ fn numel(ty: &TensorType) -> usize {
 /// Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup, so no kernel
 /// allocates scratch while running.
 pub fn scratch_floats(kernel: &StepKernel, inputs: &[TensorType], output: &TensorType) -> usize {
+    // The kernels that take scratch at all (`with_scratch`); the others — elementwise without
+    // a fused program, norms, embeddings, pooling, copies, the optimizer update — take none,
+    // so a module of only those (an optimizer step) reserves none per thread.
+    let takes_scratch = matches!(
+        kernel,
+        StepKernel::Matmul { .. }
+            | StepKernel::Conv2d(..)
+            | StepKernel::Fused(..)
+            | StepKernel::Binary(_, Some(_), _)
+            | StepKernel::Reduce(..)
+            | StepKernel::Softmax(..)
+            | StepKernel::Rope(..)
+            | StepKernel::RopeTable(..)
+            | StepKernel::RopeCached(..)
+            | StepKernel::Attention { .. }
+            | StepKernel::AttentionLse { .. }
+            | StepKernel::AttentionGrad { .. }
+            | StepKernel::CrossEntropy(..)
+            | StepKernel::CrossEntropyGrad(..)
+    );
+    if !takes_scratch {
+        return 0;
+    }
     let operands = inputs
         .iter()
         .chain([output])
