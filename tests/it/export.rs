@@ -51,6 +51,14 @@ fn export(dir: &TestDir, file: &Path, args: &[&str]) -> (PathBuf, String) {
     (program, err)
 }
 
+/// `mslc export jax EXAMPLE ARGS --precision f32` (the example's own train, in f32): the
+/// example's path, the program's and mslc's stderr.
+fn export_f32(dir: &TestDir, example: &str, args: &[&str]) -> (PathBuf, PathBuf, String) {
+    let file = root().join(example);
+    let (program, err) = export(dir, &file, &[args, &["--precision", "f32"]].concat());
+    (file, program, err)
+}
+
 /// Runs the program with `args` (on `devices` host devices); its stdout.
 fn python(program: &Path, args: &[&str], devices: usize) -> String {
     let out = Command::new("python3")
@@ -153,28 +161,41 @@ fn forward_matches_run(tag: &str, file: &str, args: &[&str], input: &str, array:
         &root().join(file),
         &[args, &["--precision", "f32"]].concat(),
     );
-    let (jax_out, mslc_out) = (dir.path("jax"), dir.path("mslc"));
     let bind = format!("{input}={}", s(&x));
-    python(
-        &program,
-        &[
-            "--weights",
-            s(&w),
-            "--input",
-            &bind,
-            "--output-dir",
-            s(&jax_out),
-        ],
-        1,
-    );
-    let mut run = vec!["run", file, "--precision", "f32", "--weights", s(&w)];
+    let file = root().join(file);
+    forward_against_run(&dir, &program, &file, args, &w, &bind, 1);
+}
+
+/// The logits of `program`'s forward on `devices` host devices against `mslc run FILE ARGS
+/// --precision f32`'s, from the same weights `w` and input `bind` (`NAME=X.npy`): within 1e-4
+/// of the largest.
+fn forward_against_run(
+    dir: &TestDir,
+    program: &Path,
+    file: &Path,
+    args: &[&str],
+    w: &Path,
+    bind: &str,
+    devices: usize,
+) {
+    let (jax_out, mslc_out) = (dir.path("jax"), dir.path("mslc"));
+    let flags = [
+        "--weights",
+        s(w),
+        "--input",
+        bind,
+        "--output-dir",
+        s(&jax_out),
+    ];
+    python(program, &flags, devices);
+    let mut run = vec!["run", s(file), "--precision", "f32", "--weights", s(w)];
     run.extend_from_slice(args);
-    run.extend_from_slice(&["--input", &bind, "--output-dir", s(&mslc_out)]);
+    run.extend_from_slice(&["--input", bind, "--output-dir", s(&mslc_out)]);
     let (code, out, err) = mslc(&run);
     assert_eq!(code, 0, "{out}\n{err}");
     let got = read(&jax_out.join("logits.npy"));
     let want = read(&mslc_out.join("logits.npy"));
-    assert_close(&format!("{file} logits"), &got, &want, 1e-4);
+    assert_close(&format!("{} logits", file.display()), &got, &want, 1e-4);
 }
 
 #[test]
@@ -220,28 +241,40 @@ fn with_train(dir: &TestDir, file: &str, cut: &str, train: &str) -> PathBuf {
 fn ten_steps_match_train(dir: &TestDir, source: &Path, file: &str, args: &[&str], data: &Path) {
     let w = weights(dir, file, args);
     let (program, _) = export(dir, source, args);
+    ten_steps_against_train(dir, &program, source, args, &w, data, (1, &[]));
+}
+
+/// Ten steps of `program` on `devices` host devices (with `flags` added) against ten of
+/// `mslc train SOURCE ARGS --precision f32` from the same weights `w` on `data`: the same
+/// losses, learning rates and gradient norms within 1e-4 relative.
+fn ten_steps_against_train(
+    dir: &TestDir,
+    program: &Path,
+    source: &Path,
+    args: &[&str],
+    w: &Path,
+    data: &Path,
+    (devices, flags): (usize, &[&str]),
+) {
     let (jax_m, mslc_m) = (dir.path("jax.jsonl"), dir.path("mslc.jsonl"));
-    python(
-        &program,
-        &[
-            "--weights",
-            s(&w),
-            "--train",
-            "--data",
-            s(data),
-            "--steps",
-            "10",
-            "--metrics",
-            s(&jax_m),
-        ],
-        1,
-    );
-    let mut train = vec!["train", s(source), "--weights", s(&w), "--data", s(data)];
+    let mut train = vec!["--weights", s(w), "--train", "--data", s(data)];
+    train.extend_from_slice(&["--steps", "10", "--metrics", s(&jax_m)]);
+    train.extend_from_slice(flags);
+    python(program, &train, devices);
+    let mut train = vec!["train", s(source), "--weights", s(w), "--data", s(data)];
     train.extend_from_slice(args);
-    train.extend_from_slice(&["--steps", "10", "--metrics", s(&mslc_m)]);
+    train.extend_from_slice(&[
+        "--precision",
+        "f32",
+        "--steps",
+        "10",
+        "--metrics",
+        s(&mslc_m),
+    ]);
     let (code, out, err) = mslc(&train);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert_same_steps(file, &metrics(&jax_m), &metrics(&mslc_m), 1e-4);
+    let what = format!("{} on {devices} device(s)", source.display());
+    assert_same_steps(&what, &metrics(&jax_m), &metrics(&mslc_m), 1e-4);
 }
 
 #[test]
@@ -257,22 +290,28 @@ fn tiny_llama_ten_adamw_steps_match_mslc_train() {
     ten_steps_match_train(&dir, &source, "examples/tiny_llama.msl", &LLAMA, &data);
 }
 
+/// `DIR/images.npy` (`rows` × 12 values in [-2, 2)) and `DIR/labels.npy` (classes below 10)
+/// for the shrunk mlp, from seed `seed`: `DIR`.
+fn mlp_data(dir: PathBuf, rows: usize, seed: u64) -> PathBuf {
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rng = Rng(seed);
+    let images = NpyArray::from_f32(vec![rows, 12], &rng.vec(rows * 12, -2.0, 2.0)).unwrap();
+    write_npy(dir.join("images.npy"), &images).unwrap();
+    let labels: Vec<u8> = (0..rows)
+        .flat_map(|_| ((rng.uniform() * 9.99) as i32).to_le_bytes())
+        .collect();
+    let labels = NpyArray::new(mslc_io::npy::NpyDType::I32, vec![rows], labels).unwrap();
+    write_npy(dir.join("labels.npy"), &labels).unwrap();
+    dir
+}
+
 /// Ten steps of the mlp trained by `optimizer` (and the rest of `fields`) against `mslc train`.
 fn mlp_ten_steps(tag: &str, fields: &str) {
     let dir = TestDir::new(tag);
     let train =
         format!("train Fit for Mlp {{\n    labels: i32[B]\n    batch = 4\n    {fields}\n}}");
     let source = with_train(&dir, "examples/mlp.msl", "// bf16 keeps", &train);
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let mut rng = Rng(9);
-    let images = NpyArray::from_f32(vec![22, 12], &rng.vec(22 * 12, -2.0, 2.0)).unwrap();
-    write_npy(data.join("images.npy"), &images).unwrap();
-    let labels: Vec<u8> = (0..22)
-        .flat_map(|_| ((rng.uniform() * 9.99) as i32).to_le_bytes())
-        .collect();
-    let labels = NpyArray::new(mslc_io::npy::NpyDType::I32, vec![22], labels).unwrap();
-    write_npy(data.join("labels.npy"), &labels).unwrap();
+    let data = mlp_data(dir.path("data"), 22, 9);
     ten_steps_match_train(&dir, &source, "examples/mlp.msl", &MLP, &data);
 }
 
@@ -287,9 +326,8 @@ fn mlp_two_by_two_plan_on_four_devices_matches_mslc_train() {
         return;
     }
     let dir = TestDir::new("export-mlp-plan");
-    let file = root().join("examples/mlp.msl");
     let sizes = ["--set", "inputs=12", "--set", "hidden=8"];
-    let (program, _) = export(&dir, &file, &[&sizes[..], &["--precision", "f32"]].concat());
+    let (file, program, _) = export_f32(&dir, "examples/mlp.msl", &sizes);
     let text = std::fs::read_to_string(&program).unwrap();
     assert!(
         text.contains("\"images\": (\"float32\", (128, 12))"),
@@ -299,34 +337,9 @@ fn mlp_two_by_two_plan_on_four_devices_matches_mslc_train() {
         text.contains("\"layers.0.weight\": [\"mp\", \"dp\"]"),
         "level-1 state specs from the plan"
     );
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let mut rng = Rng(11);
-    let images = NpyArray::from_f32(vec![256, 12], &rng.vec(256 * 12, -2.0, 2.0)).unwrap();
-    write_npy(data.join("images.npy"), &images).unwrap();
-    let labels: Vec<u8> = (0..256)
-        .flat_map(|_| ((rng.uniform() * 9.99) as i32).to_le_bytes())
-        .collect();
-    let labels = NpyArray::new(mslc_io::npy::NpyDType::I32, vec![256], labels).unwrap();
-    write_npy(data.join("labels.npy"), &labels).unwrap();
+    let data = mlp_data(dir.path("data"), 256, 11);
     let w = weights(&dir, "examples/mlp.msl", &sizes);
-    let (jax_m, mslc_m) = (dir.path("jax.jsonl"), dir.path("mslc.jsonl"));
-    let mut train = vec!["--weights", s(&w), "--train", "--data", s(&data)];
-    train.extend_from_slice(&["--steps", "10", "--metrics", s(&jax_m)]);
-    python(&program, &train, 4);
-    let mut train = vec!["train", s(&file), "--weights", s(&w), "--data", s(&data)];
-    train.extend_from_slice(&sizes);
-    train.extend_from_slice(&[
-        "--precision",
-        "f32",
-        "--steps",
-        "10",
-        "--metrics",
-        s(&mslc_m),
-    ]);
-    let (code, out, err) = mslc(&train);
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert_same_steps("the plan's step", &metrics(&jax_m), &metrics(&mslc_m), 1e-4);
+    ten_steps_against_train(&dir, &program, &file, &sizes, &w, &data, (4, &[]));
 }
 
 #[test]
@@ -505,6 +518,16 @@ fn mesh_coords(sizes: &[usize], id: usize) -> Vec<usize> {
     coords
 }
 
+/// The kind and replica groups of an HLO line's all-reduce, all-gather, reduce-scatter or
+/// all-to-all (synchronous or `-start`); `None` for any other line.
+fn grouped_collective(line: &str) -> Option<(&'static str, BTreeSet<BTreeSet<usize>>)> {
+    let kind = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
+        .into_iter()
+        .find(|k| line.contains(&format!(" {k}(")) || line.contains(&format!(" {k}-start(")))?;
+    let groups = replica_groups(line).unwrap_or_else(|| panic!("no replica groups: {line}"));
+    Some((kind, groups))
+}
+
 /// The `(source, target)` device pairs of a collective-permute line.
 fn permute_pairs(line: &str) -> Option<Vec<(usize, usize)>> {
     let text = &line[line.find("source_target_pairs={")? + "source_target_pairs={".len()..];
@@ -524,54 +547,23 @@ fn permute_pairs(line: &str) -> Option<Vec<(usize, usize)>> {
 /// measured 1e-7), its forward `mslc run`'s logits; the compiled step has collective-permutes
 /// that move data between the two stages of one replica and tensor rank only (devices that
 /// differ in their `pp` coordinate alone), as mslc's plan sends between stages (XLA may add
-/// others of its own to relayout a tensor),
-/// the other collectives run over the mesh's axes, `dp` and `mp` among them, and the plan's
-/// optimizer sharding (level 1: states split over `dp`) shows as all-gathers over `dp`.
+/// others of its own to relayout a tensor), the other collectives run over the mesh's axes,
+/// `dp` and `mp` among them, and the plan's optimizer sharding (level 1: states split over
+/// `dp`) shows as all-gathers over `dp`.
 #[test]
 fn tiny_llama_eight_runs_its_pipeline_over_its_mesh_axes() {
     if !have_jax() {
         return;
     }
     let dir = TestDir::new("export-eight-pipeline");
-    let file = root().join("examples/tiny_llama.msl");
-    let (program, err) = export(&dir, &file, &[&LLAMA[..], &["--precision", "f32"]].concat());
+    let (file, program, err) = export_f32(&dir, "examples/tiny_llama.msl", &LLAMA);
     assert!(!err.contains("W0050"), "{err}");
     let w = weights(&dir, "examples/tiny_llama.msl", &LLAMA);
     let data = dir.path("tokens.npy");
     tokens(&data, 16, 17);
-    let (jax_m, mslc_m, hlo) = (
-        dir.path("jax.jsonl"),
-        dir.path("mslc.jsonl"),
-        dir.path("step.hlo"),
-    );
-    let mut train = vec!["--weights", s(&w), "--train", "--data", s(&data)];
-    train.extend_from_slice(&[
-        "--steps",
-        "10",
-        "--metrics",
-        s(&jax_m),
-        "--dump-hlo",
-        s(&hlo),
-    ]);
-    python(&program, &train, 8);
-    let mut train = vec!["train", s(&file), "--weights", s(&w), "--data", s(&data)];
-    train.extend_from_slice(&LLAMA);
-    train.extend_from_slice(&[
-        "--precision",
-        "f32",
-        "--steps",
-        "10",
-        "--metrics",
-        s(&mslc_m),
-    ]);
-    let (code, out, err) = mslc(&train);
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert_same_steps(
-        "the pipelined step",
-        &metrics(&jax_m),
-        &metrics(&mslc_m),
-        1e-4,
-    );
+    let hlo = dir.path("step.hlo");
+    let dump = ["--dump-hlo", s(&hlo)];
+    ten_steps_against_train(&dir, &program, &file, &LLAMA, &w, &data, (8, &dump));
     // The mesh is (dp, pp, mp), row-major.
     let sizes = [2, 2, 2];
     let text = std::fs::read_to_string(&hlo).unwrap();
@@ -594,13 +586,9 @@ fn tiny_llama_eight_runs_its_pipeline_over_its_mesh_axes() {
             }
             continue;
         }
-        let Some(kind) = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
-            .into_iter()
-            .find(|k| line.contains(&format!(" {k}(")) || line.contains(&format!(" {k}-start(")))
-        else {
+        let Some((kind, groups)) = grouped_collective(line) else {
             continue;
         };
-        let groups = replica_groups(line).unwrap_or_else(|| panic!("no replica groups: {line}"));
         let axes = (0..8)
             .map(|m| [m & 4 != 0, m & 2 != 0, m & 1 != 0])
             .find(|o| groups_over(&sizes, o) == groups)
@@ -636,37 +624,8 @@ fn tiny_llama_eight_runs_its_pipeline_over_its_mesh_axes() {
         .collect();
     write_npy(&x, &NpyArray::new(rows.dtype(), vec![8, 16], ids).unwrap()).unwrap();
     let bind = format!("tokens={}", s(&x));
-    let (jax_out, mslc_out) = (dir.path("jax"), dir.path("mslc"));
-    python(
-        &program,
-        &[
-            "--weights",
-            s(&w),
-            "--input",
-            &bind,
-            "--output-dir",
-            s(&jax_out),
-        ],
-        8,
-    );
-    let mut run = vec!["run", s(&file), "--precision", "f32", "--weights", s(&w)];
-    run.extend_from_slice(&LLAMA);
-    run.extend_from_slice(&[
-        "--dim",
-        "B=8",
-        "--input",
-        &bind,
-        "--output-dir",
-        s(&mslc_out),
-    ]);
-    let (code, out, err) = mslc(&run);
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert_close(
-        "the pipelined forward",
-        &read(&jax_out.join("logits.npy")),
-        &read(&mslc_out.join("logits.npy")),
-        1e-4,
-    );
+    let args = [&LLAMA[..], &["--dim", "B=8"]].concat();
+    forward_against_run(&dir, &program, &file, &args, &w, &bind, 8);
 }
 
 /// tiny_llama's `Eight` exported with a model batch of 2, which its plan does not take (the
@@ -716,14 +675,10 @@ fn tiny_llama_eight_without_its_pipeline_shards_over_dp_and_mp() {
         groups_over(&[2, 2], &[true, true]),
     ];
     for line in text.lines() {
-        let Some(kind) = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]
-            .into_iter()
-            .find(|k| line.contains(&format!(" {k}(")) || line.contains(&format!(" {k}-start(")))
-        else {
+        let Some((kind, groups)) = grouped_collective(line) else {
             continue;
         };
         *counts.entry(kind).or_default() += 1;
-        let groups = replica_groups(line).unwrap_or_else(|| panic!("no replica groups: {line}"));
         assert!(
             allowed.contains(&groups),
             "a {kind} over {groups:?}, which is no set of the mesh's axes:\n{line}"
