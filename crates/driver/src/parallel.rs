@@ -65,7 +65,7 @@ fn setup<'c>(checked: &'c Checked, train: &'c Train) -> Result<Option<Setup<'c>>
     }
     let precision = train.precision.map(|i| &decls.precisions[i]);
     let spec = &train.spec;
-    let target = target_from_spec(target);
+    let target = target_from_spec(target).shared_by(parallel.map_or(1, |p| p.devices));
     let budget = memory
         .and_then(|m| m.max_device_memory)
         .unwrap_or(target.memory_bytes);

@@ -77,6 +77,21 @@ impl Target {
         }
         self
     }
+
+    /// This target as one of `devices` devices that share it, when it is the host: ranks on
+    /// this machine (the threads backend, or `mpiexec` on one node) divide its cores, memory
+    /// bandwidth and memory between them. Other targets are one device each, unchanged.
+    pub fn shared_by(mut self, devices: i64) -> Target {
+        if self.is_host() && devices > 1 {
+            let share = devices as f64;
+            self.peak_f32 /= share;
+            self.peak_f16 /= share;
+            self.peak_bf16 /= share;
+            self.bandwidth /= share;
+            self.memory_bytes /= devices as u64;
+        }
+        self
+    }
 }
 
 /// The SIMD features of this CPU that kernels choose between.
@@ -128,6 +143,12 @@ mod tests {
         };
         assert_eq!(host.clone().with_host_peak(None), host);
         let p = 1e11;
+        let shared = host.clone().with_host_peak(Some(p)).shared_by(4);
+        assert_eq!(
+            (shared.peak_f32, shared.bandwidth),
+            (p / 4.0, host.bandwidth / 4.0)
+        );
+        assert_eq!(t.clone().shared_by(4), t);
         let measured = host.with_host_peak(Some(p));
         assert_eq!(
             (measured.peak_f32, measured.peak_f16, measured.peak_bf16),
