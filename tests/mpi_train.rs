@@ -458,6 +458,41 @@ fn pipeline_training(dir: &Path) {
     assert_eq!(got.len(), 8 * 8 * 64);
     assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
+    large_messages_both_ways(dir);
+}
+
+/// The two stages at sizes whose messages (a micro-batch's [2, 128, 256] activations, and their
+/// gradients coming back) are above MPICH's eager limit, so a send completes only when its
+/// receiver takes it: under 1F1B each stage sends while the other sends back, which two
+/// blocking sends would deadlock. Two steps under `mpiexec -n 2` give `--ranks 2`'s losses.
+fn large_messages_both_ways(dir: &Path) {
+    let tokens: Vec<i64> = (0..8 * 129).map(|i| (i * 13 + 5) % 64).collect();
+    let data = dir.join("long-tokens.npy");
+    write_npy(&data, &NpyArray::from_i64(vec![8, 129], &tokens).unwrap()).unwrap();
+    let sizes = [
+        "--set",
+        "layers=2",
+        "--set",
+        "hidden=256",
+        "--set",
+        "ffn=256",
+    ];
+    let rest = ["--set", "vocab=64", "--set", "kv_heads=2", "--dim", "S=128"];
+    let flags = [&sizes[..], &rest, &["--init-seed", "5"]].concat();
+    let mut runs = Vec::new();
+    for (launcher, extra, tag) in [
+        (&["mpiexec", "-n", "2"][..], "--mpi", "long-mpi"),
+        (&[][..], "--ranks=2", "long-threads"),
+    ] {
+        let all = [&flags[..], &[extra]].concat();
+        let (code, stdout, stderr) =
+            train_with(dir, "llama-pp.msl", (&data, "2"), tag, launcher, &all);
+        assert_eq!(code, 0, "{tag}:\n{stdout}{stderr}");
+        runs.push(losses(&dir.join(format!("{tag}.jsonl"))));
+    }
+    assert_eq!(runs[0].len(), 2);
+    assert_eq!(runs[0], runs[1], "MPI against threads");
+    println!("pipeline messages above the eager limit both ways under mpiexec -n 2: no deadlock");
 }
 
 /// `mpiexec -n 2 mslc train --mpi` of examples/tiny_llama.msl's model under Megatron tensor

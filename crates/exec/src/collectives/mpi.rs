@@ -8,10 +8,16 @@
 //! That agreement waits at most the rank's timeout: a member that never arrives (it hangs)
 //! makes the waiting ranks say so and abort the MPI job, since a collective in flight cannot
 //! be called off.
+//!
+//! A point-to-point send returns once its message is handed to MPI, as the threads backend's
+//! does: it owns a copy of the data until the receiver takes it. A pipeline stage sends its
+//! activations on while the next stage sends gradients back, so two blocking sends of
+//! messages above MPI's eager limit would wait for each other forever.
 
 use std::time::{Duration, Instant};
 
 use mpi::environment::Universe;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
@@ -27,10 +33,25 @@ pub struct MpiRank {
     rank: usize,
     /// How long this rank waits for the others of a group to reach a collective.
     timeout: Duration,
+    /// Sends whose receiver has not taken the message yet.
+    in_flight: Vec<InFlight>,
     /// Dropping it finalises MPI, so it is the last field (fields drop in order): the axis
     /// communicators are freed before.
     _universe: Universe,
 }
+
+/// A send in flight: its request, over the copy of the data it owns.
+struct InFlight {
+    /// `None` once complete. Completed before `data` is dropped ([`MpiRank::progress`],
+    /// [`MpiRank::flush`]): MPI reads `data` until then.
+    request: Option<Request<'static, [f32], StaticScope>>,
+    data: Box<[f32]>,
+    to: usize,
+}
+
+// SAFETY: the request is a handle MPI lets any thread complete (this rank uses one thread at a
+// time: `Collectives` methods take `&mut self`), and the data it reads is owned by the entry.
+unsafe impl Send for InFlight {}
 
 /// An initialised MPI world not yet laid out as a mesh: what a launcher started, so a caller
 /// can read the world's size and this process's rank before it knows the plan's mesh.
@@ -90,6 +111,7 @@ impl MpiWorld {
             mesh,
             rank,
             timeout,
+            in_flight: Vec::new(),
             _universe: universe,
         })
     }
@@ -157,6 +179,27 @@ impl MpiRank {
         }
     }
 
+    /// Forgets the sends whose receivers have taken their messages.
+    fn progress(&mut self) {
+        for sent in &mut self.in_flight {
+            if let Some(request) = sent.request.take() {
+                sent.request = request.test().err();
+            }
+        }
+        self.in_flight.retain(|sent| sent.request.is_some());
+    }
+
+    /// Waits for every send in flight to be taken, within the timeout each.
+    fn flush(&mut self) {
+        for mut sent in std::mem::take(&mut self.in_flight) {
+            if let Some(request) = sent.request.take() {
+                let to = sent.to;
+                self.complete(request, || format!("rank {to} did not take its message"));
+            }
+            drop(sent.data);
+        }
+    }
+
     /// Waits for `request` to complete, within the timeout ([`Self::within`]).
     fn complete<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
         &self,
@@ -208,6 +251,13 @@ impl MpiRank {
     }
 }
 
+impl Drop for MpiRank {
+    /// Every message sent is taken before MPI is finalised (the last field drops after this).
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 impl Collectives for MpiRank {
     fn rank(&self) -> usize {
         self.rank
@@ -255,10 +305,18 @@ impl Collectives for MpiRank {
     }
 
     fn send(&mut self, to: usize, data: &[f32]) -> ExecResult<()> {
-        let peer = self.world.process_at_rank(self.peer("send to", to)?);
-        mpi::request::scope(|scope| {
-            let request = peer.immediate_send(scope, data);
-            self.complete(request, || format!("rank {to} did not take its message"));
+        let peer_rank = self.peer("send to", to)?;
+        self.progress();
+        let peer = self.world.process_at_rank(peer_rank);
+        let data: Box<[f32]> = data.into();
+        // SAFETY: the boxed values do not move while the entry holds the box, and the entry
+        // keeps it until the request completes (`InFlight::request`).
+        let message: &'static [f32] = unsafe { &*(data.as_ref() as *const [f32]) };
+        let request = peer.immediate_send(StaticScope, message);
+        self.in_flight.push(InFlight {
+            request: Some(request),
+            data,
+            to,
         });
         Ok(())
     }
