@@ -214,14 +214,7 @@ impl Trainer {
                 .map_err(|e| data_error(e.message))?;
         }
         // The forward's collectives (tensor parallelism within the stage) are this rank's.
-        if let Some(comm) = self.exec.take_collectives() {
-            forward.set_collectives(comm);
-        }
-        let ran = forward.run().map_err(TrainRunError::of_run);
-        if let Some(comm) = forward.take_collectives() {
-            self.exec.set_collectives(comm);
-        }
-        ran?;
+        run_with_collectives_of(&mut self.exec, forward)?;
         for c in &stage.cut.sends {
             let (_, values) = forward
                 .output_f32(&c.name)
@@ -252,14 +245,7 @@ impl Trainer {
                 .map_err(|e| data_error(e.message))?;
         }
         zero_inputs(&mut self.exec, &self.train.accumulators)?;
-        if let Some(comm) = self.exec.take_collectives() {
-            update.set_collectives(comm);
-        }
-        let ran = update.run().map_err(TrainRunError::of_run);
-        if let Some(comm) = update.take_collectives() {
-            self.exec.set_collectives(comm);
-        }
-        ran?;
+        run_with_collectives_of(&mut self.exec, update)?;
         let overflow = update
             .output_f32(OVERFLOW)
             .is_some_and(|(_, v)| v[0] != 0.0);
@@ -372,6 +358,20 @@ pub(super) fn copy_params(step: &Executor, forward: &mut Executor) -> Res<()> {
         .map_err(TrainRunError::of_run)
 }
 
+/// Runs `program` (a stage's forward or update) with the collectives `rank` holds, handed
+/// back to `rank` whether or not the run succeeds.
+fn run_with_collectives_of(rank: &mut Executor, program: &mut Executor) -> Res<()> {
+    if let Some(comm) = rank.take_collectives() {
+        program.set_collectives(comm);
+    }
+    let ran = program.run().map_err(TrainRunError::of_run);
+    if let Some(comm) = program.take_collectives() {
+        rank.set_collectives(comm);
+    }
+    ran.map(|_| ())
+}
+
+/// This rank's collectives, which a pipeline stage's executor must have (E0973 otherwise).
 fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
     exec.collectives()
         .ok_or_else(|| TrainRunError::new(Code::E0973, "a pipeline stage has no collectives"))
