@@ -16,9 +16,20 @@ const CACHE_FILE: &str = "host-peak.json";
 /// The cache file's format tag.
 const FORMAT: &str = "mslc-host-peak-1";
 
+/// The host's f32 FLOP/s on its default thread count (the one a run uses unless told
+/// otherwise), read or measured once per process: a build plans several targets, and the
+/// language server plans on every edit. `None` when nothing is kept and no measurement can
+/// run.
+pub fn peak_flops() -> Option<f64> {
+    static PEAK: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *PEAK.get_or_init(|| {
+        kept_or_measured(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
 /// The host's f32 FLOP/s on `threads` threads: the kept figure, else measured now (and kept
-/// when there is a cache directory). `None` when nothing is kept and no measurement can run.
-pub fn peak_flops(threads: usize) -> Option<f64> {
+/// when there is a cache directory).
+fn kept_or_measured(threads: usize) -> Option<f64> {
     let path = mslc_io::cache::cache_file(CACHE_FILE);
     let key = machine_key(threads);
     if let Some(kept) = path.as_deref().and_then(|p| read(p).remove(&key)) {

@@ -18,10 +18,8 @@ pub fn target_from_spec(spec: &TargetSpec) -> Target {
         network: spec.network_bytes_per_s,
         devices_per_node: spec.devices_per_node,
     };
-    let host_peak = target.is_host().then(|| {
-        crate::host::peak_flops(std::thread::available_parallelism().map_or(1, |n| n.get()))
-    });
-    target.with_host_peak(host_peak.flatten())
+    let host_peak = target.is_host().then(crate::host::peak_flops).flatten();
+    target.with_host_peak(host_peak)
 }
 
 /// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled
