@@ -244,17 +244,57 @@ fn train_literal(train: &Train, graph: &Graph, params: &[(String, TensorType, bo
     s
 }
 
-/// `MESH = {…}`: the mesh axes, the axes the batch is split over (every axis in `data` mode,
-/// `dp` in the semi-auto and auto modes, as [`ParallelPolicy::data_parallel_size`] counts), and
-/// each parameter's spec from the first shard rule of its rank matching its path (the rule the
-/// checker validated), in the modes that honour shard rules.
+/// What `MESH` holds, whichever source it comes from: the mesh's name, its axes, the axes
+/// the batch is split over, the parameters' partition specs, the optimizer states' specs where
+/// they differ from their parameter's, and whether gradients take the states' specs.
+struct MeshFacts {
+    name: String,
+    axes: Vec<(String, i64)>,
+    batch: Vec<String>,
+    params: Vec<(String, Vec<Option<String>>)>,
+    states: Vec<(String, Vec<Option<String>>)>,
+    shard_grads: bool,
+}
+
+impl MeshFacts {
+    /// `MESH = {…}` as the runtime reads it.
+    fn literal(&self) -> String {
+        let specs = |list: &[(String, Vec<Option<String>>)]| {
+            list.iter().fold(String::new(), |mut out, (path, spec)| {
+                let spec = py_list(
+                    spec.iter()
+                        .map(|a| a.as_deref().map_or("None".to_string(), py_str)),
+                );
+                writeln!(out, "        {}: {spec},", py_str(path)).expect("String");
+                out
+            })
+        };
+        let axes = py_list(
+            self.axes
+                .iter()
+                .map(|(a, n)| format!("({}, {n})", py_str(a))),
+        );
+        format!(
+            "MESH = {{\n    \"name\": {},\n    \"axes\": {axes},\n    \"batch\": {},\n    \"params\": {{\n{}    }},\n    \"states\": {{\n{}    }},\n    \"shard_grads\": {},\n}}\n",
+            py_str(&self.name),
+            py_list(self.batch.iter().map(|b| py_str(b))),
+            specs(&self.params),
+            specs(&self.states),
+            if self.shard_grads { "True" } else { "False" }
+        )
+    }
+}
+
+/// `MESH` from the declaration: the mesh axes, the axes the batch is split over (every axis in
+/// `data` mode, `dp` in the semi-auto and auto modes, as
+/// [`ParallelPolicy::data_parallel_size`] counts), and each parameter's spec from the first
+/// shard rule of its rank matching its path (the rule the checker validated), in the modes that
+/// honour shard rules; no optimizer sharding.
 fn mesh_literal(
     policy: &ParallelPolicy,
     params: &[(String, TensorType, bool)],
     pipelined: bool,
 ) -> String {
-    let mut s = String::from("MESH = {\n");
-    writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
     // A pipeline that is not mirrored has its mesh axis (one neither `dp` nor used by a shard
     // rule, as the planner counts stages) left out: every device runs every layer.
     let used = |axis: &str| {
@@ -263,40 +303,43 @@ fn mesh_literal(
             .iter()
             .any(|r| r.axes.iter().any(|a| a.as_deref() == Some(axis)))
     };
-    let kept = policy.mesh.iter().filter(|(a, _)| {
-        pipelined
-            || policy.pipeline.is_none()
-            || policy.mode == ParallelMode::Data
-            || a == "dp"
-            || used(a)
-    });
-    let axes = py_list(kept.map(|(a, n)| format!("({}, {n})", py_str(a))));
-    writeln!(s, "    \"axes\": {axes},").expect("String");
-    let batch: Vec<String> = match policy.mode {
-        ParallelMode::Data => policy.mesh.iter().map(|(a, _)| py_str(a)).collect(),
-        _ if policy.axis_size("dp").is_some() => vec![py_str("dp")],
+    let axes = policy
+        .mesh
+        .iter()
+        .filter(|(a, _)| {
+            pipelined
+                || policy.pipeline.is_none()
+                || policy.mode == ParallelMode::Data
+                || a == "dp"
+                || used(a)
+        })
+        .map(|(a, n)| (a.clone(), *n))
+        .collect();
+    let batch = match policy.mode {
+        ParallelMode::Data => policy.mesh.iter().map(|(a, _)| a.clone()).collect(),
+        _ if policy.axis_size("dp").is_some() => vec!["dp".to_string()],
         _ => Vec::new(),
     };
-    writeln!(s, "    \"batch\": {},", py_list(batch)).expect("String");
-    s.push_str("    \"params\": {\n");
-    if policy.mode.splits_ops() {
-        for (path, ty, _) in params {
+    let params = params
+        .iter()
+        .filter(|_| policy.mode.splits_ops())
+        .filter_map(|(path, ty, _)| {
             let rule = policy
                 .shards
                 .iter()
-                .find(|r| r.axes.len() == ty.shape.len() && r.pattern.matches(path));
-            if let Some(rule) = rule {
-                let spec = py_list(
-                    rule.axes
-                        .iter()
-                        .map(|a| a.as_deref().map_or("None".to_string(), py_str)),
-                );
-                writeln!(s, "        {}: {spec},", py_str(path)).expect("String");
-            }
-        }
+                .find(|r| r.axes.len() == ty.shape.len() && r.pattern.matches(path))?;
+            Some((path.clone(), rule.axes.clone()))
+        })
+        .collect();
+    MeshFacts {
+        name: policy.name.name.clone(),
+        axes,
+        batch,
+        params,
+        states: Vec::new(),
+        shard_grads: false,
     }
-    s.push_str("    },\n    \"states\": {},\n    \"shard_grads\": False,\n}\n");
-    s
+    .literal()
 }
 
 /// `MESH` from the per-device plan: its axes with a degree above 1 in the declaration's order
@@ -326,28 +369,10 @@ fn plan_mesh_literal(
         .filter(|&k| degree(k) > 1 && (k != "pp" || pipelined))
         .collect();
     keys.sort_by_key(|k| declared(k));
-    let mut s = String::from("MESH = {\n");
-    writeln!(s, "    \"name\": {},", py_str(&policy.name.name)).expect("String");
-    let axes = py_list(
-        keys.iter()
-            .map(|k| format!("({}, {})", py_str(plan.axis_name(k)), degree(k))),
-    );
-    writeln!(s, "    \"axes\": {axes},").expect("String");
     let dp = degree("dp");
     let dp_name = plan.axis_name("dp");
-    let batch = match dp > 1 {
-        true => vec![py_str(dp_name)],
-        false => Vec::new(),
-    };
-    writeln!(s, "    \"batch\": {},", py_list(batch)).expect("String");
     let level = if dp > 1 { plan.optimizer_shard } else { 0 };
-    let spec_text = |spec: &[Option<String>]| {
-        py_list(
-            spec.iter()
-                .map(|a| a.as_deref().map_or("None".to_string(), py_str)),
-        )
-    };
-    let (mut param_specs, mut state_specs) = (String::new(), String::new());
+    let (mut param_specs, mut state_specs) = (Vec::new(), Vec::new());
     for (path, ty, trainable) in params {
         let tensor: Vec<Option<String>> = plan
             .shardings
@@ -365,32 +390,25 @@ fn plan_mesh_literal(
             &tensor
         };
         if param.iter().any(Option::is_some) {
-            writeln!(
-                param_specs,
-                "        {}: {},",
-                py_str(path),
-                spec_text(param)
-            )
-            .expect("String");
+            param_specs.push((path.clone(), param.clone()));
         }
         if level >= 1 && *trainable && sharded != tensor {
-            writeln!(
-                state_specs,
-                "        {}: {},",
-                py_str(path),
-                spec_text(&sharded)
-            )
-            .expect("String");
+            state_specs.push((path.clone(), sharded));
         }
     }
-    writeln!(s, "    \"params\": {{\n{param_specs}    }},").expect("String");
-    writeln!(s, "    \"states\": {{\n{state_specs}    }},").expect("String");
-    writeln!(
-        s,
-        "    \"shard_grads\": {},",
-        if level >= 2 { "True" } else { "False" }
-    )
-    .expect("String");
-    s.push_str("}\n");
-    s
+    MeshFacts {
+        name: policy.name.name.clone(),
+        axes: keys
+            .iter()
+            .map(|k| (plan.axis_name(k).to_string(), degree(k)))
+            .collect(),
+        batch: match dp > 1 {
+            true => vec![dp_name.to_string()],
+            false => Vec::new(),
+        },
+        params: param_specs,
+        states: state_specs,
+        shard_grads: level >= 2,
+    }
+    .literal()
 }
