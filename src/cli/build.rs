@@ -351,6 +351,14 @@ fn build(
     };
     let report = report(model, &compiled, stage_ms, recompute.as_ref());
     files.push((dir.join(format!("{name}.report.json")), json(&report)));
+    // A parallel train's step as each rank runs it.
+    let ranked = match (train_entry, &planned) {
+        (Some(entry), Some(p)) => build_ranks::rank_artifacts(args, checked, entry, &p.plan)?,
+        _ => None,
+    };
+    if let (Some(entry), Some(p)) = (train_entry, &mut planned) {
+        executor_memory(checked, entry, &mut p.plan, &compiled, ranked.as_ref());
+    }
     if let Some(p) = &planned {
         files.push((dir.join(format!("{}.plan.json", p.train)), json(&p.plan)));
         if args.emit.contains(&Emit::PlanSvg) {
@@ -358,11 +366,6 @@ fn build(
             files.push((dir.join(format!("{}.plan.svg", p.train)), svg.into_bytes()));
         }
     }
-    // A parallel train's step as each rank runs it.
-    let ranked = match (train_entry, &planned) {
-        (Some(entry), Some(p)) => build_ranks::rank_artifacts(args, checked, entry, &p.plan)?,
-        _ => None,
-    };
     if let Some(r) = &ranked {
         files.extend(r.files.iter().cloned());
     }
@@ -433,6 +436,40 @@ fn build(
     }
     let warnings = planned.map(|p| p.warnings).unwrap_or_default();
     Ok((text, json, warnings))
+}
+
+/// On the host target, fills each device group of `plan` with what the bundled executor
+/// allocates on its ranks: the compiled per-rank programs (`ranked`, one per stage), or on one
+/// device the train's step `compiled`. Left empty for other targets, and for a plan whose
+/// programs were not written (E0972).
+fn executor_memory(
+    checked: &Checked,
+    entry: &str,
+    plan: &mut mslc_plan::parallel::PlanFile,
+    compiled: &Compiled,
+    ranked: Option<&build_ranks::RankArtifacts>,
+) {
+    let target = checked
+        .decls
+        .trains
+        .iter()
+        .find(|t| t.spec.name.name == entry)
+        .and_then(|t| t.target)
+        .map(|i| mslc_driver::target::target_from_spec(&checked.decls.targets[i]));
+    if !target.is_some_and(|t| t.is_host()) {
+        return;
+    }
+    let devices = usize::try_from(plan.devices).unwrap_or(1);
+    let threads = mslc_driver::ranks::threads_per_rank(None, devices);
+    let per_stage = match ranked {
+        Some(r) => r.memory(threads),
+        None => vec![mslc_driver::ranks::rank_memory([&compiled.memory], threads)],
+    };
+    for group in &mut plan.per_device {
+        group.executor = usize::try_from(group.stage)
+            .ok()
+            .and_then(|s| per_stage.get(s).copied());
+    }
 }
 
 /// A train's per-device plan, its warnings and, under `--explain-plan`, its explanation.

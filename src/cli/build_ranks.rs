@@ -21,7 +21,8 @@ use mslc_driver::train::{
     compile_train_ranked, compile_train_stage, CompiledTrain, StageStep, TrainOptions, DATA_AXIS,
     PIPELINE_AXIS, TENSOR_AXIS,
 };
-use mslc_plan::parallel::PlanFile;
+use mslc_plan::memory::MemoryPlan;
+use mslc_plan::parallel::{ExecutorMemory, PlanFile};
 
 use super::build::{selection, train_step, BuildArgs};
 
@@ -34,6 +35,20 @@ pub struct RankArtifacts {
     pub line: String,
     /// The report's `ranks` entry.
     pub json: serde_json::Value,
+    /// Per pipeline stage (one entry without stages), the memory plans of the programs each of
+    /// its ranks runs: its step and, on a stage, its forward and update.
+    programs: Vec<Vec<MemoryPlan>>,
+}
+
+impl RankArtifacts {
+    /// Per pipeline stage (one entry without stages), what each of its ranks allocates on
+    /// `threads` executor threads; none when the programs were not written.
+    pub fn memory(&self, threads: usize) -> Vec<ExecutorMemory> {
+        self.programs
+            .iter()
+            .map(|plans| ranks::rank_memory(plans, threads))
+            .collect()
+    }
 }
 
 /// The per-rank programs of train `entry` under `plan` (one, or one per pipeline stage); `None`
@@ -92,6 +107,7 @@ pub fn rank_artifacts(
             "arena_bytes": memory.arena_bytes,
             "lower_bound_bytes": memory.lower_bound_bytes,
         }),
+        programs: vec![vec![memory.clone()]],
     }))
 }
 
@@ -101,6 +117,7 @@ fn not_written(why: &str) -> RankArtifacts {
         files: Vec::new(),
         line: format!("  per rank:   not written: {why}"),
         json: serde_json::json!({ "written": false, "reason": why }),
+        programs: Vec::new(),
     }
 }
 
@@ -187,6 +204,13 @@ fn stage_artifacts(
             "stages": programs,
             "description": format!("{entry}.ranks.json"),
         }),
+        programs: steps
+            .iter()
+            .map(|(step, cut)| {
+                let step = std::iter::once(&step.compiled.memory);
+                step.chain(cut.programs()).cloned().collect()
+            })
+            .collect(),
     })
 }
 

@@ -372,16 +372,16 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             arena: &arena,
             recompute: &recompute,
             measured_from,
-            threads: exec_options.threads,
             tuning: tuning.as_deref(),
-            stage_programs: stages.first().map_or(0, |(_, cut)| {
-                let planned = |m: &MemoryPlan| {
-                    m.total_bytes
-                        .saturating_add(m.scratch_bytes_per_thread * exec_options.threads as u64)
-                };
-                let forward = cut.forward.as_ref().map_or(0, |f| planned(&f.memory));
-                forward + planned(&cut.update.compiled.memory)
-            }),
+            rank: ranks::rank_memory(
+                std::iter::once(&arena).chain(
+                    stages
+                        .first()
+                        .into_iter()
+                        .flat_map(|(_, cut)| cut.programs()),
+                ),
+                exec_options.threads,
+            ),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -401,13 +401,11 @@ struct Summary<'a> {
     recompute: &'a RecomputeReport,
     /// The resident set when the ranks started, and how many ranks this process runs.
     measured_from: Option<(mslc_exec::limits::RssMark, usize)>,
-    /// Executor threads per rank.
-    threads: usize,
     /// What the tuning knowledge base changed, when it changed anything.
     tuning: Option<&'a str>,
-    /// On a pipeline, rank 0's stage's other programs (its forward and its update) by their
-    /// memory plans: planned bytes with their threads' scratch.
-    stage_programs: u64,
+    /// What rank 0's programs allocate by their memory plans (on a pipeline, its stage's
+    /// step, forward and update).
+    rank: mslc_plan::parallel::ExecutorMemory,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -426,9 +424,8 @@ fn lead(
         arena,
         recompute,
         measured_from,
-        threads,
         tuning,
-        stage_programs,
+        rank,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
@@ -520,23 +517,19 @@ fn lead(
     // threads, against what its executor allocated (on a pipeline, rank 0's stage's step,
     // forward and update).
     let exec = trainer.executor();
-    let rank_planned = arena
-        .total_bytes
-        .saturating_add(arena.scratch_bytes_per_thread * exec.threads() as u64)
-        .saturating_add(stage_programs);
+    let stage_executors = trainer.stage_executors();
     let allocated = exec.allocated_bytes()
-        + trainer
-            .stage_executors()
+        + stage_executors
             .iter()
             .map(|e| e.allocated_bytes())
             .sum::<u64>();
-    let which = match stage_programs {
-        0 => String::new(),
-        _ => " (the first stage's step, forward and update)".to_string(),
+    let which = match stage_executors.is_empty() {
+        true => String::new(),
+        false => " (the first stage's step, forward and update)".to_string(),
     };
     text.push_str(&format!(
         "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)){which}, {} allocated\n",
-        mslc_core::units::human_bytes(rank_planned),
+        mslc_core::units::human_bytes(rank.allocated),
         exec.threads(),
         mslc_core::units::human_bytes(allocated),
     ));
@@ -546,9 +539,7 @@ fn lead(
     }
     // What each rank holds by the plan, with the planner's fragmentation reserve; it runs no
     // collective buffers of its own (the collectives reduce in place).
-    let planned =
-        mslc_plan::parallel::Breakdown::of(recompute.breakdown.on_threads(arena, threads), 0).total
-            + stage_programs;
+    let planned = rank.total;
     let measured = measured_from.and_then(|(mark, ranks)| {
         Some(mslc_exec::limits::peak_rss_since(mark)? / ranks.max(1) as u64)
     });
@@ -582,7 +573,7 @@ fn lead(
         "recompute": recompute,
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
         "rank_memory": {
-            "planned_bytes": rank_planned,
+            "planned_bytes": rank.allocated,
             "allocated_bytes": allocated,
             "params_bytes": arena.params_bytes,
             "inputs_bytes": arena.inputs_bytes,

@@ -1293,6 +1293,53 @@ train Piped for TinyLlama {
     );
     assert_eq!(ranks["parameters"]["lm_head.weight"]["stage"], 1);
     assert_eq!(ranks["parameters"]["model.embed_tokens.weight"]["stage"], 0);
+    // On the host target the plan also gives what the executor allocates on each stage's
+    // ranks, from the programs just written — the figure `mslc train` plans and measures with.
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("Piped.plan.json")).unwrap()).unwrap();
+    let executor = |stage: usize| &plan["per_device"][stage]["executor"];
+    for stage in 0..2 {
+        let (allocated, total) = (
+            executor(stage)["allocated"].as_u64(),
+            executor(stage)["total"].as_u64(),
+        );
+        let (allocated, total) = (allocated.unwrap(), total.unwrap());
+        assert_eq!(
+            total,
+            allocated + (allocated as f64 * 0.05) as u64,
+            "{plan}"
+        );
+        // More than the analytic model: the stage runs a forward and an update beside its step.
+        assert!(
+            total
+                > plan["per_device"][stage]["memory"]["total"]
+                    .as_u64()
+                    .unwrap()
+        );
+    }
+    assert!(stdout.contains("on this machine's executor: "), "{stdout}");
+    let data = random_tokens(&dir, 8, 8, 3);
+    let mut args = vec![
+        "--message-format",
+        "json",
+        "train",
+        s(&piped),
+        "--entry",
+        "Piped",
+    ];
+    args.extend(llama_flags());
+    args.extend(["--init-seed", "0", "--data", s(&data), "--ranks", "2"]);
+    let (code, trained, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{trained}{stderr}");
+    let summary = trained
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("train").is_some())
+        .unwrap_or_else(|| panic!("no JSON summary in\n{trained}"));
+    assert_eq!(
+        summary["rank_memory"]["planned_bytes"],
+        executor(0)["allocated"]
+    );
     // The example's own train (2 data × 2 tensor × 2 stages, 4 micro-batches) builds with
     // the sizes it declares: B = 8 / (2 × 4) = 1, one step per stage for its 8 ranks.
     let example = root().join("examples/tiny_llama.msl");

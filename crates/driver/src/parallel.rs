@@ -907,6 +907,14 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
             gib(plan.max_device_memory),
             g.memory.text()
         ));
+        if let Some(e) = &g.executor {
+            lines.push(format!(
+                "             on this machine's executor: {} per rank ({} allocated by its compiled programs on {} thread(s), with the fragmentation reserve)",
+                gib(e.total),
+                gib(e.allocated),
+                e.threads
+            ));
+        }
     }
     for w in &plan.what_if {
         lines.push(format!(

@@ -12,9 +12,10 @@ use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_io::safetensors::{StDType, TensorRef};
 use mslc_ir::shard::pipeline::{pipeline_stage, StageCut};
 use mslc_ir::shard::zero::ZeroShard;
+use mslc_plan::memory::MemoryPlan;
 use mslc_plan::parallel::estimate::Schedule;
 use mslc_plan::parallel::workload::layer_key;
-use mslc_plan::parallel::PlanFile;
+use mslc_plan::parallel::{ExecutorMemory, PlanFile};
 
 use mslc_core::program::Model;
 use mslc_io::npy::NpyArray;
@@ -29,6 +30,24 @@ pub const STAGE_TENSOR_PARALLEL: &str = "tensor parallel";
 /// The [`CompileError::stage`] of a model that cannot be cut into the plan's pipeline stages
 /// (E0972).
 pub const STAGE_PIPELINE: &str = "pipeline";
+
+/// What one rank allocates running `programs` (its step and, on a pipeline stage, the stage's
+/// forward and update: [`crate::train::StageStep::programs`]) on `threads` executor threads:
+/// each program's memory plan and its threads' kernel scratch — what `mslc train` measures
+/// against and `mslc build` reports for the host target.
+pub fn rank_memory<'a>(
+    programs: impl IntoIterator<Item = &'a MemoryPlan>,
+    threads: usize,
+) -> ExecutorMemory {
+    let allocated = programs
+        .into_iter()
+        .map(|m| {
+            let scratch = m.scratch_bytes_per_thread.saturating_mul(threads as u64);
+            m.total_bytes.saturating_add(scratch)
+        })
+        .fold(0u64, u64::saturating_add);
+    ExecutorMemory::of(allocated, threads)
+}
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one
 /// member of a tensor-parallel group when `tensor` is given ([`TensorSplits::apply`]: tensor

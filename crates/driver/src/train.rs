@@ -370,6 +370,13 @@ pub struct StageStep {
 }
 
 impl StageStep {
+    /// The memory plans of the programs a stage runs beside its step: its forward (but on the
+    /// last stage) and its update.
+    pub fn programs(&self) -> impl Iterator<Item = &mslc_plan::memory::MemoryPlan> {
+        let forward = self.forward.as_ref().map(|f| &f.memory);
+        forward.into_iter().chain([&self.update.compiled.memory])
+    }
+
     /// The inputs of the stage's step that other stages send (received values and the
     /// gradients of sent ones), not data.
     pub fn exchanged_inputs(&self) -> Vec<String> {

@@ -43,6 +43,38 @@ pub struct DeviceGroup {
     pub memory: Breakdown,
     /// Forward and backward of one micro-batch (all its chunks), communication included.
     pub seconds_per_micro_batch: f64,
+    /// On the host target, what the bundled executor allocates on each of its ranks, from the
+    /// compiled per-rank programs (`mslc build --entry TRAIN`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub executor: Option<ExecutorMemory>,
+}
+
+/// What one rank of `mslc train` allocates, known exactly once its programs are compiled:
+/// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
+/// executor keeps the updated parameters and states in buffers of their own until the update is
+/// accepted, the weights packed for its GEMMs, each thread's kernel scratch, and on a pipeline
+/// stage a forward and an update program beside the step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ExecutorMemory {
+    /// Executor threads per rank.
+    pub threads: usize,
+    /// Bytes the rank's programs allocate: their memory plans and each thread's scratch.
+    pub allocated: u64,
+    /// `allocated` with the fragmentation reserve ([`estimate::FRAGMENTATION`]): the peak a
+    /// rank's resident memory is planned not to exceed.
+    pub total: u64,
+}
+
+impl ExecutorMemory {
+    /// The memory of a rank whose programs allocate `allocated` bytes on `threads` threads.
+    pub fn of(allocated: u64, threads: usize) -> ExecutorMemory {
+        let reserve = (allocated as f64 * estimate::FRAGMENTATION) as u64;
+        ExecutorMemory {
+            threads,
+            allocated,
+            total: allocated.saturating_add(reserve),
+        }
+    }
 }
 
 /// How the strategy was found.
@@ -327,6 +359,7 @@ fn describe(
             layers: st.layers.iter().map(|&(a, b)| [a, b]).collect(),
             memory: st.memory,
             seconds_per_micro_batch: st.compute_s + st.communication_s,
+            executor: None,
         })
         .collect();
     let w = &found.workload;
