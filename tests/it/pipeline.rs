@@ -427,3 +427,80 @@ fn an_interleaved_schedule_or_a_gradient_dump_on_stages_is_refused() {
         );
     }
 }
+
+/// A weight two stages both train (GPT-2's logits read the input embedding's table) is refused
+/// at the source, by `mslc train` (E0972, before any rank starts) and by `mslc build`, which
+/// writes no per-rank programs and says why, rather than training two diverging copies.
+#[test]
+fn a_weight_tied_across_stages_is_refused() {
+    let dir = TestDir::new("pipeline-tied");
+    let example =
+        std::fs::read_to_string(crate::exec::common::root().join("examples/gpt2.msl")).unwrap();
+    let model_end = example.find("precision Mixed").expect("the model part");
+    let decls = "parallel PP {
+    mesh = { pp: 2 }
+    mode = semi_auto
+    pipeline = { stages: 2, micro_batches: 2, schedule: 1f1b }
+}
+
+train Tied for Gpt2 {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-3)
+    batch = 4
+    parallel = PP
+    target = std.targets.cpu
+}
+";
+    let src = dir.path("tied.msl");
+    std::fs::write(&src, format!("{}{decls}", &example[..model_end])).unwrap();
+    let sizes = [
+        "--set",
+        "vocab=64",
+        "--set",
+        "hidden=32",
+        "--set",
+        "layers=2",
+        "--set",
+        "heads=2",
+        "--set",
+        "max_positions=16",
+        "--dim",
+        "S=8",
+    ];
+    let data = random_tokens(&dir, 8, 8, 3);
+    let mut args = vec![
+        "--message-format",
+        "json",
+        "train",
+        s(&src),
+        "--entry",
+        "Tied",
+    ];
+    args.extend(sizes);
+    args.extend(["--init-seed", "0", "--data", s(&data), "--ranks", "2"]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_ne!(code, 0, "{stdout}{stderr}");
+    let diag: serde_json::Value = stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no diagnostic in\n{stdout}{stderr}"));
+    assert_eq!(diag["code"], "E0972", "{diag}");
+    let message = diag["message"].as_str().unwrap();
+    assert!(
+        message.contains("`wte.weight`") && message.contains("tied weight"),
+        "{message}"
+    );
+    assert_eq!(diag["line_start"], example[..model_end].lines().count() + 7);
+
+    let out = dir.path("out");
+    let mut args = vec!["build", s(&src), "--entry", "Tied", "-o", s(&out)];
+    args.extend(sizes);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("per rank:   not written: `wte.weight` is trained on more than one"),
+        "{stdout}"
+    );
+    assert!(!out.join("Tied.stage0.rank.mir").exists());
+}
