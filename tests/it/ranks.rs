@@ -1070,11 +1070,7 @@ fn optimizer_sharding_per_rank_memory_falls_and_matches_the_plan() {
         ];
         let (code, stdout, stderr) = mslc(&args);
         assert_eq!(code, 0, "{stdout}{stderr}");
-        let summary = stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v.get("train").is_some())
-            .unwrap_or_else(|| panic!("no JSON summary in\n{stdout}"));
+        let summary = crate::exec::common::train_summary(&stdout);
         let m = &summary["rank_memory"];
         let get = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
         let (planned, allocated) = (get("planned_bytes"), get("allocated_bytes"));
@@ -1331,11 +1327,7 @@ train Piped for TinyLlama {
     args.extend(["--init-seed", "0", "--data", s(&data), "--ranks", "2"]);
     let (code, trained, stderr) = mslc(&args);
     assert_eq!(code, 0, "{trained}{stderr}");
-    let summary = trained
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v.get("train").is_some())
-        .unwrap_or_else(|| panic!("no JSON summary in\n{trained}"));
+    let summary = crate::exec::common::train_summary(&trained);
     assert_eq!(
         summary["rank_memory"]["planned_bytes"],
         executor(0)["allocated"]
