@@ -639,3 +639,63 @@ fn interleaved_megatron_halves_the_bubble_and_odd_chunk_counts_are_refused() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// On the host the plan is for mslc's own executor, which re-runs each pipeline stage's
+/// forward in its backward (keeping only what the stage received): a host pipeline is planned
+/// with full recompute whatever the memory policy says, and says why, with no recompute
+/// what-ifs the executor could not follow; the same train on an A100 keeps its activations.
+#[test]
+fn a_host_pipeline_is_planned_with_the_executors_recompute() {
+    let example = std::fs::read_to_string("examples/tiny_llama.msl").unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let decls = "parallel PP {
+    mesh = { pp: 2 }
+    mode = semi_auto
+    pipeline = { stages: 2, micro_batches: 4, schedule: 1f1b }
+}
+
+memory Host {
+    max_device_memory = 8GB
+    recompute = none
+}
+
+train Fit for TinyLlama {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-4)
+    batch = 4
+    parallel = PP, memory = Host
+    target = std.targets.cpu
+}
+";
+    let plan_on = |target: &str| {
+        let src = format!("{}{}", &example[..model_end], decls.replace("cpu", target));
+        let checked = mslc_check::check_source("fit.msl", &src, &CheckOptions::default());
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        plan_of(&checked)
+    };
+    let host = plan_on("cpu");
+    assert_eq!(host.recompute, mslc_plan::parallel::Recompute::Full);
+    let why = host.recompute_fixed_by.as_deref().expect("the reason");
+    assert!(why.contains("re-runs each stage's forward"), "{why}");
+    assert!(
+        !host
+            .what_if
+            .iter()
+            .any(|w| w.change.starts_with("recompute")),
+        "{:?}",
+        host.what_if
+    );
+    let gpu = plan_on("a100");
+    assert_eq!(gpu.recompute, mslc_plan::parallel::Recompute::None);
+    assert_eq!(gpu.recompute_fixed_by, None);
+    assert!(gpu.what_if.iter().any(|w| w.change == "recompute = full"));
+    // plan.json says the same.
+    let json = serde_json::to_value(&host).unwrap();
+    assert_eq!(json["recompute"], "full");
+    assert!(json["recompute_fixed_by"].is_string());
+    assert!(serde_json::to_value(&gpu)
+        .unwrap()
+        .get("recompute_fixed_by")
+        .is_none());
+}

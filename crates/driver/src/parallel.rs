@@ -86,7 +86,10 @@ fn setup<'c>(checked: &'c Checked, train: &'c Train) -> Result<Option<Setup<'c>>
     let splits = parallel
         .map(|p| weight_splits(p, graph))
         .unwrap_or_default();
-    let (mode, space) = space(parallel, memory, spec, micro_batch)?;
+    let (mode, mut space) = space(parallel, memory, spec, micro_batch)?;
+    if target.is_host() {
+        space.stage_recompute = Some(Recompute::Full);
+    }
     Ok(Some(Setup {
         graph,
         parallel,
@@ -418,6 +421,7 @@ fn space(
             ParallelMode::Auto => parallel.and_then(|p| p.sequence_parallel),
             _ => Some(parallel.and_then(|p| p.sequence_parallel).unwrap_or(false)),
         },
+        stage_recompute: None,
     };
     let Some(parallel) = parallel else {
         space.dp = Some(1);
@@ -882,7 +886,10 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
             plan.degrees_text(),
             if plan.sequence_parallel { ", sequence parallel" } else { "" },
             level_name(plan.optimizer_shard),
-            recompute_name(plan.recompute),
+            match &plan.recompute_fixed_by {
+                Some(why) => format!("{} ({why})", recompute_name(plan.recompute)),
+                None => recompute_name(plan.recompute).to_string(),
+            },
             plan.search.mode,
             plan.search.candidates,
             if plan.search.candidates == 1 { "" } else { "s" },

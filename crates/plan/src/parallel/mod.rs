@@ -137,6 +137,10 @@ pub struct PlanFile {
     pub what_if: Vec<WhatIf>,
     /// How the strategy was found.
     pub search: SearchInfo,
+    /// Why `recompute` is not the policy's choice, when the executor that runs the plan fixes
+    /// it ([`Space::stage_recompute`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompute_fixed_by: Option<String>,
 }
 
 impl PlanFile {
@@ -204,7 +208,12 @@ pub fn plan(
     let found = search::search(workloads, space, train, cluster)?;
     let seconds = start.elapsed().as_secs_f64();
     let what_if = what_ifs(workloads, space, &found, train, cluster);
-    Some(describe(&found, what_if, cluster, mode, seconds))
+    let mut file = describe(&found, what_if, cluster, mode, seconds);
+    if found.best.strategy.pp > 1 && space.stage_recompute.is_some() {
+        file.recompute_fixed_by =
+            Some("the executor re-runs each stage's forward in its backward".to_string());
+    }
+    Some(file)
 }
 
 /// The strategies one knob away from `found`'s, each planned: each other optimizer-shard
@@ -237,8 +246,10 @@ fn what_ifs(
         };
         changes.push((format!("optimizer_shard = {}", level_name(level)), sp));
     }
+    // Where the executor fixes what its stages recompute, no other choice is one knob away.
+    let recompute_fixed = s.pp > 1 && space.stage_recompute.is_some();
     for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
-        if r != s.recompute {
+        if r != s.recompute && !recompute_fixed {
             let sp = Space {
                 recompute: Some(r),
                 ..fixed.clone()
@@ -407,5 +418,6 @@ fn describe(
             seconds,
             candidates: found.candidates,
         },
+        recompute_fixed_by: None,
     }
 }

@@ -39,6 +39,11 @@ pub struct Space {
     pub schedule: Schedule,
     /// Only this sequence-parallel choice (searched where the tensor degree is above 1).
     pub sequence_parallel: Option<bool>,
+    /// What a strategy with pipeline stages recomputes whatever `recompute` says, when the
+    /// executor that runs the plan fixes it: mslc's bundled executor (the host target) re-runs
+    /// each stage's forward in its backward, keeping only what the stage received, so its
+    /// stages cost a full recompute's time.
+    pub stage_recompute: Option<Recompute>,
 }
 
 /// The search's answer: the best strategy that fits (or, when none does, the one needing the
@@ -169,7 +174,11 @@ pub fn search(
                     if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
                         continue;
                     }
-                    for &recompute in &recomputes {
+                    let forced = space.stage_recompute.filter(|_| pp > 1);
+                    let here = forced
+                        .as_ref()
+                        .map_or(&recomputes[..], std::slice::from_ref);
+                    for &recompute in here {
                         let strategy = Strategy {
                             optimizer_shard: level,
                             recompute,
