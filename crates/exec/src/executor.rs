@@ -121,6 +121,8 @@ pub struct Executor {
     comm: Option<Box<dyn Collectives>>,
     /// Bytes of every buffer allocated here, and of the kernels' scratch of every pool thread.
     allocated_bytes: u64,
+    /// The f32 each of a pool thread's scratch buffers holds: the largest any step asks.
+    scratch_floats: usize,
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -274,6 +276,7 @@ impl Executor {
             workers: None,
             check_numerics: false,
             comm: None,
+            scratch_floats: needs.scratch_floats,
             module,
             allocated_bytes,
         })
@@ -284,6 +287,19 @@ impl Executor {
     /// pool thread's kernel scratch — what one rank of a parallel run holds.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated_bytes
+    }
+
+    /// The scratch (f32) each pool thread holds ready per buffer, from the module's steps, and
+    /// the largest a kernel has asked of a pool thread so far: a request above the first makes
+    /// the kernel allocate while it runs, outside the memory plan.
+    pub fn scratch_floats(&self) -> (usize, usize) {
+        let asked = self
+            .pool
+            .broadcast(|_| mslc_kernels::scratch::largest_request())
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        (self.scratch_floats, asked)
     }
 
     /// Gives the run the collectives its per-rank program's collective steps go through (this

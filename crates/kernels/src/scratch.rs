@@ -15,11 +15,20 @@ const KEEP_COUNT: usize = 4;
 
 thread_local! {
     static IDLE: RefCell<Vec<Vec<Line>>> = const { RefCell::new(Vec::new()) };
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The largest scratch (in f32) asked of this thread so far: what the reserve a module plans
+/// per thread ([`crate::step::needs::scratch_floats`]) must cover, so no kernel allocates while
+/// it runs (an executor reads it on each of its pool threads).
+pub fn largest_request() -> usize {
+    LARGEST.with(std::cell::Cell::get)
 }
 
 /// Runs `f` with an aligned scratch slice of exactly `len` f32 whose contents are unspecified
 /// (the caller writes before reading). Re-entrant: nested calls get distinct buffers.
 pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    LARGEST.with(|l| l.set(l.get().max(len)));
     let lines_needed = len.div_ceil(16);
     let mut lines = IDLE
         .with(|idle| idle.borrow_mut().pop())

@@ -386,3 +386,36 @@ fn precision_flag_overrides_the_trains_policy() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--precision apply to .msl sources"), "{err}");
 }
+
+/// No kernel asks a pool thread for more scratch than the module reserves per thread (a larger
+/// request would allocate while running, outside the memory plan): the tiny LLaMA's training
+/// step (GEMMs and their gradients, attention and its gradient, cross-entropy, fused
+/// elementwise programs) and ResNet-50's forward at 64 × 64 (convolutions, pooling), on 2
+/// threads.
+#[test]
+fn kernels_stay_within_the_scratch_each_thread_reserves() {
+    let dir = TestDir::new("exec-scratch");
+    let out = dir.path("out");
+    let example = root().join("examples/tiny_llama.msl");
+    let mut args = vec!["build", s(&example), "--entry", "Pretrain", "-o", s(&out)];
+    args.extend(crate::ranks::llama_flags());
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let bytes = std::fs::read(out.join("Pretrain.mir")).unwrap();
+    let step = mslc_artifact::decode(&bytes).unwrap().module;
+    let resnet = compile_sized("examples/resnet50.msl", &[], &[("B", "1"), ("R", "64")]);
+    for (what, module) in [("training step", step), ("resnet50", resnet)] {
+        let mut exec = executor(module, 2);
+        exec.init_params(3);
+        for input in exec.unset_inputs() {
+            exec.seed_input(&input, 4).expect("seeded input");
+        }
+        exec.run().expect("run");
+        let (reserved, asked) = exec.scratch_floats();
+        assert!(
+            asked > 0 && asked <= reserved,
+            "{what}: asked {asked} of {reserved}"
+        );
+        eprintln!("{what}: largest scratch request {asked} f32, reserved {reserved}");
+    }
+}

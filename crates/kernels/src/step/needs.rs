@@ -5,6 +5,7 @@
 use mslc_core::ops::{DType, TensorType};
 
 use super::prepare::StepKernel;
+use crate::matmul::kernel::{MAX_MR, MAX_NR};
 use crate::scratch::KEEP_LIMIT;
 
 /// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
@@ -104,61 +105,82 @@ fn numel(ty: &TensorType) -> usize {
         .unwrap_or(0)
 }
 
-/// An upper bound on the scratch (in f32) one step's kernel asks for: packed GEMM operands,
-/// im2col patches, register blocks of fused programs, attention tiles, moved reduction inputs —
-/// all within twice the operands plus these terms — capped at what the scratch pool keeps.
-/// Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup, so no kernel
-/// allocates scratch while running.
+/// An upper bound on the largest scratch (in f32) one step's kernel asks for at once (kernels
+/// nest requests, each at most this): the packed operands of a GEMM, a fused program's
+/// registers, an attention's tiles (and the GEMMs on them), a reduction's moved input, a
+/// softmax's strided row, a cross-entropy's losses or row, im2col patches — capped at what the
+/// scratch pool keeps. Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup,
+/// so no kernel allocates scratch while running (`scratch::largest_request` checks it).
 pub fn scratch_floats(kernel: &StepKernel, inputs: &[TensorType], output: &TensorType) -> usize {
-    // The kernels that take scratch at all (`with_scratch`); the others — elementwise without
-    // a fused program, norms, embeddings, pooling, copies, the optimizer update — take none,
-    // so a module of only those (an optimizer step) reserves none per thread.
-    let takes_scratch = matches!(
-        kernel,
-        StepKernel::Matmul { .. }
-            | StepKernel::Conv2d(..)
-            | StepKernel::Fused(..)
-            | StepKernel::Binary(_, Some(_), _)
-            | StepKernel::Reduce(..)
-            | StepKernel::Softmax(..)
-            | StepKernel::Rope(..)
-            | StepKernel::RopeTable(..)
-            | StepKernel::RopeCached(..)
-            | StepKernel::Attention { .. }
-            | StepKernel::AttentionLse { .. }
-            | StepKernel::AttentionGrad { .. }
-            | StepKernel::CrossEntropy(..)
-            | StepKernel::CrossEntropyGrad(..)
-    );
-    if !takes_scratch {
-        return 0;
-    }
-    let operands = inputs
-        .iter()
-        .chain([output])
-        .fold(0usize, |sum, t| sum.saturating_add(numel(t)));
-    let extra = match kernel {
+    let dim = |t: &TensorType, i: usize| t.shape.get(i).map_or(0, |&d| d.max(0) as usize);
+    let input = |j: usize| inputs.get(j).map_or(0, numel);
+    let floats = match kernel {
+        // Every A and B packed whole, each matrix's rows or columns padded to a micro-tile.
+        StepKernel::Matmul { .. } => {
+            let padded = |t: &TensorType| {
+                let r = t.rank();
+                let (rows, cols) = (dim(t, r.saturating_sub(2)), dim(t, r.saturating_sub(1)));
+                let matrices = numel(t).checked_div(rows * cols).unwrap_or(0);
+                let pad = MAX_MR.max(MAX_NR).saturating_mul(rows + cols);
+                numel(t).saturating_add(matrices.max(1).saturating_mul(pad))
+            };
+            inputs.iter().take(2).map(padded).sum::<usize>() + 16
+        }
         StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
             (program.instrs.len() + 1).saturating_mul(p.block)
         }
-        StepKernel::Conv2d(..) => {
-            // im2col: every output position of every image gets C/groups·kh·kw values.
-            let dim = |t: &TensorType, i: usize| t.shape.get(i).map_or(0, |&d| d as usize);
-            let per_position: usize = inputs
-                .get(1)
-                .map_or(0, |w| w.shape.iter().skip(1).map(|&d| d as usize).product());
-            per_position
+        // One head's tiles at most, and the GEMMs over them; the gradient's row sums of
+        // every query.
+        StepKernel::Attention { params, .. }
+        | StepKernel::AttentionLse { params, .. }
+        | StepKernel::AttentionGrad { params, .. } => {
+            let (q, k) = (&inputs[0], &inputs[1]);
+            let (s, t, d) = (dim(q, 1), dim(k, 1), dim(q, 3));
+            let extent = s + t + d;
+            let tiles = (extent + 64).saturating_mul(extent);
+            let blocks = 2 * params.block_q.saturating_mul(params.block_k);
+            let rows = dim(q, 0) * s * dim(q, 2);
+            tiles.saturating_add(blocks).max(rows)
+        }
+        StepKernel::Reduce(..) => input(0),
+        StepKernel::Softmax(axis, ..) => {
+            let rank = inputs[0].rank() as i64;
+            let axis = if *axis < 0 { axis + rank } else { *axis }.clamp(0, rank) as usize;
+            let inner: usize = inputs[0].shape[(axis + 1).min(inputs[0].rank())..]
+                .iter()
+                .map(|&d| d.max(0) as usize)
+                .product();
+            2 * inner
+        }
+        StepKernel::Rope(..) => dim(&inputs[0], 1) * dim(&inputs[0], 3),
+        StepKernel::CrossEntropy(..) | StepKernel::CrossEntropyGrad(..) => {
+            let v = dim(&inputs[0], inputs[0].rank().saturating_sub(1));
+            input(0).checked_div(v).unwrap_or(0).max(v)
+        }
+        // im2col: every output position of every image gets C/groups·kh·kw values; the GEMM
+        // over them packs the patches (and the weights, when not packed ahead), padded to
+        // micro-tiles.
+        StepKernel::Conv2d(attrs, ..) => {
+            let kdim: usize = inputs.get(1).map_or(0, |w| {
+                w.shape.iter().skip(1).map(|&d| d.max(0) as usize).product()
+            });
+            let patches = kdim
                 .saturating_mul(dim(output, 0))
                 .saturating_mul(dim(output, 2))
-                .saturating_mul(dim(output, 3))
+                .saturating_mul(dim(output, 3));
+            let problems = dim(output, 0).saturating_mul(attrs.groups) + attrs.groups;
+            let pad = MAX_MR
+                .max(MAX_NR)
+                .saturating_mul(kdim)
+                .saturating_mul(problems);
+            patches.saturating_add(input(1)).saturating_add(pad) + 16
         }
-        _ => 0,
+        // The others (elementwise without a program, norms, embeddings, pooling, copies, rope
+        // from its table, the optimizer update) take none, so a module of only those (an
+        // optimizer step) reserves none per thread.
+        _ => return 0,
     };
-    operands
-        .saturating_mul(2)
-        .saturating_add(extra)
-        .saturating_add(1 << 16)
-        .min(KEEP_LIMIT)
+    floats.saturating_add(1 << 16).min(KEEP_LIMIT)
 }
 
 /// Bytes of scratch each pool thread holds for a module whose largest step asks for `floats`.
