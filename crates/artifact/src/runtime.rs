@@ -86,7 +86,6 @@ impl RuntimeNeeds {
                 .filter(|&(_, direct)| !direct)
                 .map(|(v, _)| ty(v));
             staging.need_outputs(staged);
-            scratch = scratch.max(scratch_floats(&kernel, &types, out));
             let packed_b = match kernel.packed_b_len() {
                 // A kernel this CPU cannot run has no layout; running it reports that.
                 Some(Ok(len)) if len > 0 && parameter_only(module, step.inputs[1]) => {
@@ -114,6 +113,8 @@ impl RuntimeNeeds {
                 }
                 _ => None,
             };
+            let packed_ahead = packed_b.is_some();
+            scratch = scratch.max(scratch_floats(&kernel, &types, out, packed_ahead));
             steps.push(PreparedStep {
                 kernel,
                 modes,

@@ -109,9 +109,15 @@ fn numel(ty: &TensorType) -> usize {
 /// nest requests, each at most this): the packed operands of a GEMM, a fused program's
 /// registers, an attention's tiles (and the GEMMs on them), a reduction's moved input, a
 /// softmax's strided row, a cross-entropy's losses or row, im2col patches — capped at what the
-/// scratch pool keeps. Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup,
+/// scratch pool keeps; a right operand the executor keeps packed (`packed_ahead`: a weight) is
+/// not packed again. Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup,
 /// so no kernel allocates scratch while running (`scratch::largest_request` checks it).
-pub fn scratch_floats(kernel: &StepKernel, inputs: &[TensorType], output: &TensorType) -> usize {
+pub fn scratch_floats(
+    kernel: &StepKernel,
+    inputs: &[TensorType],
+    output: &TensorType,
+    packed_ahead: bool,
+) -> usize {
     let dim = |t: &TensorType, i: usize| t.shape.get(i).map_or(0, |&d| d.max(0) as usize);
     let input = |j: usize| inputs.get(j).map_or(0, numel);
     let floats = match kernel {
@@ -124,7 +130,8 @@ pub fn scratch_floats(kernel: &StepKernel, inputs: &[TensorType], output: &Tenso
                 let pad = MAX_MR.max(MAX_NR).saturating_mul(rows + cols);
                 numel(t).saturating_add(matrices.max(1).saturating_mul(pad))
             };
-            inputs.iter().take(2).map(padded).sum::<usize>() + 16
+            let packed = if packed_ahead { 1 } else { 2 };
+            inputs.iter().take(packed).map(padded).sum::<usize>() + 16
         }
         StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
             (program.instrs.len() + 1).saturating_mul(p.block)
@@ -173,7 +180,8 @@ pub fn scratch_floats(kernel: &StepKernel, inputs: &[TensorType], output: &Tenso
                 .max(MAX_NR)
                 .saturating_mul(kdim)
                 .saturating_mul(problems);
-            patches.saturating_add(input(1)).saturating_add(pad) + 16
+            let weights = if packed_ahead { 0 } else { input(1) };
+            patches.saturating_add(weights).saturating_add(pad) + 16
         }
         // The others (elementwise without a program, norms, embeddings, pooling, copies, rope
         // from its table, the optimizer update) take none, so a module of only those (an
