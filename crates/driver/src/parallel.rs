@@ -73,8 +73,7 @@ fn setup<'c>(checked: &'c Checked, train: &'c Train) -> Result<Option<Setup<'c>>
     let widths = Widths {
         act_bytes: training.act_bytes,
         tp: 1,
-        flops_per_s: target.peak(compute_dtype(precision))
-            * mslc_plan::parallel::estimate::COMPUTE_EFFICIENCY,
+        flops_per_s: target.peak(compute_dtype(precision)) * target.compute_efficiency,
         bandwidth: target.bandwidth * mslc_plan::parallel::estimate::BANDWIDTH_EFFICIENCY,
     };
     let micro_batch = graph

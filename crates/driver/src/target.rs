@@ -5,7 +5,7 @@ use mslc_check::policy::TargetSpec;
 use mslc_plan::target::Target;
 
 /// The target a checked `target` declaration describes; the host (`cpu`) with this machine's
-/// measured peak on its default thread count ([`crate::host::peak_flops`]).
+/// measured peak and compute efficiency on its default thread count ([`crate::host::rates`]).
 pub fn target_from_spec(spec: &TargetSpec) -> Target {
     let target = Target {
         name: spec.name.name.clone(),
@@ -17,9 +17,13 @@ pub fn target_from_spec(spec: &TargetSpec) -> Target {
         interconnect: spec.interconnect_bytes_per_s,
         network: spec.network_bytes_per_s,
         devices_per_node: spec.devices_per_node,
+        compute_efficiency: mslc_plan::parallel::estimate::COMPUTE_EFFICIENCY,
     };
-    let host_peak = target.is_host().then(crate::host::peak_flops).flatten();
-    target.with_host_peak(host_peak)
+    let (peak, gemm) = match target.is_host() {
+        true => crate::host::rates(),
+        false => (None, None),
+    };
+    target.with_host(peak, gemm)
 }
 
 /// A target of the standard library (`std.targets`) by name, e.g. `cpu` — the bundled

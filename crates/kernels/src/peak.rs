@@ -85,6 +85,67 @@ pub fn measure(threads: usize) -> Option<Peak> {
     })
 }
 
+/// The f32 FLOP/s mslc's own GEMM sustains on `threads` threads on a training step's products,
+/// as a step weighs them: two like the forward's and the input gradient's (512 × 256 by
+/// 256 × 688, B transposed) for each like a weight gradient's (688 × 512 by 512 × 256, A
+/// transposed), both operands packed per call as activations and gradients are. Each is the
+/// median of nine timed calls after two warm-ups (about 30 ms in all). What the planner's
+/// compute efficiency on the host is measured by, against [`measure`]'s peak: the FMA loop is
+/// what a core can do, this what a step's products get.
+pub fn gemm_rate(threads: usize) -> Option<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .ok()?;
+    let (tokens, hidden, ffn) = (512usize, 256usize, 688usize);
+    let plain = pool.install(|| median_seconds([tokens, hidden], [ffn, hidden], (false, true)))?;
+    let weight_grad =
+        pool.install(|| median_seconds([tokens, ffn], [tokens, hidden], (true, false)))?;
+    let flops = (2 * tokens * hidden * ffn) as f64;
+    Some(3.0 * flops / (2.0 * plain + weight_grad).max(1e-9))
+}
+
+/// The median seconds of nine calls (after two warm-ups) of the product of an `a_shape` and a
+/// `b_shape` operand with the given transpositions, on the current thread pool.
+fn median_seconds(a_shape: [usize; 2], b_shape: [usize; 2], (ta, tb): (bool, bool)) -> Option<f64> {
+    use crate::matmul::{matmul, matmul_output_shape, MatmulOptions, MatmulParams};
+    use crate::tensor::TensorRef;
+    let a: Vec<f32> = (0..a_shape[0] * a_shape[1])
+        .map(|i| (i % 13) as f32 * 0.01)
+        .collect();
+    let b: Vec<f32> = (0..b_shape[0] * b_shape[1])
+        .map(|i| (i % 7) as f32 * 0.01)
+        .collect();
+    let out = matmul_output_shape(&a_shape, &b_shape, ta, tb).ok()?;
+    let mut c = vec![0f32; out.iter().product()];
+    let opts = MatmulOptions {
+        transpose_a: ta,
+        transpose_b: tb,
+        ..MatmulOptions::default()
+    };
+    let params = MatmulParams::default();
+    let (a, b) = (
+        TensorRef {
+            data: &a,
+            shape: &a_shape,
+        },
+        TensorRef {
+            data: &b,
+            shape: &b_shape,
+        },
+    );
+    let mut times = Vec::with_capacity(11);
+    for _ in 0..11 {
+        let start = Instant::now();
+        matmul(a, b, &opts, &params, &mut c).ok()?;
+        std::hint::black_box(&c);
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let mut timed = times.split_off(2);
+    timed.sort_by(f64::total_cmp);
+    Some(timed[timed.len() / 2])
+}
+
 /// The widest FMA loop this CPU runs, and its name; the loop returns the FLOPs it did.
 fn widest() -> (&'static str, fn(u64) -> u64) {
     #[cfg(target_arch = "x86_64")]
@@ -189,6 +250,17 @@ mod tests {
         eprintln!("{}", peak.describe());
         assert!(peak.describe().starts_with("measured f32 peak "));
         assert!(machine_key(2).ends_with(&format!(" | {} | 2 thread(s)", peak.isa)));
+    }
+
+    #[test]
+    fn the_gemm_rate_is_below_the_peak() {
+        let (rate, peak) = (gemm_rate(1).unwrap(), measure(1).unwrap().flops_per_s);
+        eprintln!(
+            "GEMM {:.1} GFLOP/s of a {:.1} GFLOP/s peak",
+            rate / 1e9,
+            peak / 1e9
+        );
+        assert!(rate > 0.0 && rate < 1.2 * peak, "{rate} against {peak}");
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct Target {
     pub network: f64,
     /// Devices per node.
     pub devices_per_node: i64,
+    /// Fraction of the peak the matmul-heavy ops reach:
+    /// [`COMPUTE_EFFICIENCY`](crate::parallel::estimate::COMPUTE_EFFICIENCY), calibrated on
+    /// published runs, for a declared device; measured for the host ([`Target::with_host`]).
+    pub compute_efficiency: f64,
 }
 
 impl Target {
@@ -63,17 +67,22 @@ impl Target {
 }
 
 impl Target {
-    /// This target with `host_peak`, the host's measured f32 FLOP/s, in all three peaks (the
-    /// kernels widen f16 and bf16 to f32) when it is the host and a peak was measured;
-    /// otherwise unchanged. `std.targets.cpu`'s declared figures describe one machine; mslc
-    /// runs on others (docs FACTS.md: never hard-code a peak), and what a CPU reports (its
-    /// base clock, its vector width) is not what it reaches: a VM shows no boost clock, and
-    /// Zen 4 runs 512-bit FMAs at the 256-bit rate.
-    pub fn with_host_peak(mut self, host_peak: Option<f64>) -> Target {
-        if let Some(peak) = host_peak.filter(|_| self.is_host()) {
-            self.peak_f32 = peak;
-            self.peak_f16 = peak;
-            self.peak_bf16 = peak;
+    /// This target with the host's measured rates when it is the host: `peak`, its f32 FLOP/s,
+    /// in all three peaks (the kernels widen f16 and bf16 to f32), and `gemm`, what mslc's own
+    /// GEMM sustains at a training step's shape, over `peak` as its compute efficiency (kept
+    /// within 0.2–0.95); otherwise unchanged. `std.targets.cpu`'s declared figures describe one
+    /// machine; mslc runs on others (docs FACTS.md: never hard-code a peak), and what a CPU
+    /// reports (its base clock, its vector width) is not what it reaches: a VM shows no boost
+    /// clock, and Zen 4 runs 512-bit FMAs at the 256-bit rate.
+    pub fn with_host(mut self, peak: Option<f64>, gemm: Option<f64>) -> Target {
+        let Some(peak) = peak.filter(|_| self.is_host()) else {
+            return self;
+        };
+        self.peak_f32 = peak;
+        self.peak_f16 = peak;
+        self.peak_bf16 = peak;
+        if let Some(gemm) = gemm.filter(|g| g.is_finite() && *g > 0.0) {
+            self.compute_efficiency = (gemm / peak).clamp(0.2, 0.95);
         }
         self
     }
@@ -122,6 +131,7 @@ pub fn host_features() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parallel::estimate::COMPUTE_EFFICIENCY;
 
     #[test]
     fn only_the_host_takes_the_measured_peak() {
@@ -135,21 +145,36 @@ mod tests {
             interconnect: 0.0,
             network: 0.0,
             devices_per_node: 8,
+            compute_efficiency: COMPUTE_EFFICIENCY,
         };
-        assert_eq!(t.clone().with_host_peak(Some(1e11)), t);
+        assert_eq!(t.clone().with_host(Some(1e11), Some(8e10)), t);
         let host = Target {
             name: "cpu".into(),
             ..t
         };
-        assert_eq!(host.clone().with_host_peak(None), host);
+        assert_eq!(host.clone().with_host(None, Some(8e10)), host);
         let p = 1e11;
-        let shared = host.clone().with_host_peak(Some(p)).shared_by(4);
+        let shared = host.clone().with_host(Some(p), Some(7e10)).shared_by(4);
+        assert_eq!(
+            shared.compute_efficiency, 0.7,
+            "shared devices keep the ratio"
+        );
         assert_eq!(
             (shared.peak_f32, shared.bandwidth),
             (p / 4.0, host.bandwidth / 4.0)
         );
         assert_eq!(t.clone().shared_by(4), t);
-        let measured = host.with_host_peak(Some(p));
+        assert_eq!(
+            host.clone().with_host(Some(p), None).compute_efficiency,
+            COMPUTE_EFFICIENCY
+        );
+        assert_eq!(
+            host.clone()
+                .with_host(Some(p), Some(2e11))
+                .compute_efficiency,
+            0.95
+        );
+        let measured = host.with_host(Some(p), None);
         assert_eq!(
             (measured.peak_f32, measured.peak_f16, measured.peak_bf16),
             (p, p, p)

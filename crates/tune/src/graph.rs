@@ -312,6 +312,7 @@ pub(crate) fn host() -> Target {
         interconnect: 1.0,
         network: 1.0,
         devices_per_node: 1,
+        compute_efficiency: 1.0,
     }
 }
 

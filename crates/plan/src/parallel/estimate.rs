@@ -712,6 +712,7 @@ mod tests {
                 interconnect: 600e9,
                 network: 50e9,
                 devices_per_node: 8,
+                compute_efficiency: COMPUTE_EFFICIENCY,
             },
             budget,
         }
