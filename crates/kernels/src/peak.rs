@@ -124,16 +124,8 @@ fn median_seconds(a_shape: [usize; 2], b_shape: [usize; 2], (ta, tb): (bool, boo
         ..MatmulOptions::default()
     };
     let params = MatmulParams::default();
-    let (a, b) = (
-        TensorRef {
-            data: &a,
-            shape: &a_shape,
-        },
-        TensorRef {
-            data: &b,
-            shape: &b_shape,
-        },
-    );
+    let a = TensorRef::new("matmul", &a, &a_shape).ok()?;
+    let b = TensorRef::new("matmul", &b, &b_shape).ok()?;
     let mut times = Vec::with_capacity(11);
     for _ in 0..11 {
         let start = Instant::now();
