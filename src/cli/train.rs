@@ -73,6 +73,11 @@ pub struct TrainArgs {
     /// Append one JSON object per step (step, loss, lr, loss_scale, grad_norm, skipped, ms).
     #[arg(long, value_name = "FILE.jsonl")]
     pub metrics: Option<PathBuf>,
+    /// Write a Chrome trace (opens in Perfetto) of rank 0's last run of its step program: the
+    /// last micro-batch of the last update, forward, backward and (in the same program) the
+    /// optimizer update, per op with its source path and kernel.
+    #[arg(long, value_name = "F.json")]
+    pub profile: Option<PathBuf>,
     /// After the first update's backward, write DIR/grads.safetensors and DIR/loss.npy.
     #[arg(long, value_name = "DIR")]
     pub dump_grads: Option<PathBuf>,
@@ -457,6 +462,9 @@ fn lead(
     let mut written = Vec::new();
     let tokens = trainer.state().batch as f64 * f64::from(grad_accum);
     while trainer.state().step < args.steps {
+        if args.profile.is_some() && trainer.state().step + 1 == args.steps {
+            trainer.record_workers(true);
+        }
         let m = trainer.step().map_err(|e| match &e.numerics {
             Some(report) => {
                 bar.finish_and_clear();
@@ -501,6 +509,17 @@ fn lead(
         history.push(m);
     }
     bar.finish_and_clear();
+    // A run that stepped nothing (resumed at its last step) has no step to trace.
+    if let (Some(path), false) = (&args.profile, history.is_empty()) {
+        let json = trainer.executor().profile_json();
+        mslc_io::atomic::write_atomic(path, |tmp| std::fs::write(tmp, &json)).map_err(|e| {
+            Failure::Message(
+                Code::E0600,
+                format!("cannot write --profile `{}`: {e}", path.display()),
+            )
+        })?;
+        written.push(path.clone());
+    }
     let mut text = format!(
         "trained {} ({} parameters, {}) for {} step(s), steps {}..{}\n  memory:  arena {} planned, {} allocated (lower bound {})\n",
         train.spec.name.name,

@@ -934,3 +934,46 @@ fn tuning_decisions_apply_to_training_builds_and_runs() {
     );
     assert_rel("losses with the tuned choices", &got, &want, 1e-5);
 }
+
+/// `--profile F.json` writes a Chrome trace of the last run of the step: one event per op with
+/// its source path — the forward's, the backward's (`#grad`) and the optimizer update's — and
+/// the pool threads' tracks; it is written atomically and named in the summary.
+#[test]
+fn profile_traces_the_last_step() {
+    let dir = TestDir::new("train-profile");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(ADAMW));
+    let (data, trace) = (dir.path("data"), dir.path("step.json"));
+    let args = [
+        "--weights",
+        s(&weights),
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+        "--threads",
+        "2",
+        "--profile",
+        s(&trace),
+    ];
+    let (code, stdout, stderr) = train(&source, &args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("wrote {}", trace.display())),
+        "{stdout}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let names: Vec<&str> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for want in ["matmul ", "#grad", "adam_update "] {
+        assert!(
+            names.iter().any(|n| n.contains(want)),
+            "{want} in {names:?}"
+        );
+    }
+}

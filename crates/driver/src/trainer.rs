@@ -543,6 +543,12 @@ impl Trainer {
         &self.exec
     }
 
+    /// Records what each pool thread of the step's executor does from now on, for
+    /// [`Executor::profile_json`] (`mslc train --profile`).
+    pub fn record_workers(&mut self, on: bool) {
+        self.exec.record_workers(on);
+    }
+
     /// The sample order of epoch `epoch`: in order, or a seeded Fisher–Yates shuffle.
     fn epoch_order(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.data.samples).collect();
