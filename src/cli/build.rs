@@ -18,6 +18,7 @@ use mslc_driver::compile::{CompileOptions, Compiled};
 use mslc_driver::dep_info::dep_info;
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
+use mslc_driver::target::target_from_spec;
 use mslc_driver::train::{
     choose_train, compile_train, micro_batch_dim, train_compile_options, TrainOptions,
 };
@@ -356,8 +357,8 @@ fn build(
         (Some(entry), Some(p)) => build_ranks::rank_artifacts(args, checked, entry, &p.plan)?,
         _ => None,
     };
-    if let (Some(entry), Some(p)) = (train_entry, &mut planned) {
-        executor_memory(checked, entry, &mut p.plan, &compiled, ranked.as_ref());
+    if let (Some(_), Some(p)) = (train_entry, &mut planned) {
+        executor_memory(p, &compiled, ranked.as_ref());
     }
     if let Some(p) = &planned {
         files.push((dir.join(format!("{}.plan.json", p.train)), json(&p.plan)));
@@ -443,29 +444,21 @@ fn build(
 /// device the train's step `compiled`. Left empty for other targets, and for a plan whose
 /// programs were not written (E0972).
 fn executor_memory(
-    checked: &Checked,
-    entry: &str,
-    plan: &mut mslc_plan::parallel::PlanFile,
+    planned: &mut Planned,
     compiled: &Compiled,
     ranked: Option<&build_ranks::RankArtifacts>,
 ) {
-    let target = checked
-        .decls
-        .trains
-        .iter()
-        .find(|t| t.spec.name.name == entry)
-        .and_then(|t| t.target)
-        .map(|i| mslc_driver::target::target_from_spec(&checked.decls.targets[i]));
-    if !target.is_some_and(|t| t.is_host()) {
+    if !planned.on_host {
         return;
     }
-    let devices = usize::try_from(plan.devices).unwrap_or(1);
-    let threads = mslc_driver::ranks::threads_per_rank(None, devices);
     let per_stage = match ranked {
-        Some(r) => r.memory(threads),
-        None => vec![mslc_driver::ranks::rank_memory([&compiled.memory], threads)],
+        Some(r) => r.memory.clone(),
+        None => {
+            let threads = mslc_driver::ranks::threads_per_rank(None, 1);
+            vec![mslc_driver::ranks::rank_memory([&compiled.memory], threads)]
+        }
     };
-    for group in &mut plan.per_device {
+    for group in &mut planned.plan.per_device {
         group.executor = usize::try_from(group.stage)
             .ok()
             .and_then(|s| per_stage.get(s).copied());
@@ -475,6 +468,8 @@ fn executor_memory(
 /// A train's per-device plan, its warnings and, under `--explain-plan`, its explanation.
 struct Planned {
     train: String,
+    /// Whether the train's target is the host, whose ranks run mslc's own executor.
+    on_host: bool,
     plan: mslc_plan::parallel::PlanFile,
     warnings: Vec<Diagnostic>,
     explanation: Option<Vec<String>>,
@@ -501,8 +496,12 @@ fn parallel_plan(
             .then(|| explain_train(checked, train, &plan))
             .flatten()
             .map(|e| explain_lines(name, &plan, &e));
+        let target = train
+            .target
+            .map(|i| target_from_spec(&checked.decls.targets[i]));
         Planned {
             train: name.clone(),
+            on_host: target.is_some_and(|t| t.is_host()),
             warnings: plan_warnings(checked, train, &plan),
             plan,
             explanation,

@@ -21,7 +21,6 @@ use mslc_driver::train::{
     compile_train_ranked, compile_train_stage, CompiledTrain, StageStep, TrainOptions, DATA_AXIS,
     PIPELINE_AXIS, TENSOR_AXIS,
 };
-use mslc_plan::memory::MemoryPlan;
 use mslc_plan::parallel::{ExecutorMemory, PlanFile};
 
 use super::build::{selection, train_step, BuildArgs};
@@ -35,20 +34,10 @@ pub struct RankArtifacts {
     pub line: String,
     /// The report's `ranks` entry.
     pub json: serde_json::Value,
-    /// Per pipeline stage (one entry without stages), the memory plans of the programs each of
-    /// its ranks runs: its step and, on a stage, its forward and update.
-    programs: Vec<Vec<MemoryPlan>>,
-}
-
-impl RankArtifacts {
-    /// Per pipeline stage (one entry without stages), what each of its ranks allocates on
-    /// `threads` executor threads; none when the programs were not written.
-    pub fn memory(&self, threads: usize) -> Vec<ExecutorMemory> {
-        self.programs
-            .iter()
-            .map(|plans| ranks::rank_memory(plans, threads))
-            .collect()
-    }
+    /// Per pipeline stage (one entry without stages), what each of its ranks allocates running
+    /// its programs (its step and, on a stage, its forward and update) on the threads a rank
+    /// gets by default; none when the programs were not written.
+    pub memory: Vec<ExecutorMemory>,
 }
 
 /// The per-rank programs of train `entry` under `plan` (one, or one per pipeline stage); `None`
@@ -107,7 +96,10 @@ pub fn rank_artifacts(
             "arena_bytes": memory.arena_bytes,
             "lower_bound_bytes": memory.lower_bound_bytes,
         }),
-        programs: vec![vec![memory.clone()]],
+        memory: vec![ranks::rank_memory(
+            [memory],
+            ranks::threads_per_rank(None, devices),
+        )],
     }))
 }
 
@@ -117,7 +109,7 @@ fn not_written(why: &str) -> RankArtifacts {
         files: Vec::new(),
         line: format!("  per rank:   not written: {why}"),
         json: serde_json::json!({ "written": false, "reason": why }),
-        programs: Vec::new(),
+        memory: Vec::new(),
     }
 }
 
@@ -143,6 +135,7 @@ fn stage_artifacts(
     plan: &PlanFile,
     layout: &RankLayout,
 ) -> Result<RankArtifacts, Box<Diagnostic>> {
+    let threads = ranks::threads_per_rank(None, usize::try_from(plan.devices).unwrap_or(1));
     let dir = &args.out_dir;
     let mut files = Vec::new();
     let mut steps = Vec::new();
@@ -204,11 +197,11 @@ fn stage_artifacts(
             "stages": programs,
             "description": format!("{entry}.ranks.json"),
         }),
-        programs: steps
+        memory: steps
             .iter()
             .map(|(step, cut)| {
-                let step = std::iter::once(&step.compiled.memory);
-                step.chain(cut.programs()).cloned().collect()
+                let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
+                ranks::rank_memory(programs, threads)
             })
             .collect(),
     })

@@ -57,6 +57,19 @@ fn planned_and_measured(source: &Path, data: &Path, ranks: usize) -> (u64, Optio
     )
 }
 
+/// The `executor.total` that `mslc build --entry Fit` writes into `Fit.plan.json` for the
+/// first stage of `source`'s plan.
+fn built_executor_total(dir: &TestDir, source: &Path, ranks: usize) -> u64 {
+    let out = dir.path(&format!("built{ranks}"));
+    let (code, stdout, stderr) = mslc(&["build", s(source), "--entry", "Fit", "-o", s(&out)]);
+    assert_eq!(code, 0, "mslc build:\n{stdout}\n{stderr}");
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("Fit.plan.json")).unwrap()).unwrap();
+    plan["per_device"][0]["executor"]["total"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no executor figure in {plan}"))
+}
+
 #[test]
 fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
     let dir = TestDir::new("plan-measured");
@@ -64,6 +77,11 @@ fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
     let data = token_file(&dir, [16, 129], 1000.0, 5);
     for ranks in [1, 2] {
         let (planned, measured) = planned_and_measured(&source(&dir, ranks), &data, ranks);
+        // `mslc build`'s plan gives the same peak per rank for this machine's executor.
+        assert_eq!(
+            built_executor_total(&dir, &source(&dir, ranks), ranks),
+            planned
+        );
         let Some(measured) = measured else {
             // No /proc/self/clear_refs (not Linux): nothing was measured.
             assert!(

@@ -1,6 +1,6 @@
 //! This machine's figures for the planner's host target (`std.targets.cpu`): its f32 peak
 //! ([`mslc_kernels::peak::measure`], about 100 ms) and the rate mslc's own GEMM sustains at a
-//! training step's shape ([`mslc_kernels::peak::gemm_rate`], about 15 ms), their ratio the
+//! training step's products ([`mslc_kernels::peak::gemm_rate`], about 30 ms), their ratio the
 //! host's compute efficiency. Each is measured the first time a plan needs it on this machine
 //! and thread count and kept in the user's cache (`host-peak.json`), so planning stays fast
 //! and plans the same from run to run. Measuring on a busy machine only finds less, so the
@@ -66,10 +66,7 @@ pub fn remember(peak: &Peak) {
 /// Raises `key`'s figure in map `map` of the cache file `path` to `flops` unless it is already
 /// higher; written atomically, so a concurrent reader sees the old file or the new one.
 fn raise(path: &Path, map: &str, key: &str, flops: f64) -> std::io::Result<()> {
-    let mut maps: BTreeMap<&str, BTreeMap<String, f64>> = [PEAKS, GEMM]
-        .into_iter()
-        .map(|m| (m, read(path, m)))
-        .collect();
+    let mut maps = read_maps(path);
     let figures = maps.entry(map).or_default();
     if !(flops.is_finite() && flops > 0.0) || figures.get(key).is_some_and(|&k| k >= flops) {
         return Ok(());
@@ -85,9 +82,14 @@ fn raise(path: &Path, map: &str, key: &str, flops: f64) -> std::io::Result<()> {
     mslc_io::atomic::write_atomic(path, |tmp| std::fs::write(tmp, json.to_string()))
 }
 
-/// The figures of map `map` kept in `path`, by machine key; a missing, damaged or foreign file
-/// keeps none (it is a cache: measuring again rebuilds it).
+/// The figures of map `map` kept in `path`, by machine key.
 fn read(path: &Path, map: &str) -> BTreeMap<String, f64> {
+    read_maps(path).remove(map).unwrap_or_default()
+}
+
+/// Every map kept in `path` ([`PEAKS`], [`GEMM`]), read in one pass; a missing, damaged or
+/// foreign file keeps none (it is a cache: measuring again rebuilds it).
+fn read_maps(path: &Path) -> BTreeMap<&'static str, BTreeMap<String, f64>> {
     let Ok(bytes) = std::fs::read(path) else {
         return BTreeMap::new();
     };
@@ -97,13 +99,16 @@ fn read(path: &Path, map: &str) -> BTreeMap<String, f64> {
     if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
         return BTreeMap::new();
     }
-    value
-        .get(map)
-        .and_then(|p| p.as_object())
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_f64().filter(|f| *f > 0.0)?)))
-        .collect()
+    let figures = |map: &str| -> BTreeMap<String, f64> {
+        value
+            .get(map)
+            .and_then(|p| p.as_object())
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_f64().filter(|f| *f > 0.0)?)))
+            .collect()
+    };
+    [PEAKS, GEMM].into_iter().map(|m| (m, figures(m))).collect()
 }
 
 #[cfg(test)]
