@@ -209,7 +209,7 @@ pub fn plan(
     let seconds = start.elapsed().as_secs_f64();
     let what_if = what_ifs(workloads, space, &found, train, cluster);
     let mut file = describe(&found, what_if, cluster, mode, seconds);
-    if found.best.strategy.pp > 1 && space.stage_recompute.is_some() {
+    if space.recompute_fixed_at(found.best.strategy.pp).is_some() {
         file.recompute_fixed_by =
             Some("the executor re-runs each stage's forward in its backward".to_string());
     }
@@ -247,7 +247,7 @@ fn what_ifs(
         changes.push((format!("optimizer_shard = {}", level_name(level)), sp));
     }
     // Where the executor fixes what its stages recompute, no other choice is one knob away.
-    let recompute_fixed = s.pp > 1 && space.stage_recompute.is_some();
+    let recompute_fixed = space.recompute_fixed_at(s.pp).is_some();
     for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
         if r != s.recompute && !recompute_fixed {
             let sp = Space {

@@ -46,6 +46,15 @@ pub struct Space {
     pub stage_recompute: Option<Recompute>,
 }
 
+impl Space {
+    /// The recompute the executor fixes for a strategy of `pp` stages, whatever the policy
+    /// says ([`Space::stage_recompute`]); `None` where the choice is the policy's or the
+    /// search's.
+    pub fn recompute_fixed_at(&self, pp: i64) -> Option<Recompute> {
+        self.stage_recompute.filter(|_| pp > 1)
+    }
+}
+
 /// The search's answer: the best strategy that fits (or, when none does, the one needing the
 /// least memory), and how many strategies it estimated.
 #[derive(Clone, Debug)]
@@ -174,7 +183,7 @@ pub fn search(
                     if dp == 1 && level > 0 && space.optimizer_shard.is_none() {
                         continue;
                     }
-                    let forced = space.stage_recompute.filter(|_| pp > 1);
+                    let forced = space.recompute_fixed_at(pp);
                     let here = forced
                         .as_ref()
                         .map_or(&recomputes[..], std::slice::from_ref);
