@@ -277,7 +277,12 @@ pub struct TestDir(pub PathBuf);
 impl TestDir {
     /// A fresh, empty directory named after `tag`.
     pub fn new(tag: &str) -> TestDir {
-        let dir = std::env::temp_dir().join(format!("mslc-exec-{tag}-{}", std::process::id()));
+        // Unique per call: tests running at once that share a helper (and so a tag) must not
+        // remove each other's files.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("mslc-exec-{tag}-{}-{call}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         TestDir(dir)
