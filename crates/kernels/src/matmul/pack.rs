@@ -71,6 +71,12 @@ fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, dst: &mut [f32]) {
                 *v = r[p];
             }
         }
+    } else if a.rs == 1 {
+        // A stored transposed (a weight gradient's dyᵀ): each k step is a contiguous run.
+        for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+            let start = a.offset + p * a.cs + r0;
+            d[..rows].copy_from_slice(&a.data[start..start + rows]);
+        }
     } else {
         for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
             let base = a.offset + p * a.cs + r0 * a.rs;
