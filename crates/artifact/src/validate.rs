@@ -163,11 +163,12 @@ fn validate_next_values(module: &Module) -> Result<(), String> {
 }
 
 /// Arena values alive at the same time occupy disjoint bytes. A value lives from the step
-/// that computes it to the last step that reads it (outputs to the end); the one exception is
-/// a result written in place over its step's input 0, at exactly its bytes, when that step is
-/// the input's last use. One sweep over the steps, keeping the live values ordered by offset:
-/// as they are pairwise disjoint, a new value only has to be checked against its neighbours.
-/// Indices must already be validated.
+/// that computes it to the last step that reads it (outputs to the end); the exceptions are a
+/// view (a `reshape`) of its step's input 0, which may share exactly its bytes while both live,
+/// and a result written in place over input 0's bytes when every value there dies at that step
+/// and no other operand reads them. One sweep over the steps, keeping the live byte ranges
+/// ordered by offset, each with the values sharing it: as the ranges are pairwise disjoint, a
+/// new one only has to be checked against its neighbours. Indices must already be validated.
 fn check_liveness(module: &Module) -> Result<(), String> {
     let steps = module.steps.len();
     let n = module.values.len();
@@ -184,15 +185,18 @@ fn check_liveness(module: &Module) -> Result<(), String> {
         Storage::Arena { offset } => Some((offset, offset + module.values[v as usize].ty.bytes())),
         _ => None,
     };
-    // Live values by offset: offset -> (end, value).
-    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    // Live ranges by offset: offset -> (end, the values sharing it).
+    let mut live: BTreeMap<u64, (u64, Vec<u32>)> = BTreeMap::new();
     let mut expiring: Vec<Vec<(u64, u32)>> = vec![Vec::new(); steps];
     for (s, step) in module.steps.iter().enumerate() {
         if let Some(prev) = s.checked_sub(1) {
             for (offset, v) in std::mem::take(&mut expiring[prev]) {
                 // Unless a result computed in place over it has taken its place.
-                if live.get(&offset).is_some_and(|&(_, w)| w == v) {
-                    live.remove(&offset);
+                if let Some((_, values)) = live.get_mut(&offset) {
+                    values.retain(|&w| w != v);
+                    if values.is_empty() {
+                        live.remove(&offset);
+                    }
                 }
             }
         }
@@ -200,24 +204,38 @@ fn check_liveness(module: &Module) -> Result<(), String> {
             let Some((start, end)) = range(o).filter(|(a, b)| a < b) else {
                 continue;
             };
-            let in_place = step.inputs.first().is_some_and(|&i| {
-                last[i as usize] == s
-                    && range(i) == Some((start, end))
-                    && live.get(&start) == Some(&(end, i))
-            });
-            if in_place {
-                live.remove(&start);
+            // The live values at exactly these bytes, when input 0 is one of them.
+            let input0 = step.inputs.first().copied();
+            let sharing = input0
+                .filter(|&i| range(i) == Some((start, end)))
+                .and_then(|i| {
+                    live.get(&start)
+                        .filter(|(e, vs)| *e == end && vs.contains(&i))
+                });
+            if let Some((_, values)) = sharing {
+                let others_read = step.inputs[1..]
+                    .iter()
+                    .any(|&j| range(j) == Some((start, end)));
+                if step.op.spec().is_view() {
+                    live.get_mut(&start).expect("shared").1.push(o);
+                    expiring[last[o as usize]].push((start, o));
+                    continue;
+                }
+                if !others_read && values.iter().all(|&w| last[w as usize] == s) {
+                    live.remove(&start);
+                }
             }
             let before = live.range(..=start).next_back();
             let after = live.range(start..).next();
-            for (&other_start, &(other_end, other)) in before.into_iter().chain(after) {
-                if other_start < end && start < other_end {
+            for (&other_start, (other_end, others)) in before.into_iter().chain(after) {
+                if other_start < end && start < *other_end {
                     return Err(format!(
-                        "%{o} (bytes {start}..{end}, computed by step {s}) overlaps %{other} (bytes {other_start}..{other_end}), which is still alive"
+                        "%{o} (bytes {start}..{end}, computed by step {s}) overlaps %{} (bytes {other_start}..{other_end}), which is still alive",
+                        others[0]
                     ));
                 }
             }
-            live.insert(start, (end, o));
+            live.insert(start, (end, vec![o]));
             expiring[last[o as usize]].push((start, o));
         }
     }

@@ -74,7 +74,7 @@ pub struct MemoryPlan {
     pub strategy: String,
     /// Every strategy tried with the arena it needed.
     pub strategies_tried: Vec<(String, u64)>,
-    /// How many results reuse an operand's buffer in place.
+    /// How many results reuse an operand's buffer: written in place, or a view of it.
     pub in_place_reuses: usize,
     /// The arena buffers.
     pub buffers: Vec<PlannedBuffer>,
@@ -225,34 +225,43 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
         last_use[*v as usize] = steps.saturating_sub(1);
     }
 
-    // Buffers: one per arena value, except results written in place over a dying operand.
+    // Buffers: one per arena value, except results written in place over a dying operand and
+    // views (reshapes) of an operand, which share its buffer and extend its life.
     let mut buffer_of = vec![usize::MAX; n];
     let mut buffers: Vec<PlannedBuffer> = Vec::new();
     let mut reqs: Vec<BufferReq> = Vec::new();
+    // Whether a buffer holds a module output (never overwritten in place).
+    let mut holds_output: Vec<bool> = Vec::new();
     let mut in_place_reuses = 0;
     for (s, step) in module.steps.iter().enumerate() {
-        let reusable = step.op.spec().in_place
-            && step.outputs.len() == 1
-            && step.inputs.first().is_some_and(|&i| {
-                let i = i as usize;
-                buffer_of[i] != usize::MAX
-                    && last_use[i] == s
-                    && !is_output[i]
-                    && step.inputs[1..].iter().all(|&j| j as usize != i)
+        let spec = step.op.spec();
+        // The buffer of input 0 when output 0 may take it: same bytes, and for an in-place
+        // write, every value in that buffer dies at this step and no other operand reads it.
+        let shared = (spec.in_place && step.outputs.len() == 1)
+            .then(|| step.inputs.first())
+            .flatten()
+            .map(|&i| (i as usize, buffer_of[i as usize]))
+            .filter(|&(i, b)| {
+                b != usize::MAX
                     && module.values[i].ty.bytes()
                         == module.values[step.outputs[0] as usize].ty.bytes()
-            });
+                    && (spec.is_view()
+                        || (reqs[b].last == s
+                            && !holds_output[b]
+                            && step.inputs[1..].iter().all(|&j| buffer_of[j as usize] != b)))
+            })
+            .map(|(_, b)| b);
         for &o in &step.outputs {
             let o = o as usize;
             if !matches!(module.values[o].storage, Storage::Arena { .. }) {
                 continue;
             }
-            if reusable {
-                let b = buffer_of[step.inputs[0] as usize];
+            if let Some(b) = shared {
                 buffer_of[o] = b;
                 buffers[b].values.push(o as u32);
                 reqs[b].last = reqs[b].last.max(last_use[o]);
                 buffers[b].last = reqs[b].last;
+                holds_output[b] |= is_output[o];
                 in_place_reuses += 1;
                 continue;
             }
@@ -264,6 +273,7 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
                 last: buffer.last,
             });
             buffers.push(buffer);
+            holds_output.push(is_output[o]);
         }
     }
 

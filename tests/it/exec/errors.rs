@@ -327,6 +327,85 @@ fn in_place_chain() -> Module {
     }
 }
 
+/// `v = neg(x)`, `r = reshape(v, [8, 4])`, `n = neg(r)`, `t = reshape(n, [4, 8])`,
+/// `y = add(v, t)`, every value in the arena, placed by the memory planner.
+fn view_chain() -> Module {
+    let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
+    let arena = |ty| ValueInfo {
+        ty,
+        storage: Storage::Arena { offset: 0 },
+    };
+    let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
+        op,
+        kernel: choose_kernel(op),
+        attrs,
+        inputs,
+        outputs: vec![out],
+        origin: String::new(),
+        loc: None,
+    };
+    let reshape = |shape: [i64; 2]| Attrs::new().with("shape", shape.to_vec());
+    let mut m = Module {
+        name: "views".into(),
+        target: "cpu".into(),
+        target_fingerprint: String::new(),
+        values: vec![
+            ValueInfo {
+                ty: t([4, 8]),
+                storage: Storage::Input { name: "x".into() },
+            },
+            arena(t([4, 8])),
+            arena(t([8, 4])),
+            arena(t([8, 4])),
+            arena(t([4, 8])),
+            arena(t([4, 8])),
+        ],
+        steps: vec![
+            step(Op::Neg, Attrs::new(), vec![0], 1),
+            step(Op::Reshape, reshape([8, 4]), vec![1], 2),
+            step(Op::Neg, Attrs::new(), vec![2], 3),
+            step(Op::Reshape, reshape([4, 8]), vec![3], 4),
+            step(Op::Add, Attrs::new(), vec![1, 4], 5),
+        ],
+        outputs: vec![("y".into(), 5)],
+        arena_bytes: 0,
+        hoisted_bytes: 0,
+    };
+    mslc_plan::memory::plan_memory(&mut m).expect("planned");
+    m
+}
+
+/// A reshape shares its input's buffer even while the input stays alive (no copy), and a
+/// later step may not write in place over the view while the input it shares bytes with is
+/// still read.
+#[test]
+fn reshapes_are_views_of_live_buffers() {
+    let m = view_chain();
+    let offset = |v: usize| match m.values[v].storage {
+        Storage::Arena { offset } => offset,
+        ref other => panic!("%{v} is {other:?}"),
+    };
+    // The view of the live %1 shares its bytes; the neg of that view, while %1 is still read
+    // by the add, gets bytes of its own; the add then writes over %1 (and its view), both dead.
+    assert_eq!(offset(2), offset(1));
+    assert_ne!(offset(3), offset(1));
+    assert_eq!((offset(4), offset(5)), (offset(3), offset(1)));
+    assert_eq!(m.arena_bytes, 2 * 128);
+    let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
+    let mut exec = Executor::new(m.clone(), &ExecOptions::default()).unwrap();
+    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
+        .unwrap();
+    exec.run().unwrap();
+    let (_, got) = exec.output_f32("y").unwrap();
+    // -x + -(-x) = 0 exactly: the view's neg did not clobber %1.
+    assert_eq!(got, vec![0.0; 32]);
+    // Crafted: the neg written over the view while %1 is still read.
+    let mut clobbering = m;
+    clobbering.values[3].storage = clobbering.values[2].storage.clone();
+    clobbering.values[4].storage = clobbering.values[2].storage.clone();
+    rejected(clobbering, "overlaps %1");
+}
+
 #[test]
 fn in_place_steps_compute_what_separate_buffers_would() {
     let x: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 4.0).collect();

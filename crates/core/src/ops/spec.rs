@@ -156,6 +156,12 @@ impl OpSpec {
         }
     }
 
+    /// Output 0 is input 0's bytes under another shape (`reshape`): it may share input 0's
+    /// buffer even while input 0 stays alive, since neither is written through the other.
+    pub fn is_view(&self) -> bool {
+        matches!(self.cost, CostRule::View)
+    }
+
     /// The inputs whose buffer output 0 may overwrite: same dtype and element count as the
     /// output, for ops marked `in_place`.
     pub fn reusable_inputs(&self, inputs: &[TensorType], output: &TensorType) -> Vec<usize> {
