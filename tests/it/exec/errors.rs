@@ -327,15 +327,9 @@ fn in_place_chain() -> Module {
     }
 }
 
-/// `v = neg(x)`, `r = reshape(v, [8, 4])`, `n = neg(r)`, `t = reshape(n, [4, 8])`,
-/// `y = add(v, t)`, every value in the arena, placed by the memory planner.
-fn view_chain() -> Module {
-    let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
-    let arena = |ty| ValueInfo {
-        ty,
-        storage: Storage::Arena { offset: 0 },
-    };
-    let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
+/// A step of `op` reading `inputs` into the one value `out`, with the op's default kernel.
+fn step_of(op: Op, attrs: Attrs, inputs: Vec<u32>, out: u32) -> Step {
+    Step {
         op,
         kernel: choose_kernel(op),
         attrs,
@@ -343,6 +337,16 @@ fn view_chain() -> Module {
         outputs: vec![out],
         origin: String::new(),
         loc: None,
+    }
+}
+
+/// `v = neg(x)`, `r = reshape(v, [8, 4])`, `n = neg(r)`, `t = reshape(n, [4, 8])`,
+/// `y = add(v, t)`, every value in the arena, placed by the memory planner.
+fn view_chain() -> Module {
+    let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
+    let arena = |ty| ValueInfo {
+        ty,
+        storage: Storage::Arena { offset: 0 },
     };
     let reshape = |shape: [i64; 2]| Attrs::new().with("shape", shape.to_vec());
     let mut m = Module {
@@ -361,11 +365,11 @@ fn view_chain() -> Module {
             arena(t([4, 8])),
         ],
         steps: vec![
-            step(Op::Neg, Attrs::new(), vec![0], 1),
-            step(Op::Reshape, reshape([8, 4]), vec![1], 2),
-            step(Op::Neg, Attrs::new(), vec![2], 3),
-            step(Op::Reshape, reshape([4, 8]), vec![3], 4),
-            step(Op::Add, Attrs::new(), vec![1, 4], 5),
+            step_of(Op::Neg, Attrs::new(), vec![0], 1),
+            step_of(Op::Reshape, reshape([8, 4]), vec![1], 2),
+            step_of(Op::Neg, Attrs::new(), vec![2], 3),
+            step_of(Op::Reshape, reshape([4, 8]), vec![3], 4),
+            step_of(Op::Add, Attrs::new(), vec![1, 4], 5),
         ],
         outputs: vec![("y".into(), 5)],
         arena_bytes: 0,
@@ -579,15 +583,6 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
         ty: ty.clone(),
         storage,
     };
-    let step = |op, attrs, inputs: Vec<u32>, out: u32| Step {
-        op,
-        kernel: choose_kernel(op),
-        attrs,
-        inputs,
-        outputs: vec![out],
-        origin: String::new(),
-        loc: None,
-    };
     let module = Module {
         name: "hoisting".into(),
         target: "cpu".into(),
@@ -608,15 +603,15 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
             value(&t, Storage::Arena { offset: 64 }),
         ],
         steps: vec![
-            step(
+            step_of(
                 Op::Constant,
                 Attrs::new().with("value", 0.5).with("dtype", DType::F32),
                 vec![],
                 2,
             ),
-            step(Op::Neg, Attrs::new(), vec![1], 3),
-            step(Op::Add, Attrs::new(), vec![0, 3], 4),
-            step(Op::Add, Attrs::new(), vec![4, 2], 5),
+            step_of(Op::Neg, Attrs::new(), vec![1], 3),
+            step_of(Op::Add, Attrs::new(), vec![0, 3], 4),
+            step_of(Op::Add, Attrs::new(), vec![4, 2], 5),
         ],
         outputs: vec![("y".into(), 5)],
         arena_bytes: 128,
