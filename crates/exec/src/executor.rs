@@ -664,8 +664,9 @@ impl Executor {
 
     /// Makes each output `name` of the last run the value of the input or parameter of the same
     /// name (a training step's new parameters and optimizer states, docs/mir-format.md,
-    /// "Training modules"), so the next run reads them; values derived from parameters are
-    /// recomputed. A next value (`Storage::Next`) changes buffers with the input it replaces,
+    /// "Training modules"), so the next run reads them; values derived from parameters (hoisted
+    /// values, weights packed ahead) are recomputed when a parameter is written, and kept when
+    /// only inputs are (a gradient accumulator). A next value (`Storage::Next`) changes buffers with the input it replaces,
     /// so that output then reads the replaced value; any other output is copied over it.
     pub fn write_back<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> ExecResult<()> {
         for name in names {
@@ -687,7 +688,10 @@ impl Executor {
             if let Place::Next(n) = slot.place {
                 match self.slots[dst].place {
                     Place::Input(i) => std::mem::swap(&mut self.inputs[i], &mut self.next[n]),
-                    Place::Param(i) => std::mem::swap(&mut self.params[i], &mut self.next[n]),
+                    Place::Param(i) => {
+                        std::mem::swap(&mut self.params[i], &mut self.next[n]);
+                        self.hoisted_ready = false;
+                    }
                     _ => return Err(module_error(format!("`{name}` has no buffer of its own"))),
                 }
                 continue;
@@ -703,13 +707,15 @@ impl Executor {
             };
             match self.slots[dst].place {
                 Place::Input(i) => self.inputs[i].bytes_mut().copy_from_slice(bytes),
-                Place::Param(i) => self.params[i].bytes_mut().copy_from_slice(bytes),
+                Place::Param(i) => {
+                    self.params[i].bytes_mut().copy_from_slice(bytes);
+                    self.hoisted_ready = false;
+                }
                 Place::Arena(_) | Place::Hoisted(_) | Place::Next(_) => {
                     return Err(module_error(format!("`{name}` has no buffer of its own")))
                 }
             }
         }
-        self.hoisted_ready = false;
         Ok(())
     }
 

@@ -576,7 +576,8 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
 #[test]
 fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     // y = x + neg(w) + c: `c` (a constant) and `neg(w)` are hoisted; a parameter change (a
-    // training step's write-back, a reload) recomputes `neg(w)` but never the constant.
+    // training step's write-back, a reload) recomputes `neg(w)` but never the constant, and an
+    // input's write-back neither.
     let t = TensorType::new(DType::F32, [4]);
     let scalar = TensorType::new(DType::F32, Vec::<i64>::new());
     let value = |ty: &TensorType, storage| ValueInfo {
@@ -613,7 +614,8 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
             step_of(Op::Add, Attrs::new(), vec![0, 3], 4),
             step_of(Op::Add, Attrs::new(), vec![4, 2], 5),
         ],
-        outputs: vec![("y".into(), 5)],
+        // Also output as `x` and `w`, to write it back over the input or the parameter.
+        outputs: vec![("y".into(), 5), ("x".into(), 5), ("w".into(), 5)],
         arena_bytes: 128,
         hoisted_bytes: 128,
     };
@@ -635,4 +637,15 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     exec.run().unwrap();
     assert_eq!(ran(&exec), [false, true, true, true]);
     assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+    // Writing back an input (a gradient accumulator between micro-batches) changes no
+    // parameter: the hoisted values, and the weights packed ahead, are kept.
+    exec.write_back(["x"]).unwrap();
+    exec.run().unwrap();
+    assert_eq!(ran(&exec), [false, false, true, true]);
+    assert_eq!(exec.output_f32("y").unwrap().1, [0.0, 1.0, 2.0, 3.0]);
+    // Writing back the parameter recomputes what reads it.
+    exec.write_back(["w"]).unwrap();
+    exec.run().unwrap();
+    assert_eq!(ran(&exec), [false, true, true, true]);
+    assert_eq!(exec.output_f32("y").unwrap().1, [1.0; 4]);
 }
