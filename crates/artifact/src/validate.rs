@@ -213,14 +213,14 @@ fn check_liveness(module: &Module) -> Result<(), String> {
                         .filter(|(e, vs)| *e == end && vs.contains(&i))
                 });
             if let Some((_, values)) = sharing {
-                let others_read = step.inputs[1..]
-                    .iter()
-                    .any(|&j| range(j) == Some((start, end)));
                 if step.op.spec().is_view() {
                     live.get_mut(&start).expect("shared").1.push(o);
                     expiring[last[o as usize]].push((start, o));
                     continue;
                 }
+                let others_read = step.inputs[1..]
+                    .iter()
+                    .any(|&j| range(j) == Some((start, end)));
                 if !others_read && values.iter().all(|&w| last[w as usize] == s) {
                     live.remove(&start);
                 }

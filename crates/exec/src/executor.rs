@@ -684,14 +684,15 @@ impl Executor {
                     "output `{name}` has no input or parameter of its name and type to write back to"
                 )));
             };
+            // Hoisted values and packed weights read parameters alone, never inputs.
+            if matches!(self.slots[dst].place, Place::Param(_)) {
+                self.hoisted_ready = false;
+            }
             let slot = &self.slots[src as usize];
             if let Place::Next(n) = slot.place {
                 match self.slots[dst].place {
                     Place::Input(i) => std::mem::swap(&mut self.inputs[i], &mut self.next[n]),
-                    Place::Param(i) => {
-                        std::mem::swap(&mut self.params[i], &mut self.next[n]);
-                        self.hoisted_ready = false;
-                    }
+                    Place::Param(i) => std::mem::swap(&mut self.params[i], &mut self.next[n]),
                     _ => return Err(module_error(format!("`{name}` has no buffer of its own"))),
                 }
                 continue;
@@ -707,10 +708,7 @@ impl Executor {
             };
             match self.slots[dst].place {
                 Place::Input(i) => self.inputs[i].bytes_mut().copy_from_slice(bytes),
-                Place::Param(i) => {
-                    self.params[i].bytes_mut().copy_from_slice(bytes);
-                    self.hoisted_ready = false;
-                }
+                Place::Param(i) => self.params[i].bytes_mut().copy_from_slice(bytes),
                 Place::Arena(_) | Place::Hoisted(_) | Place::Next(_) => {
                     return Err(module_error(format!("`{name}` has no buffer of its own")))
                 }

@@ -237,9 +237,10 @@ pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
         let spec = step.op.spec();
         // The buffer of input 0 when output 0 may take it: same bytes, and for an in-place
         // write, every value in that buffer dies at this step and no other operand reads it.
-        let shared = (spec.in_place && step.outputs.len() == 1)
-            .then(|| step.inputs.first())
-            .flatten()
+        let shared = step
+            .inputs
+            .first()
+            .filter(|_| spec.in_place && step.outputs.len() == 1)
             .map(|&i| (i as usize, buffer_of[i as usize]))
             .filter(|&(i, b)| {
                 b != usize::MAX
