@@ -410,6 +410,57 @@ fn reshapes_are_views_of_live_buffers() {
     rejected(clobbering, "overlaps %1");
 }
 
+/// `v = neg(x)`, `r = reshape(v)`, `y = add(v, reshape(r))`: both operands of the add are
+/// views of one buffer and die there, so the planner may not write the add over it (its other
+/// operand reads the same bytes): the add gets a buffer of its own and computes `-2x`.
+#[test]
+fn no_step_writes_in_place_over_a_buffer_its_other_operand_reads_through_a_view() {
+    let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
+    let arena = |ty| ValueInfo {
+        ty,
+        storage: Storage::Arena { offset: 0 },
+    };
+    let reshape = |shape: [i64; 2]| Attrs::new().with("shape", shape.to_vec());
+    let mut m = Module {
+        name: "views".into(),
+        target: "cpu".into(),
+        target_fingerprint: String::new(),
+        values: vec![
+            ValueInfo {
+                ty: t([4, 8]),
+                storage: Storage::Input { name: "x".into() },
+            },
+            arena(t([4, 8])),
+            arena(t([8, 4])),
+            arena(t([4, 8])),
+            arena(t([4, 8])),
+        ],
+        steps: vec![
+            step_of(Op::Neg, Attrs::new(), vec![0], 1),
+            step_of(Op::Reshape, reshape([8, 4]), vec![1], 2),
+            step_of(Op::Reshape, reshape([4, 8]), vec![2], 3),
+            step_of(Op::Add, Attrs::new(), vec![1, 3], 4),
+        ],
+        outputs: vec![("y".into(), 4)],
+        arena_bytes: 0,
+        hoisted_bytes: 0,
+    };
+    mslc_plan::memory::plan_memory(&mut m).expect("planned");
+    let offset = |v: usize| match m.values[v].storage {
+        Storage::Arena { offset } => offset,
+        ref other => panic!("%{v} is {other:?}"),
+    };
+    assert_eq!((offset(2), offset(3)), (offset(1), offset(1)));
+    assert_ne!(offset(4), offset(1));
+    let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
+    let mut exec = Executor::new(m, &ExecOptions::default()).unwrap();
+    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
+        .unwrap();
+    exec.run().unwrap();
+    let want: Vec<f32> = x.iter().map(|v| -2.0 * v).collect();
+    assert_eq!(exec.output_f32("y").unwrap().1, want);
+}
+
 #[test]
 fn in_place_steps_compute_what_separate_buffers_would() {
     let x: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 4.0).collect();
