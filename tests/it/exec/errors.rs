@@ -340,43 +340,73 @@ fn step_of(op: Op, attrs: Attrs, inputs: Vec<u32>, out: u32) -> Step {
     }
 }
 
-/// `v = neg(x)`, `r = reshape(v, [8, 4])`, `n = neg(r)`, `t = reshape(n, [4, 8])`,
-/// `y = add(v, t)`, every value in the arena, placed by the memory planner.
-fn view_chain() -> Module {
+/// A `reshape` step to `shape`.
+fn reshape_step(shape: [i64; 2], input: u32, out: u32) -> Step {
+    step_of(
+        Op::Reshape,
+        Attrs::new().with("shape", shape.to_vec()),
+        vec![input],
+        out,
+    )
+}
+
+/// The module of `steps` over input `x: f32[4, 8]` (value 0) and f32 arena values of
+/// `shapes` (values 1, 2, ...), the last one output as `y`, placed by the memory planner.
+fn planned_views(shapes: &[[i64; 2]], steps: Vec<Step>) -> Module {
     let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
-    let arena = |ty| ValueInfo {
-        ty,
-        storage: Storage::Arena { offset: 0 },
+    let input = ValueInfo {
+        ty: t([4, 8]),
+        storage: Storage::Input { name: "x".into() },
     };
-    let reshape = |shape: [i64; 2]| Attrs::new().with("shape", shape.to_vec());
+    let arena = shapes.iter().map(|&shape| ValueInfo {
+        ty: t(shape),
+        storage: Storage::Arena { offset: 0 },
+    });
     let mut m = Module {
         name: "views".into(),
         target: "cpu".into(),
         target_fingerprint: String::new(),
-        values: vec![
-            ValueInfo {
-                ty: t([4, 8]),
-                storage: Storage::Input { name: "x".into() },
-            },
-            arena(t([4, 8])),
-            arena(t([8, 4])),
-            arena(t([8, 4])),
-            arena(t([4, 8])),
-            arena(t([4, 8])),
-        ],
-        steps: vec![
-            step_of(Op::Neg, Attrs::new(), vec![0], 1),
-            step_of(Op::Reshape, reshape([8, 4]), vec![1], 2),
-            step_of(Op::Neg, Attrs::new(), vec![2], 3),
-            step_of(Op::Reshape, reshape([4, 8]), vec![3], 4),
-            step_of(Op::Add, Attrs::new(), vec![1, 4], 5),
-        ],
-        outputs: vec![("y".into(), 5)],
+        values: std::iter::once(input).chain(arena).collect(),
+        steps,
+        outputs: vec![("y".into(), shapes.len() as u32)],
         arena_bytes: 0,
         hoisted_bytes: 0,
     };
     mslc_plan::memory::plan_memory(&mut m).expect("planned");
     m
+}
+
+/// Where the planner put arena value `v` of `m`.
+fn arena_offset(m: &Module, v: usize) -> u64 {
+    match m.values[v].storage {
+        Storage::Arena { offset } => offset,
+        ref other => panic!("%{v} is {other:?}"),
+    }
+}
+
+/// `output y` of `m` run on `x` = 0..32 − 10 (shape [4, 8]), with that `x`.
+fn run_views(m: Module) -> (Vec<f32>, Vec<f32>) {
+    let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
+    let mut exec = Executor::new(m, &ExecOptions::default()).unwrap();
+    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
+        .unwrap();
+    exec.run().unwrap();
+    (exec.output_f32("y").unwrap().1, x)
+}
+
+/// `v = neg(x)`, `r = reshape(v, [8, 4])`, `n = neg(r)`, `t = reshape(n, [4, 8])`,
+/// `y = add(v, t)`, every value in the arena, placed by the memory planner.
+fn view_chain() -> Module {
+    planned_views(
+        &[[4, 8], [8, 4], [8, 4], [4, 8], [4, 8]],
+        vec![
+            step_of(Op::Neg, Attrs::new(), vec![0], 1),
+            reshape_step([8, 4], 1, 2),
+            step_of(Op::Neg, Attrs::new(), vec![2], 3),
+            reshape_step([4, 8], 3, 4),
+            step_of(Op::Add, Attrs::new(), vec![1, 4], 5),
+        ],
+    )
 }
 
 /// A reshape shares its input's buffer even while the input stays alive (no copy), and a
@@ -385,22 +415,14 @@ fn view_chain() -> Module {
 #[test]
 fn reshapes_are_views_of_live_buffers() {
     let m = view_chain();
-    let offset = |v: usize| match m.values[v].storage {
-        Storage::Arena { offset } => offset,
-        ref other => panic!("%{v} is {other:?}"),
-    };
+    let offset = |v: usize| arena_offset(&m, v);
     // The view of the live %1 shares its bytes; the neg of that view, while %1 is still read
     // by the add, gets bytes of its own; the add then writes over %1 (and its view), both dead.
     assert_eq!(offset(2), offset(1));
     assert_ne!(offset(3), offset(1));
     assert_eq!((offset(4), offset(5)), (offset(3), offset(1)));
     assert_eq!(m.arena_bytes, 2 * 128);
-    let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
-    let mut exec = Executor::new(m.clone(), &ExecOptions::default()).unwrap();
-    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
-        .unwrap();
-    exec.run().unwrap();
-    let (_, got) = exec.output_f32("y").unwrap();
+    let (got, _) = run_views(m.clone());
     // -x + -(-x) = 0 exactly: the view's neg did not clobber %1.
     assert_eq!(got, vec![0.0; 32]);
     // Crafted: the neg written over the view while %1 is still read.
@@ -415,50 +437,21 @@ fn reshapes_are_views_of_live_buffers() {
 /// operand reads the same bytes): the add gets a buffer of its own and computes `-2x`.
 #[test]
 fn no_step_writes_in_place_over_a_buffer_its_other_operand_reads_through_a_view() {
-    let t = |shape: [i64; 2]| TensorType::new(DType::F32, shape);
-    let arena = |ty| ValueInfo {
-        ty,
-        storage: Storage::Arena { offset: 0 },
-    };
-    let reshape = |shape: [i64; 2]| Attrs::new().with("shape", shape.to_vec());
-    let mut m = Module {
-        name: "views".into(),
-        target: "cpu".into(),
-        target_fingerprint: String::new(),
-        values: vec![
-            ValueInfo {
-                ty: t([4, 8]),
-                storage: Storage::Input { name: "x".into() },
-            },
-            arena(t([4, 8])),
-            arena(t([8, 4])),
-            arena(t([4, 8])),
-            arena(t([4, 8])),
-        ],
-        steps: vec![
+    let m = planned_views(
+        &[[4, 8], [8, 4], [4, 8], [4, 8]],
+        vec![
             step_of(Op::Neg, Attrs::new(), vec![0], 1),
-            step_of(Op::Reshape, reshape([8, 4]), vec![1], 2),
-            step_of(Op::Reshape, reshape([4, 8]), vec![2], 3),
+            reshape_step([8, 4], 1, 2),
+            reshape_step([4, 8], 2, 3),
             step_of(Op::Add, Attrs::new(), vec![1, 3], 4),
         ],
-        outputs: vec![("y".into(), 4)],
-        arena_bytes: 0,
-        hoisted_bytes: 0,
-    };
-    mslc_plan::memory::plan_memory(&mut m).expect("planned");
-    let offset = |v: usize| match m.values[v].storage {
-        Storage::Arena { offset } => offset,
-        ref other => panic!("%{v} is {other:?}"),
-    };
+    );
+    let offset = |v: usize| arena_offset(&m, v);
     assert_eq!((offset(2), offset(3)), (offset(1), offset(1)));
     assert_ne!(offset(4), offset(1));
-    let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
-    let mut exec = Executor::new(m, &ExecOptions::default()).unwrap();
-    exec.set_input("x", &NpyArray::from_f32(vec![4, 8], &x).unwrap())
-        .unwrap();
-    exec.run().unwrap();
+    let (got, x) = run_views(m);
     let want: Vec<f32> = x.iter().map(|v| -2.0 * v).collect();
-    assert_eq!(exec.output_f32("y").unwrap().1, want);
+    assert_eq!(got, want);
 }
 
 #[test]
