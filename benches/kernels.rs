@@ -334,6 +334,61 @@ fn bench_rope(threads: usize, b: usize, s: usize, h: usize, d: usize) {
     black_box(&out);
 }
 
+/// The SwiGLU backward's fused program (what autodiff and fusion emit for `silu(g) * u`'s
+/// gradient with respect to `g`) over `[4, 128, 688]`, at several register blocks.
+fn bench_fused_swiglu_grad(threads: usize) {
+    use mslc_kernels::elementwise::op::{BinaryOp, UnaryOp};
+    use mslc_kernels::elementwise::program::{Instr, Program};
+    use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams};
+    let bin = |op, a, b| Instr::Binary { op, a, b };
+    // mul(x0, x1); sigmoid(x2); sub(x3, t1); mul(x2, t2); add(x3, t3); mul(t1, t4); mul(t0, t5)
+    let program = Program {
+        instrs: vec![
+            Instr::Input(0),
+            Instr::Input(1),
+            Instr::Input(2),
+            Instr::Input(3),
+            bin(BinaryOp::Mul, 0, 1),
+            Instr::Unary {
+                op: UnaryOp::Sigmoid,
+                x: 2,
+            },
+            bin(BinaryOp::Sub, 3, 5),
+            bin(BinaryOp::Mul, 2, 6),
+            bin(BinaryOp::Add, 3, 7),
+            bin(BinaryOp::Mul, 5, 8),
+            bin(BinaryOp::Mul, 4, 9),
+        ],
+    };
+    let shape = [4, 128, 688];
+    let n: usize = shape.iter().product();
+    let [x0, x1, x2] = [11, 12, 13].map(|seed| data(n, seed));
+    let one = [1.0f32];
+    let inputs = [
+        TensorRef::new("x0", &x0, &shape).expect("x0"),
+        TensorRef::new("x1", &x1, &shape).expect("x1"),
+        TensorRef::new("x2", &x2, &shape).expect("x2"),
+        TensorRef::new("one", &one, &[]).expect("one"),
+    ];
+    let mut out = vec![0.0f32; n];
+    for block in [512, 1024, 2048, 4096] {
+        let params = ElementwiseParams {
+            block,
+            ..Default::default()
+        };
+        let (best, median) = in_pool(threads, || {
+            time(|| fused_elementwise(&program, &inputs, &params, &mut out).expect("fused"))
+        });
+        println!(
+            "fused swiglu grad 4x128x688 block {block:>5} t={threads}: best {:8.1} us, median {:8.1} us, {:.2} ns/value",
+            best * 1e6,
+            median * 1e6,
+            best * 1e9 / n as f64
+        );
+    }
+    black_box(&out);
+}
+
 /// f16 / bf16 conversion throughput over 4 Mi values (one thread), in values per nanosecond.
 fn bench_convert() {
     let n = 1 << 22;
@@ -429,6 +484,11 @@ fn main() {
     if wanted("attention_backward") {
         for t in threads {
             bench_attention_backward(t, 1, 128, 4, 64);
+        }
+    }
+    if wanted("fused") {
+        for t in threads {
+            bench_fused_swiglu_grad(t);
         }
     }
     if wanted("rope") {
