@@ -46,7 +46,7 @@ use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::precision::{AmpLevel, LossScale};
 use mslc_core::program::{Init, Model};
-use mslc_ir::passes::amp_pipeline;
+use mslc_ir::passes::training_forward_pipeline;
 use mslc_ir::shard::data::{all_reduce_each, replica_loss};
 use mslc_ir::shard::pipeline::{Crossing, StageCut};
 use mslc_ir::shard::sequence::sequence_parallel;
@@ -476,17 +476,12 @@ fn compile_train_step(
     })?;
     let t = Instant::now();
     let mut graph = lower_verified(model, options)?;
-    let forward_passes = match options.amp {
-        Some(_) => Some(
-            amp_pipeline()
-                .run(&mut graph, &options.pass_context())
-                .map_err(|e| CompileError {
-                    stage: "passes",
-                    message: e.to_string(),
-                })?,
-        ),
-        None => None,
-    };
+    let forward_passes = training_forward_pipeline(&options.pass_context())
+        .run(&mut graph, &options.pass_context())
+        .map_err(|e| CompileError {
+            stage: "passes",
+            message: e.to_string(),
+        })?;
     let loss = graph
         .outputs
         .iter()
@@ -859,9 +854,7 @@ fn compile_train_step(
     compiled.ops_before = ops_before;
     compiled.times.lower_ms = lower_ms;
     compiled.times.passes_ms = passes_ms;
-    if let Some(forward) = forward_passes {
-        compiled.passes.prepend(forward);
-    }
+    compiled.passes.prepend(forward_passes);
     let step = CompiledTrain {
         compiled,
         optimizer,
@@ -1149,14 +1142,27 @@ impl<'g> Builder<'g> {
         // schedule computes values as their consumers need them, so each layer's weight
         // gradients then run right after its backward instead of after the whole backward,
         // with every layer's activation gradients (and recomputed activations) kept until then.
+        // A use's place is where a depth-first evaluation of the forward (the outputs set so
+        // far) computes its node, not the node's index: a pass that rewrote the forward (the
+        // fused norms) added its nodes after the whole graph.
+        let roots: Vec<_> = self.g.outputs.iter().map(|(_, v)| v.node).collect();
+        let position: std::collections::HashMap<_, usize> = self
+            .g
+            .demand_order(roots)
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (n, i))
+            .collect();
         let mut order: Vec<usize> = (0..grads.len()).collect();
         order.sort_by_key(|&i| {
-            let first_use = self
-                .g
-                .consumers(params[i].1.node)
-                .first()
-                .map(|n| n.index());
-            std::cmp::Reverse(first_use)
+            let consumers = self.g.consumers(params[i].1.node);
+            std::cmp::Reverse(
+                consumers
+                    .iter()
+                    .filter_map(|n| position.get(n))
+                    .min()
+                    .copied(),
+            )
         });
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.

@@ -318,6 +318,30 @@ impl Graph {
             .count()
     }
 
+    /// The nodes `roots` depend on (themselves included), in the order a depth-first evaluation
+    /// of them computes the nodes: each after its inputs, taken in operand order. Unlike
+    /// [`Graph::topo_order`] it follows the data flow, not node ids, so a node a pass added
+    /// late sits where it is used, and a node that reads only a parameter (a transpose of a
+    /// weight) right before its first reader.
+    pub fn demand_order(&self, roots: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<(NodeId, bool)> = Vec::new();
+        for root in roots {
+            stack.push((root, false));
+            while let Some((id, inputs_done)) = stack.pop() {
+                if inputs_done {
+                    order.push(id);
+                } else if seen.insert(id) {
+                    stack.push((id, true));
+                    let inputs = self.inputs(id);
+                    stack.extend(inputs.iter().rev().map(|v| (v.node, false)));
+                }
+            }
+        }
+        order
+    }
+
     /// Nodes in a deterministic topological order: among ready nodes, the oldest first.
     /// `None` if the graph has a cycle.
     pub fn topo_order(&self) -> Option<Vec<NodeId>> {

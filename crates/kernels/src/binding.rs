@@ -125,6 +125,8 @@ impl KernelKind {
             | Op::CrossEntropyGrad
             | Op::RmsNormGrad
             | Op::LayerNormGrad
+            | Op::RmsNormScaleGrad
+            | Op::LayerNormAffineGrad
             | Op::EmbeddingGrad
             | Op::Conv2dGradInput
             | Op::Conv2dGradWeight

@@ -397,6 +397,17 @@ fn neural_net_backward_ops() {
         };
         case.check(want.unwrap());
     }
+    for (op, centered) in [
+        (Op::RmsNormScaleGrad, false),
+        (Op::LayerNormAffineGrad, true),
+    ] {
+        let case = Case::new(op, eps.clone())
+            .input(DType::F32, &[3, 8], rand(1, 24, -2.0, 2.0))
+            .input(DType::F32, &[8], rand(3, 8, -1.5, 1.5))
+            .input(DType::F32, &[3, 8], rand(2, 24, -1.0, 1.0));
+        let want = r::norm_affine_grad(centered, case.x(0), case.x(1), case.x(2), 1e-5).unwrap();
+        case.check(concatenated(&want.iter().collect::<Vec<_>>()));
+    }
     let case = Case::new(Op::EmbeddingGrad, Attrs::new().with("vocab", 5i64))
         .input(DType::I64, &[2, 3], vec![0.0, 4.0, 2.0, 2.0, 1.0, 2.0])
         .input(DType::F32, &[2, 3, 4], rand(3, 24, -1.0, 1.0));
@@ -631,6 +642,8 @@ fn covering_test(op: Op) -> fn() {
         }
         Op::RmsNormGrad
         | Op::LayerNormGrad
+        | Op::RmsNormScaleGrad
+        | Op::LayerNormAffineGrad
         | Op::EmbeddingGrad
         | Op::AttentionLse
         | Op::AttentionGrad

@@ -37,6 +37,10 @@ pub fn eval_op(op: Op, attrs: &Attrs, inputs: &[&T64]) -> Result<Vec<T64>, Strin
             }
             y
         }
+        Op::RmsNormScaleGrad => return Ok(affine_norm_grads(x, eps()?, rms, rms_grad, false)),
+        Op::LayerNormAffineGrad => {
+            return Ok(affine_norm_grads(x, eps()?, layer, layer_grad, true))
+        }
         Op::RmsNormGrad => norm(rms_grad)?,
         Op::LayerNormGrad => norm(layer_grad)?,
         Op::BatchNorm => batch_norm(x[0], x[1], x[2], eps()?),
@@ -169,6 +173,38 @@ fn rows2(x: &T64, g: &T64, f: impl Fn(&[f64], &[f64]) -> Vec<f64>) -> T64 {
         .flat_map(|(a, b)| f(a, b))
         .collect();
     T64::new(&x.shape, data)
+}
+
+/// The gradients of `y = norm(x)·w (+ b)` for a per-feature `w` (inputs x, w, dy): the norm's vector-Jacobian
+/// product `vjp` of `dy·w`, `Σ dy·norm(x)` over the rows and, `with_bias`, `Σ dy`.
+fn affine_norm_grads(
+    inputs: &[&T64],
+    eps: f64,
+    norm: fn(&[f64], f64) -> (Vec<f64>, f64),
+    vjp: fn(&[f64], &[f64], f64) -> Vec<f64>,
+    with_bias: bool,
+) -> Vec<T64> {
+    let (x, w, dy) = (inputs[0], inputs[1], inputs[2]);
+    let d = w.data.len();
+    let scaled: Vec<f64> = dy
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, g)| g * w.data[i % d])
+        .collect();
+    let dx = rows2(x, &T64::new(&dy.shape, scaled), |r, g| vjp(r, g, eps));
+    let (mut dw, mut db) = (vec![0.0; d], vec![0.0; d]);
+    for (r, g) in x.data.chunks(d).zip(dy.data.chunks(d)) {
+        for (j, n) in norm(r, eps).0.into_iter().enumerate() {
+            dw[j] += g[j] * n;
+            db[j] += g[j];
+        }
+    }
+    let mut out = vec![dx, T64::new(&w.shape, dw)];
+    if with_bias {
+        out.push(T64::new(&w.shape, db));
+    }
+    out
 }
 
 /// `rms_norm` of a row and its `rsqrt(mean(x²) + eps)`.

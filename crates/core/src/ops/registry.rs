@@ -226,6 +226,10 @@ op_table! {
     // Backward ops (neural-net)
     RmsNormGrad = "rms_norm_grad" => norm::normalize_grad(10),
     LayerNormGrad = "layer_norm_grad" => norm::normalize_grad(14),
+    RmsNormScaleGrad = "rms_norm_scale_grad" =>
+        norm::normalize_affine_grad(&["x", "w", "dy"], 14),
+    LayerNormAffineGrad = "layer_norm_affine_grad" =>
+        norm::normalize_affine_grad(&["x", "g", "dy"], 20),
     EmbeddingGrad = "embedding_grad" => nn::EMBEDDING_GRAD,
     AttentionLse = "attention_lse" => nn::ATTENTION_LSE,
     AttentionGrad = "attention_grad" => nn::ATTENTION_GRAD,
@@ -325,7 +329,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 74);
+        assert_eq!(Op::ALL.len(), 76);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

@@ -26,7 +26,7 @@ pub use cast_cleanup::CastCleanup;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fold::Fold;
-pub use fuse::Fuse;
+pub use fuse::{Fuse, FuseNorms};
 pub use manager::{PassManager, PassTiming, PipelineReport};
 pub use simplify::Simplify;
 
@@ -168,15 +168,23 @@ fn cleanup() -> Vec<Box<dyn Pass>> {
 /// three rounds on real models.
 const FIXPOINT_CAP: usize = 8;
 
-/// The front of [`default_pipeline`] with a mixed-precision policy: clean up, place the casts,
-/// tidy them. A training step runs it on the forward graph before differentiating it, so the
-/// backward reuses the forward's casts and differentiates them, and the passes after autodiff
-/// (the default pipeline without a policy) cast nothing of the optimizer's f32 update.
-pub fn amp_pipeline() -> PassManager {
-    PassManager::new()
-        .fixpoint(cleanup(), FIXPOINT_CAP)
-        .then(Box::new(Amp))
-        .then(Box::new(CastCleanup))
+/// What a training step runs on its forward graph before differentiating it. With a
+/// mixed-precision policy, the front of [`default_pipeline`]: clean up, place the casts, tidy
+/// them — so the backward reuses the forward's casts and differentiates them, and the passes
+/// after autodiff (the default pipeline without a policy) cast nothing of the optimizer's f32
+/// update. Then, when `cx.fuse`, [`FuseNorms`].
+pub fn training_forward_pipeline(cx: &PassContext) -> PassManager {
+    let mut pm = PassManager::new();
+    if cx.amp.is_some() {
+        pm = pm
+            .fixpoint(cleanup(), FIXPOINT_CAP)
+            .then(Box::new(Amp))
+            .then(Box::new(CastCleanup));
+    }
+    if cx.fuse {
+        pm = pm.then(Box::new(FuseNorms));
+    }
+    pm
 }
 
 /// The standard order: clean up; apply the mixed-precision policy if there is one; tidy casts

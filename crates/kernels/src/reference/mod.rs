@@ -24,7 +24,7 @@ pub use loss::{cross_entropy, cross_entropy_grad, mse_loss, CrossEntropyAttrs};
 pub use nn::{attention, causal_mask, embedding, rope, rope_cached};
 pub use nn_grad::{
     adaptive_avg_pool2d_grad, attention_grad, attention_lse, conv2d_grad_input, conv2d_grad_weight,
-    embedding_grad, layer_norm_grad, pool2d_grad, rms_norm_grad,
+    embedding_grad, layer_norm_grad, norm_affine_grad, pool2d_grad, rms_norm_grad,
 };
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
 pub use reduce::{log_softmax, reduce, softmax};

@@ -16,7 +16,7 @@ fn per_row_pair(
     op: &'static str,
     x: TensorRef<'_>,
     dy: TensorRef<'_>,
-    f: impl Fn(&[f64], &[f64]) -> Vec<f64>,
+    mut f: impl FnMut(&[f64], &[f64]) -> Vec<f64>,
 ) -> KernelResult<Tensor> {
     check_len(op, "x", x.data.len(), x.shape)?;
     if dy.shape != x.shape || dy.data.len() != x.data.len() {
@@ -65,6 +65,60 @@ pub fn layer_norm_grad(x: TensorRef<'_>, dy: TensorRef<'_>, eps: f64) -> KernelR
             .map(|(gi, xi)| r * (gi - gm - xi * gx))
             .collect()
     })
+}
+
+/// `rms_norm_scale_grad` (`centered` false) / `layer_norm_affine_grad` (true) of
+/// `y = norm(x)·w (+ b)` with `w` `[H]`: `[dx, dw]` (and `db` for the layer norm), where `dx` is
+/// the norm's input gradient of `dy·w`, `dw = Σ dy·x̂` and `db = Σ dy` over the rows.
+pub fn norm_affine_grad(
+    centered: bool,
+    x: TensorRef<'_>,
+    w: TensorRef<'_>,
+    dy: TensorRef<'_>,
+    eps: f64,
+) -> KernelResult<Vec<Tensor>> {
+    const OP: &str = "norm_affine_grad";
+    let d = x.shape.last().copied().unwrap_or(0);
+    if w.shape != [d] {
+        return Err(KernelError::new(
+            OP,
+            format!("w {:?} must be [{d}]", w.shape),
+        ));
+    }
+    let wf: Vec<f64> = w.data.iter().map(|&v| f64::from(v)).collect();
+    let (mut dw, mut db) = (vec![0f64; d], vec![0f64; d]);
+    let dx = per_row_pair(OP, x, dy, |x, g| {
+        let n = x.len() as f64;
+        let mean = if centered {
+            x.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let r = 1.0 / (var + eps).sqrt();
+        let xhat: Vec<f64> = x.iter().map(|v| (v - mean) * r).collect();
+        let dn: Vec<f64> = g.iter().zip(&wf).map(|(g, w)| g * w).collect();
+        let dn_mean = if centered {
+            dn.iter().sum::<f64>() / n
+        } else {
+            0.0
+        };
+        let dn_xhat = dn.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
+        for j in 0..x.len() {
+            dw[j] += g[j] * xhat[j];
+            db[j] += g[j];
+        }
+        dn.iter()
+            .zip(&xhat)
+            .map(|(dn, xh)| r * (dn - dn_mean - xh * dn_xhat))
+            .collect()
+    })?;
+    let param = |v: Vec<f64>| Tensor::new(OP, vec![d], v.into_iter().map(|v| v as f32).collect());
+    let mut out = vec![dx, param(dw)?];
+    if centered {
+        out.push(param(db)?);
+    }
+    Ok(out)
 }
 
 /// Checks `embedding_grad`'s operands and returns the feature width `H`.

@@ -219,6 +219,15 @@ impl StepKernel {
             StepKernel::NormGrad(false, eps, p) => {
                 norm_grad::layer_norm_grad(x(0), x(1), *eps, p, out)?
             }
+            StepKernel::NormAffineGrad(false, eps, p) => {
+                let [dw] = more_outputs("rms_norm_scale_grad", more_outs)?;
+                norm_grad::norm_affine_grad(false, x(0), x(1).data, x(2), *eps, p, out, dw, None)?
+            }
+            StepKernel::NormAffineGrad(true, eps, p) => {
+                let [dg, db] = more_outputs("layer_norm_affine_grad", more_outs)?;
+                let (x0, g, dy) = (x(0), x(1).data, x(2));
+                norm_grad::norm_affine_grad(true, x0, g, dy, *eps, p, out, dg, Some(db))?
+            }
             StepKernel::EmbeddingGrad(vocab, p) => {
                 embedding_grad::embedding_grad(ints, x(0).shape, x(1), *vocab, p, out)?
             }

@@ -6,6 +6,7 @@ use mslc_core::ops::{DType, TensorType};
 
 use super::prepare::StepKernel;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
+use crate::norm_grad::norm_affine_grad_scratch;
 use crate::scratch::KEEP_LIMIT;
 
 /// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
@@ -160,6 +161,10 @@ pub fn scratch_floats(
             2 * inner
         }
         StepKernel::Rope(..) => dim(&inputs[0], 1) * dim(&inputs[0], 3),
+        StepKernel::NormAffineGrad(..) => {
+            let d = dim(&inputs[0], inputs[0].rank().saturating_sub(1));
+            norm_affine_grad_scratch(input(0).checked_div(d).unwrap_or(0), d)
+        }
         StepKernel::CrossEntropy(..) | StepKernel::CrossEntropyGrad(..) => {
             let v = dim(&inputs[0], inputs[0].rank().saturating_sub(1));
             input(0).checked_div(v).unwrap_or(0).max(v)

@@ -101,6 +101,9 @@ pub enum StepKernel {
     MseLoss,
     /// `rms_norm_grad` (true) / `layer_norm_grad` (false) with eps.
     NormGrad(bool, f64, RowParams),
+    /// `layer_norm_affine_grad` (true) / `rms_norm_scale_grad` (false) with eps: dx, then the
+    /// parameter gradients as outputs 1 (and 2).
+    NormAffineGrad(bool, f64, RowParams),
     /// `embedding_grad` (input 0 read as integers) into a table of this many rows.
     EmbeddingGrad(usize, RowParams),
     /// `attention_lse`: the output and, as output 1, the log-sum-exps.
@@ -412,6 +415,11 @@ pub fn prepare(
         Op::MseLoss => StepKernel::MseLoss,
         Op::RmsNormGrad | Op::LayerNormGrad => StepKernel::NormGrad(
             op == Op::RmsNormGrad,
+            a.float("eps").map_err(err)?,
+            decode_params(k)?,
+        ),
+        Op::RmsNormScaleGrad | Op::LayerNormAffineGrad => StepKernel::NormAffineGrad(
+            op == Op::LayerNormAffineGrad,
             a.float("eps").map_err(err)?,
             decode_params(k)?,
         ),

@@ -95,9 +95,32 @@ fn grad_layer_norm(em: &mut dyn Emitter, call: &GradCall) -> Grads {
 
 /// The fused affine forms, `n = norm(x)`, `y = n·g (+ b)`: `dx` is the norm's gradient of
 /// `dy·g`, `dg = Σ dy·n` and `db = Σ dy` over the dims the parameters were broadcast along.
-fn grad_normalize_affine(em: &mut dyn Emitter, call: &GradCall, norm: Op, grad_op: Op) -> Grads {
+/// Parameters of shape `[H]` (one per feature, as every model's norms have) get all of them
+/// from one pass of `fused` (see [`normalize_affine_grad`]); others, the composition.
+fn grad_normalize_affine(
+    em: &mut dyn Emitter,
+    call: &GradCall,
+    (norm, grad_op, fused): (Op, Op, Op),
+) -> Grads {
     let (x, g, dy) = (call.x(0), call.x(1), call.dy()?);
     let eps = Attrs::new().with("eps", call.attrs.float("eps")?);
+    let x_ty = em.ty(x)?;
+    let per_feature = call.inputs[1..].iter().try_fold(true, |all, &p| {
+        let p_ty = em.ty(p)?;
+        Ok::<_, OpError>(
+            all && p_ty.dtype == x_ty.dtype
+                && p_ty.rank() == 1
+                && x_ty.shape.last() == p_ty.shape.first(),
+        )
+    })?;
+    if per_feature && em.ty(dy)? == x_ty {
+        let grads = em.emit(fused, eps, &[x, g, dy])?;
+        return Ok(grads
+            .into_iter()
+            .take(call.inputs.len())
+            .map(Some)
+            .collect());
+    }
     let dn = em.mul(dy, g)?;
     let dx = em.op1(grad_op, eps.clone(), &[x, dn])?;
     let n = em.op1(norm, eps, &[x])?;
@@ -113,12 +136,14 @@ fn grad_normalize_affine(em: &mut dyn Emitter, call: &GradCall, norm: Op, grad_o
 
 /// `rms_norm_scale(x, w)`.
 pub(crate) fn grad_rms_norm_scale(em: &mut dyn Emitter, call: &GradCall) -> Grads {
-    grad_normalize_affine(em, call, Op::RmsNorm, Op::RmsNormGrad)
+    let ops = (Op::RmsNorm, Op::RmsNormGrad, Op::RmsNormScaleGrad);
+    grad_normalize_affine(em, call, ops)
 }
 
 /// `layer_norm_affine(x, g, b)`.
 pub(crate) fn grad_layer_norm_affine(em: &mut dyn Emitter, call: &GradCall) -> Grads {
-    grad_normalize_affine(em, call, Op::LayerNorm, Op::LayerNormGrad)
+    let ops = (Op::LayerNorm, Op::LayerNormGrad, Op::LayerNormAffineGrad);
+    grad_normalize_affine(em, call, ops)
 }
 
 /// `batch_norm` with given statistics, `y = (x − mean)·r`, `r = rsqrt(var + eps)` per channel:
@@ -162,6 +187,20 @@ pub const fn normalize_grad(flops: u64) -> OpSpec {
     }
 }
 
+/// `rms_norm_scale_grad` (inputs x, w, dy; outputs dx, dw) / `layer_norm_affine_grad`
+/// (x, g, dy; dx, dg, db): every gradient of a fused affine norm whose parameters are `[H]`
+/// from one pass over x and dy — each row's statistics recomputed, the parameter gradients
+/// summed over the rows in a fixed order — instead of the five steps of the composition.
+pub const fn normalize_affine_grad(inputs: &'static [&'static str], flops: u64) -> OpSpec {
+    OpSpec {
+        inputs,
+        arity: Arity::Exact(3),
+        infer: infer_normalize_affine_grad,
+        in_place: false,
+        ..normalize(flops)
+    }
+}
+
 fn check_eps(ctx: &OpCtx) -> Result<(), OpError> {
     let eps = ctx.attrs.float("eps")?;
     if eps >= 0.0 && eps.is_finite() {
@@ -194,6 +233,40 @@ fn infer_normalize_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
         ));
     }
     Ok(out)
+}
+
+fn infer_normalize_affine_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let dx = infer_normalize(ctx)?;
+    let x = ctx.input(0);
+    let h = x.shape[x.rank() - 1];
+    ctx.same_dtype(0, 1)?;
+    if ctx.input(1).shape != [h] {
+        return Err(OpError::at(
+            1,
+            format!(
+                "{} {} must be [{h}] (one per feature of x {})",
+                ctx.arg_name(1),
+                fmt_dims(&ctx.input(1).shape),
+                fmt_dims(&x.shape)
+            ),
+        ));
+    }
+    ctx.same_dtype(0, 2)?;
+    if ctx.input(2).shape != x.shape {
+        return Err(OpError::at(
+            2,
+            format!(
+                "dy {} must have the shape of x {}",
+                fmt_dims(&ctx.input(2).shape),
+                fmt_dims(&x.shape)
+            ),
+        ));
+    }
+    let dw = ctx.input(1).clone();
+    Ok(match ctx.op {
+        Op::LayerNormAffineGrad => vec![dx[0].clone(), dw.clone(), dw],
+        _ => vec![dx[0].clone(), dw],
+    })
 }
 
 fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
@@ -285,6 +358,31 @@ mod tests {
             "layer_norm_grad: dy [8] must have the shape of x [2, 8]"
         );
         assert_eq!(e.input, Some(1));
+    }
+
+    #[test]
+    fn fused_affine_grads() {
+        let ins = [f32t(&[2, 3, 8]), f32t(&[8]), f32t(&[2, 3, 8])];
+        let out = crate::ops::infer(Op::RmsNormScaleGrad, &Attrs::new(), &ins).unwrap();
+        assert_eq!(out, [f32t(&[2, 3, 8]), f32t(&[8])]);
+        let out = crate::ops::infer(Op::LayerNormAffineGrad, &Attrs::new(), &ins).unwrap();
+        assert_eq!(out, [f32t(&[2, 3, 8]), f32t(&[8]), f32t(&[8])]);
+        let e = err(
+            Op::RmsNormScaleGrad,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[1, 8]), f32t(&[2, 8])],
+        );
+        assert_eq!(
+            e.message,
+            "rms_norm_scale_grad: w [1, 8] must be [8] (one per feature of x [2, 8])"
+        );
+        assert_eq!(e.input, Some(1));
+        let e = err(
+            Op::LayerNormAffineGrad,
+            Attrs::new(),
+            &[f32t(&[2, 8]), f32t(&[8]), f32t(&[8])],
+        );
+        assert_eq!(e.input, Some(2));
     }
 
     #[test]

@@ -71,6 +71,31 @@ impl Pass for Fuse {
     }
 }
 
+/// Rule 4 alone (each norm with its scale, and shift, except those `cx.unfused` names; nothing
+/// when `cx.fuse` is false). A training step runs it on its forward graph before
+/// differentiating it, so autodiff differentiates the fused norm — every gradient of a norm from
+/// one pass (`rms_norm_scale_grad`, `layer_norm_affine_grad`) — and the forward keeps no
+/// normalised value alive for the backward.
+pub struct FuseNorms;
+
+impl Pass for FuseNorms {
+    fn name(&self) -> &'static str {
+        "fuse_norms"
+    }
+
+    fn description(&self) -> &'static str {
+        "fuse each norm with its scale and shift (a training step's forward, before autodiff)"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
+        let mut stats = PassStats::default();
+        if cx.fuse {
+            norm::run(g, cx, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
+        }
+        Ok(stats)
+    }
+}
+
 /// The graph's nodes in topological order, or an error naming the problem.
 fn topo(g: &Graph) -> Result<Vec<crate::NodeId>, OpError> {
     g.topo_order()
