@@ -389,6 +389,38 @@ fn bench_fused_swiglu_grad(threads: usize) {
     black_box(&out);
 }
 
+/// One AdamW step over 6.8 Mi parameters (tiny_llama's 8 layers: p, g, m, v and the three
+/// results are 190 MB, far beyond the caches, as in a training step): time and the traffic
+/// rate over the 28 bytes per element it must move.
+fn bench_adam(threads: usize) {
+    use mslc_kernels::elementwise::ElementwiseParams;
+    use mslc_kernels::optimizer::{adam_update, AdamStep};
+    let n = 6_800_000;
+    let [p, g, m] = [21, 22, 23].map(|seed| data(n, seed));
+    let v: Vec<f32> = data(n, 24).iter().map(|x| x.abs()).collect();
+    let [mut p_out, mut m_out, mut v_out] = [0, 1, 2].map(|_| vec![0.0f32; n]);
+    let step = AdamStep::new(0.9, 0.999, 1e-8, 0.1, true, 1e-4, 1e-3, 0.03);
+    let params = ElementwiseParams::default();
+    let (best, median) = in_pool(threads, || {
+        time(|| {
+            adam_update(
+                &step,
+                [&p, &g, &m, &v],
+                &params,
+                [&mut p_out, &mut m_out, &mut v_out],
+            )
+            .expect("adam_update")
+        })
+    });
+    println!(
+        "adam_update 6.8M t={threads}: best {:7.2} ms ({:5.1} GB/s of 28 B/element), median {:7.2} ms",
+        best * 1e3,
+        28.0 * n as f64 / best / 1e9,
+        median * 1e3
+    );
+    black_box((&p_out, &m_out, &v_out));
+}
+
 /// f16 / bf16 conversion throughput over 4 Mi values (one thread), in values per nanosecond.
 fn bench_convert() {
     let n = 1 << 22;
@@ -484,6 +516,11 @@ fn main() {
     if wanted("attention_backward") {
         for t in threads {
             bench_attention_backward(t, 1, 128, 4, 64);
+        }
+    }
+    if wanted("adam") {
+        for t in threads {
+            bench_adam(t);
         }
     }
     if wanted("fused") {

@@ -1001,8 +1001,8 @@ impl<'g> Builder<'g> {
         self.bin(Op::Add, ax, by)
     }
 
-    /// `Σ_g sum(f(g))` over the gradients of the parameters `order` lists (indices, in the
-    /// order to sum); under tensor parallelism the split parameters' sum is summed over the
+    /// `Σ_g f(g)` (each `f(g)` a scalar) over the gradients of the parameters `order` lists
+    /// (indices, in the order to sum); under tensor parallelism the split parameters' sum is summed over the
     /// group first (each rank holds a share of those gradients).
     fn total(
         &mut self,
@@ -1013,8 +1013,7 @@ impl<'g> Builder<'g> {
         let split = |b: &Self, i: usize| b.tensor.as_ref().is_some_and(|(_, s)| s[i]);
         let mut totals: [Option<ValueRef>; 2] = [None, None];
         for &i in order {
-            let x = f(self, grads[i])?;
-            let s = self.op(Op::Sum, Attrs::new(), &[x])?;
+            let s = f(self, grads[i])?;
             let slot = &mut totals[usize::from(split(self, i))];
             *slot = Some(match *slot {
                 Some(t) => self.bin(Op::Add, t, s)?,
@@ -1167,11 +1166,16 @@ impl<'g> Builder<'g> {
         if options.loss_scale.skips_overflow() {
             // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
             let zero = self.scalar(0.0)?;
-            let overflow = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, zero))?;
+            let overflow = self.total(grads, &order, |b, g| {
+                let product = b.bin(Op::Mul, g, zero)?;
+                b.op(Op::Sum, Attrs::new(), &[product])
+            })?;
             self.g.set_output(OVERFLOW, overflow);
         }
         // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let total = self.total(grads, &order, |b, g| b.bin(Op::Mul, g, g))?;
+        let total = self.total(grads, &order, |b, g| {
+            b.op(Op::SquareSum, Attrs::new(), &[g])
+        })?;
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {

@@ -116,6 +116,7 @@ impl KernelKind {
             | Op::RopeCached
             | Op::Embedding
             | Op::Sum
+            | Op::SquareSum
             | Op::Mean
             | Op::Max
             | Op::MaxPool2d

@@ -1,6 +1,7 @@
 //! `sum`, `mean`, `max` over any set of axes. Dims are merged into runs of kept / reduced dims;
 //! one reduced run is reduced in place (contiguous rows with lane sums, or strided with vector
 //! accumulation across the trailing kept dims); several are first transposed to the end.
+//! [`square_sum`]: `Σ x²` over a whole tensor in one pass.
 
 use serde::{Deserialize, Serialize};
 
@@ -157,6 +158,30 @@ pub fn reduce(
     })
 }
 
+/// Elements per part of [`square_sum`]: parts fixed by the length alone, so the sum's order
+/// (its bits) never depends on the pool.
+const SQUARE_SUM_PART: usize = 1 << 15;
+
+/// Scratch (in f32) [`square_sum`] asks for on `len` elements: one partial sum per part.
+pub fn square_sum_scratch(len: usize) -> usize {
+    len.div_ceil(SQUARE_SUM_PART)
+}
+
+/// `square_sum`: `Σ x²` over all of `x` (0 for none), parts of [`SQUARE_SUM_PART`] elements
+/// summed with lane sums, in parallel when `params` allow, the parts added in order in f64.
+pub fn square_sum(x: &[f32], params: &RowParams) -> f32 {
+    let parts = square_sum_scratch(x.len());
+    let parallel = x.len() >= params.min_parallel_elems;
+    with_scratch(parts, |sums| {
+        par::for_each_chunk_mut(parallel, sums, 1, |part, sum| {
+            let at = part * SQUARE_SUM_PART;
+            let chunk = &x[at..(at + SQUARE_SUM_PART).min(x.len())];
+            sum[0] = rows::sum_sq_dev(chunk, 0.0);
+        });
+        sums.iter().map(|&s| f64::from(s)).sum::<f64>() as f32
+    })
+}
+
 /// Reduces the middle dim of a `[outer, len, inner]` block into `[outer, inner]`.
 fn reduce3(
     x: &[f32],
@@ -248,6 +273,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Against the f64 sum, on lengths from none to several parts, 1 and 2 threads giving the
+    /// same bits; the tolerance covers f32 lane sums of up to 2^15 positive terms.
+    #[test]
+    fn square_sum_matches_reference() {
+        let mut rng = Rng::new(17);
+        let params = RowParams {
+            min_parallel_elems: 0,
+            ..RowParams::default()
+        };
+        for len in [
+            0,
+            1,
+            7,
+            100,
+            SQUARE_SUM_PART,
+            SQUARE_SUM_PART + 1,
+            5 * SQUARE_SUM_PART - 3,
+        ] {
+            let x = rng.vec(len, 3.0);
+            let one = in_pool(1, || square_sum(&x, &params));
+            let two = in_pool(2, || square_sum(&x, &params));
+            assert_eq!(one.to_bits(), two.to_bits(), "length {len}");
+            let shape = [len];
+            let want = reference::square_sum(TensorRef::new("x", &x, &shape).unwrap()).unwrap();
+            let tol = 1e-5 * want.data[0].max(1.0);
+            assert!(
+                (one - want.data[0]).abs() <= tol,
+                "length {len}: {one} vs {}",
+                want.data[0]
+            );
+        }
+        assert_eq!(square_sum(&[f32::INFINITY, 1.0], &params), f32::INFINITY);
+        assert!(square_sum(&[f32::NAN], &params).is_nan());
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub fn reference_output(
         StepKernel::Reduce(rop, axes, keepdim, _) => {
             text(reference::reduce(x(0), *rop, axes, *keepdim))
         }
+        StepKernel::SquareSum(_) => text(reference::square_sum(x(0))),
         StepKernel::Softmax(axis, false, _) => text(reference::softmax(x(0), *axis)),
         StepKernel::Softmax(axis, true, _) => text(reference::log_softmax(x(0), *axis)),
         StepKernel::RmsNorm(eps, false, _) => text(reference::rms_norm(x(0), *eps)),

@@ -241,6 +241,10 @@ fn reductions_and_softmax() {
         let want = r::reduce(case.x(0), rop, &[0, 1], false).unwrap();
         case.check(want);
     }
+    let case =
+        Case::new(Op::SquareSum, Attrs::new()).input(DType::F32, &[3, 5], rand(5, 15, -2.0, 2.0));
+    let want = r::square_sum(case.x(0)).unwrap();
+    case.check(want);
     for axis in [-1i64, 0] {
         let case = Case::new(Op::Softmax, Attrs::new().with("axis", axis)).input(
             DType::F32,
@@ -626,7 +630,9 @@ fn covering_test(op: Op) -> fn() {
         Op::Constant | Op::Cast | Op::Dropout | Op::Reshape => constant_cast_dropout_reshape,
         Op::Matmul | Op::FusedMatmul => matmul_and_fused_matmul,
         Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Select => layout_ops,
-        Op::Sum | Op::Mean | Op::Max | Op::Softmax | Op::LogSoftmax => reductions_and_softmax,
+        Op::Sum | Op::Mean | Op::Max | Op::SquareSum | Op::Softmax | Op::LogSoftmax => {
+            reductions_and_softmax
+        }
         Op::RmsNorm | Op::RmsNormScale | Op::LayerNorm | Op::LayerNormAffine | Op::BatchNorm => {
             norms
         }

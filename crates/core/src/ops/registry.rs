@@ -240,6 +240,7 @@ op_table! {
     AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
     // Optimizer updates (a training step builds them)
     AdamUpdate = "adam_update" => optim::ADAM_UPDATE,
+    SquareSum = "square_sum" => optim::SQUARE_SUM,
     // Collectives (the sharding pass inserts them; the executor runs them)
     AllReduce = "all_reduce" => collective::ALL_REDUCE,
     ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
@@ -329,7 +330,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 76);
+        assert_eq!(Op::ALL.len(), 77);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

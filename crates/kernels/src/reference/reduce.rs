@@ -1,9 +1,16 @@
-//! Reference reductions (`sum`, `mean`, `max`) and `softmax` / `log_softmax`.
+//! Reference reductions (`sum`, `mean`, `max`, `square_sum`) and `softmax` / `log_softmax`.
 
 use crate::error::{KernelError, KernelResult};
 use crate::reduce::{axes_mask, reduced_shape, ReduceOp};
 use crate::shape::{check_len, normalize_axis, split_at_axis, strides};
 use crate::tensor::{Tensor, TensorRef};
+
+/// `square_sum`: `Σ x²` over every element, in f64, as a scalar.
+pub fn square_sum(x: TensorRef<'_>) -> KernelResult<Tensor> {
+    check_len("square_sum", "x", x.data.len(), x.shape)?;
+    let total: f64 = x.data.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    Tensor::new("square_sum", vec![], vec![total as f32])
+}
 
 /// `sum` / `mean` / `max` over `axes`.
 pub fn reduce(x: TensorRef<'_>, op: ReduceOp, axes: &[i64], keepdim: bool) -> KernelResult<Tensor> {

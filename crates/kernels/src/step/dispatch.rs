@@ -219,6 +219,9 @@ impl StepKernel {
             StepKernel::NormGrad(false, eps, p) => {
                 norm_grad::layer_norm_grad(x(0), x(1), *eps, p, out)?
             }
+            StepKernel::SquareSum(p) => {
+                copy_into("square_sum", out, &[reduce::square_sum(x(0).data, p)])?
+            }
             StepKernel::NormAffineGrad(false, eps, p) => {
                 let [dw] = more_outputs("rms_norm_scale_grad", more_outs)?;
                 norm_grad::norm_affine_grad(false, x(0), x(1).data, x(2), *eps, p, out, dw, None)?

@@ -7,6 +7,7 @@ use mslc_core::ops::{DType, TensorType};
 use super::prepare::StepKernel;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
 use crate::norm_grad::norm_affine_grad_scratch;
+use crate::reduce::square_sum_scratch;
 use crate::scratch::KEEP_LIMIT;
 
 /// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
@@ -161,6 +162,7 @@ pub fn scratch_floats(
             2 * inner
         }
         StepKernel::Rope(..) => dim(&inputs[0], 1) * dim(&inputs[0], 3),
+        StepKernel::SquareSum(..) => square_sum_scratch(input(0)),
         StepKernel::NormAffineGrad(..) => {
             let d = dim(&inputs[0], inputs[0].rank().saturating_sub(1));
             norm_affine_grad_scratch(input(0).checked_div(d).unwrap_or(0), d)

@@ -1,7 +1,7 @@
 //! Fused optimizer updates: one op per parameter that reads the parameter, its gradient and its
 //! states once and writes the new ones, instead of a chain of elementwise steps that each write
 //! a tensor (as MindSpore's `AdamWeightDecay` and PyTorch's fused AdamW do). A training step
-//! builds them; they have no gradient.
+//! builds them; they have no gradient. Beside them, the reduction the gradient norm is made of.
 
 use crate::ops::attrs::{AttrKind, AttrSpec, ConstAttr};
 use crate::ops::error::OpError;
@@ -33,6 +33,27 @@ pub const ADAM_UPDATE: OpSpec = OpSpec {
     grad: None,
     shard: None,
 };
+
+/// `square_sum(x)`: `Σ x²` over every element, a scalar of x's (float) dtype — one term of the
+/// global gradient norm (MindSpore's `SquareSumAll`, used by its `clip_by_global_norm`), read in
+/// one pass instead of a squared copy and its sum. A training step builds it; no gradient.
+pub const SQUARE_SUM: OpSpec = OpSpec {
+    inputs: &["x"],
+    arity: Arity::Exact(1),
+    attrs: &[],
+    infer: infer_square_sum,
+    cost: CostRule::PerInput(2),
+    precision: PrecisionClass::KeepF32,
+    elementwise: false,
+    in_place: false,
+    grad: None,
+    shard: None,
+};
+
+fn infer_square_sum(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    ctx.float_input(0)?;
+    Ok(vec![TensorType::new(ctx.input(0).dtype, Vec::<i64>::new())])
+}
 
 fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     for i in 0..7 {
@@ -73,6 +94,18 @@ mod tests {
             .with("beta1", 0.9)
             .with("beta2", 0.999)
             .with("eps", 1e-8)
+    }
+
+    #[test]
+    fn square_sum_is_a_scalar_of_a_float_input() {
+        assert_eq!(ok(Op::SquareSum, Attrs::new(), &[f32t(&[4, 3])]), f32t(&[]));
+        assert_eq!(
+            ok(Op::SquareSum, Attrs::new(), &[t(DType::F16, &[2])]),
+            t(DType::F16, &[])
+        );
+        assert!(err(Op::SquareSum, Attrs::new(), &[t(DType::I32, &[2])])
+            .message
+            .contains("expects a float tensor"));
     }
 
     #[test]
