@@ -111,6 +111,98 @@ dispatch_avx2! {
     ) = update_body;
 }
 
+/// [`update_body`] writing the results with streaming stores: the new values are next read a
+/// whole step later, so writing them around the caches spares reading every destination line
+/// first — a quarter of the update's memory traffic. The same operations in the same order
+/// (no fused multiply-adds), so the same bits. Elements before the destinations are 32-byte
+/// aligned, and after the last whole vector, go through [`update_body`]; destinations not
+/// aligned alike go through it whole.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; the slices must have `p_out`'s length at least.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn update_streaming(
+    s: &AdamStep,
+    p: &[f32],
+    g: &[f32],
+    m: &[f32],
+    v: &[f32],
+    p_out: &mut [f32],
+    m_out: &mut [f32],
+    v_out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    const LANES: usize = 8;
+    let n = p_out.len();
+    let misalignment = |x: &[f32]| (x.as_ptr() as usize / 4) % LANES;
+    let head = (LANES - misalignment(p_out)) % LANES;
+    if n < head + LANES
+        || misalignment(m_out) != misalignment(p_out)
+        || misalignment(v_out) != misalignment(p_out)
+    {
+        return update_body(s, p, g, m, v, p_out, m_out, v_out);
+    }
+    let body_end = head + (n - head) / LANES * LANES;
+    update_body(
+        s,
+        p,
+        g,
+        m,
+        v,
+        &mut p_out[..head],
+        &mut m_out[..head],
+        &mut v_out[..head],
+    );
+    let decay = s.weight_decay != 0.0;
+    let splat = _mm256_set1_ps;
+    let (wd, lr_wd) = (splat(s.weight_decay), splat(s.lr * s.weight_decay));
+    let (b1, c1, b2, c2) = (
+        splat(s.beta1[0]),
+        splat(s.beta1[1]),
+        splat(s.beta2[0]),
+        splat(s.beta2[1]),
+    );
+    let (bc2, eps, step_size) = (splat(s.bc2_sqrt), splat(s.eps), splat(s.step_size));
+    for i in (head..body_end).step_by(LANES) {
+        // SAFETY: i + LANES <= body_end <= n, inside every slice; the destinations at i are
+        // 32-byte aligned (head aligned p_out, and the others share its misalignment).
+        unsafe {
+            let load = |x: &[f32]| _mm256_loadu_ps(x.as_ptr().add(i));
+            let (mut pv, mut gv) = (load(p), load(g));
+            if decay && s.decoupled {
+                pv = _mm256_sub_ps(pv, _mm256_mul_ps(pv, lr_wd));
+            } else if decay {
+                gv = _mm256_add_ps(gv, _mm256_mul_ps(wd, pv));
+            }
+            let mv = _mm256_add_ps(_mm256_mul_ps(b1, load(m)), _mm256_mul_ps(c1, gv));
+            let vv = _mm256_add_ps(
+                _mm256_mul_ps(b2, load(v)),
+                _mm256_mul_ps(c2, _mm256_mul_ps(gv, gv)),
+            );
+            let denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2), eps);
+            let pn = _mm256_sub_ps(pv, _mm256_mul_ps(_mm256_div_ps(mv, denom), step_size));
+            _mm256_stream_ps(p_out.as_mut_ptr().add(i), pn);
+            _mm256_stream_ps(m_out.as_mut_ptr().add(i), mv);
+            _mm256_stream_ps(v_out.as_mut_ptr().add(i), vv);
+        }
+    }
+    // Streaming stores are weakly ordered: make them visible before the task ends.
+    _mm_sfence();
+    let tail = body_end..n;
+    update_body(
+        s,
+        &p[tail.clone()],
+        &g[tail.clone()],
+        &m[tail.clone()],
+        &v[tail.clone()],
+        &mut p_out[tail.clone()],
+        &mut m_out[tail.clone()],
+        &mut v_out[tail],
+    );
+}
+
 /// `adam_update`: the new parameter, first and second moments of one Adam / AdamW step into
 /// `out = [p, m, v]`, blocks of `params.block` elements in parallel for large parameters.
 pub fn adam_update(
@@ -145,16 +237,14 @@ pub fn adam_update(
             )
         };
         let r = at..at + len;
-        update(
-            step,
-            &p[r.clone()],
-            &g[r.clone()],
-            &m[r.clone()],
-            &v[r],
-            p_out,
-            m_out,
-            v_out,
-        );
+        let (p, g, m, v) = (&p[r.clone()], &g[r.clone()], &m[r.clone()], &v[r]);
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::has_avx2_fma() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above); every slice has
+            // p_out's length.
+            return unsafe { update_streaming(step, p, g, m, v, p_out, m_out, v_out) };
+        }
+        update(step, p, g, m, v, p_out, m_out, v_out);
     });
     Ok(())
 }
@@ -165,7 +255,9 @@ mod tests {
     use crate::testing::{assert_same_bits, in_pool, Rng};
 
     /// Against the update written as the unfused graph computes it, element by element in f32
-    /// (same bits), for Adam and AdamW with and without decay; 1 and 2 threads agree.
+    /// (same bits), for Adam and AdamW with and without decay; 1 and 2 threads agree. The three
+    /// results are slices of one buffer 8-aligned apart, as a plan's buffers are, so the
+    /// streaming path runs, with heads and tails (blocks of 777).
     #[test]
     fn matches_the_unfused_update_bit_for_bit() {
         let n = 5000;
@@ -179,10 +271,13 @@ mod tests {
                 min_parallel_elems: 0,
             };
             let run = || {
-                let mut out = [0, 1, 2].map(|_| vec![f32::NAN; n]);
-                let [a, b, c] = &mut out;
-                adam_update(&step, [&p, &g, &m, &v], &params, [a, b, c]).unwrap();
-                out
+                let stride = n.next_multiple_of(8);
+                let mut out = vec![f32::NAN; 3 * stride];
+                let (a, rest) = out.split_at_mut(stride);
+                let (b, c) = rest.split_at_mut(stride);
+                let outs = [&mut a[..n], &mut b[..n], &mut c[..n]];
+                adam_update(&step, [&p, &g, &m, &v], &params, outs).unwrap();
+                out.chunks(stride).map(|r| r[..n].to_vec()).collect::<Vec<_>>()
             };
             let got = in_pool(1, run);
             assert_same_bits("threads", &got.concat(), &in_pool(2, run).concat());
