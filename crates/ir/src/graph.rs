@@ -385,3 +385,48 @@ impl Graph {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mslc_core::ops::DType;
+
+    /// A node added after the whole graph (as a rewrite adds its nodes) still comes where its
+    /// value is used, and a node that reads only a parameter right before its first reader —
+    /// where the id-ordered topological order puts both elsewhere.
+    #[test]
+    fn demand_order_follows_the_data_flow_not_node_ids() {
+        let mut g = Graph::new("t");
+        let ty = TensorType::new(DType::F32, [2, 2]);
+        let x = g.add_input("x", ty.clone());
+        let w = g.add_param("w", ty.clone(), Init::Zeros, true);
+        let wt = g
+            .add_op(
+                Op::Transpose,
+                Attrs::new().with("perm", vec![1i64, 0]),
+                &[w],
+                "wt",
+            )
+            .unwrap()[0];
+        let a = g.add_op(Op::Neg, Attrs::new(), &[x], "a").unwrap()[0];
+        let e = g.add_op(Op::Exp, Attrs::new(), &[a], "e").unwrap()[0];
+        let y = g.add_op(Op::Matmul, Attrs::new(), &[e, wt], "y").unwrap()[0];
+        // A node added last, as a rewrite adds its nodes, read by the last op.
+        let copy = g.add_op(Op::Neg, Attrs::new(), &[x], "copy").unwrap()[0];
+        let z = g.add_op(Op::Add, Attrs::new(), &[y, copy], "z").unwrap()[0];
+        let order = g.demand_order([z.node]);
+        let at = |v: ValueRef| order.iter().position(|&n| n == v.node).unwrap();
+        assert_eq!(order.len(), 8);
+        // Operands in order, each node after its inputs, the late copy right before `z`.
+        assert!(at(x) < at(a) && at(a) < at(e) && at(e) < at(w));
+        assert!(at(w) < at(wt) && at(wt) < at(y) && at(y) < at(copy) && at(copy) < at(z));
+        let topo = g.topo_order().unwrap();
+        let topo_at = |v: ValueRef| topo.iter().position(|&n| n == v.node).unwrap();
+        assert!(
+            topo_at(wt) < topo_at(e),
+            "ids put the weight's transpose first"
+        );
+        // Shared inputs come once.
+        assert_eq!(order.iter().filter(|&&n| n == x.node).count(), 1);
+    }
+}

@@ -277,7 +277,9 @@ mod tests {
                 let (b, c) = rest.split_at_mut(stride);
                 let outs = [&mut a[..n], &mut b[..n], &mut c[..n]];
                 adam_update(&step, [&p, &g, &m, &v], &params, outs).unwrap();
-                out.chunks(stride).map(|r| r[..n].to_vec()).collect::<Vec<_>>()
+                out.chunks(stride)
+                    .map(|r| r[..n].to_vec())
+                    .collect::<Vec<_>>()
             };
             let got = in_pool(1, run);
             assert_same_bits("threads", &got.concat(), &in_pool(2, run).concat());
