@@ -154,21 +154,28 @@ pub fn norm_affine_grad_scratch(rows: usize, d: usize) -> usize {
     parts.saturating_mul(d).saturating_mul(2).saturating_add(d)
 }
 
+/// What the rows of one part of [`norm_affine_grad`] read: the norm's kind and `eps`, their
+/// x and dy rows, and the per-feature w.
+#[derive(Clone, Copy)]
+struct AffinePart<'a> {
+    centered: bool,
+    eps: f64,
+    x: &'a [f32],
+    w: &'a [f32],
+    dy: &'a [f32],
+}
+
 /// The rows of one part: their dx rows into `dx`, and their `Σ dy·n` (and `Σ dy`, when
 /// `centered`) over the rows into `dw` and `db` (zeroed here). `dn` holds one row.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn affine_grad_part_body(
-    centered: bool,
-    eps: f64,
-    x: &[f32],
-    w: &[f32],
-    dy: &[f32],
-    dn: &mut [f32],
-    dx: &mut [f32],
-    dw: &mut [f32],
-    db: &mut [f32],
-) {
+fn affine_grad_part_body(part: AffinePart<'_>, [dn, dx, dw, db]: [&mut [f32]; 4]) {
+    let AffinePart {
+        centered,
+        eps,
+        x,
+        w,
+        dy,
+    } = part;
     let d = w.len();
     dw.fill(0.0);
     db.fill(0.0);
@@ -196,18 +203,7 @@ fn affine_grad_part_body(
 }
 
 dispatch_avx2! {
-    #[allow(clippy::too_many_arguments)]
-    fn affine_grad_part(
-        centered: bool,
-        eps: f64,
-        x: &[f32],
-        w: &[f32],
-        dy: &[f32],
-        dn: &mut [f32],
-        dx: &mut [f32],
-        dw: &mut [f32],
-        db: &mut [f32],
-    ) = affine_grad_part_body;
+    fn affine_grad_part(part: AffinePart<'_>, out: [&mut [f32]; 4]) = affine_grad_part_body;
 }
 
 /// `rms_norm_scale_grad` (`centered` false) / `layer_norm_affine_grad` (true): the gradients
@@ -274,19 +270,14 @@ pub fn norm_affine_grad(
                     std::slice::from_raw_parts_mut(db_ptr.get().add(part * d), d),
                 )
             };
-            with_scratch(d, |dn| {
-                affine_grad_part(
-                    centered,
-                    eps,
-                    &x.data[at.clone()],
-                    w,
-                    &dy.data[at],
-                    dn,
-                    dx,
-                    dw,
-                    db,
-                )
-            });
+            let part = AffinePart {
+                centered,
+                eps,
+                x: &x.data[at.clone()],
+                w,
+                dy: &dy.data[at],
+            };
+            with_scratch(d, |dn| affine_grad_part(part, [dn, dx, dw, db]));
         });
         let add_parts = |out: &mut [f32], parts_sums: &[f32]| {
             out.copy_from_slice(&parts_sums[..d]);
@@ -406,33 +397,16 @@ mod tests {
         let (mut dx, mut dw, mut db) = ([0.0f32; 6], [0.0f32; 3], [0.0f32; 3]);
         let t = TensorRef::new("t", &x, &[2, 3]).unwrap();
         let p = RowParams::default();
+        let mut call = |centered: bool, w: usize, with_db: bool| {
+            let db = with_db.then_some(&mut db[..]);
+            norm_affine_grad(centered, t, &x[..w], t, 1e-5, &p, &mut dx, &mut dw, db).is_ok()
+        };
         // w of the wrong length, a bias gradient for an RMS norm, none for a layer norm.
-        assert!(norm_affine_grad(false, t, &x[..2], t, 1e-5, &p, &mut dx, &mut dw, None).is_err());
-        assert!(norm_affine_grad(
-            false,
-            t,
-            &x[..3],
-            t,
-            1e-5,
-            &p,
-            &mut dx,
-            &mut dw,
-            Some(&mut db)
-        )
-        .is_err());
-        assert!(norm_affine_grad(true, t, &x[..3], t, 1e-5, &p, &mut dx, &mut dw, None).is_err());
-        assert!(norm_affine_grad(
-            true,
-            t,
-            &x[..3],
-            t,
-            1e-5,
-            &p,
-            &mut dx,
-            &mut dw,
-            Some(&mut db)
-        )
-        .is_ok());
+        assert!(!call(false, 2, false));
+        assert!(!call(false, 3, true));
+        assert!(!call(true, 3, false));
+        assert!(call(true, 3, true));
+        assert!(call(false, 3, false));
     }
 
     #[test]

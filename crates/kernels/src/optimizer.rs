@@ -122,16 +122,10 @@ dispatch_avx2! {
 /// The CPU must support AVX2 and FMA; the slices must have `p_out`'s length at least.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn update_streaming(
     s: &AdamStep,
-    p: &[f32],
-    g: &[f32],
-    m: &[f32],
-    v: &[f32],
-    p_out: &mut [f32],
-    m_out: &mut [f32],
-    v_out: &mut [f32],
+    [p, g, m, v]: [&[f32]; 4],
+    [p_out, m_out, v_out]: [&mut [f32]; 3],
 ) {
     use std::arch::x86_64::*;
     const LANES: usize = 8;
@@ -242,7 +236,7 @@ pub fn adam_update(
         if crate::cpu::has_avx2_fma() {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above); every slice has
             // p_out's length.
-            return unsafe { update_streaming(step, p, g, m, v, p_out, m_out, v_out) };
+            return unsafe { update_streaming(step, [p, g, m, v], [p_out, m_out, v_out]) };
         }
         update(step, p, g, m, v, p_out, m_out, v_out);
     });
