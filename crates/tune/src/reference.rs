@@ -44,7 +44,9 @@ pub fn reference_output(
         )),
         // Multi-output steps are not searched: the tuner compares one output per candidate,
         // so they keep their default parameters.
-        StepKernel::AttentionLse { .. } | StepKernel::AttentionGrad { .. } => return None,
+        StepKernel::AttentionLse { .. }
+        | StepKernel::AttentionGrad { .. }
+        | StepKernel::NormAffineGrad(..) => return None,
         StepKernel::Transpose(perm, _) => text(reference::transpose(x(0), perm)),
         StepKernel::Reduce(rop, axes, keepdim, _) => {
             text(reference::reduce(x(0), *rop, axes, *keepdim))
