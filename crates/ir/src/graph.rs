@@ -319,11 +319,17 @@ impl Graph {
     }
 
     /// The nodes `roots` depend on (themselves included), in the order a depth-first evaluation
-    /// of them computes the nodes: each after its inputs, taken in operand order. Unlike
-    /// [`Graph::topo_order`] it follows the data flow, not node ids, so a node a pass added
-    /// late sits where it is used, and a node that reads only a parameter (a transpose of a
-    /// weight) right before its first reader.
-    pub fn demand_order(&self, roots: impl IntoIterator<Item = NodeId>) -> Vec<NodeId> {
+    /// of them computes the nodes: each after its inputs, taken in operand order except that
+    /// the operands `computed_last` picks come after the others. Unlike [`Graph::topo_order`]
+    /// it follows the data flow, not node ids, so a node a pass added late sits where it is
+    /// used, and a node that reads only a parameter (a transpose of a weight) right before its
+    /// first reader. The executor's schedule is this order; a training step sums its gradients
+    /// in it.
+    pub fn demand_order(
+        &self,
+        roots: impl IntoIterator<Item = NodeId>,
+        computed_last: impl Fn(NodeId) -> bool,
+    ) -> Vec<NodeId> {
         let mut order = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut stack: Vec<(NodeId, bool)> = Vec::new();
@@ -334,8 +340,17 @@ impl Graph {
                     order.push(id);
                 } else if seen.insert(id) {
                     stack.push((id, true));
+                    // Pushed in reverse, so popped (computed) in operand order, the late ones
+                    // after the rest.
                     let inputs = self.inputs(id);
-                    stack.extend(inputs.iter().rev().map(|v| (v.node, false)));
+                    let (late, early): (Vec<&ValueRef>, Vec<&ValueRef>) =
+                        inputs.iter().partition(|v| computed_last(v.node));
+                    let pending = late.into_iter().rev().chain(early.into_iter().rev());
+                    stack.extend(
+                        pending
+                            .filter(|v| !seen.contains(&v.node))
+                            .map(|v| (v.node, false)),
+                    );
                 }
             }
         }
@@ -414,7 +429,7 @@ mod tests {
         // A node added last, as a rewrite adds its nodes, read by the last op.
         let copy = g.add_op(Op::Neg, Attrs::new(), &[x], "copy").unwrap()[0];
         let z = g.add_op(Op::Add, Attrs::new(), &[y, copy], "z").unwrap()[0];
-        let order = g.demand_order([z.node]);
+        let order = g.demand_order([z.node], |_| false);
         let at = |v: ValueRef| order.iter().position(|&n| n == v.node).unwrap();
         assert_eq!(order.len(), 8);
         // Operands in order, each node after its inputs, the late copy right before `z`.

@@ -2,7 +2,7 @@
 //! order, every value numbered (inputs, parameters, then results in order), each step with the
 //! kernel chosen for it. Memory offsets are filled in afterwards by the memory planner.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use mslc_artifact::{Module, SourceLoc, Step, Storage, ValueInfo};
 use mslc_ir::recompute::is_recomputed;
@@ -119,37 +119,13 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
 /// last, in topological order.
 fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
     let topo = graph.topo_order()?;
-    let mut done: HashSet<NodeId> = HashSet::with_capacity(topo.len());
-    let mut order = Vec::with_capacity(topo.len());
     let roots = graph
         .outputs
         .iter()
         .map(|(_, v)| v.node)
         .chain(topo.iter().copied());
-    for root in roots {
-        let mut stack: Vec<(NodeId, bool)> = vec![(root, false)];
-        while let Some((id, expanded)) = stack.pop() {
-            if done.contains(&id) {
-                continue;
-            }
-            if expanded {
-                done.insert(id);
-                order.push(id);
-                continue;
-            }
-            stack.push((id, true));
-            // Recomputed copies go on the stack first, so they are computed last, right
-            // before this node: otherwise a backward op whose incoming gradient is a long chain
-            // would recompute its activations before that chain and keep them alive across it.
-            let inputs = graph.inputs(id);
-            let (late, early): (Vec<&ValueRef>, Vec<&ValueRef>) =
-                inputs.iter().partition(|v| is_recomputed(graph, v.node));
-            for v in late.into_iter().rev().chain(early.into_iter().rev()) {
-                if !done.contains(&v.node) {
-                    stack.push((v.node, false));
-                }
-            }
-        }
-    }
-    Some(order)
+    // Recomputed copies are computed last among a node's operands, right before it:
+    // otherwise a backward op whose incoming gradient is a long chain would recompute its
+    // activations before that chain and keep them alive across it.
+    Some(graph.demand_order(roots, |n| is_recomputed(graph, n)))
 }
