@@ -476,8 +476,9 @@ fn compile_train_step(
     })?;
     let t = Instant::now();
     let mut graph = lower_verified(model, options)?;
-    let forward_passes = training_forward_pipeline(&options.pass_context())
-        .run(&mut graph, &options.pass_context())
+    let cx = options.pass_context();
+    let forward_passes = training_forward_pipeline(&cx)
+        .run(&mut graph, &cx)
         .map_err(|e| CompileError {
             stage: "passes",
             message: e.to_string(),
@@ -1002,8 +1003,8 @@ impl<'g> Builder<'g> {
     }
 
     /// `Σ_g f(g)` (each `f(g)` a scalar) over the gradients of the parameters `order` lists
-    /// (indices, in the order to sum); under tensor parallelism the split parameters' sum is summed over the
-    /// group first (each rank holds a share of those gradients).
+    /// (indices, in the order to sum); under tensor parallelism the split parameters' sum is
+    /// summed over the group first (each rank holds a share of those gradients).
     fn total(
         &mut self,
         grads: &[ValueRef],
@@ -1147,7 +1148,7 @@ impl<'g> Builder<'g> {
         let roots: Vec<_> = self.g.outputs.iter().map(|(_, v)| v.node).collect();
         let position: std::collections::HashMap<_, usize> = self
             .g
-            .demand_order(roots)
+            .demand_order(roots, |_| false)
             .into_iter()
             .enumerate()
             .map(|(i, n)| (n, i))

@@ -666,8 +666,9 @@ impl Executor {
     /// name (a training step's new parameters and optimizer states, docs/mir-format.md,
     /// "Training modules"), so the next run reads them; values derived from parameters (hoisted
     /// values, weights packed ahead) are recomputed when a parameter is written, and kept when
-    /// only inputs are (a gradient accumulator). A next value (`Storage::Next`) changes buffers with the input it replaces,
-    /// so that output then reads the replaced value; any other output is copied over it.
+    /// only inputs are (a gradient accumulator). A next value (`Storage::Next`) changes buffers
+    /// with the input it replaces, so that output then reads the replaced value; any other
+    /// output is copied over it.
     pub fn write_back<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> ExecResult<()> {
         for name in names {
             let Some(&(_, src)) = self.module.outputs.iter().find(|(n, _)| n == name) else {

@@ -79,8 +79,7 @@ pub fn rms_norm_grad(
 ) -> KernelResult<()> {
     for_each_grad_row("rms_norm_grad", x, dy, params, out, |xr, gr, or| {
         let d = xr.len();
-        let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d as f64;
-        let r = 1.0 / (ms + eps).sqrt();
+        let (_, _, r) = row_stats(false, xr, eps);
         let c = (dot_shifted(gr, xr, 0.0) as f64 / d as f64 * r * r * r) as f32;
         let r = r as f32;
         for ((o, &xi), &gi) in or.iter_mut().zip(xr).zip(gr) {
@@ -99,15 +98,9 @@ pub fn layer_norm_grad(
     out: &mut [f32],
 ) -> KernelResult<()> {
     for_each_grad_row("layer_norm_grad", x, dy, params, out, |xr, gr, or| {
-        let d = xr.len();
-        let n = d as f32;
-        // The mean as an f32 `hi` plus the small `lo` f32 cannot hold: when |mean| ≫ the
-        // spread, `x − hi` is exact and `lo` keeps the deviations accurate, so a row of close
-        // values (where the gradient is a small difference of large terms) loses no digits.
-        let hi = rows::sum(xr) / n;
-        let lo = rows::sum_dev(xr, hi) / n;
-        let var = rows::sum_sq_dev(xr, hi) as f64 / d as f64 - f64::from(lo) * f64::from(lo);
-        let r = (1.0 / (var.max(0.0) + eps).sqrt()) as f32;
+        let n = xr.len() as f32;
+        let (hi, lo, r) = row_stats(true, xr, eps);
+        let r = r as f32;
         let gm = rows::sum(gr) / n;
         // r·x̂·mean(dy·x̂) = (x − mean)·r³·mean(dy·(x − mean)).
         let c = r * r * r * (dot_shifted(gr, xr, hi) - lo * rows::sum(gr)) / n;
@@ -117,8 +110,11 @@ pub fn layer_norm_grad(
     })
 }
 
-/// A fused affine norm's row statistics: the mean split as `hi + lo` (0 for RMS) and
-/// `r = rsqrt(var + eps)` (`rsqrt(mean(x²) + eps)` for RMS), as the plain gradients compute them.
+/// A row's statistics, recomputed by every norm gradient here: for a layer norm (`centered`)
+/// the mean split as `hi + lo` and `r = rsqrt(var + eps)` (biased variance), for an RMS norm
+/// `(0, 0, rsqrt(mean(x²) + eps))`. The mean as an f32 `hi` plus the small `lo` f32 cannot hold:
+/// when |mean| ≫ the spread, `x − hi` is exact and `lo` keeps the deviations accurate, so a row
+/// of close values (where the gradient is a small difference of large terms) loses no digits.
 fn row_stats(centered: bool, xr: &[f32], eps: f64) -> (f32, f32, f64) {
     let d = xr.len() as f64;
     if !centered {
@@ -165,8 +161,8 @@ struct AffinePart<'a> {
     dy: &'a [f32],
 }
 
-/// The rows of one part: their dx rows into `dx`, and their `Σ dy·n` (and `Σ dy`, when
-/// `centered`) over the rows into `dw` and `db` (zeroed here). `dn` holds one row.
+/// The rows of one part: their dx rows into `dx`, and their `Σ dy·n` (and, when `centered`,
+/// `Σ dy`) over the rows into `dw` (and `db`), zeroed here. `dn` holds one row.
 #[inline(always)]
 fn affine_grad_part_body(part: AffinePart<'_>, [dn, dx, dw, db]: [&mut [f32]; 4]) {
     let AffinePart {
@@ -178,7 +174,9 @@ fn affine_grad_part_body(part: AffinePart<'_>, [dn, dx, dw, db]: [&mut [f32]; 4]
     } = part;
     let d = w.len();
     dw.fill(0.0);
-    db.fill(0.0);
+    if centered {
+        db.fill(0.0);
+    }
     for ((xr, gr), or) in x
         .chunks_exact(d)
         .zip(dy.chunks_exact(d))
@@ -197,7 +195,11 @@ fn affine_grad_part_body(part: AffinePart<'_>, [dn, dx, dw, db]: [&mut [f32]; 4]
             let centred = (xr[i] - hi) - lo;
             or[i] = r * (dn[i] - gm) - c * centred;
             dw[i] += gr[i] * (centred * r);
-            db[i] += gr[i];
+        }
+        if centered {
+            for (b, &g) in db.iter_mut().zip(gr) {
+                *b += g;
+            }
         }
     }
 }

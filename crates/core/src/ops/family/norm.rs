@@ -105,15 +105,13 @@ fn grad_normalize_affine(
     let (x, g, dy) = (call.x(0), call.x(1), call.dy()?);
     let eps = Attrs::new().with("eps", call.attrs.float("eps")?);
     let x_ty = em.ty(x)?;
-    let per_feature = call.inputs[1..].iter().try_fold(true, |all, &p| {
+    let features = &x_ty.shape[x_ty.rank().saturating_sub(1)..];
+    let mut per_feature = em.ty(dy)? == x_ty;
+    for &p in &call.inputs[1..] {
         let p_ty = em.ty(p)?;
-        Ok::<_, OpError>(
-            all && p_ty.dtype == x_ty.dtype
-                && p_ty.rank() == 1
-                && x_ty.shape.last() == p_ty.shape.first(),
-        )
-    })?;
-    if per_feature && em.ty(dy)? == x_ty {
+        per_feature &= p_ty.dtype == x_ty.dtype && p_ty.shape == features;
+    }
+    if per_feature {
         let grads = em.emit(fused, eps, &[x, g, dy])?;
         return Ok(grads
             .into_iter()
@@ -219,24 +217,30 @@ fn infer_normalize(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     Ok(vec![ctx.input(0).clone()])
 }
 
-fn infer_normalize_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
-    let out = infer_normalize(ctx)?;
-    ctx.same_dtype(0, 1)?;
-    if ctx.input(1).shape != ctx.input(0).shape {
+/// Checks that input `dy` (an output cotangent) has x's dtype and shape.
+fn expect_like_x(ctx: &OpCtx, dy: usize) -> Result<(), OpError> {
+    ctx.same_dtype(0, dy)?;
+    if ctx.input(dy).shape != ctx.input(0).shape {
         return Err(OpError::at(
-            1,
+            dy,
             format!(
                 "dy {} must have the shape of x {}",
-                fmt_dims(&ctx.input(1).shape),
+                fmt_dims(&ctx.input(dy).shape),
                 fmt_dims(&ctx.input(0).shape)
             ),
         ));
     }
+    Ok(())
+}
+
+fn infer_normalize_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let out = infer_normalize(ctx)?;
+    expect_like_x(ctx, 1)?;
     Ok(out)
 }
 
 fn infer_normalize_affine_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
-    let dx = infer_normalize(ctx)?;
+    let mut out = infer_normalize(ctx)?;
     let x = ctx.input(0);
     let h = x.shape[x.rank() - 1];
     ctx.same_dtype(0, 1)?;
@@ -251,22 +255,15 @@ fn infer_normalize_affine_grad(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> 
             ),
         ));
     }
-    ctx.same_dtype(0, 2)?;
-    if ctx.input(2).shape != x.shape {
-        return Err(OpError::at(
-            2,
-            format!(
-                "dy {} must have the shape of x {}",
-                fmt_dims(&ctx.input(2).shape),
-                fmt_dims(&x.shape)
-            ),
-        ));
-    }
-    let dw = ctx.input(1).clone();
-    Ok(match ctx.op {
-        Op::LayerNormAffineGrad => vec![dx[0].clone(), dw.clone(), dw],
-        _ => vec![dx[0].clone(), dw],
-    })
+    expect_like_x(ctx, 2)?;
+    // dx, then dw (and db for the layer norm), each of w's type.
+    let param_grads = if ctx.op == Op::LayerNormAffineGrad {
+        2
+    } else {
+        1
+    };
+    out.extend(std::iter::repeat_n(ctx.input(1).clone(), param_grads));
+    Ok(out)
 }
 
 fn infer_normalize_affine(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {

@@ -60,15 +60,19 @@ impl Pass for Fuse {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
-        let mut stats = PassStats::default();
-        if !cx.fuse {
-            return Ok(stats);
-        }
-        for rule in RULES {
+        run_rules(&RULES, g, cx)
+    }
+}
+
+/// Runs `rules` in order (none when `cx.fuse` is false).
+fn run_rules(rules: &[Rule], g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
+    let mut stats = PassStats::default();
+    if cx.fuse {
+        for rule in rules {
             rule(g, cx, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
         }
-        Ok(stats)
     }
+    Ok(stats)
 }
 
 /// Rule 4 alone (each norm with its scale, and shift, except those `cx.unfused` names; nothing
@@ -88,11 +92,7 @@ impl Pass for FuseNorms {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
-        let mut stats = PassStats::default();
-        if cx.fuse {
-            norm::run(g, cx, &mut stats).map_err(|e| PassError::from_op(NAME, e))?;
-        }
-        Ok(stats)
+        run_rules(&[norm::run], g, cx)
     }
 }
 
