@@ -379,17 +379,41 @@ fn resuming_under_amp_is_byte_identical() {
     }
 }
 
-#[test]
-fn the_forward_casts_each_parameter_once_and_the_update_stays_f32() {
-    let dir = TestDir::new("amp-casts");
-    let source = source(&dir, &policy("Amp", "f16", "dynamic"));
+/// The optimised IR of train `Fit` built from [`source`] with `policies`, at [`SIZES`].
+fn train_ir(dir: &TestDir, policies: &str) -> String {
+    let source = source(dir, policies);
     let out = dir.path("out");
     let mut args = vec!["build", s(&source), "--entry", "Fit"];
     args.extend_from_slice(&SIZES);
     args.extend(["-o", s(&out), "--emit", "ir"]);
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
-    let ir = std::fs::read_to_string(out.join("Fit.ir")).unwrap();
+    std::fs::read_to_string(out.join("Fit.ir")).unwrap()
+}
+
+/// In f32 (O0), the step's forward fuses each norm with its scale before autodiff, so each is
+/// differentiated by one `rms_norm_scale_grad` (no normalised value kept, no composed rule),
+/// and the gradient norm reads each gradient once, by a `square_sum`.
+#[test]
+fn an_f32_step_differentiates_each_norm_in_one_op_and_squares_each_gradient_once() {
+    let dir = TestDir::new("f32-fused-norm-grads");
+    let ir = train_ir(&dir, "precision Amp {\n    level = O0\n}\n");
+    let count = |op: &str| {
+        ir.lines()
+            .filter(|l| l.contains(&format!(" = {op}(")))
+            .count()
+    };
+    // Two layers of two norms, and the final one.
+    assert_eq!(count("rms_norm_scale"), 5, "{ir}");
+    assert_eq!(count("rms_norm_scale_grad"), 5, "{ir}");
+    assert_eq!(count("rms_norm") + count("rms_norm_grad"), 0, "{ir}");
+    assert_eq!(count("square_sum"), 2 * 9 + 3, "{ir}");
+}
+
+#[test]
+fn the_forward_casts_each_parameter_once_and_the_update_stays_f32() {
+    let dir = TestDir::new("amp-casts");
+    let ir = train_ir(&dir, &policy("Amp", "f16", "dynamic"));
     assert!(ir.contains("input \"train.loss_scale\" : f32[]"), "{ir}");
     assert!(ir.contains("output overflow = "), "{ir}");
     let params: Vec<String> = ir
