@@ -284,8 +284,16 @@ train Pretrain for TinyLlama {
     );
     assert_eq!(single.len(), 10);
     assert_rel("losses", &ranked, &single, 1e-5);
-    assert_same_final_weights(&one, &two, 1e-5);
+    assert_same_final_weights(&one, &two, ADAMW_WEIGHTS_TOL);
 }
+
+/// How close (of each tensor's largest magnitude) the tiny LLaMA's weights after ten AdamW
+/// steps at lr 1e-2 on two data-parallel ranks come to one device's: each rank sums its half
+/// of the batch before the all-reduce adds the halves (fp32 reassociation, ~1e-7 relative in
+/// a gradient), and `m / √v` turns that into up to ~3e-5 where an element's gradient is near
+/// zero (measured 2.5e-5, `model.layers.1.self_attn.q_proj.weight`); the losses stay within
+/// 1e-5. The tensor-parallel tests hold the same bound for the same reason.
+const ADAMW_WEIGHTS_TOL: f64 = 1e-4;
 
 /// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
 /// 4 heads, 2 kv heads, vocab 64; S = 8.
@@ -574,7 +582,7 @@ fn tiny_llama_tensor_parallel_forward_matches_one_device() {
 /// agree to 2e-6, the worst weight differs by 9e-6).
 #[test]
 fn tiny_llama_tensor_parallel_training_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2", 1e-4);
+    tensor_parallel_training_parity("ranks-llama-tp-train", |text| text, "2", ADAMW_WEIGHTS_TOL);
 }
 
 /// [`tiny_llama_tensor_parallel_training_matches_one_device`] with Megatron's sequence
@@ -582,7 +590,12 @@ fn tiny_llama_tensor_parallel_training_matches_one_device() {
 /// same tolerances: the reduce-scatters add the same two halves as the all-reduces did.
 #[test]
 fn tiny_llama_sequence_parallel_training_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-sp-train", sequence_parallel, "2", 1e-4);
+    tensor_parallel_training_parity(
+        "ranks-llama-sp-train",
+        sequence_parallel,
+        "2",
+        ADAMW_WEIGHTS_TOL,
+    );
 }
 
 /// [`tiny_llama_sequence_parallel_training_matches_one_device`] with dropout (p = 0.1) on
@@ -617,7 +630,12 @@ fn sequence_parallel(text: String) -> String {
 /// same row-parallel reassociation).
 #[test]
 fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
-    tensor_parallel_training_parity("ranks-llama-dp-tp-zero", data_and_level3, "4", 1e-4);
+    tensor_parallel_training_parity(
+        "ranks-llama-dp-tp-zero",
+        data_and_level3,
+        "4",
+        ADAMW_WEIGHTS_TOL,
+    );
 }
 
 /// [`tiny_llama_data_tensor_parallel_with_level3_matches_one_device`] with sequence
@@ -626,7 +644,7 @@ fn tiny_llama_data_tensor_parallel_with_level3_matches_one_device() {
 #[test]
 fn tiny_llama_data_sequence_parallel_with_level3_matches_one_device() {
     let policy = |text| sequence_parallel(data_and_level3(text));
-    tensor_parallel_training_parity("ranks-llama-dp-sp-zero", policy, "4", 1e-4);
+    tensor_parallel_training_parity("ranks-llama-dp-sp-zero", policy, "4", ADAMW_WEIGHTS_TOL);
 }
 
 /// The tiny LLaMA's tensor-parallel policy on a mesh of 2 data-parallel × 2 tensor-parallel
@@ -883,13 +901,14 @@ const LEVELS: [&str; 3] = ["level1", "level2", "level3"];
 
 /// Trains `src` for 10 steps on one device and on two ranks under each of [`LEVELS`] (the
 /// source's `optimizer_shard` written in by `with_level`), asserting that each gives the
-/// single-device losses, final weights and final optimizer states — gathered whole into rank
-/// 0's checkpoint — within 1e-5 relative. Returns the directories of the one-device run and of
-/// each level's run.
+/// single-device losses within 1e-5 relative, and final weights and final optimizer states —
+/// gathered whole into rank 0's checkpoint — within `state_tol` of each tensor's largest
+/// magnitude. Returns the directories of the one-device run and of each level's run.
 fn zero_parity(
     dir: &TestDir,
     with_level: impl Fn(&str) -> PathBuf,
     train: impl Fn(&Path, &Path, &[&str]) -> Vec<f64>,
+    state_tol: f64,
 ) -> (PathBuf, Vec<PathBuf>) {
     let one = dir.path("one");
     let single = train(&with_level("none"), &one, &[]);
@@ -899,8 +918,8 @@ fn zero_parity(
         let out = dir.path(level);
         let ranked = train(&with_level(level), &out, &["--ranks", "2"]);
         assert_rel(&format!("{level} losses"), &ranked, &single, 1e-5);
-        assert_same_final_weights(&one, &out, 1e-5);
-        assert_same_tensors(&one, &out, "optimizer.safetensors", 1e-5);
+        assert_same_final_weights(&one, &out, state_tol);
+        assert_same_tensors(&one, &out, "optimizer.safetensors", state_tol);
         runs.push(out);
     }
     (one, runs)
@@ -924,7 +943,7 @@ fn optimizer_sharding_on_two_ranks_matches_one_device() {
         path
     };
     let run = |src: &Path, out: &Path, extra: &[&str]| train(src, &data, out, "10", extra);
-    let (one, runs) = zero_parity(&dir, with_level, run);
+    let (one, runs) = zero_parity(&dir, with_level, run, 1e-5);
     let level3 = with_level("level3");
     let resume = |from: &Path, out: &str, extra: &[&str]| {
         let checkpoint = from.join("step-10");
@@ -954,7 +973,7 @@ fn tiny_llama_optimizer_sharding_on_two_ranks_matches_one_device() {
     let run = |src: &Path, out: &Path, extra: &[&str]| {
         train(src, &data, out, "10", &[&sets[..], extra].concat())
     };
-    zero_parity(&dir, with_level, run);
+    zero_parity(&dir, with_level, run, ADAMW_WEIGHTS_TOL);
 }
 
 /// The per-rank program of each optimizer-sharding level holds the collectives over `dp` that

@@ -259,7 +259,7 @@ impl AttentionJob<'_> {
                         row.fill(0.0);
                         continue;
                     }
-                    let correction = math::exp(row_max[r] - new_max);
+                    let correction = rows::exp_one(row_max[r] - new_max);
                     let sum = rows::exp_sum(row, 1.0, new_max);
                     row_sum[r] = row_sum[r] * correction + sum;
                     row_max[r] = new_max;

@@ -2,7 +2,7 @@
 //! lanes (four independent vector chains) combined in a fixed order, so results depend only on
 //! the row, never on threads.
 
-use super::cpu::dispatch_avx2;
+use super::cpu::{dispatch_avx2, dispatch_avx512};
 use super::math;
 
 const LANES: usize = 32;
@@ -85,6 +85,11 @@ fn exp_sum_body(xs: &mut [f32], scale: f32, shift: f32) -> f32 {
 }
 
 #[inline(always)]
+fn exp_one_body(x: f32) -> f32 {
+    math::exp(x)
+}
+
+#[inline(always)]
 fn scale_body(xs: &mut [f32], s: f32) {
     for x in xs {
         *x *= s;
@@ -115,9 +120,14 @@ dispatch_avx2! {
     /// The largest value (-inf for an empty row, NaN if any value is NaN).
     pub fn max(xs: &[f32]) -> f32 = max_body;
 }
-dispatch_avx2! {
+dispatch_avx512! {
     /// Replaces each x by e^(x·scale − shift) and returns their sum.
     pub fn exp_sum(xs: &mut [f32], scale: f32, shift: f32) -> f32 = exp_sum_body;
+}
+dispatch_avx2! {
+    /// e^x of one value, compiled with fused multiply-adds like the vector paths, for scalar
+    /// callers in code built for the baseline target (one call, not a software fma per step).
+    pub fn exp_one(x: f32) -> f32 = exp_one_body;
 }
 dispatch_avx2! {
     /// Multiplies every value by `s`.

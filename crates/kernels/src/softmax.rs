@@ -1,7 +1,7 @@
 //! softmax and log_softmax along any axis: rows (last axis) with vectorised max/exp/sum, other
 //! axes vectorised across the trailing dims.
 
-use super::cpu::dispatch_avx2;
+use super::cpu::dispatch_avx512;
 use super::error::KernelResult;
 use super::math;
 use super::par::{for_each_row_group, RowParams};
@@ -115,7 +115,7 @@ fn strided_body(
     }
 }
 
-dispatch_avx2! {
+dispatch_avx512! {
     /// One `[len, inner]` block, normalised along `len` for every inner position.
     fn strided(x: &[f32], out: &mut [f32], inner: usize, log: bool, max: &mut [f32], sum: &mut [f32]) = strided_body;
 }

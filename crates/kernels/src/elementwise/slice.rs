@@ -3,7 +3,7 @@
 
 use super::op::{apply_binary, BinaryOp, CastTarget, UnaryOp};
 use crate::convert::{round_through_bf16, round_through_f16};
-use crate::cpu::dispatch_avx2;
+use crate::cpu::{dispatch_avx2, dispatch_avx512};
 use crate::math;
 
 /// Where an elementwise loop reads its operand: the destination itself (in place) or another
@@ -69,14 +69,56 @@ fn unary_into_body(op: UnaryOp, xs: &[f32], out: &mut [f32]) {
     unary_body(op, &xs[..out.len()], out)
 }
 
-dispatch_avx2! {
-    /// Replaces every `x` in `xs` by `op(x)`: each registry unary op's vector kernel.
-    pub fn unary_in_place(op: UnaryOp, xs: &mut [f32]) = unary_in_place_body;
+/// True for the ops whose loops are compute-bound (the transcendental functions): they run
+/// 16 lanes wide where the CPU has AVX-512; the others are bound by memory (or, hot in L1,
+/// faster 8 wide).
+fn compute_bound(op: UnaryOp) -> bool {
+    use UnaryOp::*;
+    matches!(
+        op,
+        Exp | Log | Tanh | Sigmoid | Gelu | GeluTanh | Silu | Erf | Softplus
+    )
+}
+
+/// The body compiled for the baseline target only (no AVX2, FMA through the library), which a
+/// CPU without AVX2 runs: tests hold the vector paths to its bits.
+#[cfg(test)]
+pub(super) fn unary_in_place_baseline(op: UnaryOp, xs: &mut [f32]) {
+    unary_in_place_body(op, xs)
 }
 
 dispatch_avx2! {
-    /// Writes `op(xs[i])` to `out[i]` (`xs` at least as long as `out`).
-    pub fn unary_into(op: UnaryOp, xs: &[f32], out: &mut [f32]) = unary_into_body;
+    fn unary_in_place_avx2(op: UnaryOp, xs: &mut [f32]) = unary_in_place_body;
+}
+
+dispatch_avx512! {
+    fn unary_in_place_avx512(op: UnaryOp, xs: &mut [f32]) = unary_in_place_body;
+}
+
+/// Replaces every `x` in `xs` by `op(x)`: each registry unary op's vector kernel.
+pub fn unary_in_place(op: UnaryOp, xs: &mut [f32]) {
+    if compute_bound(op) {
+        unary_in_place_avx512(op, xs)
+    } else {
+        unary_in_place_avx2(op, xs)
+    }
+}
+
+dispatch_avx2! {
+    fn unary_into_avx2(op: UnaryOp, xs: &[f32], out: &mut [f32]) = unary_into_body;
+}
+
+dispatch_avx512! {
+    fn unary_into_avx512(op: UnaryOp, xs: &[f32], out: &mut [f32]) = unary_into_body;
+}
+
+/// Writes `op(xs[i])` to `out[i]` (`xs` at least as long as `out`).
+pub fn unary_into(op: UnaryOp, xs: &[f32], out: &mut [f32]) {
+    if compute_bound(op) {
+        unary_into_avx512(op, xs, out)
+    } else {
+        unary_into_avx2(op, xs, out)
+    }
 }
 
 #[inline(always)]
