@@ -2,7 +2,7 @@
 //! each thread count by `mslc_kernels::peak`) for the matmul and attention shapes the executor
 //! runs most, `rope` with its table computed per call against once, and the GEMM on a weight
 //! packed per call (before) against packed once at load, at tiny_llama's prefill and decode
-//! shapes (`-- weights`).
+//! shapes (`-- weights`), and the transcendental elementwise ops against libm (`-- unary`).
 //!
 //! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
 //! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
@@ -389,6 +389,49 @@ fn bench_fused_swiglu_grad(threads: usize) {
     black_box(&out);
 }
 
+/// The transcendental elementwise ops on 2048 values (one block of a fused program, hot in
+/// L1), against the same functions from the system's libm called per value (`f32::exp`,
+/// `f32::tanh`) in the same run: ns per value and the ratio.
+fn bench_unary() {
+    use mslc_kernels::elementwise::op::UnaryOp;
+    use mslc_kernels::elementwise::slice::unary_into;
+    let wide = if mslc_kernels::cpu::has_avx512f() {
+        "AVX-512"
+    } else if mslc_kernels::cpu::has_avx2_fma() {
+        "AVX2+FMA"
+    } else {
+        "baseline"
+    };
+    let x: Vec<f32> = data(2048, 21).iter().map(|v| v * 8.0).collect();
+    let mut out = vec![0.0f32; x.len()];
+    let per_value = |seconds: f64| seconds * 1e9 / x.len() as f64;
+    type Scalar = fn(f32) -> f32;
+    let cases: [(UnaryOp, Scalar); 4] = [
+        (UnaryOp::Exp, f32::exp),
+        (UnaryOp::Tanh, f32::tanh),
+        (UnaryOp::Sigmoid, |v| 1.0 / (1.0 + (-v).exp())),
+        (UnaryOp::Silu, |v| v / (1.0 + (-v).exp())),
+    ];
+    for (op, reference) in cases {
+        let (ours, _) = time(|| {
+            unary_into(op, &x, &mut out);
+            black_box(&out);
+        });
+        let (theirs, _) = time(|| {
+            for (o, &v) in out.iter_mut().zip(&x) {
+                *o = reference(black_box(v));
+            }
+            black_box(&out);
+        });
+        println!(
+            "unary {op:?} ({wide}): {:.3} ns/value, libm per value {:.3} ns/value: {:.2}x",
+            per_value(ours),
+            per_value(theirs),
+            theirs / ours
+        );
+    }
+}
+
 /// One AdamW step over 6.8 Mi parameters (tiny_llama's 8 layers: p, g, m, v and the three
 /// results are 190 MB, far beyond the caches, as in a training step): time and the traffic
 /// rate over the 28 bytes per element it must move.
@@ -522,6 +565,9 @@ fn main() {
         for t in threads {
             bench_adam(t);
         }
+    }
+    if wanted("unary") {
+        bench_unary();
     }
     if wanted("fused") {
         for t in threads {
