@@ -6,7 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::cpu::dispatch_avx512;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
@@ -244,9 +243,28 @@ impl AttentionJob<'_> {
                     kernel: self.kernel,
                 }
                 .run(scores, &self.gemm);
-                // Query q0 + r sees keys j <= q0 + r + t - s.
-                let causal = self.causal.then_some((q0 + 1 + t, s + t0));
-                online_softmax(scores, self.scale, causal, row_max, row_sum, acc);
+                for r in 0..bq {
+                    let row = &mut scores[r * bk..(r + 1) * bk];
+                    rows::scale(row, self.scale);
+                    if self.causal {
+                        // Query q0 + r sees keys j <= q0 + r + t - s.
+                        let visible = (q0 + r + 1 + t)
+                            .saturating_sub(s)
+                            .saturating_sub(t0)
+                            .min(bk);
+                        row[visible..].fill(f32::NEG_INFINITY);
+                    }
+                    let new_max = row_max[r].max(rows::max(row));
+                    if new_max == f32::NEG_INFINITY {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let correction = rows::exp_one(row_max[r] - new_max);
+                    let sum = rows::exp_sum(row, 1.0, new_max);
+                    row_sum[r] = row_sum[r] * correction + sum;
+                    row_max[r] = new_max;
+                    rows::scale(&mut acc[r * d..(r + 1) * d], correction);
+                }
                 let p = [MatRef {
                     data: scores,
                     offset: 0,
@@ -301,54 +319,6 @@ impl AttentionJob<'_> {
             }
         });
     }
-}
-
-/// One key tile's step of the online softmax (FlashAttention) for a tile of query rows:
-/// `scores` holds their `bk` scores each (`row_max.len()` rows), `acc` their `d` accumulated
-/// outputs each. Each row is scaled; with `causal = Some((from, past))` row r hides its keys
-/// from `(from + r) − past` on; then its running max and sum take the tile in, its
-/// accumulator is rescaled to the new max, and the row is left holding its un-normalised
-/// weights `e^(score − max)` for the product with the values. One dispatched call per tile:
-/// the rows are 16 to 64 values, too short to pay a call per helper.
-#[inline(always)]
-fn online_softmax_body(
-    scores: &mut [f32],
-    scale: f32,
-    causal: Option<(usize, usize)>,
-    row_max: &mut [f32],
-    row_sum: &mut [f32],
-    acc: &mut [f32],
-) {
-    let bk = scores.len() / row_max.len().max(1);
-    let d = acc.len() / row_max.len().max(1);
-    for (r, row) in scores.chunks_exact_mut(bk.max(1)).enumerate() {
-        rows::scale_body(row, scale);
-        if let Some((from, past)) = causal {
-            let visible = (from + r).saturating_sub(past).min(bk);
-            row[visible..].fill(f32::NEG_INFINITY);
-        }
-        let new_max = row_max[r].max(rows::max_body(row));
-        if new_max == f32::NEG_INFINITY {
-            row.fill(0.0);
-            continue;
-        }
-        let correction = math::exp(row_max[r] - new_max);
-        let sum = rows::exp_sum_body(row, 1.0, new_max);
-        row_sum[r] = row_sum[r] * correction + sum;
-        row_max[r] = new_max;
-        rows::scale_body(&mut acc[r * d..(r + 1) * d], correction);
-    }
-}
-
-dispatch_avx512! {
-    fn online_softmax(
-        scores: &mut [f32],
-        scale: f32,
-        causal: Option<(usize, usize)>,
-        row_max: &mut [f32],
-        row_sum: &mut [f32],
-        acc: &mut [f32],
-    ) = online_softmax_body;
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 //! [`exp`] (and so everything built on it) uses fused multiply-adds: the kernels call these
 //! functions from code compiled for FMA (`cpu::dispatch_avx2` and wider), where each is one
 //! instruction. Code compiled for the baseline target gets the correctly rounded software fma
-//! (a library call, slow), so its bits are the same; hot callers sit inside a dispatched
-//! function (attention's per-tile softmax step, for instance).
+//! (a library call, slow), so its bits are the same; hot scalar callers go through a dispatched
+//! helper such as `rows::exp_one` instead.
 
 use std::f32::consts::{FRAC_2_SQRT_PI, LOG2_E};
 

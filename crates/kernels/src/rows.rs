@@ -62,7 +62,7 @@ pub fn max_step(acc: f32, x: f32) -> f32 {
 }
 
 #[inline(always)]
-pub(crate) fn max_body(xs: &[f32]) -> f32 {
+fn max_body(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
@@ -77,7 +77,7 @@ pub(crate) fn max_body(xs: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-pub(crate) fn exp_sum_body(xs: &mut [f32], scale: f32, shift: f32) -> f32 {
+fn exp_sum_body(xs: &mut [f32], scale: f32, shift: f32) -> f32 {
     for x in xs.iter_mut() {
         *x = math::exp(*x * scale - shift);
     }
@@ -85,7 +85,12 @@ pub(crate) fn exp_sum_body(xs: &mut [f32], scale: f32, shift: f32) -> f32 {
 }
 
 #[inline(always)]
-pub(crate) fn scale_body(xs: &mut [f32], s: f32) {
+fn exp_one_body(x: f32) -> f32 {
+    math::exp(x)
+}
+
+#[inline(always)]
+fn scale_body(xs: &mut [f32], s: f32) {
     for x in xs {
         *x *= s;
     }
@@ -118,6 +123,11 @@ dispatch_avx2! {
 dispatch_avx512! {
     /// Replaces each x by e^(x·scale − shift) and returns their sum.
     pub fn exp_sum(xs: &mut [f32], scale: f32, shift: f32) -> f32 = exp_sum_body;
+}
+dispatch_avx2! {
+    /// e^x of one value, compiled with fused multiply-adds like the vector paths, for scalar
+    /// callers in code built for the baseline target (one call, not a software fma per step).
+    pub fn exp_one(x: f32) -> f32 = exp_one_body;
 }
 dispatch_avx2! {
     /// Multiplies every value by `s`.
