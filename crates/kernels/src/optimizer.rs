@@ -3,7 +3,6 @@
 //! instead of the 40 that the separate moment and parameter programs move. Each operation is the
 //! f32 operation the unfused graph performs, in the same order, so the results have its bits.
 
-use super::cpu::dispatch_avx2;
 use super::elementwise::ElementwiseParams;
 use super::error::{KernelError, KernelResult};
 use super::par::{self, SyncPtr};
@@ -57,18 +56,9 @@ impl AdamStep {
     }
 }
 
+/// One Adam step over equal-length slices: `[p, g, m, v]` into `[p_out, m_out, v_out]`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn update_body(
-    s: &AdamStep,
-    p: &[f32],
-    g: &[f32],
-    m: &[f32],
-    v: &[f32],
-    p_out: &mut [f32],
-    m_out: &mut [f32],
-    v_out: &mut [f32],
-) {
+fn update_body(s: &AdamStep, [p, g, m, v]: [&[f32]; 4], [p_out, m_out, v_out]: [&mut [f32]; 3]) {
     let decay = s.weight_decay != 0.0;
     let lr_wd = s.lr * s.weight_decay;
     let n = p_out.len();
@@ -96,21 +86,6 @@ fn update_body(
     }
 }
 
-dispatch_avx2! {
-    /// One Adam step over equal-length slices.
-    #[allow(clippy::too_many_arguments)]
-    fn update(
-        s: &AdamStep,
-        p: &[f32],
-        g: &[f32],
-        m: &[f32],
-        v: &[f32],
-        p_out: &mut [f32],
-        m_out: &mut [f32],
-        v_out: &mut [f32],
-    ) = update_body;
-}
-
 /// [`update_body`] writing the results with streaming stores: the new values are next read a
 /// whole step later, so writing them around the caches spares reading every destination line
 /// first — a quarter of the update's memory traffic. The same operations in the same order
@@ -136,19 +111,11 @@ unsafe fn update_streaming(
         || misalignment(m_out) != misalignment(p_out)
         || misalignment(v_out) != misalignment(p_out)
     {
-        return update_body(s, p, g, m, v, p_out, m_out, v_out);
+        return update_body(s, [p, g, m, v], [p_out, m_out, v_out]);
     }
     let body_end = head + (n - head) / LANES * LANES;
-    update_body(
-        s,
-        p,
-        g,
-        m,
-        v,
-        &mut p_out[..head],
-        &mut m_out[..head],
-        &mut v_out[..head],
-    );
+    let heads = [&mut p_out[..head], &mut m_out[..head], &mut v_out[..head]];
+    update_body(s, [p, g, m, v], heads);
     let decay = s.weight_decay != 0.0;
     let splat = _mm256_set1_ps;
     let (wd, lr_wd) = (splat(s.weight_decay), splat(s.lr * s.weight_decay));
@@ -187,13 +154,8 @@ unsafe fn update_streaming(
     let tail = body_end..n;
     update_body(
         s,
-        &p[tail.clone()],
-        &g[tail.clone()],
-        &m[tail.clone()],
-        &v[tail.clone()],
-        &mut p_out[tail.clone()],
-        &mut m_out[tail.clone()],
-        &mut v_out[tail],
+        [p, g, m, v].map(|x| &x[tail.clone()]),
+        [p_out, m_out, v_out].map(|x| &mut x[tail.clone()]),
     );
 }
 
@@ -238,7 +200,8 @@ pub fn adam_update(
             // p_out's length.
             return unsafe { update_streaming(step, [p, g, m, v], [p_out, m_out, v_out]) };
         }
-        update(step, p, g, m, v, p_out, m_out, v_out);
+        // Without AVX2, the portable build of the same operations.
+        update_body(step, [p, g, m, v], [p_out, m_out, v_out]);
     });
     Ok(())
 }
