@@ -11,6 +11,7 @@ use crate::ranks::{
     compile_options, llama_flags, llama_forward_parity, llama_source_in, llama_training_parity,
     random_tokens,
 };
+use crate::tolerance::ADAMW_WEIGHTS_TOL;
 use crate::train::assert_rel;
 
 /// Two stages, four micro-batches of 2 sequences (1F1B).
@@ -130,7 +131,7 @@ fn run_on_two_stages_with_sequence_parallelism_matches_one_device() {
 fn training_on_two_pipeline_stages_matches_one_device() {
     let dir = TestDir::new("pipeline-train-pp");
     let (src, checked) = llama_source_in(&dir, "pp.msl", PP, 2);
-    llama_training_parity(&dir, &src, &checked, "2", 1e-4);
+    llama_training_parity(&dir, &src, &checked, "2", ADAMW_WEIGHTS_TOL);
 }
 
 /// GPipe's order (every forward, then every backward) gives the same update.
@@ -140,7 +141,7 @@ fn training_under_gpipe_matches_one_device() {
     let decls = PP.replace("schedule: 1f1b", "schedule: gpipe");
     assert_ne!(decls, PP);
     let (src, checked) = llama_source_in(&dir, "gpipe.msl", &decls, 2);
-    llama_training_parity(&dir, &src, &checked, "2", 1e-4);
+    llama_training_parity(&dir, &src, &checked, "2", ADAMW_WEIGHTS_TOL);
 }
 
 /// The same on 2 replicas × 2 stages × 2 tensor-parallel ranks (8 ranks, 2 micro-batches of 2

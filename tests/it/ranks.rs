@@ -9,6 +9,7 @@ use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::SafetensorsFile;
 
 use crate::exec::common::{mslc, root, s, Rng, TestDir};
+use crate::tolerance::ADAMW_WEIGHTS_TOL;
 use crate::train::{assert_rel, metric_losses, safetensor_f64};
 
 const INPUTS: usize = 12;
@@ -286,14 +287,6 @@ train Pretrain for TinyLlama {
     assert_rel("losses", &ranked, &single, 1e-5);
     assert_same_final_weights(&one, &two, ADAMW_WEIGHTS_TOL);
 }
-
-/// How close (of each tensor's largest magnitude) the tiny LLaMA's weights after ten AdamW
-/// steps at lr 1e-2 on two data-parallel ranks come to one device's: each rank sums its half
-/// of the batch before the all-reduce adds the halves (fp32 reassociation, ~1e-7 relative in
-/// a gradient), and `m / √v` turns that into up to ~3e-5 where an element's gradient is near
-/// zero (measured 2.5e-5, `model.layers.1.self_attn.q_proj.weight`); the losses stay within
-/// 1e-5. The tensor-parallel tests hold the same bound for the same reason.
-const ADAMW_WEIGHTS_TOL: f64 = 1e-4;
 
 /// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
 /// 4 heads, 2 kv heads, vocab 64; S = 8.
