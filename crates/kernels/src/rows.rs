@@ -162,4 +162,22 @@ mod tests {
         }
         assert!((s - e.iter().sum::<f32>()).abs() < 1e-5);
     }
+
+    /// The widest path this CPU runs (16 lanes with AVX-512) gives the bits of the body built
+    /// for the baseline target (software fma): the exponentials, their lane sum, and the scalar
+    /// `exp_one` attention uses.
+    #[test]
+    fn exp_paths_give_the_baseline_bits() {
+        let xs: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.61).sin() * 40.0).collect();
+        let (mut wide, mut baseline) = (xs.clone(), xs.clone());
+        let sum = exp_sum(&mut wide, 0.75, 3.0);
+        let baseline_sum = exp_sum_body(&mut baseline, 0.75, 3.0);
+        assert_eq!(sum.to_bits(), baseline_sum.to_bits());
+        for (i, (w, b)) in wide.iter().zip(&baseline).enumerate() {
+            assert_eq!(w.to_bits(), b.to_bits(), "element {i}: {w} vs {b}");
+        }
+        for &x in &xs {
+            assert_eq!(exp_one(x).to_bits(), exp_one_body(x).to_bits(), "e^{x}");
+        }
+    }
 }
