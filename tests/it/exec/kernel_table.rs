@@ -34,7 +34,7 @@ fn an_edited_kernel_table_changes_what_runs() {
         "block_q = 32",
         "block_q = 16",
     );
-    let edited = edit_after(&edited, "name = \"gemm\"", "mc = 96", "mc = 48");
+    let edited = edit_after(&edited, "name = \"gemm\"", "mc = 192", "mc = 48");
     std::fs::write(&table_path, &edited).unwrap();
     let profile = dir.path("profile.json");
     let (code, report, err) = mslc(&[

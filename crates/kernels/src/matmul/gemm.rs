@@ -376,8 +376,8 @@ mod tests {
     use crate::matmul::Isa;
     use crate::testing::in_pool;
 
-    /// The (row, column) blocks the default parameters cut an `m × 64` by `64 × n` product
-    /// into, on 2 threads, with the 6×16 kernel.
+    /// The (row, column) blocks the default parameters with `mc = 96` cut an `m × 64` by
+    /// `64 × n` product into, on 2 threads, with the 6×16 kernel.
     fn blocks(m: usize, n: usize) -> (usize, usize) {
         let kernel = MicroKernel::select(Isa::Portable).unwrap();
         let shape = |rows, cols| MatRef {
@@ -409,7 +409,11 @@ mod tests {
             kernel,
         };
         in_pool(2, || {
-            let grid = Grid::new(&g, &MatmulParams::default(), true);
+            let params = MatmulParams {
+                mc: 96,
+                ..MatmulParams::default()
+            };
+            let grid = Grid::new(&g, &params, true);
             (grid.rb, grid.cb)
         })
     }

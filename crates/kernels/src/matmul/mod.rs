@@ -46,7 +46,7 @@ pub struct MatmulParams {
 impl Default for MatmulParams {
     fn default() -> Self {
         Self {
-            mc: 96,
+            mc: 192,
             kc: 256,
             nc: 1024,
             tasks_per_thread: 1,
