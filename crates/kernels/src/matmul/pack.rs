@@ -64,13 +64,9 @@ fn pack_a<const MR: usize>(a: MatRef<'_>, r0: usize, dst: &mut [f32]) {
         dst.fill(0.0);
     }
     if a.cs == 1 && rows == MR {
-        let row = |i: usize| &a.data[a.offset + (r0 + i) * a.rs..][..k];
-        let rows: [&[f32]; MR] = std::array::from_fn(row);
-        for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
-            for (v, r) in d.iter_mut().zip(&rows) {
-                *v = r[p];
-            }
-        }
+        // Row-major A (activations): each of the MR rows is a contiguous run over k.
+        let starts: [usize; MR] = std::array::from_fn(|i| a.offset + (r0 + i) * a.rs);
+        pack_runs(a.data, &starts, k, dst);
     } else if a.rs == 1 {
         // A stored transposed (a weight gradient's dyᵀ): each k step is a contiguous run.
         for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
@@ -106,22 +102,14 @@ fn pack_b<const NR: usize>(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
         }
     } else if b.rs == 1 {
         let start = |j: usize| b.offset + (c0 + j) * b.cs;
-        #[cfg(target_arch = "x86_64")]
-        if cols == NR && crate::cpu::has_avx2_fma() {
-            let starts: [usize; NR] = std::array::from_fn(start);
-            assert!(
-                starts[NR - 1] + k <= b.data.len(),
-                "pack: B panel outside its buffer"
-            );
-            // SAFETY: AVX2 is present; all NR source columns hold k values (checked above) and
-            // `dst` holds k * NR values.
-            unsafe { pack_b_transposed_avx2(b.data, &starts, k, dst) };
-            return;
-        }
-        for j in 0..cols {
-            let src = &b.data[start(j)..start(j) + k];
-            for (d, &s) in dst[j..].iter_mut().step_by(NR).zip(src) {
-                *d = s;
+        if cols == NR {
+            pack_runs::<NR>(b.data, &std::array::from_fn(start), k, dst);
+        } else {
+            for j in 0..cols {
+                let src = &b.data[start(j)..start(j) + k];
+                for (d, &s) in dst[j..].iter_mut().step_by(NR).zip(src) {
+                    *d = s;
+                }
             }
         }
     } else {
@@ -134,16 +122,37 @@ fn pack_b<const NR: usize>(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
     }
 }
 
-/// Packs NR columns stored as contiguous runs (`data[starts[j] + p]` is B[p][j]) through 8×8
-/// register transposes.
+/// Interleaves W runs of k contiguous values: `dst[p * W + j] = data[starts[j] + p]` (A's rows
+/// of a row-major A, B's columns of a transposed B). A transpose in registers where the CPU
+/// has AVX2, element by element otherwise; the same values either way.
+fn pack_runs<const W: usize>(data: &[f32], starts: &[usize; W], k: usize, dst: &mut [f32]) {
+    assert!(
+        starts.iter().all(|&s| s + k <= data.len()) && dst.len() == k * W,
+        "pack: a panel outside its buffer"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() {
+        // SAFETY: AVX2 is present; every run holds k values and `dst` k * W (checked above).
+        unsafe { pack_runs_avx2(data, starts, k, dst) };
+        return;
+    }
+    for (j, &start) in starts.iter().enumerate() {
+        for (d, &s) in dst[j..].iter_mut().step_by(W).zip(&data[start..start + k]) {
+            *d = s;
+        }
+    }
+}
+
+/// [`pack_runs`] through 8×8 register transposes, eight runs at a time; a last group of fewer
+/// than eight runs is transposed with zero rows and only its own lanes stored.
 ///
 /// # Safety
-/// AVX2 must be available, every `starts[j] + k <= data.len()`, and `dst.len() == k * NR`.
+/// AVX2 must be available, every `starts[j] + k <= data.len()`, and `dst.len() == k * W`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_transposed_avx2<const NR: usize>(
+unsafe fn pack_runs_avx2<const W: usize>(
     data: &[f32],
-    starts: &[usize; NR],
+    starts: &[usize; W],
     k: usize,
     dst: &mut [f32],
 ) {
@@ -151,12 +160,18 @@ unsafe fn pack_b_transposed_avx2<const NR: usize>(
     let src = data.as_ptr();
     let out = dst.as_mut_ptr();
     let full = k - k % 8;
-    // SAFETY: reads stay below starts[j] + full <= data.len(); writes below full * NR.
+    // SAFETY: reads stay below starts[j] + full <= data.len(); writes below full * W.
     unsafe {
         for p in (0..full).step_by(8) {
-            for block in 0..NR / 8 {
-                let r: [__m256; 8] =
-                    std::array::from_fn(|i| _mm256_loadu_ps(src.add(starts[block * 8 + i] + p)));
+            for group in (0..W).step_by(8) {
+                let width = (W - group).min(8);
+                let r: [__m256; 8] = std::array::from_fn(|i| {
+                    if i < width {
+                        _mm256_loadu_ps(src.add(starts[group + i] + p))
+                    } else {
+                        _mm256_setzero_ps()
+                    }
+                });
                 let t0 = _mm256_unpacklo_ps(r[0], r[1]);
                 let t1 = _mm256_unpackhi_ps(r[0], r[1]);
                 let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -184,14 +199,48 @@ unsafe fn pack_b_transposed_avx2<const NR: usize>(
                     _mm256_permute2f128_ps::<0x31>(u3, u7),
                 ];
                 for (q, row) in rows.iter().enumerate() {
-                    _mm256_storeu_ps(out.add((p + q) * NR + block * 8), *row);
+                    let at = out.add((p + q) * W + group);
+                    if width == 8 {
+                        _mm256_storeu_ps(at, *row);
+                    } else {
+                        let lanes: [f32; 8] = std::mem::transmute(*row);
+                        std::ptr::copy_nonoverlapping(lanes.as_ptr(), at, width);
+                    }
                 }
             }
         }
     }
     for p in full..k {
         for (j, &s) in starts.iter().enumerate() {
-            dst[p * NR + j] = data[s + p];
+            dst[p * W + j] = data[s + p];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every panel width of the micro-kernels, with k on and off the transpose's 8-step, from
+    /// runs at scattered starts: the packed panel is the definition's, whichever path ran.
+    #[test]
+    fn runs_pack_into_the_panel_layout() {
+        fn check<const W: usize>(k: usize) {
+            let data: Vec<f32> = (0..W * (k + 3) + 5).map(|i| i as f32).collect();
+            let starts: [usize; W] = std::array::from_fn(|j| ((j * 7) % W) * (k + 3) + j % 3);
+            let mut dst = vec![f32::NAN; k * W];
+            pack_runs(&data, &starts, k, &mut dst);
+            for p in 0..k {
+                for (j, &s) in starts.iter().enumerate() {
+                    assert_eq!(dst[p * W + j], data[s + p], "W {W}, k {k}, p {p}, run {j}");
+                }
+            }
+        }
+        for k in [1, 7, 8, 19, 64] {
+            check::<6>(k);
+            check::<12>(k);
+            check::<16>(k);
+            check::<32>(k);
         }
     }
 }
