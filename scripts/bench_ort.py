@@ -5,10 +5,13 @@ Builds examples/tiny_llama.msl (f32: the train's precision policy dropped) with 
 layers=LAYERS as an ONNX graph with the `onnx` helper API, with the SAME weights: this script
 writes them once as a .safetensors file that `mslc run --weights` loads and the ONNX graph embeds
 as initializers. It checks that both give the same logits, then times the forward pass of both
-on the same number of threads, alternating rounds, and prints the medians and the ratio.
+on the same number of threads, alternating rounds, and prints the medians and the ratio. mslc
+runs twice per round: with its default kernel parameters, and with the kernel table `mslc tune`
+wrote for this model on this machine (`mslc tune --budget TUNE_BUDGET` into a fresh knowledge
+base, then `mslc build --tune-db`), as a user who tunes would run it; `--no-tune` skips that.
 
 usage: scripts/bench_ort.py [--mslc PATH] [--layers 8] [--seq 128] [--threads 2]
-                            [--iterations 30] [--rounds 3]
+                            [--iterations 30] [--rounds 3] [--tune-budget 60s | --no-tune]
 
 Needs numpy, onnx and onnxruntime (`pip install onnx onnxruntime`) and a release mslc
 (default target/release/mslc; `cargo build --release`).
@@ -173,11 +176,37 @@ def onnx_model(w, layers, seq):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def run_mslc(args, model, wfile, tokens, out_dir, iterations):
-    """`mslc run` with the weights and tokens; its summary (median/best ms) as JSON."""
-    cmd = [args.mslc, "run", model, "--set", f"layers={args.layers}", "--weights", wfile,
-           "--input", f"tokens={tokens}", "--output-dir", out_dir, "--threads",
-           str(args.threads), "--iterations", str(iterations), "--message-format", "json"]
+def shape_args(args):
+    """The model's size and shapes, as every mslc command of this script gives them."""
+    return ["--set", f"layers={args.layers}", "--dim", "B=1", "--dim", f"S={args.seq}"]
+
+
+def tuned_table(args, model, tmp):
+    """`mslc tune` of the model into a fresh knowledge base, then `mslc build` with it: the
+    path of the tuned kernel table it wrote."""
+    kb, out = os.path.join(tmp, "kb.json"), os.path.join(tmp, "tuned")
+    for cmd in ([args.mslc, "tune", model, *shape_args(args), "--threads", str(args.threads),
+                 "--budget", args.tune_budget,
+                 "--db", kb, "-o", out],
+                [args.mslc, "build", model, *shape_args(args), "--tune-db", kb, "-o", out]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
+    tables = [f for f in os.listdir(out) if f.endswith(".kernels.toml")]
+    if len(tables) != 1:
+        sys.exit(f"expected one kernel table in {out}, found {tables}")
+    return os.path.join(out, tables[0])
+
+
+def run_mslc(args, model, wfile, tokens, out_dir, iterations, kernels=None):
+    """`mslc run` with the weights and tokens (and a kernel table, when given); its summary
+    (median/best ms) as JSON."""
+    cmd = [args.mslc, "run", model, *shape_args(args), "--threads", str(args.threads),
+           "--weights", wfile,
+           "--input", f"tokens={tokens}", "--output-dir", out_dir, "--iterations",
+           str(iterations), "--message-format", "json"]
+    if kernels:
+        cmd += ["--kernels", kernels]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"mslc run failed ({' '.join(cmd)}):\n{done.stdout}\n{done.stderr}")
@@ -211,6 +240,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tune-budget", default="60s")
+    ap.add_argument("--no-tune", action="store_true")
     args = ap.parse_args()
     import onnxruntime as ort
 
@@ -252,17 +283,35 @@ def main():
         if not ok:
             sys.exit("the two disagree: timings would compare different computations")
 
-        mslc_ms, ort_ms = [], []
+        table = None
+        if not args.no_tune:
+            t = time.monotonic()
+            table = tuned_table(args, model, tmp)
+            run_mslc(args, model, wfile, tokens, tmp, 1, table)
+            tuned = np.load(os.path.join(tmp, "logits.npy")).astype(np.float64)
+            if not np.all(np.abs(tuned - want) <= ATOL + RTOL * np.abs(want)):
+                sys.exit("the tuned kernels' logits disagree with onnxruntime's")
+            print(f"tuned:   `mslc tune --budget {args.tune_budget}` and `mslc build --tune-db` "
+                  f"in {time.monotonic() - t:.1f} s; the tuned logits agree too")
+
+        runs = {"mslc": [], "mslc tuned": [], "onnxruntime": []}
         for r in range(args.rounds):
             s = run_mslc(args, model, wfile, tokens, tmp, args.iterations)
+            runs["mslc"].append(s["median_ms"])
+            line = f"mslc median {s['median_ms']:.2f} ms (best {s['best_ms']:.2f})"
+            if table:
+                s = run_mslc(args, model, wfile, tokens, tmp, args.iterations, table)
+                runs["mslc tuned"].append(s["median_ms"])
+                line += f", tuned {s['median_ms']:.2f} (best {s['best_ms']:.2f})"
             o = time_ort(session, feed, args.iterations)
-            mslc_ms.append(s["median_ms"])
-            ort_ms.append(o[0])
-            print(f"round {r + 1}: mslc median {s['median_ms']:.2f} ms (best {s['best_ms']:.2f}),"
-                  f" onnxruntime median {o[0]:.2f} ms (best {o[1]:.2f})")
-        m, o = float(np.median(mslc_ms)), float(np.median(ort_ms))
-        print(f"median of rounds: mslc {m:.2f} ms, onnxruntime {o:.2f} ms: "
-              f"mslc is {o / m:.2f}x {'faster' if o >= m else 'as fast'} (goal >= 1.3x)")
+            runs["onnxruntime"].append(o[0])
+            print(f"round {r + 1}: {line}, onnxruntime median {o[0]:.2f} ms (best {o[1]:.2f})")
+        o = float(np.median(runs["onnxruntime"]))
+        for name in ("mslc", "mslc tuned"):
+            if runs[name]:
+                m = float(np.median(runs[name]))
+                print(f"median of rounds: {name} {m:.2f} ms, onnxruntime {o:.2f} ms: {name} is "
+                      f"{o / m:.2f}x {'faster' if o >= m else 'as fast'} (goal >= 1.3x)")
 
 
 if __name__ == "__main__":
