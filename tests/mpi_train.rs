@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tolerance::{assert_rel_to_max, ADAMW_WEIGHTS_TOL};
+use tolerance::{
+    assert_rel_to_max, assert_rel_to_norm, assert_same_weights, ADAMW_WEIGHTS_TOL, WEIGHTS_NORM_TOL,
+};
 
 use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::{SafetensorsFile, StDType};
@@ -291,11 +293,17 @@ fn main() {
         let one = tensors(&dir.join("one").join(&last).join(file));
         let zero = tensors(&dir.join("zero3").join(&last).join(file));
         assert_eq!(names(&one), names(&zero), "{file}");
+        // Weights are held in norm too (assert_same_weights); the moments element by element.
+        let same = if file == "model.safetensors" {
+            assert_same_weights
+        } else {
+            assert_rel_to_max
+        };
         for ((name, a), (_, b)) in one.iter().zip(&zero) {
             // Of the tensor's largest magnitude: a moment's element near zero carries the
             // gradient sum's reassociation (the replicas' shares added in another order) at
             // ~1e-5 of itself, ~1e-10 absolute.
-            assert_rel_to_max(&format!("level3 {name}"), b, a, 1e-5);
+            same(&format!("level3 {name}"), b, a, 1e-5);
         }
     }
     println!("mpiexec -n 2, optimizer_shard = level3: losses, weights and states match one device within 1e-5");
@@ -355,6 +363,13 @@ fn llama_flags() -> Vec<&'static str> {
         .collect()
 }
 
+/// How close in norm ([`assert_rel_to_norm`]) the tiny LLaMA's final weights after ten AdamW
+/// steps (lr 1e-2) under MPI come to one device's: this file's model is more sensitive than
+/// tests/it's (whose AdamW runs stay within [`WEIGHTS_NORM_TOL`], worst 5.1e-6): measured
+/// 8.8e-6 on `model.layers.1.self_attn.q_proj.weight` under tensor and sequence parallelism and
+/// 3.5e-5 on `model.layers.1.mlp.gate_proj.weight` over two pipeline stages.
+const ADAMW_NORM_TOL: f64 = 5e-5;
+
 /// The pipeline policies and train of the tiny LLaMA (tests/it/pipeline.rs's too).
 const LLAMA_PP: &str = include_str!("fixtures/tiny_llama_pp.msl-decls");
 const LLAMA_MIX: &str = include_str!("fixtures/tiny_llama_mix.msl-decls");
@@ -364,9 +379,10 @@ const LLAMA_MIX: &str = include_str!("fixtures/tiny_llama_mix.msl-decls");
 /// device's, the checkpoint rank 0 gathers within 5e-4 of each tensor's largest magnitude (the
 /// micro-batches' rounding through AdamW at lr 1e-2, as tests/it/pipeline.rs measures: where
 /// an element's gradient is near zero, `m / √v` turns ~1e-7 into a visible part of the step;
-/// here measured 3.8e-4 on one element of `model.layers.1.mlp.gate_proj.weight`) and bit for
+/// here measured 3.8e-4 on one element of `model.layers.1.mlp.gate_proj.weight`; as a whole,
+/// within 5e-5 in norm, measured 3.5e-5 on `model.layers.1.mlp.gate_proj.weight`) and bit for
 /// bit `--ranks 2`'s; then `mpiexec -n 4` of 2 stages × 2 tensor-parallel ranks (2 micro-batches
-/// of 4) trained with SGD, weights within 1e-4; and the pipelined forward under
+/// of 4) trained with SGD, weights within 1e-4 (and 1e-5 in norm); and the pipelined forward under
 /// `mpiexec -n 2 mslc run --mpi`.
 fn pipeline_training(dir: &Path) {
     let example = std::fs::read_to_string(
@@ -395,21 +411,23 @@ fn pipeline_training(dir: &Path) {
     ]
     .concat();
     let steps = (data.as_path(), "10");
-    for (src, launcher, extra, tag, tol) in [
+    // Final weights: (of each tensor's largest magnitude, of its norm).
+    let adamw_pp = (5e-4, ADAMW_NORM_TOL);
+    for (src, launcher, extra, tag, (tol, norm_tol)) in [
         (
             "llama-pp.msl",
             &["mpiexec", "-n", "2"][..],
             "--mpi",
             "pp-mpi",
-            5e-4,
+            adamw_pp,
         ),
-        ("llama-pp.msl", &[][..], "--ranks=2", "pp-threads", 5e-4),
+        ("llama-pp.msl", &[][..], "--ranks=2", "pp-threads", adamw_pp),
         (
             "llama-pp-tp.msl",
             &["mpiexec", "-n", "4"][..],
             "--mpi",
             "pp-tp-mpi",
-            1e-4,
+            (1e-4, WEIGHTS_NORM_TOL),
         ),
     ] {
         let one = format!("{tag}-one");
@@ -443,9 +461,11 @@ fn pipeline_training(dir: &Path) {
         for ((name, a), (other, b)) in w1.iter().zip(&w2) {
             assert_eq!(name, other);
             assert_rel_to_max(&format!("{tag} {name}"), b, a, tol);
+            assert_rel_to_norm(&format!("{tag} {name}"), b, a, norm_tol);
         }
         println!(
-            "{tag}: 10 losses within 1e-5, {} gathered weights within {tol}",
+            "{tag}: 10 losses within 1e-5, {} gathered weights within {tol} (element) and \
+             {norm_tol} (norm)",
             w2.len()
         );
     }
@@ -568,6 +588,7 @@ fn tensor_parallel_training(dir: &Path) {
     for ((name, a), (other, b)) in w1.iter().zip(&w2) {
         assert_eq!(name, other);
         assert_rel_to_max(name, b, a, ADAMW_WEIGHTS_TOL);
+        assert_rel_to_norm(name, b, a, ADAMW_NORM_TOL);
     }
     // The same per-rank programs on the threads backend: the same bits (both sum a group's
     // contributions in member order).
@@ -584,7 +605,7 @@ fn tensor_parallel_training(dir: &Path) {
     assert_eq!(w2, weights_of(&dir.join("llama-threads/step-10")));
     println!(
         "mpiexec -n 2, tensor parallel: 10 losses within 1e-5, {} gathered weights within 1e-4 \
-         of one device and equal to --ranks 2's",
+         (element) and 5e-5 (norm) of one device and equal to --ranks 2's",
         w2.len()
     );
     // Sequence parallelism on top (each process cuts its own block of the sequence, by its
@@ -616,10 +637,11 @@ fn tensor_parallel_training(dir: &Path) {
     );
     for ((name, a), (_, b)) in w1.iter().zip(&weights_of(&dir.join("llama-sp/step-10"))) {
         assert_rel_to_max(name, b, a, ADAMW_WEIGHTS_TOL);
+        assert_rel_to_norm(name, b, a, ADAMW_NORM_TOL);
     }
     println!(
         "mpiexec -n 2, sequence parallel: 10 losses within 1e-5, the gathered weights within \
-         1e-4 of one device"
+         1e-4 (element) and 5e-5 (norm) of one device"
     );
     // The tensor-parallel forward of the trained weights.
     let trained = dir.join("llama-one/step-10/model.safetensors");

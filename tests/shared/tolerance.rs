@@ -1,6 +1,7 @@
-//! The tolerance the training tests of both test binaries (tests/it and tests/mpi_train.rs)
+//! The tolerances the training tests of both test binaries (tests/it and tests/mpi_train.rs)
 //! compare with: the error of every element weighed against the tensor's largest magnitude,
-//! so an element near zero is not held to its own tiny scale.
+//! so an element near zero is not held to its own tiny scale, and for final weights also the
+//! error of the tensor as a whole.
 
 /// How close (of each tensor's largest magnitude, [`assert_rel_to_max`]) the tiny LLaMA's
 /// weights after ten AdamW steps at lr 1e-2 on several ranks come to one device's, where the
@@ -23,4 +24,36 @@ pub fn assert_rel_to_max(what: &str, got: &[f64], want: &[f64], tol: f64) {
         err <= tol * scale,
         "{what}: max error {err:e} > {tol:e} × {scale:e}\n got {got:?}\nwant {want:?}"
     );
+}
+
+/// How close a multi-rank run's final weight tensor comes to one device's as a whole
+/// (‖got − want‖₂ ≤ tol · ‖want‖₂, [`assert_rel_to_norm`]): issue 11's 1e-5, which tests/it's
+/// weight comparisons hold, its AdamW runs too (worst measured 5.1e-6, the 8-rank mix's
+/// `model.layers.0.mlp.down_proj.weight`): the few near-zero-gradient elements
+/// [`ADAMW_WEIGHTS_TOL`] is about move a tensor's norm far less than its largest element.
+pub const WEIGHTS_NORM_TOL: f64 = 1e-5;
+
+/// ‖got − want‖₂ ≤ tol · ‖want‖₂.
+pub fn assert_rel_to_norm(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let norm = want.iter().map(|w| w * w).sum::<f64>().sqrt();
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w) * (g - w))
+        .sum::<f64>()
+        .sqrt();
+    assert!(
+        err <= tol * norm,
+        "{what}: error norm {err:e} > {tol:e} × {norm:e} (relative {:e})",
+        err / norm
+    );
+}
+
+/// A multi-rank run's final weight tensor against one device's: every element within
+/// `elementwise_tol` of the tensor's largest magnitude, and the tensor within
+/// [`WEIGHTS_NORM_TOL`] in norm.
+pub fn assert_same_weights(what: &str, got: &[f64], want: &[f64], elementwise_tol: f64) {
+    assert_rel_to_max(what, got, want, elementwise_tol);
+    assert_rel_to_norm(what, got, want, WEIGHTS_NORM_TOL);
 }
