@@ -373,8 +373,9 @@ const KERNEL_PARAM_BOUNDS: &[(&str, i64, i64)] = &[
     ("mc", 1, 1 << 12),
     ("kc", 1, 1 << 12),
     ("nc", 1, 1 << 14),
-    // GEMM rows up to which A is read unpacked (decode shapes).
+    // GEMM rows up to which A is read unpacked (decode shapes; with B packed ahead).
     ("small_m", 0, 1 << 12),
+    ("small_m_packed_b", 0, 1 << 12),
     // Attention tiles: a block_q × block_k score tile per task.
     ("block_q", 1, 1 << 12),
     ("block_k", 1, 1 << 12),

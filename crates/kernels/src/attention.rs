@@ -151,7 +151,7 @@ fn run(
             tasks_per_thread: 0,
             min_parallel_flops: usize::MAX,
             isa: params.isa,
-            small_m: MatmulParams::default().small_m,
+            ..MatmulParams::default()
         },
         kernel,
         lse: lse.map(|l| SyncPtr(l.as_mut_ptr())),

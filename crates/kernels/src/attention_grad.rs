@@ -311,7 +311,7 @@ pub fn attention_grad(
                 tasks_per_thread: 0,
                 min_parallel_flops: usize::MAX,
                 isa: params.isa,
-                small_m: MatmulParams::default().small_m,
+                ..MatmulParams::default()
             },
             kernel,
         };

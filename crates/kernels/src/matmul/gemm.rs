@@ -214,7 +214,11 @@ impl Gemm<'_> {
         let parallel = params.tasks_per_thread > 0
             && rayon::current_num_threads() > 1
             && flops >= params.min_parallel_flops;
-        if self.m <= params.small_m {
+        let small_m = match packed_b {
+            Some(_) => params.small_m.max(params.small_m_packed_b),
+            None => params.small_m,
+        };
+        if self.m <= small_m {
             return small::run(self, c, params, parallel, packed_b);
         }
         let grid = Grid::new(self, params, parallel);

@@ -38,9 +38,14 @@ pub struct MatmulParams {
     /// Micro-kernel choice; an ISA this CPU lacks is an error.
     pub isa: Isa,
     /// Products of at most this many rows (decode shapes) read A in place instead of packing
-    /// it into MR-row panels, and split only their columns over threads; 0 never does. Same
-    /// bits either way.
+    /// it into MR-row panels, and split their columns (then their rows) over threads; 0 never
+    /// does. Same bits either way.
     pub small_m: usize,
+    /// As `small_m`, for products whose B comes packed ahead (weights at inference), where
+    /// packing A is the only packing left to skip. The default
+    /// ([`default_small_m_packed_b`]) depends on the CPU.
+    #[serde(default = "default_small_m_packed_b")]
+    pub small_m_packed_b: usize,
 }
 
 impl Default for MatmulParams {
@@ -53,7 +58,21 @@ impl Default for MatmulParams {
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
             small_m: 8,
+            small_m_packed_b: default_small_m_packed_b(),
         }
+    }
+}
+
+/// Where the widest micro-kernel is AVX-512 (whose row kernels take 12 rows: 24 accumulators
+/// of its 32 registers), a product with B packed ahead reads A in place up to 4,096 rows: no
+/// packing pass, one parallel loop, measured 5-25 % faster on two threads for the products of
+/// a 128-token tiny_llama forward, up to 97 % of peak. AVX2's row kernels take 6 rows (16
+/// registers), and packing A wins there beyond decode shapes (8 rows). With B packed per call
+/// (training) the tiled path stays: there both threads would read all of a cold A.
+pub fn default_small_m_packed_b() -> usize {
+    match MicroKernel::select(Isa::Auto) {
+        Ok(kernel) if kernel.isa == Isa::Avx512 => 1 << 12,
+        _ => 8,
     }
 }
 

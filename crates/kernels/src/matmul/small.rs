@@ -1,6 +1,10 @@
-//! Products with few rows (decode shapes: one token, m = 1..8): A is read where it lies
-//! instead of being packed into MR-row panels that would be mostly zero padding, and the work
-//! is split over column panels, the only dimension with room for threads.
+//! The unpacked-A path: A is read where it lies instead of being packed into MR-row panels,
+//! by row kernels of up to 12 rows (AVX-512) or 6. Decode shapes (one token, m = 1..8) take it
+//! on every CPU, where panels would be mostly zero padding; on AVX-512 so does every product
+//! with B packed ahead, up to [`super::default_small_m_packed_b`] rows, skipping the packing
+//! pass. The work is split over
+//! column panels first (no task repacks B), then over row blocks when the columns leave
+//! threads idle.
 //!
 //! B is read from the caller's packed panels when given ([`Gemm::pack_b`]); else, when every B
 //! is row-major, straight from its rows (only a last, narrower panel is packed); else it is
@@ -14,8 +18,17 @@ use super::MatmulParams;
 use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
 
-/// Rows one row-kernel call computes at most.
-const MAX_ROWS: usize = 4;
+/// Rows one row-kernel call computes at most, on any ISA.
+const MAX_ROWS: usize = 12;
+
+/// Rows one row-kernel call of `isa` computes at most: as many as its accumulators, two
+/// vectors per row, leave registers for two B vectors and a broadcast.
+fn max_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 12,
+        _ => 6,
+    }
+}
 
 /// One row-kernel call: `rows × NR` of C (+)= A rows · one B panel over `k` steps.
 #[derive(Clone, Copy)]
@@ -45,7 +58,15 @@ fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
                 1 => $f::<1>,
                 2 => $f::<2>,
                 3 => $f::<3>,
-                _ => $f::<4>,
+                4 => $f::<4>,
+                5 => $f::<5>,
+                6 => $f::<6>,
+                7 => $f::<7>,
+                8 => $f::<8>,
+                9 => $f::<9>,
+                10 => $f::<10>,
+                11 => $f::<11>,
+                _ => $f::<12>,
             }
         };
     }
@@ -99,48 +120,58 @@ pub(super) fn run(
                 PanelSource::Packed(buf)
             }
         };
-        let chunks = if parallel {
+        // Column chunks first (each reads all of A, none repacks B); row blocks too when the
+        // columns alone leave threads idle.
+        let max_rows = max_rows(g.kernel.isa);
+        let groups = g.m.div_ceil(max_rows);
+        let (chunks, row_blocks) = if parallel {
             let target = rayon::current_num_threads().saturating_mul(params.tasks_per_thread);
-            target.div_ceil(g.problems.len()).clamp(1, np)
+            let per_problem = target.div_ceil(g.problems.len());
+            let chunks = per_problem.clamp(1, np);
+            (chunks, per_problem.div_ceil(chunks).clamp(1, groups.max(1)))
         } else {
-            1
+            (1, 1)
         };
         let kc = params.kc.max(1);
         let c_ptr = SyncPtr(c.as_mut_ptr());
-        par::for_each_index(parallel, g.problems.len() * chunks, |t| {
+        let per_problem = chunks * row_blocks;
+        par::for_each_index(parallel, g.problems.len() * per_problem, |t| {
             let (jp0, jp1) = block_range(np, chunks, t % chunks);
-            // SAFETY: tasks cover disjoint column ranges of disjoint C blocks, all inside `c`
-            // (checked by `Gemm::run_with`), and `c` outlives this parallel loop.
-            unsafe { columns(g, t / chunks, jp0..jp1, source, c_ptr, kc) };
+            let (g0, g1) = block_range(groups, row_blocks, (t / chunks) % row_blocks);
+            let rows = g0 * max_rows..(g1 * max_rows).min(g.m);
+            // SAFETY: tasks cover disjoint row and column ranges of disjoint C blocks, all
+            // inside `c` (checked by `Gemm::run_with`), and `c` outlives this parallel loop.
+            unsafe { columns(g, t / per_problem, jp0..jp1, rows, source, c_ptr, kc) };
         });
     });
 }
 
-/// Computes column panels `panels` of problem `pi` over all its rows.
+/// Computes column panels `panels` of problem `pi` over its rows `row_range`.
 ///
 /// # Safety
 /// `c` must point to the output buffer of [`Gemm::run_with`], and no other thread may touch
-/// these columns of this problem's C block meanwhile.
+/// these rows and columns of this problem's C block meanwhile.
 unsafe fn columns(
     g: &Gemm<'_>,
     pi: usize,
     panels: std::ops::Range<usize>,
+    row_range: std::ops::Range<usize>,
     source: PanelSource<'_>,
     c: SyncPtr,
     kc: usize,
 ) {
-    let (m, n, k, ldc, nr) = (g.m, g.n, g.k, g.ldc, g.kernel.nr);
+    let (n, k, ldc, nr) = (g.n, g.k, g.ldc, g.kernel.nr);
     let np = n.div_ceil(nr);
     let prob = g.problems[pi];
     let (a, b) = (g.a[prob.a], g.b[prob.b]);
     let (col0, col1) = (panels.start * nr, (panels.end * nr).min(n));
-    // SAFETY: row r of these columns is c[c_offset + r * ldc + col0 .. + col1], inside the
-    // buffer and owned by this task alone.
+    // SAFETY: row r (of `row_range`) of these columns is c[c_offset + r * ldc + col0 .. + col1],
+    // inside the buffer and owned by this task alone.
     let row = |r: usize| unsafe {
         std::slice::from_raw_parts_mut(c.get().add(prob.c_offset + r * ldc + col0), col1 - col0)
     };
     if k == 0 && !g.accumulate {
-        (0..m).for_each(|r| row(r).fill(0.0));
+        row_range.clone().for_each(|r| row(r).fill(0.0));
     }
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
@@ -156,8 +187,9 @@ unsafe fn columns(
                 panel.len() >= (kcs - 1) * ldb + nr,
                 "gemm: B panel outside its buffer"
             );
-            for r0 in (0..m).step_by(MAX_ROWS) {
-                let rows = MAX_ROWS.min(m - r0);
+            let max_rows = max_rows(g.kernel.isa);
+            for r0 in row_range.clone().step_by(max_rows) {
+                let rows = max_rows.min(row_range.end - r0);
                 let last = a.offset + (r0 + rows - 1) * a.rs + (p0 + kcs - 1) * a.cs;
                 assert!(last < a.data.len(), "gemm: A rows outside their buffer");
                 // SAFETY: inside this task's columns (see `row`).
@@ -192,7 +224,7 @@ unsafe fn columns(
             }
         }
     }
-    g.epilogue(prob, 0..m, col0, row);
+    g.epilogue(prob, row_range, col0, row);
 }
 
 /// Portable row kernel (NR = 16), with the portable micro-kernel's separate multiply and add.

@@ -59,6 +59,7 @@ fn case() -> impl Strategy<Value = Case> {
         0usize..4,
         prop::sample::select(available_isas()),
         prop::sample::select(vec![0usize, 8, 40]),
+        prop::sample::select(vec![0usize, 8, 4096]),
     );
     let prec = prop::sample::select(Precision::ALL.to_vec());
     (dims, layout, acts, params, prec, any::<u64>()).prop_map(
@@ -66,7 +67,7 @@ fn case() -> impl Strategy<Value = Case> {
             (m, n, k),
             (batch, ta, tb, bias),
             activation,
-            (mc, kc, nc, tasks, isa, small_m),
+            (mc, kc, nc, tasks, isa, small_m, small_m_packed_b),
             precision,
             seed,
         )| {
@@ -89,6 +90,7 @@ fn case() -> impl Strategy<Value = Case> {
                     min_parallel_flops: 0,
                     isa,
                     small_m,
+                    small_m_packed_b,
                 },
                 precision,
                 seed,
@@ -176,7 +178,7 @@ fn check(c: &Case) {
         let packed = in_pool(threads, || run_prepacked(c, &a, &b, bias.as_deref()));
         assert_same_bits("B packed ahead vs per call", &one, &packed);
     }
-    // The unpacked-A path for few rows gives the tiled path's bits.
+    // The unpacked-A path gives the tiled path's bits.
     let tiled = Case {
         params: MatmulParams {
             small_m: 0,
