@@ -244,9 +244,16 @@ mod tests {
         assert!(machine_key(2).ends_with(&format!(" | {} | 2 thread(s)", peak.isa)));
     }
 
+    /// The peak is the best of three measurements around the GEMM's: on a shared machine one
+    /// measurement can lose its core to another process (and the tests run in parallel).
     #[test]
     fn the_gemm_rate_is_below_the_peak() {
-        let (rate, peak) = (gemm_rate(1).unwrap(), measure(1).unwrap().flops_per_s);
+        let peak_now = || measure(1).unwrap().flops_per_s;
+        let before = peak_now();
+        let rate = gemm_rate(1).unwrap();
+        let peak = [before, peak_now(), peak_now()]
+            .into_iter()
+            .fold(0.0, f64::max);
         eprintln!(
             "GEMM {:.1} GFLOP/s of a {:.1} GFLOP/s peak",
             rate / 1e9,
