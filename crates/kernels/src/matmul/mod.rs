@@ -41,7 +41,8 @@ pub struct MatmulParams {
     /// it into MR-row panels, and split their columns (then their rows) over threads; 0 never
     /// does. Same bits either way.
     pub small_m: usize,
-    /// As `small_m`, for products whose B comes packed ahead (weights at inference), where
+    /// As `small_m`, for products whose B comes packed ahead (the weights, which the executor
+    /// packs once per run, or once per step while training), where
     /// packing A is the only packing left to skip. The default
     /// ([`default_small_m_packed_b`]) depends on the CPU.
     #[serde(default = "default_small_m_packed_b")]
@@ -66,9 +67,10 @@ impl Default for MatmulParams {
 /// Where the widest micro-kernel is AVX-512 (whose row kernels take 12 rows: 24 accumulators
 /// of its 32 registers), a product with B packed ahead reads A in place up to 4,096 rows: no
 /// packing pass, one parallel loop, measured 5-25 % faster on two threads for the products of
-/// a 128-token tiny_llama forward, up to 97 % of peak. AVX2's row kernels take 6 rows (16
-/// registers), and packing A wins there beyond decode shapes (8 rows). With B packed per call
-/// (training) the tiled path stays: there both threads would read all of a cold A.
+/// a 128-token tiny_llama forward, up to 97 % of peak, and no slower in its training step. AVX2's
+/// row kernels take 6 rows (16 registers), and packing A wins there beyond decode shapes (8
+/// rows). Products whose B is not packed ahead (a training step's weight gradients) keep
+/// `small_m`: with their cold operands and the columns split, both threads would read all of A.
 pub fn default_small_m_packed_b() -> usize {
     match MicroKernel::select(Isa::Auto) {
         Ok(kernel) if kernel.isa == Isa::Avx512 => 1 << 12,
