@@ -2,9 +2,8 @@
 //! by row kernels of up to 12 rows (AVX-512) or 6. Decode shapes (one token, m = 1..8) take it
 //! on every CPU, where panels would be mostly zero padding; on AVX-512 so does every product
 //! with B packed ahead, up to [`super::default_small_m_packed_b`] rows, skipping the packing
-//! pass. The work is split over
-//! column panels first (no task repacks B), then over row blocks when the columns leave
-//! threads idle.
+//! pass. The work is split over column panels first (no task repacks B), then over row blocks
+//! when the columns leave threads idle.
 //!
 //! B is read from the caller's packed panels when given ([`Gemm::pack_b`]); else, when every B
 //! is row-major, straight from its rows (only a last, narrower panel is packed); else it is
