@@ -18,14 +18,18 @@ use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
 
 /// Rows one row-kernel call computes at most, on any ISA.
-const MAX_ROWS: usize = 12;
+const MAX_ROWS: usize = WIDE_ROWS;
+/// Rows of the AVX-512 row kernels: 24 accumulators (two vectors per row) of 32 registers,
+/// leaving room for two B vectors and a broadcast.
+const WIDE_ROWS: usize = 12;
+/// Rows of the AVX2 and portable row kernels: 12 accumulators of 16 registers.
+const NARROW_ROWS: usize = 6;
 
-/// Rows one row-kernel call of `isa` computes at most: as many as its accumulators, two
-/// vectors per row, leave registers for two B vectors and a broadcast.
+/// Rows one row-kernel call of `isa` computes at most.
 fn max_rows(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512 => 12,
-        _ => 6,
+        Isa::Avx512 => WIDE_ROWS,
+        _ => NARROW_ROWS,
     }
 }
 
@@ -49,32 +53,23 @@ struct RowsCall {
 /// A row kernel: computes the call's `R` rows (its const parameter) for one ISA.
 type RowsFn = unsafe fn(&RowsCall);
 
-/// The row kernel for `isa` (never `Auto`) and `rows` (1..=MAX_ROWS).
+/// The row kernel for `isa` (never `Auto`) and `rows` (1..=[`max_rows`] of `isa`).
 fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
     macro_rules! by_rows {
-        ($f:ident) => {
+        ($f:ident: $($r:literal)+) => {
             match rows {
-                1 => $f::<1>,
-                2 => $f::<2>,
-                3 => $f::<3>,
-                4 => $f::<4>,
-                5 => $f::<5>,
-                6 => $f::<6>,
-                7 => $f::<7>,
-                8 => $f::<8>,
-                9 => $f::<9>,
-                10 => $f::<10>,
-                11 => $f::<11>,
-                _ => $f::<12>,
+                $($r => $f::<$r>,)+
+                _ => unreachable!("no {isa:?} row kernel of {rows} rows"),
             }
         };
     }
+    const _: () = assert!(WIDE_ROWS == 12 && NARROW_ROWS == 6, "the row lists below");
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => by_rows!(avx2_rows),
+        Isa::Avx2 => by_rows!(avx2_rows: 1 2 3 4 5 6),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => by_rows!(avx512_rows),
-        _ => by_rows!(portable_rows),
+        Isa::Avx512 => by_rows!(avx512_rows: 1 2 3 4 5 6 7 8 9 10 11 12),
+        _ => by_rows!(portable_rows: 1 2 3 4 5 6),
     }
 }
 
@@ -161,6 +156,7 @@ unsafe fn columns(
 ) {
     let (n, k, ldc, nr) = (g.n, g.k, g.ldc, g.kernel.nr);
     let np = n.div_ceil(nr);
+    let max_rows = max_rows(g.kernel.isa);
     let prob = g.problems[pi];
     let (a, b) = (g.a[prob.a], g.b[prob.b]);
     let (col0, col1) = (panels.start * nr, (panels.end * nr).min(n));
@@ -186,7 +182,6 @@ unsafe fn columns(
                 panel.len() >= (kcs - 1) * ldb + nr,
                 "gemm: B panel outside its buffer"
             );
-            let max_rows = max_rows(g.kernel.isa);
             for r0 in row_range.clone().step_by(max_rows) {
                 let rows = max_rows.min(row_range.end - r0);
                 let last = a.offset + (r0 + rows - 1) * a.rs + (p0 + kcs - 1) * a.cs;
