@@ -102,15 +102,11 @@ fn pack_b<const NR: usize>(b: MatRef<'_>, c0: usize, dst: &mut [f32]) {
         }
     } else if b.rs == 1 {
         let start = |j: usize| b.offset + (c0 + j) * b.cs;
+        let starts: [usize; NR] = std::array::from_fn(start);
         if cols == NR {
-            pack_runs::<NR>(b.data, &std::array::from_fn(start), k, dst);
+            pack_runs(b.data, &starts, k, dst);
         } else {
-            for j in 0..cols {
-                let src = &b.data[start(j)..start(j) + k];
-                for (d, &s) in dst[j..].iter_mut().step_by(NR).zip(src) {
-                    *d = s;
-                }
-            }
+            interleave(b.data, &starts[..cols], k, NR, dst);
         }
     } else {
         for (p, d) in dst.chunks_exact_mut(NR).enumerate() {
@@ -136,8 +132,18 @@ fn pack_runs<const W: usize>(data: &[f32], starts: &[usize; W], k: usize, dst: &
         unsafe { pack_runs_avx2(data, starts, k, dst) };
         return;
     }
+    interleave(data, starts, k, W, dst);
+}
+
+/// [`pack_runs`] element by element, for any number of runs (at most `width`): run `j` goes to
+/// `dst[p * width + j]`.
+fn interleave(data: &[f32], starts: &[usize], k: usize, width: usize, dst: &mut [f32]) {
     for (j, &start) in starts.iter().enumerate() {
-        for (d, &s) in dst[j..].iter_mut().step_by(W).zip(&data[start..start + k]) {
+        for (d, &s) in dst[j..]
+            .iter_mut()
+            .step_by(width)
+            .zip(&data[start..start + k])
+        {
             *d = s;
         }
     }
