@@ -9,7 +9,7 @@ use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::SafetensorsFile;
 
 use crate::exec::common::{mslc, root, s, Rng, TestDir};
-use crate::tolerance::{assert_same_weights, ADAMW_WEIGHTS_TOL};
+use crate::tolerance::{assert_same_weights, ADAMW_WEIGHTS_TOL, WEIGHTS_NORM_TOL};
 use crate::train::{assert_rel, metric_losses, safetensor_f64};
 
 const INPUTS: usize = 12;
@@ -124,7 +124,13 @@ fn tensors_of(file: &Path) -> Vec<(String, Vec<f64>)> {
 /// tensor within `tol` of its largest magnitude element by element and within 1e-5 in norm
 /// ([`assert_same_weights`]).
 fn assert_same_final_weights(one: &Path, two: &Path, tol: f64) {
-    assert_same_tensors(one, two, "model.safetensors", tol, assert_same_weights);
+    assert_same_tensors(
+        one,
+        two,
+        "model.safetensors",
+        tol,
+        |name, got, want, tol| assert_same_weights(name, got, want, (tol, WEIGHTS_NORM_TOL)),
+    );
 }
 
 /// Asserts `FILE` of the final checkpoints `one/step-10` and `two/step-10` holds the same

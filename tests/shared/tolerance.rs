@@ -51,9 +51,9 @@ pub fn assert_rel_to_norm(what: &str, got: &[f64], want: &[f64], tol: f64) {
 }
 
 /// A multi-rank run's final weight tensor against one device's: every element within
-/// `elementwise_tol` of the tensor's largest magnitude, and the tensor within
-/// [`WEIGHTS_NORM_TOL`] in norm.
-pub fn assert_same_weights(what: &str, got: &[f64], want: &[f64], elementwise_tol: f64) {
-    assert_rel_to_max(what, got, want, elementwise_tol);
-    assert_rel_to_norm(what, got, want, WEIGHTS_NORM_TOL);
+/// `elementwise` of the tensor's largest magnitude ([`assert_rel_to_max`]), and the tensor
+/// within `norm` in norm ([`assert_rel_to_norm`]; [`WEIGHTS_NORM_TOL`] unless stated).
+pub fn assert_same_weights(what: &str, got: &[f64], want: &[f64], (elementwise, norm): (f64, f64)) {
+    assert_rel_to_max(what, got, want, elementwise);
+    assert_rel_to_norm(what, got, want, norm);
 }
