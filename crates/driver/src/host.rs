@@ -156,7 +156,7 @@ fn raise(path: &Path, map: &str, key: &str, flops: f64) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let mut json = serde_json::json!({ "format": FORMAT });
-    for (name, figures) in maps {
+    for (name, figures) in maps.into_iter().filter(|(_, f)| !f.is_empty()) {
         json[name] = serde_json::json!(figures);
     }
     mslc_io::atomic::write_atomic(path, |tmp| std::fs::write(tmp, json.to_string()))
