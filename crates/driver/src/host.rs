@@ -105,13 +105,16 @@ fn kept_or_measured(
     let Some(path) = path else {
         return (peak, gemm);
     };
-    if let Some(peak) = peak {
-        let _ = raise(path, PEAKS, &key, peak);
-    }
-    let _ = match gemm {
-        Some(gemm) => raise(path, GEMM, &key, gemm),
-        None => raise(path, ATTEMPTS, &key, now),
+    let tried = match gemm {
+        Some(gemm) => (GEMM, gemm),
+        None => (ATTEMPTS, now),
     };
+    let figures: Vec<_> = peak
+        .map(|p| (PEAKS, p))
+        .into_iter()
+        .chain([tried])
+        .collect();
+    let _ = raise(path, &key, &figures);
     match kept(Some(path)) {
         (Some(kept_peak), kept_gemm, _) => (Some(kept_peak), kept_gemm),
         // The cache could not be written.
@@ -139,19 +142,30 @@ fn lock_beside(path: &Path) -> Option<std::fs::File> {
 /// that cannot be written only means measuring again next time).
 pub fn remember(peak: &Peak) {
     if let Some(path) = mslc_io::cache::cache_file(CACHE_FILE) {
-        let _ = raise(&path, PEAKS, &machine_key(peak.threads), peak.flops_per_s);
+        let _ = raise(
+            &path,
+            &machine_key(peak.threads),
+            &[(PEAKS, peak.flops_per_s)],
+        );
     }
 }
 
-/// Raises `key`'s figure in map `map` of the cache file `path` to `flops` unless it is already
-/// higher; written atomically, so a concurrent reader sees the old file or the new one.
-fn raise(path: &Path, map: &str, key: &str, flops: f64) -> std::io::Result<()> {
+/// Raises `key`'s figure in each `(map, figure)` of `figures` in the cache file `path` unless
+/// the one kept is already higher; the file is read once and, when a figure rose, written once,
+/// atomically, so a concurrent reader sees the old file or the new one.
+fn raise(path: &Path, key: &str, figures: &[(&str, f64)]) -> std::io::Result<()> {
     let mut maps = read_maps(path);
-    let figures = maps.entry(map).or_default();
-    if !(flops.is_finite() && flops > 0.0) || figures.get(key).is_some_and(|&k| k >= flops) {
+    let mut rose = false;
+    for &(map, figure) in figures {
+        let kept = maps.entry(map).or_default();
+        if figure.is_finite() && figure > 0.0 && kept.get(key).is_none_or(|&k| k < figure) {
+            kept.insert(key.to_string(), figure);
+            rose = true;
+        }
+    }
+    if !rose {
         return Ok(());
     }
-    figures.insert(key.to_string(), flops);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -162,8 +176,8 @@ fn raise(path: &Path, map: &str, key: &str, flops: f64) -> std::io::Result<()> {
     mslc_io::atomic::write_atomic(path, |tmp| std::fs::write(tmp, json.to_string()))
 }
 
-/// Every map kept in `path` ([`PEAKS`], [`GEMM`], [`ATTEMPTS`]), read in one pass; a missing, damaged or
-/// foreign file keeps none (it is a cache: measuring again rebuilds it).
+/// Every map kept in `path` ([`PEAKS`], [`GEMM`], [`ATTEMPTS`]), read in one pass; a missing,
+/// damaged or foreign file keeps none (it is a cache: measuring again rebuilds it).
 fn read_maps(path: &Path) -> BTreeMap<&'static str, BTreeMap<String, f64>> {
     let Ok(bytes) = std::fs::read(path) else {
         return BTreeMap::new();
@@ -226,8 +240,7 @@ mod tests {
         assert_eq!(at(1700.0, (2.2e11, 1.8e11)), (Some(2.2e11), Some(1.8e11)));
         // A pair an older mslc kept from a disturbed measurement is measured again at once.
         std::fs::remove_dir_all(&dir).unwrap();
-        raise(&path, PEAKS, &key, 2.3e11).unwrap();
-        raise(&path, GEMM, &key, 0.06e11).unwrap();
+        raise(&path, &key, &[(PEAKS, 2.3e11), (GEMM, 0.06e11)]).unwrap();
         assert_eq!(at(0.0, (2.2e11, 1.8e11)), (Some(2.3e11), Some(1.8e11)));
         assert_eq!(read(&path, GEMM)[&key], 1.8e11);
         // Without a cache directory it measures every time, and still drops a disturbed rate.
@@ -244,24 +257,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mslc-host-peak-{}", std::process::id()));
         let path = dir.join("cache").join(CACHE_FILE);
         assert!(read(&path, PEAKS).is_empty());
-        raise(&path, PEAKS, "cpu | AVX2+FMA | 2 thread(s)", 1.5e11).unwrap();
-        raise(&path, PEAKS, "cpu | AVX2+FMA | 2 thread(s)", 1.0e11).unwrap();
-        raise(&path, PEAKS, "cpu | AVX2+FMA | 1 thread(s)", 0.8e11).unwrap();
-        raise(&path, PEAKS, "cpu | AVX2+FMA | 1 thread(s)", f64::NAN).unwrap();
-        raise(&path, GEMM, "cpu | AVX2+FMA | 2 thread(s)", 1.2e11).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 2 thread(s)", &[(PEAKS, 1.5e11)]).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 2 thread(s)", &[(PEAKS, 1.0e11)]).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 1 thread(s)", &[(PEAKS, 0.8e11)]).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 1 thread(s)", &[(PEAKS, f64::NAN)]).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 2 thread(s)", &[(GEMM, 1.2e11)]).unwrap();
         let kept = read(&path, PEAKS);
         assert_eq!(kept["cpu | AVX2+FMA | 2 thread(s)"], 1.5e11);
         assert_eq!(kept["cpu | AVX2+FMA | 1 thread(s)"], 0.8e11);
         // The two maps are kept apart, and raising one keeps the other.
         assert_eq!(read(&path, GEMM)["cpu | AVX2+FMA | 2 thread(s)"], 1.2e11);
-        raise(&path, PEAKS, "cpu | AVX2+FMA | 2 thread(s)", 2.0e11).unwrap();
+        raise(&path, "cpu | AVX2+FMA | 2 thread(s)", &[(PEAKS, 2.0e11)]).unwrap();
         assert_eq!(read(&path, PEAKS)["cpu | AVX2+FMA | 2 thread(s)"], 2.0e11);
         assert_eq!(read(&path, GEMM).len(), 1);
         std::fs::write(&path, b"{\"format\": \"mslc-host-peak-1\", \"peaks\": [1").unwrap();
         assert!(read(&path, PEAKS).is_empty());
         std::fs::write(&path, b"{\"format\": \"other\", \"peaks\": {\"k\": 1.0}}").unwrap();
         assert!(read(&path, PEAKS).is_empty());
-        raise(&path, PEAKS, "k", 3.0).unwrap();
+        raise(&path, "k", &[(PEAKS, 3.0)]).unwrap();
         assert_eq!(read(&path, PEAKS)["k"], 3.0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
