@@ -252,6 +252,31 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Processes started together (ranks of one `mpiexec` job) take turns through the lock:
+    /// one measures, the others wait and read what it kept. Two threads stand for them here
+    /// (each opens the lock file itself, and such locks exclude each other within a process
+    /// too).
+    #[test]
+    fn processes_started_together_measure_once() {
+        let dir = std::env::temp_dir().join(format!("mslc-host-turns-{}", std::process::id()));
+        let path = dir.join("cache").join(CACHE_FILE);
+        let measured = std::sync::atomic::AtomicUsize::new(0);
+        let measure = || {
+            measured.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            (Some(2.0e11), Some(1.6e11))
+        };
+        let rates: Vec<_> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..2)
+                .map(|_| s.spawn(|| kept_or_measured(Some(&path), 2, 0.0, measure)))
+                .collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(measured.into_inner(), 1);
+        assert!(rates.iter().all(|r| *r == (Some(2.0e11), Some(1.6e11))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn the_kept_figure_only_rises_and_a_damaged_file_keeps_none() {
         let dir = std::env::temp_dir().join(format!("mslc-host-peak-{}", std::process::id()));
