@@ -317,14 +317,15 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             trainer.shard_tensors(layout.splits.clone());
         }
         if let Some((_, step)) = stages.get(coords.stage) {
+            // The stage's forward and update run on the step's parameters, lent per run.
             let forward = match &step.forward {
                 Some(f) => Some(
-                    Executor::new(f.module.clone(), &exec_options)
+                    Executor::borrowing(f.module.clone(), &exec_options)
                         .map_err(|e| Failure::Message(Code::E0604, e.message))?,
                 ),
                 None => None,
             };
-            let update = Executor::new(step.update.compiled.module.clone(), &exec_options)
+            let update = Executor::borrowing(step.update.compiled.module.clone(), &exec_options)
                 .map_err(|e| Failure::Message(Code::E0604, e.message))?;
             let runtime = StageRuntime {
                 forward,

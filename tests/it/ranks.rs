@@ -1357,6 +1357,12 @@ train Piped for TinyLlama {
         summary["rank_memory"]["planned_bytes"],
         executor(0)["allocated"]
     );
+    // The stage's forward and update run on its step's parameters, lent to them: what its
+    // executors allocate is the plan, which counts the parameters once.
+    assert_eq!(
+        summary["rank_memory"]["allocated_bytes"],
+        summary["rank_memory"]["planned_bytes"]
+    );
     // The example's own train (2 data × 2 tensor × 2 stages, 4 micro-batches) builds with
     // the sizes it declares: B = 8 / (2 × 4) = 1, one step per stage for its 8 ranks.
     let example = root().join("examples/tiny_llama.msl");

@@ -33,17 +33,22 @@ pub const STAGE_PIPELINE: &str = "pipeline";
 
 /// What one rank allocates running `programs` (its step and, on a pipeline stage, the stage's
 /// forward and update: [`crate::train::StageStep::programs`]) on `threads` executor threads:
-/// each program's memory plan and its threads' kernel scratch — what `mslc train` measures
-/// against and `mslc build` reports for the host target.
+/// each program's memory plan and its threads' kernel scratch, the parameters once — the
+/// first program's; the others run on them, lent ([`mslc_exec::Executor::swap_params`]) —
+/// what `mslc train` measures against and `mslc build` reports for the host target.
 pub fn rank_memory<'a>(
     programs: impl IntoIterator<Item = &'a MemoryPlan>,
     threads: usize,
 ) -> ExecutorMemory {
     let allocated = programs
         .into_iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let scratch = m.scratch_bytes_per_thread.saturating_mul(threads as u64);
-            m.total_bytes.saturating_add(scratch)
+            let borrowed = if i == 0 { 0 } else { m.params_bytes };
+            m.total_bytes
+                .saturating_add(scratch)
+                .saturating_sub(borrowed)
         })
         .fold(0u64, u64::saturating_add);
     ExecutorMemory::of(allocated, threads)

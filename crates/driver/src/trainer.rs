@@ -979,12 +979,6 @@ impl Trainer {
                 return Err(checkpoint_error(dir, e.message));
             }
         }
-        if let Some(stage) = self.stage.as_mut() {
-            stage::copy_params(&self.exec, &mut stage.update.0)?;
-            if let Some(forward) = stage.forward.as_mut() {
-                stage::copy_params(&self.exec, forward)?;
-            }
-        }
         self.state = state;
         if self.state.loss_scaling != self.train.loss_scale.to_string() {
             // Another manager (another precision): this one starts from its own initial scale.

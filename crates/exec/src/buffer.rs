@@ -13,6 +13,14 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
+    /// A buffer of no bytes, which allocates nothing: what a lent parameter leaves behind.
+    pub const fn empty() -> Self {
+        Self {
+            lines: Vec::new(),
+            len: 0,
+        }
+    }
+
     /// `len` zero bytes, or `None` when the memory cannot be had (a corrupt size, say),
     /// instead of aborting.
     pub fn zeroed(len: usize) -> Option<Self> {

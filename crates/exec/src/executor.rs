@@ -104,6 +104,12 @@ pub struct Executor {
     inputs_set: Vec<bool>,
     params: Vec<AlignedBuf>,
     params_ready: bool,
+    /// Per parameter buffer, the stamp of what it holds ([`new_stamp`], renewed by every
+    /// write), which moves with the buffer when [`Executor::swap_params`] lends it.
+    param_stamps: Vec<u64>,
+    /// The parameters' stamps when the hoisted values and packed weights were last computed:
+    /// they are stale when a buffer lent back holds what another program wrote.
+    hoisted_stamps: Vec<u64>,
     /// The next values of inputs and parameters, each exchanged with the buffer it replaces by
     /// [`Executor::write_back`].
     next: Vec<AlignedBuf>,
@@ -119,7 +125,8 @@ pub struct Executor {
     check_numerics: bool,
     /// This rank's link to the others, for the collective steps of a per-rank program.
     comm: Option<Box<dyn Collectives>>,
-    /// Bytes of every buffer allocated here, and of the kernels' scratch of every pool thread.
+    /// Bytes of every buffer allocated here but the parameters' (which may be lent), and of
+    /// the kernels' scratch of every pool thread.
     allocated_bytes: u64,
     /// The f32 each of a pool thread's scratch buffers holds: the largest any step asks.
     scratch_floats: usize,
@@ -127,6 +134,12 @@ pub struct Executor {
 
 fn module_error(message: impl Into<String>) -> ExecError {
     ExecError::new(ExecErrorKind::Module, message)
+}
+
+/// A stamp no parameter buffer has held yet (0 is an empty buffer's).
+fn new_stamp() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn alloc(bytes: usize, what: &str) -> ExecResult<AlignedBuf> {
@@ -141,6 +154,17 @@ impl Executor {
     /// Checks `module` (indices, types, arena bounds, that no step's output overlaps its
     /// inputs except in place over input 0), prepares every step and allocates all buffers.
     pub fn new(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
+        Self::set_up(module, options, true)
+    }
+
+    /// As [`Executor::new`], for a program that runs on another executor's parameters, lent
+    /// for each run ([`Executor::swap_params`]) — a pipeline stage's forward and update beside
+    /// its step — so it allocates no parameter buffer, and cannot run until it borrows them.
+    pub fn borrowing(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
+        Self::set_up(module, options, false)
+    }
+
+    fn set_up(module: Module, options: &ExecOptions, own_params: bool) -> ExecResult<Executor> {
         validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
         let region = |bytes: u64, what: &str| {
             usize::try_from(bytes)
@@ -159,7 +183,14 @@ impl Executor {
             })?;
         let threads = pool.current_num_threads();
         let scratch_bytes = needs.scratch_bytes_per_thread();
-        let planned = module.planned_bytes();
+        let param_bytes: u64 = module
+            .values
+            .iter()
+            .filter(|v| matches!(v.storage, Storage::Param { .. }))
+            .map(|v| v.ty.bytes())
+            .sum();
+        let borrowed = if own_params { 0 } else { param_bytes };
+        let planned = module.planned_bytes().saturating_sub(borrowed);
         let staging = needs.staging.bytes();
         let packed_bytes = needs.packed_bytes();
         if let Some(limit) = options.memory_limit {
@@ -196,7 +227,13 @@ impl Executor {
                 .collect()
         };
         let inputs = buffers(|s| matches!(s, Storage::Input { .. }), "an input")?;
-        let params = buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?;
+        let params = match own_params {
+            true => buffers(|s| matches!(s, Storage::Param { .. }), "a parameter")?,
+            false => (module.values.iter())
+                .filter(|v| matches!(v.storage, Storage::Param { .. }))
+                .map(|_| AlignedBuf::empty())
+                .collect(),
+        };
         let next = buffers(|s| matches!(s, Storage::Next { .. }), "an updated value")?;
         let warmed = pool.broadcast(|_| try_warm(needs.scratch_floats, SCRATCH_BUFFERS));
         if !warmed.iter().all(|&ok| ok) {
@@ -230,8 +267,8 @@ impl Executor {
             allocated,
             planned.saturating_add(staging).saturating_add(packed_bytes),
         )?;
-        let allocated_bytes =
-            allocated.saturating_add(scratch_bytes.saturating_mul(threads as u64));
+        let allocated_bytes = (allocated - (param_bytes - borrowed))
+            .saturating_add(scratch_bytes.saturating_mul(threads as u64));
         let mut reads_params: Vec<bool> = module
             .values
             .iter()
@@ -265,6 +302,11 @@ impl Executor {
             inputs_set: vec![false; inputs.len()],
             inputs,
             params_ready: params.is_empty(),
+            param_stamps: params
+                .iter()
+                .map(|_| if own_params { new_stamp() } else { 0 })
+                .collect(),
+            hoisted_stamps: Vec::new(),
             params,
             next,
             in_stage,
@@ -286,7 +328,49 @@ impl Executor {
     /// hoisted region, parameters, inputs, updated values, staging, packed weights) and each
     /// pool thread's kernel scratch — what one rank of a parallel run holds.
     pub fn allocated_bytes(&self) -> u64 {
-        self.allocated_bytes
+        let params: u64 = self.params.iter().map(|b| b.len() as u64).sum();
+        self.allocated_bytes.saturating_add(params)
+    }
+
+    /// Exchanges the buffers of the parameters `other`'s module reads with this executor's of
+    /// the same path and type, buffers not copies: lends this executor's parameters to `other`
+    /// (a program sharing them, set up by [`Executor::borrowing`] without its own), and
+    /// the same call gives them back. A run of either updates what both see; each recomputes
+    /// its hoisted values and packed weights when the buffers it holds were written since its
+    /// last run. An executor whose parameters are lent out refuses to run. Fails, exchanging
+    /// nothing, when a parameter of `other` has no match here.
+    pub fn swap_params(&mut self, other: &mut Executor) -> ExecResult<()> {
+        let index = |e: &Executor| -> Vec<(String, u32)> {
+            e.module
+                .values
+                .iter()
+                .enumerate()
+                .filter_map(|(v, value)| match &value.storage {
+                    Storage::Param { path, .. } => Some((path.clone(), v as u32)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mine = index(self);
+        let mut pairs = Vec::new();
+        for (j, (path, v)) in index(other).into_iter().enumerate() {
+            let ty = &other.module.values[v as usize].ty;
+            let found = mine
+                .iter()
+                .position(|(p, w)| *p == path && self.module.values[*w as usize].ty == *ty);
+            let Some(i) = found else {
+                return Err(module_error(format!(
+                    "parameter `{path}` ({ty}) of the borrowing program has no match to lend"
+                )));
+            };
+            pairs.push((i, j));
+        }
+        for (i, j) in pairs {
+            std::mem::swap(&mut self.params[i], &mut other.params[j]);
+            std::mem::swap(&mut self.param_stamps[i], &mut other.param_stamps[j]);
+        }
+        other.params_ready |= self.params_ready;
+        Ok(())
     }
 
     /// The scratch (f32) each pool thread holds ready per buffer, from the module's steps, and
@@ -367,6 +451,7 @@ impl Executor {
                 format!("the weights do not fit the model:\n{m}"),
             )
         })?;
+        self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
         for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found.tensors).zip(&params) {
             let dtype = weights::dtype_of(t.dtype);
             if dtype == ty.dtype {
@@ -388,6 +473,7 @@ impl Executor {
             Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
             _ => None,
         });
+        self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
         for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
             let mut values = vec![0f32; ty.checked_numel().unwrap_or(0) as usize];
             init::fill(how, seed, path, &mut values);
@@ -507,6 +593,19 @@ impl Executor {
                 "the parameters have no values: load weights or initialise them from a seed",
             ));
         }
+        let lent = self.slots.iter().any(|s| match s.place {
+            Place::Param(i) => self.params[i].len() != s.bytes,
+            _ => false,
+        });
+        if lent {
+            return Err(ExecError::new(
+                ExecErrorKind::Weights,
+                "the parameters are lent to another program (swap_params them back first)",
+            ));
+        }
+        if self.hoisted_stamps != self.param_stamps {
+            self.hoisted_ready = false;
+        }
         let Executor {
             module,
             slots,
@@ -604,6 +703,9 @@ impl Executor {
             *constants_ready = true;
             Ok(())
         });
+        if result.is_ok() {
+            self.hoisted_stamps.clone_from(&self.param_stamps);
+        }
         par::record_busy(false);
         result
     }
@@ -686,8 +788,9 @@ impl Executor {
                 )));
             };
             // Hoisted values and packed weights read parameters alone, never inputs.
-            if matches!(self.slots[dst].place, Place::Param(_)) {
+            if let Place::Param(i) = self.slots[dst].place {
                 self.hoisted_ready = false;
+                self.param_stamps[i] = new_stamp();
             }
             let slot = &self.slots[src as usize];
             if let Place::Next(n) = slot.place {

@@ -617,18 +617,16 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
     rejected(m, "no input or parameter `x0` has its type");
 }
 
-#[test]
-fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
-    // y = x + neg(w) + c: `c` (a constant) and `neg(w)` are hoisted; a parameter change (a
-    // training step's write-back, a reload) recomputes `neg(w)` but never the constant, and an
-    // input's write-back neither.
+/// y = x + neg(w) + c over four values: `c` (a constant) and `neg(w)` are hoisted; `y` is also
+/// output as `x` and `w`, to write it back over the input or the parameter.
+fn hoisting_module() -> Module {
     let t = TensorType::new(DType::F32, [4]);
     let scalar = TensorType::new(DType::F32, Vec::<i64>::new());
     let value = |ty: &TensorType, storage| ValueInfo {
         ty: ty.clone(),
         storage,
     };
-    let module = Module {
+    Module {
         name: "hoisting".into(),
         target: "cpu".into(),
         target_fingerprint: String::new(),
@@ -662,7 +660,15 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
         outputs: vec![("y".into(), 5), ("x".into(), 5), ("w".into(), 5)],
         arena_bytes: 128,
         hoisted_bytes: 128,
-    };
+    }
+}
+
+#[test]
+fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
+    // y = x + neg(w) + c: `c` (a constant) and `neg(w)` are hoisted; a parameter change (a
+    // training step's write-back, a reload) recomputes `neg(w)` but never the constant, and an
+    // input's write-back neither.
+    let module = hoisting_module();
     let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
     exec.set_input(
         "x",
@@ -670,8 +676,6 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     )
     .unwrap();
     exec.init_params(0);
-    let ran =
-        |exec: &Executor| -> Vec<bool> { exec.step_times().iter().map(Option::is_some).collect() };
     exec.run().unwrap();
     assert_eq!(ran(&exec), [true, true, true, true]);
     assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
@@ -692,4 +696,57 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     exec.run().unwrap();
     assert_eq!(ran(&exec), [false, true, true, true]);
     assert_eq!(exec.output_f32("y").unwrap().1, [1.0; 4]);
+}
+
+/// Which steps of an executor's last run ran (a hoisted step whose inputs did not change skips).
+fn ran(exec: &Executor) -> Vec<bool> {
+    exec.step_times().iter().map(Option::is_some).collect()
+}
+
+#[test]
+fn lent_parameters_run_the_borrower_and_refresh_what_reads_them_on_return() {
+    // A pipeline stage's forward and update run on its step's parameters, lent for the run:
+    // the lender cannot run meanwhile, and what the borrower writes into them is what the
+    // lender computes from afterwards (its hoisted `neg(w)` is recomputed, the constant not).
+    let x = NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let mut lender = Executor::new(hoisting_module(), &ExecOptions::default()).unwrap();
+    let mut borrower = Executor::borrowing(hoisting_module(), &ExecOptions::default()).unwrap();
+    lender.set_input("x", &x).unwrap();
+    borrower.set_input("x", &x).unwrap();
+    lender.init_params(0);
+    // The parameter `w` is 4 f32: the borrower holds none of its own.
+    assert_eq!(lender.allocated_bytes() - borrower.allocated_bytes(), 16);
+    let refused = borrower.run().unwrap_err();
+    assert!(refused.message.contains("no values"), "{}", refused.message);
+    lender.run().unwrap();
+    assert_eq!(lender.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+
+    lender.swap_params(&mut borrower).unwrap();
+    assert_eq!(borrower.allocated_bytes() - lender.allocated_bytes(), 16);
+    let refused = lender.run().unwrap_err();
+    assert!(refused.message.contains("lent"), "{}", refused.message);
+    borrower.run().unwrap();
+    assert_eq!(borrower.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+    // The borrower updates the parameter (w ← y) and gives it back.
+    borrower.write_back(["w"]).unwrap();
+    lender.swap_params(&mut borrower).unwrap();
+    lender.run().unwrap();
+    assert_eq!(ran(&lender), [false, true, true, true]);
+    assert_eq!(lender.output_f32("y").unwrap().1, [1.0; 4]);
+    // Lent again unchanged, the borrower keeps what it computed from them.
+    lender.swap_params(&mut borrower).unwrap();
+    borrower.run().unwrap();
+    assert_eq!(ran(&borrower), [false, true, true, true]);
+    lender.swap_params(&mut borrower).unwrap();
+    lender.run().unwrap();
+    assert_eq!(ran(&lender), [false, false, true, true]);
+    // A borrower whose parameters the lender lacks is refused, nothing exchanged.
+    let mut other = hoisting_module();
+    if let Storage::Param { path, .. } = &mut other.values[1].storage {
+        *path = "v".into();
+    }
+    let mut stranger = Executor::new(other, &ExecOptions::default()).unwrap();
+    let refused = lender.swap_params(&mut stranger).unwrap_err();
+    assert!(refused.message.contains("`v`"), "{}", refused.message);
+    lender.run().unwrap();
 }

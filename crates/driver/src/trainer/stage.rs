@@ -21,8 +21,8 @@ use mslc_io::npy::NpyArray;
 use mslc_ir::shard::pipeline::StageCut;
 
 use super::{
-    data_error, f32_bytes, micro_seed, run_missing, tensor, zero_inputs, Named, Res, StepMetrics,
-    TrainRunError, Trainer,
+    data_error, micro_seed, run_missing, zero_inputs, Named, Res, StepMetrics, TrainRunError,
+    Trainer,
 };
 use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
 use crate::train::{grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW};
@@ -33,8 +33,9 @@ use mslc_plan::parallel::estimate::Schedule;
 
 /// What a [`Trainer`] needs to run one stage of a pipeline.
 pub struct StageRuntime {
-    /// The stage's forward program (every stage but the last), with its parameters loaded as
-    /// the step's; the loop keeps them equal after each update.
+    /// The stage's forward program (every stage but the last), which runs on the step's
+    /// parameters, lent to it for each run ([`Executor::swap_params`]), and holds none of its own
+    /// ([`Executor::borrowing`]).
     pub forward: Option<Executor>,
     /// What crosses the stage's cuts.
     pub cut: StageCut,
@@ -49,7 +50,7 @@ pub struct StageRuntime {
     /// The order of the stage's passes (GPipe or 1F1B).
     pub schedule: Schedule,
     /// The stage's update ([`crate::train::StageStep::update`]) and its executor, which holds
-    /// the optimizer states.
+    /// the optimizer states and, like the forward, borrows the step's parameters to update them.
     pub update: (Executor, CompiledTrain),
 }
 
@@ -57,11 +58,11 @@ pub struct StageRuntime {
 type Received = Vec<(String, NpyArray)>;
 
 impl Trainer {
-    /// Makes this the loop of one pipeline stage: `runtime` its forward (whose parameters it
-    /// sets to the step's), cut and peers, each run of its step one micro-batch of `batch`
-    /// samples. The loop takes batches of the pipeline's micro-batches × `batch` samples, as
-    /// one device takes the train's batch, so its position (and checkpoints) count the same
-    /// batches one device counts.
+    /// Makes this the loop of one pipeline stage: `runtime` its forward and update (set up by
+    /// [`Executor::borrowing`]: they run on the step's parameters), cut and peers, each run of
+    /// its step one micro-batch of `batch` samples. The loop takes batches of the pipeline's
+    /// micro-batches × `batch` samples, as one device takes the train's batch, so its position
+    /// (and checkpoints) count the same batches one device counts.
     pub fn run_as_stage(&mut self, runtime: StageRuntime, batch: usize) -> Res<()> {
         let whole = batch * runtime.micro_batches.max(1);
         if self.data.samples < whole {
@@ -74,11 +75,7 @@ impl Trainer {
         self.batch = whole;
         self.state.batch = (whole * self.replica.1) as u64;
         let mut runtime = runtime;
-        if let Some(forward) = runtime.forward.as_mut() {
-            copy_params(&self.exec, forward)?;
-        }
         let (update, step) = &mut runtime.update;
-        copy_params(&self.exec, update)?;
         let states: Vec<String> = step.params.iter().flat_map(|p| p.states.clone()).collect();
         zero_inputs(update, &states)?;
         // Under optimizer sharding the update works on this replica's slices.
@@ -213,8 +210,9 @@ impl Trainer {
                 .set_input(name, array)
                 .map_err(|e| data_error(e.message))?;
         }
-        // The forward's collectives (tensor parallelism within the stage) are this rank's.
-        run_with_collectives_of(&mut self.exec, forward)?;
+        // The forward's collectives (tensor parallelism within the stage) and parameters are
+        // this rank's.
+        run_on_params_of(&mut self.exec, forward, |_| Ok(()))?;
         for c in &stage.cut.sends {
             let (_, values) = forward
                 .output_f32(&c.name)
@@ -227,10 +225,11 @@ impl Trainer {
     }
 
     /// The stage's update after its last backward: the step's gradient sums handed to the
-    /// update program, run with this rank's collectives (the global norm and overflow check
-    /// sum over every stage), its new parameters and states kept (unless the loss scaling
-    /// skips the update: every stage sees the same overflow) and its parameters copied into
-    /// the step and the forward. Whether the update was skipped, and the global norm.
+    /// update program, run on this rank's parameters and with its collectives (the global
+    /// norm and overflow check sum over every stage), the new parameters and states kept
+    /// (unless the loss scaling skips the update: every stage sees the same overflow) in the
+    /// buffers the step and the forward borrow. Whether the update was skipped, and the global
+    /// norm.
     fn stage_update(&mut self, stage: &mut StageRuntime) -> Res<(bool, f64)> {
         let (update, step) = &mut stage.update;
         for name in &self.train.accumulators {
@@ -245,14 +244,21 @@ impl Trainer {
                 .map_err(|e| data_error(e.message))?;
         }
         zero_inputs(&mut self.exec, &self.train.accumulators)?;
-        run_with_collectives_of(&mut self.exec, update)?;
-        let overflow = update
-            .output_f32(OVERFLOW)
-            .is_some_and(|(_, v)| v[0] != 0.0);
-        let skipped = self
-            .train
-            .loss_scale
-            .after_step(&mut self.state.scale, overflow);
+        let skipped = run_on_params_of(&mut self.exec, update, |update| {
+            let overflow = update
+                .output_f32(OVERFLOW)
+                .is_some_and(|(_, v)| v[0] != 0.0);
+            let skipped = self
+                .train
+                .loss_scale
+                .after_step(&mut self.state.scale, overflow);
+            if !skipped {
+                update
+                    .write_back(write_backs(&step.params))
+                    .map_err(TrainRunError::of_run)?;
+            }
+            Ok(skipped)
+        })?;
         let norm = update
             .output_f32(GRAD_NORM)
             .map_or(f64::NAN, |(_, v)| f64::from(v[0]));
@@ -260,14 +266,7 @@ impl Trainer {
             self.state.skipped += 1;
             return Ok((true, norm));
         }
-        update
-            .write_back(write_backs(&step.params))
-            .map_err(TrainRunError::of_run)?;
         self.state.updates += 1;
-        copy_params(update, &mut self.exec)?;
-        if let Some(forward) = stage.forward.as_mut() {
-            copy_params(update, forward)?;
-        }
         Ok((false, norm))
     }
 
@@ -345,30 +344,27 @@ fn set_seed(exec: &mut Executor, seed: i64) -> Res<()> {
         .map_err(|e| data_error(e.message))
 }
 
-/// Loads the parameters of `step` (just updated) into `forward`.
-pub(super) fn copy_params(step: &Executor, forward: &mut Executor) -> Res<()> {
-    let params: Vec<(String, Vec<usize>, Vec<u8>)> = step
-        .params_f32()
-        .into_iter()
-        .map(|(n, s, v)| (n, s, f32_bytes(&v)))
-        .collect();
-    forward
-        .load_weights(params.iter().map(|(n, s, d)| tensor(n, s, d)))
-        .map(drop)
-        .map_err(TrainRunError::of_run)
-}
-
-/// Runs `program` (a stage's forward or update) with the collectives `rank` holds, handed
-/// back to `rank` whether or not the run succeeds.
-fn run_with_collectives_of(rank: &mut Executor, program: &mut Executor) -> Res<()> {
+/// Runs `program` (a stage's forward or update) on what `rank` holds: its parameters, lent
+/// for the run and for `then` (the update's write-back of the new values), and its
+/// collectives; both handed back whether or not the run and `then` succeed.
+fn run_on_params_of<T>(
+    rank: &mut Executor,
+    program: &mut Executor,
+    then: impl FnOnce(&mut Executor) -> Res<T>,
+) -> Res<T> {
+    rank.swap_params(program).map_err(TrainRunError::of_run)?;
     if let Some(comm) = rank.take_collectives() {
         program.set_collectives(comm);
     }
-    let ran = program.run().map_err(TrainRunError::of_run);
+    let ran = program
+        .run()
+        .map_err(TrainRunError::of_run)
+        .and_then(|()| then(program));
     if let Some(comm) = program.take_collectives() {
         rank.set_collectives(comm);
     }
-    ran.map(|_| ())
+    rank.swap_params(program).map_err(TrainRunError::of_run)?;
+    ran
 }
 
 /// This rank's collectives, which a pipeline stage's executor must have (E0973 otherwise).
