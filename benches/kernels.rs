@@ -194,6 +194,52 @@ fn bench_weights(threads: usize, m: usize, k: usize, n: usize) {
     );
 }
 
+/// conv2d at ResNet-50's shapes for one 64×64 image (the tuning set's), weights packed once as
+/// the executor packs them: `(channels in, size in, channels out, kernel, stride)`.
+fn bench_conv(threads: usize) {
+    use mslc_kernels::conv::{conv2d, conv2d_packed_weight_len, pack_conv2d_weight, Conv2dAttrs};
+    for (c, h, o, k, stride) in [
+        (3, 64, 64, 7, 2),
+        (64, 16, 64, 3, 1),
+        (128, 16, 128, 3, 2),
+        (128, 8, 128, 3, 1),
+        (256, 4, 256, 3, 1),
+        (512, 2, 512, 3, 1),
+        (256, 16, 64, 1, 1),
+        (1024, 4, 256, 1, 1),
+        (2048, 2, 512, 1, 1),
+    ] {
+        let attrs = Conv2dAttrs {
+            stride: [stride; 2],
+            padding: [k / 2; 2],
+            ..Default::default()
+        };
+        let (x, w) = (data(c * h * h, 3), data(o * c * k * k, 4));
+        let (x_shape, w_shape) = ([1, c, h, h], [o, c, k, k]);
+        let xr = TensorRef::new("x", &x, &x_shape).expect("x");
+        let wr = TensorRef::new("w", &w, &w_shape).expect("w");
+        let params = MatmulParams::default();
+        let oh = (h + 2 * (k / 2) - k) / stride + 1;
+        let len = conv2d_packed_weight_len(&w_shape, 1, oh * oh, &params).expect("len");
+        let mut packed = vec![0.0f32; len];
+        pack_conv2d_weight(wr, 1, oh * oh, &params, &mut packed).expect("pack");
+        let mut out = vec![0.0f32; o * oh * oh];
+        let timing = in_pool(threads, || {
+            time(|| {
+                conv2d(xr, wr, &attrs, &params, Some(&packed), &mut out).expect("conv");
+                black_box(&out);
+            })
+        });
+        let flops = 2.0 * (o * oh * oh * c * k * k) as f64;
+        report(
+            &format!("conv2d {c}x{h}x{h} -> {o} k{k} s{stride}"),
+            threads,
+            flops,
+            timing,
+        );
+    }
+}
+
 /// The micro-kernel alone on one thread, operands hot in L1: the ceiling for everything else.
 fn bench_microkernel(isa: Isa) {
     const KC: usize = 256;
@@ -546,6 +592,11 @@ fn main() {
                     bench_weights(t, m, k, n);
                 }
             }
+        }
+    }
+    if wanted("conv2d") {
+        for t in threads {
+            bench_conv(t);
         }
     }
     if wanted("convert") {

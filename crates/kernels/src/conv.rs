@@ -183,14 +183,51 @@ fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef
         .collect()
 }
 
-/// A product over the weight blocks alone, for packing them: `m × k` per group, no B yet.
-fn weight_gemm<'a>(weights: &'a [MatRef<'a>], kernel: MicroKernel) -> Gemm<'a> {
+/// The weight blocks of [`weight_blocks`] transposed, `[C/groups·kh·kw, O/groups]` each: the
+/// GEMM's right operands when the output positions are its rows ([`weights_right`]).
+fn weight_columns<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
+    let blocks = weight_blocks(w, shape, groups);
+    blocks
+        .into_iter()
+        .map(|b| MatRef {
+            rs: 1,
+            cs: b.rs,
+            rows: b.cols,
+            cols: b.rows,
+            ..b
+        })
+        .collect()
+}
+
+/// Whether a conv2d of `plane` output positions per image multiplies the patches by the
+/// weights (positions as the GEMM's rows, weights packed as its right operand, read by the
+/// unpacked-A row kernels) rather than the weights by the patches (positions as columns).
+/// Few positions — the last stages of a network on a small image — fill a micro-tile's
+/// columns poorly (2×2 positions use 4 of 16 lanes) while the output channels fill them
+/// all; the row kernels take up to `small_m_packed_b` rows.
+pub(crate) fn weights_right(plane: usize, params: &MatmulParams) -> bool {
+    plane <= WEIGHTS_RIGHT_PLANE.min(params.small_m.max(params.small_m_packed_b))
+}
+
+/// Most output positions per image for which [`weights_right`] holds: fewer than a micro-tile's
+/// 16 columns. At 16 (ResNet-50's 4×4 stage on a 64×64 image) the two layouts measured alike
+/// hot, and the patches-by-weights one faster in the network's forward, its weights cold.
+const WEIGHTS_RIGHT_PLANE: usize = 8;
+
+/// A product over the weight blocks alone, for packing them: `m × k` per group with the
+/// blocks as A (`right` false), or `k × n` with the transposed blocks as B; no other operand.
+fn weight_gemm<'a>(weights: &'a [MatRef<'a>], right: bool, kernel: MicroKernel) -> Gemm<'a> {
+    let (rows, cols) = weights.first().map_or((0, 0), |w| (w.rows, w.cols));
+    let (a, b): (&[MatRef<'_>], &[MatRef<'_>]) = match right {
+        false => (weights, &[]),
+        true => (&[], weights),
+    };
     Gemm {
-        m: weights.first().map_or(0, |w| w.rows),
-        n: 0,
-        k: weights.first().map_or(0, |w| w.cols),
-        a: weights,
-        b: &[],
+        m: if right { 0 } else { rows },
+        n: if right { cols } else { 0 },
+        k: if right { rows } else { cols },
+        a,
+        b,
         problems: &[],
         ldc: 0,
         accumulate: false,
@@ -200,16 +237,34 @@ fn weight_gemm<'a>(weights: &'a [MatRef<'a>], kernel: MicroKernel) -> Gemm<'a> {
     }
 }
 
+/// The GEMM operands of `w` for one orientation ([`weights_right`]): the weight blocks, or
+/// the same transposed.
+fn weight_operands<'a>(
+    w: &'a [f32],
+    shape: &[usize],
+    groups: usize,
+    right: bool,
+) -> Vec<MatRef<'a>> {
+    match right {
+        true => weight_columns(w, shape, groups),
+        false => weight_blocks(w, shape, groups),
+    }
+}
+
 /// Floats of `w` (shape `w_shape`, `groups` groups) packed ahead by [`pack_conv2d_weight`]
-/// for the micro-kernel `params` choose.
+/// for the micro-kernel `params` choose and a conv2d of `plane` output positions per image
+/// (which decides how the product is laid out: [`weights_right`]).
 pub fn conv2d_packed_weight_len(
     w_shape: &[usize],
     groups: usize,
+    plane: usize,
     params: &MatmulParams,
 ) -> KernelResult<usize> {
     let kernel = MicroKernel::select(params.isa)?;
-    let blocks = weight_blocks(&[], w_shape, groups);
-    Ok(weight_gemm(&blocks, kernel).packed_a_len())
+    let right = weights_right(plane, params);
+    let operands = weight_operands(&[], w_shape, groups, right);
+    let gemm = weight_gemm(&operands, right, kernel);
+    Ok(gemm.packed_a_len() + gemm.packed_b_len())
 }
 
 /// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
@@ -217,10 +272,10 @@ pub fn conv2d_packed_weight_len(
 pub fn pack_conv2d_weight(
     w: TensorRef<'_>,
     groups: usize,
+    plane: usize,
     params: &MatmulParams,
     dst: &mut [f32],
 ) -> KernelResult<()> {
-    let kernel = MicroKernel::select(params.isa)?;
     if w.shape.len() != 4 || groups == 0 || !w.shape[0].is_multiple_of(groups) {
         return Err(KernelError::new(
             "conv2d",
@@ -231,17 +286,25 @@ pub fn pack_conv2d_weight(
         ));
     }
     check_len("conv2d", "w", w.data.len(), w.shape)?;
-    let blocks = weight_blocks(w.data, w.shape, groups);
-    let gemm = weight_gemm(&blocks, kernel);
-    check_len("conv2d", "packed weight", dst.len(), &[gemm.packed_a_len()])?;
-    gemm.pack_a(true, dst);
+    let kernel = MicroKernel::select(params.isa)?;
+    let right = weights_right(plane, params);
+    let operands = weight_operands(w.data, w.shape, groups, right);
+    let gemm = weight_gemm(&operands, right, kernel);
+    let len = gemm.packed_a_len() + gemm.packed_b_len();
+    check_len("conv2d", "packed weight", dst.len(), &[len])?;
+    match right {
+        true => gemm.pack_b(true, dst),
+        false => gemm.pack_a(true, dst),
+    }
     Ok(())
 }
 
 /// `conv2d(x, w)` into `out` (`[N, O, oh, ow]`): per (image, group), the input patches are laid
 /// out as a `[C/groups·kh·kw, oh·ow]` matrix (skipped for 1×1, stride-1, unpadded kernels, where
 /// the input already is that matrix) and multiplied by the group's weights on the packed GEMM —
-/// read from `packed_w` ([`pack_conv2d_weight`]) when given, same bits either way.
+/// read from `packed_w` ([`pack_conv2d_weight`]) when given, same bits either way. With few
+/// output positions ([`weights_right`]) the product is the patches' transpose times the
+/// weights' and its result is turned into `out`'s layout.
 pub fn conv2d(
     x: TensorRef<'_>,
     w: TensorRef<'_>,
@@ -259,70 +322,112 @@ pub fn conv2d(
     if out.is_empty() {
         return Ok(());
     }
-    let weights = weight_blocks(w.data, w.shape, groups);
+    let right = weights_right(plane, params);
+    let weights = weight_operands(w.data, w.shape, groups, right);
+    let packing = weight_gemm(&weights, right, kernel);
     if let Some(p) = packed_w {
-        check_len(
-            "conv2d",
-            "packed weight",
-            p.len(),
-            &[weight_gemm(&weights, kernel).packed_a_len()],
-        )?;
+        let len = packing.packed_a_len() + packing.packed_b_len();
+        check_len("conv2d", "packed weight", p.len(), &[len])?;
     }
+    let (packed_a, packed_b) = match right {
+        true => (None, packed_w),
+        false => (packed_w, None),
+    };
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
-    // `cols[(i - n0·groups)·col_offset..]`.
-    let mut run = |cols: &[f32], col_offset: usize, n0: usize, n1: usize| {
-        let problems: Vec<Problem> = (0..(n1 - n0) * groups)
+    // `cols[(i - n0·groups)·col_offset..]`; with the weights on the right, into `turned`
+    // (`plane × og` per problem), then turned into `out`'s `og × plane`.
+    let mut run = |cols: &[f32], col_offset: usize, n0: usize, n1: usize, turned: &mut [f32]| {
+        let count = (n1 - n0) * groups;
+        let problems: Vec<Problem> = (0..count)
             .map(|j| {
                 let i = n0 * groups + j;
+                let c_offset = match right {
+                    true => j * plane * og,
+                    false => (i / groups * g.o + i % groups * og) * plane,
+                };
                 Problem {
-                    a: i % groups,
-                    b: j,
-                    c_offset: (i / groups * g.o + i % groups * og) * plane,
+                    a: if right { j } else { i % groups },
+                    b: if right { i % groups } else { j },
+                    c_offset,
                     bias_offset: 0,
                 }
             })
             .collect();
-        let patches: Vec<MatRef<'_>> = (0..problems.len())
-            .map(|j| MatRef {
-                data: cols,
-                offset: j * col_offset,
-                rs: plane,
-                cs: 1,
-                rows: kdim,
-                cols: plane,
+        // Patches as `kdim × plane` (weights on the left) or their transpose.
+        let patches: Vec<MatRef<'_>> = (0..count)
+            .map(|j| {
+                let (rs, cs, rows, cols_) = match right {
+                    true => (1, plane, plane, kdim),
+                    false => (plane, 1, kdim, plane),
+                };
+                MatRef {
+                    data: cols,
+                    offset: j * col_offset,
+                    rs,
+                    cs,
+                    rows,
+                    cols: cols_,
+                }
             })
             .collect();
-        Gemm {
-            m: og,
-            n: plane,
+        let (m, n, a, b) = match right {
+            true => (plane, og, &patches[..], &weights[..]),
+            false => (og, plane, &weights[..], &patches[..]),
+        };
+        let gemm = Gemm {
+            m,
+            n,
             k: kdim,
-            a: &weights,
-            b: &patches,
+            a,
+            b,
             problems: &problems,
-            ldc: plane,
+            ldc: n,
             accumulate: false,
             bias: None,
             activation: Activation::NONE,
             kernel,
+        };
+        if !right {
+            return gemm.run_packed(out, params, packed_a, packed_b);
         }
-        .run_packed(out, params, packed_w, None);
+        gemm.run_packed(turned, params, packed_a, packed_b);
+        for (j, block) in turned.chunks_exact(plane * og).enumerate() {
+            let i = n0 * groups + j;
+            let dst = &mut out[(i / groups * g.o + i % groups * og) * plane..][..og * plane];
+            for (p, row) in block.chunks_exact(og).enumerate() {
+                for (o, &v) in row.iter().enumerate() {
+                    dst[o * plane + p] = v;
+                }
+            }
+        }
+    };
+    let turned_len = |images: usize| {
+        if right {
+            images * groups * plane * og
+        } else {
+            0
+        }
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
-        run(x.data, cg * plane, 0, g.n);
+        with_scratch(turned_len(g.n), |turned| {
+            run(x.data, cg * plane, 0, g.n, turned)
+        });
         return Ok(());
     }
     let per_image = groups * kdim * plane;
     let images = (IM2COL_LIMIT / per_image.max(1)).clamp(1, g.n);
     for n0 in (0..g.n).step_by(images) {
         let n1 = (n0 + images).min(g.n);
-        with_scratch((n1 - n0) * per_image, |cols| {
+        let cols_len = (n1 - n0) * per_image;
+        with_scratch(cols_len + turned_len(n1 - n0), |buf| {
+            let (cols, turned) = buf.split_at_mut(cols_len);
             let parallel = cols.len() >= IM2COL_PARALLEL;
             par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
                 im2col_row(x.data, &g, attrs, n0 * groups * kdim + row, dst);
             });
-            run(cols, kdim * plane, n0, n1);
+            run(cols, kdim * plane, n0, n1, turned);
         });
     }
     Ok(())
@@ -404,9 +509,10 @@ mod tests {
                     let one = in_pool(1, run);
                     assert_same_bits("threads", &one, &in_pool(2, run));
                     // The weights packed once give the same bits.
-                    let len = conv2d_packed_weight_len(&ws, groups, &params).unwrap();
+                    let plane = want.shape[2] * want.shape[3];
+                    let len = conv2d_packed_weight_len(&ws, groups, plane, &params).unwrap();
                     let mut packed = vec![f32::NAN; len];
-                    pack_conv2d_weight(wtt, groups, &params, &mut packed).unwrap();
+                    pack_conv2d_weight(wtt, groups, plane, &params, &mut packed).unwrap();
                     let mut prepacked = vec![f32::NAN; want.data.len()];
                     in_pool(2, || conv2d(xt, wtt, &attrs, &params, Some(&packed), &mut prepacked).unwrap());
                     assert_same_bits("packed weights", &one, &prepacked);
@@ -414,6 +520,45 @@ mod tests {
                     assert_close_in(precision, "conv2d", &one, &want.data, 1e-6 * (k + 1.0), 1e-5);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn few_output_positions_put_the_weights_on_the_right() {
+        // ResNet-50's last stage on a 64×64 image: 2×2 positions, 3×3 taps over 24 channels.
+        let p = MatmulParams::default();
+        assert!(weights_right(4, &p) && !weights_right(64, &p));
+        let (xs, ws) = ([2, 24, 2, 2], [40, 24, 3, 3]);
+        let mut rng = Rng::new(5);
+        let (x, w) = (rng.vec(96 * 2, 1.0), rng.vec(40 * 24 * 9, 1.0));
+        let (xt, wt) = (
+            TensorRef::new("x", &x, &xs).unwrap(),
+            TensorRef::new("w", &w, &ws).unwrap(),
+        );
+        let attrs = Conv2dAttrs {
+            padding: [1, 1],
+            ..Conv2dAttrs::default()
+        };
+        let want = reference::conv2d(xt, wt, &attrs).unwrap();
+        let len = conv2d_packed_weight_len(&ws, 1, 4, &p).unwrap();
+        // Packed as the right operand: output channels in NR-wide panels.
+        let nr = MicroKernel::select(p.isa).unwrap().nr;
+        assert_eq!(len, 40usize.div_ceil(nr) * nr * 24 * 9);
+        let mut packed = vec![f32::NAN; len];
+        pack_conv2d_weight(wt, 1, 4, &p, &mut packed).unwrap();
+        for packed_w in [None, Some(&packed[..])] {
+            let mut out = vec![f32::NAN; want.data.len()];
+            in_pool(2, || {
+                conv2d(xt, wt, &attrs, &p, packed_w, &mut out).unwrap()
+            });
+            assert_close_in(
+                Precision::F32,
+                "conv2d",
+                &out,
+                &want.data,
+                1e-6 * 217.0,
+                1e-5,
+            );
         }
     }
 
@@ -467,6 +612,6 @@ mod tests {
         // Packed weights of another size are refused, not read out of bounds.
         let short = [0.0f32; 3];
         assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, Some(&short), &mut out).is_err());
-        assert!(pack_conv2d_weight(w3, 2, &p, &mut [0.0; 64]).is_err());
+        assert!(pack_conv2d_weight(w3, 2, 4, &p, &mut [0.0; 64]).is_err());
     }
 }

@@ -46,11 +46,9 @@ impl StepKernel {
     pub fn packed_b_len(&self) -> Option<KernelResult<usize>> {
         match self {
             StepKernel::Matmul { plan, params, .. } => Some(plan.packed_b_len(params)),
-            StepKernel::Conv2d(attrs, params, w_shape) => Some(conv::conv2d_packed_weight_len(
-                w_shape,
-                attrs.groups,
-                params,
-            )),
+            StepKernel::Conv2d(attrs, params, w_shape, plane) => Some(
+                conv::conv2d_packed_weight_len(w_shape, attrs.groups, *plane, params),
+            ),
             _ => None,
         }
     }
@@ -60,12 +58,13 @@ impl StepKernel {
     pub fn pack_b(&self, b: &[f32], dst: &mut [f32]) -> KernelResult<()> {
         match self {
             StepKernel::Matmul { plan, params, .. } => plan.pack_b(b, params, dst),
-            StepKernel::Conv2d(attrs, params, w_shape) => conv::pack_conv2d_weight(
+            StepKernel::Conv2d(attrs, params, w_shape, plane) => conv::pack_conv2d_weight(
                 TensorRef {
                     data: b,
                     shape: w_shape,
                 },
                 attrs.groups,
+                *plane,
                 params,
                 dst,
             ),
@@ -163,7 +162,7 @@ impl StepKernel {
                 scale,
                 params,
             } => attention::attention(x(0), x(1), x(2), *causal, Some(*scale), params, out)?,
-            StepKernel::Conv2d(attrs, p, _) => conv::conv2d(x(0), x(1), attrs, p, packed_b, out)?,
+            StepKernel::Conv2d(attrs, p, ..) => conv::conv2d(x(0), x(1), attrs, p, packed_b, out)?,
             StepKernel::Pool(kind, attrs, p) => pool::pool2d(x(0), *kind, attrs, p, out)?,
             StepKernel::AdaptivePool(size, p) => pool::adaptive_avg_pool2d(x(0), *size, p, out)?,
             StepKernel::CrossEntropy(attrs, p) => {

@@ -173,8 +173,8 @@ pub fn scratch_floats(
         }
         // im2col: every output position of every image gets C/groups·kh·kw values; the GEMM
         // over them packs the patches (and the weights, when not packed ahead), padded to
-        // micro-tiles.
-        StepKernel::Conv2d(attrs, ..) => {
+        // micro-tiles; with the weights on the right, its result is turned into the output.
+        StepKernel::Conv2d(attrs, params, _, plane) => {
             let kdim: usize = inputs.get(1).map_or(0, |w| {
                 w.shape.iter().skip(1).map(|&d| d.max(0) as usize).product()
             });
@@ -188,7 +188,15 @@ pub fn scratch_floats(
                 .saturating_mul(kdim)
                 .saturating_mul(problems);
             let weights = if packed_ahead { 0 } else { input(1) };
-            patches.saturating_add(weights).saturating_add(pad) + 16
+            let turned = match crate::conv::weights_right(*plane, params) {
+                true => output.checked_numel().map_or(usize::MAX, |n| n as usize),
+                false => 0,
+            };
+            patches
+                .saturating_add(weights)
+                .saturating_add(pad)
+                .saturating_add(turned)
+                + 16
         }
         // The others (elementwise without a program, norms, embeddings, pooling, copies, rope
         // from its table, the optimizer update) take none, so a module of only those (an

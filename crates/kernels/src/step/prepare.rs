@@ -72,8 +72,9 @@ pub enum StepKernel {
         /// Tiles.
         params: AttentionParams,
     },
-    /// `conv2d` with its weight's shape `[O, C/groups, kh, kw]` (for packing it ahead).
-    Conv2d(Conv2dAttrs, MatmulParams, [usize; 4]),
+    /// `conv2d` with its weight's shape `[O, C/groups, kh, kw]` and its output positions per
+    /// image (oh·ow), for packing the weight ahead in the layout the product takes.
+    Conv2d(Conv2dAttrs, MatmulParams, [usize; 4], usize),
     /// `max_pool2d` / `avg_pool2d`.
     Pool(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d`.
@@ -350,7 +351,21 @@ pub fn prepare(
                 .collect::<Result<Vec<_>, _>>()?
                 .try_into()
                 .map_err(|_| "conv2d weights must be [O, C/groups, kh, kw]".to_string())?;
-            StepKernel::Conv2d(conv_attrs(&g.window, g.groups)?, decode_params(k)?, w_shape)
+            let plane = [2, 3]
+                .iter()
+                .map(|&d| {
+                    output
+                        .shape
+                        .get(d)
+                        .map_or(Ok(1), |&n| usize_of(n, "output dim"))
+                })
+                .product::<Result<usize, _>>()?;
+            StepKernel::Conv2d(
+                conv_attrs(&g.window, g.groups)?,
+                decode_params(k)?,
+                w_shape,
+                plane,
+            )
         }
         Op::Conv2dGradInput | Op::Conv2dGradWeight => {
             let (x, w) = if op == Op::Conv2dGradInput {
