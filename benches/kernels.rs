@@ -2,7 +2,8 @@
 //! each thread count by `mslc_kernels::peak`) for the matmul and attention shapes the executor
 //! runs most, `rope` with its table computed per call against once, and the GEMM on a weight
 //! packed per call (before) against packed once at load, at tiny_llama's prefill and decode
-//! shapes (`-- weights`), and the transcendental elementwise ops against libm (`-- unary`).
+//! shapes (`-- weights`), conv2d at ResNet-50's shapes on a 64×64 image (`-- conv2d`), and the
+//! transcendental elementwise ops against libm (`-- unary`).
 //!
 //! Run: `cargo bench --bench kernels` (optionally `-- matmul` to filter by name; set
 //! `KERNELS_BENCH_SECONDS` to sample longer on a busy machine).
