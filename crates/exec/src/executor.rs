@@ -373,6 +373,22 @@ impl Executor {
         Ok(())
     }
 
+    /// Fails when a parameter buffer is lent to another program ([`Executor::swap_params`]) or
+    /// was never had ([`Executor::borrowing`]): nothing may read or write the parameters here.
+    fn params_here(&self) -> ExecResult<()> {
+        let lent = self.slots.iter().any(|s| match s.place {
+            Place::Param(i) => self.params[i].len() != s.bytes,
+            _ => false,
+        });
+        match lent {
+            true => Err(ExecError::new(
+                ExecErrorKind::Weights,
+                "the parameters are lent to another program (swap_params them back first)",
+            )),
+            false => Ok(()),
+        }
+    }
+
     /// The scratch (f32) each pool thread holds ready per buffer, from the module's steps, and
     /// the largest a kernel has asked of a pool thread so far: a request above the first makes
     /// the kernel allocate while it runs, outside the memory plan.
@@ -445,6 +461,7 @@ impl Executor {
                 _ => None,
             })
             .collect();
+        self.params_here()?;
         let found = weights::match_weights(&params, tensors).map_err(|m| {
             ExecError::new(
                 ExecErrorKind::Weights,
@@ -593,16 +610,7 @@ impl Executor {
                 "the parameters have no values: load weights or initialise them from a seed",
             ));
         }
-        let lent = self.slots.iter().any(|s| match s.place {
-            Place::Param(i) => self.params[i].len() != s.bytes,
-            _ => false,
-        });
-        if lent {
-            return Err(ExecError::new(
-                ExecErrorKind::Weights,
-                "the parameters are lent to another program (swap_params them back first)",
-            ));
-        }
+        self.params_here()?;
         if self.hoisted_stamps != self.param_stamps {
             self.hoisted_ready = false;
         }

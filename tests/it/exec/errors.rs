@@ -725,6 +725,8 @@ fn lent_parameters_run_the_borrower_and_refresh_what_reads_them_on_return() {
     assert_eq!(borrower.allocated_bytes() - lender.allocated_bytes(), 16);
     let refused = lender.run().unwrap_err();
     assert!(refused.message.contains("lent"), "{}", refused.message);
+    let refused = lender.load_weights(std::iter::empty()).unwrap_err();
+    assert!(refused.message.contains("lent"), "{}", refused.message);
     borrower.run().unwrap();
     assert_eq!(borrower.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
     // The borrower updates the parameter (w ← y) and gives it back.
