@@ -13,6 +13,7 @@ use super::par;
 use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
+use super::transpose::{transpose, TransposeParams};
 
 /// The attributes of `conv2d` (PyTorch semantics, NCHW, no bias).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,22 +184,6 @@ fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef
         .collect()
 }
 
-/// The weight blocks of [`weight_blocks`] transposed, `[C/groups·kh·kw, O/groups]` each: the
-/// GEMM's right operands when the output positions are its rows ([`weights_right`]).
-fn weight_columns<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
-    let blocks = weight_blocks(w, shape, groups);
-    blocks
-        .into_iter()
-        .map(|b| MatRef {
-            rs: 1,
-            cs: b.rs,
-            rows: b.cols,
-            cols: b.rows,
-            ..b
-        })
-        .collect()
-}
-
 /// Whether a conv2d of `plane` output positions per image multiplies the patches by the
 /// weights (positions as the GEMM's rows, weights packed as its right operand, read by the
 /// unpacked-A row kernels) rather than the weights by the patches (positions as columns).
@@ -214,40 +199,77 @@ pub(crate) fn weights_right(plane: usize, params: &MatmulParams) -> bool {
 /// hot, and the patches-by-weights one faster in the network's forward, its weights cold.
 const WEIGHTS_RIGHT_PLANE: usize = 8;
 
-/// A product over the weight blocks alone, for packing them: `m × k` per group with the
-/// blocks as A (`right` false), or `k × n` with the transposed blocks as B; no other operand.
-fn weight_gemm<'a>(weights: &'a [MatRef<'a>], right: bool, kernel: MicroKernel) -> Gemm<'a> {
-    let (rows, cols) = weights.first().map_or((0, 0), |w| (w.rows, w.cols));
-    let (a, b): (&[MatRef<'_>], &[MatRef<'_>]) = match right {
-        false => (weights, &[]),
-        true => (&[], weights),
-    };
-    Gemm {
-        m: if right { 0 } else { rows },
-        n: if right { cols } else { 0 },
-        k: if right { rows } else { cols },
-        a,
-        b,
-        problems: &[],
-        ldc: 0,
-        accumulate: false,
-        bias: None,
-        activation: Activation::NONE,
-        kernel,
-    }
+/// How a conv2d's weights enter its GEMM, for a given number of output positions per image
+/// ([`weights_right`]): one definition for packing them ahead and for the product.
+struct WeightLayout<'a> {
+    /// The weights are the right operand (the output positions are the rows).
+    right: bool,
+    /// The micro-kernel, which fixes the packed geometry.
+    kernel: MicroKernel,
+    /// Per group, its `[O/groups, C/groups·kh·kw]` block of rows ([`weight_blocks`]), or that
+    /// block transposed when the weights are on the right.
+    operands: Vec<MatRef<'a>>,
 }
 
-/// The GEMM operands of `w` for one orientation ([`weights_right`]): the weight blocks, or
-/// the same transposed.
-fn weight_operands<'a>(
-    w: &'a [f32],
-    shape: &[usize],
-    groups: usize,
-    right: bool,
-) -> Vec<MatRef<'a>> {
-    match right {
-        true => weight_columns(w, shape, groups),
-        false => weight_blocks(w, shape, groups),
+impl<'a> WeightLayout<'a> {
+    fn new(
+        w: &'a [f32],
+        shape: &[usize],
+        groups: usize,
+        plane: usize,
+        params: &MatmulParams,
+    ) -> KernelResult<Self> {
+        let kernel = MicroKernel::select(params.isa)?;
+        let right = weights_right(plane, params);
+        let blocks = weight_blocks(w, shape, groups);
+        let operands = match right {
+            false => blocks,
+            true => (blocks.into_iter())
+                .map(|b| MatRef {
+                    rs: b.cs,
+                    cs: b.rs,
+                    rows: b.cols,
+                    cols: b.rows,
+                    ..b
+                })
+                .collect(),
+        };
+        Ok(Self {
+            right,
+            kernel,
+            operands,
+        })
+    }
+
+    /// A product over the weights alone, for packing them: `m × k` per group as A, or `k × n`
+    /// as B; no other operand.
+    fn packing(&self) -> Gemm<'_> {
+        let (rows, cols) = (self.operands.first()).map_or((0, 0), |w| (w.rows, w.cols));
+        let (m, n, k, a, b): (_, _, _, &[MatRef<'_>], &[MatRef<'_>]) = match self.right {
+            false => (rows, 0, cols, &self.operands, &[]),
+            true => (0, cols, rows, &[], &self.operands),
+        };
+        Gemm {
+            m,
+            n,
+            k,
+            a,
+            b,
+            problems: &[],
+            ldc: 0,
+            accumulate: false,
+            bias: None,
+            activation: Activation::NONE,
+            kernel: self.kernel,
+        }
+    }
+
+    /// Floats of the weights packed ahead.
+    fn packed_len(&self) -> usize {
+        match self.right {
+            true => self.packing().packed_b_len(),
+            false => self.packing().packed_a_len(),
+        }
     }
 }
 
@@ -260,11 +282,7 @@ pub fn conv2d_packed_weight_len(
     plane: usize,
     params: &MatmulParams,
 ) -> KernelResult<usize> {
-    let kernel = MicroKernel::select(params.isa)?;
-    let right = weights_right(plane, params);
-    let operands = weight_operands(&[], w_shape, groups, right);
-    let gemm = weight_gemm(&operands, right, kernel);
-    Ok(gemm.packed_a_len() + gemm.packed_b_len())
+    Ok(WeightLayout::new(&[], w_shape, groups, plane, params)?.packed_len())
 }
 
 /// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
@@ -286,15 +304,11 @@ pub fn pack_conv2d_weight(
         ));
     }
     check_len("conv2d", "w", w.data.len(), w.shape)?;
-    let kernel = MicroKernel::select(params.isa)?;
-    let right = weights_right(plane, params);
-    let operands = weight_operands(w.data, w.shape, groups, right);
-    let gemm = weight_gemm(&operands, right, kernel);
-    let len = gemm.packed_a_len() + gemm.packed_b_len();
-    check_len("conv2d", "packed weight", dst.len(), &[len])?;
-    match right {
-        true => gemm.pack_b(true, dst),
-        false => gemm.pack_a(true, dst),
+    let layout = WeightLayout::new(w.data, w.shape, groups, plane, params)?;
+    check_len("conv2d", "packed weight", dst.len(), &[layout.packed_len()])?;
+    match layout.right {
+        true => layout.packing().pack_b(true, dst),
+        false => layout.packing().pack_a(true, dst),
     }
     Ok(())
 }
@@ -315,25 +329,24 @@ pub fn conv2d(
 ) -> KernelResult<()> {
     let g = Conv2dCall::new(x, w, attrs)?;
     check_len("conv2d", "out", out.len(), &g.output_shape())?;
-    let kernel = MicroKernel::select(params.isa)?;
     let groups = attrs.groups;
     let (cg, og) = (g.c / groups, g.o / groups);
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
+    let layout = WeightLayout::new(w.data, w.shape, groups, plane, params)?;
     if out.is_empty() {
         return Ok(());
     }
-    let right = weights_right(plane, params);
-    let weights = weight_operands(w.data, w.shape, groups, right);
-    let packing = weight_gemm(&weights, right, kernel);
+    let (right, kernel, weights) = (layout.right, layout.kernel, &layout.operands);
     if let Some(p) = packed_w {
-        let len = packing.packed_a_len() + packing.packed_b_len();
-        check_len("conv2d", "packed weight", p.len(), &[len])?;
+        check_len("conv2d", "packed weight", p.len(), &[layout.packed_len()])?;
     }
     let (packed_a, packed_b) = match right {
         true => (None, packed_w),
         false => (packed_w, None),
     };
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
+    // Where problem i's `og × plane` block of `out` starts.
+    let out_offset = |i: usize| (i / groups * g.o + i % groups * og) * plane;
     // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
     // `cols[(i - n0·groups)·col_offset..]`; with the weights on the right, into `turned`
     // (`plane × og` per problem), then turned into `out`'s `og × plane`.
@@ -344,11 +357,17 @@ pub fn conv2d(
                 let i = n0 * groups + j;
                 let c_offset = match right {
                     true => j * plane * og,
-                    false => (i / groups * g.o + i % groups * og) * plane,
+                    false => out_offset(i),
+                };
+                let (weight, patch) = (i % groups, j);
+                let (a, b) = if right {
+                    (patch, weight)
+                } else {
+                    (weight, patch)
                 };
                 Problem {
-                    a: if right { j } else { i % groups },
-                    b: if right { i % groups } else { j },
+                    a,
+                    b,
                     c_offset,
                     bias_offset: 0,
                 }
@@ -389,18 +408,17 @@ pub fn conv2d(
             kernel,
         };
         if !right {
-            return gemm.run_packed(out, params, packed_a, packed_b);
+            gemm.run_packed(out, params, packed_a, packed_b);
+            return Ok(());
         }
         gemm.run_packed(turned, params, packed_a, packed_b);
+        let shape = [plane, og];
         for (j, block) in turned.chunks_exact(plane * og).enumerate() {
-            let i = n0 * groups + j;
-            let dst = &mut out[(i / groups * g.o + i % groups * og) * plane..][..og * plane];
-            for (p, row) in block.chunks_exact(og).enumerate() {
-                for (o, &v) in row.iter().enumerate() {
-                    dst[o * plane + p] = v;
-                }
-            }
+            let dst = &mut out[out_offset(n0 * groups + j)..][..og * plane];
+            let block = TensorRef::new("conv2d", block, &shape)?;
+            transpose(block, &[1, 0], &TransposeParams::default(), dst)?;
         }
+        Ok(())
     };
     let turned_len = |images: usize| {
         if right {
@@ -411,10 +429,9 @@ pub fn conv2d(
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
-        with_scratch(turned_len(g.n), |turned| {
+        return with_scratch(turned_len(g.n), |turned| {
             run(x.data, cg * plane, 0, g.n, turned)
         });
-        return Ok(());
     }
     let per_image = groups * kdim * plane;
     let images = (IM2COL_LIMIT / per_image.max(1)).clamp(1, g.n);
@@ -427,8 +444,8 @@ pub fn conv2d(
             par::for_each_chunk_mut(parallel, cols, plane, |row, dst| {
                 im2col_row(x.data, &g, attrs, n0 * groups * kdim + row, dst);
             });
-            run(cols, kdim * plane, n0, n1, turned);
-        });
+            run(cols, kdim * plane, n0, n1, turned)
+        })?;
     }
     Ok(())
 }
