@@ -351,14 +351,8 @@ pub fn prepare(
                 .collect::<Result<Vec<_>, _>>()?
                 .try_into()
                 .map_err(|_| "conv2d weights must be [O, C/groups, kh, kw]".to_string())?;
-            let plane = [2, 3]
-                .iter()
-                .map(|&d| {
-                    output
-                        .shape
-                        .get(d)
-                        .map_or(Ok(1), |&n| usize_of(n, "output dim"))
-                })
+            let plane = (g.window.out.iter())
+                .map(|&d| usize_of(d, "output size"))
                 .product::<Result<usize, _>>()?;
             StepKernel::Conv2d(
                 conv_attrs(&g.window, g.groups)?,
