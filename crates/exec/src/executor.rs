@@ -183,13 +183,11 @@ impl Executor {
             })?;
         let threads = pool.current_num_threads();
         let scratch_bytes = needs.scratch_bytes_per_thread();
-        let param_bytes: u64 = module
-            .values
-            .iter()
-            .filter(|v| matches!(v.storage, Storage::Param { .. }))
+        // The parameters' bytes when they are borrowed, not allocated here.
+        let borrowed: u64 = (module.values.iter())
+            .filter(|v| !own_params && matches!(v.storage, Storage::Param { .. }))
             .map(|v| v.ty.bytes())
             .sum();
-        let borrowed = if own_params { 0 } else { param_bytes };
         let planned = module.planned_bytes().saturating_sub(borrowed);
         let staging = needs.staging.bytes();
         let packed_bytes = needs.packed_bytes();
@@ -267,7 +265,9 @@ impl Executor {
             allocated,
             planned.saturating_add(staging).saturating_add(packed_bytes),
         )?;
-        let allocated_bytes = (allocated - (param_bytes - borrowed))
+        // Without the parameters', which `allocated_bytes()` adds as they are lent and returned.
+        let own_param_bytes: u64 = params.iter().map(|b| b.len() as u64).sum();
+        let allocated_bytes = (allocated - own_param_bytes)
             .saturating_add(scratch_bytes.saturating_mul(threads as u64));
         let mut reads_params: Vec<bool> = module
             .values
@@ -340,24 +340,19 @@ impl Executor {
     /// last run. An executor whose parameters are lent out refuses to run. Fails, exchanging
     /// nothing, when a parameter of `other` has no match here.
     pub fn swap_params(&mut self, other: &mut Executor) -> ExecResult<()> {
-        let index = |e: &Executor| -> Vec<(String, u32)> {
-            e.module
-                .values
-                .iter()
-                .enumerate()
-                .filter_map(|(v, value)| match &value.storage {
-                    Storage::Param { path, .. } => Some((path.clone(), v as u32)),
+        // Each parameter's path and type, in buffer order.
+        fn index(m: &Module) -> Vec<(&str, &mslc_core::ops::TensorType)> {
+            (m.values.iter())
+                .filter_map(|v| match &v.storage {
+                    Storage::Param { path, .. } => Some((path.as_str(), &v.ty)),
                     _ => None,
                 })
                 .collect()
-        };
-        let mine = index(self);
+        }
+        let mine = index(&self.module);
         let mut pairs = Vec::new();
-        for (j, (path, v)) in index(other).into_iter().enumerate() {
-            let ty = &other.module.values[v as usize].ty;
-            let found = mine
-                .iter()
-                .position(|(p, w)| *p == path && self.module.values[*w as usize].ty == *ty);
+        for (j, (path, ty)) in index(&other.module).into_iter().enumerate() {
+            let found = mine.iter().position(|&(p, t)| p == path && t == ty);
             let Some(i) = found else {
                 return Err(module_error(format!(
                     "parameter `{path}` ({ty}) of the borrowing program has no match to lend"
