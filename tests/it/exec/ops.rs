@@ -344,6 +344,61 @@ fn transformer_ops() {
     Case::new(Op::CausalMask, attrs).check(r::causal_mask(4));
 }
 
+/// A conv2d weight that is a parameter is packed once ahead by the executor, in the layout
+/// its step multiplies it in: on the right of the patches for few output positions (2×2), on
+/// their left for many (5×6) — the reference's values either way, on 1 and 2 threads.
+#[test]
+fn conv_weights_packed_ahead_match_the_reference_in_either_layout() {
+    use mslc_artifact::Storage;
+    for (hw, stride) in [([3, 3], 2), ([5, 6], 1)] {
+        let attrs = Attrs::new()
+            .with("stride", vec![stride as i64; 2])
+            .with("padding", vec![1i64, 1]);
+        let (xs, ws) = ([2, 4, hw[0], hw[1]], [6, 4, 3, 3]);
+        let (x, w) = (
+            rand(5, 2 * 4 * hw[0] * hw[1], -1.0, 1.0),
+            rand(6, 216, -1.0, 1.0),
+        );
+        let types = [xs, ws].map(|s| TensorType::new(DType::F32, s.map(|d| d as i64).to_vec()));
+        let mut module = one_step(Op::Conv2d, attrs, &types);
+        module.values[1].storage = Storage::Param {
+            path: "w".into(),
+            init: mslc_core::program::Init::Ones,
+            trainable: true,
+        };
+        let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
+        assert!(
+            needs.steps[0].packed_b.is_some(),
+            "the weight is packed ahead"
+        );
+        let conv = Conv2dAttrs {
+            stride: [stride; 2],
+            padding: [1, 1],
+            ..Conv2dAttrs::default()
+        };
+        let (xt, wt) = (
+            TensorRef::new("x", &x, &xs).unwrap(),
+            TensorRef::new("w", &w, &ws).unwrap(),
+        );
+        let want = r::conv2d(xt, wt, &conv).unwrap();
+        for threads in [1, 2] {
+            let mut exec = super::common::executor(module.clone(), threads);
+            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let weight = mslc_io::safetensors::TensorRef {
+                name: "w",
+                dtype: mslc_io::safetensors::StDType::F32,
+                shape: &ws,
+                data: &bytes,
+            };
+            exec.load_weights([weight]).unwrap();
+            exec.set_input("x0", &array(DType::F32, &xs, &x)).unwrap();
+            exec.run().unwrap();
+            let got = exec.output_f32("y").unwrap().1;
+            assert_close("conv2d, weight packed ahead", &got, &want.data, ATOL, RTOL);
+        }
+    }
+}
+
 #[test]
 fn vision_ops() {
     let attrs = Attrs::new()
