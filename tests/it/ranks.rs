@@ -186,6 +186,33 @@ fn data_parallel_on_two_ranks_matches_one_device() {
 }
 
 #[test]
+fn data_parallel_with_accumulation_on_two_ranks_matches_one_device() {
+    // Each replica sums its two micro-batches' gradients unreduced; the update all-reduces the
+    // sums once (a skipped micro-batch's run stops at its sums, before any all-reduce).
+    let dir = TestDir::new("ranks-dp-accum");
+    let src = source(&dir, DATA, 2);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, text.replace("batch = 8", "batch = 8, grad_accum = 2")).unwrap();
+    let data = write_data(&dir);
+    // No label ignored: a micro-batch of 4 whose labels are all ignored has a NaN loss (as
+    // PyTorch's mean over none), which the metrics would carry.
+    let labels: Vec<i64> = (0..SAMPLES as i64)
+        .map(|i| i * 3 % CLASSES as i64)
+        .collect();
+    write_npy(
+        data.join("labels.npy"),
+        &NpyArray::from_i64(vec![SAMPLES], &labels).unwrap(),
+    )
+    .unwrap();
+    let (one, two) = (dir.path("one"), dir.path("two"));
+    let single = train(&src, &data, &one, "10", &[]);
+    let ranked = train(&src, &data, &two, "10", &["--ranks", "2"]);
+    assert_eq!(single.len(), 10);
+    assert_rel("losses", &ranked, &single, 1e-5);
+    assert_same_final_weights(&one, &two, 1e-5);
+}
+
+#[test]
 fn the_world_must_match_the_plan_and_be_runnable() {
     let dir = TestDir::new("ranks-refused");
     let data = write_data(&dir);

@@ -33,8 +33,11 @@
 //! `loss / k` of one micro-batch and adds the input `PATH.grad_accum` (the sum over the earlier
 //! micro-batches of the update, zero for the first) to each gradient, outputting the sum under
 //! the same name; the norm, clipping and update use that sum. The loop runs the module once per
-//! micro-batch and keeps only the sums (and running statistics) of all but the last run,
-//! whose update it writes back ([`CompiledTrain::accumulators`]).
+//! micro-batch — all but the last only as far as the loss, the sums and the running statistics
+//! need — and keeps only the sums (and running statistics) of all but the last run, whose
+//! update it writes back ([`CompiledTrain::accumulators`]). Under data parallelism (below
+//! optimizer-shard level 2) the update all-reduces the sums, once per update, instead of each
+//! micro-batch's gradients.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -742,8 +745,13 @@ fn compile_train_step(
     for ((name, _), g) in received.iter().zip(grads.split_off(params.len())) {
         graph.set_output(&grad_of(name), g);
     }
+    // A stage's step only sums its gradients; its update is a program of its own.
+    let accumulate = grad_accum > 1 || staged.is_some();
     // Level 3's gradients are already slices (the gathers' gradients reduce-scatter them);
-    // level 2 reduce-scatters them; below that they are summed whole.
+    // level 2 reduce-scatters them; below that they are summed whole — once per update when
+    // micro-batches accumulate them (MindSpore's accumulation, DDP's `no_sync`): each rank
+    // sums its own, and the update all-reduces the sums.
+    let mut all_reduce_sums = None;
     let grads = match (&group, zero.as_ref().map(|z| z.level)) {
         (Some(g), Some(3)) => {
             zero::regather_in_backward(&mut graph, &sharded, &forward, g).map_err(shard_error)?;
@@ -754,6 +762,10 @@ fn compile_train_step(
             .map(|&d| zero::scatter_grad(&mut graph, d, g))
             .collect::<Result<_, _>>()
             .map_err(shard_error)?,
+        (Some(g), _) if grad_accum > 1 && staged.is_none() => {
+            all_reduce_sums = Some(g);
+            grads
+        }
         (Some(g), _) => all_reduce_each(&mut graph, &grads, g).map_err(shard_error)?,
         (None, _) => grads,
     };
@@ -767,9 +779,8 @@ fn compile_train_step(
         zero: zero.as_ref(),
         dp_index: None,
         pipeline: None,
+        all_reduce_sums,
     };
-    // A stage's step only sums its gradients; its update is a program of its own.
-    let accumulate = grad_accum > 1 || staged.is_some();
     // A stage but the last has no loss: its objective stands in for the memory planner.
     let loss_output = match &staged {
         Some(st) if !st.is_last() => {
@@ -908,6 +919,7 @@ fn compile_stage_update(
         zero,
         dp_index: None,
         pipeline: Some(stages),
+        all_reduce_sums: None,
     };
     let trained = b
         .update(spec, optimizer, &values, &grads, None, train_options, false)
@@ -954,6 +966,9 @@ struct Builder<'g> {
     /// A pipeline stage's update: its gradients' sums (norm, overflow) are summed over the
     /// stages.
     pipeline: Option<&'g Group>,
+    /// The data-parallel group that the update all-reduces the accumulated gradients over,
+    /// when the micro-batches accumulate them unreduced.
+    all_reduce_sums: Option<&'g Group>,
 }
 
 type Built<T> = Result<T, String>;
@@ -967,6 +982,7 @@ impl<'g> Builder<'g> {
             zero: None,
             dp_index: None,
             pipeline: None,
+            all_reduce_sums: None,
         }
     }
 
@@ -1135,6 +1151,10 @@ impl<'g> Builder<'g> {
         let summed = match accumulate {
             true => self.accumulate(params, &grads)?,
             false => grads,
+        };
+        let summed = match self.all_reduce_sums {
+            Some(group) => all_reduce_each(self.g, &summed, group).map_err(|e| e.0)?,
+            None => summed,
         };
         let grads = &summed[..];
         // The sums over all gradients (the overflow check, the norm) run in the order the

@@ -586,10 +586,22 @@ impl Trainer {
                     .set_input(SEED, &array)
                     .map_err(|e| data_error(e.message))?;
             }
-            self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
+            let last = m + 1 == micro;
+            let ran = if last {
+                self.exec.run()
+            } else {
+                // An earlier micro-batch keeps its loss, gradient sums and running statistics
+                // only: the norm, clipping and update that the module also computes are skipped.
+                let kept: Vec<&str> = std::iter::once(LOSS)
+                    .chain(self.train.accumulators.iter().map(String::as_str))
+                    .chain(self.train.buffers.iter().map(String::as_str))
+                    .collect();
+                self.exec.run_for(&kept)
+            };
+            ran.map_err(|e| self.run_error(e, loss_scale))?;
             losses += self.scalar(LOSS);
             let buffers = self.train.buffers.iter().map(String::as_str);
-            if m + 1 < micro {
+            if !last {
                 let sums = self.train.accumulators.iter().map(String::as_str);
                 self.exec
                     .write_back(sums.chain(buffers))

@@ -592,6 +592,48 @@ impl Executor {
 
     /// Runs every step once. Inputs must be set and parameters loaded or initialised.
     pub fn run(&mut self) -> ExecResult<()> {
+        self.run_steps(None)
+    }
+
+    /// Runs only the steps the outputs `names` depend on (and the hoisted values, when stale):
+    /// a training loop's earlier micro-batches, which keep their gradient sums and loss and
+    /// not the update that the same module computes. The other outputs keep whatever they held.
+    pub fn run_for(&mut self, names: &[&str]) -> ExecResult<()> {
+        let needed = self.steps_for(names)?;
+        self.run_steps(Some(&needed))
+    }
+
+    /// Per step, whether an output named in `names` depends on it.
+    fn steps_for(&self, names: &[&str]) -> ExecResult<Vec<bool>> {
+        let module = &self.module;
+        let mut producer = vec![None; module.values.len()];
+        for (s, step) in module.steps.iter().enumerate() {
+            for &o in &step.outputs {
+                producer[o as usize] = Some(s);
+            }
+        }
+        let mut pending = Vec::new();
+        for name in names {
+            match module.outputs.iter().find(|(n, _)| n == name) {
+                Some(&(_, v)) => pending.push(v),
+                None => return Err(module_error(format!("no output `{name}` to compute"))),
+            }
+        }
+        let mut needed = vec![false; module.steps.len()];
+        while let Some(v) = pending.pop() {
+            if let Some(s) = producer[v as usize] {
+                if !needed[s] {
+                    needed[s] = true;
+                    pending.extend(&module.steps[s].inputs);
+                }
+            }
+        }
+        Ok(needed)
+    }
+
+    /// Runs every step, or only those `needed` marks (hoisted steps whenever their values are
+    /// stale, since the next run counts on them).
+    fn run_steps(&mut self, needed: Option<&[bool]>) -> ExecResult<()> {
         let missing = self.unset_inputs();
         if !missing.is_empty() {
             return Err(ExecError::new(
@@ -660,7 +702,7 @@ impl Executor {
                 } else {
                     *hoisted_ready
                 };
-                if plan.hoisted && ready {
+                if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
                     times[s] = None;
                     continue;
                 }

@@ -752,3 +752,33 @@ fn lent_parameters_run_the_borrower_and_refresh_what_reads_them_on_return() {
     assert!(refused.message.contains("`v`"), "{}", refused.message);
     lender.run().unwrap();
 }
+
+#[test]
+fn a_run_for_some_outputs_skips_the_steps_they_do_not_need() {
+    // An earlier micro-batch of a training step keeps its gradient sums and skips the update:
+    // here `partial` = x + neg(w) needs the third step, not the last (y = partial + c); the
+    // hoisted values still run while stale, since later runs count on them.
+    let mut module = hoisting_module();
+    module.outputs.push(("partial".into(), 4));
+    let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
+    exec.set_input(
+        "x",
+        &NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
+    )
+    .unwrap();
+    exec.init_params(0);
+    exec.run_for(&["partial"]).unwrap();
+    assert_eq!(ran(&exec), [true, true, true, false]);
+    assert_eq!(exec.output_f32("partial").unwrap().1, [0.0, 1.0, 2.0, 3.0]);
+    exec.run_for(&["partial"]).unwrap();
+    assert_eq!(ran(&exec), [false, false, true, false]);
+    exec.run_for(&["y", "partial"]).unwrap();
+    assert_eq!(ran(&exec), [false, false, true, true]);
+    assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
+    let refused = exec.run_for(&["nope"]).unwrap_err();
+    assert!(
+        refused.message.contains("no output `nope`"),
+        "{}",
+        refused.message
+    );
+}
