@@ -762,7 +762,7 @@ fn compile_train_step(
             .map(|&d| zero::scatter_grad(&mut graph, d, g))
             .collect::<Result<_, _>>()
             .map_err(shard_error)?,
-        (Some(g), _) if grad_accum > 1 && staged.is_none() => {
+        (Some(g), _) if accumulate => {
             all_reduce_sums = Some(g);
             grads
         }
@@ -832,7 +832,7 @@ fn compile_train_step(
                 &spec_params,
                 options,
                 train_options,
-                (tensor, zero.as_ref()),
+                (tensor, zero.as_ref(), all_reduce_sums),
                 &stages,
             )?;
             Some(u)
@@ -890,7 +890,17 @@ fn compile_train_step(
 /// their gradients over the update's micro-batches (the inputs [`accumulator`] of each path,
 /// already unscaled): the global norm (and overflow check) summed over the pipeline's
 /// `stages` (and the tensor-parallel group for its split parameters), then clipping and the
-/// optimizer, as a whole step's update.
+/// optimizer, as a whole step's update; with a data-parallel group, the sums are first
+/// all-reduced over it (each replica's micro-batches summed unreduced).
+/// How a stage's update is sharded: the tensor-parallel group (and, per parameter, whether it
+/// is split over it), the optimizer sharding, and the data-parallel group its gradient sums
+/// are all-reduced over.
+type StageSharding<'a> = (
+    Option<(&'a Group, Vec<bool>)>,
+    Option<&'a ZeroShard>,
+    Option<&'a Group>,
+);
+
 #[allow(clippy::too_many_arguments)]
 fn compile_stage_update(
     spec: &mslc_check::policy::TrainSpec,
@@ -898,7 +908,7 @@ fn compile_stage_update(
     params: &[(String, TensorType, Init)],
     options: &CompileOptions,
     train_options: TrainOptions,
-    (tensor, zero): (Option<(&Group, Vec<bool>)>, Option<&ZeroShard>),
+    (tensor, zero, all_reduce_sums): StageSharding<'_>,
     stages: &Group,
 ) -> Result<CompiledTrain, TrainError> {
     let mut graph = Graph::new(format!("{}_update", spec.name.name));
@@ -919,7 +929,7 @@ fn compile_stage_update(
         zero,
         dp_index: None,
         pipeline: Some(stages),
-        all_reduce_sums: None,
+        all_reduce_sums,
     };
     let trained = b
         .update(spec, optimizer, &values, &grads, None, train_options, false)
@@ -1153,7 +1163,14 @@ impl<'g> Builder<'g> {
             false => grads,
         };
         let summed = match self.all_reduce_sums {
-            Some(group) => all_reduce_each(self.g, &summed, group).map_err(|e| e.0)?,
+            Some(group) => {
+                let reduced = all_reduce_each(self.g, &summed, group).map_err(|e| e.0)?;
+                // Named after their parameters (the sums' own origins may be inputs').
+                for ((path, _), r) in params.iter().zip(&reduced) {
+                    self.g.node_mut(r.node).origin = format!("{path}#grad");
+                }
+                reduced
+            }
             None => summed,
         };
         let grads = &summed[..];
