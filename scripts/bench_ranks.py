@@ -11,8 +11,11 @@ All runs train examples/tiny_llama.msl's model (--set layers=LAYERS, f32, AdamW)
 synthetic tokens from the same weights; the script prints per configuration the median ms/step
 after the warm-up steps and tokens/s, then the ratios against one rank on one thread.
 
+With `--grad-accum K` every step accumulates K micro-batches of batch / K sequences (a data
+replica's micro-batch is batch / (2K)): the replicas all-reduce their gradient sums once per step.
+
 usage: scripts/bench_ranks.py [--mslc PATH] [--layers 8] [--batch 8] [--seq 64] [--steps 10]
-                              [--warmup 2] [--no-collectives]
+                              [--warmup 2] [--grad-accum 1] [--no-collectives]
 
 Needs numpy and a release mslc (`cargo build --release`); the bandwidth part runs
 `cargo bench -p mslc-exec --bench collectives`.
@@ -50,21 +53,22 @@ train Pretrain for TinyLlama {{
     labels: i32[B, S]
     loss = cross_entropy(logits, labels)
     optimizer = adamw(lr: 1e-4, betas: (0.9, 0.95), weight_decay: 0.1)
-    batch = {batch}
+    batch = {batch}, grad_accum = {grad_accum}
     parallel = P
     target = std.targets.cpu
 }}
 """
 
 
-def source(tmp, name, policy, batch):
-    """examples/tiny_llama.msl's model with `policy` and a train of `batch` sequences."""
+def source(tmp, name, policy, batch, grad_accum):
+    """examples/tiny_llama.msl's model with `policy` and a train of `batch` sequences in
+    `grad_accum` micro-batches."""
     with open(os.path.join(ROOT, "examples", "tiny_llama.msl")) as f:
         example = f.read()
     model = example[: example.index("// f16 has")]
     path = os.path.join(tmp, name)
     with open(path, "w") as f:
-        f.write(model + policy + TRAIN.format(batch=batch))
+        f.write(model + policy + TRAIN.format(batch=batch, grad_accum=grad_accum))
     return path
 
 
@@ -99,6 +103,7 @@ def main():
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-collectives", action="store_true")
     a = p.parse_args()
     if not os.path.exists(a.mslc):
@@ -109,8 +114,8 @@ def main():
         tokens = os.path.join(tmp, "tokens.npy")
         vocab = 1000  # examples/tiny_llama.msl's vocab
         np.save(tokens, rng.integers(0, vocab, size=(a.batch * 4, a.seq + 1)).astype(np.int64))
-        data_src = source(tmp, "dp.msl", DATA, a.batch)
-        tensor_src = source(tmp, "tp.msl", TENSOR, a.batch)
+        data_src = source(tmp, "dp.msl", DATA, a.batch, a.grad_accum)
+        tensor_src = source(tmp, "tp.msl", TENSOR, a.batch, a.grad_accum)
         # The same starting weights for every run (a tensor-parallel rank cuts its shards from
         # whole weights): one seeded step on one device.
         train(a.mslc, data_src, sets, tokens, os.path.join(tmp, "init"),
@@ -125,7 +130,7 @@ def main():
         ]
         tokens_per_step = a.batch * a.seq
         print(f"tiny_llama {a.layers} layers, batch {a.batch} x S {a.seq} = {tokens_per_step} "
-              f"tokens per step, f32, {a.steps} steps after {a.warmup} warm-up, {os.cpu_count()} cores")
+              f"tokens per step in {a.grad_accum} micro-batch(es), f32, {a.steps} steps after {a.warmup} warm-up, {os.cpu_count()} cores")
         rates = {}
         for i, (name, src, extra) in enumerate(runs):
             ms = train(a.mslc, src, sets, tokens, os.path.join(tmp, f"run{i}"),
