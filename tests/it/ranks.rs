@@ -155,17 +155,24 @@ fn assert_same_tensors(
     }
 }
 
+/// Trains 10 steps of `src` on one device into `DIR/one` and on two ranks into `DIR/two`, and
+/// asserts the same losses and final weights (within 1e-5); the two output directories.
+fn two_ranks_match_one_device(dir: &TestDir, src: &Path, data: &Path) -> (PathBuf, PathBuf) {
+    let (one, two) = (dir.path("one"), dir.path("two"));
+    let single = train(src, data, &one, "10", &[]);
+    let ranked = train(src, data, &two, "10", &["--ranks", "2"]);
+    assert_eq!(single.len(), 10);
+    assert_rel("losses", &ranked, &single, 1e-5);
+    assert_same_final_weights(&one, &two, 1e-5);
+    (one, two)
+}
+
 #[test]
 fn data_parallel_on_two_ranks_matches_one_device() {
     let dir = TestDir::new("ranks-dp");
     let src = source(&dir, DATA, 4);
     let data = write_data(&dir);
-    let (one, two) = (dir.path("one"), dir.path("two"));
-    let single = train(&src, &data, &one, "10", &[]);
-    let ranked = train(&src, &data, &two, "10", &["--ranks", "2"]);
-    assert_eq!(single.len(), 10);
-    assert_rel("losses", &ranked, &single, 1e-5);
-    assert_same_final_weights(&one, &two, 1e-5);
+    let (one, two) = two_ranks_match_one_device(&dir, &src, &data);
     // A checkpoint of two ranks resumes on one device.
     let resumed = train(
         &src,
@@ -204,12 +211,7 @@ fn data_parallel_with_accumulation_on_two_ranks_matches_one_device() {
         &NpyArray::from_i64(vec![SAMPLES], &labels).unwrap(),
     )
     .unwrap();
-    let (one, two) = (dir.path("one"), dir.path("two"));
-    let single = train(&src, &data, &one, "10", &[]);
-    let ranked = train(&src, &data, &two, "10", &["--ranks", "2"]);
-    assert_eq!(single.len(), 10);
-    assert_rel("losses", &ranked, &single, 1e-5);
-    assert_same_final_weights(&one, &two, 1e-5);
+    two_ranks_match_one_device(&dir, &src, &data);
 }
 
 #[test]

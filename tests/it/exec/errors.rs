@@ -668,14 +668,7 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     // y = x + neg(w) + c: `c` (a constant) and `neg(w)` are hoisted; a parameter change (a
     // training step's write-back, a reload) recomputes `neg(w)` but never the constant, and an
     // input's write-back neither.
-    let module = hoisting_module();
-    let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
-    exec.set_input(
-        "x",
-        &NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
-    )
-    .unwrap();
-    exec.init_params(0);
+    let mut exec = hoisting_executor(hoisting_module());
     exec.run().unwrap();
     assert_eq!(ran(&exec), [true, true, true, true]);
     assert_eq!(exec.output_f32("y").unwrap().1, [0.5, 1.5, 2.5, 3.5]);
@@ -696,6 +689,18 @@ fn new_parameters_recompute_only_the_hoisted_values_that_read_them() {
     exec.run().unwrap();
     assert_eq!(ran(&exec), [false, true, true, true]);
     assert_eq!(exec.output_f32("y").unwrap().1, [1.0; 4]);
+}
+
+/// An executor of `module` (a [`hoisting_module`]) with `x` = [1, 2, 3, 4] and `w` = ones.
+fn hoisting_executor(module: Module) -> Executor {
+    let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
+    exec.set_input(
+        "x",
+        &NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
+    )
+    .unwrap();
+    exec.init_params(0);
+    exec
 }
 
 /// Which steps of an executor's last run ran (a hoisted step whose inputs did not change skips).
@@ -760,13 +765,7 @@ fn a_run_for_some_outputs_skips_the_steps_they_do_not_need() {
     // hoisted values still run while stale, since later runs count on them.
     let mut module = hoisting_module();
     module.outputs.push(("partial".into(), 4));
-    let mut exec = Executor::new(module, &ExecOptions::default()).unwrap();
-    exec.set_input(
-        "x",
-        &NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
-    )
-    .unwrap();
-    exec.init_params(0);
+    let mut exec = hoisting_executor(module);
     exec.run_for(&["partial"]).unwrap();
     assert_eq!(ran(&exec), [true, true, true, false]);
     assert_eq!(exec.output_f32("partial").unwrap().1, [0.0, 1.0, 2.0, 3.0]);
