@@ -9,6 +9,12 @@
 //! hangs (alive, never arriving or never sending) fails the others' wait after the world's
 //! timeout. The contribution buffers of a completed round are kept for the next (no fresh
 //! pages per collective), and sums run one cache-sized chunk at a time over every member.
+//!
+//! A large all-reduce copies nothing: each member deposits the address of its own buffer
+//! instead, and once all have arrived, member i sums slice i of every member's buffer (in
+//! member order, the same bits as the copying path) and writes it into slice i of all of
+//! them; a second meeting waits until every slice is written. Each rank then moves about 2n
+//! bytes for an n-byte buffer, against about 5n through copies.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -20,6 +26,17 @@ use crate::error::ExecResult;
 
 /// The contributions of one completed round, indexed by member.
 type Round = Arc<Vec<Vec<f32>>>;
+
+/// Each member's own buffer (address, length), by member: what an all-reduce in place shares.
+type Buffers = Vec<(usize, usize)>;
+
+/// Values summed per pass over the members (8 KiB: stays in L1 while every member's part is
+/// added).
+const SUM_CHUNK: usize = 2048;
+
+/// All-reduces of at least this many values run in place (see the module docs); smaller ones,
+/// where a second meeting costs more than the copies, through copies.
+const IN_PLACE_MIN: usize = 1 << 14;
 
 /// Where the members of one group meet.
 #[derive(Default)]
@@ -38,6 +55,15 @@ struct RoundState {
     published: Option<Round>,
     /// Contribution buffers of rounds every member is done with, for the next deposits.
     spare: Vec<Vec<f32>>,
+    /// This round's members' own buffers (address, length), deposited for an all-reduce in
+    /// place; (0, 0) for a member that deposited none or gave up waiting.
+    buffers: Buffers,
+    /// The buffers of the last completed round.
+    published_buffers: Buffers,
+    /// Members done writing their slice in the current all-reduce in place.
+    written: usize,
+    /// All-reduces in place completed so far.
+    written_rounds: u64,
 }
 
 /// What every rank shares.
@@ -148,6 +174,19 @@ impl ThreadRank {
     /// Deposits a copy of `mine` in this rank's group along `axis` and returns every member's
     /// contribution once all have arrived, with this rank's index in the group.
     fn exchange(&self, axis: usize, mine: &[f32]) -> ExecResult<(Round, usize)> {
+        self.meet(axis, mine, (0, 0))
+            .map(|(round, _, member)| (round, member))
+    }
+
+    /// [`ThreadRank::exchange`], also depositing `buffer` (address, length) and returning every
+    /// member's. A member that gives up waiting withdraws its buffer (to (0, 0)) under the
+    /// lock, so a round completed after it left never hands out its address.
+    fn meet(
+        &self,
+        axis: usize,
+        mine: &[f32],
+        buffer: (usize, usize),
+    ) -> ExecResult<(Round, Buffers, usize)> {
         let mesh = &self.shared.mesh;
         if axis >= mesh.axes().len() {
             return Err(collective_error(format!(
@@ -166,8 +205,12 @@ impl ThreadRank {
         if state.pending.len() != group.len() {
             state.pending = vec![None; group.len()];
         }
+        if state.buffers.len() != group.len() {
+            state.buffers = vec![(0, 0); group.len()];
+        }
         let generation = state.generation;
         state.pending[member] = Some(copy);
+        state.buffers[member] = buffer;
         if state.pending.iter().all(Option::is_some) {
             let round: Vec<Vec<f32>> = state
                 .pending
@@ -179,6 +222,8 @@ impl ThreadRank {
                 state.spare.extend(done);
             }
             state.published = Some(Arc::new(round));
+            let none = vec![(0, 0); group.len()];
+            state.published_buffers = std::mem::replace(&mut state.buffers, none);
             state.generation += 1;
             rendezvous.turn.notify_all();
         }
@@ -186,12 +231,14 @@ impl ThreadRank {
         while state.generation == generation {
             let axis_name = &mesh.axes()[axis].0;
             if let Some(left) = self.shared.missing(&group, &state.pending) {
+                state.buffers[member] = (0, 0);
                 return Err(collective_error(format!(
                     "rank {left} left before the collective on axis `{axis_name}` completed"
                 )));
             }
             let now = Instant::now();
             if now >= deadline {
+                state.buffers[member] = (0, 0);
                 let absent: Vec<String> = group
                     .iter()
                     .zip(&state.pending)
@@ -215,7 +262,77 @@ impl ThreadRank {
             .published
             .clone()
             .expect("a completed round is published");
-        Ok((round, member))
+        Ok((round, state.published_buffers.clone(), member))
+    }
+
+    /// Sums `data` over the group along `axis` without copying it anywhere (see the module
+    /// docs): `data` is read and written by the group's members until every slice is written.
+    fn all_reduce_in_place(&self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
+        let len = data.len();
+        let (_, buffers, member) = self.meet(axis, &[], (data.as_mut_ptr() as usize, len))?;
+        // Every member checks the same published buffers, so all fail here or none does.
+        if let Some(other) = buffers.iter().position(|&(address, _)| address == 0) {
+            return Err(collective_error(format!(
+                "all_reduce: member {other} of the group gave up before the others arrived"
+            )));
+        }
+        if let Some(other) = buffers.iter().position(|&(_, l)| l != len) {
+            return Err(collective_error(format!(
+                "all_reduce: member {other} of the group sent {} values, this rank {len}",
+                buffers[other].1
+            )));
+        }
+        let g = buffers.len();
+        let (lo, hi) = (member * len / g, (member + 1) * len / g);
+        let mut sum = [0.0f32; SUM_CHUNK];
+        for start in (lo..hi).step_by(SUM_CHUNK) {
+            let sum = &mut sum[..SUM_CHUNK.min(hi - start)];
+            sum.fill(0.0);
+            for &(address, _) in &buffers {
+                // SAFETY: every member's buffer holds `len` f32 and stays borrowed by its
+                // owner, who touches it only through this all-reduce until the second
+                // meeting below; slice `lo..hi` of each is read and written by this member
+                // alone.
+                let theirs = unsafe {
+                    std::slice::from_raw_parts((address as *const f32).add(start), sum.len())
+                };
+                for (s, &x) in sum.iter_mut().zip(theirs) {
+                    *s += x;
+                }
+            }
+            for &(address, _) in &buffers {
+                // SAFETY: as above.
+                let theirs = unsafe {
+                    std::slice::from_raw_parts_mut((address as *mut f32).add(start), sum.len())
+                };
+                theirs.copy_from_slice(sum);
+            }
+        }
+        self.all_written(axis);
+        Ok(())
+    }
+
+    /// Waits until every member of this rank's group along `axis` has written its slice of an
+    /// all-reduce in place. No timeout: each member got here through a completed meeting and
+    /// runs a loop that cannot fail, and its buffer must outlive the others' writes.
+    fn all_written(&self, axis: usize) {
+        let mesh = &self.shared.mesh;
+        let group = mesh.group(self.rank, axis);
+        let rendezvous = &self.shared.groups[&(axis, group[0])];
+        let mut state = lock(&rendezvous.state);
+        let round = state.written_rounds;
+        state.written += 1;
+        if state.written == group.len() {
+            state.written = 0;
+            state.written_rounds += 1;
+            rendezvous.turn.notify_all();
+        }
+        while state.written_rounds == round {
+            state = rendezvous
+                .turn
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Checks that every member contributed `len` values.
@@ -244,6 +361,9 @@ impl Collectives for ThreadRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
+        if data.len() >= IN_PLACE_MIN && self.group_size(axis) > 1 {
+            return self.all_reduce_in_place(axis, data);
+        }
         let (round, _) = self.exchange(axis, data)?;
         self.same_lengths("all_reduce", &round, data.len())?;
         sum_in_member_order(data, &round, 0);
@@ -324,9 +444,8 @@ impl Collectives for ThreadRank {
 /// member order (every member computes the same bits), one cache-sized chunk of `out` at a
 /// time, so each value is read once and `out` written once.
 fn sum_in_member_order(out: &mut [f32], round: &[Vec<f32>], offset: usize) {
-    const CHUNK: usize = 2048;
-    for (c, chunk) in out.chunks_mut(CHUNK).enumerate() {
-        let start = offset + c * CHUNK;
+    for (c, chunk) in out.chunks_mut(SUM_CHUNK).enumerate() {
+        let start = offset + c * SUM_CHUNK;
         chunk.fill(0.0);
         for contribution in round {
             for (o, &x) in chunk.iter_mut().zip(&contribution[start..]) {
@@ -375,24 +494,35 @@ mod tests {
         assert!(Mesh::new(vec![("a".into(), 0)]).is_err());
     }
 
-    #[test]
-    fn all_reduce_sums_over_each_axis_group() {
+    /// All-reduces `mine(rank)` on every rank of a 2×3 mesh over `mp`, then over `dp`; per
+    /// rank and axis: the rank, the axis, its group and what it got.
+    fn all_reduced_over_each_axis(
+        mine: impl Fn(usize) -> Vec<f32> + Sync,
+    ) -> Vec<(usize, usize, Vec<usize>, Vec<f32>)> {
         let out = on_ranks(mesh_2x3(), |r| {
-            let mut over_mp = values(r.rank(), 5);
+            let mut over_mp = mine(r.rank());
             r.all_reduce(1, &mut over_mp).unwrap();
-            let mut over_dp = values(r.rank(), 5);
+            let mut over_dp = mine(r.rank());
             r.all_reduce(0, &mut over_dp).unwrap();
             (over_mp, over_dp)
         });
         let m = mesh_2x3();
-        for (rank, (over_mp, over_dp)) in out.iter().enumerate() {
-            for (axis, got) in [(1, over_mp), (0, over_dp)] {
-                let group = m.group(rank, axis);
-                let want: Vec<f32> = (0..5)
-                    .map(|i| group.iter().map(|&g| values(g, 5)[i]).sum())
-                    .collect();
-                assert_eq!(got, &want, "rank {rank} axis {axis}");
-            }
+        out.into_iter()
+            .enumerate()
+            .flat_map(|(rank, (over_mp, over_dp))| {
+                [(1, over_mp), (0, over_dp)]
+                    .map(|(axis, got)| (rank, axis, m.group(rank, axis), got))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn all_reduce_sums_over_each_axis_group() {
+        for (rank, axis, group, got) in all_reduced_over_each_axis(|rank| values(rank, 5)) {
+            let want: Vec<f32> = (0..5)
+                .map(|i| group.iter().map(|&g| values(g, 5)[i]).sum())
+                .collect();
+            assert_eq!(got, want, "rank {rank} axis {axis}");
         }
     }
 
@@ -463,19 +593,21 @@ mod tests {
 
     #[test]
     fn a_rank_that_leaves_fails_its_peers_instead_of_hanging() {
-        let out = on_ranks(Mesh::line("dp", 3).unwrap(), |r| {
-            if r.rank() == 1 {
-                return Ok(());
+        for len in [4, IN_PLACE_MIN] {
+            let out = on_ranks(Mesh::line("dp", 3).unwrap(), |r| {
+                if r.rank() == 1 {
+                    return Ok(());
+                }
+                let mut data = vec![1.0; len];
+                r.all_reduce(0, &mut data)
+            });
+            // Rank 1's thread returns without joining the all-reduce (its rank is dropped
+            // with it): the others fail, naming it.
+            assert!(out[1].is_ok());
+            for rank in [0, 2] {
+                let err = out[rank].as_ref().unwrap_err();
+                assert!(err.message.contains("rank 1 left"), "{}", err.message);
             }
-            let mut data = vec![1.0; 4];
-            r.all_reduce(0, &mut data)
-        });
-        // Rank 1's thread returns without joining the all-reduce (its rank is dropped with
-        // it): the others fail, naming it.
-        assert!(out[1].is_ok());
-        for rank in [0, 2] {
-            let err = out[rank].as_ref().unwrap_err();
-            assert!(err.message.contains("rank 1 left"), "{}", err.message);
         }
     }
 
@@ -483,6 +615,12 @@ mod tests {
     /// the world's timeout, naming it, instead of blocking them forever.
     #[test]
     fn a_rank_that_hangs_fails_its_peers_after_the_timeout() {
+        for len in [4, IN_PLACE_MIN] {
+            a_rank_that_hangs_fails_its_peer(len);
+        }
+    }
+
+    fn a_rank_that_hangs_fails_its_peer(len: usize) {
         let timeout = Duration::from_millis(200);
         let ranks = world_with_timeout(Mesh::line("dp", 2).unwrap(), timeout);
         let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -500,7 +638,7 @@ mod tests {
                             return Ok(Duration::ZERO);
                         }
                         let start = Instant::now();
-                        let mut data = vec![1.0; 4];
+                        let mut data = vec![1.0; len];
                         let result = r.all_reduce(0, &mut data).map(|()| start.elapsed());
                         tx.send(()).unwrap();
                         result
@@ -532,6 +670,33 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    /// A large all-reduce runs in place: over both axes of a 2×3 mesh, with lengths the groups
+    /// do not divide, every member gets the same bits as the copying path's member-order sum.
+    #[test]
+    fn large_all_reduces_in_place_sum_over_each_axis_group() {
+        let len = IN_PLACE_MIN + 7;
+        let value = |rank: usize, i: usize| (rank as f32 + 0.1) * (i as f32 * 0.37).sin();
+        let mine = |rank: usize| (0..len).map(|i| value(rank, i)).collect::<Vec<f32>>();
+        for (rank, axis, group, got) in all_reduced_over_each_axis(mine) {
+            let round: Vec<Vec<f32>> = group.iter().map(|&g| mine(g)).collect();
+            let mut want = vec![f32::NAN; len];
+            sum_in_member_order(&mut want, &round, 0);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {rank} axis {axis}"
+            );
+        }
+        let out = on_ranks(Mesh::line("dp", 2).unwrap(), |r| {
+            let mut data = vec![1.0; IN_PLACE_MIN + r.rank()];
+            r.all_reduce(0, &mut data).map(drop)
+        });
+        for result in out {
+            assert!(result.unwrap_err().message.contains("sent"));
+        }
     }
 
     /// Buffers of earlier rounds are reused, and every round still sums its own values.
