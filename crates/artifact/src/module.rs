@@ -156,6 +156,37 @@ impl Module {
             })
     }
 
+    /// The step that computes each value (`None` for inputs, parameters and values no step
+    /// writes): where a walk back from an output to the steps it needs starts.
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut producer = vec![None; self.values.len()];
+        for (s, step) in self.steps.iter().enumerate() {
+            for &o in &step.outputs {
+                producer[o as usize] = Some(s);
+            }
+        }
+        producer
+    }
+
+    /// Marks in `marked` (one flag per step) every step the values `roots` depend on, walking
+    /// back through the steps' inputs from `producers` ([`Module::producers`]); a step marked
+    /// already is not walked through (what it reads counts as computed elsewhere).
+    pub fn mark_steps_feeding(
+        &self,
+        producers: &[Option<usize>],
+        roots: impl IntoIterator<Item = u32>,
+        marked: &mut [bool],
+    ) {
+        let mut pending: Vec<u32> = roots.into_iter().collect();
+        while let Some(v) = pending.pop() {
+            if let Some(s) = producers[v as usize] {
+                if !std::mem::replace(&mut marked[s], true) {
+                    pending.extend(&self.steps[s].inputs);
+                }
+            }
+        }
+    }
+
     /// The registry's cost of step `i` (flops and bytes moved) for the step's operand types;
     /// `None` where the registry cannot cost it.
     pub fn step_cost(&self, i: usize) -> Option<Cost> {

@@ -606,28 +606,15 @@ impl Executor {
     /// Per step, whether an output named in `names` depends on it.
     fn steps_for(&self, names: &[&str]) -> ExecResult<Vec<bool>> {
         let module = &self.module;
-        let mut producer = vec![None; module.values.len()];
-        for (s, step) in module.steps.iter().enumerate() {
-            for &o in &step.outputs {
-                producer[o as usize] = Some(s);
-            }
-        }
-        let mut pending = Vec::new();
+        let mut roots = Vec::with_capacity(names.len());
         for name in names {
             match module.outputs.iter().find(|(n, _)| n == name) {
-                Some(&(_, v)) => pending.push(v),
+                Some(&(_, v)) => roots.push(v),
                 None => return Err(module_error(format!("no output `{name}` to compute"))),
             }
         }
         let mut needed = vec![false; module.steps.len()];
-        while let Some(v) = pending.pop() {
-            if let Some(s) = producer[v as usize] {
-                if !needed[s] {
-                    needed[s] = true;
-                    pending.extend(&module.steps[s].inputs);
-                }
-            }
-        }
+        module.mark_steps_feeding(&module.producers(), roots, &mut needed);
         Ok(needed)
     }
 

@@ -158,29 +158,15 @@ pub fn rows_text(rows: &[(&str, u64)], separator: &str) -> String {
 /// whether it computes a forward value: one the output `loss` depends on, or a recomputed copy
 /// of one.
 fn forward_steps(module: &Module, loss: &str) -> (Vec<usize>, Vec<bool>) {
-    let mut producer = vec![usize::MAX; module.values.len()];
-    for (s, step) in module.steps.iter().enumerate() {
-        for &o in &step.outputs {
-            producer[o as usize] = s;
-        }
-    }
+    let producers = module.producers();
     let mut forward: Vec<bool> = module
         .steps
         .iter()
         .map(|s| s.origin.ends_with(RECOMPUTE_MARK))
         .collect();
-    let mut stack: Vec<u32> = module
-        .outputs
-        .iter()
-        .filter(|(n, _)| n == loss)
-        .map(|(_, v)| *v)
-        .collect();
-    while let Some(v) = stack.pop() {
-        let s = producer[v as usize];
-        if s != usize::MAX && !std::mem::replace(&mut forward[s], true) {
-            stack.extend(&module.steps[s].inputs);
-        }
-    }
+    let loss_values = module.outputs.iter().filter(|(n, _)| n == loss);
+    module.mark_steps_feeding(&producers, loss_values.map(|(_, v)| *v), &mut forward);
+    let producer = producers.iter().map(|p| p.unwrap_or(usize::MAX)).collect();
     (producer, forward)
 }
 
