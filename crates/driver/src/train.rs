@@ -886,12 +886,6 @@ fn compile_train_step(
     Ok((step, stage))
 }
 
-/// The update of a pipeline stage's parameters `params` (path, type, init) from the sums of
-/// their gradients over the update's micro-batches (the inputs [`accumulator`] of each path,
-/// already unscaled): the global norm (and overflow check) summed over the pipeline's
-/// `stages` (and the tensor-parallel group for its split parameters), then clipping and the
-/// optimizer, as a whole step's update; with a data-parallel group, the sums are first
-/// all-reduced over it (each replica's micro-batches summed unreduced).
 /// How a stage's update is sharded: the tensor-parallel group (and, per parameter, whether it
 /// is split over it), the optimizer sharding, and the data-parallel group its gradient sums
 /// are all-reduced over.
@@ -901,6 +895,12 @@ type StageSharding<'a> = (
     Option<&'a Group>,
 );
 
+/// The update of a pipeline stage's parameters `params` (path, type, init) from the sums of
+/// their gradients over the update's micro-batches (the inputs [`accumulator`] of each path,
+/// already unscaled): the global norm (and overflow check) summed over the pipeline's
+/// `stages` (and the tensor-parallel group for its split parameters), then clipping and the
+/// optimizer, as a whole step's update; with a data-parallel group, the sums are first
+/// all-reduced over it (each replica's micro-batches summed unreduced).
 #[allow(clippy::too_many_arguments)]
 fn compile_stage_update(
     spec: &mslc_check::policy::TrainSpec,
