@@ -188,15 +188,8 @@ impl ThreadRank {
         buffer: (usize, usize),
     ) -> ExecResult<(Round, Buffers, usize)> {
         let mesh = &self.shared.mesh;
-        if axis >= mesh.axes().len() {
-            return Err(collective_error(format!(
-                "no mesh axis {axis} (the mesh has {})",
-                mesh.axes().len()
-            )));
-        }
-        let group = mesh.group(self.rank, axis);
+        let (group, rendezvous) = self.group_of(axis)?;
         let member = mesh.coords(self.rank)[axis];
-        let rendezvous = &self.shared.groups[&(axis, group[0])];
         // Copied outside the lock, into a buffer of an earlier round when there is one.
         let mut copy = lock(&rendezvous.state).spare.pop().unwrap_or_default();
         copy.clear();
@@ -308,17 +301,14 @@ impl ThreadRank {
                 theirs.copy_from_slice(sum);
             }
         }
-        self.all_written(axis);
-        Ok(())
+        self.all_written(axis)
     }
 
     /// Waits until every member of this rank's group along `axis` has written its slice of an
     /// all-reduce in place. No timeout: each member got here through a completed meeting and
     /// runs a loop that cannot fail, and its buffer must outlive the others' writes.
-    fn all_written(&self, axis: usize) {
-        let mesh = &self.shared.mesh;
-        let group = mesh.group(self.rank, axis);
-        let rendezvous = &self.shared.groups[&(axis, group[0])];
+    fn all_written(&self, axis: usize) -> ExecResult<()> {
+        let (group, rendezvous) = self.group_of(axis)?;
         let mut state = lock(&rendezvous.state);
         let round = state.written_rounds;
         state.written += 1;
@@ -333,6 +323,21 @@ impl ThreadRank {
                 .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
         }
+        Ok(())
+    }
+
+    /// This rank's group along `axis` (its ranks) and the group's rendezvous.
+    fn group_of(&self, axis: usize) -> ExecResult<(Vec<usize>, &Rendezvous)> {
+        let mesh = &self.shared.mesh;
+        if axis >= mesh.axes().len() {
+            return Err(collective_error(format!(
+                "no mesh axis {axis} (the mesh has {})",
+                mesh.axes().len()
+            )));
+        }
+        let group = mesh.group(self.rank, axis);
+        let rendezvous = &self.shared.groups[&(axis, group[0])];
+        Ok((group, rendezvous))
     }
 
     /// Checks that every member contributed `len` values.
