@@ -214,6 +214,49 @@ fn data_parallel_with_accumulation_on_two_ranks_matches_one_device() {
     two_ranks_match_one_device(&dir, &src, &data);
 }
 
+/// Under accumulation the replicas all-reduce each gradient sum once, in the update: in the
+/// one-program step, a `dp` all-reduce reads every `PATH.grad_accum` output (the replica's own
+/// sum); on the tiny LLaMA example's pipeline, a stage's step holds no `dp` all-reduce and its
+/// update one per parameter.
+#[test]
+fn accumulated_gradients_are_all_reduced_once_per_update() {
+    use mslc_core::ops::Op;
+    let over_dp = |m: &mslc_artifact::Module| -> Vec<u32> {
+        let steps = m.steps.iter().filter(|s| s.op == Op::AllReduce);
+        let dp = steps.filter(|s| s.attrs.str("axis").is_ok_and(|a| a == "dp"));
+        dp.map(|s| s.inputs[0]).collect()
+    };
+    let build = |src: &Path, entry: &str, out: &Path| {
+        let (code, stdout, stderr) = mslc(&["build", s(src), "--entry", entry, "-o", s(out)]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+    };
+    let dir = TestDir::new("ranks-accum-program");
+    let src = source(&dir, DATA, 2);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, text.replace("batch = 8", "batch = 8, grad_accum = 2")).unwrap();
+    build(&src, "Fit", &dir.path("one"));
+    let (step, _, _) = rank_program(&dir.path("one"), "Fit");
+    let reduced = over_dp(&step);
+    let sums: Vec<_> = (step.outputs.iter())
+        .filter(|(name, _)| name.ends_with(".grad_accum"))
+        .collect();
+    assert_eq!(sums.len(), 4, "hidden and head, weight and bias");
+    for (name, v) in sums {
+        assert!(reduced.contains(v), "`{name}` is not all-reduced");
+    }
+
+    let example = root().join("examples/tiny_llama.msl");
+    let out = dir.path("pipeline");
+    build(&example, "Pretrain", &out);
+    let program = |file: &str| {
+        let bytes = std::fs::read(out.join(format!("Pretrain.stage0.{file}.mir"))).unwrap();
+        mslc_artifact::decode(&bytes).unwrap().module
+    };
+    assert_eq!(over_dp(&program("rank")), Vec::<u32>::new());
+    let update = program("update");
+    assert_eq!(over_dp(&update).len(), update.params().count());
+}
+
 #[test]
 fn the_world_must_match_the_plan_and_be_runnable() {
     let dir = TestDir::new("ranks-refused");
