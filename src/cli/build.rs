@@ -20,7 +20,7 @@ use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::target::target_from_spec;
 use mslc_driver::train::{
-    choose_train, compile_train, micro_batch_dim, train_compile_options, TrainOptions,
+    choose_train, compile_train, micro_batch_dim, train_as_run, train_compile_options, TrainOptions,
 };
 use mslc_plan::kernels::{KernelTable, SubgraphEntry};
 use mslc_plan::memory_svg::memory_svg;
@@ -275,7 +275,12 @@ fn build(
     let overridden = !args.model.sets.is_empty() || !args.model.dims.is_empty();
     let mut planned = match train_entry.is_none() && overridden {
         true => None,
-        false => parallel_plan(checked, train_entry, name, args.explain_plan)?,
+        false => parallel_plan(
+            checked,
+            train_entry,
+            model,
+            (&args.model.dims, args.explain_plan),
+        )?,
     };
     // Under `--deny warnings` a plan warning stops the build before anything is written.
     if let Some(p) = &mut planned {
@@ -476,19 +481,34 @@ struct Planned {
 }
 
 /// The per-device plan of the train this build is for: the `--entry` train, or the first
-/// train of the built model; `None` when there is none or it names nothing to plan for.
+/// train of the built model; `None` when there is none or it names nothing to plan for. The
+/// `--entry` train is planned as its steps run `model` ([`train_as_run`], with the `--dim`
+/// overrides `given`).
 fn parallel_plan(
     checked: &Checked,
     train_entry: Option<&str>,
-    model: &str,
-    explain: bool,
+    model: &Model,
+    (given, explain): (&[(String, String)], bool),
 ) -> Result<Option<Planned>, Box<Diagnostic>> {
-    let Some(train) = checked.decls.trains.iter().find(|t| match train_entry {
+    let Some(declared) = checked.decls.trains.iter().find(|t| match train_entry {
         Some(entry) => t.spec.name.name == entry,
-        None => t.spec.model.name == model,
+        None => t.spec.model.name == model.name,
     }) else {
         return Ok(None);
     };
+    let (train, as_run) = match train_entry {
+        Some(_) => {
+            let policy = declared.parallel.map(|p| &checked.decls.parallels[p]);
+            train_as_run(
+                declared,
+                model,
+                given,
+                policy.map_or(1, |p| p.batch_parts()),
+            )
+        }
+        None => (Cow::Borrowed(declared), None),
+    };
+    let train = train.as_ref();
     use mslc_driver::parallel::{explain_lines, explain_train, plan_train, plan_warnings};
     Ok(plan_train(checked, train)?.map(|plan| {
         let name = &train.spec.name.name;
@@ -502,7 +522,10 @@ fn parallel_plan(
         Planned {
             train: name.clone(),
             on_host: target.is_some_and(|t| t.is_host()),
-            warnings: plan_warnings(checked, train, &plan),
+            warnings: as_run
+                .into_iter()
+                .chain(plan_warnings(checked, train, &plan))
+                .collect(),
             plan,
             explanation,
         }

@@ -18,7 +18,7 @@ use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim,
+    choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim, train_as_run,
     train_compile_options, CompiledTrain, StageStep, TrainOptions,
 };
 use mslc_driver::trainer::{
@@ -669,11 +669,25 @@ pub fn check_for_ranks(
     if checked.has_errors() {
         return Err(Failure::Reported);
     }
+    // The train as its steps take the batch (another one than declared under a `--dim` that
+    // disagrees, which W0015 says), and so as its plan counts it.
+    let train = pick(&checked, entry).map_err(|d| emit(d, &checked))?;
+    let as_run = train.map(|train| {
+        let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
+        let replicas = started.map_or(1, |_| policy.map_or(1, |p| p.batch_parts()));
+        match train.model.and_then(|m| checked.models.get(m)) {
+            Some(m) => train_as_run(train, m, &model.dims, replicas),
+            None => (std::borrow::Cow::Borrowed(train), None),
+        }
+    });
+    if let Some((_, Some(warning))) = &as_run {
+        reporter.emit(std::slice::from_ref(warning), &checked.sources);
+    }
     let Some((world, launcher)) = started else {
         return Ok((checked, one));
     };
-    let plan = match pick(&checked, entry).map_err(|d| emit(d, &checked))? {
-        Some(train) => plan_train(&checked, train).map_err(|d| emit(d, &checked))?,
+    let plan = match &as_run {
+        Some((train, _)) => plan_train(&checked, train).map_err(|d| emit(d, &checked))?,
         None => None,
     };
     let layout = ranks::layout(plan.as_ref(), world, launcher)

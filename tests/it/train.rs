@@ -379,6 +379,52 @@ fn a_batch_that_grad_accum_does_not_divide_is_refused() {
     assert_eq!(error_codes(&stderr, &stdout), ["E0651"]);
 }
 
+/// `--dim B=4` under `batch = 8` (grad_accum 1): each update takes 4 samples, not 8. Training
+/// and building say so (W0015, exit status 0), and the built train's plan counts the one
+/// micro-batch of 4 the steps run — the same step as `batch = 4`'s — not two.
+#[test]
+fn a_batch_dim_from_dim_that_disagrees_with_batch_is_warned_and_planned_as_run() {
+    let dir = TestDir::new("train-dim-batch");
+    let weights = write_inputs(&dir);
+    let decl = |batch: u32| {
+        format!(
+            "memory Host {{\n    max_device_memory = 1GB\n}}\n\ntrain Fit for Mlp {{\n    \
+             labels: i32[B]\n    loss = cross_entropy(logits, labels)\n    batch = {batch}\n    \
+             optimizer = sgd(lr: 0.1)\n    memory = Host\n    target = std.targets.cpu\n}}"
+        )
+    };
+    let source = mlp_source(&dir, &decl(8));
+    let data = dir.path("data");
+    let mut args = vec!["--message-format", "json", "train", s(&source)];
+    args.extend(SETS);
+    args.extend(["--weights", s(&weights), "--data", s(&data)]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(error_codes(&stderr, &stdout), ["W0015"]);
+    let plan = |batch: u32| {
+        let source = dir.path(&format!("batch{batch}.msl"));
+        std::fs::copy(mlp_source(&dir, &decl(batch)), &source).unwrap();
+        let out = dir.path(&format!("build{batch}"));
+        let mut args = vec!["--message-format", "json", "build", s(&source)];
+        args.extend(SETS);
+        args.extend(["--entry", "Fit", "-o", s(&out)]);
+        let (code, stdout, stderr) = mslc(&args);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let text = std::fs::read_to_string(out.join("Fit.plan.json")).unwrap();
+        let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        (
+            error_codes(&stderr, &stdout),
+            plan["micro_batches"].clone(),
+            plan["step_time_s"].clone(),
+        )
+    };
+    let (warned, micro_batches, step) = plan(8);
+    assert_eq!(warned, ["W0015"]);
+    let (consistent, micro_batches_of_4, step_of_4) = plan(4);
+    assert!(consistent.is_empty(), "{consistent:?}");
+    assert_eq!((micro_batches, step), (micro_batches_of_4, step_of_4));
+}
+
 const ADAMW: &str = "optimizer = adamw(lr: 0.01)";
 
 #[test]

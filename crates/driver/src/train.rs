@@ -277,6 +277,62 @@ pub fn micro_batch_dim(
     Ok((!model.dims.contains(&(dim.clone(), size))).then_some((dim, size)))
 }
 
+/// The train as its steps run `model` (checked with the `--dim` overrides `given`): when
+/// `given` sets the model's batch dim to a size whose micro-batches — `grad_accum` of them on
+/// each of `replicas` (data-parallel replicas × pipeline micro-batches) — do not add up to
+/// `batch`, each update takes those samples instead, so the train comes back with that `batch`
+/// (the one its plan must count) and a W0015 saying so; otherwise the train as declared.
+pub fn train_as_run<'t>(
+    train: &'t Train,
+    model: &Model,
+    given: &[(String, String)],
+    replicas: i64,
+) -> (std::borrow::Cow<'t, Train>, Option<Diagnostic>) {
+    let unchanged = (std::borrow::Cow::Borrowed(train), None);
+    let Some(dim) = model
+        .inputs
+        .first()
+        .and_then(|i| i.dims.first().cloned().flatten())
+        .filter(|d| given.iter().any(|(g, _)| g == d))
+    else {
+        return unchanged;
+    };
+    let Some(&(_, size)) = model.dims.iter().find(|(d, _)| *d == dim) else {
+        return unchanged;
+    };
+    let spec = &train.spec;
+    let accum = spec.grad_accum.max(1);
+    let taken = size.saturating_mul(accum).saturating_mul(replicas.max(1));
+    if taken == spec.batch {
+        return unchanged;
+    }
+    let parts = match replicas > 1 {
+        false => format!("grad_accum {accum}"),
+        true => format!("grad_accum {accum} × {replicas} replicas and micro-batches"),
+    };
+    let warning = Diagnostic::warning(
+        Code::W0015,
+        spec.file,
+        spec.batch_span,
+        format!(
+            "with --dim {dim}={size} an update takes {dim} × {parts} = {taken} samples, not the \
+             train's batch of {}",
+            spec.batch
+        ),
+    )
+    .with_label(format!("{} declared", spec.batch))
+    .with_help(format!(
+        "leave `--dim {dim}` out and mslc sets {dim} to {} itself",
+        match replicas > 1 {
+            false => "batch / grad_accum".to_string(),
+            true => format!("batch / (grad_accum × {replicas})"),
+        }
+    ));
+    let mut run = train.clone();
+    run.spec.batch = taken;
+    (std::borrow::Cow::Owned(run), Some(warning))
+}
+
 /// How to compile the training step of `train` (whose model, labels and loss are `model`): the
 /// target and fusion as for any model ([`compile_options`]), and the mixed precision and loss
 /// scaling of the selected policy (`--precision NAME`; none for `--precision f32`), else of the

@@ -151,6 +151,7 @@ codes! {
     W0012 => "block argument never used",
     W0013 => "nothing to tune",
     W0014 => "no_decay pattern matches no parameter",
+    W0015 => "the batch dim set with --dim makes an update take another batch than the train's",
     W0040 => "implicit redistribution of more than the threshold (1 GiB by default) per step",
     W0041 => "a shard rule's dim does not divide, so the tensor stays whole",
     W0042 => "redistribution threshold in a mode that never redistributes",
