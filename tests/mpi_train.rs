@@ -477,6 +477,61 @@ fn pipeline_training(dir: &Path) {
     assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
     large_messages_both_ways(dir);
+    tied_weight_on_two_stages(dir);
+}
+
+/// GPT-2's tied embedding (the logits read the input embedding's table) on the tiny LLaMA's two
+/// stages under `mpiexec -n 2`: the stages sum the table's gradients over MPI's send and recv,
+/// so ten SGD steps (momentum 0.9; no dropout) give one device's losses within 1e-5 and its
+/// weights within 1e-4 of each tensor's largest (and 1e-5 in norm), as over threads
+/// (tests/it/pipeline.rs).
+fn tied_weight_on_two_stages(dir: &Path) {
+    let example =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt2.msl"))
+            .unwrap();
+    let model = &example[..example.find("precision Mixed").expect("the model part")];
+    let decls = LLAMA_PP
+        .replace("train Pretrain for TinyLlama", "train Tied for Gpt2")
+        .replace(
+            "adamw(lr: 1e-2, weight_decay: 0.1)",
+            "sgd(lr: 0.1, momentum: 0.9)",
+        );
+    assert!(decls.contains("sgd("));
+    std::fs::write(dir.join("tied.msl"), format!("{model}{decls}")).unwrap();
+    let flags: Vec<&str> = "--entry Tied --set vocab=64 --set hidden=32 --set layers=2 \
+         --set heads=2 --set max_positions=16 --set p=0.0 --dim S=8 --init-seed 0"
+        .split_whitespace()
+        .collect();
+    let steps = (dir.join("tokens.npy"), "10");
+    let steps = (steps.0.as_path(), steps.1);
+    let (code, stdout, stderr) = train_with(dir, "tied.msl", steps, "tied-one", &[], &flags);
+    assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
+    let mpi = [&flags[..], &["--mpi"]].concat();
+    let mpiexec = ["mpiexec", "-n", "2"];
+    let (code, stdout, stderr) = train_with(dir, "tied.msl", steps, "tied-mpi", &mpiexec, &mpi);
+    assert_eq!(code, 0, "tied, mpiexec -n 2:\n{stdout}{stderr}");
+    let single = losses(&dir.join("tied-one.jsonl"));
+    assert_eq!(single.len(), 10);
+    assert_rel(
+        "tied losses",
+        &losses(&dir.join("tied-mpi.jsonl")),
+        &single,
+        1e-5,
+    );
+    let (w1, w2) = (
+        weights_of(&dir.join("tied-one/step-10")),
+        weights_of(&dir.join("tied-mpi/step-10")),
+    );
+    assert_eq!(w1.len(), w2.len());
+    for ((name, a), (other, b)) in w1.iter().zip(&w2) {
+        assert_eq!(name, other);
+        assert_same_weights(&format!("tied {name}"), b, a, (1e-4, WEIGHTS_NORM_TOL));
+    }
+    println!(
+        "a weight tied across two stages under mpiexec -n 2: 10 losses within 1e-5, {} weights \
+         within 1e-4",
+        w2.len()
+    );
 }
 
 /// The two stages at sizes whose messages (a micro-batch's [2, 128, 256] activations, and their

@@ -240,7 +240,8 @@ fn compile_rank(
 /// `tensor` of it) and whether optimizer sharding slices it further over the data-parallel
 /// ranks (flattened, padded to a multiple of `dp`, replica `data` holding slice `data`). With
 /// pipeline stages (`steps` one per stage, with its cut), each parameter's stage, and per
-/// stage what it receives and sends (the value's name and the peer stage).
+/// stage what it receives and sends (the value's name and the peer stage) and the tied
+/// weights it trains with other stages (which stages).
 fn ranks_description(
     layout: &RankLayout,
     plan: &PlanFile,
@@ -275,6 +276,7 @@ fn ranks_description(
                 "layers": layout.pipeline.as_ref().map(|p| p.layers[stage].clone()),
                 "receives": cut.cut.receives.iter().map(crossing).collect::<Vec<_>>(),
                 "sends": cut.cut.sends.iter().map(crossing).collect::<Vec<_>>(),
+                "tied": cut.cut.shared.iter().map(|p| serde_json::json!({ "parameter": p.path, "stages": p.stages })).collect::<Vec<_>>(),
             }));
         }
     }

@@ -123,7 +123,7 @@ fn tensors_of(file: &Path) -> Vec<(String, Vec<f64>)> {
 /// Asserts the final checkpoints `one/step-10` and `two/step-10` hold the same weights, each
 /// tensor within `tol` of its largest magnitude element by element and within 1e-5 in norm
 /// ([`assert_same_weights`]).
-fn assert_same_final_weights(one: &Path, two: &Path, tol: f64) {
+pub(crate) fn assert_same_final_weights(one: &Path, two: &Path, tol: f64) {
     assert_same_tensors(
         one,
         two,

@@ -614,16 +614,6 @@ fn compile_train_step(
                     "give each stage whole layers of the model's repeated `layers`",
                 )
             })?;
-            if let Some(path) = cut.shared.first() {
-                return Err(refuse(
-                    Code::E0972,
-                    format!(
-                        "`{path}` is trained on more than one pipeline stage (a tied weight); \
-                         pipeline stages do not sum a shared parameter's gradients yet"
-                    ),
-                    "untie it, or put the layers that read it on one stage",
-                ));
-            }
             let sends: Vec<(String, ValueRef)> = graph
                 .outputs
                 .iter()
@@ -882,6 +872,19 @@ fn compile_train_step(
                 })
                 .collect();
             let stages = Group::new(PIPELINE_AXIS, pipeline);
+            // A tied weight's summed gradient counts once, on the first stage holding it.
+            let this = stage.map_or(0, |(_, s)| s);
+            let counted_elsewhere = params
+                .iter()
+                .map(|(path, _)| {
+                    staged.as_ref().is_some_and(|st| {
+                        st.cut
+                            .shared
+                            .iter()
+                            .any(|p| p.path == *path && p.stages.first() != Some(&this))
+                    })
+                })
+                .collect();
             let u = compile_stage_update(
                 spec,
                 &optimizer,
@@ -889,7 +892,7 @@ fn compile_train_step(
                 options,
                 train_options,
                 (tensor, zero.as_ref(), all_reduce_sums),
-                &stages,
+                (&stages, counted_elsewhere),
             )?;
             Some(u)
         }
@@ -956,7 +959,9 @@ type StageSharding<'a> = (
 /// already unscaled): the global norm (and overflow check) summed over the pipeline's
 /// `stages` (and the tensor-parallel group for its split parameters), then clipping and the
 /// optimizer, as a whole step's update; with a data-parallel group, the sums are first
-/// all-reduced over it (each replica's micro-batches summed unreduced).
+/// all-reduced over it (each replica's micro-batches summed unreduced). A tied weight's sums
+/// arrive already summed over the stages holding it; those of `counted_elsewhere` (per
+/// parameter) are left out of the norm and overflow sums, which another stage counts.
 #[allow(clippy::too_many_arguments)]
 fn compile_stage_update(
     spec: &mslc_check::policy::TrainSpec,
@@ -965,7 +970,7 @@ fn compile_stage_update(
     options: &CompileOptions,
     train_options: TrainOptions,
     (tensor, zero, all_reduce_sums): StageSharding<'_>,
-    stages: &Group,
+    (stages, counted_elsewhere): (&Group, Vec<bool>),
 ) -> Result<CompiledTrain, TrainError> {
     let mut graph = Graph::new(format!("{}_update", spec.name.name));
     let values: Vec<(String, ValueRef)> = params
@@ -984,7 +989,7 @@ fn compile_stage_update(
         tensor,
         zero,
         dp_index: None,
-        pipeline: Some(stages),
+        pipeline: Some((stages, counted_elsewhere)),
         all_reduce_sums,
     };
     let trained = b
@@ -1030,8 +1035,9 @@ struct Builder<'g> {
     /// The [`DP_INDEX`] input, once a slice of a replicated tensor was selected.
     dp_index: Option<ValueRef>,
     /// A pipeline stage's update: its gradients' sums (norm, overflow) are summed over the
-    /// stages.
-    pipeline: Option<&'g Group>,
+    /// stages, and per parameter (in order) whether another stage counts it instead (a tied
+    /// weight's summed gradient is counted once, by the first stage holding it).
+    pipeline: Option<(&'g Group, Vec<bool>)>,
     /// The data-parallel group that the update all-reduces the accumulated gradients over,
     /// when the micro-batches accumulate them unreduced.
     all_reduce_sums: Option<&'g Group>,
@@ -1094,8 +1100,12 @@ impl<'g> Builder<'g> {
         mut f: impl FnMut(&mut Self, ValueRef) -> Built<ValueRef>,
     ) -> Built<ValueRef> {
         let split = |b: &Self, i: usize| b.tensor.as_ref().is_some_and(|(_, s)| s[i]);
+        let elsewhere = |b: &Self, i: usize| b.pipeline.as_ref().is_some_and(|(_, e)| e[i]);
         let mut totals: [Option<ValueRef>; 2] = [None, None];
         for &i in order {
+            if elsewhere(self, i) {
+                continue;
+            }
             let s = f(self, grads[i])?;
             let slot = &mut totals[usize::from(split(self, i))];
             *slot = Some(match *slot {
@@ -1110,6 +1120,8 @@ impl<'g> Builder<'g> {
         let total = match totals {
             [Some(a), Some(b)] => self.bin(Op::Add, a, b)?,
             [Some(t), None] | [None, Some(t)] => t,
+            // Every gradient of this stage is counted by another.
+            [None, None] if self.pipeline.is_some() => self.scalar(0.0)?,
             [None, None] => return Err("no gradients".to_string()),
         };
         // Gradient slices (levels 2 and 3): each replica summed its own slices.
@@ -1119,7 +1131,7 @@ impl<'g> Builder<'g> {
         };
         // A pipeline stage holds its own parameters' gradients.
         match self.pipeline {
-            Some(stages) => self.op(Op::AllReduce, stages.attrs(), &[total]),
+            Some((stages, _)) => self.op(Op::AllReduce, stages.attrs(), &[total]),
             None => Ok(total),
         }
     }

@@ -25,7 +25,9 @@ use super::{
     Trainer,
 };
 use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
-use crate::train::{grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW};
+use crate::train::{
+    accumulator, grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW,
+};
 use crate::train_mode::SEED;
 use mslc_core::diag::Code;
 use mslc_ir::shard::zero::DP_INDEX;
@@ -231,19 +233,28 @@ impl Trainer {
     /// buffers the step and the forward borrow. Whether the update was skipped, and the global
     /// norm.
     fn stage_update(&mut self, stage: &mut StageRuntime) -> Res<(bool, f64)> {
-        let (update, step) = &mut stage.update;
         for name in &self.train.accumulators {
-            let (shape, values) = self
+            let (shape, mut values) = self
                 .exec
                 .output_f32(name)
                 .ok_or_else(|| run_missing(name))?;
+            let tied = stage
+                .cut
+                .shared
+                .iter()
+                .find(|p| accumulator(&p.path) == *name);
+            if let Some(tied) = tied {
+                values = sum_over_stages(&mut self.exec, stage, &tied.stages, values)?;
+            }
             let array =
                 NpyArray::from_f32(shape, &values).map_err(|e| data_error(e.to_string()))?;
+            let (update, _) = &mut stage.update;
             update
                 .set_input(name, &array)
                 .map_err(|e| data_error(e.message))?;
         }
         zero_inputs(&mut self.exec, &self.train.accumulators)?;
+        let (update, step) = &mut stage.update;
         let skipped = run_on_params_of(&mut self.exec, update, |update| {
             let overflow = update
                 .output_f32(OVERFLOW)
@@ -311,10 +322,51 @@ impl Trainer {
             params.extend(recv_named(comm, rank)?);
             states.extend(recv_named(comm, rank)?);
         }
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        states.sort_by(|a, b| a.0.cmp(&b.0));
+        // A tied weight (and its states) comes from every stage holding it, alike: kept once,
+        // the first stage's (a stable sort keeps the stages' order).
+        for list in [&mut params, &mut states] {
+            list.sort_by(|a, b| a.0.cmp(&b.0));
+            list.dedup_by(|later, first| later.0 == first.0);
+        }
         Ok((params, states))
     }
+}
+
+/// A tied weight's gradient sum `mine` summed over `stages` (every stage holding the weight,
+/// ascending), in stage order so that each of them gets the same bits: exchanged with each
+/// other stage — the lower of a pair sends first, so blocking sends cannot wait on each other.
+fn sum_over_stages(
+    exec: &mut Executor,
+    stage: &StageRuntime,
+    stages: &[usize],
+    mine: Vec<f32>,
+) -> Res<Vec<f32>> {
+    let mut parts: Vec<(usize, Vec<f32>)> = Vec::with_capacity(stages.len());
+    for &other in stages.iter().filter(|&&t| t != stage.stage) {
+        let comm = comm(exec)?;
+        let peer = stage.ranks[other];
+        let mut theirs = vec![0f32; mine.len()];
+        if stage.stage < other {
+            comm.send(peer, &mine).map_err(TrainRunError::of_run)?;
+            comm.recv(peer, &mut theirs)
+                .map_err(TrainRunError::of_run)?;
+        } else {
+            comm.recv(peer, &mut theirs)
+                .map_err(TrainRunError::of_run)?;
+            comm.send(peer, &mine).map_err(TrainRunError::of_run)?;
+        }
+        parts.push((other, theirs));
+    }
+    parts.push((stage.stage, mine));
+    parts.sort_by_key(|(s, _)| *s);
+    let mut parts = parts.into_iter().map(|(_, p)| p);
+    let mut total = parts.next().unwrap_or_default();
+    for part in parts {
+        for (t, p) in total.iter_mut().zip(&part) {
+            *t += p;
+        }
+    }
+    Ok(total)
 }
 
 /// Receives the value of input `name` of `exec`'s module (of its shape, as f32) from `from`.

@@ -34,8 +34,18 @@ pub struct StageCut {
     /// The model outputs this stage computes (the others compute none of them).
     pub outputs: Vec<String>,
     /// Trained parameters this stage reads that another stage reads too (tied weights, such
-    /// as an output head sharing the embedding's table): each stage has a copy.
-    pub shared: Vec<String>,
+    /// as an output head sharing the embedding's table): each stage has a copy, whose
+    /// gradients the stages sum before they update their copies alike.
+    pub shared: Vec<SharedParam>,
+}
+
+/// A trained parameter several stages read (a tied weight), and which stages.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SharedParam {
+    /// Its path.
+    pub path: String,
+    /// Every stage that reads it, this one included, in ascending order.
+    pub stages: Vec<usize>,
 }
 
 /// The input and output name of value `v` of the whole graph where it crosses a cut.
@@ -64,8 +74,8 @@ pub fn pipeline_stage(
     let placed = place(graph, &order, stages, layer_stage)?;
     let stage_of = |v: ValueRef| placed.get(&v.node).copied();
     let (keep, received, outputs) = needed(graph, &order, &placed, stages, stage)?;
-    // Trained parameters another stage reads too (tied weights).
-    let mut shared = BTreeSet::new();
+    // Trained parameters another stage reads too (tied weights), with every stage reading them.
+    let mut shared: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
     for other in (0..stages).filter(|&t| t != stage) {
         let (theirs, ..) = needed(graph, &order, &placed, stages, other)?;
         for id in keep.intersection(&theirs) {
@@ -75,7 +85,10 @@ pub fn pipeline_stage(
                 ..
             } = &graph.node(*id).kind
             {
-                shared.insert(path.clone());
+                shared
+                    .entry(path.clone())
+                    .or_insert_with(|| BTreeSet::from([stage]))
+                    .insert(other);
             }
         }
     }
@@ -97,7 +110,13 @@ pub fn pipeline_stage(
     }
     let mut cut = StageCut {
         outputs: outputs.clone(),
-        shared: shared.into_iter().collect(),
+        shared: shared
+            .into_iter()
+            .map(|(path, stages)| SharedParam {
+                path,
+                stages: stages.into_iter().collect(),
+            })
+            .collect(),
         ..StageCut::default()
     };
     for v in &received {
@@ -361,12 +380,16 @@ mod tests {
             .unwrap()[0];
         g.outputs[0].1 = tied;
         let mut second = g.clone();
+        let both = [SharedParam {
+            path: "layers.0.w".to_string(),
+            stages: vec![0, 1],
+        }];
         assert_eq!(
             pipeline_stage(&mut g, 0, 2, &layer_of).unwrap().shared,
-            ["layers.0.w"]
+            both
         );
         let cut = pipeline_stage(&mut second, 1, 2, &layer_of).unwrap();
-        assert_eq!(cut.shared, ["layers.0.w"]);
+        assert_eq!(cut.shared, both);
         assert!(pipeline_stage(&mut chain(), 0, 2, &layer_of)
             .unwrap()
             .shared
