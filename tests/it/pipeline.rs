@@ -18,6 +18,10 @@ use crate::train::assert_rel;
 const PP: &str = include_str!("../fixtures/tiny_llama_pp.msl-decls");
 /// Two replicas × two stages × two tensor-parallel ranks, two micro-batches of 2.
 const MIX: &str = include_str!("../fixtures/tiny_llama_mix.msl-decls");
+/// GPT-2's model (its logits read the embedding's table) on two stages, and its sizes here
+/// (without dropout, so that micro-batches draw no masks of their own).
+const TIED: &str = include_str!("../fixtures/gpt2_tied_pp.msl-decls");
+const TIED_SIZES: &str = include_str!("../fixtures/gpt2_tied_sizes.args");
 
 /// Each stage's program holds its own layers' weights and nothing of the other's: the first
 /// the embedding and layer 0, the second layer 1, the final norm and the head; the only value
@@ -167,7 +171,7 @@ fn pipeline_and_one_device_resume_each_other_s_checkpoints() {
     let run = |out: &str, steps: &str, extra: &[&str]| -> Vec<f64> {
         let rows = train_metrics(
             &dir,
-            &src,
+            (&src, &llama_flags()),
             &data,
             out,
             &[&["--steps", steps][..], extra].concat(),
@@ -222,7 +226,9 @@ fn the_tiny_llama_example_trains_on_its_eight_ranks_as_on_one_device() {
     let dir = TestDir::new("pipeline-example");
     let example = crate::exec::common::root().join("examples/tiny_llama.msl");
     let data = random_tokens(&dir, 16, 8, 11);
-    let run = |out: &str, extra: &[&str]| train_metrics(&dir, &example, &data, out, extra);
+    let sizes = llama_flags();
+    let run =
+        |out: &str, extra: &[&str]| train_metrics(&dir, (&example, &sizes), &data, out, extra);
     // A tensor-parallel rank starts from whole weights: one step on one device makes them.
     run("init", &["--init-seed", "2", "--steps", "1"]);
     let weights = dir.path("init/step-1/model.safetensors");
@@ -270,7 +276,13 @@ fn clipping_and_dynamic_loss_scaling_on_a_pipeline_match_one_device() {
     let data = random_tokens(&dir, 8, 8, 3);
     let metrics = |src: &Path, tag: &str, ranks: &[&str]| {
         let seeded = ["--init-seed", "1", "--steps", "10"];
-        train_metrics(&dir, src, &data, tag, &[&seeded[..], ranks].concat())
+        train_metrics(
+            &dir,
+            (src, &llama_flags()),
+            &data,
+            tag,
+            &[&seeded[..], ranks].concat(),
+        )
     };
     let (src, _) = llama_source_in(&dir, "clip.msl", &clipped, 2);
     let one = metrics(&src, "clip-one", &[]);
@@ -354,11 +366,12 @@ fn a_pipeline_with_optimizer_sharding_level1_updates_as_without() {
     assert!(log.contains("E0972") && log.contains("level2"), "{log}");
 }
 
-/// `mslc train` of `src` on `data` with `args` and the tiny LLaMA's sizes, one thread, into
-/// `dir/TAG` (metrics in `dir/TAG.jsonl`): each step's metrics.
+/// `mslc train` of `src` on `data` with `args` and the model's `sizes` (the tiny LLaMA's:
+/// [`llama_flags`]), one thread, into `dir/TAG` (metrics in `dir/TAG.jsonl`): each step's
+/// metrics.
 fn train_metrics(
     dir: &TestDir,
-    src: &Path,
+    (src, sizes): (&Path, &[&str]),
     data: &Path,
     tag: &str,
     args: &[&str],
@@ -367,7 +380,7 @@ fn train_metrics(
     let out = dir.path(tag);
     let head = ["train", s(src), "--data", s(data), "--threads", "1"];
     let tail = ["--metrics", s(&metrics), "--output-dir", s(&out)];
-    let (code, stdout, stderr) = mslc(&[&head[..], args, &tail, &llama_flags()].concat());
+    let (code, stdout, stderr) = mslc(&[&head[..], args, &tail, sizes].concat());
     assert_eq!(code, 0, "{stdout}{stderr}");
     std::fs::read_to_string(&metrics)
         .unwrap()
@@ -442,48 +455,25 @@ fn a_weight_tied_across_stages_trains_as_on_one_device() {
     let example =
         std::fs::read_to_string(crate::exec::common::root().join("examples/gpt2.msl")).unwrap();
     let model_end = example.find("precision Mixed").expect("the model part");
-    // The tiny LLaMA's two stages, on GPT-2's model.
-    let decls = PP
-        .replace("train Pretrain for TinyLlama", "train Tied for Gpt2")
-        .replace(
-            "adamw(lr: 1e-2, weight_decay: 0.1)",
-            "sgd(lr: 0.1, momentum: 0.9)",
-        );
-    assert!(decls.contains("sgd("));
     let src = dir.path("tied.msl");
-    std::fs::write(&src, format!("{}{decls}", &example[..model_end])).unwrap();
-    // Without dropout, so that micro-batches draw no masks of their own.
-    let sizes: Vec<&str> = "--set vocab=64 --set hidden=32 --set layers=2 --set heads=2 \
-         --set max_positions=16 --set p=0.0 --dim S=8"
-        .split_whitespace()
-        .collect();
+    std::fs::write(&src, format!("{}{TIED}", &example[..model_end])).unwrap();
+    let sizes: Vec<&str> = TIED_SIZES.split_whitespace().collect();
     let data = random_tokens(&dir, 16, 8, 3);
-    let run = |out: &Path, extra: &[&str]| {
-        let metrics = out.with_extension("jsonl");
-        let mut args = vec!["train", s(&src), "--entry", "Tied"];
-        args.extend(&sizes);
-        args.extend(["--init-seed", "0", "--data", s(&data), "--steps", "10"]);
-        args.extend([
-            "--metrics",
-            s(&metrics),
-            "--output-dir",
-            s(out),
-            "--threads",
-            "1",
-        ]);
-        let (code, stdout, stderr) = mslc(&[&args[..], extra].concat());
-        assert_eq!(code, 0, "{stdout}{stderr}");
-        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+    let run = |tag: &str, extra: &[&str]| {
+        let seeded = ["--init-seed", "0", "--steps", "10"];
+        let rows = train_metrics(
+            &dir,
+            (&src, &sizes),
+            &data,
+            tag,
+            &[&seeded[..], extra].concat(),
+        );
         (column(&rows, "loss"), column(&rows, "grad_norm"))
     };
     let (one, two) = (dir.path("one"), dir.path("two"));
-    let (losses, norms) = run(&one, &[]);
+    let (losses, norms) = run("one", &[]);
     assert_eq!(losses.len(), 10);
-    let (staged_losses, staged_norms) = run(&two, &["--ranks", "2"]);
+    let (staged_losses, staged_norms) = run("two", &["--ranks", "2"]);
     assert_rel("losses", &staged_losses, &losses, 1e-5);
     // The table's gradient counted once in the global norm.
     assert_rel("gradient norms", &staged_norms, &norms, 1e-5);
@@ -502,7 +492,7 @@ fn a_weight_tied_across_stages_trains_as_on_one_device() {
     );
 
     let out = dir.path("out");
-    let mut args = vec!["build", s(&src), "--entry", "Tied", "-o", s(&out)];
+    let mut args = vec!["build", s(&src), "-o", s(&out)];
     args.extend(&sizes);
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
