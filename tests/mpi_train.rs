@@ -454,7 +454,7 @@ fn pipeline_training(dir: &Path) {
         ),
     ] {
         let one = format!("{tag}-one");
-        let (code, stdout, stderr) = train_with(dir, src, steps, &one, &[], &flags);
+        let (code, stdout, stderr) = train_with(dir, src, steps, &one, &[], flags);
         assert_eq!(
             code, 0,
             "one device:
