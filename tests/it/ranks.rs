@@ -104,7 +104,7 @@ fn train(source: &Path, data: &Path, out: &Path, steps: &str, extra: &[&str]) ->
 }
 
 /// Every tensor of a safetensors file, by name, as f64.
-fn tensors_of(file: &Path) -> Vec<(String, Vec<f64>)> {
+pub(crate) fn tensors_of(file: &Path) -> Vec<(String, Vec<f64>)> {
     let file = file.to_path_buf();
     let names: Vec<String> = SafetensorsFile::open(&file)
         .unwrap()

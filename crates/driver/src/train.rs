@@ -591,16 +591,16 @@ fn compile_train_step(
                     "train it without pipeline stages",
                 ));
             }
-            if train_options.optimizer_shard >= 2 && train_options.data_parallel > 1 {
+            if train_options.optimizer_shard >= 3 && train_options.data_parallel > 1 {
                 return Err(refuse(
                     Code::E0972,
                     format!(
-                        "train `{}` shards gradients or parameters (optimizer_shard = {}), \
-                         which pipeline stages do not run yet",
+                        "train `{}` shards parameters (optimizer_shard = {}), which pipeline \
+                         stages do not run yet",
                         spec.name.name,
                         mslc_plan::parallel::level_name(train_options.optimizer_shard)
                     ),
-                    "use optimizer_shard = level1 with pipeline stages",
+                    "use optimizer_shard = level1 or level2 with pipeline stages",
                 ));
             }
             graph.outputs = vec![(LOSS.to_string(), loss)];
@@ -980,9 +980,16 @@ fn compile_stage_update(
             (path.clone(), v)
         })
         .collect();
+    // Under level 2 the step sums this replica's slices of the gradients.
     let grads: Vec<ValueRef> = params
         .iter()
-        .map(|(path, ty, _)| graph.add_input(&accumulator(path), ty.clone()))
+        .map(|(path, ty, _)| {
+            let ty = match zero.filter(|z| z.level >= 2) {
+                Some(z) => TensorType::new(ty.dtype, vec![z.chunk(ty.numel() as usize) as i64]),
+                None => ty.clone(),
+            };
+            graph.add_input(&accumulator(path), ty)
+        })
         .collect();
     let mut b = Builder {
         g: &mut graph,
