@@ -449,7 +449,9 @@ impl StageStep {
 /// values it sends and those it receives (name → value in the graph).
 struct Staged {
     cut: StageCut,
-    forward: Option<Compiled>,
+    /// The forward to the values the stage sends (none on the last), compiled once the
+    /// optimizer sharding is known.
+    forward: Option<Graph>,
     sends: Vec<(String, ValueRef)>,
     received: Vec<(String, ValueRef)>,
 }
@@ -578,7 +580,7 @@ fn compile_train_step(
         )
     })?;
     // Whole-update operations need every stage's gradients at once: not run on stages.
-    let staged = match stage {
+    let mut staged = match stage {
         Some((pipeline, s)) => {
             if !mode.running.is_empty() {
                 return Err(refuse(
@@ -589,18 +591,6 @@ fn compile_train_step(
                         spec.name.name
                     ),
                     "train it without pipeline stages",
-                ));
-            }
-            if train_options.optimizer_shard >= 3 && train_options.data_parallel > 1 {
-                return Err(refuse(
-                    Code::E0972,
-                    format!(
-                        "train `{}` shards parameters (optimizer_shard = {}), which pipeline \
-                         stages do not run yet",
-                        spec.name.name,
-                        mslc_plan::parallel::level_name(train_options.optimizer_shard)
-                    ),
-                    "use optimizer_shard = level1 or level2 with pipeline stages",
                 ));
             }
             graph.outputs = vec![(LOSS.to_string(), loss)];
@@ -620,18 +610,11 @@ fn compile_train_step(
                 .filter(|(name, _)| name != LOSS)
                 .cloned()
                 .collect();
-            let forward = match s + 1 < pipeline.layers.len() {
-                true => {
-                    let mut forward = graph.clone();
-                    forward.outputs.retain(|(name, _)| name != LOSS);
-                    let whole = CompileOptions {
-                        amp: None,
-                        ..options.clone()
-                    };
-                    Some(crate::compile::compile_graph(forward, &whole)?)
-                }
-                false => None,
-            };
+            let forward = (s + 1 < pipeline.layers.len()).then(|| {
+                let mut forward = graph.clone();
+                forward.outputs.retain(|(name, _)| name != LOSS);
+                forward
+            });
             graph.outputs.clear();
             let received: Vec<(String, ValueRef)> = cut
                 .receives
@@ -700,12 +683,24 @@ fn compile_train_step(
         }),
         _ => None,
     };
-    // Level 3: each parameter is this rank's slice, gathered where it is read.
+    // Level 3: each parameter is this rank's slice, gathered where it is read — in the
+    // stage's forward too, which runs on the same parameters (a clone: the same node ids).
     let sharded = match &zero {
         Some(z) if z.shards_params() => {
+            if let Some(forward) = staged.as_mut().and_then(|st| st.forward.as_mut()) {
+                zero::shard_params(forward, &params, &z.group).map_err(shard_error)?;
+            }
             zero::shard_params(&mut graph, &params, &z.group).map_err(shard_error)?
         }
         _ => Vec::new(),
+    };
+    let whole_forward = CompileOptions {
+        amp: None,
+        ..options.clone()
+    };
+    let stage_forward = match staged.as_mut().and_then(|st| st.forward.take()) {
+        Some(forward) => Some(crate::compile::compile_graph(forward, &whole_forward)?),
+        None => None,
     };
     // A replica differentiates its share of the global loss and reports the global loss.
     let sends_only = staged.as_ref().is_some_and(|st| !st.is_last());
@@ -939,7 +934,7 @@ fn compile_train_step(
     };
     let stage = staged.zip(update).map(|(st, update)| StageStep {
         cut: st.cut,
-        forward: st.forward,
+        forward: stage_forward,
         update,
     });
     Ok((step, stage))
@@ -973,23 +968,30 @@ fn compile_stage_update(
     (stages, counted_elsewhere): (&Group, Vec<bool>),
 ) -> Result<CompiledTrain, TrainError> {
     let mut graph = Graph::new(format!("{}_update", spec.name.name));
+    // This replica's slice of parameter `path` (of type `ty` in the step, already a slice at
+    // level 3), under `level` or above.
+    let slice = |path: &str, ty: &TensorType, level: u8| match zero.filter(|z| z.level >= level) {
+        Some(z) => {
+            let numel = z
+                .shapes
+                .get(path)
+                .map_or(0, |s| s.iter().product::<usize>());
+            TensorType::new(ty.dtype, vec![z.chunk(numel) as i64])
+        }
+        None => ty.clone(),
+    };
+    // Level 3 holds slices of the parameters; from level 2 the step sums this replica's
+    // slices of the gradients.
     let values: Vec<(String, ValueRef)> = params
         .iter()
         .map(|(path, ty, init)| {
-            let v = graph.add_param(path, ty.clone(), init.clone(), true);
+            let v = graph.add_param(path, slice(path, ty, 3), init.clone(), true);
             (path.clone(), v)
         })
         .collect();
-    // Under level 2 the step sums this replica's slices of the gradients.
     let grads: Vec<ValueRef> = params
         .iter()
-        .map(|(path, ty, _)| {
-            let ty = match zero.filter(|z| z.level >= 2) {
-                Some(z) => TensorType::new(ty.dtype, vec![z.chunk(ty.numel() as usize) as i64]),
-                None => ty.clone(),
-            };
-            graph.add_input(&accumulator(path), ty)
-        })
+        .map(|(path, ty, _)| graph.add_input(&accumulator(path), slice(path, ty, 2)))
         .collect();
     let mut b = Builder {
         g: &mut graph,
