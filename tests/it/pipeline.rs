@@ -416,6 +416,61 @@ fn column(rows: &[serde_json::Value], key: &str) -> Vec<f64> {
     rows.iter().map(|r| r[key].as_f64().unwrap()).collect()
 }
 
+/// BatchNorm's running statistics on a pipeline: a stage before the last updates them in its
+/// forward, the last in its step, once per micro-batch and in the micro-batches' order, as one
+/// device accumulating the same micro-batches does. Six SGD steps of a small CNN with a
+/// BatchNorm on each of its two stages (4 micro-batches of 2) give exactly one device's
+/// losses, weights, running statistics and momentum under `grad_accum = 4`.
+#[test]
+fn batch_norm_on_a_pipeline_trains_as_one_device_accumulating() {
+    let dir = TestDir::new("pipeline-batch-norm");
+    let src = dir.path("cnn.msl");
+    std::fs::write(&src, include_str!("../fixtures/cnn_bn_pp.msl")).unwrap();
+    let data = dir.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut rng = crate::exec::common::Rng(5);
+    let images = rng.vec(32 * 3 * 8 * 8, -2.0, 2.0);
+    let labels: Vec<i64> = (0..32)
+        .map(|_| (rng.uniform() * 10.0) as i64 % 10)
+        .collect();
+    let npy = |name: &str, array: mslc_io::npy::NpyArray| {
+        mslc_io::npy::write_npy(data.join(name), &array).unwrap()
+    };
+    npy(
+        "images.npy",
+        mslc_io::npy::NpyArray::from_f32(vec![32, 3, 8, 8], &images).unwrap(),
+    );
+    npy(
+        "labels.npy",
+        mslc_io::npy::NpyArray::from_i64(vec![32], &labels).unwrap(),
+    );
+    let run = |entry: &str, tag: &str, extra: &[&str]| {
+        let seeded = ["--entry", entry, "--init-seed", "0", "--steps", "6"];
+        let rows = train_metrics(
+            &dir,
+            (&src, &[]),
+            &data,
+            tag,
+            &[&seeded[..], extra].concat(),
+        );
+        column(&rows, "loss")
+    };
+    let one = run("Accumulated", "one", &[]);
+    assert_eq!(one.len(), 6);
+    assert_eq!(run("Staged", "two", &["--ranks", "2"]), one);
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let read = |tag: &str| std::fs::read(dir.path(tag).join("step-6").join(file)).unwrap();
+        assert!(read("one") == read("two"), "{file} differs");
+    }
+    let stats = tensors_of(&dir.path("two/step-6/model.safetensors"));
+    let running: Vec<&str> = stats
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| n.contains("running"))
+        .collect();
+    assert_eq!(running.len(), 4, "{running:?}");
+}
+
 /// What stages do not run is said before anything runs (E0972): an interleaved schedule (a
 /// stage holding several chunks of layers) and `--dump-grads` (each stage holds only its own
 /// gradients).

@@ -485,7 +485,9 @@ pub const STAGE_OBJECTIVE: &str = "pipeline.objective";
 /// `dy` come back from the stages that read them. The step only sums its parameters'
 /// gradients; [`StageStep::update`] updates them, with the gradients' global norm (for
 /// `clip_grad_norm`) and overflow check (for a loss scale that skips overflowing steps) summed
-/// over all stages. BatchNorm's running statistics are refused (E0972).
+/// over all stages. The new running statistics of the stage's BatchNorms are outputs of its
+/// forward program (of the step on the last stage, which has no forward), and a weight other
+/// stages read too (a tied one) is summed with theirs ([`StageCut::shared`]).
 pub fn compile_train_stage(
     train: &Train,
     options: &CompileOptions,
@@ -582,18 +584,10 @@ fn compile_train_step(
     // Whole-update operations need every stage's gradients at once: not run on stages.
     let mut staged = match stage {
         Some((pipeline, s)) => {
-            if !mode.running.is_empty() {
-                return Err(refuse(
-                    Code::E0972,
-                    format!(
-                        "train `{}` updates BatchNorm's running statistics, which pipeline \
-                         stages do not run yet",
-                        spec.name.name
-                    ),
-                    "train it without pipeline stages",
-                ));
-            }
-            graph.outputs = vec![(LOSS.to_string(), loss)];
+            // The running statistics are outputs of the stage whose BatchNorm makes them.
+            graph.outputs = std::iter::once((LOSS.to_string(), loss))
+                .chain(mode.running.iter().cloned())
+                .collect();
             let cut = crate::ranks::cut_to_stage(&mut graph, pipeline, s).map_err(|e| {
                 refuse(
                     Code::E0972,
@@ -607,9 +601,11 @@ fn compile_train_step(
             let sends: Vec<(String, ValueRef)> = graph
                 .outputs
                 .iter()
-                .filter(|(name, _)| name != LOSS)
+                .filter(|(name, _)| cut.sends.iter().any(|c| c.name == *name))
                 .cloned()
                 .collect();
+            // A stage before the last updates its running statistics in its forward (once per
+            // micro-batch: its step recomputes that forward).
             let forward = (s + 1 < pipeline.layers.len()).then(|| {
                 let mut forward = graph.clone();
                 forward.outputs.retain(|(name, _)| name != LOSS);
@@ -893,8 +889,21 @@ fn compile_train_step(
         }
         None => None,
     };
-    for (path, v) in &mode.running {
-        graph.set_output(path, *v);
+    // The running statistics of this stage's BatchNorms, which its step outputs on the last
+    // stage and its forward on the others; all of them without stages.
+    let running: Vec<(String, ValueRef)> = match &staged {
+        Some(st) => mode
+            .running
+            .iter()
+            .filter(|(path, _)| st.cut.outputs.contains(path))
+            .cloned()
+            .collect(),
+        None => mode.running.clone(),
+    };
+    if staged.as_ref().is_none_or(Staged::is_last) {
+        for (path, v) in &running {
+            graph.set_output(path, *v);
+        }
     }
     let accumulators = match accumulate {
         true => params.iter().map(|(p, _)| accumulator(p)).collect(),
@@ -928,7 +937,7 @@ fn compile_train_step(
         loss_scale: train_options.loss_scale,
         grad_accum,
         accumulators,
-        buffers: mode.running.into_iter().map(|(p, _)| p).collect(),
+        buffers: running.into_iter().map(|(p, _)| p).collect(),
         recompute,
         zero,
     };

@@ -9,7 +9,9 @@
 //! per micro-batch in flight) with the gradients of what it sent, accumulates its parameters'
 //! gradients and sends the received values' gradients back. After the last backward each
 //! stage runs its update program on its gradient sums, whose global norm and overflow check
-//! sum over all stages (so clipping and loss-scale skipping agree everywhere). Rank 0 (the
+//! sum over all stages (so clipping and loss-scale skipping agree everywhere), after the
+//! stages holding a tied weight summed its gradients among them. BatchNorm's running
+//! statistics are written back after each micro-batch's forward (the last stage's step). Rank 0 (the
 //! first stage's) receives the loss from the last stage for the metrics, and every stage's
 //! parameters and states for checkpoints.
 
@@ -170,6 +172,11 @@ impl Trainer {
             self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
             if stage.cut.outputs.iter().any(|o| o == LOSS) {
                 losses += self.scalar(LOSS);
+                // The last stage's step is its forward: it updates its running statistics.
+                let buffers = self.train.buffers.iter().map(String::as_str);
+                self.exec
+                    .write_back(buffers)
+                    .map_err(TrainRunError::of_run)?;
             }
             for c in &stage.cut.receives {
                 let (_, values) = self
@@ -213,8 +220,11 @@ impl Trainer {
                 .map_err(|e| data_error(e.message))?;
         }
         // The forward's collectives (tensor parallelism within the stage) and parameters are
-        // this rank's.
-        run_on_params_of(&mut self.exec, forward, |_| Ok(()))?;
+        // this rank's; it updates the stage's running statistics, once per micro-batch.
+        let buffers = self.train.buffers.iter().map(String::as_str);
+        run_on_params_of(&mut self.exec, forward, |forward| {
+            forward.write_back(buffers).map_err(TrainRunError::of_run)
+        })?;
         for c in &stage.cut.sends {
             let (_, values) = forward
                 .output_f32(&c.name)
