@@ -20,7 +20,8 @@ use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::{choose_model, compile_options, root_error, Selection};
 use mslc_driver::target::target_from_spec;
 use mslc_driver::train::{
-    choose_train, compile_train, micro_batch_dim, train_as_run, train_compile_options, TrainOptions,
+    batch_parts, choose_train, compile_train, micro_batch_dim, train_as_run, train_compile_options,
+    TrainOptions,
 };
 use mslc_plan::kernels::{KernelTable, SubgraphEntry};
 use mslc_plan::memory_svg::memory_svg;
@@ -232,8 +233,7 @@ fn train_micro_batch(
     match train.model.and_then(|m| checked.models.get(m)) {
         Some(model) => {
             // The batch counts `B × dp × micro-batches (pipeline) × grad_accum`.
-            let policy = train.parallel.map(|p| &checked.decls.parallels[p]);
-            let parts = policy.map_or(1, |p| p.batch_parts());
+            let parts = batch_parts(checked, train);
             // A batch that does not split so is the plan's error (E0902), with its help.
             micro_batch_dim(train, model, &args.model.dims, parts).or_else(|e| match parts {
                 1 => Err(e),
@@ -497,15 +497,7 @@ fn parallel_plan(
         return Ok(None);
     };
     let (train, as_run) = match train_entry {
-        Some(_) => {
-            let policy = declared.parallel.map(|p| &checked.decls.parallels[p]);
-            train_as_run(
-                declared,
-                model,
-                given,
-                policy.map_or(1, |p| p.batch_parts()),
-            )
-        }
+        Some(_) => train_as_run(declared, model, given, batch_parts(checked, declared)),
         None => (Cow::Borrowed(declared), None),
     };
     let train = train.as_ref();

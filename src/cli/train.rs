@@ -18,8 +18,8 @@ use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
 use mslc_driver::train::{
-    choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim, train_as_run,
-    train_compile_options, CompiledTrain, StageStep, TrainOptions,
+    batch_parts, choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim,
+    train_as_run, train_compile_options, CompiledTrain, StageStep, TrainOptions,
 };
 use mslc_driver::trainer::{
     data_inputs, Dataset, StageRuntime, StepMetrics, TrainRunError, Trainer,
@@ -644,16 +644,16 @@ pub fn check_for_ranks(
     };
     // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
     // unless --dim sets the model's batch dim: check again with that size.
+    let mut replicas = 1;
     if let Some(train) = train {
-        let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
-        let replicas = match started {
-            Some((world, launcher)) => {
-                ranks::check_world(policy.map_or(1, |p| p.devices), world, launcher)
-                    .map_err(|e| Failure::Message(e.code, e.message))?;
-                policy.map_or(1, |p| p.batch_parts())
-            }
-            None => 1,
-        };
+        if let Some((world, launcher)) = started {
+            let devices = train
+                .parallel
+                .map_or(1, |i| checked.decls.parallels[i].devices);
+            ranks::check_world(devices, world, launcher)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+            replicas = batch_parts(&checked, train);
+        }
         let dim = match train.model.and_then(|m| checked.models.get(m)) {
             Some(m) => {
                 micro_batch_dim(train, m, &model.dims, replicas).map_err(|d| emit(d, &checked))?
@@ -672,14 +672,12 @@ pub fn check_for_ranks(
     // The train as its steps take the batch (another one than declared under a `--dim` that
     // disagrees, which W0015 says), and so as its plan counts it.
     let train = pick(&checked, entry).map_err(|d| emit(d, &checked))?;
-    let as_run = train.map(|train| {
-        let policy = train.parallel.map(|i| &checked.decls.parallels[i]);
-        let replicas = started.map_or(1, |_| policy.map_or(1, |p| p.batch_parts()));
-        match train.model.and_then(|m| checked.models.get(m)) {
+    let as_run = train.map(
+        |train| match train.model.and_then(|m| checked.models.get(m)) {
             Some(m) => train_as_run(train, m, &model.dims, replicas),
             None => (std::borrow::Cow::Borrowed(train), None),
-        }
-    });
+        },
+    );
     if let Some((_, Some(warning))) = &as_run {
         reporter.emit(std::slice::from_ref(warning), &checked.sources);
     }

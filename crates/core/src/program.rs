@@ -137,6 +137,13 @@ impl Model {
         &self.values[v.0 as usize]
     }
 
+    /// The batch dim: the dim named first in the first input's shape (`B` of `tokens:
+    /// i32[B, S]`), which a train's micro-batches and data-parallel replicas split; `None`
+    /// when the model has no input or that size is not a named dim.
+    pub fn batch_dim(&self) -> Option<&str> {
+        self.inputs.first()?.dims.first()?.as_deref()
+    }
+
     /// Number of trainable parameter elements (saturating at `u128::MAX`).
     pub fn param_count(&self) -> u128 {
         self.count(|p| p.trainable, TensorType::wide_numel)

@@ -145,26 +145,22 @@ pub fn split_inputs(
     if replicas <= 1 {
         return Ok(vec![arrays.clone()]);
     }
-    let batch = model
-        .inputs
-        .first()
-        .and_then(|i| i.dims.first().cloned().flatten())
-        .ok_or_else(|| {
-            RanksError::new(
-                Code::E0974,
-                format!(
-                    "data parallel splits the batch among {replicas} replicas, but the first \
+    let batch = model.batch_dim().map(str::to_string).ok_or_else(|| {
+        RanksError::new(
+            Code::E0974,
+            format!(
+                "data parallel splits the batch among {replicas} replicas, but the first \
                      input of `{}` does not start with a named batch dim",
-                    model.name
-                ),
-            )
-        })?;
+                model.name
+            ),
+        )
+    })?;
     let mut out = vec![BTreeMap::new(); replicas];
     for (name, array) in arrays {
         let batched = model
             .inputs
             .iter()
-            .any(|i| i.name == *name && i.dims.first().cloned().flatten() == Some(batch.clone()));
+            .any(|i| i.name == *name && i.dims.first().and_then(Option::as_deref) == Some(&batch));
         let size = array.shape().first().copied().unwrap_or(0);
         if batched && size % replicas != 0 {
             return Err(RanksError::new(

@@ -224,6 +224,14 @@ pub fn choose_train<'a>(
     })
 }
 
+/// The parts besides `grad_accum` that `train`'s batch splits into per update under its
+/// parallel policy: data-parallel replicas × pipeline micro-batches (1 without a policy).
+pub fn batch_parts(checked: &Checked, train: &Train) -> i64 {
+    train
+        .parallel
+        .map_or(1, |p| checked.decls.parallels[p].batch_parts())
+}
+
 /// The dim override a step of `train` needs so that it takes one micro-batch on one device:
 /// the model's batch dim (the first dim of its first input) set to `batch / (grad_accum ×
 /// replicas)` samples (the train's `batch` counts an update's samples, `B × dp ×
@@ -236,11 +244,7 @@ pub fn micro_batch_dim(
     given: &[(String, String)],
     replicas: i64,
 ) -> Result<Option<(String, i64)>, Box<Diagnostic>> {
-    let Some(dim) = model
-        .inputs
-        .first()
-        .and_then(|i| i.dims.first().cloned().flatten())
-    else {
+    let Some(dim) = model.batch_dim().map(str::to_string) else {
         return Ok(None);
     };
     if given.iter().any(|(d, _)| *d == dim) {
@@ -290,9 +294,7 @@ pub fn train_as_run<'t>(
 ) -> (std::borrow::Cow<'t, Train>, Option<Diagnostic>) {
     let unchanged = (std::borrow::Cow::Borrowed(train), None);
     let Some(dim) = model
-        .inputs
-        .first()
-        .and_then(|i| i.dims.first().cloned().flatten())
+        .batch_dim()
         .filter(|d| given.iter().any(|(g, _)| g == d))
     else {
         return unchanged;
@@ -690,12 +692,14 @@ fn compile_train_step(
         }
         _ => Vec::new(),
     };
-    let whole_forward = CompileOptions {
+    // The casts are placed (before the cut and the backward): the passes that follow, on the
+    // stage's forward and on the step, must not cast again.
+    let whole = CompileOptions {
         amp: None,
         ..options.clone()
     };
     let stage_forward = match staged.as_mut().and_then(|st| st.forward.take()) {
-        Some(forward) => Some(crate::compile::compile_graph(forward, &whole_forward)?),
+        Some(forward) => Some(crate::compile::compile_graph(forward, &whole)?),
         None => None,
     };
     // A replica differentiates its share of the global loss and reports the global loss.
@@ -848,9 +852,8 @@ fn compile_train_step(
         stage: "train",
         message,
     })?;
-    let update = match &staged {
-        Some(_) => {
-            let pipeline = stage.map_or(1, |(p, _)| p.layers.len());
+    let update = match (&staged, stage) {
+        (Some(st), Some((pipeline, this))) => {
             let tensor = tensor.map(|t| (t.group, split));
             let spec_params: Vec<(String, TensorType, Init)> = params
                 .iter()
@@ -862,18 +865,15 @@ fn compile_train_step(
                     (path.clone(), graph.ty(*v).clone(), init)
                 })
                 .collect();
-            let stages = Group::new(PIPELINE_AXIS, pipeline);
+            let stages = Group::new(PIPELINE_AXIS, pipeline.layers.len());
             // A tied weight's summed gradient counts once, on the first stage holding it.
-            let this = stage.map_or(0, |(_, s)| s);
             let counted_elsewhere = params
                 .iter()
                 .map(|(path, _)| {
-                    staged.as_ref().is_some_and(|st| {
-                        st.cut
-                            .shared
-                            .iter()
-                            .any(|p| p.path == *path && p.stages.first() != Some(&this))
-                    })
+                    st.cut
+                        .shared
+                        .iter()
+                        .any(|p| p.path == *path && p.stages.first() != Some(&this))
                 })
                 .collect();
             let u = compile_stage_update(
@@ -887,7 +887,7 @@ fn compile_train_step(
             )?;
             Some(u)
         }
-        None => None,
+        _ => None,
     };
     // The running statistics of this stage's BatchNorms, which its step outputs on the last
     // stage and its forward on the others; all of them without stages.
@@ -911,11 +911,6 @@ fn compile_train_step(
     };
     // Lowering, the backward and the update count as the lowering stage.
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
-    // The casts are placed: the passes after autodiff must not cast the update.
-    let whole = CompileOptions {
-        amp: None,
-        ..options.clone()
-    };
     let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, &whole)?;
     let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
     let (mut compiled, recompute) = plan_training(

@@ -210,7 +210,7 @@ impl<'a> Resizer<'a> {
             .recheck
             .ok_or("this export was asked for without other batch sizes")?;
         let first = model.inputs.first();
-        let dim = first.and_then(|i| i.dims.first().cloned().flatten());
+        let dim = model.batch_dim().map(str::to_string);
         let batch = first.and_then(|i| {
             forward
                 .node_ids()
