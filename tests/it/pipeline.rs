@@ -528,13 +528,44 @@ fn an_interleaved_schedule_or_a_gradient_dump_on_stages_is_refused() {
 /// `mslc build` writes both stages' programs, and `ranks.json` says which stages tie what.
 #[test]
 fn a_weight_tied_across_stages_trains_as_on_one_device() {
-    let dir = TestDir::new("pipeline-tied");
+    let stages = tied_training_parity("pipeline-tied", 2);
+    for stage in &stages {
+        let tied = serde_json::json!([{ "parameter": "wte.weight", "stages": [0, 1] }]);
+        assert_eq!(stage["tied"], tied, "{stage}");
+    }
+}
+
+/// The same on three stages (a layer each): the first and the last hold the table, the middle
+/// one takes no part in summing its gradients.
+#[test]
+fn a_weight_tied_across_non_adjacent_stages_trains_as_on_one_device() {
+    let stages = tied_training_parity("pipeline-tied-3", 3);
+    let tied = serde_json::json!([{ "parameter": "wte.weight", "stages": [0, 2] }]);
+    assert_eq!(stages[0]["tied"], tied);
+    assert_eq!(stages[1]["tied"], serde_json::json!([]));
+    assert_eq!(stages[2]["tied"], tied);
+}
+
+/// Trains the tiny GPT-2 ([`TIED`], one layer per stage) on one device and on `stages`
+/// pipeline stages and asserts what [`a_weight_tied_across_stages_trains_as_on_one_device`]
+/// says; then builds it: the per-stage entries of `ranks.json`.
+fn tied_training_parity(tag: &str, stages: usize) -> Vec<serde_json::Value> {
+    let dir = TestDir::new(tag);
     let example =
         std::fs::read_to_string(crate::exec::common::root().join("examples/gpt2.msl")).unwrap();
     let model_end = example.find("precision Mixed").expect("the model part");
     let src = dir.path("tied.msl");
-    std::fs::write(&src, format!("{}{TIED}", &example[..model_end])).unwrap();
-    let sizes: Vec<&str> = TIED_SIZES.split_whitespace().collect();
+    let decls = TIED
+        .replace("pp: 2", &format!("pp: {stages}"))
+        .replace("stages: 2", &format!("stages: {stages}"));
+    std::fs::write(&src, format!("{}{decls}", &example[..model_end])).unwrap();
+    let layers = format!("layers={stages}");
+    let sizes: Vec<&str> = TIED_SIZES
+        .split_whitespace()
+        .map(|a| if a == "layers=2" { &layers } else { a })
+        .collect();
+    assert!(sizes.contains(&layers.as_str()));
+    let ranks = stages.to_string();
     let data = random_tokens(&dir, 16, 8, 3);
     let run = |tag: &str, extra: &[&str]| {
         let seeded = ["--init-seed", "0", "--steps", "10"];
@@ -550,7 +581,7 @@ fn a_weight_tied_across_stages_trains_as_on_one_device() {
     let (one, two) = (dir.path("one"), dir.path("two"));
     let (losses, norms) = run("one", &[]);
     assert_eq!(losses.len(), 10);
-    let (staged_losses, staged_norms) = run("two", &["--ranks", "2"]);
+    let (staged_losses, staged_norms) = run("two", &["--ranks", &ranks]);
     assert_rel("losses", &staged_losses, &losses, 1e-5);
     // The table's gradient counted once in the global norm.
     assert_rel("gradient norms", &staged_norms, &norms, 1e-5);
@@ -573,12 +604,12 @@ fn a_weight_tied_across_stages_trains_as_on_one_device() {
     args.extend(&sizes);
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(out.join("Tied.stage1.update.mir").exists(), "{stdout}");
+    let last = format!("Tied.stage{}.update.mir", stages - 1);
+    assert!(out.join(last).exists(), "{stdout}");
     let ranks: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("Tied.ranks.json")).unwrap())
             .unwrap();
-    for stage in &ranks["pipeline"]["stages"].as_array().unwrap()[..2] {
-        let tied = serde_json::json!([{ "parameter": "wte.weight", "stages": [0, 1] }]);
-        assert_eq!(stage["tied"], tied, "{stage}");
-    }
+    let entries = ranks["pipeline"]["stages"].as_array().unwrap().clone();
+    assert_eq!(entries.len(), stages);
+    entries
 }

@@ -425,6 +425,31 @@ fn a_batch_dim_from_dim_that_disagrees_with_batch_is_warned_and_planned_as_run()
     assert_eq!((micro_batches, step), (micro_batches_of_4, step_of_4));
 }
 
+/// The same under `--ranks 2` of a data-parallel train: `--dim B=4` with 2 replicas takes 8
+/// samples per update, not `batch = 16`; training says so, naming the replicas, and trains.
+#[test]
+fn a_batch_dim_from_dim_that_disagrees_with_batch_is_warned_on_ranks() {
+    let dir = TestDir::new("train-dim-batch-ranks");
+    let weights = write_inputs(&dir);
+    let decl =
+        "parallel Data {\n    mesh = { dp: 2 }\n    mode = data\n}\n\ntrain Fit for Mlp {\n    \
+                labels: i32[B]\n    loss = cross_entropy(logits, labels)\n    batch = 16\n    \
+                optimizer = sgd(lr: 0.1)\n    parallel = Data\n    target = std.targets.cpu\n}";
+    let source = mlp_source(&dir, decl);
+    let data = dir.path("data");
+    let mut args = vec!["--message-format", "json", "train", s(&source)];
+    args.extend(SETS);
+    args.extend(["--weights", s(&weights), "--data", s(&data), "--ranks", "2"]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(error_codes(&stderr, &stdout), ["W0015"]);
+    let said = format!("{stdout}{stderr}");
+    assert!(
+        said.contains("× 2 replicas") && said.contains("= 8 samples"),
+        "{said}"
+    );
+}
+
 const ADAMW: &str = "optimizer = adamw(lr: 0.01)";
 
 #[test]
