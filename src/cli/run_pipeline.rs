@@ -99,13 +99,9 @@ pub fn execute(
         if let Some(comm) = comm {
             exec.set_collectives(comm);
         }
-        let ignored = match &args.weights {
-            Some(path) => {
-                let elsewhere = world::elsewhere(&params, c.stage);
-                world::load_stage_shard(&mut exec, path, layout, c.part, None, &elsewhere)?
-            }
-            None => run::load_params(args, &mut exec, None)?,
-        };
+        let elsewhere = world::elsewhere(&params, c.stage);
+        let ignored =
+            super::run_ranks::load_rank_params(args, &mut exec, layout, c.part, &elsewhere)?;
         exec.check_numerics(args.check_numerics);
         let batches = &micro[c.replica * m..(c.replica + 1) * m];
         let row = |stage| layout.rank(RankCoords { stage, ..c });

@@ -4,7 +4,7 @@
 //! (Megatron's rewrite, the same as training's); rank 0 gathers the replicas' outputs and
 //! writes them as `mslc run` on one device does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mslc_check::decls::Train;
 use mslc_check::Checked;
@@ -46,7 +46,6 @@ pub fn execute(
     let started = world.started();
     let pick = (args.entry.as_deref(), model_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
-    world::whole_weights_only(&layout, &[(args.init_seed.is_some(), "--init-seed")])?;
     let model = choose_model(&checked, args.entry.as_deref()).map_err(|d| {
         reporter.emit(&[*d], &checked.sources);
         Failure::Reported
@@ -92,10 +91,7 @@ pub fn execute(
         if let Some(comm) = comm {
             exec.set_collectives(comm);
         }
-        let ignored = match &args.weights {
-            Some(path) => world::load_shard(&mut exec, path, &layout, part, None)?,
-            None => run::load_params(args, &mut exec, None)?,
-        };
+        let ignored = load_rank_params(args, &mut exec, &layout, part, &BTreeSet::new())?;
         exec.check_numerics(args.check_numerics);
         for (input, array) in &replicas[replica] {
             exec.set_input(input, array).map_err(|e| e.message)?;
@@ -118,6 +114,29 @@ pub fn execute(
     };
     let follow = |r, comm| rank(r, comm).map(drop);
     world::run_ranks(world.ranks(&mesh)?, reporter, lead, follow)
+}
+
+/// Loads into `exec` the parameters of tensor-parallel member `part` of `layout` (those of
+/// `elsewhere` left out: another pipeline stage's): its shards of `--weights`, or under
+/// `--init-seed` the weights one device draws, cut to its blocks. The bookkeeping tensors of
+/// the weights file left out.
+pub(super) fn load_rank_params(
+    args: &RunArgs,
+    exec: &mut Executor,
+    layout: &RankLayout,
+    part: usize,
+    elsewhere: &BTreeSet<String>,
+) -> Result<Vec<(String, &'static str)>, Failure> {
+    match (&args.weights, args.init_seed) {
+        (Some(path), _) => world::load_stage_shard(exec, path, layout, part, None, elsewhere),
+        (None, Some(seed)) if layout.tp > 1 => {
+            let share = (part, layout.tp);
+            ranks::init_rank_weights(exec, seed, &layout.splits, share, None)
+                .map_err(|e| Failure::Message(e.code, e.message))?;
+            Ok(Vec::new())
+        }
+        _ => run::load_params(args, exec, None),
+    }
 }
 
 /// What rank 0 ran, for the summary of a run on ranks.

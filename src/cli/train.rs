@@ -154,14 +154,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             ),
         ));
     }
-    world::whole_weights_only(
-        &layout,
-        &[
-            (args.init_seed.is_some(), "--init-seed"),
-            (args.resume.is_some(), "--resume"),
-            (args.dump_grads.is_some(), "--dump-grads"),
-        ],
-    )?;
+    world::whole_grads_only(&layout, args.dump_grads.is_some())?;
     let replicas = layout.dp;
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);
@@ -296,8 +289,11 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             let zero = compiled.zero.as_ref().map(|z| (z, replica));
             let elsewhere = world::elsewhere(&stage_params, coords.stage);
             world::load_stage_shard(&mut exec, path, &layout, part, zero, &elsewhere)?;
-        } else if let Some(z) = compiled.zero.as_ref().filter(|z| z.shards_params()) {
-            ranks::zero_init(&mut exec, args.init_seed.unwrap_or(0), z, replica)
+        } else if layout.tp > 1 || compiled.zero.as_ref().is_some_and(|z| z.shards_params()) {
+            // Drawn whole, as one device draws them, then cut to this rank's share.
+            let zero = compiled.zero.as_ref().map(|z| (z, replica));
+            let seed = args.init_seed.unwrap_or(0);
+            ranks::init_rank_weights(&mut exec, seed, &layout.splits, (part, layout.tp), zero)
                 .map_err(|e| Failure::Message(e.code, e.message))?;
         } else {
             exec.init_params(args.init_seed.unwrap_or(0));
@@ -314,7 +310,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         .and_then(|mut t| t.shard_data(replica, replicas).map(|()| t))
         .map_err(|e| Failure::Message(e.code, e.message))?;
         if layout.tp > 1 {
-            trainer.shard_tensors(layout.splits.clone());
+            trainer.shard_tensors(layout.splits.clone(), (part, layout.tp));
         }
         if let Some((_, step)) = stages.get(coords.stage) {
             // The stage's forward and update run on the step's parameters, lent per run.

@@ -13,7 +13,7 @@ use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::DEFAULT_TIMEOUT;
 use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
-use mslc_io::safetensors::{SafetensorsFile, TensorRef};
+use mslc_io::safetensors::SafetensorsFile;
 use mslc_ir::shard::zero::ZeroShard;
 
 use super::output::Failure;
@@ -221,37 +221,26 @@ pub fn run_ranks<T: Send>(
     })
 }
 
-/// E0972 when a tensor-parallel `layout` meets one of the `flags` given (given, name) that
-/// needs the whole weights on every rank (initialising, resuming or dumping split weights).
-pub fn whole_weights_only(layout: &RankLayout, flags: &[(bool, &str)]) -> Result<(), Failure> {
-    match (layout.tp > 1, flags.iter().find(|(given, _)| *given)) {
-        (true, Some((_, flag))) => Err(Failure::Message(
+/// E0972 for `--dump-grads` (`dump`) on a tensor-parallel `layout`: each rank holds only
+/// its blocks of the split parameters' gradients.
+pub fn whole_grads_only(layout: &RankLayout, dump: bool) -> Result<(), Failure> {
+    match layout.tp > 1 && dump {
+        true => Err(Failure::Message(
             Code::E0972,
-            format!(
-                "{flag} is not run tensor parallel yet (split weights); give the whole weights \
-                 with --weights"
-            ),
+            "--dump-grads is not run tensor parallel yet (each rank holds its blocks of the \
+             split gradients); dump them on one device or data parallel"
+                .to_string(),
         )),
-        _ => Ok(()),
+        false => Ok(()),
     }
 }
 
 /// Loads into `exec` the weights of `path` as tensor-parallel member `part` of `layout`
-/// holds them: only its block of each split parameter, the rest whole, and of those ZeRO
-/// shards over the data-parallel axis (`zero`: the sharding and this rank's replica) only its
-/// slice. The framework bookkeeping tensors of the file left out.
-pub fn load_shard(
-    exec: &mut Executor,
-    path: &Path,
-    layout: &RankLayout,
-    part: usize,
-    zero: Option<(&ZeroShard, usize)>,
-) -> Result<Vec<(String, &'static str)>, Failure> {
-    load_stage_shard(exec, path, layout, part, zero, &BTreeSet::new())
-}
-
-/// [`load_shard`] for a pipeline stage: the weights of the parameters in `elsewhere` (those
-/// only other stages read) are left out; any other the stage lacks is still an error.
+/// holds them ([`ranks::rank_weights`]: only its block of each split parameter, and of those
+/// ZeRO shards over the data-parallel axis — `zero`: the sharding and this rank's replica —
+/// only its slice), those of the parameters in `elsewhere` (which only other pipeline stages
+/// read) left out; any other the program lacks is still an error. The framework bookkeeping
+/// tensors of the file left out.
 pub fn load_stage_shard(
     exec: &mut Executor,
     path: &Path,
@@ -263,18 +252,9 @@ pub fn load_stage_shard(
     let file = SafetensorsFile::open(path)
         .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
     let here = file.tensors().filter(|t| !elsewhere.contains(t.name));
-    let mut shards = ranks::shard_weights(here, &layout.splits, part, layout.tp)
+    let mine = ranks::rank_weights(here, &layout.splits, (part, layout.tp), zero)
         .map_err(|e| Failure::Message(e.code, e.message))?;
-    if let Some((z, replica)) = zero {
-        shards = ranks::zero_slices(shards, z, replica);
-    }
-    let tensors = shards.iter().map(|(name, shape, dtype, data)| TensorRef {
-        name,
-        dtype: *dtype,
-        shape,
-        data,
-    });
-    exec.load_weights(tensors)
+    exec.load_weights(ranks::tensor_refs(&mine))
         .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))
 }
 

@@ -725,6 +725,61 @@ fn tiny_llama_data_sequence_parallel_with_level3_matches_one_device() {
     tensor_parallel_training_parity("ranks-llama-dp-sp-zero", policy, "4", ADAMW_WEIGHTS_TOL);
 }
 
+/// Checkpoints move between a tensor-parallel layout and one device: the tiny LLaMA on 2
+/// data-parallel × 2 tensor-parallel ranks under optimizer sharding level 3 (each rank holds
+/// half of its tensor-parallel block of every parameter and state) starts from the weights
+/// `--init-seed` gives one device (its losses those of one device within 1e-5 relative), and
+/// its whole checkpoint, and one device's, each resume on one device and on the 4 ranks —
+/// each rank cutting its block, then its slice — to the losses one device continues with.
+#[test]
+fn tensor_parallel_checkpoints_resume_on_one_device_and_on_ranks() {
+    let dir = TestDir::new("ranks-llama-tp-resume");
+    let (src, _) = llama_tensor_parallel_in(&dir);
+    let text = std::fs::read_to_string(&src).unwrap();
+    std::fs::write(&src, data_and_level3(text)).unwrap();
+    let data = random_tokens(&dir, 16, 8, 31);
+    let run = |out: &str, steps: &str, extra: &[&str]| -> Vec<f64> {
+        let out = dir.path(out);
+        let metrics = out.with_extension("jsonl");
+        let args = [
+            "train",
+            s(&src),
+            "--data",
+            s(&data),
+            "--steps",
+            steps,
+            "--metrics",
+            s(&metrics),
+            "--output-dir",
+            s(&out),
+            "--threads",
+            "1",
+        ];
+        let (code, stdout, stderr) = mslc(&[&args[..], &llama_flags(), extra].concat());
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        metric_losses(&metrics)
+    };
+    let seed = ["--init-seed", "5"];
+    let one = run("one", "6", &seed);
+    let four = run("four", "6", &[&seed[..], &["--ranks", "4"]].concat());
+    assert_eq!(one.len(), 6);
+    assert_rel("losses from --init-seed on ranks", &four, &one, 1e-5);
+    let from = |run: &str| dir.path(run).join("step-6");
+    let continued = run("continued", "9", &["--resume", s(&from("one"))]);
+    assert_eq!(continued.len(), 3);
+    for (checkpoint, out, ranks) in [
+        ("four", "four-on-one", None),
+        ("four", "four-on-four", Some("4")),
+        ("one", "one-on-four", Some("4")),
+    ] {
+        let checkpoint = from(checkpoint);
+        let mut extra = vec!["--resume", s(&checkpoint)];
+        extra.extend(ranks.map(|n| ["--ranks", n]).into_iter().flatten());
+        let resumed = run(out, "9", &extra);
+        assert_rel(&format!("losses of {out}"), &resumed, &continued, 1e-5);
+    }
+}
+
 /// The tiny LLaMA's tensor-parallel policy on a mesh of 2 data-parallel × 2 tensor-parallel
 /// ranks under optimizer sharding level 3, with a batch of 4.
 fn data_and_level3(text: String) -> String {
@@ -828,25 +883,22 @@ pub(crate) fn forward(
 
 /// `mslc run --ranks 2` of the tensor-parallel tiny LLaMA — each rank holding its shards of
 /// q, k, v, o, gate, up and down, cut from `--weights` — writes the logits `mslc run` writes
-/// on one device, within 1e-5 relative (the row-parallel sums reassociate).
+/// on one device, within 1e-5 relative (the row-parallel sums reassociate). Under
+/// `--init-seed` each rank draws the weights one device draws and keeps its blocks: the same
+/// logits again (a rank drawing its blocks by their own shape would draw other values).
 #[test]
 fn run_on_two_ranks_tensor_parallel_matches_one_device() {
     let dir = TestDir::new("ranks-run-tp");
     let (src, args, _) = tensor_parallel_forward_parity(&dir, |text| text);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    // A tensor-parallel rank cannot initialise its shards alone.
-    let (code, _, stderr) = mslc(
-        &[
-            &["run", s(&src), "--init-seed", "1", "--ranks", "2"][..],
-            &args[2..],
-        ]
-        .concat(),
-    );
-    assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.contains("E0972") && stderr.contains("--init-seed"),
-        "{stderr}"
-    );
+    let seeded = [
+        &["--init-seed", "1"][..],
+        &args[2..].iter().map(String::as_str).collect::<Vec<_>>(),
+    ]
+    .concat();
+    let (want, _) = forward(&src, &seeded, &dir.path("seeded-one"), &[], "logits");
+    let ranks = ["--ranks", "2"];
+    let (got, _) = forward(&src, &seeded, &dir.path("seeded-ranks"), &ranks, "logits");
+    assert_rel("logits of --init-seed on ranks", &got, &want, 1e-5);
 }
 
 /// [`run_on_two_ranks_tensor_parallel_matches_one_device`] with Megatron's sequence

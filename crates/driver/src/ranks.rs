@@ -519,6 +519,16 @@ pub fn thread_world(mesh: Mesh, timeout: std::time::Duration) -> Vec<Box<dyn Col
 /// A weight as a rank loads it: name, shape, dtype, bytes.
 pub type OwnedTensor = (String, Vec<usize>, StDType, Vec<u8>);
 
+/// The weights `list` as the executor loads them.
+pub fn tensor_refs(list: &[OwnedTensor]) -> impl Iterator<Item = TensorRef<'_>> {
+    list.iter().map(|(name, shape, dtype, data)| TensorRef {
+        name,
+        dtype: *dtype,
+        shape,
+        data,
+    })
+}
+
 /// The weights `tensors` as tensor-parallel rank `index` of `n` holds them: each parameter
 /// of `splits` cut to its block (E0972 when its dim does not split into `n`).
 pub fn shard_weights<'a>(
@@ -578,49 +588,61 @@ pub fn zero_slices(tensors: Vec<OwnedTensor>, zero: &ZeroShard, index: usize) ->
         .collect()
 }
 
-/// Initialises the parameters of `exec`'s step from their declared init under `seed` as
-/// data-parallel member `index` holds them under level-3 optimizer sharding: each sliced
-/// parameter drawn whole, as one device draws it, then cut to this member's slice.
-pub fn zero_init(
+/// The weights `tensors` (whole, as one device holds them) as one rank holds them: each
+/// parameter of `splits` cut to tensor-parallel member `part`'s block of `tp`
+/// ([`shard_weights`]), then under level-3 optimizer sharding (`zero`: the sharding and this
+/// rank's replica) each sliced parameter cut to its slice ([`zero_slices`]).
+pub fn rank_weights<'a>(
+    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+    splits: &BTreeMap<String, usize>,
+    (part, tp): (usize, usize),
+    zero: Option<(&ZeroShard, usize)>,
+) -> Result<Vec<OwnedTensor>, RanksError> {
+    let shards = shard_weights(tensors, splits, part, tp)?;
+    Ok(match zero {
+        Some((z, replica)) => zero_slices(shards, z, replica),
+        None => shards,
+    })
+}
+
+/// Initialises the parameters of `exec`'s program from their declared init under `seed` as
+/// one rank holds them: each parameter drawn whole, as one device draws it (its
+/// tensor-parallel dim `tp` times the rank's block, its level-3 slice the whole of `zero`'s
+/// shape), then cut as [`rank_weights`] cuts loaded weights. So a sharded run starts from
+/// the weights `--init-seed` gives one device.
+pub fn init_rank_weights(
     exec: &mut mslc_exec::Executor,
     seed: u64,
-    zero: &ZeroShard,
-    index: usize,
+    splits: &BTreeMap<String, usize>,
+    (part, tp): (usize, usize),
+    zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
-    exec.init_params(seed);
-    let inits: BTreeMap<String, mslc_core::program::Init> = exec
+    let whole: Vec<OwnedTensor> = exec
         .module()
         .values
         .iter()
         .filter_map(|v| match &v.storage {
-            mslc_artifact::Storage::Param { path, init, .. } => Some((path.clone(), init.clone())),
+            mslc_artifact::Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
             _ => None,
         })
-        .collect();
-    let tensors: Vec<OwnedTensor> = exec
-        .params_f32()
-        .into_iter()
-        .map(|(path, shape, values)| {
-            let (shape, values) = match (zero.shapes.get(&path), inits.get(&path)) {
-                (Some(whole), Some(init)) if zero.shards_params() => {
-                    let mut all = vec![0f32; whole.iter().product()];
-                    mslc_exec::init::fill(init, seed, &path, &mut all);
-                    let slice = zero.slice(&all, index);
-                    (vec![slice.len()], slice)
+        .map(|(path, init, ty)| {
+            let mut shape: Vec<usize> = match zero {
+                Some((z, _)) if z.shards_params() && z.shapes.contains_key(path) => {
+                    z.shapes[path].clone()
                 }
-                _ => (shape, values),
+                _ => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
             };
+            if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
+                *d *= tp;
+            }
+            let mut values = vec![0f32; shape.iter().product()];
+            mslc_exec::init::fill(init, seed, path, &mut values);
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (path, shape, StDType::F32, bytes)
+            (path.clone(), shape, StDType::F32, bytes)
         })
         .collect();
-    let refs = tensors.iter().map(|(name, shape, dtype, data)| TensorRef {
-        name,
-        dtype: *dtype,
-        shape,
-        data,
-    });
-    exec.load_weights(refs)
+    let mine = rank_weights(tensor_refs(&whole), splits, (part, tp), zero)?;
+    exec.load_weights(tensor_refs(&mine))
         .map(|_| ())
         .map_err(|e| RanksError::new(Code::E0601, e.message))
 }

@@ -381,8 +381,9 @@ pub struct Trainer {
     /// each global batch of `batch × replicas` samples.
     replica: (usize, usize),
     /// Under tensor parallelism, the split parameters (path → dim), gathered over
-    /// [`TENSOR_AXIS`] for checkpoints.
-    tensor: Option<BTreeMap<String, usize>>,
+    /// [`TENSOR_AXIS`] for checkpoints and cut from them on resume, and this rank's member
+    /// index and the group's size.
+    tensor: Option<(BTreeMap<String, usize>, (usize, usize))>,
     order: Vec<usize>,
     state: LoopState,
     /// The last update's loss (the mean over its micro-batches).
@@ -515,11 +516,12 @@ impl Trainer {
         self.tensor.is_some() || self.train.zero.is_some() || self.stage.is_some()
     }
 
-    /// Makes this the loop of one rank of a tensor-parallel group whose parameters `splits`
-    /// (path → dim) hold 1/n of that dim: checkpoints gather them (and their optimizer states)
-    /// over [`TENSOR_AXIS`].
-    pub fn shard_tensors(&mut self, splits: BTreeMap<String, usize>) {
-        self.tensor = Some(splits);
+    /// Makes this the loop of member `part` of a tensor-parallel group of `n` ranks whose
+    /// parameters `splits` (path → dim) hold 1/n of that dim: checkpoints gather them (and
+    /// their optimizer states) over [`TENSOR_AXIS`], and a resume takes this member's block of
+    /// each.
+    pub fn shard_tensors(&mut self, splits: BTreeMap<String, usize>, (part, n): (usize, usize)) {
+        self.tensor = Some((splits, (part, n)));
     }
 
     /// Samples per global batch: this step's batch on each replica.
@@ -804,7 +806,7 @@ impl Trainer {
             .collect();
         let path_of = |n: &str| owner.get(n).cloned().unwrap_or_else(|| n.to_string());
         let zero = self.train.zero.clone();
-        let splits = self.tensor.clone().unwrap_or_default();
+        let splits = self.tensor.clone().map(|(s, _)| s).unwrap_or_default();
         let comm = self
             .exec
             .collectives()
@@ -926,22 +928,17 @@ impl Trainer {
             .map_err(|e| checkpoint_error(dir, e))?;
         let optim = SafetensorsFile::open(dir.join("optimizer.safetensors"))
             .map_err(|e| checkpoint_error(dir, e))?;
-        // Under optimizer sharding this rank takes its slice of each whole tensor.
-        let zero = self.train.zero.as_ref();
-        let local = |shape: &[usize], values: Vec<f32>| match zero {
-            Some(z) => {
-                let slice = z.slice(&values, self.replica.0);
-                (vec![slice.len()], slice)
-            }
-            None => (shape.to_vec(), values),
-        };
         let mut states = Vec::new();
-        for name in self.train.params.iter().flat_map(|p| &p.states) {
-            let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
-            let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-            let (shape, values) = local(t.shape, values);
-            let array = NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
-            states.push((name.clone(), array));
+        for p in &self.train.params {
+            for name in &p.states {
+                let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
+                let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+                let sliced = self.train.zero.is_some();
+                let (shape, values) = self.share_of(&p.path, sliced, t.shape, values, dir)?;
+                let array =
+                    NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
+                states.push((name.clone(), array));
+            }
         }
         let mut weights: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
         // A pipeline stage takes its own parameters of the whole checkpoint.
@@ -952,12 +949,12 @@ impl Trainer {
             .filter(|t| !staged || here.iter().any(|h| h == t.name))
         {
             let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-            let (shape, values) = match zero {
-                Some(z) if z.shards_params() && z.shapes.contains_key(t.name) => {
-                    local(t.shape, values)
-                }
-                _ => (t.shape.to_vec(), values),
-            };
+            let sliced = self
+                .train
+                .zero
+                .as_ref()
+                .is_some_and(|z| z.shards_params() && z.shapes.contains_key(t.name));
+            let (shape, values) = self.share_of(t.name, sliced, t.shape, values, dir)?;
             weights.push((t.name.to_string(), shape, f32_bytes(&values)));
         }
         if optim.len() != states.len() && !staged {
@@ -999,6 +996,48 @@ impl Trainer {
         }
         self.order = self.epoch_order(self.state.epoch);
         Ok(())
+    }
+
+    /// This rank's share of a whole tensor of checkpoint `dir` (`shape`, `values`) that is
+    /// parameter `path` or one of its optimizer states: under tensor parallelism its block of
+    /// a split parameter's dim, then under optimizer sharding, when `sliced`, its replica's
+    /// slice (flat).
+    fn share_of(
+        &self,
+        path: &str,
+        sliced: bool,
+        shape: &[usize],
+        values: Vec<f32>,
+        dir: &Path,
+    ) -> Res<(Vec<usize>, Vec<f32>)> {
+        let (mut shape, mut values) = (shape.to_vec(), values);
+        if let Some((splits, (part, n))) = &self.tensor {
+            if let Some(&dim) = splits.get(path) {
+                let bytes = f32_bytes(&values);
+                let (block, bytes) = crate::ranks::shard_block(&shape, &bytes, dim, *part, *n)
+                    .ok_or_else(|| {
+                        checkpoint_error(
+                            dir,
+                            format!(
+                                "`{path}` {shape:?} does not split into {n} blocks along dim \
+                                 {dim}, as this run's tensor parallelism splits it"
+                            ),
+                        )
+                    })?;
+                shape = block;
+                values = bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+            }
+        }
+        match &self.train.zero {
+            Some(z) if sliced => {
+                let slice = z.slice(&values, self.replica.0);
+                Ok((vec![slice.len()], slice))
+            }
+            _ => Ok((shape, values)),
+        }
     }
 
     /// The trained parameters.
