@@ -568,19 +568,35 @@ fn tensor_parallel_training(dir: &Path) {
     let tokens = NpyArray::from_i64(vec![8, 9], &tokens).unwrap();
     let data = dir.join("tokens.npy");
     write_npy(&data, &tokens).unwrap();
-    // Starting weights: one seeded step on one device (a tensor-parallel rank cannot
-    // initialise its shards alone).
+    // Starting weights: one seeded step on one device, and the same under `mpiexec -n 2`, each
+    // process drawing the weights one device draws and keeping its blocks.
     let init = [&llama_flags()[..], &["--init-seed", "5"]].concat();
     let (code, stdout, stderr) =
         train_with(dir, "llama.msl", (&data, "1"), "llama-init", &[], &init);
     assert_eq!(code, 0, "initial weights:\n{stdout}{stderr}");
+    let seeded = [&init[..], &["--mpi"]].concat();
+    let mpi = ["mpiexec", "-n", "2"];
+    let (code, stdout, stderr) = train_with(
+        dir,
+        "llama.msl",
+        (&data, "1"),
+        "llama-init-mpi",
+        &mpi,
+        &seeded,
+    );
+    assert_eq!(code, 0, "mpiexec -n 2 --init-seed:\n{stdout}{stderr}");
+    assert_rel(
+        "the loss from --init-seed",
+        &losses(&dir.join("llama-init-mpi.jsonl")),
+        &losses(&dir.join("llama-init.jsonl")),
+        1e-5,
+    );
     let weights = dir.join("llama-init/step-1/model.safetensors");
     let weights = weights.to_str().unwrap();
     let flags = [&llama_flags()[..], &["--weights", weights]].concat();
     let (code, stdout, stderr) =
         train_with(dir, "llama.msl", (&data, "10"), "llama-one", &[], &flags);
     assert_eq!(code, 0, "one device:\n{stdout}{stderr}");
-    let mpi = ["mpiexec", "-n", "2"];
     let ranked = [&flags[..], &["--mpi"]].concat();
     let (code, stdout, stderr) =
         train_with(dir, "llama.msl", (&data, "10"), "llama-two", &mpi, &ranked);
@@ -624,6 +640,45 @@ fn tensor_parallel_training(dir: &Path) {
         "mpiexec -n 2, tensor parallel: 10 losses within 1e-5, {} gathered weights within 1e-4 \
          (element) and 5e-5 (norm) of one device and equal to --ranks 2's",
         w2.len()
+    );
+    // The whole checkpoint resumes tensor parallel, each process cutting its blocks: two more
+    // steps as one device continues its own.
+    let checkpoints = ["llama-one", "llama-two"].map(|run| dir.join(run).join("step-10"));
+    let resume = |i: usize| {
+        let from = checkpoints[i].to_str().unwrap();
+        [&llama_flags()[..], &["--resume", from]].concat()
+    };
+    let (code, stdout, stderr) = train_with(
+        dir,
+        "llama.msl",
+        (&data, "12"),
+        "llama-one-on",
+        &[],
+        &resume(0),
+    );
+    assert_eq!(code, 0, "one device resumed:\n{stdout}{stderr}");
+    let resumed = [&resume(1)[..], &["--mpi"]].concat();
+    let (code, stdout, stderr) = train_with(
+        dir,
+        "llama.msl",
+        (&data, "12"),
+        "llama-two-on",
+        &mpi,
+        &resumed,
+    );
+    assert_eq!(code, 0, "mpiexec -n 2 --resume:\n{stdout}{stderr}");
+    let continued = losses(&dir.join("llama-one-on.jsonl"));
+    assert_eq!(continued.len(), 2);
+    let two_on = losses(&dir.join("llama-two-on.jsonl"));
+    assert_rel(
+        "tensor-parallel losses after resuming",
+        &two_on,
+        &continued,
+        1e-5,
+    );
+    println!(
+        "mpiexec -n 2, tensor parallel: --init-seed and --resume of a whole checkpoint match one \
+         device within 1e-5"
     );
     // Sequence parallelism on top (each process cuts its own block of the sequence, by its
     // place on the tensor-parallel axis): the same numbers.

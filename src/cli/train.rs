@@ -136,14 +136,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
-    if layout.pipeline.is_some() {
-        let refuse = |what: &str| Err(Failure::Message(Code::E0972, what.to_string()));
-        if args.dump_grads.is_some() {
-            return refuse(
-                "--dump-grads writes one device's gradients; pipeline stages each hold theirs",
-            );
-        }
-    }
     if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
         return Err(Failure::Message(
             Code::E0980,
@@ -154,7 +146,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             ),
         ));
     }
-    world::whole_grads_only(&layout, args.dump_grads.is_some())?;
     let replicas = layout.dp;
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);
@@ -352,8 +343,13 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let follow = |rank: usize, comm: Option<Box<dyn Collectives>>| {
         let mut trainer = rank_loop(rank, comm)?;
         let failed = |e: TrainRunError| Failure::Message(e.code, e.message);
+        let first = trainer.state().step;
         while trainer.state().step < args.steps {
             let m = trainer.step().map_err(failed)?;
+            // Rank 0 dumps the first step's gradients, gathered from the shards and stages.
+            if trainer.gathers_grads() && args.dump_grads.is_some() && m.step == first + 1 {
+                trainer.gathered_grads().map_err(failed)?;
+            }
             // Sharded checkpoints gather every rank's shards and slices.
             if trainer.gathers_checkpoints() && args.output_dir.is_some() && save_due(args, m.step)
             {

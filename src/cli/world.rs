@@ -221,20 +221,6 @@ pub fn run_ranks<T: Send>(
     })
 }
 
-/// E0972 for `--dump-grads` (`dump`) on a tensor-parallel `layout`: each rank holds only
-/// its blocks of the split parameters' gradients.
-pub fn whole_grads_only(layout: &RankLayout, dump: bool) -> Result<(), Failure> {
-    match layout.tp > 1 && dump {
-        true => Err(Failure::Message(
-            Code::E0972,
-            "--dump-grads is not run tensor parallel yet (each rank holds its blocks of the \
-             split gradients); dump them on one device or data parallel"
-                .to_string(),
-        )),
-        false => Ok(()),
-    }
-}
-
 /// Loads into `exec` the weights of `path` as tensor-parallel member `part` of `layout`
 /// holds them ([`ranks::rank_weights`]: only its block of each split parameter, and of those
 /// ZeRO shards over the data-parallel axis — `zero`: the sharding and this rank's replica —

@@ -472,10 +472,9 @@ fn batch_norm_on_a_pipeline_trains_as_one_device_accumulating() {
 }
 
 /// What stages do not run is said before anything runs (E0972): an interleaved schedule (a
-/// stage holding several chunks of layers) and `--dump-grads` (each stage holds only its own
-/// gradients).
+/// stage holding several chunks of layers).
 #[test]
-fn an_interleaved_schedule_or_a_gradient_dump_on_stages_is_refused() {
+fn an_interleaved_schedule_on_stages_is_refused() {
     let dir = TestDir::new("pipeline-refused");
     let data = random_tokens(&dir, 8, 8, 3);
     let interleaved = PP.replace("schedule: 1f1b", "schedule: interleaved(2)");
@@ -489,34 +488,77 @@ fn an_interleaved_schedule_or_a_gradient_dump_on_stages_is_refused() {
     // The model part alone, checked (the interleaved plan needs the four layers to check).
     let (model, _) = llama_source_in(&dir, "model.msl", "", 2);
     let model = std::fs::read_to_string(model).unwrap();
-    for (decls, flags, extra, what) in [
-        (&interleaved, &four, &[][..], "interleaved"),
-        (
-            &PP.to_string(),
-            &llama_flags(),
-            &["--dump-grads", "grads"][..],
-            "--dump-grads",
-        ),
-    ] {
-        let src = dir.path("refused.msl");
-        std::fs::write(&src, format!("{model}{decls}")).unwrap();
-        let head = [
-            "train",
-            s(&src),
-            "--data",
-            s(&data),
+    let src = dir.path("refused.msl");
+    std::fs::write(&src, format!("{model}{interleaved}")).unwrap();
+    let head = [
+        "train",
+        s(&src),
+        "--data",
+        s(&data),
+        "--init-seed",
+        "1",
+        "--ranks",
+        "2",
+    ];
+    let (code, stdout, stderr) = mslc(&[&head[..], &four].concat());
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("E0972") && stderr.contains("interleaved"),
+        "{stderr}"
+    );
+}
+
+/// `--dump-grads` on 2 replicas × 2 stages × 2 tensor-parallel ranks writes the whole
+/// gradients of the first update, as one device does: each stage's gathered from its
+/// tensor-parallel blocks and sent to rank 0, every tensor within 1e-5 of its largest (the
+/// replicas' and micro-batches' sums and the row-parallel products reassociate), the loss
+/// within 1e-6 relative.
+#[test]
+fn a_gradient_dump_of_stages_and_tensor_ranks_is_one_device_s() {
+    let dir = TestDir::new("pipeline-dump-grads");
+    let (src, _) = llama_source_in(&dir, "mix.msl", MIX, 2);
+    let data = random_tokens(&dir, 16, 8, 5);
+    let flags = llama_flags();
+    let dump = |tag: &str, extra: &[&str]| {
+        let grads = dir.path(&format!("{tag}-grads"));
+        let args = [
             "--init-seed",
-            "1",
-            "--ranks",
             "2",
+            "--steps",
+            "1",
+            "--dump-grads",
+            s(&grads),
         ];
-        let (code, stdout, stderr) = mslc(&[&head[..], extra, flags].concat());
-        assert_eq!(code, 1, "{what}: {stdout}{stderr}");
-        assert!(
-            stderr.contains("E0972") && stderr.contains(what),
-            "{stderr}"
+        train_metrics(
+            &dir,
+            (&src, &flags),
+            &data,
+            tag,
+            &[&args[..], extra].concat(),
         );
+        grads
+    };
+    let (one, eight) = (dump("one", &[]), dump("eight", &["--ranks", "8"]));
+    let (want, got) = (
+        tensors_of(&one.join("grads.safetensors")),
+        tensors_of(&eight.join("grads.safetensors")),
+    );
+    let names = |t: &[(String, Vec<f64>)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got), names(&want));
+    assert!(want.iter().any(|(n, _)| n.ends_with("down_proj.weight")));
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        assert_rel_to_max(name, g, w, 1e-5);
     }
+    let loss = |d: &Path| {
+        let array = mslc_io::npy::read_npy(d.join("loss.npy")).unwrap();
+        array
+            .to_f32()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect::<Vec<_>>()
+    };
+    assert_rel("loss", &loss(&eight), &loss(&one), 1e-6);
 }
 
 /// A weight two stages both train (GPT-2's logits read the input embedding's table) is a copy
@@ -568,7 +610,15 @@ fn tied_training_parity(tag: &str, stages: usize) -> Vec<serde_json::Value> {
     let ranks = stages.to_string();
     let data = random_tokens(&dir, 16, 8, 3);
     let run = |tag: &str, extra: &[&str]| {
-        let seeded = ["--init-seed", "0", "--steps", "10"];
+        let grads = dir.path(&format!("{tag}-grads"));
+        let seeded = [
+            "--init-seed",
+            "0",
+            "--steps",
+            "10",
+            "--dump-grads",
+            s(&grads),
+        ];
         let rows = train_metrics(
             &dir,
             (&src, &sizes),
@@ -597,6 +647,17 @@ fn tied_training_parity(tag: &str, stages: usize) -> Vec<serde_json::Value> {
         &state(&two),
         &state(&one),
         1e-4,
+    );
+    // The first update's gradients, gathered from the stages: the table's once, summed.
+    let table = |tag: &str| {
+        let grads = dir.path(&format!("{tag}-grads")).join("grads.safetensors");
+        crate::train::safetensor_f64(&grads, "wte.weight")
+    };
+    assert_rel_to_max(
+        "the tied table's gradient",
+        &table("two"),
+        &table("one"),
+        1e-5,
     );
 
     let out = dir.path("out");

@@ -18,7 +18,7 @@ use mslc_artifact::Module;
 use mslc_check::policy::{OptimizerKind, Schedule};
 use mslc_core::diag::Code;
 use mslc_core::ops::{Op, TensorType};
-use mslc_exec::collectives::gather_dim;
+use mslc_exec::collectives::{gather_dim, Collectives};
 use mslc_exec::{ExecError, ExecErrorKind, Executor};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
@@ -516,6 +516,12 @@ impl Trainer {
         self.tensor.is_some() || self.train.zero.is_some() || self.stage.is_some()
     }
 
+    /// Whether a gradient dump is a collective ([`Trainer::gathered_grads`]): a
+    /// tensor-parallel group's blocks or a pipeline's stages are gathered.
+    pub fn gathers_grads(&self) -> bool {
+        self.tensor.is_some() || self.stage.is_some()
+    }
+
     /// Makes this the loop of member `part` of a tensor-parallel group of `n` ranks whose
     /// parameters `splits` (path → dim) hold 1/n of that dim: checkpoints gather them (and
     /// their optimizer states) over [`TENSOR_AXIS`], and a resume takes this member's block of
@@ -753,18 +759,15 @@ impl Trainer {
     /// path; with `grad_accum`, summed over the micro-batches of `loss / grad_accum`) and its
     /// loss as `DIR/loss.npy`; the module must expose them
     /// ([`crate::train::TrainOptions::expose_grads`]).
-    pub fn dump_grads(&self, dir: &Path) -> Res<Vec<PathBuf>> {
+    pub fn dump_grads(&mut self, dir: &Path) -> Res<Vec<PathBuf>> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
+        let grads: Vec<(String, Vec<usize>, Vec<u8>)> = self
+            .gathered_grads()?
+            .into_iter()
+            .map(|(n, shape, values)| (n, shape, f32_bytes(&values)))
+            .collect();
         fs::create_dir_all(dir)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", dir.display())))?;
-        let mut grads = Vec::new();
-        for p in &self.train.params {
-            let (shape, values) = self
-                .exec
-                .output_f32(&format!("{GRAD_PREFIX}{}", p.path))
-                .ok_or_else(|| run_missing(&p.path))?;
-            grads.push((p.path.clone(), shape, f32_bytes(&values)));
-        }
         let path = dir.join("grads.safetensors");
         let tensors: Vec<TensorRef> = grads.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
         write_safetensors(&path, &tensors).map_err(|e| write_error(e.to_string()))?;
@@ -829,26 +832,43 @@ impl Trainer {
             whole(&mut states, true)?;
             whole(&mut params, z.shards_params())?;
         }
-        let mut gather = |list: Vec<Named>, path_of: &dyn Fn(&str) -> String| -> Res<Vec<Named>> {
-            list.into_iter()
-                .map(
-                    |(name, mut shape, values)| match splits.get(&path_of(&name)) {
-                        None => Ok((name, shape, values)),
-                        Some(&d) => {
-                            let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values)
-                                .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
-                            shape[d] *= whole.len() / values.len().max(1);
-                            Ok((name, shape, whole))
-                        }
-                    },
-                )
-                .collect()
-        };
-        let params = gather(params, &|n| n.to_string())?;
-        let states = gather(states, &path_of)?;
+        let params = gather_blocks(comm, &splits, params, &|n| n.to_string())?;
+        let states = gather_blocks(comm, &splits, states, &path_of)?;
         match &self.stage {
-            Some(stage) => Self::gather_stages(stage, comm, params, states),
+            Some(stage) => Ok((
+                Self::gather_stages(stage, comm, params)?,
+                Self::gather_stages(stage, comm, states)?,
+            )),
             None => Ok((params, states)),
+        }
+    }
+
+    /// The last update's raw gradients (f32, by parameter path), whole: a tensor-parallel
+    /// group's blocks gathered, and a pipeline's stages' sent to the first stage (the others
+    /// keep none), so under either it is a collective, which every rank calls after the same
+    /// step. The module must expose them ([`crate::train::TrainOptions::expose_grads`]).
+    pub fn gathered_grads(&mut self) -> Res<Vec<Named>> {
+        // A pipeline stage's gradients are its update's.
+        let holder = self.stage.as_ref().map_or(&self.exec, |s| &s.update.0);
+        let mut grads = Vec::with_capacity(self.train.params.len());
+        for p in &self.train.params {
+            let (shape, values) = holder
+                .output_f32(&format!("{GRAD_PREFIX}{}", p.path))
+                .ok_or_else(|| run_missing(&p.path))?;
+            grads.push((p.path.clone(), shape, values));
+        }
+        if self.tensor.is_none() && self.stage.is_none() {
+            return Ok(grads);
+        }
+        let splits = self.tensor.clone().map(|(s, _)| s).unwrap_or_default();
+        let comm = self
+            .exec
+            .collectives()
+            .ok_or_else(|| TrainRunError::new(Code::E0973, "no collectives to gather shards"))?;
+        let grads = gather_blocks(comm, &splits, grads, &|n| n.to_string())?;
+        match &self.stage {
+            Some(stage) => Self::gather_stages(stage, comm, grads),
+            None => Ok(grads),
         }
     }
 
@@ -1044,6 +1064,29 @@ impl Trainer {
     pub fn params(&self) -> &[TrainedParam] {
         &self.train.params
     }
+}
+
+/// The tensors `list` whole over the tensor-parallel group: each that is (or, by `path_of`,
+/// belongs to) a parameter of `splits` all-gathered along its split dim.
+fn gather_blocks(
+    comm: &mut dyn Collectives,
+    splits: &BTreeMap<String, usize>,
+    list: Vec<Named>,
+    path_of: &dyn Fn(&str) -> String,
+) -> Res<Vec<Named>> {
+    list.into_iter()
+        .map(
+            |(name, mut shape, values)| match splits.get(&path_of(&name)) {
+                None => Ok((name, shape, values)),
+                Some(&d) => {
+                    let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values)
+                        .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
+                    shape[d] *= whole.len() / values.len().max(1);
+                    Ok((name, shape, whole))
+                }
+            },
+        )
+        .collect()
 }
 
 /// Sets each of the inputs `names` to zeros.

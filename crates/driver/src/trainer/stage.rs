@@ -315,30 +315,26 @@ impl Trainer {
         }
     }
 
-    /// All stages' parameters and states, on the first stage (the others send theirs to it
-    /// and keep none): what a checkpoint of the whole model writes.
+    /// All stages' tensors of a kind (parameters, states, gradients; `list` this stage's), on
+    /// the first stage (the others send theirs to it and keep none): what a checkpoint or a
+    /// gradient dump of the whole model writes.
     pub(super) fn gather_stages(
         stage: &StageRuntime,
         comm: &mut dyn Collectives,
-        mut params: Vec<Named>,
-        mut states: Vec<Named>,
-    ) -> Res<(Vec<Named>, Vec<Named>)> {
+        mut list: Vec<Named>,
+    ) -> Res<Vec<Named>> {
         if stage.stage != 0 {
-            send_named(comm, stage.ranks[0], &params)?;
-            send_named(comm, stage.ranks[0], &states)?;
-            return Ok((Vec::new(), Vec::new()));
+            send_named(comm, stage.ranks[0], &list)?;
+            return Ok(Vec::new());
         }
         for &rank in &stage.ranks[1..] {
-            params.extend(recv_named(comm, rank)?);
-            states.extend(recv_named(comm, rank)?);
+            list.extend(recv_named(comm, rank)?);
         }
-        // A tied weight (and its states) comes from every stage holding it, alike: kept once,
-        // the first stage's (a stable sort keeps the stages' order).
-        for list in [&mut params, &mut states] {
-            list.sort_by(|a, b| a.0.cmp(&b.0));
-            list.dedup_by(|later, first| later.0 == first.0);
-        }
-        Ok((params, states))
+        // A tied weight (its states, its gradient sum) comes from every stage holding it,
+        // alike: kept once, the first stage's (a stable sort keeps the stages' order).
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list.dedup_by(|later, first| later.0 == first.0);
+        Ok(list)
     }
 }
 
