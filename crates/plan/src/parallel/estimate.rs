@@ -459,6 +459,7 @@ pub fn estimate_split(
     } else {
         dp_comm
     };
+    let tied_s = tied_exchange(w, bounds, strategy, train, cluster, &mut collectives);
     let opt_bytes = worst
         / if strategy.optimizer_shard >= 1 {
             dp.max(1) as u64
@@ -467,16 +468,68 @@ pub fn estimate_split(
         }
         * (2 * train.state_bytes + train.grad_bytes + train.param_bytes);
     let optimizer = opt_bytes as f64 / (cluster.target.bandwidth * BANDWIDTH_EFFICIENCY).max(1.0);
-    let step = pipeline + exposed_dp + optimizer;
+    let step = pipeline + exposed_dp + tied_s + optimizer;
     Estimate {
         strategy,
         stages,
         step_time_s: step,
         compute_s: m_f * slowest.0 + optimizer,
-        communication_s: m_f * slowest.1 + exposed_dp,
+        communication_s: m_f * slowest.1 + exposed_dp + tied_s,
         bubble_fraction: bubble / m_f,
         collectives,
     }
+}
+
+/// Seconds of summing the gradients of the weights that several pipeline stages read (a
+/// tied embedding: GPT-2's head reads the input embedding's table) among those stages once per
+/// update, after the flush and before the update, so exposed — Megatron-LM's all-reduce over
+/// its embedding group, and what the executor's stages exchange. Each is added to
+/// `collectives` as an all-reduce over the `pp` axis; none without a pipeline.
+fn tied_exchange(
+    w: &Workload,
+    bounds: &[Vec<(usize, usize)>],
+    strategy: Strategy,
+    train: Training,
+    cluster: &Cluster,
+    collectives: &mut Vec<Collective>,
+) -> f64 {
+    let p = bounds.len();
+    // Per weight: its elements, whether split, and the stages reading it.
+    let mut readers: std::collections::BTreeMap<usize, (u64, bool, Vec<usize>)> =
+        std::collections::BTreeMap::new();
+    for (s, ranges) in bounds.iter().enumerate() {
+        let head = (s == 0).then_some(&w.head);
+        let tail = (s + 1 == p).then_some(&w.tail);
+        let layers = ranges.iter().flat_map(|&(a, b)| &w.layers[a..b]);
+        for g in head.into_iter().chain(layers).chain(tail) {
+            for &(index, n, split) in &g.weights {
+                let entry = readers.entry(index).or_insert((n, split, Vec::new()));
+                if entry.2.last() != Some(&s) {
+                    entry.2.push(s);
+                }
+            }
+        }
+    }
+    let (dp, tp) = (strategy.dp.max(1), strategy.tp.max(1));
+    let mut seconds = 0.0;
+    for (n, split, stages) in readers.into_values().filter(|r| r.2.len() > 1) {
+        let elements = if split { n.div_ceil(tp as u64) } else { n };
+        let mut bytes = elements * train.grad_bytes;
+        // From level 2 each replica holds (and sums) its slice of the gradients.
+        if strategy.optimizer_shard >= 2 {
+            bytes = bytes.div_ceil(dp as u64);
+        }
+        let span = (stages[stages.len() - 1] - stages[0]) as i64;
+        let stride = dp * tp * span.max(1) / (stages.len() as i64 - 1).max(1);
+        seconds += cluster.all_reduce_s(bytes, stages.len() as i64, stride);
+        collectives.push(Collective {
+            kind: "all_reduce",
+            axis: "pp",
+            bytes,
+            count: 1,
+        });
+    }
+    seconds
 }
 
 /// One stage's memory, its compute and communication per micro-batch, and its collectives.
@@ -813,6 +866,56 @@ mod tests {
         w.head.rep_seconds = 4e-3;
         assert_eq!(split_stages(&w, 1, false, 2), vec![(0, 2), (2, 8)]);
         assert_eq!(split_stages(&w, 1, false, 1), vec![(0, 8)]);
+    }
+
+    /// A weight two stages read (a tied embedding: the head reads the input table) costs an
+    /// all-reduce of its gradient between them per update, over the network when they sit on
+    /// different nodes; one device, or both reads on one stage, costs nothing.
+    #[test]
+    fn a_weight_tied_across_stages_sums_its_gradient_between_them() {
+        let table = 50_000_000u64;
+        // The same tables, tied (one weight) or not (two).
+        let with_tables = |tail: usize| {
+            let mut w = workload(8, 1000, 0);
+            w.head.weights = vec![(100, table, false)];
+            w.tail.weights = vec![(tail, table, false)];
+            w
+        };
+        let (w, untied) = (with_tables(100), with_tables(101));
+        let c = a100(u64::MAX);
+        let cost = |w: &Workload, dp: i64, pp: i64| {
+            let e = estimate(w, strategy(dp, pp, 4, 0), MIXED_ADAM, &c);
+            let tied: Vec<Collective> = e
+                .collectives
+                .iter()
+                .filter(|k| k.kind == "all_reduce" && k.axis == "pp")
+                .cloned()
+                .collect();
+            (e.step_time_s, tied)
+        };
+        let bytes = table * MIXED_ADAM.grad_bytes;
+        let (with, calls) = cost(&w, 1, 2);
+        let (without, none) = cost(&untied, 1, 2);
+        assert!(none.is_empty());
+        assert_eq!(calls.len(), 1);
+        assert_eq!((calls[0].bytes, calls[0].count), (bytes, 1));
+        let inside = c.all_reduce_s(bytes, 2, 1);
+        assert!(
+            ((with - without) - inside).abs() < 1e-12,
+            "{with} {without}"
+        );
+        // 8 replicas put the two stages on different nodes: the network's bandwidth.
+        let (with, _) = cost(&w, 8, 2);
+        let (without, _) = cost(&untied, 8, 2);
+        let across = c.all_reduce_s(bytes, 2, 8);
+        assert!(across > 5.0 * inside);
+        assert!(((with - without) - across).abs() < 1e-12);
+        // On one device the table is read twice and held (and summed) once.
+        let mut once = with_tables(100);
+        once.tail.weights.clear();
+        let (one, none) = cost(&w, 1, 1);
+        assert!(none.is_empty());
+        assert_eq!(one, cost(&once, 1, 1).0);
     }
 
     /// Interleaving v chunks per device (Narayanan et al. 2021; Korthikanti et al. 2022,
