@@ -498,6 +498,23 @@ fn pipeline_training(dir: &Path) {
     assert_eq!(got.len(), 8 * 8 * 64);
     assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
+    // The interleaved schedule runs each chunk as a thread of its device's process (--ranks);
+    // over MPI it is refused before anything runs.
+    let interleaved = LLAMA_PP.replace("schedule: 1f1b", "schedule: interleaved(2)");
+    assert_ne!(interleaved, LLAMA_PP);
+    std::fs::write(dir.join("llama-il.msl"), format!("{model}{interleaved}")).unwrap();
+    let four: Vec<&str> = llama_flags()
+        .into_iter()
+        .map(|f| if f == "layers=2" { "layers=4" } else { f })
+        .chain(["--init-seed", "1", "--mpi"])
+        .collect();
+    let (code, _, stderr) = train_with(dir, "llama-il.msl", steps, "il-mpi", mpiexec_2, &four);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("E0972") && stderr.contains("interleaved"),
+        "{stderr}"
+    );
+    println!("mpiexec -n 2 of an interleaved schedule: E0972");
     large_messages_both_ways(dir);
 }
 

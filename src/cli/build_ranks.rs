@@ -180,10 +180,18 @@ fn stage_artifacts(
         .pipeline
         .as_ref()
         .map_or((1, String::new()), |p| (p.micro_batches, p.schedule.name()));
+    // Under an interleaved schedule each chunk of a device is a rank of its own.
+    let ranks = match layout.interleaved() {
+        true => format!(
+            "{} ranks on {} devices",
+            layout.pp() * layout.dp * layout.tp,
+            plan.devices
+        ),
+        false => format!("{} ranks", plan.devices),
+    };
     let line = format!(
-        "  per rank:   one step per pipeline stage for all {} ranks ({} stages × {} data × {} \
+        "  per rank:   one step per pipeline stage for all {ranks} ({} stages × {} data × {} \
          tensor, {micro} micro-batches, {schedule})\n{}",
-        plan.devices,
         layout.pp(),
         layout.dp,
         layout.tp,
@@ -259,6 +267,7 @@ fn ranks_description(
             let c = layout.coords(rank);
             serde_json::json!({
                 "rank": rank,
+                "device": layout.device(c),
                 "stage": c.stage,
                 "data": c.replica,
                 "tensor": c.part,
@@ -271,8 +280,10 @@ fn ranks_description(
         parameters.extend(parameters_of(layout, compiled, stage));
         if let Some(cut) = cut {
             let crossing = |c: &mslc_ir::shard::pipeline::Crossing| serde_json::json!({ "value": c.name, "stage": c.peer });
+            let devices = layout.pipeline.as_ref().map_or(1, |p| p.devices.max(1));
             stages.push(serde_json::json!({
                 "stage": stage,
+                "device": stage % devices,
                 "layers": layout.pipeline.as_ref().map(|p| p.layers[stage].clone()),
                 "receives": cut.cut.receives.iter().map(crossing).collect::<Vec<_>>(),
                 "sends": cut.cut.sends.iter().map(crossing).collect::<Vec<_>>(),

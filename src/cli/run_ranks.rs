@@ -190,6 +190,12 @@ pub(super) fn finish_rank0(
 pub(super) fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
     let launcher = started.map_or("", |(_, l)| l);
     let pipeline = match &layout.pipeline {
+        Some(p) if p.layers.len() > p.devices => format!(
+            " × pipeline {} of {} micro-batches, interleaved: {} chunks, each a rank",
+            p.devices,
+            p.micro_batches,
+            p.layers.len()
+        ),
         Some(p) => format!(
             " × pipeline {} of {} micro-batches",
             p.layers.len(),

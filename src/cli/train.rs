@@ -7,6 +7,7 @@ use std::fs::OpenOptions;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::decls::Train;
@@ -14,6 +15,7 @@ use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::loss_scale::LossScaler;
 use mslc_driver::parallel::plan_train;
+use mslc_driver::pipeline::Turns;
 use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
 use mslc_driver::select::Selection;
@@ -200,7 +202,8 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             (stages[0].0.clone(), Vec::new())
         }
     };
-    let threads = ranks::threads_per_rank(args.threads, replicas * layout.tp * layout.pp());
+    // A device's chunk-stages take turns: each has the device's share of the cores.
+    let threads = ranks::threads_per_rank(args.threads, layout.devices());
     let mut tuned = super::tune_decisions::apply_kernels(
         &mut compiled.compiled.module,
         tune_db.as_deref(),
@@ -262,6 +265,8 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let mesh = layout
         .mesh()
         .map_err(|e| Failure::Message(e.code, e.message))?;
+    // Under an interleaved schedule the chunk-stages of a device take turns.
+    let turns: Vec<Arc<Turns>> = (0..layout.devices()).map(|_| Arc::default()).collect();
     // One rank: its executor over the shared module, weights (its shards) and data (its
     // replica's slice of each batch).
     let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
@@ -327,6 +332,14 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
                     .pipeline
                     .as_ref()
                     .map_or(Schedule::OneFOneB, |p| p.schedule),
+                turns: layout
+                    .interleaved()
+                    .then(|| Arc::clone(&turns[layout.device(coords)])),
+                turn_timeout: args
+                    .launch
+                    .collective_timeout
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .unwrap_or(mslc_exec::collectives::DEFAULT_TIMEOUT),
             };
             trainer
                 .run_as_stage(runtime, micro_batch)

@@ -5,6 +5,7 @@
 //! any dtype between ranks.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecError, ExecErrorKind, ExecResult, Executor};
@@ -83,9 +84,14 @@ pub enum Pass {
 /// 1F1B (Narayanan et al. 2021): `min(stages − 1 − stage, micro)` forwards to fill the
 /// pipeline, then one forward and one backward in turn, then the backwards left, so the stage
 /// holds at most `stages − stage` micro-batches between their forward and their backward.
-/// Both give the same gradients; an interleaved schedule is not run ([`crate::ranks::layout`]
-/// refuses it).
+/// Interleaved over `v` chunks per device: the stages are the chunks (stage `k` on device
+/// `k mod (stages / v)`), and a chunk's passes are its part of its device's order
+/// ([`device_order`]), each at the position [`chunk_turns`] gives. All give the same gradients:
+/// each stage's micro-batches go forward, and back, in order.
 pub fn schedule_passes(schedule: Schedule, stages: usize, stage: usize, micro: usize) -> Vec<Pass> {
+    if let Some(turns) = chunk_turns(schedule, stages, stage, micro) {
+        return turns.into_iter().map(|(_, pass)| pass).collect();
+    }
     let warmup = match schedule {
         Schedule::GPipe => micro,
         _ => stages.saturating_sub(stage + 1).min(micro),
@@ -98,6 +104,122 @@ pub fn schedule_passes(schedule: Schedule, stages: usize, stage: usize, micro: u
         passes.push(Pass::Backward(i));
     }
     passes
+}
+
+/// Under an interleaved schedule, the passes of chunk-stage `stage` of `stages` with each one's
+/// position in its device's order of one update ([`device_order`]); `None` for the other
+/// schedules, whose stages are devices.
+pub fn chunk_turns(
+    schedule: Schedule,
+    stages: usize,
+    stage: usize,
+    micro: usize,
+) -> Option<Vec<(usize, Pass)>> {
+    let Schedule::Interleaved(v) = schedule else {
+        return None;
+    };
+    let v = usize::try_from(v).ok().filter(|&v| v > 0)?;
+    let devices = (stages / v).max(1);
+    let (device, chunk) = (stage % devices, stage / devices);
+    let order = device_order(devices, v, device, micro);
+    let mine = order
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (c, _))| *c == chunk);
+    Some(mine.map(|(position, (_, pass))| (position, pass)).collect())
+}
+
+/// Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, §2.2.2) on device `device` of
+/// `devices`, each holding `chunks` chunks of the layers (chunk `j` of device `s` the
+/// `j·devices + s`-th), over `micro` micro-batches (a multiple of `devices`): the order of
+/// its passes, each `(chunk, pass)`. Forwards go through the chunks in groups of `devices`
+/// micro-batches, backwards through the chunks in reverse; the device warms up with
+/// `2(devices − device − 1) + (chunks − 1)·devices` forwards (all of them when `micro` equals
+/// `devices`), then alternates one forward with one backward, then drains. So it holds at most
+/// `chunks·devices + devices − 1 − 2·device` chunk-micro-batches in flight (the plan's count).
+pub fn device_order(
+    devices: usize,
+    chunks: usize,
+    device: usize,
+    micro: usize,
+) -> Vec<(usize, Pass)> {
+    let (p, v) = (devices.max(1), chunks.max(1));
+    let total = micro * v;
+    let group = p * v;
+    let micro_of = |k: usize| (k / group) * p + k % p;
+    let forward = |k: usize| ((k % group) / p, Pass::Forward(micro_of(k)));
+    let backward = |k: usize| (v - 1 - (k % group) / p, Pass::Backward(micro_of(k)));
+    let warmup = match micro == p {
+        true => total,
+        false => ((p - device.min(p - 1) - 1) * 2 + (v - 1) * p).min(total),
+    };
+    let mut order: Vec<(usize, Pass)> = (0..warmup).map(forward).collect();
+    for k in 0..total - warmup {
+        order.push(forward(warmup + k));
+        order.push(backward(k));
+    }
+    order.extend((total - warmup..total).map(backward));
+    order
+}
+
+/// The turns of the chunk-stages of one device under an interleaved schedule, each a rank of
+/// its own: a chunk waits for the position of its next pass in the device's order
+/// ([`chunk_turns`]), runs it and hands the turn on, so the device runs one pass at a time,
+/// in Megatron-LM's order, holding what that order holds.
+#[derive(Debug, Default)]
+pub struct Turns {
+    /// The update (the first chunk to arrive sets it) and the position whose turn it is;
+    /// whether a chunk failed.
+    state: std::sync::Mutex<(Option<u64>, usize, bool)>,
+    turn: std::sync::Condvar,
+}
+
+impl Turns {
+    /// Waits until it is the turn of `position` of update `update`; an error when another
+    /// chunk of the device failed ([`Turns::abandon`]) or none came for `timeout`.
+    pub fn wait(&self, update: u64, position: usize, timeout: Duration) -> ExecResult<()> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = state;
+        if state.0.is_none() {
+            *state = (Some(update), 0, state.2);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while !state.2 && (state.0, state.1) != (Some(update), position) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(missing(format!(
+                    "the device's chunk whose turn it was did not take it within {timeout:?}"
+                )));
+            }
+            state = self
+                .turn
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        match state.2 {
+            true => Err(missing("another chunk of this device failed".to_string())),
+            false => Ok(()),
+        }
+    }
+
+    /// Hands the turn on, after the pass whose turn it was, the device running `per_update`
+    /// passes per update.
+    pub fn pass(&self, per_update: usize) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 += 1;
+        if state.1 >= per_update {
+            *state = (state.0.map(|u| u + 1), 0, state.2);
+        }
+        self.turn.notify_all();
+    }
+
+    /// Stops the device's other chunks waiting: this one failed.
+    pub fn abandon(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.2 = true;
+        self.turn.notify_all();
+    }
 }
 
 /// Sends `array` (any dtype and shape) to rank `to` as its `.npy` bytes ([`send_bytes`]).
@@ -209,6 +331,121 @@ mod tests {
         let mut first = ranks.pop().unwrap();
         send_array(&mut first, 1, &ids).unwrap();
         assert_eq!(recv_array(&mut second, 0).unwrap(), ids);
+    }
+
+    /// Megatron-LM's interleaved order on 2 devices of 2 chunks over 4 micro-batches: the first
+    /// device warms up with 4 forwards (both chunks, micro-batches in pairs), alternates, and
+    /// drains the second chunk's backwards before the first's; the last device's last chunk
+    /// runs each backward right after its forward.
+    #[test]
+    fn the_interleaved_order_is_megatron_s() {
+        use Pass::{Backward as B, Forward as F};
+        let first = [
+            (0, F(0)),
+            (0, F(1)),
+            (1, F(0)),
+            (1, F(1)),
+            (0, F(2)),
+            (1, B(0)),
+            (0, F(3)),
+            (1, B(1)),
+            (1, F(2)),
+            (0, B(0)),
+            (1, F(3)),
+            (0, B(1)),
+            (1, B(2)),
+            (1, B(3)),
+            (0, B(2)),
+            (0, B(3)),
+        ];
+        assert_eq!(device_order(2, 2, 0, 4), first);
+        let last = device_order(2, 2, 1, 4);
+        assert_eq!(last[..4], [(0, F(0)), (0, F(1)), (1, F(0)), (1, B(0))]);
+        // Chunk-stage 2 (device 0's second chunk): its passes at their device positions.
+        let turns = chunk_turns(Schedule::Interleaved(2), 4, 2, 4).unwrap();
+        assert_eq!(turns[..3], [(2, F(0)), (3, F(1)), (5, B(0))]);
+        assert_eq!(chunk_turns(Schedule::OneFOneB, 4, 2, 4), None);
+    }
+
+    /// Every device running its interleaved order one pass at a time — a forward waiting for
+    /// the chunk-stage before, a backward for the one after — finishes (no device waits on
+    /// another that waits on it), each chunk-stage takes its micro-batches forward and back in
+    /// order, and device `s` holds at most `v·p + p − 1 − 2s` chunk-micro-batches (all
+    /// `m·v` when `m = p`).
+    #[test]
+    fn interleaved_orders_run_to_the_end_holding_what_the_plan_counts() {
+        for (p, v, m) in [
+            (2, 2, 4),
+            (2, 3, 4),
+            (4, 2, 8),
+            (4, 2, 4),
+            (3, 2, 9),
+            (2, 2, 2),
+        ] {
+            let stages = p * v;
+            let orders: Vec<Vec<(usize, Pass)>> =
+                (0..p).map(|s| device_order(p, v, s, m)).collect();
+            for (s, order) in orders.iter().enumerate() {
+                assert_eq!(order.len(), 2 * m * v);
+                for j in 0..v {
+                    let passes =
+                        schedule_passes(Schedule::Interleaved(v as i64), stages, j * p + s, m);
+                    let forwards: Vec<usize> = passes
+                        .iter()
+                        .filter_map(|x| match x {
+                            Pass::Forward(i) => Some(*i),
+                            Pass::Backward(_) => None,
+                        })
+                        .collect();
+                    let backwards: Vec<usize> = passes
+                        .iter()
+                        .filter_map(|x| match x {
+                            Pass::Backward(i) => Some(*i),
+                            Pass::Forward(_) => None,
+                        })
+                        .collect();
+                    assert_eq!(forwards, (0..m).collect::<Vec<_>>(), "{p} {v} {m}");
+                    assert_eq!(backwards, forwards);
+                }
+            }
+            let mut done: Vec<(usize, Pass)> = Vec::new();
+            let mut next = vec![0usize; p];
+            let mut held = vec![(0usize, 0usize); p];
+            while next.iter().zip(&orders).any(|(n, o)| *n < o.len()) {
+                let mut moved = false;
+                for s in 0..p {
+                    let Some(&(chunk, pass)) = orders[s].get(next[s]) else {
+                        continue;
+                    };
+                    let k = chunk * p + s;
+                    let ready = match pass {
+                        Pass::Forward(i) => k == 0 || done.contains(&(k - 1, Pass::Forward(i))),
+                        Pass::Backward(i) => {
+                            k + 1 == stages || done.contains(&(k + 1, Pass::Backward(i)))
+                        }
+                    };
+                    if ready {
+                        done.push((k, pass));
+                        next[s] += 1;
+                        let (now, most) = &mut held[s];
+                        match pass {
+                            Pass::Forward(_) => *now += 1,
+                            Pass::Backward(_) => *now -= 1,
+                        }
+                        *most = (*most).max(*now);
+                        moved = true;
+                    }
+                }
+                assert!(moved, "p {p} v {v} m {m}: every device waits at {next:?}");
+            }
+            for (s, (_, most)) in held.iter().enumerate() {
+                let bound = if m == p { m * v } else { v * p + p - 1 - 2 * s };
+                assert!(
+                    *most <= bound,
+                    "p {p} v {v} m {m} device {s}: {most} > {bound}"
+                );
+            }
+        }
     }
 
     /// Megatron-LM's 1F1B on 4 stages of 6 micro-batches: the first stage fills the pipeline

@@ -115,21 +115,35 @@ pub(crate) fn cut_to_stage(
     pipeline_stage(graph, stage, pipeline.layers.len(), &of)
 }
 
-/// The stage of each repeated layer of `graph` (by [`layer_key`], numbered in the order the
-/// layers first appear, as the planner numbers them) under `pipeline`'s layer ranges.
+/// The stage of each repeated layer of `graph` (by [`layer_key`], numbered as the planner
+/// numbers them: the repeated lists in the order they first appear, each list's layers by
+/// their index — not by node order, which a rewrite such as Megatron's, reusing the ids of
+/// the nodes it removed, leaves shuffled) under `pipeline`'s layer ranges.
 fn layer_stages(graph: &mslc_ir::Graph, pipeline: &PipelineLayout) -> BTreeMap<String, usize> {
     let stage_of = mslc_ir::shard::pipeline::stage_of_layers(&pipeline.layers);
-    let mut keys: Vec<String> = Vec::new();
+    let mut lists: Vec<String> = Vec::new();
+    let mut keys: Vec<(usize, usize, String)> = Vec::new();
     for id in graph.node_ids() {
-        if let Some(key) = layer_key(&graph.node(id).origin) {
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
+        let Some(key) = layer_key(&graph.node(id).origin) else {
+            continue;
+        };
+        if keys.iter().any(|(_, _, k)| *k == key) {
+            continue;
         }
+        let (list, index) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
+        let list_rank = match lists.iter().position(|l| l == list) {
+            Some(r) => r,
+            None => {
+                lists.push(list.to_string());
+                lists.len() - 1
+            }
+        };
+        keys.push((list_rank, index.parse().unwrap_or(usize::MAX), key));
     }
+    keys.sort();
     keys.into_iter()
         .enumerate()
-        .filter_map(|(i, key)| stage_of.get(&i).map(|&s| (key, s)))
+        .filter_map(|(i, (_, _, key))| stage_of.get(&i).map(|&s| (key, s)))
         .collect()
 }
 
@@ -298,11 +312,15 @@ pub struct RankLayout {
 /// A plan's pipeline as its ranks run it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PipelineLayout {
-    /// Each stage's layers, `[first, end)` ranges (the plan's).
+    /// Each stage's layers, `[first, end)` ranges (the plan's): under an interleaved schedule
+    /// a stage is one chunk of a device's, in layer order.
     pub layers: Vec<Vec<[usize; 2]>>,
+    /// The devices the stages run on (stage `k` on device `k mod devices`): as many as the
+    /// stages but under an interleaved schedule, whose devices each hold several.
+    pub devices: usize,
     /// Micro-batches per step of each replica.
     pub micro_batches: usize,
-    /// The order each stage runs its micro-batches' passes in (GPipe or 1F1B).
+    /// The order each stage runs its micro-batches' passes in (GPipe, 1F1B or interleaved).
     pub schedule: Schedule,
 }
 
@@ -328,6 +346,28 @@ impl RankLayout {
             pipeline: None,
             sequence_parallel: false,
         }
+    }
+
+    /// The devices of the plan: the ranks but under an interleaved schedule, whose devices
+    /// each run several chunk-stages as ranks of their own.
+    pub fn devices(&self) -> usize {
+        let stages = self.pipeline.as_ref().map_or(1, |p| p.devices);
+        stages * self.dp * self.tp
+    }
+
+    /// The device (in the plan's numbering, stage-major as the ranks) that runs the rank at
+    /// `coords`: its own, but for a chunk-stage of an interleaved schedule its device's.
+    pub fn device(&self, coords: RankCoords) -> usize {
+        let devices = self.pipeline.as_ref().map_or(1, |p| p.devices.max(1));
+        let stage = coords.stage % devices;
+        (stage * self.dp + coords.replica) * self.tp + coords.part
+    }
+
+    /// Whether the stages are chunks of an interleaved schedule, several per device.
+    pub fn interleaved(&self) -> bool {
+        self.pipeline
+            .as_ref()
+            .is_some_and(|p| p.layers.len() > p.devices)
     }
 
     /// Pipeline stages (1 without a pipeline).
@@ -394,6 +434,17 @@ pub fn layout(
         Some(p) if pp > 1 => Some(pipeline_layout(p, pp)?),
         _ => None,
     };
+    if pipeline
+        .as_ref()
+        .is_some_and(|p| p.layers.len() > p.devices)
+        && launcher == "mpiexec"
+    {
+        return Err(RanksError::new(
+            Code::E0972,
+            "the interleaved schedule runs with --ranks (each chunk a thread of its device's \
+             process), not under MPI yet",
+        ));
+    }
     Ok(RankLayout {
         dp,
         tp,
@@ -404,25 +455,43 @@ pub fn layout(
     })
 }
 
-/// The stages of `plan`'s pipeline of `pp` stages, E0972 for an interleaved schedule (a
-/// stage running several chunks of layers).
+/// The stages of `plan`'s pipeline of `pp` devices. Under an interleaved schedule of `v`
+/// chunks per device the stages are the `pp × v` chunks in layer order (chunk `k` on device
+/// `k mod pp`), each run as a rank of its own that takes turns with its device's other chunks
+/// in Megatron-LM's order ([`crate::pipeline::device_order`]); that order needs the
+/// micro-batches to be a multiple of the devices (E0972 otherwise).
 fn pipeline_layout(plan: &PlanFile, pp: usize) -> Result<PipelineLayout, RanksError> {
-    let mut layers = vec![Vec::new(); pp];
+    let chunks = usize::try_from(plan.schedule.chunks().max(1)).unwrap_or(1);
+    let micro_batches = usize::try_from(plan.micro_batches.max(1)).unwrap_or(1);
+    let mut ranges = vec![Vec::new(); pp];
     for group in &plan.per_device {
         if let Some(stage) = usize::try_from(group.stage).ok().filter(|&s| s < pp) {
-            layers[stage] = group.layers.clone();
+            ranges[stage] = group.layers.clone();
         }
     }
-    if layers.iter().any(|l| l.len() != 1) {
+    if ranges.iter().any(|l| l.len() != chunks) {
         return Err(RanksError::new(
             Code::E0972,
-            "the plan's interleaved schedule gives a stage several chunks of layers; the \
-             executor runs one chunk per stage (gpipe or 1f1b)",
+            format!("the plan does not give each of its {pp} stages {chunks} chunk(s) of layers"),
         ));
     }
+    if chunks > 1 && micro_batches % pp != 0 {
+        return Err(RanksError::new(
+            Code::E0972,
+            format!(
+                "the interleaved schedule runs a multiple of the {pp} stages' micro-batches \
+                 (Megatron-LM's order), not {micro_batches}"
+            ),
+        ));
+    }
+    // Chunk j of device s is the (j·pp + s)-th range of layers.
+    let layers = (0..chunks * pp)
+        .map(|k| vec![ranges[k % pp][k / pp]])
+        .collect();
     Ok(PipelineLayout {
         layers,
-        micro_batches: usize::try_from(plan.micro_batches.max(1)).unwrap_or(1),
+        devices: pp,
+        micro_batches,
         schedule: plan.schedule,
     })
 }
@@ -741,6 +810,7 @@ mod tests {
             tp: 2,
             pipeline: Some(PipelineLayout {
                 layers: vec![vec![[0, 1]], vec![[1, 2]]],
+                devices: 2,
                 micro_batches: 4,
                 schedule: Schedule::OneFOneB,
             }),

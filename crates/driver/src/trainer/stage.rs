@@ -3,7 +3,9 @@
 //! ([`crate::pipeline::schedule_passes`]: PipeDream-Flush's 1F1B — stage `s` of `p` runs
 //! `min(p − 1 − s, m)` forwards first, then alternates one forward with one backward, then
 //! the backwards left, holding at most `p − s` micro-batches in flight — or GPipe's all
-//! forwards then all backwards); the update follows the last backward. A forward runs the stage's forward program on the values received from the
+//! forwards then all backwards, or, when the stage is one chunk of a device under Megatron-LM's
+//! interleaved schedule, its part of its device's order, each pass in its turn on the device
+//! ([`crate::pipeline::Turns`])); the update follows the last backward. A forward runs the stage's forward program on the values received from the
 //! stages before and sends what later stages read; a backward runs the stage's step on the
 //! same received values (it recomputes the stage's forward, keeping only the received values
 //! per micro-batch in flight) with the gradients of what it sent, accumulates its parameters'
@@ -16,6 +18,8 @@
 //! parameters and states for checkpoints.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
 
 use mslc_exec::collectives::Collectives;
 use mslc_exec::Executor;
@@ -26,7 +30,7 @@ use super::{
     data_error, micro_seed, run_missing, zero_inputs, Named, Res, StepMetrics, TrainRunError,
     Trainer,
 };
-use crate::pipeline::{recv_bytes, schedule_passes, send_bytes, Pass};
+use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
 use crate::train::{
     accumulator, grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW,
 };
@@ -51,11 +55,16 @@ pub struct StageRuntime {
     /// The pipeline's micro-batches per batch (the plan's `micro_batches`; an update runs
     /// `grad_accum` batches).
     pub micro_batches: usize,
-    /// The order of the stage's passes (GPipe or 1F1B).
+    /// The order of the stage's passes (GPipe, 1F1B or interleaved).
     pub schedule: Schedule,
     /// The stage's update ([`crate::train::StageStep::update`]) and its executor, which holds
     /// the optimizer states and, like the forward, borrows the step's parameters to update them.
     pub update: (Executor, CompiledTrain),
+    /// Under an interleaved schedule, the turns of the chunk-stages of this stage's device
+    /// (shared with them), and how long it waits for its turn.
+    pub turns: Option<Arc<Turns>>,
+    /// How long a chunk-stage waits for its turn on its device before it stops (E0973).
+    pub turn_timeout: Duration,
 }
 
 /// Values received for one micro-batch in flight: (input name, value).
@@ -132,8 +141,9 @@ impl Trainer {
         Ok(self.step_done(loss / micro as f64, scalars, grad_norm, skipped, start))
     }
 
-    /// Runs the micro-batches `rows` (with their dropout `seeds`) through this stage in 1F1B
-    /// order; the sum of their losses (on the last stage; 0 on the others).
+    /// Runs the micro-batches `rows` (with their dropout `seeds`) through this stage in its
+    /// schedule's order (under an interleaved one, each pass in its turn on the device); the
+    /// sum of their losses (on the last stage; 0 on the others).
     fn run_schedule(
         &mut self,
         stage: &mut StageRuntime,
@@ -143,56 +153,93 @@ impl Trainer {
     ) -> Res<f64> {
         let mut in_flight: VecDeque<Received> = VecDeque::new();
         let mut losses = 0.0;
-        let passes = schedule_passes(stage.schedule, stage.ranks.len(), stage.stage, rows.len());
-        for pass in passes {
-            let i = match pass {
-                Pass::Forward(j) => {
-                    in_flight.push_back(self.stage_forward(stage, &rows[j], seeds[j])?);
-                    continue;
+        let (stages, micro) = (stage.ranks.len(), rows.len());
+        let passes = schedule_passes(stage.schedule, stages, stage.stage, micro);
+        let turns = chunk_turns(stage.schedule, stages, stage.stage, micro);
+        let chunks = stage.schedule.chunks().max(1) as usize;
+        for (n, pass) in passes.into_iter().enumerate() {
+            let turn = stage.turns.clone().zip(turns.as_ref().map(|t| t[n].0));
+            if let Some((device, position)) = &turn {
+                device
+                    .wait(self.state.step, *position, stage.turn_timeout)
+                    .map_err(TrainRunError::of_run)?;
+            }
+            let ran = match pass {
+                Pass::Forward(j) => self
+                    .stage_forward(stage, &rows[j], seeds[j])
+                    .map(|received| in_flight.push_back(received)),
+                Pass::Backward(i) => {
+                    let received = in_flight
+                        .pop_front()
+                        .ok_or_else(|| run_missing("a micro-batch in flight"))?;
+                    let last = i + 1 == micro;
+                    self.stage_backward(stage, &rows[i], seeds[i], received, last, loss_scale)
+                        .map(|loss| losses += loss)
                 }
-                Pass::Backward(i) => i,
             };
-            let received = in_flight
-                .pop_front()
-                .ok_or_else(|| run_missing("a micro-batch in flight"))?;
-            self.data.feed(&mut self.exec, &rows[i])?;
-            set_seed(&mut self.exec, seeds[i])?;
-            for (name, array) in &received {
-                self.exec
-                    .set_input(name, array)
-                    .map_err(|e| data_error(e.message))?;
-            }
-            for c in &stage.cut.sends {
-                let name = grad_from(&c.name, c.peer);
-                let array = receive(&mut self.exec, &name, stage.ranks[c.peer])?;
-                self.exec
-                    .set_input(&name, &array)
-                    .map_err(|e| data_error(e.message))?;
-            }
-            self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
-            if stage.cut.outputs.iter().any(|o| o == LOSS) {
-                losses += self.scalar(LOSS);
-                // The last stage's step is its forward: it updates its running statistics.
-                let buffers = self.train.buffers.iter().map(String::as_str);
-                self.exec
-                    .write_back(buffers)
-                    .map_err(TrainRunError::of_run)?;
-            }
-            for c in &stage.cut.receives {
-                let (_, values) = self
-                    .exec
-                    .output_f32(&grad_of(&c.name))
-                    .ok_or_else(|| run_missing(&grad_of(&c.name)))?;
-                comm(&mut self.exec)?
-                    .send(stage.ranks[c.peer], &values)
-                    .map_err(TrainRunError::of_run)?;
-            }
-            if i + 1 < rows.len() {
-                let sums = self.train.accumulators.iter().map(String::as_str);
-                self.exec.write_back(sums).map_err(TrainRunError::of_run)?;
+            match (&turn, ran) {
+                (Some((device, _)), Err(e)) => {
+                    device.abandon();
+                    return Err(e);
+                }
+                (Some((device, _)), Ok(())) => device.pass(2 * micro * chunks),
+                (None, ran) => ran?,
             }
         }
         Ok(losses)
+    }
+
+    /// The backward of one micro-batch on this stage: the step run on the values its forward
+    /// `received` and the gradients of what it sent, its parameters' gradients accumulated
+    /// (unless it is the update's `last`, whose sums the update reads) and the received
+    /// values' gradients sent back; its loss on the last stage (0 elsewhere).
+    fn stage_backward(
+        &mut self,
+        stage: &mut StageRuntime,
+        rows: &[usize],
+        seed: i64,
+        received: Received,
+        last: bool,
+        loss_scale: f64,
+    ) -> Res<f64> {
+        self.data.feed(&mut self.exec, rows)?;
+        set_seed(&mut self.exec, seed)?;
+        for (name, array) in &received {
+            self.exec
+                .set_input(name, array)
+                .map_err(|e| data_error(e.message))?;
+        }
+        for c in &stage.cut.sends {
+            let name = grad_from(&c.name, c.peer);
+            let array = receive(&mut self.exec, &name, stage.ranks[c.peer])?;
+            self.exec
+                .set_input(&name, &array)
+                .map_err(|e| data_error(e.message))?;
+        }
+        self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
+        let mut loss = 0.0;
+        if stage.cut.outputs.iter().any(|o| o == LOSS) {
+            loss = self.scalar(LOSS);
+            // The last stage's step is its forward: it updates its running statistics.
+            let buffers = self.train.buffers.iter().map(String::as_str);
+            self.exec
+                .write_back(buffers)
+                .map_err(TrainRunError::of_run)?;
+        }
+        for c in &stage.cut.receives {
+            let (_, values) = self
+                .exec
+                .output_f32(&grad_of(&c.name))
+                .ok_or_else(|| run_missing(&grad_of(&c.name)))?;
+            comm(&mut self.exec)?
+                .send(stage.ranks[c.peer], &values)
+                .map_err(TrainRunError::of_run)?;
+        }
+        if !last {
+            let sums = self.train.accumulators.iter().map(String::as_str);
+            self.exec.write_back(sums).map_err(TrainRunError::of_run)?;
+        }
+        Ok(loss)
     }
 
     /// The forward of one micro-batch on this stage: receives what it reads from the stages
