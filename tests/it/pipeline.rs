@@ -519,13 +519,7 @@ fn batch_norm_on_a_pipeline_trains_as_one_device_accumulating() {
 #[test]
 fn the_interleaved_schedule_trains_as_1f1b_and_one_device() {
     let dir = TestDir::new("pipeline-interleaved");
-    let four: Vec<&str> = llama_flags()
-        .into_iter()
-        .map(|f| if f == "layers=2" { "layers=4" } else { f })
-        .collect();
-    assert!(four.contains(&"layers=4"));
-    let (model, _) = llama_source_in(&dir, "model.msl", "", 2);
-    let model = std::fs::read_to_string(model).unwrap();
+    let (model, four) = four_layer_llama(&dir);
     let source = |name: &str, schedule: &str| {
         let src = dir.path(name);
         let decls = PP.replace("schedule: 1f1b", &format!("schedule: {schedule}"));
@@ -598,6 +592,17 @@ fn the_interleaved_schedule_trains_as_1f1b_and_one_device() {
     assert_eq!(devices, [(0, 0), (1, 1), (2, 0), (3, 1)]);
 }
 
+/// The tiny LLaMA's model part (written and checked in `dir`) and its sizes with 4 layers.
+fn four_layer_llama(dir: &TestDir) -> (String, Vec<&'static str>) {
+    let four: Vec<&str> = llama_flags()
+        .into_iter()
+        .map(|f| if f == "layers=2" { "layers=4" } else { f })
+        .collect();
+    assert!(four.contains(&"layers=4"));
+    let (model, _) = llama_source_in(dir, "model.msl", "", 2);
+    (std::fs::read_to_string(model).unwrap(), four)
+}
+
 /// Stages of two layers each under tensor parallelism — 2 replicas × 2 stages × 2
 /// tensor-parallel ranks over the tiny LLaMA's 4 layers — under 1F1B, and interleaved (4
 /// chunks of one layer, 16 ranks on the 8 devices): 5 steps with one device's losses within
@@ -606,12 +611,7 @@ fn the_interleaved_schedule_trains_as_1f1b_and_one_device() {
 #[test]
 fn stages_of_several_layers_under_tensor_parallelism_train_as_one_device() {
     let dir = TestDir::new("pipeline-mix-four");
-    let four: Vec<&str> = llama_flags()
-        .into_iter()
-        .map(|f| if f == "layers=2" { "layers=4" } else { f })
-        .collect();
-    let (model, _) = llama_source_in(&dir, "model.msl", "", 2);
-    let model = std::fs::read_to_string(model).unwrap();
+    let (model, four) = four_layer_llama(&dir);
     let data = random_tokens(&dir, 32, 8, 21);
     let seeded = ["--init-seed", "8", "--steps", "5"];
     for (schedule, tag) in [("1f1b", "1f1b"), ("interleaved(2)", "interleaved")] {
