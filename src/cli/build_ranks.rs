@@ -182,11 +182,7 @@ fn stage_artifacts(
         .map_or((1, String::new()), |p| (p.micro_batches, p.schedule.name()));
     // Under an interleaved schedule each chunk of a device is a rank of its own.
     let ranks = match layout.interleaved() {
-        true => format!(
-            "{} ranks on {} devices",
-            layout.pp() * layout.dp * layout.tp,
-            plan.devices
-        ),
+        true => format!("{} ranks on {} devices", layout.ranks(), plan.devices),
         false => format!("{} ranks", plan.devices),
     };
     let line = format!(
@@ -262,7 +258,7 @@ fn ranks_description(
             .cloned()
             .unwrap_or(axis.to_string())
     };
-    let ranks: Vec<serde_json::Value> = (0..layout.pp() * layout.dp * layout.tp)
+    let ranks: Vec<serde_json::Value> = (0..layout.ranks())
         .map(|rank| {
             let c = layout.coords(rank);
             serde_json::json!({
@@ -280,10 +276,9 @@ fn ranks_description(
         parameters.extend(parameters_of(layout, compiled, stage));
         if let Some(cut) = cut {
             let crossing = |c: &mslc_ir::shard::pipeline::Crossing| serde_json::json!({ "value": c.name, "stage": c.peer });
-            let devices = layout.pipeline.as_ref().map_or(1, |p| p.devices.max(1));
             stages.push(serde_json::json!({
                 "stage": stage,
-                "device": stage % devices,
+                "device": layout.pipeline.as_ref().map_or(0, |p| p.device_of(stage)),
                 "layers": layout.pipeline.as_ref().map(|p| p.layers[stage].clone()),
                 "receives": cut.cut.receives.iter().map(crossing).collect::<Vec<_>>(),
                 "sends": cut.cut.sends.iter().map(crossing).collect::<Vec<_>>(),

@@ -190,7 +190,7 @@ pub(super) fn finish_rank0(
 pub(super) fn describe(layout: &RankLayout, started: Option<(usize, &str)>) -> String {
     let launcher = started.map_or("", |(_, l)| l);
     let pipeline = match &layout.pipeline {
-        Some(p) if p.layers.len() > p.devices => format!(
+        Some(p) if p.interleaved() => format!(
             " × pipeline {} of {} micro-batches, interleaved: {} chunks, each a rank",
             p.devices,
             p.micro_batches,

@@ -7,7 +7,6 @@ use std::fs::OpenOptions;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_check::decls::Train;
@@ -265,8 +264,10 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let mesh = layout
         .mesh()
         .map_err(|e| Failure::Message(e.code, e.message))?;
-    // Under an interleaved schedule the chunk-stages of a device take turns.
+    // Under an interleaved schedule the chunk-stages of a device take turns, each waiting for
+    // its turn as long as for a collective.
     let turns: Vec<Arc<Turns>> = (0..layout.devices()).map(|_| Arc::default()).collect();
+    let turn_timeout = world.timeout();
     // One rank: its executor over the shared module, weights (its shards) and data (its
     // replica's slice of each batch).
     let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
@@ -335,11 +336,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
                 turns: layout
                     .interleaved()
                     .then(|| Arc::clone(&turns[layout.device(coords)])),
-                turn_timeout: args
-                    .launch
-                    .collective_timeout
-                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .unwrap_or(mslc_exec::collectives::DEFAULT_TIMEOUT),
+                turn_timeout,
             };
             trainer
                 .run_as_stage(runtime, micro_batch)

@@ -126,6 +126,16 @@ impl World {
         }
     }
 
+    /// How long a rank waits for the others (`--collective-timeout`, or the default).
+    pub fn timeout(&self) -> Duration {
+        match self {
+            World::One => DEFAULT_TIMEOUT,
+            World::Threads(_, timeout) => *timeout,
+            #[cfg(feature = "mpi")]
+            World::Mpi(_, timeout) => *timeout,
+        }
+    }
+
     /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
     pub fn follower(&self) -> bool {
         match self {

@@ -168,36 +168,42 @@ pub fn device_order(
 /// in Megatron-LM's order, holding what that order holds.
 #[derive(Debug, Default)]
 pub struct Turns {
-    /// The update (the first chunk to arrive sets it) and the position whose turn it is;
-    /// whether a chunk failed.
-    state: std::sync::Mutex<(Option<u64>, usize, bool)>,
-    turn: std::sync::Condvar,
+    turn: std::sync::Mutex<Turn>,
+    taken: std::sync::Condvar,
+}
+
+/// Whose turn it is on a device ([`Turns`]).
+#[derive(Debug, Default)]
+struct Turn {
+    /// The update (the first chunk to arrive sets it).
+    update: Option<u64>,
+    /// The position in the device's order of that update.
+    position: usize,
+    /// Whether a chunk failed: none waits any more.
+    abandoned: bool,
 }
 
 impl Turns {
     /// Waits until it is the turn of `position` of update `update`; an error when another
     /// chunk of the device failed ([`Turns::abandon`]) or none came for `timeout`.
     pub fn wait(&self, update: u64, position: usize, timeout: Duration) -> ExecResult<()> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut state = state;
-        if state.0.is_none() {
-            *state = (Some(update), 0, state.2);
-        }
+        let mut turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        turn.update.get_or_insert(update);
         let deadline = std::time::Instant::now() + timeout;
-        while !state.2 && (state.0, state.1) != (Some(update), position) {
+        while !turn.abandoned && (turn.update, turn.position) != (Some(update), position) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return Err(missing(format!(
                     "the device's chunk whose turn it was did not take it within {timeout:?}"
                 )));
             }
-            state = self
-                .turn
-                .wait_timeout(state, left)
+            turn = self
+                .taken
+                .wait_timeout(turn, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        match state.2 {
+        match turn.abandoned {
             true => Err(missing("another chunk of this device failed".to_string())),
             false => Ok(()),
         }
@@ -206,19 +212,20 @@ impl Turns {
     /// Hands the turn on, after the pass whose turn it was, the device running `per_update`
     /// passes per update.
     pub fn pass(&self, per_update: usize) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.1 += 1;
-        if state.1 >= per_update {
-            *state = (state.0.map(|u| u + 1), 0, state.2);
+        let mut turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        turn.position += 1;
+        if turn.position >= per_update {
+            turn.update = turn.update.map(|u| u + 1);
+            turn.position = 0;
         }
-        self.turn.notify_all();
+        self.taken.notify_all();
     }
 
     /// Stops the device's other chunks waiting: this one failed.
     pub fn abandon(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.2 = true;
-        self.turn.notify_all();
+        let mut turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        turn.abandoned = true;
+        self.taken.notify_all();
     }
 }
 
@@ -390,20 +397,14 @@ mod tests {
                 for j in 0..v {
                     let passes =
                         schedule_passes(Schedule::Interleaved(v as i64), stages, j * p + s, m);
-                    let forwards: Vec<usize> = passes
-                        .iter()
-                        .filter_map(|x| match x {
-                            Pass::Forward(i) => Some(*i),
-                            Pass::Backward(_) => None,
-                        })
-                        .collect();
-                    let backwards: Vec<usize> = passes
-                        .iter()
-                        .filter_map(|x| match x {
-                            Pass::Backward(i) => Some(*i),
-                            Pass::Forward(_) => None,
-                        })
-                        .collect();
+                    let (forwards, backwards): (Vec<Pass>, Vec<Pass>) = passes
+                        .into_iter()
+                        .partition(|x| matches!(x, Pass::Forward(_)));
+                    let micro_batch = |x: &Pass| match *x {
+                        Pass::Forward(i) | Pass::Backward(i) => i,
+                    };
+                    let forwards: Vec<usize> = forwards.iter().map(micro_batch).collect();
+                    let backwards: Vec<usize> = backwards.iter().map(micro_batch).collect();
                     assert_eq!(forwards, (0..m).collect::<Vec<_>>(), "{p} {v} {m}");
                     assert_eq!(backwards, forwards);
                 }
@@ -446,6 +447,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A device's turns go position by position, update after update, whichever chunk takes
+    /// them; a chunk that fails releases the one waiting with an error, and so does a turn
+    /// nobody takes within the timeout, rather than a wait forever.
+    #[test]
+    fn turns_go_in_order_and_a_failed_chunk_releases_the_others() {
+        let second = Duration::from_secs(10);
+        let turns = std::sync::Arc::new(Turns::default());
+        let later = std::sync::Arc::clone(&turns);
+        let waiter = std::thread::spawn(move || {
+            later.wait(3, 1, second).unwrap();
+            later.pass(2);
+            later.wait(4, 1, second)
+        });
+        turns.wait(3, 0, second).unwrap();
+        turns.pass(2);
+        turns.wait(4, 0, second).unwrap();
+        turns.abandon();
+        let failed = waiter.join().unwrap().unwrap_err();
+        assert!(failed.message.contains("failed"), "{}", failed.message);
+        let alone = Turns::default();
+        let late = alone.wait(0, 1, Duration::from_millis(20)).unwrap_err();
+        assert!(late.message.contains("did not take it"), "{}", late.message);
     }
 
     /// Megatron-LM's 1F1B on 4 stages of 6 micro-batches: the first stage fills the pipeline

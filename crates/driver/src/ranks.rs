@@ -324,6 +324,18 @@ pub struct PipelineLayout {
     pub schedule: Schedule,
 }
 
+impl PipelineLayout {
+    /// Whether the stages are chunks of an interleaved schedule, several per device.
+    pub fn interleaved(&self) -> bool {
+        self.layers.len() > self.devices
+    }
+
+    /// The pipeline device that runs stage `stage`: itself, or for a chunk its device.
+    pub fn device_of(&self, stage: usize) -> usize {
+        stage % self.devices.max(1)
+    }
+}
+
 /// Where one rank sits in a [`RankLayout`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RankCoords {
@@ -358,8 +370,10 @@ impl RankLayout {
     /// The device (in the plan's numbering, stage-major as the ranks) that runs the rank at
     /// `coords`: its own, but for a chunk-stage of an interleaved schedule its device's.
     pub fn device(&self, coords: RankCoords) -> usize {
-        let devices = self.pipeline.as_ref().map_or(1, |p| p.devices.max(1));
-        let stage = coords.stage % devices;
+        let stage = self
+            .pipeline
+            .as_ref()
+            .map_or(0, |p| p.device_of(coords.stage));
         (stage * self.dp + coords.replica) * self.tp + coords.part
     }
 
@@ -367,7 +381,12 @@ impl RankLayout {
     pub fn interleaved(&self) -> bool {
         self.pipeline
             .as_ref()
-            .is_some_and(|p| p.layers.len() > p.devices)
+            .is_some_and(PipelineLayout::interleaved)
+    }
+
+    /// The ranks: `pp` × `dp` × `tp` (under an interleaved schedule more than the devices).
+    pub fn ranks(&self) -> usize {
+        self.pp() * self.dp * self.tp
     }
 
     /// Pipeline stages (1 without a pipeline).
@@ -419,7 +438,7 @@ impl RankLayout {
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
 /// from the plan's device count, or when the plan asks for what is planned but not run yet
-/// (an interleaved pipeline, a parameter split along two dims).
+/// (an interleaved pipeline under MPI, a parameter split along two dims).
 pub fn layout(
     plan: Option<&PlanFile>,
     world: usize,
@@ -434,25 +453,22 @@ pub fn layout(
         Some(p) if pp > 1 => Some(pipeline_layout(p, pp)?),
         _ => None,
     };
-    if pipeline
-        .as_ref()
-        .is_some_and(|p| p.layers.len() > p.devices)
-        && launcher == "mpiexec"
-    {
-        return Err(RanksError::new(
-            Code::E0972,
-            "the interleaved schedule runs with --ranks (each chunk a thread of its device's \
-             process), not under MPI yet",
-        ));
-    }
-    Ok(RankLayout {
+    let layout = RankLayout {
         dp,
         tp,
         splits,
         optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
         pipeline,
         sequence_parallel: tp > 1 && plan.is_some_and(|p| p.sequence_parallel),
-    })
+    };
+    if layout.interleaved() && launcher == "mpiexec" {
+        return Err(RanksError::new(
+            Code::E0972,
+            "the interleaved schedule runs with --ranks (each chunk a thread of its device's \
+             process), not under MPI yet",
+        ));
+    }
+    Ok(layout)
 }
 
 /// The stages of `plan`'s pipeline of `pp` devices. Under an interleaved schedule of `v`

@@ -530,6 +530,12 @@ impl Trainer {
         self.tensor = Some((splits, (part, n)));
     }
 
+    /// The split parameters (path → dim) and this rank's (member, group size) of its
+    /// tensor-parallel group: none, and (0, 1), without tensor parallelism.
+    fn tensor_share(&self) -> (BTreeMap<String, usize>, (usize, usize)) {
+        self.tensor.clone().unwrap_or((BTreeMap::new(), (0, 1)))
+    }
+
     /// Samples per global batch: this step's batch on each replica.
     fn global_batch(&self) -> usize {
         self.batch * self.replica.1
@@ -792,8 +798,7 @@ impl Trainer {
     pub fn checkpoint_tensors(&mut self) -> Res<(Vec<Named>, Vec<Named>)> {
         let mut params = self.exec.params_f32();
         let mut states = Vec::new();
-        // A pipeline stage's optimizer states are its update's.
-        let holder = self.stage.as_ref().map_or(&self.exec, |s| &s.update.0);
+        let holder = self.updater();
         for name in self.train.params.iter().flat_map(|p| &p.states) {
             let (shape, values) = holder.input_f32(name).ok_or_else(|| run_missing(name))?;
             states.push((name.clone(), shape, values));
@@ -809,11 +814,8 @@ impl Trainer {
             .collect();
         let path_of = |n: &str| owner.get(n).cloned().unwrap_or_else(|| n.to_string());
         let zero = self.train.zero.clone();
-        let splits = self.tensor.clone().map(|(s, _)| s).unwrap_or_default();
-        let comm = self
-            .exec
-            .collectives()
-            .ok_or_else(|| TrainRunError::new(Code::E0973, "no collectives to gather shards"))?;
+        let (splits, _) = self.tensor_share();
+        let comm = comm(&mut self.exec)?;
         if let Some(z) = &zero {
             // Each slice all-gathered over the data-parallel axis, the padding cut off.
             let mut whole = |list: &mut Vec<Named>, sliced: bool| -> Res<()> {
@@ -848,8 +850,7 @@ impl Trainer {
     /// keep none), so under either it is a collective, which every rank calls after the same
     /// step. The module must expose them ([`crate::train::TrainOptions::expose_grads`]).
     pub fn gathered_grads(&mut self) -> Res<Vec<Named>> {
-        // A pipeline stage's gradients are its update's.
-        let holder = self.stage.as_ref().map_or(&self.exec, |s| &s.update.0);
+        let holder = self.updater();
         let mut grads = Vec::with_capacity(self.train.params.len());
         for p in &self.train.params {
             let (shape, values) = holder
@@ -857,14 +858,11 @@ impl Trainer {
                 .ok_or_else(|| run_missing(&p.path))?;
             grads.push((p.path.clone(), shape, values));
         }
-        if self.tensor.is_none() && self.stage.is_none() {
+        if !self.gathers_grads() {
             return Ok(grads);
         }
-        let splits = self.tensor.clone().map(|(s, _)| s).unwrap_or_default();
-        let comm = self
-            .exec
-            .collectives()
-            .ok_or_else(|| TrainRunError::new(Code::E0973, "no collectives to gather shards"))?;
+        let (splits, _) = self.tensor_share();
+        let comm = comm(&mut self.exec)?;
         let grads = gather_blocks(comm, &splits, grads, &|n| n.to_string())?;
         match &self.stage {
             Some(stage) => Self::gather_stages(stage, comm, grads),
@@ -953,30 +951,23 @@ impl Trainer {
             for name in &p.states {
                 let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
                 let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-                let sliced = self.train.zero.is_some();
-                let (shape, values) = self.share_of(&p.path, sliced, t.shape, values, dir)?;
+                let (shape, values) = self.state_share(&p.path, t.shape, values, dir)?;
                 let array =
                     NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
                 states.push((name.clone(), array));
             }
         }
-        let mut weights: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-        // A pipeline stage takes its own parameters of the whole checkpoint.
+        // A pipeline stage takes its own parameters of the whole checkpoint, each cut to this
+        // rank's share as `--weights` are.
         let here: Vec<String> = self.exec.params_f32().into_iter().map(|p| p.0).collect();
         let staged = self.stage.is_some();
-        for t in model
+        let mine = model
             .tensors()
-            .filter(|t| !staged || here.iter().any(|h| h == t.name))
-        {
-            let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-            let sliced = self
-                .train
-                .zero
-                .as_ref()
-                .is_some_and(|z| z.shards_params() && z.shapes.contains_key(t.name));
-            let (shape, values) = self.share_of(t.name, sliced, t.shape, values, dir)?;
-            weights.push((t.name.to_string(), shape, f32_bytes(&values)));
-        }
+            .filter(|t| !staged || here.iter().any(|h| h == t.name));
+        let (splits, share) = self.tensor_share();
+        let zero = self.train.zero.as_ref().map(|z| (z, self.replica.0));
+        let weights = crate::ranks::rank_weights(mine, &splits, share, zero)
+            .map_err(|e| checkpoint_error(dir, e.message))?;
         if optim.len() != states.len() && !staged {
             return Err(checkpoint_error(
                 dir,
@@ -989,7 +980,7 @@ impl Trainer {
         }
         let before: Vec<(String, Vec<usize>, Vec<f32>)> = self.exec.params_f32();
         self.exec
-            .load_weights(weights.iter().map(|(n, s, d)| tensor(n, s, d)))
+            .load_weights(crate::ranks::tensor_refs(&weights))
             .map_err(|e| checkpoint_error(dir, e.message))?;
         for (name, array) in &states {
             let holder = match self.stage.as_mut() {
@@ -1018,14 +1009,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// This rank's share of a whole tensor of checkpoint `dir` (`shape`, `values`) that is
-    /// parameter `path` or one of its optimizer states: under tensor parallelism its block of
-    /// a split parameter's dim, then under optimizer sharding, when `sliced`, its replica's
-    /// slice (flat).
-    fn share_of(
+    /// This rank's share of a whole optimizer state of checkpoint `dir` (`shape`, `values`)
+    /// of parameter `path`: under tensor parallelism its block of the parameter's split dim,
+    /// then under optimizer sharding its replica's slice (flat).
+    fn state_share(
         &self,
         path: &str,
-        sliced: bool,
         shape: &[usize],
         values: Vec<f32>,
         dir: &Path,
@@ -1052,12 +1041,18 @@ impl Trainer {
             }
         }
         match &self.train.zero {
-            Some(z) if sliced => {
+            Some(z) => {
                 let slice = z.slice(&values, self.replica.0);
                 Ok((vec![slice.len()], slice))
             }
-            _ => Ok((shape, values)),
+            None => Ok((shape, values)),
         }
+    }
+
+    /// The executor of the update: it holds the optimizer states and outputs the gradients
+    /// (a pipeline stage's update program; the step elsewhere).
+    fn updater(&self) -> &Executor {
+        self.stage.as_ref().map_or(&self.exec, |s| &s.update.0)
     }
 
     /// The trained parameters.
@@ -1087,6 +1082,13 @@ fn gather_blocks(
             },
         )
         .collect()
+}
+
+/// This rank's collectives, which a rank that gathers or exchanges must have (E0973
+/// otherwise).
+fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
+    exec.collectives()
+        .ok_or_else(|| TrainRunError::new(Code::E0973, "this rank has no collectives"))
 }
 
 /// Sets each of the inputs `names` to zeros.

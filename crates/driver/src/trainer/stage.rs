@@ -27,7 +27,7 @@ use mslc_io::npy::NpyArray;
 use mslc_ir::shard::pipeline::StageCut;
 
 use super::{
-    data_error, micro_seed, run_missing, zero_inputs, Named, Res, StepMetrics, TrainRunError,
+    comm, data_error, micro_seed, run_missing, zero_inputs, Named, Res, StepMetrics, TrainRunError,
     Trainer,
 };
 use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
@@ -35,7 +35,6 @@ use crate::train::{
     accumulator, grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW,
 };
 use crate::train_mode::SEED;
-use mslc_core::diag::Code;
 use mslc_ir::shard::zero::DP_INDEX;
 use mslc_plan::parallel::estimate::Schedule;
 
@@ -154,29 +153,45 @@ impl Trainer {
         let mut in_flight: VecDeque<Received> = VecDeque::new();
         let mut losses = 0.0;
         let (stages, micro) = (stage.ranks.len(), rows.len());
-        let passes = schedule_passes(stage.schedule, stages, stage.stage, micro);
-        let turns = chunk_turns(stage.schedule, stages, stage.stage, micro);
+        // Each pass, with its position in the device's order under an interleaved schedule.
+        let passes: Vec<(Option<usize>, Pass)> =
+            match chunk_turns(stage.schedule, stages, stage.stage, micro) {
+                Some(turns) => turns
+                    .into_iter()
+                    .map(|(at, pass)| (Some(at), pass))
+                    .collect(),
+                None => schedule_passes(stage.schedule, stages, stage.stage, micro)
+                    .into_iter()
+                    .map(|pass| (None, pass))
+                    .collect(),
+            };
         let chunks = stage.schedule.chunks().max(1) as usize;
-        for (n, pass) in passes.into_iter().enumerate() {
-            let turn = stage.turns.clone().zip(turns.as_ref().map(|t| t[n].0));
-            if let Some((device, position)) = &turn {
-                device
+        for (position, pass) in passes {
+            let turn = stage.turns.clone().zip(position);
+            let waited = match &turn {
+                Some((device, position)) => device
                     .wait(self.state.step, *position, stage.turn_timeout)
-                    .map_err(TrainRunError::of_run)?;
-            }
-            let ran = match pass {
+                    .map_err(TrainRunError::of_run),
+                None => Ok(()),
+            };
+            let ran = waited.and_then(|()| match pass {
                 Pass::Forward(j) => self
                     .stage_forward(stage, &rows[j], seeds[j])
                     .map(|received| in_flight.push_back(received)),
                 Pass::Backward(i) => {
-                    let received = in_flight
-                        .pop_front()
-                        .ok_or_else(|| run_missing("a micro-batch in flight"))?;
                     let last = i + 1 == micro;
-                    self.stage_backward(stage, &rows[i], seeds[i], received, last, loss_scale)
+                    in_flight
+                        .pop_front()
+                        .ok_or_else(|| run_missing("a micro-batch in flight"))
+                        .and_then(|received| {
+                            self.stage_backward(
+                                stage, &rows[i], seeds[i], received, last, loss_scale,
+                            )
+                        })
                         .map(|loss| losses += loss)
                 }
-            };
+            });
+            // A chunk that fails, waiting or running, releases its device's other chunks.
             match (&turn, ran) {
                 (Some((device, _)), Err(e)) => {
                     device.abandon();
@@ -470,12 +485,6 @@ fn run_on_params_of<T>(
     }
     rank.swap_params(program).map_err(TrainRunError::of_run)?;
     ran
-}
-
-/// This rank's collectives, which a pipeline stage's executor must have (E0973 otherwise).
-fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
-    exec.collectives()
-        .ok_or_else(|| TrainRunError::new(Code::E0973, "a pipeline stage has no collectives"))
 }
 
 /// Named f32 tensors sent to `to`: their names and shapes as JSON, then each one's values.

@@ -910,6 +910,14 @@ mod tests {
         let across = c.all_reduce_s(bytes, 2, 8);
         assert!(across > 5.0 * inside);
         assert!(((with - without) - across).abs() < 1e-12);
+        // From level 2 each replica sums only its slice of the table's gradient.
+        let sliced = estimate(&w, strategy(8, 2, 4, 2), MIXED_ADAM, &c);
+        let tied = sliced
+            .collectives
+            .iter()
+            .find(|k| k.kind == "all_reduce" && k.axis == "pp")
+            .expect("the tied all-reduce");
+        assert_eq!(tied.bytes, bytes / 8);
         // On one device the table is read twice and held (and summed) once.
         let mut once = with_tables(100);
         once.tail.weights.clear();
