@@ -137,16 +137,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
     let (checked, layout) = check_for_ranks(&args.file, &args.model, started, reporter, pick)?;
-    if layout.dp > 1 && layout.optimizer_shard >= 2 && args.dump_grads.is_some() {
-        return Err(Failure::Message(
-            Code::E0980,
-            format!(
-                "--dump-grads writes whole gradients, but under optimizer_shard = {} each rank \
-                 holds only its slice of them; dump them on one device, or with level0 or level1",
-                mslc_plan::parallel::level_name(layout.optimizer_shard)
-            ),
-        ));
-    }
     let replicas = layout.dp;
     let emit = |d: Box<mslc_core::diag::Diagnostic>| {
         reporter.emit(&[*d], &checked.sources);

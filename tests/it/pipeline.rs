@@ -12,7 +12,7 @@ use crate::ranks::{
     random_tokens, tensors_of,
 };
 use crate::tolerance::{assert_rel_to_max, ADAMW_WEIGHTS_TOL};
-use crate::train::assert_rel;
+use crate::train::{assert_rel, npy_f64};
 
 /// Two stages, four micro-batches of 2 sequences (1F1B).
 const PP: &str = include_str!("../fixtures/tiny_llama_pp.msl-decls");
@@ -640,14 +640,14 @@ fn stages_of_several_layers_under_tensor_parallelism_train_as_one_device() {
 /// gradients of the first update, as one device does: each stage's gathered from its
 /// tensor-parallel blocks and sent to rank 0, every tensor within 1e-5 of its largest (the
 /// replicas' and micro-batches' sums and the row-parallel products reassociate), the loss
-/// within 1e-6 relative.
+/// within 1e-6 relative. The same under optimizer sharding at levels 2 and 3, whose ranks hold
+/// only their slices of the reduce-scattered gradients: the dump gathers them first.
 #[test]
 fn a_gradient_dump_of_stages_and_tensor_ranks_is_one_device_s() {
     let dir = TestDir::new("pipeline-dump-grads");
-    let (src, _) = llama_source_in(&dir, "mix.msl", MIX, 2);
     let data = random_tokens(&dir, 16, 8, 5);
     let flags = llama_flags();
-    let dump = |tag: &str, extra: &[&str]| {
+    let dump = |src: &Path, tag: &str, extra: &[&str]| {
         let grads = dir.path(&format!("{tag}-grads"));
         let args = [
             "--init-seed",
@@ -659,34 +659,36 @@ fn a_gradient_dump_of_stages_and_tensor_ranks_is_one_device_s() {
         ];
         train_metrics(
             &dir,
-            (&src, &flags),
+            (src, &flags),
             &data,
             tag,
             &[&args[..], extra].concat(),
         );
         grads
     };
-    let (one, eight) = (dump("one", &[]), dump("eight", &["--ranks", "8"]));
-    let (want, got) = (
-        tensors_of(&one.join("grads.safetensors")),
-        tensors_of(&eight.join("grads.safetensors")),
-    );
+    let (src, _) = llama_source_in(&dir, "mix.msl", MIX, 2);
+    let one = dump(&src, "one", &[]);
+    let want = tensors_of(&one.join("grads.safetensors"));
     let names = |t: &[(String, Vec<f64>)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&got), names(&want));
     assert!(want.iter().any(|(n, _)| n.ends_with("down_proj.weight")));
-    for ((name, g), (_, w)) in got.iter().zip(&want) {
-        assert_rel_to_max(name, g, w, 1e-5);
+    for level in ["", "level2", "level3"] {
+        let decls = match level {
+            "" => MIX.to_string(),
+            _ => MIX.replace(
+                "schedule: 1f1b }",
+                &format!("schedule: 1f1b }}\n    optimizer_shard = {level}"),
+            ),
+        };
+        let (src, _) = llama_source_in(&dir, &format!("mix{level}.msl"), &decls, 2);
+        let eight = dump(&src, &format!("eight{level}"), &["--ranks", "8"]);
+        let got = tensors_of(&eight.join("grads.safetensors"));
+        assert_eq!(names(&got), names(&want), "{level}");
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_rel_to_max(&format!("{level} {name}"), g, w, 1e-5);
+        }
+        let loss = |d: &Path| npy_f64(&d.join("loss.npy"));
+        assert_rel(&format!("{level} loss"), &loss(&eight), &loss(&one), 1e-6);
     }
-    let loss = |d: &Path| {
-        let array = mslc_io::npy::read_npy(d.join("loss.npy")).unwrap();
-        array
-            .to_f32()
-            .unwrap()
-            .into_iter()
-            .map(f64::from)
-            .collect::<Vec<_>>()
-    };
-    assert_rel("loss", &loss(&eight), &loss(&one), 1e-6);
 }
 
 /// A weight two stages both train (GPT-2's logits read the input embedding's table) is a copy

@@ -30,7 +30,7 @@ use crate::train::{
     LOSS_SCALE, LR, OVERFLOW, SCALAR_INPUTS, STEP_SIZE, TENSOR_AXIS,
 };
 use crate::train_mode::SEED;
-use mslc_ir::shard::zero::DP_INDEX;
+use mslc_ir::shard::zero::{ZeroShard, DP_INDEX};
 
 mod stage;
 
@@ -517,9 +517,16 @@ impl Trainer {
     }
 
     /// Whether a gradient dump is a collective ([`Trainer::gathered_grads`]): a
-    /// tensor-parallel group's blocks or a pipeline's stages are gathered.
+    /// tensor-parallel group's blocks, the slices of optimizer sharding at levels 2 and 3
+    /// (whose gradients are reduce-scattered) or a pipeline's stages are gathered.
     pub fn gathers_grads(&self) -> bool {
-        self.tensor.is_some() || self.stage.is_some()
+        self.tensor.is_some() || self.slices_grads() || self.stage.is_some()
+    }
+
+    /// Whether each rank holds only its slice of the gradients (optimizer sharding at levels 2
+    /// and 3 reduce-scatters them over the data-parallel axis).
+    fn slices_grads(&self) -> bool {
+        self.train.zero.as_ref().is_some_and(|z| z.level >= 2)
     }
 
     /// Makes this the loop of member `part` of a tensor-parallel group of `n` ranks whose
@@ -817,22 +824,10 @@ impl Trainer {
         let (splits, _) = self.tensor_share();
         let comm = comm(&mut self.exec)?;
         if let Some(z) = &zero {
-            // Each slice all-gathered over the data-parallel axis, the padding cut off.
-            let mut whole = |list: &mut Vec<Named>, sliced: bool| -> Res<()> {
-                for (name, shape, values) in list.iter_mut() {
-                    let Some(full) = z.shapes.get(&path_of(name)).filter(|_| sliced) else {
-                        continue;
-                    };
-                    let mut all = gather_dim(comm, DATA_AXIS, 0, &[values.len()], values)
-                        .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
-                    all.truncate(full.iter().product());
-                    *shape = full.clone();
-                    *values = all;
-                }
-                Ok(())
-            };
-            whole(&mut states, true)?;
-            whole(&mut params, z.shards_params())?;
+            unslice(comm, z, &mut states, &path_of)?;
+            if z.shards_params() {
+                unslice(comm, z, &mut params, &|n| n.to_string())?;
+            }
         }
         let params = gather_blocks(comm, &splits, params, &|n| n.to_string())?;
         let states = gather_blocks(comm, &splits, states, &path_of)?;
@@ -862,7 +857,11 @@ impl Trainer {
             return Ok(grads);
         }
         let (splits, _) = self.tensor_share();
+        let zero = self.train.zero.clone().filter(|_| self.slices_grads());
         let comm = comm(&mut self.exec)?;
+        if let Some(z) = &zero {
+            unslice(comm, z, &mut grads, &|n| n.to_string())?;
+        }
         let grads = gather_blocks(comm, &splits, grads, &|n| n.to_string())?;
         match &self.stage {
             Some(stage) => Self::gather_stages(stage, comm, grads),
@@ -1059,6 +1058,28 @@ impl Trainer {
     pub fn params(&self) -> &[TrainedParam] {
         &self.train.params
     }
+}
+
+/// The tensors of `list` that are (or, by `path_of`, belong to) a parameter optimizer sharding
+/// slices, each made whole again: its flat slices all-gathered over the data-parallel axis, the
+/// padding cut off, its shape the parameter's.
+fn unslice(
+    comm: &mut dyn Collectives,
+    zero: &ZeroShard,
+    list: &mut [Named],
+    path_of: &dyn Fn(&str) -> String,
+) -> Res<()> {
+    for (name, shape, values) in list.iter_mut() {
+        let Some(full) = zero.shapes.get(&path_of(name)) else {
+            continue;
+        };
+        let mut all = gather_dim(comm, DATA_AXIS, 0, &[values.len()], values)
+            .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
+        all.truncate(full.iter().product());
+        *shape = full.clone();
+        *values = all;
+    }
+    Ok(())
 }
 
 /// The tensors `list` whole over the tensor-parallel group: each that is (or, by `path_of`,

@@ -136,7 +136,6 @@ codes! {
     E0973 => "a rank stopped: a collective could not complete",
     E0974 => "inputs do not split among the data-parallel replicas",
     E0975 => "output cannot be gathered from the data-parallel replicas",
-    E0980 => "whole gradients asked of ranks that hold slices",
     E0961 => "train setting the JAX export cannot mirror",
     W0002 => "precision setting has no effect",
     W0003 => "outputs hold NaN or infinite values",
