@@ -29,6 +29,7 @@ use mslc_exec::collectives::Collectives;
 use mslc_exec::{ExecOptions, Executor};
 use mslc_plan::memory::MemoryPlan;
 use mslc_plan::parallel::estimate::Schedule;
+use mslc_plan::parallel::ExecutorMemory;
 
 use super::output::Failure;
 use super::world::{self, LaunchArgs, World};
@@ -361,7 +362,34 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let ranks = world.ranks(&mesh)?;
     // The run's memory is measured from here: the ranks' executors and trainers, each rank's
     // copy of the data, the steps.
-    let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, ranks.len()));
+    // Devices this process runs: its ranks, but under an interleaved schedule each device's
+    // chunk-ranks together.
+    let devices_here = (ranks.len() * layout.devices()).div_ceil(layout.ranks());
+    let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, devices_here));
+    // A stage's programs: its step, and its forward and update on the step's parameters.
+    let stage_memory = |(step, cut): &(CompiledTrain, StageStep)| {
+        let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
+        ranks::rank_memory(programs, exec_options.threads).allocated
+    };
+    let rank = match stages.first() {
+        Some(first) => ExecutorMemory::of(stage_memory(first), exec_options.threads),
+        None => ranks::rank_memory([&arena], exec_options.threads),
+    };
+    // Device 0 runs chunk k of an interleaved schedule for every k that is 0 modulo the
+    // devices of the pipeline.
+    let device = match layout.pipeline.as_ref().filter(|p| p.interleaved()) {
+        Some(p) => ExecutorMemory::of(
+            stages
+                .iter()
+                .enumerate()
+                .filter(|&(s, _)| p.device_of(s) == 0)
+                .map(|(_, stage)| stage_memory(stage))
+                .sum(),
+            exec_options.threads,
+        ),
+        None => rank,
+    };
+    let chunks = layout.ranks() / layout.devices().max(1);
     let leader = |comm| {
         let trainer = rank_loop(0, comm)?;
         let summary = Summary {
@@ -371,15 +399,8 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             recompute: &recompute,
             measured_from,
             tuning: tuning.as_deref(),
-            rank: ranks::rank_memory(
-                std::iter::once(&arena).chain(
-                    stages
-                        .first()
-                        .into_iter()
-                        .flat_map(|(_, cut)| cut.programs()),
-                ),
-                exec_options.threads,
-            ),
+            rank,
+            device: (device, chunks),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -397,13 +418,16 @@ struct Summary<'a> {
     loss_scale: LossScaler,
     arena: &'a MemoryPlan,
     recompute: &'a RecomputeReport,
-    /// The resident set when the ranks started, and how many ranks this process runs.
+    /// The resident set when the ranks started, and how many devices this process runs.
     measured_from: Option<(mslc_exec::limits::RssMark, usize)>,
     /// What the tuning knowledge base changed, when it changed anything.
     tuning: Option<&'a str>,
     /// What rank 0's programs allocate by their memory plans (on a pipeline, its stage's
     /// step, forward and update).
-    rank: mslc_plan::parallel::ExecutorMemory,
+    rank: ExecutorMemory,
+    /// What device 0's ranks allocate, and how many ranks a device runs: rank 0's alone, but
+    /// under an interleaved schedule its device's chunk-stages together.
+    device: (ExecutorMemory, usize),
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -424,6 +448,7 @@ fn lead(
         measured_from,
         tuning,
         rank,
+        device: (device, chunks),
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
@@ -549,15 +574,19 @@ fn lead(
         text.push_str(&line);
         text.push('\n');
     }
-    // What each rank holds by the plan, with the planner's fragmentation reserve; it runs no
+    // What each device holds by the plan, with the planner's fragmentation reserve; it runs no
     // collective buffers of its own (the collectives reduce in place).
-    let planned = rank.total;
-    let measured = measured_from.and_then(|(mark, ranks)| {
-        Some(mslc_exec::limits::peak_rss_since(mark)? / ranks.max(1) as u64)
+    let planned = device.total;
+    let measured = measured_from.and_then(|(mark, devices)| {
+        Some(mslc_exec::limits::peak_rss_since(mark)? / devices.max(1) as u64)
     });
+    let per = match chunks {
+        1 => "per rank".to_string(),
+        n => format!("per device (its {n} chunk-ranks)"),
+    };
     if let Some(m) = measured {
         text.push_str(&format!(
-            "  measured: peak resident memory {} per rank over the run, planned peak {} with the 5 % reserve ({:+.1} %)\n",
+            "  measured: peak resident memory {} {per} over the run, planned peak {} with the 5 % reserve ({:+.1} %)\n",
             mslc_core::units::human_bytes(m),
             mslc_core::units::human_bytes(planned),
             100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)
@@ -591,8 +620,9 @@ fn lead(
             "inputs_bytes": arena.inputs_bytes,
             "next_bytes": arena.next_bytes,
         },
-        "planned_peak_bytes_per_rank": planned,
-        "measured_peak_bytes_per_rank": measured,
+        "planned_peak_bytes_per_device": planned,
+        "measured_peak_bytes_per_device": measured,
+        "ranks_per_device": chunks,
         "written": written,
         "notes": notes,
     });

@@ -1,7 +1,7 @@
 //! Issue 10, item 8, on the host: the peak memory per rank the plan predicts for a training
 //! step against the peak `mslc train` measures running it (the process's resident-set
-//! high-water mark above where the ranks started, less code paged in, per rank), on one device
-//! and on two data-parallel ranks. The issue's tolerance: within 5 % and never below. And the
+//! high-water mark above where the ranks started, less code paged in, per device), on one
+//! device, on two data-parallel ranks and on two devices of an interleaved pipeline. The issue's tolerance: within 5 % and never below. And the
 //! host's measured peak that the planner's step time rests on, kept between runs.
 
 use std::path::{Path, PathBuf};
@@ -33,8 +33,14 @@ fn source(dir: &TestDir, ranks: usize) -> PathBuf {
     path
 }
 
-/// Two steps of `source` on `ranks` ranks: the planned and the measured peak per rank.
-fn planned_and_measured(source: &Path, data: &Path, ranks: usize) -> (u64, Option<u64>) {
+/// Two steps of `source` on `ranks` ranks (with the flags `extra`): the planned and the
+/// measured peak per device, and the ranks a device runs.
+fn planned_and_measured(
+    source: &Path,
+    data: &Path,
+    ranks: usize,
+    extra: &[&str],
+) -> (u64, Option<u64>, u64) {
     let ranks_arg = ranks.to_string();
     let mut args = vec![
         "--message-format",
@@ -48,13 +54,35 @@ fn planned_and_measured(source: &Path, data: &Path, ranks: usize) -> (u64, Optio
     if ranks > 1 {
         args.extend(["--ranks", &ranks_arg]);
     }
+    args.extend(extra);
     let (code, stdout, stderr) = mslc(&args);
     assert_eq!(code, 0, "mslc train:\n{stdout}\n{stderr}");
     let summary = train_summary(&stdout);
     (
-        summary["planned_peak_bytes_per_rank"].as_u64().unwrap(),
-        summary["measured_peak_bytes_per_rank"].as_u64(),
+        summary["planned_peak_bytes_per_device"].as_u64().unwrap(),
+        summary["measured_peak_bytes_per_device"].as_u64(),
+        summary["ranks_per_device"].as_u64().unwrap(),
     )
+}
+
+/// Asserts the issue's tolerance: `planned` within 5 % above `measured` (when this system
+/// measures at all, as Linux does and CI must).
+fn assert_within_5_percent_above(what: &str, planned: u64, measured: Option<u64>) {
+    let Some(measured) = measured else {
+        // No /proc/self/clear_refs (not Linux): nothing was measured.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no peak measured under CI"
+        );
+        return;
+    };
+    let over = (planned as f64 - measured as f64) / measured as f64;
+    eprintln!(
+        "{what}: planned {planned}, measured {measured} bytes per device ({:+.1} %)",
+        100.0 * over
+    );
+    assert!(planned >= measured, "{what}: below the measured peak");
+    assert!(over <= 0.05, "{what}: {:.1} % over", 100.0 * over);
 }
 
 /// The `executor.total` that `mslc build --entry Fit` writes into `Fit.plan.json` for the
@@ -76,31 +104,38 @@ fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
     // 16 sequences of 129 token ids below the vocab of 1000.
     let data = token_file(&dir, [16, 129], 1000.0, 5);
     for ranks in [1, 2] {
-        let (planned, measured) = planned_and_measured(&source(&dir, ranks), &data, ranks);
+        let (planned, measured, per_device) =
+            planned_and_measured(&source(&dir, ranks), &data, ranks, &[]);
+        assert_eq!(per_device, 1);
         // `mslc build`'s plan gives the same peak per rank for this machine's executor.
         assert_eq!(
             built_executor_total(&dir, &source(&dir, ranks), ranks),
             planned
         );
-        let Some(measured) = measured else {
-            // No /proc/self/clear_refs (not Linux): nothing was measured.
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "no peak measured under CI"
-            );
-            return;
-        };
-        let over = (planned as f64 - measured as f64) / measured as f64;
-        eprintln!(
-            "{ranks} rank(s): planned {planned}, measured {measured} bytes per rank ({:+.1} %)",
-            100.0 * over
-        );
-        assert!(
-            planned >= measured,
-            "{ranks} rank(s): below the measured peak"
-        );
-        assert!(over <= 0.05, "{ranks} rank(s): {:.1} % over", 100.0 * over);
+        assert_within_5_percent_above(&format!("{ranks} rank(s)"), planned, measured);
     }
+}
+
+/// Under an interleaved schedule a device runs its chunk-stages as ranks of their own, and
+/// holds all their programs: 4 layers in 2 chunks on each of 2 devices, its peak against the
+/// sum of its chunks' plans.
+#[test]
+fn an_interleaved_device_holds_the_plans_of_its_chunks() {
+    let dir = TestDir::new("plan-measured-interleaved");
+    let data = token_file(&dir, [16, 129], 1000.0, 5);
+    let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
+    let path = dir.path("interleaved.msl");
+    let train = "parallel PP {\n    mesh = { pp: 2 }\n    mode = semi_auto\n    \
+                 pipeline = { stages: 2, micro_batches: 4, schedule: interleaved(2) }\n}\n\n\
+                 train Fit for TinyLlama {\n    labels: i32[B, S]\n    \
+                 loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-4)\n    \
+                 batch = 8\n    parallel = PP\n    target = std.targets.cpu\n}\n";
+    std::fs::write(&path, format!("{model}\n{train}")).unwrap();
+    let (planned, measured, per_device) =
+        planned_and_measured(&path, &data, 2, &["--set", "layers=4"]);
+    assert_eq!(per_device, 2);
+    assert_within_5_percent_above("interleaved(2) on 2 devices", planned, measured);
 }
 
 /// The host's peak the planner reads is kept in the user's cache, the highest measured: a plan
