@@ -1,8 +1,9 @@
-//! Issue 10, item 8, on the host: the peak memory per rank the plan predicts for a training
+//! Issue 10, item 8, on the host: the peak memory per device the plan predicts for a training
 //! step against the peak `mslc train` measures running it (the process's resident-set
 //! high-water mark above where the ranks started, less code paged in, per device), on one
-//! device, on two data-parallel ranks and on two devices of an interleaved pipeline. The issue's tolerance: within 5 % and never below. And the
-//! host's measured peak that the planner's step time rests on, kept between runs.
+//! device, on two data-parallel ranks and on two devices of an interleaved pipeline. The
+//! issue's tolerance: within 5 % and never below. And the host's measured peak that the
+//! planner's step time rests on, kept between runs.
 
 use std::path::{Path, PathBuf};
 
