@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use mslc_driver::stack::on_compiler_stack;
 
 fn main() -> ExitCode {
+    mslc_exec::limits::return_large_blocks();
     let failure = match on_compiler_stack(cli::main) {
         Ok(code) => return code,
         Err(e) => e.to_string(),

@@ -153,6 +153,7 @@ pub fn exec_base() -> Option<&'static Module> {
             fuse: true,
             amp: None,
             unfused: Default::default(),
+            overwrite_updates: false,
         };
         compile(model, &options).ok().map(|c| c.module)
     })

@@ -89,7 +89,10 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
                 let kw = if *trainable { "param" } else { "buffer" };
                 let _ = writeln!(s, "  %{i} = {kw} {path:?} : {}", v.ty);
             }
-            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {}
+            Storage::Arena { .. }
+            | Storage::Hoisted { .. }
+            | Storage::Next { .. }
+            | Storage::Overwrite { .. } => {}
         }
     }
     for step in &m.steps {
@@ -107,6 +110,7 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
                 Storage::Arena { offset } => format!("@{offset}"),
                 Storage::Hoisted { offset } => format!("hoisted@{offset}"),
                 Storage::Next { .. } => "next".to_string(),
+                Storage::Overwrite { ref name } => format!("over {name:?}"),
                 _ => String::new(),
             })
             .collect();

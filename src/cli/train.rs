@@ -302,15 +302,16 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         }
         if let Some((_, step)) = stages.get(coords.stage) {
             // The stage's forward and update run on the step's parameters, lent per run.
+            let lender = trainer.executor();
+            let borrow = |module: &mslc_artifact::Module| {
+                Executor::borrowing(module.clone(), lender, &exec_options)
+                    .map_err(|e| Failure::Message(Code::E0604, e.message))
+            };
             let forward = match &step.forward {
-                Some(f) => Some(
-                    Executor::borrowing(f.module.clone(), &exec_options)
-                        .map_err(|e| Failure::Message(Code::E0604, e.message))?,
-                ),
+                Some(f) => Some(borrow(&f.module)?),
                 None => None,
             };
-            let update = Executor::borrowing(step.update.compiled.module.clone(), &exec_options)
-                .map_err(|e| Failure::Message(Code::E0604, e.message))?;
+            let update = borrow(&step.update.compiled.module)?;
             let runtime = StageRuntime {
                 forward,
                 update: (update, step.update.clone()),
@@ -555,11 +556,10 @@ fn lead(
     // forward and update).
     let exec = trainer.executor();
     let stage_executors = trainer.stage_executors();
-    let allocated = exec.allocated_bytes()
-        + stage_executors
-            .iter()
-            .map(|e| e.allocated_bytes())
-            .sum::<u64>();
+    let together: Vec<&Executor> = std::iter::once(exec)
+        .chain(stage_executors.iter().copied())
+        .collect();
+    let allocated = Executor::allocated_together(&together);
     let which = match stage_executors.is_empty() {
         true => String::new(),
         false => " (the first stage's step, forward and update)".to_string(),

@@ -48,6 +48,26 @@ pub enum Storage {
         /// The input or parameter it replaces (and the output's name).
         name: String,
     },
+    /// The next value of the input or parameter `name`, output under that name, computed over
+    /// that input's own buffer by the last step that reads it (an optimizer's update written in
+    /// place, as `torch.optim` does): no second buffer, and nothing to exchange after the run.
+    /// Only where the caller keeps every run's next value (an update that is never skipped).
+    Overwrite {
+        /// The input or parameter it overwrites (and the output's name).
+        name: String,
+    },
+}
+
+/// The operand that output `output` of a step of `op` with `outputs` outputs may overwrite
+/// ([`Storage::Overwrite`]): input 0 for a step of one output (elementwise or not: a kernel
+/// that cannot work in place reads a copy), `adam_update`'s p, m and v for its new p, m and v;
+/// `None` for any other output.
+pub fn overwritable_operand(op: Op, outputs: usize, output: usize) -> Option<usize> {
+    match (op, outputs, output) {
+        (Op::AdamUpdate, 3, k) => [0, 2, 3].get(k).copied(),
+        (_, 1, 0) => Some(0),
+        _ => None,
+    }
 }
 
 /// One value of the module.

@@ -69,13 +69,35 @@ impl RuntimeNeeds {
                 }
             }
             let kernel = prepare(step.op, &step.attrs, &step.kernel, &types, out).map_err(at)?;
-            let aliased = output_aliases_input0(module, step, o).map_err(at)?;
+            // The operands the outputs overwrite in their own buffers (validated pairs).
+            let overwritten: Vec<usize> = step
+                .outputs
+                .iter()
+                .filter_map(|&v| overwritten_operand(module, step, v))
+                .collect();
+            let aliased = output_aliases_input0(module, step, o).map_err(at)?
+                || overwritten.first() == Some(&0);
+            // adam_update overwrites p, m and v together, all f32, or none of them.
+            let updates_in_place =
+                matches!(kernel, StepKernel::AdamUpdate(..)) && !overwritten.is_empty();
+            if updates_in_place
+                && (overwritten != [0, 2, 3] || types.iter().any(|t| t.dtype != DType::F32))
+            {
+                return Err(at(
+                    "an update in place overwrites p, m and v together, all f32".into(),
+                ));
+            }
             let out_direct = out.dtype == DType::F32;
             let modes = types
                 .iter()
                 .enumerate()
                 .map(|(j, t)| {
-                    let mode = OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct);
+                    let mode = match updates_in_place && overwritten.contains(&j) {
+                        true => OperandMode::InPlace,
+                        false => {
+                            OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct)
+                        }
+                    };
                     staging.need(mode, j, t);
                     mode
                 })
@@ -156,6 +178,20 @@ fn origin_suffix(step: &Step) -> String {
     } else {
         format!(" at {}", step.origin)
     }
+}
+
+/// The operand of `step` that its output `out` overwrites in that operand's own buffer
+/// ([`Storage::Overwrite`]), if it does.
+fn overwritten_operand(module: &Module, step: &Step, out: u32) -> Option<usize> {
+    let Storage::Overwrite { name } = &module.values[out as usize].storage else {
+        return None;
+    };
+    step.inputs
+        .iter()
+        .position(|&v| match &module.values[v as usize].storage {
+            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
+            _ => false,
+        })
 }
 
 /// Whether `step`'s output `out` occupies exactly input 0's bytes (the result overwrites its

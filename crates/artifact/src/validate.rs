@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use mslc_core::ops::{self, TensorType};
 
-use super::module::{Module, Step, Storage};
+use super::module::{overwritable_operand, Module, Step, Storage};
 use mslc_kernels::binding::KernelParam;
 
 /// Checks names, indices, the definition order, types (re-inferred through the op registry),
@@ -28,7 +28,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
             }
             Storage::Arena { offset } => (*offset, "arena", module.arena_bytes),
             Storage::Hoisted { offset } => (*offset, "hoisted region", module.hoisted_bytes),
-            Storage::Next { .. } => (0, "", 0),
+            Storage::Next { .. } | Storage::Overwrite { .. } => (0, "", 0),
         };
         if !region.is_empty() {
             let end = offset
@@ -98,7 +98,7 @@ pub fn validate(module: &Module) -> Result<(), String> {
                 ));
             }
             match module.values[o].storage {
-                Storage::Arena { .. } | Storage::Next { .. } => {}
+                Storage::Arena { .. } | Storage::Next { .. } | Storage::Overwrite { .. } => {}
                 Storage::Hoisted { .. } => {
                     if let Some(&i) = step.inputs.iter().find(|&&i| !invariant(i as usize)) {
                         return Err(format!(
@@ -134,9 +134,12 @@ pub fn validate(module: &Module) -> Result<(), String> {
 
 /// Each next value is the module's output of its name, and an input or parameter of that name
 /// has its type: writing it back exchanges the two buffers, so they must be interchangeable.
+/// A value that overwrites its input or parameter ([`Storage::Overwrite`]) is computed by the
+/// last step that reads it, which reads it once, at the operand that output may overwrite
+/// ([`overwritable_operand`]), and which nothing else outputs.
 fn validate_next_values(module: &Module) -> Result<(), String> {
     for (i, v) in module.values.iter().enumerate() {
-        let Storage::Next { name } = &v.storage else {
+        let (Storage::Next { name } | Storage::Overwrite { name }) = &v.storage else {
             continue;
         };
         if !module
@@ -148,16 +151,54 @@ fn validate_next_values(module: &Module) -> Result<(), String> {
                 "value %{i}, the next value of `{name}`, is not the output `{name}`"
             ));
         }
-        let replaced = module.values.iter().find(|r| match &r.storage {
+        let replaced = module.values.iter().position(|r| match &r.storage {
             Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
             _ => false,
         });
-        if replaced.is_none_or(|r| r.ty != v.ty) {
+        let Some(r) = replaced.filter(|&r| module.values[r].ty == v.ty) else {
             return Err(format!(
                 "value %{i} ({}) is the next value of `{name}`, but no input or parameter `{name}` has its type",
                 v.ty
             ));
+        };
+        if matches!(v.storage, Storage::Overwrite { .. }) {
+            check_overwrite(module, i, r)
+                .map_err(|why| format!("value %{i} overwrites `{name}` (%{r}), but {why}"))?;
         }
+    }
+    Ok(())
+}
+
+/// Why value `v` may not overwrite value `r` (an input or parameter) in its buffer, if it may
+/// not: the step computing `v` must read `r` once, at the operand that output may overwrite
+/// ([`overwritable_operand`]), no later step may read `r`, and `r` may not be an output.
+pub fn check_overwrite(module: &Module, v: usize, r: usize) -> Result<(), String> {
+    let (r32, v32) = (r as u32, v as u32);
+    if module.outputs.iter().any(|&(_, o)| o == r32) {
+        return Err("that value is an output".to_string());
+    }
+    let Some(s) = module.steps.iter().position(|st| st.outputs.contains(&v32)) else {
+        return Err("no step computes it".to_string());
+    };
+    let step = &module.steps[s];
+    let k = step.outputs.iter().position(|&o| o == v32).unwrap_or(0);
+    let operand = overwritable_operand(step.op, step.outputs.len(), k);
+    if operand.and_then(|j| step.inputs.get(j)) != Some(&r32) {
+        return Err(format!(
+            "step {s} ({}) cannot write its output {k} over that operand",
+            step.op
+        ));
+    }
+    if step.inputs.iter().filter(|&&i| i == r32).count() > 1 {
+        return Err(format!("step {s} ({}) reads it twice", step.op));
+    }
+    if let Some(later) =
+        (s + 1..module.steps.len()).find(|&t| module.steps[t].inputs.contains(&r32))
+    {
+        return Err(format!(
+            "step {later} ({}) reads it after step {s} overwrote it",
+            module.steps[later].op
+        ));
     }
     Ok(())
 }
@@ -259,9 +300,10 @@ pub fn check_tensor_sizes(module: &Module) -> Result<(), String> {
         let what = match &v.storage {
             Storage::Input { name } => format!("input `{name}`"),
             Storage::Param { path, .. } => format!("parameter `{path}`"),
-            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {
-                format!("value %{i}")
-            }
+            Storage::Arena { .. }
+            | Storage::Hoisted { .. }
+            | Storage::Next { .. }
+            | Storage::Overwrite { .. } => format!("value %{i}"),
         };
         return Err(format!(
             "{what} is {}, more than the {MAX_TENSOR_ELEMENTS} elements a tensor may have",
@@ -334,7 +376,10 @@ fn validate_names(module: &Module) -> Result<(), String> {
                     return Err(format!("two parameters have the path `{path}`"));
                 }
             }
-            Storage::Arena { .. } | Storage::Hoisted { .. } | Storage::Next { .. } => {}
+            Storage::Arena { .. }
+            | Storage::Hoisted { .. }
+            | Storage::Next { .. }
+            | Storage::Overwrite { .. } => {}
         }
     }
     let mut outputs = BTreeSet::new();

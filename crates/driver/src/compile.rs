@@ -33,6 +33,10 @@ pub struct CompileOptions {
     /// Signatures of fused subgraphs the fusion pass leaves unfused (tuning
     /// decisions from the kernel table or the knowledge base).
     pub unfused: BTreeSet<String>,
+    /// Let a training step compute its updated parameters, optimizer states and gradient sums
+    /// over the values they replace (`mslc_plan::memory::plan_memory`'s `overwrite`): only for
+    /// a loop that keeps every update, one that loss scaling never skips.
+    pub overwrite_updates: bool,
 }
 
 impl CompileOptions {
@@ -198,7 +202,7 @@ pub fn plan_graph(
     })?;
     times.schedule_ms = ms(t);
     let t = Instant::now();
-    let memory = plan_memory(&mut module).map_err(|e| CompileError {
+    let memory = plan_memory(&mut module, options.overwrite_updates).map_err(|e| CompileError {
         stage: "memory",
         message: e.to_string(),
     })?;

@@ -152,6 +152,7 @@ pub fn compile_options(
         fuse: selection.fuse,
         amp: choose_precision(checked, model, selection.precision)?,
         unfused: Default::default(),
+        overwrite_updates: false,
     })
 }
 

@@ -696,6 +696,7 @@ fn compile_train_step(
     // stage's forward and on the step, must not cast again.
     let whole = CompileOptions {
         amp: None,
+        overwrite_updates: !train_options.loss_scale.skips_overflow(),
         ..options.clone()
     };
     let stage_forward = match staged.as_mut().and_then(|st| st.forward.take()) {
@@ -1013,6 +1014,7 @@ fn compile_stage_update(
         })?;
     let whole = CompileOptions {
         amp: None,
+        overwrite_updates: !train_options.loss_scale.skips_overflow(),
         ..options.clone()
     };
     let (passes, ops_before, _) = optimize_graph(&mut graph, &whole)?;

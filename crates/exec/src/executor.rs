@@ -8,6 +8,7 @@
 //! parameters change, read from there by every run. The buffers the plan sizes are allocated
 //! exactly as planned; a difference is an internal error.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
@@ -116,7 +117,7 @@ pub struct Executor {
     in_stage: Vec<AlignedBuf>,
     int_stage: AlignedBuf,
     out_stage: AlignedBuf,
-    pool: rayon::ThreadPool,
+    pool: Arc<rayon::ThreadPool>,
     threads: usize,
     times: Vec<Option<StepTime>>,
     /// What each pool thread did per step, when [`Executor::record_workers`] asked for it.
@@ -128,6 +129,8 @@ pub struct Executor {
     /// Bytes of every buffer allocated here but the parameters' (which may be lent), and of
     /// the kernels' scratch of every pool thread.
     allocated_bytes: u64,
+    /// Of those, the kernel scratch this program's threads hold.
+    scratch_total: u64,
     /// The f32 each of a pool thread's scratch buffers holds: the largest any step asks.
     scratch_floats: usize,
 }
@@ -154,17 +157,31 @@ impl Executor {
     /// Checks `module` (indices, types, arena bounds, that no step's output overlaps its
     /// inputs except in place over input 0), prepares every step and allocates all buffers.
     pub fn new(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
-        Self::set_up(module, options, true)
+        Self::set_up(module, options, None)
     }
 
-    /// As [`Executor::new`], for a program that runs on another executor's parameters, lent
-    /// for each run ([`Executor::swap_params`]) — a pipeline stage's forward and update beside
-    /// its step — so it allocates no parameter buffer, and cannot run until it borrows them.
-    pub fn borrowing(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
-        Self::set_up(module, options, false)
+    /// As [`Executor::new`], for a program that runs on `lender`'s parameters, lent for each
+    /// run ([`Executor::swap_params`]) — a pipeline stage's forward and update beside its step
+    /// — so it allocates no parameter buffer, and cannot run until it borrows them. It runs on
+    /// `lender`'s threads too (the two never run at once): one pool per rank, whose threads
+    /// keep the scratch the largest of its programs asks for (`options.threads` is the
+    /// lender's).
+    pub fn borrowing(
+        module: Module,
+        lender: &Executor,
+        options: &ExecOptions,
+    ) -> ExecResult<Executor> {
+        Self::set_up(module, options, Some(Arc::clone(&lender.pool)))
     }
 
-    fn set_up(module: Module, options: &ExecOptions, own_params: bool) -> ExecResult<Executor> {
+    /// Sets up `module` on a pool of its own and its own parameters, or on a lender's pool
+    /// and parameters (`lender_pool`).
+    fn set_up(
+        module: Module,
+        options: &ExecOptions,
+        lender_pool: Option<Arc<rayon::ThreadPool>>,
+    ) -> ExecResult<Executor> {
+        let own_params = lender_pool.is_none();
         validate(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
         let region = |bytes: u64, what: &str| {
             usize::try_from(bytes)
@@ -175,12 +192,17 @@ impl Executor {
         let slots = slots_of(&module)?;
         let needs =
             RuntimeNeeds::of(&module).map_err(|m| module_error(format!("invalid module: {m}")))?;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads)
-            .build()
-            .map_err(|e| {
-                ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
-            })?;
+        let pool = match lender_pool {
+            Some(pool) => pool,
+            None => Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(options.threads)
+                    .build()
+                    .map_err(|e| {
+                        ExecError::new(ExecErrorKind::Threads, format!("cannot start threads: {e}"))
+                    })?,
+            ),
+        };
         let threads = pool.current_num_threads();
         let scratch_bytes = needs.scratch_bytes_per_thread();
         // The parameters' bytes when they are borrowed, not allocated here.
@@ -267,8 +289,8 @@ impl Executor {
         )?;
         // Without the parameters', which `allocated_bytes()` adds as they are lent and returned.
         let own_param_bytes: u64 = params.iter().map(|b| b.len() as u64).sum();
-        let allocated_bytes = (allocated - own_param_bytes)
-            .saturating_add(scratch_bytes.saturating_mul(threads as u64));
+        let scratch_total = scratch_bytes.saturating_mul(threads as u64);
+        let allocated_bytes = (allocated - own_param_bytes).saturating_add(scratch_total);
         let mut reads_params: Vec<bool> = module
             .values
             .iter()
@@ -321,6 +343,7 @@ impl Executor {
             scratch_floats: needs.scratch_floats,
             module,
             allocated_bytes,
+            scratch_total,
         })
     }
 
@@ -330,6 +353,23 @@ impl Executor {
     pub fn allocated_bytes(&self) -> u64 {
         let params: u64 = self.params.iter().map(|b| b.len() as u64).sum();
         self.allocated_bytes.saturating_add(params)
+    }
+
+    /// Bytes of kernel scratch this program's threads hold (part of
+    /// [`Executor::allocated_bytes`]); programs on one pool ([`Executor::borrowing`]) share it.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch_total
+    }
+
+    /// What `executors` sharing one pool (a rank's step and, on a pipeline stage, its forward
+    /// and update) allocate together: each one's buffers, the pool's scratch once — the
+    /// largest any of them holds ready.
+    pub fn allocated_together(executors: &[&Executor]) -> u64 {
+        let buffers: u64 = (executors.iter())
+            .map(|e| e.allocated_bytes() - e.scratch_total)
+            .sum();
+        let scratch = executors.iter().map(|e| e.scratch_total).max();
+        buffers.saturating_add(scratch.unwrap_or(0))
     }
 
     /// Exchanges the buffers of the parameters `other`'s module reads with this executor's of
@@ -667,76 +707,89 @@ impl Executor {
             w.busy = vec![Vec::new(); module.steps.len()];
         }
         par::record_busy(workers.is_some());
+        let mut overwritten = Vec::new();
         let result = pool.install(|| {
-            let next = next.iter_mut().map(|b| b.as_mut_ptr()).collect();
             let mut mem = Memory {
                 slots,
                 arena: arena.as_mut_ptr(),
                 hoisted: hoisted.as_mut_ptr(),
                 packed: packed.f32s_mut(packed.len() / 4),
                 repack: !*hoisted_ready,
-                inputs,
-                params,
-                next,
+                inputs: inputs.as_mut_ptr(),
+                params: params.as_mut_ptr(),
+                next: next.iter_mut().map(|b| b.as_mut_ptr()).collect(),
+                overwritten: Vec::new(),
             };
             let run_start = Instant::now();
             if let Some(w) = workers.as_mut() {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
-            for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
-                let ready = if plan.constant {
-                    *constants_ready
-                } else {
-                    *hoisted_ready
-                };
-                if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
-                    times[s] = None;
-                    continue;
-                }
-                let before = workers.as_ref().map(|_| busy_now());
-                let start = Instant::now();
-                // SAFETY: `new` validated that every arena value lies inside the arena and that
-                // a step's output overlaps none of its inputs except input 0 exactly, which the
-                // plan's modes never view while the output is borrowed.
-                unsafe {
-                    mem.run_step(
-                        plan,
-                        &step.inputs,
-                        &step.outputs,
-                        comm.as_deref_mut(),
-                        in_stage,
-                        int_stage,
-                        out_stage,
-                    )
-                }
-                .map_err(|e| {
-                    let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
-                    ExecError::new(e.kind, format!("{at}: {}", e.message))
-                })?;
-                if *check_numerics {
-                    // SAFETY: the step is done; no mutable view of the arena exists.
-                    if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) } {
-                        return Err(ExecError::numerics(fault));
+            let mut steps = |mem: &mut Memory| -> ExecResult<()> {
+                for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                    let ready = if plan.constant {
+                        *constants_ready
+                    } else {
+                        *hoisted_ready
+                    };
+                    if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
+                        times[s] = None;
+                        continue;
+                    }
+                    let before = workers.as_ref().map(|_| busy_now());
+                    let start = Instant::now();
+                    // SAFETY: `new` validated that every arena value lies inside the arena and that
+                    // a step's output overlaps none of its inputs except input 0 exactly, which the
+                    // plan's modes never view while the output is borrowed.
+                    unsafe {
+                        mem.run_step(
+                            plan,
+                            &step.inputs,
+                            &step.outputs,
+                            comm.as_deref_mut(),
+                            in_stage,
+                            int_stage,
+                            out_stage,
+                        )
+                    }
+                    .map_err(|e| {
+                        let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
+                        ExecError::new(e.kind, format!("{at}: {}", e.message))
+                    })?;
+                    if *check_numerics {
+                        // SAFETY: the step is done; no mutable view of the arena exists.
+                        if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) }
+                        {
+                            return Err(ExecError::numerics(fault));
+                        }
+                    }
+                    times[s] = Some(StepTime {
+                        start: start - run_start,
+                        duration: start.elapsed(),
+                    });
+                    if let (Some(w), Some(before)) = (workers.as_mut(), before) {
+                        w.busy[s] = busy_now()
+                            .iter()
+                            .zip(&before)
+                            .map(|(after, before)| after.saturating_sub(*before))
+                            .collect();
                     }
                 }
-                times[s] = Some(StepTime {
-                    start: start - run_start,
-                    duration: start.elapsed(),
-                });
-                if let (Some(w), Some(before)) = (workers.as_mut(), before) {
-                    w.busy[s] = busy_now()
-                        .iter()
-                        .zip(&before)
-                        .map(|(after, before)| after.saturating_sub(*before))
-                        .collect();
-                }
-            }
+                Ok(())
+            };
+            let result = steps(&mut mem);
+            // The parameters overwritten so far, however the run ended.
+            overwritten = std::mem::take(&mut mem.overwritten);
+            result?;
             *hoisted_ready = true;
             *constants_ready = true;
             Ok(())
         });
         if result.is_ok() {
             self.hoisted_stamps.clone_from(&self.param_stamps);
+        }
+        // Values hoisted from (and weights packed of) an overwritten parameter are stale.
+        for p in overwritten {
+            self.param_stamps[p] = new_stamp();
         }
         par::record_busy(false);
         result
@@ -801,8 +854,9 @@ impl Executor {
     /// "Training modules"), so the next run reads them; values derived from parameters (hoisted
     /// values, weights packed ahead) are recomputed when a parameter is written, and kept when
     /// only inputs are (a gradient accumulator). A next value (`Storage::Next`) changes buffers
-    /// with the input it replaces, so that output then reads the replaced value; any other
-    /// output is copied over it.
+    /// with the input it replaces, so that output then reads the replaced value; a value that
+    /// overwrites its input (`Storage::Overwrite`) is there already; any other output is
+    /// copied over it.
     pub fn write_back<'n>(&mut self, names: impl IntoIterator<Item = &'n str>) -> ExecResult<()> {
         for name in names {
             let Some(&(_, src)) = self.module.outputs.iter().find(|(n, _)| n == name) else {
@@ -823,6 +877,10 @@ impl Executor {
             if let Place::Param(i) = self.slots[dst].place {
                 self.hoisted_ready = false;
                 self.param_stamps[i] = new_stamp();
+            }
+            // Computed over its input's own buffer: already in place.
+            if let Storage::Overwrite { .. } = self.module.values[src as usize].storage {
+                continue;
             }
             let slot = &self.slots[src as usize];
             if let Place::Next(n) = slot.place {
@@ -909,7 +967,7 @@ impl Executor {
 }
 
 /// Every value's type and place: inputs and parameters numbered in order, arena values at
-/// their offsets.
+/// their offsets, a value that overwrites an input or parameter in that one's buffer.
 fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
     let (mut n_inputs, mut n_params, mut n_next) = (0, 0, 0);
     let mut slots = Vec::with_capacity(module.values.len());
@@ -931,6 +989,8 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
                 n_next += 1;
                 Place::Next(n_next - 1)
             }
+            // The replaced value's buffer, once its place is known (below).
+            Storage::Overwrite { .. } => Place::Arena(0),
         };
         slots.push(Slot {
             place,
@@ -939,6 +999,21 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
             numel: v.ty.checked_numel().unwrap_or(0) as usize,
             bytes,
         });
+    }
+    for (i, v) in module.values.iter().enumerate() {
+        let Storage::Overwrite { name } = &v.storage else {
+            continue;
+        };
+        let replaced = module.values.iter().position(|r| match &r.storage {
+            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
+            _ => false,
+        });
+        let Some(r) = replaced else {
+            return Err(module_error(format!(
+                "value %{i} overwrites `{name}`, which is no input or parameter"
+            )));
+        };
+        slots[i].place = slots[r].place;
     }
     Ok(slots)
 }
@@ -976,10 +1051,15 @@ struct Memory<'a> {
     packed: &'a mut [f32],
     /// The parameters changed since the weights were packed: pack them before use.
     repack: bool,
-    inputs: &'a [AlignedBuf],
-    params: &'a [AlignedBuf],
+    /// The inputs' buffers (a value computed over its input writes there): the executor's,
+    /// which the run neither adds to nor removes from.
+    inputs: *mut AlignedBuf,
+    /// The parameters' buffers (as the inputs').
+    params: *mut AlignedBuf,
     /// Where each next-value buffer starts.
     next: Vec<*mut u8>,
+    /// The parameters a step of this run overwrote (their buffers changed).
+    overwritten: Vec<usize>,
 }
 
 impl<'a> Memory<'a> {
@@ -998,9 +1078,12 @@ impl<'a> Memory<'a> {
             Place::Hoisted(off) => unsafe {
                 std::slice::from_raw_parts(self.hoisted.add(off), slot.bytes)
             },
-            Place::Input(i) => self.inputs[i].bytes(),
-            Place::Param(i) => self.params[i].bytes(),
-            // SAFETY: as above; the buffer holds exactly the value.
+            // SAFETY: buffer i of the run's inputs (validated indices); the caller rules out a
+            // live pointer to write it.
+            Place::Input(i) => unsafe { (*self.inputs.add(i)).bytes() },
+            // SAFETY: as above (a lent parameter buffer is back: a run checks it first).
+            Place::Param(i) => unsafe { (*self.params.add(i)).bytes() },
+            // SAFETY: as above.
             Place::Next(i) => unsafe { std::slice::from_raw_parts(self.next[i], slot.bytes) },
         }
     }
@@ -1092,16 +1175,20 @@ impl<'a> Memory<'a> {
         Some(F32Result::of(&out))
     }
 
-    /// Where a step output's bytes start (outputs live in the arena, the hoisted region or a
-    /// next-value buffer).
-    fn output_ptr(&self, place: Place) -> Option<*mut u8> {
+    /// Where a step output's bytes start (outputs live in the arena, the hoisted region, a
+    /// next-value buffer, or the buffer of the input or parameter they overwrite).
+    fn output_ptr(&self, place: Place) -> *mut u8 {
         match place {
             // SAFETY: offsets are inside their regions (validated).
-            Place::Arena(off) => Some(unsafe { self.arena.add(off) }),
+            Place::Arena(off) => unsafe { self.arena.add(off) },
             // SAFETY: as above.
-            Place::Hoisted(off) => Some(unsafe { self.hoisted.add(off) }),
-            Place::Next(i) => Some(self.next[i]),
-            Place::Input(_) | Place::Param(_) => None,
+            Place::Hoisted(off) => unsafe { self.hoisted.add(off) },
+            Place::Next(i) => self.next[i],
+            // SAFETY: buffer i of the run's inputs (validated indices); no view of it exists
+            // (an operand it overwrites is never viewed).
+            Place::Input(i) => unsafe { (*self.inputs.add(i)).as_mut_ptr() },
+            // SAFETY: as above.
+            Place::Param(i) => unsafe { (*self.params.add(i)).as_mut_ptr() },
         }
     }
 
@@ -1171,9 +1258,10 @@ impl<'a> Memory<'a> {
         let mut places: [Option<(*mut u8, &Slot, bool)>; MAX_OUTPUTS] = [None; MAX_OUTPUTS];
         for (i, &o) in outputs.iter().enumerate() {
             let slot = &self.slots[o as usize];
-            let Some(dst) = self.output_ptr(slot.place) else {
-                return Ok(());
-            };
+            let dst = self.output_ptr(slot.place);
+            if let Place::Param(p) = slot.place {
+                self.overwritten.push(p);
+            }
             let direct = match i {
                 0 => plan.prepared.out_direct,
                 _ => plan.prepared.more_direct[i - 1],

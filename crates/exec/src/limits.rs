@@ -19,6 +19,23 @@ pub fn available_memory() -> Option<u64> {
     }
 }
 
+/// Blocks of at least this many bytes go straight to the system and back
+/// ([`return_large_blocks`]): glibc's default before it adapts.
+const LARGE_BLOCK: usize = 128 * 1024;
+
+/// Makes the allocator take every block of [`LARGE_BLOCK`] bytes or more from the system and
+/// give it back when it is freed. glibc's threshold for that otherwise rises to the largest
+/// block freed so far (up to 32 MiB), after which the activations a pipeline stage receives,
+/// stashes and frees stay resident in each thread's heap: a run's resident memory then follows
+/// what its memory plan allocates. (glibc only; the executor's own buffers are allocated once.)
+pub fn return_large_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets an allocator parameter; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_BLOCK as libc::c_int);
+    }
+}
+
 /// Where a measurement of this process's peak memory started: the resident set then, and its
 /// file-backed part (mapped code and files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

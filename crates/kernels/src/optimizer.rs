@@ -3,6 +3,7 @@
 //! instead of the 40 that the separate moment and parameter programs move. Each operation is the
 //! f32 operation the unfused graph performs, in the same order, so the results have its bits.
 
+use super::cpu::dispatch_avx2;
 use super::elementwise::ElementwiseParams;
 use super::error::{KernelError, KernelResult};
 use super::par::{self, SyncPtr};
@@ -56,10 +57,24 @@ impl AdamStep {
     }
 }
 
+/// One element's Adam step: the new `[p, m, v]` from `p`, `g`, `m`, `v` (`lr_wd` is
+/// `s.lr · s.weight_decay`, computed once per call).
+#[inline(always)]
+fn update_one(s: &AdamStep, lr_wd: f32, [mut p, mut g, m, v]: [f32; 4]) -> [f32; 3] {
+    if s.weight_decay != 0.0 && s.decoupled {
+        p -= p * lr_wd;
+    } else if s.weight_decay != 0.0 {
+        g += s.weight_decay * p;
+    }
+    let m = s.beta1[0] * m + s.beta1[1] * g;
+    let v = s.beta2[0] * v + s.beta2[1] * (g * g);
+    let denom = v.sqrt() / s.bc2_sqrt + s.eps;
+    [p - m / denom * s.step_size, m, v]
+}
+
 /// One Adam step over equal-length slices: `[p, g, m, v]` into `[p_out, m_out, v_out]`.
 #[inline(always)]
 fn update_body(s: &AdamStep, [p, g, m, v]: [&[f32]; 4], [p_out, m_out, v_out]: [&mut [f32]; 3]) {
-    let decay = s.weight_decay != 0.0;
     let lr_wd = s.lr * s.weight_decay;
     let n = p_out.len();
     let (p, g, m, v, m_out, v_out) = (
@@ -71,19 +86,24 @@ fn update_body(s: &AdamStep, [p, g, m, v]: [&[f32]; 4], [p_out, m_out, v_out]: [
         &mut v_out[..n],
     );
     for i in 0..n {
-        let (mut p, mut g) = (p[i], g[i]);
-        if decay && s.decoupled {
-            p -= p * lr_wd;
-        } else if decay {
-            g += s.weight_decay * p;
-        }
-        let m = s.beta1[0] * m[i] + s.beta1[1] * g;
-        let v = s.beta2[0] * v[i] + s.beta2[1] * (g * g);
-        let denom = v.sqrt() / s.bc2_sqrt + s.eps;
-        p_out[i] = p - m / denom * s.step_size;
-        m_out[i] = m;
-        v_out[i] = v;
+        [p_out[i], m_out[i], v_out[i]] = update_one(s, lr_wd, [p[i], g[i], m[i], v[i]]);
     }
+}
+
+/// One Adam step over equal-length slices, in place: `p`, `m` and `v` become their new values.
+#[inline(always)]
+fn update_in_place_body(s: &AdamStep, g: &[f32], p: &mut [f32], m: &mut [f32], v: &mut [f32]) {
+    let lr_wd = s.lr * s.weight_decay;
+    let n = p.len();
+    let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
+    for i in 0..n {
+        [p[i], m[i], v[i]] = update_one(s, lr_wd, [p[i], g[i], m[i], v[i]]);
+    }
+}
+
+dispatch_avx2! {
+    fn update_in_place(s: &AdamStep, g: &[f32], p: &mut [f32], m: &mut [f32], v: &mut [f32]) =
+        update_in_place_body;
 }
 
 /// [`update_body`] writing the results with streaming stores: the new values are next read a
@@ -206,6 +226,43 @@ pub fn adam_update(
     Ok(())
 }
 
+/// [`adam_update`] in place, as `torch.optim` updates: `state = [p, m, v]` becomes the new
+/// parameter and moments (the same bits), with no second buffer for them.
+pub fn adam_update_in_place(
+    step: &AdamStep,
+    g: &[f32],
+    params: &ElementwiseParams,
+    state: [&mut [f32]; 3],
+) -> KernelResult<()> {
+    let n = g.len();
+    if state.iter().any(|x| x.len() != n) {
+        return Err(KernelError::new(
+            "adam_update",
+            "p, g, m and v must have one length",
+        ));
+    }
+    if params.block == 0 {
+        return Err(KernelError::new("adam_update", "block must be at least 1"));
+    }
+    let [p, m, v] = state;
+    let (m_ptr, v_ptr) = (SyncPtr(m.as_mut_ptr()), SyncPtr(v.as_mut_ptr()));
+    let parallel = n >= params.min_parallel_elems;
+    par::for_each_chunk_mut(parallel, p, params.block, |i, p| {
+        let at = i * params.block;
+        let len = p.len();
+        // SAFETY: block i of m and v (elements at..at + len, inside both, which have p's
+        // length) belongs to this task alone, as block i of p does.
+        let (m, v) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(m_ptr.get().add(at), len),
+                std::slice::from_raw_parts_mut(v_ptr.get().add(at), len),
+            )
+        };
+        update_in_place(step, &g[at..at + len], p, m, v);
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +314,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// In place, the update gives the bits it writes into buffers of their own, on 1 and 2
+    /// threads, with and without decay, in blocks that leave tails.
+    #[test]
+    fn in_place_matches_the_update_into_other_buffers() {
+        let n = 3001;
+        let mut rng = Rng::new(7);
+        let [p, g, m] = [0, 1, 2].map(|_| rng.vec(n, 1.0));
+        let v: Vec<f32> = rng.vec(n, 1.0).iter().map(|x| x * x).collect();
+        let params = ElementwiseParams {
+            block: 640,
+            min_parallel_elems: 0,
+        };
+        for (wd, decoupled) in [(0.0, true), (0.1, true), (0.01, false)] {
+            let step = AdamStep::new(0.9, 0.999, 1e-8, wd, decoupled, 1e-3, 2e-3, 0.3);
+            let mut want = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+            let [a, b, c] = &mut want;
+            adam_update(&step, [&p, &g, &m, &v], &params, [a, b, c]).unwrap();
+            for threads in [1, 2] {
+                let got = in_pool(threads, || {
+                    let [mut p2, mut m2, mut v2] = [p.clone(), m.clone(), v.clone()];
+                    let state = [&mut p2[..], &mut m2[..], &mut v2[..]];
+                    adam_update_in_place(&step, &g, &params, state).unwrap();
+                    [p2, m2, v2].concat()
+                });
+                assert_same_bits("in place", &got, &want.concat());
+            }
+        }
+        let mut short = [vec![0.0; n], vec![0.0; n], vec![0.0; n - 1]];
+        let [a, b, c] = &mut short;
+        let step = AdamStep::new(0.9, 0.999, 1e-8, 0.0, true, 1e-3, 1e-3, 1.0);
+        assert!(adam_update_in_place(&step, &g, &params, [a, b, c]).is_err());
     }
 
     #[test]

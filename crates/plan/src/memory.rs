@@ -10,6 +10,7 @@ use std::fmt;
 use serde::Serialize;
 
 use mslc_artifact::runtime::RuntimeNeeds;
+use mslc_artifact::validate::check_overwrite;
 use mslc_artifact::{Module, Storage};
 
 use super::arena::{plan_arena, ArenaError, BufferReq};
@@ -138,15 +139,19 @@ fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
 /// (a training step's updated parameters, optimizer states, gradient sums and running
 /// statistics) a buffer of its own instead of an arena slot, so writing it back for the next
 /// run exchanges buffers instead of copying (`Storage::Next`); returns their bytes. A value
-/// output under several names keeps its arena slot.
-fn carry_next_values(module: &mut Module) -> u64 {
+/// output under several names keeps its arena slot. With `overwrite` (the caller keeps every
+/// run's next values: an update never skipped), a next value whose step may compute it over the
+/// replaced value's own buffer does so instead (`Storage::Overwrite`, as `torch.optim` updates
+/// in place): no buffer at all. `adam_update` overwrites its p, m and v together or none.
+fn carry_next_values(module: &mut Module, overwrite: bool) -> u64 {
     let mut replaced = std::collections::HashMap::new();
-    for v in &module.values {
+    for (i, v) in module.values.iter().enumerate() {
         if let Storage::Input { name: n } | Storage::Param { path: n, .. } = &v.storage {
-            replaced.insert(n.clone(), v.ty.clone());
+            replaced.insert(n.clone(), i);
         }
     }
-    let mut bytes = 0;
+    // The next values, each with the value it replaces and whether it may overwrite it.
+    let mut next = Vec::new();
     for (name, v) in &module.outputs {
         let v = *v as usize;
         let once = module
@@ -155,14 +160,47 @@ fn carry_next_values(module: &mut Module) -> u64 {
             .filter(|(_, o)| *o as usize == v)
             .count()
             == 1;
-        let value = &mut module.values[v];
-        if once
-            && matches!(value.storage, Storage::Arena { .. })
-            && replaced.get(name) == Some(&value.ty)
+        let value = &module.values[v];
+        let Some(&r) = replaced.get(name) else {
+            continue;
+        };
+        if once && matches!(value.storage, Storage::Arena { .. }) && module.values[r].ty == value.ty
         {
-            value.storage = Storage::Next { name: name.clone() };
-            bytes += value.ty.bytes();
+            let over = overwrite && check_overwrite(module, v, r).is_ok();
+            next.push((name.clone(), v, over));
         }
+    }
+    // An update writes its three results in place together or not at all.
+    let overwriting: std::collections::HashSet<usize> = next
+        .iter()
+        .filter(|&&(_, _, over)| over)
+        .map(|&(_, v, _)| v)
+        .collect();
+    for step in &module.steps {
+        let some = step
+            .outputs
+            .iter()
+            .any(|o| overwriting.contains(&(*o as usize)));
+        let all = step
+            .outputs
+            .iter()
+            .all(|o| overwriting.contains(&(*o as usize)));
+        if some && !all {
+            for entry in next.iter_mut() {
+                entry.2 &= !step.outputs.contains(&(entry.1 as u32));
+            }
+        }
+    }
+    let mut bytes = 0;
+    for (name, v, over) in next {
+        let value = &mut module.values[v];
+        value.storage = match over {
+            true => Storage::Overwrite { name },
+            false => {
+                bytes += value.ty.bytes();
+                Storage::Next { name }
+            }
+        };
     }
     bytes
 }
@@ -204,10 +242,12 @@ impl MemoryPlan {
 }
 
 /// Plans the hoisted region and the arena of `module`, writing each value's place and both
-/// sizes into it, then sizes what running it adds ([`MemoryPlan::account_runtime`]).
-pub fn plan_memory(module: &mut Module) -> Result<MemoryPlan, MemoryError> {
+/// sizes into it, then sizes what running it adds ([`MemoryPlan::account_runtime`]). With
+/// `overwrite`, next values are computed over what they replace where they can (see
+/// [`carry_next_values`]): for a caller that keeps every run's next values.
+pub fn plan_memory(module: &mut Module, overwrite: bool) -> Result<MemoryPlan, MemoryError> {
     let (hoisted, hoisted_bytes) = hoist(module);
-    let next_bytes = carry_next_values(module);
+    let next_bytes = carry_next_values(module, overwrite);
     let steps = module.steps.len();
     let n = module.values.len();
     let mut last_use = vec![0usize; n];
@@ -388,7 +428,7 @@ mod tests {
     #[test]
     fn parameter_only_values_get_their_own_region() {
         let mut m = module();
-        let plan = plan_memory(&mut m).unwrap();
+        let plan = plan_memory(&mut m, false).unwrap();
         let storage: Vec<&Storage> = m.values[2..].iter().map(|v| &v.storage).collect();
         assert_eq!(
             storage,
@@ -420,15 +460,39 @@ mod tests {
         // arena and counted in the plan; output under two names, it keeps its arena slot.
         let mut m = module();
         m.outputs = vec![("x".into(), 5)];
-        let plan = plan_memory(&mut m).unwrap();
+        let plan = plan_memory(&mut m, false).unwrap();
         assert_eq!(m.values[5].storage, Storage::Next { name: "x".into() });
         assert_eq!(plan.next_bytes, m.values[5].ty.bytes());
         assert_eq!(plan.total_bytes, m.planned_bytes() + plan.staging_bytes);
         let mut m = module();
         m.outputs = vec![("x".into(), 5), ("y".into(), 5)];
-        let plan = plan_memory(&mut m).unwrap();
+        let plan = plan_memory(&mut m, false).unwrap();
         assert!(matches!(m.values[5].storage, Storage::Arena { .. }));
         assert_eq!(plan.next_bytes, 0);
+    }
+
+    #[test]
+    fn a_next_value_its_step_may_compute_over_its_input_does_so_when_asked() {
+        // `x + cast(neg(w))` output as `x`: the add reads x once, at input 0, and last; the
+        // neg after it reads the new x, in x's buffer.
+        let mut m = module();
+        m.outputs = vec![("x".into(), 4), ("y".into(), 5)];
+        let plan = plan_memory(&mut m, true).unwrap();
+        assert_eq!(m.values[4].storage, Storage::Overwrite { name: "x".into() });
+        assert_eq!(plan.next_bytes, 0);
+        assert_eq!(plan.total_bytes, m.planned_bytes() + plan.staging_bytes);
+        mslc_artifact::validate::validate(&m).unwrap();
+        // Not asked (an update that may be skipped): a buffer of its own.
+        let mut m = module();
+        m.outputs = vec![("x".into(), 4), ("y".into(), 5)];
+        let plan = plan_memory(&mut m, false).unwrap();
+        assert_eq!(m.values[4].storage, Storage::Next { name: "x".into() });
+        assert_eq!(plan.next_bytes, m.values[4].ty.bytes());
+        // The last neg, whose operand is not x, cannot write over x.
+        let mut m = module();
+        m.outputs = vec![("x".into(), 5)];
+        plan_memory(&mut m, true).unwrap();
+        assert_eq!(m.values[5].storage, Storage::Next { name: "x".into() });
     }
 
     /// `y = x @ w` and `z = y @ x2`: the parameter `w` is packed once for the GEMM (counted in
@@ -469,7 +533,7 @@ mod tests {
             arena_bytes: 0,
             hoisted_bytes: 0,
         };
-        let plan = plan_memory(&mut m).unwrap();
+        let plan = plan_memory(&mut m, false).unwrap();
         let nr = mslc_kernels::matmul::MicroKernel::select(Default::default())
             .unwrap()
             .nr as u64;

@@ -325,7 +325,7 @@ fn prepare_variant(
 ) -> Result<Executor, String> {
     let graph = sub.graph(variant)?;
     let mut module = schedule(&graph, &host()).ok_or("the subgraph has a cycle")?;
-    plan_memory(&mut module).map_err(|e| e.to_string())?;
+    plan_memory(&mut module, false).map_err(|e| e.to_string())?;
     let options = ExecOptions {
         threads,
         memory_limit: None,

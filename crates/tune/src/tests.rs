@@ -245,7 +245,7 @@ fn chain_graph(dtype: DType) -> Graph {
 fn fused_module(mut graph: Graph, cx: &PassContext) -> (Module, PassStats) {
     let stats = Fuse.run(&mut graph, cx).unwrap();
     let mut module = schedule(&graph, &host()).unwrap();
-    plan_memory(&mut module).unwrap();
+    plan_memory(&mut module, false).unwrap();
     (module, stats)
 }
 

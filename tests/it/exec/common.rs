@@ -66,6 +66,7 @@ fn compile_overridden(
         fuse,
         amp,
         unfused: Default::default(),
+        overwrite_updates: false,
     };
     compile(&checked.models[0], &options)
         .expect("compiles")

@@ -372,7 +372,7 @@ fn planned_views(shapes: &[[i64; 2]], steps: Vec<Step>) -> Module {
         arena_bytes: 0,
         hoisted_bytes: 0,
     };
-    mslc_plan::memory::plan_memory(&mut m).expect("planned");
+    mslc_plan::memory::plan_memory(&mut m, false).expect("planned");
     m
 }
 
@@ -617,6 +617,107 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
     rejected(m, "no input or parameter `x0` has its type");
 }
 
+/// An update computed over the input it replaces (`Storage::Overwrite`, as `torch.optim`
+/// updates in place): an AdamW step whose p, m and v are inputs `x0`, `x2` and `x3` gives, run
+/// after run, the bits of the same step with buffers of its own (`Storage::Next`, written back
+/// by exchange), and its write-back moves nothing. Crafted claims that would read an
+/// overwritten value, or write one over an operand its kernel cannot, are rejected.
+#[test]
+fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
+    let t = TensorType::new(DType::F32, [1000]);
+    let scalar = TensorType::new(DType::F32, Vec::<i64>::new());
+    let attrs = Attrs::new()
+        .with("beta1", 0.9)
+        .with("beta2", 0.999)
+        .with("eps", 1e-8)
+        .with("weight_decay", 0.1)
+        .with("decoupled", true);
+    let names = ["x0", "x2", "x3"];
+    let adam = |over: bool| {
+        let mut inputs = vec![t.clone(); 4];
+        inputs.extend([scalar.clone(), scalar.clone(), scalar.clone()]);
+        let mut m = one_step(Op::AdamUpdate, attrs.clone(), &inputs);
+        m.outputs = names
+            .iter()
+            .zip(7u32..)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        for (n, v) in names.iter().zip(7usize..) {
+            let name = n.to_string();
+            m.values[v].storage = match over {
+                true => Storage::Overwrite { name },
+                false => Storage::Next { name },
+            };
+        }
+        m
+    };
+    let array = |values: Vec<f32>| NpyArray::from_f32(vec![values.len()], &values).unwrap();
+    let wave = |k: usize, scale: f32| -> Vec<f32> {
+        (0..1000)
+            .map(|i| scale * ((i * 7 + k * 13) as f32 * 0.37).sin())
+            .collect()
+    };
+    let train = |over: bool| {
+        let mut exec = Executor::new(adam(over), &ExecOptions::default()).unwrap();
+        exec.set_input("x0", &array(wave(0, 1.0))).unwrap();
+        exec.set_input("x2", &array(vec![0.0; 1000])).unwrap();
+        exec.set_input("x3", &array(vec![0.0; 1000])).unwrap();
+        for step in 1..=3 {
+            let scalar = |x: f64| NpyArray::from_f32(vec![], &[x as f32]).unwrap();
+            exec.set_input("x1", &array(wave(step, 0.1))).unwrap();
+            exec.set_input("x4", &scalar(1e-3)).unwrap();
+            exec.set_input("x5", &scalar(1e-3 / (1.0 - 0.9f64.powi(step as i32))))
+                .unwrap();
+            exec.set_input("x6", &scalar((1.0 - 0.999f64.powi(step as i32)).sqrt()))
+                .unwrap();
+            exec.run().unwrap();
+            exec.write_back(names).unwrap();
+        }
+        names.map(|n| exec.input_f32(n).unwrap().1)
+    };
+    let (over, next) = (train(true), train(false));
+    for ((name, a), b) in names.iter().zip(&over).zip(&next) {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{name}");
+    }
+    assert_ne!(over[0], wave(0, 1.0), "the parameter moved");
+    // Only p overwritten: the update writes its three results in place together or not at all.
+    let mut m = adam(true);
+    m.values[8].storage = Storage::Next { name: "x2".into() };
+    m.values[9].storage = Storage::Next { name: "x3".into() };
+    rejected(m, "overwrites p, m and v together");
+    // `y ← x0 + x0` over x0 reads it twice; over x1 it writes an operand its kernel cannot.
+    let add = |name: &str, inputs: Vec<u32>| {
+        let mut m = one_step(Op::Add, Attrs::new(), &[t.clone(), t.clone()]);
+        m.steps[0].inputs = inputs;
+        m.outputs = vec![(name.into(), 2)];
+        m.values[2].storage = Storage::Overwrite { name: name.into() };
+        m
+    };
+    rejected(add("x0", vec![0, 0]), "reads it twice");
+    rejected(
+        add("x1", vec![0, 1]),
+        "cannot write its output 0 over that operand",
+    );
+    // A later step reads the overwritten input.
+    let mut m = add("x0", vec![0, 1]);
+    m.values.push(ValueInfo {
+        ty: t.clone(),
+        storage: Storage::Arena { offset: 0 },
+    });
+    m.steps.push(Step {
+        op: Op::Neg,
+        kernel: choose_kernel(Op::Neg),
+        attrs: Attrs::new(),
+        inputs: vec![0],
+        outputs: vec![3],
+        origin: "test".into(),
+        loc: None,
+    });
+    m.outputs.push(("z".into(), 3));
+    rejected(m, "step 1 (neg) reads it after step 0 overwrote it");
+}
+
 /// y = x + neg(w) + c over four values: `c` (a constant) and `neg(w)` are hoisted; `y` is also
 /// output as `x` and `w`, to write it back over the input or the parameter.
 fn hoisting_module() -> Module {
@@ -715,7 +816,8 @@ fn lent_parameters_run_the_borrower_and_refresh_what_reads_them_on_return() {
     // lender computes from afterwards (its hoisted `neg(w)` is recomputed, the constant not).
     let x = NpyArray::from_f32(vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
     let mut lender = Executor::new(hoisting_module(), &ExecOptions::default()).unwrap();
-    let mut borrower = Executor::borrowing(hoisting_module(), &ExecOptions::default()).unwrap();
+    let mut borrower =
+        Executor::borrowing(hoisting_module(), &lender, &ExecOptions::default()).unwrap();
     lender.set_input("x", &x).unwrap();
     borrower.set_input("x", &x).unwrap();
     lender.init_params(0);

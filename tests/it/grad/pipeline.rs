@@ -68,6 +68,7 @@ fn default_pipeline_and_f32_executor_run_an_mlp_backward() {
         fuse: true,
         amp: None,
         unfused: Default::default(),
+        overwrite_updates: false,
     };
     let compiled = compile_graph(g.clone(), &options).expect("the backward graph compiles");
     let module = compiled.module;

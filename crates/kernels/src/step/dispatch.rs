@@ -19,7 +19,8 @@ pub const MAX_OUTPUTS: usize = 3;
 /// One step's operands.
 pub struct Operands<'a> {
     /// The inputs as f32. When `in_place` is set, input 0's data is empty: its values are in
-    /// `out`. An integer input's data is empty too: its values are in `ints`.
+    /// `out` (and for `adam_update`, m's and v's are in `more_outs` too). An integer input's
+    /// data is empty too: its values are in `ints`.
     pub inputs: &'a [TensorRef<'a>],
     /// The integer input's values (ids, labels), when the kernel reads one.
     pub ints: &'a [i64],
@@ -27,7 +28,8 @@ pub struct Operands<'a> {
     pub out: &'a mut [f32],
     /// The output's shape.
     pub out_shape: &'a [usize],
-    /// `out` already holds input 0 (the result overwrites its operand).
+    /// `out` already holds input 0 (the result overwrites its operand; `adam_update`'s
+    /// other outputs then hold m and v).
     pub in_place: bool,
     /// Where outputs 1, 2, … of a multi-output op go (`attention_lse`'s log-sum-exps,
     /// `attention_grad`'s dk and dv), in order; all `None` for every other op. (An array,
@@ -254,8 +256,14 @@ impl StepKernel {
                     scalar(6),
                 );
                 let [m, v] = more_outputs("adam_update", more_outs)?;
-                let inputs = [x(0).data, x(1).data, x(2).data, x(3).data];
-                optimizer::adam_update(&step, inputs, p, [out, m, v])?
+                match in_place {
+                    // The outputs already hold p, m and v (an update in place).
+                    true => optimizer::adam_update_in_place(&step, x(1).data, p, [out, m, v])?,
+                    false => {
+                        let inputs = [x(0).data, x(1).data, x(2).data, x(3).data];
+                        optimizer::adam_update(&step, inputs, p, [out, m, v])?
+                    }
+                }
             }
             StepKernel::AttentionGrad {
                 causal,

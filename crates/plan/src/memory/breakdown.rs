@@ -233,7 +233,7 @@ mod tests {
             arena_bytes: 0,
             hoisted_bytes: 0,
         };
-        let plan = plan_memory(&mut m).unwrap();
+        let plan = plan_memory(&mut m, false).unwrap();
         let b = Breakdown::of_training(&m, &plan, "loss", |n| n == "w.exp_avg");
         assert_eq!(b.parameters, 1024);
         assert_eq!(b.optimizer_states, 1024);

@@ -51,9 +51,9 @@ pub struct DeviceGroup {
 
 /// What one rank of `mslc train` allocates, known exactly once its programs are compiled:
 /// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
-/// executor keeps the updated parameters and states in buffers of their own until the update is
-/// accepted, the weights packed for its GEMMs, each thread's kernel scratch, and on a pipeline
-/// stage a forward and an update program beside the step.
+/// executor keeps the weights packed for its GEMMs, each thread's kernel scratch, on a pipeline
+/// stage a forward and an update program beside the step, and where loss scaling may reject an
+/// update, the updated parameters and states in buffers of their own until it is accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ExecutorMemory {
     /// Executor threads per rank.
