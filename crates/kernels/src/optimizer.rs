@@ -194,25 +194,9 @@ pub fn adam_update(
             "p, g, m, v and the three results must have one length",
         ));
     }
-    if params.block == 0 {
-        return Err(KernelError::new("adam_update", "block must be at least 1"));
-    }
     let [p, g, m, v] = inputs;
-    let [p_out, m_out, v_out] = out;
-    let (m_ptr, v_ptr) = (SyncPtr(m_out.as_mut_ptr()), SyncPtr(v_out.as_mut_ptr()));
-    let parallel = n >= params.min_parallel_elems;
-    par::for_each_chunk_mut(parallel, p_out, params.block, |i, p_out| {
-        let at = i * params.block;
-        let len = p_out.len();
-        // SAFETY: block i of m_out and v_out (elements at..at + len, inside both, which have p's
-        // length) belongs to this task alone, as block i of p_out does.
-        let (m_out, v_out) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(m_ptr.get().add(at), len),
-                std::slice::from_raw_parts_mut(v_ptr.get().add(at), len),
-            )
-        };
-        let r = at..at + len;
+    for_each_block(params, out, |at, [p_out, m_out, v_out]| {
+        let r = at..at + p_out.len();
         let (p, g, m, v) = (&p[r.clone()], &g[r.clone()], &m[r.clone()], &v[r]);
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::has_avx2_fma() {
@@ -222,6 +206,33 @@ pub fn adam_update(
         }
         // Without AVX2, the portable build of the same operations.
         update_body(step, [p, g, m, v], [p_out, m_out, v_out]);
+    })
+}
+
+/// Runs `f(at, blocks)` on the blocks of `params.block` elements, starting at element `at`, of
+/// three slices of one length (in parallel for slices of `params.min_parallel_elems` or more).
+fn for_each_block(
+    params: &ElementwiseParams,
+    [a, b, c]: [&mut [f32]; 3],
+    f: impl Fn(usize, [&mut [f32]; 3]) + Sync,
+) -> KernelResult<()> {
+    if params.block == 0 {
+        return Err(KernelError::new("adam_update", "block must be at least 1"));
+    }
+    let (b_ptr, c_ptr) = (SyncPtr(b.as_mut_ptr()), SyncPtr(c.as_mut_ptr()));
+    let parallel = a.len() >= params.min_parallel_elems;
+    par::for_each_chunk_mut(parallel, a, params.block, |i, a| {
+        let at = i * params.block;
+        let len = a.len();
+        // SAFETY: block i of b and c (elements at..at + len, inside both, which have a's
+        // length) belongs to this task alone, as block i of a does.
+        let (b, c) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(b_ptr.get().add(at), len),
+                std::slice::from_raw_parts_mut(c_ptr.get().add(at), len),
+            )
+        };
+        f(at, [a, b, c]);
     });
     Ok(())
 }
@@ -241,26 +252,9 @@ pub fn adam_update_in_place(
             "p, g, m and v must have one length",
         ));
     }
-    if params.block == 0 {
-        return Err(KernelError::new("adam_update", "block must be at least 1"));
-    }
-    let [p, m, v] = state;
-    let (m_ptr, v_ptr) = (SyncPtr(m.as_mut_ptr()), SyncPtr(v.as_mut_ptr()));
-    let parallel = n >= params.min_parallel_elems;
-    par::for_each_chunk_mut(parallel, p, params.block, |i, p| {
-        let at = i * params.block;
-        let len = p.len();
-        // SAFETY: block i of m and v (elements at..at + len, inside both, which have p's
-        // length) belongs to this task alone, as block i of p does.
-        let (m, v) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(m_ptr.get().add(at), len),
-                std::slice::from_raw_parts_mut(v_ptr.get().add(at), len),
-            )
-        };
-        update_in_place(step, &g[at..at + len], p, m, v);
-    });
-    Ok(())
+    for_each_block(params, state, |at, [p, m, v]| {
+        update_in_place(step, &g[at..at + p.len()], p, m, v)
+    })
 }
 
 #[cfg(test)]
@@ -275,9 +269,7 @@ mod tests {
     #[test]
     fn matches_the_unfused_update_bit_for_bit() {
         let n = 5000;
-        let mut rng = Rng::new(3);
-        let [p, g, m] = [0, 1, 2].map(|_| rng.vec(n, 1.0));
-        let v: Vec<f32> = rng.vec(n, 1.0).iter().map(|x| x * x).collect();
+        let [p, g, m, v] = random_state(n, 3);
         for (wd, decoupled) in [(0.0, true), (0.1, true), (0.01, false)] {
             let step = AdamStep::new(0.9, 0.95, 1e-8, wd, decoupled, 3e-4, 3e-3, 0.2);
             let params = ElementwiseParams {
@@ -316,14 +308,20 @@ mod tests {
         }
     }
 
+    /// `n` random parameters, gradients, first moments and (non-negative) second moments.
+    fn random_state(n: usize, seed: u64) -> [Vec<f32>; 4] {
+        let mut rng = Rng::new(seed);
+        let [p, g, m] = [0, 1, 2].map(|_| rng.vec(n, 1.0));
+        let v = rng.vec(n, 1.0).iter().map(|x| x * x).collect();
+        [p, g, m, v]
+    }
+
     /// In place, the update gives the bits it writes into buffers of their own, on 1 and 2
     /// threads, with and without decay, in blocks that leave tails.
     #[test]
     fn in_place_matches_the_update_into_other_buffers() {
         let n = 3001;
-        let mut rng = Rng::new(7);
-        let [p, g, m] = [0, 1, 2].map(|_| rng.vec(n, 1.0));
-        let v: Vec<f32> = rng.vec(n, 1.0).iter().map(|x| x * x).collect();
+        let [p, g, m, v] = random_state(n, 7);
         let params = ElementwiseParams {
             block: 640,
             min_parallel_elems: 0,
