@@ -355,12 +355,6 @@ impl Executor {
         self.allocated_bytes.saturating_add(params)
     }
 
-    /// Bytes of kernel scratch this program's threads hold (part of
-    /// [`Executor::allocated_bytes`]); programs on one pool ([`Executor::borrowing`]) share it.
-    pub fn scratch_bytes(&self) -> u64 {
-        self.scratch_total
-    }
-
     /// What `executors` sharing one pool (a rank's step and, on a pipeline stage, its forward
     /// and update) allocate together: each one's buffers, the pool's scratch once — the
     /// largest any of them holds ready.
