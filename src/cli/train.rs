@@ -363,9 +363,10 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let ranks = world.ranks(&mesh)?;
     // The run's memory is measured from here: the ranks' executors and trainers, each rank's
     // copy of the data, the steps.
-    // Devices this process runs: its ranks, but under an interleaved schedule each device's
-    // chunk-ranks together.
-    let devices_here = (ranks.len() * layout.devices()).div_ceil(layout.ranks());
+    // Ranks a device runs: one, but under an interleaved schedule its chunk-ranks; and so the
+    // devices this process runs.
+    let chunks = layout.ranks() / layout.devices().max(1);
+    let devices_here = ranks.len().div_ceil(chunks.max(1));
     let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, devices_here));
     // A stage's programs: its step, and its forward and update on the step's parameters.
     let stage_memory = |(step, cut): &(CompiledTrain, StageStep)| {
@@ -390,7 +391,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         ),
         None => rank,
     };
-    let chunks = layout.ranks() / layout.devices().max(1);
     let leader = |comm| {
         let trainer = rank_loop(0, comm)?;
         let summary = Summary {

@@ -197,6 +197,40 @@ fn mindspore_scales(init: f64, factor: f64, window: u64, overflows: &[bool]) -> 
     used
 }
 
+/// The updates are computed over the parameters and optimizer states they replace unless the
+/// loss scaling may skip one: `mslc build` of the same AdamW train plans no buffer of their
+/// own under `loss_scale = none` (`next_bytes` 0, every parameter and moment written `over`
+/// itself), and under `dynamic` a buffer of its own for each (the skipped update leaves the
+/// old values intact: `dynamic_scaling_skips_accumulated_updates_that_overflow`).
+#[test]
+fn updates_are_computed_in_place_unless_the_loss_scale_may_skip_them() {
+    let dir = TestDir::new("amp-in-place");
+    let dynamic = "dynamic(init: 1024, factor: 2, window: 3)";
+    for (tag, scale) in [("none", "none"), ("dynamic", dynamic)] {
+        let source = source_with(&dir, &policy("Amp", "bf16", scale), "batch = 8");
+        let out = dir.path(tag);
+        let (code, stdout, stderr) = mslc(&["build", s(&source), "--entry", "Fit", "-o", s(&out)]);
+        assert_eq!(code, 0, "mslc build ({tag}):\n{stdout}\n{stderr}");
+        let plan: serde_json::Value =
+            serde_json::from_slice(&read(&out.join("Fit.memplan.json"))).unwrap();
+        let next_bytes = plan["next_bytes"].as_u64().unwrap();
+        let (code, listing, stderr) = mslc(&["inspect", s(&out.join("Fit.mir"))]);
+        assert_eq!(code, 0, "mslc inspect ({tag}):\n{stderr}");
+        let over = listing.matches(" over \"").count();
+        let own = listing.matches(" next").count();
+        match tag {
+            "none" => assert!(
+                next_bytes == 0 && own == 0 && over > 0,
+                "{tag}: {over} {own}"
+            ),
+            _ => assert!(
+                next_bytes > 0 && own > 0 && over == 0,
+                "{tag}: {over} {own}"
+            ),
+        }
+    }
+}
+
 /// With `grad_accum`, the overflow check sees the gradients summed over the update's
 /// micro-batches: an update that overflows is skipped whole, the scale follows MindSpore's
 /// manager as without accumulation, and a skipped update changes no weight or state.

@@ -176,6 +176,14 @@ impl Module {
             })
     }
 
+    /// The input or parameter named `name`: the value a next value of that name replaces.
+    pub fn replaced(&self, name: &str) -> Option<usize> {
+        self.values.iter().position(|v| match &v.storage {
+            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
+            _ => false,
+        })
+    }
+
     /// The step that computes each value (`None` for inputs, parameters and values no step
     /// writes): where a walk back from an output to the steps it needs starts.
     pub fn producers(&self) -> Vec<Option<usize>> {

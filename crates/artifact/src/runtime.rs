@@ -186,12 +186,8 @@ fn overwritten_operand(module: &Module, step: &Step, out: u32) -> Option<usize> 
     let Storage::Overwrite { name } = &module.values[out as usize].storage else {
         return None;
     };
-    step.inputs
-        .iter()
-        .position(|&v| match &module.values[v as usize].storage {
-            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
-            _ => false,
-        })
+    let replaced = module.replaced(name)?;
+    step.inputs.iter().position(|&v| v as usize == replaced)
 }
 
 /// Whether `step`'s output `out` occupies exactly input 0's bytes (the result overwrites its

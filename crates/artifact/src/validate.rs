@@ -151,11 +151,10 @@ fn validate_next_values(module: &Module) -> Result<(), String> {
                 "value %{i}, the next value of `{name}`, is not the output `{name}`"
             ));
         }
-        let replaced = module.values.iter().position(|r| match &r.storage {
-            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
-            _ => false,
-        });
-        let Some(r) = replaced.filter(|&r| module.values[r].ty == v.ty) else {
+        let Some(r) = module
+            .replaced(name)
+            .filter(|&r| module.values[r].ty == v.ty)
+        else {
             return Err(format!(
                 "value %{i} ({}) is the next value of `{name}`, but no input or parameter `{name}` has its type",
                 v.ty

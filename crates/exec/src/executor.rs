@@ -131,6 +131,9 @@ pub struct Executor {
     allocated_bytes: u64,
     /// Of those, the kernel scratch this program's threads hold.
     scratch_total: u64,
+    /// The parameters the last run overwrote in place (kept across runs, so that a run
+    /// allocates nothing for it).
+    overwritten: Vec<usize>,
     /// The f32 each of a pool thread's scratch buffers holds: the largest any step asks.
     scratch_floats: usize,
 }
@@ -344,6 +347,7 @@ impl Executor {
             module,
             allocated_bytes,
             scratch_total,
+            overwritten: Vec::new(),
         })
     }
 
@@ -693,6 +697,7 @@ impl Executor {
             threads,
             check_numerics,
             comm,
+            overwritten,
             ..
         } = self;
         let threads = *threads;
@@ -701,7 +706,7 @@ impl Executor {
             w.busy = vec![Vec::new(); module.steps.len()];
         }
         par::record_busy(workers.is_some());
-        let mut overwritten = Vec::new();
+        overwritten.clear();
         let result = pool.install(|| {
             let mut mem = Memory {
                 slots,
@@ -712,68 +717,60 @@ impl Executor {
                 inputs: inputs.as_mut_ptr(),
                 params: params.as_mut_ptr(),
                 next: next.iter_mut().map(|b| b.as_mut_ptr()).collect(),
-                overwritten: Vec::new(),
+                overwritten,
             };
             let run_start = Instant::now();
             if let Some(w) = workers.as_mut() {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
-            let mut steps = |mem: &mut Memory| -> ExecResult<()> {
-                for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
-                    let ready = if plan.constant {
-                        *constants_ready
-                    } else {
-                        *hoisted_ready
-                    };
-                    if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
-                        times[s] = None;
-                        continue;
-                    }
-                    let before = workers.as_ref().map(|_| busy_now());
-                    let start = Instant::now();
-                    // SAFETY: `new` validated that every arena value lies inside the arena and that
-                    // a step's output overlaps none of its inputs except input 0 exactly, which the
-                    // plan's modes never view while the output is borrowed.
-                    unsafe {
-                        mem.run_step(
-                            plan,
-                            &step.inputs,
-                            &step.outputs,
-                            comm.as_deref_mut(),
-                            in_stage,
-                            int_stage,
-                            out_stage,
-                        )
-                    }
-                    .map_err(|e| {
-                        let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
-                        ExecError::new(e.kind, format!("{at}: {}", e.message))
-                    })?;
-                    if *check_numerics {
-                        // SAFETY: the step is done; no mutable view of the arena exists.
-                        if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) }
-                        {
-                            return Err(ExecError::numerics(fault));
-                        }
-                    }
-                    times[s] = Some(StepTime {
-                        start: start - run_start,
-                        duration: start.elapsed(),
-                    });
-                    if let (Some(w), Some(before)) = (workers.as_mut(), before) {
-                        w.busy[s] = busy_now()
-                            .iter()
-                            .zip(&before)
-                            .map(|(after, before)| after.saturating_sub(*before))
-                            .collect();
+            for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                let ready = if plan.constant {
+                    *constants_ready
+                } else {
+                    *hoisted_ready
+                };
+                if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
+                    times[s] = None;
+                    continue;
+                }
+                let before = workers.as_ref().map(|_| busy_now());
+                let start = Instant::now();
+                // SAFETY: `new` validated that every arena value lies inside the arena and that
+                // a step's output overlaps none of its inputs except input 0 exactly, which the
+                // plan's modes never view while the output is borrowed.
+                unsafe {
+                    mem.run_step(
+                        plan,
+                        &step.inputs,
+                        &step.outputs,
+                        comm.as_deref_mut(),
+                        in_stage,
+                        int_stage,
+                        out_stage,
+                    )
+                }
+                .map_err(|e| {
+                    let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
+                    ExecError::new(e.kind, format!("{at}: {}", e.message))
+                })?;
+                if *check_numerics {
+                    // SAFETY: the step is done; no mutable view of the arena exists.
+                    if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) } {
+                        return Err(ExecError::numerics(fault));
                     }
                 }
-                Ok(())
-            };
-            let result = steps(&mut mem);
-            // The parameters overwritten so far, however the run ended.
-            overwritten = std::mem::take(&mut mem.overwritten);
-            result?;
+                times[s] = Some(StepTime {
+                    start: start - run_start,
+                    duration: start.elapsed(),
+                });
+                if let (Some(w), Some(before)) = (workers.as_mut(), before) {
+                    w.busy[s] = busy_now()
+                        .iter()
+                        .zip(&before)
+                        .map(|(after, before)| after.saturating_sub(*before))
+                        .collect();
+                }
+            }
             *hoisted_ready = true;
             *constants_ready = true;
             Ok(())
@@ -781,8 +778,9 @@ impl Executor {
         if result.is_ok() {
             self.hoisted_stamps.clone_from(&self.param_stamps);
         }
-        // Values hoisted from (and weights packed of) an overwritten parameter are stale.
-        for p in overwritten {
+        // Values hoisted from (and weights packed of) a parameter the run overwrote, however it
+        // ended, are stale.
+        for &p in &self.overwritten {
             self.param_stamps[p] = new_stamp();
         }
         par::record_busy(false);
@@ -856,10 +854,7 @@ impl Executor {
             let Some(&(_, src)) = self.module.outputs.iter().find(|(n, _)| n == name) else {
                 return Err(module_error(format!("no output `{name}` to write back")));
             };
-            let dst = self.module.values.iter().position(|v| match &v.storage {
-                Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
-                _ => false,
-            });
+            let dst = self.module.replaced(name);
             let Some(dst) =
                 dst.filter(|&d| self.module.values[d].ty == self.module.values[src as usize].ty)
             else {
@@ -998,11 +993,7 @@ fn slots_of(module: &Module) -> ExecResult<Vec<Slot>> {
         let Storage::Overwrite { name } = &v.storage else {
             continue;
         };
-        let replaced = module.values.iter().position(|r| match &r.storage {
-            Storage::Input { name: n } | Storage::Param { path: n, .. } => n == name,
-            _ => false,
-        });
-        let Some(r) = replaced else {
+        let Some(r) = module.replaced(name) else {
             return Err(module_error(format!(
                 "value %{i} overwrites `{name}`, which is no input or parameter"
             )));
@@ -1053,7 +1044,7 @@ struct Memory<'a> {
     /// Where each next-value buffer starts.
     next: Vec<*mut u8>,
     /// The parameters a step of this run overwrote (their buffers changed).
-    overwritten: Vec<usize>,
+    overwritten: &'a mut Vec<usize>,
 }
 
 impl<'a> Memory<'a> {
