@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use mslc_artifact::{decode, encode, Module};
 use mslc_check::{check_source, CheckOptions};
-use mslc_driver::compile::{compile, CompileOptions};
+use mslc_driver::compile::{compile, CompileOptions, UpdatePlacement};
 use mslc_driver::render::{render_human, render_json, RenderOptions};
 use mslc_driver::target::standard_target;
 use mslc_exec::{ExecOptions, Executor};
@@ -153,7 +153,7 @@ pub fn exec_base() -> Option<&'static Module> {
             fuse: true,
             amp: None,
             unfused: Default::default(),
-            overwrite_updates: false,
+            updates: UpdatePlacement::Beside,
         };
         compile(model, &options).ok().map(|c| c.module)
     })

@@ -95,7 +95,14 @@ pub fn module_text(m: &Module, embedded_weights: Option<usize>) -> String {
             | Storage::Overwrite { .. } => {}
         }
     }
-    for step in &m.steps {
+    for (i, step) in m.steps.iter().enumerate() {
+        if let Some(g) = m.guard.filter(|g| g.from as usize == i) {
+            let _ = writeln!(
+                s,
+                "  guard %{} == 0 (else the run ends here: the update below is skipped)",
+                g.flag
+            );
+        }
         let outs: Vec<String> = step.outputs.iter().map(|o| format!("%{o}")).collect();
         let ins: Vec<String> = step.inputs.iter().map(|i| format!("%{i}")).collect();
         let types: Vec<String> = step

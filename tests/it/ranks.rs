@@ -472,7 +472,7 @@ pub(crate) fn compile_options() -> mslc_driver::compile::CompileOptions {
         fuse: true,
         amp: None,
         unfused: Default::default(),
-        overwrite_updates: false,
+        updates: mslc_driver::compile::UpdatePlacement::Beside,
     }
 }
 

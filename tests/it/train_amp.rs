@@ -203,7 +203,7 @@ fn mindspore_scales(init: f64, factor: f64, window: u64, overflows: &[bool]) -> 
 /// itself), and under `dynamic` a buffer of its own for each (the skipped update leaves the
 /// old values intact: `dynamic_scaling_skips_accumulated_updates_that_overflow`).
 #[test]
-fn updates_are_computed_in_place_unless_the_loss_scale_may_skip_them() {
+fn updates_are_computed_in_place_and_behind_a_guard_where_the_loss_scale_may_skip_them() {
     let dir = TestDir::new("amp-in-place");
     let dynamic = "dynamic(init: 1024, factor: 2, window: 3)";
     for (tag, scale) in [("none", "none"), ("dynamic", dynamic)] {
@@ -218,15 +218,27 @@ fn updates_are_computed_in_place_unless_the_loss_scale_may_skip_them() {
         assert_eq!(code, 0, "mslc inspect ({tag}):\n{stderr}");
         let over = listing.matches(" over \"").count();
         let own = listing.matches(" next").count();
-        match tag {
-            "none" => assert!(
-                next_bytes == 0 && own == 0 && over > 0,
-                "{tag}: {over} {own}"
-            ),
-            _ => assert!(
-                next_bytes > 0 && own > 0 && over == 0,
-                "{tag}: {over} {own}"
-            ),
+        assert!(
+            next_bytes == 0 && own == 0 && over > 0,
+            "{tag}: {over} {own}"
+        );
+        // Under dynamic scaling the update, and only the update, follows the guard.
+        let guard = listing.find("  guard %");
+        assert_eq!(guard.is_some(), tag == "dynamic", "{tag}");
+        if let Some(at) = guard {
+            assert!(
+                !listing[..at].contains(" over \""),
+                "an update before the guard"
+            );
+            for kept in ["loss", "grad_norm", "overflow"] {
+                let value = listing
+                    .split(&format!("output {kept} = "))
+                    .nth(1)
+                    .and_then(|rest| rest.lines().next())
+                    .unwrap_or_else(|| panic!("no output {kept}"));
+                let computed = listing.find(&format!("  {value} = ")).unwrap();
+                assert!(computed < at, "{kept} ({value}) computed after the guard");
+            }
         }
     }
 }
@@ -256,8 +268,14 @@ fn dynamic_scaling_skips_accumulated_updates_that_overflow() {
         "an update is applied: {scales:?}"
     );
     for k in 2..=run.len() {
-        let file = |k: usize| read(&out.join(format!("step-{k}/model.safetensors")));
-        assert_eq!(file(k - 1) == file(k), overflows[k - 1], "step {k}");
+        for name in ["model", "optimizer"] {
+            let file = |k: usize| read(&out.join(format!("step-{k}/{name}.safetensors")));
+            assert_eq!(
+                file(k - 1) == file(k),
+                overflows[k - 1],
+                "step {k} ({name})"
+            );
+        }
     }
 }
 

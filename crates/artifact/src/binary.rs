@@ -14,7 +14,7 @@ use super::module::Module;
 /// First eight bytes of every `.mir` file.
 pub const MAGIC: &[u8; 8] = b"MSLCMIR\0";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 const HEADER_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 32;
 const FLAG_WEIGHTS: u32 = 1;

@@ -7,4 +7,4 @@ pub mod validate;
 pub mod write;
 
 pub use binary::{decode, encode, read_mir, MirError};
-pub use module::{Module, SourceLoc, Step, Storage, ValueInfo};
+pub use module::{Guard, Module, SourceLoc, Step, Storage, ValueInfo};

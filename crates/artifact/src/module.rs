@@ -51,7 +51,8 @@ pub enum Storage {
     /// The next value of the input or parameter `name`, output under that name, computed over
     /// that input's own buffer by the last step that reads it (an optimizer's update written in
     /// place, as `torch.optim` does): no second buffer, and nothing to exchange after the run.
-    /// Only where the caller keeps every run's next value (an update that is never skipped).
+    /// Only where the caller keeps every run's next value, or where a run that is not to keep
+    /// it ends before computing it ([`Guard`]).
     Overwrite {
         /// The input or parameter it overwrites (and the output's name).
         name: String,
@@ -151,6 +152,22 @@ pub struct Module {
     pub arena_bytes: u64,
     /// Size of the region of hoisted, parameter-only values in bytes.
     pub hoisted_bytes: u64,
+    /// Where a run ends early when its update is to be skipped (a training step under loss
+    /// scaling), if it may.
+    pub guard: Option<Guard>,
+}
+
+/// A training step's skippable update: once the step computing `flag` (a one-element f32) has
+/// run, a flag other than 0 (NaN included) ends the run before step `from`. The steps from
+/// there on compute only updated parameters and optimizer states (nothing else the caller
+/// keeps), so the parameters and states an update would overwrite in place keep their values,
+/// as MindSpore's `TrainOneStepWithLossScaleCell` does not call its optimizer on overflow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guard {
+    /// The value whose non-zero skips the update (the overflow check's sum, NaN on overflow).
+    pub flag: u32,
+    /// The first step of the update.
+    pub from: u32,
 }
 
 impl Module {

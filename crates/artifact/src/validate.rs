@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use mslc_core::ops::{self, TensorType};
+use mslc_core::ops::{self, DType, TensorType};
 
 use super::module::{overwritable_operand, Module, Step, Storage};
 use mslc_kernels::binding::KernelParam;
@@ -129,7 +129,42 @@ pub fn validate(module: &Module) -> Result<(), String> {
             return Err(format!("output `{name}` is never computed"));
         }
     }
+    validate_guard(module)?;
     check_liveness(module)
+}
+
+/// The guard's flag is a one-element f32 that a step before the guarded ones computes.
+fn validate_guard(module: &Module) -> Result<(), String> {
+    let Some(guard) = module.guard else {
+        return Ok(());
+    };
+    if guard.from as usize > module.steps.len() {
+        return Err(format!(
+            "the guard starts at step {}, past the {} steps",
+            guard.from,
+            module.steps.len()
+        ));
+    }
+    let flag = module
+        .values
+        .get(guard.flag as usize)
+        .ok_or_else(|| format!("the guard's flag %{} is no value", guard.flag))?;
+    if flag.ty.dtype != DType::F32 || flag.ty.numel() != 1 {
+        return Err(format!(
+            "the guard's flag %{} is {}, not one f32",
+            guard.flag, flag.ty
+        ));
+    }
+    let computed = module.steps[..guard.from as usize]
+        .iter()
+        .any(|step| step.outputs.contains(&guard.flag));
+    if !computed {
+        return Err(format!(
+            "the guard's flag %{} is not computed before step {}",
+            guard.flag, guard.from
+        ));
+    }
+    Ok(())
 }
 
 /// Each next value is the module's output of its name, and an input or parameter of that name

@@ -14,7 +14,7 @@ use mslc_ir::passes::{default_pipeline, AmpConfig, PassContext, PipelineReport};
 use mslc_ir::Graph;
 use mslc_plan::cost::{estimate, CostEstimate};
 use mslc_plan::memory::{plan_memory, MemoryPlan};
-use mslc_plan::schedule::schedule;
+use mslc_plan::schedule::{guard_updates, schedule};
 use mslc_plan::target::Target;
 
 use crate::select::root_error;
@@ -33,10 +33,30 @@ pub struct CompileOptions {
     /// Signatures of fused subgraphs the fusion pass leaves unfused (tuning
     /// decisions from the kernel table or the knowledge base).
     pub unfused: BTreeSet<String>,
-    /// Let a training step compute its updated parameters, optimizer states and gradient sums
-    /// over the values they replace (`mslc_plan::memory::plan_memory`'s `overwrite`): only for
-    /// a loop that keeps every update, one that loss scaling never skips.
-    pub overwrite_updates: bool,
+    /// Where a training step computes its updated parameters, optimizer states and gradient
+    /// sums.
+    pub updates: UpdatePlacement,
+}
+
+/// Where a training step computes the next values of its inputs and parameters (its updated
+/// parameters, optimizer states, gradient sums and running statistics).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum UpdatePlacement {
+    /// Each in a buffer of its own (`Storage::Next`), which the caller may keep or drop.
+    #[default]
+    Beside,
+    /// Over the values they replace where they can (`Storage::Overwrite`, as `torch.optim`
+    /// updates in place): for a loop that keeps every run's next values.
+    InPlace,
+    /// In place, behind a guard ([`mslc_artifact::Guard`]): a run whose output `flag` is not 0
+    /// ends before the steps that compute the outputs `updates` names (a step the loss scaling
+    /// skips), which the schedule computes after every other output.
+    InPlaceUnless {
+        /// The output that skips the update (the overflow check).
+        flag: String,
+        /// The outputs the update computes (updated parameters and optimizer states).
+        updates: BTreeSet<String>,
+    },
 }
 
 impl CompileOptions {
@@ -186,23 +206,37 @@ pub fn optimize_graph(
 /// The schedule, memory plan and cost estimate of an optimized graph (the rest of
 /// [`compile_graph`]); `ops_before` and the passes' time are left for the caller to fill in.
 pub fn plan_graph(
-    graph: Graph,
+    mut graph: Graph,
     options: &CompileOptions,
     passes: PipelineReport,
 ) -> Result<Compiled, CompileError> {
     let mut times = StageTimes::default();
     let t = Instant::now();
+    if let UpdatePlacement::InPlaceUnless { updates, .. } = &options.updates {
+        // Every other output first, so the schedule computes the update last.
+        graph
+            .outputs
+            .sort_by_key(|(name, _)| updates.contains(name));
+    }
     let mut module = schedule(&graph, &options.target).ok_or_else(|| CompileError {
         stage: "schedule",
         message: "the graph has a cycle".to_string(),
     })?;
+    if let UpdatePlacement::InPlaceUnless { flag, updates } = &options.updates {
+        let guard = guard_updates(&module, flag, |name| updates.contains(name));
+        module.guard = Some(guard.map_err(|message| CompileError {
+            stage: "schedule",
+            message,
+        })?);
+    }
     check_tensor_sizes(&module).map_err(|message| CompileError {
         stage: STAGE_SIZE,
         message,
     })?;
     times.schedule_ms = ms(t);
     let t = Instant::now();
-    let memory = plan_memory(&mut module, options.overwrite_updates).map_err(|e| CompileError {
+    let in_place = options.updates != UpdatePlacement::Beside;
+    let memory = plan_memory(&mut module, in_place).map_err(|e| CompileError {
         stage: "memory",
         message: e.to_string(),
     })?;

@@ -13,7 +13,7 @@ use mslc_core::span::Span;
 use mslc_ir::passes::AmpConfig;
 use mslc_plan::target::Target;
 
-use crate::compile::CompileOptions;
+use crate::compile::{CompileOptions, UpdatePlacement};
 use crate::target::target_from_spec;
 
 /// A problem with a choice made outside the source (a flag, a build-script setting), reported
@@ -152,7 +152,7 @@ pub fn compile_options(
         fuse: selection.fuse,
         amp: choose_precision(checked, model, selection.precision)?,
         unfused: Default::default(),
-        overwrite_updates: false,
+        updates: UpdatePlacement::Beside,
     })
 }
 

@@ -58,7 +58,9 @@ use mslc_ir::shard::zero::{self, ZeroShard, DP_INDEX};
 use mslc_ir::shard::{Group, ShardError};
 use mslc_ir::{Graph, NodeKind, ValueRef};
 
-use crate::compile::{lower_verified, optimize_graph, CompileError, CompileOptions, Compiled};
+use crate::compile::{
+    lower_verified, optimize_graph, CompileError, CompileOptions, Compiled, UpdatePlacement,
+};
 use crate::loss_scale::LossScaler;
 use crate::ranks::PipelineLayout;
 use crate::recompute::{plan_training, MemoryRequest, RecomputeReport};
@@ -164,6 +166,20 @@ pub fn write_backs(params: &[TrainedParam]) -> impl Iterator<Item = &str> {
     params
         .iter()
         .flat_map(|p| p.states.iter().map(String::as_str).chain([p.path.as_str()]))
+}
+
+/// Where a training step computes its next values: in place and, under a loss scaling that
+/// skips a step whose gradients overflow, behind the guard of that check ([`OVERFLOW`]), which
+/// ends a skipped step's run before the update of `trained`. A pipeline stage's step, which
+/// updates nothing (its update is a program of its own), keeps all it computes.
+fn update_placement(train_options: &TrainOptions, trained: &[TrainedParam]) -> UpdatePlacement {
+    if !train_options.loss_scale.skips_overflow() || trained.is_empty() {
+        return UpdatePlacement::InPlace;
+    }
+    UpdatePlacement::InPlaceUnless {
+        flag: OVERFLOW.to_string(),
+        updates: write_backs(trained).map(String::from).collect(),
+    }
 }
 
 /// Why a train cannot be compiled: a problem of the train (coded diagnostic) or a compiler
@@ -696,7 +712,7 @@ fn compile_train_step(
     // stage's forward and on the step, must not cast again.
     let whole = CompileOptions {
         amp: None,
-        overwrite_updates: !train_options.loss_scale.skips_overflow(),
+        updates: UpdatePlacement::InPlace,
         ..options.clone()
     };
     let stage_forward = match staged.as_mut().and_then(|st| st.forward.take()) {
@@ -914,6 +930,10 @@ fn compile_train_step(
     let lower_ms = t.elapsed().as_secs_f64() * 1e3;
     let (passes, ops_before, passes_ms) = optimize_graph(&mut graph, &whole)?;
     let is_state = |name: &str| trained.iter().any(|p| p.states.iter().any(|s| s == name));
+    let whole = CompileOptions {
+        updates: update_placement(&train_options, &trained),
+        ..whole
+    };
     let (mut compiled, recompute) = plan_training(
         &graph,
         &whole,
@@ -1014,7 +1034,7 @@ fn compile_stage_update(
         })?;
     let whole = CompileOptions {
         amp: None,
-        overwrite_updates: !train_options.loss_scale.skips_overflow(),
+        updates: update_placement(&train_options, &trained),
         ..options.clone()
     };
     let (passes, ops_before, _) = optimize_graph(&mut graph, &whole)?;

@@ -652,12 +652,20 @@ impl Executor {
             }
         }
         let mut needed = vec![false; module.steps.len()];
-        module.mark_steps_feeding(&module.producers(), roots, &mut needed);
+        let producers = module.producers();
+        module.mark_steps_feeding(&producers, roots, &mut needed);
+        // A guarded step runs only after its guard's flag is known.
+        if let Some(g) = module.guard {
+            if needed[g.from as usize..].contains(&true) {
+                module.mark_steps_feeding(&producers, [g.flag], &mut needed);
+            }
+        }
         Ok(needed)
     }
 
     /// Runs every step, or only those `needed` marks (hoisted steps whenever their values are
-    /// stale, since the next run counts on them).
+    /// stale, since the next run counts on them); a run whose guard's flag is not 0 ends
+    /// before the guarded steps ([`mslc_artifact::Guard`]: the update is skipped).
     fn run_steps(&mut self, needed: Option<&[bool]>) -> ExecResult<()> {
         let missing = self.unset_inputs();
         if !missing.is_empty() {
@@ -707,6 +715,10 @@ impl Executor {
         }
         par::record_busy(workers.is_some());
         overwritten.clear();
+        // The guard of a run that computes a guarded step (and so the flag, `steps_for`).
+        let guard = module
+            .guard
+            .filter(|g| needed.is_none_or(|n| n[g.from as usize..].contains(&true)));
         let result = pool.install(|| {
             let mut mem = Memory {
                 slots,
@@ -724,6 +736,16 @@ impl Executor {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
             for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                if let Some(g) = guard.filter(|g| g.from as usize == s) {
+                    let mut flag = [0f32];
+                    // SAFETY: between steps no mutable view of the arena exists.
+                    load_f32(DType::F32, unsafe { mem.bytes(g.flag) }, &mut flag);
+                    if flag[0] != 0.0 {
+                        times[s..].fill(None);
+                        // What the skipped steps would hoist is still to compute.
+                        return Ok(());
+                    }
+                }
                 let ready = if plan.constant {
                     *constants_ready
                 } else {

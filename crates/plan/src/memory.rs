@@ -422,6 +422,7 @@ mod tests {
             outputs: vec![("y".into(), 5)],
             arena_bytes: 0,
             hoisted_bytes: 0,
+            guard: None,
         }
     }
 
@@ -532,6 +533,7 @@ mod tests {
             outputs: vec![("z".into(), 4)],
             arena_bytes: 0,
             hoisted_bytes: 0,
+            guard: None,
         };
         let plan = plan_memory(&mut m, false).unwrap();
         let nr = mslc_kernels::matmul::MicroKernel::select(Default::default())

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use mslc_artifact::{Module, SourceLoc, Step, Storage, ValueInfo};
+use mslc_artifact::{Guard, Module, SourceLoc, Step, Storage, ValueInfo};
 use mslc_ir::recompute::is_recomputed;
 use mslc_ir::{Graph, NodeId, NodeKind, ValueRef};
 
@@ -107,6 +107,7 @@ pub fn schedule(graph: &Graph, target: &Target) -> Option<Module> {
         outputs,
         arena_bytes: 0,
         hoisted_bytes: 0,
+        guard: None,
     })
 }
 
@@ -128,4 +129,42 @@ fn schedule_order(graph: &Graph) -> Option<Vec<NodeId>> {
     // otherwise a backward op whose incoming gradient is a long chain would recompute its
     // activations before that chain and keep them alive across it.
     Some(graph.demand_order(roots, |n| is_recomputed(graph, n)))
+}
+
+/// The guard of `module`'s update ([`Guard`]): the steps no output outside `updates` needs,
+/// which must be the last ones, and the output `flag` that skips them. An error says why the
+/// schedule cannot skip its update that way (a kept output computed after the update begins,
+/// or no output `flag` before it); the caller orders the outputs so that it can: a schedule
+/// computes the outputs in their order ([`schedule`]).
+pub fn guard_updates(
+    module: &Module,
+    flag: &str,
+    updates: impl Fn(&str) -> bool,
+) -> Result<Guard, String> {
+    let kept = module
+        .outputs
+        .iter()
+        .filter(|(name, _)| !updates(name))
+        .map(|&(_, v)| v);
+    let mut needed = vec![false; module.steps.len()];
+    module.mark_steps_feeding(&module.producers(), kept, &mut needed);
+    let from = needed.iter().take_while(|&&n| n).count();
+    if let Some(late) = needed[from..].iter().position(|&n| n) {
+        return Err(format!(
+            "step {} computes a kept output after the update begins at step {from}",
+            from + late
+        ));
+    }
+    let &(_, flag_value) = module
+        .outputs
+        .iter()
+        .find(|(name, _)| name == flag)
+        .ok_or_else(|| format!("no output `{flag}` guards the update"))?;
+    if updates(flag) {
+        return Err(format!("the update's flag `{flag}` is an update"));
+    }
+    Ok(Guard {
+        flag: flag_value,
+        from: from as u32,
+    })
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use mslc_artifact::{Module, Step, Storage, ValueInfo};
 use mslc_check::{check_path, CheckOptions};
 use mslc_core::ops::{infer, Attrs, DType, Op, TensorType};
-use mslc_driver::compile::{compile, CompileOptions};
+use mslc_driver::compile::{compile, CompileOptions, UpdatePlacement};
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::{write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{write_safetensors, StDType, TensorRef};
@@ -66,7 +66,7 @@ fn compile_overridden(
         fuse,
         amp,
         unfused: Default::default(),
-        overwrite_updates: false,
+        updates: UpdatePlacement::Beside,
     };
     compile(&checked.models[0], &options)
         .expect("compiles")
@@ -187,6 +187,7 @@ pub fn one_step(op: Op, attrs: Attrs, inputs: &[TensorType]) -> Module {
         outputs,
         arena_bytes,
         hoisted_bytes: 0,
+        guard: None,
     }
 }
 

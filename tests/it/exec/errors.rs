@@ -324,6 +324,7 @@ fn in_place_chain() -> Module {
         steps,
         arena_bytes: 192,
         hoisted_bytes: 0,
+        guard: None,
     }
 }
 
@@ -371,6 +372,7 @@ fn planned_views(shapes: &[[i64; 2]], steps: Vec<Step>) -> Module {
         outputs: vec![("y".into(), shapes.len() as u32)],
         arena_bytes: 0,
         hoisted_bytes: 0,
+        guard: None,
     };
     mslc_plan::memory::plan_memory(&mut m, false).expect("planned");
     m
@@ -761,6 +763,7 @@ fn hoisting_module() -> Module {
         outputs: vec![("y".into(), 5), ("x".into(), 5), ("w".into(), 5)],
         arena_bytes: 128,
         hoisted_bytes: 128,
+        guard: None,
     }
 }
 

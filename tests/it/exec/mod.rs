@@ -2,6 +2,7 @@
 
 pub mod common;
 mod errors;
+mod guard;
 mod kernel_table;
 mod models;
 mod numerics;

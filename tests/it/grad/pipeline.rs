@@ -9,7 +9,7 @@ use super::fd::Rng;
 use super::tensor64::T64;
 use crate::exec::common::{executor, host};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
-use mslc_driver::compile::{compile_graph, CompileOptions};
+use mslc_driver::compile::{compile_graph, CompileOptions, UpdatePlacement};
 use mslc_io::npy::NpyArray;
 use mslc_ir::{backward, Graph, ValueRef};
 
@@ -68,7 +68,7 @@ fn default_pipeline_and_f32_executor_run_an_mlp_backward() {
         fuse: true,
         amp: None,
         unfused: Default::default(),
-        overwrite_updates: false,
+        updates: UpdatePlacement::Beside,
     };
     let compiled = compile_graph(g.clone(), &options).expect("the backward graph compiles");
     let module = compiled.module;

@@ -232,6 +232,7 @@ mod tests {
             outputs: vec![("loss".into(), 4), ("w.exp_avg".into(), 6)],
             arena_bytes: 0,
             hoisted_bytes: 0,
+            guard: None,
         };
         let plan = plan_memory(&mut m, false).unwrap();
         let b = Breakdown::of_training(&m, &plan, "loss", |n| n == "w.exp_avg");
