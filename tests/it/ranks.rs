@@ -1272,6 +1272,65 @@ train Pretrain for TinyLlama {{
     src
 }
 
+/// Under optimizer sharding (level 1) each replica's update writes its slices of Adam's m and
+/// v over the states they replace and updates a copy of its slice of the parameter beside
+/// them, which the all-gather makes whole again; nothing derived from a trained parameter is
+/// hoisted or packed ahead, since every run replaces it.
+#[test]
+fn a_sharded_update_writes_its_states_in_place() {
+    use mslc_artifact::Storage;
+    use mslc_core::ops::Op;
+    let dir = TestDir::new("ranks-zero-in-place");
+    let level1 = format!("{DATA}\n    optimizer_shard = level1");
+    let src = source(&dir, &level1, 4);
+    let out = dir.path("dp");
+    let (code, stdout, stderr) = mslc(&["build", s(&src), "--entry", "Fit", "--out-dir", s(&out)]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let (module, _, _) = rank_program(&out, "Fit");
+    let updates: Vec<_> = module
+        .steps
+        .iter()
+        .filter(|s| s.op == Op::AdamUpdate)
+        .collect();
+    assert_eq!(updates.len(), 4, "two weights and two biases");
+    for step in updates {
+        let storage = |k: usize| &module.values[step.outputs[k] as usize].storage;
+        assert!(
+            matches!(storage(0), Storage::Arena { .. }),
+            "{:?}",
+            storage(0)
+        );
+        for k in [1, 2] {
+            assert!(
+                matches!(storage(k), Storage::Overwrite { .. }),
+                "{:?}",
+                storage(k)
+            );
+        }
+    }
+    let memplan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("Fit.rank.memplan.json")).unwrap())
+            .unwrap();
+    assert_eq!(memplan["packed_bytes"], 0);
+    let storage = |v: &u32| &module.values[*v as usize].storage;
+    for step in &module.steps {
+        if step
+            .outputs
+            .iter()
+            .any(|o| matches!(storage(o), Storage::Hoisted { .. }))
+        {
+            assert!(
+                !step
+                    .inputs
+                    .iter()
+                    .any(|i| matches!(storage(i), Storage::Param { .. })),
+                "{} hoisted from a trained parameter",
+                step.op
+            );
+        }
+    }
+}
+
 /// The module and parameter shapes of `dir/NAME.rank.mir`, and `dir/NAME.ranks.json`.
 fn rank_program(
     dir: &Path,

@@ -201,6 +201,19 @@ impl Module {
         })
     }
 
+    /// Per value, whether it is a parameter that no run replaces (no output of its path): what
+    /// values computed once and kept across runs (hoisted, packed ahead) may derive from. A
+    /// training step replaces its trained parameters every run, so anything derived from them
+    /// is computed where the run needs it instead of kept beside them.
+    pub fn fixed_params(&self) -> Vec<bool> {
+        let replaced: std::collections::HashSet<&str> =
+            self.outputs.iter().map(|(n, _)| n.as_str()).collect();
+        self.values
+            .iter()
+            .map(|v| matches!(&v.storage, Storage::Param { path, .. } if !replaced.contains(path.as_str())))
+            .collect()
+    }
+
     /// The step that computes each value (`None` for inputs, parameters and values no step
     /// writes): where a walk back from an output to the steps it needs starts.
     pub fn producers(&self) -> Vec<Option<usize>> {

@@ -55,6 +55,12 @@ impl RuntimeNeeds {
         // Steps that own a range of the packed-weights region.
         let mut packers: Vec<usize> = Vec::new();
         let mut steps: Vec<PreparedStep> = Vec::with_capacity(module.steps.len());
+        // Weights that stay the same across runs (parameters no run replaces, values hoisted
+        // from them) are packed once, ahead; the others where each GEMM reads them.
+        let mut fixed = module.fixed_params();
+        for (f, v) in fixed.iter_mut().zip(&module.values) {
+            *f |= matches!(v.storage, Storage::Hoisted { .. });
+        }
         for (s, step) in module.steps.iter().enumerate() {
             let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
             let Some((&o, more)) = step.outputs.split_first() else {
@@ -77,14 +83,19 @@ impl RuntimeNeeds {
                 .collect();
             let aliased = output_aliases_input0(module, step, o).map_err(at)?
                 || overwritten.first() == Some(&0);
-            // adam_update overwrites p, m and v together, all f32, or none of them.
+            // adam_update overwrites m and v together, and p with them or else p's copy in
+            // the first output's own place, all f32, or none of them.
             let updates_in_place =
                 matches!(kernel, StepKernel::AdamUpdate(..)) && !overwritten.is_empty();
+            let copies_p = overwritten == [2, 3] && !aliased;
             if updates_in_place
-                && (overwritten != [0, 2, 3] || types.iter().any(|t| t.dtype != DType::F32))
+                && (!(overwritten == [0, 2, 3] || copies_p)
+                    || types.iter().any(|t| t.dtype != DType::F32))
             {
                 return Err(at(
-                    "an update in place overwrites p, m and v together, all f32".into(),
+                    "an update in place overwrites m and v together, and p with \
+                     them or in a place of its own, all f32"
+                        .into(),
                 ));
             }
             let out_direct = out.dtype == DType::F32;
@@ -92,11 +103,10 @@ impl RuntimeNeeds {
                 .iter()
                 .enumerate()
                 .map(|(j, t)| {
-                    let mode = match updates_in_place && overwritten.contains(&j) {
-                        true => OperandMode::InPlace,
-                        false => {
-                            OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct)
-                        }
+                    let mode = match (updates_in_place, overwritten.contains(&j)) {
+                        (true, true) => OperandMode::InPlace,
+                        (true, false) if j == 0 => OperandMode::CopyIn,
+                        _ => OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct),
                     };
                     staging.need(mode, j, t);
                     mode
@@ -110,7 +120,7 @@ impl RuntimeNeeds {
             staging.need_outputs(staged);
             let packed_b = match kernel.packed_b_len() {
                 // A kernel this CPU cannot run has no layout; running it reports that.
-                Some(Ok(len)) if len > 0 && parameter_only(module, step.inputs[1]) => {
+                Some(Ok(len)) if len > 0 && fixed[step.inputs[1] as usize] => {
                     // A step like an earlier one (a recomputed copy) reads the same weight
                     // packed the same way: it shares that range.
                     let twin = packers.iter().find(|&&t| {
@@ -165,12 +175,6 @@ impl RuntimeNeeds {
 }
 
 /// Whether value `v` depends on parameters alone: a parameter, or a hoisted value.
-fn parameter_only(module: &Module, v: u32) -> bool {
-    matches!(
-        module.values[v as usize].storage,
-        Storage::Param { .. } | Storage::Hoisted { .. }
-    )
-}
 
 fn origin_suffix(step: &Step) -> String {
     if step.origin.is_empty() {

@@ -1229,7 +1229,9 @@ impl<'a> Memory<'a> {
             let stage = stages.next();
             // SAFETY (all `bytes` calls): no output slice exists yet.
             let data: &[f32] = match (mode, stage) {
-                (Mode::Direct, _) => f32_view(unsafe { self.bytes(v) }).unwrap_or(&[]),
+                (Mode::Direct | Mode::CopyIn, _) => {
+                    f32_view(unsafe { self.bytes(v) }).unwrap_or(&[])
+                }
                 (Mode::Convert, Some(stage)) => {
                     let buf = stage.f32s_mut(slot.numel);
                     load_f32(slot.dtype, unsafe { self.bytes(v) }, buf);
@@ -1300,7 +1302,14 @@ impl<'a> Memory<'a> {
         }
         let [out, more_outs @ ..] = slices;
         let out = out.unwrap_or_default();
-        let in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
+        let mut in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
+        if plan.prepared.modes.first() == Some(&Mode::CopyIn) {
+            // The kernel updates input 0's copy in the output (validated: of its size, and
+            // not overlapping it).
+            out.copy_from_slice(views[0].data);
+            views[0].data = &[];
+            in_place = true;
+        }
         let kernel_error = |e: KernelError| ExecError::new(ExecErrorKind::Kernel, e.to_string());
         if let StepKernel::Collective(c) = &plan.prepared.kernel {
             let x = views[0];

@@ -110,11 +110,7 @@ fn planned(module: &Module, s: usize, o: usize, offset: u64, last: usize) -> Pla
 /// uses, in the arena.
 fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
     let last = module.steps.len().saturating_sub(1);
-    let mut invariant: Vec<bool> = module
-        .values
-        .iter()
-        .map(|v| matches!(v.storage, Storage::Param { .. }))
-        .collect();
+    let mut invariant = module.fixed_params();
     let mut slots = Vec::new();
     let mut bytes = 0u64;
     for s in 0..module.steps.len() {
@@ -142,7 +138,8 @@ fn hoist(module: &mut Module) -> (Vec<PlannedBuffer>, u64) {
 /// output under several names keeps its arena slot. With `overwrite` (the caller keeps every
 /// run's next values: an update never skipped), a next value whose step may compute it over the
 /// replaced value's own buffer does so instead (`Storage::Overwrite`, as `torch.optim` updates
-/// in place): no buffer at all. `adam_update` overwrites its p, m and v together or none.
+/// in place): no buffer at all. `adam_update` overwrites its m and v together or neither, and
+/// its p only with them.
 fn carry_next_values(module: &mut Module, overwrite: bool) -> u64 {
     let mut replaced = std::collections::HashMap::new();
     for (i, v) in module.values.iter().enumerate() {
@@ -170,22 +167,21 @@ fn carry_next_values(module: &mut Module, overwrite: bool) -> u64 {
             next.push((name.clone(), v, over));
         }
     }
-    // An update writes its three results in place together or not at all.
+    // A step's outputs after the first (adam_update's m and v) overwrite together or not at
+    // all, and its first (p) only with them; with them alone, p is copied into its own place
+    // and updated there (under optimizer sharding the update's p is a slice, not a parameter).
     let overwriting: std::collections::HashSet<usize> = next
         .iter()
         .filter(|&&(_, _, over)| over)
         .map(|&(_, v, _)| v)
         .collect();
     for step in &module.steps {
-        let some = step
-            .outputs
-            .iter()
-            .any(|o| overwriting.contains(&(*o as usize)));
-        let all = step
-            .outputs
-            .iter()
-            .all(|o| overwriting.contains(&(*o as usize)));
-        if some && !all {
+        let over = |o: &u32| overwriting.contains(&(*o as usize));
+        let Some((first, rest)) = step.outputs.split_first() else {
+            continue;
+        };
+        let rest_all = rest.iter().all(over);
+        if (rest.iter().any(over) || over(first)) && !rest_all {
             for entry in next.iter_mut() {
                 entry.2 &= !step.outputs.contains(&(entry.1 as u32));
             }

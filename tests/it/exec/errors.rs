@@ -622,7 +622,8 @@ fn a_next_value_changes_buffers_with_its_input_and_crafted_ones_are_rejected() {
 /// An update computed over the input it replaces (`Storage::Overwrite`, as `torch.optim`
 /// updates in place): an AdamW step whose p, m and v are inputs `x0`, `x2` and `x3` gives, run
 /// after run, the bits of the same step with buffers of its own (`Storage::Next`, written back
-/// by exchange), and its write-back moves nothing. Crafted claims that would read an
+/// by exchange), as does one that overwrites m and v and updates a copy of p in p's own buffer
+/// (an optimizer-sharded update's p, a slice); its write-back moves nothing. Crafted claims that would read an
 /// overwritten value, or write one over an operand its kernel cannot, are rejected.
 #[test]
 fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
@@ -635,7 +636,8 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
         .with("weight_decay", 0.1)
         .with("decoupled", true);
     let names = ["x0", "x2", "x3"];
-    let adam = |over: bool| {
+    // Whether p, m and v each overwrite their input.
+    let adam = |over: [bool; 3]| {
         let mut inputs = vec![t.clone(); 4];
         inputs.extend([scalar.clone(), scalar.clone(), scalar.clone()]);
         let mut m = one_step(Op::AdamUpdate, attrs.clone(), &inputs);
@@ -644,7 +646,7 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
             .zip(7u32..)
             .map(|(n, v)| (n.to_string(), v))
             .collect();
-        for (n, v) in names.iter().zip(7usize..) {
+        for ((n, v), over) in names.iter().zip(7usize..).zip(over) {
             let name = n.to_string();
             m.values[v].storage = match over {
                 true => Storage::Overwrite { name },
@@ -659,7 +661,7 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
             .map(|i| scale * ((i * 7 + k * 13) as f32 * 0.37).sin())
             .collect()
     };
-    let train = |over: bool| {
+    let train = |over: [bool; 3]| {
         let mut exec = Executor::new(adam(over), &ExecOptions::default()).unwrap();
         exec.set_input("x0", &array(wave(0, 1.0))).unwrap();
         exec.set_input("x2", &array(vec![0.0; 1000])).unwrap();
@@ -677,17 +679,23 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
         }
         names.map(|n| exec.input_f32(n).unwrap().1)
     };
-    let (over, next) = (train(true), train(false));
-    for ((name, a), b) in names.iter().zip(&over).zip(&next) {
-        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(a), bits(b), "{name}");
+    let next = train([false; 3]);
+    for kinds in [[true; 3], [false, true, true]] {
+        let over = train(kinds);
+        for ((name, a), b) in names.iter().zip(&over).zip(&next) {
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(a), bits(b), "{name} {kinds:?}");
+        }
+        assert_ne!(over[0], wave(0, 1.0), "the parameter moved");
     }
-    assert_ne!(over[0], wave(0, 1.0), "the parameter moved");
-    // Only p overwritten: the update writes its three results in place together or not at all.
-    let mut m = adam(true);
-    m.values[8].storage = Storage::Next { name: "x2".into() };
-    m.values[9].storage = Storage::Next { name: "x3".into() };
-    rejected(m, "overwrites p, m and v together");
+    // m and v are written in place together or not at all, and p only with them.
+    for kinds in [
+        [true, false, false],
+        [false, true, false],
+        [true, true, false],
+    ] {
+        rejected(adam(kinds), "overwrites m and v together");
+    }
     // `y ← x0 + x0` over x0 reads it twice; over x1 it writes an operand its kernel cannot.
     let add = |name: &str, inputs: Vec<u32>| {
         let mut m = one_step(Op::Add, Attrs::new(), &[t.clone(), t.clone()]);

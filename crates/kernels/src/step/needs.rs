@@ -24,6 +24,10 @@ pub enum OperandMode {
     CopyAliased,
     /// Already in the output slice (the kernel works in place).
     InPlace,
+    /// Copied into the output slice, where the kernel then works in place (`adam_update`'s p
+    /// when its m and v are updated in their own buffers but p's result has a place of its
+    /// own: an optimizer-sharded slice).
+    CopyIn,
     /// Read as integers into the integer staging buffer.
     Ints,
 }
@@ -79,7 +83,7 @@ impl Staging {
                 }
                 self.inputs[j] = self.inputs[j].max(numel.saturating_mul(4));
             }
-            OperandMode::Direct | OperandMode::InPlace => {}
+            OperandMode::Direct | OperandMode::InPlace | OperandMode::CopyIn => {}
         }
     }
 
