@@ -1274,8 +1274,8 @@ train Pretrain for TinyLlama {{
 
 /// Under optimizer sharding (level 1) each replica's update writes its slices of Adam's m and
 /// v over the states they replace and updates a copy of its slice of the parameter beside
-/// them, which the all-gather makes whole again; nothing derived from a trained parameter is
-/// hoisted or packed ahead, since every run replaces it.
+/// them, which the all-gather makes whole again in the parameter's own buffer; nothing derived
+/// from a trained parameter is hoisted or packed ahead, since every run replaces it.
 #[test]
 fn a_sharded_update_writes_its_states_in_place() {
     use mslc_artifact::Storage;
@@ -1312,6 +1312,8 @@ fn a_sharded_update_writes_its_states_in_place() {
         serde_json::from_str(&std::fs::read_to_string(out.join("Fit.rank.memplan.json")).unwrap())
             .unwrap();
     assert_eq!(memplan["packed_bytes"], 0);
+    // The all-gathered parameters are written into the parameters' own buffers.
+    assert_eq!(memplan["next_bytes"], 0);
     let storage = |v: &u32| &module.values[*v as usize].storage;
     for step in &module.steps {
         if step

@@ -205,7 +205,9 @@ fn validate_next_values(module: &Module) -> Result<(), String> {
 
 /// Why value `v` may not overwrite value `r` (an input or parameter) in its buffer, if it may
 /// not: the step computing `v` must read `r` once, at the operand that output may overwrite
-/// ([`overwritable_operand`]), no later step may read `r`, and `r` may not be an output.
+/// ([`overwritable_operand`]), or not at all (it writes into a buffer nothing reads any more:
+/// an optimizer-sharded update's all-gathered parameter); no later step may read `r`, and `r`
+/// may not be an output.
 pub fn check_overwrite(module: &Module, v: usize, r: usize) -> Result<(), String> {
     let (r32, v32) = (r as u32, v as u32);
     if module.outputs.iter().any(|&(_, o)| o == r32) {
@@ -217,14 +219,16 @@ pub fn check_overwrite(module: &Module, v: usize, r: usize) -> Result<(), String
     let step = &module.steps[s];
     let k = step.outputs.iter().position(|&o| o == v32).unwrap_or(0);
     let operand = overwritable_operand(step.op, step.outputs.len(), k);
-    if operand.and_then(|j| step.inputs.get(j)) != Some(&r32) {
-        return Err(format!(
-            "step {s} ({}) cannot write its output {k} over that operand",
-            step.op
-        ));
-    }
-    if step.inputs.iter().filter(|&&i| i == r32).count() > 1 {
-        return Err(format!("step {s} ({}) reads it twice", step.op));
+    match step.inputs.iter().filter(|&&i| i == r32).count() {
+        0 => {}
+        1 if operand.and_then(|j| step.inputs.get(j)) == Some(&r32) => {}
+        1 => {
+            return Err(format!(
+                "step {s} ({}) cannot write its output {k} over that operand",
+                step.op
+            ))
+        }
+        _ => return Err(format!("step {s} ({}) reads it twice", step.op)),
     }
     if let Some(later) =
         (s + 1..module.steps.len()).find(|&t| module.steps[t].inputs.contains(&r32))

@@ -485,11 +485,13 @@ mod tests {
         let plan = plan_memory(&mut m, false).unwrap();
         assert_eq!(m.values[4].storage, Storage::Next { name: "x".into() });
         assert_eq!(plan.next_bytes, m.values[4].ty.bytes());
-        // The last neg, whose operand is not x, cannot write over x.
+        // The last neg, which does not read x, writes into x's buffer: nothing reads x after
+        // the add.
         let mut m = module();
         m.outputs = vec![("x".into(), 5)];
         plan_memory(&mut m, true).unwrap();
-        assert_eq!(m.values[5].storage, Storage::Next { name: "x".into() });
+        assert_eq!(m.values[5].storage, Storage::Overwrite { name: "x".into() });
+        mslc_artifact::validate::validate(&m).unwrap();
     }
 
     /// `y = x @ w` and `z = y @ x2`: the parameter `w` is packed once for the GEMM (counted in

@@ -709,23 +709,34 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
         add("x1", vec![0, 1]),
         "cannot write its output 0 over that operand",
     );
-    // A later step reads the overwritten input.
-    let mut m = add("x0", vec![0, 1]);
-    m.values.push(ValueInfo {
-        ty: t.clone(),
-        storage: Storage::Arena { offset: 0 },
-    });
-    m.steps.push(Step {
-        op: Op::Neg,
-        kernel: choose_kernel(Op::Neg),
-        attrs: Attrs::new(),
-        inputs: vec![0],
-        outputs: vec![3],
-        origin: "test".into(),
-        loc: None,
-    });
-    m.outputs.push(("z".into(), 3));
-    rejected(m, "step 1 (neg) reads it after step 0 overwrote it");
+    // A later step reads the overwritten input, whether the step writing over it read it
+    // or not (`x1 + x1` written into x0's buffer).
+    for inputs in [vec![0, 1], vec![1, 1]] {
+        let mut m = add("x0", inputs);
+        m.values.push(ValueInfo {
+            ty: t.clone(),
+            storage: Storage::Arena { offset: 0 },
+        });
+        m.steps.push(Step {
+            op: Op::Neg,
+            kernel: choose_kernel(Op::Neg),
+            attrs: Attrs::new(),
+            inputs: vec![0],
+            outputs: vec![3],
+            origin: "test".into(),
+            loc: None,
+        });
+        m.outputs.push(("z".into(), 3));
+        rejected(m, "step 1 (neg) reads it after step 0 overwrote it");
+    }
+    // Into the buffer of an input nothing reads any more: x0 becomes x1 + x1.
+    let mut exec = Executor::new(add("x0", vec![1, 1]), &ExecOptions::default()).unwrap();
+    exec.set_input("x0", &array(vec![5.0; 1000])).unwrap();
+    exec.set_input("x1", &array(wave(1, 1.0))).unwrap();
+    exec.run().unwrap();
+    exec.write_back(["x0"]).unwrap();
+    let doubled: Vec<f32> = wave(1, 1.0).iter().map(|x| x + x).collect();
+    assert_eq!(exec.input_f32("x0").unwrap().1, doubled);
 }
 
 /// y = x + neg(w) + c over four values: `c` (a constant) and `neg(w)` are hoisted; `y` is also
