@@ -59,15 +59,21 @@ pub enum Storage {
     },
 }
 
-/// The operand that output `output` of a step of `op` with `outputs` outputs may overwrite
+/// Whether output `output` of `step` may overwrite its operand `operand`
 /// ([`Storage::Overwrite`]): input 0 for a step of one output (elementwise or not: a kernel
-/// that cannot work in place reads a copy), `adam_update`'s p, m and v for its new p, m and v;
-/// `None` for any other output.
-pub fn overwritable_operand(op: Op, outputs: usize, output: usize) -> Option<usize> {
-    match (op, outputs, output) {
-        (Op::AdamUpdate, 3, k) => [0, 2, 3].get(k).copied(),
-        (_, 1, 0) => Some(0),
-        _ => None,
+/// that cannot work in place reads a copy), for a fused elementwise program any operand of the
+/// output's type (not broadcast; read from a copy: a gradient sum `acc + g` whose program
+/// numbers `acc` last), `adam_update`'s p, m and v for its new p, m and v.
+pub fn may_overwrite(module: &Module, step: &Step, output: usize, operand: usize) -> bool {
+    let ty = |v: u32| &module.values[v as usize].ty;
+    match (step.op, step.outputs.len(), output) {
+        (Op::AdamUpdate, 3, k) => [0, 2, 3].get(k) == Some(&operand),
+        (Op::FusedElementwise, 1, 0) => step
+            .inputs
+            .get(operand)
+            .is_some_and(|&v| ty(v) == ty(step.outputs[0])),
+        (_, 1, 0) => operand == 0,
+        _ => false,
     }
 }
 

@@ -81,13 +81,18 @@ impl RuntimeNeeds {
                 .iter()
                 .filter_map(|&v| overwritten_operand(module, step, v))
                 .collect();
-            let aliased = output_aliases_input0(module, step, o).map_err(at)?
-                || overwritten.first() == Some(&0);
+            let in_arena = output_aliases_input0(module, step, o).map_err(at)?;
+            // The operand output 0 is computed over: input 0's bytes in the arena, or the
+            // input or parameter it overwrites (validated: one it may).
+            let aliased = match in_arena {
+                true => Some(0),
+                false => overwritten.first().copied(),
+            };
             // adam_update overwrites m and v together, and p with them or else p's copy in
             // the first output's own place, all f32, or none of them.
             let updates_in_place =
                 matches!(kernel, StepKernel::AdamUpdate(..)) && !overwritten.is_empty();
-            let copies_p = overwritten == [2, 3] && !aliased;
+            let copies_p = overwritten == [2, 3] && !in_arena;
             if updates_in_place
                 && (!(overwritten == [0, 2, 3] || copies_p)
                     || types.iter().any(|t| t.dtype != DType::F32))
@@ -106,7 +111,7 @@ impl RuntimeNeeds {
                     let mode = match (updates_in_place, overwritten.contains(&j)) {
                         (true, true) => OperandMode::InPlace,
                         (true, false) if j == 0 => OperandMode::CopyIn,
-                        _ => OperandMode::of(&kernel, j, t.dtype, aliased && j == 0, out_direct),
+                        _ => OperandMode::of(&kernel, j, t.dtype, aliased == Some(j), out_direct),
                     };
                     staging.need(mode, j, t);
                     mode

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use mslc_core::ops::{self, DType, TensorType};
 
-use super::module::{overwritable_operand, Module, Step, Storage};
+use super::module::{may_overwrite, Module, Step, Storage};
 use mslc_kernels::binding::KernelParam;
 
 /// Checks names, indices, the definition order, types (re-inferred through the op registry),
@@ -171,7 +171,7 @@ fn validate_guard(module: &Module) -> Result<(), String> {
 /// has its type: writing it back exchanges the two buffers, so they must be interchangeable.
 /// A value that overwrites its input or parameter ([`Storage::Overwrite`]) is computed by the
 /// last step that reads it, which reads it once, at the operand that output may overwrite
-/// ([`overwritable_operand`]), and which nothing else outputs.
+/// ([`may_overwrite`]), and which nothing else outputs.
 fn validate_next_values(module: &Module) -> Result<(), String> {
     for (i, v) in module.values.iter().enumerate() {
         let (Storage::Next { name } | Storage::Overwrite { name }) = &v.storage else {
@@ -204,8 +204,8 @@ fn validate_next_values(module: &Module) -> Result<(), String> {
 }
 
 /// Why value `v` may not overwrite value `r` (an input or parameter) in its buffer, if it may
-/// not: the step computing `v` must read `r` once, at the operand that output may overwrite
-/// ([`overwritable_operand`]), or not at all (it writes into a buffer nothing reads any more:
+/// not: the step computing `v` must read `r` once, at an operand that output may overwrite
+/// ([`may_overwrite`]), or not at all (it writes into a buffer nothing reads any more:
 /// an optimizer-sharded update's all-gathered parameter); no later step may read `r`, and `r`
 /// may not be an output.
 pub fn check_overwrite(module: &Module, v: usize, r: usize) -> Result<(), String> {
@@ -218,10 +218,10 @@ pub fn check_overwrite(module: &Module, v: usize, r: usize) -> Result<(), String
     };
     let step = &module.steps[s];
     let k = step.outputs.iter().position(|&o| o == v32).unwrap_or(0);
-    let operand = overwritable_operand(step.op, step.outputs.len(), k);
+    let operand = step.inputs.iter().position(|&i| i == r32);
     match step.inputs.iter().filter(|&&i| i == r32).count() {
         0 => {}
-        1 if operand.and_then(|j| step.inputs.get(j)) == Some(&r32) => {}
+        1 if operand.is_some_and(|j| may_overwrite(module, step, k, j)) => {}
         1 => {
             return Err(format!(
                 "step {s} ({}) cannot write its output {k} over that operand",

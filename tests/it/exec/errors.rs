@@ -729,6 +729,35 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
         m.outputs.push(("z".into(), 3));
         rejected(m, "step 1 (neg) reads it after step 0 overwrote it");
     }
+    // A fused program may write over any operand of its output's type, which it reads from a
+    // copy: a gradient sum `acc ← acc + g · s` whose program numbers acc last (x2).
+    let program = Attrs::new().with("program", "mul(x0, x1); add(x2, t0)");
+    let scalar1 = TensorType::new(DType::F32, [1]);
+    let mut sum = one_step(
+        Op::FusedElementwise,
+        program,
+        &[t.clone(), scalar1, t.clone()],
+    );
+    sum.outputs = vec![("x2".into(), 3)];
+    sum.values[3].storage = Storage::Overwrite { name: "x2".into() };
+    let mut exec = Executor::new(sum, &ExecOptions::default()).unwrap();
+    exec.set_input("x1", &array(vec![0.5])).unwrap();
+    exec.set_input("x2", &array(wave(2, 1.0))).unwrap();
+    for k in 3..5 {
+        exec.set_input("x0", &array(wave(k, 1.0))).unwrap();
+        exec.run().unwrap();
+        exec.write_back(["x2"]).unwrap();
+    }
+    let want: Vec<f32> = (0..1000)
+        .map(|i| wave(2, 1.0)[i] + wave(3, 1.0)[i] * 0.5 + wave(4, 1.0)[i] * 0.5)
+        .collect();
+    // (Within rounding: the kernel may fuse the multiply-add.)
+    for (got, want) in exec.input_f32("x2").unwrap().1.iter().zip(&want) {
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "{got} {want}"
+        );
+    }
     // Into the buffer of an input nothing reads any more: x0 becomes x1 + x1.
     let mut exec = Executor::new(add("x0", vec![1, 1]), &ExecOptions::default()).unwrap();
     exec.set_input("x0", &array(vec![5.0; 1000])).unwrap();

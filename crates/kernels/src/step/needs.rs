@@ -34,7 +34,8 @@ pub enum OperandMode {
 
 impl OperandMode {
     /// How operand `j` (of `dtype`; `aliased` when the output overwrites it) reaches `kernel`,
-    /// whose output is written straight into its buffer when `out_direct` (an f32 output).
+    /// whose output is written straight into its buffer when `out_direct` (an f32 output). A
+    /// kernel works in place over its operand 0 only; any other is copied.
     pub fn of(
         kernel: &StepKernel,
         j: usize,
@@ -46,7 +47,7 @@ impl OperandMode {
         if kernel.integer_input() == Some(j) {
             OperandMode::Ints
         } else if aliased && is_f32 && out_direct {
-            if kernel.works_in_place() {
+            if kernel.works_in_place() && j == 0 {
                 OperandMode::InPlace
             } else {
                 OperandMode::CopyAliased
