@@ -371,22 +371,21 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     // A stage's programs: its step, and its forward and update on the step's parameters.
     let stage_memory = |(step, cut): &(CompiledTrain, StageStep)| {
         let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
-        ranks::rank_memory(programs, exec_options.threads).allocated
+        ranks::rank_memory(programs, exec_options.threads)
     };
     let rank = match stages.first() {
-        Some(first) => ExecutorMemory::of(stage_memory(first), exec_options.threads),
+        Some(first) => stage_memory(first),
         None => ranks::rank_memory([&arena], exec_options.threads),
     };
     // Device 0 runs chunk k of an interleaved schedule for every k that is 0 modulo the
     // devices of the pipeline.
     let device = match layout.pipeline.as_ref().filter(|p| p.interleaved()) {
-        Some(p) => ExecutorMemory::of(
+        Some(p) => ExecutorMemory::together(
             stages
                 .iter()
                 .enumerate()
                 .filter(|&(s, _)| p.device_of(s) == 0)
-                .map(|(_, stage)| stage_memory(stage))
-                .sum(),
+                .map(|(_, stage)| stage_memory(stage)),
             exec_options.threads,
         ),
         None => rank,

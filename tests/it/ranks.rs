@@ -1506,16 +1506,12 @@ train Piped for TinyLlama {
         serde_json::from_slice(&std::fs::read(out.join("Piped.plan.json")).unwrap()).unwrap();
     let executor = |stage: usize| &plan["per_device"][stage]["executor"];
     for stage in 0..2 {
-        let (allocated, total) = (
-            executor(stage)["allocated"].as_u64(),
-            executor(stage)["total"].as_u64(),
-        );
-        let (allocated, total) = (allocated.unwrap(), total.unwrap());
-        assert_eq!(
-            total,
-            allocated + (allocated as f64 * 0.05) as u64,
-            "{plan}"
-        );
+        let [allocated, exchanged, total] =
+            ["allocated", "exchanged", "total"].map(|k| executor(stage)[k].as_u64().unwrap());
+        // The stage's update sums its norm over the stages: one f32, kept twice.
+        assert_eq!(exchanged, 8, "{plan}");
+        let held = allocated + exchanged;
+        assert_eq!(total, held + (held as f64 * 0.05) as u64, "{plan}");
         // More than the analytic model: the stage runs a forward and an update beside its step.
         assert!(
             total

@@ -43,6 +43,9 @@ pub struct RuntimeNeeds {
     /// Floats of the packed-weights region (every [`PreparedStep::packed_b`] range inside it,
     /// each starting on a 64-byte line).
     pub packed_floats: usize,
+    /// Over the mesh axes, the sum of the largest contribution the axis's collectives copy
+    /// into the threads backend's exchange ([`CollectiveStep::copied_floats`]).
+    pub message_floats: usize,
 }
 
 impl RuntimeNeeds {
@@ -55,6 +58,8 @@ impl RuntimeNeeds {
         // Steps that own a range of the packed-weights region.
         let mut packers: Vec<usize> = Vec::new();
         let mut steps: Vec<PreparedStep> = Vec::with_capacity(module.steps.len());
+        // Per mesh axis, the largest contribution its collectives copy.
+        let mut messages: std::collections::BTreeMap<String, usize> = Default::default();
         // Weights that stay the same across runs (parameters no run replaces, values hoisted
         // from them) are packed once, ahead; the others where each GEMM reads them.
         let mut fixed = module.fixed_params();
@@ -152,6 +157,11 @@ impl RuntimeNeeds {
             };
             let packed_ahead = packed_b.is_some();
             scratch = scratch.max(scratch_floats(&kernel, &types, out, packed_ahead));
+            if let StepKernel::Collective(c) = &kernel {
+                let copied = c.copied_floats(types.first().map_or(0, |t| t.numel() as usize));
+                let largest = messages.entry(c.axis.clone()).or_insert(0);
+                *largest = (*largest).max(copied);
+            }
             steps.push(PreparedStep {
                 kernel,
                 modes,
@@ -165,6 +175,7 @@ impl RuntimeNeeds {
             staging,
             scratch_floats: scratch,
             packed_floats,
+            message_floats: messages.values().sum(),
         })
     }
 
@@ -173,13 +184,18 @@ impl RuntimeNeeds {
         (self.packed_floats as u64).saturating_mul(4)
     }
 
+    /// Bytes a rank running this program keeps in the threads backend's exchanges: each axis's
+    /// group keeps the contributions of its last two rounds (the one members read, and the
+    /// one before, whose buffers the next round reuses), two of the largest per member.
+    pub fn kept_message_bytes(&self) -> u64 {
+        (self.message_floats as u64).saturating_mul(2 * 4)
+    }
+
     /// Bytes of kernel scratch each pool thread holds.
     pub fn scratch_bytes_per_thread(&self) -> u64 {
         scratch_bytes_per_thread(self.scratch_floats)
     }
 }
-
-/// Whether value `v` depends on parameters alone: a parameter, or a hoisted value.
 
 fn origin_suffix(step: &Step) -> String {
     if step.origin.is_empty() {

@@ -35,21 +35,24 @@ pub const STAGE_PIPELINE: &str = "pipeline";
 /// forward and update: [`crate::train::StageStep::programs`]) on `threads` executor threads:
 /// each program's memory plan, the parameters once — the first program's; the others run on
 /// them, lent ([`mslc_exec::Executor::swap_params`]) — and the threads' kernel scratch once,
-/// the largest any program asks for (they share the rank's pool, [`Executor::borrowing`]):
-/// what `mslc train` measures against and `mslc build` reports for the host target.
+/// the largest any program asks for (they share the rank's pool, [`Executor::borrowing`]),
+/// and the contributions the threads backend's exchanges keep, the most any program's
+/// collectives leave there (they share the rank's exchanges): what `mslc train` measures
+/// against and `mslc build` reports for the host target.
 ///
 /// [`Executor::borrowing`]: mslc_exec::Executor::borrowing
 pub fn rank_memory<'a>(
     programs: impl IntoIterator<Item = &'a MemoryPlan>,
     threads: usize,
 ) -> ExecutorMemory {
-    let (mut buffers, mut scratch) = (0u64, 0u64);
+    let (mut buffers, mut scratch, mut messages) = (0u64, 0u64, 0u64);
     for (i, m) in programs.into_iter().enumerate() {
         let borrowed = if i == 0 { 0 } else { m.params_bytes };
         buffers = buffers.saturating_add(m.total_bytes.saturating_sub(borrowed));
         scratch = scratch.max(m.scratch_bytes_per_thread.saturating_mul(threads as u64));
+        messages = messages.max(m.kept_message_bytes);
     }
-    ExecutorMemory::of(buffers.saturating_add(scratch), threads)
+    ExecutorMemory::of(buffers.saturating_add(scratch), messages, threads)
 }
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one

@@ -71,6 +71,10 @@ pub struct MemoryPlan {
     /// parameters and states), each in a buffer of its own that writing it back exchanges with
     /// the input's.
     pub next_bytes: u64,
+    /// Bytes a rank running this program keeps in the threads backend's exchanges
+    /// (`RuntimeNeeds::kept_message_bytes`): not allocated by the executor, so not in
+    /// `total_bytes`, but part of what a rank holds.
+    pub kept_message_bytes: u64,
     /// The placement strategy that won.
     pub strategy: String,
     /// Every strategy tried with the arena it needed.
@@ -229,6 +233,7 @@ impl MemoryPlan {
         self.staging_bytes = needs.staging.bytes();
         self.scratch_bytes_per_thread = needs.scratch_bytes_per_thread();
         self.packed_bytes = needs.packed_bytes();
+        self.kept_message_bytes = needs.kept_message_bytes();
         self.total_bytes = module
             .planned_bytes()
             .saturating_add(self.staging_bytes)
@@ -349,6 +354,7 @@ pub fn plan_memory(module: &mut Module, overwrite: bool) -> Result<MemoryPlan, M
         params_bytes,
         inputs_bytes,
         next_bytes,
+        kept_message_bytes: 0,
         strategy: plan.strategy.to_string(),
         strategies_tried: plan
             .strategies_tried

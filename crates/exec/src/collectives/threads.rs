@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
 use crate::error::ExecResult;
+use mslc_kernels::step::ALL_REDUCE_IN_PLACE_MIN;
 
 /// The contributions of one completed round, indexed by member.
 type Round = Arc<Vec<Vec<f32>>>;
@@ -33,10 +34,6 @@ type Buffers = Vec<(usize, usize)>;
 /// Values summed per pass over the members (8 KiB: stays in L1 while every member's part is
 /// added).
 const SUM_CHUNK: usize = 2048;
-
-/// All-reduces of at least this many values run in place (see the module docs); smaller ones,
-/// where a second meeting costs more than the copies, through copies.
-const IN_PLACE_MIN: usize = 1 << 14;
 
 /// Where the members of one group meet.
 #[derive(Default)]
@@ -366,7 +363,7 @@ impl Collectives for ThreadRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        if data.len() >= IN_PLACE_MIN && self.group_size(axis) > 1 {
+        if data.len() >= ALL_REDUCE_IN_PLACE_MIN && self.group_size(axis) > 1 {
             return self.all_reduce_in_place(axis, data);
         }
         let (round, _) = self.exchange(axis, data)?;
@@ -598,7 +595,7 @@ mod tests {
 
     #[test]
     fn a_rank_that_leaves_fails_its_peers_instead_of_hanging() {
-        for len in [4, IN_PLACE_MIN] {
+        for len in [4, ALL_REDUCE_IN_PLACE_MIN] {
             let out = on_ranks(Mesh::line("dp", 3).unwrap(), |r| {
                 if r.rank() == 1 {
                     return Ok(());
@@ -620,7 +617,7 @@ mod tests {
     /// the world's timeout, naming it, instead of blocking them forever.
     #[test]
     fn a_rank_that_hangs_fails_its_peers_after_the_timeout() {
-        for len in [4, IN_PLACE_MIN] {
+        for len in [4, ALL_REDUCE_IN_PLACE_MIN] {
             a_rank_that_hangs_fails_its_peer(len);
         }
     }
@@ -681,7 +678,7 @@ mod tests {
     /// do not divide, every member gets the same bits as the copying path's member-order sum.
     #[test]
     fn large_all_reduces_in_place_sum_over_each_axis_group() {
-        let len = IN_PLACE_MIN + 7;
+        let len = ALL_REDUCE_IN_PLACE_MIN + 7;
         let value = |rank: usize, i: usize| (rank as f32 + 0.1) * (i as f32 * 0.37).sin();
         let mine = |rank: usize| (0..len).map(|i| value(rank, i)).collect::<Vec<f32>>();
         for (rank, axis, group, got) in all_reduced_over_each_axis(mine) {
@@ -696,7 +693,7 @@ mod tests {
             );
         }
         let out = on_ranks(Mesh::line("dp", 2).unwrap(), |r| {
-            let mut data = vec![1.0; IN_PLACE_MIN + r.rank()];
+            let mut data = vec![1.0; ALL_REDUCE_IN_PLACE_MIN + r.rank()];
             r.all_reduce(0, &mut data).map(drop)
         });
         for result in out {

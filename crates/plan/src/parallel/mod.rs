@@ -51,29 +51,46 @@ pub struct DeviceGroup {
 
 /// What one rank of `mslc train` allocates, known exactly once its programs are compiled:
 /// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
-/// executor keeps the weights packed for its GEMMs, each thread's kernel scratch, on a pipeline
-/// stage a forward and an update program beside the step, and where loss scaling may reject an
-/// update, the updated parameters and states in buffers of their own until it is accepted.
+/// executor keeps each thread's kernel scratch, staging buffers, weights packed ahead for the
+/// GEMMs of a program that does not change them, on a pipeline stage a forward and an update
+/// program beside the step, and, on the threads backend, the last contributions of its
+/// collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ExecutorMemory {
     /// Executor threads per rank.
     pub threads: usize,
     /// Bytes the rank's programs allocate: their memory plans and each thread's scratch.
     pub allocated: u64,
-    /// `allocated` with the fragmentation reserve ([`estimate::FRAGMENTATION`]): the peak a
-    /// rank's resident memory is planned not to exceed.
+    /// Bytes the rank's collectives leave in the threads backend's exchanges, which keep the
+    /// contributions of their last rounds (not the executor's to allocate).
+    pub exchanged: u64,
+    /// `allocated` and `exchanged` with the fragmentation reserve
+    /// ([`estimate::FRAGMENTATION`]): the peak a rank's resident memory is planned not to
+    /// exceed.
     pub total: u64,
 }
 
 impl ExecutorMemory {
-    /// The memory of a rank whose programs allocate `allocated` bytes on `threads` threads.
-    pub fn of(allocated: u64, threads: usize) -> ExecutorMemory {
-        let reserve = (allocated as f64 * estimate::FRAGMENTATION) as u64;
+    /// The memory of a rank whose programs allocate `allocated` bytes on `threads` threads and
+    /// whose collectives leave `exchanged` bytes in the exchanges.
+    pub fn of(allocated: u64, exchanged: u64, threads: usize) -> ExecutorMemory {
+        let held = allocated.saturating_add(exchanged);
+        let reserve = (held as f64 * estimate::FRAGMENTATION) as u64;
         ExecutorMemory {
             threads,
             allocated,
-            total: allocated.saturating_add(reserve),
+            exchanged,
+            total: held.saturating_add(reserve),
         }
+    }
+
+    /// What `parts` hold together on `threads` threads (the chunk-ranks of an interleaved
+    /// device).
+    pub fn together(parts: impl IntoIterator<Item = ExecutorMemory>, threads: usize) -> Self {
+        let (allocated, exchanged) = parts.into_iter().fold((0u64, 0u64), |(a, e), m| {
+            (a.saturating_add(m.allocated), e.saturating_add(m.exchanged))
+        });
+        ExecutorMemory::of(allocated, exchanged, threads)
     }
 }
 
