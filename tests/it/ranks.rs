@@ -192,6 +192,58 @@ fn data_parallel_on_two_ranks_matches_one_device() {
     assert_rel("losses after resuming", &resumed, &continued, 1e-5);
 }
 
+/// Dynamic loss scaling with optimizer sharding at level 2, where each replica holds slices
+/// of the gradients: the overflow check sums over the replicas, so both ranks end the same
+/// runs at their update's guard (one stopping alone would leave the other waiting in the
+/// update's all-gather), the scale follows MindSpore's manager, and a skipped step changes no
+/// weight or optimizer state (the checkpoints, gathered, byte for byte). (Which steps
+/// overflow differs from one device's: in f16 a replica's gradients sum half the samples.)
+#[test]
+fn dynamic_loss_scaling_skips_whole_steps_on_sharded_ranks() {
+    let dir = TestDir::new("ranks-zero-dynamic");
+    let level2 = format!("{DATA}\n    optimizer_shard = level2");
+    let src = source(&dir, &level2, 4);
+    let init = 262_144.0;
+    let mixed = std::fs::read_to_string(&src)
+        .unwrap()
+        .replace(
+            "train Fit",
+            "precision Mixed {\n    level = O2\n    compute = f16\n    \
+             loss_scale = dynamic(init: 262144, factor: 2, window: 3)\n}\n\ntrain Fit",
+        )
+        .replace("batch = 8\n", "batch = 8\n    precision = Mixed\n");
+    std::fs::write(&src, mixed).unwrap();
+    let data = write_data(&dir);
+    let out = dir.path("two");
+    let steps = ["--ranks", "2", "--save-every", "1"];
+    train(&src, &data, &out, "10", &steps);
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.with_extension("jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let overflows: Vec<bool> = rows
+        .iter()
+        .map(|r| r["skipped"].as_bool().unwrap())
+        .collect();
+    let scales: Vec<f64> = rows
+        .iter()
+        .map(|r| r["loss_scale"].as_f64().unwrap())
+        .collect();
+    assert!(overflows[0] && overflows.contains(&false), "{overflows:?}");
+    assert_eq!(
+        scales,
+        crate::train_amp::mindspore_scales(init, 2.0, 3, &overflows)
+    );
+    for k in 2..=overflows.len() {
+        for name in ["model", "optimizer"] {
+            let file = |k: usize| std::fs::read(out.join(format!("step-{k}/{name}.safetensors")));
+            let same = file(k - 1).unwrap() == file(k).unwrap();
+            assert_eq!(same, overflows[k - 1], "step {k} ({name})");
+        }
+    }
+}
+
 #[test]
 fn data_parallel_with_accumulation_on_two_ranks_matches_one_device() {
     // Each replica sums its two micro-batches' gradients unreduced; the update all-reduces the

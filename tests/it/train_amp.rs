@@ -181,7 +181,12 @@ fn o2_low_precision_with_dynamic_scaling_reaches_the_f32_loss() {
 
 /// MindSpore's `DynamicLossScaleManager.update_loss_scale`, transcribed (iterations from 1; the
 /// scale grows when the iterations since the last overflow are a multiple of the window).
-fn mindspore_scales(init: f64, factor: f64, window: u64, overflows: &[bool]) -> Vec<f64> {
+pub(crate) fn mindspore_scales(
+    init: f64,
+    factor: f64,
+    window: u64,
+    overflows: &[bool],
+) -> Vec<f64> {
     let (mut scale, mut cur_iter, mut last_overflow_iter) = (init, 1u64, 0u64);
     let mut used = Vec::new();
     for &overflow in overflows {
