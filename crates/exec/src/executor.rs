@@ -1306,6 +1306,13 @@ impl<'a> Memory<'a> {
         if plan.prepared.modes.first() == Some(&Mode::CopyIn) {
             // The kernel updates input 0's copy in the output (validated: of its size, and
             // not overlapping it).
+            if views[0].data.len() != out.len() {
+                return Err(module_error(format!(
+                    "input 0 ({} values) cannot be copied into the output ({} values)",
+                    views[0].data.len(),
+                    out.len()
+                )));
+            }
             out.copy_from_slice(views[0].data);
             views[0].data = &[];
             in_place = true;
