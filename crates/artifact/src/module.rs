@@ -50,7 +50,8 @@ pub enum Storage {
     },
     /// The next value of the input or parameter `name`, output under that name, computed over
     /// that input's own buffer by the last step that reads it (an optimizer's update written in
-    /// place, as `torch.optim` does): no second buffer, and nothing to exchange after the run.
+    /// place, as `torch.optim` does), or by a step after that one (an all-gathered parameter):
+    /// no second buffer, and nothing to exchange after the run.
     /// Only where the caller keeps every run's next value, or where a run that is not to keep
     /// it ends before computing it ([`Guard`]).
     Overwrite {
@@ -174,6 +175,16 @@ pub struct Guard {
     pub flag: u32,
     /// The first step of the update.
     pub from: u32,
+}
+
+impl Guard {
+    /// Whether a run of only the steps `needed` marks reaches a guarded step, and so must
+    /// compute the flag and stop there when it is not 0.
+    pub fn guards_any(&self, needed: &[bool]) -> bool {
+        needed
+            .get(self.from as usize..)
+            .is_some_and(|guarded| guarded.contains(&true))
+    }
 }
 
 impl Module {

@@ -170,8 +170,9 @@ fn validate_guard(module: &Module) -> Result<(), String> {
 /// Each next value is the module's output of its name, and an input or parameter of that name
 /// has its type: writing it back exchanges the two buffers, so they must be interchangeable.
 /// A value that overwrites its input or parameter ([`Storage::Overwrite`]) is computed by the
-/// last step that reads it, which reads it once, at the operand that output may overwrite
-/// ([`may_overwrite`]), and which nothing else outputs.
+/// last step that reads it, which reads it once, at an operand that output may overwrite
+/// ([`may_overwrite`]), or by a step after that one ([`check_overwrite`]), and nothing else
+/// outputs it.
 fn validate_next_values(module: &Module) -> Result<(), String> {
     for (i, v) in module.values.iter().enumerate() {
         let (Storage::Next { name } | Storage::Overwrite { name }) = &v.storage else {

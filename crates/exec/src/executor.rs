@@ -655,10 +655,8 @@ impl Executor {
         let producers = module.producers();
         module.mark_steps_feeding(&producers, roots, &mut needed);
         // A guarded step runs only after its guard's flag is known.
-        if let Some(g) = module.guard {
-            if needed[g.from as usize..].contains(&true) {
-                module.mark_steps_feeding(&producers, [g.flag], &mut needed);
-            }
+        if let Some(g) = module.guard.filter(|g| g.guards_any(&needed)) {
+            module.mark_steps_feeding(&producers, [g.flag], &mut needed);
         }
         Ok(needed)
     }
@@ -718,7 +716,7 @@ impl Executor {
         // The guard of a run that computes a guarded step (and so the flag, `steps_for`).
         let guard = module
             .guard
-            .filter(|g| needed.is_none_or(|n| n[g.from as usize..].contains(&true)));
+            .filter(|g| needed.is_none_or(|n| g.guards_any(n)));
         let result = pool.install(|| {
             let mut mem = Memory {
                 slots,
