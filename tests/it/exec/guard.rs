@@ -90,3 +90,44 @@ fn a_reader_rejects_a_guard_it_cannot_honour() {
         assert!(e.message.contains(expect), "{guard:?}: {}", e.message);
     }
 }
+
+/// A constant only the update reads is computed behind the guard, once, and kept: a run that
+/// stops at the guard before computing it leaves it to the next run (`x ← x · c` with
+/// `c = constant(3)`, skipped, then run).
+#[test]
+fn a_run_stopped_at_the_guard_leaves_the_update_s_constants_to_compute() {
+    let mut m = guarded_update(GUARD);
+    let scalar = TensorType::new(DType::F32, Vec::<i64>::new());
+    m.values.push(ValueInfo {
+        ty: scalar,
+        storage: Storage::Arena { offset: 0 },
+    });
+    m.steps.insert(
+        1,
+        Step {
+            op: Op::Constant,
+            attrs: Attrs::new().with("value", 3.0).with("dtype", DType::F32),
+            inputs: vec![],
+            outputs: vec![4],
+            origin: String::new(),
+            loc: None,
+            kernel: choose_kernel(Op::Constant),
+        },
+    );
+    m.steps[2].op = Op::Mul;
+    m.steps[2].kernel = choose_kernel(Op::Mul);
+    m.steps[2].inputs = vec![0, 4];
+    m.values[3].storage = Storage::Arena { offset: 0 };
+    mslc_plan::memory::plan_memory(&mut m, true).expect("planned");
+    assert!(matches!(m.values[4].storage, Storage::Hoisted { .. }));
+    let mut exec = Executor::new(m, &ExecOptions::default()).unwrap();
+    let x = NpyArray::from_f32(vec![4], &[1.0, -2.0, 3.0, -4.0]).unwrap();
+    exec.set_input("x", &x).unwrap();
+    for f in [1.0, 0.0] {
+        exec.set_input("f", &NpyArray::from_f32(vec![], &[f]).unwrap())
+            .unwrap();
+        exec.run().unwrap();
+        exec.write_back(["x"]).unwrap();
+    }
+    assert_eq!(exec.output_f32("x").unwrap().1, [3.0, -6.0, 9.0, -12.0]);
+}
