@@ -9,7 +9,9 @@
 //! E0970 naming both numbers, printed once. The data-parallel train under
 //! `optimizer_shard = level3` (each process holding its slices of the parameters and optimizer
 //! states) gives the same losses, and its gathered checkpoint the same weights and optimizer
-//! states. Without mpiexec installed the test fails.
+//! states. Pipelines ([`pipeline_training`]) run one stage per process, and under the
+//! interleaved schedule each process's chunk-stages as threads of it
+//! ([`interleaved_training`]). Without mpiexec installed the test fails.
 
 #[path = "shared/tolerance.rs"]
 mod tolerance;
@@ -494,28 +496,72 @@ fn pipeline_training(dir: &Path) {
     // The pipelined forward of the trained weights: 8 sequences, 4 micro-batches of 2.
     let trained = dir.join("pp-mpi-one/step-10/model.safetensors");
     let ids: Vec<i64> = (0..64).map(|i| (i * 7 + 1) % 64).collect();
-    let (got, want) = llama_forward_mpi(dir, "llama-pp.msl", &trained, &ids, "pp-fwd");
+    let (got, want) = llama_forward_mpi(
+        dir,
+        ("llama-pp.msl", &llama_flags()),
+        &trained,
+        &ids,
+        "pp-fwd",
+    );
     assert_eq!(got.len(), 8 * 8 * 64);
     assert_rel_to_max("pipelined logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
-    // The interleaved schedule runs each chunk as a thread of its device's process (--ranks);
-    // over MPI it is refused before anything runs.
+    interleaved_training(dir, model, &ids);
+    large_messages_both_ways(dir);
+}
+
+/// The tiny LLaMA of 4 layers over 2 devices under Megatron-LM's interleaved schedule (2 chunks
+/// of one layer per device, 4 micro-batches of 2): `mpiexec -n 2 mslc train --mpi`, each
+/// process running its device's chunks as threads that take turns, gives `--ranks 2`'s losses
+/// and checkpoint bit for bit, and one device's within 1e-5 (losses) and the AdamW pipeline
+/// tolerances of [`pipeline_training`] (weights); its pipelined forward under `mpiexec -n 2
+/// mslc run --mpi` gives one device's logits within 1e-5 of their largest.
+fn interleaved_training(dir: &Path, model: &str, ids: &[i64]) {
     let interleaved = LLAMA_PP.replace("schedule: 1f1b", "schedule: interleaved(2)");
     assert_ne!(interleaved, LLAMA_PP);
     std::fs::write(dir.join("llama-il.msl"), format!("{model}{interleaved}")).unwrap();
-    let four: Vec<&str> = llama_flags()
+    let sizes: Vec<&str> = llama_flags()
         .into_iter()
         .map(|f| if f == "layers=2" { "layers=4" } else { f })
-        .chain(["--init-seed", "1", "--mpi"])
         .collect();
-    let (code, _, stderr) = train_with(dir, "llama-il.msl", steps, "il-mpi", mpiexec_2, &four);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.contains("E0972") && stderr.contains("interleaved"),
-        "{stderr}"
+    assert!(sizes.contains(&"layers=4"));
+    let flags = [&sizes[..], &["--init-seed", "1"]].concat();
+    let steps = (dir.join("tokens.npy"), "10");
+    let steps = (steps.0.as_path(), steps.1);
+    let mut runs = Vec::new();
+    for (tag, launcher, extra) in [
+        ("il-one", &[][..], None),
+        ("il-threads", &[][..], Some("--ranks=2")),
+        ("il-mpi", &["mpiexec", "-n", "2"][..], Some("--mpi")),
+    ] {
+        let ranked = [&flags[..], extra.as_slice()].concat();
+        let (code, stdout, stderr) = train_with(dir, "llama-il.msl", steps, tag, launcher, &ranked);
+        assert_eq!(code, 0, "{tag}:\n{stdout}{stderr}");
+        assert_eq!(stdout.matches("trained ").count(), 1, "{stdout}{stderr}");
+        let losses = losses(&dir.join(format!("{tag}.jsonl")));
+        assert_eq!(losses.len(), 10, "{tag}");
+        runs.push((losses, weights_of(&dir.join(tag).join("step-10"))));
+    }
+    let (one, threads, mpi) = (&runs[0], &runs[1], &runs[2]);
+    assert_eq!(
+        mpi, threads,
+        "MPI's interleaved run is --ranks 2's, bit for bit"
     );
-    println!("mpiexec -n 2 of an interleaved schedule: E0972");
-    large_messages_both_ways(dir);
+    assert_rel("interleaved losses", &mpi.0, &one.0, 1e-5);
+    assert_eq!(mpi.1.len(), one.1.len());
+    for ((name, a), (other, b)) in one.1.iter().zip(&mpi.1) {
+        assert_eq!(name, other);
+        let what = format!("interleaved {name}");
+        assert_same_weights(&what, b, a, (5e-4, ADAMW_NORM_TOL));
+    }
+    println!(
+        "mpiexec -n 2 of an interleaved schedule (2 chunks per process): --ranks 2's losses and \
+         weights bit for bit, one device's within 1e-5 (losses)"
+    );
+    let trained = dir.join("il-one/step-10/model.safetensors");
+    let (got, want) = llama_forward_mpi(dir, ("llama-il.msl", &sizes), &trained, ids, "il-fwd");
+    assert_rel_to_max("interleaved pipelined logits", &got, &want, 1e-5);
+    println!("mpiexec -n 2 mslc run --mpi of an interleaved plan: one device's logits within 1e-5");
 }
 
 /// The two stages at sizes whose messages (a micro-batch's [2, 128, 256] activations, and their
@@ -734,7 +780,13 @@ fn tensor_parallel_training(dir: &Path) {
     // The tensor-parallel forward of the trained weights.
     let trained = dir.join("llama-one/step-10/model.safetensors");
     let ids: Vec<i64> = (0..16).map(|i| (i * 5 + 3) % 64).collect();
-    let (got, want) = llama_forward_mpi(dir, "llama.msl", &trained, &ids, "llama-fwd");
+    let (got, want) = llama_forward_mpi(
+        dir,
+        ("llama.msl", &llama_flags()),
+        &trained,
+        &ids,
+        "llama-fwd",
+    );
     assert_eq!(got.len(), 2 * 8 * 64);
     assert_rel_to_max("tensor-parallel logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: tensor-parallel logits match one device within 1e-5");
@@ -742,10 +794,11 @@ fn tensor_parallel_training(dir: &Path) {
 
 /// `mslc run` of the tiny LLaMA source `dir/src` with the `trained` weights on the token
 /// `ids` (sequences of 8), on one device and under `mpiexec -n 2 … --mpi`, into
-/// `dir/TAG-one` and `dir/TAG-two`: the logits of the two (MPI's, then one device's).
+/// `dir/TAG-one` and `dir/TAG-two`: the logits of the two (MPI's, then one device's). `sizes`:
+/// the model's `--set`s and `--dim`s ([`llama_flags`], or another layer count).
 fn llama_forward_mpi(
     dir: &Path,
-    src: &str,
+    (src, sizes): (&str, &[&str]),
     trained: &Path,
     ids: &[i64],
     tag: &str,
@@ -755,7 +808,7 @@ fn llama_forward_mpi(
     write_npy(&tokens, &array).unwrap();
     let input = format!("tokens={}", tokens.display());
     let args = [
-        &llama_flags()[..],
+        sizes,
         &["--weights", trained.to_str().unwrap(), "--input", &input],
     ]
     .concat();

@@ -252,9 +252,6 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         threads,
         memory_limit: mslc_exec::limits::available_memory(),
     };
-    let mesh = layout
-        .mesh()
-        .map_err(|e| Failure::Message(e.code, e.message))?;
     // Under an interleaved schedule the chunk-stages of a device take turns, each waiting for
     // its turn as long as for a collective.
     let turns: Vec<Arc<Turns>> = (0..layout.devices()).map(|_| Arc::default()).collect();
@@ -360,7 +357,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         }
         Ok::<(), Failure>(())
     };
-    let ranks = world.ranks(&mesh)?;
+    let ranks = world.ranks(&layout)?;
     // The run's memory is measured from here: the ranks' executors and trainers, each rank's
     // copy of the data, the steps.
     // Ranks a device runs: one, but under an interleaved schedule its chunk-ranks; and so the

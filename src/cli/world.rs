@@ -1,6 +1,7 @@
 //! Which ranks of a parallel plan `mslc train` and `mslc run` run in this process, and what
 //! carries their collectives: every rank as threads of this process (`--ranks N`), or this
-//! process's one rank of the world an MPI launcher started (`--mpi`, cargo feature `mpi`).
+//! process's device of the world an MPI launcher started (`--mpi`, cargo feature `mpi`): one
+//! rank, or under an interleaved schedule the device's chunk-ranks as threads.
 //! Everything else about a rank — its program, shards, data and loop — is the same whichever
 //! runs it, and so is how the ranks are driven ([`command`], [`run_ranks`]).
 
@@ -10,8 +11,8 @@ use std::time::Duration;
 
 use mslc_core::diag::Code;
 use mslc_driver::ranks::{self, RankLayout};
+use mslc_exec::collectives::Collectives;
 use mslc_exec::collectives::DEFAULT_TIMEOUT;
-use mslc_exec::collectives::{Collectives, Mesh};
 use mslc_exec::Executor;
 use mslc_io::safetensors::SafetensorsFile;
 use mslc_ir::shard::zero::ZeroShard;
@@ -28,8 +29,9 @@ pub struct LaunchArgs {
     /// rank 0 reports and writes the outputs or checkpoints.
     #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
-    /// Run this process's rank of the plan over MPI, one rank per process:
-    /// `mpiexec -n N mslc run|train --mpi …`, N the plan's device count (E0970 otherwise, a
+    /// Run this process's device of the plan over MPI, one device per process (its chunks as
+    /// threads under an interleaved schedule): `mpiexec -n N mslc run|train --mpi …`, N the
+    /// plan's device count (E0970 otherwise, a
     /// world of 1 included). Rank 0 reports and writes; the others stay quiet. Needs an mslc
     /// built with the cargo feature `mpi`.
     #[arg(long)]
@@ -145,8 +147,13 @@ impl World {
         }
     }
 
-    /// The ranks of `mesh` this process runs, in rank order.
-    pub fn ranks(self, mesh: &Mesh) -> Result<Vec<Rank>, Failure> {
+    /// The ranks of `layout`'s mesh this process runs, in rank order: all of them as threads,
+    /// or in an MPI world those of the device this process is (under an interleaved schedule
+    /// its chunk-ranks, as threads of it).
+    pub fn ranks(self, layout: &RankLayout) -> Result<Vec<Rank>, Failure> {
+        let mesh = &layout
+            .mesh()
+            .map_err(|e| Failure::Message(e.code, e.message))?;
         let alone = mesh.size() == 1;
         let comms: Vec<(usize, Box<dyn Collectives>)> = match self {
             World::One => ranks::thread_world(mesh.clone(), DEFAULT_TIMEOUT)
@@ -158,13 +165,12 @@ impl World {
                 .enumerate()
                 .collect(),
             #[cfg(feature = "mpi")]
-            World::Mpi(w, timeout) => {
-                let rank = w.rank();
-                let comm = w
-                    .into_rank(mesh.clone(), timeout)
-                    .map_err(|e| Failure::Message(mslc_core::diag::Code::E0973, e.message))?;
-                vec![(rank, Box::new(comm) as Box<dyn Collectives>)]
-            }
+            World::Mpi(w, timeout) => w
+                .into_ranks(mesh.clone(), &layout.rank_devices(), timeout)
+                .map_err(|e| Failure::Message(Code::E0973, e.message))?
+                .into_iter()
+                .map(|comm| (comm.rank(), Box::new(comm) as Box<dyn Collectives>))
+                .collect(),
         };
         Ok(comms
             .into_iter()
@@ -176,10 +182,10 @@ impl World {
 /// Runs the `ranks` of this process: rank 0, when it is here, on this thread through `lead`
 /// (its result is returned), the others through `follow` — on threads of their own (a rank
 /// that fails drops its collectives, and the others stop at their next collective with E0973
-/// instead of waiting forever), or on this thread for this process's one rank of an MPI world
-/// (`None` returned). Of several failures the root cause is returned ([`ranks::root_cause`]);
-/// a follower's own failure in an MPI world is printed, naming its rank, though rank 0 speaks
-/// for the rest.
+/// instead of waiting forever), but this process's one rank of an MPI world on this thread
+/// (`None` returned without rank 0). Of several failures the root cause is returned
+/// ([`ranks::root_cause`]); a follower's own failure in an MPI world is printed, naming its
+/// rank, though rank 0 speaks for the rest.
 pub fn run_ranks<T: Send>(
     ranks: Vec<Rank>,
     reporter: &Reporter,
@@ -187,28 +193,46 @@ pub fn run_ranks<T: Send>(
     follow: impl Fn(usize, Option<Box<dyn Collectives>>) -> Result<(), Failure> + Sync,
 ) -> Result<Option<T>, Failure> {
     let mut ranks = ranks.into_iter().peekable();
-    let Some(leader) = ranks.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm) else {
-        // This process's one rank of an MPI world, not rank 0.
-        return ranks
-            .try_for_each(|(rank, comm)| {
-                follow(rank, comm).map_err(|e| match e {
-                    Failure::Message(code, m) if code != Code::E0973 => {
-                        reporter.mute(false);
-                        Failure::Message(code, format!("rank {rank}: {m}"))
-                    }
-                    e => e,
-                })
-            })
-            .map(|()| None);
+    let leader = ranks.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm);
+    // Ranks of an MPI world other than 0's process: a failure of their own is said, naming
+    // the rank.
+    let follow_mpi = |rank: usize, comm| {
+        follow(rank, comm).map_err(|e| match e {
+            Failure::Message(code, m) if code != Code::E0973 => {
+                reporter.mute(false);
+                Failure::Message(code, format!("rank {rank}: {m}"))
+            }
+            e => e,
+        })
     };
+    let Some(leader) = leader else {
+        let mut followers: Vec<Rank> = ranks.collect();
+        if followers.len() == 1 {
+            let (rank, comm) = followers.remove(0);
+            return follow_mpi(rank, comm).map(|()| None);
+        }
+        return run_together(followers, None::<fn() -> Result<T, Failure>>, &follow_mpi);
+    };
+    run_together(ranks.collect(), Some(|| lead(leader)), &follow)
+}
+
+/// Runs `lead` (when given) on this thread and each of `followers` on a thread of its own:
+/// `lead`'s result (`None` without it), or of the failures the root cause
+/// ([`ranks::root_cause`]).
+fn run_together<T: Send>(
+    followers: Vec<Rank>,
+    lead: Option<impl FnOnce() -> Result<T, Failure>>,
+    follow: &(impl Fn(usize, Option<Box<dyn Collectives>>) -> Result<(), Failure> + Sync),
+) -> Result<Option<T>, Failure> {
     std::thread::scope(|scope| {
-        let follow = &follow;
-        let followers: Vec<_> = ranks
+        let followers: Vec<_> = followers
+            .into_iter()
             .map(|(rank, comm)| scope.spawn(move || follow(rank, comm)))
             .collect();
-        let (done, mut errors) = match lead(leader) {
-            Ok(done) => (Some(done), Vec::new()),
-            Err(e) => (None, vec![e]),
+        let (done, mut errors) = match lead.map(|lead| lead()) {
+            Some(Ok(done)) => (Some(done), Vec::new()),
+            Some(Err(e)) => (None, vec![e]),
+            None => (None, Vec::new()),
         };
         for f in followers {
             match f.join() {
@@ -226,7 +250,7 @@ pub fn run_ranks<T: Send>(
         };
         match ranks::root_cause(errors, code) {
             Some(e) => Err(e),
-            None => done.map(Some).ok_or(Failure::Reported),
+            None => Ok(done),
         }
     })
 }

@@ -378,6 +378,14 @@ impl RankLayout {
         (stage * self.dp + coords.replica) * self.tp + coords.part
     }
 
+    /// The device of each rank, in rank order ([`RankLayout::device`]): the process of an
+    /// MPI world that runs it.
+    pub fn rank_devices(&self) -> Vec<usize> {
+        (0..self.ranks())
+            .map(|rank| self.device(self.coords(rank)))
+            .collect()
+    }
+
     /// Whether the stages are chunks of an interleaved schedule, several per device.
     pub fn interleaved(&self) -> bool {
         self.pipeline
@@ -439,7 +447,7 @@ impl RankLayout {
 
 /// How each of `world` ranks runs `plan` (no plan: one device). An error when `world` differs
 /// from the plan's device count, or when the plan asks for what is planned but not run yet
-/// (an interleaved pipeline under MPI, a parameter split along two dims).
+/// (a parameter split along two dims).
 pub fn layout(
     plan: Option<&PlanFile>,
     world: usize,
@@ -454,22 +462,14 @@ pub fn layout(
         Some(p) if pp > 1 => Some(pipeline_layout(p, pp)?),
         _ => None,
     };
-    let layout = RankLayout {
+    Ok(RankLayout {
         dp,
         tp,
         splits,
         optimizer_shard: plan.map_or(0, |p| p.optimizer_shard),
         pipeline,
         sequence_parallel: tp > 1 && plan.is_some_and(|p| p.sequence_parallel),
-    };
-    if layout.interleaved() && launcher == "mpiexec" {
-        return Err(RanksError::new(
-            Code::E0972,
-            "the interleaved schedule runs with --ranks (each chunk a thread of its device's \
-             process), not under MPI yet",
-        ));
-    }
-    Ok(layout)
+    })
 }
 
 /// The stages of `plan`'s pipeline of `pp` devices. Under an interleaved schedule of `v`

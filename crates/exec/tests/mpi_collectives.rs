@@ -1,17 +1,19 @@
 //! The MPI backend against the threads backend, under a real `mpiexec` (cargo feature `mpi`;
 //! `harness = false`). Run plainly, this test starts itself under `mpiexec -n 2` and `-n 4`
-//! (and once without mpiexec, which must be refused as a world of 1). Each MPI rank runs the
-//! same collectives on both backends — the threads one in-process, all ranks as threads — and
-//! requires the same bits. Last, a rank that hangs before a collective, and one that hangs
+//! (and once without mpiexec, which must be refused as a world of 1), each process one rank,
+//! then again with two ranks per process as threads of it (an interleaved pipeline's chunks:
+//! 4 ranks along `pp` on 2 processes, and a `pp` × `dp` mesh of 8 on 4), whose `pp` groups
+//! have several members in one process. Each MPI rank runs the same collectives on both
+//! backends — the threads one in-process, all ranks as threads — and requires the same bits. Last, a rank that hangs before a collective, and one that hangs
 //! before the message its peer waits for: the other says so after its timeout and aborts the
 //! job, well before the hung rank would have arrived.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use mslc_exec::collectives::mpi::{MpiRank, MpiWorld};
+use mslc_exec::collectives::mpi::MpiWorld;
 use mslc_exec::collectives::threads::world;
-use mslc_exec::collectives::{Collectives, Mesh};
+use mslc_exec::collectives::{Collectives, Mesh, DEFAULT_TIMEOUT};
 
 /// Set in the processes mpiexec starts: the world size they expect.
 const CHILD: &str = "MSLC_MPI_TEST_RANKS";
@@ -22,10 +24,23 @@ const HUNG_FOR: Duration = Duration::from_secs(60);
 /// Seconds one mpiexec run may take before it is killed and the test fails.
 const LIMIT: Duration = Duration::from_secs(120);
 
-fn mesh(ranks: usize) -> Mesh {
-    match ranks {
-        4 => Mesh::new(vec![("dp".into(), 2), ("mp".into(), 2)]).unwrap(),
-        n => Mesh::line("dp", n).unwrap(),
+/// The meshes the children run, by the name [`CHILD`] gives, with the process of each rank:
+/// `2` and `4` one rank per process; `2x2` and `4x2` two per process, the `pp` ranks `k`
+/// and `k + 2` on one (as an interleaved pipeline of 2 devices places its 4 chunks).
+fn layout(name: &str) -> (Mesh, Vec<usize>) {
+    let axes = |axes: &[(&str, usize)]| {
+        Mesh::new(axes.iter().map(|&(a, n)| (a.to_string(), n)).collect()).unwrap()
+    };
+    match name {
+        "2" => (Mesh::line("dp", 2).unwrap(), vec![0, 1]),
+        "4" => (axes(&[("dp", 2), ("mp", 2)]), (0..4).collect()),
+        "2x2" => (Mesh::line("pp", 4).unwrap(), vec![0, 1, 0, 1]),
+        "4x2" => {
+            // Rank (k, replica) = 2k + replica on device (k mod 2, replica).
+            let devices = (0..8).map(|r| (r / 2 % 2) * 2 + r % 2).collect();
+            (axes(&[("pp", 4), ("dp", 2)]), devices)
+        }
+        other => panic!("no mesh `{other}`"),
     }
 }
 
@@ -76,9 +91,9 @@ fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
     Ok(results)
 }
 
-/// The threads backend's results for `rank`.
-fn threads_results(ranks: usize, rank: usize) -> Vec<Vec<f32>> {
-    let handles: Vec<_> = world(mesh(ranks))
+/// The threads backend's results for `rank` of `mesh`.
+fn threads_results(mesh: Mesh, rank: usize) -> Vec<Vec<f32>> {
+    let handles: Vec<_> = world(mesh)
         .into_iter()
         .map(|mut r| std::thread::spawn(move || scenario(&mut r).unwrap()))
         .collect();
@@ -90,9 +105,11 @@ fn threads_results(ranks: usize, rank: usize) -> Vec<Vec<f32>> {
 /// all-reduce, or the send rank 0 receives), rank 0 waits 1 s for it, then says so and aborts
 /// the job.
 fn hung_child(what: &str) -> ExitCode {
-    let me = MpiWorld::init().and_then(|w| w.into_rank(mesh(2), Duration::from_secs(1)));
-    let mut me = match me {
-        Ok(me) => me,
+    let (mesh, processes) = layout("2");
+    let me = MpiWorld::init().and_then(|w| w.into_ranks(mesh, &processes, Duration::from_secs(1)));
+    let mut me = match me.map(|mut ranks| ranks.pop()) {
+        Ok(Some(me)) => me,
+        Ok(None) => return ExitCode::from(3),
         Err(e) => {
             eprintln!("{}", e.message);
             return ExitCode::from(3);
@@ -114,36 +131,53 @@ fn hung_child(what: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// One MPI rank: both backends, the same bits.
-fn child(ranks: usize) -> ExitCode {
-    let mut me = match MpiRank::init(mesh(ranks)) {
-        Ok(me) => me,
+/// One MPI process, running its ranks of mesh `name` ([`layout`]) as threads: both backends,
+/// the same bits.
+fn child(name: &str) -> ExitCode {
+    let (mesh, processes) = layout(name);
+    let ranks =
+        MpiWorld::init().and_then(|w| w.into_ranks(mesh.clone(), &processes, DEFAULT_TIMEOUT));
+    let ranks = match ranks {
+        Ok(ranks) => ranks,
         Err(e) => {
             eprintln!("{}", e.message);
             return ExitCode::from(3);
         }
     };
-    let rank = me.rank();
-    let got = match scenario(&mut me) {
-        Ok(got) => got,
-        Err(e) => {
-            eprintln!("rank {rank}: {e}");
-            return ExitCode::FAILURE;
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .map(|mut me| std::thread::spawn(move || (me.rank(), scenario(&mut me))))
+        .collect();
+    let mut failed = false;
+    for handle in handles {
+        let (rank, got) = handle.join().unwrap();
+        let got = match got {
+            Ok(got) => got,
+            Err(e) => {
+                eprintln!("rank {rank}: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let want = threads_results(mesh.clone(), rank);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same =
+                g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same {
+                eprintln!("rank {rank}: result {i} differs: MPI {g:?}, threads {w:?}");
+                failed = true;
+            }
         }
-    };
-    let want = threads_results(ranks, rank);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let same = g.len() == w.len() && g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-        if !same {
-            eprintln!("rank {rank}: result {i} differs: MPI {g:?}, threads {w:?}");
-            return ExitCode::FAILURE;
-        }
+        println!(
+            "rank {rank} of {}: {} results match the threads backend",
+            mesh.size(),
+            got.len()
+        );
     }
-    println!(
-        "rank {rank} of {ranks}: {} results match the threads backend",
-        got.len()
-    );
-    ExitCode::SUCCESS
+    match failed {
+        true => ExitCode::FAILURE,
+        false => ExitCode::SUCCESS,
+    }
 }
 
 /// Runs `cmd` to completion within [`LIMIT`]: (success, stdout + stderr).
@@ -173,19 +207,23 @@ fn main() -> ExitCode {
     if let Ok(what) = std::env::var(HANG) {
         return hung_child(&what);
     }
-    if let Ok(ranks) = std::env::var(CHILD) {
-        return child(ranks.parse().expect("a rank count"));
+    if let Ok(name) = std::env::var(CHILD) {
+        return child(&name);
     }
     let exe = std::env::current_exe().unwrap();
-    for ranks in [2, 4] {
+    for name in ["2", "4", "2x2", "4x2"] {
+        let (mesh, processes) = layout(name);
+        let n = processes.iter().max().unwrap() + 1;
         let mut cmd = Command::new("mpiexec");
-        cmd.args(["-n", &ranks.to_string()])
-            .arg(&exe)
-            .env(CHILD, ranks.to_string());
+        cmd.args(["-n", &n.to_string()]).arg(&exe).env(CHILD, name);
         let (ok, out) = run_limited(cmd);
-        assert!(ok, "mpiexec -n {ranks} failed:\n{out}");
-        assert_eq!(out.matches("results match").count(), ranks, "{out}");
-        println!("mpiexec -n {ranks}: every rank matches the threads backend");
+        assert!(ok, "mpiexec -n {n} ({name}) failed:\n{out}");
+        assert_eq!(out.matches("results match").count(), mesh.size(), "{out}");
+        println!(
+            "mpiexec -n {n}: every one of {} ranks ({} per process) matches the threads backend",
+            mesh.size(),
+            mesh.size() / n
+        );
     }
     let mut alone = Command::new(&exe);
     alone.env(CHILD, "4");

@@ -1,5 +1,10 @@
-//! The MPI backend (cargo feature `mpi`): one rank per process, started by `mpiexec` (or a
-//! hostfile across nodes), over one sub-communicator per mesh axis split from the world.
+//! The MPI backend (cargo feature `mpi`): the ranks of a mesh over the processes `mpiexec`
+//! (or a hostfile across nodes) started, one rank per process — or, under an interleaved
+//! pipeline, each process's chunk-ranks as threads of it (MPI initialised for threads).
+//! A group whose members are one per process talks over a sub-communicator split from the
+//! world; a group with several members in one process (the chunk-ranks along the pipeline
+//! axis) over point-to-point messages, tagged by which of each process's ranks sends and
+//! receives.
 //!
 //! Sums are taken the way the threads backend takes them — each member owns one block, adds
 //! the group's contributions to it in member order, and the blocks are gathered — so both
@@ -14,30 +19,62 @@
 //! activations on while the next stage sends gradients back, so two blocking sends of
 //! messages above MPI's eager limit would wait for each other forever.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mpi::environment::Universe;
+use mpi::environment::{Threading, Universe};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
+use mpi::Tag;
 
-use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
+use super::{block_len, check_len, collective_error, Collectives, Mesh};
 use crate::error::ExecResult;
 
-/// This process's rank of an MPI world laid out as a mesh.
+/// One rank of a mesh over MPI.
 pub struct MpiRank {
     world: SimpleCommunicator,
-    /// One communicator per mesh axis: this rank's group along it, ranked by coordinate.
-    axes: Vec<SimpleCommunicator>,
+    /// Per mesh axis, how this rank reaches its group along it.
+    axes: Vec<Route>,
     mesh: Mesh,
     rank: usize,
+    /// Which process runs each rank of the mesh.
+    placement: Arc<Placement>,
     /// How long this rank waits for the others of a group to reach a collective.
     timeout: Duration,
     /// Sends whose receiver has not taken the message yet.
     in_flight: Vec<InFlight>,
-    /// Dropping it finalises MPI, so it is the last field (fields drop in order): the axis
-    /// communicators are freed before.
-    _universe: Universe,
+    /// Dropping the last one finalises MPI, so it is the last field (fields drop in order):
+    /// the axis communicators are freed before.
+    _universe: Arc<Universe>,
+}
+
+/// How a rank reaches its group along one mesh axis.
+enum Route {
+    /// A communicator of the group, one member per process, ranked by coordinate.
+    Comm(SimpleCommunicator),
+    /// A group with several members in one process (an interleaved pipeline's chunk-ranks
+    /// along the pipeline axis): its ranks in group order, reached by tagged messages.
+    Peers(Vec<usize>),
+}
+
+/// Where the ranks of a mesh run: each one's process, and its place among that process's
+/// ranks (what tags a message between two ranks, whichever processes they share).
+struct Placement {
+    process: Vec<usize>,
+    local: Vec<usize>,
+    /// The most ranks one process runs.
+    per_process: usize,
+}
+
+impl Placement {
+    /// The tag of a message from rank `from` to rank `to` on `channel` (0: `send`/`recv`;
+    /// `1 + axis`: a collective over that axis's peers), unique per pair of the two
+    /// processes' ranks, so the messages of two pairs never match each other's receives.
+    fn tag(&self, channel: usize, from: usize, to: usize) -> Tag {
+        let n = self.per_process;
+        ((channel * n + self.local[from]) * n + self.local[to]) as Tag
+    }
 }
 
 /// A send in flight: its request, over the copy of the data it owns.
@@ -49,8 +86,9 @@ struct InFlight {
     to: usize,
 }
 
-// SAFETY: the request is a handle MPI lets any thread complete (this rank uses one thread at a
-// time: `Collectives` methods take `&mut self`), and the data it reads is owned by the entry.
+// SAFETY: the request is a handle MPI lets any thread complete (a rank is used by one thread
+// at a time: `Collectives` methods take `&mut self`, and MPI is initialised for threads), and
+// the data it reads is owned by the entry.
 unsafe impl Send for InFlight {}
 
 /// An initialised MPI world not yet laid out as a mesh: what a launcher started, so a caller
@@ -58,15 +96,21 @@ unsafe impl Send for InFlight {}
 pub struct MpiWorld {
     world: SimpleCommunicator,
     universe: Universe,
+    /// The thread support MPI gave (several ranks in one process need `Multiple`).
+    threading: Threading,
 }
 
 impl MpiWorld {
-    /// Initialises MPI (once per process).
+    /// Initialises MPI (once per process), asking for full thread support.
     pub fn init() -> ExecResult<MpiWorld> {
-        let universe = mpi::initialize()
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| collective_error("MPI is already initialised in this process"))?;
         let world = universe.world();
-        Ok(MpiWorld { world, universe })
+        Ok(MpiWorld {
+            world,
+            universe,
+            threading,
+        })
     }
 
     /// How many processes the launcher started (1 for a binary started without `mpiexec`, or
@@ -80,51 +124,114 @@ impl MpiWorld {
         self.world.rank() as usize
     }
 
-    /// Lays the world out as `mesh`, whose size must be the world's; a rank waits at most
-    /// `timeout` for the others to reach a collective, then aborts the job.
-    pub fn into_rank(self, mesh: Mesh, timeout: Duration) -> ExecResult<MpiRank> {
-        let MpiWorld { world, universe } = self;
+    /// Lays the world out as `mesh` with rank `r` run by process `processes[r]`, whose
+    /// processes must be the world's: this process's ranks, in rank order. A rank waits at
+    /// most `timeout` for the others to reach a collective, then aborts the job.
+    pub fn into_ranks(
+        self,
+        mesh: Mesh,
+        processes: &[usize],
+        timeout: Duration,
+    ) -> ExecResult<Vec<MpiRank>> {
+        let MpiWorld {
+            world,
+            universe,
+            threading,
+        } = self;
         let size = world.size() as usize;
-        if size != mesh.size() {
+        let needed = processes.iter().max().map_or(0, |&p| p + 1);
+        if processes.len() != mesh.size() || size != needed {
             return Err(collective_error(format!(
-                "the MPI world has {size} process(es) but the plan has {} devices: start it \
-                 with `mpiexec -n {}` of the MPI mslc was built with (a world of 1 is what a \
-                 binary started without mpiexec, or by another MPI's launcher, sees)",
-                mesh.size(),
-                mesh.size()
+                "the MPI world has {size} process(es) but the plan has {needed} devices: start \
+                 it with `mpiexec -n {needed}` of the MPI mslc was built with (a world of 1 is \
+                 what a binary started without mpiexec, or by another MPI's launcher, sees)"
             )));
         }
-        let rank = world.rank() as usize;
-        let coords = mesh.coords(rank);
-        let mut axes = Vec::with_capacity(coords.len());
-        for (axis, &coord) in coords.iter().enumerate() {
-            let first = mesh.group(rank, axis)[0];
-            let color = Color::with_value(first as i32);
-            let comm = world
-                .split_by_color_with_key(color, coord as i32)
-                .ok_or_else(|| collective_error("MPI could not split the mesh's groups"))?;
-            axes.push(comm);
+        let mut local = vec![0; processes.len()];
+        let mut count = vec![0; size];
+        for (r, &p) in processes.iter().enumerate() {
+            local[r] = count[p];
+            count[p] += 1;
         }
-        Ok(MpiRank {
-            world,
-            axes,
-            mesh,
-            rank,
-            timeout,
-            in_flight: Vec::new(),
-            _universe: universe,
-        })
+        let per_process = count.iter().copied().max().unwrap_or(1);
+        let placement = Arc::new(Placement {
+            process: processes.to_vec(),
+            local,
+            per_process,
+        });
+        let me = world.rank() as usize;
+        let mine: Vec<usize> = (0..mesh.size()).filter(|&r| processes[r] == me).collect();
+        if mine.len() > 1 && threading < Threading::Multiple {
+            return Err(collective_error(format!(
+                "this process runs {} ranks as threads, which needs an MPI that supports \
+                 MPI_THREAD_MULTIPLE; this one gives {threading:?}",
+                mine.len()
+            )));
+        }
+        // Every process splits the world once per axis its groups reach by communicator and
+        // per place among a process's ranks, in the same order, so the calls match.
+        let mut routes: Vec<Vec<Route>> = mine.iter().map(|_| Vec::new()).collect();
+        for axis in 0..mesh.axes().len() {
+            let by_comm = one_per_process(&mesh, &placement, axis);
+            for place in 0..per_process {
+                let at = mine.iter().position(|&r| placement.local[r] == place);
+                if !by_comm {
+                    if let Some(i) = at {
+                        routes[i].push(Route::Peers(mesh.group(mine[i], axis)));
+                    }
+                    continue;
+                }
+                let (color, key) = match at {
+                    Some(i) => {
+                        let r = mine[i];
+                        let first = mesh.group(r, axis)[0];
+                        (Color::with_value(first as i32), mesh.coord(r, axis) as i32)
+                    }
+                    None => (Color::undefined(), 0),
+                };
+                let comm = world.split_by_color_with_key(color, key);
+                if let Some(i) = at {
+                    let comm = comm
+                        .ok_or_else(|| collective_error("MPI could not split the mesh's groups"))?;
+                    routes[i].push(Route::Comm(comm));
+                }
+            }
+        }
+        let universe = Arc::new(universe);
+        Ok(mine
+            .into_iter()
+            .zip(routes)
+            .map(|(rank, axes)| MpiRank {
+                world: universe.world(),
+                axes,
+                mesh: mesh.clone(),
+                rank,
+                placement: Arc::clone(&placement),
+                timeout,
+                in_flight: Vec::new(),
+                _universe: Arc::clone(&universe),
+            })
+            .collect())
     }
 }
 
-impl MpiRank {
-    /// Initialises MPI and lays the world out as `mesh`; the world's size must be the mesh's
-    /// (a binary started without `mpiexec`, or by another MPI's launcher, sees a world of 1).
-    pub fn init(mesh: Mesh) -> ExecResult<MpiRank> {
-        MpiWorld::init()?.into_rank(mesh, DEFAULT_TIMEOUT)
-    }
+/// Whether every group along `axis` has its members in distinct processes, each at the same
+/// place among its process's ranks: then a communicator split from the world carries it.
+fn one_per_process(mesh: &Mesh, placement: &Placement, axis: usize) -> bool {
+    (0..mesh.size()).all(|r| {
+        let group = mesh.group(r, axis);
+        let mut processes: Vec<usize> = group.iter().map(|&m| placement.process[m]).collect();
+        processes.sort_unstable();
+        processes.dedup();
+        processes.len() == group.len()
+            && group
+                .iter()
+                .all(|&m| placement.local[m] == placement.local[r])
+    })
+}
 
-    fn comm(&self, axis: usize) -> ExecResult<&SimpleCommunicator> {
+impl MpiRank {
+    fn route(&self, axis: usize) -> ExecResult<&Route> {
         self.axes.get(axis).ok_or_else(|| {
             collective_error(format!(
                 "no mesh axis {axis} (the mesh has {})",
@@ -133,10 +240,19 @@ impl MpiRank {
         })
     }
 
+    /// How many members the group of `axis` has.
+    fn members(&self, axis: usize) -> ExecResult<usize> {
+        self.route(axis)?;
+        Ok(self.mesh.axes()[axis].1)
+    }
+
     /// Checks that every member of group `axis` passes the same `len`, waiting at most the
     /// timeout for them to arrive; past it, says which collective waited and aborts the job.
-    fn agree(&self, what: &str, axis: usize, len: usize) -> ExecResult<&SimpleCommunicator> {
-        let comm = self.comm(axis)?;
+    /// Over peers, the lengths are checked as the blocks arrive ([`Self::exchange`]).
+    fn agree(&self, what: &str, axis: usize, len: usize) -> ExecResult<()> {
+        let Route::Comm(comm) = self.route(axis)? else {
+            return Ok(());
+        };
         let mut lens = vec![0u64; comm.size() as usize];
         let mine = len as u64;
         mpi::request::scope(|scope| {
@@ -144,7 +260,7 @@ impl MpiRank {
             self.complete(request, || self.group_hung(what, axis));
         });
         match lens.iter().position(|&l| l != mine) {
-            None => Ok(comm),
+            None => Ok(()),
             Some(other) => Err(collective_error(format!(
                 "{what}: member {other} of the group sent {} values, this rank {len}",
                 lens[other]
@@ -152,6 +268,141 @@ impl MpiRank {
         }
     }
 
+    /// Sends block `j` of `send` (`n` equal blocks) to member `j` of group `axis` and puts
+    /// the block member `i` sent at block `i` of `recv`.
+    fn swap_blocks(
+        &mut self,
+        what: &str,
+        axis: usize,
+        send: &[f32],
+        recv: &mut [f32],
+    ) -> ExecResult<()> {
+        let block = block_len(what, send.len(), self.members(axis)?)?;
+        match self.route(axis)? {
+            Route::Comm(comm) => {
+                comm.all_to_all_into(send, recv);
+                Ok(())
+            }
+            Route::Peers(group) => {
+                let group = group.clone();
+                self.exchange(
+                    what,
+                    axis,
+                    &group,
+                    |j| &send[j * block..(j + 1) * block],
+                    recv,
+                )
+            }
+        }
+    }
+
+    /// Puts every member's `send` of group `axis` in group order into `recv`.
+    fn gather(
+        &mut self,
+        what: &str,
+        axis: usize,
+        send: &[f32],
+        recv: &mut [f32],
+    ) -> ExecResult<()> {
+        match self.route(axis)? {
+            Route::Comm(comm) => {
+                comm.all_gather_into(send, recv);
+                Ok(())
+            }
+            Route::Peers(group) => {
+                let group = group.clone();
+                self.exchange(what, axis, &group, |_| send, recv)
+            }
+        }
+    }
+
+    /// Over the tagged messages of group `group` (`axis`'s peers): sends `block_for(j)` to
+    /// member `j`, then takes member `i`'s block into block `i` of `recv`, in member order.
+    /// A block of another length is an error after every member's block is taken, so none is
+    /// left to match a later collective's receive.
+    fn exchange<'a>(
+        &mut self,
+        what: &str,
+        axis: usize,
+        group: &[usize],
+        block_for: impl Fn(usize) -> &'a [f32],
+        recv: &mut [f32],
+    ) -> ExecResult<()> {
+        let block = block_len(what, recv.len(), group.len())?;
+        let me = group
+            .iter()
+            .position(|&m| m == self.rank)
+            .ok_or_else(|| collective_error(format!("{what}: this rank is not in its group")))?;
+        for (j, &to) in group.iter().enumerate().filter(|&(j, _)| j != me) {
+            self.post(1 + axis, to, block_for(j));
+        }
+        let mut mismatch = None;
+        for (i, (&from, into)) in group.iter().zip(recv.chunks_exact_mut(block)).enumerate() {
+            if i == me {
+                let own = block_for(me);
+                match own.len() == block {
+                    true => into.copy_from_slice(own),
+                    false => mismatch = mismatch.or(Some((i, own.len()))),
+                }
+                continue;
+            }
+            let hung = || self.group_hung(what, axis);
+            if let Err(sent) = self.take(1 + axis, from, into, hung) {
+                mismatch = mismatch.or(Some((i, sent)));
+            }
+        }
+        match mismatch {
+            None => Ok(()),
+            Some((member, sent)) => Err(collective_error(format!(
+                "{what}: member {member} of the group sent {sent} values, this rank {}",
+                block_for(me).len()
+            ))),
+        }
+    }
+
+    /// Sends `data` to rank `to` on `channel` ([`Placement::tag`]), a copy kept until the
+    /// receiver takes it.
+    fn post(&mut self, channel: usize, to: usize, data: &[f32]) {
+        self.progress();
+        let process = self
+            .world
+            .process_at_rank(self.placement.process[to] as i32);
+        let tag = self.placement.tag(channel, self.rank, to);
+        let data: Box<[f32]> = data.into();
+        // SAFETY: the boxed values do not move while the entry holds the box, and the entry
+        // keeps it until the request completes (`InFlight::request`).
+        let message: &'static [f32] = unsafe { &*(data.as_ref() as *const [f32]) };
+        let request = process.immediate_send_with_tag(StaticScope, message, tag);
+        self.in_flight.push(InFlight {
+            request: Some(request),
+            data,
+            to,
+        });
+    }
+
+    /// Takes the next message rank `from` sent this rank on `channel` into `data`, waiting at
+    /// most the timeout ([`Self::within`], `hung` saying what did not come); a message of
+    /// another length is taken off the queue and its length returned as the error.
+    fn take(
+        &self,
+        channel: usize,
+        from: usize,
+        data: &mut [f32],
+        hung: impl FnOnce() -> String,
+    ) -> Result<(), usize> {
+        let process = self
+            .world
+            .process_at_rank(self.placement.process[from] as i32);
+        let tag = self.placement.tag(channel, from, self.rank);
+        let (message, status) = self.within(hung, || process.immediate_matched_probe_with_tag(tag));
+        let sent = status.count(f32::equivalent_datatype()).max(0) as usize;
+        if sent != data.len() {
+            let _ = (message, status).matched_receive_vec::<f32>();
+            return Err(sent);
+        }
+        message.matched_receive_into(data);
+        Ok(())
+    }
     /// Polls `poll` until it gives a value, spinning briefly (collectives and messages
     /// usually meet within microseconds), then without holding the core; past the timeout,
     /// says what `hung` describes and aborts the MPI job, since an operation in flight cannot
@@ -224,30 +475,35 @@ impl MpiRank {
         )
     }
 
-    /// The MPI rank of point-to-point peer `rank` (`what`: `send to`, `recv from`), which
-    /// must be in the mesh.
-    fn peer(&self, what: &str, rank: usize) -> ExecResult<i32> {
+    /// Checks that `rank` is in the mesh (`what`: `send to`, `recv from`).
+    fn peer(&self, what: &str, rank: usize) -> ExecResult<()> {
         if rank >= self.mesh.size() {
             return Err(collective_error(format!(
                 "{what} rank {rank}: the mesh has {} ranks",
                 self.mesh.size()
             )));
         }
-        Ok(rank as i32)
+        Ok(())
     }
 
-    /// Each member's block `b` of `send` (`n` blocks of `block`) summed over the group in
+    /// Each member's block `b` of `send` (`n` blocks of `block`) summed over group `axis` in
     /// member order, for this member's `b`.
-    fn sum_my_block(comm: &SimpleCommunicator, send: &[f32], block: usize) -> Vec<f32> {
+    fn sum_my_block(
+        &mut self,
+        what: &str,
+        axis: usize,
+        send: &[f32],
+        block: usize,
+    ) -> ExecResult<Vec<f32>> {
         let mut blocks = vec![0.0f32; send.len()];
-        comm.all_to_all_into(send, &mut blocks[..]);
+        self.swap_blocks(what, axis, send, &mut blocks)?;
         let mut sum = vec![0.0f32; block];
         for contribution in blocks.chunks_exact(block.max(1)) {
             for (s, &c) in sum.iter_mut().zip(contribution) {
                 *s += c;
             }
         }
-        sum
+        Ok(sum)
     }
 }
 
@@ -268,72 +524,51 @@ impl Collectives for MpiRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        let comm = self.agree("all_reduce", axis, data.len())?;
-        let n = comm.size() as usize;
+        self.agree("all_reduce", axis, data.len())?;
+        let n = self.members(axis)?;
         let block = data.len().div_ceil(n);
         let mut padded = data.to_vec();
         padded.resize(block * n, 0.0);
-        let mine = Self::sum_my_block(comm, &padded, block);
-        comm.all_gather_into(&mine[..], &mut padded[..]);
+        let mine = self.sum_my_block("all_reduce", axis, &padded, block)?;
+        self.gather("all_reduce", axis, &mine, &mut padded)?;
         data.copy_from_slice(&padded[..data.len()]);
         Ok(())
     }
 
     fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let n = self.comm(axis)?.size() as usize;
+        let n = self.members(axis)?;
         check_len("all_gather", recv.len(), send.len() * n)?;
-        let comm = self.agree("all_gather", axis, send.len())?;
-        comm.all_gather_into(send, recv);
-        Ok(())
+        self.agree("all_gather", axis, send.len())?;
+        self.gather("all_gather", axis, send, recv)
     }
 
     fn reduce_scatter(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let n = self.comm(axis)?.size() as usize;
+        let n = self.members(axis)?;
         check_len("reduce_scatter", send.len(), recv.len() * n)?;
-        let comm = self.agree("reduce_scatter", axis, send.len())?;
-        recv.copy_from_slice(&Self::sum_my_block(comm, send, recv.len()));
+        self.agree("reduce_scatter", axis, send.len())?;
+        let mine = self.sum_my_block("reduce_scatter", axis, send, recv.len())?;
+        recv.copy_from_slice(&mine);
         Ok(())
     }
 
     fn all_to_all(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
-        let n = self.comm(axis)?.size() as usize;
+        let n = self.members(axis)?;
         check_len("all_to_all", recv.len(), send.len())?;
         block_len("all_to_all", send.len(), n)?;
-        let comm = self.agree("all_to_all", axis, send.len())?;
-        comm.all_to_all_into(send, recv);
-        Ok(())
+        self.agree("all_to_all", axis, send.len())?;
+        self.swap_blocks("all_to_all", axis, send, recv)
     }
 
     fn send(&mut self, to: usize, data: &[f32]) -> ExecResult<()> {
-        let peer_rank = self.peer("send to", to)?;
-        self.progress();
-        let peer = self.world.process_at_rank(peer_rank);
-        let data: Box<[f32]> = data.into();
-        // SAFETY: the boxed values do not move while the entry holds the box, and the entry
-        // keeps it until the request completes (`InFlight::request`).
-        let message: &'static [f32] = unsafe { &*(data.as_ref() as *const [f32]) };
-        let request = peer.immediate_send(StaticScope, message);
-        self.in_flight.push(InFlight {
-            request: Some(request),
-            data,
-            to,
-        });
+        self.peer("send to", to)?;
+        self.post(0, to, data);
         Ok(())
     }
 
     fn recv(&mut self, from: usize, data: &mut [f32]) -> ExecResult<()> {
-        let peer = self.world.process_at_rank(self.peer("recv from", from)?);
-        let (message, status) = self.within(
-            || format!("rank {from} did not send the message it was waited for"),
-            || peer.immediate_matched_probe(),
-        );
-        let sent = status.count(f32::equivalent_datatype()).max(0) as usize;
-        if sent != data.len() {
-            // Take the message off the queue before saying it does not fit.
-            let _ = (message, status).matched_receive_vec::<f32>();
-            return check_len(&format!("recv from rank {from}"), sent, data.len());
-        }
-        message.matched_receive_into(data);
-        Ok(())
+        self.peer("recv from", from)?;
+        let hung = || format!("rank {from} did not send the message it was waited for");
+        self.take(0, from, data, hung)
+            .or_else(|sent| check_len(&format!("recv from rank {from}"), sent, data.len()))
     }
 }
