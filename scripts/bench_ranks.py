@@ -11,14 +11,24 @@ All runs train examples/tiny_llama.msl's model (--set layers=LAYERS, f32, AdamW)
 synthetic tokens from the same weights; the script prints per configuration the median ms/step
 after the warm-up steps and tokens/s, then the ratios against one rank on one thread.
 
+For each run on two ranks it also prints the communication of rank 0's last step (its
+`--profile`): the time its collectives took and their share of the step. mslc's executor runs a
+collective as a step of the program, which the next step waits for, so all of it is exposed:
+none overlaps compute.
+
 With `--grad-accum K` every step accumulates K micro-batches of batch / K sequences (a data
 replica's micro-batch is batch / (2K)): the replicas all-reduce their gradient sums once per step.
 
-usage: scripts/bench_ranks.py [--mslc PATH] [--layers 8] [--batch 8] [--seq 64] [--steps 10]
-                              [--warmup 2] [--grad-accum 1] [--no-collectives]
+With `--mpi` the same two-rank runs go again as two processes under `mpiexec -n 2 … --mpi`, and
+the MPI backend's all-reduce bandwidth is measured too; this needs an mslc built with
+`--features mpi` and MPICH's mpiexec.
 
-Needs numpy and a release mslc (`cargo build --release`); the bandwidth part runs
-`cargo bench -p mslc-exec --bench collectives`.
+usage: scripts/bench_ranks.py [--mslc PATH] [--layers 8] [--batch 8] [--seq 64] [--steps 10]
+                              [--warmup 2] [--grad-accum 1] [--no-collectives] [--mpi]
+
+Needs numpy and a release mslc (`cargo build --release`, with `--features mpi` for `--mpi`);
+the bandwidth part runs `cargo bench -p mslc-exec --bench collectives` (and with `--mpi`
+`cargo bench -p mslc-exec --features mpi --bench collectives -- --mpi`).
 """
 import argparse
 import json
@@ -72,10 +82,27 @@ def source(tmp, name, policy, batch, grad_accum):
     return path
 
 
-def train(mslc, src, sets, tokens, out, extra):
-    """Runs `mslc train`; the per-step milliseconds from its metrics."""
+# The ops of a step that exchange data between ranks, as its profile names them.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv")
+
+
+def communication(profile):
+    """(ms in collectives, ms of the whole step) of the step a `--profile` trace recorded."""
+    with open(profile) as f:
+        trace = json.load(f)
+    events = [e for e in trace.get("traceEvents", trace) if e.get("ph") == "X"]
+    if not events:
+        return 0.0, 0.0
+    step = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+    comm = sum(e["dur"] for e in events if e.get("name", "").split(" ")[0] in COLLECTIVES)
+    return comm / 1e3, step / 1e3
+
+
+def train(mslc, src, sets, tokens, out, extra, launcher=()):
+    """Runs `mslc train` (under `launcher`, such as mpiexec); the per-step milliseconds from its
+    metrics."""
     metrics = out + ".jsonl"
-    cmd = [mslc, "train", src, "--data", tokens, "--metrics", metrics, *sets, *extra]
+    cmd = [*launcher, mslc, "train", src, "--data", tokens, "--metrics", metrics, *sets, *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
@@ -83,12 +110,14 @@ def train(mslc, src, sets, tokens, out, extra):
         return [json.loads(line)["ms"] for line in f]
 
 
-def collectives():
-    """The all-reduce and memcpy figures of crates/exec/benches/collectives.rs."""
-    done = subprocess.run(
-        ["cargo", "bench", "-q", "-p", "mslc-exec", "--bench", "collectives"],
-        cwd=ROOT, capture_output=True, text=True,
-    )
+def collectives(mpi=False):
+    """The all-reduce and memcpy figures of crates/exec/benches/collectives.rs (of the MPI
+    backend with `mpi`)."""
+    cmd = ["cargo", "bench", "-q", "-p", "mslc-exec", "--bench", "collectives"]
+    if mpi:
+        cmd[5:5] = ["--features", "mpi"]
+        cmd += ["--", "--mpi"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"the collectives benchmark failed:\n{done.stdout}{done.stderr}")
     line = next(l for l in done.stdout.splitlines() if l.startswith("JSON "))
@@ -105,6 +134,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-collectives", action="store_true")
+    p.add_argument("--mpi", action="store_true")
     a = p.parse_args()
     if not os.path.exists(a.mslc):
         sys.exit(f"{a.mslc} not found: build it with `cargo build --release` or pass --mslc")
@@ -123,31 +153,49 @@ def main():
         weights = ["--weights", os.path.join(tmp, "init", "step-1", "model.safetensors")]
         steps = ["--steps", str(a.steps + a.warmup)]
         runs = [
-            ("1 rank x 1 thread", data_src, ["--threads", "1"]),
-            ("1 rank x 2 threads", data_src, ["--threads", "2"]),
-            ("2 ranks data parallel x 1 thread", data_src, ["--ranks", "2", "--threads", "1"]),
-            ("2 ranks tensor parallel x 1 thread", tensor_src, ["--ranks", "2", "--threads", "1"]),
+            ("1 rank x 1 thread", data_src, ["--threads", "1"], ()),
+            ("1 rank x 2 threads", data_src, ["--threads", "2"], ()),
+            ("2 ranks data parallel x 1 thread", data_src, ["--ranks", "2", "--threads", "1"], ()),
+            ("2 ranks tensor parallel x 1 thread", tensor_src, ["--ranks", "2", "--threads", "1"], ()),
         ]
+        if a.mpi:
+            mpiexec = ("mpiexec", "-n", "2")
+            runs += [
+                ("2 processes data parallel (MPI)", data_src, ["--mpi", "--threads", "1"], mpiexec),
+                ("2 processes tensor parallel (MPI)", tensor_src, ["--mpi", "--threads", "1"], mpiexec),
+            ]
         tokens_per_step = a.batch * a.seq
         print(f"tiny_llama {a.layers} layers, batch {a.batch} x S {a.seq} = {tokens_per_step} "
               f"tokens per step in {a.grad_accum} micro-batch(es), f32, {a.steps} steps after {a.warmup} warm-up, {os.cpu_count()} cores")
         rates = {}
-        for i, (name, src, extra) in enumerate(runs):
-            ms = train(a.mslc, src, sets, tokens, os.path.join(tmp, f"run{i}"),
-                       [*weights, *steps, *extra])[a.warmup:]
+        exchanged = {}
+        for i, (name, src, extra, launcher) in enumerate(runs):
+            out = os.path.join(tmp, f"run{i}")
+            profile = [] if "1 rank" in name else ["--profile", out + ".trace.json"]
+            ms = train(a.mslc, src, sets, tokens, out,
+                       [*weights, *steps, *extra, *profile], launcher)[a.warmup:]
             median = statistics.median(ms)
             rates[name] = tokens_per_step / (median / 1e3)
             print(f"  {name:36} {median:9.1f} ms/step  {rates[name]:9.0f} tokens/s")
+            if profile:
+                exchanged[name] = communication(profile[1])
         base = rates[runs[0][0]]
-        for name, _, _ in runs[1:]:
+        for name, *_ in runs[1:]:
             print(f"  {name} / 1 rank x 1 thread: {rates[name] / base:.2f}x")
+        print("communication in rank 0's last step (its profile), all exposed: the executor's "
+              "collectives block the step, none overlaps compute")
+        for name, (comm, step) in exchanged.items():
+            share = comm / step if step else 0.0
+            print(f"  {name:36} {comm:7.1f} ms of {step:7.1f} ms ({100 * share:4.1f} %), "
+                  f"overlapped 0.0 ms")
     if not a.no_collectives:
-        c = collectives()
-        print(f"all-reduce over {c['ranks']} ranks (threads backend) against memcpy:")
-        for s in c["sizes"]:
-            print(f"  {s['mib']:3} MiB: {s['algo_gbps']:6.2f} GB/s algorithm, "
-                  f"{s['bus_gbps']:6.2f} GB/s bus, memcpy {s['memcpy_gbps']:6.2f} GB/s, "
-                  f"ratio {s['algo_gbps'] / s['memcpy_gbps']:.3f}")
+        for mpi in [False, True] if a.mpi else [False]:
+            c = collectives(mpi)
+            print(f"all-reduce over {c['ranks']} ranks ({c['backend']}) against memcpy:")
+            for s in c["sizes"]:
+                print(f"  {s['mib']:3} MiB: {s['algo_gbps']:6.2f} GB/s algorithm, "
+                      f"{s['bus_gbps']:6.2f} GB/s bus, memcpy {s['memcpy_gbps']:6.2f} GB/s, "
+                      f"ratio {s['algo_gbps'] / s['memcpy_gbps']:.3f}")
 
 
 if __name__ == "__main__":

@@ -58,8 +58,11 @@ fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
     let mut results = Vec::new();
     for axis in 0..n_axes {
         let n = c.mesh().axes()[axis].1;
+        // 7 values pad to whole blocks; 8 split evenly over 2 and 4 members.
         let mut reduced = values(rank, 7);
         c.all_reduce(axis, &mut reduced).map_err(|e| e.message)?;
+        let mut even = values(rank, 8);
+        c.all_reduce(axis, &mut even).map_err(|e| e.message)?;
         let mut gathered = vec![0.0; 3 * n];
         c.all_gather(axis, &values(rank, 3), &mut gathered)
             .map_err(|e| e.message)?;
@@ -69,7 +72,7 @@ fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
         let mut swapped = vec![0.0; 2 * n];
         c.all_to_all(axis, &values(rank, 2 * n), &mut swapped)
             .map_err(|e| e.message)?;
-        results.extend([reduced, gathered, scattered, swapped]);
+        results.extend([reduced, even, gathered, scattered, swapped]);
     }
     let mut got = vec![0.0; 5];
     // Even ranks send first, odd ones receive first, so blocking sends cannot deadlock.
