@@ -754,6 +754,12 @@ impl Executor {
                     continue;
                 }
                 let before = workers.as_ref().map(|_| busy_now());
+                // The operands the step writes over, kept as they were for its report.
+                let overwritten_operands = match *check_numerics {
+                    // SAFETY: between steps no mutable view of the arena exists.
+                    true => unsafe { mem.operands_written_over(step) },
+                    false => Vec::new(),
+                };
                 let start = Instant::now();
                 // SAFETY: `new` validated that every arena value lies inside the arena and that
                 // a step's output overlaps none of its inputs except input 0 exactly, which the
@@ -775,7 +781,12 @@ impl Executor {
                 })?;
                 if *check_numerics {
                     // SAFETY: the step is done; no mutable view of the arena exists.
-                    if let Some(fault) = unsafe { mem.fault(s, plan, step, module, out_stage) } {
+                    let operands = CheckedOperands {
+                        step,
+                        saved: &overwritten_operands,
+                    };
+                    if let Some(fault) = unsafe { mem.fault(s, plan, operands, module, out_stage) }
+                    {
                         return Err(ExecError::numerics(fault));
                     }
                 }
@@ -1047,6 +1058,28 @@ fn origin_suffix(origin: &str) -> String {
     }
 }
 
+/// A step's operands as `--check-numerics` reports them: those it wrote over as they were
+/// before it ran ([`Memory::operands_written_over`]), the others where they are.
+#[derive(Clone, Copy)]
+struct CheckedOperands<'s> {
+    step: &'s Step,
+    /// Copies of the operands the step wrote over, by value.
+    saved: &'s [(u32, Vec<u8>)],
+}
+
+impl<'s> CheckedOperands<'s> {
+    /// The bytes of operand `v`: its copy when the step wrote over it, else `stored()`.
+    fn bytes<'b>(&self, v: u32, stored: impl FnOnce() -> &'b [u8]) -> &'b [u8]
+    where
+        's: 'b,
+    {
+        match self.saved.iter().find(|(saved, _)| *saved == v) {
+            Some((_, bytes)) => bytes,
+            None => stored(),
+        }
+    }
+}
+
 /// Where the run loop reads and writes values.
 struct Memory<'a> {
     slots: &'a [Slot],
@@ -1093,10 +1126,38 @@ impl<'a> Memory<'a> {
         }
     }
 
+    /// Copies of the operands of `step` whose bytes its outputs share (an update or a fused
+    /// program written over what it reads), taken before it runs: what `--check-numerics`
+    /// reports as the step's operands.
+    ///
+    /// # Safety
+    /// No arena value may be mutably borrowed.
+    unsafe fn operands_written_over(&self, step: &Step) -> Vec<(u32, Vec<u8>)> {
+        let outputs: Vec<std::ops::Range<*const u8>> = step
+            .outputs
+            .iter()
+            // SAFETY: the caller rules out a live `&mut`; only the addresses are read.
+            .map(|&o| unsafe { self.bytes(o) }.as_ptr_range())
+            .collect();
+        step.inputs
+            .iter()
+            .filter_map(|&v| {
+                // SAFETY: as above.
+                let bytes = unsafe { self.bytes(v) };
+                let range = bytes.as_ptr_range();
+                let shared = outputs
+                    .iter()
+                    .any(|o| o.start < range.end && range.start < o.end);
+                shared.then(|| (v, bytes.to_vec()))
+            })
+            .collect()
+    }
+
     /// What `check_numerics` reports for step `s` if its result holds a NaN or an infinity:
-    /// the operands' ranges and, for a result stored in f16/bf16, the kernel's f32 result
-    /// (still in `out_stage`) before rounding — or, for a fused program that rounds to f16/bf16
-    /// on the way, the program's result without those roundings.
+    /// the operands' ranges (as they were before the step, for those it wrote over) and, for a
+    /// result stored in f16/bf16, the kernel's f32 result (still in `out_stage`) before
+    /// rounding — or, for a fused program that rounds to f16/bf16 on the way, the program's
+    /// result without those roundings.
     ///
     /// # Safety
     /// No arena value may be mutably borrowed (the step has finished).
@@ -1104,10 +1165,11 @@ impl<'a> Memory<'a> {
         &self,
         s: usize,
         plan: &StepPlan,
-        step: &Step,
+        operands: CheckedOperands,
         module: &Module,
         out_stage: &mut AlignedBuf,
     ) -> Option<NumericsFault> {
+        let step = operands.step;
         // SAFETY (all `bytes` calls): the caller rules out a live `&mut`.
         let (out, first_index) = step.outputs.iter().find_map(|&o| {
             let ty = &module.values[o as usize].ty;
@@ -1121,10 +1183,9 @@ impl<'a> Memory<'a> {
             // A program rounds its low-precision steps inside the kernel: evaluate it again
             // without those roundings.
             StepKernel::Fused(program, params) | StepKernel::Binary(_, Some(program), params) => {
-                let intact = plan.prepared.modes.first() != Some(&Mode::InPlace);
-                let wide = program.widened().filter(|_| intact);
                 // SAFETY: as above.
-                wide.and_then(|wide| unsafe { self.widened_result(&wide, params, step) })
+                let wide = program.widened();
+                wide.and_then(|wide| unsafe { self.widened_result(&wide, params, &operands) })
             }
             _ => (low_precision && !plan.prepared.out_direct)
                 .then(|| F32Result::of(out_stage.f32s_mut(self.slots[out as usize].numel))),
@@ -1139,7 +1200,10 @@ impl<'a> Memory<'a> {
             inputs: step
                 .inputs
                 .iter()
-                .map(|&v| OperandRange::of(&module.values[v as usize].ty, unsafe { self.bytes(v) }))
+                .map(|&v| {
+                    let bytes = operands.bytes(v, || unsafe { self.bytes(v) });
+                    OperandRange::of(&module.values[v as usize].ty, bytes)
+                })
                 .collect(),
             in_f32,
         })
@@ -1154,8 +1218,9 @@ impl<'a> Memory<'a> {
         &self,
         program: &Program,
         params: &ElementwiseParams,
-        step: &Step,
+        step_operands: &CheckedOperands,
     ) -> Option<F32Result> {
+        let step = step_operands.step;
         let operands: Vec<Vec<f32>> = step
             .inputs
             .iter()
@@ -1163,7 +1228,8 @@ impl<'a> Memory<'a> {
                 let slot = &self.slots[v as usize];
                 let mut values = vec![0f32; slot.numel];
                 // SAFETY: the caller rules out a live `&mut`.
-                load_f32(slot.dtype, unsafe { self.bytes(v) }, &mut values);
+                let bytes = step_operands.bytes(v, || unsafe { self.bytes(v) });
+                load_f32(slot.dtype, bytes, &mut values);
                 values
             })
             .collect();

@@ -143,3 +143,60 @@ fn check_numerics_judges_a_fused_program_by_its_f32_result() {
         "the f32 result is exp(10) · 10:\n{err}"
     );
 }
+
+/// A fused program that writes its result over its operand (`exp(h) · h`, h's last read, both
+/// f16): the report gives the operand as it was before the step — finite, with the f32 result
+/// finite too — not the overflowed result that replaced it (which read as "an operand already
+/// holds NaN or infinity").
+#[test]
+fn check_numerics_reports_an_operand_the_step_wrote_over_as_it_was() {
+    let dir = TestDir::new("numerics-overwritten");
+    let source = dir.path("alias.msl");
+    std::fs::write(
+        &source,
+        "import std.nn.Linear\n\nmodel Grow {\n    input x: f32[2, 8]\n    let h = proj: Linear(x, 8)\n    let z = exp(h) * h\n    output y = out: Linear(z, 8)\n}\n\nprecision Half {\n    level = O3\n    compute = f16\n}\n",
+    )
+    .unwrap();
+    // The case holds: the program's result is planned over the matmul's (its only operand).
+    let out = dir.path("out");
+    let (code, _, err) = mslc(&["build", s(&source), "-o", s(&out), "--precision", "Half"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, listing, err) = mslc(&["inspect", s(&out.join("Grow.mir"))]);
+    assert_eq!(code, 0, "{err}");
+    let offset = |op: &str| {
+        let line = listing
+            .lines()
+            .find(|l| l.contains(&format!("= {op}(")) && l.contains("f16[2,8] @"))
+            .unwrap_or_else(|| panic!("no {op} in\n{listing}"));
+        line.split(" @")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(offset("matmul"), offset("fused_elementwise"), "{listing}");
+    // |h| up to ~26: exp overflows f16, not f32.
+    let x = filled(&dir, "300.npy", 300.0);
+    let (code, _, err) = mslc(&[
+        "run",
+        s(&source),
+        "--input",
+        &x,
+        "--precision",
+        "Half",
+        "--init-seed",
+        "1",
+        "--check-numerics",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("`fused_elementwise` produced NaN"), "{err}");
+    let help = err.split("help:").nth(1).expect("a help line");
+    assert!(help.contains("operand 0 f16[2,8]: min -"), "{err}");
+    assert!(
+        !help.contains("non-finite") && !help.contains("already holds"),
+        "{err}"
+    );
+    assert!(help.contains("stays finite"), "{err}");
+}
