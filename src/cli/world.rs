@@ -149,8 +149,9 @@ impl World {
 
     /// The ranks of `layout`'s mesh this process runs, in rank order: all of them as threads,
     /// or in an MPI world those of the device this process is (under an interleaved schedule
-    /// its chunk-ranks, as threads of it).
-    pub fn ranks(self, layout: &RankLayout) -> Result<Vec<Rank>, Failure> {
+    /// its chunk-ranks, as threads of it). The world is to outlive them: an MPI world is
+    /// finalised when it is dropped, on this thread, after the ranks.
+    pub fn ranks(&self, layout: &RankLayout) -> Result<Vec<Rank>, Failure> {
         let mesh = &layout
             .mesh()
             .map_err(|e| Failure::Message(e.code, e.message))?;
@@ -160,13 +161,13 @@ impl World {
                 .into_iter()
                 .enumerate()
                 .collect(),
-            World::Threads(_, timeout) => ranks::thread_world(mesh.clone(), timeout)
+            World::Threads(_, timeout) => ranks::thread_world(mesh.clone(), *timeout)
                 .into_iter()
                 .enumerate()
                 .collect(),
             #[cfg(feature = "mpi")]
             World::Mpi(w, timeout) => w
-                .into_ranks(mesh.clone(), &layout.rank_devices(), timeout)
+                .ranks(mesh.clone(), &layout.rank_devices(), *timeout)
                 .map_err(|e| Failure::Message(Code::E0973, e.message))?
                 .into_iter()
                 .map(|comm| (comm.rank(), Box::new(comm) as Box<dyn Collectives>))

@@ -150,8 +150,9 @@ fn mpi_child(ranks: usize) {
     let mesh = Mesh::line("dp", ranks).expect("a mesh");
     let processes: Vec<usize> = (0..ranks).collect();
     let timeout = mslc_exec::collectives::DEFAULT_TIMEOUT;
-    let mut me = MpiWorld::init()
-        .and_then(|w| w.into_ranks(mesh, &processes, timeout))
+    let world = MpiWorld::init().unwrap_or_else(|e| panic!("{}", e.message));
+    let mut me = world
+        .ranks(mesh, &processes, timeout)
         .map(|mut ranks| ranks.pop().expect("this process's rank"))
         .unwrap_or_else(|e| panic!("{}", e.message));
     if me.rank() == 0 {

@@ -109,7 +109,14 @@ fn threads_results(mesh: Mesh, rank: usize) -> Vec<Vec<f32>> {
 /// the job.
 fn hung_child(what: &str) -> ExitCode {
     let (mesh, processes) = layout("2");
-    let me = MpiWorld::init().and_then(|w| w.into_ranks(mesh, &processes, Duration::from_secs(1)));
+    let world = match MpiWorld::init() {
+        Ok(world) => world,
+        Err(e) => {
+            eprintln!("{}", e.message);
+            return ExitCode::from(3);
+        }
+    };
+    let me = world.ranks(mesh, &processes, Duration::from_secs(1));
     let mut me = match me.map(|mut ranks| ranks.pop()) {
         Ok(Some(me)) => me,
         Ok(None) => return ExitCode::from(3),
@@ -138,9 +145,15 @@ fn hung_child(what: &str) -> ExitCode {
 /// the same bits.
 fn child(name: &str) -> ExitCode {
     let (mesh, processes) = layout(name);
-    let ranks =
-        MpiWorld::init().and_then(|w| w.into_ranks(mesh.clone(), &processes, DEFAULT_TIMEOUT));
-    let ranks = match ranks {
+    // Dropped last, on this thread, which finalises MPI.
+    let world = match MpiWorld::init() {
+        Ok(world) => world,
+        Err(e) => {
+            eprintln!("{}", e.message);
+            return ExitCode::from(3);
+        }
+    };
+    let ranks = match world.ranks(mesh.clone(), &processes, DEFAULT_TIMEOUT) {
         Ok(ranks) => ranks,
         Err(e) => {
             eprintln!("{}", e.message);

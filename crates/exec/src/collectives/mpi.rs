@@ -46,8 +46,9 @@ pub struct MpiRank {
     in_flight: Vec<InFlight>,
     /// The sums' buffers, kept from one collective to the next.
     scratch: Scratch,
-    /// Dropping the last one finalises MPI, so it is the last field (fields drop in order):
-    /// the axis communicators are freed before.
+    /// MPI stays initialised while a rank or its [`MpiWorld`] holds this (the world is meant
+    /// to be dropped last); it is the last field (fields drop in order), so the axis
+    /// communicators are freed before.
     _universe: Arc<Universe>,
 }
 
@@ -107,11 +108,17 @@ struct InFlight {
 // the data it reads is owned by the entry.
 unsafe impl Send for InFlight {}
 
-/// An initialised MPI world not yet laid out as a mesh: what a launcher started, so a caller
-/// can read the world's size and this process's rank before it knows the plan's mesh.
+/// An initialised MPI world: what a launcher started, so a caller can read the world's size
+/// and this process's rank before it knows the plan's mesh, then lay it out as the mesh
+/// ([`MpiWorld::ranks`]). Drop it after the ranks, on the thread that initialised it: MPI is
+/// finalised when it and every rank are gone, and MPI_Finalize belongs on the thread that
+/// initialised MPI (a process's chunk-ranks are threads of it; finalised on one of those,
+/// MPICH 4.0 over UCX 1.13's TCP transport hung in MPI_Finalize in about half the runs here.
+/// Finalised on the main thread, 4-process runs over TCP still hang there now and then — a
+/// UCX shutdown bug, openucx/ucx#8738 — while shared memory, which one machine uses, does not).
 pub struct MpiWorld {
     world: SimpleCommunicator,
-    universe: Universe,
+    universe: Arc<Universe>,
     /// The thread support MPI gave (several ranks in one process need `Multiple`).
     threading: Threading,
 }
@@ -124,7 +131,7 @@ impl MpiWorld {
         let world = universe.world();
         Ok(MpiWorld {
             world,
-            universe,
+            universe: Arc::new(universe),
             threading,
         })
     }
@@ -143,8 +150,8 @@ impl MpiWorld {
     /// Lays the world out as `mesh` with rank `r` run by process `processes[r]`, whose
     /// processes must be the world's: this process's ranks, in rank order. A rank waits at
     /// most `timeout` for the others to reach a collective, then aborts the job.
-    pub fn into_ranks(
-        self,
+    pub fn ranks(
+        &self,
         mesh: Mesh,
         processes: &[usize],
         timeout: Duration,
@@ -154,6 +161,7 @@ impl MpiWorld {
             universe,
             threading,
         } = self;
+        let threading = *threading;
         let size = world.size() as usize;
         let needed = processes.iter().max().map_or(0, |&p| p + 1);
         if processes.len() != mesh.size() || size != needed {
@@ -213,7 +221,6 @@ impl MpiWorld {
                 }
             }
         }
-        let universe = Arc::new(universe);
         Ok(mine
             .into_iter()
             .zip(routes)
@@ -226,7 +233,7 @@ impl MpiWorld {
                 timeout,
                 in_flight: Vec::new(),
                 scratch: Scratch::default(),
-                _universe: Arc::clone(&universe),
+                _universe: Arc::clone(universe),
             })
             .collect())
     }
