@@ -66,6 +66,15 @@ struct Scratch {
     padded: Vec<f32>,
 }
 
+/// What a member sends each member of its group in [`MpiRank::share`].
+#[derive(Clone, Copy)]
+enum Share {
+    /// Its block `j` to member `j` (an all-to-all).
+    Blocks,
+    /// All of it to every member (an all-gather).
+    Whole,
+}
+
 /// How a rank reaches its group along one mesh axis.
 enum Route {
     /// A communicator of the group, one member per process, ranked by coordinate.
@@ -292,52 +301,33 @@ impl MpiRank {
         }
     }
 
-    /// Sends block `j` of `send` (`n` equal blocks) to member `j` of group `axis` and puts
-    /// the block member `i` sent at block `i` of `recv`.
-    fn swap_blocks(
+    /// Sends member `j` of group `axis` block `j` of `send` (`n` equal blocks: an all-to-all)
+    /// or all of it (an all-gather), as `share` says, and puts what member `i` sent at block
+    /// `i` of `recv`.
+    fn share(
         &mut self,
         what: &str,
         axis: usize,
-        send: &[f32],
-        recv: &mut [f32],
+        share: Share,
+        (send, recv): (&[f32], &mut [f32]),
     ) -> ExecResult<()> {
-        let block = block_len(what, send.len(), self.members(axis)?)?;
-        match self.route(axis)? {
-            Route::Comm(comm) => {
-                comm.all_to_all_into(send, recv);
-                Ok(())
-            }
-            Route::Peers(group) => {
+        let block = match share {
+            Share::Blocks => block_len(what, send.len(), self.members(axis)?)?,
+            Share::Whole => send.len(),
+        };
+        match (self.route(axis)?, share) {
+            (Route::Comm(comm), Share::Blocks) => comm.all_to_all_into(send, recv),
+            (Route::Comm(comm), Share::Whole) => comm.all_gather_into(send, recv),
+            (Route::Peers(group), _) => {
                 let group = group.clone();
-                self.exchange(
-                    what,
-                    axis,
-                    &group,
-                    |j| &send[j * block..(j + 1) * block],
-                    recv,
-                )
+                let block_for = |j: usize| match share {
+                    Share::Blocks => &send[j * block..(j + 1) * block],
+                    Share::Whole => send,
+                };
+                return self.exchange(what, axis, &group, block_for, recv);
             }
         }
-    }
-
-    /// Puts every member's `send` of group `axis` in group order into `recv`.
-    fn gather(
-        &mut self,
-        what: &str,
-        axis: usize,
-        send: &[f32],
-        recv: &mut [f32],
-    ) -> ExecResult<()> {
-        match self.route(axis)? {
-            Route::Comm(comm) => {
-                comm.all_gather_into(send, recv);
-                Ok(())
-            }
-            Route::Peers(group) => {
-                let group = group.clone();
-                self.exchange(what, axis, &group, |_| send, recv)
-            }
-        }
+        Ok(())
     }
 
     /// Over the tagged messages of group `group` (`axis`'s peers): sends `block_for(j)` to
@@ -521,7 +511,7 @@ impl MpiRank {
     ) -> ExecResult<()> {
         let mut blocks = std::mem::take(&mut self.scratch.blocks);
         blocks.resize(send.len(), 0.0);
-        self.swap_blocks(what, axis, send, &mut blocks[..send.len()])?;
+        self.share(what, axis, Share::Blocks, (send, &mut blocks[..send.len()]))?;
         sum.fill(0.0);
         for contribution in blocks[..send.len()].chunks_exact(sum.len().max(1)) {
             for (s, &c) in sum.iter_mut().zip(contribution) {
@@ -557,14 +547,14 @@ impl Collectives for MpiRank {
         mine.resize(block, 0.0);
         if block * n == data.len() {
             self.sum_my_block("all_reduce", axis, data, &mut mine)?;
-            self.gather("all_reduce", axis, &mine, data)?;
+            self.share("all_reduce", axis, Share::Whole, (&mine, data))?;
         } else {
             let mut padded = std::mem::take(&mut self.scratch.padded);
             padded.clear();
             padded.extend_from_slice(data);
             padded.resize(block * n, 0.0);
             self.sum_my_block("all_reduce", axis, &padded, &mut mine)?;
-            self.gather("all_reduce", axis, &mine, &mut padded)?;
+            self.share("all_reduce", axis, Share::Whole, (&mine, &mut padded))?;
             data.copy_from_slice(&padded[..data.len()]);
             self.scratch.padded = padded;
         }
@@ -576,7 +566,7 @@ impl Collectives for MpiRank {
         let n = self.members(axis)?;
         check_len("all_gather", recv.len(), send.len() * n)?;
         self.agree("all_gather", axis, send.len())?;
-        self.gather("all_gather", axis, send, recv)
+        self.share("all_gather", axis, Share::Whole, (send, recv))
     }
 
     fn reduce_scatter(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
@@ -591,7 +581,7 @@ impl Collectives for MpiRank {
         check_len("all_to_all", recv.len(), send.len())?;
         block_len("all_to_all", send.len(), n)?;
         self.agree("all_to_all", axis, send.len())?;
-        self.swap_blocks("all_to_all", axis, send, recv)
+        self.share("all_to_all", axis, Share::Blocks, (send, recv))
     }
 
     fn send(&mut self, to: usize, data: &[f32]) -> ExecResult<()> {
