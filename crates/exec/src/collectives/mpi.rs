@@ -52,10 +52,10 @@ pub struct MpiRank {
     _universe: Arc<Universe>,
 }
 
-/// The buffers a rank's sums work in, kept from one collective to the next: MPI registers the
-/// memory it moves large messages between (UCX's registration cache), and a fresh allocation
-/// per collective — new pages at a new address each time — made a 16 MiB all-reduce take
-/// 35–45 ms instead of 4.
+/// The buffers a rank's sums work in, kept from one collective to the next: with a fresh
+/// allocation per collective (new pages at a new address each time, which UCX then moves large
+/// messages between) a 16 MiB all-reduce over two processes took 35–45 ms here, and 10 ms
+/// with these kept.
 #[derive(Default)]
 struct Scratch {
     /// What every member sent this rank, block by block.
