@@ -349,6 +349,22 @@ fn main() {
     assert_eq!(stderr.matches("E0970").count(), 1, "{stderr}");
     assert!(!dir.join("three.jsonl").exists());
     println!("worlds of 1 and 3 for a plan of 2 devices: E0970");
+
+    // Rank 0 fails on its own (its metrics file cannot be created) while rank 1 waits for it
+    // in a collective: its error is printed and ends the job at once, not after rank 1's
+    // 600 s collective timeout, whose abort (E0973, blaming rank 0 for not arriving) would
+    // hide it.
+    let start = Instant::now();
+    let (code, _, stderr) = train(dir, "no-such-dir/run", &["mpiexec", "-n", "2"], &["--mpi"]);
+    let took = start.elapsed();
+    assert_ne!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("E0600") && stderr.contains("cannot open"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("E0973"), "{stderr}");
+    assert!(took < Duration::from_secs(60), "took {took:?}:\n{stderr}");
+    println!("rank 0's own failure under mpiexec -n 2: reported, the job ended in {took:.1?}");
 }
 
 /// The tensor-parallel policy and train of the tiny LLaMA (tests/it/ranks.rs's too).

@@ -401,7 +401,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
-    world::run_ranks(ranks, reporter, leader, follow)
+    world::run_ranks(&world, ranks, reporter, leader, follow)
 }
 
 /// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.

@@ -138,6 +138,24 @@ impl World {
         }
     }
 
+    /// Whether this process is one of several of an MPI job.
+    fn in_mpi_job(&self) -> bool {
+        match self {
+            World::One | World::Threads(..) => false,
+            #[cfg(feature = "mpi")]
+            World::Mpi(w, _) => w.size() > 1,
+        }
+    }
+
+    /// Ends this process's MPI job with `status` (MPI_Abort); nothing in another world.
+    fn end_job(&self, status: u8) {
+        #[cfg(feature = "mpi")]
+        if let World::Mpi(w, _) = self {
+            w.abort(i32::from(status))
+        }
+        let _ = status;
+    }
+
     /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
     pub fn follower(&self) -> bool {
         match self {
@@ -185,9 +203,12 @@ impl World {
 /// that fails drops its collectives, and the others stop at their next collective with E0973
 /// instead of waiting forever), but this process's one rank of an MPI world on this thread
 /// (`None` returned without rank 0). Of several failures the root cause is returned
-/// ([`ranks::root_cause`]); a follower's own failure in an MPI world is printed, naming its
-/// rank, though rank 0 speaks for the rest.
+/// ([`ranks::root_cause`]). In an MPI job a rank's failure is printed at once — a follower's
+/// own naming its rank, though rank 0 speaks for the rest — and ends the job (MPI_Abort):
+/// the other processes would otherwise wait for it in their next collective until their
+/// timeout, whose abort would lose the report.
 pub fn run_ranks<T: Send>(
+    world: &World,
     ranks: Vec<Rank>,
     reporter: &Reporter,
     lead: impl FnOnce(Option<Box<dyn Collectives>>) -> Result<T, Failure>,
@@ -195,15 +216,23 @@ pub fn run_ranks<T: Send>(
 ) -> Result<Option<T>, Failure> {
     let mut ranks = ranks.into_iter().peekable();
     let leader = ranks.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm);
+    let failed = |failure: Failure| {
+        if world.in_mpi_job() {
+            let status = reporter.finish(Err(failure));
+            world.end_job(status);
+            return Failure::Reported;
+        }
+        failure
+    };
     // Ranks of an MPI world other than 0's process: a failure of their own is said, naming
     // the rank.
     let follow_mpi = |rank: usize, comm| {
         follow(rank, comm).map_err(|e| match e {
             Failure::Message(code, m) if code != Code::E0973 => {
                 reporter.mute(false);
-                Failure::Message(code, format!("rank {rank}: {m}"))
+                failed(Failure::Message(code, format!("rank {rank}: {m}")))
             }
-            e => e,
+            e => failed(e),
         })
     };
     let Some(leader) = leader else {
@@ -214,7 +243,12 @@ pub fn run_ranks<T: Send>(
         }
         return run_together(followers, None::<fn() -> Result<T, Failure>>, &follow_mpi);
     };
-    run_together(ranks.collect(), Some(|| lead(leader)), &follow)
+    let follow = |rank, comm| follow(rank, comm).map_err(failed);
+    run_together(
+        ranks.collect(),
+        Some(|| lead(leader).map_err(failed)),
+        &follow,
+    )
 }
 
 /// Runs `lead` (when given) on this thread and each of `followers` on a thread of its own:

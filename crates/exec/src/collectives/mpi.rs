@@ -156,6 +156,12 @@ impl MpiWorld {
         self.world.rank() as usize
     }
 
+    /// Ends every process of the job with `status` (MPI_Abort): for a process whose own
+    /// failure the others would otherwise wait for in their next collective.
+    pub fn abort(&self, status: i32) -> ! {
+        self.world.abort(status)
+    }
+
     /// Lays the world out as `mesh` with rank `r` run by process `processes[r]`, whose
     /// processes must be the world's: this process's ranks, in rank order. A rank waits at
     /// most `timeout` for the others to reach a collective, then aborts the job.
