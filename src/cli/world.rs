@@ -138,22 +138,18 @@ impl World {
         }
     }
 
-    /// Whether this process is one of several of an MPI job.
-    fn in_mpi_job(&self) -> bool {
-        match self {
-            World::One | World::Threads(..) => false,
-            #[cfg(feature = "mpi")]
-            World::Mpi(w, _) => w.size() > 1,
-        }
-    }
-
-    /// Ends this process's MPI job with `status` (MPI_Abort); nothing in another world.
-    fn end_job(&self, status: u8) {
+    /// `failure` given back; but in an MPI job of several processes it is printed at once
+    /// and ends the job with its exit status (MPI_Abort), since the other processes would wait
+    /// for this one in their next collective until their timeout, whose abort loses it.
+    #[cfg_attr(not(feature = "mpi"), allow(unused_variables))]
+    fn end_job_on(&self, failure: Failure, reporter: &Reporter) -> Failure {
         #[cfg(feature = "mpi")]
         if let World::Mpi(w, _) = self {
-            w.abort(i32::from(status))
+            if w.size() > 1 {
+                w.abort(i32::from(reporter.finish(Err(failure))))
+            }
         }
-        let _ = status;
+        failure
     }
 
     /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
@@ -216,14 +212,7 @@ pub fn run_ranks<T: Send>(
 ) -> Result<Option<T>, Failure> {
     let mut ranks = ranks.into_iter().peekable();
     let leader = ranks.next_if(|(rank, _)| *rank == 0).map(|(_, comm)| comm);
-    let failed = |failure: Failure| {
-        if world.in_mpi_job() {
-            let status = reporter.finish(Err(failure));
-            world.end_job(status);
-            return Failure::Reported;
-        }
-        failure
-    };
+    let failed = |failure| world.end_job_on(failure, reporter);
     // Ranks of an MPI world other than 0's process: a failure of their own is said, naming
     // the rank.
     let follow_mpi = |rank: usize, comm| {

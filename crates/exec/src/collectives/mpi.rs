@@ -211,15 +211,14 @@ impl MpiWorld {
         // per place among a process's ranks, in the same order, so the calls match.
         let mut routes: Vec<Vec<Route>> = mine.iter().map(|_| Vec::new()).collect();
         for axis in 0..mesh.axes().len() {
-            let by_comm = one_per_process(&mesh, &placement, axis);
+            if !one_per_process(&mesh, &placement, axis) {
+                for (routes, &r) in routes.iter_mut().zip(&mine) {
+                    routes.push(Route::Peers(mesh.group(r, axis)));
+                }
+                continue;
+            }
             for place in 0..per_process {
                 let at = mine.iter().position(|&r| placement.local[r] == place);
-                if !by_comm {
-                    if let Some(i) = at {
-                        routes[i].push(Route::Peers(mesh.group(mine[i], axis)));
-                    }
-                    continue;
-                }
                 let (color, key) = match at {
                     Some(i) => {
                         let r = mine[i];
