@@ -108,6 +108,14 @@ impl RuntimeNeeds {
                         .into(),
                 ));
             }
+            // p's copy is made into output 0 before the kernel updates it there.
+            if updates_in_place && copies_p && types[0].numel() != out.numel() {
+                return Err(at(format!(
+                    "an update in place copies p ({} values) into its first output ({} values)",
+                    types[0].numel(),
+                    out.numel()
+                )));
+            }
             let out_direct = out.dtype == DType::F32;
             let modes = types
                 .iter()

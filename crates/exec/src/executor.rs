@@ -1368,15 +1368,8 @@ impl<'a> Memory<'a> {
         let out = out.unwrap_or_default();
         let mut in_place = plan.prepared.modes.first() == Some(&Mode::InPlace);
         if plan.prepared.modes.first() == Some(&Mode::CopyIn) {
-            // The kernel updates input 0's copy in the output (validated: of its size, and
-            // not overlapping it).
-            if views[0].data.len() != out.len() {
-                return Err(module_error(format!(
-                    "input 0 ({} values) cannot be copied into the output ({} values)",
-                    views[0].data.len(),
-                    out.len()
-                )));
-            }
+            // The kernel updates input 0's copy in the output (checked when the step was
+            // prepared: of its size, and not overlapping it).
             out.copy_from_slice(views[0].data);
             views[0].data = &[];
             in_place = true;
