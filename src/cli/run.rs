@@ -504,7 +504,8 @@ pub(super) fn load_params(
     if let Some(path) = &args.weights {
         let file = SafetensorsFile::open(path)
             .map_err(|e| unreadable(format!("cannot read weights: {e}")))?;
-        return exec.load_weights(file.tensors()).map_err(|e| {
+        let loaded = exec.load_weights_with(file.tensors(), |t| file.release(t.data));
+        return loaded.map_err(|e| {
             Failure::Message(Code::E0601, format!("{}: {}", path.display(), e.message))
         });
     }

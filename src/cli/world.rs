@@ -298,7 +298,7 @@ pub fn load_stage_shard(
     let here = file.tensors().filter(|t| !elsewhere.contains(t.name));
     let mine = ranks::rank_weights(here, &layout.splits, (part, layout.tp), zero)
         .map_err(|e| Failure::Message(e.code, e.message))?;
-    exec.load_weights(ranks::tensor_refs(&mine))
+    exec.load_weights_with(ranks::tensor_refs(&mine), |t| file.release(t.data))
         .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))
 }
 

@@ -4,6 +4,7 @@
 //! as threads of one process, each with its own executor, talking through the threads backend of
 //! [`mslc_exec::collectives`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use mslc_core::diag::Code;
@@ -602,11 +603,12 @@ pub fn thread_world(mesh: Mesh, timeout: std::time::Duration) -> Vec<Box<dyn Col
         .collect()
 }
 
-/// A weight as a rank loads it: name, shape, dtype, bytes.
-pub type OwnedTensor = (String, Vec<usize>, StDType, Vec<u8>);
+/// A weight as a rank loads it: name, shape, dtype, bytes (borrowed from the file where the
+/// rank loads the tensor whole, so a load makes no copy of what it does not cut).
+pub type RankTensor<'a> = (String, Vec<usize>, StDType, Cow<'a, [u8]>);
 
 /// The weights `list` as the executor loads them.
-pub fn tensor_refs(list: &[OwnedTensor]) -> impl Iterator<Item = TensorRef<'_>> {
+pub fn tensor_refs<'a>(list: &'a [RankTensor<'_>]) -> impl Iterator<Item = TensorRef<'a>> {
     list.iter().map(|(name, shape, dtype, data)| TensorRef {
         name,
         dtype: *dtype,
@@ -622,7 +624,7 @@ pub fn shard_weights<'a>(
     splits: &BTreeMap<String, usize>,
     index: usize,
     n: usize,
-) -> Result<Vec<OwnedTensor>, RanksError> {
+) -> Result<Vec<RankTensor<'a>>, RanksError> {
     tensors
         .into_iter()
         .map(|t| {
@@ -631,7 +633,7 @@ pub fn shard_weights<'a>(
                     t.name.to_string(),
                     t.shape.to_vec(),
                     t.dtype,
-                    t.data.to_vec(),
+                    Cow::Borrowed(t.data),
                 ));
             };
             let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
@@ -643,7 +645,7 @@ pub fn shard_weights<'a>(
                     ),
                 )
             })?;
-            Ok((t.name.to_string(), shape, t.dtype, data))
+            Ok((t.name.to_string(), shape, t.dtype, Cow::Owned(data)))
         })
         .collect()
 }
@@ -651,10 +653,17 @@ pub fn shard_weights<'a>(
 /// The weights `tensors` as data-parallel member `index` holds them under level-3 optimizer
 /// sharding: each trained parameter of `zero` as its f32 slice ([`ZeroShard::slice`]), the
 /// rest whole.
-pub fn zero_slices(tensors: Vec<OwnedTensor>, zero: &ZeroShard, index: usize) -> Vec<OwnedTensor> {
+pub fn zero_slices<'a>(
+    tensors: Vec<RankTensor<'a>>,
+    zero: &ZeroShard,
+    index: usize,
+) -> Vec<RankTensor<'a>> {
     tensors
         .into_iter()
         .map(|(name, shape, dtype, data)| {
+            if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
+                return (name, shape, dtype, data);
+            }
             let values = TensorRef {
                 name: &name,
                 dtype,
@@ -663,12 +672,12 @@ pub fn zero_slices(tensors: Vec<OwnedTensor>, zero: &ZeroShard, index: usize) ->
             }
             .to_f32();
             match values {
-                Ok(values) if zero.shards_params() && zero.shapes.contains_key(&name) => {
+                Ok(values) => {
                     let slice = zero.slice(&values, index);
                     let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    (name, vec![slice.len()], StDType::F32, bytes)
+                    (name, vec![slice.len()], StDType::F32, Cow::Owned(bytes))
                 }
-                _ => (name, shape, dtype, data),
+                Err(_) => (name, shape, dtype, data),
             }
         })
         .collect()
@@ -683,7 +692,7 @@ pub fn rank_weights<'a>(
     splits: &BTreeMap<String, usize>,
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
-) -> Result<Vec<OwnedTensor>, RanksError> {
+) -> Result<Vec<RankTensor<'a>>, RanksError> {
     let shards = shard_weights(tensors, splits, part, tp)?;
     Ok(match zero {
         Some((z, replica)) => zero_slices(shards, z, replica),
@@ -703,7 +712,7 @@ pub fn init_rank_weights(
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
-    let whole: Vec<OwnedTensor> = exec
+    let whole: Vec<RankTensor> = exec
         .module()
         .values
         .iter()
@@ -724,7 +733,7 @@ pub fn init_rank_weights(
             let mut values = vec![0f32; shape.iter().product()];
             mslc_exec::init::fill(init, seed, path, &mut values);
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (path.clone(), shape, StDType::F32, bytes)
+            (path.clone(), shape, StDType::F32, Cow::Owned(bytes))
         })
         .collect();
     let mine = rank_weights(tensor_refs(&whole), splits, (part, tp), zero)?;

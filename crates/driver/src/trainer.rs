@@ -7,6 +7,7 @@
 //! The loop is deterministic: the same data, seed and thread count give the same bytes, so N
 //! steps straight and N/2 + resume N/2 end with byte-identical weights.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,9 +20,9 @@ use mslc_check::policy::{OptimizerKind, Schedule};
 use mslc_core::diag::Code;
 use mslc_core::ops::{Op, TensorType};
 use mslc_exec::collectives::{gather_dim, Collectives};
-use mslc_exec::{ExecError, ExecErrorKind, Executor};
+use mslc_exec::{ExecError, ExecErrorKind, Executor, Stored};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
-use mslc_io::safetensors::{write_safetensors, SafetensorsFile, StDType, TensorRef};
+use mslc_io::safetensors::{write_safetensors_streamed, SafetensorsFile, StDType, TensorSpec};
 
 use crate::loss_scale::ScaleState;
 use crate::numerics::NumericsReport;
@@ -774,16 +775,22 @@ impl Trainer {
     /// ([`crate::train::TrainOptions::expose_grads`]).
     pub fn dump_grads(&mut self, dir: &Path) -> Res<Vec<PathBuf>> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
-        let grads: Vec<(String, Vec<usize>, Vec<u8>)> = self
-            .gathered_grads()?
-            .into_iter()
-            .map(|(n, shape, values)| (n, shape, f32_bytes(&values)))
-            .collect();
+        let grads = match self.gathers_grads() {
+            true => Tensors::Gathered(self.gathered_grads()?),
+            false => Tensors::Local(
+                self.updater(),
+                |n| Stored::Output(n),
+                self.train
+                    .params
+                    .iter()
+                    .map(|p| (p.path.clone(), format!("{GRAD_PREFIX}{}", p.path)))
+                    .collect(),
+            ),
+        };
         fs::create_dir_all(dir)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", dir.display())))?;
         let path = dir.join("grads.safetensors");
-        let tensors: Vec<TensorRef> = grads.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
-        write_safetensors(&path, &tensors).map_err(|e| write_error(e.to_string()))?;
+        grads.write(&path).map_err(write_error)?;
         let loss_path = dir.join("loss.npy");
         let array = NpyArray::from_f32(vec![], &[self.loss as f32])
             .map_err(|e| write_error(e.to_string()))?;
@@ -794,8 +801,30 @@ impl Trainer {
     /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder
     /// beside it, which is renamed into place once complete, so a kill leaves the earlier
     /// checkpoints as they were and no partial `step-K`.
+    /// A rank that gathers holds the whole checkpoint for the moment
+    /// ([`Trainer::checkpoint_tensors`]); any other writes its own values one tensor at a time,
+    /// with no copy of the model.
     pub fn save(&mut self, out: &Path) -> Res<PathBuf> {
-        let (params, states) = self.checkpoint_tensors()?;
+        if self.gathers_checkpoints() {
+            let (params, states) = self.checkpoint_tensors()?;
+            return self.write_checkpoint(
+                out,
+                &Tensors::Gathered(params),
+                &Tensors::Gathered(states),
+            );
+        }
+        let same = |name: &str| (name.to_string(), name.to_string());
+        let params = Tensors::Local(
+            &self.exec,
+            |n| Stored::Param(n),
+            self.exec.param_paths().map(same).collect(),
+        );
+        let states = self.train.params.iter().flat_map(|p| &p.states);
+        let states = Tensors::Local(
+            self.updater(),
+            |n| Stored::Input(n),
+            states.map(|s| same(s)).collect(),
+        );
         self.write_checkpoint(out, &params, &states)
     }
 
@@ -870,7 +899,7 @@ impl Trainer {
     }
 
     /// Writes the checkpoint of `params` and `states` (see [`Trainer::save`]).
-    fn write_checkpoint(&self, out: &Path, params: &[Named], states: &[Named]) -> Res<PathBuf> {
+    fn write_checkpoint(&self, out: &Path, params: &Tensors, states: &Tensors) -> Res<PathBuf> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
         let dir = out.join(format!("step-{}", self.state.step));
         let tmp = out.join(format!(".step-{}.partial", self.state.step));
@@ -882,19 +911,12 @@ impl Trainer {
         }
         fs::create_dir(&tmp)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", tmp.display())))?;
-        let bytes = |list: &[Named]| -> Vec<(String, Vec<usize>, Vec<u8>)> {
-            list.iter()
-                .map(|(n, s, v)| (n.clone(), s.clone(), f32_bytes(v)))
-                .collect()
-        };
-        let params = bytes(params);
-        let tensors: Vec<TensorRef> = params.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
-        write_safetensors(tmp.join("model.safetensors"), &tensors)
-            .map_err(|e| write_error(e.to_string()))?;
-        let states = bytes(states);
-        let tensors: Vec<TensorRef> = states.iter().map(|(n, s, d)| tensor(n, s, d)).collect();
-        write_safetensors(tmp.join("optimizer.safetensors"), &tensors)
-            .map_err(|e| write_error(e.to_string()))?;
+        params
+            .write(&tmp.join("model.safetensors"))
+            .map_err(write_error)?;
+        states
+            .write(&tmp.join("optimizer.safetensors"))
+            .map_err(write_error)?;
         let json =
             serde_json::to_vec_pretty(&self.state).map_err(|e| write_error(e.to_string()))?;
         mslc_io::atomic::write_atomic(&tmp.join("state.json"), |p| fs::write(p, &json))
@@ -945,24 +967,38 @@ impl Trainer {
             .map_err(|e| checkpoint_error(dir, e))?;
         let optim = SafetensorsFile::open(dir.join("optimizer.safetensors"))
             .map_err(|e| checkpoint_error(dir, e))?;
-        let mut states = Vec::new();
-        for p in &self.train.params {
-            for name in &p.states {
-                let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
-                let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-                let (shape, values) = self.state_share(&p.path, t.shape, values, dir)?;
-                let array =
-                    NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
-                states.push((name.clone(), array));
+        // Every optimizer state as this rank holds it, read and cut one at a time: first to
+        // check that it fits, then, once the parameters have loaded, to set it. So a resume
+        // holds one state beside the run, not a copy of them all.
+        let mut states: Vec<(String, String)> = self
+            .train
+            .params
+            .iter()
+            .flat_map(|p| p.states.iter().map(|s| (p.path.clone(), s.clone())))
+            .collect();
+        // In the file's order: the pages read around each state then belong to the next.
+        states.sort_by_key(|(_, name)| optim.tensor(name).map_or(0, |t| t.data.as_ptr() as usize));
+        for (path, name) in &states {
+            let (shape, _) = self.state_of(&optim, path, name, dir)?;
+            match self.updater().shape_of(Stored::Input(name)) {
+                Some(held) if held == shape.as_slice() => {}
+                Some(held) => return Err(checkpoint_error(
+                    dir,
+                    format!(
+                        "optimizer state `{name}` is {shape:?} for this rank, which holds {held:?}"
+                    ),
+                )),
+                None => return Err(run_missing(name)),
             }
         }
+        optim.release_all();
         // A pipeline stage takes its own parameters of the whole checkpoint, each cut to this
         // rank's share as `--weights` are.
-        let here: Vec<String> = self.exec.params_f32().into_iter().map(|p| p.0).collect();
+        let here: Vec<&str> = self.exec.param_paths().collect();
         let staged = self.stage.is_some();
         let mine = model
             .tensors()
-            .filter(|t| !staged || here.iter().any(|h| h == t.name));
+            .filter(|t| !staged || here.contains(&t.name));
         let (splits, share) = self.tensor_share();
         let zero = self.train.zero.as_ref().map(|z| (z, self.replica.0));
         let weights = crate::ranks::rank_weights(mine, &splits, share, zero)
@@ -977,27 +1013,26 @@ impl Trainer {
             ),
             ));
         }
-        let before: Vec<(String, Vec<usize>, Vec<f32>)> = self.exec.params_f32();
+        // Loading checks every weight before it writes any; the states were checked above, so
+        // from here nothing is refused.
         self.exec
-            .load_weights(crate::ranks::tensor_refs(&weights))
+            .load_weights_with(crate::ranks::tensor_refs(&weights), |t| {
+                model.release(t.data)
+            })
             .map_err(|e| checkpoint_error(dir, e.message))?;
-        for (name, array) in &states {
+        model.release_all();
+        for (path, name) in &states {
+            let (shape, values) = self.state_of(&optim, path, name, dir)?;
+            let array = NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
             let holder = match self.stage.as_mut() {
                 Some(stage) => &mut stage.update.0,
                 None => &mut self.exec,
             };
-            if let Err(e) = holder.set_input(name, array) {
-                // Put the parameters back: a refused checkpoint changes nothing.
-                let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = before
-                    .iter()
-                    .map(|(n, s, v)| (n.clone(), s.clone(), f32_bytes(v)))
-                    .collect();
-                let _ = self
-                    .exec
-                    .load_weights(bytes.iter().map(|(n, s, d)| tensor(n, s, d)));
-                return Err(checkpoint_error(dir, e.message));
-            }
+            holder
+                .set_input(name, &array)
+                .map_err(|e| checkpoint_error(dir, e.message))?;
         }
+        optim.release_all();
         self.state = state;
         if self.state.loss_scaling != self.train.loss_scale.to_string() {
             // Another manager (another precision): this one starts from its own initial scale.
@@ -1006,6 +1041,21 @@ impl Trainer {
         }
         self.order = self.epoch_order(self.state.epoch);
         Ok(())
+    }
+
+    /// Optimizer state `name` (of parameter `path`) of checkpoint file `optim`, cut to this
+    /// rank's share ([`Trainer::state_share`]).
+    fn state_of(
+        &self,
+        optim: &SafetensorsFile,
+        path: &str,
+        name: &str,
+        dir: &Path,
+    ) -> Res<(Vec<usize>, Vec<f32>)> {
+        let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
+        let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+        optim.release(t.data);
+        self.state_share(path, t.shape, values, dir)
     }
 
     /// This rank's share of a whole optimizer state of checkpoint `dir` (`shape`, `values`)
@@ -1148,12 +1198,49 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn tensor<'a>(name: &'a str, shape: &'a [usize], data: &'a [u8]) -> TensorRef<'a> {
-    TensorRef {
-        name,
-        dtype: StDType::F32,
-        shape,
-        data,
+/// The f32 tensors of a checkpoint or gradient file, and where each one's bytes come from.
+enum Tensors<'a> {
+    /// Gathered whole on this rank beforehand (a collective): name, shape, values.
+    Gathered(Vec<Named>),
+    /// This rank's own values, read from an executor as the file reaches each, so the file
+    /// costs its largest tensor and not a copy of the model: how a name is read (parameter,
+    /// input or output), and (name in the file, name in the executor).
+    Local(&'a Executor, fn(&str) -> Stored<'_>, Vec<(String, String)>),
+}
+
+impl Tensors<'_> {
+    /// Writes the tensors to `path` as f32, atomically.
+    fn write(&self, path: &Path) -> Result<(), String> {
+        let named: Vec<(&str, &[usize])> = match self {
+            Tensors::Gathered(list) => list
+                .iter()
+                .map(|(n, s, _)| (n.as_str(), s.as_slice()))
+                .collect(),
+            Tensors::Local(exec, stored, names) => names
+                .iter()
+                .map(|(file, name)| {
+                    let shape = exec
+                        .shape_of(stored(name))
+                        .ok_or_else(|| run_missing(name).message)?;
+                    Ok((file.as_str(), shape))
+                })
+                .collect::<Result<_, String>>()?,
+        };
+        let specs: Vec<TensorSpec> = named
+            .iter()
+            .map(|&(name, shape)| TensorSpec {
+                name,
+                dtype: StDType::F32,
+                shape,
+            })
+            .collect();
+        let bytes = |i: usize| match self {
+            Tensors::Gathered(list) => Ok(Cow::Owned(f32_bytes(&list[i].2))),
+            Tensors::Local(exec, stored, names) => exec
+                .f32_le(stored(&names[i].1))
+                .ok_or_else(|| run_missing(&names[i].1).message),
+        };
+        write_safetensors_streamed(path, &specs, &bytes).map_err(|e| e.to_string())
     }
 }
 

@@ -8,6 +8,7 @@
 //! parameters change, read from there by every run. The buffers the plan sizes are allocated
 //! exactly as planned; a difference is an internal error.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -136,6 +137,25 @@ pub struct Executor {
     overwritten: Vec<usize>,
     /// The f32 each of a pool thread's scratch buffers holds: the largest any step asks.
     scratch_floats: usize,
+}
+
+/// A value [`Executor::f32_le`] reads: a parameter (or buffer) by path, an input by name, or
+/// an output of the last run by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored<'a> {
+    /// A parameter or buffer, by path.
+    Param(&'a str),
+    /// An input, by name (a training step's optimizer states are inputs).
+    Input(&'a str),
+    /// An output of the last run, by name.
+    Output(&'a str),
+}
+
+/// The value in `bytes`, stored as `slot` says, as f32.
+fn slot_f32(slot: &Slot, bytes: &[u8]) -> Vec<f32> {
+    let mut values = vec![0f32; slot.numel];
+    load_f32(slot.dtype, bytes, &mut values);
+    values
 }
 
 fn module_error(message: impl Into<String>) -> ExecError {
@@ -485,6 +505,18 @@ impl Executor {
         &mut self,
         tensors: impl IntoIterator<Item = StTensor<'a>>,
     ) -> ExecResult<Vec<(String, &'static str)>> {
+        self.load_weights_with(tensors, |_| {})
+    }
+
+    /// [`Executor::load_weights`], calling `copied` with each tensor once its bytes are in
+    /// their parameter: a file's tensors can then leave resident memory one at a time
+    /// ([`mslc_io::safetensors::SafetensorsFile::release`]), so a load holds one tensor of the
+    /// file beside the parameters, not all of it.
+    pub fn load_weights_with<'a>(
+        &mut self,
+        tensors: impl IntoIterator<Item = StTensor<'a>>,
+        mut copied: impl FnMut(StTensor<'a>),
+    ) -> ExecResult<Vec<(String, &'static str)>> {
         let params: Vec<(&str, &mslc_core::ops::TensorType)> = self
             .module
             .values
@@ -511,6 +543,7 @@ impl Executor {
                 load_f32(dtype, t.data, &mut values);
                 store_f32(ty.dtype, &values, buf.bytes_mut());
             }
+            copied(t);
         }
         self.params_ready = true;
         self.hoisted_ready = false;
@@ -848,9 +881,64 @@ impl Executor {
     /// Output `name` of the last run as f32, with its shape.
     pub fn output_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
         let (slot, bytes) = self.output_slot(name)?;
-        let mut values = vec![0f32; slot.numel];
-        load_f32(slot.dtype, bytes, &mut values);
-        Some((slot.shape.clone(), values))
+        Some((slot.shape.clone(), slot_f32(slot, bytes)))
+    }
+
+    /// The current value of `which` as little-endian f32 bytes: borrowed where it is stored as
+    /// f32, converted otherwise; `None` for an unknown name. What a checkpoint writes tensor by
+    /// tensor, so that saving needs no copy of the model.
+    pub fn f32_le(&self, which: Stored<'_>) -> Option<Cow<'_, [u8]>> {
+        let (slot, bytes) = self.stored_slot(which)?;
+        Some(match slot.dtype {
+            DType::F32 => Cow::Borrowed(bytes),
+            _ => Cow::Owned(
+                slot_f32(slot, bytes)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            ),
+        })
+    }
+
+    /// The shape of `which`; `None` for an unknown name.
+    pub fn shape_of(&self, which: Stored<'_>) -> Option<&[usize]> {
+        self.stored_slot(which)
+            .map(|(slot, _)| slot.shape.as_slice())
+    }
+
+    /// The slot of `which` and its bytes as stored.
+    fn stored_slot(&self, which: Stored<'_>) -> Option<(&Slot, &[u8])> {
+        match which {
+            Stored::Output(name) => self.output_slot(name),
+            Stored::Input(name) => {
+                let (k, v) = self.input_index(name).ok()?;
+                Some((&self.slots[v as usize], self.inputs[k].bytes()))
+            }
+            Stored::Param(path) => {
+                let (slot, i) = self.param_slot(path)?;
+                Some((slot, self.params[i].bytes()))
+            }
+        }
+    }
+
+    /// The slot and parameter buffer of the parameter at `path`.
+    fn param_slot(&self, path: &str) -> Option<(&Slot, usize)> {
+        self.module
+            .values
+            .iter()
+            .zip(&self.slots)
+            .find_map(|(v, slot)| match (&v.storage, slot.place) {
+                (Storage::Param { path: p, .. }, Place::Param(i)) if p == path => Some((slot, i)),
+                _ => None,
+            })
+    }
+
+    /// Every parameter and buffer's path, in module order.
+    pub fn param_paths(&self) -> impl Iterator<Item = &str> {
+        self.module.values.iter().filter_map(|v| match &v.storage {
+            Storage::Param { path, .. } => Some(path.as_str()),
+            _ => None,
+        })
     }
 
     /// Output `name` of the last run as an array in its own dtype (bf16, which `.npy` lacks,
@@ -938,11 +1026,11 @@ impl Executor {
             .iter()
             .zip(&self.slots)
             .filter_map(|(v, slot)| match (&v.storage, slot.place) {
-                (Storage::Param { path, .. }, Place::Param(i)) => {
-                    let mut values = vec![0f32; slot.numel];
-                    load_f32(slot.dtype, self.params[i].bytes(), &mut values);
-                    Some((path.clone(), slot.shape.clone(), values))
-                }
+                (Storage::Param { path, .. }, Place::Param(i)) => Some((
+                    path.clone(),
+                    slot.shape.clone(),
+                    slot_f32(slot, self.params[i].bytes()),
+                )),
                 _ => None,
             })
             .collect()
@@ -952,9 +1040,7 @@ impl Executor {
     pub fn input_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
         let (k, v) = self.input_index(name).ok()?;
         let slot = &self.slots[v as usize];
-        let mut values = vec![0f32; slot.numel];
-        load_f32(slot.dtype, self.inputs[k].bytes(), &mut values);
-        Some((slot.shape.clone(), values))
+        Some((slot.shape.clone(), slot_f32(slot, self.inputs[k].bytes())))
     }
 
     /// Names of the float outputs of the last run holding a NaN or an infinity.

@@ -73,7 +73,8 @@ impl Runner {
                 format!("cannot read weights `{}`: {e}", path.display()),
             )
         })?;
-        self.exec.load_weights(file.tensors())
+        self.exec
+            .load_weights_with(file.tensors(), |t| file.release(t.data))
     }
 
     /// Initialises every parameter from its declared `init`, deterministically from `seed`.

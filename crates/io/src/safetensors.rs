@@ -13,6 +13,7 @@ use super::floats::{self, FloatLayout};
 use ::safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
 use memmap2::Mmap;
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -165,6 +166,10 @@ struct Entry {
     end: usize,
 }
 
+/// How far around a page fault Linux maps a file's pages that are already in memory
+/// (`fault_around_bytes`, 64 KiB unless changed).
+const FAULT_AROUND_BYTES: usize = 64 << 10;
+
 /// An open, memory-mapped `.safetensors` file whose header has been checked.
 #[derive(Debug)]
 pub struct SafetensorsFile {
@@ -213,6 +218,52 @@ impl SafetensorsFile {
             path: Some(path.to_path_buf()),
             kind,
         })
+    }
+
+    /// Drops from this process's resident memory the pages of the file that hold `data`, the
+    /// bytes of one of its tensors (any other slice is left alone): once a tensor has been
+    /// copied to where it is used, its pages need not stay, so a load holds one tensor of the
+    /// file at a time rather than all of it. The bytes stay readable: touched again, they are
+    /// read again from the file.
+    ///
+    /// Reading a page maps its neighbours too (the kernel's fault-around, 64 KiB by default),
+    /// which re-maps the end of the tensor read before; so the pages up to that much before
+    /// `data` are dropped as well.
+    pub fn release(&self, data: &[u8]) {
+        let start = (data.as_ptr() as usize).wrapping_sub(self.map.as_ptr() as usize);
+        if !data.is_empty() && start < self.map.len() && data.len() <= self.map.len() - start {
+            let before = start.min(FAULT_AROUND_BYTES);
+            self.drop_pages(start - before, data.len() + before);
+        }
+    }
+
+    /// Drops every page of the file from this process's resident memory, as
+    /// [`SafetensorsFile::release`] does one tensor's: after a pass over the tensors in another
+    /// order than the file's, what fault-around mapped beyond each.
+    pub fn release_all(&self) {
+        self.drop_pages(0, self.map.len());
+    }
+
+    /// Drops the pages holding bytes `start..start + len` of the file.
+    fn drop_pages(&self, start: usize, len: usize) {
+        #[cfg(unix)]
+        {
+            // SAFETY: `sysconf` only reads a system constant.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+            let first = start - start % page;
+            let end = (start + len).div_ceil(page).saturating_mul(page);
+            let end = end.min(self.map.len());
+            // SAFETY: the map is a read-only, shared mapping of a file: dropping its pages
+            // changes no byte anyone reads (the kernel reads them again from the file), so the
+            // slices borrowed from it stay valid. A failure only leaves the pages resident.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    first,
+                    end - first,
+                )
+            };
+        }
     }
 
     /// The file's path.
@@ -441,45 +492,159 @@ pub fn write_safetensors(
     tensors: &[TensorRef<'_>],
 ) -> Result<(), SafetensorsError> {
     let path = path.as_ref();
+    for t in tensors {
+        let spec = t.spec();
+        if spec.data_len() != Some(t.data.len()) {
+            return Err(SafetensorsError {
+                path: Some(path.to_path_buf()),
+                kind: spec.wrong_size(t.data.len()),
+            });
+        }
+    }
+    let specs: Vec<TensorSpec> = tensors.iter().map(TensorRef::spec).collect();
+    write_safetensors_streamed(path, &specs, &|i| Ok(Cow::Borrowed(tensors[i].data)))
+}
+
+/// A tensor to write whose bytes are asked for only when the writer reaches it
+/// ([`write_safetensors_streamed`]): its name, element type and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorSpec<'a> {
+    /// Name, e.g. `model.layers.0.mlp.up_proj.weight`.
+    pub name: &'a str,
+    /// Element type.
+    pub dtype: StDType,
+    /// Dimensions; empty for a scalar.
+    pub shape: &'a [usize],
+}
+
+impl TensorSpec<'_> {
+    /// Bytes the tensor's type and shape take, unless that overflows.
+    fn data_len(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size(), |n, &d| n.checked_mul(d))
+    }
+
+    /// The error for `found` bytes that do not match the type and shape.
+    fn wrong_size(&self, found: usize) -> SafetensorsErrorKind {
+        SafetensorsErrorKind::DataSize {
+            tensor: self.name.to_string(),
+            dtype: self.dtype,
+            shape: self.shape.to_vec(),
+            found: found as u64,
+        }
+    }
+}
+
+impl<'a> TensorRef<'a> {
+    /// The tensor's name, type and shape.
+    pub fn spec(&self) -> TensorSpec<'a> {
+        TensorSpec {
+            name: self.name,
+            dtype: self.dtype,
+            shape: self.shape,
+        }
+    }
+}
+
+/// Where a tensor's bytes come from as [`write_safetensors_streamed`] reaches it: tensor `i` of
+/// the specs, borrowed or made for the moment, or why they cannot be had.
+pub type TensorBytes<'d> = dyn Fn(usize) -> Result<Cow<'d, [u8]>, String> + 'd;
+
+/// Writes the tensors `specs` to `path` as [`write_safetensors`] does, asking `bytes(i)` for
+/// tensor `i`'s bytes only when the file reaches it and dropping them before the next: the
+/// data is never all in memory at once, so writing a checkpoint costs its largest tensor, not
+/// a copy of the model. Bytes that do not match their spec's type and shape, or a `bytes`
+/// failure, fail the write and leave any earlier file at `path` as it was.
+pub fn write_safetensors_streamed<'d>(
+    path: impl AsRef<Path>,
+    specs: &[TensorSpec<'_>],
+    bytes: &TensorBytes<'d>,
+) -> Result<(), SafetensorsError> {
+    let path = path.as_ref();
     let at_path = |kind| SafetensorsError {
         path: Some(path.to_path_buf()),
         kind,
     };
-    check_for_writing(tensors).map_err(at_path)?;
+    check_names(specs).map_err(at_path)?;
+    let failure = RefCell::new(None);
+    let mut views = Vec::with_capacity(specs.len());
+    for (index, &spec) in specs.iter().enumerate() {
+        let len = spec
+            .data_len()
+            .ok_or_else(|| at_path(spec.wrong_size(usize::MAX)))?;
+        views.push(Streamed {
+            spec,
+            index,
+            len,
+            bytes,
+            failure: &failure,
+        });
+    }
     write_atomic(path, |tmp| {
-        ::safetensors::tensor::serialize_to_file(tensors.iter().map(|t| (t.name, *t)), &None, tmp)
-            .map_err(|e| match e {
-                SafeTensorError::IoError(e) => SafetensorsErrorKind::Io(e),
-                other => SafetensorsErrorKind::CorruptHeader(format!("{other:?}")),
-            })
+        let views = views.iter().map(|v| (v.spec.name, v));
+        ::safetensors::tensor::serialize_to_file(views, &None, tmp).map_err(|e| match e {
+            SafeTensorError::IoError(e) => SafetensorsErrorKind::Io(e),
+            other => SafetensorsErrorKind::CorruptHeader(format!("{other:?}")),
+        })?;
+        match failure.borrow_mut().take() {
+            Some(kind) => Err(kind),
+            None => Ok(()),
+        }
     })
     .map_err(at_path)
 }
 
-/// The checks the `safetensors` crate leaves to its callers: distinct names, none reserved, and
-/// bytes matching type and shape.
-fn check_for_writing(tensors: &[TensorRef<'_>]) -> Result<(), SafetensorsErrorKind> {
-    let mut names: Vec<&str> = tensors.iter().map(|t| t.name).collect();
+/// One tensor of [`write_safetensors_streamed`], as the `safetensors` crate's writer sees it:
+/// its bytes are fetched when the writer asks for them. After a failure (kept in `failure`)
+/// every tensor gives no bytes, and the write is then refused.
+struct Streamed<'s, 'd> {
+    spec: TensorSpec<'s>,
+    index: usize,
+    len: usize,
+    bytes: &'s TensorBytes<'d>,
+    failure: &'s RefCell<Option<SafetensorsErrorKind>>,
+}
+
+impl View for &Streamed<'_, '_> {
+    fn dtype(&self) -> Dtype {
+        self.spec.dtype.to_crate()
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.spec.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        if self.failure.borrow().is_some() {
+            return Cow::Borrowed(&[]);
+        }
+        let failed = match (self.bytes)(self.index) {
+            Ok(bytes) if bytes.len() == self.len => return bytes,
+            Ok(bytes) => self.spec.wrong_size(bytes.len()),
+            Err(why) => SafetensorsErrorKind::Source {
+                tensor: self.spec.name.to_string(),
+                why,
+            },
+        };
+        *self.failure.borrow_mut() = Some(failed);
+        Cow::Borrowed(&[])
+    }
+
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The checks of names the `safetensors` crate leaves to its callers: distinct, none reserved.
+fn check_names(specs: &[TensorSpec<'_>]) -> Result<(), SafetensorsErrorKind> {
+    let mut names: Vec<&str> = specs.iter().map(|t| t.name).collect();
     names.sort_unstable();
     if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
         return Err(SafetensorsErrorKind::DuplicateName(pair[0].to_string()));
     }
-    for t in tensors {
-        if t.name == "__metadata__" {
-            return Err(SafetensorsErrorKind::ReservedName);
-        }
-        let expected = t
-            .shape
-            .iter()
-            .try_fold(t.dtype.size() as u64, |n, &d| n.checked_mul(d as u64));
-        if expected != Some(t.data.len() as u64) {
-            return Err(SafetensorsErrorKind::DataSize {
-                tensor: t.name.to_string(),
-                dtype: t.dtype,
-                shape: t.shape.to_vec(),
-                found: t.data.len() as u64,
-            });
-        }
+    if names.contains(&"__metadata__") {
+        return Err(SafetensorsErrorKind::ReservedName);
     }
     Ok(())
 }
@@ -536,6 +701,13 @@ pub enum SafetensorsErrorKind {
     DuplicateName(String),
     /// A tensor to write is named `__metadata__`, which the format reserves.
     ReservedName,
+    /// The bytes of a tensor being written could not be had; says why.
+    Source {
+        /// The tensor.
+        tensor: String,
+        /// Why.
+        why: String,
+    },
     /// A tensor to write has bytes that do not match its type and shape.
     DataSize {
         /// The tensor.
@@ -609,6 +781,7 @@ impl fmt::Display for SafetensorsError {
             ),
             K::DuplicateName(name) => write!(f, "two tensors are named '{name}'"),
             K::ReservedName => write!(f, "'__metadata__' is reserved and cannot name a tensor"),
+            K::Source { tensor, why } => write!(f, "cannot write tensor '{tensor}': {why}"),
             K::DataSize {
                 tensor,
                 dtype,

@@ -312,6 +312,58 @@ fn bad_tensors_are_not_written() {
     assert!(matches!(err.kind(), SafetensorsErrorKind::Io(_)));
 }
 
+#[test]
+fn a_streamed_write_asks_for_each_tensor_once_and_equals_a_whole_write() {
+    let dir = TestDir::new();
+    let owned = sample();
+    let whole = dir.path().join("whole.safetensors");
+    write_safetensors(&whole, &refs(&owned)).unwrap();
+    let streamed = dir.path().join("streamed.safetensors");
+    let specs: Vec<TensorSpec> = refs(&owned).iter().map(TensorRef::spec).collect();
+    let asked = RefCell::new(Vec::new());
+    // Each tensor's bytes are made when asked for (owned), as a checkpoint converts them.
+    let bytes = |i: usize| {
+        asked.borrow_mut().push(i);
+        Ok(Cow::Owned(owned[i].3.clone()))
+    };
+    write_safetensors_streamed(&streamed, &specs, &bytes).unwrap();
+    assert_eq!(fs::read(&streamed).unwrap(), fs::read(&whole).unwrap());
+    let mut asked = asked.into_inner();
+    asked.sort_unstable();
+    assert_eq!(asked, (0..owned.len()).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_streamed_write_that_cannot_have_a_tensor_leaves_the_file_as_it_was() {
+    let dir = TestDir::new();
+    let path = dir.path().join("out.safetensors");
+    fs::write(&path, b"previous").unwrap();
+    let owned = sample();
+    let specs: Vec<TensorSpec> = refs(&owned).iter().map(TensorRef::spec).collect();
+    let failing = |i: usize| match owned[i].0.as_str() {
+        "w.f16" => Err("its rank stopped answering".to_string()),
+        _ => Ok(Cow::Borrowed(owned[i].3.as_slice())),
+    };
+    let short = |i: usize| Ok(Cow::Borrowed(&owned[i].3[..owned[i].3.len() / 2]));
+    let cases: [(&TensorBytes, &str); 2] = [
+        (
+            &failing,
+            "cannot write tensor 'w.f16': its rank stopped answering",
+        ),
+        // The first tensor the file reaches (the format puts the widest type first).
+        (
+            &short,
+            "tensor 'scalar.f64' has 4 bytes, which does not match F64 []",
+        ),
+    ];
+    for (bytes, message) in cases {
+        let err = write_safetensors_streamed(&path, &specs, bytes).unwrap_err();
+        assert_eq!(err.to_string(), format!("{}: {message}", path.display()));
+        assert_eq!(fs::read(&path).unwrap(), b"previous");
+        assert_eq!(dir.file_names(), vec!["out.safetensors"]);
+    }
+}
+
 proptest! {
     #[test]
     fn damaged_files_never_panic(
