@@ -524,6 +524,10 @@ fn lead(
         history.push(m);
     }
     bar.finish_and_clear();
+    // The run's peak, before the trace's text is made (the profile's, not the plan's memory).
+    let measured = measured_from.and_then(|(mark, devices)| {
+        Some(mslc_exec::limits::peak_rss_since(mark)? / devices.max(1) as u64)
+    });
     // A run that stepped nothing (resumed at its last step) has no step to trace.
     if let (Some(path), false) = (&args.profile, history.is_empty()) {
         let json = trainer.executor().profile_json();
@@ -573,9 +577,6 @@ fn lead(
     // What each device holds by the plan, with the planner's fragmentation reserve; it runs no
     // collective buffers of its own (the collectives reduce in place).
     let planned = device.total;
-    let measured = measured_from.and_then(|(mark, devices)| {
-        Some(mslc_exec::limits::peak_rss_since(mark)? / devices.max(1) as u64)
-    });
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),

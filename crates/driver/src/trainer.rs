@@ -982,12 +982,14 @@ impl Trainer {
             let (shape, _) = self.state_of(&optim, path, name, dir)?;
             match self.updater().shape_of(Stored::Input(name)) {
                 Some(held) if held == shape.as_slice() => {}
-                Some(held) => return Err(checkpoint_error(
-                    dir,
-                    format!(
+                Some(held) => {
+                    return Err(checkpoint_error(
+                        dir,
+                        format!(
                         "optimizer state `{name}` is {shape:?} for this rank, which holds {held:?}"
                     ),
-                )),
+                    ))
+                }
                 None => return Err(run_missing(name)),
             }
         }
