@@ -347,12 +347,12 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             let m = trainer.step().map_err(failed)?;
             // Rank 0 dumps the first step's gradients, gathered from the shards and stages.
             if trainer.gathers_grads() && args.dump_grads.is_some() && m.step == first + 1 {
-                trainer.gathered_grads().map_err(failed)?;
+                trainer.join_grads().map_err(failed)?;
             }
             // Sharded checkpoints gather every rank's shards and slices.
             if trainer.gathers_checkpoints() && args.output_dir.is_some() && save_due(args, m.step)
             {
-                trainer.checkpoint_tensors().map_err(failed)?;
+                trainer.join_checkpoint().map_err(failed)?;
             }
         }
         Ok::<(), Failure>(())
@@ -576,16 +576,22 @@ fn lead(
     }
     // What each device holds by the plan, with the planner's fragmentation reserve; it runs no
     // collective buffers of its own (the collectives reduce in place).
-    let planned = device.total;
+    // A gathered checkpoint or gradient dump holds one whole tensor beside the step.
+    let staging = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
+    let planned = device.total + staging;
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),
     };
     if let Some(m) = measured {
         text.push_str(&format!(
-            "  measured: peak resident memory {} {per} over the run, planned peak {} with the 5 % reserve ({:+.1} %)\n",
+            "  measured: peak resident memory {} {per} over the run, planned peak {} with the 5 % reserve{} ({:+.1} %)\n",
             mslc_core::units::human_bytes(m),
             mslc_core::units::human_bytes(planned),
+            match staging {
+                0 => String::new(),
+                n => format!(" and {} to gather files", mslc_core::units::human_bytes(n)),
+            },
             100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)
         ));
     }

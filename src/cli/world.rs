@@ -14,7 +14,7 @@ use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::collectives::DEFAULT_TIMEOUT;
 use mslc_exec::Executor;
-use mslc_io::safetensors::SafetensorsFile;
+use mslc_io::safetensors::{SafetensorsFile, TensorRef};
 use mslc_ir::shard::zero::ZeroShard;
 
 use super::output::Failure;
@@ -296,7 +296,8 @@ pub fn load_stage_shard(
     let file = SafetensorsFile::open(path)
         .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
     let here = file.tensors().filter(|t| !elsewhere.contains(t.name));
-    let mine = ranks::rank_weights(here, &layout.splits, (part, layout.tp), zero)
+    let release = |t: TensorRef| file.release(t.data);
+    let mine = ranks::rank_weights(here, &layout.splits, (part, layout.tp), zero, release)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     exec.load_weights_with(ranks::tensor_refs(&mine), |t| file.release(t.data))
         .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))

@@ -617,94 +617,91 @@ pub fn tensor_refs<'a>(list: &'a [RankTensor<'_>]) -> impl Iterator<Item = Tenso
     })
 }
 
-/// The weights `tensors` as tensor-parallel rank `index` of `n` holds them: each parameter
-/// of `splits` cut to its block (E0972 when its dim does not split into `n`).
-pub fn shard_weights<'a>(
-    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+/// Weight `t` as tensor-parallel rank `index` of `n` holds it: cut to its block when it is a
+/// parameter of `splits` (E0972 when its dim does not split into `n`), else borrowed whole.
+fn shard_weight<'a>(
+    t: TensorRef<'a>,
     splits: &BTreeMap<String, usize>,
     index: usize,
     n: usize,
-) -> Result<Vec<RankTensor<'a>>, RanksError> {
-    tensors
-        .into_iter()
-        .map(|t| {
-            let Some(&dim) = splits.get(t.name) else {
-                return Ok((
-                    t.name.to_string(),
-                    t.shape.to_vec(),
-                    t.dtype,
-                    Cow::Borrowed(t.data),
-                ));
-            };
-            let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
-                RanksError::new(
-                    Code::E0972,
-                    format!(
-                        "weight `{}` {:?} does not split into {n} blocks along dim {dim}",
-                        t.name, t.shape
-                    ),
-                )
-            })?;
-            Ok((t.name.to_string(), shape, t.dtype, Cow::Owned(data)))
-        })
-        .collect()
+) -> Result<RankTensor<'a>, RanksError> {
+    let Some(&dim) = splits.get(t.name) else {
+        return Ok((
+            t.name.to_string(),
+            t.shape.to_vec(),
+            t.dtype,
+            Cow::Borrowed(t.data),
+        ));
+    };
+    let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
+        RanksError::new(
+            Code::E0972,
+            format!(
+                "weight `{}` {:?} does not split into {n} blocks along dim {dim}",
+                t.name, t.shape
+            ),
+        )
+    })?;
+    Ok((t.name.to_string(), shape, t.dtype, Cow::Owned(data)))
 }
 
-/// The weights `tensors` as data-parallel member `index` holds them under level-3 optimizer
-/// sharding: each trained parameter of `zero` as its f32 slice ([`ZeroShard::slice`]), the
-/// rest whole.
-pub fn zero_slices<'a>(
-    tensors: Vec<RankTensor<'a>>,
-    zero: &ZeroShard,
-    index: usize,
-) -> Vec<RankTensor<'a>> {
-    tensors
-        .into_iter()
-        .map(|(name, shape, dtype, data)| {
-            if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
-                return (name, shape, dtype, data);
-            }
-            let values = TensorRef {
-                name: &name,
-                dtype,
-                shape: &shape,
-                data: &data,
-            }
-            .to_f32();
-            match values {
-                Ok(values) => {
-                    let slice = zero.slice(&values, index);
-                    let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    (name, vec![slice.len()], StDType::F32, Cow::Owned(bytes))
-                }
-                Err(_) => (name, shape, dtype, data),
-            }
-        })
-        .collect()
+/// Weight `w` as data-parallel member `index` holds it under level-3 optimizer sharding: its
+/// f32 slice ([`ZeroShard::slice`]) when it is a trained parameter of `zero`, else as it is.
+fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTensor<'a> {
+    let (name, shape, dtype, data) = w;
+    if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
+        return (name, shape, dtype, data);
+    }
+    let values = TensorRef {
+        name: &name,
+        dtype,
+        shape: &shape,
+        data: &data,
+    }
+    .to_f32();
+    match values {
+        Ok(values) => {
+            let slice = zero.slice(&values, index);
+            let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (name, vec![slice.len()], StDType::F32, Cow::Owned(bytes))
+        }
+        Err(_) => (name, shape, dtype, data),
+    }
 }
 
 /// The weights `tensors` (whole, as one device holds them) as one rank holds them: each
-/// parameter of `splits` cut to tensor-parallel member `part`'s block of `tp`
-/// ([`shard_weights`]), then under level-3 optimizer sharding (`zero`: the sharding and this
-/// rank's replica) each sliced parameter cut to its slice ([`zero_slices`]).
+/// parameter of `splits` cut to tensor-parallel member `part`'s block of `tp`, then under
+/// level-3 optimizer sharding (`zero`: the sharding and this rank's replica) each sliced
+/// parameter cut to its slice; the others borrowed whole. `cut` is called with each tensor
+/// once its share is cut from it (a file's tensor can then leave resident memory,
+/// [`mslc_io::safetensors::SafetensorsFile::release`]).
 pub fn rank_weights<'a>(
     tensors: impl IntoIterator<Item = TensorRef<'a>>,
     splits: &BTreeMap<String, usize>,
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
+    mut cut: impl FnMut(TensorRef<'a>),
 ) -> Result<Vec<RankTensor<'a>>, RanksError> {
-    let shards = shard_weights(tensors, splits, part, tp)?;
-    Ok(match zero {
-        Some((z, replica)) => zero_slices(shards, z, replica),
-        None => shards,
-    })
+    tensors
+        .into_iter()
+        .map(|t| {
+            let mut share = shard_weight(t, splits, part, tp)?;
+            if let Some((z, replica)) = zero {
+                share = zero_slice(share, z, replica);
+            }
+            if let Cow::Owned(_) = share.3 {
+                cut(t);
+            }
+            Ok(share)
+        })
+        .collect()
 }
 
 /// Initialises the parameters of `exec`'s program from their declared init under `seed` as
 /// one rank holds them: each parameter drawn whole, as one device draws it (its
 /// tensor-parallel dim `tp` times the rank's block, its level-3 slice the whole of `zero`'s
-/// shape), then cut as [`rank_weights`] cuts loaded weights. So a sharded run starts from
-/// the weights `--init-seed` gives one device.
+/// shape), then cut as [`rank_weights`] cuts loaded weights, one parameter at a time. So a
+/// sharded run starts from the weights `--init-seed` gives one device.
 pub fn init_rank_weights(
     exec: &mut mslc_exec::Executor,
     seed: u64,
@@ -712,34 +709,54 @@ pub fn init_rank_weights(
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
-    let whole: Vec<RankTensor> = exec
+    let held: BTreeMap<String, Vec<usize>> = exec
         .module()
         .values
         .iter()
         .filter_map(|v| match &v.storage {
-            mslc_artifact::Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
+            mslc_artifact::Storage::Param { path, .. } => Some((
+                path.clone(),
+                v.ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
+            )),
             _ => None,
         })
-        .map(|(path, init, ty)| {
-            let mut shape: Vec<usize> = match zero {
-                Some((z, _)) if z.shards_params() && z.shapes.contains_key(path) => {
-                    z.shapes[path].clone()
-                }
-                _ => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
-            };
-            if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
-                *d *= tp;
-            }
-            let mut values = vec![0f32; shape.iter().product()];
-            mslc_exec::init::fill(init, seed, path, &mut values);
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (path.clone(), shape, StDType::F32, Cow::Owned(bytes))
-        })
         .collect();
-    let mine = rank_weights(tensor_refs(&whole), splits, (part, tp), zero)?;
-    exec.load_weights(tensor_refs(&mine))
-        .map(|_| ())
-        .map_err(|e| RanksError::new(Code::E0601, e.message))
+    exec.init_params_with(|path, init, values| {
+        let mut shape = match zero {
+            Some((z, _)) if z.shards_params() && z.shapes.contains_key(path) => {
+                z.shapes[path].clone()
+            }
+            _ => held.get(path).cloned().unwrap_or_default(),
+        };
+        if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
+            *d *= tp;
+        }
+        let mut whole = vec![0f32; shape.iter().product()];
+        mslc_exec::init::fill(init, seed, path, &mut whole);
+        let bytes: Vec<u8> = whole.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = TensorRef {
+            name: path,
+            dtype: StDType::F32,
+            shape: &shape,
+            data: &bytes,
+        };
+        let mine = rank_weights([t], splits, (part, tp), zero, |_| {})?;
+        let share = mine.first().map(|m| &m.3[..]).unwrap_or_default();
+        if share.len() != 4 * values.len() {
+            return Err(RanksError::new(
+                Code::E0601,
+                format!(
+                    "`{path}`: this rank's share has {} values, but its program holds {}",
+                    share.len() / 4,
+                    values.len()
+                ),
+            ));
+        }
+        for (v, b) in values.iter_mut().zip(share.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    })
 }
 
 /// Rank `index`'s block of `data` (of shape `shape`), cut along `dim` into `n` equal blocks:

@@ -8,6 +8,7 @@
 //! steps straight and N/2 + resume N/2 end with byte-identical weights.
 
 use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,7 +23,9 @@ use mslc_core::ops::{Op, TensorType};
 use mslc_exec::collectives::{gather_dim, Collectives};
 use mslc_exec::{ExecError, ExecErrorKind, Executor, Stored};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
-use mslc_io::safetensors::{write_safetensors_streamed, SafetensorsFile, StDType, TensorSpec};
+use mslc_io::safetensors::{
+    write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorRef, TensorSpec,
+};
 
 use crate::loss_scale::ScaleState;
 use crate::numerics::NumericsReport;
@@ -775,22 +778,10 @@ impl Trainer {
     /// ([`crate::train::TrainOptions::expose_grads`]).
     pub fn dump_grads(&mut self, dir: &Path) -> Res<Vec<PathBuf>> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
-        let grads = match self.gathers_grads() {
-            true => Tensors::Gathered(self.gathered_grads()?),
-            false => Tensors::Local(
-                self.updater(),
-                |n| Stored::Output(n),
-                self.train
-                    .params
-                    .iter()
-                    .map(|p| (p.path.clone(), format!("{GRAD_PREFIX}{}", p.path)))
-                    .collect(),
-            ),
-        };
         fs::create_dir_all(dir)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", dir.display())))?;
         let path = dir.join("grads.safetensors");
-        grads.write(&path).map_err(write_error)?;
+        self.write_file(FileKind::Grads, &path)?;
         let loss_path = dir.join("loss.npy");
         let array = NpyArray::from_f32(vec![], &[self.loss as f32])
             .map_err(|e| write_error(e.to_string()))?;
@@ -798,108 +789,258 @@ impl Trainer {
         Ok(vec![path, loss_path])
     }
 
-    /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder
-    /// beside it, which is renamed into place once complete, so a kill leaves the earlier
-    /// checkpoints as they were and no partial `step-K`.
-    /// A rank that gathers holds the whole checkpoint for the moment
-    /// ([`Trainer::checkpoint_tensors`]); any other writes its own values one tensor at a time,
-    /// with no copy of the model.
-    pub fn save(&mut self, out: &Path) -> Res<PathBuf> {
-        if self.gathers_checkpoints() {
-            let (params, states) = self.checkpoint_tensors()?;
-            return self.write_checkpoint(
-                out,
-                &Tensors::Gathered(params),
-                &Tensors::Gathered(states),
-            );
-        }
-        let same = |name: &str| (name.to_string(), name.to_string());
-        let params = Tensors::Local(
-            &self.exec,
-            |n| Stored::Param(n),
-            self.exec.param_paths().map(same).collect(),
-        );
-        let states = self.train.params.iter().flat_map(|p| &p.states);
-        let states = Tensors::Local(
-            self.updater(),
-            |n| Stored::Input(n),
-            states.map(|s| same(s)).collect(),
-        );
-        self.write_checkpoint(out, &params, &states)
+    /// A rank other than 0's part in [`Trainer::save`] when checkpoints are gathered
+    /// ([`Trainer::gathers_checkpoints`]): the gathers of every tensor, in the order rank 0
+    /// writes them.
+    pub fn join_checkpoint(&mut self) -> Res<()> {
+        self.join_file(FileKind::Model)?;
+        self.join_file(FileKind::Optimizer)
     }
 
-    /// The whole parameters and optimizer states (name, shape, values), gathered from the
-    /// slices of the data-parallel group (optimizer sharding) and the shards of a
-    /// tensor-parallel group: a collective, which every rank calls at the same step.
-    pub fn checkpoint_tensors(&mut self) -> Res<(Vec<Named>, Vec<Named>)> {
-        let mut params = self.exec.params_f32();
-        let mut states = Vec::new();
-        let holder = self.updater();
-        for name in self.train.params.iter().flat_map(|p| &p.states) {
-            let (shape, values) = holder.input_f32(name).ok_or_else(|| run_missing(name))?;
-            states.push((name.clone(), shape, values));
+    /// A rank other than 0's part in [`Trainer::dump_grads`] when gradients are gathered
+    /// ([`Trainer::gathers_grads`]).
+    pub fn join_grads(&mut self) -> Res<()> {
+        self.join_file(FileKind::Grads)
+    }
+
+    /// The bytes this rank holds beside its step while it writes the files a run asks for
+    /// (checkpoints when `checkpoints`, a gradient dump when `grads`): for a file gathered one
+    /// tensor at a time ([`Trainer::write_file`]), its largest tensor whole, as values and as
+    /// bytes; nothing for a file written from the rank's own buffers. (A pipeline's first
+    /// stage gathers whole files from the other stages, which this does not count.)
+    pub fn file_staging_bytes(&self, checkpoints: bool, grads: bool) -> u64 {
+        let kinds = [
+            (checkpoints, FileKind::Model),
+            (checkpoints, FileKind::Optimizer),
+            (grads, FileKind::Grads),
+        ];
+        let whole = |kind: FileKind| {
+            let pieces = self.pieces(kind).into_iter();
+            pieces.filter_map(move |p| self.whole_shape(kind, &p).ok())
+        };
+        kinds
+            .into_iter()
+            .filter(|&(on, kind)| on && self.gathers(kind))
+            .flat_map(|(_, kind)| whole(kind))
+            .map(|shape| 8 * shape.iter().product::<usize>() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether file `kind` is gathered from the ranks (a collective) rather than written from
+    /// this rank's own values.
+    fn gathers(&self, kind: FileKind) -> bool {
+        match kind {
+            FileKind::Model | FileKind::Optimizer => self.gathers_checkpoints(),
+            FileKind::Grads => self.gathers_grads(),
         }
-        if !self.gathers_checkpoints() {
-            return Ok((params, states));
+    }
+
+    /// The optimizer sharding that slices file `kind`'s tensors on this rank: the states'
+    /// always, the parameters' at level 3, the gradients' at levels 2 and 3.
+    fn zero_of(&self, kind: FileKind) -> Option<&ZeroShard> {
+        let zero = self.train.zero.as_ref();
+        match kind {
+            FileKind::Model => zero.filter(|z| z.shards_params()),
+            FileKind::Optimizer => zero,
+            FileKind::Grads => zero.filter(|_| self.slices_grads()),
         }
-        let owner: BTreeMap<String, String> = self
-            .train
-            .params
-            .iter()
-            .flat_map(|p| p.states.iter().map(|s| (s.clone(), p.path.clone())))
-            .collect();
-        let path_of = |n: &str| owner.get(n).cloned().unwrap_or_else(|| n.to_string());
-        let zero = self.train.zero.clone();
-        let (splits, _) = self.tensor_share();
-        let comm = comm(&mut self.exec)?;
-        if let Some(z) = &zero {
-            unslice(comm, z, &mut states, &path_of)?;
-            if z.shards_params() {
-                unslice(comm, z, &mut params, &|n| n.to_string())?;
+    }
+
+    /// The tensors of file `kind` this rank holds, sorted by name (the order the file holds
+    /// them in).
+    fn pieces(&self, kind: FileKind) -> Vec<Piece> {
+        let mut pieces: Vec<Piece> = match kind {
+            FileKind::Model => self
+                .exec
+                .param_paths()
+                .map(|p| Piece::new(p, p, p, Held::Param))
+                .collect(),
+            FileKind::Optimizer => self
+                .train
+                .params
+                .iter()
+                .flat_map(|p| {
+                    p.states
+                        .iter()
+                        .map(|s| Piece::new(s, s, &p.path, Held::Input))
+                })
+                .collect(),
+            FileKind::Grads => self
+                .train
+                .params
+                .iter()
+                .map(|p| {
+                    let grad = format!("{GRAD_PREFIX}{}", p.path);
+                    Piece::new(&p.path, &grad, &p.path, Held::Output)
+                })
+                .collect(),
+        };
+        pieces.sort_by(|a, b| a.file.cmp(&b.file));
+        pieces
+    }
+
+    /// The executor holding values of `held`: parameters in the step's, optimizer states and
+    /// gradients in the update's.
+    fn holder(&self, held: Held) -> &Executor {
+        match held {
+            Held::Param => &self.exec,
+            Held::Input | Held::Output => self.updater(),
+        }
+    }
+
+    /// The shape of this rank's own value of `piece`.
+    fn local_shape(&self, piece: &Piece) -> Res<&[usize]> {
+        self.holder(piece.held)
+            .shape_of(piece.stored())
+            .ok_or_else(|| run_missing(&piece.local))
+    }
+
+    /// `piece` whole: this rank's value, all-gathered over the data-parallel axis from the
+    /// slices of optimizer sharding, then over the tensor-parallel axis from the blocks of a
+    /// split parameter; a collective, which every member of those groups calls for the same
+    /// piece.
+    fn whole(&mut self, kind: FileKind, piece: &Piece) -> Res<(Vec<usize>, Vec<f32>)> {
+        let (mut shape, mut values) = self
+            .holder(piece.held)
+            .value_f32(piece.stored())
+            .ok_or_else(|| run_missing(&piece.local))?;
+        let full = self
+            .zero_of(kind)
+            .and_then(|z| z.shapes.get(&piece.owner))
+            .cloned();
+        let split = self
+            .tensor
+            .as_ref()
+            .and_then(|(splits, _)| splits.get(&piece.owner).copied());
+        let gathered = |e: ExecError| TrainRunError::new(Code::E0973, e.message);
+        if let Some(full) = full {
+            let comm = comm(&mut self.exec)?;
+            let mut all =
+                gather_dim(comm, DATA_AXIS, 0, &[values.len()], &values).map_err(gathered)?;
+            all.truncate(full.iter().product());
+            (shape, values) = (full, all);
+        }
+        if let Some(d) = split {
+            let comm = comm(&mut self.exec)?;
+            let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values).map_err(gathered)?;
+            if let Some(n) = shape.get_mut(d) {
+                *n *= whole.len() / values.len().max(1);
+            }
+            values = whole;
+        }
+        Ok((shape, values))
+    }
+
+    /// The shape `piece` has whole ([`Trainer::whole`]), known before anything is gathered:
+    /// what the file's header says.
+    fn whole_shape(&self, kind: FileKind, piece: &Piece) -> Res<Vec<usize>> {
+        let mut shape = match self.zero_of(kind).and_then(|z| z.shapes.get(&piece.owner)) {
+            Some(full) => full.clone(),
+            None => self.local_shape(piece)?.to_vec(),
+        };
+        if let Some((splits, (_, n))) = &self.tensor {
+            if let Some(d) = splits.get(&piece.owner).and_then(|&d| shape.get_mut(d)) {
+                *d *= n;
             }
         }
-        let params = gather_blocks(comm, &splits, params, &|n| n.to_string())?;
-        let states = gather_blocks(comm, &splits, states, &path_of)?;
-        match &self.stage {
-            Some(stage) => Ok((
-                Self::gather_stages(stage, comm, params)?,
-                Self::gather_stages(stage, comm, states)?,
-            )),
-            None => Ok((params, states)),
-        }
+        Ok(shape)
     }
 
-    /// The last update's raw gradients (f32, by parameter path), whole: a tensor-parallel
-    /// group's blocks gathered, and a pipeline's stages' sent to the first stage (the others
-    /// keep none), so under either it is a collective, which every rank calls after the same
-    /// step. The module must expose them ([`crate::train::TrainOptions::expose_grads`]).
-    pub fn gathered_grads(&mut self) -> Res<Vec<Named>> {
-        let holder = self.updater();
-        let mut grads = Vec::with_capacity(self.train.params.len());
-        for p in &self.train.params {
-            let (shape, values) = holder
-                .output_f32(&format!("{GRAD_PREFIX}{}", p.path))
-                .ok_or_else(|| run_missing(&p.path))?;
-            grads.push((p.path.clone(), shape, values));
+    /// Writes file `kind` to `path` as f32, atomically, one tensor at a time: this rank's own
+    /// values straight from its buffers, or, when the file is gathered, each tensor gathered
+    /// as the file reaches it while the other ranks join in ([`Trainer::join_file`]). So no
+    /// rank holds more than one whole tensor beside the run, except on a pipeline, whose first
+    /// stage gathers the whole file from the others first ([`Trainer::stage_file`]).
+    fn write_file(&mut self, kind: FileKind, path: &Path) -> Res<()> {
+        let write_error = |e: SafetensorsError| TrainRunError::new(Code::E0600, e.to_string());
+        let pieces = self.pieces(kind);
+        if self.gathers(kind) && self.stage.is_some() {
+            let list = self.stage_file(kind, &pieces)?;
+            let specs: Vec<TensorSpec> = list.iter().map(|(n, s, _)| f32_spec(n, s)).collect();
+            let bytes = |i: usize| Ok(Cow::Owned(f32_bytes(&list[i].2)));
+            return write_safetensors_streamed(path, &specs, &bytes).map_err(write_error);
         }
-        if !self.gathers_grads() {
-            return Ok(grads);
+        if !self.gathers(kind) {
+            let shapes = (pieces.iter().map(|p| self.local_shape(p))).collect::<Res<Vec<_>>>()?;
+            let specs: Vec<TensorSpec> = (pieces.iter().zip(shapes))
+                .map(|(p, s)| f32_spec(&p.file, s))
+                .collect();
+            let bytes = |i: usize| {
+                let p = &pieces[i];
+                let held = self.holder(p.held).f32_le(p.stored());
+                held.ok_or_else(|| run_missing(&p.local).message)
+            };
+            return write_safetensors_streamed(path, &specs, &bytes).map_err(write_error);
         }
-        let (splits, _) = self.tensor_share();
-        let zero = self.train.zero.clone().filter(|_| self.slices_grads());
+        let shapes = (pieces.iter().map(|p| self.whole_shape(kind, p))).collect::<Res<Vec<_>>>()?;
+        let specs: Vec<TensorSpec> = (pieces.iter().zip(&shapes))
+            .map(|(p, s)| f32_spec(&p.file, s))
+            .collect();
+        // Every rank gathers the tensors in the file's order; after a failure to write, the
+        // rest are still gathered, so that the other ranks are not left waiting.
+        let (next, broken) = (Cell::new(0), Cell::new(false));
+        let me = RefCell::new(&mut *self);
+        let bytes = |i: usize| {
+            if i != next.get() {
+                return Err(format!("tensor {i} asked for out of the file's order"));
+            }
+            next.set(i + 1);
+            match me.borrow_mut().whole(kind, &pieces[i]) {
+                Ok((_, values)) => Ok(Cow::Owned(f32_bytes(&values))),
+                Err(e) => {
+                    broken.set(true);
+                    Err(e.message)
+                }
+            }
+        };
+        let written = write_safetensors_streamed(path, &specs, &bytes);
+        let me = me.into_inner();
+        if !broken.get() {
+            for piece in &pieces[next.get()..] {
+                me.whole(kind, piece)?;
+            }
+        }
+        written.map_err(write_error)
+    }
+
+    /// A rank other than 0's part in writing file `kind` when it is gathered: the gathers of
+    /// [`Trainer::write_file`], tensor by tensor in the file's order (on a pipeline, this
+    /// stage's tensors sent to the first stage).
+    fn join_file(&mut self, kind: FileKind) -> Res<()> {
+        if !self.gathers(kind) {
+            return Ok(());
+        }
+        let pieces = self.pieces(kind);
+        if self.stage.is_some() {
+            return self.stage_file(kind, &pieces).map(drop);
+        }
+        for piece in &pieces {
+            self.whole(kind, piece)?;
+        }
+        Ok(())
+    }
+
+    /// A pipeline's file `kind` whole on the first stage (empty on the others): each stage's
+    /// `pieces` made whole over its groups, then sent to the first stage.
+    fn stage_file(&mut self, kind: FileKind, pieces: &[Piece]) -> Res<Vec<Named>> {
+        let mut list = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let (shape, values) = self.whole(kind, piece)?;
+            list.push((piece.file.clone(), shape, values));
+        }
         let comm = comm(&mut self.exec)?;
-        if let Some(z) = &zero {
-            unslice(comm, z, &mut grads, &|n| n.to_string())?;
-        }
-        let grads = gather_blocks(comm, &splits, grads, &|n| n.to_string())?;
         match &self.stage {
-            Some(stage) => Self::gather_stages(stage, comm, grads),
-            None => Ok(grads),
+            Some(stage) => Self::gather_stages(stage, comm, list),
+            None => Ok(list),
         }
     }
 
-    /// Writes the checkpoint of `params` and `states` (see [`Trainer::save`]).
-    fn write_checkpoint(&self, out: &Path, params: &Tensors, states: &Tensors) -> Res<PathBuf> {
+    /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder
+    /// beside it, which is renamed into place once complete, so a kill leaves the earlier
+    /// checkpoints as they were and no partial `step-K`. When checkpoints are gathered it is a
+    /// collective, which the other ranks join at the same step ([`Trainer::join_checkpoint`]).
+    pub fn save(&mut self, out: &Path) -> Res<PathBuf> {
         let write_error = |m: String| TrainRunError::new(Code::E0600, m);
         let dir = out.join(format!("step-{}", self.state.step));
         let tmp = out.join(format!(".step-{}.partial", self.state.step));
@@ -911,12 +1052,8 @@ impl Trainer {
         }
         fs::create_dir(&tmp)
             .map_err(|e| write_error(format!("cannot create `{}`: {e}", tmp.display())))?;
-        params
-            .write(&tmp.join("model.safetensors"))
-            .map_err(write_error)?;
-        states
-            .write(&tmp.join("optimizer.safetensors"))
-            .map_err(write_error)?;
+        self.write_file(FileKind::Model, &tmp.join("model.safetensors"))?;
+        self.write_file(FileKind::Optimizer, &tmp.join("optimizer.safetensors"))?;
         let json =
             serde_json::to_vec_pretty(&self.state).map_err(|e| write_error(e.to_string()))?;
         mslc_io::atomic::write_atomic(&tmp.join("state.json"), |p| fs::write(p, &json))
@@ -1003,7 +1140,8 @@ impl Trainer {
             .filter(|t| !staged || here.contains(&t.name));
         let (splits, share) = self.tensor_share();
         let zero = self.train.zero.as_ref().map(|z| (z, self.replica.0));
-        let weights = crate::ranks::rank_weights(mine, &splits, share, zero)
+        let release = |t: TensorRef| model.release(t.data);
+        let weights = crate::ranks::rank_weights(mine, &splits, share, zero, release)
             .map_err(|e| checkpoint_error(dir, e.message))?;
         if optim.len() != states.len() && !staged {
             return Err(checkpoint_error(
@@ -1112,51 +1250,6 @@ impl Trainer {
     }
 }
 
-/// The tensors of `list` that are (or, by `path_of`, belong to) a parameter optimizer sharding
-/// slices, each made whole again: its flat slices all-gathered over the data-parallel axis, the
-/// padding cut off, its shape the parameter's.
-fn unslice(
-    comm: &mut dyn Collectives,
-    zero: &ZeroShard,
-    list: &mut [Named],
-    path_of: &dyn Fn(&str) -> String,
-) -> Res<()> {
-    for (name, shape, values) in list.iter_mut() {
-        let Some(full) = zero.shapes.get(&path_of(name)) else {
-            continue;
-        };
-        let mut all = gather_dim(comm, DATA_AXIS, 0, &[values.len()], values)
-            .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
-        all.truncate(full.iter().product());
-        *shape = full.clone();
-        *values = all;
-    }
-    Ok(())
-}
-
-/// The tensors `list` whole over the tensor-parallel group: each that is (or, by `path_of`,
-/// belongs to) a parameter of `splits` all-gathered along its split dim.
-fn gather_blocks(
-    comm: &mut dyn Collectives,
-    splits: &BTreeMap<String, usize>,
-    list: Vec<Named>,
-    path_of: &dyn Fn(&str) -> String,
-) -> Res<Vec<Named>> {
-    list.into_iter()
-        .map(
-            |(name, mut shape, values)| match splits.get(&path_of(&name)) {
-                None => Ok((name, shape, values)),
-                Some(&d) => {
-                    let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values)
-                        .map_err(|e| TrainRunError::new(Code::E0973, e.message))?;
-                    shape[d] *= whole.len() / values.len().max(1);
-                    Ok((name, shape, whole))
-                }
-            },
-        )
-        .collect()
-}
-
 /// This rank's collectives, which a rank that gathers or exchanges must have (E0973
 /// otherwise).
 fn comm(exec: &mut Executor) -> Res<&mut (dyn Collectives + 'static)> {
@@ -1200,49 +1293,64 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// The f32 tensors of a checkpoint or gradient file, and where each one's bytes come from.
-enum Tensors<'a> {
-    /// Gathered whole on this rank beforehand (a collective): name, shape, values.
-    Gathered(Vec<Named>),
-    /// This rank's own values, read from an executor as the file reaches each, so the file
-    /// costs its largest tensor and not a copy of the model: how a name is read (parameter,
-    /// input or output), and (name in the file, name in the executor).
-    Local(&'a Executor, fn(&str) -> Stored<'_>, Vec<(String, String)>),
+/// A file of whole f32 tensors that a rank writes, or joins in writing when it is gathered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileKind {
+    /// A checkpoint's `model.safetensors`: the parameters and buffers.
+    Model,
+    /// A checkpoint's `optimizer.safetensors`: the optimizer states.
+    Optimizer,
+    /// `--dump-grads`' `grads.safetensors`: the last update's raw gradients.
+    Grads,
 }
 
-impl Tensors<'_> {
-    /// Writes the tensors to `path` as f32, atomically.
-    fn write(&self, path: &Path) -> Result<(), String> {
-        let named: Vec<(&str, &[usize])> = match self {
-            Tensors::Gathered(list) => list
-                .iter()
-                .map(|(n, s, _)| (n.as_str(), s.as_slice()))
-                .collect(),
-            Tensors::Local(exec, stored, names) => names
-                .iter()
-                .map(|(file, name)| {
-                    let shape = exec
-                        .shape_of(stored(name))
-                        .ok_or_else(|| run_missing(name).message)?;
-                    Ok((file.as_str(), shape))
-                })
-                .collect::<Result<_, String>>()?,
-        };
-        let specs: Vec<TensorSpec> = named
-            .iter()
-            .map(|&(name, shape)| TensorSpec {
-                name,
-                dtype: StDType::F32,
-                shape,
-            })
-            .collect();
-        let bytes = |i: usize| match self {
-            Tensors::Gathered(list) => Ok(Cow::Owned(f32_bytes(&list[i].2))),
-            Tensors::Local(exec, stored, names) => exec
-                .f32_le(stored(&names[i].1))
-                .ok_or_else(|| run_missing(&names[i].1).message),
-        };
-        write_safetensors_streamed(path, &specs, &bytes).map_err(|e| e.to_string())
+/// Where a rank holds a tensor of such a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// A parameter (or buffer) of the step.
+    Param,
+    /// An input of the update (an optimizer state).
+    Input,
+    /// An output of the update (a gradient).
+    Output,
+}
+
+/// One tensor of a [`FileKind`]: its name in the file, where this rank holds its share, and
+/// the parameter it follows when made whole (that parameter's split and slices).
+#[derive(Clone, Debug)]
+struct Piece {
+    file: String,
+    local: String,
+    owner: String,
+    held: Held,
+}
+
+impl Piece {
+    fn new(file: &str, local: &str, owner: &str, held: Held) -> Piece {
+        Piece {
+            file: file.to_string(),
+            local: local.to_string(),
+            owner: owner.to_string(),
+            held,
+        }
+    }
+
+    /// The value an executor holds of it.
+    fn stored(&self) -> Stored<'_> {
+        match self.held {
+            Held::Param => Stored::Param(&self.local),
+            Held::Input => Stored::Input(&self.local),
+            Held::Output => Stored::Output(&self.local),
+        }
+    }
+}
+
+/// The header entry of an f32 tensor.
+fn f32_spec<'a>(name: &'a str, shape: &'a [usize]) -> TensorSpec<'a> {
+    TensorSpec {
+        name,
+        dtype: StDType::F32,
+        shape,
     }
 }
 

@@ -16,6 +16,7 @@ use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
 use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::DType;
+use mslc_core::program::Init;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
 use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams, Program};
@@ -552,18 +553,38 @@ impl Executor {
 
     /// Initialises every parameter from its declared `init`, deterministically from `seed`.
     pub fn init_params(&mut self, seed: u64) {
+        let drawn = self.init_params_with(|path, how, values| {
+            init::fill(how, seed, path, values);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match drawn {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+    }
+
+    /// Sets every parameter, one at a time, to the f32 values `fill(path, init, values)`
+    /// writes into a buffer of its element count: what a rank draws as its share of a
+    /// parameter drawn whole, with one parameter's values beside the buffers at a time. The
+    /// first error `fill` returns stops it (the parameters are then not ready to run).
+    pub fn init_params_with<E>(
+        &mut self,
+        mut fill: impl FnMut(&str, &Init, &mut [f32]) -> Result<(), E>,
+    ) -> Result<(), E> {
         let params = self.module.values.iter().filter_map(|v| match &v.storage {
             Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
             _ => None,
         });
         self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
+        self.params_ready = false;
         for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
             let mut values = vec![0f32; ty.checked_numel().unwrap_or(0) as usize];
-            init::fill(how, seed, path, &mut values);
+            fill(path, how, &mut values)?;
             store_f32(ty.dtype, &values, buf.bytes_mut());
         }
         self.params_ready = true;
         self.hoisted_ready = false;
+        Ok(())
     }
 
     /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
@@ -880,7 +901,12 @@ impl Executor {
 
     /// Output `name` of the last run as f32, with its shape.
     pub fn output_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
-        let (slot, bytes) = self.output_slot(name)?;
+        self.value_f32(Stored::Output(name))
+    }
+
+    /// The current value of `which` as f32, with its shape; `None` for an unknown name.
+    pub fn value_f32(&self, which: Stored<'_>) -> Option<(Vec<usize>, Vec<f32>)> {
+        let (slot, bytes) = self.stored_slot(which)?;
         Some((slot.shape.clone(), slot_f32(slot, bytes)))
     }
 
@@ -1038,9 +1064,7 @@ impl Executor {
 
     /// The current value of input `name` as f32, with its shape.
     pub fn input_f32(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
-        let (k, v) = self.input_index(name).ok()?;
-        let slot = &self.slots[v as usize];
-        Some((slot.shape.clone(), slot_f32(slot, self.inputs[k].bytes())))
+        self.value_f32(Stored::Input(name))
     }
 
     /// Names of the float outputs of the last run holding a NaN or an infinity.
