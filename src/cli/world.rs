@@ -14,7 +14,7 @@ use mslc_driver::ranks::{self, RankLayout};
 use mslc_exec::collectives::Collectives;
 use mslc_exec::collectives::DEFAULT_TIMEOUT;
 use mslc_exec::Executor;
-use mslc_io::safetensors::{SafetensorsFile, TensorRef};
+use mslc_io::safetensors::SafetensorsFile;
 use mslc_ir::shard::zero::ZeroShard;
 
 use super::output::Failure;
@@ -280,7 +280,7 @@ fn run_together<T: Send>(
 }
 
 /// Loads into `exec` the weights of `path` as tensor-parallel member `part` of `layout`
-/// holds them ([`ranks::rank_weights`]: only its block of each split parameter, and of those
+/// holds them ([`ranks::load_rank_weights`]: only its block of each split parameter, and of those
 /// ZeRO shards over the data-parallel axis — `zero`: the sharding and this rank's replica —
 /// only its slice), those of the parameters in `elsewhere` (which only other pipeline stages
 /// read) left out; any other the program lacks is still an error. The framework bookkeeping
@@ -296,11 +296,14 @@ pub fn load_stage_shard(
     let file = SafetensorsFile::open(path)
         .map_err(|e| Failure::Message(Code::E0602, format!("cannot read weights: {e}")))?;
     let here = file.tensors().filter(|t| !elsewhere.contains(t.name));
-    let release = |t: TensorRef| file.release(t.data);
-    let mine = ranks::rank_weights(here, &layout.splits, (part, layout.tp), zero, release)
-        .map_err(|e| Failure::Message(e.code, e.message))?;
-    exec.load_weights_with(ranks::tensor_refs(&mine), |t| file.release(t.data))
-        .map_err(|e| Failure::Message(Code::E0601, format!("`{}`: {}", path.display(), e.message)))
+    let share = (part, layout.tp);
+    ranks::load_rank_weights(exec, &file, here, &layout.splits, share, zero).map_err(|e| {
+        let message = match e.code {
+            Code::E0601 => format!("`{}`: {}", path.display(), e.message),
+            _ => e.message,
+        };
+        Failure::Message(e.code, message)
+    })
 }
 
 /// The parameter paths of `module`.

@@ -136,9 +136,10 @@ fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
 /// and one that starts from its weights each stay within the plan (a save holds one tensor
 /// beside the run, not a copy of the model and its optimizer states; a load keeps no file
 /// resident); so does a checkpoint gathered from ranks that hold slices, with the one whole
-/// tensor it holds at a time added to the plan. Before, the save measured 71 % above the plan
-/// on this model, and level 3 (from `--init-seed`, which drew every parameter whole first)
-/// 19 % above it on the 8-layer one.
+/// tensor it holds at a time added to the plan, and a resume of it or a start from its weights
+/// on those ranks. Before, the save measured 71 % above the plan on this model, and level 3
+/// from `--init-seed` (which drew every parameter whole first) 19 % above it on the 8-layer
+/// one, from `--weights` (which cut every slice before loading) 5 %.
 #[test]
 fn saving_and_loading_checkpoints_stays_within_the_plan() {
     let dir = TestDir::new("plan-measured-checkpoints");
@@ -176,6 +177,15 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
         &["--output-dir", s(&out), "--save-every", "1"],
     );
     assert_within_5_percent_above("saving level-3 slices every step", planned, measured);
+    // Each rank cuts its slices from the whole checkpoint one at a time as it loads them.
+    let step = out.join("step-1");
+    let resume = ["--resume", s(&step), "--steps", "3"];
+    let (planned, measured, _) = planned_and_measured(&sharded, &data, 2, &resume);
+    assert_within_5_percent_above("resuming level-3 slices", planned, measured);
+    let weights = step.join("model.safetensors");
+    let from = ["--weights", s(&weights)];
+    let (planned, measured, _) = planned_and_measured(&sharded, &data, 2, &from);
+    assert_within_5_percent_above("level-3 slices from --weights", planned, measured);
 }
 
 /// Under an interleaved schedule a device runs its chunk-stages as ranks of their own, and

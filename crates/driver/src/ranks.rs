@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use mslc_core::diag::Code;
 use mslc_exec::collectives::threads::world_with_timeout;
 use mslc_exec::collectives::{Collectives, Mesh};
-use mslc_io::safetensors::{StDType, TensorRef};
+use mslc_io::safetensors::{SafetensorsFile, StDType, TensorRef};
 use mslc_ir::shard::pipeline::{pipeline_stage, StageCut};
 use mslc_ir::shard::zero::ZeroShard;
 use mslc_plan::memory::MemoryPlan;
@@ -607,16 +607,6 @@ pub fn thread_world(mesh: Mesh, timeout: std::time::Duration) -> Vec<Box<dyn Col
 /// rank loads the tensor whole, so a load makes no copy of what it does not cut).
 pub type RankTensor<'a> = (String, Vec<usize>, StDType, Cow<'a, [u8]>);
 
-/// The weights `list` as the executor loads them.
-pub fn tensor_refs<'a>(list: &'a [RankTensor<'_>]) -> impl Iterator<Item = TensorRef<'a>> {
-    list.iter().map(|(name, shape, dtype, data)| TensorRef {
-        name,
-        dtype: *dtype,
-        shape,
-        data,
-    })
-}
-
 /// Weight `t` as tensor-parallel rank `index` of `n` holds it: cut to its block when it is a
 /// parameter of `splits` (E0972 when its dim does not split into `n`), else borrowed whole.
 fn shard_weight<'a>(
@@ -669,38 +659,70 @@ fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTens
     }
 }
 
-/// The weights `tensors` (whole, as one device holds them) as one rank holds them: each
-/// parameter of `splits` cut to tensor-parallel member `part`'s block of `tp`, then under
-/// level-3 optimizer sharding (`zero`: the sharding and this rank's replica) each sliced
-/// parameter cut to its slice; the others borrowed whole. `cut` is called with each tensor
-/// once its share is cut from it (a file's tensor can then leave resident memory,
-/// [`mslc_io::safetensors::SafetensorsFile::release`]).
-pub fn rank_weights<'a>(
-    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+/// Weight `t` (whole, as one device holds it) as one rank holds it: when it is a parameter
+/// of `splits`, cut to tensor-parallel member `part`'s block of `tp`; then under level-3
+/// optimizer sharding (`zero`: the sharding and this rank's replica), when it is sliced, cut
+/// to its slice; else borrowed whole.
+pub fn rank_share<'a>(
+    t: TensorRef<'a>,
     splits: &BTreeMap<String, usize>,
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
-    mut cut: impl FnMut(TensorRef<'a>),
-) -> Result<Vec<RankTensor<'a>>, RanksError> {
-    tensors
-        .into_iter()
-        .map(|t| {
-            let mut share = shard_weight(t, splits, part, tp)?;
-            if let Some((z, replica)) = zero {
-                share = zero_slice(share, z, replica);
-            }
-            if let Cow::Owned(_) = share.3 {
-                cut(t);
-            }
-            Ok(share)
-        })
-        .collect()
+) -> Result<RankTensor<'a>, RanksError> {
+    let share = shard_weight(t, splits, part, tp)?;
+    Ok(match zero {
+        Some((z, replica)) => zero_slice(share, z, replica),
+        None => share,
+    })
+}
+
+/// Loads into `exec` the weights `tensors` of `file` (whole, as one device holds them) as one
+/// rank holds them ([`rank_share`]). Every share is cut once to learn its shape, so that all
+/// are checked against the program before any is written, then again, one at a time, as the
+/// executor copies it; and each tensor's pages of the file are dropped once read
+/// ([`SafetensorsFile::release`]). So the rank holds one share beside its parameters, not a
+/// copy of them. The framework bookkeeping tensors the file has are returned (E0601 when the
+/// weights do not fit the program).
+pub fn load_rank_weights<'a>(
+    exec: &mut mslc_exec::Executor,
+    file: &'a SafetensorsFile,
+    tensors: impl IntoIterator<Item = TensorRef<'a>>,
+    splits: &BTreeMap<String, usize>,
+    share: (usize, usize),
+    zero: Option<(&ZeroShard, usize)>,
+) -> Result<Vec<(String, &'static str)>, RanksError> {
+    let whole: Vec<TensorRef<'a>> = tensors.into_iter().collect();
+    let mut shapes = Vec::with_capacity(whole.len());
+    for &t in &whole {
+        let (_, shape, dtype, data) = rank_share(t, splits, share, zero)?;
+        if let Cow::Owned(_) = data {
+            file.release(t.data);
+        }
+        shapes.push((shape, dtype));
+    }
+    let specs = whole
+        .iter()
+        .zip(&shapes)
+        .map(|(t, (shape, dtype))| TensorRef {
+            name: t.name,
+            dtype: *dtype,
+            shape,
+            data: t.data,
+        });
+    let by_name: BTreeMap<&str, TensorRef<'a>> = whole.iter().map(|t| (t.name, *t)).collect();
+    let fetch = |spec: TensorRef| {
+        let t = by_name[spec.name];
+        let (_, _, _, data) = rank_share(t, splits, share, zero).map_err(|e| e.message)?;
+        Ok(data)
+    };
+    exec.load_weights_fetched(specs, fetch, |spec| file.release(spec.data))
+        .map_err(|e| RanksError::new(Code::E0601, e.message))
 }
 
 /// Initialises the parameters of `exec`'s program from their declared init under `seed` as
 /// one rank holds them: each parameter drawn whole, as one device draws it (its
 /// tensor-parallel dim `tp` times the rank's block, its level-3 slice the whole of `zero`'s
-/// shape), then cut as [`rank_weights`] cuts loaded weights, one parameter at a time. So a
+/// shape), then cut as [`rank_share`] cuts loaded weights, one parameter at a time. So a
 /// sharded run starts from the weights `--init-seed` gives one device.
 pub fn init_rank_weights(
     exec: &mut mslc_exec::Executor,
@@ -740,8 +762,7 @@ pub fn init_rank_weights(
             shape: &shape,
             data: &bytes,
         };
-        let mine = rank_weights([t], splits, (part, tp), zero, |_| {})?;
-        let share = mine.first().map(|m| &m.3[..]).unwrap_or_default();
+        let (_, _, _, share) = rank_share(t, splits, (part, tp), zero)?;
         if share.len() != 4 * values.len() {
             return Err(RanksError::new(
                 Code::E0601,

@@ -24,7 +24,7 @@ use mslc_exec::collectives::{gather_dim, Collectives};
 use mslc_exec::{ExecError, ExecErrorKind, Executor, Stored};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{
-    write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorRef, TensorSpec,
+    write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorSpec,
 };
 
 use crate::loss_scale::ScaleState;
@@ -1133,16 +1133,11 @@ impl Trainer {
         optim.release_all();
         // A pipeline stage takes its own parameters of the whole checkpoint, each cut to this
         // rank's share as `--weights` are.
-        let here: Vec<&str> = self.exec.param_paths().collect();
+        let here: Vec<String> = self.exec.param_paths().map(str::to_string).collect();
         let staged = self.stage.is_some();
         let mine = model
             .tensors()
-            .filter(|t| !staged || here.contains(&t.name));
-        let (splits, share) = self.tensor_share();
-        let zero = self.train.zero.as_ref().map(|z| (z, self.replica.0));
-        let release = |t: TensorRef| model.release(t.data);
-        let weights = crate::ranks::rank_weights(mine, &splits, share, zero, release)
-            .map_err(|e| checkpoint_error(dir, e.message))?;
+            .filter(|t| !staged || here.iter().any(|h| h == t.name));
         if optim.len() != states.len() && !staged {
             return Err(checkpoint_error(
                 dir,
@@ -1155,10 +1150,9 @@ impl Trainer {
         }
         // Loading checks every weight before it writes any; the states were checked above, so
         // from here nothing is refused.
-        self.exec
-            .load_weights_with(crate::ranks::tensor_refs(&weights), |t| {
-                model.release(t.data)
-            })
+        let (splits, share) = self.tensor_share();
+        let zero = self.train.zero.as_ref().map(|z| (z, self.replica.0));
+        crate::ranks::load_rank_weights(&mut self.exec, &model, mine, &splits, share, zero)
             .map_err(|e| checkpoint_error(dir, e.message))?;
         model.release_all();
         for (path, name) in &states {

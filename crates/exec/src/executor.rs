@@ -516,7 +516,21 @@ impl Executor {
     pub fn load_weights_with<'a>(
         &mut self,
         tensors: impl IntoIterator<Item = StTensor<'a>>,
-        mut copied: impl FnMut(StTensor<'a>),
+        copied: impl FnMut(StTensor<'a>),
+    ) -> ExecResult<Vec<(String, &'static str)>> {
+        self.load_weights_fetched(tensors, |t| Ok(Cow::Borrowed(t.data)), copied)
+    }
+
+    /// [`Executor::load_weights_with`] where each tensor's bytes are had from `fetch` only
+    /// when it is copied, once every tensor has been matched to its parameter by name, type
+    /// and shape (which `tensors` give; their `data` is what `fetch` reads): a rank's share of
+    /// a weight is then cut from the file one at a time, not all before loading. Bytes of the
+    /// wrong size, or a `fetch` failure, stop the load there.
+    pub fn load_weights_fetched<'s, 'd>(
+        &mut self,
+        tensors: impl IntoIterator<Item = StTensor<'s>>,
+        mut fetch: impl FnMut(StTensor<'s>) -> Result<Cow<'d, [u8]>, String>,
+        mut copied: impl FnMut(StTensor<'s>),
     ) -> ExecResult<Vec<(String, &'static str)>> {
         let params: Vec<(&str, &mslc_core::ops::TensorType)> = self
             .module
@@ -528,22 +542,32 @@ impl Executor {
             })
             .collect();
         self.params_here()?;
-        let found = weights::match_weights(&params, tensors).map_err(|m| {
-            ExecError::new(
-                ExecErrorKind::Weights,
-                format!("the weights do not fit the model:\n{m}"),
-            )
-        })?;
+        let weights_error = |m: String| ExecError::new(ExecErrorKind::Weights, m);
+        let found = weights::match_weights(&params, tensors)
+            .map_err(|m| weights_error(format!("the weights do not fit the model:\n{m}")))?;
         self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
+        self.params_ready = false;
         for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found.tensors).zip(&params) {
             let dtype = weights::dtype_of(t.dtype);
+            let bytes = fetch(t).map_err(|m| weights_error(format!("`{}`: {m}", t.name)))?;
+            let want = t.shape.iter().product::<usize>() * t.dtype.size();
+            if bytes.len() != want {
+                return Err(weights_error(format!(
+                    "`{}` has {} bytes, but {} {:?} takes {want}",
+                    t.name,
+                    bytes.len(),
+                    t.dtype,
+                    t.shape
+                )));
+            }
             if dtype == ty.dtype {
-                buf.bytes_mut().copy_from_slice(t.data);
+                buf.bytes_mut().copy_from_slice(&bytes);
             } else {
-                let mut values = vec![0f32; t.len()];
-                load_f32(dtype, t.data, &mut values);
+                let mut values = vec![0f32; bytes.len() / t.dtype.size()];
+                load_f32(dtype, &bytes, &mut values);
                 store_f32(ty.dtype, &values, buf.bytes_mut());
             }
+            drop(bytes);
             copied(t);
         }
         self.params_ready = true;
