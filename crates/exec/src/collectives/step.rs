@@ -4,6 +4,7 @@
 //! copies this rank's block, its place in the group read from the mesh.
 
 use mslc_core::ops::Op;
+use mslc_kernels::scratch::with_scratch;
 use mslc_kernels::step::CollectiveStep;
 
 use super::{collective_error, Collectives};
@@ -41,10 +42,11 @@ pub(crate) fn run_collective(
             comm.all_reduce(axis, out)
         }
         Op::AllGather if outer == 1 => comm.all_gather(axis, x, out),
-        Op::AllGather => {
-            // Blocks arrive rank-major ([n][outer][inner]); the result is [outer][n][inner].
-            let mut blocks = vec![0.0; out.len()];
-            comm.all_gather(axis, x, &mut blocks)?;
+        // Blocks arrive rank-major ([n][outer][inner]); the result is [outer][n][inner]. The
+        // blocks go through the thread's kernel scratch, which the plan sizes for them
+        // (`CollectiveStep::reorder_floats`).
+        Op::AllGather => with_scratch(out.len(), |blocks| {
+            comm.all_gather(axis, x, blocks)?;
             for (r, block) in blocks.chunks_exact(x.len()).enumerate() {
                 for (o, row) in block.chunks_exact(inner).enumerate() {
                     let at = (o * size + r) * inner;
@@ -52,20 +54,19 @@ pub(crate) fn run_collective(
                 }
             }
             Ok(())
-        }
+        }),
         Op::ReduceScatter if outer == 1 => comm.reduce_scatter(axis, x, out),
-        Op::ReduceScatter => {
-            // Input [outer][n][piece] reordered rank-major, so member r's block is its piece.
+        // Input [outer][n][piece] reordered rank-major, so member r's block is its piece.
+        Op::ReduceScatter => with_scratch(x.len(), |blocks| {
             let piece = inner / size;
-            let mut blocks = vec![0.0; x.len()];
             for (o, row) in x.chunks_exact(inner).enumerate() {
                 for (r, part) in row.chunks_exact(piece).enumerate() {
                     let at = (r * outer + o) * piece;
                     blocks[at..at + piece].copy_from_slice(part);
                 }
             }
-            comm.reduce_scatter(axis, &blocks, out)
-        }
+            comm.reduce_scatter(axis, blocks, out)
+        }),
         Op::RankSlice => {
             // Input [outer][n][piece]: this rank keeps [outer][its index][piece].
             let me = comm.mesh().coord(comm.rank(), axis);

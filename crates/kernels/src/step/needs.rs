@@ -203,6 +203,16 @@ pub fn scratch_floats(
                 .saturating_add(turned)
                 + 16
         }
+        StepKernel::Collective(c) => {
+            let shape: Vec<usize> = inputs
+                .first()
+                .map(|t| t.shape.iter().map(|&d| d.max(0) as usize).collect())
+                .unwrap_or_default();
+            match c.reorder_floats(&shape) {
+                0 => return 0,
+                n => n,
+            }
+        }
         // The others (elementwise without a program, norms, embeddings, pooling, copies, rope
         // from its table, the optimizer update) take none, so a module of only those (an
         // optimizer step) reserves none per thread.

@@ -177,6 +177,19 @@ pub struct CollectiveStep {
 pub const ALL_REDUCE_IN_PLACE_MIN: usize = 1 << 14;
 
 impl CollectiveStep {
+    /// Values of kernel scratch the step reorders its blocks through: a gather or scatter
+    /// along a dim with more than one row before it (of input shape `shape`: the gathered
+    /// output, `ranks` blocks of the input, or the scattered input) arranges them rank-major.
+    pub fn reorder_floats(&self, shape: &[usize]) -> usize {
+        let outer: usize = shape.iter().take(self.dim).product();
+        let numel: usize = shape.iter().product();
+        match self.op {
+            Op::AllGather if outer > 1 => numel.saturating_mul(self.ranks),
+            Op::ReduceScatter if outer > 1 => numel,
+            _ => 0,
+        }
+    }
+
     /// Values of this step's contribution (its input, of `numel` values) that the threads
     /// backend copies into its group's exchange, which keeps them for the next rounds: every
     /// contribution but that of an all-reduce it runs in place.
