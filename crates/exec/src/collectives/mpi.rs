@@ -19,6 +19,7 @@
 //! activations on while the next stage sends gradients back, so two blocking sends of
 //! messages above MPI's eager limit would wait for each other forever.
 
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -159,7 +160,7 @@ impl MpiWorld {
     /// Ends every process of the job with `status` (MPI_Abort): for a process whose own
     /// failure the others would otherwise wait for in their next collective.
     pub fn abort(&self, status: i32) -> ! {
-        self.world.abort(status)
+        abort_job(&self.world, status)
     }
 
     /// Lays the world out as `mesh` with rank `r` run by process `processes[r]`, whose
@@ -440,7 +441,7 @@ impl MpiRank {
                     hung(),
                     self.timeout.as_secs_f64()
                 );
-                self.world.abort(1)
+                abort_job(&self.world, 1)
             }
             match waited < Duration::from_millis(5) {
                 true => std::thread::yield_now(),
@@ -601,4 +602,17 @@ impl Collectives for MpiRank {
         self.take(0, from, data, hung)
             .or_else(|sent| check_len(&format!("recv from rank {from}"), sent, data.len()))
     }
+}
+
+/// How long a process that ends the job gives mpiexec to forward what it wrote.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(300);
+
+/// Ends every process of the job with `status` (MPI_Abort), once this process's output had
+/// time to reach mpiexec: the launcher stops forwarding output when it kills the processes,
+/// and an abort at once lost the message saying why (seen under CI: an empty stderr).
+fn abort_job(world: &impl Communicator, status: i32) -> ! {
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::thread::sleep(OUTPUT_DRAIN);
+    world.abort(status)
 }
