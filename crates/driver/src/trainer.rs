@@ -896,12 +896,12 @@ impl Trainer {
             .ok_or_else(|| run_missing(&piece.local))
     }
 
-    /// `piece` whole: this rank's value, all-gathered over the data-parallel axis from the
-    /// slices of optimizer sharding, then over the tensor-parallel axis from the blocks of a
-    /// split parameter; a collective, which every member of those groups calls for the same
-    /// piece.
-    fn whole(&mut self, kind: FileKind, piece: &Piece) -> Res<(Vec<usize>, Vec<f32>)> {
-        let (mut shape, mut values) = self
+    /// The values of `piece` whole (of [`Trainer::whole_shape`]): this rank's value,
+    /// all-gathered over the data-parallel axis from the slices of optimizer sharding, then
+    /// over the tensor-parallel axis from the blocks of a split parameter; a collective, which
+    /// every member of those groups calls for the same piece.
+    fn whole(&mut self, kind: FileKind, piece: &Piece) -> Res<Vec<f32>> {
+        let (local, mut values) = self
             .holder(piece.held)
             .value_f32(piece.stored())
             .ok_or_else(|| run_missing(&piece.local))?;
@@ -914,26 +914,21 @@ impl Trainer {
             .as_ref()
             .and_then(|(splits, _)| splits.get(&piece.owner).copied());
         let gathered = |e: ExecError| TrainRunError::new(Code::E0973, e.message);
-        if let Some(full) = full {
+        if let Some(full) = &full {
             let comm = comm(&mut self.exec)?;
-            let mut all =
-                gather_dim(comm, DATA_AXIS, 0, &[values.len()], &values).map_err(gathered)?;
-            all.truncate(full.iter().product());
-            (shape, values) = (full, all);
+            values = gather_dim(comm, DATA_AXIS, 0, &[values.len()], &values).map_err(gathered)?;
+            values.truncate(full.iter().product());
         }
         if let Some(d) = split {
+            let block = full.unwrap_or(local);
             let comm = comm(&mut self.exec)?;
-            let whole = gather_dim(comm, TENSOR_AXIS, d, &shape, &values).map_err(gathered)?;
-            if let Some(n) = shape.get_mut(d) {
-                *n *= whole.len() / values.len().max(1);
-            }
-            values = whole;
+            values = gather_dim(comm, TENSOR_AXIS, d, &block, &values).map_err(gathered)?;
         }
-        Ok((shape, values))
+        Ok(values)
     }
 
-    /// The shape `piece` has whole ([`Trainer::whole`]), known before anything is gathered:
-    /// what the file's header says.
+    /// The shape `piece` has whole, known before anything is gathered ([`Trainer::whole`]
+    /// gathers its values): what the file's header says.
     fn whole_shape(&self, kind: FileKind, piece: &Piece) -> Res<Vec<usize>> {
         let mut shape = match self.zero_of(kind).and_then(|z| z.shapes.get(&piece.owner)) {
             Some(full) => full.clone(),
@@ -977,31 +972,22 @@ impl Trainer {
         let specs: Vec<TensorSpec> = (pieces.iter().zip(&shapes))
             .map(|(p, s)| f32_spec(&p.file, s))
             .collect();
-        // Every rank gathers the tensors in the file's order; after a failure to write, the
-        // rest are still gathered, so that the other ranks are not left waiting.
-        let (next, broken) = (Cell::new(0), Cell::new(false));
+        // Every rank gathers the tensors in the file's order. If rank 0 stops (a failure to
+        // write), the others stop at their next gather, as at any rank's failure.
+        let next = Cell::new(0);
         let me = RefCell::new(&mut *self);
         let bytes = |i: usize| {
             if i != next.get() {
                 return Err(format!("tensor {i} asked for out of the file's order"));
             }
             next.set(i + 1);
-            match me.borrow_mut().whole(kind, &pieces[i]) {
-                Ok((_, values)) => Ok(Cow::Owned(f32_bytes(&values))),
-                Err(e) => {
-                    broken.set(true);
-                    Err(e.message)
-                }
-            }
+            let values = me
+                .borrow_mut()
+                .whole(kind, &pieces[i])
+                .map_err(|e| e.message)?;
+            Ok(Cow::Owned(f32_bytes(&values)))
         };
-        let written = write_safetensors_streamed(path, &specs, &bytes);
-        let me = me.into_inner();
-        if !broken.get() {
-            for piece in &pieces[next.get()..] {
-                me.whole(kind, piece)?;
-            }
-        }
-        written.map_err(write_error)
+        write_safetensors_streamed(path, &specs, &bytes).map_err(write_error)
     }
 
     /// A rank other than 0's part in writing file `kind` when it is gathered: the gathers of
@@ -1026,8 +1012,8 @@ impl Trainer {
     fn stage_file(&mut self, kind: FileKind, pieces: &[Piece]) -> Res<Vec<Named>> {
         let mut list = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            let (shape, values) = self.whole(kind, piece)?;
-            list.push((piece.file.clone(), shape, values));
+            let shape = self.whole_shape(kind, piece)?;
+            list.push((piece.file.clone(), shape, self.whole(kind, piece)?));
         }
         let comm = comm(&mut self.exec)?;
         match &self.stage {
