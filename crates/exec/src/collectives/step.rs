@@ -36,16 +36,17 @@ pub(crate) fn run_collective(
     // Values before `dim` (outer) and from `dim` on (inner) of the input.
     let outer: usize = shape[..step.dim].iter().product();
     let inner = x.len() / outer.max(1);
+    // Values a gather or scatter along a later dim reorders its blocks through, in the
+    // thread's kernel scratch, which the plan sizes for them; none for the others.
+    let reorder = step.reorder_floats(shape);
     match step.op {
         Op::AllReduce => {
             out.copy_from_slice(x);
             comm.all_reduce(axis, out)
         }
-        Op::AllGather if outer == 1 => comm.all_gather(axis, x, out),
-        // Blocks arrive rank-major ([n][outer][inner]); the result is [outer][n][inner]. The
-        // blocks go through the thread's kernel scratch, which the plan sizes for them
-        // (`CollectiveStep::reorder_floats`).
-        Op::AllGather => with_scratch(out.len(), |blocks| {
+        Op::AllGather if reorder == 0 => comm.all_gather(axis, x, out),
+        // Blocks arrive rank-major ([n][outer][inner]); the result is [outer][n][inner].
+        Op::AllGather => with_scratch(reorder, |blocks| {
             comm.all_gather(axis, x, blocks)?;
             for (r, block) in blocks.chunks_exact(x.len()).enumerate() {
                 for (o, row) in block.chunks_exact(inner).enumerate() {
@@ -55,9 +56,9 @@ pub(crate) fn run_collective(
             }
             Ok(())
         }),
-        Op::ReduceScatter if outer == 1 => comm.reduce_scatter(axis, x, out),
+        Op::ReduceScatter if reorder == 0 => comm.reduce_scatter(axis, x, out),
         // Input [outer][n][piece] reordered rank-major, so member r's block is its piece.
-        Op::ReduceScatter => with_scratch(x.len(), |blocks| {
+        Op::ReduceScatter => with_scratch(reorder, |blocks| {
             let piece = inner / size;
             for (o, row) in x.chunks_exact(inner).enumerate() {
                 for (r, part) in row.chunks_exact(piece).enumerate() {
