@@ -731,24 +731,12 @@ pub fn init_rank_weights(
     (part, tp): (usize, usize),
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
-    let held: BTreeMap<String, Vec<usize>> = exec
-        .module()
-        .values
-        .iter()
-        .filter_map(|v| match &v.storage {
-            mslc_artifact::Storage::Param { path, .. } => Some((
-                path.clone(),
-                v.ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
-            )),
-            _ => None,
-        })
-        .collect();
-    exec.init_params_with(|path, init, values| {
+    exec.init_params_with(|path, init, ty, values| {
         let mut shape = match zero {
             Some((z, _)) if z.shards_params() && z.shapes.contains_key(path) => {
                 z.shapes[path].clone()
             }
-            _ => held.get(path).cloned().unwrap_or_default(),
+            _ => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
         };
         if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
             *d *= tp;

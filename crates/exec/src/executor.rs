@@ -15,7 +15,7 @@ use std::time::Instant;
 use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
 use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Step, Storage};
-use mslc_core::ops::DType;
+use mslc_core::ops::{DType, TensorType};
 use mslc_core::program::Init;
 use mslc_io::npy::{NpyArray, NpyDType};
 use mslc_io::safetensors::TensorRef as StTensor;
@@ -577,7 +577,7 @@ impl Executor {
 
     /// Initialises every parameter from its declared `init`, deterministically from `seed`.
     pub fn init_params(&mut self, seed: u64) {
-        let drawn = self.init_params_with(|path, how, values| {
+        let drawn = self.init_params_with(|path, how, _, values| {
             init::fill(how, seed, path, values);
             Ok::<(), std::convert::Infallible>(())
         });
@@ -587,13 +587,13 @@ impl Executor {
         }
     }
 
-    /// Sets every parameter, one at a time, to the f32 values `fill(path, init, values)`
-    /// writes into a buffer of its element count: what a rank draws as its share of a
+    /// Sets every parameter, one at a time, to the f32 values `fill(path, init, type, values)`
+    /// writes into a buffer of its type's element count: what a rank draws as its share of a
     /// parameter drawn whole, with one parameter's values beside the buffers at a time. The
     /// first error `fill` returns stops it (the parameters are then not ready to run).
     pub fn init_params_with<E>(
         &mut self,
-        mut fill: impl FnMut(&str, &Init, &mut [f32]) -> Result<(), E>,
+        mut fill: impl FnMut(&str, &Init, &TensorType, &mut [f32]) -> Result<(), E>,
     ) -> Result<(), E> {
         let params = self.module.values.iter().filter_map(|v| match &v.storage {
             Storage::Param { path, init, .. } => Some((path, init, &v.ty)),
@@ -603,7 +603,7 @@ impl Executor {
         self.params_ready = false;
         for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
             let mut values = vec![0f32; ty.checked_numel().unwrap_or(0) as usize];
-            fill(path, how, &mut values)?;
+            fill(path, how, ty, &mut values)?;
             store_f32(ty.dtype, &values, buf.bytes_mut());
         }
         self.params_ready = true;
