@@ -636,6 +636,40 @@ fn bad_input_is_a_coded_error_naming_the_file() {
     let (code, _, text) = run(&data, &["--steps", "2"]);
     assert_eq!(code, 0, "{text}");
     let step = out.join("step-2");
+    // An optimizer state of another shape: refused, naming it (the states are checked one at a
+    // time before anything is loaded).
+    let other = dir.path("other-state");
+    std::fs::create_dir_all(&other).unwrap();
+    for f in ["model.safetensors", "state.json"] {
+        std::fs::copy(step.join(f), other.join(f)).unwrap();
+    }
+    let optim = SafetensorsFile::open(step.join("optimizer.safetensors")).unwrap();
+    let first = optim.tensors().next().unwrap().name.to_string();
+    let shapes: Vec<Vec<usize>> = optim
+        .tensors()
+        .map(|t| match t.name == first {
+            true => vec![t.len() - 1],
+            false => t.shape.to_vec(),
+        })
+        .collect();
+    let tensors: Vec<TensorRef> = optim
+        .tensors()
+        .zip(&shapes)
+        .map(|(t, shape)| TensorRef {
+            name: t.name,
+            dtype: t.dtype,
+            shape,
+            data: &t.data[..shape.iter().product::<usize>() * t.dtype.size()],
+        })
+        .collect();
+    write_safetensors(other.join("optimizer.safetensors"), &tensors).unwrap();
+    let (code, codes, text) = run(&data, &["--resume", s(&other), "--steps", "3"]);
+    assert_eq!((code, codes), (1, vec!["E0631".to_string()]), "{text}");
+    assert!(
+        text.contains(&format!("optimizer state `{first}`")),
+        "{text}"
+    );
+    assert!(!out.join("step-3").exists());
     let model = std::fs::read(step.join("model.safetensors")).unwrap();
     std::fs::write(
         step.join("optimizer.safetensors"),
