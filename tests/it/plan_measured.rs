@@ -145,17 +145,15 @@ fn tensor_parallel_ranks_stay_within_the_plan() {
     let model_end = text.find("// f16 has a narrow").expect("the model part");
     let model = text[..model_end].replace("dims B = 1,", "dims B = 4,");
     let path = dir.path("tp.msl");
-    let train = "parallel TP {\n    mesh = { mp: 2 }\n    mode = semi_auto\n    \
-                 shard \"model.embed_tokens.weight\" = [mp, _]\n    \
-                 shard \"model.layers.*.self_attn.{q,k,v}_proj.weight\" = [mp, _]\n    \
-                 shard \"model.layers.*.self_attn.o_proj.weight\" = [_, mp]\n    \
-                 shard \"model.layers.*.mlp.{gate,up}_proj.weight\" = [mp, _]\n    \
-                 shard \"model.layers.*.mlp.down_proj.weight\" = [_, mp]\n    \
-                 shard \"lm_head.weight\" = [mp, _]\n}\n\n\
-                 memory Host {\n    max_device_memory = 8GB\n}\n\n\
-                 train Fit for TinyLlama {\n    labels: i32[B, S]\n    \
-                 loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-4)\n    \
-                 batch = 4\n    memory = Host, parallel = TP\n    target = std.targets.cpu\n}\n";
+    // tests/it/ranks.rs's Megatron policy, the embedding and the head split too.
+    let train = include_str!("../fixtures/tiny_llama_tp.msl-decls")
+        .replace(
+            "    mode = semi_auto\n",
+            "    mode = semi_auto\n    shard \"model.embed_tokens.weight\" = [mp, _]\n    \
+             shard \"lm_head.weight\" = [mp, _]\n",
+        )
+        .replace("batch = 2", "batch = 4");
+    assert!(train.contains("lm_head.weight") && train.contains("batch = 4"));
     std::fs::write(&path, format!("{model}\n{train}")).unwrap();
     let (planned, measured, per_device) = planned_and_measured(&path, &data, 2, &[]);
     assert_eq!(per_device, 1);
