@@ -38,6 +38,7 @@ use mslc_ir::shard::zero::{ZeroShard, DP_INDEX};
 
 mod stage;
 
+use stage::StageFile;
 pub use stage::StageRuntime;
 
 /// A coded failure of the loop, naming the file or value at fault.
@@ -81,9 +82,6 @@ impl TrainRunError {
 }
 
 type Res<T> = Result<T, TrainRunError>;
-
-/// A named tensor of a checkpoint: name, shape, values.
-pub type Named = (String, Vec<usize>, Vec<f32>);
 
 fn data_error(message: impl Into<String>) -> TrainRunError {
     TrainRunError::new(Code::E0630, message)
@@ -394,6 +392,9 @@ pub struct Trainer {
     loss: f64,
     /// When this is one stage of a pipeline: its forward, cut and peers.
     stage: Option<StageRuntime>,
+    /// On a pipeline, this stage's part in assembling each gathered file on the first stage
+    /// (settled when the stage is set up); empty elsewhere.
+    stage_files: Vec<(FileKind, StageFile)>,
 }
 
 fn optimizer_name(kind: OptimizerKind) -> &'static str {
@@ -477,6 +478,7 @@ impl Trainer {
             state,
             loss: f64::NAN,
             stage: None,
+            stage_files: Vec::new(),
         };
         trainer.order = trainer.epoch_order(0);
         trainer.set_dp_index()?;
@@ -806,17 +808,24 @@ impl Trainer {
     /// The bytes this rank holds beside its step while it writes the files a run asks for
     /// (checkpoints when `checkpoints`, a gradient dump when `grads`): for a file gathered one
     /// tensor at a time ([`Trainer::write_file`]), its largest tensor whole, as values and as
-    /// bytes; nothing for a file written from the rank's own buffers. (A pipeline's first
-    /// stage gathers whole files from the other stages, which this does not count.)
+    /// bytes (on a pipeline's first stage, the largest of the whole file, which it receives
+    /// from the other stages); nothing for a file written from the rank's own buffers.
     pub fn file_staging_bytes(&self, checkpoints: bool, grads: bool) -> u64 {
         let kinds = [
             (checkpoints, FileKind::Model),
             (checkpoints, FileKind::Optimizer),
             (grads, FileKind::Grads),
         ];
-        let whole = |kind: FileKind| {
+        // The tensors this rank holds whole: on a pipeline's first stage, every tensor of the
+        // file (those of the other stages as received); elsewhere its own, made whole.
+        let whole = |kind: FileKind| -> Vec<Vec<usize>> {
+            if let Ok(StageFile::Writes(entries)) = self.stage_file(kind) {
+                return entries.iter().map(|(_, shape, _)| shape.clone()).collect();
+            }
             let pieces = self.pieces(kind).into_iter();
-            pieces.filter_map(move |p| self.whole_shape(kind, &p).ok())
+            pieces
+                .filter_map(|p| self.whole_shape(kind, &p).ok())
+                .collect()
         };
         kinds
             .into_iter()
@@ -943,83 +952,86 @@ impl Trainer {
     }
 
     /// Writes file `kind` to `path` as f32, atomically, one tensor at a time: this rank's own
-    /// values straight from its buffers, or, when the file is gathered, each tensor gathered
-    /// as the file reaches it while the other ranks join in ([`Trainer::join_file`]). So no
-    /// rank holds more than one whole tensor beside the run, except on a pipeline, whose first
-    /// stage gathers the whole file from the others first ([`Trainer::stage_file`]).
+    /// values straight from its buffers, or, when the file is gathered, assembled as the file
+    /// reaches each tensor while the other ranks join in ([`Trainer::assemble_file`]). So no
+    /// rank holds more than one whole tensor beside the run.
     fn write_file(&mut self, kind: FileKind, path: &Path) -> Res<()> {
+        if self.gathers(kind) {
+            return self.assemble_file(kind, Some(path));
+        }
         let write_error = |e: SafetensorsError| TrainRunError::new(Code::E0600, e.to_string());
         let pieces = self.pieces(kind);
-        if self.gathers(kind) && self.stage.is_some() {
-            let list = self.stage_file(kind, &pieces)?;
-            let specs: Vec<TensorSpec> = list.iter().map(|(n, s, _)| f32_spec(n, s)).collect();
-            let bytes = |i: usize| Ok(Cow::Owned(f32_bytes(&list[i].2)));
-            return write_safetensors_streamed(path, &specs, &bytes).map_err(write_error);
-        }
-        if !self.gathers(kind) {
-            let shapes = (pieces.iter().map(|p| self.local_shape(p))).collect::<Res<Vec<_>>>()?;
-            let specs: Vec<TensorSpec> = (pieces.iter().zip(shapes))
-                .map(|(p, s)| f32_spec(&p.file, s))
-                .collect();
-            let bytes = |i: usize| {
-                let p = &pieces[i];
-                let held = self.holder(p.held).f32_le(p.stored());
-                held.ok_or_else(|| run_missing(&p.local).message)
-            };
-            return write_safetensors_streamed(path, &specs, &bytes).map_err(write_error);
-        }
-        let shapes = (pieces.iter().map(|p| self.whole_shape(kind, p))).collect::<Res<Vec<_>>>()?;
-        let specs: Vec<TensorSpec> = (pieces.iter().zip(&shapes))
+        let shapes = (pieces.iter().map(|p| self.local_shape(p))).collect::<Res<Vec<_>>>()?;
+        let specs: Vec<TensorSpec> = (pieces.iter().zip(shapes))
             .map(|(p, s)| f32_spec(&p.file, s))
             .collect();
-        // Every rank gathers the tensors in the file's order. If rank 0 stops (a failure to
-        // write), the others stop at their next gather, as at any rank's failure.
-        let next = Cell::new(0);
-        let me = RefCell::new(&mut *self);
         let bytes = |i: usize| {
-            if i != next.get() {
-                return Err(format!("tensor {i} asked for out of the file's order"));
-            }
-            next.set(i + 1);
-            let values = me
-                .borrow_mut()
-                .whole(kind, &pieces[i])
-                .map_err(|e| e.message)?;
-            Ok(Cow::Owned(f32_bytes(&values)))
+            let p = &pieces[i];
+            let held = self.holder(p.held).f32_le(p.stored());
+            held.ok_or_else(|| run_missing(&p.local).message)
         };
         write_safetensors_streamed(path, &specs, &bytes).map_err(write_error)
     }
 
-    /// A rank other than 0's part in writing file `kind` when it is gathered: the gathers of
-    /// [`Trainer::write_file`], tensor by tensor in the file's order (on a pipeline, this
-    /// stage's tensors sent to the first stage).
+    /// A rank other than 0's part in writing file `kind` when it is gathered
+    /// ([`Trainer::assemble_file`] without a file).
     fn join_file(&mut self, kind: FileKind) -> Res<()> {
-        if !self.gathers(kind) {
-            return Ok(());
+        match self.gathers(kind) {
+            true => self.assemble_file(kind, None),
+            false => Ok(()),
         }
-        let pieces = self.pieces(kind);
-        if self.stage.is_some() {
-            return self.stage_file(kind, &pieces).map(drop);
-        }
-        for piece in &pieces {
-            self.whole(kind, piece)?;
-        }
-        Ok(())
     }
 
-    /// A pipeline's file `kind` whole on the first stage (empty on the others): each stage's
-    /// `pieces` made whole over its groups, then sent to the first stage.
-    fn stage_file(&mut self, kind: FileKind, pieces: &[Piece]) -> Res<Vec<Named>> {
-        let mut list = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            let shape = self.whole_shape(kind, piece)?;
-            list.push((piece.file.clone(), shape, self.whole(kind, piece)?));
-        }
-        let comm = comm(&mut self.exec)?;
-        match &self.stage {
-            Some(stage) => Self::gather_stages(stage, comm, list),
-            None => Ok(list),
-        }
+    /// A gathered file `kind`, one tensor at a time in the file's order, written to `path` (on
+    /// rank 0) or gone through without a file (every other rank, joining the gathers). Each
+    /// tensor is made whole over its groups ([`Trainer::whole`]) as the file reaches it; on a
+    /// pipeline, the first stage asks the stage a tensor comes from for it, and a later stage
+    /// only sends ([`Trainer::send_to_first_stage`]). If rank 0 stops (a failure to write),
+    /// the others stop at their next gather or exchange, as at any rank's failure.
+    fn assemble_file(&mut self, kind: FileKind, path: Option<&Path>) -> Res<()> {
+        let pieces = self.pieces(kind);
+        let entries: Vec<(String, Vec<usize>, usize)> = match self.stage {
+            Some(_) => match self.stage_file(kind)? {
+                StageFile::Writes(entries) => entries.clone(),
+                StageFile::Sends(taken) => {
+                    let taken = taken.clone();
+                    return self.send_to_first_stage(kind, &taken);
+                }
+            },
+            None => (pieces.iter())
+                .map(|p| Ok((p.file.clone(), self.whole_shape(kind, p)?, 0)))
+                .collect::<Res<_>>()?,
+        };
+        let ranks = self.stage.as_ref().map(|s| s.ranks.clone());
+        let (next, own) = (Cell::new(0), Cell::new(0));
+        let me = RefCell::new(&mut *self);
+        // Tensor `i`'s values whole, asked for in the file's order.
+        let fetch = |i: usize| -> Res<Vec<f32>> {
+            if i != next.get() {
+                return Err(run_missing(&format!("tensor {i} in the file's order")));
+            }
+            next.set(i + 1);
+            let (name, shape, from) = &entries[i];
+            let mut me = me.borrow_mut();
+            match (*from, &ranks) {
+                (0, _) | (_, None) => {
+                    let piece = pieces.get(own.get()).filter(|p| p.file == *name);
+                    own.set(own.get() + 1);
+                    me.whole(kind, piece.ok_or_else(|| run_missing(name))?)
+                }
+                (from, Some(ranks)) => me.receive_from_stage(ranks[from], shape.iter().product()),
+            }
+        };
+        let Some(path) = path else {
+            return (0..entries.len()).try_for_each(|i| fetch(i).map(drop));
+        };
+        let specs: Vec<TensorSpec> = entries.iter().map(|(n, s, _)| f32_spec(n, s)).collect();
+        let bytes = |i: usize| {
+            let values = fetch(i).map_err(|e| e.message)?;
+            Ok(Cow::Owned(f32_bytes(&values)))
+        };
+        write_safetensors_streamed(path, &specs, &bytes)
+            .map_err(|e| TrainRunError::new(Code::E0600, e.to_string()))
     }
 
     /// Writes `out/step-K` (K = updates done) atomically: the files go to a temporary folder

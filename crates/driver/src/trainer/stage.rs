@@ -17,7 +17,7 @@
 //! first stage's) receives the loss from the last stage for the metrics, and every stage's
 //! parameters and states for checkpoints.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,10 +25,12 @@ use mslc_exec::collectives::Collectives;
 use mslc_exec::Executor;
 use mslc_io::npy::NpyArray;
 use mslc_ir::shard::pipeline::StageCut;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::{
-    comm, data_error, micro_seed, run_missing, zero_inputs, Named, Res, StepMetrics, TrainRunError,
-    Trainer,
+    comm, data_error, micro_seed, run_missing, zero_inputs, FileKind, Res, StepMetrics,
+    TrainRunError, Trainer,
 };
 use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
 use crate::train::{
@@ -37,6 +39,24 @@ use crate::train::{
 use crate::train_mode::SEED;
 use mslc_ir::shard::zero::DP_INDEX;
 use mslc_plan::parallel::estimate::Schedule;
+
+/// The files a pipeline gathers on its first stage, in the order they are settled.
+const FILE_KINDS: [FileKind; 3] = [FileKind::Model, FileKind::Optimizer, FileKind::Grads];
+
+/// A stage's tensors of one file, in order: each one's name and whole shape.
+type Header = Vec<(String, Vec<usize>)>;
+
+/// A stage's part in assembling a gathered file of one kind on the first stage
+/// ([`Trainer::settle_stage_files`]).
+#[derive(Debug)]
+pub(super) enum StageFile {
+    /// On the first stage: the file's tensors in order, each with its whole shape and the
+    /// stage it comes from (0: this one).
+    Writes(Vec<(String, Vec<usize>, usize)>),
+    /// On a later stage: for each of its own tensors, in order, whether the first stage takes
+    /// it from this stage (not a tied weight that a lower stage holds too).
+    Sends(Vec<bool>),
+}
 
 /// What a [`Trainer`] needs to run one stage of a pipeline.
 pub struct StageRuntime {
@@ -99,7 +119,7 @@ impl Trainer {
                 .map_err(|e| data_error(e.message))?;
         }
         self.stage = Some(runtime);
-        Ok(())
+        self.settle_stage_files()
     }
 
     /// A pipeline stage's other executors (its forward's and its update's); none elsewhere.
@@ -377,26 +397,115 @@ impl Trainer {
         }
     }
 
-    /// All stages' tensors of a kind (parameters, states, gradients; `list` this stage's), on
-    /// the first stage (the others send theirs to it and keep none): what a checkpoint or a
-    /// gradient dump of the whole model writes.
-    pub(super) fn gather_stages(
-        stage: &StageRuntime,
-        comm: &mut dyn Collectives,
-        mut list: Vec<Named>,
-    ) -> Res<Vec<Named>> {
-        if stage.stage != 0 {
-            send_named(comm, stage.ranks[0], &list)?;
-            return Ok(Vec::new());
+    /// Settles, once the stage is set up, how each gathered file is assembled (a collective
+    /// of the row's stages): every stage sends the first stage its tensors' names and whole
+    /// shapes for each [`FileKind`] (none for a kind whose shapes it cannot know: a gradient
+    /// dump when the update does not expose its gradients); the first stage orders the file,
+    /// takes a tied weight (its states, its gradient sum) from the lowest stage holding it, and
+    /// tells each other stage which of its tensors it takes. So a save streams the file one
+    /// tensor at a time ([`Trainer::assemble_file`]) and the plan knows the largest tensor
+    /// the first stage receives ([`Trainer::file_staging_bytes`]).
+    pub(super) fn settle_stage_files(&mut self) -> Res<()> {
+        let headers: Vec<Option<Header>> = FILE_KINDS
+            .iter()
+            .map(|&kind| {
+                let pieces = self.pieces(kind);
+                let shapes = pieces
+                    .iter()
+                    .map(|p| Ok((p.file.clone(), self.whole_shape(kind, p)?)));
+                shapes.collect::<Res<Vec<_>>>().ok()
+            })
+            .collect();
+        let Some(stage) = &self.stage else {
+            return Ok(());
+        };
+        let (me, ranks) = (stage.stage, stage.ranks.clone());
+        let comm = comm(&mut self.exec)?;
+        if me != 0 {
+            send_json(comm, ranks[0], &headers)?;
+            let taken: Vec<Option<Vec<bool>>> = recv_json(comm, ranks[0])?;
+            self.stage_files = (FILE_KINDS.into_iter().zip(taken))
+                .filter_map(|(kind, taken)| Some((kind, StageFile::Sends(taken?))))
+                .collect();
+            return Ok(());
         }
-        for &rank in &stage.ranks[1..] {
-            list.extend(recv_named(comm, rank)?);
+        let mut all = vec![headers];
+        for &rank in &ranks[1..] {
+            all.push(recv_json(comm, rank)?);
         }
-        // A tied weight (its states, its gradient sum) comes from every stage holding it,
-        // alike: kept once, the first stage's (a stable sort keeps the stages' order).
-        list.sort_by(|a, b| a.0.cmp(&b.0));
-        list.dedup_by(|later, first| later.0 == first.0);
-        Ok(list)
+        let mut taken: Vec<Vec<Option<Vec<bool>>>> = vec![Vec::new(); ranks.len()];
+        let mut files = Vec::new();
+        for (k, kind) in FILE_KINDS.into_iter().enumerate() {
+            let lists: Option<Vec<&Header>> = all
+                .iter()
+                .map(|h| h.get(k).and_then(Option::as_ref))
+                .collect();
+            let Some(lists) = lists else {
+                taken.iter_mut().for_each(|t| t.push(None));
+                continue;
+            };
+            // Each name from the lowest stage holding it.
+            let mut from: BTreeMap<&str, (usize, &[usize])> = BTreeMap::new();
+            for (s, list) in lists.iter().enumerate() {
+                for (name, shape) in list.iter() {
+                    from.entry(name).or_insert((s, shape));
+                }
+            }
+            for (s, list) in lists.iter().enumerate() {
+                let mine = list
+                    .iter()
+                    .map(|(name, _)| from.get(name.as_str()).map(|f| f.0) == Some(s));
+                taken[s].push(Some(mine.collect()));
+            }
+            let entries = (from.into_iter())
+                .map(|(name, (s, shape))| (name.to_string(), shape.to_vec(), s))
+                .collect();
+            files.push((kind, StageFile::Writes(entries)));
+        }
+        for (s, &rank) in ranks.iter().enumerate().skip(1) {
+            send_json(comm, rank, &taken[s])?;
+        }
+        self.stage_files = files;
+        Ok(())
+    }
+
+    /// How this stage takes part in assembling file `kind` ([`Trainer::settle_stage_files`]).
+    pub(super) fn stage_file(&self, kind: FileKind) -> Res<&StageFile> {
+        let found = self.stage_files.iter().find(|(k, _)| *k == kind);
+        found
+            .map(|(_, file)| file)
+            .ok_or_else(|| run_missing(&format!("the stages' layout of the {kind:?} file")))
+    }
+
+    /// A later stage's part in assembling file `kind` on the first stage
+    /// ([`Trainer::assemble_file`]): each of its tensors made whole in order (the gathers of
+    /// its groups), and those the first stage takes (`taken`) sent to it when it asks, so that
+    /// the stage never runs ahead of the file.
+    pub(super) fn send_to_first_stage(&mut self, kind: FileKind, taken: &[bool]) -> Res<()> {
+        let first = match &self.stage {
+            Some(stage) => stage.ranks[0],
+            None => return Err(run_missing("the pipeline stage")),
+        };
+        for (piece, &take) in self.pieces(kind).iter().zip(taken) {
+            let values = self.whole(kind, piece)?;
+            if take {
+                let comm = comm(&mut self.exec)?;
+                comm.recv(first, &mut []).map_err(TrainRunError::of_run)?;
+                comm.send(first, &values).map_err(TrainRunError::of_run)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// On a pipeline's first stage, asks stage `from` (`rank`) for its next tensor of the
+    /// file, of `len` values ([`Trainer::send_to_first_stage`]).
+    pub(super) fn receive_from_stage(&mut self, rank: usize, len: usize) -> Res<Vec<f32>> {
+        let comm = comm(&mut self.exec)?;
+        let mut values = vec![0f32; len];
+        comm.send(rank, &[]).map_err(TrainRunError::of_run)?;
+        comm.recv(rank, &mut values)
+            .map_err(TrainRunError::of_run)?;
+        Ok(values)
     }
 }
 
@@ -487,28 +596,14 @@ fn run_on_params_of<T>(
     ran
 }
 
-/// Named f32 tensors sent to `to`: their names and shapes as JSON, then each one's values.
-fn send_named(comm: &mut dyn Collectives, to: usize, list: &[Named]) -> Res<()> {
-    let header: Vec<(&str, &[usize])> = list.iter().map(|(n, s, _)| (n.as_str(), &s[..])).collect();
-    let json = serde_json::to_vec(&header).map_err(|e| data_error(e.to_string()))?;
-    send_bytes(comm, to, &json).map_err(TrainRunError::of_run)?;
-    for (_, _, values) in list {
-        comm.send(to, values).map_err(TrainRunError::of_run)?;
-    }
-    Ok(())
+/// `value` as JSON to `to`.
+fn send_json(comm: &mut dyn Collectives, to: usize, value: &impl Serialize) -> Res<()> {
+    let json = serde_json::to_vec(value).map_err(|e| data_error(e.to_string()))?;
+    send_bytes(comm, to, &json).map_err(TrainRunError::of_run)
 }
 
-/// The named tensors [`send_named`] sent from `from`.
-fn recv_named(comm: &mut dyn Collectives, from: usize) -> Res<Vec<Named>> {
+/// The value [`send_json`] sent from `from`.
+fn recv_json<T: DeserializeOwned>(comm: &mut dyn Collectives, from: usize) -> Res<T> {
     let json = recv_bytes(comm, from).map_err(TrainRunError::of_run)?;
-    let header: Vec<(String, Vec<usize>)> =
-        serde_json::from_slice(&json).map_err(|e| data_error(e.to_string()))?;
-    let mut out = Vec::with_capacity(header.len());
-    for (name, shape) in header {
-        let mut values = vec![0f32; shape.iter().product()];
-        comm.recv(from, &mut values)
-            .map_err(TrainRunError::of_run)?;
-        out.push((name, shape, values));
-    }
-    Ok(out)
+    serde_json::from_slice(&json).map_err(|e| data_error(e.to_string()))
 }
