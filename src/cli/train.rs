@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mslc_artifact::Module;
 use mslc_check::decls::Train;
 use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Diagnostic};
@@ -219,7 +220,17 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         .iter()
         .map(|(n, _)| n.name.clone())
         .collect();
-    let module = compiled.compiled.module.clone();
+    // Every program once, shared by the ranks that run it: the step, and a pipeline stage's
+    // step, forward and update.
+    let module = Arc::new(compiled.compiled.module.clone());
+    let stage_programs: Vec<StagePrograms> = stages
+        .iter()
+        .map(|(step, cut)| StagePrograms {
+            step: Arc::new(step.compiled.module.clone()),
+            forward: cut.forward.as_ref().map(|f| Arc::new(f.module.clone())),
+            update: Arc::new(cut.update.compiled.module.clone()),
+        })
+        .collect();
     let arena = compiled.compiled.memory.clone();
     let recompute = compiled.recompute.clone();
     let mut inputs = data_inputs(&module, &compiled);
@@ -261,11 +272,12 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let rank_loop = |rank: usize, comm: Option<Box<dyn Collectives>>| {
         let coords = layout.coords(rank);
         let RankCoords { replica, part, .. } = coords;
-        let (module, compiled) = match stages.get(coords.stage) {
-            Some((step, _)) => (&step.compiled.module, step),
-            None => (&module, &compiled),
+        let (module, compiled) = match (stages.get(coords.stage), stage_programs.get(coords.stage))
+        {
+            (Some((step, _)), Some(programs)) => (&programs.step, step),
+            _ => (&module, &compiled),
         };
-        let mut exec = Executor::new(module.clone(), &exec_options)
+        let mut exec = Executor::new(Arc::clone(module), &exec_options)
             .map_err(|e| Failure::Message(Code::E0604, e.message))?;
         if let Some(comm) = comm {
             exec.set_collectives(comm);
@@ -286,7 +298,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         exec.check_numerics(args.check_numerics);
         let mut trainer = Trainer::new(
             exec,
-            compiled.clone(),
+            compiled,
             train.spec.schedule,
             Arc::clone(&data),
             args.shuffle,
@@ -300,18 +312,19 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         if let Some((_, step)) = stages.get(coords.stage) {
             // The stage's forward and update run on the step's parameters, lent per run.
             let lender = trainer.executor();
-            let borrow = |module: &mslc_artifact::Module| {
-                Executor::borrowing(module.clone(), lender, &exec_options)
+            let programs = &stage_programs[coords.stage];
+            let borrow = |module: &Arc<Module>| {
+                Executor::borrowing(Arc::clone(module), lender, &exec_options)
                     .map_err(|e| Failure::Message(Code::E0604, e.message))
             };
-            let forward = match &step.forward {
-                Some(f) => Some(borrow(&f.module)?),
+            let forward = match &programs.forward {
+                Some(f) => Some(borrow(f)?),
                 None => None,
             };
-            let update = borrow(&step.update.compiled.module)?;
+            let update = borrow(&programs.update)?;
             let runtime = StageRuntime {
                 forward,
-                update: (update, step.update.clone()),
+                update: (update, step.update.params.clone()),
                 cut: step.cut.clone(),
                 stage: coords.stage,
                 ranks: (0..stages.len())
@@ -402,6 +415,13 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         lead(args, reporter, &checked, train, trainer, summary)
     };
     world::run_ranks(&world, ranks, reporter, leader, follow)
+}
+
+/// A pipeline stage's programs, each shared by the ranks of the process that run that stage.
+struct StagePrograms {
+    step: Arc<Module>,
+    forward: Option<Arc<Module>>,
+    update: Arc<Module>,
 }
 
 /// Whether a checkpoint is written after step `step`: every `--save-every` and after the last.

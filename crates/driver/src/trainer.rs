@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use mslc_artifact::Module;
-use mslc_check::policy::{OptimizerKind, Schedule};
+use mslc_check::policy::{Optimizer, OptimizerKind, Schedule};
 use mslc_core::diag::Code;
 use mslc_core::ops::{Op, TensorType};
 use mslc_exec::collectives::{gather_dim, Collectives};
@@ -27,7 +27,7 @@ use mslc_io::safetensors::{
     write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorSpec,
 };
 
-use crate::loss_scale::ScaleState;
+use crate::loss_scale::{LossScaler, ScaleState};
 use crate::numerics::NumericsReport;
 use crate::train::{
     write_backs, CompiledTrain, TrainedParam, BC2_SQRT, DATA_AXIS, GRAD_NORM, GRAD_PREFIX, LOSS,
@@ -370,10 +370,37 @@ pub struct StepMetrics {
     pub ms: f64,
 }
 
+/// What the loop needs of a [`CompiledTrain`] once its module runs in the executor: not the
+/// compiled graph, module and memory plan, which every rank would otherwise hold again beside
+/// its executor's program.
+struct LoopTrain {
+    optimizer: Optimizer,
+    params: Vec<TrainedParam>,
+    loss_scale: LossScaler,
+    grad_accum: u32,
+    accumulators: Vec<String>,
+    buffers: Vec<String>,
+    zero: Option<ZeroShard>,
+}
+
+impl From<&CompiledTrain> for LoopTrain {
+    fn from(train: &CompiledTrain) -> Self {
+        LoopTrain {
+            optimizer: train.optimizer,
+            params: train.params.clone(),
+            loss_scale: train.loss_scale,
+            grad_accum: train.grad_accum,
+            accumulators: train.accumulators.clone(),
+            buffers: train.buffers.clone(),
+            zero: train.zero.clone(),
+        }
+    }
+}
+
 /// A training run: the executor of the compiled step, the data and where the loop is.
 pub struct Trainer {
     exec: Executor,
-    train: CompiledTrain,
+    train: LoopTrain,
     schedule: Schedule,
     /// The samples, shared by the ranks of one process (each reads its own rows).
     data: Arc<Dataset>,
@@ -432,13 +459,13 @@ impl Trainer {
     /// initialised); optimizer states start at zero; `seed` draws the dropout masks.
     pub fn new(
         mut exec: Executor,
-        train: CompiledTrain,
+        train: &CompiledTrain,
         schedule: Schedule,
         data: Arc<Dataset>,
         shuffle: Option<u64>,
         seed: u64,
     ) -> Res<Trainer> {
-        let inputs = data_inputs(exec.module(), &train);
+        let inputs = data_inputs(exec.module(), train);
         let batch = inputs
             .first()
             .and_then(|(_, t)| t.shape.first())
@@ -451,7 +478,7 @@ impl Trainer {
             )));
         }
         data.check_labels(exec.module())?;
-        let zeroed: Vec<String> = zeroed_inputs(&train).map(str::to_string).collect();
+        let zeroed: Vec<String> = zeroed_inputs(train).map(str::to_string).collect();
         zero_inputs(&mut exec, &zeroed)?;
         let state = LoopState {
             step: 0,
@@ -468,7 +495,7 @@ impl Trainer {
         };
         let mut trainer = Trainer {
             exec,
-            train,
+            train: train.into(),
             schedule,
             data,
             batch,

@@ -92,7 +92,8 @@ const NO_TENSOR: TensorRef<'static> = TensorRef {
 
 /// Runs one module; see the module docs.
 pub struct Executor {
-    module: Module,
+    /// Its program, shared with the other executors of it (one per rank of a process).
+    module: Arc<Module>,
     slots: Vec<Slot>,
     plans: Vec<StepPlan>,
     arena: AlignedBuf,
@@ -180,8 +181,9 @@ fn alloc(bytes: usize, what: &str) -> ExecResult<AlignedBuf> {
 impl Executor {
     /// Checks `module` (indices, types, arena bounds, that no step's output overlaps its
     /// inputs except in place over input 0), prepares every step and allocates all buffers.
-    pub fn new(module: Module, options: &ExecOptions) -> ExecResult<Executor> {
-        Self::set_up(module, options, None)
+    /// `module` may be shared (an `Arc`), so that the ranks of one process hold one program.
+    pub fn new(module: impl Into<Arc<Module>>, options: &ExecOptions) -> ExecResult<Executor> {
+        Self::set_up(module.into(), options, None)
     }
 
     /// As [`Executor::new`], for a program that runs on `lender`'s parameters, lent for each
@@ -191,17 +193,17 @@ impl Executor {
     /// keep the scratch the largest of its programs asks for (`options.threads` is the
     /// lender's).
     pub fn borrowing(
-        module: Module,
+        module: impl Into<Arc<Module>>,
         lender: &Executor,
         options: &ExecOptions,
     ) -> ExecResult<Executor> {
-        Self::set_up(module, options, Some(Arc::clone(&lender.pool)))
+        Self::set_up(module.into(), options, Some(Arc::clone(&lender.pool)))
     }
 
     /// Sets up `module` on a pool of its own and its own parameters, or on a lender's pool
     /// and parameters (`lender_pool`).
     fn set_up(
-        module: Module,
+        module: Arc<Module>,
         options: &ExecOptions,
         lender_pool: Option<Arc<rayon::ThreadPool>>,
     ) -> ExecResult<Executor> {

@@ -34,7 +34,7 @@ use super::{
 };
 use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
 use crate::train::{
-    accumulator, grad_from, grad_of, write_backs, CompiledTrain, GRAD_NORM, LOSS, OVERFLOW,
+    accumulator, grad_from, grad_of, write_backs, TrainedParam, GRAD_NORM, LOSS, OVERFLOW,
 };
 use crate::train_mode::SEED;
 use mslc_ir::shard::zero::DP_INDEX;
@@ -76,9 +76,10 @@ pub struct StageRuntime {
     pub micro_batches: usize,
     /// The order of the stage's passes (GPipe, 1F1B or interleaved).
     pub schedule: Schedule,
-    /// The stage's update ([`crate::train::StageStep::update`]) and its executor, which holds
-    /// the optimizer states and, like the forward, borrows the step's parameters to update them.
-    pub update: (Executor, CompiledTrain),
+    /// The executor of the stage's update ([`crate::train::StageStep::update`]), which holds
+    /// the optimizer states and, like the forward, borrows the step's parameters to update them,
+    /// and the parameters that update trains.
+    pub update: (Executor, Vec<TrainedParam>),
     /// Under an interleaved schedule, the turns of the chunk-stages of this stage's device
     /// (shared with them), and how long it waits for its turn.
     pub turns: Option<Arc<Turns>>,
@@ -108,7 +109,7 @@ impl Trainer {
         self.state.batch = (whole * self.replica.1) as u64;
         let mut runtime = runtime;
         let (update, step) = &mut runtime.update;
-        let states: Vec<String> = step.params.iter().flat_map(|p| p.states.clone()).collect();
+        let states: Vec<String> = step.iter().flat_map(|p| p.states.clone()).collect();
         zero_inputs(update, &states)?;
         // Under optimizer sharding the update works on this replica's slices.
         if update.module().inputs().any(|(n, _)| n == DP_INDEX) {
@@ -357,7 +358,7 @@ impl Trainer {
                 .after_step(&mut self.state.scale, overflow);
             if !skipped {
                 update
-                    .write_back(write_backs(&step.params))
+                    .write_back(write_backs(step))
                     .map_err(TrainRunError::of_run)?;
             }
             Ok(skipped)
