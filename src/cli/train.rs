@@ -204,6 +204,10 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         let module = &mut step.compiled.module;
         tuned += super::tune_decisions::apply_kernels(module, tune_db.as_deref(), threads);
     }
+    // The first stage runs the module tuned above.
+    if let Some((first, _)) = stages.first_mut() {
+        first.compiled.module = compiled.compiled.module.clone();
+    }
     let tuning = tune_db
         .filter(|_| tuned > 0 || !unfused.is_empty())
         .map(|db| {

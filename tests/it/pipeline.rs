@@ -804,3 +804,66 @@ fn tied_training_parity(tag: &str, stages: usize) -> Vec<serde_json::Value> {
     assert_eq!(entries.len(), stages);
     entries
 }
+
+/// A knowledge base's choices reach every stage, the first too (which once ran its defaults
+/// while the summary counted its tuned signatures): a GEMM blocking recorded for one of the
+/// first stage's matmuls (its signature from `mslc build`'s kernel table of that stage) shows
+/// in rank 0's `--profile` trace of its step.
+#[test]
+fn a_knowledge_base_reaches_the_first_stage() {
+    let dir = TestDir::new("pipeline-tuned");
+    let (src, _) = llama_source_in(&dir, "pp.msl", PP, 2);
+    let built = dir.path("built");
+    let mut args = vec!["build", s(&src), "--entry", "Pretrain", "-o", s(&built)];
+    args.extend(llama_flags());
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let table: toml::Value = toml::from_str(
+        &std::fs::read_to_string(built.join("Pretrain.stage0.rank.kernels.toml")).unwrap(),
+    )
+    .unwrap();
+    let signature = table["kernel"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| k["signature"].as_str())
+        .find(|sig| sig.starts_with("matmul("))
+        .expect("a matmul on the first stage")
+        .to_string();
+    let mut params = mslc_kernels::binding::choose_kernel(mslc_core::ops::Op::Matmul).params;
+    params.insert("mc".into(), mslc_kernels::binding::KernelParam::Int(16));
+    let kb = serde_json::json!({
+        "format": "mslc-tune-kb",
+        "version": 3,
+        "records": [{
+            "device": mslc_tune::device::fingerprint(), "threads": 1, "signature": signature,
+            "kernel": "gemm", "params": params, "default_us": 2.0, "tuned_us": 1.0,
+            "candidates": 4,
+        }],
+        "subgraphs": [],
+    });
+    let db = dir.path("kb.json");
+    std::fs::write(&db, kb.to_string()).unwrap();
+    let data = random_tokens(&dir, 8, 8, 3);
+    let trace = dir.path("trace.json");
+    let mut args = vec!["train", s(&src), "--data", s(&data), "--init-seed", "0"];
+    args.extend(llama_flags());
+    args.extend(["--steps", "1", "--ranks", "2", "--threads", "1"]);
+    args.extend(["--tune-db", s(&db), "--profile", s(&trace)]);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("tuning:  "), "{stdout}");
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let blockings: Vec<i64> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["args"]["kernel"] == "gemm")
+        .filter_map(|e| e["args"]["params"]["mc"].as_i64())
+        .collect();
+    assert!(!blockings.is_empty(), "no GEMM in rank 0's trace");
+    assert!(
+        blockings.contains(&16),
+        "rank 0 ran none of its GEMMs with the recorded blocking: {blockings:?}"
+    );
+}
