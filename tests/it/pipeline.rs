@@ -12,7 +12,7 @@ use crate::ranks::{
     random_tokens, tensors_of,
 };
 use crate::tolerance::{assert_rel_to_max, ADAMW_WEIGHTS_TOL};
-use crate::train::{assert_rel, npy_f64};
+use crate::train::{assert_rel, gemm_blocking, knowledge_base, npy_f64};
 
 /// Two stages, four micro-batches of 2 sequences (1F1B).
 const PP: &str = include_str!("../fixtures/tiny_llama_pp.msl-decls");
@@ -830,18 +830,7 @@ fn a_knowledge_base_reaches_the_first_stage() {
         .find(|sig| sig.starts_with("matmul("))
         .expect("a matmul on the first stage")
         .to_string();
-    let mut params = mslc_kernels::binding::choose_kernel(mslc_core::ops::Op::Matmul).params;
-    params.insert("mc".into(), mslc_kernels::binding::KernelParam::Int(16));
-    let kb = serde_json::json!({
-        "format": "mslc-tune-kb",
-        "version": 3,
-        "records": [{
-            "device": mslc_tune::device::fingerprint(), "threads": 1, "signature": signature,
-            "kernel": "gemm", "params": params, "default_us": 2.0, "tuned_us": 1.0,
-            "candidates": 4,
-        }],
-        "subgraphs": [],
-    });
+    let kb = knowledge_base(gemm_blocking(&signature, 1, 16), serde_json::json!([]));
     let db = dir.path("kb.json");
     std::fs::write(&db, kb.to_string()).unwrap();
     let data = random_tokens(&dir, 8, 8, 3);

@@ -217,6 +217,30 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
     assert_within_5_percent_above("level-3 slices from --weights", planned, measured);
 }
 
+/// examples/tiny_llama.msl's model on two pipeline stages (4 micro-batches of 2 under
+/// `schedule`), f32, AdamW, with a memory policy when `memory`, written in `dir`.
+fn pipeline_source(dir: &TestDir, schedule: &str, memory: bool) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
+    let (policy, uses) = match memory {
+        true => (
+            "memory Host {\n    max_device_memory = 8GB\n}\n\n",
+            "memory = Host, ",
+        ),
+        false => ("", ""),
+    };
+    let train = format!(
+        "parallel PP {{\n    mesh = {{ pp: 2 }}\n    mode = semi_auto\n    \
+         pipeline = {{ stages: 2, micro_batches: 4, schedule: {schedule} }}\n}}\n\n{policy}\
+         train Fit for TinyLlama {{\n    labels: i32[B, S]\n    \
+         loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-4)\n    \
+         batch = 8\n    {uses}parallel = PP\n    target = std.targets.cpu\n}}\n"
+    );
+    let path = dir.path("pipeline.msl");
+    std::fs::write(&path, format!("{model}\n{train}")).unwrap();
+    path
+}
+
 /// A pipeline's checkpoints and gradient dump are assembled on the first stage one tensor at
 /// a time, each received from its stage when the file reaches it: two stages (1F1B) that save
 /// every step and dump their gradients stay within the plan, and the files raise the measured
@@ -229,16 +253,7 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
 fn a_pipeline_s_checkpoints_stay_within_the_plan() {
     let dir = TestDir::new("plan-measured-pipeline-checkpoints");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
-    let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
-    let path = dir.path("pipeline.msl");
-    let train = "parallel PP {\n    mesh = { pp: 2 }\n    mode = semi_auto\n    \
-                 pipeline = { stages: 2, micro_batches: 4, schedule: 1f1b }\n}\n\n\
-                 memory Host {\n    max_device_memory = 8GB\n}\n\n\
-                 train Fit for TinyLlama {\n    labels: i32[B, S]\n    \
-                 loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-4)\n    \
-                 batch = 8\n    memory = Host, parallel = PP\n    target = std.targets.cpu\n}\n";
-    std::fs::write(&path, format!("{model}\n{train}")).unwrap();
+    let path = pipeline_source(&dir, "1f1b", true);
     let (out, grads) = (dir.path("ckpt"), dir.path("grads"));
     let saving = [
         "--output-dir",
@@ -278,15 +293,7 @@ fn a_pipeline_s_checkpoints_stay_within_the_plan() {
 fn an_interleaved_device_holds_the_plans_of_its_chunks() {
     let dir = TestDir::new("plan-measured-interleaved");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
-    let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
-    let path = dir.path("interleaved.msl");
-    let train = "parallel PP {\n    mesh = { pp: 2 }\n    mode = semi_auto\n    \
-                 pipeline = { stages: 2, micro_batches: 4, schedule: interleaved(2) }\n}\n\n\
-                 train Fit for TinyLlama {\n    labels: i32[B, S]\n    \
-                 loss = cross_entropy(logits, labels)\n    optimizer = adamw(lr: 1e-4)\n    \
-                 batch = 8\n    parallel = PP\n    target = std.targets.cpu\n}\n";
-    std::fs::write(&path, format!("{model}\n{train}")).unwrap();
+    let path = pipeline_source(&dir, "interleaved(2)", false);
     let (planned, measured, per_device) =
         planned_and_measured(&path, &data, 2, &["--set", "layers=4"]);
     assert_eq!(per_device, 2);

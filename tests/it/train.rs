@@ -966,22 +966,14 @@ fn tuning_decisions_apply_to_training_builds_and_runs() {
     // the ReLU gradient's fused subgraph left unfused.
     let gemm = "matmul(f32[4,10], f32[10,8]) {transpose_a=false, transpose_b=false}";
     let relu_grad = r#"fused_elementwise(f32[4,8], f32[4,8]) {program="sign(x0); mul(x1, t0)"}"#;
-    let device = mslc_tune::device::fingerprint();
-    let mut params = mslc_kernels::binding::choose_kernel(mslc_core::ops::Op::Matmul).params;
-    params.insert("mc".into(), mslc_kernels::binding::KernelParam::Int(16));
-    let kb = serde_json::json!({
-        "format": "mslc-tune-kb",
-        "version": 3,
-        "records": [{
-            "device": device, "threads": threads.parse::<usize>().unwrap(), "signature": gemm,
-            "kernel": "gemm", "params": params, "default_us": 2.0, "tuned_us": 1.0,
-            "candidates": 4,
-        }],
-        "subgraphs": [{
-            "device": device, "threads": threads.parse::<usize>().unwrap(),
+    let threads_n: usize = threads.parse().unwrap();
+    let kb = knowledge_base(
+        gemm_blocking(gemm, threads_n, 16),
+        serde_json::json!([{
+            "device": mslc_tune::device::fingerprint(), "threads": threads_n,
             "signature": relu_grad, "fused": false, "fused_us": 2.0, "unfused_us": 1.0,
-        }],
-    });
+        }]),
+    );
     let db = dir.path("kb.json");
     std::fs::write(&db, kb.to_string()).unwrap();
 
@@ -1038,6 +1030,31 @@ fn tuning_decisions_apply_to_training_builds_and_runs() {
         "{stdout}"
     );
     assert_rel("losses with the tuned choices", &got, &want, 1e-5);
+}
+
+/// A knowledge base of this device holding `records` and `subgraphs` (JSON arrays).
+pub(crate) fn knowledge_base(
+    records: serde_json::Value,
+    subgraphs: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "format": "mslc-tune-kb",
+        "version": 3,
+        "records": records,
+        "subgraphs": subgraphs,
+    })
+}
+
+/// The knowledge-base records of one GEMM blocking on this device: the default parameters
+/// with `mc` rows per block, for `signature` on `threads` threads.
+pub(crate) fn gemm_blocking(signature: &str, threads: usize, mc: i64) -> serde_json::Value {
+    let mut params = mslc_kernels::binding::choose_kernel(mslc_core::ops::Op::Matmul).params;
+    params.insert("mc".into(), mslc_kernels::binding::KernelParam::Int(mc));
+    serde_json::json!([{
+        "device": mslc_tune::device::fingerprint(), "threads": threads, "signature": signature,
+        "kernel": "gemm", "params": params, "default_us": 2.0, "tuned_us": 1.0,
+        "candidates": 4,
+    }])
 }
 
 /// `--profile F.json` writes a Chrome trace of the last run of the step: one event per op with
