@@ -598,23 +598,31 @@ fn lead(
         text.push_str(&line);
         text.push('\n');
     }
-    // What each device holds by the plan, with the planner's fragmentation reserve; it runs no
-    // collective buffers of its own (the collectives reduce in place).
-    // A gathered checkpoint or gradient dump holds one whole tensor beside the step.
+    // What each device holds by the plan, with the executor's reserve; it runs no collective
+    // buffers of its own (the collectives reduce in place). A gathered checkpoint or gradient
+    // dump holds one whole tensor between steps, out of the reserve as far as it goes.
     let staging = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
-    let planned = device.total + staging;
+    let planned = device.with_transient(staging);
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),
     };
     if let Some(m) = measured {
         text.push_str(&format!(
-            "  measured: peak resident memory {} {per} over the run, planned peak {} with the 5 % reserve{} ({:+.1} %)\n",
+            "  measured: peak resident memory {} {per} over the run, planned peak {} with the {} % reserve{} ({:+.1} %)\n",
             mslc_core::units::human_bytes(m),
             mslc_core::units::human_bytes(planned),
-            match staging {
-                0 => String::new(),
-                n => format!(" and {} to gather files", mslc_core::units::human_bytes(n)),
+            100.0 * mslc_plan::parallel::estimate::EXECUTOR_RESERVE,
+            match (staging, planned - device.total) {
+                (0, _) => String::new(),
+                (n, 0) => format!(
+                    ", {} of it to gather files",
+                    mslc_core::units::human_bytes(n)
+                ),
+                (_, beyond) => format!(
+                    " and {} more to gather files",
+                    mslc_core::units::human_bytes(beyond)
+                ),
             },
             100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)
         ));

@@ -160,6 +160,19 @@ fn tensor_parallel_ranks_stay_within_the_plan() {
     assert_within_5_percent_above("2 tensor-parallel ranks", planned, measured);
 }
 
+/// The flags of a run that saves a checkpoint into `out` after every step and dumps its
+/// gradients into `grads`.
+fn saving_every_step<'a>(out: &'a Path, grads: &'a Path) -> [&'a str; 6] {
+    [
+        "--output-dir",
+        s(out),
+        "--save-every",
+        "1",
+        "--dump-grads",
+        s(grads),
+    ]
+}
+
 /// Reading and writing checkpoints is part of the run the plan bounds: a run that dumps its
 /// gradients and saves a checkpoint after every step, one that resumes from that checkpoint,
 /// and one that starts from its weights each stay within the plan (a save holds one tensor
@@ -174,17 +187,9 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
     let dir = TestDir::new("plan-measured-checkpoints");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
     let one = source(&dir, 1, None);
-    let out = dir.path("ckpt");
-    let grads = dir.path("grads");
-    let saving = [
-        "--output-dir",
-        s(&out),
-        "--save-every",
-        "1",
-        "--dump-grads",
-        s(&grads),
-    ];
-    let (planned, measured, _) = planned_and_measured(&one, &data, 1, &saving);
+    let (out, grads) = (dir.path("ckpt"), dir.path("grads"));
+    let (planned, measured, _) =
+        planned_and_measured(&one, &data, 1, &saving_every_step(&out, &grads));
     assert_within_5_percent_above("saving every step", planned, measured);
     assert!(grads.join("grads.safetensors").is_file());
     let step = out.join("step-2");
@@ -243,26 +248,19 @@ fn pipeline_source(dir: &TestDir, schedule: &str, memory: bool) -> PathBuf {
 
 /// A pipeline's checkpoints and gradient dump are assembled on the first stage one tensor at
 /// a time, each received from its stage when the file reaches it: two stages (1F1B) that save
-/// every step and dump their gradients stay within the plan, and the files raise the measured
-/// peak by no more than the plan adds for them (the file's largest tensor, as values and as
-/// bytes), within 1 % of the peak. (Both ranks run in this process, so the peak per device is
-/// their mean, set against the first stage's plan.) Before, the first stage received every
-/// stage's whole file at once: here 16 % above the plan, and under `mpiexec -n 2` on the
-/// 8-layer benchmark model 26 % above it.
+/// every step and dump their gradients stay within the plan (the file's largest tensor, as
+/// values and as bytes, out of the reserve), and the files raise the measured peak by less than
+/// 1 % of it. (Both ranks run in this process, so the peak per device is their mean, set
+/// against the first stage's plan.) Before, the first stage received every stage's whole file
+/// at once: here 16 % above the plan, and under `mpiexec -n 2` on the 8-layer benchmark model
+/// 26 % above it.
 #[test]
 fn a_pipeline_s_checkpoints_stay_within_the_plan() {
     let dir = TestDir::new("plan-measured-pipeline-checkpoints");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
     let path = pipeline_source(&dir, "1f1b", true);
     let (out, grads) = (dir.path("ckpt"), dir.path("grads"));
-    let saving = [
-        "--output-dir",
-        s(&out),
-        "--save-every",
-        "1",
-        "--dump-grads",
-        s(&grads),
-    ];
+    let saving = saving_every_step(&out, &grads);
     let (planned, measured, _) = planned_and_measured(&path, &data, 2, &saving);
     assert!(out.join("step-2/optimizer.safetensors").is_file());
     assert!(grads.join("grads.safetensors").is_file());
@@ -274,15 +272,15 @@ fn a_pipeline_s_checkpoints_stay_within_the_plan() {
         );
         return;
     };
-    let (added, rose) = (planned - plain_planned, measured.saturating_sub(plain));
+    let rose = measured.saturating_sub(plain);
     eprintln!(
-        "2 pipeline stages saving every step: planned {planned}, measured {measured} bytes per \
-         device; the files add {added} to the plan and raised the peak by {rose}"
+        "2 pipeline stages saving every step: planned {planned} ({plain_planned} without the \
+         files), measured {measured} bytes per device; the files raised the peak by {rose}"
     );
     assert!(planned >= measured, "below the measured peak");
     assert!(
-        rose <= added + measured / 100,
-        "the files raised the peak by {rose} bytes, the plan adds {added}"
+        rose <= measured / 100,
+        "the files raised the peak by {rose} bytes"
     );
 }
 

@@ -64,8 +64,8 @@ pub struct ExecutorMemory {
     /// Bytes the rank's collectives leave in the threads backend's exchanges, which keep the
     /// contributions of their last rounds (not the executor's to allocate).
     pub exchanged: u64,
-    /// `allocated` and `exchanged` with the fragmentation reserve
-    /// ([`estimate::FRAGMENTATION`]): the peak a rank's resident memory is planned not to
+    /// `allocated` and `exchanged` with the executor's reserve
+    /// ([`estimate::EXECUTOR_RESERVE`]): the peak a rank's resident memory is planned not to
     /// exceed.
     pub total: u64,
 }
@@ -75,13 +75,22 @@ impl ExecutorMemory {
     /// whose collectives leave `exchanged` bytes in the exchanges.
     pub fn of(allocated: u64, exchanged: u64, threads: usize) -> ExecutorMemory {
         let held = allocated.saturating_add(exchanged);
-        let reserve = (held as f64 * estimate::FRAGMENTATION) as u64;
+        let reserve = (held as f64 * estimate::EXECUTOR_RESERVE) as u64;
         ExecutorMemory {
             threads,
             allocated,
             exchanged,
             total: held.saturating_add(reserve),
         }
+    }
+
+    /// The planned peak with `transient` bytes held between steps beside the step's buffers
+    /// (the one whole tensor a gathered checkpoint holds at a time): they come out of the
+    /// reserve, whose slack the step's transients leave free between steps, and add what
+    /// exceeds it.
+    pub fn with_transient(&self, transient: u64) -> u64 {
+        let reserve = self.total - self.allocated.saturating_add(self.exchanged);
+        self.total.saturating_add(transient.saturating_sub(reserve))
     }
 
     /// What `parts` hold together on `threads` threads (the chunk-ranks of an interleaved
