@@ -195,19 +195,17 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     };
     // A device's chunk-stages take turns: each has the device's share of the cores.
     let threads = ranks::threads_per_rank(args.threads, layout.devices());
-    let mut tuned = super::tune_decisions::apply_kernels(
-        &mut compiled.compiled.module,
-        tune_db.as_deref(),
-        threads,
-    );
-    for (step, _) in stages.iter_mut().skip(1) {
-        let module = &mut step.compiled.module;
-        tuned += super::tune_decisions::apply_kernels(module, tune_db.as_deref(), threads);
-    }
-    // The first stage runs the module tuned above.
-    if let Some((first, _)) = stages.first_mut() {
-        first.compiled.module = compiled.compiled.module.clone();
-    }
+    // The knowledge base's choices go into the steps the ranks run: one device's step, or
+    // every stage's.
+    let apply = |module: &mut Module| {
+        super::tune_decisions::apply_kernels(module, tune_db.as_deref(), threads)
+    };
+    let tuned: usize = match stages.is_empty() {
+        true => apply(&mut compiled.compiled.module),
+        false => (stages.iter_mut())
+            .map(|(step, _)| apply(&mut step.compiled.module))
+            .sum(),
+    };
     let tuning = tune_db
         .filter(|_| tuned > 0 || !unfused.is_empty())
         .map(|db| {
