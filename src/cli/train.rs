@@ -326,7 +326,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             let update = borrow(&programs.update)?;
             let runtime = StageRuntime {
                 forward,
-                update: (update, step.update.params.clone()),
+                update,
                 cut: step.cut.clone(),
                 stage: coords.stage,
                 ranks: (0..stages.len())

@@ -735,7 +735,7 @@ impl Trainer {
         // A pipeline stage's update is a program of its own, the step scales its loss.
         let mut targets = vec![&mut self.exec];
         if let Some(stage) = self.stage.as_mut() {
-            targets.push(&mut stage.update.0);
+            targets.push(&mut stage.update);
         }
         for exec in targets {
             for (name, value) in scalars {
@@ -1184,7 +1184,7 @@ impl Trainer {
             let (shape, values) = self.state_of(&optim, path, name, dir)?;
             let array = NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
             let holder = match self.stage.as_mut() {
-                Some(stage) => &mut stage.update.0,
+                Some(stage) => &mut stage.update,
                 None => &mut self.exec,
             };
             holder
@@ -1260,7 +1260,7 @@ impl Trainer {
     /// The executor of the update: it holds the optimizer states and outputs the gradients
     /// (a pipeline stage's update program; the step elsewhere).
     fn updater(&self) -> &Executor {
-        self.stage.as_ref().map_or(&self.exec, |s| &s.update.0)
+        self.stage.as_ref().map_or(&self.exec, |s| &s.update)
     }
 
     /// The trained parameters.

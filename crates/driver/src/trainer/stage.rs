@@ -33,9 +33,7 @@ use super::{
     TrainRunError, Trainer,
 };
 use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
-use crate::train::{
-    accumulator, grad_from, grad_of, write_backs, TrainedParam, GRAD_NORM, LOSS, OVERFLOW,
-};
+use crate::train::{accumulator, grad_from, grad_of, write_backs, GRAD_NORM, LOSS, OVERFLOW};
 use crate::train_mode::SEED;
 use mslc_ir::shard::zero::DP_INDEX;
 use mslc_plan::parallel::estimate::Schedule;
@@ -77,9 +75,9 @@ pub struct StageRuntime {
     /// The order of the stage's passes (GPipe, 1F1B or interleaved).
     pub schedule: Schedule,
     /// The executor of the stage's update ([`crate::train::StageStep::update`]), which holds
-    /// the optimizer states and, like the forward, borrows the step's parameters to update them,
-    /// and the parameters that update trains.
-    pub update: (Executor, Vec<TrainedParam>),
+    /// the optimizer states and, like the forward, borrows the step's parameters to update them
+    /// (the step's trained parameters are the update's).
+    pub update: Executor,
     /// Under an interleaved schedule, the turns of the chunk-stages of this stage's device
     /// (shared with them), and how long it waits for its turn.
     pub turns: Option<Arc<Turns>>,
@@ -108,8 +106,10 @@ impl Trainer {
         self.batch = whole;
         self.state.batch = (whole * self.replica.1) as u64;
         let mut runtime = runtime;
-        let (update, step) = &mut runtime.update;
-        let states: Vec<String> = step.iter().flat_map(|p| p.states.clone()).collect();
+        let update = &mut runtime.update;
+        let states: Vec<String> = (self.train.params.iter())
+            .flat_map(|p| p.states.clone())
+            .collect();
         zero_inputs(update, &states)?;
         // Under optimizer sharding the update works on this replica's slices.
         if update.module().inputs().any(|(n, _)| n == DP_INDEX) {
@@ -128,7 +128,7 @@ impl Trainer {
         let Some(stage) = &self.stage else {
             return Vec::new();
         };
-        stage.forward.iter().chain([&stage.update.0]).collect()
+        stage.forward.iter().chain([&stage.update]).collect()
     }
 
     /// One update of a stage: the 1F1B schedule over its micro-batches, then its update.
@@ -341,13 +341,14 @@ impl Trainer {
             }
             let array =
                 NpyArray::from_f32(shape, &values).map_err(|e| data_error(e.to_string()))?;
-            let (update, _) = &mut stage.update;
-            update
+            stage
+                .update
                 .set_input(name, &array)
                 .map_err(|e| data_error(e.message))?;
         }
         zero_inputs(&mut self.exec, &self.train.accumulators)?;
-        let (update, step) = &mut stage.update;
+        let update = &mut stage.update;
+        let trained = &self.train.params;
         let skipped = run_on_params_of(&mut self.exec, update, |update| {
             let overflow = update
                 .output_f32(OVERFLOW)
@@ -358,7 +359,7 @@ impl Trainer {
                 .after_step(&mut self.state.scale, overflow);
             if !skipped {
                 update
-                    .write_back(write_backs(step))
+                    .write_back(write_backs(trained))
                     .map_err(TrainRunError::of_run)?;
             }
             Ok(skipped)
