@@ -447,3 +447,20 @@ fn describe(
         recompute_fixed_by: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transient held between steps comes out of the reserve while it fits there, and adds
+    /// only what exceeds it.
+    #[test]
+    fn a_transient_takes_the_reserve_first() {
+        let rank = ExecutorMemory::of(1_000_000, 0, 2);
+        let reserve = rank.total - 1_000_000;
+        assert_eq!(reserve, (1_000_000.0 * estimate::EXECUTOR_RESERVE) as u64);
+        assert_eq!(rank.with_transient(0), rank.total);
+        assert_eq!(rank.with_transient(reserve), rank.total);
+        assert_eq!(rank.with_transient(reserve + 4096), rank.total + 4096);
+    }
+}
