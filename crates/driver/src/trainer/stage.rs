@@ -408,6 +408,9 @@ impl Trainer {
     /// tensor at a time ([`Trainer::assemble_file`]) and the plan knows the largest tensor
     /// the first stage receives ([`Trainer::file_staging_bytes`]).
     pub(super) fn settle_stage_files(&mut self) -> Res<()> {
+        let Some((me, ranks)) = (self.stage.as_ref()).map(|s| (s.stage, s.ranks.clone())) else {
+            return Ok(());
+        };
         let headers: Vec<Option<Header>> = FILE_KINDS
             .iter()
             .map(|&kind| {
@@ -418,10 +421,6 @@ impl Trainer {
                 shapes.collect::<Res<Vec<_>>>().ok()
             })
             .collect();
-        let Some(stage) = &self.stage else {
-            return Ok(());
-        };
-        let (me, ranks) = (stage.stage, stage.ranks.clone());
         let comm = comm(&mut self.exec)?;
         if me != 0 {
             send_json(comm, ranks[0], &headers)?;
