@@ -605,10 +605,10 @@ fn mark_tuned(files: &mut [(PathBuf, Vec<u8>)], module: &mslc_artifact::Module, 
 /// A compiled model or training step, with its recompute report (a training step's).
 type Built<'c> = (Cow<'c, Model>, Compiled, Option<RecomputeReport>);
 
-/// The train `entry` of `checked`, its model (labels and loss included), and how `mslc build`
-/// (and `mslc tune`) compiles its step for one device: the compile options of the `selected`
-/// target, precision and fusion, and the training options (no exposed gradients, one
-/// replica).
+/// The train `entry` of `checked`, its model (labels and loss included), and how a step of it
+/// compiles for one device (the whole model's, [`whole_model_step`], or a rank's): the compile
+/// options of the `selected` target, precision and fusion, and the training options (no
+/// exposed gradients, one replica, the memory policy's budget).
 pub(super) fn train_step<'c>(
     selected: Selection,
     checked: &'c Checked,
@@ -634,6 +634,26 @@ pub(super) fn train_step<'c>(
     Ok((train, model, options, train_options))
 }
 
+/// [`train_step`] for the step of the whole model on one device that `mslc build --entry
+/// TRAIN` writes and `mslc tune` tunes. A train planned over several devices is held to
+/// `max_device_memory` per device, by its per-device plan and its per-rank programs; its
+/// whole-model step is no device's program (GPT-3 175B fits 1,024 devices, not one), so it is
+/// compiled without the budget.
+pub(super) fn whole_model_step<'c>(
+    selected: Selection,
+    checked: &'c Checked,
+    entry: &str,
+) -> Result<(&'c Train, &'c Model, CompileOptions, TrainOptions), Box<Diagnostic>> {
+    let (train, model, options, mut train_options) = train_step(selected, checked, entry)?;
+    let devices = train
+        .parallel
+        .map_or(1, |p| checked.decls.parallels[p].devices);
+    if devices > 1 {
+        train_options.memory = train_options.memory.map(MemoryRequest::without_budget);
+    }
+    Ok((train, model, options, train_options))
+}
+
 /// Compiles the training step of train `entry` (docs/mir-format.md, "Training modules"), in
 /// f32: the module and the train's model (labels and loss included) are named after the train;
 /// with what its memory policy recomputes, and the graph-level tuning decisions applied.
@@ -642,7 +662,7 @@ fn build_train<'c>(
     checked: &'c Checked,
     entry: &str,
 ) -> Result<(Built<'c>, Vec<SubgraphEntry>), Box<Diagnostic>> {
-    let (train, model, options, train_options) = train_step(selection(args), checked, entry)?;
+    let (train, model, options, train_options) = whole_model_step(selection(args), checked, entry)?;
     // The graph-level tuning decisions that name a fused subgraph of the training step apply
     // as they do to the forward.
     let table = args.out_dir.join(format!("{entry}.kernels.toml"));

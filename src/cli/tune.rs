@@ -27,7 +27,7 @@ use mslc_tune::kb::{default_path, KnowledgeBase};
 use mslc_tune::measure::KernelRunner;
 use mslc_tune::tuner::{tune, Observer, Options, Outcome, Progress, Report, Source};
 
-use super::build::train_step;
+use super::build::whole_model_step;
 use super::{source_only_flags, ModelArgs, PrecisionArg, Reporter};
 
 /// Arguments of `mslc tune`.
@@ -346,7 +346,7 @@ fn load(args: &TuneArgs, reporter: &Reporter) -> Result<Loaded, Failure> {
     };
     if let Some(entry) = train {
         let (_, _, options, train_options) =
-            train_step(selection, &checked, entry).map_err(reported)?;
+            whole_model_step(selection, &checked, entry).map_err(reported)?;
         let module = train_module(&checked, entry, &options, train_options)?;
         return Ok(Loaded {
             module,

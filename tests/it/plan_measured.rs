@@ -223,16 +223,16 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
 }
 
 /// examples/tiny_llama.msl's model on two pipeline stages (4 micro-batches of 2 under
-/// `schedule`), f32, AdamW, with a memory policy when `memory`, written in `dir`.
-fn pipeline_source(dir: &TestDir, schedule: &str, memory: bool) -> PathBuf {
+/// `schedule`), f32, AdamW, with a memory policy of `budget` when given, written in `dir`.
+fn pipeline_source(dir: &TestDir, schedule: &str, budget: Option<&str>) -> PathBuf {
     let text = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
     let model = &text[..text.find("// f16 has a narrow").expect("the model part")];
-    let (policy, uses) = match memory {
-        true => (
-            "memory Host {\n    max_device_memory = 8GB\n}\n\n",
+    let (policy, uses) = match budget {
+        Some(budget) => (
+            format!("memory Host {{\n    max_device_memory = {budget}\n}}\n\n"),
             "memory = Host, ",
         ),
-        false => ("", ""),
+        None => (String::new(), ""),
     };
     let train = format!(
         "parallel PP {{\n    mesh = {{ pp: 2 }}\n    mode = semi_auto\n    \
@@ -244,6 +244,54 @@ fn pipeline_source(dir: &TestDir, schedule: &str, memory: bool) -> PathBuf {
     let path = dir.path("pipeline.msl");
     std::fs::write(&path, format!("{model}\n{train}")).unwrap();
     path
+}
+
+/// A train over several devices is held to `max_device_memory` per device, not as one device:
+/// under a budget its whole-model step exceeds (72 MiB with the optimizer states of every
+/// layer) but each of its two pipeline stages fits (about 38 MiB), it builds with its stages'
+/// programs; under one a stage does not fit, E0900 names that stage's rank. Before, the
+/// whole-model step was checked against the budget first (E0720), so GPT-3 175B on 1,024
+/// devices did not build.
+#[test]
+fn a_parallel_train_is_held_to_its_budget_per_device() {
+    let dir = TestDir::new("plan-budget-per-device");
+    let out = dir.path("out");
+    let build = |budget| {
+        let path = pipeline_source(&dir, "1f1b", Some(budget));
+        mslc(&["build", s(&path), "--entry", "Fit", "-o", s(&out)])
+    };
+    let (code, stdout, stderr) = build("60MB");
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(out.join(name)).unwrap()).unwrap()
+    };
+    let step = &json("Fit.report.json")["recompute"]["breakdown"];
+    let whole: u64 = [
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "workspace",
+    ]
+    .iter()
+    .map(|part| step[part].as_u64().unwrap())
+    .sum();
+    assert!(
+        whole > 60_000_000,
+        "the whole step ({whole} B) must exceed the budget"
+    );
+    let plan = json("Fit.plan.json");
+    assert_eq!(plan["fits"], true);
+    for group in plan["per_device"].as_array().unwrap() {
+        assert!(group["memory"]["total"].as_u64().unwrap() < 60_000_000);
+    }
+    assert!(out.join("Fit.stage1.rank.mir").is_file());
+    let (code, _, stderr) = build("30MB");
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("E0900") && stderr.contains("pipeline stage 1 (rank 1)"),
+        "{stderr}"
+    );
 }
 
 /// A pipeline's checkpoints and gradient dump are assembled on the first stage one tensor at
@@ -258,7 +306,7 @@ fn pipeline_source(dir: &TestDir, schedule: &str, memory: bool) -> PathBuf {
 fn a_pipeline_s_checkpoints_stay_within_the_plan() {
     let dir = TestDir::new("plan-measured-pipeline-checkpoints");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
-    let path = pipeline_source(&dir, "1f1b", true);
+    let path = pipeline_source(&dir, "1f1b", Some("8GB"));
     let (out, grads) = (dir.path("ckpt"), dir.path("grads"));
     let saving = saving_every_step(&out, &grads);
     let (planned, measured, _) = planned_and_measured(&path, &data, 2, &saving);
@@ -291,7 +339,7 @@ fn a_pipeline_s_checkpoints_stay_within_the_plan() {
 fn an_interleaved_device_holds_the_plans_of_its_chunks() {
     let dir = TestDir::new("plan-measured-interleaved");
     let data = token_file(&dir, [16, 129], 1000.0, 5);
-    let path = pipeline_source(&dir, "interleaved(2)", false);
+    let path = pipeline_source(&dir, "interleaved(2)", None);
     let (planned, measured, per_device) =
         planned_and_measured(&path, &data, 2, &["--set", "layers=4"]);
     assert_eq!(per_device, 2);

@@ -62,6 +62,15 @@ impl MemoryRequest {
         }
     }
 
+    /// The same recompute policy with no budget, for a step no single device runs (`auto`
+    /// then recomputes nothing, as when everything fits).
+    pub fn without_budget(self) -> MemoryRequest {
+        MemoryRequest {
+            max_device_memory: None,
+            ..self
+        }
+    }
+
     /// The request of `train`'s memory policy, if it names one.
     pub fn of_train(checked: &Checked, train: &Train) -> Option<MemoryRequest> {
         train
