@@ -590,19 +590,17 @@ fn does_not_fit(
             fixes.join("; ")
         )
     };
-    let ranks = worst.ranks;
     Box::new(
         Diagnostic::error(
             Code::E0900,
             code_file,
             span,
             format!(
-                "train `{}` needs {} on each device of pipeline stage {} (ranks {}–{}), more than the {} budget: {}",
+                "train `{}` needs {} on each device of pipeline stage {} ({}), more than the {} budget: {}",
                 spec.name.name,
                 human_bytes(worst.memory.total),
                 worst.stage,
-                ranks[0],
-                ranks[1],
+                worst.ranks_text(),
                 human_bytes(file.max_device_memory),
                 worst.memory.text()
             ),
@@ -819,10 +817,9 @@ pub fn explain_lines(train: &str, plan: &PlanFile, e: &Explanation) -> Vec<Strin
     lines.push("memory, worst rank of every stage (never averaged):".into());
     for g in &plan.per_device {
         lines.push(format!(
-            "  stage {} (ranks {}–{}): {} = {}",
+            "  stage {} ({}): {} = {}",
             g.stage,
-            g.ranks[0],
-            g.ranks[1],
+            g.ranks_text(),
             b(g.memory.total),
             g.memory.text()
         ));
@@ -904,10 +901,9 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
     ];
     for g in &plan.per_device {
         lines.push(format!(
-            "  stage {:<4} ranks {}–{}, layers {}: {} of {} ({})",
+            "  stage {:<4} {}, layers {}: {} of {} ({})",
             g.stage,
-            g.ranks[0],
-            g.ranks[1],
+            g.ranks_text(),
             layer_ranges(&g.layers),
             gib(g.memory.total),
             gib(plan.max_device_memory),

@@ -137,7 +137,7 @@ impl RecomputeReport {
         } else {
             let mut parts: Vec<String> = by_choice
                 .iter()
-                .map(|(c, ls)| format!("{} in {}", c.name(), ls.join(", ")))
+                .map(|(c, ls)| format!("{} in {}", c.name(), layer_list(ls)))
                 .collect();
             if parts.is_empty() {
                 parts.push("the ops marked @recompute".to_string());
@@ -163,6 +163,39 @@ impl RecomputeReport {
             ),
             format!("  step memory: {}", self.breakdown.text()),
         ]
+    }
+}
+
+/// Layer paths for a report line, the numbered ones by their numbers' runs in numeric order:
+/// `encoder.layers.0–95 (96 layers)` for GPT-3's 96, `layers.0–2, layers.5` for four.
+fn layer_list(paths: &[&str]) -> String {
+    // Per prefix (the path up to its last dot), the numbers of its numbered layers.
+    let mut numbered: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut named: Vec<&str> = Vec::new();
+    for path in paths {
+        match path.rsplit_once('.').map(|(p, n)| (p, n.parse::<u64>())) {
+            Some((prefix, Ok(n))) => numbered.entry(prefix).or_default().push(n),
+            _ => named.push(path),
+        }
+    }
+    let mut parts: Vec<String> = named.iter().map(|p| p.to_string()).collect();
+    for (prefix, mut numbers) in numbered {
+        numbers.sort_unstable();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for n in numbers {
+            match runs.last_mut() {
+                Some((_, last)) if *last + 1 == n => *last = n,
+                _ => runs.push((n, n)),
+            }
+        }
+        parts.extend(runs.iter().map(|&(first, last)| match first == last {
+            true => format!("{prefix}.{first}"),
+            false => format!("{prefix}.{first}–{last}"),
+        }));
+    }
+    match paths.len() {
+        0..=3 => parts.join(", "),
+        n => format!("{} ({n} layers)", parts.join(", ")),
     }
 }
 
@@ -480,6 +513,19 @@ mod tests {
             Some(vec![LayerChoice::Full; 2])
         );
         assert_eq!(pick(201), None);
+    }
+
+    #[test]
+    fn layer_lists_name_runs_of_numbered_layers_in_numeric_order() {
+        let gpt3: Vec<String> = (0..96).map(|i| format!("encoder.layers.{i}")).collect();
+        let mut paths: Vec<&str> = gpt3.iter().map(String::as_str).collect();
+        paths.sort_unstable();
+        assert_eq!(layer_list(&paths), "encoder.layers.0–95 (96 layers)");
+        assert_eq!(
+            layer_list(&["layers.10", "layers.2", "layers.0", "layers.1"]),
+            "layers.0–2, layers.10 (4 layers)"
+        );
+        assert_eq!(layer_list(&["head", "layers.3"]), "head, layers.3");
     }
 
     #[test]

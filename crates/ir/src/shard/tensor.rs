@@ -101,9 +101,8 @@ fn rewrite_op(
     let origin = graph.node(id).origin.clone();
     let refuse = |why: &str| {
         Err(ShardError(format!(
-            "`{op}` in `{origin}` {why}; tensor parallelism over `{}` splits matmuls, heads and \
-             elementwise ops only",
-            group.axis
+            "`{op}` in `{origin}` {why}; tensor parallelism splits matmuls, heads and \
+             elementwise ops only"
         )))
     };
     let rank = |v: &ValueRef| graph.ty(*v).rank();
@@ -118,8 +117,7 @@ fn rewrite_op(
             let (shape, d) = split_reshape(graph, inputs[0], dims[0].unwrap_or(0), &attrs, group)
                 .ok_or_else(|| {
                 ShardError(format!(
-                    "`reshape` in `{origin}` cannot keep its input split over `{}`",
-                    group.axis
+                    "`reshape` in `{origin}` cannot keep its input split by tensor parallelism"
                 ))
             })?;
             attrs.insert("shape", shape);

@@ -49,6 +49,16 @@ pub struct DeviceGroup {
     pub executor: Option<ExecutorMemory>,
 }
 
+impl DeviceGroup {
+    /// Its ranks as reports name them: `rank 1`, or `ranks 704–767`.
+    pub fn ranks_text(&self) -> String {
+        match self.ranks {
+            [first, last] if first == last => format!("rank {first}"),
+            [first, last] => format!("ranks {first}–{last}"),
+        }
+    }
+}
+
 /// What one rank of `mslc train` allocates, known exactly once its programs are compiled:
 /// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
 /// executor keeps each thread's kernel scratch, staging buffers, weights packed ahead for the

@@ -202,10 +202,9 @@ pub fn plan_svg(plan: &PlanFile, train: &str) -> String {
             y -= h;
             let _ = writeln!(
                 body,
-                r#"<rect class="mem {class}" x="{x:.1}" y="{y:.2}" width="{BAR_WIDTH}" height="{h:.2}"><title>stage {} (ranks {}–{}): {label} {}</title></rect>"#,
+                r#"<rect class="mem {class}" x="{x:.1}" y="{y:.2}" width="{BAR_WIDTH}" height="{h:.2}"><title>stage {} ({}): {label} {}</title></rect>"#,
                 g.stage,
-                g.ranks[0],
-                g.ranks[1],
+                g.ranks_text(),
                 escape(&human_bytes(bytes))
             );
         }
