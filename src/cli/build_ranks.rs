@@ -41,8 +41,8 @@ pub struct RankArtifacts {
 }
 
 /// The per-rank programs of train `entry` under `plan` (one, or one per pipeline stage); `None`
-/// for a plan of one device. A plan the executor cannot run yet (E0972) writes nothing and says
-/// why.
+/// for a plan of one device. A plan the executor cannot run yet (E0972), or whose loss it
+/// cannot combine over data-parallel replicas (E0971), writes nothing and says why.
 pub fn rank_artifacts(
     args: &BuildArgs,
     checked: &Checked,
@@ -57,19 +57,32 @@ pub fn rank_artifacts(
         Ok(layout) => layout,
         Err(e) => return Ok(Some(not_written(&e.message))),
     };
-    if layout.pipeline.is_some() {
-        return match stage_artifacts(args, checked, entry, plan, &layout) {
-            // What the stages do not run (E0972) is said, not a failed build.
-            Err(d) if d.code == Code::E0972 => Ok(Some(not_written(&d.message))),
-            built => built.map(Some),
-        };
+    let built = match layout.pipeline {
+        Some(_) => stage_artifacts(args, checked, entry, plan, &layout),
+        None => rank_artifact(args, checked, entry, plan, &layout),
+    };
+    match built {
+        // What the ranks do not run (E0971, E0972) is said, not a failed build.
+        Err(d) if matches!(d.code, Code::E0971 | Code::E0972) => Ok(Some(not_written(&d.message))),
+        built => built.map(Some),
     }
-    let (compiled, _) = compile_rank(args, checked, entry, &layout, None)?;
+}
+
+/// The one program every rank of a data × tensor parallel plan runs.
+fn rank_artifact(
+    args: &BuildArgs,
+    checked: &Checked,
+    entry: &str,
+    plan: &PlanFile,
+    layout: &RankLayout,
+) -> Result<RankArtifacts, Box<Diagnostic>> {
+    let devices = layout.devices();
+    let (compiled, _) = compile_rank(args, checked, entry, layout, None)?;
     let name = format!("{entry}.rank");
     let dir = &args.out_dir;
     let mut files = program_files(dir, entry, &name, &compiled.compiled);
     let memory = &compiled.compiled.memory;
-    let description = ranks_description(&layout, plan, &[(&compiled, None)], &name);
+    let description = ranks_description(layout, plan, &[(&compiled, None)], &name);
     files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
     let line = format!(
         "  per rank:   {name}.mir for all {devices} ranks ({} data × {} tensor{}{}), arena {} (lower bound {}) each",
@@ -86,7 +99,7 @@ pub fn rank_artifacts(
         human_bytes(memory.arena_bytes),
         human_bytes(memory.lower_bound_bytes),
     );
-    Ok(Some(RankArtifacts {
+    Ok(RankArtifacts {
         files,
         line,
         json: serde_json::json!({
@@ -100,7 +113,7 @@ pub fn rank_artifacts(
             [memory],
             ranks::threads_per_rank(None, devices),
         )],
-    }))
+    })
 }
 
 /// The per-rank programs a plan the executor does not run leaves out, and why.
