@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use mslc_io::npy::{write_npy, NpyArray};
 use mslc_io::safetensors::SafetensorsFile;
 
-use crate::exec::common::{mslc, root, s, Rng, TestDir};
+use crate::exec::common::{mslc, root, s, token_file, Rng, TestDir};
 use crate::tolerance::{assert_same_weights, ADAMW_WEIGHTS_TOL, WEIGHTS_NORM_TOL};
 use crate::train::{assert_rel, metric_losses, safetensor_f64};
 
@@ -165,6 +165,97 @@ fn two_ranks_match_one_device(dir: &TestDir, src: &Path, data: &Path) -> (PathBu
     assert_rel("losses", &ranked, &single, 1e-5);
     assert_same_final_weights(&one, &two, 1e-5);
     (one, two)
+}
+
+/// Head-parallel attention written out op by op (std.llm's `DotProductAttention`, as BERT and
+/// GPT-2 use it): `q @ kᵀ` and `weights @ v` multiply operands split along the same head dim
+/// and the softmax runs along the keys, so each rank computes its own heads. Ten steps on two
+/// tensor-parallel ranks equal one device's (losses and weights within 1e-5). Before, the
+/// softmax gathered every head and the product of weights and values was refused (E0972).
+#[test]
+fn explicit_attention_runs_head_parallel_on_two_ranks() {
+    let dir = TestDir::new("ranks-explicit-attention");
+    let src = dir.path("heads.msl");
+    let text = "import std.llm.{SplitHeads, MergeHeads, DotProductAttention}
+import std.nn.{Embedding, LayerNorm, Linear, LinearBias}
+
+model Heads {
+    const vocab = 64, hidden = 32, heads = 4
+    dims B = 2, S = 8
+    input tokens: i32[B, S]
+    let x = embed: Embedding(tokens, vocab, hidden)
+    let q = query: Linear(x, hidden) |> SplitHeads(heads)
+    let k = key: Linear(x, hidden) |> SplitHeads(heads)
+    let v = value: Linear(x, hidden) |> SplitHeads(heads)
+    let ctx = DotProductAttention(q, k, v, causal: true) |> MergeHeads()
+    x = norm: LayerNorm(x + dense: Linear(ctx, hidden))
+    output logits = head: LinearBias(x, vocab)
+}
+
+parallel Tp {
+    mesh = { mp: 2 }
+    mode = semi_auto
+    shard \"{query,key,value}.weight\" = [mp, _]
+    shard \"dense.weight\" = [_, mp]
+}
+
+train Fit for Heads {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-2)
+    batch = 2
+    parallel = Tp
+    target = std.targets.cpu
+}
+";
+    std::fs::write(&src, text).unwrap();
+    let data = token_file(&dir, [16, 9], 64.0, 5);
+    two_ranks_match_one_device(&dir, &src, &data);
+}
+
+/// A distillation loss, two `mse_loss`es added (examples/bert_base.msl's `Distill`), is a mean
+/// over the samples, so each of two data-parallel replicas weighs its own by half: ten steps
+/// on two ranks equal one device's (losses and weights within 1e-5). Before, only a single
+/// `cross_entropy`, `mse_loss` or `mean` ran data parallel (E0971).
+#[test]
+fn a_sum_of_mse_losses_runs_data_parallel_on_two_ranks() {
+    let dir = TestDir::new("ranks-sum-of-means");
+    let src = dir.path("distill.msl");
+    let text = "import std.nn.LinearBias
+
+model Net {
+    dims B = 8
+    input x: f32[B, 6]
+    let h = relu(hidden: LinearBias(x, 16))
+    output a = out_a: LinearBias(h, 4)
+    output b = out_b: LinearBias(h, 3)
+}
+
+parallel P {
+    mesh = { dp: 2 }
+    mode = data
+}
+
+train Fit for Net {
+    ta: f32[B, 4]
+    tb: f32[B, 3]
+    loss = mse_loss(a, ta) + mse_loss(b, tb)
+    optimizer = adamw(lr: 1e-2, weight_decay: 0.1)
+    batch = 8
+    parallel = P
+    target = std.targets.cpu
+}
+";
+    std::fs::write(&src, text).unwrap();
+    let data = dir.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut rng = Rng(13);
+    for (name, width) in [("x", 6), ("ta", 4), ("tb", 3)] {
+        let values = rng.vec(SAMPLES * width, -1.0, 1.0);
+        let array = NpyArray::from_f32(vec![SAMPLES, width], &values).unwrap();
+        write_npy(data.join(format!("{name}.npy")), &array).unwrap();
+    }
+    two_ranks_match_one_device(&dir, &src, &data);
 }
 
 #[test]

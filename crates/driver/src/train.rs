@@ -727,7 +727,7 @@ fn compile_train_step(
                 refuse(
                     Code::E0971,
                     format!("train `{}` cannot run data parallel: {e}", spec.name.name),
-                    "write the loss as a cross_entropy, mse_loss or mean",
+                    "write the loss as a cross_entropy, or as mse_loss or mean terms added together",
                 )
             })?;
             (r.share, r.global)

@@ -26,7 +26,8 @@ pub struct ReplicaLoss {
 
 /// Adds the ops that weigh the replica's `loss` by its share of the global batch over `group`
 /// and sum the shares into the global loss. An error for a loss whose combination over
-/// replicas is not known (anything but `cross_entropy`, `mse_loss` or `mean`).
+/// replicas is not known (anything but `cross_entropy`, or a mean over the samples such as
+/// `mse_loss`, `mean` and sums of them).
 pub fn replica_loss(
     graph: &mut Graph,
     loss: ValueRef,
@@ -36,6 +37,7 @@ pub fn replica_loss(
     let origin = node.origin.as_str();
     let dtype = graph.ty(loss).dtype;
     let operands = graph.inputs(loss.node);
+    let uniform = mean_over_samples(graph, loss);
     let mut add = |op: Op, attrs: Attrs, inputs: &[ValueRef]| op1(graph, origin, op, attrs, inputs);
     let constant = |value: f64| Attrs::new().with("value", value).with("dtype", dtype);
     let (loss, weight) = match node.op() {
@@ -79,21 +81,34 @@ pub fn replica_loss(
             )?;
             (guarded, weight)
         }
-        Some(Op::MseLoss | Op::Mean) => (
+        _ if uniform => (
             loss,
             add(Op::Constant, constant(1.0 / group.ranks as f64), &[])?,
         ),
         other => {
             let what = other.map_or("a parameter or input".to_string(), |op| format!("`{op}`"));
             return Err(ShardError(format!(
-                "the loss is {what}; only a `cross_entropy`, `mse_loss` or `mean` loss is known \
-                 to combine over data-parallel replicas"
+                "the loss is {what}; only a `cross_entropy`, or an `mse_loss` or `mean` (or a \
+                 sum of them), is known to combine over data-parallel replicas"
             )));
         }
     };
     let share = add(Op::Mul, Attrs::new(), &[loss, weight])?;
     let global = add(Op::AllReduce, group.attrs(), &[share])?;
     Ok(ReplicaLoss { share, global })
+}
+
+/// Whether `v` is a mean over every sample alike, so that each of `ranks` replicas holding an
+/// equal slice of the batch holds `1 / ranks` of it: an `mse_loss` or `mean`, or a sum,
+/// difference, negation or cast of such (a distillation loss adding two `mse_loss`es).
+fn mean_over_samples(graph: &Graph, v: ValueRef) -> bool {
+    let inputs = graph.inputs(v.node);
+    match graph.node(v.node).op() {
+        Some(Op::MseLoss | Op::Mean) => true,
+        Some(Op::Add | Op::Sub) => inputs.iter().all(|&x| mean_over_samples(graph, x)),
+        Some(Op::Cast | Op::Neg) => mean_over_samples(graph, inputs[0]),
+        _ => false,
+    }
 }
 
 /// Adds a one-output op, its error naming the op.
@@ -155,6 +170,52 @@ mod tests {
         );
         assert_eq!(g.node(r.global.node).op(), Some(Op::AllReduce));
         assert_eq!(g.inputs(r.global.node), vec![r.share]);
+    }
+
+    #[test]
+    fn a_sum_of_means_weighs_each_replica_by_its_slice() {
+        let mut g = Graph::new("t");
+        let ty = TensorType::new(DType::F32, [4, 3]);
+        let (a, b) = (g.add_input("a", ty.clone()), g.add_input("b", ty));
+        let mse = |g: &mut Graph| g.add_op(Op::MseLoss, Attrs::new(), &[a, b], "mse").unwrap()[0];
+        let (m1, m2) = (mse(&mut g), mse(&mut g));
+        let half = g
+            .add_op(
+                Op::Cast,
+                Attrs::new().with("dtype", DType::F16),
+                &[m2],
+                "amp",
+            )
+            .unwrap()[0];
+        let half = g
+            .add_op(
+                Op::Cast,
+                Attrs::new().with("dtype", DType::F32),
+                &[half],
+                "amp",
+            )
+            .unwrap()[0];
+        let loss = g
+            .add_op(Op::Add, Attrs::new(), &[m1, half], "loss")
+            .unwrap()[0];
+        let r = replica_loss(&mut g, loss, &Group::new("dp", 4)).unwrap();
+        verify(&g).unwrap();
+        // The share is the loss times the constant 1/4, summed over `dp` once.
+        let weight = g.inputs(r.share.node)[1];
+        assert_eq!(g.node(weight.node).op(), Some(Op::Constant));
+        assert_eq!(
+            g.node(weight.node).attrs().unwrap().float("value"),
+            Ok(0.25)
+        );
+        assert_eq!(collectives(&g), vec![(Op::AllReduce, "dp".to_string(), 4)]);
+        // A cross-entropy term weighs its replica by its counted labels, not its slice.
+        let labels = g.add_input("labels", TensorType::new(DType::I32, [4]));
+        let ce = g
+            .add_op(Op::CrossEntropy, Attrs::new(), &[a, labels], "ce")
+            .unwrap()[0];
+        let mixed = g.add_op(Op::Add, Attrs::new(), &[m1, ce], "loss").unwrap()[0];
+        let e = replica_loss(&mut g, mixed, &Group::new("dp", 4)).unwrap_err();
+        assert!(e.0.contains("the loss is `add`"), "{e}");
     }
 
     #[test]

@@ -153,6 +153,9 @@ fn rewrite_op(
                     reduce_after = true;
                     None
                 }
+                // Head parallel: a batched product of operands split along the same batch dim
+                // (`q @ kᵀ` and `p @ v` over a head split), each rank's heads on their own.
+                (Some(da), Some(db)) if ra == rb && da == db && da + 2 < ra => Some(da),
                 _ => return refuse("multiplies operands split in another way"),
             }
         }
@@ -184,6 +187,14 @@ fn rewrite_op(
             let d = dims[0].unwrap_or(0);
             attrs = group.split_dropout(attrs, d);
             Some(d)
+        }
+        // A softmax along another dim than the split one (attention's weights per head).
+        Op::Softmax | Op::LogSoftmax
+            if attrs.int("axis").is_ok_and(|a| {
+                Some(a.rem_euclid(rank(&inputs[0]).max(1) as i64) as usize) != dims[0]
+            }) =>
+        {
+            dims[0]
         }
         Op::Rope | Op::Cast => dims[0],
         _ if op.unary().is_some() => dims[0],
