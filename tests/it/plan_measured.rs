@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::exec::common::{mslc, root, s, token_file, train_summary, TestDir};
+use crate::recompute::breakdown_total;
 
 /// examples/tiny_llama.msl's model (B = 4, S = 128 per rank), f32, AdamW, with a memory policy
 /// and, for `ranks` > 1, a data-parallel policy over that many devices, its optimizer sharded
@@ -265,17 +266,7 @@ fn a_parallel_train_is_held_to_its_budget_per_device() {
     let json = |name: &str| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(out.join(name)).unwrap()).unwrap()
     };
-    let step = &json("Fit.report.json")["recompute"]["breakdown"];
-    let whole: u64 = [
-        "parameters",
-        "gradients",
-        "optimizer_states",
-        "activations",
-        "workspace",
-    ]
-    .iter()
-    .map(|part| step[part].as_u64().unwrap())
-    .sum();
+    let whole = breakdown_total(&json("Fit.report.json")["recompute"]["breakdown"]);
     assert!(
         whole > 60_000_000,
         "the whole step ({whole} B) must exceed the budget"

@@ -177,6 +177,20 @@ fn an_annotated_instance_call_recomputes_that_instance_alone() {
     );
 }
 
+/// The total of a report's step-memory breakdown (`recompute.breakdown` or `.without`).
+pub(crate) fn breakdown_total(breakdown: &serde_json::Value) -> u64 {
+    [
+        "parameters",
+        "gradients",
+        "optimizer_states",
+        "activations",
+        "workspace",
+    ]
+    .iter()
+    .map(|k| breakdown[k].as_u64().unwrap())
+    .sum()
+}
+
 #[test]
 fn auto_under_a_budget_picks_a_plan_that_fits_and_reports_it() {
     let dir = TestDir::new("recompute-auto");
@@ -189,25 +203,13 @@ fn auto_under_a_budget_picks_a_plan_that_fits_and_reports_it() {
     assert_eq!(free["recomputed_ops"], 0);
     let none = free["without"]["parameters"].as_u64().unwrap();
     assert!(none > 0);
-    let total = |r: &serde_json::Value| -> u64 {
-        [
-            "parameters",
-            "gradients",
-            "optimizer_states",
-            "activations",
-            "workspace",
-        ]
-        .iter()
-        .map(|k| r[k].as_u64().unwrap())
-        .sum()
-    };
-    let keep_all = total(&free["without"]);
+    let keep_all = breakdown_total(&free["without"]);
     let full = build_report(
         &llama_source(&dir, "full", "recompute = full"),
         &dir.path("out-full"),
         &SHRINK,
     );
-    let least = total(&full["breakdown"]);
+    let least = breakdown_total(&full["breakdown"]);
     assert!(least < keep_all);
     // A budget between full recomputation and none.
     let budget = least + (keep_all - least) / 3;
@@ -227,7 +229,7 @@ fn auto_under_a_budget_picks_a_plan_that_fits_and_reports_it() {
         serde_json::from_str(&std::fs::read_to_string(out.join("Fit.report.json")).unwrap())
             .unwrap();
     let auto = &report["recompute"];
-    assert!(total(&auto["breakdown"]) <= budget, "{auto}");
+    assert!(breakdown_total(&auto["breakdown"]) <= budget, "{auto}");
     assert!(!auto["layers"].as_object().unwrap().is_empty(), "{auto}");
     assert!(auto["flops_added"].as_u64().unwrap() > 0);
     // It recomputes no more than full recomputation of every layer does.
