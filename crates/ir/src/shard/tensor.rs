@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use mslc_core::ops::{Attrs, Op};
+use mslc_core::ops::{normalize_axis, Attrs, Op};
 
 use super::{retype, Group, ShardError};
 use crate::graph::{Graph, NodeId, NodeKind, ValueRef};
@@ -190,9 +190,11 @@ fn rewrite_op(
         }
         // A softmax along another dim than the split one (attention's weights per head).
         Op::Softmax | Op::LogSoftmax
-            if attrs.int("axis").is_ok_and(|a| {
-                Some(a.rem_euclid(rank(&inputs[0]).max(1) as i64) as usize) != dims[0]
-            }) =>
+            if attrs
+                .int("axis")
+                .ok()
+                .and_then(|a| normalize_axis(a, rank(&inputs[0])).ok())
+                .is_some_and(|axis| Some(axis) != dims[0]) =>
         {
             dims[0]
         }
