@@ -311,6 +311,37 @@ fn explain_plan_names_layouts_collectives_alternatives_and_what_ifs() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `mslc build --entry Pretrain` of GPT-3 175B writes each pipeline stage's programs, and
+/// they hold what the plan counts: a middle stage's forward (6 layers) runs Megatron's two
+/// tensor-parallel all-reduces per layer, after `dense` and `dense_4h_to_h`, its heads split
+/// out of the fused query_key_value. Before, the slices of q, k and v gathered every head and
+/// no per-rank program was written.
+#[test]
+fn gpt3_stage_programs_run_two_all_reduces_per_layer() {
+    let (_, dir) = build_in_temp(
+        "gpt3-ranks",
+        &["examples/gpt3_175b.msl", "--entry", "Pretrain"],
+    );
+    let forward = mslc(&[
+        "inspect",
+        dir.join("Pretrain.stage1.forward.mir").to_str().unwrap(),
+    ]);
+    let forward = String::from_utf8_lossy(&forward.stdout);
+    let reduced: Vec<&str> = forward
+        .lines()
+        .filter(|l| l.contains("= all_reduce(") && l.contains("axis=\"tp\""))
+        .filter_map(|l| l.rsplit("# ").next())
+        .collect();
+    let want: Vec<String> = (6..12)
+        .flat_map(|layer| {
+            ["self_attention.dense", "mlp.dense_4h_to_h"]
+                .map(|op| format!("language_model.encoder.layers.{layer}.{op}"))
+        })
+        .collect();
+    assert_eq!(reduced, want);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--explain-plan` lists, per activation of the embeddings, the first layer and the output,
 /// the tensor-parallel collectives moving it, with bytes, calls and seconds per step, over the
 /// user's axis name (`mp`). Checked by hand against tiny_llama's layout (B = 1, S = 128,

@@ -213,6 +213,53 @@ train Fit for Heads {
     two_ranks_match_one_device(&dir, &src, &data);
 }
 
+/// A Megatron GPT layer (std.llm's `GptLayer`, as examples/gpt3_175b.msl builds it): one fused
+/// `query_key_value` projection split by whole heads, q, k and v sliced out of it along the
+/// head's last dim, dropout over split features, a GeLU MLP. Ten steps on two tensor-parallel
+/// ranks equal one device's (losses and weights within 1e-5). Before, the slices gathered
+/// every head and the row-parallel `dense` was refused (E0972). SGD, not AdamW: the key bias
+/// shifts a query's scores by one constant, so its exact gradient is zero and AdamW would
+/// turn each ordering's rounding noise (1e-9) into steps of 1e-4.
+#[test]
+fn a_fused_qkv_gpt_layer_runs_tensor_parallel_on_two_ranks() {
+    let dir = TestDir::new("ranks-fused-qkv");
+    let src = dir.path("gpt.msl");
+    let text = "import std.llm.GptLayer
+import std.nn.{Embedding, LayerNorm, LinearBias}
+
+model Gpt {
+    const vocab = 64, hidden = 32, heads = 4
+    dims B = 2, S = 8
+    input tokens: i32[B, S]
+    let x = layers[0]: GptLayer(embed: Embedding(tokens, vocab, hidden), heads, 4 * hidden)
+    output logits = head: LinearBias(norm: LayerNorm(x), vocab)
+}
+
+parallel Tp {
+    mesh = { mp: 2 }
+    mode = semi_auto
+    shard \"**.query_key_value.weight\" = [mp, _]
+    shard \"**.query_key_value.bias\" = [mp]
+    shard \"**.self_attention.dense.weight\" = [_, mp]
+    shard \"**.dense_h_to_4h.weight\" = [mp, _]
+    shard \"**.dense_h_to_4h.bias\" = [mp]
+    shard \"**.dense_4h_to_h.weight\" = [_, mp]
+}
+
+train Fit for Gpt {
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = sgd(lr: 0.1, momentum: 0.9)
+    batch = 2
+    parallel = Tp
+    target = std.targets.cpu
+}
+";
+    std::fs::write(&src, text).unwrap();
+    let data = token_file(&dir, [16, 9], 64.0, 5);
+    two_ranks_match_one_device(&dir, &src, &data);
+}
+
 /// A distillation loss, two `mse_loss`es added (examples/bert_base.msl's `Distill`), is a mean
 /// over the samples, so each of two data-parallel replicas weighs its own by half: ten steps
 /// on two ranks equal one device's (losses and weights within 1e-5). Before, only a single

@@ -188,8 +188,9 @@ fn rewrite_op(
             attrs = group.split_dropout(attrs, d);
             Some(d)
         }
-        // A softmax along another dim than the split one (attention's weights per head).
-        Op::Softmax | Op::LogSoftmax
+        // A softmax along another dim than the split one (attention's weights per head), a
+        // slice of another dim (q, k and v cut out of a fused projection split by heads).
+        Op::Softmax | Op::LogSoftmax | Op::Slice
             if attrs
                 .int("axis")
                 .ok()
