@@ -720,10 +720,11 @@ pub fn load_rank_weights<'a>(
 }
 
 /// Initialises the parameters of `exec`'s program from their declared init under `seed` as
-/// one rank holds them: each parameter drawn whole, as one device draws it (its
-/// tensor-parallel dim `tp` times the rank's block, its level-3 slice the whole of `zero`'s
-/// shape), then cut as [`rank_share`] cuts loaded weights, one parameter at a time. So a
-/// sharded run starts from the weights `--init-seed` gives one device.
+/// one rank holds them, so a sharded run starts from the weights `--init-seed` gives one
+/// device: a whole parameter, or a tensor-parallel block (its dim `tp` times the rank's),
+/// draws just its own values where one device draws them ([`mslc_exec::init::fill_at`]); a
+/// level-3 slice is drawn whole (the whole of `zero`'s shape), then cut as [`rank_share`]
+/// cuts loaded weights, one parameter at a time.
 pub fn init_rank_weights(
     exec: &mut mslc_exec::Executor,
     seed: u64,
@@ -732,12 +733,39 @@ pub fn init_rank_weights(
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
     exec.init_params_with(|path, init, ty, values| {
+        let sliced =
+            matches!(zero, Some((z, _)) if z.shards_params() && z.shapes.contains_key(path));
         let mut shape = match zero {
-            Some((z, _)) if z.shards_params() && z.shapes.contains_key(path) => {
-                z.shapes[path].clone()
-            }
+            Some((z, _)) if sliced => z.shapes[path].clone(),
             _ => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
         };
+        if !sliced {
+            // This rank's block along the split dim (the whole tensor unsplit): per index of
+            // the dims before it, one run of `block` values of a whole row of `row`.
+            let dim = splits.get(path).copied().filter(|&d| d < shape.len());
+            let (outer, block) = match dim {
+                Some(d) => (shape[..d].iter().product(), shape[d..].iter().product()),
+                None => (1, values.len()),
+            };
+            let (row, part) = match dim {
+                Some(_) => (block * tp, part),
+                None => (block, 0),
+            };
+            if outer * block != values.len() {
+                return Err(RanksError::new(
+                    Code::E0601,
+                    format!(
+                        "`{path}`: this rank's share has {} values, but its program holds {}",
+                        outer * block,
+                        values.len()
+                    ),
+                ));
+            }
+            for (o, run) in values.chunks_exact_mut(block.max(1)).enumerate() {
+                mslc_exec::init::fill_at(init, seed, path, o * row + part * block, run);
+            }
+            return Ok(());
+        }
         if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
             *d *= tp;
         }

@@ -6,12 +6,21 @@ use sha2::{Digest, Sha256};
 
 use mslc_core::program::Init;
 
-/// SplitMix64: small, fast, and good enough to fill weights.
+/// SplitMix64's increment: the state after `n` draws is the key plus `n` times it.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64: small, fast, and good enough to fill weights. Its state advances by a constant,
+/// so the stream can start at any draw: a shard draws its own values and nothing else.
 struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// The stream keyed by `key`, positioned before its draw number `draw`.
+    fn at(key: u64, draw: usize) -> Self {
+        SplitMix64(key.wrapping_add((draw as u64).wrapping_mul(GAMMA)))
+    }
+
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -26,32 +35,44 @@ impl SplitMix64 {
 
 /// Fills `out` with the values `init` gives the parameter at `path` under `seed`.
 pub fn fill(init: &Init, seed: u64, path: &str, out: &mut [f32]) {
+    fill_at(init, seed, path, 0, out)
+}
+
+/// Fills `out` with elements `offset..offset + out.len()` of the values [`fill`] gives the
+/// whole parameter at `path` (row-major), the same bits, without drawing the others: what a
+/// rank holding a block of the parameter draws.
+pub fn fill_at(init: &Init, seed: u64, path: &str, offset: usize, out: &mut [f32]) {
     let digest = Sha256::new()
         .chain_update(seed.to_le_bytes())
         .chain_update(path.as_bytes())
         .finalize();
     let mut key = [0u8; 8];
     key.copy_from_slice(&digest[..8]);
-    let mut rng = SplitMix64(u64::from_le_bytes(key));
+    let key = u64::from_le_bytes(key);
     match *init {
         Init::Zeros => out.fill(0.0),
         Init::Ones => out.fill(1.0),
         Init::Constant { value } => out.fill(value as f32),
         Init::Uniform { low, high } => {
+            let mut rng = SplitMix64::at(key, offset);
             for x in out.iter_mut() {
                 *x = (low + (high - low) * rng.next_f64()) as f32;
             }
         }
         Init::Normal { mean, std } => {
-            // Box–Muller, two values per pair of uniforms.
-            for pair in out.chunks_mut(2) {
+            // Box–Muller, two values per pair of uniforms: elements 2j and 2j + 1 are the
+            // cosine and sine of pair j, drawn from draws 2j and 2j + 1.
+            let first = offset / 2;
+            let mut rng = SplitMix64::at(key, 2 * first);
+            for pair in first..(offset + out.len()).div_ceil(2) {
                 let u1 = 1.0 - rng.next_f64(); // (0, 1], so ln is finite
                 let u2 = rng.next_f64();
                 let r = (-2.0 * u1.ln()).sqrt();
                 let t = std::f64::consts::TAU * u2;
-                pair[0] = (mean + std * r * t.cos()) as f32;
-                if let Some(x) = pair.get_mut(1) {
-                    *x = (mean + std * r * t.sin()) as f32;
+                for (element, value) in [(2 * pair, t.cos()), (2 * pair + 1, t.sin())] {
+                    if let Some(x) = element.checked_sub(offset).and_then(|i| out.get_mut(i)) {
+                        *x = (mean + std * r * value) as f32;
+                    }
                 }
             }
         }
@@ -107,5 +128,37 @@ mod tests {
         assert!(a.iter().all(|&x| x == 1.0));
         fill(&Init::Zeros, 7, "z", &mut a);
         assert!(a.iter().all(|&x| x == 0.0));
+    }
+
+    /// Any block of a parameter, at an even or odd offset, gets the same bits as the block of
+    /// the whole parameter drawn at once.
+    #[test]
+    fn a_block_draws_what_the_whole_draws_there() {
+        for init in [
+            Init::Normal {
+                mean: 0.5,
+                std: 0.02,
+            },
+            Init::Uniform {
+                low: -1.0,
+                high: 3.0,
+            },
+        ] {
+            let mut whole = vec![0.0; 101];
+            fill(&init, 3, "w", &mut whole);
+            for (offset, len) in [
+                (0, 101),
+                (0, 1),
+                (1, 1),
+                (1, 50),
+                (7, 10),
+                (50, 51),
+                (100, 1),
+            ] {
+                let mut block = vec![f32::NAN; len];
+                fill_at(&init, 3, "w", offset, &mut block);
+                assert_eq!(block, &whole[offset..offset + len], "{init:?} at {offset}");
+            }
+        }
     }
 }

@@ -14,7 +14,10 @@
 //! instead, and once all have arrived, member i sums slice i of every member's buffer (in
 //! member order, the same bits as the copying path) and writes it into slice i of all of
 //! them; a second meeting waits until every slice is written. Each rank then moves about 2n
-//! bytes for an n-byte buffer, against about 5n through copies.
+//! bytes for an n-byte buffer, against about 5n through copies. A large all-gather,
+//! reduce-scatter or all-to-all copies nothing into the exchange either: each member reads
+//! what it needs of the others' inputs where they are, and the second meeting waits until all
+//! have read, so no rank holds a copy of another's contribution.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
 use crate::error::ExecResult;
-use mslc_kernels::step::ALL_REDUCE_IN_PLACE_MIN;
+use mslc_kernels::step::IN_PLACE_COLLECTIVE_MIN;
 
 /// The contributions of one completed round, indexed by member.
 type Round = Arc<Vec<Vec<f32>>>;
@@ -259,19 +262,8 @@ impl ThreadRank {
     /// docs): `data` is read and written by the group's members until every slice is written.
     fn all_reduce_in_place(&self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
         let len = data.len();
-        let (_, buffers, member) = self.meet(axis, &[], (data.as_mut_ptr() as usize, len))?;
-        // Every member checks the same published buffers, so all fail here or none does.
-        if let Some(other) = buffers.iter().position(|&(address, _)| address == 0) {
-            return Err(collective_error(format!(
-                "all_reduce: member {other} of the group gave up before the others arrived"
-            )));
-        }
-        if let Some(other) = buffers.iter().position(|&(_, l)| l != len) {
-            return Err(collective_error(format!(
-                "all_reduce: member {other} of the group sent {} values, this rank {len}",
-                buffers[other].1
-            )));
-        }
+        let (buffers, member) =
+            self.meet_buffers("all_reduce", axis, (data.as_mut_ptr() as usize, len))?;
         let g = buffers.len();
         let (lo, hi) = (member * len / g, (member + 1) * len / g);
         let mut sum = [0.0f32; SUM_CHUNK];
@@ -301,8 +293,59 @@ impl ThreadRank {
         self.all_written(axis)
     }
 
+    /// Deposits this rank's own `buffer` (address, length) in its group along `axis` and
+    /// returns every member's once all have arrived, with this rank's index in the group; an
+    /// error (on every member alike: they check the same published buffers) when one gave up
+    /// waiting or deposited another length than this rank.
+    fn meet_buffers(
+        &self,
+        what: &str,
+        axis: usize,
+        buffer: (usize, usize),
+    ) -> ExecResult<(Buffers, usize)> {
+        let (_, buffers, member) = self.meet(axis, &[], buffer)?;
+        if let Some(other) = buffers.iter().position(|&(address, _)| address == 0) {
+            return Err(collective_error(format!(
+                "{what}: member {other} of the group gave up before the others arrived"
+            )));
+        }
+        let len = buffer.1;
+        if let Some(other) = buffers.iter().position(|&(_, l)| l != len) {
+            return Err(collective_error(format!(
+                "{what}: member {other} of the group sent {} values, this rank {len}",
+                buffers[other].1
+            )));
+        }
+        Ok((buffers, member))
+    }
+
+    /// Runs `read` on every member's `send` (in member order) and this rank's index in the
+    /// group along `axis`, reading the members' own buffers instead of copies of them; returns
+    /// once every member is done reading, so no `send` changes or goes while another reads it.
+    fn read_in_place(
+        &self,
+        what: &str,
+        axis: usize,
+        send: &[f32],
+        read: impl FnOnce(&[&[f32]], usize),
+    ) -> ExecResult<()> {
+        let (buffers, member) =
+            self.meet_buffers(what, axis, (send.as_ptr() as usize, send.len()))?;
+        let sends: Vec<&[f32]> = buffers
+            .iter()
+            .map(|&(address, len)| {
+                // SAFETY: every member's `send` holds `len` f32 and stays borrowed by its
+                // owner, unwritten, until the meeting in `all_written` below, which each
+                // member reaches only after its own reads.
+                unsafe { std::slice::from_raw_parts(address as *const f32, len) }
+            })
+            .collect();
+        read(&sends, member);
+        self.all_written(axis)
+    }
+
     /// Waits until every member of this rank's group along `axis` has written its slice of an
-    /// all-reduce in place. No timeout: each member got here through a completed meeting and
+    /// all-reduce in place (or read what it needs of the others' buffers). No timeout: each member got here through a completed meeting and
     /// runs a loop that cannot fail, and its buffer must outlive the others' writes.
     fn all_written(&self, axis: usize) -> ExecResult<()> {
         let (group, rendezvous) = self.group_of(axis)?;
@@ -363,7 +406,7 @@ impl Collectives for ThreadRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        if data.len() >= ALL_REDUCE_IN_PLACE_MIN && self.group_size(axis) > 1 {
+        if in_place(data.len(), self.group_size(axis)) {
             return self.all_reduce_in_place(axis, data);
         }
         let (round, _) = self.exchange(axis, data)?;
@@ -374,6 +417,13 @@ impl Collectives for ThreadRank {
 
     fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
         check_len("all_gather", recv.len(), send.len() * self.group_size(axis))?;
+        if in_place(send.len(), self.group_size(axis)) {
+            return self.read_in_place("all_gather", axis, send, |sends, _| {
+                for (block, theirs) in recv.chunks_exact_mut(send.len()).zip(sends) {
+                    block.copy_from_slice(theirs);
+                }
+            });
+        }
         let (round, _) = self.exchange(axis, send)?;
         self.same_lengths("all_gather", &round, send.len())?;
         for (block, contribution) in recv.chunks_exact_mut(send.len().max(1)).zip(round.iter()) {
@@ -388,6 +438,11 @@ impl Collectives for ThreadRank {
             send.len(),
             recv.len() * self.group_size(axis),
         )?;
+        if in_place(send.len(), self.group_size(axis)) {
+            return self.read_in_place("reduce_scatter", axis, send, |sends, member| {
+                sum_in_member_order(recv, sends, member * recv.len())
+            });
+        }
         let (round, member) = self.exchange(axis, send)?;
         self.same_lengths("reduce_scatter", &round, send.len())?;
         sum_in_member_order(recv, &round, member * recv.len());
@@ -398,6 +453,13 @@ impl Collectives for ThreadRank {
         let n = self.group_size(axis);
         check_len("all_to_all", recv.len(), send.len())?;
         let b = block_len("all_to_all", send.len(), n)?;
+        if in_place(send.len(), n) {
+            return self.read_in_place("all_to_all", axis, send, |sends, member| {
+                for (block, theirs) in recv.chunks_exact_mut(b.max(1)).zip(sends) {
+                    block.copy_from_slice(&theirs[member * b..(member + 1) * b]);
+                }
+            });
+        }
         let (round, member) = self.exchange(axis, send)?;
         self.same_lengths("all_to_all", &round, send.len())?;
         for (i, block) in recv.chunks_exact_mut(b.max(1)).take(n).enumerate() {
@@ -442,15 +504,21 @@ impl Collectives for ThreadRank {
     }
 }
 
+/// Whether a collective of `len` values per member over a group of `members` reads the
+/// members' own buffers in place (large ones) rather than copies of them.
+fn in_place(len: usize, members: usize) -> bool {
+    len >= IN_PLACE_COLLECTIVE_MIN && members > 1
+}
+
 /// `out[i] = 0.0 + c₀[offset + i] + c₁[offset + i] + …` over the members' contributions in
 /// member order (every member computes the same bits), one cache-sized chunk of `out` at a
 /// time, so each value is read once and `out` written once.
-fn sum_in_member_order(out: &mut [f32], round: &[Vec<f32>], offset: usize) {
+fn sum_in_member_order(out: &mut [f32], round: &[impl AsRef<[f32]>], offset: usize) {
     for (c, chunk) in out.chunks_mut(SUM_CHUNK).enumerate() {
         let start = offset + c * SUM_CHUNK;
         chunk.fill(0.0);
         for contribution in round {
-            for (o, &x) in chunk.iter_mut().zip(&contribution[start..]) {
+            for (o, &x) in chunk.iter_mut().zip(&contribution.as_ref()[start..]) {
                 *o += x;
             }
         }
@@ -528,31 +596,39 @@ mod tests {
         }
     }
 
+    /// Through copies (blocks of 2 values) and in place (blocks of a large collective's
+    /// size): the same blocks, the same sums in member order.
     #[test]
     fn gather_scatter_and_all_to_all_move_the_right_blocks() {
+        for b in [2, IN_PLACE_COLLECTIVE_MIN] {
+            gather_scatter_and_all_to_all_blocks_of(b);
+        }
+    }
+
+    fn gather_scatter_and_all_to_all_blocks_of(b: usize) {
         let mesh = Mesh::line("dp", 3).unwrap();
         let out = on_ranks(mesh, |r| {
             let rank = r.rank();
-            let mut gathered = vec![0.0; 6];
-            r.all_gather(0, &values(rank, 2), &mut gathered).unwrap();
-            let mut scattered = vec![0.0; 2];
-            r.reduce_scatter(0, &values(rank, 6), &mut scattered)
+            let mut gathered = vec![0.0; 3 * b];
+            r.all_gather(0, &values(rank, b), &mut gathered).unwrap();
+            let mut scattered = vec![0.0; b];
+            r.reduce_scatter(0, &values(rank, 3 * b), &mut scattered)
                 .unwrap();
-            let mut swapped = vec![0.0; 6];
-            r.all_to_all(0, &values(rank, 6), &mut swapped).unwrap();
+            let mut swapped = vec![0.0; 3 * b];
+            r.all_to_all(0, &values(rank, 3 * b), &mut swapped).unwrap();
             (gathered, scattered, swapped)
         });
         for (rank, (gathered, scattered, swapped)) in out.iter().enumerate() {
-            let want: Vec<f32> = (0..3).flat_map(|g| values(g, 2)).collect();
-            assert_eq!(gathered, &want);
-            let sum: Vec<f32> = (0..2)
-                .map(|i| (0..3).map(|g| values(g, 6)[rank * 2 + i]).sum())
+            let want: Vec<f32> = (0..3).flat_map(|g| values(g, b)).collect();
+            assert_eq!(gathered, &want, "blocks of {b}");
+            let sum: Vec<f32> = (0..b)
+                .map(|i| (0..3).map(|g| values(g, 3 * b)[rank * b + i]).sum())
                 .collect();
-            assert_eq!(scattered, &sum);
+            assert_eq!(scattered, &sum, "blocks of {b}");
             let swap: Vec<f32> = (0..3)
-                .flat_map(|g| values(g, 6)[rank * 2..rank * 2 + 2].to_vec())
+                .flat_map(|g| values(g, 3 * b)[rank * b..(rank + 1) * b].to_vec())
                 .collect();
-            assert_eq!(swapped, &swap);
+            assert_eq!(swapped, &swap, "blocks of {b}");
         }
     }
 
@@ -595,7 +671,7 @@ mod tests {
 
     #[test]
     fn a_rank_that_leaves_fails_its_peers_instead_of_hanging() {
-        for len in [4, ALL_REDUCE_IN_PLACE_MIN] {
+        for len in [4, IN_PLACE_COLLECTIVE_MIN] {
             let out = on_ranks(Mesh::line("dp", 3).unwrap(), |r| {
                 if r.rank() == 1 {
                     return Ok(());
@@ -617,7 +693,7 @@ mod tests {
     /// the world's timeout, naming it, instead of blocking them forever.
     #[test]
     fn a_rank_that_hangs_fails_its_peers_after_the_timeout() {
-        for len in [4, ALL_REDUCE_IN_PLACE_MIN] {
+        for len in [4, IN_PLACE_COLLECTIVE_MIN] {
             a_rank_that_hangs_fails_its_peer(len);
         }
     }
@@ -678,7 +754,7 @@ mod tests {
     /// do not divide, every member gets the same bits as the copying path's member-order sum.
     #[test]
     fn large_all_reduces_in_place_sum_over_each_axis_group() {
-        let len = ALL_REDUCE_IN_PLACE_MIN + 7;
+        let len = IN_PLACE_COLLECTIVE_MIN + 7;
         let value = |rank: usize, i: usize| (rank as f32 + 0.1) * (i as f32 * 0.37).sin();
         let mine = |rank: usize| (0..len).map(|i| value(rank, i)).collect::<Vec<f32>>();
         for (rank, axis, group, got) in all_reduced_over_each_axis(mine) {
@@ -693,7 +769,7 @@ mod tests {
             );
         }
         let out = on_ranks(Mesh::line("dp", 2).unwrap(), |r| {
-            let mut data = vec![1.0; ALL_REDUCE_IN_PLACE_MIN + r.rank()];
+            let mut data = vec![1.0; IN_PLACE_COLLECTIVE_MIN + r.rank()];
             r.all_reduce(0, &mut data).map(drop)
         });
         for result in out {

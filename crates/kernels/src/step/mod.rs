@@ -9,4 +9,4 @@ pub mod prepare;
 
 pub use dispatch::{Operands, MAX_OUTPUTS};
 pub use needs::{OperandMode, Staging};
-pub use prepare::{prepare, CollectiveStep, DropoutBlock, StepKernel, ALL_REDUCE_IN_PLACE_MIN};
+pub use prepare::{prepare, CollectiveStep, DropoutBlock, StepKernel, IN_PLACE_COLLECTIVE_MIN};

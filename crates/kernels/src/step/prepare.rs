@@ -171,10 +171,11 @@ pub struct CollectiveStep {
     pub dim: usize,
 }
 
-/// All-reduces of at least this many values run in place on the threads backend (each member
-/// sums a slice of every member's own buffer); smaller ones, where a second meeting costs more
-/// than the copies, through copies.
-pub const ALL_REDUCE_IN_PLACE_MIN: usize = 1 << 14;
+/// Collectives of at least this many values per member run in place on the threads backend
+/// (an all-reduce's member sums a slice of every member's own buffer; a gather, scatter or
+/// all-to-all reads the members' inputs where they are); smaller ones, where a second meeting
+/// costs more than the copies, through copies.
+pub const IN_PLACE_COLLECTIVE_MIN: usize = 1 << 14;
 
 impl CollectiveStep {
     /// Values of kernel scratch the step reorders its blocks through: a gather or scatter
@@ -192,10 +193,10 @@ impl CollectiveStep {
 
     /// Values of this step's contribution (its input, of `numel` values) that the threads
     /// backend copies into its group's exchange, which keeps them for the next rounds: every
-    /// contribution but that of an all-reduce it runs in place.
+    /// contribution but those it reads in place.
     pub fn copied_floats(&self, numel: usize) -> usize {
         match self.op {
-            Op::AllReduce if numel >= ALL_REDUCE_IN_PLACE_MIN => 0,
+            _ if numel >= IN_PLACE_COLLECTIVE_MIN && self.ranks > 1 => 0,
             // A slice of this rank's own input involves no exchange.
             Op::RankSlice => 0,
             _ => numel,
