@@ -167,6 +167,28 @@ fn two_ranks_match_one_device(dir: &TestDir, src: &Path, data: &Path) -> (PathBu
     (one, two)
 }
 
+/// Ten steps of `model` (its model part over token ids below 64, `Tp` its two-rank policy)
+/// trained as `Fit` with `optimizer` on batches of 2, on one device and on two ranks, from
+/// the same random tokens: the same losses and weights (within 1e-5).
+fn tokens_on_two_ranks_match_one_device(dir: &TestDir, model: &str, name: &str, optimizer: &str) {
+    let src = dir.path("model.msl");
+    let train = format!(
+        "
+train Fit for {name} {{
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = {optimizer}
+    batch = 2
+    parallel = Tp
+    target = std.targets.cpu
+}}
+"
+    );
+    std::fs::write(&src, format!("{model}{train}")).unwrap();
+    let data = token_file(dir, [16, 9], 64.0, 5);
+    two_ranks_match_one_device(dir, &src, &data);
+}
+
 /// Head-parallel attention written out op by op (std.llm's `DotProductAttention`, as BERT and
 /// GPT-2 use it): `q @ kᵀ` and `weights @ v` multiply operands split along the same head dim
 /// and the softmax runs along the keys, so each rank computes its own heads. Ten steps on two
@@ -175,7 +197,6 @@ fn two_ranks_match_one_device(dir: &TestDir, src: &Path, data: &Path) -> (PathBu
 #[test]
 fn explicit_attention_runs_head_parallel_on_two_ranks() {
     let dir = TestDir::new("ranks-explicit-attention");
-    let src = dir.path("heads.msl");
     let text = "import std.llm.{SplitHeads, MergeHeads, DotProductAttention}
 import std.nn.{Embedding, LayerNorm, Linear, LinearBias}
 
@@ -198,19 +219,8 @@ parallel Tp {
     shard \"{query,key,value}.weight\" = [mp, _]
     shard \"dense.weight\" = [_, mp]
 }
-
-train Fit for Heads {
-    labels: i32[B, S]
-    loss = cross_entropy(logits, labels)
-    optimizer = adamw(lr: 1e-2)
-    batch = 2
-    parallel = Tp
-    target = std.targets.cpu
-}
 ";
-    std::fs::write(&src, text).unwrap();
-    let data = token_file(&dir, [16, 9], 64.0, 5);
-    two_ranks_match_one_device(&dir, &src, &data);
+    tokens_on_two_ranks_match_one_device(&dir, text, "Heads", "adamw(lr: 1e-2)");
 }
 
 /// A Megatron GPT layer (std.llm's `GptLayer`, as examples/gpt3_175b.msl builds it): one fused
@@ -223,7 +233,6 @@ train Fit for Heads {
 #[test]
 fn a_fused_qkv_gpt_layer_runs_tensor_parallel_on_two_ranks() {
     let dir = TestDir::new("ranks-fused-qkv");
-    let src = dir.path("gpt.msl");
     let text = "import std.llm.GptLayer
 import std.nn.{Embedding, LayerNorm, LinearBias}
 
@@ -245,19 +254,8 @@ parallel Tp {
     shard \"**.dense_h_to_4h.bias\" = [mp]
     shard \"**.dense_4h_to_h.weight\" = [_, mp]
 }
-
-train Fit for Gpt {
-    labels: i32[B, S]
-    loss = cross_entropy(logits, labels)
-    optimizer = sgd(lr: 0.1, momentum: 0.9)
-    batch = 2
-    parallel = Tp
-    target = std.targets.cpu
-}
 ";
-    std::fs::write(&src, text).unwrap();
-    let data = token_file(&dir, [16, 9], 64.0, 5);
-    two_ranks_match_one_device(&dir, &src, &data);
+    tokens_on_two_ranks_match_one_device(&dir, text, "Gpt", "sgd(lr: 0.1, momentum: 0.9)");
 }
 
 /// A distillation loss, two `mse_loss`es added (examples/bert_base.msl's `Distill`), is a mean
