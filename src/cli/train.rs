@@ -402,6 +402,26 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         ),
         None => rank,
     };
+    // The process's peak is measured over every device it runs and shared among them, so
+    // what the others plan to hold joins device 0's in the comparison: on a pipeline, the
+    // other stages' ranks hold other programs.
+    let others_total: u64 = match chunks {
+        1 => {
+            let per_stage: Vec<u64> = stages.iter().map(|s| stage_memory(s).total).collect();
+            ranks
+                .iter()
+                .filter(|(r, _)| *r != 0)
+                .map(|(r, _)| {
+                    per_stage
+                        .get(layout.coords(*r).stage)
+                        .map_or(rank.total, |&t| t)
+                })
+                .sum()
+        }
+        _ => device
+            .total
+            .saturating_mul(devices_here.saturating_sub(1) as u64),
+    };
     let leader = |comm| {
         let trainer = rank_loop(0, comm)?;
         let summary = Summary {
@@ -413,6 +433,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             tuning: tuning.as_deref(),
             rank,
             device: (device, chunks),
+            others: (others_total, devices_here.saturating_sub(1)),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -447,6 +468,8 @@ struct Summary<'a> {
     /// What device 0's ranks allocate, and how many ranks a device runs: rank 0's alone, but
     /// under an interleaved schedule its device's chunk-stages together.
     device: (ExecutorMemory, usize),
+    /// The other devices this process runs: what their plans hold together, and how many.
+    others: (u64, usize),
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -468,6 +491,7 @@ fn lead(
         tuning,
         rank,
         device: (device, chunks),
+        others: (others_planned, others_count),
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
@@ -600,26 +624,47 @@ fn lead(
     // buffers of its own (the collectives reduce in place). A gathered checkpoint or gradient
     // dump holds one whole tensor between steps, out of the reserve as far as it goes.
     let staging = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
-    let planned = device.with_transient(staging);
+    // Per device of this process, as the measurement is. One device: its plan, a file's
+    // transient out of its reserve as far as it goes. Several: their plans' mean, each
+    // device taken to hold such a transient beside its step — the file's tensors pass
+    // through every rank that gathers or sends them, while the others step.
+    let devices_here = others_count as u64 + 1;
+    let planned_here = device.with_transient(staging);
+    let planned = match others_count {
+        0 => planned_here,
+        _ => (device.total.saturating_add(others_planned) / devices_here).saturating_add(staging),
+    };
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),
     };
     if let Some(m) = measured {
         text.push_str(&format!(
-            "  measured: peak resident memory {} {per} over the run, planned peak {} with the {} % reserve{} ({:+.1} %)\n",
+            "  measured: peak resident memory {} {per} over the run, planned peak {}{} with the {} % + {} reserve{} ({:+.1} %)\n",
             mslc_core::units::human_bytes(m),
             mslc_core::units::human_bytes(planned),
+            match others_planned == device.total * others_count as u64 {
+                true => String::new(),
+                false => format!(
+                    " (the mean of its {devices_here} devices' plans; device 0's {})",
+                    mslc_core::units::human_bytes(device.total)
+                ),
+            },
             100.0 * mslc_plan::parallel::estimate::EXECUTOR_RESERVE,
-            match (staging, planned - device.total) {
-                (0, _) => String::new(),
-                (n, 0) => format!(
+            mslc_core::units::human_bytes(mslc_plan::parallel::estimate::EXECUTOR_FIXED_RESERVE),
+            match (staging, others_count, planned_here - device.total) {
+                (0, _, _) => String::new(),
+                (n, 0, 0) => format!(
                     ", {} of it to gather files",
                     mslc_core::units::human_bytes(n)
                 ),
-                (_, beyond) => format!(
+                (_, 0, beyond) => format!(
                     " and {} more to gather files",
                     mslc_core::units::human_bytes(beyond)
+                ),
+                (n, _, _) => format!(
+                    " and {} per device to gather files",
+                    mslc_core::units::human_bytes(n)
                 ),
             },
             100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)

@@ -1699,8 +1699,8 @@ train Piped for TinyLlama {
         // The stage's update sums its norm over the stages: one f32, kept twice.
         assert_eq!(exchanged, 8, "{plan}");
         let held = allocated + exchanged;
-        let reserve = mslc_plan::parallel::estimate::EXECUTOR_RESERVE;
-        assert_eq!(total, held + (held as f64 * reserve) as u64, "{plan}");
+        let reserve = mslc_plan::parallel::estimate::executor_reserve(held);
+        assert_eq!(total, held + reserve, "{plan}");
         // More than the analytic model: the stage runs a forward and an update beside its step.
         assert!(
             total

@@ -642,20 +642,31 @@ fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTens
     if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
         return (name, shape, dtype, data);
     }
-    let values = TensorRef {
-        name: &name,
-        dtype,
-        shape: &shape,
-        data: &data,
-    }
-    .to_f32();
+    // Only the slice's elements are converted: the rank never holds the whole as f32.
+    let numel: usize = shape.iter().product();
+    let chunk = zero.chunk(numel);
+    let start = index.saturating_mul(chunk).min(numel);
+    let end = start.saturating_add(chunk).min(numel);
+    let size = dtype.size();
+    let values = data
+        .get(start * size..end * size)
+        .filter(|_| data.len() == numel * size)
+        .map(|part| {
+            TensorRef {
+                name: &name,
+                dtype,
+                shape: &[end - start],
+                data: part,
+            }
+            .to_f32()
+        });
     match values {
-        Ok(values) => {
-            let slice = zero.slice(&values, index);
+        Some(Ok(mut slice)) => {
+            slice.resize(chunk, 0.0);
             let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name, vec![slice.len()], StDType::F32, Cow::Owned(bytes))
+            (name, vec![chunk], StDType::F32, Cow::Owned(bytes))
         }
-        Err(_) => (name, shape, dtype, data),
+        _ => (name, shape, dtype, data),
     }
 }
 
@@ -721,10 +732,10 @@ pub fn load_rank_weights<'a>(
 
 /// Initialises the parameters of `exec`'s program from their declared init under `seed` as
 /// one rank holds them, so a sharded run starts from the weights `--init-seed` gives one
-/// device: a whole parameter, or a tensor-parallel block (its dim `tp` times the rank's),
-/// draws just its own values where one device draws them ([`mslc_exec::init::fill_at`]); a
-/// level-3 slice is drawn whole (the whole of `zero`'s shape), then cut as [`rank_share`]
-/// cuts loaded weights, one parameter at a time.
+/// device: the rank's values of each parameter — the whole tensor, its tensor-parallel block
+/// (its dim `tp` times the rank's), and of that its level-3 slice under `zero` (zero past
+/// the end) — are drawn where one device draws them ([`mslc_exec::init::fill_at`]), and no
+/// other value is: a rank never holds a whole parameter it does not keep.
 pub fn init_rank_weights(
     exec: &mut mslc_exec::Executor,
     seed: u64,
@@ -733,64 +744,51 @@ pub fn init_rank_weights(
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
     exec.init_params_with(|path, init, ty, values| {
-        let sliced =
-            matches!(zero, Some((z, _)) if z.shards_params() && z.shapes.contains_key(path));
-        let mut shape = match zero {
-            Some((z, _)) if sliced => z.shapes[path].clone(),
-            _ => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
+        let sliced = zero.filter(|(z, _)| z.shards_params() && z.shapes.contains_key(path));
+        // The rank's tensor-parallel block (or the whole parameter): per index of the dims
+        // before the split dim, one run of `block` values of a whole row of `row`.
+        let shape: Vec<usize> = match sliced {
+            Some((z, _)) => z.shapes[path].clone(),
+            None => ty.shape.iter().map(|&d| d.max(0) as usize).collect(),
         };
-        if !sliced {
-            // This rank's block along the split dim (the whole tensor unsplit): per index of
-            // the dims before it, one run of `block` values of a whole row of `row`.
-            let dim = splits.get(path).copied().filter(|&d| d < shape.len());
-            let (outer, block) = match dim {
-                Some(d) => (shape[..d].iter().product(), shape[d..].iter().product()),
-                None => (1, values.len()),
-            };
-            let (row, part) = match dim {
-                Some(_) => (block * tp, part),
-                None => (block, 0),
-            };
-            if outer * block != values.len() {
-                return Err(RanksError::new(
-                    Code::E0601,
-                    format!(
-                        "`{path}`: this rank's share has {} values, but its program holds {}",
-                        outer * block,
-                        values.len()
-                    ),
-                ));
+        let dim = splits.get(path).copied().filter(|&d| d < shape.len());
+        let (outer, block, row, part) = match dim {
+            Some(d) => {
+                let block: usize = shape[d..].iter().product();
+                (shape[..d].iter().product(), block, block * tp, part)
             }
-            for (o, run) in values.chunks_exact_mut(block.max(1)).enumerate() {
-                mslc_exec::init::fill_at(init, seed, path, o * row + part * block, run);
+            None => {
+                let numel: usize = shape.iter().product();
+                (1, numel, numel, 0)
             }
-            return Ok(());
-        }
-        if let Some(d) = splits.get(path).and_then(|&d| shape.get_mut(d)) {
-            *d *= tp;
-        }
-        let mut whole = vec![0f32; shape.iter().product()];
-        mslc_exec::init::fill(init, seed, path, &mut whole);
-        let bytes: Vec<u8> = whole.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let t = TensorRef {
-            name: path,
-            dtype: StDType::F32,
-            shape: &shape,
-            data: &bytes,
         };
-        let (_, _, _, share) = rank_share(t, splits, (part, tp), zero)?;
-        if share.len() != 4 * values.len() {
+        let numel: usize = outer * block;
+        // Of the block's flat values, the rank's range: its level-3 slice, or all of them.
+        let (start, end, held) = match sliced {
+            Some((z, replica)) => {
+                let chunk = z.chunk(numel);
+                let start = replica.saturating_mul(chunk).min(numel);
+                (start, start.saturating_add(chunk).min(numel), chunk)
+            }
+            None => (0, numel, numel),
+        };
+        if held != values.len() {
             return Err(RanksError::new(
                 Code::E0601,
                 format!(
-                    "`{path}`: this rank's share has {} values, but its program holds {}",
-                    share.len() / 4,
+                    "`{path}`: this rank's share has {held} values, but its program holds {}",
                     values.len()
                 ),
             ));
         }
-        for (v, b) in values.iter_mut().zip(share.chunks_exact(4)) {
-            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        values[end - start..].fill(0.0);
+        let mut j = start;
+        while j < end {
+            let (o, within) = (j / block, j % block);
+            let run = (block - within).min(end - j);
+            let out = &mut values[j - start..j - start + run];
+            mslc_exec::init::fill_at(init, seed, path, o * row + part * block + within, out);
+            j += run;
         }
         Ok(())
     })

@@ -104,12 +104,6 @@ struct Column {
     array: NpyArray,
 }
 
-impl Column {
-    fn row_bytes(&self) -> usize {
-        self.array.shape()[1..].iter().product::<usize>() * self.array.dtype().size()
-    }
-}
-
 /// The training samples, one column per module input the data feeds.
 #[derive(Clone)]
 pub struct Dataset {
@@ -242,22 +236,13 @@ impl Dataset {
     }
 
     /// Sets every column's input the module of `exec` has (a pipeline stage reads only some)
-    /// to the samples `rows`.
+    /// to the samples `rows`, read straight from the column into the input's buffer.
     fn feed(&self, exec: &mut Executor, rows: &[usize]) -> Res<()> {
         for c in &self.columns {
             if !exec.module().inputs().any(|(n, _)| n == c.input) {
                 continue;
             }
-            let size = c.row_bytes();
-            let mut data = Vec::with_capacity(size * rows.len());
-            for &r in rows {
-                data.extend_from_slice(&c.array.data()[r * size..(r + 1) * size]);
-            }
-            let mut shape = c.array.shape().to_vec();
-            shape[0] = rows.len();
-            let array = NpyArray::new(c.array.dtype(), shape, data)
-                .map_err(|e| data_error(e.to_string()))?;
-            exec.set_input(&c.input, &array)
+            exec.set_input_rows(&c.input, &c.array, rows)
                 .map_err(|e| data_error(format!("`{}`: {}", c.file.display(), e.message)))?;
         }
         Ok(())

@@ -30,7 +30,7 @@ use mslc_kernels::TensorRef;
 use super::buffer::AlignedBuf;
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
-use super::inputs::fill_input;
+use super::inputs::{fill_input, fill_input_rows};
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
@@ -619,6 +619,22 @@ impl Executor {
         let (k, v) = self.input_index(name)?;
         let ty = &self.module.values[v as usize].ty;
         fill_input(name, ty, array, self.inputs[k].bytes_mut())
+            .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
+        self.inputs_set[k] = true;
+        Ok(())
+    }
+
+    /// Sets input `name` to the samples `rows` of `array` (along its first axis), read
+    /// straight into the input's buffer: a training batch drawn from a dataset.
+    pub fn set_input_rows(
+        &mut self,
+        name: &str,
+        array: &NpyArray,
+        rows: &[usize],
+    ) -> ExecResult<()> {
+        let (k, v) = self.input_index(name)?;
+        let ty = &self.module.values[v as usize].ty;
+        fill_input_rows(name, ty, array, rows, self.inputs[k].bytes_mut())
             .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
         self.inputs_set[k] = true;
         Ok(())

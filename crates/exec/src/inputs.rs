@@ -26,21 +26,73 @@ pub fn fill_input(
     array: &NpyArray,
     dst: &mut [u8],
 ) -> Result<(), String> {
-    let shape_ok = ty.shape.len() == array.shape().len()
-        && ty
-            .shape
-            .iter()
-            .zip(array.shape())
-            .all(|(&a, &b)| a as u64 == b as u64);
-    if !shape_ok {
-        let dims: Vec<String> = array.shape().iter().map(usize::to_string).collect();
+    check_shape(name, ty, array.shape())?;
+    convert(name, ty.dtype, array.dtype(), array.data(), dst)
+}
+
+/// Writes the samples `rows` of `array` (indices along its first axis, in that order) into
+/// `dst` (the input's buffer, `ty.bytes()` long) as `ty` elements: a batch taken straight
+/// from a dataset, without first copying its rows out of it.
+pub fn fill_input_rows(
+    name: &str,
+    ty: &TensorType,
+    array: &NpyArray,
+    rows: &[usize],
+    dst: &mut [u8],
+) -> Result<(), String> {
+    let Some(&samples) = array.shape().first() else {
+        return Err(format!("input `{name}`: a scalar array has no samples"));
+    };
+    let mut shape = array.shape().to_vec();
+    shape[0] = rows.len();
+    check_shape(name, ty, &shape)?;
+    if let Some(&r) = rows.iter().find(|&&r| r >= samples) {
         return Err(format!(
-            "input `{name}` must have shape {ty}, but the array is [{}]",
-            dims.join(",")
+            "input `{name}`: sample {r} is past the array's {samples}"
         ));
     }
     let src = array.data();
-    match (same_layout(array.dtype()), ty.dtype) {
+    let (src_row, dst_row) = (src.len() / samples.max(1), dst.len() / rows.len().max(1));
+    for (&r, out) in rows.iter().zip(dst.chunks_exact_mut(dst_row.max(1))) {
+        convert(
+            name,
+            ty.dtype,
+            array.dtype(),
+            &src[r * src_row..(r + 1) * src_row],
+            out,
+        )?;
+    }
+    Ok(())
+}
+
+/// An error naming `name` when `shape` is not `ty`'s.
+fn check_shape(name: &str, ty: &TensorType, shape: &[usize]) -> Result<(), String> {
+    let shape_ok = ty.shape.len() == shape.len()
+        && ty
+            .shape
+            .iter()
+            .zip(shape)
+            .all(|(&a, &b)| a as u64 == b as u64);
+    if shape_ok {
+        return Ok(());
+    }
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    Err(format!(
+        "input `{name}` must have shape {ty}, but the array is [{}]",
+        dims.join(",")
+    ))
+}
+
+/// Converts the `.npy` elements `src` (of type `from`) into `dst` as `want` elements: ints to
+/// ints (narrowed with a range check), floats to floats.
+fn convert(
+    name: &str,
+    want: DType,
+    from: NpyDType,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), String> {
+    match (same_layout(from), want) {
         (Some(d), want) if d == want => dst.copy_from_slice(src),
         (Some(DType::I64), DType::I32) => {
             for (o, c) in dst.chunks_exact_mut(4).zip(src.chunks_exact(8)) {
@@ -57,16 +109,14 @@ pub fn fill_input(
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
-        (Some(from), want) if from.is_float() && want.is_float() => {
-            let mut values = vec![0f32; array.len()];
-            load_f32(from, src, &mut values);
+        (Some(d), want) if d.is_float() && want.is_float() => {
+            let mut values = vec![0f32; src.len() / d.size_bytes().max(1) as usize];
+            load_f32(d, src, &mut values);
             store_f32(want, &values, dst);
         }
         _ => {
             return Err(format!(
-                "input `{name}` is {}, but the array's elements are `{}`",
-                ty.dtype,
-                array.dtype()
+                "input `{name}` is {want}, but the array's elements are `{from}`"
             ))
         }
     }
@@ -103,6 +153,28 @@ mod tests {
         let e = fill_input("tokens", &ty, &wrong, &mut dst).unwrap_err();
         assert!(
             e.contains("must have shape i32[1,2], but the array is [2]"),
+            "{e}"
+        );
+    }
+
+    /// A batch of chosen samples, converted as the whole array would be; a sample past the
+    /// array is an error, not a panic.
+    #[test]
+    fn rows_fill_a_batch_in_their_order() {
+        let ty = TensorType::new(DType::F16, [2, 2]);
+        let f = NpyArray::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let mut dst = [0u8; 8];
+        fill_input_rows("x", &ty, &f, &[2, 0], &mut dst).unwrap();
+        let got: Vec<f32> = dst
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        assert_eq!(got, [5.0, 6.0, 1.0, 2.0]);
+        let e = fill_input_rows("x", &ty, &f, &[2, 3], &mut dst).unwrap_err();
+        assert!(e.contains("sample 3 is past the array's 3"), "{e}");
+        let e = fill_input_rows("x", &ty, &f, &[0], &mut dst).unwrap_err();
+        assert!(
+            e.contains("must have shape f16[2,2], but the array is [1,2]"),
             "{e}"
         );
     }

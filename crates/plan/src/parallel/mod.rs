@@ -75,7 +75,7 @@ pub struct ExecutorMemory {
     /// contributions of their last rounds (not the executor's to allocate).
     pub exchanged: u64,
     /// `allocated` and `exchanged` with the executor's reserve
-    /// ([`estimate::EXECUTOR_RESERVE`]): the peak a rank's resident memory is planned not to
+    /// ([`estimate::executor_reserve`]): the peak a rank's resident memory is planned not to
     /// exceed.
     pub total: u64,
 }
@@ -85,7 +85,7 @@ impl ExecutorMemory {
     /// whose collectives leave `exchanged` bytes in the exchanges.
     pub fn of(allocated: u64, exchanged: u64, threads: usize) -> ExecutorMemory {
         let held = allocated.saturating_add(exchanged);
-        let reserve = (held as f64 * estimate::EXECUTOR_RESERVE) as u64;
+        let reserve = estimate::executor_reserve(held);
         ExecutorMemory {
             threads,
             allocated,
@@ -468,7 +468,7 @@ mod tests {
     fn a_transient_takes_the_reserve_first() {
         let rank = ExecutorMemory::of(1_000_000, 0, 2);
         let reserve = rank.total - 1_000_000;
-        assert_eq!(reserve, (1_000_000.0 * estimate::EXECUTOR_RESERVE) as u64);
+        assert_eq!(reserve, estimate::executor_reserve(1_000_000));
         assert_eq!(rank.with_transient(0), rank.total);
         assert_eq!(rank.with_transient(reserve), rank.total);
         assert_eq!(rank.with_transient(reserve + 4096), rank.total + 4096);
