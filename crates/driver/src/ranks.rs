@@ -644,18 +644,16 @@ fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTens
     }
     // Only the slice's elements are converted: the rank never holds the whole as f32.
     let numel: usize = shape.iter().product();
-    let chunk = zero.chunk(numel);
-    let start = index.saturating_mul(chunk).min(numel);
-    let end = start.saturating_add(chunk).min(numel);
+    let (chunk, range) = (zero.chunk(numel), zero.range(numel, index));
     let size = dtype.size();
     let values = data
-        .get(start * size..end * size)
+        .get(range.start * size..range.end * size)
         .filter(|_| data.len() == numel * size)
         .map(|part| {
             TensorRef {
                 name: &name,
                 dtype,
-                shape: &[end - start],
+                shape: &[range.len()],
                 data: part,
             }
             .to_f32()
@@ -764,14 +762,11 @@ pub fn init_rank_weights(
         };
         let numel: usize = outer * block;
         // Of the block's flat values, the rank's range: its level-3 slice, or all of them.
-        let (start, end, held) = match sliced {
-            Some((z, replica)) => {
-                let chunk = z.chunk(numel);
-                let start = replica.saturating_mul(chunk).min(numel);
-                (start, start.saturating_add(chunk).min(numel), chunk)
-            }
-            None => (0, numel, numel),
+        let (range, held) = match sliced {
+            Some((z, replica)) => (z.range(numel, replica), z.chunk(numel)),
+            None => (0..numel, numel),
         };
+        let (start, end) = (range.start, range.end);
         if held != values.len() {
             return Err(RanksError::new(
                 Code::E0601,
@@ -933,6 +928,46 @@ mod tests {
         assert_eq!(got, vec![want.clone(), want]);
         assert_eq!(gather_dim(&[2, 6], &[2, 3], 2), Some(1));
         assert_eq!(gather_dim(&[5], &[5], 2), None);
+    }
+
+    /// A level-3 slice of a weight stored as f16 (7 values over 2 replicas: the second slice
+    /// padded) is the slice of the whole converted to f32, converting only the slice's bytes;
+    /// a tensor the sharding does not slice is handed back as it is.
+    #[test]
+    fn a_level3_slice_converts_only_its_own_values() {
+        let zero = ZeroShard {
+            level: 3,
+            group: mslc_ir::shard::Group::new(DATA_AXIS, 2),
+            shapes: BTreeMap::from([("w".to_string(), vec![7])]),
+        };
+        let values = [0.5f32, -1.0, 2.0, 3.5, -0.25, 8.0, 1.5];
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        let slices: Vec<Vec<f32>> = (0..2)
+            .map(|replica| {
+                let w = (
+                    "w".to_string(),
+                    vec![7],
+                    StDType::F16,
+                    Cow::Borrowed(&bytes[..]),
+                );
+                let (_, shape, dtype, data) = zero_slice(w, &zero, replica);
+                assert_eq!((shape, dtype), (vec![4], StDType::F32));
+                data.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(slices, [zero.slice(&values, 0), zero.slice(&values, 1)]);
+        let other = (
+            "b".to_string(),
+            vec![7],
+            StDType::F16,
+            Cow::Borrowed(&bytes[..]),
+        );
+        assert_eq!(zero_slice(other, &zero, 1).3, &bytes[..]);
     }
 
     #[test]

@@ -616,12 +616,7 @@ impl Executor {
     /// Sets input `name` from an array of its shape (ids as i32 or i64, floats as f16, f32 or
     /// f64, converted to the input's dtype).
     pub fn set_input(&mut self, name: &str, array: &NpyArray) -> ExecResult<()> {
-        let (k, v) = self.input_index(name)?;
-        let ty = &self.module.values[v as usize].ty;
-        fill_input(name, ty, array, self.inputs[k].bytes_mut())
-            .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
-        self.inputs_set[k] = true;
-        Ok(())
+        self.fill_input_with(name, |ty, dst| fill_input(name, ty, array, dst))
     }
 
     /// Sets input `name` to the samples `rows` of `array` (along its first axis), read
@@ -632,9 +627,18 @@ impl Executor {
         array: &NpyArray,
         rows: &[usize],
     ) -> ExecResult<()> {
+        self.fill_input_with(name, |ty, dst| fill_input_rows(name, ty, array, rows, dst))
+    }
+
+    /// Fills input `name`'s buffer with `fill` (given the input's type) and marks it set.
+    fn fill_input_with(
+        &mut self,
+        name: &str,
+        fill: impl FnOnce(&TensorType, &mut [u8]) -> Result<(), String>,
+    ) -> ExecResult<()> {
         let (k, v) = self.input_index(name)?;
         let ty = &self.module.values[v as usize].ty;
-        fill_input_rows(name, ty, array, rows, self.inputs[k].bytes_mut())
+        fill(ty, self.inputs[k].bytes_mut())
             .map_err(|m| ExecError::new(ExecErrorKind::Input, m))?;
         self.inputs_set[k] = true;
         Ok(())

@@ -83,6 +83,9 @@ fn check_shape(name: &str, ty: &TensorType, shape: &[usize]) -> Result<(), Strin
     ))
 }
 
+/// Elements a float conversion takes through f32 at a time (4 KiB on the stack).
+const CONVERT_BLOCK: usize = 1024;
+
 /// Converts the `.npy` elements `src` (of type `from`) into `dst` as `want` elements: ints to
 /// ints (narrowed with a range check), floats to floats.
 fn convert(
@@ -110,9 +113,17 @@ fn convert(
             }
         }
         (Some(d), want) if d.is_float() && want.is_float() => {
-            let mut values = vec![0f32; src.len() / d.size_bytes().max(1) as usize];
-            load_f32(d, src, &mut values);
-            store_f32(want, &values, dst);
+            // Through f32 a block at a time, on the stack: a batch's rows convert every step.
+            let mut values = [0f32; CONVERT_BLOCK];
+            let (from_size, to_size) = (d.size_bytes() as usize, want.size_bytes() as usize);
+            for (s, o) in src
+                .chunks(CONVERT_BLOCK * from_size)
+                .zip(dst.chunks_mut(CONVERT_BLOCK * to_size))
+            {
+                let values = &mut values[..s.len() / from_size];
+                load_f32(d, s, values);
+                store_f32(want, values, o);
+            }
         }
         _ => {
             return Err(format!(
@@ -177,6 +188,22 @@ mod tests {
             e.contains("must have shape f16[2,2], but the array is [1,2]"),
             "{e}"
         );
+    }
+
+    /// A conversion longer than one block of the stack buffer (and not a multiple of it)
+    /// converts every element.
+    #[test]
+    fn long_float_conversions_cover_every_block() {
+        let n = 2 * CONVERT_BLOCK + 3;
+        let values: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut dst = vec![0u8; 4 * n];
+        convert("x", DType::F32, NpyDType::F64, &bytes, &mut dst).unwrap();
+        let got: Vec<f64> = dst
+            .chunks_exact(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect();
+        assert_eq!(got, values);
     }
 
     #[test]

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
 use crate::error::ExecResult;
+use mslc_kernels::step::runs_in_place;
+#[cfg(test)]
 use mslc_kernels::step::IN_PLACE_COLLECTIVE_MIN;
 
 /// The contributions of one completed round, indexed by member.
@@ -345,8 +347,9 @@ impl ThreadRank {
     }
 
     /// Waits until every member of this rank's group along `axis` has written its slice of an
-    /// all-reduce in place (or read what it needs of the others' buffers). No timeout: each member got here through a completed meeting and
-    /// runs a loop that cannot fail, and its buffer must outlive the others' writes.
+    /// all-reduce in place (or read what it needs of the others' buffers). No timeout: each
+    /// member got here through a completed meeting and runs a loop that cannot fail, and its
+    /// buffer must outlive the others' writes and reads.
     fn all_written(&self, axis: usize) -> ExecResult<()> {
         let (group, rendezvous) = self.group_of(axis)?;
         let mut state = lock(&rendezvous.state);
@@ -406,7 +409,7 @@ impl Collectives for ThreadRank {
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
-        if in_place(data.len(), self.group_size(axis)) {
+        if runs_in_place(data.len(), self.group_size(axis)) {
             return self.all_reduce_in_place(axis, data);
         }
         let (round, _) = self.exchange(axis, data)?;
@@ -417,7 +420,7 @@ impl Collectives for ThreadRank {
 
     fn all_gather(&mut self, axis: usize, send: &[f32], recv: &mut [f32]) -> ExecResult<()> {
         check_len("all_gather", recv.len(), send.len() * self.group_size(axis))?;
-        if in_place(send.len(), self.group_size(axis)) {
+        if runs_in_place(send.len(), self.group_size(axis)) {
             return self.read_in_place("all_gather", axis, send, |sends, _| {
                 for (block, theirs) in recv.chunks_exact_mut(send.len()).zip(sends) {
                     block.copy_from_slice(theirs);
@@ -438,7 +441,7 @@ impl Collectives for ThreadRank {
             send.len(),
             recv.len() * self.group_size(axis),
         )?;
-        if in_place(send.len(), self.group_size(axis)) {
+        if runs_in_place(send.len(), self.group_size(axis)) {
             return self.read_in_place("reduce_scatter", axis, send, |sends, member| {
                 sum_in_member_order(recv, sends, member * recv.len())
             });
@@ -453,7 +456,7 @@ impl Collectives for ThreadRank {
         let n = self.group_size(axis);
         check_len("all_to_all", recv.len(), send.len())?;
         let b = block_len("all_to_all", send.len(), n)?;
-        if in_place(send.len(), n) {
+        if runs_in_place(send.len(), n) {
             return self.read_in_place("all_to_all", axis, send, |sends, member| {
                 for (block, theirs) in recv.chunks_exact_mut(b.max(1)).zip(sends) {
                     block.copy_from_slice(&theirs[member * b..(member + 1) * b]);
@@ -502,12 +505,6 @@ impl Collectives for ThreadRank {
         data.copy_from_slice(&message);
         Ok(())
     }
-}
-
-/// Whether a collective of `len` values per member over a group of `members` reads the
-/// members' own buffers in place (large ones) rather than copies of them.
-fn in_place(len: usize, members: usize) -> bool {
-    len >= IN_PLACE_COLLECTIVE_MIN && members > 1
 }
 
 /// `out[i] = 0.0 + c₀[offset + i] + c₁[offset + i] + …` over the members' contributions in

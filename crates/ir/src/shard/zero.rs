@@ -45,13 +45,18 @@ impl ZeroShard {
         numel.div_ceil(self.group.ranks.max(1))
     }
 
+    /// The values of a flat tensor of `numel` that member `index`'s slice holds (the rest of
+    /// its [`ZeroShard::chunk`] values, past the tensor's end, are zero).
+    pub fn range(&self, numel: usize, index: usize) -> std::ops::Range<usize> {
+        let chunk = self.chunk(numel);
+        let start = index.saturating_mul(chunk).min(numel);
+        start..start.saturating_add(chunk).min(numel)
+    }
+
     /// Member `index`'s slice of the flat `values` (zero past their end).
     pub fn slice(&self, values: &[f32], index: usize) -> Vec<f32> {
-        let chunk = self.chunk(values.len());
-        let start = (index * chunk).min(values.len());
-        let end = ((index + 1) * chunk).min(values.len());
-        let mut out = values[start..end].to_vec();
-        out.resize(chunk, 0.0);
+        let mut out = values[self.range(values.len(), index)].to_vec();
+        out.resize(self.chunk(values.len()), 0.0);
         out
     }
 

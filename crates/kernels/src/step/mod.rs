@@ -9,4 +9,6 @@ pub mod prepare;
 
 pub use dispatch::{Operands, MAX_OUTPUTS};
 pub use needs::{OperandMode, Staging};
-pub use prepare::{prepare, CollectiveStep, DropoutBlock, StepKernel, IN_PLACE_COLLECTIVE_MIN};
+pub use prepare::{
+    prepare, runs_in_place, CollectiveStep, DropoutBlock, StepKernel, IN_PLACE_COLLECTIVE_MIN,
+};

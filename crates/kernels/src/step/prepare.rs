@@ -177,6 +177,12 @@ pub struct CollectiveStep {
 /// costs more than the copies, through copies.
 pub const IN_PLACE_COLLECTIVE_MIN: usize = 1 << 14;
 
+/// Whether the threads backend runs a collective of `numel` values per member over a group of
+/// `ranks` in place, on the members' own buffers, rather than through copies.
+pub fn runs_in_place(numel: usize, ranks: usize) -> bool {
+    numel >= IN_PLACE_COLLECTIVE_MIN && ranks > 1
+}
+
 impl CollectiveStep {
     /// Values of kernel scratch the step reorders its blocks through: a gather or scatter
     /// along a dim with more than one row before it (of input shape `shape`: the gathered
@@ -196,7 +202,7 @@ impl CollectiveStep {
     /// contribution but those it reads in place.
     pub fn copied_floats(&self, numel: usize) -> usize {
         match self.op {
-            _ if numel >= IN_PLACE_COLLECTIVE_MIN && self.ranks > 1 => 0,
+            _ if runs_in_place(numel, self.ranks) => 0,
             // A slice of this rank's own input involves no exchange.
             Op::RankSlice => 0,
             _ => numel,
