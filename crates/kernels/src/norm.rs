@@ -53,14 +53,21 @@ fn scale_into_body(x: &[f32], out: &mut [f32], s: f32, w: &[f32]) {
 }
 
 #[inline(always)]
-fn normalize_into_body(x: &[f32], out: &mut [f32], mean: f32, inv: f32, g: &[f32], b: &[f32]) {
+fn normalize_into_body(
+    x: &[f32],
+    out: &mut [f32],
+    (hi, lo): (f32, f32),
+    inv: f32,
+    g: &[f32],
+    b: &[f32],
+) {
     if g.is_empty() {
         for (o, &v) in out.iter_mut().zip(x) {
-            *o = (v - mean) * inv;
+            *o = ((v - hi) - lo) * inv;
         }
     } else {
         for (((o, &v), &gi), &bi) in out.iter_mut().zip(x).zip(g).zip(b) {
-            *o = (v - mean) * inv * gi + bi;
+            *o = ((v - hi) - lo) * inv * gi + bi;
         }
     }
 }
@@ -70,8 +77,9 @@ dispatch_avx2! {
     fn scale_into(x: &[f32], out: &mut [f32], s: f32, w: &[f32]) = scale_into_body;
 }
 dispatch_avx2! {
-    /// out = (x − mean) · inv (· g + b when g is non-empty).
-    fn normalize_into(x: &[f32], out: &mut [f32], mean: f32, inv: f32, g: &[f32], b: &[f32]) = normalize_into_body;
+    /// out = (x − hi − lo) · inv (· g + b when g is non-empty), the mean split as in
+    /// [`row_stats`].
+    fn normalize_into(x: &[f32], out: &mut [f32], mean: (f32, f32), inv: f32, g: &[f32], b: &[f32]) = normalize_into_body;
 }
 
 /// `rms_norm` (weight `None`) or `rms_norm_scale` (weight `[D]`):
@@ -92,8 +100,8 @@ pub fn rms_norm(
     for_each_row_group(params, x.data.len(), out, d, |first, chunk| {
         let src = &x.data[first * d..first * d + chunk.len()];
         for (xr, or) in src.chunks_exact(d).zip(chunk.chunks_exact_mut(d)) {
-            let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d as f64;
-            scale_into(xr, or, (1.0 / (ms + eps).sqrt()) as f32, w);
+            let (_, _, inv) = row_stats(false, xr, eps);
+            scale_into(xr, or, inv as f32, w);
         }
     });
     Ok(())
@@ -120,12 +128,29 @@ pub fn layer_norm(
     for_each_row_group(params, x.data.len(), out, d, |first, chunk| {
         let src = &x.data[first * d..first * d + chunk.len()];
         for (xr, or) in src.chunks_exact(d).zip(chunk.chunks_exact_mut(d)) {
-            let mean = rows::sum(xr) / d as f32;
-            let var = rows::sum_sq_dev(xr, mean) as f64 / d as f64;
-            normalize_into(xr, or, mean, (1.0 / (var + eps).sqrt()) as f32, g, b);
+            let (hi, lo, inv) = row_stats(true, xr, eps);
+            normalize_into(xr, or, (hi, lo), inv as f32, g, b);
         }
     });
     Ok(())
+}
+
+/// A row's statistics, shared by the norms and their gradients: for a layer norm (`centered`)
+/// the mean split as `hi + lo` and `r = rsqrt(var + eps)` (biased variance), for an RMS norm
+/// `(0, 0, rsqrt(mean(x²) + eps))`. The mean as an f32 `hi` plus the small `lo` f32 cannot hold:
+/// when |mean| ≫ the spread, `x − hi` is exact and `lo` keeps the deviations accurate, so a row
+/// of close values (where the gradient is a small difference of large terms) loses no digits.
+pub(crate) fn row_stats(centered: bool, xr: &[f32], eps: f64) -> (f32, f32, f64) {
+    let d = xr.len() as f64;
+    if !centered {
+        let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d;
+        return (0.0, 0.0, 1.0 / (ms + eps).sqrt());
+    }
+    let n = xr.len() as f32;
+    let hi = rows::sum(xr) / n;
+    let lo = rows::sum_dev(xr, hi) / n;
+    let var = rows::sum_sq_dev(xr, hi) as f64 / d - f64::from(lo) * f64::from(lo);
+    (hi, lo, 1.0 / (var.max(0.0) + eps).sqrt())
 }
 
 #[inline(always)]
@@ -231,7 +256,6 @@ mod tests {
             };
             let one = in_pool(1, run);
             assert_same_bits("threads", &one, &in_pool(2, run));
-            // The f32 mean loses digits when |mean| >> spread; outputs are O(1).
             assert_close_in(precision, "norm", &one, &want.data, 2e-5, 1e-5);
         }
     }
@@ -264,6 +288,25 @@ mod tests {
             assert_same_bits("batch_norm, 1 thread", &in_pool(1, run), &want.data);
             assert_same_bits("batch_norm, 2 threads", &in_pool(2, run), &want.data);
         }
+    }
+
+    /// Rows of two close values far from zero: the f32 mean alone cannot hold their midpoint,
+    /// and `x − mean` is then divided by a spread of a few ulps' worth of the offset.
+    #[test]
+    fn close_values_far_from_zero_normalize_to_the_reference() {
+        let mut rng = Rng::new(7);
+        let x: Vec<f32> = rng
+            .vec(400, 3e-3)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| 2.5 + (i / 2 % 7) as f32 * 0.07 + v)
+            .collect();
+        let shape = [200, 2];
+        let xt = TensorRef::new("t", &x, &shape).unwrap();
+        let want = reference::layer_norm(xt, 1e-5).unwrap();
+        let mut out = vec![f32::NAN; x.len()];
+        layer_norm(xt, None, 1e-5, &RowParams::default(), &mut out).unwrap();
+        assert_close_in(Precision::F32, "layer_norm", &out, &want.data, 4e-6, 1e-6);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use super::cpu::dispatch_avx2;
 use super::error::{KernelError, KernelResult};
+use super::norm::row_stats;
 use super::par::{self, for_each_row_group, RowParams, SyncPtr};
 use super::rows;
 use super::scratch::with_scratch;
@@ -108,24 +109,6 @@ pub fn layer_norm_grad(
             *o = r * (gi - gm) - c * ((xi - hi) - lo);
         }
     })
-}
-
-/// A row's statistics, recomputed by every norm gradient here: for a layer norm (`centered`)
-/// the mean split as `hi + lo` and `r = rsqrt(var + eps)` (biased variance), for an RMS norm
-/// `(0, 0, rsqrt(mean(x²) + eps))`. The mean as an f32 `hi` plus the small `lo` f32 cannot hold:
-/// when |mean| ≫ the spread, `x − hi` is exact and `lo` keeps the deviations accurate, so a row
-/// of close values (where the gradient is a small difference of large terms) loses no digits.
-fn row_stats(centered: bool, xr: &[f32], eps: f64) -> (f32, f32, f64) {
-    let d = xr.len() as f64;
-    if !centered {
-        let ms = rows::sum_sq_dev(xr, 0.0) as f64 / d;
-        return (0.0, 0.0, 1.0 / (ms + eps).sqrt());
-    }
-    let n = xr.len() as f32;
-    let hi = rows::sum(xr) / n;
-    let lo = rows::sum_dev(xr, hi) / n;
-    let var = rows::sum_sq_dev(xr, hi) as f64 / d - f64::from(lo) * f64::from(lo);
-    (hi, lo, 1.0 / (var.max(0.0) + eps).sqrt())
 }
 
 /// Elements a part of [`norm_affine_grad`]'s parameter sums covers at least, and the most parts
