@@ -1,5 +1,6 @@
-//! Flash-style attention: per (batch, query head, query tile) task, key tiles stream through an
-//! online softmax, so no S×T score matrix is ever held. Causal (last query aligned with the last
+//! Flash-style attention: per (batch, query head) task — or per share of its query tiles, when
+//! the heads alone leave threads idle — key blocks stream through an online softmax, so no S×T
+//! score matrix is ever held. Each key block is packed once for all the task's query tiles. Causal (last query aligned with the last
 //! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The same pass
 //! gives, in [`attention_lse`], the per-row log-sum-exp the backward ([`crate::attention_grad`])
 //! rebuilds the weights from.
@@ -148,6 +149,7 @@ fn run(
             mc: params.block_q,
             kc: d.max(params.block_k),
             nc: d.max(params.block_k),
+            small_m: params.block_q,
             tasks_per_thread: 0,
             min_parallel_flops: usize::MAX,
             isa: params.isa,
@@ -157,19 +159,56 @@ fn run(
         lse: lse.map(|l| SyncPtr(l.as_mut_ptr())),
     };
     let q_tiles = s.div_ceil(params.block_q);
-    let tasks = b * hq * q_tiles;
+    let heads = b * hq;
     let flops = [b, hq, s, t, d]
         .iter()
         .fold(4usize, |f, &x| f.saturating_mul(x));
     let parallel = flops >= params.min_parallel_flops;
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    // A head's tiles are dealt round-robin to `groups` tasks (balancing causal tiles, whose cost
+    // grows with their position): no more than GROUP_ROWS query rows each, and more tasks only
+    // when the heads alone leave threads idle.
+    let groups = q_tiles
+        .div_ceil((GROUP_ROWS / params.block_q).max(1))
+        .max(threads.div_ceil(heads.max(1)))
+        .min(q_tiles)
+        .max(1);
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    par::for_each_index(parallel, tasks, |task| {
-        let (bh, tile) = (task / q_tiles, task % q_tiles);
-        // SAFETY: task (b, h, tile) writes only the rows and log-sum-exps of its query tile at
-        // head h, disjoint from every other task's, inside `out` and `lse` (lengths checked).
-        unsafe { p.tile(bh / hq, bh % hq, tile, out_ptr) };
+    par::for_each_index(parallel, heads * groups, |task| {
+        let (bh, group) = (task / groups, task % groups);
+        let tiles = Tiles {
+            first: group,
+            step: groups,
+            end: q_tiles,
+        };
+        // SAFETY: the task writes only the rows and log-sum-exps of its own query tiles at
+        // (batch, head) `bh`, disjoint from every other task's, inside `out` and `lse` (lengths
+        // checked).
+        unsafe { p.tiles(bh / hq, bh % hq, tiles, out_ptr) };
     });
     Ok(())
+}
+
+/// Query rows one task holds at most: its tiles' accumulators and softmax statistics live in
+/// its scratch, and each packed key block serves all of them.
+const GROUP_ROWS: usize = 256;
+
+/// The query tiles one task computes: `first`, `first + step`, … below `end`.
+#[derive(Clone, Copy)]
+struct Tiles {
+    first: usize,
+    step: usize,
+    end: usize,
+}
+
+impl Tiles {
+    fn iter(self) -> impl Iterator<Item = usize> {
+        (self.first..self.end).step_by(self.step)
+    }
 }
 
 impl AttentionJob<'_> {
@@ -191,133 +230,187 @@ impl AttentionJob<'_> {
         }
     }
 
-    /// Computes one query tile of one (batch, head).
+    /// Keys query tile `tile` may see: `j < limit` (its last query sees the most).
+    fn limit(&self, tile: usize) -> usize {
+        let last = (tile * self.block_q + self.block_q).min(self.s);
+        if self.causal {
+            (last + self.t).saturating_sub(self.s).min(self.t)
+        } else {
+            self.t
+        }
+    }
+
+    /// Computes query tiles `tiles` of one (batch, head).
     ///
     /// # Safety
     /// `out` must point to the `[B, S, Hq, D]` output (and `self.lse`, if any, to `[B, S, Hq]`),
-    /// and no other task may write this tile.
-    unsafe fn tile(&self, b: usize, h: usize, tile: usize, out: SyncPtr) {
-        let (s, t, d) = (self.s, self.t, self.d);
-        let q0 = tile * self.block_q;
-        let bq = self.block_q.min(s - q0);
+    /// and no other task may write these tiles.
+    unsafe fn tiles(&self, b: usize, h: usize, tiles: Tiles, out: SyncPtr) {
+        let (s, t, d, nr) = (self.s, self.t, self.d, self.kernel.nr);
         let kh = h / (self.hq / self.hkv);
         let (qs, ks) = (self.hq * d, self.hkv * d);
-        let q_rows = self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs);
-        // Keys a query of this tile may see: j < limit (the last query sees the most).
-        let limit = if self.causal {
-            (q0 + bq + t).saturating_sub(s).min(t)
-        } else {
-            t
-        };
+        let rows = tiles
+            .iter()
+            .map(|tile| self.block_q.min(s - tile * self.block_q))
+            .sum::<usize>();
+        let limit = tiles.iter().map(|tile| self.limit(tile)).max().unwrap_or(0);
         let bk_max = self.block_k.min(t.max(1));
+        let packed_k_len = bk_max.div_ceil(nr) * d * nr;
         let one = [Problem {
             a: 0,
             b: 0,
             c_offset: 0,
             bias_offset: 0,
         }];
-        with_scratch(bq * bk_max + bq * d + 2 * bq, |buf| {
-            let (scores, rest) = buf.split_at_mut(bq * bk_max);
-            let (acc, rest) = rest.split_at_mut(bq * d);
-            let (row_max, row_sum) = rest.split_at_mut(bq);
+        let scratch = packed_k_len + self.block_q * bk_max + rows * d + 2 * rows;
+        with_scratch(scratch, |buf| {
+            let (packed_k, rest) = buf.split_at_mut(packed_k_len);
+            let (scores, rest) = rest.split_at_mut(self.block_q * bk_max);
+            let (acc, rest) = rest.split_at_mut(rows * d);
+            let (row_max, row_sum) = rest.split_at_mut(rows);
             acc.fill(0.0);
             row_max.fill(f32::NEG_INFINITY);
             row_sum.fill(0.0);
+            // The keys of block t0 as the right operand of q·kᵀ (`n` of them).
+            let keys = |t0: usize, n: usize| {
+                [self
+                    .rows(self.k, ((b * t + t0) * self.hkv + kh) * d, n, ks)
+                    .t()]
+            };
             for t0 in (0..limit).step_by(self.block_k) {
-                let bk = self.block_k.min(limit - t0);
-                let scores = &mut scores[..bq * bk];
-                let first_key = ((b * t + t0) * self.hkv + kh) * d;
-                let k_rows = [self.rows(self.k, first_key, bk, ks).t()];
-                let qa = [q_rows];
-                Gemm {
-                    m: bq,
-                    n: bk,
+                let block = keys(t0, self.block_k.min(limit - t0));
+                let pack = Gemm {
+                    m: 0,
+                    n: block[0].cols,
                     k: d,
-                    a: &qa,
-                    b: &k_rows,
+                    a: &[],
+                    b: &block,
                     problems: &one,
-                    ldc: bk,
+                    ldc: 0,
                     accumulate: false,
                     bias: None,
                     activation: Activation::NONE,
                     kernel: self.kernel,
-                }
-                .run(scores, &self.gemm);
-                for r in 0..bq {
-                    let row = &mut scores[r * bk..(r + 1) * bk];
-                    rows::scale(row, self.scale);
-                    if self.causal {
-                        // Query q0 + r sees keys j <= q0 + r + t - s.
-                        let visible = (q0 + r + 1 + t)
-                            .saturating_sub(s)
-                            .saturating_sub(t0)
-                            .min(bk);
-                        row[visible..].fill(f32::NEG_INFINITY);
-                    }
-                    let new_max = row_max[r].max(rows::max(row));
-                    if new_max == f32::NEG_INFINITY {
-                        row.fill(0.0);
+                };
+                let packed_k = &mut packed_k[..pack.packed_b_len()];
+                pack.pack_b(false, packed_k);
+                let mut first_row = 0;
+                for tile in tiles.iter() {
+                    let q0 = tile * self.block_q;
+                    let bq = self.block_q.min(s - q0);
+                    let tile_rows = first_row..first_row + bq;
+                    first_row += bq;
+                    let Some(bk) = self.limit(tile).checked_sub(t0).filter(|&n| n > 0) else {
                         continue;
-                    }
-                    let correction = rows::exp_one(row_max[r] - new_max);
-                    let sum = rows::exp_sum(row, 1.0, new_max);
-                    row_sum[r] = row_sum[r] * correction + sum;
-                    row_max[r] = new_max;
-                    rows::scale(&mut acc[r * d..(r + 1) * d], correction);
-                }
-                let p = [MatRef {
-                    data: scores,
-                    offset: 0,
-                    rs: bk,
-                    cs: 1,
-                    rows: bq,
-                    cols: bk,
-                }];
-                let v_rows = [self.rows(self.v, first_key, bk, ks)];
-                Gemm {
-                    m: bq,
-                    n: d,
-                    k: bk,
-                    a: &p,
-                    b: &v_rows,
-                    problems: &one,
-                    ldc: d,
-                    accumulate: true,
-                    bias: None,
-                    activation: Activation::NONE,
-                    kernel: self.kernel,
-                }
-                .run(acc, &self.gemm);
-            }
-            if let Some(lse_out) = self.lse {
-                for r in 0..bq {
-                    let lse = if row_sum[r] > 0.0 {
-                        row_max[r] + math::log(row_sum[r])
-                    } else {
-                        f32::NEG_INFINITY
                     };
-                    // SAFETY: entry (b, q0 + r, h) lies inside `lse` and belongs to this task.
-                    unsafe { *lse_out.get().add((b * s + q0 + r) * self.hq + h) = lse };
+                    let bk = bk.min(self.block_k);
+                    let scores = &mut scores[..bq * bk];
+                    let qa = [self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs)];
+                    let k_rows = keys(t0, bk);
+                    let qk = Gemm {
+                        m: bq,
+                        n: bk,
+                        k: d,
+                        a: &qa,
+                        b: &k_rows,
+                        ldc: bk,
+                        ..pack
+                    };
+                    let used = qk.packed_b_len();
+                    qk.run_packed(scores, &self.gemm, None, Some(&packed_k[..used]));
+                    for (r, row) in tile_rows.clone().zip(scores.chunks_exact_mut(bk)) {
+                        rows::scale(row, self.scale);
+                        if self.causal {
+                            // Query q0 + r sees keys j <= q0 + r + t - s.
+                            let visible = (q0 + (r - tile_rows.start) + 1 + t)
+                                .saturating_sub(s)
+                                .saturating_sub(t0)
+                                .min(bk);
+                            row[visible..].fill(f32::NEG_INFINITY);
+                        }
+                        let new_max = row_max[r].max(rows::max(row));
+                        if new_max == f32::NEG_INFINITY {
+                            row.fill(0.0);
+                            continue;
+                        }
+                        let correction = rows::exp_one(row_max[r] - new_max);
+                        let sum = rows::exp_sum(row, 1.0, new_max);
+                        row_sum[r] = row_sum[r] * correction + sum;
+                        row_max[r] = new_max;
+                        rows::scale(&mut acc[r * d..(r + 1) * d], correction);
+                    }
+                    let p = [MatRef {
+                        data: scores,
+                        offset: 0,
+                        rs: bk,
+                        cs: 1,
+                        rows: bq,
+                        cols: bk,
+                    }];
+                    let v_rows = [self.rows(self.v, ((b * t + t0) * self.hkv + kh) * d, bk, ks)];
+                    Gemm {
+                        m: bq,
+                        n: d,
+                        k: bk,
+                        a: &p,
+                        b: &v_rows,
+                        ldc: d,
+                        accumulate: true,
+                        ..pack
+                    }
+                    .run(&mut acc[tile_rows.start * d..tile_rows.end * d], &self.gemm);
                 }
             }
-            for r in 0..bq {
-                let inv = if row_sum[r] > 0.0 {
-                    1.0 / row_sum[r]
-                } else {
-                    0.0
-                };
-                let row = &mut acc[r * d..(r + 1) * d];
-                rows::scale(row, inv);
-                // SAFETY: row q0 + r of head h lies inside `out` and belongs to this task.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.get().add(((b * s + q0 + r) * self.hq + h) * d),
-                        d,
-                    )
-                };
-                dst.copy_from_slice(row);
+            let mut r = 0;
+            for tile in tiles.iter() {
+                let q0 = tile * self.block_q;
+                for q in q0..(q0 + self.block_q).min(s) {
+                    self.finish_row(
+                        b,
+                        h,
+                        q,
+                        (row_max[r], row_sum[r]),
+                        &mut acc[r * d..(r + 1) * d],
+                        out,
+                    );
+                    r += 1;
+                }
             }
         });
+    }
+
+    /// Divides query row `q`'s accumulated values by its softmax sum and writes them (and its
+    /// log-sum-exp, when asked) to the outputs.
+    ///
+    /// # Safety
+    /// As [`AttentionJob::tiles`], for a row of this task's tiles.
+    unsafe fn finish_row(
+        &self,
+        b: usize,
+        h: usize,
+        q: usize,
+        (max, sum): (f32, f32),
+        row: &mut [f32],
+        out: SyncPtr,
+    ) {
+        if let Some(lse_out) = self.lse {
+            let lse = if sum > 0.0 {
+                max + math::log(sum)
+            } else {
+                f32::NEG_INFINITY
+            };
+            // SAFETY: entry (b, q, h) lies inside `lse` and belongs to this task.
+            unsafe { *lse_out.get().add((b * self.s + q) * self.hq + h) = lse };
+        }
+        rows::scale(row, if sum > 0.0 { 1.0 / sum } else { 0.0 });
+        // SAFETY: row q of head h lies inside `out` and belongs to this task.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                out.get().add(((b * self.s + q) * self.hq + h) * self.d),
+                self.d,
+            )
+        };
+        dst.copy_from_slice(row);
     }
 }
 
