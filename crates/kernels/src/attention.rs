@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{KernelError, KernelResult};
-use super::matmul::gemm::{Gemm, Problem};
+use super::matmul::gemm::{pack_operand, packed_len, Gemm};
 use super::matmul::pack::MatRef;
 use super::matmul::{Isa, MatmulParams, MicroKernel};
 use super::par::{self, SyncPtr};
@@ -16,7 +16,6 @@ use super::reference::nn::attention_dims;
 use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
-use super::Activation;
 use super::{math, rows};
 
 /// Tunable parameters of [`attention`]. Results are bit-identical for any thread count,
@@ -246,7 +245,7 @@ impl AttentionJob<'_> {
     /// `out` must point to the `[B, S, Hq, D]` output (and `self.lse`, if any, to `[B, S, Hq]`),
     /// and no other task may write these tiles.
     unsafe fn tiles(&self, b: usize, h: usize, tiles: Tiles, out: SyncPtr) {
-        let (s, t, d, nr) = (self.s, self.t, self.d, self.kernel.nr);
+        let (s, t, d) = (self.s, self.t, self.d);
         let kh = h / (self.hq / self.hkv);
         let (qs, ks) = (self.hq * d, self.hkv * d);
         let rows = tiles
@@ -255,13 +254,7 @@ impl AttentionJob<'_> {
             .sum::<usize>();
         let limit = tiles.iter().map(|tile| self.limit(tile)).max().unwrap_or(0);
         let bk_max = self.block_k.min(t.max(1));
-        let packed_k_len = bk_max.div_ceil(nr) * d * nr;
-        let one = [Problem {
-            a: 0,
-            b: 0,
-            c_offset: 0,
-            bias_offset: 0,
-        }];
+        let packed_k_len = packed_len(bk_max, d, self.kernel);
         let scratch = packed_k_len + self.block_q * bk_max + rows * d + 2 * rows;
         with_scratch(scratch, |buf| {
             let (packed_k, rest) = buf.split_at_mut(packed_k_len);
@@ -279,21 +272,7 @@ impl AttentionJob<'_> {
             };
             for t0 in (0..limit).step_by(self.block_k) {
                 let block = keys(t0, self.block_k.min(limit - t0));
-                let pack = Gemm {
-                    m: 0,
-                    n: block[0].cols,
-                    k: d,
-                    a: &[],
-                    b: &block,
-                    problems: &one,
-                    ldc: 0,
-                    accumulate: false,
-                    bias: None,
-                    activation: Activation::NONE,
-                    kernel: self.kernel,
-                };
-                let packed_k = &mut packed_k[..pack.packed_b_len()];
-                pack.pack_b(false, packed_k);
+                let packed_k = pack_operand(block[0], self.kernel, packed_k);
                 let mut first_row = 0;
                 for tile in tiles.iter() {
                     let q0 = tile * self.block_q;
@@ -307,17 +286,8 @@ impl AttentionJob<'_> {
                     let scores = &mut scores[..bq * bk];
                     let qa = [self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs)];
                     let k_rows = keys(t0, bk);
-                    let qk = Gemm {
-                        m: bq,
-                        n: bk,
-                        k: d,
-                        a: &qa,
-                        b: &k_rows,
-                        ldc: bk,
-                        ..pack
-                    };
-                    let used = qk.packed_b_len();
-                    qk.run_packed(scores, &self.gemm, None, Some(&packed_k[..used]));
+                    Gemm::single(&qa, &k_rows, bk, false, self.kernel)
+                        .run_on_packed_prefix(scores, &self.gemm, packed_k);
                     for (r, row) in tile_rows.clone().zip(scores.chunks_exact_mut(bk)) {
                         rows::scale(row, self.scale);
                         if self.causal {
@@ -348,17 +318,8 @@ impl AttentionJob<'_> {
                         cols: bk,
                     }];
                     let v_rows = [self.rows(self.v, ((b * t + t0) * self.hkv + kh) * d, bk, ks)];
-                    Gemm {
-                        m: bq,
-                        n: d,
-                        k: bk,
-                        a: &p,
-                        b: &v_rows,
-                        ldc: d,
-                        accumulate: true,
-                        ..pack
-                    }
-                    .run(&mut acc[tile_rows.start * d..tile_rows.end * d], &self.gemm);
+                    Gemm::single(&p, &v_rows, d, true, self.kernel)
+                        .run(&mut acc[tile_rows.start * d..tile_rows.end * d], &self.gemm);
                 }
             }
             let mut r = 0;

@@ -12,7 +12,7 @@
 
 use super::attention::AttentionParams;
 use super::error::{KernelError, KernelResult};
-use super::matmul::gemm::{Gemm, Problem};
+use super::matmul::gemm::{pack_operand, packed_len, Gemm};
 use super::matmul::pack::MatRef;
 use super::matmul::{MatmulParams, MicroKernel};
 use super::norm_grad::dot_shifted;
@@ -22,7 +22,6 @@ use super::rows;
 use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
-use super::Activation;
 
 /// The fixed facts of one backward call, shared by its tasks.
 struct GradJob<'a> {
@@ -80,29 +79,19 @@ impl GradJob<'_> {
     /// `c (m × n, row stride n) (+)= a · b` on the calling thread.
     fn product(&self, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bool) {
         let (a, b) = ([a], [b]);
-        Gemm {
-            m: a[0].rows,
-            n: b[0].cols,
-            k: a[0].cols,
-            a: &a,
-            b: &b,
-            problems: &[Problem {
-                a: 0,
-                b: 0,
-                c_offset: 0,
-                bias_offset: 0,
-            }],
-            ldc: b[0].cols,
-            accumulate,
-            bias: None,
-            activation: Activation::NONE,
-            kernel: self.kernel,
-        }
-        .run(c, &self.gemm);
+        Gemm::single(&a, &b, b[0].cols, accumulate, self.kernel).run(c, &self.gemm);
+    }
+
+    /// `c = a · b` (row stride n) with b the first columns of the operand `packed` holds.
+    fn packed_product(&self, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], packed: &[f32]) {
+        let (a, b) = ([a], [b]);
+        Gemm::single(&a, &b, b[0].cols, false, self.kernel)
+            .run_on_packed_prefix(c, &self.gemm, packed);
     }
 
     /// The attention weights of queries `i0..i0+ni` (head `h`) over keys `j0..j0+nj` into `p`
-    /// (`ni × nj`): `exp(q·k·scale − lse)`, 0 where the mask hides the key.
+    /// (`ni × nj`): `exp(q·k·scale − lse)`, 0 where the mask hides the key. `packed_k` holds
+    /// the key block from `j0` as a packed kᵀ.
     #[allow(clippy::too_many_arguments)]
     fn weights(
         &self,
@@ -112,12 +101,13 @@ impl GradJob<'_> {
         ni: usize,
         j0: usize,
         nj: usize,
+        packed_k: &[f32],
         p: &mut [f32],
     ) {
         let kh = h / (self.hq / self.hkv);
         let q = self.rows(self.q, b, i0, ni, h, self.s, self.hq);
         let k = self.rows(self.k, b, j0, nj, kh, self.t, self.hkv);
-        self.product(q, k.t(), p, false);
+        self.packed_product(q, k.t(), p, packed_k);
         for (r, row) in p.chunks_exact_mut(nj).enumerate() {
             let l = self.lse[(b * self.s + i0 + r) * self.hq + h];
             let seen = if l == f32::NEG_INFINITY {
@@ -132,7 +122,8 @@ impl GradJob<'_> {
     }
 
     /// The score gradients `dS = P ∘ (dout·vᵀ − delta) · scale` of the same tile as
-    /// [`GradJob::weights`] into `ds`, from that tile's weights `p`.
+    /// [`GradJob::weights`] into `ds`, from that tile's weights `p`; `packed_v` holds the value
+    /// block from `j0` as a packed vᵀ.
     #[allow(clippy::too_many_arguments)]
     fn score_grads(
         &self,
@@ -142,13 +133,13 @@ impl GradJob<'_> {
         ni: usize,
         j0: usize,
         nj: usize,
-        p: &[f32],
+        (p, packed_v): (&[f32], &[f32]),
         ds: &mut [f32],
     ) {
         let kh = h / (self.hq / self.hkv);
         let go = self.rows(self.dout, b, i0, ni, h, self.s, self.hq);
         let v = self.rows(self.v, b, j0, nj, kh, self.t, self.hkv);
-        self.product(go, v.t(), ds, false);
+        self.packed_product(go, v.t(), ds, packed_v);
         for (r, (ds, p)) in ds.chunks_exact_mut(nj).zip(p.chunks_exact(nj)).enumerate() {
             let delta = self.delta[(b * self.s + i0 + r) * self.hq + h];
             for (g, &w) in ds.iter_mut().zip(p) {
@@ -176,9 +167,11 @@ impl GradJob<'_> {
 
     /// The gradients from query head `h` of batch row `b`: its dq rows into `dq` (`S × D`,
     /// overwritten) and its contributions to kv head `h / group`'s dk and dv into `dk`, `dv`
-    /// (`T × D` each, added to). Query tiles of `block_q` rows go outermost; for each, the key
-    /// tiles it sees stream through `block_k` at a time, and each tile's weights `P` and score
-    /// gradients `dS` (in `work`) give `dq += dS·k`, `dk += dSᵀ·q` and `dv += Pᵀ·dout`.
+    /// (`T × D` each, added to). Key tiles of `block_k` keys go outermost, each packed once as
+    /// kᵀ and vᵀ; every query tile of `block_q` rows that sees it follows, and each tile pair's
+    /// weights `P` and score gradients `dS` (in `work`) give `dq += dS·k`, `dk += dSᵀ·q` and
+    /// `dv += Pᵀ·dout`. A dq row gains its key tiles, and a dk / dv row its query tiles, in
+    /// increasing order, as with query tiles outermost.
     #[allow(clippy::too_many_arguments)]
     fn head(
         &self,
@@ -192,20 +185,38 @@ impl GradJob<'_> {
         dv: &mut [f32],
     ) {
         let (d, kh) = (self.d, h / (self.hq / self.hkv));
-        for i0 in (0..self.s).step_by(block_q) {
-            let ni = block_q.min(self.s - i0);
-            let dq_rows = &mut dq[i0 * d..(i0 + ni) * d];
-            dq_rows.fill(0.0);
-            let q = self.rows(self.q, b, i0, ni, h, self.s, self.hq);
-            let go = self.rows(self.dout, b, i0, ni, h, self.s, self.hq);
-            let limit = self.visible(i0 + ni - 1);
-            for j0 in (0..limit).step_by(block_k) {
-                let nj = block_k.min(limit - j0);
+        dq.fill(0.0);
+        let limit = if self.s == 0 {
+            0
+        } else {
+            self.visible(self.s - 1)
+        };
+        let (packed, work) = work.split_at_mut(2 * packed_len(block_k, d, self.kernel));
+        let (packed_k, packed_v) = packed.split_at_mut(packed.len() / 2);
+        for j0 in (0..limit).step_by(block_k) {
+            let block = block_k.min(limit - j0);
+            let k_block = self.rows(self.k, b, j0, block, kh, self.t, self.hkv);
+            let v_block = self.rows(self.v, b, j0, block, kh, self.t, self.hkv);
+            let packed_k = pack_operand(k_block.t(), self.kernel, packed_k);
+            let packed_v = pack_operand(v_block.t(), self.kernel, packed_v);
+            for i0 in (0..self.s).step_by(block_q) {
+                let ni = block_q.min(self.s - i0);
+                let Some(nj) = self.visible(i0 + ni - 1).checked_sub(j0).filter(|&n| n > 0) else {
+                    continue;
+                };
+                let nj = nj.min(block_k);
+                let q = self.rows(self.q, b, i0, ni, h, self.s, self.hq);
+                let go = self.rows(self.dout, b, i0, ni, h, self.s, self.hq);
                 let (p, ds) = work[..2 * ni * nj].split_at_mut(ni * nj);
-                self.weights(b, h, i0, ni, j0, nj, p);
-                self.score_grads(b, h, i0, ni, j0, nj, p, ds);
+                self.weights(b, h, i0, ni, j0, nj, packed_k, p);
+                self.score_grads(b, h, i0, ni, j0, nj, (p, packed_v), ds);
                 let k = self.rows(self.k, b, j0, nj, kh, self.t, self.hkv);
-                self.product(Self::dense(ds, ni, nj, false), k, dq_rows, true);
+                self.product(
+                    Self::dense(ds, ni, nj, false),
+                    k,
+                    &mut dq[i0 * d..(i0 + ni) * d],
+                    true,
+                );
                 let keys = j0 * d..(j0 + nj) * d;
                 self.product(
                     Self::dense(ds, ni, nj, true),
@@ -308,6 +319,7 @@ pub fn attention_grad(
                 mc: block_q.max(block_k),
                 kc: d.max(block_q).max(block_k),
                 nc: d.max(block_q).max(block_k),
+                small_m: block_q.max(block_k),
                 tasks_per_thread: 0,
                 min_parallel_flops: usize::MAX,
                 isa: params.isa,
@@ -330,7 +342,8 @@ pub fn attention_grad(
             let (bi, kh) = (pair / hkv, pair % hkv);
             let heads = kh * group + split * per_task
                 ..(kh * group + (split + 1) * per_task).min((kh + 1) * group);
-            let scratch = 2 * kv_len + s * d + 2 * block_q * block_k;
+            let scratch =
+                2 * kv_len + s * d + 2 * block_q * block_k + 2 * packed_len(block_k, d, kernel);
             with_scratch(scratch, |buf| {
                 let (dkv, rest) = buf.split_at_mut(2 * kv_len);
                 let (dq_head, work) = rest.split_at_mut(s * d);

@@ -66,6 +66,60 @@ pub struct Gemm<'a> {
     pub kernel: MicroKernel,
 }
 
+/// The one problem of a product of one A and one B into C at offset 0.
+const SINGLE: [Problem; 1] = [Problem {
+    a: 0,
+    b: 0,
+    c_offset: 0,
+    bias_offset: 0,
+}];
+
+impl<'a> Gemm<'a> {
+    /// `c (+)= a · b` for one A (`m × k`) and one B (`k × n`), C of row stride `ldc`, with
+    /// no bias or activation: the building block of the attention kernels' tile products.
+    pub fn single(
+        a: &'a [MatRef<'a>; 1],
+        b: &'a [MatRef<'a>; 1],
+        ldc: usize,
+        accumulate: bool,
+        kernel: MicroKernel,
+    ) -> Self {
+        Self {
+            m: a[0].rows,
+            n: b[0].cols,
+            k: b[0].rows,
+            a,
+            b,
+            problems: &SINGLE,
+            ldc,
+            accumulate,
+            bias: None,
+            activation: Activation::NONE,
+            kernel,
+        }
+    }
+}
+
+/// Floats [`pack_operand`] writes for a B of `cols` columns over `depth` (its k).
+pub fn packed_len(cols: usize, depth: usize, kernel: MicroKernel) -> usize {
+    cols.div_ceil(kernel.nr) * depth * kernel.nr
+}
+
+/// Packs `b` alone into `dst` as [`Gemm::pack_b`] does and returns the packed floats. Its first
+/// `⌈n / NR⌉` panels are the packing of b's first `n` columns, so one packing serves every
+/// product over a prefix of the columns ([`Gemm::run_on_packed_prefix`]): the keys a causal
+/// query tile sees.
+pub fn pack_operand<'d>(b: MatRef<'_>, kernel: MicroKernel, dst: &'d mut [f32]) -> &'d [f32] {
+    let b = [b];
+    let g = Gemm {
+        m: 0,
+        ..Gemm::single(&b, &b, 0, false, kernel)
+    };
+    let packed = &mut dst[..g.packed_b_len()];
+    g.pack_b(false, packed);
+    packed
+}
+
 /// How C is cut into tasks: per problem, `rb × cb` tiles over `mp` row and `np` column panels.
 #[derive(Clone, Copy, Debug)]
 struct Grid {
@@ -251,6 +305,12 @@ impl Gemm<'_> {
                 unsafe { self.tile(t, &grid, packed_a, packed_b, c_ptr, kc) };
             });
         });
+    }
+
+    /// As [`Gemm::run`] for a single product (see [`Gemm::single`]) whose B is the first
+    /// columns of the operand `packed` holds ([`pack_operand`]). Same bits as [`Gemm::run`].
+    pub fn run_on_packed_prefix(&self, c: &mut [f32], params: &MatmulParams, packed: &[f32]) {
+        self.run_packed(c, params, None, Some(&packed[..self.packed_b_len()]));
     }
 
     /// Packs, when given, every A panel into `packed_a` and every B panel into `packed_b`.
