@@ -1,9 +1,9 @@
 //! Flash-style attention: per (batch, query head) task — or per share of its query tiles, when
 //! the heads alone leave threads idle — key blocks stream through an online softmax, so no S×T
-//! score matrix is ever held. Each key block is packed once for all the task's query tiles. Causal (last query aligned with the last
-//! key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The same pass
-//! gives, in [`attention_lse`], the per-row log-sum-exp the backward ([`crate::attention_grad`])
-//! rebuilds the weights from.
+//! score matrix is ever held; each key block is packed once for all the task's query tiles.
+//! Causal (last query aligned with the last key), GQA (query head h reads kv head h / (Hq /
+//! Hkv)), layout `[B, S, H, D]`. The same pass gives, in [`attention_lse`], the per-row
+//! log-sum-exp the backward ([`crate::attention_grad`]) rebuilds the weights from.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +23,7 @@ use super::{math, rows};
 /// kernel change the rounding.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionParams {
-    /// Queries per task (the rows of one score tile).
+    /// Queries per tile (the rows of one score tile).
     pub block_q: usize,
     /// Keys per step of the online softmax (the columns of one score tile).
     pub block_k: usize,

@@ -2,7 +2,8 @@
 //! ([`crate::attention::attention_lse`]) lets [`attention_grad`] rebuild each tile of attention
 //! weights from Q, K and the saved log-sum-exp as `exp(q·k·scale − lse)`, so no S×T matrix is
 //! ever stored, and one pass gives all three gradients: per (query tile, key tile) the weights
-//! and the score gradients are built once and feed dq, dk and dv — five packed GEMMs per tile.
+//! and the score gradients are built once and feed dq, dk and dv — five GEMMs per tile, whose
+//! kᵀ and vᵀ operands are packed once per key tile.
 //! A task owns one kv head of one batch row (and the query heads sharing it), so the dq rows and
 //! the dk / dv rows it writes are its own; where batch × kv heads is too few to keep the threads
 //! busy (multi-query attention), the query heads of a group are split over tasks whose dk / dv
@@ -65,6 +66,11 @@ impl GradJob<'_> {
             rows,
             cols: self.d,
         }
+    }
+
+    /// Floats of one key block of `block_k` keys (at most all of them) packed as kᵀ or vᵀ.
+    fn packed_block_len(&self, block_k: usize) -> usize {
+        packed_len(block_k.min(self.t.max(1)), self.d, self.kernel)
     }
 
     /// How many keys query `i` sees (a prefix of the keys).
@@ -191,7 +197,7 @@ impl GradJob<'_> {
         } else {
             self.visible(self.s - 1)
         };
-        let (packed, work) = work.split_at_mut(2 * packed_len(block_k, d, self.kernel));
+        let (packed, work) = work.split_at_mut(2 * self.packed_block_len(block_k));
         let (packed_k, packed_v) = packed.split_at_mut(packed.len() / 2);
         for j0 in (0..limit).step_by(block_k) {
             let block = block_k.min(limit - j0);
@@ -343,7 +349,7 @@ pub fn attention_grad(
             let heads = kh * group + split * per_task
                 ..(kh * group + (split + 1) * per_task).min((kh + 1) * group);
             let scratch =
-                2 * kv_len + s * d + 2 * block_q * block_k + 2 * packed_len(block_k, d, kernel);
+                2 * kv_len + s * d + 2 * block_q * block_k + 2 * job.packed_block_len(block_k);
             with_scratch(scratch, |buf| {
                 let (dkv, rest) = buf.split_at_mut(2 * kv_len);
                 let (dq_head, work) = rest.split_at_mut(s * d);
