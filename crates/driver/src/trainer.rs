@@ -24,7 +24,7 @@ use mslc_exec::collectives::{gather_dim, Collectives};
 use mslc_exec::{ExecError, ExecErrorKind, Executor, Stored};
 use mslc_io::npy::{read_npy, write_npy, NpyArray, NpyDType};
 use mslc_io::safetensors::{
-    write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorSpec,
+    write_safetensors_streamed, SafetensorsError, SafetensorsFile, StDType, TensorRef, TensorSpec,
 };
 
 use crate::loss_scale::{LossScaler, ScaleState};
@@ -1197,46 +1197,67 @@ impl Trainer {
         dir: &Path,
     ) -> Res<(Vec<usize>, Vec<f32>)> {
         let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
-        let values = t.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+        let share = self.state_share(path, t, dir);
         optim.release(t.data);
-        self.state_share(path, t.shape, values, dir)
+        share
     }
 
-    /// This rank's share of a whole optimizer state of checkpoint `dir` (`shape`, `values`)
-    /// of parameter `path`: under tensor parallelism its block of the parameter's split dim,
-    /// then under optimizer sharding its replica's slice (flat).
-    fn state_share(
-        &self,
-        path: &str,
-        shape: &[usize],
-        values: Vec<f32>,
-        dir: &Path,
-    ) -> Res<(Vec<usize>, Vec<f32>)> {
-        let (mut shape, mut values) = (shape.to_vec(), values);
-        if let Some((splits, (part, n))) = &self.tensor {
-            if let Some(&dim) = splits.get(path) {
-                let bytes = f32_bytes(&values);
-                let (block, bytes) = crate::ranks::shard_block(&shape, &bytes, dim, *part, *n)
+    /// This rank's share of the whole optimizer state `t` of checkpoint `dir` (of parameter
+    /// `path`), as f32: under tensor parallelism its block of the parameter's split dim, then
+    /// under optimizer sharding its replica's slice (flat). The cuts are made on the stored
+    /// bytes, so only the share is ever converted: a rank never holds a whole state as f32.
+    fn state_share(&self, path: &str, t: TensorRef<'_>, dir: &Path) -> Res<(Vec<usize>, Vec<f32>)> {
+        let expected = t.shape.iter().product::<usize>() * t.dtype.size();
+        if t.data.len() != expected {
+            return Err(checkpoint_error(
+                dir,
+                format!(
+                    "`{}` holds {} bytes, not the {expected} of a {:?} {:?}",
+                    t.name,
+                    t.data.len(),
+                    t.dtype,
+                    t.shape
+                ),
+            ));
+        }
+        let (shape, bytes): (Vec<usize>, Cow<'_, [u8]>) = match &self.tensor {
+            Some((splits, (part, n))) if splits.contains_key(path) => {
+                let dim = splits[path];
+                let (block, bytes) = crate::ranks::shard_block(t.shape, t.data, dim, *part, *n)
                     .ok_or_else(|| {
                         checkpoint_error(
                             dir,
                             format!(
-                                "`{path}` {shape:?} does not split into {n} blocks along dim \
-                                 {dim}, as this run's tensor parallelism splits it"
+                                "`{path}` {:?} does not split into {n} blocks along dim {dim}, \
+                                 as this run's tensor parallelism splits it",
+                                t.shape
                             ),
                         )
                     })?;
-                shape = block;
-                values = bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect();
+                (block, Cow::Owned(bytes))
             }
+            _ => (t.shape.to_vec(), Cow::Borrowed(t.data)),
+        };
+        let numel: usize = shape.iter().product();
+        let size = t.dtype.size();
+        let range = match &self.train.zero {
+            Some(z) => z.range(numel, self.replica.0),
+            None => 0..numel,
+        };
+        let flat = [range.len()];
+        let mut values = TensorRef {
+            name: t.name,
+            dtype: t.dtype,
+            shape: &flat,
+            data: &bytes[range.start * size..range.end * size],
         }
+        .to_f32()
+        .map_err(|e| checkpoint_error(dir, e))?;
         match &self.train.zero {
             Some(z) => {
-                let slice = z.slice(&values, self.replica.0);
-                Ok((vec![slice.len()], slice))
+                let chunk = z.chunk(numel);
+                values.resize(chunk, 0.0);
+                Ok((vec![chunk], values))
             }
             None => Ok((shape, values)),
         }
