@@ -509,6 +509,42 @@ mod tests {
         }
     }
 
+    /// More query rows than one task holds (GROUP_ROWS): a head's tiles are dealt to several
+    /// tasks, each packing the key blocks itself, with the bits of one tile per task and of a
+    /// single tile, and the reference's values.
+    #[test]
+    fn long_sequences_split_over_tasks_keep_their_bits() {
+        let mut rng = Rng::new(9);
+        let shape = [1, 300, 1, 16];
+        let [q, k, v] = [0; 3].map(|_| rng.vec(shape.iter().product(), 1.0));
+        let t = |d| TensorRef::new("t", d, &shape).unwrap();
+        let run = |block_q, threads| {
+            let params = AttentionParams {
+                block_q,
+                block_k: 64,
+                min_parallel_flops: 0,
+                ..Default::default()
+            };
+            in_pool(threads, || {
+                let mut out = vec![f32::NAN; q.len()];
+                attention(t(&q), t(&k), t(&v), true, None, &params, &mut out).unwrap();
+                out
+            })
+        };
+        let grouped = run(16, 1);
+        assert_same_bits("2 groups vs 1 tile", &grouped, &run(300, 1));
+        assert_same_bits("2 groups on 2 threads", &grouped, &run(16, 2));
+        let want = reference::attention(t(&q), t(&k), t(&v), true, None).unwrap();
+        assert_close_in(
+            Precision::F32,
+            "attention",
+            &grouped,
+            &want.data,
+            2e-5,
+            1e-4,
+        );
+    }
+
     #[test]
     fn rejects_bad_shapes() {
         let x = [0.0f32; 8];
