@@ -192,6 +192,17 @@ fn run(
     Ok(())
 }
 
+/// How many keys query `q` sees, a prefix of the `t` keys: all of them, or under a causal mask
+/// (the last query aligned with the last key) those at most `q + t − s`. The forward and the
+/// backward ([`crate::attention_grad`]) mask by this one rule.
+pub(crate) fn visible_keys(causal: bool, q: usize, s: usize, t: usize) -> usize {
+    if causal {
+        (q + t + 1).saturating_sub(s).min(t)
+    } else {
+        t
+    }
+}
+
 /// Query rows one task holds at most: its tiles' accumulators and softmax statistics live in
 /// its scratch, and each packed key block serves all of them.
 const GROUP_ROWS: usize = 256;
@@ -231,12 +242,8 @@ impl AttentionJob<'_> {
 
     /// Keys query tile `tile` may see: `j < limit` (its last query sees the most).
     fn limit(&self, tile: usize) -> usize {
-        let last = (tile * self.block_q + self.block_q).min(self.s);
-        if self.causal {
-            (last + self.t).saturating_sub(self.s).min(self.t)
-        } else {
-            self.t
-        }
+        let last = (tile * self.block_q + self.block_q).min(self.s) - 1;
+        visible_keys(self.causal, last, self.s, self.t)
     }
 
     /// Computes query tiles `tiles` of one (batch, head).
@@ -264,12 +271,10 @@ impl AttentionJob<'_> {
             acc.fill(0.0);
             row_max.fill(f32::NEG_INFINITY);
             row_sum.fill(0.0);
-            // The keys of block t0 as the right operand of q·kᵀ (`n` of them).
-            let keys = |t0: usize, n: usize| {
-                [self
-                    .rows(self.k, ((b * t + t0) * self.hkv + kh) * d, n, ks)
-                    .t()]
-            };
+            // `n` rows of k or v from key t0, and the keys as the right operand of q·kᵀ.
+            let kv_rows =
+                |data, t0: usize, n| self.rows(data, ((b * t + t0) * self.hkv + kh) * d, n, ks);
+            let keys = |t0: usize, n: usize| [kv_rows(self.k, t0, n).t()];
             for t0 in (0..limit).step_by(self.block_k) {
                 let block = keys(t0, self.block_k.min(limit - t0));
                 let packed_k = pack_operand(block[0], self.kernel, packed_k);
@@ -291,11 +296,8 @@ impl AttentionJob<'_> {
                     for (r, row) in tile_rows.clone().zip(scores.chunks_exact_mut(bk)) {
                         rows::scale(row, self.scale);
                         if self.causal {
-                            // Query q0 + r sees keys j <= q0 + r + t - s.
-                            let visible = (q0 + (r - tile_rows.start) + 1 + t)
-                                .saturating_sub(s)
-                                .saturating_sub(t0)
-                                .min(bk);
+                            let q = q0 + (r - tile_rows.start);
+                            let visible = visible_keys(true, q, s, t).saturating_sub(t0).min(bk);
                             row[visible..].fill(f32::NEG_INFINITY);
                         }
                         let new_max = row_max[r].max(rows::max(row));
@@ -317,7 +319,7 @@ impl AttentionJob<'_> {
                         rows: bq,
                         cols: bk,
                     }];
-                    let v_rows = [self.rows(self.v, ((b * t + t0) * self.hkv + kh) * d, bk, ks)];
+                    let v_rows = [kv_rows(self.v, t0, bk)];
                     Gemm::single(&p, &v_rows, d, true, self.kernel)
                         .run(&mut acc[tile_rows.start * d..tile_rows.end * d], &self.gemm);
                 }

@@ -11,7 +11,7 @@
 //! not depend on the thread count. Layout `[B, S, H, D]`, GQA (query head h reads kv head
 //! h / (Hq / Hkv)), causal with the last query aligned to the last key.
 
-use super::attention::AttentionParams;
+use super::attention::{visible_keys, AttentionParams};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{pack_operand, packed_len, Gemm};
 use super::matmul::pack::MatRef;
@@ -75,24 +75,25 @@ impl GradJob<'_> {
 
     /// How many keys query `i` sees (a prefix of the keys).
     fn visible(&self, i: usize) -> usize {
-        if self.causal {
-            (i + self.t + 1).saturating_sub(self.s).min(self.t)
-        } else {
-            self.t
+        visible_keys(self.causal, i, self.s, self.t)
+    }
+
+    /// `c (m × n, row stride n) (+)= a · b` on the calling thread, reading b from `packed` (the
+    /// first columns of the operand it holds) when given.
+    fn product(
+        &self,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        c: &mut [f32],
+        accumulate: bool,
+        packed: Option<&[f32]>,
+    ) {
+        let (a, b) = ([a], [b]);
+        let g = Gemm::single(&a, &b, b[0].cols, accumulate, self.kernel);
+        match packed {
+            Some(p) => g.run_on_packed_prefix(c, &self.gemm, p),
+            None => g.run(c, &self.gemm),
         }
-    }
-
-    /// `c (m × n, row stride n) (+)= a · b` on the calling thread.
-    fn product(&self, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], accumulate: bool) {
-        let (a, b) = ([a], [b]);
-        Gemm::single(&a, &b, b[0].cols, accumulate, self.kernel).run(c, &self.gemm);
-    }
-
-    /// `c = a · b` (row stride n) with b the first columns of the operand `packed` holds.
-    fn packed_product(&self, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32], packed: &[f32]) {
-        let (a, b) = ([a], [b]);
-        Gemm::single(&a, &b, b[0].cols, false, self.kernel)
-            .run_on_packed_prefix(c, &self.gemm, packed);
     }
 
     /// The attention weights of queries `i0..i0+ni` (head `h`) over keys `j0..j0+nj` into `p`
@@ -113,7 +114,7 @@ impl GradJob<'_> {
         let kh = h / (self.hq / self.hkv);
         let q = self.rows(self.q, b, i0, ni, h, self.s, self.hq);
         let k = self.rows(self.k, b, j0, nj, kh, self.t, self.hkv);
-        self.packed_product(q, k.t(), p, packed_k);
+        self.product(q, k.t(), p, false, Some(packed_k));
         for (r, row) in p.chunks_exact_mut(nj).enumerate() {
             let l = self.lse[(b * self.s + i0 + r) * self.hq + h];
             let seen = if l == f32::NEG_INFINITY {
@@ -145,7 +146,7 @@ impl GradJob<'_> {
         let kh = h / (self.hq / self.hkv);
         let go = self.rows(self.dout, b, i0, ni, h, self.s, self.hq);
         let v = self.rows(self.v, b, j0, nj, kh, self.t, self.hkv);
-        self.packed_product(go, v.t(), ds, packed_v);
+        self.product(go, v.t(), ds, false, Some(packed_v));
         for (r, (ds, p)) in ds.chunks_exact_mut(nj).zip(p.chunks_exact(nj)).enumerate() {
             let delta = self.delta[(b * self.s + i0 + r) * self.hq + h];
             for (g, &w) in ds.iter_mut().zip(p) {
@@ -222,6 +223,7 @@ impl GradJob<'_> {
                     k,
                     &mut dq[i0 * d..(i0 + ni) * d],
                     true,
+                    None,
                 );
                 let keys = j0 * d..(j0 + nj) * d;
                 self.product(
@@ -229,8 +231,9 @@ impl GradJob<'_> {
                     q,
                     &mut dk[keys.clone()],
                     true,
+                    None,
                 );
-                self.product(Self::dense(p, ni, nj, true), go, &mut dv[keys], true);
+                self.product(Self::dense(p, ni, nj, true), go, &mut dv[keys], true, None);
             }
         }
     }

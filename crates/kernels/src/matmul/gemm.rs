@@ -189,7 +189,7 @@ impl Gemm<'_> {
     /// over all k, in the micro-kernel's geometry. The layout depends on the kernel's NR only,
     /// not on `mc`, `kc` or `nc`.
     pub fn packed_b_len(&self) -> usize {
-        self.b.len() * self.n.div_ceil(self.kernel.nr) * self.k * self.kernel.nr
+        self.b.len() * packed_len(self.n, self.k, self.kernel)
     }
 
     /// Packs every B operand into `dst` ([`Gemm::packed_b_len`] floats), exactly as a call
