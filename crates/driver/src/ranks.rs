@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use mslc_core::diag::Code;
 use mslc_exec::collectives::threads::world_with_timeout;
 use mslc_exec::collectives::{Collectives, Mesh};
-use mslc_io::safetensors::{SafetensorsFile, StDType, TensorRef};
+use mslc_io::safetensors::{SafetensorsError, SafetensorsFile, StDType, TensorRef};
 use mslc_ir::shard::pipeline::{pipeline_stage, StageCut};
 use mslc_ir::shard::zero::ZeroShard;
 use mslc_plan::memory::MemoryPlan;
@@ -615,57 +615,82 @@ fn shard_weight<'a>(
     index: usize,
     n: usize,
 ) -> Result<RankTensor<'a>, RanksError> {
-    let Some(&dim) = splits.get(t.name) else {
-        return Ok((
-            t.name.to_string(),
-            t.shape.to_vec(),
-            t.dtype,
-            Cow::Borrowed(t.data),
-        ));
-    };
-    let (shape, data) = shard_block(t.shape, t.data, dim, index, n).ok_or_else(|| {
+    let dim = splits.get(t.name).copied();
+    let (shape, data) = tensor_block(t, dim, index, n).ok_or_else(|| {
         RanksError::new(
             Code::E0972,
             format!(
-                "weight `{}` {:?} does not split into {n} blocks along dim {dim}",
-                t.name, t.shape
+                "weight `{}` {:?} does not split into {n} blocks along dim {}",
+                t.name,
+                t.shape,
+                dim.unwrap_or_default()
             ),
         )
     })?;
-    Ok((t.name.to_string(), shape, t.dtype, Cow::Owned(data)))
+    Ok((t.name.to_string(), shape, t.dtype, data))
+}
+
+/// Tensor `t` cut to tensor-parallel member `index`'s block of `n` along `dim` ([`shard_block`],
+/// on the stored bytes, whatever their type), or borrowed whole when `dim` is `None`; `None`
+/// when that dim does not split into `n`.
+pub fn tensor_block<'a>(
+    t: TensorRef<'a>,
+    dim: Option<usize>,
+    index: usize,
+    n: usize,
+) -> Option<(Vec<usize>, Cow<'a, [u8]>)> {
+    match dim {
+        None => Some((t.shape.to_vec(), Cow::Borrowed(t.data))),
+        Some(dim) => shard_block(t.shape, t.data, dim, index, n)
+            .map(|(shape, data)| (shape, Cow::Owned(data))),
+    }
 }
 
 /// Weight `w` as data-parallel member `index` holds it under level-3 optimizer sharding: its
-/// f32 slice ([`ZeroShard::slice`]) when it is a trained parameter of `zero`, else as it is.
+/// f32 slice ([`zero_slice_f32`]) when it is a trained parameter of `zero`, else as it is.
 fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTensor<'a> {
     let (name, shape, dtype, data) = w;
     if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
         return (name, shape, dtype, data);
     }
-    // Only the slice's elements are converted: the rank never holds the whole as f32.
     let numel: usize = shape.iter().product();
-    let (chunk, range) = (zero.chunk(numel), zero.range(numel, index));
-    let size = dtype.size();
-    let values = data
-        .get(range.start * size..range.end * size)
-        .filter(|_| data.len() == numel * size)
-        .map(|part| {
-            TensorRef {
-                name: &name,
-                dtype,
-                shape: &[range.len()],
-                data: part,
-            }
-            .to_f32()
-        });
-    match values {
-        Some(Ok(mut slice)) => {
-            slice.resize(chunk, 0.0);
+    match zero_slice_f32(&name, dtype, numel, &data, zero, index) {
+        Some(Ok(slice)) => {
             let bytes = slice.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name, vec![chunk], StDType::F32, Cow::Owned(bytes))
+            (name, vec![slice.len()], StDType::F32, Cow::Owned(bytes))
         }
         _ => (name, shape, dtype, data),
     }
+}
+
+/// Member `index`'s slice ([`ZeroShard::slice`]: its range, zero past the tensor's end) of a
+/// flat tensor of `numel` elements stored as `dtype` bytes. Only the slice's elements are
+/// converted to f32: the rank never holds the whole as f32. `None` when `data` does not hold
+/// `numel` elements.
+pub fn zero_slice_f32(
+    name: &str,
+    dtype: StDType,
+    numel: usize,
+    data: &[u8],
+    zero: &ZeroShard,
+    index: usize,
+) -> Option<Result<Vec<f32>, SafetensorsError>> {
+    let (chunk, range) = (zero.chunk(numel), zero.range(numel, index));
+    let size = dtype.size();
+    let part = data
+        .get(range.start * size..range.end * size)
+        .filter(|_| data.len() == numel * size)?;
+    let values = TensorRef {
+        name,
+        dtype,
+        shape: &[range.len()],
+        data: part,
+    }
+    .to_f32();
+    Some(values.map(|mut slice| {
+        slice.resize(chunk, 0.0);
+        slice
+    }))
 }
 
 /// Weight `t` (whole, as one device holds it) as one rank holds it: when it is a parameter

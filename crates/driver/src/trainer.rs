@@ -1207,60 +1207,38 @@ impl Trainer {
     /// under optimizer sharding its replica's slice (flat). The cuts are made on the stored
     /// bytes, so only the share is ever converted: a rank never holds a whole state as f32.
     fn state_share(&self, path: &str, t: TensorRef<'_>, dir: &Path) -> Res<(Vec<usize>, Vec<f32>)> {
-        let expected = t.shape.iter().product::<usize>() * t.dtype.size();
-        if t.data.len() != expected {
-            return Err(checkpoint_error(
+        let (dim, (part, n)) = match &self.tensor {
+            Some((splits, share)) => (splits.get(path).copied(), *share),
+            None => (None, (0, 1)),
+        };
+        let (shape, bytes) = crate::ranks::tensor_block(t, dim, part, n).ok_or_else(|| {
+            checkpoint_error(
                 dir,
                 format!(
-                    "`{}` holds {} bytes, not the {expected} of a {:?} {:?}",
-                    t.name,
-                    t.data.len(),
-                    t.dtype,
-                    t.shape
+                    "`{path}` {:?} does not split into {n} blocks along dim {}, as this run's \
+                     tensor parallelism splits it",
+                    t.shape,
+                    dim.unwrap_or_default()
                 ),
-            ));
-        }
-        let (shape, bytes): (Vec<usize>, Cow<'_, [u8]>) = match &self.tensor {
-            Some((splits, (part, n))) if splits.contains_key(path) => {
-                let dim = splits[path];
-                let (block, bytes) = crate::ranks::shard_block(t.shape, t.data, dim, *part, *n)
-                    .ok_or_else(|| {
-                        checkpoint_error(
-                            dir,
-                            format!(
-                                "`{path}` {:?} does not split into {n} blocks along dim {dim}, \
-                                 as this run's tensor parallelism splits it",
-                                t.shape
-                            ),
-                        )
-                    })?;
-                (block, Cow::Owned(bytes))
-            }
-            _ => (t.shape.to_vec(), Cow::Borrowed(t.data)),
+            )
+        })?;
+        let Some(z) = &self.train.zero else {
+            let whole = TensorRef {
+                shape: &shape,
+                data: &bytes,
+                ..t
+            };
+            let values = whole.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+            return Ok((shape, values));
         };
-        let numel: usize = shape.iter().product();
-        let size = t.dtype.size();
-        let range = match &self.train.zero {
-            Some(z) => z.range(numel, self.replica.0),
-            None => 0..numel,
-        };
-        let flat = [range.len()];
-        let mut values = TensorRef {
-            name: t.name,
-            dtype: t.dtype,
-            shape: &flat,
-            data: &bytes[range.start * size..range.end * size],
-        }
-        .to_f32()
-        .map_err(|e| checkpoint_error(dir, e))?;
-        match &self.train.zero {
-            Some(z) => {
-                let chunk = z.chunk(numel);
-                values.resize(chunk, 0.0);
-                Ok((vec![chunk], values))
-            }
-            None => Ok((shape, values)),
-        }
+        let numel = shape.iter().product();
+        let values =
+            crate::ranks::zero_slice_f32(t.name, t.dtype, numel, &bytes, z, self.replica.0)
+                .ok_or_else(|| {
+                    checkpoint_error(dir, format!("`{}` does not hold its {shape:?}", t.name))
+                })?
+                .map_err(|e| checkpoint_error(dir, e))?;
+        Ok((vec![values.len()], values))
     }
 
     /// The executor of the update: it holds the optimizer states and outputs the gradients
