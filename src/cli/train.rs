@@ -622,17 +622,28 @@ fn lead(
     }
     // What each device holds by the plan, with the executor's reserve; it runs no collective
     // buffers of its own (the collectives reduce in place). A gathered checkpoint or gradient
-    // dump holds one whole tensor between steps, out of the reserve as far as it goes.
-    let staging = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
+    // dump holds one whole tensor between steps, and reading weights or a checkpoint one
+    // tensor's pages and share before the first: the larger, out of the reserve as far as it
+    // goes.
+    let saving = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
+    let loading = trainer.load_transient_bytes();
+    let staging = saving.max(loading);
     // Per device of this process, as the measurement is. One device: its plan, a file's
     // transient out of its reserve as far as it goes. Several: their plans' mean, each
-    // device taken to hold such a transient beside its step — the file's tensors pass
-    // through every rank that gathers or sends them, while the others step.
+    // device taken to hold a gathered file's tensor beside its step — the file's tensors pass
+    // through every rank that gathers or sends them, while the others step — or, before the
+    // first step, its read's transient out of its reserve as far as it goes.
     let devices_here = others_count as u64 + 1;
     let planned_here = device.with_transient(staging);
+    let mean = device.total.saturating_add(others_planned) / devices_here;
     let planned = match others_count {
         0 => planned_here,
-        _ => (device.total.saturating_add(others_planned) / devices_here).saturating_add(staging),
+        _ => mean.saturating_add(saving.max(device.with_transient(loading) - device.total)),
+    };
+    // What the files add to the plan: beyond the reserve on one device, per device on several.
+    let beyond = match others_count {
+        0 => planned_here - device.total,
+        _ => planned - mean,
     };
     let per = match chunks {
         1 => "per rank".to_string(),
@@ -652,19 +663,19 @@ fn lead(
             },
             100.0 * mslc_plan::parallel::estimate::EXECUTOR_RESERVE,
             mslc_core::units::human_bytes(mslc_plan::parallel::estimate::EXECUTOR_FIXED_RESERVE),
-            match (staging, others_count, planned_here - device.total) {
+            match (staging, others_count, beyond) {
                 (0, _, _) => String::new(),
-                (n, 0, 0) => format!(
-                    ", {} of it to gather files",
+                (n, _, 0) => format!(
+                    ", {} of it to read or gather files",
                     mslc_core::units::human_bytes(n)
                 ),
                 (_, 0, beyond) => format!(
-                    " and {} more to gather files",
+                    " and {} more to read or gather files",
                     mslc_core::units::human_bytes(beyond)
                 ),
-                (n, _, _) => format!(
-                    " and {} per device to gather files",
-                    mslc_core::units::human_bytes(n)
+                (_, _, beyond) => format!(
+                    " and {} per device to read or gather files",
+                    mslc_core::units::human_bytes(beyond)
                 ),
             },
             100.0 * (planned as f64 - m as f64) / (m.max(1) as f64)

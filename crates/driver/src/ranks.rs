@@ -631,18 +631,22 @@ fn shard_weight<'a>(
 }
 
 /// Tensor `t` cut to tensor-parallel member `index`'s block of `n` along `dim` ([`shard_block`],
-/// on the stored bytes, whatever their type), or borrowed whole when `dim` is `None`; `None`
-/// when that dim does not split into `n`.
+/// on the stored bytes, whatever their type; borrowed when the block is one run of them), or
+/// borrowed whole when `dim` is `None`; `None` when that dim does not split into `n`.
 pub fn tensor_block<'a>(
     t: TensorRef<'a>,
     dim: Option<usize>,
     index: usize,
     n: usize,
 ) -> Option<(Vec<usize>, Cow<'a, [u8]>)> {
-    match dim {
-        None => Some((t.shape.to_vec(), Cow::Borrowed(t.data))),
-        Some(dim) => shard_block(t.shape, t.data, dim, index, n)
-            .map(|(shape, data)| (shape, Cow::Owned(data))),
+    let Some(dim) = dim else {
+        return Some((t.shape.to_vec(), Cow::Borrowed(t.data)));
+    };
+    let (shape, mut runs) = block_runs(t.shape, t.data.len(), dim, index, n)?;
+    // A block in one run (no dim before the split one longer than 1) is borrowed as stored.
+    match (runs.next(), runs.next()) {
+        (Some(only), None) => Some((shape, Cow::Borrowed(&t.data[only]))),
+        _ => shard_block(t.shape, t.data, dim, index, n).map(|(s, data)| (s, Cow::Owned(data))),
     }
 }
 
@@ -710,6 +714,39 @@ pub fn rank_share<'a>(
     })
 }
 
+/// Bytes of `t`'s stored data that cutting this rank's share of it ([`rank_share`]) reads: its
+/// tensor-parallel block's ([`block_cost`]), a level-3 slice of an uncut weight its range, a
+/// weight held whole all of them.
+fn share_span(
+    t: TensorRef<'_>,
+    splits: &BTreeMap<String, usize>,
+    (_, tp): (usize, usize),
+    zero: Option<(&ZeroShard, usize)>,
+) -> usize {
+    let dim = splits.get(t.name).copied();
+    match zero {
+        Some((z, replica))
+            if dim.is_none() && z.shards_params() && z.shapes.contains_key(t.name) =>
+        {
+            let numel = t.shape.iter().product();
+            z.range(numel, replica).len() * t.dtype.size()
+        }
+        _ => block_cost(t.shape, t.data.len(), dim, tp).0,
+    }
+}
+
+/// What cutting a tensor-parallel block of `n` along `dim` ([`tensor_block`]) from a tensor of
+/// `shape` stored in `len` bytes costs in memory: the stored bytes it reads, and those it
+/// copies. A block in one run is read in place; one spread over the rows reads them all and
+/// copies the block; no split reads all and copies nothing.
+pub fn block_cost(shape: &[usize], len: usize, dim: Option<usize>, n: usize) -> (usize, usize) {
+    match dim {
+        None => (len, 0),
+        Some(d) if shape.iter().take(d).all(|&x| x <= 1) => (len / n.max(1), 0),
+        Some(_) => (len, len / n.max(1)),
+    }
+}
+
 /// Loads into `exec` the weights `tensors` of `file` (whole, as one device holds them) as one
 /// rank holds them ([`rank_share`]). Every share is cut once to learn its shape, so that all
 /// are checked against the program before any is written, then again, one at a time, as the
@@ -747,7 +784,7 @@ pub fn load_rank_weights<'a>(
     let fetch = |spec: TensorRef| {
         let t = by_name[spec.name];
         let (_, _, _, data) = rank_share(t, splits, share, zero).map_err(|e| e.message)?;
-        Ok(data)
+        Ok((data, share_span(t, splits, share, zero)))
     };
     exec.load_weights_fetched(specs, fetch, |spec| file.release(spec.data))
         .map_err(|e| RanksError::new(Code::E0601, e.message))
@@ -823,21 +860,34 @@ pub fn shard_block(
     index: usize,
     n: usize,
 ) -> Option<(Vec<usize>, Vec<u8>)> {
+    let (local, runs) = block_runs(shape, data.len(), dim, index, n)?;
+    Some((local, runs.flat_map(|r| &data[r]).copied().collect()))
+}
+
+/// Member `index`'s block of `n` along `dim` of a tensor of `shape` stored in `len` bytes: its
+/// shape, and the byte ranges it takes, one per index of the dims before `dim`. `None` when
+/// `dim` does not split into `n`.
+fn block_runs(
+    shape: &[usize],
+    len: usize,
+    dim: usize,
+    index: usize,
+    n: usize,
+) -> Option<(Vec<usize>, impl Iterator<Item = std::ops::Range<usize>>)> {
     let size = *shape.get(dim)?;
-    if n == 0 || size % n != 0 || data.is_empty() {
+    if n == 0 || size % n != 0 || len == 0 {
         return None;
     }
     let outer: usize = shape[..dim].iter().product();
-    let row = data.len() / outer.max(1);
+    let row = len / outer.max(1);
     let block = row / n;
-    let mut out = Vec::with_capacity(data.len() / n);
-    for o in 0..outer {
-        let start = o * row + index * block;
-        out.extend_from_slice(&data[start..start + block]);
-    }
     let mut local = shape.to_vec();
     local[dim] = size / n;
-    Some((local, out))
+    let runs = (0..outer).map(move |o| {
+        let start = o * row + index * block;
+        start..start + block
+    });
+    Some((local, runs))
 }
 
 /// Worker threads per rank when `--threads` is not given: the cores shared among the ranks.

@@ -407,6 +407,9 @@ pub struct Trainer {
     /// On a pipeline, this stage's part in assembling each gathered file on the first stage
     /// (settled when the stage is set up); empty elsewhere.
     stage_files: Vec<(FileKind, StageFile)>,
+    /// The most bytes reading a checkpoint's optimizer states held beside the run at once
+    /// ([`Trainer::resume`]; the weights' own is the executor's).
+    states_transient_bytes: u64,
 }
 
 fn optimizer_name(kind: OptimizerKind) -> &'static str {
@@ -491,6 +494,7 @@ impl Trainer {
             loss: f64::NAN,
             stage: None,
             stage_files: Vec::new(),
+            states_transient_bytes: 0,
         };
         trainer.order = trainer.epoch_order(0);
         trainer.set_dp_index()?;
@@ -815,6 +819,19 @@ impl Trainer {
     /// ([`Trainer::gathers_grads`]).
     pub fn join_grads(&mut self) -> Res<()> {
         self.join_file(FileKind::Grads)
+    }
+
+    /// The most bytes this rank held beside its buffers while it read a file: its weights
+    /// (`--weights`, or a checkpoint's model) or a checkpoint's optimizer states, one tensor's
+    /// pages and the rank's share of it at a time. The run's peak holds it before the first
+    /// step, as [`Trainer::file_staging_bytes`] between steps.
+    pub fn load_transient_bytes(&self) -> u64 {
+        let read = self.exec.load_transient_bytes();
+        match read.max(self.states_transient_bytes) {
+            0 => 0,
+            // With the pages mapped around the tensor's on either side.
+            most => most + 2 * mslc_io::safetensors::FAULT_AROUND_BYTES as u64,
+        }
     }
 
     /// The bytes this rank holds beside its step while it writes the files a run asks for
@@ -1166,14 +1183,24 @@ impl Trainer {
             .map_err(|e| checkpoint_error(dir, e.message))?;
         model.release_all();
         for (path, name) in &states {
+            // Until its share is cut: the pages of the file the cut reads and the block it
+            // copies, beside the share as f32; then the share alone.
+            let (read, copied) = optim.tensor(name).map_or((0, 0), |t| {
+                let (dim, n) = match &self.tensor {
+                    Some((splits, (_, n))) => (splits.get(path).copied(), *n),
+                    None => (None, 1),
+                };
+                crate::ranks::block_cost(t.shape, t.data.len(), dim, n)
+            });
             let (shape, values) = self.state_of(&optim, path, name, dir)?;
-            let array = NpyArray::from_f32(shape, &values).map_err(|e| checkpoint_error(dir, e))?;
+            let transient = (read + copied + 4 * values.len()) as u64;
+            self.states_transient_bytes = self.states_transient_bytes.max(transient);
             let holder = match self.stage.as_mut() {
                 Some(stage) => &mut stage.update,
                 None => &mut self.exec,
             };
             holder
-                .set_input(name, &array)
+                .set_input_f32(name, &shape, &values)
                 .map_err(|e| checkpoint_error(dir, e.message))?;
         }
         optim.release_all();
@@ -1271,8 +1298,7 @@ fn zero_inputs(exec: &mut Executor, names: &[String]) -> Res<()> {
         if let Some(ty) = ty {
             let shape: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
             let zeros = vec![0f32; shape.iter().product()];
-            let array = NpyArray::from_f32(shape, &zeros).map_err(|e| data_error(e.to_string()))?;
-            exec.set_input(name, &array)
+            exec.set_input_f32(name, &shape, &zeros)
                 .map_err(|e| data_error(e.message))?;
         }
     }

@@ -30,7 +30,7 @@ use mslc_kernels::TensorRef;
 use super::buffer::AlignedBuf;
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
-use super::inputs::{fill_input, fill_input_rows};
+use super::inputs::{fill_input, fill_input_f32, fill_input_rows};
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
@@ -127,6 +127,8 @@ pub struct Executor {
     workers: Option<WorkerTimes>,
     /// Whether each step's result is checked for NaN and infinity ([`Executor::check_numerics`]).
     check_numerics: bool,
+    /// The most bytes a weights load held beside the buffers ([`Executor::load_transient_bytes`]).
+    load_transient_bytes: u64,
     /// This rank's link to the others, for the collective steps of a per-rank program.
     comm: Option<Box<dyn Collectives>>,
     /// Bytes of every buffer allocated here but the parameters' (which may be lent), and of
@@ -365,6 +367,7 @@ impl Executor {
             times: vec![None; module.steps.len()],
             workers: None,
             check_numerics: false,
+            load_transient_bytes: 0,
             comm: None,
             scratch_floats: needs.scratch_floats,
             module,
@@ -520,18 +523,23 @@ impl Executor {
         tensors: impl IntoIterator<Item = StTensor<'a>>,
         copied: impl FnMut(StTensor<'a>),
     ) -> ExecResult<Vec<(String, &'static str)>> {
-        self.load_weights_fetched(tensors, |t| Ok(Cow::Borrowed(t.data)), copied)
+        self.load_weights_fetched(
+            tensors,
+            |t| Ok((Cow::Borrowed(t.data), t.data.len())),
+            copied,
+        )
     }
 
     /// [`Executor::load_weights_with`] where each tensor's bytes are had from `fetch` only
     /// when it is copied, once every tensor has been matched to its parameter by name, type
     /// and shape (which `tensors` give; their `data` is what `fetch` reads): a rank's share of
-    /// a weight is then cut from the file one at a time, not all before loading. Bytes of the
-    /// wrong size, or a `fetch` failure, stop the load there.
+    /// a weight is then cut from the file one at a time, not all before loading. `fetch` also
+    /// says how many bytes of `data` it read (the file's pages the share holds resident until
+    /// `copied`). Bytes of the wrong size, or a `fetch` failure, stop the load there.
     pub fn load_weights_fetched<'s, 'd>(
         &mut self,
         tensors: impl IntoIterator<Item = StTensor<'s>>,
-        mut fetch: impl FnMut(StTensor<'s>) -> Result<Cow<'d, [u8]>, String>,
+        mut fetch: impl FnMut(StTensor<'s>) -> Result<(Cow<'d, [u8]>, usize), String>,
         mut copied: impl FnMut(StTensor<'s>),
     ) -> ExecResult<Vec<(String, &'static str)>> {
         let params: Vec<(&str, &mslc_core::ops::TensorType)> = self
@@ -551,7 +559,20 @@ impl Executor {
         self.params_ready = false;
         for ((buf, t), (_, ty)) in self.params.iter_mut().zip(found.tensors).zip(&params) {
             let dtype = weights::dtype_of(t.dtype);
-            let bytes = fetch(t).map_err(|m| weights_error(format!("`{}`: {m}", t.name)))?;
+            let (bytes, read) =
+                fetch(t).map_err(|m| weights_error(format!("`{}`: {m}", t.name)))?;
+            // Beside the buffers now: the pages of the file `fetch` read, the share it cut
+            // from them, and the f32 values of a conversion.
+            let cut = match &bytes {
+                Cow::Owned(b) => b.len(),
+                Cow::Borrowed(_) => 0,
+            };
+            let converted = match dtype == ty.dtype {
+                true => 0,
+                false => 4 * (bytes.len() / t.dtype.size().max(1)),
+            };
+            self.load_transient_bytes =
+                (self.load_transient_bytes).max((read + cut + converted) as u64);
             let want = t.shape.iter().product::<usize>() * t.dtype.size();
             if bytes.len() != want {
                 return Err(weights_error(format!(
@@ -575,6 +596,13 @@ impl Executor {
         self.params_ready = true;
         self.hoisted_ready = false;
         Ok(found.ignored)
+    }
+
+    /// The most bytes any weights load into this executor held beside its buffers at once
+    /// (one tensor's pages of the file, the rank's share cut from them, their conversion): a
+    /// transient of the run that its memory plan adds ([`Executor::load_weights_fetched`]).
+    pub fn load_transient_bytes(&self) -> u64 {
+        self.load_transient_bytes
     }
 
     /// Initialises every parameter from its declared `init`, deterministically from `seed`.
@@ -617,6 +645,12 @@ impl Executor {
     /// f64, converted to the input's dtype).
     pub fn set_input(&mut self, name: &str, array: &NpyArray) -> ExecResult<()> {
         self.fill_input_with(name, |ty, dst| fill_input(name, ty, array, dst))
+    }
+
+    /// Sets float input `name` to `values` of shape `shape` (converted to the input's dtype),
+    /// straight into its buffer: a resumed optimizer state, with no array copy beside it.
+    pub fn set_input_f32(&mut self, name: &str, shape: &[usize], values: &[f32]) -> ExecResult<()> {
+        self.fill_input_with(name, |ty, dst| fill_input_f32(name, ty, shape, values, dst))
     }
 
     /// Sets input `name` to the samples `rows` of `array` (along its first axis), read

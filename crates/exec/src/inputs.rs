@@ -30,6 +30,29 @@ pub fn fill_input(
     convert(name, ty.dtype, array.dtype(), array.data(), dst)
 }
 
+/// Writes f32 `values` of shape `shape` into `dst` (the input's buffer, `ty.bytes()` long) as
+/// `ty` elements, which must be floats.
+pub fn fill_input_f32(
+    name: &str,
+    ty: &TensorType,
+    shape: &[usize],
+    values: &[f32],
+    dst: &mut [u8],
+) -> Result<(), String> {
+    check_shape(name, ty, shape)?;
+    if !ty.dtype.is_float() {
+        return Err(format!("input `{name}` is {}, not a float", ty.dtype));
+    }
+    if values.len() != shape.iter().product::<usize>() {
+        return Err(format!(
+            "input `{name}`: {} values for shape {shape:?}",
+            values.len()
+        ));
+    }
+    store_f32(ty.dtype, values, dst);
+    Ok(())
+}
+
 /// Writes the samples `rows` of `array` (indices along its first axis, in that order) into
 /// `dst` (the input's buffer, `ty.bytes()` long) as `ty` elements: a batch taken straight
 /// from a dataset, without first copying its rows out of it.

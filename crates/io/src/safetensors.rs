@@ -167,8 +167,9 @@ struct Entry {
 }
 
 /// How far around a page fault Linux maps a file's pages that are already in memory
-/// (`fault_around_bytes`, 64 KiB unless changed).
-const FAULT_AROUND_BYTES: usize = 64 << 10;
+/// (`fault_around_bytes`, 64 KiB unless changed): reading a tensor holds up to this much of
+/// the file on either side of it.
+pub const FAULT_AROUND_BYTES: usize = 64 << 10;
 
 /// An open, memory-mapped `.safetensors` file whose header has been checked.
 #[derive(Debug)]
