@@ -1005,6 +1005,33 @@ mod tests {
         assert_eq!(gather_dim(&[5], &[5], 2), None);
     }
 
+    /// A tensor-parallel block in one run of the stored bytes (split on the first dim longer
+    /// than 1) is borrowed from them; one spread over rows is copied; both hold the block's
+    /// bytes, and [`block_cost`] says what each reads and copies.
+    #[test]
+    fn a_block_in_one_run_is_borrowed_and_a_spread_one_copied() {
+        let bytes: Vec<u8> = (0..24).collect();
+        let t = |shape: &'static [usize]| TensorRef {
+            name: "w",
+            dtype: StDType::Bool,
+            shape,
+            data: &bytes,
+        };
+        let (shape, first) = tensor_block(t(&[1, 4, 6]), Some(1), 1, 2).unwrap();
+        assert_eq!(shape, [1, 2, 6]);
+        assert!(matches!(first, Cow::Borrowed(_)));
+        assert_eq!(&first[..], &bytes[12..]);
+        assert_eq!(block_cost(&[1, 4, 6], 24, Some(1), 2), (12, 0));
+        let (shape, spread) = tensor_block(t(&[4, 6]), Some(1), 1, 2).unwrap();
+        assert_eq!(shape, [4, 3]);
+        assert!(matches!(spread, Cow::Owned(_)));
+        let want: Vec<u8> = (0..4).flat_map(|r| r * 6 + 3..r * 6 + 6).collect();
+        assert_eq!(&spread[..], &want[..]);
+        assert_eq!(block_cost(&[4, 6], 24, Some(1), 2), (24, 12));
+        assert_eq!(block_cost(&[4, 6], 24, None, 2), (24, 0));
+        assert!(tensor_block(t(&[4, 6]), Some(0), 0, 3).is_none());
+    }
+
     /// A level-3 slice of a weight stored as f16 (7 values over 2 replicas: the second slice
     /// padded) is the slice of the whole converted to f32, converting only the slice's bytes;
     /// a tensor the sharding does not slice is handed back as it is.

@@ -229,6 +229,23 @@ mod tests {
         assert_eq!(got, values);
     }
 
+    /// f32 values go into a float input of their shape, converted to its dtype; another
+    /// shape, a count that is not the shape's, or an integer input is an error naming it.
+    #[test]
+    fn f32_values_fill_a_float_input_of_their_shape() {
+        let ty = TensorType::new(DType::F16, [2]);
+        let mut dst = [0u8; 4];
+        fill_input_f32("m", &ty, &[2], &[1.5, -2.0], &mut dst).unwrap();
+        assert_eq!(dst[2..], half::f16::from_f32(-2.0).to_le_bytes());
+        let e = fill_input_f32("m", &ty, &[1, 2], &[1.5, -2.0], &mut dst).unwrap_err();
+        assert!(e.contains("input `m` must have shape f16[2]"), "{e}");
+        let e = fill_input_f32("m", &ty, &[2], &[1.5], &mut dst).unwrap_err();
+        assert!(e.contains("1 values for shape [2]"), "{e}");
+        let ids = TensorType::new(DType::I32, [2]);
+        let e = fill_input_f32("ids", &ids, &[2], &[1.0, 2.0], &mut dst[..]).unwrap_err();
+        assert!(e.contains("input `ids` is i32, not a float"), "{e}");
+    }
+
     #[test]
     fn floats_convert_to_the_input_dtype() {
         let ty = TensorType::new(DType::F16, [2]);
