@@ -1143,7 +1143,10 @@ impl Trainer {
         // In the file's order: the pages read around each state then belong to the next.
         states.sort_by_key(|(_, name)| optim.tensor(name).map_or(0, |t| t.data.as_ptr() as usize));
         for (path, name) in &states {
-            let (shape, _) = self.state_of(&optim, path, name, dir)?;
+            let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
+            let shape = self.state_share(path, t, dir).map(|share| share.shape);
+            optim.release(t.data);
+            let shape = shape?;
             match self.updater().shape_of(Stored::Input(name)) {
                 Some(held) if held == shape.as_slice() => {}
                 Some(held) => {
@@ -1183,25 +1186,42 @@ impl Trainer {
             .map_err(|e| checkpoint_error(dir, e.message))?;
         model.release_all();
         for (path, name) in &states {
-            // Until its share is cut: the pages of the file the cut reads and the block it
-            // copies, beside the share as f32; then the share alone.
-            let (read, copied) = optim.tensor(name).map_or((0, 0), |t| {
-                let (dim, n) = match &self.tensor {
-                    Some((splits, (_, n))) => (splits.get(path).copied(), *n),
-                    None => (None, 1),
+            let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
+            let share = self.state_share(path, t, dir);
+            let set = share.and_then(|share| {
+                // Beside the run until the input is set: the pages of the file the cut read,
+                // the block it copied (if it did), and a slice's f32 values.
+                let (read, copied) =
+                    crate::ranks::block_cost(t.shape, t.data.len(), share.dim, share.n);
+                let slice = match &share.values {
+                    ShareValues::Stored(_) => 0,
+                    ShareValues::Slice(values) => 4 * values.len(),
                 };
-                crate::ranks::block_cost(t.shape, t.data.len(), dim, n)
+                let transient = (read + copied + slice) as u64;
+                self.states_transient_bytes = self.states_transient_bytes.max(transient);
+                let holder = match self.stage.as_mut() {
+                    Some(stage) => &mut stage.update,
+                    None => &mut self.exec,
+                };
+                let set = match &share.values {
+                    ShareValues::Stored(bytes) => match npy_float(t.dtype) {
+                        Some(from) => holder.set_input_stored(name, &share.shape, from, bytes),
+                        None => {
+                            let whole = TensorRef {
+                                shape: &share.shape,
+                                data: bytes,
+                                ..t
+                            };
+                            let values = whole.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+                            holder.set_input_f32(name, &share.shape, &values)
+                        }
+                    },
+                    ShareValues::Slice(values) => holder.set_input_f32(name, &share.shape, values),
+                };
+                set.map_err(|e| checkpoint_error(dir, e.message))
             });
-            let (shape, values) = self.state_of(&optim, path, name, dir)?;
-            let transient = (read + copied + 4 * values.len()) as u64;
-            self.states_transient_bytes = self.states_transient_bytes.max(transient);
-            let holder = match self.stage.as_mut() {
-                Some(stage) => &mut stage.update,
-                None => &mut self.exec,
-            };
-            holder
-                .set_input_f32(name, &shape, &values)
-                .map_err(|e| checkpoint_error(dir, e.message))?;
+            optim.release(t.data);
+            set?;
         }
         optim.release_all();
         self.state = state;
@@ -1214,26 +1234,12 @@ impl Trainer {
         Ok(())
     }
 
-    /// Optimizer state `name` (of parameter `path`) of checkpoint file `optim`, cut to this
-    /// rank's share ([`Trainer::state_share`]).
-    fn state_of(
-        &self,
-        optim: &SafetensorsFile,
-        path: &str,
-        name: &str,
-        dir: &Path,
-    ) -> Res<(Vec<usize>, Vec<f32>)> {
-        let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
-        let share = self.state_share(path, t, dir);
-        optim.release(t.data);
-        share
-    }
-
     /// This rank's share of the whole optimizer state `t` of checkpoint `dir` (of parameter
-    /// `path`), as f32: under tensor parallelism its block of the parameter's split dim, then
-    /// under optimizer sharding its replica's slice (flat). The cuts are made on the stored
-    /// bytes, so only the share is ever converted: a rank never holds a whole state as f32.
-    fn state_share(&self, path: &str, t: TensorRef<'_>, dir: &Path) -> Res<(Vec<usize>, Vec<f32>)> {
+    /// `path`): under tensor parallelism its block of the parameter's split dim, then under
+    /// optimizer sharding its replica's slice (flat, as f32). The cuts are made on the stored
+    /// bytes — a block in one run of them is not even copied — so only the share is ever
+    /// converted: a rank never holds a whole state as f32.
+    fn state_share<'t>(&self, path: &str, t: TensorRef<'t>, dir: &Path) -> Res<StateShare<'t>> {
         let (dim, (part, n)) = match &self.tensor {
             Some((splits, share)) => (splits.get(path).copied(), *share),
             None => (None, (0, 1)),
@@ -1250,13 +1256,13 @@ impl Trainer {
             )
         })?;
         let Some(z) = &self.train.zero else {
-            let whole = TensorRef {
-                shape: &shape,
-                data: &bytes,
-                ..t
-            };
-            let values = whole.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-            return Ok((shape, values));
+            let values = ShareValues::Stored(bytes);
+            return Ok(StateShare {
+                shape,
+                values,
+                dim,
+                n,
+            });
         };
         let numel = shape.iter().product();
         let values =
@@ -1265,7 +1271,14 @@ impl Trainer {
                     checkpoint_error(dir, format!("`{}` does not hold its {shape:?}", t.name))
                 })?
                 .map_err(|e| checkpoint_error(dir, e))?;
-        Ok((vec![values.len()], values))
+        let shape = vec![values.len()];
+        let values = ShareValues::Slice(values);
+        Ok(StateShare {
+            shape,
+            values,
+            dim,
+            n,
+        })
     }
 
     /// The executor of the update: it holds the optimizer states and outputs the gradients
@@ -1331,6 +1344,36 @@ enum FileKind {
     Optimizer,
     /// `--dump-grads`' `grads.safetensors`: the last update's raw gradients.
     Grads,
+}
+
+/// A rank's share of an optimizer state read from a checkpoint ([`Trainer::state_share`]).
+struct StateShare<'t> {
+    /// Its shape as the rank holds it.
+    shape: Vec<usize>,
+    values: ShareValues<'t>,
+    /// The tensor-parallel cut it was made by: the split dim, if any, and the members.
+    dim: Option<usize>,
+    n: usize,
+}
+
+/// The values of a [`StateShare`].
+enum ShareValues<'t> {
+    /// Its tensor-parallel block (or the whole state) as stored: borrowed from the file when
+    /// one run of it, else a copy.
+    Stored(Cow<'t, [u8]>),
+    /// Its optimizer-sharding slice, as f32.
+    Slice(Vec<f32>),
+}
+
+/// The `.npy` element type with the bytes of floats stored as `dtype`, when there is one
+/// (bf16 has none).
+fn npy_float(dtype: StDType) -> Option<NpyDType> {
+    match dtype {
+        StDType::F32 => Some(NpyDType::F32),
+        StDType::F16 => Some(NpyDType::F16),
+        StDType::F64 => Some(NpyDType::F64),
+        _ => None,
+    }
 }
 
 /// Where a rank holds a tensor of such a file.

@@ -30,7 +30,7 @@ use mslc_kernels::TensorRef;
 use super::buffer::AlignedBuf;
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
-use super::inputs::{fill_input, fill_input_f32, fill_input_rows};
+use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows};
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
@@ -651,6 +651,21 @@ impl Executor {
     /// straight into its buffer: a resumed optimizer state, with no array copy beside it.
     pub fn set_input_f32(&mut self, name: &str, shape: &[usize], values: &[f32]) -> ExecResult<()> {
         self.fill_input_with(name, |ty, dst| fill_input_f32(name, ty, shape, values, dst))
+    }
+
+    /// Sets input `name` to the `from` elements `bytes` of shape `shape` (a checkpoint's stored
+    /// values, read in place), converted to the input's dtype as [`Executor::set_input`]
+    /// converts an array's.
+    pub fn set_input_stored(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        from: NpyDType,
+        bytes: &[u8],
+    ) -> ExecResult<()> {
+        self.fill_input_with(name, |ty, dst| {
+            fill_input_raw(name, ty, shape, from, bytes, dst)
+        })
     }
 
     /// Sets input `name` to the samples `rows` of `array` (along its first axis), read

@@ -26,8 +26,28 @@ pub fn fill_input(
     array: &NpyArray,
     dst: &mut [u8],
 ) -> Result<(), String> {
-    check_shape(name, ty, array.shape())?;
-    convert(name, ty.dtype, array.dtype(), array.data(), dst)
+    fill_input_raw(name, ty, array.shape(), array.dtype(), array.data(), dst)
+}
+
+/// Writes `data`, elements of type `from` and shape `shape`, into `dst` (the input's buffer,
+/// `ty.bytes()` long) as `ty` elements, as [`fill_input`] writes an array's.
+pub fn fill_input_raw(
+    name: &str,
+    ty: &TensorType,
+    shape: &[usize],
+    from: NpyDType,
+    data: &[u8],
+    dst: &mut [u8],
+) -> Result<(), String> {
+    check_shape(name, ty, shape)?;
+    if data.len() != shape.iter().product::<usize>() * from.size() {
+        return Err(format!(
+            "input `{name}`: {} bytes for {shape:?} elements of {} bytes",
+            data.len(),
+            from.size()
+        ));
+    }
+    convert(name, ty.dtype, from, data, dst)
 }
 
 /// Writes f32 `values` of shape `shape` into `dst` (the input's buffer, `ty.bytes()` long) as
