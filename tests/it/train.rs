@@ -670,6 +670,27 @@ fn bad_input_is_a_coded_error_naming_the_file() {
         "{text}"
     );
     assert!(!out.join("step-3").exists());
+    // An optimizer state stored as integers: refused before anything is loaded, naming it.
+    let ints: Vec<TensorRef> = optim
+        .tensors()
+        .map(|t| match t.name == first {
+            true => TensorRef {
+                dtype: StDType::I32,
+                ..t
+            },
+            false => t,
+        })
+        .collect();
+    write_safetensors(other.join("optimizer.safetensors"), &ints).unwrap();
+    let (code, codes, text) = run(&data, &["--resume", s(&other), "--steps", "3"]);
+    assert_eq!((code, codes), (1, vec!["E0631".to_string()]), "{text}");
+    assert!(
+        text.contains(&format!(
+            "optimizer state `{first}` is stored as I32, not floats"
+        )),
+        "{text}"
+    );
+    assert!(!out.join("step-3").exists());
     let model = std::fs::read(step.join("model.safetensors")).unwrap();
     std::fs::write(
         step.join("optimizer.safetensors"),

@@ -1240,6 +1240,16 @@ impl Trainer {
     /// bytes — a block in one run of them is not even copied — so only the share is ever
     /// converted: a rank never holds a whole state as f32.
     fn state_share<'t>(&self, path: &str, t: TensorRef<'t>, dir: &Path) -> Res<StateShare<'t>> {
+        if !matches!(
+            t.dtype,
+            StDType::F32 | StDType::F16 | StDType::BF16 | StDType::F64
+        ) {
+            let stored = format!(
+                "optimizer state `{}` is stored as {:?}, not floats",
+                t.name, t.dtype
+            );
+            return Err(checkpoint_error(dir, stored));
+        }
         let (dim, (part, n)) = match &self.tensor {
             Some((splits, share)) => (splits.get(path).copied(), *share),
             None => (None, (0, 1)),
