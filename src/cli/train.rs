@@ -634,17 +634,16 @@ fn lead(
     // through every rank that gathers or sends them, while the others step — or, before the
     // first step, its read's transient out of its reserve as far as it goes.
     let devices_here = others_count as u64 + 1;
-    let planned_here = device.with_transient(staging);
-    let mean = device.total.saturating_add(others_planned) / devices_here;
-    let planned = match others_count {
-        0 => planned_here,
-        _ => mean.saturating_add(saving.max(device.with_transient(loading) - device.total)),
-    };
+    let beyond_reserve = |transient: u64| device.with_transient(transient) - device.total;
     // What the files add to the plan: beyond the reserve on one device, per device on several.
-    let beyond = match others_count {
-        0 => planned_here - device.total,
-        _ => planned - mean,
+    let (base, beyond) = match others_count {
+        0 => (device.total, beyond_reserve(staging)),
+        _ => (
+            device.total.saturating_add(others_planned) / devices_here,
+            saving.max(beyond_reserve(loading)),
+        ),
     };
+    let planned = base.saturating_add(beyond);
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),

@@ -642,19 +642,19 @@ pub fn tensor_block<'a>(
     let Some(dim) = dim else {
         return Some((t.shape.to_vec(), Cow::Borrowed(t.data)));
     };
-    let (shape, mut runs) = block_runs(t.shape, t.data.len(), dim, index, n)?;
-    // A block in one run (no dim before the split one longer than 1) is borrowed as stored.
-    match (runs.next(), runs.next()) {
-        (Some(only), None) => Some((shape, Cow::Borrowed(&t.data[only]))),
-        _ => shard_block(t.shape, t.data, dim, index, n).map(|(s, data)| (s, Cow::Owned(data))),
+    if !one_run(t.shape, dim) {
+        let (shape, data) = shard_block(t.shape, t.data, dim, index, n)?;
+        return Some((shape, Cow::Owned(data)));
     }
+    let (shape, mut runs) = block_runs(t.shape, t.data.len(), dim, index, n)?;
+    Some((shape, Cow::Borrowed(&t.data[runs.next()?])))
 }
 
 /// Weight `w` as data-parallel member `index` holds it under level-3 optimizer sharding: its
 /// f32 slice ([`zero_slice_f32`]) when it is a trained parameter of `zero`, else as it is.
 fn zero_slice<'a>(w: RankTensor<'a>, zero: &ZeroShard, index: usize) -> RankTensor<'a> {
     let (name, shape, dtype, data) = w;
-    if !(zero.shards_params() && zero.shapes.contains_key(&name)) {
+    if !zero.slices_param(&name) {
         return (name, shape, dtype, data);
     }
     let numel: usize = shape.iter().product();
@@ -725,9 +725,7 @@ fn share_span(
 ) -> usize {
     let dim = splits.get(t.name).copied();
     match zero {
-        Some((z, replica))
-            if dim.is_none() && z.shards_params() && z.shapes.contains_key(t.name) =>
-        {
+        Some((z, replica)) if dim.is_none() && z.slices_param(t.name) => {
             let numel = t.shape.iter().product();
             z.range(numel, replica).len() * t.dtype.size()
         }
@@ -742,9 +740,15 @@ fn share_span(
 pub fn block_cost(shape: &[usize], len: usize, dim: Option<usize>, n: usize) -> (usize, usize) {
     match dim {
         None => (len, 0),
-        Some(d) if shape.iter().take(d).all(|&x| x <= 1) => (len / n.max(1), 0),
+        Some(d) if one_run(shape, d) => (len / n.max(1), 0),
         Some(_) => (len, len / n.max(1)),
     }
+}
+
+/// Whether every block along `dim` of a tensor of `shape` is one run of its stored bytes: no
+/// dim before `dim` is longer than 1.
+fn one_run(shape: &[usize], dim: usize) -> bool {
+    shape.iter().take(dim).all(|&d| d <= 1)
 }
 
 /// Loads into `exec` the weights `tensors` of `file` (whole, as one device holds them) as one
@@ -804,7 +808,7 @@ pub fn init_rank_weights(
     zero: Option<(&ZeroShard, usize)>,
 ) -> Result<(), RanksError> {
     exec.init_params_with(|path, init, ty, values| {
-        let sliced = zero.filter(|(z, _)| z.shards_params() && z.shapes.contains_key(path));
+        let sliced = zero.filter(|(z, _)| z.slices_param(path));
         // The rank's tensor-parallel block (or the whole parameter): per index of the dims
         // before the split dim, one run of `block` values of a whole row of `row`.
         let shape: Vec<usize> = match sliced {

@@ -1188,38 +1188,7 @@ impl Trainer {
         for (path, name) in &states {
             let t = optim.tensor(name).map_err(|e| checkpoint_error(dir, e))?;
             let share = self.state_share(path, t, dir);
-            let set = share.and_then(|share| {
-                // Beside the run until the input is set: the pages of the file the cut read,
-                // the block it copied (if it did), and a slice's f32 values.
-                let (read, copied) =
-                    crate::ranks::block_cost(t.shape, t.data.len(), share.dim, share.n);
-                let slice = match &share.values {
-                    ShareValues::Stored(_) => 0,
-                    ShareValues::Slice(values) => 4 * values.len(),
-                };
-                let transient = (read + copied + slice) as u64;
-                self.states_transient_bytes = self.states_transient_bytes.max(transient);
-                let holder = match self.stage.as_mut() {
-                    Some(stage) => &mut stage.update,
-                    None => &mut self.exec,
-                };
-                let set = match &share.values {
-                    ShareValues::Stored(bytes) => match npy_float(t.dtype) {
-                        Some(from) => holder.set_input_stored(name, &share.shape, from, bytes),
-                        None => {
-                            let whole = TensorRef {
-                                shape: &share.shape,
-                                data: bytes,
-                                ..t
-                            };
-                            let values = whole.to_f32().map_err(|e| checkpoint_error(dir, e))?;
-                            holder.set_input_f32(name, &share.shape, &values)
-                        }
-                    },
-                    ShareValues::Slice(values) => holder.set_input_f32(name, &share.shape, values),
-                };
-                set.map_err(|e| checkpoint_error(dir, e.message))
-            });
+            let set = share.and_then(|share| self.set_state(name, t, share, dir));
             optim.release(t.data);
             set?;
         }
@@ -1232,6 +1201,46 @@ impl Trainer {
         }
         self.order = self.epoch_order(self.state.epoch);
         Ok(())
+    }
+
+    /// Sets optimizer state `name` to `share`, this rank's share of the checkpoint's tensor `t`
+    /// (of `dir`), straight from its stored bytes when they are floats `.npy` knows, and notes
+    /// what the read held beside the run: the pages of the file the cut read, the block it
+    /// copied (if it did), and a slice's f32 values.
+    fn set_state(
+        &mut self,
+        name: &str,
+        t: TensorRef<'_>,
+        share: StateShare,
+        dir: &Path,
+    ) -> Res<()> {
+        let (read, copied) = crate::ranks::block_cost(t.shape, t.data.len(), share.dim, share.n);
+        let slice = match &share.values {
+            ShareValues::Stored(_) => 0,
+            ShareValues::Slice(values) => 4 * values.len(),
+        };
+        let transient = (read + copied + slice) as u64;
+        self.states_transient_bytes = self.states_transient_bytes.max(transient);
+        let holder = match self.stage.as_mut() {
+            Some(stage) => &mut stage.update,
+            None => &mut self.exec,
+        };
+        let set = match (&share.values, npy_float(t.dtype)) {
+            (ShareValues::Stored(bytes), Some(from)) => {
+                holder.set_input_stored(name, &share.shape, from, bytes)
+            }
+            (ShareValues::Stored(bytes), None) => {
+                let stored = TensorRef {
+                    shape: &share.shape,
+                    data: bytes,
+                    ..t
+                };
+                let values = stored.to_f32().map_err(|e| checkpoint_error(dir, e))?;
+                holder.set_input_f32(name, &share.shape, &values)
+            }
+            (ShareValues::Slice(values), _) => holder.set_input_f32(name, &share.shape, values),
+        };
+        set.map_err(|e| checkpoint_error(dir, e.message))
     }
 
     /// This rank's share of the whole optimizer state `t` of checkpoint `dir` (of parameter

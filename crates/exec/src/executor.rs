@@ -561,19 +561,8 @@ impl Executor {
             let dtype = weights::dtype_of(t.dtype);
             let (bytes, read) =
                 fetch(t).map_err(|m| weights_error(format!("`{}`: {m}", t.name)))?;
-            // Beside the buffers now: the pages of the file `fetch` read, the share it cut
-            // from them, and the f32 values of a conversion.
-            let cut = match &bytes {
-                Cow::Owned(b) => b.len(),
-                Cow::Borrowed(_) => 0,
-            };
-            let converted = match dtype == ty.dtype {
-                true => 0,
-                false => 4 * (bytes.len() / t.dtype.size().max(1)),
-            };
-            self.load_transient_bytes =
-                (self.load_transient_bytes).max((read + cut + converted) as u64);
-            let want = t.shape.iter().product::<usize>() * t.dtype.size();
+            let numel = t.shape.iter().product::<usize>();
+            let want = numel * t.dtype.size();
             if bytes.len() != want {
                 return Err(weights_error(format!(
                     "`{}` has {} bytes, but {} {:?} takes {want}",
@@ -583,13 +572,23 @@ impl Executor {
                     t.shape
                 )));
             }
-            if dtype == ty.dtype {
+            // Beside the buffers now: the pages of the file `fetch` read, the share it cut
+            // from them, and the f32 values of a conversion.
+            let cut = match &bytes {
+                Cow::Owned(b) => b.len(),
+                Cow::Borrowed(_) => 0,
+            };
+            let converted = if dtype == ty.dtype {
                 buf.bytes_mut().copy_from_slice(&bytes);
+                0
             } else {
-                let mut values = vec![0f32; bytes.len() / t.dtype.size()];
+                let mut values = vec![0f32; numel];
                 load_f32(dtype, &bytes, &mut values);
                 store_f32(ty.dtype, &values, buf.bytes_mut());
-            }
+                4 * numel
+            };
+            let held = (read + cut + converted) as u64;
+            self.load_transient_bytes = self.load_transient_bytes.max(held);
             drop(bytes);
             copied(t);
         }

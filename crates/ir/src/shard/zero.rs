@@ -64,6 +64,11 @@ impl ZeroShard {
     pub fn shards_params(&self) -> bool {
         self.level >= 3
     }
+
+    /// Whether parameter `path` is held as a slice: a trained parameter at level 3.
+    pub fn slices_param(&self, path: &str) -> bool {
+        self.shards_params() && self.shapes.contains_key(path)
+    }
 }
 
 /// The module input holding this rank's coordinate on the data-parallel axis (an `i32`
