@@ -492,6 +492,82 @@ fn resuming_gives_byte_identical_weights() {
     assert!(state.contains("\"step\": 10"), "{state}");
 }
 
+/// A checkpoint whose optimizer states are stored as f16 (set from their stored bytes) or as
+/// bf16 (which `.npy` has no type for: through f32) resumes exactly as the same values stored
+/// as f32: the next step's weights are byte for byte the same.
+#[test]
+fn optimizer_states_stored_as_half_floats_resume_as_their_f32_values() {
+    let dir = TestDir::new("train-resume-half");
+    let weights = write_inputs(&dir);
+    let source = mlp_source(&dir, &train_decl(ADAMW));
+    let data = dir.path("data");
+    let run = |out: &Path, steps: &str, resume: Option<&Path>| {
+        let mut args = vec!["--data", s(&data), "--steps", steps, "--output-dir", s(out)];
+        match resume {
+            Some(r) => args.extend(["--resume", s(r)]),
+            None => args.extend(["--weights", s(&weights)]),
+        }
+        let (code, stdout, stderr) = train(&source, &args);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+    };
+    let first = dir.path("first");
+    run(&first, "2", None);
+    let step = first.join("step-2");
+    let optim = SafetensorsFile::open(step.join("optimizer.safetensors")).unwrap();
+    // Each state rounded through `round`, written as `dtype` (its bytes by `bytes`) and as f32.
+    let variant = |tag: &str, dtype: StDType, round: fn(f32) -> f32, bytes: fn(f32) -> [u8; 2]| {
+        let values: Vec<Vec<f32>> = optim
+            .tensors()
+            .map(|t| t.to_f32().unwrap().into_iter().map(round).collect())
+            .collect();
+        let stored: Vec<Vec<u8>> = values
+            .iter()
+            .map(|v| v.iter().flat_map(|&x| bytes(x)).collect())
+            .collect();
+        let as_f32: Vec<Vec<u8>> = values
+            .iter()
+            .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let mut resumed = Vec::new();
+        for (name, dtype, data) in [(tag, dtype, &stored), ("f32", StDType::F32, &as_f32)] {
+            let ck = dir.path(&format!("{tag}-{name}-ck"));
+            std::fs::create_dir_all(&ck).unwrap();
+            for f in ["model.safetensors", "state.json"] {
+                std::fs::copy(step.join(f), ck.join(f)).unwrap();
+            }
+            let tensors: Vec<TensorRef> = optim
+                .tensors()
+                .zip(data)
+                .map(|(t, d)| TensorRef {
+                    dtype,
+                    data: d,
+                    ..t
+                })
+                .collect();
+            write_safetensors(ck.join("optimizer.safetensors"), &tensors).unwrap();
+            let out = dir.path(&format!("{tag}-{name}-out"));
+            run(&out, "3", Some(&ck));
+            resumed.push(std::fs::read(out.join("step-3/model.safetensors")).unwrap());
+        }
+        assert!(
+            resumed[0] == resumed[1],
+            "{tag} states resume unlike their f32 values"
+        );
+    };
+    variant(
+        "f16",
+        StDType::F16,
+        |x| half::f16::from_f32(x).to_f32(),
+        |x| half::f16::from_f32(x).to_le_bytes(),
+    );
+    variant(
+        "bf16",
+        StDType::BF16,
+        |x| half::bf16::from_f32(x).to_f32(),
+        |x| half::bf16::from_f32(x).to_le_bytes(),
+    );
+}
+
 #[test]
 fn a_kill_during_saving_leaves_every_checkpoint_loadable() {
     let dir = TestDir::new("train-kill");

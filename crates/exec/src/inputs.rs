@@ -266,6 +266,25 @@ mod tests {
         assert!(e.contains("input `ids` is i32, not a float"), "{e}");
     }
 
+    /// Stored bytes of another float type convert into the input as an array's would; bytes
+    /// that are not the shape's count of elements are an error, not a short copy.
+    #[test]
+    fn stored_bytes_of_their_shape_fill_an_input() {
+        let ty = TensorType::new(DType::F32, [2]);
+        let stored: Vec<u8> = [0.25f64, -3.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut dst = [0u8; 8];
+        fill_input_raw("v", &ty, &[2], NpyDType::F64, &stored, &mut dst).unwrap();
+        assert_eq!(dst[4..], (-3.0f32).to_le_bytes());
+        let e = fill_input_raw("v", &ty, &[2], NpyDType::F64, &stored[..8], &mut dst).unwrap_err();
+        assert!(
+            e.contains("input `v`: 8 bytes for [2] elements of 8 bytes"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn floats_convert_to_the_input_dtype() {
         let ty = TensorType::new(DType::F16, [2]);
