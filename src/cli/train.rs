@@ -625,23 +625,29 @@ fn lead(
     // dump holds one whole tensor between steps, and reading weights or a checkpoint one
     // tensor's pages and share before the first: the larger, out of the reserve as far as it
     // goes.
-    let saving = trainer.file_staging_bytes(args.output_dir.is_some(), args.dump_grads.is_some());
+    let files = (args.output_dir.is_some(), args.dump_grads.is_some());
+    let saving = trainer.file_staging_bytes(files.0, files.1, true);
     let loading = trainer.load_transient_bytes();
     let staging = saving.max(loading);
     // Per device of this process, as the measurement is. One device: its plan, a file's
-    // transient out of its reserve as far as it goes. Several: their plans' mean, each
-    // device taken to hold a gathered file's tensor beside its step — the file's tensors pass
-    // through every rank that gathers or sends them, while the others step — or, before the
-    // first step, its read's transient out of its reserve as far as it goes.
+    // transient out of its reserve as far as it goes. Several: their plans' mean, with a
+    // gathered file's transients beside their steps — rank 0 writing a tensor, the others
+    // gathering it with it at the same time, as every rank that gathers or sends a file's
+    // tensors does while the others step — or, before the first step, a read's transient out
+    // of each one's reserve as far as it goes.
     let devices_here = others_count as u64 + 1;
     let beyond_reserve = |transient: u64| device.with_transient(transient) - device.total;
     // What the files add to the plan: beyond the reserve on one device, per device on several.
     let (base, beyond) = match others_count {
         0 => (device.total, beyond_reserve(staging)),
-        _ => (
-            device.total.saturating_add(others_planned) / devices_here,
-            saving.max(beyond_reserve(loading)),
-        ),
+        _ => {
+            let joining = trainer.file_staging_bytes(files.0, files.1, false);
+            let gathering = saving.saturating_add(joining.saturating_mul(others_count as u64));
+            (
+                device.total.saturating_add(others_planned) / devices_here,
+                (gathering / devices_here).max(beyond_reserve(loading)),
+            )
+        }
     };
     let planned = base.saturating_add(beyond);
     let per = match chunks {

@@ -84,6 +84,11 @@ fn planned_and_measured(
 /// Asserts the tolerance: `planned` within 5 % above `measured` (when this system
 /// measures at all, as Linux does and CI must).
 fn assert_within_5_percent_above(what: &str, planned: u64, measured: Option<u64>) {
+    assert_above_within(what, planned, measured, 0.05);
+}
+
+/// Asserts `planned` never below `measured` and at most `tolerance` (a fraction) above it.
+fn assert_above_within(what: &str, planned: u64, measured: Option<u64>, tolerance: f64) {
     let Some(measured) = measured else {
         // No /proc/self/clear_refs (not Linux): nothing was measured.
         assert!(
@@ -98,7 +103,7 @@ fn assert_within_5_percent_above(what: &str, planned: u64, measured: Option<u64>
         100.0 * over
     );
     assert!(planned >= measured, "{what}: below the measured peak");
-    assert!(over <= 0.05, "{what}: {:.1} % over", 100.0 * over);
+    assert!(over <= tolerance, "{what}: {:.1} % over", 100.0 * over);
 }
 
 /// The `executor.total` that `mslc build --entry Fit` writes into `Fit.plan.json` for the
@@ -229,10 +234,9 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
 /// the share cut from them where it is not read in place — that the plan takes out of its
 /// reserve and adds beyond it: on examples/mlp.msl, a model small enough that one weight's
 /// optimizer state is a twentieth of the plan, resuming a checkpoint of its four ranks and
-/// starting from its weights stay within the plan on one device. Before, the plan left reads
-/// out and a resume held each state as f32 and again as an array: 2.4 % above the plan. (On
-/// the four ranks of one process the peak of this model varies by 5 % from run to run, more
-/// than the tolerance leaves.)
+/// starting from its weights stay within the plan on one device, and writing that checkpoint
+/// on the four ranks stays above their measured peak. Before, the plan left reads
+/// out and a resume held each state as f32 and again as an array: 2.4 % above the plan.
 #[test]
 fn reading_a_large_tensor_of_a_small_model_stays_within_the_plan() {
     let dir = TestDir::new("plan-measured-reading");
@@ -247,7 +251,14 @@ fn reading_a_large_tensor_of_a_small_model_stays_within_the_plan() {
     write_npy(data.join("labels.npy"), &labels).unwrap();
     let out = dir.path("ckpt");
     let saving = ["--output-dir", s(&out), "--save-every", "2"];
-    planned_and_measured(&example, &data, 4, &saving);
+    // Four ranks (tp 2 x dp 2) gathering each tensor while rank 0 writes it: rank 0 holds
+    // it whole as values and bytes, the others whole beside the block they gathered it from.
+    // Each device's plan holds its own peak, but the four threads of one process need not
+    // reach theirs at the same moment, so their shared peak can fall below their plans' sum:
+    // +4.4 to +8.7 % over ten runs, the same run without saving +2.8 to +3.9 % (+7.1 to
+    // +10.9 % when every rank was planned to hold what rank 0 does). Never below, though.
+    let (planned, measured, _) = planned_and_measured(&example, &data, 4, &saving);
+    assert_above_within("saving on four ranks", planned, measured, 0.10);
     let step = out.join("step-2");
     let weights = step.join("model.safetensors");
     let resume = ["--resume", s(&step), "--steps", "4"];

@@ -834,35 +834,61 @@ impl Trainer {
         }
     }
 
-    /// The bytes this rank holds beside its step while it writes the files a run asks for
-    /// (checkpoints when `checkpoints`, a gradient dump when `grads`): for a file gathered one
-    /// tensor at a time ([`Trainer::write_file`]), its largest tensor whole, as values and as
-    /// bytes (on a pipeline's first stage, the largest of the whole file, which it receives
-    /// from the other stages); nothing for a file written from the rank's own buffers.
-    pub fn file_staging_bytes(&self, checkpoints: bool, grads: bool) -> u64 {
+    /// The bytes this rank holds beside its step while the files a run asks for are written
+    /// (checkpoints when `checkpoints`, a gradient dump when `grads`), as the rank that writes
+    /// them (`writes`) or as one that joins the gathers: for a file gathered one tensor at a
+    /// time ([`Trainer::write_file`]), the writer holds its largest tensor whole as values and
+    /// as bytes (on a pipeline's first stage, the largest of the whole file, which it receives
+    /// from the other stages); a rank joining holds a tensor whole beside what it gathered it
+    /// from ([`Trainer::whole`]), on a pipeline as much as the writer. Nothing for a file
+    /// written from the rank's own buffers.
+    pub fn file_staging_bytes(&self, checkpoints: bool, grads: bool, writes: bool) -> u64 {
         let kinds = [
             (checkpoints, FileKind::Model),
             (checkpoints, FileKind::Optimizer),
             (grads, FileKind::Grads),
         ];
-        // The tensors this rank holds whole: on a pipeline's first stage, every tensor of the
-        // file (those of the other stages as received); elsewhere its own, made whole.
-        let whole = |kind: FileKind| -> Vec<Vec<usize>> {
+        // Per tensor of the file this rank holds whole, the values it holds at once: on a
+        // pipeline's first stage, every tensor of the file (those of the other stages as
+        // received); elsewhere its own, made whole.
+        let held = |kind: FileKind| -> Vec<usize> {
             if let Ok(StageFile::Writes(entries)) = self.stage_file(kind) {
-                return entries.iter().map(|(_, shape, _)| shape.clone()).collect();
+                return (entries.iter())
+                    .map(|(_, shape, _)| 2 * shape.iter().product::<usize>())
+                    .collect();
             }
             let pieces = self.pieces(kind).into_iter();
             pieces
-                .filter_map(|p| self.whole_shape(kind, &p).ok())
+                .filter_map(|p| {
+                    let whole: usize = self.whole_shape(kind, &p).ok()?.iter().product();
+                    Some(match (writes, self.stage.is_some()) {
+                        (false, false) => whole + self.gathered_from(kind, &p).unwrap_or(0),
+                        _ => 2 * whole,
+                    })
+                })
                 .collect()
         };
         kinds
             .into_iter()
             .filter(|&(on, kind)| on && self.gathers(kind))
-            .flat_map(|(_, kind)| whole(kind))
-            .map(|shape| 8 * shape.iter().product::<usize>() as u64)
+            .flat_map(|(_, kind)| held(kind))
+            .map(|values| 4 * values as u64)
             .max()
             .unwrap_or(0)
+    }
+
+    /// The values [`Trainer::whole`] holds `piece` as when its last gather starts (the slice or
+    /// block that gather makes whole); `None` when it gathers nothing.
+    fn gathered_from(&self, kind: FileKind, piece: &Piece) -> Option<usize> {
+        let full = self.zero_of(kind).and_then(|z| z.shapes.get(&piece.owner));
+        let split =
+            (self.tensor.as_ref()).is_some_and(|(splits, _)| splits.contains_key(&piece.owner));
+        let local = || self.local_shape(piece).ok().map(|s| s.iter().product());
+        match (full, split) {
+            (Some(full), true) => Some(full.iter().product()),
+            (None, true) | (Some(_), false) => local(),
+            (None, false) => None,
+        }
     }
 
     /// Whether file `kind` is gathered from the ranks (a collective) rather than written from
