@@ -12,9 +12,12 @@ synthetic tokens from the same weights; the script prints per configuration the 
 after the warm-up steps and tokens/s, then the ratios against one rank on one thread.
 
 For each run on two ranks it also prints the communication of rank 0's last step (its
-`--profile`): the time its collectives took and their share of the step. mslc's executor runs a
-collective as a step of the program, which the next step waits for, so all of it is exposed:
-none overlaps compute.
+`--profile`): the time its collectives took, their share of the step, and how much of it
+overlapped compute. mslc's executor hands an all-reduce whose result the next step does not
+read (a data-parallel gradient's) to a communication thread of the rank, and goes on with the
+steps that do not touch it; the profile puts those on a track of their own. Overlapped is the
+part of that track's time during which the step's thread was computing; every other collective
+(and an all-reduce the next step needs) blocks the step and is exposed.
 
 With `--grad-accum K` every step accumulates K micro-batches of batch / K sequences (a data
 replica's micro-batch is batch / (2K)): the replicas all-reduce their gradient sums once per step.
@@ -87,15 +90,30 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 
 
 def communication(profile):
-    """(ms in collectives, ms of the whole step) of the step a `--profile` trace recorded."""
+    """(ms in collectives, ms of them overlapping compute, ms of the whole step) of the step a
+    `--profile` trace recorded."""
     with open(profile) as f:
         trace = json.load(f)
-    events = [e for e in trace.get("traceEvents", trace) if e.get("ph") == "X"]
-    if not events:
-        return 0.0, 0.0
-    step = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
-    comm = sum(e["dur"] for e in events if e.get("name", "").split(" ")[0] in COLLECTIVES)
-    return comm / 1e3, step / 1e3
+    events = trace.get("traceEvents", trace)
+    # The track of the all-reduces that ran beside the steps, if the run had any.
+    comm_tracks = {e["tid"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+                   and e["args"]["name"].startswith("communication")}
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        return 0.0, 0.0, 0.0
+    step = max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)
+    is_comm = lambda e: e.get("name", "").split(" ")[0] in COLLECTIVES
+    comm = sum(e["dur"] for e in spans if is_comm(e))
+    # The step thread's compute, as sorted intervals, and each overlapped collective's part
+    # inside them.
+    compute = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans
+                     if not is_comm(e) and e["tid"] not in comm_tracks and e.get("cat") != "parallel tasks")
+    overlapped = 0.0
+    for e in spans:
+        if e["tid"] in comm_tracks:
+            a, b = e["ts"], e["ts"] + e["dur"]
+            overlapped += sum(max(0.0, min(b, y) - max(a, x)) for x, y in compute if x < b and y > a)
+    return comm / 1e3, overlapped / 1e3, step / 1e3
 
 
 def train(mslc, src, sets, tokens, out, extra, launcher=()):
@@ -182,12 +200,14 @@ def main():
         base = rates[runs[0][0]]
         for name, *_ in runs[1:]:
             print(f"  {name} / 1 rank x 1 thread: {rates[name] / base:.2f}x")
-        print("communication in rank 0's last step (its profile), all exposed: the executor's "
-              "collectives block the step, none overlaps compute")
-        for name, (comm, step) in exchanged.items():
+        print("communication in rank 0's last step (its profile), and the part of it that "
+              "overlapped compute")
+        for name, (comm, overlapped, step) in exchanged.items():
             share = comm / step if step else 0.0
+            hidden = overlapped / comm if comm else 0.0
             print(f"  {name:36} {comm:7.1f} ms of {step:7.1f} ms ({100 * share:4.1f} %), "
-                  f"overlapped 0.0 ms")
+                  f"overlapped {overlapped:6.1f} ms ({100 * hidden:4.1f} % of it), "
+                  f"exposed {comm - overlapped:6.1f} ms")
     if not a.no_collectives:
         for mpi in [False, True] if a.mpi else [False]:
             c = collectives(mpi)

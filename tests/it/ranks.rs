@@ -561,6 +561,96 @@ train Pretrain for TinyLlama {
     assert_same_final_weights(&one, &two, ADAMW_WEIGHTS_TOL);
 }
 
+/// Data parallelism overlaps each gradient's all-reduce with the rest of the backward (the
+/// executor hands it to the rank's communication thread, and the schedule moves what reads the
+/// reduced gradient — its unscaling, overflow check and square sum — to where it is consumed)
+/// and changes no bit: in f32 and under f16 with dynamic loss scaling, rank 0's profile has
+/// every gradient's all-reduce but the last on the communication track, and the losses and
+/// final weights are those of a run whose collectives all block (`--check-numerics` runs them
+/// on the step's thread), byte for byte.
+#[test]
+fn gradient_all_reduces_overlap_the_backward_and_change_no_bit() {
+    let dir = TestDir::new("ranks-overlap");
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let mixed = "precision Mixed {
+    level = O2
+    compute = f16
+    keep_f32 = [rms_norm, softmax, cross_entropy]
+    loss_scale = dynamic(init: 1024, factor: 2, window: 2)
+}
+";
+    let data = random_tokens(&dir, 12, 8, 21);
+    let sets = llama_flags();
+    for (name, precision) in [("f32", ""), ("mixed", "precision = Mixed, ")] {
+        let decl = format!(
+            "{mixed}
+parallel P {{
+    mesh = {{ dp: 2 }}
+    mode = data
+}}
+
+train Pretrain for TinyLlama {{
+    labels: i32[B, S]
+    loss = cross_entropy(logits, labels)
+    optimizer = adamw(lr: 1e-2, betas: (0.9, 0.95), weight_decay: 0.1)
+    batch = 4
+    {precision}parallel = P
+    target = std.targets.cpu
+}}
+"
+        );
+        let src = dir.path(&format!("{name}.msl"));
+        std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+        let (overlapped, blocking) = (
+            dir.path(&format!("{name}-o")),
+            dir.path(&format!("{name}-b")),
+        );
+        let profile = dir.path(&format!("{name}.trace.json"));
+        let ranks = [&sets[..], &["--ranks", "2"]].concat();
+        let with_profile = [&ranks[..], &["--profile", s(&profile)]].concat();
+        let fast = train(&src, &data, &overlapped, "4", &with_profile);
+        let checked = [&ranks[..], &["--check-numerics"]].concat();
+        let slow = train(&src, &data, &blocking, "4", &checked);
+        assert_eq!(fast, slow, "{name}: losses");
+        let weights = |out: &Path| std::fs::read(out.join("step-4/model.safetensors")).unwrap();
+        assert!(
+            weights(&overlapped) == weights(&blocking),
+            "{name}: final weights differ"
+        );
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+        let events = trace["traceEvents"].as_array().unwrap();
+        let track = events
+            .iter()
+            .find(|e| {
+                e["name"] == "thread_name"
+                    && e["args"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("communication"))
+            })
+            .map(|e| e["tid"].clone())
+            .unwrap_or_else(|| panic!("{name}: no communication track in the profile"));
+        let on_track: Vec<&str> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["tid"] == track)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        // Every gradient's but the last the backward computes (the embedding's, which no
+        // step follows to overlap with).
+        let params = tensors_of(&overlapped.join("step-4/model.safetensors")).len();
+        let gradients = on_track
+            .iter()
+            .filter(|n| n.ends_with("#grad#grad"))
+            .count();
+        assert_eq!(gradients, params - 1, "{name}: {on_track:?}");
+        assert!(
+            on_track.iter().all(|n| n.starts_with("all_reduce")),
+            "{name}: {on_track:?}"
+        );
+    }
+}
+
 /// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
 /// 4 heads, 2 kv heads, vocab 64; S = 8.
 pub(crate) fn llama_flags() -> Vec<&'static str> {

@@ -9,7 +9,7 @@
 //! exactly as planned; a difference is an internal error.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
@@ -28,6 +28,7 @@ use mslc_kernels::KernelError;
 use mslc_kernels::TensorRef;
 
 use super::buffer::AlignedBuf;
+use super::collectives::overlap::Overlap;
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows};
@@ -37,6 +38,7 @@ use super::profile::{chrome_trace, StepTime, WorkerTimes};
 use super::storage::{f32_view, load_f32, load_i64, store_f32};
 use super::{init, weights};
 use mslc_core::units::human_bytes;
+use mslc_kernels::step::CollectiveStep;
 
 /// How to run.
 #[derive(Clone, Debug, Default)]
@@ -881,77 +883,153 @@ impl Executor {
             if let Some(w) = workers.as_mut() {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
-            for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
-                if let Some(g) = guard.filter(|g| g.from as usize == s) {
-                    let mut flag = [0f32];
-                    // SAFETY: between steps no mutable view of the arena exists.
-                    load_f32(DType::F32, unsafe { mem.bytes(g.flag) }, &mut flag);
-                    if flag[0] != 0.0 {
-                        times[s..].fill(None);
-                        // What the skipped steps would hoist is still to compute.
-                        return Ok(());
+            // A run with an all-reduce it need not wait for at once hands the collectives to a
+            // communication thread for the run (not when every result is checked as it comes).
+            let mut comm = comm.as_deref_mut();
+            let overlaps = !*check_numerics
+                && comm.as_ref().is_some_and(|c| c.callable_from_any_thread())
+                && (0..plans.len()).any(|s| overlappable(plans, &module.steps, slots, s).is_some());
+            let shared = match overlaps {
+                true => comm.take().map(Mutex::new),
+                false => None,
+            };
+            let at = |s: usize, e: ExecError| {
+                let step = &module.steps[s];
+                let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
+                ExecError::new(e.kind, format!("{at}: {}", e.message))
+            };
+            let mut touched = Vec::new();
+            // Runs the steps, with the all-reduces overlapping them through `overlap`; whether
+            // every step ran (not stopped by the guard).
+            let mut run = |mut overlap: Option<&mut Overlap<'_>>| -> ExecResult<bool> {
+                for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
+                    if let Some(g) = guard.filter(|g| g.from as usize == s) {
+                        if let Some(o) = overlap.as_mut() {
+                            touched.clear();
+                            // SAFETY: between steps no mutable view of the arena exists.
+                            touched.push(unsafe { mem.address_range(g.flag) });
+                            o.wait_touching(&touched).map_err(|e| at(s, e))?;
+                        }
+                        let mut flag = [0f32];
+                        // SAFETY: between steps no mutable view of the arena exists.
+                        load_f32(DType::F32, unsafe { mem.bytes(g.flag) }, &mut flag);
+                        if flag[0] != 0.0 {
+                            times[s..].fill(None);
+                            // What the skipped steps would hoist is still to compute.
+                            return Ok(false);
+                        }
                     }
-                }
-                let ready = if plan.constant {
-                    *constants_ready
-                } else {
-                    *hoisted_ready
-                };
-                if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
-                    times[s] = None;
-                    continue;
-                }
-                let before = workers.as_ref().map(|_| busy_now());
-                // The operands the step writes over, kept as they were for its report.
-                let overwritten_operands = match *check_numerics {
-                    // SAFETY: between steps no mutable view of the arena exists.
-                    true => unsafe { mem.operands_written_over(step) },
-                    false => Vec::new(),
-                };
-                let start = Instant::now();
-                // SAFETY: `new` validated that every arena value lies inside the arena and that
-                // a step's output overlaps none of its inputs except input 0 exactly, which the
-                // plan's modes never view while the output is borrowed.
-                unsafe {
-                    mem.run_step(
-                        plan,
-                        &step.inputs,
-                        &step.outputs,
-                        comm.as_deref_mut(),
-                        in_stage,
-                        int_stage,
-                        out_stage,
-                    )
-                }
-                .map_err(|e| {
-                    let at = format!("step {s} ({}{})", step.op, origin_suffix(&step.origin));
-                    ExecError::new(e.kind, format!("{at}: {}", e.message))
-                })?;
-                if *check_numerics {
-                    // SAFETY: the step is done; no mutable view of the arena exists.
-                    let operands = CheckedOperands {
-                        step,
-                        saved: &overwritten_operands,
+                    let ready = if plan.constant {
+                        *constants_ready
+                    } else {
+                        *hoisted_ready
                     };
-                    if let Some(fault) = unsafe { mem.fault(s, plan, operands, module, out_stage) }
-                    {
-                        return Err(ExecError::numerics(fault));
+                    if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
+                        times[s] = None;
+                        continue;
+                    }
+                    if let Some(o) = overlap.as_mut() {
+                        touched.clear();
+                        let values = step.inputs.iter().chain(&step.outputs);
+                        // SAFETY: between steps no mutable view of the arena exists.
+                        touched.extend(values.map(|&v| unsafe { mem.address_range(v) }));
+                        o.wait_touching(&touched).map_err(|e| at(s, e))?;
+                        if let Some(c) = overlappable(plans, &module.steps, mem.slots, s) {
+                            // Its time is the communication thread's, known at the end.
+                            times[s] = None;
+                            // SAFETY: as `run_step`'s; the output is left to the
+                            // communication thread until a step touching it waits.
+                            unsafe { mem.issue_all_reduce(plan, step, s, c, o) }
+                                .map_err(|e| at(s, e))?;
+                            continue;
+                        }
+                    }
+                    let before = workers.as_ref().map(|_| busy_now());
+                    // The operands the step writes over, kept as they were for its report.
+                    let overwritten_operands = match *check_numerics {
+                        // SAFETY: between steps no mutable view of the arena exists.
+                        true => unsafe { mem.operands_written_over(step) },
+                        false => Vec::new(),
+                    };
+                    // A collective on this thread takes the collectives back once the
+                    // all-reduces before it are done.
+                    let mut lent = match (&mut overlap, &plan.prepared.kernel) {
+                        (Some(o), StepKernel::Collective(_)) => {
+                            Some(o.collectives().map_err(|e| at(s, e))?)
+                        }
+                        _ => None,
+                    };
+                    let step_comm = match lent.as_mut() {
+                        Some(c) => Some(&mut ***c),
+                        None => comm.as_deref_mut(),
+                    };
+                    let start = Instant::now();
+                    // SAFETY: `new` validated that every arena value lies inside the arena
+                    // and that a step's output overlaps none of its inputs except input 0
+                    // exactly, which the plan's modes never view while the output is
+                    // borrowed.
+                    unsafe {
+                        mem.run_step(
+                            plan,
+                            &step.inputs,
+                            &step.outputs,
+                            step_comm,
+                            in_stage,
+                            int_stage,
+                            out_stage,
+                        )
+                    }
+                    .map_err(|e| at(s, e))?;
+                    drop(lent);
+                    if *check_numerics {
+                        // SAFETY: the step is done; no mutable view of the arena exists.
+                        let operands = CheckedOperands {
+                            step,
+                            saved: &overwritten_operands,
+                        };
+                        if let Some(fault) =
+                            unsafe { mem.fault(s, plan, operands, module, out_stage) }
+                        {
+                            return Err(ExecError::numerics(fault));
+                        }
+                    }
+                    times[s] = Some(StepTime {
+                        start: start - run_start,
+                        duration: start.elapsed(),
+                        overlapped: false,
+                    });
+                    if let (Some(w), Some(before)) = (workers.as_mut(), before) {
+                        w.busy[s] = busy_now()
+                            .iter()
+                            .zip(&before)
+                            .map(|(after, before)| after.saturating_sub(*before))
+                            .collect();
                     }
                 }
-                times[s] = Some(StepTime {
-                    start: start - run_start,
-                    duration: start.elapsed(),
+                Ok(true)
+            };
+            // The communication thread lives for the run, when there is one (a run without
+            // starts no thread and allocates nothing).
+            let (every_step, spans) = match shared.as_ref() {
+                None => (run(None), Vec::new()),
+                Some(c) => std::thread::scope(|scope| {
+                    let mut overlap = Overlap::start(scope, c, run_start);
+                    let stepped = run(Some(&mut overlap));
+                    let (spans, waited) = overlap.finish();
+                    (stepped.and_then(|every| waited.map(|()| every)), spans)
+                }),
+            };
+            for span in spans {
+                times[span.step] = Some(StepTime {
+                    start: span.start,
+                    duration: span.duration,
+                    overlapped: true,
                 });
-                if let (Some(w), Some(before)) = (workers.as_mut(), before) {
-                    w.busy[s] = busy_now()
-                        .iter()
-                        .zip(&before)
-                        .map(|(after, before)| after.saturating_sub(*before))
-                        .collect();
-                }
             }
-            *hoisted_ready = true;
-            *constants_ready = true;
+            if every_step? {
+                *hoisted_ready = true;
+                *constants_ready = true;
+            }
             Ok(())
         });
         if result.is_ok() {
@@ -1284,6 +1362,51 @@ impl<'s> CheckedOperands<'s> {
     }
 }
 
+/// The all-reduce of step `s` when it can run while the steps after it go on
+/// ([`Overlap`]): its f32 operand viewed in place or already in its output, its one output
+/// written directly, as f32, and the next step not reading or writing that output at once.
+fn overlappable<'p>(
+    plans: &'p [StepPlan],
+    steps: &[Step],
+    slots: &[Slot],
+    s: usize,
+) -> Option<&'p CollectiveStep> {
+    let (prepared, step) = (&plans[s].prepared, &steps[s]);
+    let next = steps.get(s + 1);
+    let waited_for = |out: u32| {
+        next.is_some_and(|n| {
+            (n.inputs.iter().chain(&n.outputs)).any(|&v| shares_bytes(slots, out, v))
+        })
+    };
+    match &prepared.kernel {
+        StepKernel::Collective(c)
+            if c.op == mslc_core::ops::Op::AllReduce
+                && step.outputs.len() == 1
+                && prepared.out_direct
+                && matches!(prepared.modes.first(), Some(Mode::Direct | Mode::InPlace))
+                && !waited_for(step.outputs[0]) =>
+        {
+            Some(c)
+        }
+        _ => None,
+    }
+}
+
+/// Whether values `a` and `b` share any byte: in the same buffer, their ranges overlapping.
+fn shares_bytes(slots: &[Slot], a: u32, b: u32) -> bool {
+    let (a, b) = (&slots[a as usize], &slots[b as usize]);
+    let overlap = |x: usize, y: usize| x < y + b.bytes && y < x + a.bytes;
+    match (a.place, b.place) {
+        (Place::Arena(x), Place::Arena(y)) | (Place::Hoisted(x), Place::Hoisted(y)) => {
+            overlap(x, y)
+        }
+        (Place::Input(i), Place::Input(j))
+        | (Place::Param(i), Place::Param(j))
+        | (Place::Next(i), Place::Next(j)) => i == j,
+        _ => false,
+    }
+}
+
 /// Where the run loop reads and writes values.
 struct Memory<'a> {
     slots: &'a [Slot],
@@ -1305,6 +1428,54 @@ struct Memory<'a> {
 }
 
 impl<'a> Memory<'a> {
+    /// The addresses value `v` is stored at, to tell whether a step touches what an
+    /// all-reduce still writes.
+    ///
+    /// # Safety
+    /// As [`Memory::bytes`].
+    unsafe fn address_range(&self, v: u32) -> std::ops::Range<usize> {
+        // SAFETY: the caller's.
+        let bytes = unsafe { self.bytes(v) };
+        bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len()
+    }
+
+    /// Hands the all-reduce `collective` of `step` (step `s`, [`overlappable`]) to the
+    /// communication thread: its operand copied into its output, which the thread then sums
+    /// over the group in place.
+    ///
+    /// # Safety
+    /// As [`Memory::run_step`]'s.
+    unsafe fn issue_all_reduce(
+        &mut self,
+        plan: &StepPlan,
+        step: &Step,
+        s: usize,
+        collective: &CollectiveStep,
+        overlap: &mut Overlap<'_>,
+    ) -> ExecResult<()> {
+        let slot = &self.slots[step.outputs[0] as usize];
+        let dst = self.output_ptr(slot.place);
+        if let Place::Param(p) = slot.place {
+            self.overwritten.push(p);
+        }
+        // SAFETY: inside its region (validated), an f32 output written directly; no view of
+        // it exists (input 0 is viewed only when it lies elsewhere).
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<f32>(), slot.numel) };
+        if plan.prepared.modes.first() == Some(&Mode::Direct) {
+            // SAFETY: input 0 does not overlap the output (validated), and nothing writes it.
+            let x = f32_view(unsafe { self.bytes(step.inputs[0]) }).unwrap_or(&[]);
+            if x.len() != out.len() {
+                return Err(module_error(format!(
+                    "an all-reduce of {} values into {}",
+                    x.len(),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(x);
+        }
+        overlap.issue(s, collective, out)
+    }
+
     /// The stored bytes of value `v`.
     ///
     /// # Safety

@@ -2,8 +2,9 @@
 //! chrome://tracing): one named track per pool thread; on the thread that runs the steps, one
 //! complete event per step named by its op and source path (`matmul model.layers.3.mlp.up_proj`)
 //! with the kernel, its parameters and the operand types as arguments; on every other thread,
-//! the time it spent in that step's parallel tasks; and a counter track of the arena bytes in
-//! use (and the hoisted region) over the run.
+//! the time it spent in that step's parallel tasks; on a track of its own, the all-reduces that
+//! ran on the communication thread beside the steps after them; and a counter track of the
+//! arena bytes in use (and the hoisted region) over the run.
 
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ pub struct StepTime {
     pub start: Duration,
     /// Duration.
     pub duration: Duration,
+    /// Whether it ran on the communication thread, overlapping the steps after it (an
+    /// all-reduce the run did not wait for), rather than on the thread that runs the steps.
+    pub overlapped: bool,
 }
 
 /// What each pool thread did during one run.
@@ -61,6 +65,16 @@ pub fn chrome_trace(
         events.push(json!({
             "name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid(worker),
             "args": { "sort_index": worker }
+        }));
+    }
+    if times.iter().flatten().any(|t| t.overlapped) {
+        events.push(json!({
+            "name": "thread_name", "ph": "M", "pid": 1, "tid": tid(threads),
+            "args": { "name": "communication (all-reduces overlapping the steps)" }
+        }));
+        events.push(json!({
+            "name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid(threads),
+            "args": { "sort_index": threads }
         }));
     }
     let in_use = arena_in_use(module);
@@ -111,7 +125,7 @@ pub fn chrome_trace(
             "cat": step.kernel.name,
             "ph": "X",
             "pid": 1,
-            "tid": tid(loop_worker),
+            "tid": tid(if t.overlapped { threads } else { loop_worker }),
             "ts": ts,
             "dur": t.duration.as_secs_f64() * 1e6,
             "args": {

@@ -9,6 +9,7 @@
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub(crate) mod overlap;
 pub(crate) mod step;
 pub mod threads;
 
@@ -114,6 +115,12 @@ pub trait Collectives: Send {
 
     /// The mesh the ranks form.
     fn mesh(&self) -> &Mesh;
+
+    /// Whether a thread other than the one that runs the steps may make this rank's calls
+    /// (one thread at a time): what lets a run overlap its all-reduces with its steps.
+    fn callable_from_any_thread(&self) -> bool {
+        true
+    }
 
     /// Sums `data` over the group of `axis`, in place; every member gets the same bits.
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()>;

@@ -47,6 +47,9 @@ pub struct MpiRank {
     in_flight: Vec<InFlight>,
     /// The sums' buffers, kept from one collective to the next.
     scratch: Scratch,
+    /// The thread support MPI gave: from `Serialized` on, another thread may make this rank's
+    /// calls while the one that runs its steps makes none.
+    threading: Threading,
     /// MPI stays initialised while a rank or its [`MpiWorld`] holds this (the world is meant
     /// to be dropped last); it is the last field (fields drop in order), so the axis
     /// communicators are freed before.
@@ -248,6 +251,7 @@ impl MpiWorld {
                 timeout,
                 in_flight: Vec::new(),
                 scratch: Scratch::default(),
+                threading,
                 _universe: Arc::clone(universe),
             })
             .collect())
@@ -543,6 +547,10 @@ impl Collectives for MpiRank {
 
     fn mesh(&self) -> &Mesh {
         &self.mesh
+    }
+
+    fn callable_from_any_thread(&self) -> bool {
+        self.threading >= Threading::Serialized
     }
 
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {

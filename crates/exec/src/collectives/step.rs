@@ -7,7 +7,7 @@ use mslc_core::ops::Op;
 use mslc_kernels::scratch::with_scratch;
 use mslc_kernels::step::CollectiveStep;
 
-use super::{collective_error, Collectives};
+use super::{collective_error, Collectives, Mesh};
 use crate::error::ExecResult;
 
 /// Runs `step` on input `x` (its shape `shape`) into `out` through `comm`; an error when the
@@ -25,14 +25,8 @@ pub(crate) fn run_collective(
             step.op, step.axis
         ))
     })?;
-    let axis = comm.mesh().axis(&step.axis)?;
+    let axis = group_axis(step, comm.mesh())?;
     let size = comm.mesh().axes()[axis].1;
-    if size != step.ranks {
-        return Err(collective_error(format!(
-            "`{}` was compiled for {} ranks on mesh axis `{}`, which has {size}",
-            step.op, step.ranks, step.axis
-        )));
-    }
     // Values before `dim` (outer) and from `dim` on (inner) of the input.
     let outer: usize = shape[..step.dim].iter().product();
     let inner = x.len() / outer.max(1);
@@ -79,6 +73,20 @@ pub(crate) fn run_collective(
         }
         other => Err(collective_error(format!("`{other}` is not a collective"))),
     }
+}
+
+/// The index in `mesh` of the axis `step` runs over; an error when the mesh has no such axis
+/// or its group differs from what the step was built for.
+pub(crate) fn group_axis(step: &CollectiveStep, mesh: &Mesh) -> ExecResult<usize> {
+    let axis = mesh.axis(&step.axis)?;
+    let size = mesh.axes()[axis].1;
+    if size != step.ranks {
+        return Err(collective_error(format!(
+            "`{}` was compiled for {} ranks on mesh axis `{}`, which has {size}",
+            step.op, step.ranks, step.axis
+        )));
+    }
+    Ok(axis)
 }
 
 /// The whole tensor of which every member of the group of mesh axis `axis` holds one block
