@@ -9,7 +9,7 @@
 //! exactly as planned; a difference is an internal error.
 
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
@@ -28,7 +28,7 @@ use mslc_kernels::KernelError;
 use mslc_kernels::TensorRef;
 
 use super::buffer::AlignedBuf;
-use super::collectives::overlap::Overlap;
+use super::collectives::overlap::{CommThread, Overlap};
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows};
@@ -133,6 +133,9 @@ pub struct Executor {
     load_transient_bytes: u64,
     /// This rank's link to the others, for the collective steps of a per-rank program.
     comm: Option<Box<dyn Collectives>>,
+    /// The thread that runs the all-reduces a run overlaps with its steps, started by the
+    /// first such run.
+    comm_thread: Option<CommThread>,
     /// Bytes of every buffer allocated here but the parameters' (which may be lent), and of
     /// the kernels' scratch of every pool thread.
     allocated_bytes: u64,
@@ -371,6 +374,7 @@ impl Executor {
             check_numerics: false,
             load_transient_bytes: 0,
             comm: None,
+            comm_thread: None,
             scratch_floats: needs.scratch_floats,
             module,
             allocated_bytes,
@@ -853,6 +857,7 @@ impl Executor {
             threads,
             check_numerics,
             comm,
+            comm_thread,
             overwritten,
             ..
         } = self;
@@ -883,14 +888,15 @@ impl Executor {
             if let Some(w) = workers.as_mut() {
                 w.loop_worker = rayon::current_thread_index().unwrap_or(0);
             }
-            // A run with an all-reduce it need not wait for at once hands the collectives to a
-            // communication thread for the run (not when every result is checked as it comes).
-            let mut comm = comm.as_deref_mut();
+            // A run with an all-reduce it need not wait for at once lends its collectives to the
+            // executor's communication thread (not when every result is checked as it comes).
+            let comm = comm.as_deref_mut();
             let overlaps = !*check_numerics
                 && comm.as_ref().is_some_and(|c| c.callable_from_any_thread())
                 && (0..plans.len()).any(|s| overlappable(plans, &module.steps, slots, s).is_some());
-            let shared = match overlaps {
-                true => comm.take().map(Mutex::new),
+            let thread = match overlaps {
+                true => Some(&*comm_thread.get_or_insert_with(CommThread::start))
+                    .filter(|t| t.is_running()),
                 false => None,
             };
             let at = |s: usize, e: ExecError| {
@@ -901,7 +907,9 @@ impl Executor {
             let mut touched = Vec::new();
             // Runs the steps, with the all-reduces overlapping them through `overlap`; whether
             // every step ran (not stopped by the guard).
-            let mut run = |mut overlap: Option<&mut Overlap<'_>>| -> ExecResult<bool> {
+            let mut run = |mut overlap: Option<&mut Overlap<'_>>,
+                           mut comm: Option<&mut (dyn Collectives + 'static)>|
+             -> ExecResult<bool> {
                 for (s, (plan, step)) in plans.iter().zip(&module.steps).enumerate() {
                     if let Some(g) = guard.filter(|g| g.from as usize == s) {
                         if let Some(o) = overlap.as_mut() {
@@ -935,7 +943,7 @@ impl Executor {
                         touched.extend(values.map(|&v| unsafe { mem.address_range(v) }));
                         o.wait_touching(&touched).map_err(|e| at(s, e))?;
                         if let Some(c) = overlappable(plans, &module.steps, mem.slots, s) {
-                            // Its time is the communication thread's, known at the end.
+                            // Its time is known once it has run, at the end.
                             times[s] = None;
                             // SAFETY: as `run_step`'s; the output is left to the
                             // communication thread until a step touching it waits.
@@ -953,15 +961,11 @@ impl Executor {
                     };
                     // A collective on this thread takes the collectives back once the
                     // all-reduces before it are done.
-                    let mut lent = match (&mut overlap, &plan.prepared.kernel) {
+                    let step_comm = match (&mut overlap, &plan.prepared.kernel) {
                         (Some(o), StepKernel::Collective(_)) => {
                             Some(o.collectives().map_err(|e| at(s, e))?)
                         }
-                        _ => None,
-                    };
-                    let step_comm = match lent.as_mut() {
-                        Some(c) => Some(&mut ***c),
-                        None => comm.as_deref_mut(),
+                        _ => comm.as_deref_mut(),
                     };
                     let start = Instant::now();
                     // SAFETY: `new` validated that every arena value lies inside the arena
@@ -980,7 +984,6 @@ impl Executor {
                         )
                     }
                     .map_err(|e| at(s, e))?;
-                    drop(lent);
                     if *check_numerics {
                         // SAFETY: the step is done; no mutable view of the arena exists.
                         let operands = CheckedOperands {
@@ -1008,22 +1011,21 @@ impl Executor {
                 }
                 Ok(true)
             };
-            // The communication thread lives for the run, when there is one (a run without
-            // starts no thread and allocates nothing).
-            let (every_step, spans) = match shared.as_ref() {
-                None => (run(None), Vec::new()),
-                Some(c) => std::thread::scope(|scope| {
-                    let mut overlap = Overlap::start(scope, c, run_start);
-                    let stepped = run(Some(&mut overlap));
+            // With the executor's communication thread taking the all-reduces, when it has one.
+            let (every_step, spans) = match (thread, comm) {
+                (Some(thread), Some(c)) => {
+                    let mut overlap = Overlap::start(thread, c, run_start);
+                    let stepped = run(Some(&mut overlap), None);
                     let (spans, waited) = overlap.finish();
                     (stepped.and_then(|every| waited.map(|()| every)), spans)
-                }),
+                }
+                (_, c) => (run(None, c), Vec::new()),
             };
             for span in spans {
                 times[span.step] = Some(StepTime {
                     start: span.start,
                     duration: span.duration,
-                    overlapped: true,
+                    overlapped: span.overlapped,
                 });
             }
             if every_step? {

@@ -1,19 +1,24 @@
-//! Overlapping all-reduces with compute: during a run, a rank's all-reduces go to a
-//! communication thread of their own, in program order, while the steps after them go on; a
-//! step that reads or writes a value still being reduced waits for it first, and the run waits
-//! for all of them before it ends. So a data-parallel step's gradient all-reduces run while
-//! the backward computes the next gradients (PyTorch DDP's and MindSpore's bucketed overlap,
-//! one gradient at a time), and the time a rank would spend waiting for a slower peer is spent
-//! computing.
+//! Overlapping all-reduces with compute: during a run, a rank's all-reduces go to a queue that
+//! the executor's communication thread works through, in program order, while the steps after
+//! them go on; a step that reads or writes a value still being reduced waits for it first, and
+//! the run waits for all of them before it ends. So a data-parallel step's gradient
+//! all-reduces run while the backward computes the next gradients (PyTorch DDP's and
+//! MindSpore's overlap, one gradient at a time instead of in buckets), and the time a rank
+//! would spend waiting for a slower peer is spent computing.
+//!
+//! The thread lives as long as its executor ([`CommThread`]): a run starts none and joins
+//! none. A step's thread that must wait for an all-reduce the communication thread has not
+//! started (every core busy with the steps' own threads, so it has not been scheduled yet) runs
+//! it itself, as a blocking collective would: waiting never costs more than not overlapping.
 //!
 //! Every other collective (gathers and scatters whose result the next step needs) runs on the
 //! step's thread as before, after the pending all-reduces, so the backend sees one collective
 //! at a time, in the same order on every rank.
 
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::Scope;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mslc_kernels::step::CollectiveStep;
@@ -22,11 +27,7 @@ use super::step::group_axis;
 use super::{Collectives, Mesh};
 use crate::error::{ExecError, ExecResult};
 
-/// The collectives of a rank, shared by the step's thread and the communication thread; one
-/// of them uses it at a time.
-pub(crate) type SharedCollectives<'c> = Mutex<&'c mut (dyn Collectives + 'static)>;
-
-/// When a step's all-reduce ran on the communication thread, from the start of the run.
+/// When a step's all-reduce ran, from the start of the run.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReducedSpan {
     /// The step of the program.
@@ -35,109 +36,193 @@ pub(crate) struct ReducedSpan {
     pub start: Duration,
     /// How long it took.
     pub duration: Duration,
+    /// Whether the communication thread ran it, beside the steps (else the step's thread did,
+    /// waiting for it before the communication thread had started it).
+    pub overlapped: bool,
 }
 
-/// An all-reduce handed to the communication thread: `len` values at `data`, summed in place
-/// over the group of mesh axis `axis`.
+/// An all-reduce issued to the queue: `len` values at `data`, summed in place over the group
+/// of mesh axis `axis` through `comm`.
 struct Job {
     step: usize,
+    comm: *mut (dyn Collectives + 'static),
     axis: usize,
     data: *mut f32,
     len: usize,
+    run_start: Instant,
 }
 
-// SAFETY: the values at `data` are the run's, which nothing else reads or writes until the
-// step's thread has waited for this job ([`Overlap::wait_touching`]); the pointer crosses to
-// the communication thread and is used there alone meanwhile.
+// SAFETY: a job's collectives and values belong to the run that issued it, which touches
+// neither until the job is finished (it waits for it before it reads or writes the values,
+// before it uses the collectives itself, and before it ends); whichever thread takes the job
+// from the queue is then the only one to use the pointers, and jobs run one at a time.
 unsafe impl Send for Job {}
 
-/// What the communication thread has done, shared with the step's thread.
+/// The queue and what has been done, shared by the steps' thread and the communication thread.
 #[derive(Default)]
-struct Done {
-    /// How many jobs are finished (they finish in the order they were issued).
+struct Queue {
+    /// The issued jobs no thread has taken yet, in program order.
+    jobs: VecDeque<Job>,
+    /// Whether a thread is running a job (one at a time, so they run in order).
+    running: bool,
+    /// The executor is gone: the communication thread stops.
+    closed: bool,
+    /// How many jobs are finished, over the thread's life.
     count: u64,
-    /// The first job's failure; the jobs after it are skipped.
+    /// The first failure of the current run's jobs; the jobs after it are skipped.
     error: Option<ExecError>,
-    /// When each finished job ran.
+    /// When each finished job of the current run ran.
     spans: Vec<ReducedSpan>,
 }
 
-/// The step's thread's side of the overlap during one run.
-pub(crate) struct Overlap<'c> {
-    jobs: Option<Sender<Job>>,
-    done: Arc<(Mutex<Done>, Condvar)>,
-    comm: &'c SharedCollectives<'c>,
-    /// The mesh of the collectives, read without taking them from the communication thread.
-    mesh: Mesh,
-    /// Jobs issued so far.
-    issued: u64,
-    /// The unfinished jobs: their number and the address range of their values.
-    pending: Vec<(u64, Range<usize>)>,
-}
+/// The queue with its signal: a job issued, taken or finished, or the queue closed.
+type Shared = (Mutex<Queue>, Condvar);
 
 /// A lock that a panicking holder poisoned is still the values it guarded.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl<'c> Overlap<'c> {
-    /// Starts the communication thread of a run that started at `run_start`, in `scope`.
-    pub(crate) fn start<'scope>(
-        scope: &'scope Scope<'scope, '_>,
-        comm: &'c SharedCollectives<'c>,
-        run_start: Instant,
-    ) -> Overlap<'c>
-    where
-        'c: 'scope,
-    {
-        let mesh = lock(comm).mesh().clone();
-        let (jobs, queue) = channel::<Job>();
-        let done = Arc::new((Mutex::new(Done::default()), Condvar::new()));
-        let shared = Arc::clone(&done);
-        scope.spawn(move || {
-            for job in queue {
-                let failed = lock(&shared.0).error.is_some();
-                let start = Instant::now();
-                let result = match failed {
-                    true => Ok(()),
-                    false => {
-                        // SAFETY: see `Job`: the step's thread leaves these values alone
-                        // until it has waited for this job.
-                        let data = unsafe { std::slice::from_raw_parts_mut(job.data, job.len) };
-                        lock(comm).all_reduce(job.axis, data)
-                    }
-                };
-                let span = ReducedSpan {
-                    step: job.step,
-                    start: start - run_start,
-                    duration: start.elapsed(),
-                };
-                let (state, finished) = &*shared;
-                let mut state = lock(state);
-                state.count += 1;
-                match result {
-                    Ok(()) if !failed => state.spans.push(span),
-                    Ok(()) => {}
-                    Err(e) => {
-                        state.error.get_or_insert(e);
+/// Takes the next job from `queue` when no other is running, marking it running; with whether
+/// an earlier job of the run failed (it is then skipped).
+fn take(queue: &mut Queue) -> Option<(Job, bool)> {
+    if queue.running {
+        return None;
+    }
+    let job = queue.jobs.pop_front()?;
+    queue.running = true;
+    Some((job, queue.error.is_some()))
+}
+
+/// Runs `job` (taken by [`take`]) without holding the queue's lock, then records it and
+/// signals; `overlapped` when the communication thread runs it.
+fn run_job(shared: &Shared, (job, failed): (Job, bool), overlapped: bool) -> MutexGuard<'_, Queue> {
+    let start = Instant::now();
+    let result = match failed {
+        true => Ok(()),
+        // SAFETY: see `Job`: this thread alone uses the run's collectives and these values
+        // until the job is recorded finished below.
+        false => unsafe {
+            let data = std::slice::from_raw_parts_mut(job.data, job.len);
+            (*job.comm).all_reduce(job.axis, data)
+        },
+    };
+    let span = ReducedSpan {
+        step: job.step,
+        start: start - job.run_start,
+        duration: start.elapsed(),
+        overlapped,
+    };
+    let (state, signal) = shared;
+    let mut queue = lock(state);
+    queue.running = false;
+    queue.count += 1;
+    match result {
+        Ok(()) if !failed => queue.spans.push(span),
+        Ok(()) => {}
+        Err(e) => {
+            queue.error.get_or_insert(e);
+        }
+    }
+    signal.notify_all();
+    queue
+}
+
+/// An executor's communication thread, started at its first run that overlaps an all-reduce
+/// and stopped when the executor goes.
+pub(crate) struct CommThread {
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl CommThread {
+    /// Starts the thread, waiting for jobs.
+    pub(crate) fn start() -> CommThread {
+        let shared = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
+        let theirs = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("mslc-comm".to_string())
+            .spawn(move || {
+                let (state, signal) = &*theirs;
+                let mut queue = lock(state);
+                loop {
+                    if let Some(job) = take(&mut queue) {
+                        drop(queue);
+                        queue = run_job(&theirs, job, true);
+                    } else if queue.closed {
+                        return;
+                    } else {
+                        queue = signal.wait(queue).unwrap_or_else(|p| p.into_inner());
                     }
                 }
-                finished.notify_all();
-            }
-        });
+            })
+            .ok();
+        CommThread { shared, handle }
+    }
+
+    /// Whether the thread is there to take jobs (it could be started).
+    pub(crate) fn is_running(&self) -> bool {
+        self.handle.is_some()
+    }
+}
+
+impl Drop for CommThread {
+    fn drop(&mut self) {
+        let (state, signal) = &*self.shared;
+        lock(state).closed = true;
+        signal.notify_all();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// One run's side of the overlap: it issues the run's all-reduces to the communication thread
+/// and waits for them.
+pub(crate) struct Overlap<'r> {
+    shared: &'r Shared,
+    /// The run's collectives, lent to the jobs; used here only when none is pending.
+    comm: *mut (dyn Collectives + 'static),
+    /// The collectives' mesh, read without touching them while jobs run.
+    mesh: Mesh,
+    run_start: Instant,
+    /// The thread's finished-job count when the run began.
+    base: u64,
+    /// Jobs the run issued so far.
+    issued: u64,
+    /// The unfinished jobs: their number in the run and the address range of their values.
+    pending: Vec<(u64, Range<usize>)>,
+    _run: std::marker::PhantomData<&'r mut (dyn Collectives + 'static)>,
+}
+
+impl<'r> Overlap<'r> {
+    /// Begins a run that started at `run_start` on `thread`, with the collectives `comm`.
+    pub(crate) fn start(
+        thread: &'r CommThread,
+        comm: &'r mut (dyn Collectives + 'static),
+        run_start: Instant,
+    ) -> Overlap<'r> {
+        let shared = &*thread.shared;
+        let base = {
+            let mut queue = lock(&shared.0);
+            queue.error = None;
+            queue.spans.clear();
+            queue.count
+        };
         Overlap {
-            jobs: Some(jobs),
-            done,
+            shared,
+            mesh: comm.mesh().clone(),
             comm,
-            mesh,
+            run_start,
+            base,
             issued: 0,
             pending: Vec::new(),
+            _run: std::marker::PhantomData,
         }
     }
 
-    /// Hands `collective` (step `step` of the program, an all-reduce) of `data` to the
-    /// communication thread; the step's thread must leave `data` alone until it has waited for
-    /// it.
+    /// Issues `collective` (step `step` of the program, an all-reduce) of `data`; the step's
+    /// thread must leave `data` alone until it has waited for it.
     pub(crate) fn issue(
         &mut self,
         step: usize,
@@ -148,19 +233,15 @@ impl<'c> Overlap<'c> {
         let range = data.as_ptr() as usize..data.as_ptr() as usize + std::mem::size_of_val(data);
         let job = Job {
             step,
+            comm: self.comm,
             axis,
             data: data.as_mut_ptr(),
             len: data.len(),
+            run_start: self.run_start,
         };
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
-        if !sent {
-            return Err(super::collective_error(
-                "the communication thread stopped before the run ended",
-            ));
-        }
+        let (state, signal) = self.shared;
+        lock(state).jobs.push_back(job);
+        signal.notify_all();
         self.pending.push((self.issued, range));
         self.issued += 1;
         Ok(())
@@ -188,34 +269,52 @@ impl<'c> Overlap<'c> {
 
     /// Waits for the pending all-reduces, then lends the collectives to a collective that runs
     /// on the step's thread.
-    pub(crate) fn collectives(
-        &mut self,
-    ) -> ExecResult<MutexGuard<'c, &'c mut (dyn Collectives + 'static)>> {
+    pub(crate) fn collectives(&mut self) -> ExecResult<&mut (dyn Collectives + 'static)> {
         self.wait_all()?;
-        Ok(lock(self.comm))
+        // SAFETY: no job of this run is pending, so no other thread uses them; the borrow of
+        // `self` keeps the run from issuing one meanwhile.
+        Ok(unsafe { &mut *self.comm })
     }
 
-    /// Waits until `count` jobs are finished; the first failure among them, if any.
+    /// Waits until `count` of the run's jobs are finished, running those the communication
+    /// thread has not taken yet itself; the first failure among them, if any.
     fn wait_until(&mut self, count: u64) -> ExecResult<()> {
-        let (state, finished) = &*self.done;
-        let mut state = lock(state);
-        while state.count < count && state.error.is_none() {
-            state = finished.wait(state).unwrap_or_else(|p| p.into_inner());
+        let (state, signal) = self.shared;
+        let mut queue = lock(state);
+        // After a failure, every job the run issued: the later ones are skipped, and none may
+        // be left for the thread to take once the run is over.
+        let target = |queue: &Queue| match queue.error {
+            None => self.base + count,
+            Some(_) => self.base + self.issued,
+        };
+        while queue.count < target(&queue) {
+            if let Some(job) = take(&mut queue) {
+                drop(queue);
+                queue = run_job(self.shared, job, false);
+            } else {
+                queue = signal.wait(queue).unwrap_or_else(|p| p.into_inner());
+            }
         }
-        if let Some(e) = &state.error {
+        if let Some(e) = &queue.error {
             return Err(e.clone());
         }
         self.pending.retain(|&(id, _)| id >= count);
         Ok(())
     }
 
-    /// Ends the run's overlap: waits for every all-reduce and stops the thread; when each ran,
-    /// and the first failure.
+    /// Ends the run's overlap: waits for every all-reduce it issued; when each ran, and the
+    /// first failure.
     pub(crate) fn finish(mut self) -> (Vec<ReducedSpan>, ExecResult<()>) {
         let waited = self.wait_all();
-        self.jobs = None;
-        let spans = std::mem::take(&mut lock(&self.done.0).spans);
-        (spans, waited)
+        (std::mem::take(&mut lock(&self.shared.0).spans), waited)
+    }
+}
+
+impl Drop for Overlap<'_> {
+    /// A run that ends without [`Overlap::finish`] (a panic) still waits for its jobs, whose
+    /// values and collectives it is about to give back.
+    fn drop(&mut self) {
+        let _ = self.wait_all();
     }
 }
 
@@ -247,14 +346,11 @@ mod tests {
                     let body = &body;
                     s.spawn(move || {
                         let me = r.rank();
-                        let comm: &mut (dyn Collectives + 'static) = &mut r;
-                        let shared = Mutex::new(comm);
-                        std::thread::scope(|inner| {
-                            let mut overlap = Overlap::start(inner, &shared, Instant::now());
-                            let out = body(me, &mut overlap);
-                            let (spans, waited) = overlap.finish();
-                            (out, spans, waited)
-                        })
+                        let thread = CommThread::start();
+                        let mut overlap = Overlap::start(&thread, &mut r, Instant::now());
+                        let out = body(me, &mut overlap);
+                        let (spans, waited) = overlap.finish();
+                        (out, spans, waited)
                     })
                 })
                 .collect();
@@ -306,7 +402,7 @@ mod tests {
                 still_pending = overlap.pending.len();
                 issued.wait();
             }
-            drop(overlap.collectives().unwrap());
+            overlap.collectives().unwrap();
             (pending, still_pending)
         });
         assert_eq!(results[0].0 .1, 1);
@@ -345,17 +441,14 @@ mod tests {
                             // Leaves without joining: its rank is dropped with its thread.
                             return None;
                         }
-                        let comm: &mut (dyn Collectives + 'static) = &mut r;
-                        let shared = Mutex::new(comm);
-                        std::thread::scope(|inner| {
-                            let mut overlap = Overlap::start(inner, &shared, Instant::now());
-                            let mut data = vec![1.0f32; 4];
-                            overlap.issue(0, &all_reduce(), &mut data).unwrap();
-                            let waited = overlap.wait_all();
-                            let (_, finished) = overlap.finish();
-                            assert!(finished.is_err());
-                            waited.err()
-                        })
+                        let thread = CommThread::start();
+                        let mut overlap = Overlap::start(&thread, &mut r, Instant::now());
+                        let mut data = vec![1.0f32; 4];
+                        overlap.issue(0, &all_reduce(), &mut data).unwrap();
+                        let waited = overlap.wait_all();
+                        let (_, finished) = overlap.finish();
+                        assert!(finished.is_err());
+                        waited.err()
                     })
                 })
                 .collect();
