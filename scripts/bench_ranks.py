@@ -14,10 +14,13 @@ after the warm-up steps and tokens/s, then the ratios against one rank on one th
 For each run on two ranks it also prints the communication of rank 0's last step (its
 `--profile`): the time its collectives took, their share of the step, and how much of it
 overlapped compute. mslc's executor hands an all-reduce whose result the next step does not
-read (a data-parallel gradient's) to a communication thread of the rank, and goes on with the
-steps that do not touch it; the profile puts those on a track of their own. Overlapped is the
-part of that track's time during which the step's thread was computing; every other collective
-(and an all-reduce the next step needs) blocks the step and is exposed.
+read (a data-parallel gradient's) to its communication thread, and goes on with the steps that
+do not touch it; the profile puts those on a track of their own. Overlapped is the part of that
+track's time during which the step's thread was computing; every other collective (and an
+all-reduce the next step needs) blocks the step and is exposed. A rank on one thread overlaps
+nothing (its thread is never idle, so a communication thread would only take time from it): on
+a machine of at least 4 cores the script adds two data-parallel ranks of half the cores each
+against one rank on all of them, where the all-reduces do overlap.
 
 With `--grad-accum K` every step accumulates K micro-batches of batch / K sequences (a data
 replica's micro-batch is batch / (2K)): the replicas all-reduce their gradient sums once per step.
@@ -176,6 +179,14 @@ def main():
             ("2 ranks data parallel x 1 thread", data_src, ["--ranks", "2", "--threads", "1"], ()),
             ("2 ranks tensor parallel x 1 thread", tensor_src, ["--ranks", "2", "--threads", "1"], ()),
         ]
+        cores = os.cpu_count() or 1
+        if cores >= 4:
+            half = str(cores // 2)
+            runs += [
+                (f"1 rank x {cores} threads", data_src, ["--threads", str(cores)], ()),
+                (f"2 ranks data parallel x {half} threads", data_src,
+                 ["--ranks", "2", "--threads", half], ()),
+            ]
         if a.mpi:
             mpiexec = ("mpiexec", "-n", "2")
             runs += [

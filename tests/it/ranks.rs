@@ -77,7 +77,8 @@ fn write_data(dir: &TestDir) -> PathBuf {
     data
 }
 
-/// Trains `steps` steps of `source` with `extra` flags into `out`, returning the losses.
+/// Trains `steps` steps of `source` with `extra` flags into `out` (on one thread per rank
+/// unless they say otherwise), returning the losses.
 fn train(source: &Path, data: &Path, out: &Path, steps: &str, extra: &[&str]) -> Vec<f64> {
     let metrics = out.with_extension("jsonl");
     let args = [
@@ -95,10 +96,12 @@ fn train(source: &Path, data: &Path, out: &Path, steps: &str, extra: &[&str]) ->
         s(&metrics),
         "--output-dir",
         s(out),
-        "--threads",
-        "1",
     ];
-    let (code, stdout, stderr) = mslc(&[&args[..], extra].concat());
+    let threads: &[&str] = match extra.contains(&"--threads") {
+        true => &[],
+        false => &["--threads", "1"],
+    };
+    let (code, stdout, stderr) = mslc(&[&args[..], threads, extra].concat());
     assert_eq!(code, 0, "{stdout}{stderr}");
     metric_losses(&metrics)
 }
@@ -609,7 +612,8 @@ train Pretrain for TinyLlama {{
             dir.path(&format!("{name}-b")),
         );
         let profile = dir.path(&format!("{name}.trace.json"));
-        let ranks = [&sets[..], &["--ranks", "2"]].concat();
+        // Two threads per rank: a rank on one overlaps nothing (its thread is never idle).
+        let ranks = [&sets[..], &["--ranks", "2", "--threads", "2"]].concat();
         let with_profile = [&ranks[..], &["--profile", s(&profile)]].concat();
         let fast = train(&src, &data, &overlapped, "4", &with_profile);
         let checked = [&ranks[..], &["--check-numerics"]].concat();
