@@ -529,8 +529,6 @@ fn mpi_is_its_own_launcher() {
 #[test]
 fn tiny_llama_data_parallel_on_two_ranks_matches_one_device() {
     let dir = TestDir::new("ranks-llama");
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
     let decl = "parallel P {
     mesh = { dp: 2 }
     mode = data
@@ -546,8 +544,7 @@ train Pretrain for TinyLlama {
     target = std.targets.cpu
 }
 ";
-    let src = dir.path("llama.msl");
-    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+    let src = tiny_llama_with(&dir, "llama.msl", decl);
     let data = random_tokens(&dir, 12, 8, 17);
     let sets = llama_flags();
     let (one, two) = (dir.path("one"), dir.path("two"));
@@ -574,8 +571,6 @@ train Pretrain for TinyLlama {
 #[test]
 fn gradient_all_reduces_overlap_the_backward_and_change_no_bit() {
     let dir = TestDir::new("ranks-overlap");
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
     let mixed = "precision Mixed {
     level = O2
     compute = f16
@@ -605,8 +600,7 @@ train Pretrain for TinyLlama {{
 }}
 "
         );
-        let src = dir.path(&format!("{name}.msl"));
-        std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
+        let src = tiny_llama_with(&dir, &format!("{name}.msl"), &decl);
         let (overlapped, blocking) = (
             dir.path(&format!("{name}-o")),
             dir.path(&format!("{name}-b")),
@@ -661,6 +655,37 @@ train Pretrain for TinyLlama {{
     }
 }
 
+/// A rank on one worker thread keeps its all-reduces blocking (that thread is never idle, so a
+/// communication thread could only take time from it): its profile has no communication track,
+/// where the same train on two threads per rank overlaps
+/// ([`gradient_all_reduces_overlap_the_backward_and_change_no_bit`]).
+#[test]
+fn a_rank_on_one_thread_keeps_its_all_reduces_blocking() {
+    let dir = TestDir::new("ranks-one-thread");
+    let fields = "optimizer = adamw(lr: 1e-2)\n    batch = 4";
+    let src = llama_zero_source(&dir, "one", "none", fields);
+    let data = random_tokens(&dir, 8, 32, 21);
+    let profile = dir.path("one.trace.json");
+    let sets = ["--set", "layers=2", "--dim", "S=32", "--ranks", "2"];
+    let with_profile = [&sets[..], &["--profile", s(&profile)]].concat();
+    train(&src, &data, &dir.path("one"), "2", &with_profile);
+    let trace = std::fs::read_to_string(&profile).unwrap();
+    assert!(
+        !trace.contains("communication ("),
+        "a rank on one thread overlapped its all-reduces"
+    );
+    assert!(trace.contains("all_reduce"));
+}
+
+/// examples/tiny_llama.msl's model followed by `decls`, written as `file` in `dir`.
+fn tiny_llama_with(dir: &TestDir, file: &str, decls: &str) -> PathBuf {
+    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = example.find("// f16 has").expect("the model part");
+    let path = dir.path(file);
+    std::fs::write(&path, format!("{}{decls}", &example[..model_end])).unwrap();
+    path
+}
+
 /// The tiny LLaMA's sizes as `mslc` flags (tests/mpi_train.rs's too): 2 layers, hidden 32,
 /// 4 heads, 2 kv heads, vocab 64; S = 8.
 pub(crate) fn llama_flags() -> Vec<&'static str> {
@@ -685,10 +710,7 @@ pub(crate) fn llama_source_in(
     decls: &str,
     batch: usize,
 ) -> (PathBuf, mslc_check::Checked) {
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
-    let src = dir.path(file);
-    std::fs::write(&src, format!("{}{decls}", &example[..model_end])).unwrap();
+    let src = tiny_llama_with(dir, file, decls);
     let mut options = mslc_check::CheckOptions::default();
     for flag in llama_flags().chunks(2) {
         let (k, v) = flag[1].split_once('=').expect("NAME=VALUE");
@@ -1537,8 +1559,6 @@ fn optimizer_sharding_per_rank_memory_falls_and_matches_the_plan() {
 /// examples/tiny_llama.msl's model with a train `Pretrain` of `fields` (optimizer, batch, …),
 /// data parallel on 2 ranks under optimizer-sharding `level`, written as `dir/NAME_LEVEL.msl`.
 fn llama_zero_source(dir: &TestDir, name: &str, level: &str, fields: &str) -> PathBuf {
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
     let decl = format!(
         "parallel P {{
     mesh = {{ dp: 2 }}
@@ -1555,9 +1575,7 @@ train Pretrain for TinyLlama {{
 }}
 "
     );
-    let src = dir.path(&format!("{name}_{level}.msl"));
-    std::fs::write(&src, format!("{}{decl}", &example[..model_end])).unwrap();
-    src
+    tiny_llama_with(dir, &format!("{name}_{level}.msl"), &decl)
 }
 
 /// Under optimizer sharding (level 1) each replica's update writes its slices of Adam's m and
@@ -1740,9 +1758,6 @@ fn build_writes_the_per_rank_program() {
     assert!(module.steps.iter().any(|s| s.op == Op::AllGather));
 
     // A pipeline: one step per stage (and a forward for the first), with what crosses the cut.
-    let example = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
-    let model_end = example.find("// f16 has").expect("the model part");
-    let piped = dir.path("piped.msl");
     let decls = "parallel PP {
     mesh = { pp: 2 }
     mode = semi_auto
@@ -1758,7 +1773,7 @@ train Piped for TinyLlama {
     target = std.targets.cpu
 }
 ";
-    std::fs::write(&piped, format!("{}{decls}", &example[..model_end])).unwrap();
+    let piped = tiny_llama_with(&dir, "piped.msl", decls);
     let out = dir.path("pp");
     // The step takes one of the 2 pipeline micro-batches of the batch of 4: B = 2.
     let stdout = build_llama(&piped, "Piped", &out);

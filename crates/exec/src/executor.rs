@@ -83,6 +83,8 @@ struct StepPlan {
     hoisted: bool,
     /// Hoisted and reading no parameter, even indirectly (a constant, a rope table): runs once.
     constant: bool,
+    /// An all-reduce that can run while the steps after it go on ([`overlappable`]).
+    overlappable: bool,
 }
 
 /// Operand views kept on the stack up to this many inputs.
@@ -333,13 +335,16 @@ impl Executor {
             .steps
             .into_iter()
             .zip(&module.steps)
-            .map(|(prepared, step)| {
+            .enumerate()
+            .map(|(s, (prepared, step))| {
                 let params = step.inputs.iter().any(|&i| reads_params[i as usize]);
                 for &o in &step.outputs {
                     reads_params[o as usize] = params;
                 }
                 let hoisted = matches!(slots[step.outputs[0] as usize].place, Place::Hoisted(_));
+                let next = module.steps.get(s + 1);
                 StepPlan {
+                    overlappable: overlappable(&prepared, step, next, &slots),
                     prepared,
                     hoisted,
                     constant: hoisted && !params,
@@ -896,7 +901,7 @@ impl Executor {
             let overlaps = !*check_numerics
                 && threads > 1
                 && comm.as_ref().is_some_and(|c| c.callable_from_any_thread())
-                && (0..plans.len()).any(|s| overlappable(plans, &module.steps, slots, s).is_some());
+                && plans.iter().any(|p| p.overlappable);
             let thread = match overlaps {
                 true => Some(&*comm_thread.get_or_insert_with(CommThread::start))
                     .filter(|t| t.is_running()),
@@ -940,12 +945,16 @@ impl Executor {
                         continue;
                     }
                     if let Some(o) = overlap.as_mut() {
-                        touched.clear();
-                        let values = step.inputs.iter().chain(&step.outputs);
-                        // SAFETY: between steps no mutable view of the arena exists.
-                        touched.extend(values.map(|&v| unsafe { mem.address_range(v) }));
-                        o.wait_touching(&touched).map_err(|e| at(s, e))?;
-                        if let Some(c) = overlappable(plans, &module.steps, mem.slots, s) {
+                        if o.has_pending() {
+                            touched.clear();
+                            let values = step.inputs.iter().chain(&step.outputs);
+                            // SAFETY: between steps no mutable view of the arena exists.
+                            touched.extend(values.map(|&v| unsafe { mem.address_range(v) }));
+                            o.wait_touching(&touched).map_err(|e| at(s, e))?;
+                        }
+                        if let (true, StepKernel::Collective(c)) =
+                            (plan.overlappable, &plan.prepared.kernel)
+                        {
                             // Its time is known once it has run, at the end.
                             times[s] = None;
                             // SAFETY: as `run_step`'s; the output is left to the
@@ -1367,34 +1376,21 @@ impl<'s> CheckedOperands<'s> {
     }
 }
 
-/// The all-reduce of step `s` when it can run while the steps after it go on
-/// ([`Overlap`]): its f32 operand viewed in place or already in its output, its one output
-/// written directly, as f32, and the next step not reading or writing that output at once.
-fn overlappable<'p>(
-    plans: &'p [StepPlan],
-    steps: &[Step],
-    slots: &[Slot],
-    s: usize,
-) -> Option<&'p CollectiveStep> {
-    let (prepared, step) = (&plans[s].prepared, &steps[s]);
-    let next = steps.get(s + 1);
+/// Whether `step` (prepared as `prepared`, followed by `next`) is an all-reduce that can run
+/// while the steps after it go on ([`Overlap`]): its f32 operand viewed in place or already in
+/// its output, its one output written directly, as f32, and the next step not reading or
+/// writing that output at once.
+fn overlappable(prepared: &PreparedStep, step: &Step, next: Option<&Step>, slots: &[Slot]) -> bool {
     let waited_for = |out: u32| {
         next.is_some_and(|n| {
             (n.inputs.iter().chain(&n.outputs)).any(|&v| shares_bytes(slots, out, v))
         })
     };
-    match &prepared.kernel {
-        StepKernel::Collective(c)
-            if c.op == mslc_core::ops::Op::AllReduce
-                && step.outputs.len() == 1
-                && prepared.out_direct
-                && matches!(prepared.modes.first(), Some(Mode::Direct | Mode::InPlace))
-                && !waited_for(step.outputs[0]) =>
-        {
-            Some(c)
-        }
-        _ => None,
-    }
+    matches!(&prepared.kernel, StepKernel::Collective(c) if c.op == mslc_core::ops::Op::AllReduce)
+        && step.outputs.len() == 1
+        && prepared.out_direct
+        && matches!(prepared.modes.first(), Some(Mode::Direct | Mode::InPlace))
+        && !waited_for(step.outputs[0])
 }
 
 /// Whether values `a` and `b` share any byte: in the same buffer, their ranges overlapping.
@@ -1444,7 +1440,7 @@ impl<'a> Memory<'a> {
         bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len()
     }
 
-    /// Hands the all-reduce `collective` of `step` (step `s`, [`overlappable`]) to the
+    /// Hands the all-reduce `collective` of `step` (step `s`, [`StepPlan::overlappable`]) to the
     /// communication thread: its operand copied into its output, which the thread then sums
     /// over the group in place.
     ///

@@ -151,8 +151,7 @@ const SINKABLE_CHAIN: usize = 4;
 /// with it, or read last by it and together no heavier than its results. So no step holds more
 /// than it did, and the memory plan holds what it held.
 fn sink_after_all_reduces(graph: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
-    let is_all_reduce = |id: NodeId| graph.node(id).op() == Some(Op::AllReduce);
-    if !order.iter().any(|&id| is_all_reduce(id)) {
+    if !order.iter().any(|&id| is_all_reduce(graph, id)) {
         return order;
     }
     let mut sinking = Sinking::new(graph, &order);
@@ -209,6 +208,11 @@ fn sink_after_all_reduces(graph: &Graph, order: Vec<NodeId>) -> Vec<NodeId> {
     sunk
 }
 
+/// Whether node `id` of `graph` is an all-reduce.
+fn is_all_reduce(graph: &Graph, id: NodeId) -> bool {
+    graph.node(id).op() == Some(Op::AllReduce)
+}
+
 /// What [`sink_after_all_reduces`] knows of the order it moves nodes in, and where it moved
 /// them: each moved node sits right before a node that stays, among the others moved there.
 struct Sinking<'g> {
@@ -228,7 +232,7 @@ impl<'g> Sinking<'g> {
     fn new(graph: &'g Graph, order: &[NodeId]) -> Sinking<'g> {
         let position: HashMap<NodeId, usize> =
             order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-        let is_all_reduce = |id: NodeId| graph.node(id).op() == Some(Op::AllReduce);
+        let is_all_reduce = |id: NodeId| is_all_reduce(graph, id);
         // What an all-reduce reads, directly or not: moved later, it would hold the
         // all-reduce back.
         let mut feeds = vec![false; order.len()];

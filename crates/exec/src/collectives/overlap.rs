@@ -247,6 +247,12 @@ impl<'r> Overlap<'r> {
         Ok(())
     }
 
+    /// Whether an all-reduce the run issued may still be running (a step must then check what
+    /// it touches, [`Overlap::wait_touching`]).
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Waits for every pending all-reduce whose values overlap one of `ranges` (addresses),
     /// and for those issued before it.
     pub(crate) fn wait_touching(&mut self, ranges: &[Range<usize>]) -> ExecResult<()> {
