@@ -9,6 +9,7 @@
 
 use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
 use super::pack::{pack_a_panel, pack_b_panel, MatRef};
+use super::prefetch;
 use super::{small, MatmulParams};
 use crate::activation::{apply_in_place, Activation};
 use crate::par::{self, SyncPtr};
@@ -174,6 +175,16 @@ impl Grid {
     }
 }
 
+/// The operands a call's tiles read, packed.
+#[derive(Clone, Copy)]
+struct Packed<'p> {
+    a: &'p [f32],
+    b: &'p [f32],
+    /// Whether B came packed before the call (the weights, packed once at load: cold in L3 or
+    /// memory, so worth prefetching) rather than by it (still in cache).
+    b_ahead: bool,
+}
+
 /// Panels `[lo, hi)` of block `i` when `total` panels are shared evenly by `blocks` blocks.
 pub(super) fn block_range(total: usize, blocks: usize, i: usize) -> (usize, usize) {
     (i * total / blocks, (i + 1) * total / blocks)
@@ -295,14 +306,17 @@ impl Gemm<'_> {
                 let pack_b = packed_b.is_none().then_some(&mut *own_b);
                 self.pack(parallel, pack_a, pack_b);
             }
-            let packed_a = packed_a.unwrap_or(own_a);
-            let packed_b = packed_b.unwrap_or(own_b);
+            let packed = Packed {
+                a: packed_a.unwrap_or(own_a),
+                b: packed_b.unwrap_or(own_b),
+                b_ahead: packed_b.is_some(),
+            };
             let kc = params.kc.max(1);
             let c_ptr = SyncPtr(c.as_mut_ptr());
             par::for_each_index(parallel, grid.tasks(self.problems.len()), |t| {
                 // SAFETY: tasks cover disjoint tiles of disjoint C blocks, all inside `c`
                 // (checked above), and `c` outlives this parallel loop.
-                unsafe { self.tile(t, &grid, packed_a, packed_b, c_ptr, kc) };
+                unsafe { self.tile(t, &grid, packed, c_ptr, kc) };
             });
         });
     }
@@ -335,15 +349,7 @@ impl Gemm<'_> {
     /// # Safety
     /// `c` must point to the output buffer of [`Gemm::run`], and no other thread may touch this
     /// tile's elements meanwhile.
-    unsafe fn tile(
-        &self,
-        t: usize,
-        grid: &Grid,
-        packed_a: &[f32],
-        packed_b: &[f32],
-        c: SyncPtr,
-        kc: usize,
-    ) {
+    unsafe fn tile(&self, t: usize, grid: &Grid, packed: Packed<'_>, c: SyncPtr, kc: usize) {
         let (m, n, k, ldc) = (self.m, self.n, self.k, self.ldc);
         let (mr, nr, kernel) = (self.kernel.mr, self.kernel.nr, self.kernel.run);
         let prob = self.problems[t / (grid.rb * grid.cb)];
@@ -359,14 +365,29 @@ impl Gemm<'_> {
         if k == 0 && !self.accumulate {
             (row0..row1).for_each(|r| row(r).fill(0.0));
         }
+        // Step p0 of B panel jp onwards.
+        let panel_at = |jp: usize, p0: usize| &packed.b[((prob.b * grid.np + jp) * k + p0) * nr..];
         for p0 in (0..k).step_by(kc) {
             let kcs = kc.min(k - p0);
             let acc = self.accumulate || p0 > 0;
             for jp in jp0..jp1 {
-                let b_panel = &packed_b[((prob.b * grid.np + jp) * k + p0) * nr..][..kcs * nr];
+                let b_panel = &panel_at(jp, p0)[..kcs * nr];
                 let cols = nr.min(n - jp * nr);
+                // The panel visited next, prefetched a share before each A panel's call when B
+                // comes packed ahead, cold (one this call packed is still in cache), and several
+                // A panels reuse it (see `prefetch`).
+                let next = match (jp + 1 < jp1, p0 + kc < k) {
+                    _ if !packed.b_ahead || ip1 - ip0 < 2 => None,
+                    (true, _) => Some((panel_at(jp + 1, p0), kcs)),
+                    (false, true) => Some((panel_at(jp0, p0 + kc), kc.min(k - p0 - kc))),
+                    (false, false) => None,
+                };
                 for ip in ip0..ip1 {
-                    let a_panel = &packed_a[((prob.a * grid.mp + ip) * k + p0) * mr..][..kcs * mr];
+                    if let Some((next, steps)) = next {
+                        let (q0, q1) = block_range(steps, ip1 - ip0, ip - ip0);
+                        prefetch::panel_steps(next, nr, nr, q0..q1);
+                    }
+                    let a_panel = &packed.a[((prob.a * grid.mp + ip) * k + p0) * mr..][..kcs * mr];
                     let rows = mr.min(m - ip * mr);
                     // SAFETY: inside this task's tile (see `row`).
                     let c_tile = unsafe { c.get().add(prob.c_offset + ip * mr * ldc + jp * nr) };

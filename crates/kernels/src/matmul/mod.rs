@@ -6,6 +6,7 @@ pub(crate) mod gemm;
 pub mod kernel;
 pub(crate) mod pack;
 mod plan;
+mod prefetch;
 mod small;
 
 use serde::{Deserialize, Serialize};

@@ -13,6 +13,7 @@
 use super::gemm::{block_range, Gemm};
 use super::kernel::{Isa, MAX_NR};
 use super::pack::pack_b_panel;
+use super::prefetch;
 use super::MatmulParams;
 use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
@@ -76,8 +77,9 @@ fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
 /// Where step 0 of B panel `jp` of operand `b` starts, and its row stride.
 #[derive(Clone, Copy)]
 enum PanelSource<'a> {
-    /// All panels packed (`Gemm::pack_b` layout).
-    Packed(&'a [f32]),
+    /// All panels packed (`Gemm::pack_b` layout), before the call (`ahead`: the weights,
+    /// cold in L3 or memory) or by it (still in cache).
+    Packed { panels: &'a [f32], ahead: bool },
     /// Full panels read in place from row-major B; the last, narrower panel of each B packed
     /// in `edge` (k × NR per B).
     Rows { edge: &'a [f32] },
@@ -102,7 +104,10 @@ pub(super) fn run(
     };
     with_scratch(own, |buf| {
         let source = match packed_b {
-            Some(p) => PanelSource::Packed(p),
+            Some(panels) => PanelSource::Packed {
+                panels,
+                ahead: true,
+            },
             None if in_place => {
                 for (i, d) in buf.chunks_exact_mut((k * nr).max(1)).enumerate() {
                     pack_b_panel(g.b[i], (np - 1) * nr, nr, d);
@@ -111,7 +116,10 @@ pub(super) fn run(
             }
             None => {
                 g.pack_b(parallel, buf);
-                PanelSource::Packed(buf)
+                PanelSource::Packed {
+                    panels: buf,
+                    ahead: false,
+                }
             }
         };
         // Column chunks first (each reads all of A, none repacks B); row blocks too when the
@@ -168,21 +176,43 @@ unsafe fn columns(
     if k == 0 && !g.accumulate {
         row_range.clone().for_each(|r| row(r).fill(0.0));
     }
+    // Step p0 of B panel jp onwards, and the distance between its steps.
+    let panel_at = move |jp: usize, p0: usize| -> (&[f32], usize) {
+        match source {
+            PanelSource::Packed { panels, .. } => {
+                (&panels[((prob.b * np + jp) * k + p0) * nr..], nr)
+            }
+            PanelSource::Rows { edge } if n - jp * nr < nr => (&edge[(prob.b * k + p0) * nr..], nr),
+            PanelSource::Rows { .. } => (&b.data[b.offset + p0 * b.rs + jp * nr..], b.rs),
+        }
+    };
+    let groups = row_range.len().div_ceil(max_rows);
+    // Worth it for cold panels (not packed by this call) that several row groups reuse: a
+    // panel that one row group reads once streams well enough (decode shapes: 6 % slower).
+    let prefetch = groups > 1 && !matches!(source, PanelSource::Packed { ahead: false, .. });
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
         let accumulate = g.accumulate || p0 > 0;
         for jp in panels.clone() {
             let cols = nr.min(n - jp * nr);
-            let (panel, ldb) = match source {
-                PanelSource::Packed(p) => (&p[((prob.b * np + jp) * k + p0) * nr..], nr),
-                PanelSource::Rows { edge } if cols < nr => (&edge[(prob.b * k + p0) * nr..], nr),
-                PanelSource::Rows { .. } => (&b.data[b.offset + p0 * b.rs + jp * nr..], b.rs),
-            };
+            let (panel, ldb) = panel_at(jp, p0);
             assert!(
                 panel.len() >= (kcs - 1) * ldb + nr,
                 "gemm: B panel outside its buffer"
             );
-            for r0 in row_range.clone().step_by(max_rows) {
+            // The panel visited next (the next of this slab, else the first of the next slab),
+            // prefetched a share before each row group's call on this one when B is cold.
+            let next = match (jp + 1 < panels.end, p0 + kc < k) {
+                _ if !prefetch => None,
+                (true, _) => Some((panel_at(jp + 1, p0), kcs)),
+                (false, true) => Some((panel_at(panels.start, p0 + kc), kc.min(k - p0 - kc))),
+                (false, false) => None,
+            };
+            for (group, r0) in row_range.clone().step_by(max_rows).enumerate() {
+                if let Some(((next, next_ldb), steps)) = next {
+                    let (q0, q1) = block_range(steps, groups, group);
+                    prefetch::panel_steps(next, next_ldb, nr, q0..q1);
+                }
                 let rows = max_rows.min(row_range.end - r0);
                 let last = a.offset + (r0 + rows - 1) * a.rs + (p0 + kcs - 1) * a.cs;
                 assert!(last < a.data.len(), "gemm: A rows outside their buffer");

@@ -1,0 +1,52 @@
+//! Software prefetch of the B panel a product visits next, a share of it before each call of
+//! the micro-kernel on the current panel.
+//!
+//! A forward pass meets each weight once, so a product's packed B panels come from L3 or
+//! memory, while its A rows (just written by the step before) sit in L2. Each panel is
+//! reused by every row group of the tile, but its first row group waited on its loads: the
+//! hardware prefetchers start on a panel only once it is being read. Asking for the next
+//! panel's cache lines while the current one is in use hides that wait. tiny_llama's
+//! 128-token forward, 8 layers, 2 threads on a 2-core AVX-512 Xeon: 4.5 % faster with its
+//! default (AVX-512, A read in place) products, 11 % with the AVX2 kernel on packed A (the
+//! path AVX2 machines take); its decode shape and training step unchanged.
+
+use std::ops::Range;
+
+/// Floats per 64-byte cache line.
+const LINE: usize = 16;
+
+/// Asks for steps `steps` of a B panel to be brought into L2: step `p` is the `width` floats
+/// at `panel[p * ldb..]`. Lines outside `panel` are skipped; nothing is read or written.
+pub(super) fn panel_steps(panel: &[f32], ldb: usize, width: usize, steps: Range<usize>) {
+    for p in steps {
+        for j in (0..width).step_by(LINE) {
+            let at = p * ldb + j;
+            if at < panel.len() {
+                line(panel[at..].as_ptr());
+            }
+        }
+    }
+}
+
+/// Prefetches the cache line holding `at` into L2 (a hint: no effect where unsupported).
+#[inline(always)]
+fn line(at: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, and SSE is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
+#[cfg(test)]
+mod tests {
+    /// Steps past the end of a panel (its last, shorter slab) are skipped, not indexed.
+    #[test]
+    fn steps_past_the_panel_are_skipped() {
+        let panel = vec![1.0f32; 40];
+        super::panel_steps(&panel, 32, 32, 0..5);
+        super::panel_steps(&panel[..0], 32, 32, 0..1);
+    }
+}
