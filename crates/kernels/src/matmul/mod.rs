@@ -56,7 +56,12 @@ impl Default for MatmulParams {
             mc: 192,
             kc: 256,
             nc: 1024,
-            tasks_per_thread: 1,
+            // Two tasks per thread, not one: inside a forward pass the other threads often
+            // wake late for a product (they slept through the sequential step before it), and
+            // the thread that started takes their share meanwhile. tiny_llama's 128-token
+            // forward (8 layers, 2 threads, 2-core AVX-512 Xeon) 5 % faster, bert_base 5 %;
+            // decode, resnet50, mlp and the training step unchanged.
+            tasks_per_thread: 2,
             min_parallel_flops: 1 << 19,
             isa: Isa::Auto,
             small_m: 8,
