@@ -28,7 +28,7 @@ use mslc_kernels::KernelError;
 use mslc_kernels::TensorRef;
 
 use super::buffer::AlignedBuf;
-use super::collectives::overlap::{CommThread, Overlap};
+use super::collectives::overlap::{share_bytes, CommThread, Overlap};
 use super::collectives::{step::run_collective, Collectives};
 use super::error::{ExecError, ExecErrorKind, ExecResult};
 use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows};
@@ -1383,7 +1383,7 @@ impl<'s> CheckedOperands<'s> {
 fn overlappable(prepared: &PreparedStep, step: &Step, next: Option<&Step>, slots: &[Slot]) -> bool {
     let waited_for = |out: u32| {
         next.is_some_and(|n| {
-            (n.inputs.iter().chain(&n.outputs)).any(|&v| shares_bytes(slots, out, v))
+            (n.inputs.iter().chain(&n.outputs)).any(|&v| values_share_bytes(slots, out, v))
         })
     };
     matches!(&prepared.kernel, StepKernel::Collective(c) if c.op == mslc_core::ops::Op::AllReduce)
@@ -1394,12 +1394,11 @@ fn overlappable(prepared: &PreparedStep, step: &Step, next: Option<&Step>, slots
 }
 
 /// Whether values `a` and `b` share any byte: in the same buffer, their ranges overlapping.
-fn shares_bytes(slots: &[Slot], a: u32, b: u32) -> bool {
+fn values_share_bytes(slots: &[Slot], a: u32, b: u32) -> bool {
     let (a, b) = (&slots[a as usize], &slots[b as usize]);
-    let overlap = |x: usize, y: usize| x < y + b.bytes && y < x + a.bytes;
     match (a.place, b.place) {
         (Place::Arena(x), Place::Arena(y)) | (Place::Hoisted(x), Place::Hoisted(y)) => {
-            overlap(x, y)
+            share_bytes(&(x..x + a.bytes), &(y..y + b.bytes))
         }
         (Place::Input(i), Place::Input(j))
         | (Place::Param(i), Place::Param(j))
@@ -1429,8 +1428,8 @@ struct Memory<'a> {
 }
 
 impl<'a> Memory<'a> {
-    /// The addresses value `v` is stored at, to tell whether a step touches what an
-    /// all-reduce still writes.
+    /// The addresses value `v` is stored at, to tell whether two values share bytes (a step
+    /// and what an all-reduce still writes, an update and the operands it writes over).
     ///
     /// # Safety
     /// As [`Memory::bytes`].
@@ -1509,22 +1508,20 @@ impl<'a> Memory<'a> {
     /// # Safety
     /// No arena value may be mutably borrowed.
     unsafe fn operands_written_over(&self, step: &Step) -> Vec<(u32, Vec<u8>)> {
-        let outputs: Vec<std::ops::Range<*const u8>> = step
+        let outputs: Vec<std::ops::Range<usize>> = step
             .outputs
             .iter()
             // SAFETY: the caller rules out a live `&mut`; only the addresses are read.
-            .map(|&o| unsafe { self.bytes(o) }.as_ptr_range())
+            .map(|&o| unsafe { self.address_range(o) })
             .collect();
         step.inputs
             .iter()
             .filter_map(|&v| {
                 // SAFETY: as above.
-                let bytes = unsafe { self.bytes(v) };
-                let range = bytes.as_ptr_range();
-                let shared = outputs
-                    .iter()
-                    .any(|o| o.start < range.end && range.start < o.end);
-                shared.then(|| (v, bytes.to_vec()))
+                let range = unsafe { self.address_range(v) };
+                let shared = outputs.iter().any(|o| share_bytes(o, &range));
+                // SAFETY: as above.
+                shared.then(|| (v, unsafe { self.bytes(v) }.to_vec()))
             })
             .collect()
     }

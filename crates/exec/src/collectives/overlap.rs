@@ -128,6 +128,11 @@ fn run_job(shared: &Shared, (job, failed): (Job, bool), overlapped: bool) -> Mut
     queue
 }
 
+/// Whether byte ranges `a` and `b` (addresses or offsets) share a byte.
+pub(crate) fn share_bytes(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
 /// An executor's communication thread, started at its first run that overlaps an all-reduce
 /// and stopped when the executor goes.
 pub(crate) struct CommThread {
@@ -259,7 +264,7 @@ impl<'r> Overlap<'r> {
         let touching = self
             .pending
             .iter()
-            .filter(|(_, r)| ranges.iter().any(|o| o.start < r.end && r.start < o.end))
+            .filter(|(_, r)| ranges.iter().any(|o| share_bytes(o, r)))
             .map(|&(id, _)| id)
             .max();
         match touching {
