@@ -376,12 +376,9 @@ impl Gemm<'_> {
                 // The panel visited next, prefetched a share before each A panel's call when B
                 // comes packed ahead, cold (one this call packed is still in cache), and several
                 // A panels reuse it (see `prefetch`).
-                let next = match (jp + 1 < jp1, p0 + kc < k) {
-                    _ if !packed.b_ahead || ip1 - ip0 < 2 => None,
-                    (true, _) => Some((panel_at(jp + 1, p0), kcs)),
-                    (false, true) => Some((panel_at(jp0, p0 + kc), kc.min(k - p0 - kc))),
-                    (false, false) => None,
-                };
+                let next = prefetch::next_panel(jp, jp0..jp1, p0, kc, k)
+                    .filter(|_| packed.b_ahead && ip1 - ip0 >= 2)
+                    .map(|(j, p, steps)| (panel_at(j, p), steps));
                 for ip in ip0..ip1 {
                     if let Some((next, steps)) = next {
                         let (q0, q1) = block_range(steps, ip1 - ip0, ip - ip0);

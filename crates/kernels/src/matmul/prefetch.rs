@@ -28,6 +28,25 @@ pub(super) fn panel_steps(panel: &[f32], ldb: usize, width: usize, steps: Range<
     }
 }
 
+/// Where a walk over B panels `panels`, slab by slab (`kc` of `k` steps), goes after panel
+/// `jp` of the slab starting at step `p0`: the next panel of the slab, else the first of the
+/// next slab, as `(panel, slab start, steps in that slab)`; `None` after the last.
+pub(super) fn next_panel(
+    jp: usize,
+    panels: Range<usize>,
+    p0: usize,
+    kc: usize,
+    k: usize,
+) -> Option<(usize, usize, usize)> {
+    if jp + 1 < panels.end {
+        Some((jp + 1, p0, kc.min(k - p0)))
+    } else if p0 + kc < k {
+        Some((panels.start, p0 + kc, kc.min(k - p0 - kc)))
+    } else {
+        None
+    }
+}
+
 /// Prefetches the cache line holding `at` into L2 (a hint: no effect where unsupported).
 #[inline(always)]
 fn line(at: *const f32) {
@@ -42,6 +61,18 @@ fn line(at: *const f32) {
 
 #[cfg(test)]
 mod tests {
+    /// Panels 2..4 of a 600-step B in slabs of 256: along the slab, then back to the first
+    /// panel of the next, shorter slab, then done.
+    #[test]
+    fn the_next_panel_walks_the_slab_then_the_next_slab() {
+        use super::next_panel;
+        assert_eq!(next_panel(2, 2..4, 0, 256, 600), Some((3, 0, 256)));
+        assert_eq!(next_panel(3, 2..4, 0, 256, 600), Some((2, 256, 256)));
+        assert_eq!(next_panel(3, 2..4, 256, 256, 600), Some((2, 512, 88)));
+        assert_eq!(next_panel(2, 2..4, 512, 256, 600), Some((3, 512, 88)));
+        assert_eq!(next_panel(3, 2..4, 512, 256, 600), None);
+    }
+
     /// Steps past the end of a panel (its last, shorter slab) are skipped, not indexed.
     #[test]
     fn steps_past_the_panel_are_skipped() {

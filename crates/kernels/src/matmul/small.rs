@@ -189,7 +189,7 @@ unsafe fn columns(
     let groups = row_range.len().div_ceil(max_rows);
     // Worth it for cold panels (not packed by this call) that several row groups reuse: a
     // panel that one row group reads once streams well enough (decode shapes: 6 % slower).
-    let prefetch = groups > 1 && !matches!(source, PanelSource::Packed { ahead: false, .. });
+    let cold_and_reused = groups > 1 && !matches!(source, PanelSource::Packed { ahead: false, .. });
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
         let accumulate = g.accumulate || p0 > 0;
@@ -202,12 +202,9 @@ unsafe fn columns(
             );
             // The panel visited next (the next of this slab, else the first of the next slab),
             // prefetched a share before each row group's call on this one when B is cold.
-            let next = match (jp + 1 < panels.end, p0 + kc < k) {
-                _ if !prefetch => None,
-                (true, _) => Some((panel_at(jp + 1, p0), kcs)),
-                (false, true) => Some((panel_at(panels.start, p0 + kc), kc.min(k - p0 - kc))),
-                (false, false) => None,
-            };
+            let next = prefetch::next_panel(jp, panels.clone(), p0, kc, k)
+                .filter(|_| cold_and_reused)
+                .map(|(j, p, steps)| (panel_at(j, p), steps));
             for (group, r0) in row_range.clone().step_by(max_rows).enumerate() {
                 if let Some(((next, next_ldb), steps)) = next {
                     let (q0, q1) = block_range(steps, groups, group);
