@@ -1031,6 +1031,9 @@ impl Executor {
                     let (spans, waited) = overlap.finish();
                     (stepped.and_then(|every| waited.map(|()| every)), spans)
                 }
+                // Alone (no collectives to wait on, no rank beside it), the other threads stay
+                // awake between the steps' parallel loops.
+                (_, None) => (par::with_threads_awake(|| run(None, None)), Vec::new()),
                 (_, c) => (run(None, c), Vec::new()),
             };
             for span in spans {
