@@ -60,9 +60,13 @@ impl Default for MatmulParams {
             // wake late for a product (they slept through the sequential step before it), and
             // the thread that started takes their share meanwhile. tiny_llama's 128-token
             // forward (8 layers, 2 threads, 2-core AVX-512 Xeon) 5 % faster, bert_base 5 %;
-            // decode, resnet50, mlp and the training step unchanged.
+            // decode, resnet50, mlp and the training step unchanged. Still the best with the
+            // threads kept awake (`par::with_threads_awake`): 1 and 4 are 7 % and 3 % slower.
             tasks_per_thread: 2,
-            min_parallel_flops: 1 << 19,
+            // Where the executor keeps its threads awake (`par::with_threads_awake`), splitting
+            // a product pays from about 2^17 flops: a decode step's products (1 token: 2^17 to
+            // 2^19 flops each) on 2 threads, tiny_llama 8 layers, 1.5x faster than at 2^19.
+            min_parallel_flops: 1 << 17,
             isa: Isa::Auto,
             small_m: 8,
             small_m_packed_b: default_small_m_packed_b(),
