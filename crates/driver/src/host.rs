@@ -36,7 +36,7 @@ const ATTEMPTS: &str = "disturbed";
 pub fn rates() -> (Option<f64>, Option<f64>) {
     static RATES: std::sync::OnceLock<(Option<f64>, Option<f64>)> = std::sync::OnceLock::new();
     *RATES.get_or_init(|| {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = mslc_kernels::par::cores();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());

@@ -897,7 +897,7 @@ fn block_runs(
 /// Worker threads per rank when `--threads` is not given: the cores shared among the ranks.
 pub fn threads_per_rank(given: Option<usize>, ranks: usize) -> usize {
     given.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = mslc_kernels::par::cores();
         (cores / ranks.max(1)).max(1)
     })
 }

@@ -124,9 +124,9 @@ pub fn with_threads_awake<R>(f: impl FnOnce() -> R) -> R {
     r.0
 }
 
-/// The cores this process may run on, asked once (the answer reads cgroup files, which
-/// allocates).
-fn cores() -> usize {
+/// The cores this process may run on (CPU affinity and cgroup quota included), asked once: the
+/// answer reads cgroup files, which allocates, and a run must not.
+pub fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
@@ -144,14 +144,12 @@ impl<R, F: FnOnce() -> R> AssertSend<F> {
     }
 }
 
-/// Starts `n` pollers: one here, the rest as jobs for other threads to take.
+/// Starts `n` (at least 1) pollers: one here, the rest as jobs for other threads to take.
 fn pollers(n: usize, done: &AtomicBool) {
-    match n {
-        0 => {}
-        1 => poll(done),
-        _ => {
-            rayon::join(|| poll(done), || pollers(n - 1, done));
-        }
+    if n > 1 {
+        rayon::join(|| poll(done), || pollers(n - 1, done));
+    } else {
+        poll(done);
     }
 }
 

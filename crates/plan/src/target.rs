@@ -50,11 +50,7 @@ impl Target {
     /// on another, as AOE's repositories are keyed by chip).
     pub fn fingerprint(&self) -> String {
         if self.is_host() {
-            format!(
-                "cpu-{}-{}t",
-                host_features(),
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            )
+            format!("cpu-{}-{}t", host_features(), mslc_kernels::par::cores())
         } else {
             format!(
                 "{}-{:.0}-{:.0}",

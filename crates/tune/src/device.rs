@@ -7,7 +7,7 @@ use mslc_plan::target::host_features;
 /// This machine's fingerprint, e.g.
 /// `AMD EPYC 7B13 | x86_64+avx2+fma+f16c | 2 cores | L1d 32K, L2 512K, L3 32768K`.
 pub fn fingerprint() -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = mslc_kernels::par::cores();
     format!(
         "{} | {} | {cores} cores | {}",
         cpu_model(),
