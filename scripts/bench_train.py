@@ -104,14 +104,14 @@ def sizes(args):
     return ["--set", f"layers={args.layers}", "--dim", f"B={args.batch}", "--dim", f"S={args.seq}"]
 
 
-def planned_ms(args, source, work):
-    """The step time in ms that `mslc build`'s plan predicts for this machine."""
-    out_dir = os.path.join(work, "plan")
-    cmd = [args.mslc, "build", source, "--entry", "Fit", *sizes(args), "-o", out_dir]
+def planned_step_ms(mslc, source, entry, sets, out_dir):
+    """The step time in ms that `mslc build`'s plan of `entry` predicts for this machine (per
+    device: on ranks of this machine, each with its share of the cores)."""
+    cmd = [mslc, "build", source, "--entry", entry, *sets, "-o", out_dir]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"mslc build failed:\n{out.stdout}\n{out.stderr}")
-    with open(os.path.join(out_dir, "Fit.plan.json")) as f:
+    with open(os.path.join(out_dir, f"{entry}.plan.json")) as f:
         return json.load(f)["step_time_s"] * 1e3
 
 
@@ -179,7 +179,7 @@ def main():
         np.save(tokens, rng.integers(0, VOCAB, (args.batch * args.steps, args.seq + 1),
                                      dtype=np.int32))
         source = one_device_source(args, work)
-        planned = planned_ms(args, source, work)
+        planned = planned_step_ms(args.mslc, source, "Fit", sizes(args), os.path.join(work, "plan"))
         mslc_ms, mslc_rss, torch_ms, torch_rss, version = [], [], [], [], None
         for _ in range(args.rounds):
             ms, peak = run_mslc(args, source, tokens, work)

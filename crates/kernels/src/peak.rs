@@ -89,7 +89,11 @@ pub fn measure(threads: usize) -> Option<Peak> {
 /// as a step weighs them: two like the forward's and the input gradient's (512 × 256 by
 /// 256 × 688, B transposed) for each like a weight gradient's (688 × 512 by 512 × 256, A
 /// transposed), both operands packed per call as activations and gradients are. Each is the
-/// median of nine timed calls after two warm-ups (about 30 ms in all). What the planner's
+/// first-quartile time of the calls in 40 ms after 20 ms of warm-up (about 120 ms in all),
+/// timed with the pool's threads kept awake ([`crate::par::with_threads_awake`]) as the
+/// executor runs a step: timed cold, each call also paid a sleeping thread's wake-up, and on
+/// a 2-core AVX-512 Xeon the rate came out at 0.37 of the peak where a step's products reach
+/// 0.55-0.6. What the planner's
 /// compute efficiency on the host is measured by, against [`measure`]'s peak: the FMA loop is
 /// what a core can do, this what a step's products get.
 pub fn gemm_rate(threads: usize) -> Option<f64> {
@@ -98,16 +102,25 @@ pub fn gemm_rate(threads: usize) -> Option<f64> {
         .build()
         .ok()?;
     let (tokens, hidden, ffn) = (512usize, 256usize, 688usize);
-    let plain = pool.install(|| median_seconds([tokens, hidden], [ffn, hidden], (false, true)))?;
-    let weight_grad =
-        pool.install(|| median_seconds([tokens, ffn], [tokens, hidden], (true, false)))?;
+    let (plain, weight_grad) = pool.install(|| {
+        crate::par::with_threads_awake(|| {
+            let plain = typical_fast_seconds([tokens, hidden], [ffn, hidden], (false, true))?;
+            let weight_grad = typical_fast_seconds([tokens, ffn], [tokens, hidden], (true, false))?;
+            Some((plain, weight_grad))
+        })
+    })?;
     let flops = (2 * tokens * hidden * ffn) as f64;
     Some(3.0 * flops / (2.0 * plain + weight_grad).max(1e-9))
 }
 
-/// The median seconds of nine calls (after two warm-ups) of the product of an `a_shape` and a
+/// The first-quartile seconds of the calls made in [`GEMM_TIMED`] (at least nine, after
+/// [`GEMM_WARM_UP`] of warm-up calls) of the product of an `a_shape` and a
 /// `b_shape` operand with the given transpositions, on the current thread pool.
-fn median_seconds(a_shape: [usize; 2], b_shape: [usize; 2], (ta, tb): (bool, bool)) -> Option<f64> {
+fn typical_fast_seconds(
+    a_shape: [usize; 2],
+    b_shape: [usize; 2],
+    (ta, tb): (bool, bool),
+) -> Option<f64> {
     use crate::matmul::{matmul, matmul_output_shape, MatmulOptions, MatmulParams};
     use crate::tensor::TensorRef;
     let a: Vec<f32> = (0..a_shape[0] * a_shape[1])
@@ -126,17 +139,39 @@ fn median_seconds(a_shape: [usize; 2], b_shape: [usize; 2], (ta, tb): (bool, boo
     let params = MatmulParams::default();
     let a = TensorRef::new("matmul", &a, &a_shape).ok()?;
     let b = TensorRef::new("matmul", &b, &b_shape).ok()?;
-    let mut times = Vec::with_capacity(11);
-    for _ in 0..11 {
+    let mut call = || {
         let start = Instant::now();
         matmul(a, b, &opts, &params, &mut c).ok()?;
         std::hint::black_box(&c);
-        times.push(start.elapsed().as_secs_f64());
+        Some(start.elapsed().as_secs_f64())
+    };
+    let warming = Instant::now();
+    for warm_up in 0.. {
+        if warm_up >= 2 && warming.elapsed() >= GEMM_WARM_UP {
+            break;
+        }
+        call()?;
     }
-    let mut timed = times.split_off(2);
+    let timing = Instant::now();
+    let mut timed = Vec::new();
+    while timed.len() < 9 || timing.elapsed() < GEMM_TIMED {
+        timed.push(call()?);
+    }
     timed.sort_by(f64::total_cmp);
-    Some(timed[timed.len() / 2])
+    Some(timed[timed.len() / 4])
 }
+
+/// How long [`gemm_rate`] times each product after its warm-up. A 2-core VM's cores are
+/// taken away for 5-10 ms at a time (a product then runs at the 1-thread rate), so a rate is
+/// the fastest quartile's time over a window several such episodes long, not the median of a
+/// few calls that one episode can cover.
+const GEMM_TIMED: Duration = Duration::from_millis(40);
+
+/// How long [`gemm_rate`]'s products run before they are timed: a new pool's threads start on
+/// the core that spawned them and the kernel moves them to idle cores only after some
+/// milliseconds (timed after two calls, the first product's rate on 2 threads was the
+/// 1-thread rate in five runs of six on a 2-core Xeon).
+const GEMM_WARM_UP: Duration = Duration::from_millis(20);
 
 /// The widest FMA loop this CPU runs, and its name; the loop returns the FLOPs it did.
 fn widest() -> (&'static str, fn(u64) -> u64) {
