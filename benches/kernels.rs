@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use mslc_kernels::attention::{attention, attention_lse, AttentionParams};
 use mslc_kernels::attention_grad::attention_grad;
 use mslc_kernels::convert;
-use mslc_kernels::matmul::{matmul, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel};
+use mslc_kernels::matmul::{
+    matmul, Epilogue, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel,
+};
 use mslc_kernels::par::RowParams;
-use mslc_kernels::Activation;
 use mslc_kernels::{rope, TensorRef};
 
 /// This machine's measured f32 peak on `threads` threads in GFLOP/s, measured once per count.
@@ -148,19 +149,18 @@ fn bench_weights(threads: usize, m: usize, k: usize, n: usize) {
     };
     let mut packed = vec![0.0f32; plan.packed_b_len(&default).expect("kernel")];
     plan.pack_b(&b, &default, &mut packed).expect("pack");
-    let act = Activation::NONE;
+    let plain = Epilogue::default();
     let (per_call, unpacked, once) = in_pool(threads, || {
         let per_call = time(|| {
-            plan.run(&a, &b, None, act, &before, &mut out).expect("run");
+            plan.run(&a, &b, plain, &before, &mut out).expect("run");
             black_box(&out);
         });
         let unpacked = time(|| {
-            plan.run(&a, &b, None, act, &default, &mut out)
-                .expect("run");
+            plan.run(&a, &b, plain, &default, &mut out).expect("run");
             black_box(&out);
         });
         let once = time(|| {
-            plan.run_prepacked(&a, &packed, None, act, &default, &mut out)
+            plan.run_prepacked(&a, &packed, plain, &default, &mut out)
                 .expect("run");
             black_box(&out);
         });

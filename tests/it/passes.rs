@@ -285,6 +285,48 @@ fn fusion_respects_the_context() {
     assert_eq!(op_count(&g, Op::Matmul), 6);
 }
 
+/// SwiGLU's `silu(x @ gate) * (x @ up)` is one product with the gate's activation and the up
+/// product as its multiplier; a tuning decision that leaves that pattern unfused keeps the
+/// `mul` but still fuses the activation into its product.
+#[test]
+fn a_multiplier_left_unfused_keeps_the_activation_fused() {
+    let fused_signature = |g: &Graph| {
+        let id = g
+            .node_ids()
+            .into_iter()
+            .find(|id| {
+                let node = g.node(*id);
+                node.op() == Some(Op::FusedMatmul)
+                    && node
+                        .attrs()
+                        .is_some_and(|a| a.bool("has_multiplier") == Ok(true))
+            })
+            .expect("a product with a multiplier");
+        let node = g.node(id);
+        let inputs = g.inputs(id);
+        mslc_core::ops::signature(
+            Op::FusedMatmul,
+            inputs.iter().map(|v| g.ty(*v)),
+            node.attrs().unwrap(),
+        )
+    };
+    let mut g = load("llama_layer");
+    default_pipeline(&cx()).run(&mut g, &cx()).unwrap();
+    assert_eq!(op_count(&g, Op::Mul), 0);
+    let unfused = PassContext {
+        unfused: [fused_signature(&g)].into(),
+        ..cx()
+    };
+    let mut g = load("llama_layer");
+    let report = default_pipeline(&unfused).run(&mut g, &unfused).unwrap();
+    assert_eq!(op_count(&g, Op::Mul), 1);
+    assert_eq!(report.rewrites_by_label.get("fuse.matmul_act"), Some(&1));
+    assert_eq!(
+        report.rewrites_by_label.get("fuse.matmul_left_unfused"),
+        Some(&1)
+    );
+}
+
 #[test]
 fn training_keeps_dropout_and_its_attention() {
     let training = PassContext {

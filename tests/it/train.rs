@@ -1059,10 +1059,12 @@ fn tuning_decisions_apply_to_training_builds_and_runs() {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .to_string();
-    // A knowledge base for this device: a GEMM blocking for one of the backward's matmuls and
-    // the ReLU gradient's fused subgraph left unfused.
+    // A knowledge base for this device: the head's input gradient times the ReLU's mask (a
+    // product with a multiplier) left unfused, and a GEMM blocking for its matmul, which runs
+    // on its own then.
     let gemm = "matmul(f32[4,10], f32[10,8]) {transpose_a=false, transpose_b=false}";
-    let relu_grad = r#"fused_elementwise(f32[4,8], f32[4,8]) {program="sign(x0); mul(x1, t0)"}"#;
+    let relu_grad = "fused_matmul(f32[4,10], f32[10,8], f32[4,8]) {activation=\"none\", \
+                     has_bias=false, has_multiplier=true, transpose_a=false, transpose_b=false}";
     let threads_n: usize = threads.parse().unwrap();
     let kb = knowledge_base(
         gemm_blocking(gemm, threads_n, 16),

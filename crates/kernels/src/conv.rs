@@ -260,6 +260,7 @@ impl<'a> WeightLayout<'a> {
             accumulate: false,
             bias: None,
             activation: Activation::NONE,
+            multiplier: None,
             kernel: self.kernel,
         }
     }
@@ -405,6 +406,7 @@ pub fn conv2d(
             accumulate: false,
             bias: None,
             activation: Activation::NONE,
+            multiplier: None,
             kernel,
         };
         if !right {

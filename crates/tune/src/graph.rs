@@ -103,6 +103,11 @@ fn parts(op: Op, attrs: &Attrs) -> Option<Vec<Part>> {
                 let last = Step(parts.len() - 1);
                 parts.push(Part::new(act, Attrs::new(), &[last]));
             }
+            if a.bool("has_multiplier").ok()? {
+                let last = Step(parts.len() - 1);
+                let multiplier = Input(2 + usize::from(a.bool("has_bias").ok()?));
+                parts.push(Part::new(Op::Mul, Attrs::new(), &[last, multiplier]));
+            }
             parts
         }
         Op::RmsNormScale => vec![

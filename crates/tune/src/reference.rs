@@ -3,6 +3,7 @@
 //! cannot be checked may not win).
 
 use mslc_core::ops::{resolve_attrs, Attrs, Op};
+use mslc_kernels::elementwise::BinaryOp;
 use mslc_kernels::step::StepKernel;
 use mslc_kernels::{reference, Activation, KernelResult, Tensor, TensorRef};
 
@@ -21,18 +22,19 @@ pub fn reference_output(
         StepKernel::Unary(u, _) => text(reference::unary(*u, x(0))),
         StepKernel::Binary(b, _, _) => text(reference::binary(*b, x(0), x(1))),
         StepKernel::Fused(program, _) => text(reference::fused_elementwise(program, inputs)),
-        StepKernel::Matmul { bias, .. } => {
+        StepKernel::Matmul {
+            bias, multiplier, ..
+        } => {
             let a = resolve_attrs(op, attrs).ok()?;
             let activation = Activation::of(&a).ok()?;
             let (ta, tb) = (a.bool("transpose_a").ok()?, a.bool("transpose_b").ok()?);
-            text(reference::fused_matmul(
-                x(0),
-                x(1),
-                bias.then(|| x(2)),
-                ta,
-                tb,
-                activation,
-            ))
+            let product =
+                reference::fused_matmul(x(0), x(1), bias.then(|| x(2)), ta, tb, activation);
+            let multiplier = multiplier.then(|| x(2 + usize::from(*bias)));
+            text(product.and_then(|p| match multiplier {
+                Some(m) => reference::binary(BinaryOp::Mul, p.view(), m),
+                None => Ok(p),
+            }))
         }
         StepKernel::Conv2d(attrs, ..) => text(reference::conv2d(x(0), x(1), attrs)),
         StepKernel::Attention { causal, scale, .. } => text(reference::attention(

@@ -61,8 +61,11 @@ pub struct Gemm<'a> {
     pub accumulate: bool,
     /// Optional bias, added after the product.
     pub bias: Option<BiasRef<'a>>,
-    /// Applied last.
+    /// Applied after the bias.
     pub activation: Activation,
+    /// Optional multiplier laid out as C (each problem's at its `c_offset`, row stride
+    /// `ldc`), multiplying after the activation: SwiGLU's gate on its up product.
+    pub multiplier: Option<&'a [f32]>,
     /// The micro-kernel (and so the packing geometry) to use.
     pub kernel: MicroKernel,
 }
@@ -96,6 +99,7 @@ impl<'a> Gemm<'a> {
             accumulate,
             bias: None,
             activation: Activation::NONE,
+            multiplier: None,
             kernel,
         }
     }
@@ -422,7 +426,8 @@ impl Gemm<'_> {
         self.epilogue(prob, row0..row1, col0, row);
     }
 
-    /// Adds the bias and applies the activation to rows `rows` (columns from `col0`) of a tile.
+    /// Adds the bias, applies the activation and multiplies by the multiplier in rows `rows`
+    /// (columns from `col0`) of a tile.
     pub(super) fn epilogue<'c>(
         &self,
         prob: Problem,
@@ -430,7 +435,7 @@ impl Gemm<'_> {
         col0: usize,
         row: impl Fn(usize) -> &'c mut [f32],
     ) {
-        if self.bias.is_none() && self.activation == Activation::NONE {
+        if self.bias.is_none() && self.activation == Activation::NONE && self.multiplier.is_none() {
             return;
         }
         for r in rows {
@@ -448,6 +453,12 @@ impl Gemm<'_> {
                 }
             }
             apply_in_place(self.activation, out);
+            if let Some(multiplier) = self.multiplier {
+                let base = prob.c_offset + r * self.ldc + col0;
+                for (o, &x) in out.iter_mut().zip(&multiplier[base..]) {
+                    *o *= x;
+                }
+            }
         }
     }
 }
@@ -488,6 +499,7 @@ mod tests {
             accumulate: false,
             bias: None,
             activation: Activation::NONE,
+            multiplier: None,
             kernel,
         };
         in_pool(2, || {

@@ -16,7 +16,7 @@ use super::error::{KernelError, KernelResult};
 use super::shape::{broadcast_shapes, check_len};
 use super::tensor::TensorRef;
 pub use kernel::{Isa, MicroKernel};
-pub use plan::GemmPlan;
+pub use plan::{Epilogue, GemmPlan};
 
 /// Tunable parameters of the GEMM. Every field is honoured. Results are bit-identical for any
 /// `mc`, `nc`, `tasks_per_thread`, `min_parallel_flops`, `small_m` and thread count, and between the AVX2
@@ -168,14 +168,12 @@ pub fn matmul(
         opts.transpose_a,
         opts.transpose_b,
     )?;
-    plan.run(
-        a.data,
-        b.data,
-        opts.bias.map(|t| t.data),
-        opts.activation,
-        params,
-        out,
-    )
+    let epilogue = Epilogue {
+        bias: opts.bias.map(|t| t.data),
+        activation: opts.activation,
+        multiplier: None,
+    };
+    plan.run(a.data, b.data, epilogue, params, out)
 }
 
 #[cfg(test)]

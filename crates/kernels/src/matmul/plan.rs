@@ -209,17 +209,16 @@ impl GemmPlan {
         })
     }
 
-    /// Computes the planned product into `out`.
+    /// Computes the planned product into `out`, then applies `epilogue` to it.
     pub fn run(
         &self,
         a: &[f32],
         b: &[f32],
-        bias: Option<&[f32]>,
-        activation: Activation,
+        epilogue: Epilogue<'_>,
         params: &MatmulParams,
         out: &mut [f32],
     ) -> KernelResult<()> {
-        self.launch(a, Right::Raw(b), bias, activation, params, out)
+        self.launch(a, Right::Raw(b), epilogue, params, out)
     }
 
     /// Floats B takes once packed by [`GemmPlan::pack_b`] for the micro-kernel `params` pick.
@@ -240,7 +239,7 @@ impl GemmPlan {
             &[self.packed_b_len(params)?],
         )?;
         let b_refs: Vec<MatRef<'_>> = self.b.iter().map(|d| d.on(b)).collect();
-        self.gemm(&[], &b_refs, None, Activation::NONE, params)?
+        self.gemm(&[], &b_refs, Epilogue::default(), params)?
             .pack_b(rayon::current_num_threads() > 1, dst);
         Ok(())
     }
@@ -251,8 +250,7 @@ impl GemmPlan {
         &self,
         a: &[f32],
         packed_b: &[f32],
-        bias: Option<&[f32]>,
-        activation: Activation,
+        epilogue: Epilogue<'_>,
         params: &MatmulParams,
         out: &mut [f32],
     ) -> KernelResult<()> {
@@ -262,7 +260,7 @@ impl GemmPlan {
             packed_b.len(),
             &[self.packed_b_len(params)?],
         )?;
-        self.launch(a, Right::Packed(packed_b), bias, activation, params, out)
+        self.launch(a, Right::Packed(packed_b), epilogue, params, out)
     }
 
     /// The GEMM over the given operand views.
@@ -270,8 +268,7 @@ impl GemmPlan {
         &'g self,
         a: &'g [MatRef<'g>],
         b: &'g [MatRef<'g>],
-        bias: Option<&'g [f32]>,
-        activation: Activation,
+        epilogue: Epilogue<'g>,
         params: &MatmulParams,
     ) -> KernelResult<Gemm<'g>> {
         Ok(Gemm {
@@ -283,10 +280,12 @@ impl GemmPlan {
             problems: &self.problems,
             ldc: self.n,
             accumulate: false,
-            bias: bias
+            bias: epilogue
+                .bias
                 .zip(self.bias)
                 .map(|(data, (rs, cs))| BiasRef { data, rs, cs }),
-            activation,
+            activation: epilogue.activation,
+            multiplier: epilogue.multiplier,
             kernel: MicroKernel::select(params.isa)?,
         })
     }
@@ -296,8 +295,7 @@ impl GemmPlan {
         &self,
         a: &[f32],
         b: Right<'_>,
-        bias: Option<&[f32]>,
-        activation: Activation,
+        epilogue: Epilogue<'_>,
         params: &MatmulParams,
         out: &mut [f32],
     ) -> KernelResult<()> {
@@ -307,8 +305,11 @@ impl GemmPlan {
             check_len("matmul", "b", b.len(), &[lb])?;
         }
         check_len("matmul", "out", out.len(), &[lout])?;
-        if let Some(bias) = bias {
+        if let Some(bias) = epilogue.bias {
             check_len("matmul", "bias", bias.len(), &[lbias])?;
+        }
+        if let Some(multiplier) = epilogue.multiplier {
+            check_len("matmul", "multiplier", multiplier.len(), &[lout])?;
         }
         // A packed B is read from its panels only; its views carry the geometry.
         let (raw_b, packed_b) = match b {
@@ -335,10 +336,22 @@ impl GemmPlan {
             b_heap = self.b.iter().map(|d| d.on(raw_b)).collect();
             &b_heap
         };
-        self.gemm(a_refs, b_refs, bias, activation, params)?
+        self.gemm(a_refs, b_refs, epilogue, params)?
             .run_with(out, params, packed_b);
         Ok(())
     }
+}
+
+/// What a planned product applies to its result, in this order, while each tile is in cache:
+/// `act(a @ b + bias) * multiplier` (`fused_matmul`'s epilogue).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// Added first, broadcast as planned ([`GemmPlan::new`]'s bias shape).
+    pub bias: Option<&'a [f32]>,
+    /// Applied to the sum.
+    pub activation: Activation,
+    /// Multiplies last, elementwise: the output's own shape.
+    pub multiplier: Option<&'a [f32]>,
 }
 
 /// The right operand of a call: as stored, or packed ahead by [`GemmPlan::pack_b`].

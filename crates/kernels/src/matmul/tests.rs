@@ -108,7 +108,13 @@ fn available_isas() -> Vec<Isa> {
 }
 
 /// Runs `c` through a [`GemmPlan`] with B packed ahead, as the executor does for weights.
-fn run_prepacked(c: &Case, a: &[f32], b: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+fn run_prepacked(
+    c: &Case,
+    a: &[f32],
+    b: &[f32],
+    bias: Option<&[f32]>,
+    multiplier: Option<&[f32]>,
+) -> Vec<f32> {
     let plan = GemmPlan::new(
         &c.a_shape,
         &c.b_shape,
@@ -122,7 +128,12 @@ fn run_prepacked(c: &Case, a: &[f32], b: &[f32], bias: Option<&[f32]>) -> Vec<f3
     let out_shape =
         matmul_output_shape(&c.a_shape, &c.b_shape, c.transpose_a, c.transpose_b).unwrap();
     let mut out = vec![f32::NAN; out_shape.iter().product()];
-    plan.run_prepacked(a, &packed, bias, c.activation, &c.params, &mut out)
+    let epilogue = Epilogue {
+        bias,
+        activation: c.activation,
+        multiplier,
+    };
+    plan.run_prepacked(a, &packed, epilogue, &c.params, &mut out)
         .unwrap();
     out
 }
@@ -175,8 +186,27 @@ fn check(c: &Case) {
     let two = in_pool(2, || run_fast(c, &a, &b, bias.as_deref()));
     assert_same_bits("1 vs 2 threads", &one, &two);
     for threads in [1, 2] {
-        let packed = in_pool(threads, || run_prepacked(c, &a, &b, bias.as_deref()));
+        let packed = in_pool(threads, || run_prepacked(c, &a, &b, bias.as_deref(), None));
         assert_same_bits("B packed ahead vs per call", &one, &packed);
+    }
+    // A multiplier (SwiGLU's gate on its up product) gives the bits of a separate `mul`, on
+    // the unpacked-A and the tiled path.
+    let multiplier = p.round_vec(rng.vec(one.len(), 1.0));
+    let separate: Vec<f32> = one.iter().zip(&multiplier).map(|(x, m)| x * m).collect();
+    let tiled_params = MatmulParams {
+        small_m: 0,
+        small_m_packed_b: 0,
+        ..c.params.clone()
+    };
+    for params in [c.params.clone(), tiled_params] {
+        let c = Case {
+            params,
+            ..c.clone()
+        };
+        let gated = in_pool(2, || {
+            run_prepacked(&c, &a, &b, bias.as_deref(), Some(&multiplier))
+        });
+        assert_same_bits("multiplier vs a separate mul", &separate, &gated);
     }
     // The unpacked-A path gives the tiled path's bits.
     let tiled = Case {

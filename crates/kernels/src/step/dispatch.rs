@@ -3,6 +3,7 @@
 
 use crate::elementwise::slice::{binary_in_place, binary_into, unary_in_place, unary_into};
 use crate::elementwise::{fused_elementwise, ElementwiseParams};
+use crate::matmul::Epilogue;
 use crate::par::for_each_chunk_mut;
 use crate::{
     attention, attention_grad, conv, conv_grad, embedding, embedding_grad, loss, norm, norm_grad,
@@ -122,25 +123,19 @@ impl StepKernel {
                 plan,
                 bias,
                 activation,
+                multiplier,
                 params,
-            } => match packed_b {
-                Some(packed) => plan.run_prepacked(
-                    x(0).data,
-                    packed,
-                    bias.then(|| x(2).data),
-                    *activation,
-                    params,
-                    out,
-                )?,
-                None => plan.run(
-                    x(0).data,
-                    x(1).data,
-                    bias.then(|| x(2).data),
-                    *activation,
-                    params,
-                    out,
-                )?,
-            },
+            } => {
+                let epilogue = Epilogue {
+                    bias: bias.then(|| x(2).data),
+                    activation: *activation,
+                    multiplier: multiplier.then(|| x(2 + usize::from(*bias)).data),
+                };
+                match packed_b {
+                    Some(packed) => plan.run_prepacked(x(0).data, packed, epilogue, params, out)?,
+                    None => plan.run(x(0).data, x(1).data, epilogue, params, out)?,
+                }
+            }
             StepKernel::Transpose(perm, p) => transpose::transpose(x(0), perm, p, out)?,
             StepKernel::Reduce(op, axes, keepdim, p) => {
                 reduce::reduce(x(0), *op, axes, *keepdim, p, out)?

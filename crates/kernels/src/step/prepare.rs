@@ -14,6 +14,7 @@ use crate::reference::CrossEntropyAttrs;
 use crate::transpose::TransposeParams;
 use crate::Activation;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry, Window};
+use mslc_core::ops::family::fused::fused_matmul_extras;
 use mslc_core::ops::family::nn::AttentionDims;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
@@ -42,6 +43,8 @@ pub enum StepKernel {
         bias: bool,
         /// Epilogue.
         activation: Activation,
+        /// The last input multiplies the result (after the bias and the activation).
+        multiplier: bool,
         /// GEMM tiling.
         params: MatmulParams,
     },
@@ -316,21 +319,31 @@ pub fn prepare(
         }
         Op::Matmul | Op::FusedMatmul => {
             let activation = Activation::of(&a).map_err(err)?;
+            let (bias, multiplier) = fused_matmul_extras(&a);
+            let expected = 2 + usize::from(bias) + usize::from(multiplier);
+            if inputs.len() != expected {
+                return Err(format!(
+                    "{}: {} inputs where its attributes ask for {expected}",
+                    op.name(),
+                    inputs.len()
+                ));
+            }
             let dims =
                 |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
-            let bias = dims(2.min(inputs.len() - 1));
+            let bias_shape = bias.then(|| dims(2));
             let plan = GemmPlan::new(
                 &dims(0),
                 &dims(1),
-                (inputs.len() == 3).then_some(bias.as_slice()),
+                bias_shape.as_deref(),
                 a.bool("transpose_a").map_err(err)?,
                 a.bool("transpose_b").map_err(err)?,
             )
             .map_err(|e| e.to_string())?;
             StepKernel::Matmul {
                 plan,
-                bias: inputs.len() == 3,
+                bias,
                 activation,
+                multiplier,
                 params: decode_params(k)?,
             }
         }

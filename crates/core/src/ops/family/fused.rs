@@ -9,15 +9,19 @@ use crate::ops::shape::{broadcasts_to, fmt_dims};
 use crate::ops::spec::{Arity, Cost, CostRule, OpCtx, OpSpec, PrecisionClass};
 use crate::ops::{Op, TensorType, UnaryOp};
 
-/// `fused_matmul`: `act(a @ b + bias)`, the bias optional.
+/// `fused_matmul`: `act(a @ b + bias) * multiplier`, the bias and the multiplier optional. The
+/// multiplier (the product's shape and type) is SwiGLU's other half: `silu(x @ gate) * (x @
+/// up)` runs the up product with the gate's activation as its multiplier, so the `mul` step
+/// and its buffer go.
 pub const FUSED_MATMUL: OpSpec = OpSpec {
-    inputs: &["a", "b", "bias"],
-    arity: Arity::Between(2, 3),
+    inputs: &["a", "b", "bias", "multiplier"],
+    arity: Arity::Between(2, 4),
     attrs: &[
         TRANSPOSE_ATTRS[0],
         TRANSPOSE_ATTRS[1],
         AttrSpec::defaulted("has_bias", ConstAttr::Bool(false)),
         AttrSpec::defaulted("activation", ConstAttr::Str("none")),
+        AttrSpec::defaulted("has_multiplier", ConstAttr::Bool(false)),
     ],
     infer: infer_fused_matmul,
     cost: CostRule::Custom(cost_fused_matmul),
@@ -102,9 +106,12 @@ fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     Activation::of(ctx.attrs)?;
     let has_bias = ctx.attrs.bool("has_bias")?;
-    if has_bias != (ctx.inputs.len() == 3) {
+    let has_multiplier = ctx.attrs.bool("has_multiplier")?;
+    let expected = 2 + usize::from(has_bias) + usize::from(has_multiplier);
+    if ctx.inputs.len() != expected {
         return Err(OpError::new(format!(
-            "`has_bias` is {has_bias} but {} inputs are given",
+            "`has_bias` is {has_bias} and `has_multiplier` {has_multiplier} but {} inputs are \
+             given",
             ctx.inputs.len()
         )));
     }
@@ -123,12 +130,36 @@ fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             ));
         }
     }
+    if has_multiplier {
+        let at = expected - 1;
+        ctx.same_dtype(0, at)?;
+        let multiplier = &ctx.input(at).shape;
+        if *multiplier != out {
+            return Err(OpError::at(
+                at,
+                format!(
+                    "multiplier {} is not the product's shape {}",
+                    fmt_dims(multiplier),
+                    fmt_dims(&out)
+                ),
+            ));
+        }
+    }
     Ok(vec![TensorType::new(dtype, out)])
+}
+
+/// Which optional inputs a `fused_matmul` with `attrs` takes: `(bias, multiplier)`, each at
+/// its place after `a` and `b` (the multiplier last). Unreadable attributes read as absent
+/// (the op's inference reports them).
+pub fn fused_matmul_extras(attrs: &Attrs) -> (bool, bool) {
+    let flag = |name| attrs.opt_bool(name).ok().flatten().unwrap_or(false);
+    (flag("has_bias"), flag("has_multiplier"))
 }
 
 fn cost_fused_matmul(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     let matmul = MatmulDims::of(ctx.input(0), ctx.input(1), ctx.attrs).map_or(0, |d| d.flops());
-    let bias = u64::from(ctx.inputs.len() == 3);
+    let (bias, multiplier) = fused_matmul_extras(ctx.attrs);
+    let (bias, multiplier) = (u64::from(bias), u64::from(multiplier));
     let act = Activation::of(ctx.attrs)
         .ok()
         .and_then(Activation::op)
@@ -136,7 +167,7 @@ fn cost_fused_matmul(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
         .unwrap_or(0);
     let out = outputs.iter().map(TensorType::numel).sum::<u64>();
     Cost::streaming(
-        matmul.saturating_add(out.saturating_mul(bias + act)),
+        matmul.saturating_add(out.saturating_mul(bias + act + multiplier)),
         ctx.inputs,
         outputs,
     )
@@ -189,6 +220,14 @@ mod tests {
             &[f32t(&[4, 8]), f32t(&[8, 5])],
         );
         assert_eq!(plain, f32t(&[4, 5]));
+        // SwiGLU's up product times the gate's activation: bias and multiplier, in that order.
+        let gated = a.clone().with("has_multiplier", true);
+        let inputs = [f32t(&[4, 8]), f32t(&[5, 8]), f32t(&[5]), f32t(&[4, 5])];
+        assert_eq!(ok(Op::FusedMatmul, gated.clone(), &inputs), f32t(&[4, 5]));
+        let c = cost(Op::FusedMatmul, &gated, &inputs).unwrap();
+        assert_eq!(c.flops, 2 * 4 * 5 * 8 + 20 * (1 + 8 + 1));
+        assert_eq!(fused_matmul_extras(&gated), (true, true));
+        assert_eq!(fused_matmul_extras(&Attrs::new()), (false, false));
     }
 
     #[test]
@@ -207,8 +246,18 @@ mod tests {
         let e = err(Op::FusedMatmul, Attrs::new().with("has_bias", true), &x);
         assert_eq!(
             e.message,
-            "fused_matmul: `has_bias` is true but 2 inputs are given"
+            "fused_matmul: `has_bias` is true and `has_multiplier` false but 2 inputs are given"
         );
+        let e = err(
+            Op::FusedMatmul,
+            Attrs::new().with("has_multiplier", true),
+            &[f32t(&[4, 8]), f32t(&[8, 5]), f32t(&[5])],
+        );
+        assert_eq!(
+            e.message,
+            "fused_matmul: multiplier [5] is not the product's shape [4, 5]"
+        );
+        assert_eq!(e.input, Some(2));
         let with_bias = [f32t(&[4, 8]), f32t(&[8, 5]), f32t(&[4])];
         let e = err(
             Op::FusedMatmul,

@@ -1,5 +1,7 @@
-//! `matmul` + bias add (+ activation) → `fused_matmul`; also `matmul` + activation alone.
-//! The bias must have the product's dtype and broadcast to its shape without widening it.
+//! `matmul` + bias add (+ activation) → `fused_matmul`; also `matmul` + activation alone; and
+//! any of these times a tensor of the product's own type (SwiGLU's `silu(x @ gate) * (x @ up)`)
+//! → `fused_matmul` with that tensor as its multiplier. The bias must have the product's dtype
+//! and broadcast to its shape without widening it.
 
 use std::collections::HashSet;
 
@@ -30,10 +32,65 @@ fn bias_add(g: &Graph, add: NodeId) -> Option<(NodeId, ValueRef)> {
     })
 }
 
-/// The `fused_matmul` rooted at `root`: `(matmul, bias, activation, absorbed nodes)`.
-type Found = (NodeId, Option<ValueRef>, Activation, Vec<NodeId>);
+/// The `fused_matmul` rooted at `root`.
+struct Found {
+    matmul: NodeId,
+    bias: Option<ValueRef>,
+    activation: Activation,
+    /// The tensor the result is multiplied by, when `root` is that `mul`.
+    multiplier: Option<ValueRef>,
+    /// The pattern's nodes other than `root`.
+    absorbed: Vec<NodeId>,
+}
 
 fn find(g: &Graph, root: NodeId) -> Option<Found> {
+    if g.node(root).op()? == Op::Mul {
+        return multiplied(g, root);
+    }
+    let (matmul, bias, activation, absorbed) = find_unmultiplied(g, root)?;
+    Some(Found {
+        matmul,
+        bias,
+        activation,
+        multiplier: None,
+        absorbed,
+    })
+}
+
+/// The pattern when node `mul` multiplies a single-use product (with its bias and activation,
+/// if any) by a tensor of the same type: the first operand that is such a product.
+fn multiplied(g: &Graph, mul: NodeId) -> Option<Found> {
+    let out = g.node(mul).outputs.first()?;
+    let inputs = g.inputs(mul);
+    let (a, b) = (*inputs.first()?, *inputs.get(1)?);
+    [(a, b), (b, a)]
+        .into_iter()
+        .find_map(|(product, multiplier)| {
+            if g.ty(product) != out || g.ty(multiplier) != out || !single_use(g, product) {
+                return None;
+            }
+            let (matmul, bias, activation, mut absorbed) = match fusable_matmul(g, product) {
+                Some(matmul) => (matmul, None, Activation::NONE, vec![matmul]),
+                None => find_unmultiplied(g, product.node)?,
+            };
+            absorbed.push(product.node);
+            absorbed.dedup();
+            Some(Found {
+                matmul,
+                bias,
+                activation,
+                multiplier: Some(multiplier),
+                absorbed,
+            })
+        })
+}
+
+/// The pattern rooted at an activation or a bias add: `(matmul, bias, activation, absorbed
+/// nodes)`.
+fn find_unmultiplied(
+    g: &Graph,
+    root: NodeId,
+) -> Option<(NodeId, Option<ValueRef>, Activation, Vec<NodeId>)> {
     let op = g.node(root).op()?;
     if let Some(act) = Activation::of_op(op) {
         let x = *g.inputs(root).first()?;
@@ -52,11 +109,16 @@ fn find(g: &Graph, root: NodeId) -> Option<Found> {
     Some((mm, Some(bias), Activation::NONE, vec![mm]))
 }
 
-fn label(bias: bool, act: Activation) -> &'static str {
-    match (bias, act.unary()) {
-        (true, None) => "matmul_bias",
-        (true, Some(_)) => "matmul_bias_act",
-        (false, _) => "matmul_act",
+fn label(found: &Found) -> &'static str {
+    let act = found.activation.unary().is_some();
+    match (found.bias.is_some(), act, found.multiplier.is_some()) {
+        (true, false, false) => "matmul_bias",
+        (true, true, false) => "matmul_bias_act",
+        (false, _, false) => "matmul_act",
+        (true, false, true) => "matmul_bias_mul",
+        (true, true, true) => "matmul_bias_act_mul",
+        (false, true, true) => "matmul_act_mul",
+        (false, false, true) => "matmul_mul",
     }
 }
 
@@ -70,26 +132,34 @@ pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Res
         if !g.contains(root) || kept.contains(&root) {
             continue;
         }
-        let Some((mm, bias, act, absorbed)) = find(g, root) else {
+        let Some(found) = find(g, root) else {
             continue;
         };
-        let mut attrs = g.node(mm).attrs().cloned().unwrap_or_default();
-        attrs.insert("has_bias", bias.is_some());
-        attrs.insert("activation", act.name());
-        let mut inputs = g.inputs(mm);
-        inputs.extend(bias);
+        let mut attrs = g.node(found.matmul).attrs().cloned().unwrap_or_default();
+        attrs.insert("has_bias", found.bias.is_some());
+        attrs.insert("activation", found.activation.name());
+        if found.multiplier.is_some() {
+            attrs.insert("has_multiplier", true);
+        }
+        let mut inputs = g.inputs(found.matmul);
+        inputs.extend(found.bias);
+        inputs.extend(found.multiplier);
         let fused = add_like(g, root, Op::FusedMatmul, attrs, &inputs)?;
         if left_unfused(g, cx, fused.node) {
             g.remove_node(fused.node);
-            kept.extend(absorbed);
+            // The product without its multiplier is a pattern of its own, tried when its root
+            // comes; any other pattern's parts stay as they are.
+            if found.multiplier.is_none() {
+                kept.extend(found.absorbed);
+            }
             stats.record(NAME, "matmul_left_unfused");
             continue;
         }
         replace_with(g, root, fused);
-        for n in absorbed {
+        for &n in &found.absorbed {
             g.remove_node(n);
         }
-        stats.record(NAME, label(bias.is_some(), act));
+        stats.record(NAME, label(&found));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! 2. explicit attention, `softmax(q @ k.T * scale [+ causal_mask]) @ v` over `[B, N, S, D]`
 //!    → `attention` between transposes to and from its `[B, S, N, D]` layout;
 //! 3. matmul + bias add (+ an activation: a unary op marked `epilogue` in the op table)
-//!    → `fused_matmul`;
+//!    (× a tensor of the product's type: SwiGLU's gate) → `fused_matmul`;
 //! 4. `rms_norm(x) * w` → `rms_norm_scale`, `layer_norm(x) * g + b` → `layer_norm_affine`;
 //! 5. chains of elementwise ops of one output shape → `fused_elementwise`;
 //!
@@ -55,8 +55,8 @@ impl Pass for Fuse {
     }
 
     fn description(&self) -> &'static str {
-        "fuse transposes into matmuls, explicit attention, matmul+bias+activation, norm+affine \
-         and elementwise chains; give ropes a table computed once"
+        "fuse transposes into matmuls, explicit attention, matmul+bias+activation(*multiplier), \
+         norm+affine and elementwise chains; give ropes a table computed once"
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> Result<PassStats, PassError> {
