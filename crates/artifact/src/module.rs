@@ -231,6 +231,18 @@ impl Module {
             .collect()
     }
 
+    /// Per value, whether a GEMM or convolution reading it as its right operand reads it packed
+    /// once, ahead of its calls: a parameter no run replaces ([`Module::fixed_params`]) or a
+    /// value hoisted from parameters. The executor packs these at load (`runtime`), and the
+    /// tuner times candidates the same way.
+    pub fn packed_ahead(&self) -> Vec<bool> {
+        let mut fixed = self.fixed_params();
+        for (f, v) in fixed.iter_mut().zip(&self.values) {
+            *f |= matches!(v.storage, Storage::Hoisted { .. });
+        }
+        fixed
+    }
+
     /// The step that computes each value (`None` for inputs, parameters and values no step
     /// writes): where a walk back from an output to the steps it needs starts.
     pub fn producers(&self) -> Vec<Option<usize>> {

@@ -62,10 +62,7 @@ impl RuntimeNeeds {
         let mut messages: std::collections::BTreeMap<String, usize> = Default::default();
         // Weights that stay the same across runs (parameters no run replaces, values hoisted
         // from them) are packed once, ahead; the others where each GEMM reads them.
-        let mut fixed = module.fixed_params();
-        for (f, v) in fixed.iter_mut().zip(&module.values) {
-            *f |= matches!(v.storage, Storage::Hoisted { .. });
-        }
+        let fixed = module.packed_ahead();
         for (s, step) in module.steps.iter().enumerate() {
             let at = |m: String| format!("step {s} ({}{}): {m}", step.op, origin_suffix(step));
             let Some((&o, more)) = step.outputs.split_first() else {

@@ -24,6 +24,9 @@ pub struct Case {
     pub output: TensorType,
     /// The steps of the module with this signature.
     pub steps: Vec<usize>,
+    /// Whether the module's executor reads input 1 packed ahead (a weight:
+    /// [`Module::packed_ahead`]), so candidates are timed without packing it per call.
+    pub b_packed_ahead: bool,
     /// Input data as f32 (empty for the integer input).
     data: Vec<Vec<f32>>,
     /// The integer input's values, when the kernel reads one.
@@ -37,6 +40,7 @@ impl Case {
     /// first-use order, with seeded inputs.
     pub fn of_module(module: &Module) -> Vec<Case> {
         let mut cases: Vec<Case> = Vec::new();
+        let packed_ahead = module.packed_ahead();
         for (i, step) in module.steps.iter().enumerate() {
             if KernelKind::for_op(step.op).default_params().is_empty() {
                 continue;
@@ -51,7 +55,11 @@ impl Case {
                 continue;
             };
             let inputs: Vec<TensorType> = step.inputs.iter().map(ty).collect();
-            let case = Case::new(sig, step.op, step.attrs.clone(), inputs, output, i);
+            let mut case = Case::new(sig, step.op, step.attrs.clone(), inputs, output, i);
+            case.b_packed_ahead = step
+                .inputs
+                .get(1)
+                .is_some_and(|&b| packed_ahead[b as usize]);
             // A copy (cast, reshape) or a fill runs the same whatever its parameters say.
             if let Ok(StepKernel::Copy | StepKernel::Constant(_)) =
                 case.prepare(&case.default_choice())
@@ -112,6 +120,7 @@ impl Case {
             inputs,
             output,
             steps: vec![step],
+            b_packed_ahead: false,
             data,
             ints,
             shapes,
@@ -132,6 +141,25 @@ impl Case {
     pub fn prepare(&self, choice: &KernelChoice) -> Result<StepKernel, String> {
         choice.check_for(self.op)?;
         prepare(self.op, &self.attrs, choice, &self.inputs, &self.output)
+    }
+
+    /// Input 1 packed for `kernel` as the executor packs a weight once at load, when this
+    /// case's executor does ([`Case::b_packed_ahead`]) and the kernel reads it so; `None`
+    /// otherwise (each call packs what it needs).
+    pub fn pack_ahead(&self, kernel: &StepKernel) -> Result<Option<Vec<f32>>, String> {
+        if !self.b_packed_ahead {
+            return Ok(None);
+        }
+        let len = match kernel.packed_b_len() {
+            Some(len) => len.map_err(|e| e.to_string())?,
+            None => return Ok(None),
+        };
+        let (Some(b), true) = (self.data.get(1), len > 0) else {
+            return Ok(None);
+        };
+        let mut packed = vec![0.0; len];
+        kernel.pack_b(b, &mut packed).map_err(|e| e.to_string())?;
+        Ok(Some(packed))
     }
 
     /// The inputs as kernel views.

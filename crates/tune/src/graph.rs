@@ -21,6 +21,7 @@ use mslc_artifact::Module;
 use mslc_core::ops::family::fused::Activation;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::{resolve_attrs, Attrs, Op, TensorType};
+use mslc_core::program::Init;
 use mslc_exec::{ExecOptions, Executor};
 use mslc_io::npy::NpyArray;
 use mslc_ir::passes::{Fuse, Pass, PassContext};
@@ -49,6 +50,10 @@ pub struct Subgraph {
     op: Op,
     attrs: Attrs,
     inputs: Vec<TensorType>,
+    /// Per operand, whether the module's executor packs it ahead (a weight:
+    /// [`Module::packed_ahead`]): the variants take it as a parameter, packed once as in the
+    /// module, not as an input each GEMM packs per call.
+    weights: Vec<bool>,
     output: TensorType,
     parts: Vec<Part>,
 }
@@ -138,6 +143,7 @@ impl Subgraph {
     /// Every distinct fused subgraph signature of `module`, in first-use order.
     pub fn of_module(module: &Module) -> Vec<Subgraph> {
         let mut found: Vec<Subgraph> = Vec::new();
+        let packed_ahead = module.packed_ahead();
         for (i, step) in module.steps.iter().enumerate() {
             if !SUBGRAPH_OPS.contains(&step.op) {
                 continue;
@@ -159,6 +165,11 @@ impl Subgraph {
                 op: step.op,
                 attrs: step.attrs.clone(),
                 inputs: step.inputs.iter().map(ty).collect(),
+                weights: step
+                    .inputs
+                    .iter()
+                    .map(|&v| packed_ahead[v as usize])
+                    .collect(),
                 output,
                 parts,
             });
@@ -166,16 +177,23 @@ impl Subgraph {
         found
     }
 
-    /// The graph of one variant: the subgraph's operands as inputs `x0`, `x1`, …, its op(s)
-    /// (unfused: as the fusion pass leaves them under an unfused decision), and its result as
-    /// output `y`.
+    /// The graph of one variant: the subgraph's operands `x0`, `x1`, … (as parameters where
+    /// the module packs them ahead, else as inputs), its op(s) (unfused: as the fusion pass
+    /// leaves them under an unfused decision), and its result as output `y`.
     pub fn graph(&self, variant: Variant) -> Result<Graph, String> {
         let mut g = Graph::new("subgraph");
         let xs: Vec<ValueRef> = self
             .inputs
             .iter()
+            .zip(&self.weights)
             .enumerate()
-            .map(|(i, t)| g.add_input(&format!("x{i}"), t.clone()))
+            .map(|(i, (t, &weight))| {
+                let name = format!("x{i}");
+                match weight {
+                    true => g.add_param(&name, t.clone(), Init::Zeros, false),
+                    false => g.add_input(&name, t.clone()),
+                }
+            })
             .collect();
         let added = |r: Result<Vec<ValueRef>, mslc_core::ops::OpError>| {
             r.map_err(|e| e.message)?
@@ -336,7 +354,22 @@ fn prepare_variant(
         memory_limit: None,
     };
     let mut exec = Executor::new(module, &options).map_err(|e| e.message)?;
-    for (i, (data, t)) in operands.iter().zip(&sub.inputs).enumerate() {
+    let operand = |name: &str| {
+        let i: usize = name.strip_prefix('x')?.parse().ok()?;
+        operands.get(i)
+    };
+    exec.init_params_with(|path, _, _, values| {
+        let data = operand(path).ok_or_else(|| format!("no operand `{path}`"))?;
+        values.copy_from_slice(data);
+        Ok::<(), String>(())
+    })?;
+    for (i, ((data, t), _)) in operands
+        .iter()
+        .zip(&sub.inputs)
+        .zip(&sub.weights)
+        .enumerate()
+        .filter(|(_, (_, &weight))| !weight)
+    {
         let shape = t.shape.iter().map(|&d| d.max(0) as usize).collect();
         let array = NpyArray::from_f32(shape, data).map_err(|e| e.to_string())?;
         exec.set_input(&format!("x{i}"), &array)

@@ -13,12 +13,14 @@ use crate::case::Case;
 /// Runs a prepared candidate kernel on a case's inputs. The tuner times and checks whatever
 /// this writes; tests wrap [`KernelRunner`] to plant wrong or failing candidates.
 pub trait CandidateRunner: Sync {
-    /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out`.
+    /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out`, reading input 1
+    /// from `packed_b` when given ([`Case::pack_ahead`]).
     fn run(
         &self,
         case: &Case,
         choice: &KernelChoice,
         kernel: &StepKernel,
+        packed_b: Option<&[f32]>,
         out: &mut [f32],
     ) -> Result<(), String>;
 }
@@ -32,19 +34,21 @@ impl CandidateRunner for KernelRunner {
         case: &Case,
         _choice: &KernelChoice,
         kernel: &StepKernel,
+        packed_b: Option<&[f32]>,
         out: &mut [f32],
     ) -> Result<(), String> {
         let inputs = case.views();
         let shape = case.output_shape();
+        let io = Operands {
+            inputs: &inputs,
+            ints: case.ints(),
+            out,
+            out_shape: &shape,
+            in_place: false,
+            more_outs: Default::default(),
+        };
         kernel
-            .run(Operands {
-                inputs: &inputs,
-                ints: case.ints(),
-                out,
-                out_shape: &shape,
-                in_place: false,
-                more_outs: Default::default(),
-            })
+            .run_with_packed_b(io, packed_b)
             .map_err(|e| e.to_string())
     }
 }
@@ -55,10 +59,13 @@ pub fn run_once(
     case: &Case,
     choice: &KernelChoice,
     kernel: &StepKernel,
+    packed_b: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| runner.run(case, choice, kernel, out)))
-        .unwrap_or_else(|_| Err("the kernel panicked".to_string()))
+    catch_unwind(AssertUnwindSafe(|| {
+        runner.run(case, choice, kernel, packed_b, out)
+    }))
+    .unwrap_or_else(|_| Err("the kernel panicked".to_string()))
 }
 
 /// Fewest timed runs per measurement.
@@ -68,15 +75,16 @@ const MAX_SAMPLES: usize = 200;
 /// Timed runs continue (up to [`MAX_SAMPLES`]) until this much time has been spent.
 const MIN_TIME: Duration = Duration::from_millis(15);
 
-/// Seconds per run of `kernel` ([`repeat`]ed).
+/// Seconds per run of `kernel` ([`repeat`]ed), input 1 read from `packed_b` when given.
 pub fn time(
     runner: &dyn CandidateRunner,
     case: &Case,
     choice: &KernelChoice,
     kernel: &StepKernel,
+    packed_b: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<f64, String> {
-    repeat(|| run_once(runner, case, choice, kernel, out))
+    repeat(|| run_once(runner, case, choice, kernel, packed_b, out))
 }
 
 /// Seconds per call of `run`: one warm-up call, then at least [`MIN_SAMPLES`] timed calls
@@ -93,16 +101,19 @@ pub fn repeat_for(
     mut run: impl FnMut() -> Result<(), String>,
     min_time: Duration,
 ) -> Result<f64, String> {
-    run()?;
-    let start = Instant::now();
-    let mut samples = Vec::new();
-    while samples.len() < MIN_SAMPLES || (samples.len() < MAX_SAMPLES && start.elapsed() < min_time)
-    {
-        let t = Instant::now();
+    mslc_kernels::par::with_threads_awake(|| {
         run()?;
-        samples.push(t.elapsed().as_secs_f64());
-    }
-    Ok(robust_time(&mut samples))
+        let start = Instant::now();
+        let mut samples = Vec::new();
+        while samples.len() < MIN_SAMPLES
+            || (samples.len() < MAX_SAMPLES && start.elapsed() < min_time)
+        {
+            let t = Instant::now();
+            run()?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        Ok(robust_time(&mut samples))
+    })
 }
 
 /// A tuned choice must beat the default by this factor in the final, fresh re-measurement

@@ -87,11 +87,27 @@ impl<'a> Search<'a> {
         self.tried.insert(point.clone());
         let choice = self.space.choice(point);
         let result = self.case.prepare(&choice).and_then(|kernel| {
-            run_once(self.runner, self.case, &choice, &kernel, &mut self.out)
-                .map_err(|e| format!("fails to run: {e}"))?;
+            let packed = self.case.pack_ahead(&kernel)?;
+            let packed = packed.as_deref();
+            run_once(
+                self.runner,
+                self.case,
+                &choice,
+                &kernel,
+                packed,
+                &mut self.out,
+            )
+            .map_err(|e| format!("fails to run: {e}"))?;
             check_output(&self.out, self.reference).map_err(|e| format!("wrong result: {e}"))?;
-            time(self.runner, self.case, &choice, &kernel, &mut self.out)
-                .map_err(|e| format!("fails to run: {e}"))
+            time(
+                self.runner,
+                self.case,
+                &choice,
+                &kernel,
+                packed,
+                &mut self.out,
+            )
+            .map_err(|e| format!("fails to run: {e}"))
         });
         match result {
             Ok(t) => {

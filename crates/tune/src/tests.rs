@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
+use mslc_core::program::Init;
 use mslc_kernels::binding::{choose_kernel, KernelChoice};
 use mslc_kernels::step::StepKernel;
 
 use mslc_artifact::Module;
 use mslc_exec::Executor;
 use mslc_ir::passes::{Fuse, Pass, PassContext, PassStats};
-use mslc_ir::{Graph, ValueRef};
+use mslc_ir::{Graph, NodeKind, ValueRef};
 use mslc_plan::memory::plan_memory;
 use mslc_plan::schedule::schedule;
 
@@ -66,10 +67,11 @@ impl CandidateRunner for Planted {
         case: &Case,
         choice: &KernelChoice,
         kernel: &StepKernel,
+        packed_b: Option<&[f32]>,
         out: &mut [f32],
     ) -> Result<(), String> {
         self.runs.fetch_add(1, Ordering::Relaxed);
-        KernelRunner.run(case, choice, kernel, out)?;
+        KernelRunner.run(case, choice, kernel, packed_b, out)?;
         if self.break_others && *choice != case.default_choice() {
             out[out.len() / 2] += 0.5;
         }
@@ -461,4 +463,83 @@ fn fused_matmul_and_norm_subgraphs_are_decided_and_the_fusion_pass_honours_them(
             Op::FusedElementwise
         ]
     );
+}
+
+/// `relu(x @ w.T + b)` with `w: f32[24, 32]` a parameter (a weight) and `x: f32[16, 32]` an
+/// input.
+fn weighted_graph() -> Graph {
+    let mut g = Graph::new("weighted");
+    let f32s = |shape: Vec<i64>| TensorType::new(DType::F32, shape);
+    let x = g.add_input("x", f32s(vec![16, 32]));
+    let w = g.add_param("w", f32s(vec![24, 32]), Init::Zeros, true);
+    let b = g.add_input("b", f32s(vec![24]));
+    let flags = Attrs::new().with("transpose_b", true);
+    let mm = g.add_op(Op::Matmul, flags, &[x, w], "").unwrap()[0];
+    let a = g.add_op(Op::Add, Attrs::new(), &[mm, b], "").unwrap()[0];
+    let y = g.add_op(Op::Relu, Attrs::new(), &[a], "").unwrap()[0];
+    g.set_output("y", y);
+    g
+}
+
+/// A weight is packed once, ahead of a GEMM's calls, as the executor packs it at load: the
+/// tuner times candidates (and a subgraph's variants) that way too, not packing it per call,
+/// and gets the same results.
+#[test]
+fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
+    let (module, _) = fused_module(weighted_graph(), &PassContext::default());
+    let cases = Case::of_module(&module);
+    let case = cases
+        .iter()
+        .find(|c| c.op == Op::FusedMatmul)
+        .expect("the fused product");
+    assert!(case.b_packed_ahead);
+    let choice = case.default_choice();
+    let kernel = case.prepare(&choice).unwrap();
+    let packed = case
+        .pack_ahead(&kernel)
+        .unwrap()
+        .expect("the weight packed");
+    let run = |packed_b: Option<&[f32]>| {
+        let mut out = vec![f32::NAN; case.output_len()];
+        KernelRunner
+            .run(case, &choice, &kernel, packed_b, &mut out)
+            .unwrap();
+        out
+    };
+    let (per_call, ahead) = (run(None), run(Some(&packed)));
+    assert!(per_call
+        .iter()
+        .zip(&ahead)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    // A right operand that is an input is packed by each call.
+    let plain = matmul_case(8, 16, 8);
+    assert!(!plain.b_packed_ahead);
+    let kernel = plain.prepare(&plain.default_choice()).unwrap();
+    assert_eq!(plain.pack_ahead(&kernel).unwrap(), None);
+
+    // The subgraph's variants take the weight as a parameter and match the reference.
+    let subgraphs = Subgraph::of_module(&module);
+    for variant in [Variant::Fused, Variant::Unfused] {
+        let g = subgraphs[0].graph(variant).unwrap();
+        let params = g
+            .node_ids()
+            .into_iter()
+            .filter(|&id| matches!(g.node(id).kind, NodeKind::Param { .. }))
+            .count();
+        assert_eq!(params, 1, "{variant:?}");
+    }
+    let stop = AtomicBool::new(false);
+    let out = tune_subgraphs(
+        &subgraphs,
+        &mut KnowledgeBase::default(),
+        None,
+        &options(5_000),
+        &ExecRunner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].rejected, None, "{:?}", out[0]);
+    assert_eq!(out[0].source, Source::Measured);
 }

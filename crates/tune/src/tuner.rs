@@ -300,10 +300,25 @@ impl<'a> Tuning<'a> {
             .map_err(|e| format!("the reference kernel fails: {e}"))?
             .data;
         let mut out = vec![0.0; case.output_len()];
-        run_once(self.runner, case, &choice, &kernel, &mut out)?;
+        let packed = case.pack_ahead(&kernel)?;
+        run_once(
+            self.runner,
+            case,
+            &choice,
+            &kernel,
+            packed.as_deref(),
+            &mut out,
+        )?;
         check_output(&out, &reference)
             .map_err(|e| format!("the default kernel differs from the reference: {e}"))?;
-        let t = time(self.runner, case, &choice, &kernel, &mut out)?;
+        let t = time(
+            self.runner,
+            case,
+            &choice,
+            &kernel,
+            packed.as_deref(),
+            &mut out,
+        )?;
         Ok((reference, t))
     }
 
@@ -324,9 +339,11 @@ impl<'a> Tuning<'a> {
             let again = |point: &Vec<usize>| {
                 let choice = space.choice(point);
                 let kernel = case.prepare(&choice).ok()?;
+                let packed = case.pack_ahead(&kernel).ok()?;
+                let packed = packed.as_deref();
                 let mut out = vec![0.0; case.output_len()];
-                let a = time(self.runner, case, &choice, &kernel, &mut out).ok()?;
-                let b = time(self.runner, case, &choice, &kernel, &mut out).ok()?;
+                let a = time(self.runner, case, &choice, &kernel, packed, &mut out).ok()?;
+                let b = time(self.runner, case, &choice, &kernel, packed, &mut out).ok()?;
                 Some(a.min(b))
             };
             if let (Some(d), Some(b)) = (again(&default), again(&found.best)) {
