@@ -53,19 +53,63 @@ impl CandidateRunner for KernelRunner {
     }
 }
 
-/// Runs once, turning a panic inside the kernel into an error.
-pub fn run_once(
-    runner: &dyn CandidateRunner,
-    case: &Case,
-    choice: &KernelChoice,
-    kernel: &StepKernel,
-    packed_b: Option<&[f32]>,
-    out: &mut [f32],
-) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| {
-        runner.run(case, choice, kernel, packed_b, out)
-    }))
-    .unwrap_or_else(|_| Err("the kernel panicked".to_string()))
+/// One candidate of a case, ready to run as the module's executor would run it: its kernel
+/// and, where the executor packs input 1 ahead, that operand packed for it
+/// ([`Case::pack_ahead`]).
+pub struct Candidate<'a> {
+    case: &'a Case,
+    choice: KernelChoice,
+    kernel: StepKernel,
+    packed_b: Option<Vec<f32>>,
+}
+
+impl<'a> Candidate<'a> {
+    /// `choice` for `case`, or why it cannot be prepared.
+    pub fn new(case: &'a Case, choice: KernelChoice) -> Result<Candidate<'a>, String> {
+        let kernel = case.prepare(&choice)?;
+        let packed_b = case.pack_ahead(&kernel)?;
+        Ok(Candidate {
+            case,
+            choice,
+            kernel,
+            packed_b,
+        })
+    }
+
+    /// The prepared kernel.
+    pub fn kernel(&self) -> &StepKernel {
+        &self.kernel
+    }
+
+    /// Runs once into `out`, turning a panic inside the kernel into an error.
+    pub fn run_once(&self, runner: &dyn CandidateRunner, out: &mut [f32]) -> Result<(), String> {
+        let (case, choice, kernel) = (self.case, &self.choice, &self.kernel);
+        let packed_b = self.packed_b.as_deref();
+        catch_unwind(AssertUnwindSafe(|| {
+            runner.run(case, choice, kernel, packed_b, out)
+        }))
+        .unwrap_or_else(|_| Err("the kernel panicked".to_string()))
+    }
+
+    /// Seconds per run ([`repeat`]ed).
+    pub fn time(&self, runner: &dyn CandidateRunner, out: &mut [f32]) -> Result<f64, String> {
+        repeat(|| self.run_once(runner, out))
+    }
+
+    /// Seconds per run once a first run's output has passed [`check_output`] against
+    /// `reference`; the error says which failed ("fails to run: …" or "wrong result: …").
+    pub fn checked_time(
+        &self,
+        runner: &dyn CandidateRunner,
+        reference: &[f32],
+        out: &mut [f32],
+    ) -> Result<f64, String> {
+        self.run_once(runner, out)
+            .map_err(|e| format!("fails to run: {e}"))?;
+        check_output(out, reference).map_err(|e| format!("wrong result: {e}"))?;
+        self.time(runner, out)
+            .map_err(|e| format!("fails to run: {e}"))
+    }
 }
 
 /// Fewest timed runs per measurement.
@@ -74,18 +118,6 @@ const MIN_SAMPLES: usize = 5;
 const MAX_SAMPLES: usize = 200;
 /// Timed runs continue (up to [`MAX_SAMPLES`]) until this much time has been spent.
 const MIN_TIME: Duration = Duration::from_millis(15);
-
-/// Seconds per run of `kernel` ([`repeat`]ed), input 1 read from `packed_b` when given.
-pub fn time(
-    runner: &dyn CandidateRunner,
-    case: &Case,
-    choice: &KernelChoice,
-    kernel: &StepKernel,
-    packed_b: Option<&[f32]>,
-    out: &mut [f32],
-) -> Result<f64, String> {
-    repeat(|| run_once(runner, case, choice, kernel, packed_b, out))
-}
 
 /// Seconds per call of `run`: one warm-up call, then at least [`MIN_SAMPLES`] timed calls
 /// (more, up to [`MAX_SAMPLES`], while under [`MIN_TIME`]); the slowest quarter of the samples

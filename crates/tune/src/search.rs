@@ -13,7 +13,7 @@ use serde::Serialize;
 use mslc_kernels::binding::KernelParam;
 
 use crate::case::{Case, Rng};
-use crate::measure::{check_output, run_once, time, CandidateRunner};
+use crate::measure::{Candidate, CandidateRunner};
 use crate::model::CostModel;
 use crate::space::{Point, Space};
 
@@ -86,28 +86,8 @@ impl<'a> Search<'a> {
     pub fn evaluate(&mut self, point: &Point) -> Option<f64> {
         self.tried.insert(point.clone());
         let choice = self.space.choice(point);
-        let result = self.case.prepare(&choice).and_then(|kernel| {
-            let packed = self.case.pack_ahead(&kernel)?;
-            let packed = packed.as_deref();
-            run_once(
-                self.runner,
-                self.case,
-                &choice,
-                &kernel,
-                packed,
-                &mut self.out,
-            )
-            .map_err(|e| format!("fails to run: {e}"))?;
-            check_output(&self.out, self.reference).map_err(|e| format!("wrong result: {e}"))?;
-            time(
-                self.runner,
-                self.case,
-                &choice,
-                &kernel,
-                packed,
-                &mut self.out,
-            )
-            .map_err(|e| format!("fails to run: {e}"))
+        let result = Candidate::new(self.case, choice.clone()).and_then(|candidate| {
+            candidate.checked_time(self.runner, self.reference, &mut self.out)
         });
         match result {
             Ok(t) => {

@@ -20,7 +20,9 @@ use mslc_plan::memory::plan_memory;
 use mslc_plan::schedule::schedule;
 
 use crate::case::Case;
-use crate::graph::{host, tune_subgraphs, ExecRunner, Subgraph, Variant, VariantRunner};
+use crate::graph::{
+    host, tune_subgraphs, ExecRunner, GraphOutcome, Subgraph, Variant, VariantRunner,
+};
 use crate::kb::KnowledgeBase;
 use crate::measure::{CandidateRunner, KernelRunner, CONFIRM};
 use crate::tuner::{tune, Observer, Options, Progress, Source};
@@ -385,6 +387,22 @@ fn a_wrong_unfused_variant_is_rejected_and_the_subgraph_stays_fused() {
     assert!(kb.unfused("test-device", 2).is_empty());
 }
 
+/// Every subgraph of `subgraphs` decided by measuring it, from an empty knowledge base.
+fn decide_afresh(subgraphs: &[Subgraph]) -> Vec<GraphOutcome> {
+    let stop = AtomicBool::new(false);
+    let mut kb = KnowledgeBase::default();
+    tune_subgraphs(
+        subgraphs,
+        &mut kb,
+        None,
+        &options(5_000),
+        &ExecRunner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap()
+}
+
 /// `layer_norm(rms_norm(relu(x @ w.T + b)) * g) * g2 + b2` over `x: f32[16, 32]`,
 /// `w: f32[24, 32]`: a matmul epilogue, a scaled RMS norm and an affine layer norm.
 fn matmul_norm_graph() -> Graph {
@@ -422,18 +440,7 @@ fn fused_matmul_and_norm_subgraphs_are_decided_and_the_fusion_pass_honours_them(
 
     // Both variants of each are built, checked against the fused op's reference kernel
     // (a wrong decomposition would be rejected) and timed.
-    let mut kb = KnowledgeBase::default();
-    let stop = AtomicBool::new(false);
-    let out = tune_subgraphs(
-        &subgraphs,
-        &mut kb,
-        None,
-        &options(5_000),
-        &ExecRunner,
-        &stop,
-        &mut Quiet,
-    )
-    .unwrap();
+    let out = decide_afresh(&subgraphs);
     for o in &out {
         assert_eq!(o.source, Source::Measured, "{o:?}");
         assert_eq!(o.rejected, None, "{o:?}");
@@ -528,17 +535,7 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
             .count();
         assert_eq!(params, 1, "{variant:?}");
     }
-    let stop = AtomicBool::new(false);
-    let out = tune_subgraphs(
-        &subgraphs,
-        &mut KnowledgeBase::default(),
-        None,
-        &options(5_000),
-        &ExecRunner,
-        &stop,
-        &mut Quiet,
-    )
-    .unwrap();
+    let out = decide_afresh(&subgraphs);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].rejected, None, "{:?}", out[0]);
     assert_eq!(out[0].source, Source::Measured);

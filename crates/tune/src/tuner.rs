@@ -15,7 +15,7 @@ use mslc_kernels::binding::KernelParam;
 
 use crate::case::Case;
 use crate::kb::{KbError, KnowledgeBase, Record};
-use crate::measure::{check_output, run_once, time, CandidateRunner, CONFIRM};
+use crate::measure::{Candidate, CandidateRunner, CONFIRM};
 use crate::reference::reference_output;
 use crate::search::{Rejected, Search};
 use crate::space::Space;
@@ -293,32 +293,17 @@ impl<'a> Tuning<'a> {
     /// The reference output of `case` and its default kernel's time, after checking the
     /// default against the reference; why it cannot be tuned otherwise.
     fn baseline(&self, case: &Case) -> Result<(Vec<f32>, f64), String> {
-        let choice = case.default_choice();
-        let kernel = case.prepare(&choice)?;
-        let reference = reference_output(&kernel, case.op, &case.attrs, &case.views(), case.ints())
-            .ok_or_else(|| "no reference kernel to check candidates against".to_string())?
-            .map_err(|e| format!("the reference kernel fails: {e}"))?
-            .data;
+        let default = Candidate::new(case, case.default_choice())?;
+        let views = case.views();
+        let reference =
+            reference_output(default.kernel(), case.op, &case.attrs, &views, case.ints())
+                .ok_or_else(|| "no reference kernel to check candidates against".to_string())?
+                .map_err(|e| format!("the reference kernel fails: {e}"))?
+                .data;
         let mut out = vec![0.0; case.output_len()];
-        let packed = case.pack_ahead(&kernel)?;
-        run_once(
-            self.runner,
-            case,
-            &choice,
-            &kernel,
-            packed.as_deref(),
-            &mut out,
-        )?;
-        check_output(&out, &reference)
-            .map_err(|e| format!("the default kernel differs from the reference: {e}"))?;
-        let t = time(
-            self.runner,
-            case,
-            &choice,
-            &kernel,
-            packed.as_deref(),
-            &mut out,
-        )?;
+        let t = default
+            .checked_time(self.runner, &reference, &mut out)
+            .map_err(|e| format!("the default kernel: {e}"))?;
         Ok((reference, t))
     }
 
@@ -337,13 +322,10 @@ impl<'a> Tuning<'a> {
         let mut best_s = p.default_s;
         if found.best != default {
             let again = |point: &Vec<usize>| {
-                let choice = space.choice(point);
-                let kernel = case.prepare(&choice).ok()?;
-                let packed = case.pack_ahead(&kernel).ok()?;
-                let packed = packed.as_deref();
+                let candidate = Candidate::new(case, space.choice(point)).ok()?;
                 let mut out = vec![0.0; case.output_len()];
-                let a = time(self.runner, case, &choice, &kernel, packed, &mut out).ok()?;
-                let b = time(self.runner, case, &choice, &kernel, packed, &mut out).ok()?;
+                let a = candidate.time(self.runner, &mut out).ok()?;
+                let b = candidate.time(self.runner, &mut out).ok()?;
                 Some(a.min(b))
             };
             if let (Some(d), Some(b)) = (again(&default), again(&found.best)) {
