@@ -1,6 +1,6 @@
 //! This machine's figures for the planner's host target (`std.targets.cpu`): its f32 peak
 //! ([`mslc_kernels::peak::measure`], about 100 ms) and the rate mslc's own GEMM sustains at a
-//! training step's products ([`mslc_kernels::peak::gemm_rate`], about 70 ms), their ratio the
+//! training step's products ([`mslc_kernels::peak::gemm_rate`], about 120 ms), their ratio the
 //! host's compute efficiency. Each is measured the first time a plan needs it on this machine
 //! and thread count and kept in the user's cache (`host-peak.json`), so planning stays fast
 //! and plans the same from run to run. Measuring on a busy machine only finds less, so the
@@ -63,7 +63,7 @@ fn plausible(peak: f64, gemm: f64) -> bool {
 
 /// How long after a disturbed measurement processes go on without a GEMM rate before one
 /// measures again: a test suite or a busy hour starts many plans, and each would spend
-/// ~170 ms of every core measuring what the load would spoil again.
+/// ~220 ms of every core measuring what the load would spoil again.
 const RETRY_AFTER_S: f64 = 600.0;
 
 /// This machine's peak and GEMM rate on `threads` threads at `now` (Unix seconds): the kept

@@ -206,6 +206,20 @@ impl Graph {
         &self.graph[v.node].outputs[v.index as usize]
     }
 
+    /// The signature of op node `id` (op, operand types, attributes), as kernel tables and the
+    /// tuner key it; `None` for an input, parameter or constant node.
+    pub fn signature(&self, id: NodeId) -> Option<String> {
+        let node = self.node(id);
+        let op = node.op()?;
+        let attrs = node.attrs().cloned().unwrap_or_default();
+        let inputs = self.inputs(id);
+        Some(mslc_core::ops::signature(
+            op,
+            inputs.iter().map(|v| self.ty(*v)),
+            &attrs,
+        ))
+    }
+
     /// Operands of a node in slot order.
     pub fn inputs(&self, id: NodeId) -> Vec<ValueRef> {
         let mut edges: Vec<(u32, ValueRef)> = self

@@ -172,6 +172,14 @@ impl Drop for Awake<'_> {
     }
 }
 
+/// A short busy pause between two checks of a spinning wait (64 spin-loop hints, a few hundred
+/// cycles), so that the check does not hammer the cache line another thread is about to write.
+pub fn pause() {
+    for _ in 0..64 {
+        std::hint::spin_loop();
+    }
+}
+
 /// Executes pool work as it appears until `done`, or until none has come for [`AWAKE_IDLE`].
 fn poll(done: &AtomicBool) {
     if AWAKE.get() {
@@ -187,7 +195,7 @@ fn poll(done: &AtomicBool) {
                 if since.elapsed() > AWAKE_IDLE {
                     break;
                 }
-                (0..64).for_each(|_| std::hint::spin_loop());
+                pause();
             }
             None => break,
         }

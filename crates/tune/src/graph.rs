@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use mslc_artifact::Module;
-use mslc_core::ops::family::fused::Activation;
+use mslc_core::ops::family::fused::{Activation, FusedMatmulOperands};
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::{resolve_attrs, Attrs, Op, TensorType};
 use mslc_core::program::Init;
@@ -101,17 +101,17 @@ fn parts(op: Op, attrs: &Attrs) -> Option<Vec<Part>> {
                 .with("transpose_a", a.bool("transpose_a").ok()?)
                 .with("transpose_b", a.bool("transpose_b").ok()?);
             let mut parts = vec![Part::new(Op::Matmul, flags, &[Input(0), Input(1)])];
-            if a.bool("has_bias").ok()? {
-                parts.push(Part::new(Op::Add, Attrs::new(), &[Step(0), Input(2)]));
+            let operands = FusedMatmulOperands::of(&a);
+            if let Some(bias) = operands.bias_index() {
+                parts.push(Part::new(Op::Add, Attrs::new(), &[Step(0), Input(bias)]));
             }
             if let Some(act) = Activation::of(&a).ok()?.op() {
                 let last = Step(parts.len() - 1);
                 parts.push(Part::new(act, Attrs::new(), &[last]));
             }
-            if a.bool("has_multiplier").ok()? {
+            if let Some(multiplier) = operands.multiplier_index() {
                 let last = Step(parts.len() - 1);
-                let multiplier = Input(2 + usize::from(a.bool("has_bias").ok()?));
-                parts.push(Part::new(Op::Mul, Attrs::new(), &[last, multiplier]));
+                parts.push(Part::new(Op::Mul, Attrs::new(), &[last, Input(multiplier)]));
             }
             parts
         }

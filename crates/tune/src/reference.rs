@@ -22,15 +22,13 @@ pub fn reference_output(
         StepKernel::Unary(u, _) => text(reference::unary(*u, x(0))),
         StepKernel::Binary(b, _, _) => text(reference::binary(*b, x(0), x(1))),
         StepKernel::Fused(program, _) => text(reference::fused_elementwise(program, inputs)),
-        StepKernel::Matmul {
-            bias, multiplier, ..
-        } => {
+        StepKernel::Matmul { operands, .. } => {
             let a = resolve_attrs(op, attrs).ok()?;
             let activation = Activation::of(&a).ok()?;
             let (ta, tb) = (a.bool("transpose_a").ok()?, a.bool("transpose_b").ok()?);
-            let product =
-                reference::fused_matmul(x(0), x(1), bias.then(|| x(2)), ta, tb, activation);
-            let multiplier = multiplier.then(|| x(2 + usize::from(*bias)));
+            let bias = operands.bias_index().map(x);
+            let product = reference::fused_matmul(x(0), x(1), bias, ta, tb, activation);
+            let multiplier = operands.multiplier_index().map(x);
             text(product.and_then(|p| match multiplier {
                 Some(m) => reference::binary(BinaryOp::Mul, p.view(), m),
                 None => Ok(p),

@@ -24,7 +24,8 @@ use crate::graph::{
     host, tune_subgraphs, ExecRunner, GraphOutcome, Subgraph, Variant, VariantRunner,
 };
 use crate::kb::KnowledgeBase;
-use crate::measure::{CandidateRunner, KernelRunner, CONFIRM};
+use crate::measure::{check_output, CandidateRunner, KernelRunner, CONFIRM};
+use crate::reference::reference_output;
 use crate::tuner::{tune, Observer, Options, Progress, Source};
 
 fn matmul_case(m: i64, k: i64, n: i64) -> Case {
@@ -472,8 +473,8 @@ fn fused_matmul_and_norm_subgraphs_are_decided_and_the_fusion_pass_honours_them(
     );
 }
 
-/// `relu(x @ w.T + b)` with `w: f32[24, 32]` a parameter (a weight) and `x: f32[16, 32]` an
-/// input.
+/// `relu(x @ w.T + b) * m` with `w: f32[24, 32]` a parameter (a weight), `x: f32[16, 32]` an
+/// input and `m: f32[16, 24]` the product's multiplier.
 fn weighted_graph() -> Graph {
     let mut g = Graph::new("weighted");
     let f32s = |shape: Vec<i64>| TensorType::new(DType::F32, shape);
@@ -483,7 +484,9 @@ fn weighted_graph() -> Graph {
     let flags = Attrs::new().with("transpose_b", true);
     let mm = g.add_op(Op::Matmul, flags, &[x, w], "").unwrap()[0];
     let a = g.add_op(Op::Add, Attrs::new(), &[mm, b], "").unwrap()[0];
-    let y = g.add_op(Op::Relu, Attrs::new(), &[a], "").unwrap()[0];
+    let r = g.add_op(Op::Relu, Attrs::new(), &[a], "").unwrap()[0];
+    let m = g.add_input("m", f32s(vec![16, 24]));
+    let y = g.add_op(Op::Mul, Attrs::new(), &[r, m], "").unwrap()[0];
     g.set_output("y", y);
     g
 }
@@ -518,6 +521,12 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
         .iter()
         .zip(&ahead)
         .all(|(a, b)| a.to_bits() == b.to_bits()));
+    // The reference the guard checks candidates against applies the multiplier too.
+    let views = case.views();
+    let want = reference_output(&kernel, case.op, &case.attrs, &views, case.ints())
+        .unwrap()
+        .unwrap();
+    check_output(&per_call, &want.data).unwrap();
     // A right operand that is an input is packed by each call.
     let plain = matmul_case(8, 16, 8);
     assert!(!plain.b_packed_ahead);

@@ -78,9 +78,7 @@ impl Rendezvous {
         drop(state);
         let start = Instant::now();
         while self.progress.load(Ordering::Acquire) == seen && start.elapsed() < SPIN_WAIT {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
+            mslc_kernels::par::pause();
         }
         lock(&self.state)
     }

@@ -121,15 +121,14 @@ impl StepKernel {
             }
             StepKernel::Matmul {
                 plan,
-                bias,
+                operands,
                 activation,
-                multiplier,
                 params,
             } => {
                 let epilogue = Epilogue {
-                    bias: bias.then(|| x(2).data),
+                    bias: operands.bias_index().map(|i| x(i).data),
                     activation: *activation,
-                    multiplier: multiplier.then(|| x(2 + usize::from(*bias)).data),
+                    multiplier: operands.multiplier_index().map(|i| x(i).data),
                 };
                 match packed_b {
                     Some(packed) => plan.run_prepacked(x(0).data, packed, epilogue, params, out)?,

@@ -14,7 +14,7 @@ use crate::reference::CrossEntropyAttrs;
 use crate::transpose::TransposeParams;
 use crate::Activation;
 use mslc_core::ops::family::conv::{pool_window, Conv2dGeometry, Window};
-use mslc_core::ops::family::fused::fused_matmul_extras;
+use mslc_core::ops::family::fused::FusedMatmulOperands;
 use mslc_core::ops::family::nn::AttentionDims;
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand};
 use mslc_core::ops::family::reduce::reduced_axes;
@@ -39,12 +39,10 @@ pub enum StepKernel {
     Matmul {
         /// Batch layout, broadcasting and bias strides, resolved for the step's shapes.
         plan: GemmPlan,
-        /// Input 2 is a bias.
-        bias: bool,
+        /// Which inputs after `a` and `b` are a bias and a multiplier.
+        operands: FusedMatmulOperands,
         /// Epilogue.
         activation: Activation,
-        /// The last input multiplies the result (after the bias and the activation).
-        multiplier: bool,
         /// GEMM tiling.
         params: MatmulParams,
     },
@@ -319,18 +317,18 @@ pub fn prepare(
         }
         Op::Matmul | Op::FusedMatmul => {
             let activation = Activation::of(&a).map_err(err)?;
-            let (bias, multiplier) = fused_matmul_extras(&a);
-            let expected = 2 + usize::from(bias) + usize::from(multiplier);
-            if inputs.len() != expected {
+            let operands = FusedMatmulOperands::of(&a);
+            if inputs.len() != operands.count() {
                 return Err(format!(
-                    "{}: {} inputs where its attributes ask for {expected}",
+                    "{}: {} inputs where its attributes ask for {}",
                     op.name(),
-                    inputs.len()
+                    inputs.len(),
+                    operands.count()
                 ));
             }
             let dims =
                 |i: usize| -> Vec<usize> { inputs[i].shape.iter().map(|&d| d as usize).collect() };
-            let bias_shape = bias.then(|| dims(2));
+            let bias_shape = operands.bias_index().map(dims);
             let plan = GemmPlan::new(
                 &dims(0),
                 &dims(1),
@@ -341,9 +339,8 @@ pub fn prepare(
             .map_err(|e| e.to_string())?;
             StepKernel::Matmul {
                 plan,
-                bias,
+                operands,
                 activation,
-                multiplier,
                 params: decode_params(k)?,
             }
         }

@@ -105,23 +105,25 @@ fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     let dtype = ctx.same_dtype(0, 1)?;
     ctx.float_input(0)?;
     Activation::of(ctx.attrs)?;
-    let has_bias = ctx.attrs.bool("has_bias")?;
-    let has_multiplier = ctx.attrs.bool("has_multiplier")?;
-    let expected = 2 + usize::from(has_bias) + usize::from(has_multiplier);
-    if ctx.inputs.len() != expected {
+    let operands = FusedMatmulOperands {
+        bias: ctx.attrs.bool("has_bias")?,
+        multiplier: ctx.attrs.bool("has_multiplier")?,
+    };
+    if ctx.inputs.len() != operands.count() {
         return Err(OpError::new(format!(
-            "`has_bias` is {has_bias} and `has_multiplier` {has_multiplier} but {} inputs are \
-             given",
+            "`has_bias` is {} and `has_multiplier` {} but {} inputs are given",
+            operands.bias,
+            operands.multiplier,
             ctx.inputs.len()
         )));
     }
     let out = dims.output_shape();
-    if has_bias {
-        ctx.same_dtype(0, 2)?;
-        let bias = &ctx.input(2).shape;
+    if let Some(at) = operands.bias_index() {
+        ctx.same_dtype(0, at)?;
+        let bias = &ctx.input(at).shape;
         if !broadcasts_to(bias, &out) {
             return Err(OpError::at(
-                2,
+                at,
                 format!(
                     "bias {} does not broadcast to the product {}",
                     fmt_dims(bias),
@@ -130,8 +132,7 @@ fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             ));
         }
     }
-    if has_multiplier {
-        let at = expected - 1;
+    if let Some(at) = operands.multiplier_index() {
         ctx.same_dtype(0, at)?;
         let multiplier = &ctx.input(at).shape;
         if *multiplier != out {
@@ -148,18 +149,48 @@ fn infer_fused_matmul(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     Ok(vec![TensorType::new(dtype, out)])
 }
 
-/// Which optional inputs a `fused_matmul` with `attrs` takes: `(bias, multiplier)`, each at
-/// its place after `a` and `b` (the multiplier last). Unreadable attributes read as absent
-/// (the op's inference reports them).
-pub fn fused_matmul_extras(attrs: &Attrs) -> (bool, bool) {
-    let flag = |name| attrs.opt_bool(name).ok().flatten().unwrap_or(false);
-    (flag("has_bias"), flag("has_multiplier"))
+/// Which optional operands a `fused_matmul` takes and where they sit: after `a` and `b` the
+/// bias, then the multiplier. The one reading of `has_bias` and `has_multiplier` for the op's
+/// rules, its kernels and the tuner (a plain `matmul` has neither).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FusedMatmulOperands {
+    /// Whether a bias is added.
+    pub bias: bool,
+    /// Whether the result is multiplied by a tensor of its shape.
+    pub multiplier: bool,
+}
+
+impl FusedMatmulOperands {
+    /// The operands `attrs` ask for; an unreadable flag reads as absent (the op's inference
+    /// reports it).
+    pub fn of(attrs: &Attrs) -> Self {
+        let flag = |name| attrs.opt_bool(name).ok().flatten().unwrap_or(false);
+        Self {
+            bias: flag("has_bias"),
+            multiplier: flag("has_multiplier"),
+        }
+    }
+
+    /// How many inputs the op takes.
+    pub fn count(self) -> usize {
+        2 + usize::from(self.bias) + usize::from(self.multiplier)
+    }
+
+    /// The bias's input index, if there is one.
+    pub fn bias_index(self) -> Option<usize> {
+        self.bias.then_some(2)
+    }
+
+    /// The multiplier's input index, if there is one (the last).
+    pub fn multiplier_index(self) -> Option<usize> {
+        self.multiplier.then_some(2 + usize::from(self.bias))
+    }
 }
 
 fn cost_fused_matmul(ctx: &OpCtx, outputs: &[TensorType]) -> Cost {
     let matmul = MatmulDims::of(ctx.input(0), ctx.input(1), ctx.attrs).map_or(0, |d| d.flops());
-    let (bias, multiplier) = fused_matmul_extras(ctx.attrs);
-    let (bias, multiplier) = (u64::from(bias), u64::from(multiplier));
+    let operands = FusedMatmulOperands::of(ctx.attrs);
+    let (bias, multiplier) = (u64::from(operands.bias), u64::from(operands.multiplier));
     let act = Activation::of(ctx.attrs)
         .ok()
         .and_then(Activation::op)
@@ -226,8 +257,16 @@ mod tests {
         assert_eq!(ok(Op::FusedMatmul, gated.clone(), &inputs), f32t(&[4, 5]));
         let c = cost(Op::FusedMatmul, &gated, &inputs).unwrap();
         assert_eq!(c.flops, 2 * 4 * 5 * 8 + 20 * (1 + 8 + 1));
-        assert_eq!(fused_matmul_extras(&gated), (true, true));
-        assert_eq!(fused_matmul_extras(&Attrs::new()), (false, false));
+        let both = FusedMatmulOperands::of(&gated);
+        assert_eq!((both.bias, both.multiplier), (true, true));
+        assert_eq!(
+            (both.bias_index(), both.multiplier_index()),
+            (Some(2), Some(3))
+        );
+        assert_eq!(
+            FusedMatmulOperands::of(&Attrs::new()),
+            FusedMatmulOperands::default()
+        );
     }
 
     #[test]

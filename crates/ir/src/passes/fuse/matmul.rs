@@ -45,16 +45,10 @@ struct Found {
 
 fn find(g: &Graph, root: NodeId) -> Option<Found> {
     if g.node(root).op()? == Op::Mul {
-        return multiplied(g, root);
+        multiplied(g, root)
+    } else {
+        unmultiplied(g, root)
     }
-    let (matmul, bias, activation, absorbed) = find_unmultiplied(g, root)?;
-    Some(Found {
-        matmul,
-        bias,
-        activation,
-        multiplier: None,
-        absorbed,
-    })
 }
 
 /// The pattern when node `mul` multiplies a single-use product (with its bias and activation,
@@ -69,44 +63,48 @@ fn multiplied(g: &Graph, mul: NodeId) -> Option<Found> {
             if g.ty(product) != out || g.ty(multiplier) != out || !single_use(g, product) {
                 return None;
             }
-            let (matmul, bias, activation, mut absorbed) = match fusable_matmul(g, product) {
-                Some(matmul) => (matmul, None, Activation::NONE, vec![matmul]),
-                None => find_unmultiplied(g, product.node)?,
+            let mut found = match fusable_matmul(g, product) {
+                Some(matmul) => Found {
+                    matmul,
+                    bias: None,
+                    activation: Activation::NONE,
+                    multiplier: None,
+                    absorbed: Vec::new(),
+                },
+                None => unmultiplied(g, product.node)?,
             };
-            absorbed.push(product.node);
-            absorbed.dedup();
-            Some(Found {
-                matmul,
-                bias,
-                activation,
-                multiplier: Some(multiplier),
-                absorbed,
-            })
+            found.absorbed.push(product.node);
+            found.multiplier = Some(multiplier);
+            Some(found)
         })
 }
 
-/// The pattern rooted at an activation or a bias add: `(matmul, bias, activation, absorbed
-/// nodes)`.
-fn find_unmultiplied(
-    g: &Graph,
-    root: NodeId,
-) -> Option<(NodeId, Option<ValueRef>, Activation, Vec<NodeId>)> {
+/// The pattern rooted at an activation or a bias add.
+fn unmultiplied(g: &Graph, root: NodeId) -> Option<Found> {
     let op = g.node(root).op()?;
-    if let Some(act) = Activation::of_op(op) {
+    let (matmul, bias, activation, absorbed) = if let Some(act) = Activation::of_op(op) {
         let x = *g.inputs(root).first()?;
         if g.ty(x) != g.node(root).outputs.first()? {
             return None;
         }
-        if single_use(g, x) {
-            if let Some((mm, bias)) = bias_add(g, x.node) {
-                return Some((mm, Some(bias), act, vec![x.node, mm]));
+        match bias_add(g, x.node).filter(|_| single_use(g, x)) {
+            Some((mm, bias)) => (mm, Some(bias), act, vec![x.node, mm]),
+            None => {
+                let mm = fusable_matmul(g, x)?;
+                (mm, None, act, vec![mm])
             }
         }
-        let mm = fusable_matmul(g, x)?;
-        return Some((mm, None, act, vec![mm]));
-    }
-    let (mm, bias) = bias_add(g, root)?;
-    Some((mm, Some(bias), Activation::NONE, vec![mm]))
+    } else {
+        let (mm, bias) = bias_add(g, root)?;
+        (mm, Some(bias), Activation::NONE, vec![mm])
+    };
+    Some(Found {
+        matmul,
+        bias,
+        activation,
+        multiplier: None,
+        absorbed,
+    })
 }
 
 fn label(found: &Found) -> &'static str {
@@ -122,8 +120,8 @@ fn label(found: &Found) -> &'static str {
     }
 }
 
-/// Fuses every matmul + bias (+ activation) and matmul + activation, except the patterns
-/// `cx.unfused` names; roots are visited from the outputs back, so an activation claims its
+/// Fuses every matmul + bias (+ activation) and matmul + activation, each times a multiplier
+/// where one follows, except the patterns `cx.unfused` names; roots are visited from the outputs back, so an activation claims its
 /// bias add before the add is tried alone.
 pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     // The nodes of patterns left unfused: a part of one is not fused on its own either.

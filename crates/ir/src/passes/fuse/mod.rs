@@ -105,14 +105,5 @@ fn topo(g: &Graph) -> Result<Vec<crate::NodeId>, OpError> {
 /// Whether the fused op `node` just added must be left unfused: its signature, as the kernel
 /// table and the tuner key it, is in `cx.unfused`.
 fn left_unfused(g: &Graph, cx: &PassContext, node: crate::NodeId) -> bool {
-    if cx.unfused.is_empty() {
-        return false;
-    }
-    let Some(op) = g.node(node).op() else {
-        return false;
-    };
-    let attrs = g.node(node).attrs().cloned().unwrap_or_default();
-    let inputs = g.inputs(node);
-    let signature = mslc_core::ops::signature(op, inputs.iter().map(|v| g.ty(*v)), &attrs);
-    cx.unfused.contains(&signature)
+    !cx.unfused.is_empty() && g.signature(node).is_some_and(|s| cx.unfused.contains(&s))
 }
