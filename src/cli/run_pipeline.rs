@@ -145,7 +145,13 @@ pub fn execute(
         }
         Ok(())
     };
-    world::run_ranks(&world, world.ranks(layout)?, reporter, lead, follow)
+    world::run_ranks(
+        &world,
+        world.ranks(layout, threads)?,
+        reporter,
+        lead,
+        follow,
+    )
 }
 
 /// The model's outputs (name, type, value) in its order, gathered by rank 0: from each stage

@@ -113,7 +113,13 @@ pub fn execute(
         finish_rank0(args, ran, outputs, reporter)
     };
     let follow = |r, comm| rank(r, comm).map(drop);
-    world::run_ranks(&world, world.ranks(&layout)?, reporter, lead, follow)
+    world::run_ranks(
+        &world,
+        world.ranks(&layout, threads)?,
+        reporter,
+        lead,
+        follow,
+    )
 }
 
 /// Loads into `exec` the parameters of tensor-parallel member `part` of `layout` (those of

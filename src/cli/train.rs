@@ -372,7 +372,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         }
         Ok::<(), Failure>(())
     };
-    let ranks = world.ranks(&layout)?;
+    let ranks = world.ranks(&layout, threads)?;
     // The run's memory is measured from here: the ranks' executors and trainers, each rank's
     // copy of the data, the steps.
     // Ranks a device runs: one, but under an interleaved schedule its chunk-ranks; and so the

@@ -165,17 +165,17 @@ impl World {
     /// or in an MPI world those of the device this process is (under an interleaved schedule
     /// its chunk-ranks, as threads of it). The world is to outlive them: an MPI world is
     /// finalised when it is dropped, on this thread, after the ranks.
-    pub fn ranks(&self, layout: &RankLayout) -> Result<Vec<Rank>, Failure> {
+    pub fn ranks(&self, layout: &RankLayout, threads: usize) -> Result<Vec<Rank>, Failure> {
         let mesh = &layout
             .mesh()
             .map_err(|e| Failure::Message(e.code, e.message))?;
         let alone = mesh.size() == 1;
         let comms: Vec<(usize, Box<dyn Collectives>)> = match self {
-            World::One => ranks::thread_world(mesh.clone(), DEFAULT_TIMEOUT)
+            World::One => ranks::thread_world(mesh.clone(), DEFAULT_TIMEOUT, threads)
                 .into_iter()
                 .enumerate()
                 .collect(),
-            World::Threads(_, timeout) => ranks::thread_world(mesh.clone(), *timeout)
+            World::Threads(_, timeout) => ranks::thread_world(mesh.clone(), *timeout, threads)
                 .into_iter()
                 .enumerate()
                 .collect(),

@@ -594,10 +594,14 @@ pub fn tensor_splits(plan: &PlanFile) -> Result<BTreeMap<String, usize>, RanksEr
     Ok(splits)
 }
 
-/// The collectives of the ranks of `mesh` as threads of this process, in rank order, each
-/// waiting at most `timeout` in a collective.
-pub fn thread_world(mesh: Mesh, timeout: std::time::Duration) -> Vec<Box<dyn Collectives>> {
-    world_with_timeout(mesh, timeout)
+/// The collectives of the ranks of `mesh` as threads of this process, of `threads` worker
+/// threads each, in rank order, each waiting at most `timeout` in a collective.
+pub fn thread_world(
+    mesh: Mesh,
+    timeout: std::time::Duration,
+    threads: usize,
+) -> Vec<Box<dyn Collectives>> {
+    world_with_timeout(mesh, timeout, threads)
         .into_iter()
         .map(|r| Box::new(r) as Box<dyn Collectives>)
         .collect()
@@ -985,7 +989,7 @@ mod tests {
             .map(|m| (0..12).map(|i| m * 100 + i).collect())
             .collect();
         let got: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = thread_world(mesh, mslc_exec::collectives::DEFAULT_TIMEOUT)
+            let handles: Vec<_> = thread_world(mesh, mslc_exec::collectives::DEFAULT_TIMEOUT, 1)
                 .into_iter()
                 .zip(&parts)
                 .map(|(mut comm, part)| {

@@ -9,8 +9,9 @@
 //! hangs (alive, never arriving or never sending) fails the others' wait after the world's
 //! timeout. The contribution buffers of a completed round are kept for the next (no fresh
 //! pages per collective), and sums run one cache-sized chunk at a time over every member. A
-//! member that arrives before the others spins for a while before it sleeps (where the world
-//! has a core per rank), so that the last arrival does not wait for it to wake.
+//! member that arrives before the others spins for a while before it sleeps (where every
+//! thread of the world has a core: [`spins_while_waiting`]), so that the last arrival does not
+//! wait for it to wake.
 //!
 //! A large all-reduce copies nothing: each member deposits the address of its own buffer
 //! instead, and once all have arrived, member i sums slice i of every member's buffer (in
@@ -144,8 +145,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct ThreadRank {
     rank: usize,
     shared: Arc<Shared>,
-    /// Whether this rank spins before sleeping in a collective: where the world has no more
-    /// ranks than the machine has cores, so a spinning rank takes no other rank's core.
+    /// Whether this rank spins before sleeping in a collective ([`spins_while_waiting`]).
     spins: bool,
     /// To every rank (index = destination).
     to: Vec<Sender<Vec<f32>>>,
@@ -153,15 +153,29 @@ pub struct ThreadRank {
     from: Vec<Receiver<Vec<f32>>>,
 }
 
-/// The ranks of `mesh`, in rank order, waiting at most [`DEFAULT_TIMEOUT`] in a collective.
+/// The ranks of `mesh`, of one worker thread each, in rank order, waiting at most
+/// [`DEFAULT_TIMEOUT`] in a collective.
 pub fn world(mesh: Mesh) -> Vec<ThreadRank> {
-    world_with_timeout(mesh, DEFAULT_TIMEOUT)
+    world_with_timeout(mesh, DEFAULT_TIMEOUT, 1)
 }
 
-/// The ranks of `mesh`, in rank order: a rank waiting longer than `timeout` for the others of
-/// its group in a collective (one hangs) fails with an error naming the missing ranks.
-pub fn world_with_timeout(mesh: Mesh, timeout: Duration) -> Vec<ThreadRank> {
+/// Whether the members of a world of `ranks` ranks of `threads` worker threads each spin
+/// before they sleep in a collective: where every thread the ranks keep busy has a core of its
+/// own — each rank's workers and, where it has more than one, the communication thread that
+/// overlaps its all-reduces — so that a spinning member takes no core another thread computes
+/// on (2 ranks of 2 threads on 2 cores: a spinning communication thread delayed the backward
+/// it overlaps, and fewer all-reduces overlapped).
+pub fn spins_while_waiting(ranks: usize, threads: usize) -> bool {
+    let busy = threads + usize::from(threads > 1);
+    ranks.saturating_mul(busy) <= mslc_kernels::par::cores()
+}
+
+/// The ranks of `mesh`, of `threads` worker threads each, in rank order: a rank waiting longer
+/// than `timeout` for the others of its group in a collective (one hangs) fails with an error
+/// naming the missing ranks.
+pub fn world_with_timeout(mesh: Mesh, timeout: Duration, threads: usize) -> Vec<ThreadRank> {
     let n = mesh.size();
+    let spins = spins_while_waiting(n, threads);
     let mut groups = HashMap::new();
     for axis in 0..mesh.axes().len() {
         for rank in 0..n {
@@ -196,7 +210,7 @@ pub fn world_with_timeout(mesh: Mesh, timeout: Duration) -> Vec<ThreadRank> {
         .map(|(rank, (to, from))| ThreadRank {
             rank,
             shared: Arc::clone(&shared),
-            spins: n <= mslc_kernels::par::cores(),
+            spins,
             to,
             from: from
                 .into_iter()
@@ -575,6 +589,18 @@ fn sum_in_member_order(out: &mut [f32], round: &[impl AsRef<[f32]>], offset: usi
 mod tests {
     use super::*;
 
+    /// Members spin only where every busy thread has a core: ranks of one worker each up to
+    /// the core count; not ranks of two (a worker more, and a communication thread each).
+    #[test]
+    fn members_spin_only_where_every_thread_has_a_core() {
+        let cores = mslc_kernels::par::cores();
+        assert!(spins_while_waiting(1, 1));
+        assert!(spins_while_waiting(cores, 1));
+        assert!(!spins_while_waiting(cores + 1, 1));
+        assert!(!spins_while_waiting(cores, 2));
+        assert!(!spins_while_waiting(2, cores));
+    }
+
     /// Runs `body` on every rank of `mesh`, each in its own thread; the results in rank order.
     fn on_ranks<T: Send>(mesh: Mesh, body: impl Fn(&mut ThreadRank) -> T + Sync) -> Vec<T> {
         let ranks = world(mesh);
@@ -746,7 +772,7 @@ mod tests {
 
     fn a_rank_that_hangs_fails_its_peer(len: usize) {
         let timeout = Duration::from_millis(200);
-        let ranks = world_with_timeout(Mesh::line("dp", 2).unwrap(), timeout);
+        let ranks = world_with_timeout(Mesh::line("dp", 2).unwrap(), timeout, 1);
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let mut rx = Some(rx);
         let out: Vec<ExecResult<Duration>> = std::thread::scope(|scope| {
@@ -784,7 +810,7 @@ mod tests {
     #[test]
     fn a_receive_from_a_rank_that_never_sends_fails_after_the_timeout() {
         let timeout = Duration::from_millis(100);
-        let mut ranks = world_with_timeout(Mesh::line("pp", 2).unwrap(), timeout);
+        let mut ranks = world_with_timeout(Mesh::line("pp", 2).unwrap(), timeout, 1);
         let _silent = ranks.pop();
         let mut waiting = ranks.pop().unwrap();
         let mut data = vec![0.0; 3];
