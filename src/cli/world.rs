@@ -163,8 +163,10 @@ impl World {
 
     /// The ranks of `layout`'s mesh this process runs, in rank order: all of them as threads,
     /// or in an MPI world those of the device this process is (under an interleaved schedule
-    /// its chunk-ranks, as threads of it). The world is to outlive them: an MPI world is
-    /// finalised when it is dropped, on this thread, after the ranks.
+    /// its chunk-ranks, as threads of it). Each rank runs `threads` worker threads, which
+    /// decides whether the threads backend's members spin while they wait
+    /// ([`mslc_exec::collectives::threads::spins_while_waiting`]). The world is to outlive
+    /// them: an MPI world is finalised when it is dropped, on this thread, after the ranks.
     pub fn ranks(&self, layout: &RankLayout, threads: usize) -> Result<Vec<Rank>, Failure> {
         let mesh = &layout
             .mesh()

@@ -93,9 +93,8 @@ pub fn measure(threads: usize) -> Option<Peak> {
 /// timed with the pool's threads kept awake ([`crate::par::with_threads_awake`]) as the
 /// executor runs a step: timed cold, each call also paid a sleeping thread's wake-up, and on
 /// a 2-core AVX-512 Xeon the rate came out at 0.37 of the peak where a step's products reach
-/// 0.55-0.6. What the planner's
-/// compute efficiency on the host is measured by, against [`measure`]'s peak: the FMA loop is
-/// what a core can do, this what a step's products get.
+/// 0.55-0.6. What the planner's compute efficiency on the host is measured by, against
+/// [`measure`]'s peak: the FMA loop is what a core can do, this what a step's products get.
 pub fn gemm_rate(threads: usize) -> Option<f64> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
@@ -114,8 +113,8 @@ pub fn gemm_rate(threads: usize) -> Option<f64> {
 }
 
 /// The first-quartile seconds of the calls made in [`GEMM_TIMED`] (at least nine, after
-/// [`GEMM_WARM_UP`] of warm-up calls) of the product of an `a_shape` and a
-/// `b_shape` operand with the given transpositions, on the current thread pool.
+/// [`GEMM_WARM_UP`] of warm-up calls) of the product of an `a_shape` and a `b_shape` operand
+/// with the given transpositions, on the current thread pool.
 fn typical_fast_seconds(
     a_shape: [usize; 2],
     b_shape: [usize; 2],

@@ -188,7 +188,7 @@ impl Subgraph {
             .zip(&self.weights)
             .enumerate()
             .map(|(i, (t, &weight))| {
-                let name = format!("x{i}");
+                let name = operand_name(i);
                 match weight {
                     true => g.add_param(&name, t.clone(), Init::Zeros, false),
                     false => g.add_input(&name, t.clone()),
@@ -339,6 +339,11 @@ pub(crate) fn host() -> Target {
     }
 }
 
+/// The name of a variant's operand `i` ([`Subgraph::graph`]), as a parameter or an input.
+fn operand_name(i: usize) -> String {
+    format!("x{i}")
+}
+
 /// A variant ready to run: its executor with the operands set.
 fn prepare_variant(
     sub: &Subgraph,
@@ -354,26 +359,21 @@ fn prepare_variant(
         memory_limit: None,
     };
     let mut exec = Executor::new(module, &options).map_err(|e| e.message)?;
-    let operand = |name: &str| {
-        let i: usize = name.strip_prefix('x')?.parse().ok()?;
-        operands.get(i)
-    };
+    let names: Vec<String> = (0..operands.len()).map(operand_name).collect();
+    // The weights are the variant's parameters, the other operands its inputs.
     exec.init_params_with(|path, _, _, values| {
-        let data = operand(path).ok_or_else(|| format!("no operand `{path}`"))?;
-        values.copy_from_slice(data);
+        let i =
+            (names.iter().position(|n| n == path)).ok_or_else(|| format!("no operand `{path}`"))?;
+        values.copy_from_slice(&operands[i]);
         Ok::<(), String>(())
     })?;
-    for (i, ((data, t), _)) in operands
-        .iter()
-        .zip(&sub.inputs)
-        .zip(&sub.weights)
-        .enumerate()
-        .filter(|(_, (_, &weight))| !weight)
-    {
+    for (i, (data, t)) in operands.iter().zip(&sub.inputs).enumerate() {
+        if sub.weights[i] {
+            continue;
+        }
         let shape = t.shape.iter().map(|&d| d.max(0) as usize).collect();
         let array = NpyArray::from_f32(shape, data).map_err(|e| e.to_string())?;
-        exec.set_input(&format!("x{i}"), &array)
-            .map_err(|e| e.message)?;
+        exec.set_input(&names[i], &array).map_err(|e| e.message)?;
     }
     Ok(exec)
 }

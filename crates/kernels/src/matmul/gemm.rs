@@ -12,6 +12,8 @@ use super::pack::{pack_a_panel, pack_b_panel, MatRef};
 use super::prefetch;
 use super::{small, MatmulParams};
 use crate::activation::{apply_in_place, Activation};
+use crate::elementwise::slice::binary_in_place;
+use crate::elementwise::BinaryOp;
 use crate::par::{self, SyncPtr};
 use crate::scratch::with_scratch;
 
@@ -443,9 +445,7 @@ impl Gemm<'_> {
             if let Some(bias) = self.bias {
                 let base = prob.bias_offset + r * bias.rs + col0 * bias.cs;
                 if bias.cs == 1 {
-                    for (o, &b) in out.iter_mut().zip(&bias.data[base..]) {
-                        *o += b;
-                    }
+                    binary_in_place(BinaryOp::Add, out, &bias.data[base..]);
                 } else {
                     for (j, o) in out.iter_mut().enumerate() {
                         *o += bias.data[base + j * bias.cs];
@@ -455,9 +455,7 @@ impl Gemm<'_> {
             apply_in_place(self.activation, out);
             if let Some(multiplier) = self.multiplier {
                 let base = prob.c_offset + r * self.ldc + col0;
-                for (o, &x) in out.iter_mut().zip(&multiplier[base..]) {
-                    *o *= x;
-                }
+                binary_in_place(BinaryOp::Mul, out, &multiplier[base..]);
             }
         }
     }

@@ -596,3 +596,25 @@ fn lower_program(program: &ElementwiseProgram, inputs: &[TensorType]) -> Result<
     }
     Ok(Program { instrs })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::choose_kernel;
+
+    /// A `fused_matmul` whose inputs are not the ones its `has_bias` and `has_multiplier` ask
+    /// for (a damaged artifact) is refused with both counts, not read out of bounds.
+    #[test]
+    fn a_fused_matmul_with_operands_its_attributes_do_not_ask_for_is_refused() {
+        let f32s = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
+        let attrs = Attrs::new().with("has_multiplier", true);
+        let choice = choose_kernel(Op::FusedMatmul);
+        let two = [f32s(&[4, 8]), f32s(&[8, 5])];
+        let Err(e) = prepare(Op::FusedMatmul, &attrs, &choice, &two, &f32s(&[4, 5])) else {
+            panic!("two inputs where three are asked for were accepted");
+        };
+        assert_eq!(e, "fused_matmul: 2 inputs where its attributes ask for 3");
+        let three = [f32s(&[4, 8]), f32s(&[8, 5]), f32s(&[4, 5])];
+        assert!(prepare(Op::FusedMatmul, &attrs, &choice, &three, &f32s(&[4, 5])).is_ok());
+    }
+}

@@ -121,8 +121,9 @@ fn label(found: &Found) -> &'static str {
 }
 
 /// Fuses every matmul + bias (+ activation) and matmul + activation, each times a multiplier
-/// where one follows, except the patterns `cx.unfused` names; roots are visited from the outputs back, so an activation claims its
-/// bias add before the add is tried alone.
+/// where one follows, except the patterns `cx.unfused` names; roots are visited from the
+/// outputs back, so a `mul` claims its product, and an activation its bias add, before the
+/// inner pattern is tried alone.
 pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     // The nodes of patterns left unfused: a part of one is not fused on its own either.
     let mut kept: HashSet<NodeId> = HashSet::new();
