@@ -1,12 +1,15 @@
-//! Flash-style attention: per (batch, query head) task — or per share of its query tiles, when
-//! the heads alone leave threads idle — key blocks stream through an online softmax, so no S×T
-//! score matrix is ever held; each key block is packed once for all the task's query tiles.
-//! Causal (last query aligned with the last key), GQA (query head h reads kv head h / (Hq /
-//! Hkv)), layout `[B, S, H, D]`. The same pass gives, in [`attention_lse`], the per-row
-//! log-sum-exp the backward ([`crate::attention_grad`]) rebuilds the weights from.
+//! Flash-style attention: per query tile of each (batch, query head), one task, key blocks
+//! stream through an online softmax, so no S×T score matrix is ever held. A block's scores are
+//! computed transposed (keys × queries), so that the softmax of a tile's queries runs as vector
+//! lanes — one pass for the maxima, one for the exponentials and sums — rather than row by row,
+//! where per-row reductions cost more than the exponentials. Causal (last query aligned with
+//! the last key), GQA (query head h reads kv head h / (Hq / Hkv)), layout `[B, S, H, D]`. The
+//! same pass gives, in [`attention_lse`], the per-row log-sum-exp the backward
+//! ([`crate::attention_grad`]) rebuilds the weights from.
 
 use serde::{Deserialize, Serialize};
 
+use super::cpu::dispatch_avx512;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{pack_operand, packed_len, Gemm};
 use super::matmul::pack::MatRef;
@@ -58,7 +61,10 @@ struct AttentionJob<'a> {
     scale: f32,
     block_q: usize,
     block_k: usize,
+    /// The weights-times-values products' parameters (weights read in place).
     gemm: MatmulParams,
+    /// The scores products' parameters: the keys, their left operand, read in place too.
+    scores_gemm: MatmulParams,
     kernel: MicroKernel,
     /// Where each row's log-sum-exp goes (`[B, S, Hq]`), when the caller wants it.
     lse: Option<SyncPtr>,
@@ -131,6 +137,16 @@ fn run(
         return Err(KernelError::new(op, "block sizes must be at least 1"));
     }
     let kernel = MicroKernel::select(params.isa)?;
+    let gemm = MatmulParams {
+        mc: params.block_q,
+        kc: d.max(params.block_k),
+        nc: d.max(params.block_k),
+        small_m: params.block_q,
+        tasks_per_thread: 0,
+        min_parallel_flops: usize::MAX,
+        isa: params.isa,
+        ..MatmulParams::default()
+    };
     let p = AttentionJob {
         q: q.data,
         k: k.data,
@@ -144,16 +160,11 @@ fn run(
         scale: scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
         block_q: params.block_q,
         block_k: params.block_k,
-        gemm: MatmulParams {
-            mc: params.block_q,
-            kc: d.max(params.block_k),
-            nc: d.max(params.block_k),
-            small_m: params.block_q,
-            tasks_per_thread: 0,
-            min_parallel_flops: usize::MAX,
-            isa: params.isa,
-            ..MatmulParams::default()
+        scores_gemm: MatmulParams {
+            small_m: params.block_k,
+            ..gemm.clone()
         },
+        gemm,
         kernel,
         lse: lse.map(|l| SyncPtr(l.as_mut_ptr())),
     };
@@ -163,31 +174,16 @@ fn run(
         .iter()
         .fold(4usize, |f, &x| f.saturating_mul(x));
     let parallel = flops >= params.min_parallel_flops;
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    // A head's tiles are dealt round-robin to `groups` tasks (balancing causal tiles, whose cost
-    // grows with their position): no more than GROUP_ROWS query rows each, and more tasks only
-    // when the heads alone leave threads idle.
-    let groups = q_tiles
-        .div_ceil((GROUP_ROWS / params.block_q).max(1))
-        .max(threads.div_ceil(heads.max(1)))
-        .min(q_tiles)
-        .max(1);
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    par::for_each_index(parallel, heads * groups, |task| {
-        let (bh, group) = (task / groups, task % groups);
-        let tiles = Tiles {
-            first: group,
-            step: groups,
-            end: q_tiles,
-        };
-        // SAFETY: the task writes only the rows and log-sum-exps of its own query tiles at
+    // One task per query tile of every (batch, head): a tile packs its own queries and reads
+    // the keys and values in place, so nothing is shared between tiles; the causal tiles' costs
+    // (growing with their position) even out over the pool's work stealing.
+    par::for_each_index(parallel, heads * q_tiles, |task| {
+        let (bh, tile) = (task / q_tiles, task % q_tiles);
+        // SAFETY: the task writes only the rows and log-sum-exps of query tile `tile` at
         // (batch, head) `bh`, disjoint from every other task's, inside `out` and `lse` (lengths
         // checked).
-        unsafe { p.tiles(bh / hq, bh % hq, tiles, out_ptr) };
+        unsafe { p.tile(bh / hq, bh % hq, tile, out_ptr) };
     });
     Ok(())
 }
@@ -200,24 +196,6 @@ pub(crate) fn visible_keys(causal: bool, q: usize, s: usize, t: usize) -> usize 
         (q + t + 1).saturating_sub(s).min(t)
     } else {
         t
-    }
-}
-
-/// Query rows one task holds at most: its tiles' accumulators and softmax statistics live in
-/// its scratch, and each packed key block serves all of them.
-const GROUP_ROWS: usize = 256;
-
-/// The query tiles one task computes: `first`, `first + step`, … below `end`.
-#[derive(Clone, Copy)]
-struct Tiles {
-    first: usize,
-    step: usize,
-    end: usize,
-}
-
-impl Tiles {
-    fn iter(self) -> impl Iterator<Item = usize> {
-        (self.first..self.end).step_by(self.step)
     }
 }
 
@@ -240,104 +218,80 @@ impl AttentionJob<'_> {
         }
     }
 
-    /// Keys query tile `tile` may see: `j < limit` (its last query sees the most).
-    fn limit(&self, tile: usize) -> usize {
-        let last = (tile * self.block_q + self.block_q).min(self.s) - 1;
-        visible_keys(self.causal, last, self.s, self.t)
-    }
-
-    /// Computes query tiles `tiles` of one (batch, head).
+    /// Computes query tile `tile` of one (batch, head): per block of keys, the scores
+    /// transposed (one key's scores for the tile's queries contiguous, so that the softmax
+    /// statistics of many queries advance together in one vector), the online
+    /// softmax over them, and the weighted values added into the tile's accumulators.
     ///
     /// # Safety
     /// `out` must point to the `[B, S, Hq, D]` output (and `self.lse`, if any, to `[B, S, Hq]`),
-    /// and no other task may write these tiles.
-    unsafe fn tiles(&self, b: usize, h: usize, tiles: Tiles, out: SyncPtr) {
+    /// and no other task may write this tile.
+    unsafe fn tile(&self, b: usize, h: usize, tile: usize, out: SyncPtr) {
         let (s, t, d) = (self.s, self.t, self.d);
         let kh = h / (self.hq / self.hkv);
         let (qs, ks) = (self.hq * d, self.hkv * d);
-        let rows = tiles
-            .iter()
-            .map(|tile| self.block_q.min(s - tile * self.block_q))
-            .sum::<usize>();
-        let limit = tiles.iter().map(|tile| self.limit(tile)).max().unwrap_or(0);
-        let bk_max = self.block_k.min(t.max(1));
-        let packed_k_len = packed_len(bk_max, d, self.kernel);
-        let scratch = packed_k_len + self.block_q * bk_max + rows * d + 2 * rows;
+        let q0 = tile * self.block_q;
+        let bq = self.block_q.min(s - q0);
+        // Keys the tile's last query sees: its other queries see a prefix of them.
+        let limit = visible_keys(self.causal, q0 + bq - 1, s, t);
+        let bk_max = self.block_k.min(limit.max(1));
+        let packed_q_len = packed_len(bq, d, self.kernel);
+        let scratch = packed_q_len + (bk_max + 4 + rows::LANES) * bq + bq * d;
         with_scratch(scratch, |buf| {
-            let (packed_k, rest) = buf.split_at_mut(packed_k_len);
-            let (scores, rest) = rest.split_at_mut(self.block_q * bk_max);
-            let (acc, rest) = rest.split_at_mut(rows * d);
-            let (row_max, row_sum) = rest.split_at_mut(rows);
+            let (packed_q, rest) = buf.split_at_mut(packed_q_len);
+            let (scores, rest) = rest.split_at_mut(bk_max * bq);
+            let (acc, rest) = rest.split_at_mut(bq * d);
+            let (row_max, rest) = rest.split_at_mut(bq);
+            let (row_sum, rest) = rest.split_at_mut(bq);
+            let (correction, rest) = rest.split_at_mut(bq);
+            let (visible, partials) = rest.split_at_mut(bq);
             acc.fill(0.0);
             row_max.fill(f32::NEG_INFINITY);
             row_sum.fill(0.0);
-            // `n` rows of k or v from key t0, and the keys as the right operand of q·kᵀ.
+            let queries = [self
+                .rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs)
+                .t()];
+            let packed_q = pack_operand(queries[0], self.kernel, packed_q);
+            // `n` rows of k or v from key t0.
             let kv_rows =
                 |data, t0: usize, n| self.rows(data, ((b * t + t0) * self.hkv + kh) * d, n, ks);
-            let keys = |t0: usize, n: usize| [kv_rows(self.k, t0, n).t()];
             for t0 in (0..limit).step_by(self.block_k) {
-                let block = keys(t0, self.block_k.min(limit - t0));
-                let packed_k = pack_operand(block[0], self.kernel, packed_k);
-                let mut first_row = 0;
-                for tile in tiles.iter() {
-                    let q0 = tile * self.block_q;
-                    let bq = self.block_q.min(s - q0);
-                    let tile_rows = first_row..first_row + bq;
-                    first_row += bq;
-                    let Some(bk) = self.limit(tile).checked_sub(t0).filter(|&n| n > 0) else {
-                        continue;
-                    };
-                    let bk = bk.min(self.block_k);
-                    let scores = &mut scores[..bq * bk];
-                    let qa = [self.rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs)];
-                    let k_rows = keys(t0, bk);
-                    Gemm::single(&qa, &k_rows, bk, false, self.kernel)
-                        .run_on_packed_prefix(scores, &self.gemm, packed_k);
-                    for (r, row) in tile_rows.clone().zip(scores.chunks_exact_mut(bk)) {
-                        rows::scale(row, self.scale);
-                        if self.causal {
-                            let q = q0 + (r - tile_rows.start);
-                            let visible = visible_keys(true, q, s, t).saturating_sub(t0).min(bk);
-                            row[visible..].fill(f32::NEG_INFINITY);
+                let bk = self.block_k.min(limit - t0);
+                let scores = &mut scores[..bk * bq];
+                let keys = [kv_rows(self.k, t0, bk)];
+                Gemm::single(&keys, &queries, bq, false, self.kernel).run_on_packed_prefix(
+                    scores,
+                    &self.scores_gemm,
+                    packed_q,
+                );
+                for (r, v) in visible.iter_mut().enumerate() {
+                    let keys = visible_keys(self.causal, q0 + r, s, t).saturating_sub(t0);
+                    *v = keys.min(bk) as f32;
+                }
+                softmax_block(
+                    scores, visible, self.scale, row_max, row_sum, correction, partials,
+                );
+                if t0 > 0 {
+                    for (row, &c) in acc.chunks_exact_mut(d).zip(correction.iter()) {
+                        if c != 1.0 {
+                            rows::scale(row, c);
                         }
-                        let new_max = row_max[r].max(rows::max(row));
-                        if new_max == f32::NEG_INFINITY {
-                            row.fill(0.0);
-                            continue;
-                        }
-                        let correction = rows::exp_one(row_max[r] - new_max);
-                        let sum = rows::exp_sum(row, 1.0, new_max);
-                        row_sum[r] = row_sum[r] * correction + sum;
-                        row_max[r] = new_max;
-                        rows::scale(&mut acc[r * d..(r + 1) * d], correction);
                     }
-                    let p = [MatRef {
-                        data: scores,
-                        offset: 0,
-                        rs: bk,
-                        cs: 1,
-                        rows: bq,
-                        cols: bk,
-                    }];
-                    let v_rows = [kv_rows(self.v, t0, bk)];
-                    Gemm::single(&p, &v_rows, d, true, self.kernel)
-                        .run(&mut acc[tile_rows.start * d..tile_rows.end * d], &self.gemm);
                 }
+                // The weights, stored transposed, are the left operand as they lie.
+                let weights = [MatRef {
+                    data: scores,
+                    offset: 0,
+                    rs: 1,
+                    cs: bq,
+                    rows: bq,
+                    cols: bk,
+                }];
+                let values = [kv_rows(self.v, t0, bk)];
+                Gemm::single(&weights, &values, d, true, self.kernel).run(acc, &self.gemm);
             }
-            let mut r = 0;
-            for tile in tiles.iter() {
-                let q0 = tile * self.block_q;
-                for q in q0..(q0 + self.block_q).min(s) {
-                    self.finish_row(
-                        b,
-                        h,
-                        q,
-                        (row_max[r], row_sum[r]),
-                        &mut acc[r * d..(r + 1) * d],
-                        out,
-                    );
-                    r += 1;
-                }
+            for (r, row) in acc.chunks_exact_mut(d).enumerate() {
+                self.finish_row(b, h, q0 + r, (row_max[r], row_sum[r]), row, out);
             }
         });
     }
@@ -375,6 +329,80 @@ impl AttentionJob<'_> {
         };
         dst.copy_from_slice(row);
     }
+}
+
+/// [`softmax_block`]'s body, compiled once per instruction set: loops over a key's lanes, which
+/// vectorise whatever the tile's width.
+#[inline(always)]
+fn softmax_block_body(
+    scores: &mut [f32],
+    visible: &[f32],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    correction: &mut [f32],
+    partials: &mut [f32],
+) {
+    let width = visible.len();
+    // The new maxima, into `correction` while `max` keeps the old ones.
+    correction.copy_from_slice(max);
+    for (key, row) in scores.chunks_exact_mut(width).enumerate() {
+        let key = key as f32;
+        for ((x, m), &seen) in row.iter_mut().zip(&mut *correction).zip(visible) {
+            *x = if key < seen {
+                *x * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+            *m = rows::max_step(*m, *x);
+        }
+    }
+    for (c, m) in correction.iter_mut().zip(&mut *max) {
+        let new = *c;
+        *c = if new == f32::NEG_INFINITY {
+            1.0
+        } else {
+            math::exp(*m - new)
+        };
+        *m = new;
+    }
+    // A query's exponentials summed as `rows::exp_sum` sums a row: key j into lane j % LANES.
+    partials.fill(0.0);
+    for (key, row) in scores.chunks_exact_mut(width).enumerate() {
+        let lane = &mut partials[(key % rows::LANES) * width..][..width];
+        for ((x, &m), s) in row.iter_mut().zip(&*max).zip(lane) {
+            *x = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                math::exp(*x - m)
+            };
+            *s += *x;
+        }
+    }
+    rows::tree_sums(partials, width);
+    for ((s, &c), &added) in sum.iter_mut().zip(&*correction).zip(&*partials) {
+        *s = *s * c + added;
+    }
+}
+
+dispatch_avx512! {
+    /// One key block's step of the online softmax over a transposed score tile: `scores` holds
+    /// the block's keys as rows of one lane per query, lane `r` seeing the first `visible[r]`
+    /// keys. Each lane's scores are scaled and its maximum `max[r]` raised to theirs, the scores
+    /// replaced by `e^(score − max)` (0 where masked or while the lane has seen no key), and
+    /// `sum[r]` set to `sum[r] · correction[r]` plus their sum, with `correction[r] = e^(old
+    /// max − new max)` (1 while the lane has seen no key). `partials` (`rows::LANES` × the
+    /// width) holds the sums' lanes: a query's bits are those of a row-by-row softmax over
+    /// `rows`' helpers, whatever tile it shares.
+    fn softmax_block(
+        scores: &mut [f32],
+        visible: &[f32],
+        scale: f32,
+        max: &mut [f32],
+        sum: &mut [f32],
+        correction: &mut [f32],
+        partials: &mut [f32],
+    ) = softmax_block_body;
 }
 
 #[cfg(test)]
@@ -511,9 +539,8 @@ mod tests {
         }
     }
 
-    /// More query rows than one task holds (GROUP_ROWS): a head's tiles are dealt to several
-    /// tasks, each packing the key blocks itself, with the bits of one tile per task and of a
-    /// single tile, and the reference's values.
+    /// A long sequence in many query tiles (one task each) and in one: the same bits, on one
+    /// thread and on two, and the reference's values.
     #[test]
     fn long_sequences_split_over_tasks_keep_their_bits() {
         let mut rng = Rng::new(9);
@@ -533,18 +560,11 @@ mod tests {
                 out
             })
         };
-        let grouped = run(16, 1);
-        assert_same_bits("2 groups vs 1 tile", &grouped, &run(300, 1));
-        assert_same_bits("2 groups on 2 threads", &grouped, &run(16, 2));
+        let tiled = run(16, 1);
+        assert_same_bits("19 tiles vs 1 tile", &tiled, &run(300, 1));
+        assert_same_bits("19 tiles on 2 threads", &tiled, &run(16, 2));
         let want = reference::attention(t(&q), t(&k), t(&v), true, None).unwrap();
-        assert_close_in(
-            Precision::F32,
-            "attention",
-            &grouped,
-            &want.data,
-            2e-5,
-            1e-4,
-        );
+        assert_close_in(Precision::F32, "attention", &tiled, &want.data, 2e-5, 1e-4);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 use super::cpu::{dispatch_avx2, dispatch_avx512};
 use super::math;
 
-const LANES: usize = 32;
+/// The partial sums of one row: element `j` of a row is added into lane `j % LANES`.
+pub(crate) const LANES: usize = 32;
 
 /// Combines the lanes pairwise in a fixed tree order.
 #[inline(always)]
@@ -18,6 +19,21 @@ fn tree(mut acc: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
         }
     }
     acc[0]
+}
+
+/// [`tree`]'s sums of many rows at once, lane by lane in the same order: `partials` holds
+/// [`LANES`] blocks of `width` values, block `l` being lane `l` of `width` rows; the rows' sums
+/// are left in the first block.
+#[inline(always)]
+pub(crate) fn tree_sums(partials: &mut [f32], width: usize) {
+    let mut lanes = LANES;
+    while lanes > 1 {
+        lanes /= 2;
+        let (low, high) = partials.split_at_mut(lanes * width);
+        for (a, b) in low.iter_mut().zip(&high[..lanes * width]) {
+            *a += *b;
+        }
+    }
 }
 
 /// Σ f(x) over `xs` in interleaved partial sums, then a fixed pairwise combination.
