@@ -241,13 +241,19 @@ impl AttentionJob<'_> {
             let (packed_q, rest) = buf.split_at_mut(packed_q_len);
             let (scores, rest) = rest.split_at_mut(bk_max * bq);
             let (acc, rest) = rest.split_at_mut(bq * d);
-            let (row_max, rest) = rest.split_at_mut(bq);
-            let (row_sum, rest) = rest.split_at_mut(bq);
+            let (max, rest) = rest.split_at_mut(bq);
+            let (sum, rest) = rest.split_at_mut(bq);
             let (correction, rest) = rest.split_at_mut(bq);
             let (visible, partials) = rest.split_at_mut(bq);
             acc.fill(0.0);
-            row_max.fill(f32::NEG_INFINITY);
-            row_sum.fill(0.0);
+            max.fill(f32::NEG_INFINITY);
+            sum.fill(0.0);
+            let mut lanes = Lanes {
+                max,
+                sum,
+                correction,
+                partials,
+            };
             let queries = [self
                 .rows(self.q, ((b * s + q0) * self.hq + h) * d, bq, qs)
                 .t()];
@@ -268,11 +274,9 @@ impl AttentionJob<'_> {
                     let keys = visible_keys(self.causal, q0 + r, s, t).saturating_sub(t0);
                     *v = keys.min(bk) as f32;
                 }
-                softmax_block(
-                    scores, visible, self.scale, row_max, row_sum, correction, partials,
-                );
+                softmax_block(scores, visible, self.scale, &mut lanes);
                 if t0 > 0 {
-                    for (row, &c) in acc.chunks_exact_mut(d).zip(correction.iter()) {
+                    for (row, &c) in acc.chunks_exact_mut(d).zip(lanes.correction.iter()) {
                         if c != 1.0 {
                             rows::scale(row, c);
                         }
@@ -291,7 +295,7 @@ impl AttentionJob<'_> {
                 Gemm::single(&weights, &values, d, true, self.kernel).run(acc, &self.gemm);
             }
             for (r, row) in acc.chunks_exact_mut(d).enumerate() {
-                self.finish_row(b, h, q0 + r, (row_max[r], row_sum[r]), row, out);
+                self.finish_row(b, h, q0 + r, (lanes.max[r], lanes.sum[r]), row, out);
             }
         });
     }
@@ -331,24 +335,34 @@ impl AttentionJob<'_> {
     }
 }
 
+/// The online softmax's state of a query tile, one lane per query.
+struct Lanes<'a> {
+    /// The largest scaled score seen so far.
+    max: &'a mut [f32],
+    /// Σ e^(score − max) so far.
+    sum: &'a mut [f32],
+    /// What the last key block multiplied the sum by, for the accumulated values to follow.
+    correction: &'a mut [f32],
+    /// `rows::LANES` blocks of one value per query: a block's partial sums.
+    partials: &'a mut [f32],
+}
+
 /// [`softmax_block`]'s body, compiled once per instruction set: loops over a key's lanes, which
 /// vectorise whatever the tile's width.
 #[inline(always)]
-fn softmax_block_body(
-    scores: &mut [f32],
-    visible: &[f32],
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    correction: &mut [f32],
-    partials: &mut [f32],
-) {
+fn softmax_block_body(scores: &mut [f32], visible: &[f32], scale: f32, lanes: &mut Lanes<'_>) {
+    let Lanes {
+        max,
+        sum,
+        correction,
+        partials,
+    } = lanes;
     let width = visible.len();
     // The new maxima, into `correction` while `max` keeps the old ones.
     correction.copy_from_slice(max);
     for (key, row) in scores.chunks_exact_mut(width).enumerate() {
         let key = key as f32;
-        for ((x, m), &seen) in row.iter_mut().zip(&mut *correction).zip(visible) {
+        for ((x, m), &seen) in row.iter_mut().zip(&mut **correction).zip(visible) {
             *x = if key < seen {
                 *x * scale
             } else {
@@ -357,7 +371,7 @@ fn softmax_block_body(
             *m = rows::max_step(*m, *x);
         }
     }
-    for (c, m) in correction.iter_mut().zip(&mut *max) {
+    for (c, m) in correction.iter_mut().zip(&mut **max) {
         let new = *c;
         *c = if new == f32::NEG_INFINITY {
             1.0
@@ -370,7 +384,7 @@ fn softmax_block_body(
     partials.fill(0.0);
     for (key, row) in scores.chunks_exact_mut(width).enumerate() {
         let lane = &mut partials[(key % rows::LANES) * width..][..width];
-        for ((x, &m), s) in row.iter_mut().zip(&*max).zip(lane) {
+        for ((x, &m), s) in row.iter_mut().zip(&**max).zip(lane) {
             *x = if m == f32::NEG_INFINITY {
                 0.0
             } else {
@@ -380,7 +394,7 @@ fn softmax_block_body(
         }
     }
     rows::tree_sums(partials, width);
-    for ((s, &c), &added) in sum.iter_mut().zip(&*correction).zip(&*partials) {
+    for ((s, &c), &added) in sum.iter_mut().zip(&**correction).zip(&**partials) {
         *s = *s * c + added;
     }
 }
@@ -388,20 +402,16 @@ fn softmax_block_body(
 dispatch_avx512! {
     /// One key block's step of the online softmax over a transposed score tile: `scores` holds
     /// the block's keys as rows of one lane per query, lane `r` seeing the first `visible[r]`
-    /// keys. Each lane's scores are scaled and its maximum `max[r]` raised to theirs, the scores
-    /// replaced by `e^(score − max)` (0 where masked or while the lane has seen no key), and
-    /// `sum[r]` set to `sum[r] · correction[r]` plus their sum, with `correction[r] = e^(old
-    /// max − new max)` (1 while the lane has seen no key). `partials` (`rows::LANES` × the
-    /// width) holds the sums' lanes: a query's bits are those of a row-by-row softmax over
-    /// `rows`' helpers, whatever tile it shares.
+    /// keys. Each lane's scores are scaled and its maximum raised to theirs, the scores replaced
+    /// by `e^(score − max)` (0 where masked or while the lane has seen no key), and its sum set
+    /// to `sum · correction` plus their sum, with `correction = e^(old max − new max)` (1 while
+    /// the lane has seen no key): a query's bits are those of a row-by-row softmax over `rows`'
+    /// helpers, whatever tile it shares.
     fn softmax_block(
         scores: &mut [f32],
         visible: &[f32],
         scale: f32,
-        max: &mut [f32],
-        sum: &mut [f32],
-        correction: &mut [f32],
-        partials: &mut [f32],
+        lanes: &mut Lanes<'_>,
     ) = softmax_block_body;
 }
 
