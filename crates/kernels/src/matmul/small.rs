@@ -215,9 +215,8 @@ unsafe fn columns(
                 assert!(last < a.data.len(), "gemm: A rows outside their buffer");
                 // SAFETY: inside this task's columns (see `row`).
                 let c_tile = unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) };
-                let mut tmp = [0.0f32; MAX_ROWS * MAX_NR];
-                let full = cols == nr;
-                let call = RowsCall {
+                let kernel = rows_kernel(g.kernel.isa, rows);
+                let call = |c, ldc, accumulate| RowsCall {
                     k: kcs,
                     // SAFETY: the last element read is inside A (asserted above).
                     a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
@@ -225,21 +224,26 @@ unsafe fn columns(
                     a_cs: a.cs,
                     b: panel.as_ptr(),
                     ldb,
-                    c: if full { c_tile } else { tmp.as_mut_ptr() },
-                    ldc: if full { ldc } else { nr },
-                    accumulate: accumulate && full,
+                    c,
+                    ldc,
+                    accumulate,
                 };
-                // SAFETY: A, B and the C tile (or `tmp`) hold what the call reads and writes
-                // (asserted above; `kernel` only picks ISAs this CPU runs).
-                unsafe { rows_kernel(g.kernel.isa, rows)(&call) };
-                if !full {
-                    for (i, src) in tmp.chunks_exact(nr).take(rows).enumerate() {
-                        // SAFETY: rows × cols of this tile lie inside C.
-                        let dst =
-                            unsafe { std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols) };
-                        for (d, &s) in dst.iter_mut().zip(src) {
-                            *d = if accumulate { *d + s } else { s };
-                        }
+                if cols == nr {
+                    // SAFETY: A, B and the C tile hold what the call reads and writes (asserted
+                    // above; `kernel` only picks ISAs this CPU runs).
+                    unsafe { kernel(&call(c_tile, ldc, accumulate)) };
+                    continue;
+                }
+                // A narrower last panel: the full tile into `tmp` (set up only here, not on
+                // every call), then its columns into C.
+                let mut tmp = [0.0f32; MAX_ROWS * MAX_NR];
+                // SAFETY: as above, with `tmp` holding a full tile of row stride nr.
+                unsafe { kernel(&call(tmp.as_mut_ptr(), nr, false)) };
+                for (i, src) in tmp.chunks_exact(nr).take(rows).enumerate() {
+                    // SAFETY: rows × cols of this tile lie inside C.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(c_tile.add(i * ldc), cols) };
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = if accumulate { *d + s } else { s };
                     }
                 }
             }
