@@ -304,7 +304,7 @@ impl AttentionJob<'_> {
     /// log-sum-exp, when asked) to the outputs.
     ///
     /// # Safety
-    /// As [`AttentionJob::tiles`], for a row of this task's tiles.
+    /// As [`AttentionJob::tile`], for a row of this task's tile.
     unsafe fn finish_row(
         &self,
         b: usize,
@@ -514,6 +514,60 @@ mod tests {
         #[test]
         fn fast_matches_reference(c in case()) {
             check(&c);
+        }
+    }
+
+    /// Two key blocks of a transposed tile through `softmax_block` give each query the bits of
+    /// the row-by-row online softmax over `rows`' helpers (scale, mask, max, `exp_sum`, the
+    /// sum rescaled and added): its maxima, sums and weights, for queries that see every key,
+    /// some, or none of a block or of both.
+    #[test]
+    fn lane_softmax_has_the_bits_of_the_row_by_row_one() {
+        let (width, keys, scale) = (21, 160, 0.37f32);
+        let mut rng = Rng::new(11);
+        let scores = rng.vec(keys * width, 4.0);
+        // Visible keys per query: none, within the first block, into the second, all.
+        let seen: Vec<usize> = (0..width)
+            .map(|r| if r + 1 == width { keys } else { r * 7 })
+            .collect();
+        let blocks = [0..100, 100..keys];
+        let (mut max, mut sum) = (vec![f32::NEG_INFINITY; width], vec![0.0; width]);
+        let (mut correction, mut partials) = (vec![0.0; width], vec![0.0; rows::LANES * width]);
+        let mut weights = vec![0.0; keys * width];
+        for block in blocks.clone() {
+            let mut tile = scores[block.start * width..block.end * width].to_vec();
+            let visible: Vec<f32> = seen
+                .iter()
+                .map(|&n| n.saturating_sub(block.start).min(block.len()) as f32)
+                .collect();
+            let mut lanes = Lanes {
+                max: &mut max,
+                sum: &mut sum,
+                correction: &mut correction,
+                partials: &mut partials,
+            };
+            softmax_block(&mut tile, &visible, scale, &mut lanes);
+            weights[block.start * width..block.end * width].copy_from_slice(&tile);
+        }
+        for (r, &n) in seen.iter().enumerate() {
+            let (mut row_max, mut row_sum) = (f32::NEG_INFINITY, 0.0f32);
+            for block in blocks.clone() {
+                let mut row: Vec<f32> = block.clone().map(|j| scores[j * width + r]).collect();
+                rows::scale(&mut row, scale);
+                row[n.saturating_sub(block.start).min(block.len())..].fill(f32::NEG_INFINITY);
+                let new_max = row_max.max(rows::max(&row));
+                if new_max == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                } else {
+                    let correction = rows::exp_one(row_max - new_max);
+                    row_sum = row_sum * correction + rows::exp_sum(&mut row, 1.0, new_max);
+                    row_max = new_max;
+                }
+                let lane: Vec<f32> = block.map(|j| weights[j * width + r]).collect();
+                assert_same_bits(&format!("query {r}'s weights"), &lane, &row);
+            }
+            assert_same_bits(&format!("query {r}'s maximum"), &[max[r]], &[row_max]);
+            assert_same_bits(&format!("query {r}'s sum"), &[sum[r]], &[row_sum]);
         }
     }
 
