@@ -61,10 +61,9 @@ struct AttentionJob<'a> {
     scale: f32,
     block_q: usize,
     block_k: usize,
-    /// The weights-times-values products' parameters (weights read in place).
+    /// The tile products' parameters: both left operands (a block's keys, a tile's weights)
+    /// are read in place.
     gemm: MatmulParams,
-    /// The scores products' parameters: the keys, their left operand, read in place too.
-    scores_gemm: MatmulParams,
     kernel: MicroKernel,
     /// Where each row's log-sum-exp goes (`[B, S, Hq]`), when the caller wants it.
     lse: Option<SyncPtr>,
@@ -141,7 +140,7 @@ fn run(
         mc: params.block_q,
         kc: d.max(params.block_k),
         nc: d.max(params.block_k),
-        small_m: params.block_q,
+        small_m: params.block_q.max(params.block_k),
         tasks_per_thread: 0,
         min_parallel_flops: usize::MAX,
         isa: params.isa,
@@ -160,10 +159,6 @@ fn run(
         scale: scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
         block_q: params.block_q,
         block_k: params.block_k,
-        scores_gemm: MatmulParams {
-            small_m: params.block_k,
-            ..gemm.clone()
-        },
         gemm,
         kernel,
         lse: lse.map(|l| SyncPtr(l.as_mut_ptr())),
@@ -265,11 +260,8 @@ impl AttentionJob<'_> {
                 let bk = self.block_k.min(limit - t0);
                 let scores = &mut scores[..bk * bq];
                 let keys = [kv_rows(self.k, t0, bk)];
-                Gemm::single(&keys, &queries, bq, false, self.kernel).run_on_packed_prefix(
-                    scores,
-                    &self.scores_gemm,
-                    packed_q,
-                );
+                Gemm::single(&keys, &queries, bq, false, self.kernel)
+                    .run_on_packed_prefix(scores, &self.gemm, packed_q);
                 for (r, v) in visible.iter_mut().enumerate() {
                     let keys = visible_keys(self.causal, q0 + r, s, t).saturating_sub(t0);
                     *v = keys.min(bk) as f32;

@@ -11,29 +11,29 @@ pub(crate) const LANES: usize = 32;
 /// Combines the lanes pairwise in a fixed tree order.
 #[inline(always)]
 fn tree(mut acc: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] = op(acc[i], acc[i + width]);
-        }
-    }
+    tree_blocks(&mut acc, 1, op);
     acc[0]
 }
 
-/// [`tree`]'s sums of many rows at once, lane by lane in the same order: `partials` holds
-/// [`LANES`] blocks of `width` values, block `l` being lane `l` of `width` rows; the rows' sums
-/// are left in the first block.
+/// [`tree`]'s combination of many rows at once, lane by lane in the same order: `partials`
+/// holds [`LANES`] blocks of `width` values, block `l` being lane `l` of `width` rows; the rows'
+/// results are left in the first block.
 #[inline(always)]
-pub(crate) fn tree_sums(partials: &mut [f32], width: usize) {
+fn tree_blocks(partials: &mut [f32], width: usize, op: impl Fn(f32, f32) -> f32) {
     let mut lanes = LANES;
     while lanes > 1 {
         lanes /= 2;
         let (low, high) = partials.split_at_mut(lanes * width);
-        for (a, b) in low.iter_mut().zip(&high[..lanes * width]) {
-            *a += *b;
+        for (a, &b) in low.iter_mut().zip(&high[..lanes * width]) {
+            *a = op(*a, b);
         }
     }
+}
+
+/// The sums of many rows' lanes ([`tree_blocks`]), as [`lane_sum`] combines one row's.
+#[inline(always)]
+pub(crate) fn tree_sums(partials: &mut [f32], width: usize) {
+    tree_blocks(partials, width, |a, b| a + b);
 }
 
 /// Σ f(x) over `xs` in interleaved partial sums, then a fixed pairwise combination.
