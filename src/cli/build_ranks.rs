@@ -214,13 +214,10 @@ fn stage_artifacts(
             "stages": programs,
             "description": format!("{entry}.ranks.json"),
         }),
-        memory: steps
-            .iter()
-            .map(|(step, cut)| {
-                let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
-                ranks::rank_memory(programs, threads)
-            })
-            .collect(),
+        memory: match &layout.pipeline {
+            Some(pipeline) => ranks::stage_memory(&steps, pipeline, threads),
+            None => Vec::new(),
+        },
     })
 }
 

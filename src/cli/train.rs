@@ -380,48 +380,46 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let chunks = layout.ranks() / layout.devices().max(1);
     let devices_here = ranks.len().div_ceil(chunks.max(1));
     let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, devices_here));
-    // A stage's programs: its step, and its forward and update on the step's parameters.
-    let stage_memory = |(step, cut): &(CompiledTrain, StageStep)| {
-        let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
-        ranks::rank_memory(programs, exec_options.threads)
+    // Each stage's programs (its step, and its forward and update on the step's parameters)
+    // and messages.
+    let stage_memory = match &layout.pipeline {
+        Some(p) => ranks::stage_memory(&stages, p, exec_options.threads),
+        None => Vec::new(),
     };
-    let rank = match stages.first() {
-        Some(first) => stage_memory(first),
+    let rank = match stage_memory.first() {
+        Some(&first) => first,
         None => ranks::rank_memory([&arena], exec_options.threads),
     };
-    // Device 0 runs chunk k of an interleaved schedule for every k that is 0 modulo the
-    // devices of the pipeline.
-    let device = match layout.pipeline.as_ref().filter(|p| p.interleaved()) {
+    // What pipeline device `d` holds: every stage it runs (under an interleaved schedule,
+    // chunk k for every k that is d modulo the devices of the pipeline); off a pipeline, a
+    // rank's.
+    let device_memory = |d: usize| match layout.pipeline.as_ref() {
         Some(p) => ExecutorMemory::together(
-            stages
+            stage_memory
                 .iter()
                 .enumerate()
-                .filter(|&(s, _)| p.device_of(s) == 0)
-                .map(|(_, stage)| stage_memory(stage)),
+                .filter(|&(s, _)| p.device_of(s) == d)
+                .map(|(_, &memory)| memory),
             exec_options.threads,
         ),
         None => rank,
     };
+    let device = device_memory(0);
     // The process's peak is measured over every device it runs and shared among them, so
     // what the others plan to hold joins device 0's in the comparison: on a pipeline, the
-    // other stages' ranks hold other programs.
-    let others_total: u64 = match chunks {
-        1 => {
-            let per_stage: Vec<u64> = stages.iter().map(|s| stage_memory(s).total).collect();
-            ranks
-                .iter()
-                .filter(|(r, _)| *r != 0)
-                .map(|(r, _)| {
-                    per_stage
-                        .get(layout.coords(*r).stage)
-                        .map_or(rank.total, |&t| t)
-                })
-                .sum()
-        }
-        _ => device
-            .total
-            .saturating_mul(devices_here.saturating_sub(1) as u64),
-    };
+    // other stages' ranks hold other programs. A device's later chunks come with its first.
+    let others_total: u64 = ranks
+        .iter()
+        .filter(|(r, _)| *r != 0)
+        .filter_map(|(r, _)| {
+            let stage = layout.coords(*r).stage;
+            match layout.pipeline.as_ref() {
+                Some(p) if stage >= p.devices => None,
+                Some(p) => Some(device_memory(p.device_of(stage)).total),
+                None => Some(rank.total),
+            }
+        })
+        .sum();
     let leader = |comm| {
         let trainer = rank_loop(0, comm)?;
         let summary = Summary {

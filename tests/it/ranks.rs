@@ -1810,12 +1810,20 @@ train Piped for TinyLlama {
     let plan: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("Piped.plan.json")).unwrap()).unwrap();
     let executor = |stage: usize| &plan["per_device"][stage]["executor"];
-    for stage in 0..2 {
-        let [allocated, exchanged, total] =
-            ["allocated", "exchanged", "total"].map(|k| executor(stage)[k].as_u64().unwrap());
+    // GPipe over 2 micro-batches, one value of 2 KiB across the cut each way (the plan's
+    // send_recv): stage 0 may have both forwards' sends untaken when it receives its first
+    // backward's gradient (3 messages); stage 1 holds both micro-batches' received values and
+    // may send both gradients back before stage 0 takes one (4).
+    let message = plan["collectives"][0]["bytes"].as_u64().unwrap();
+    assert_eq!(message, 2048, "{plan}");
+    for (stage, messages) in [(0, 3), (1, 4)] {
+        let [allocated, exchanged, pipelined, total] =
+            ["allocated", "exchanged", "pipelined", "total"]
+                .map(|k| executor(stage)[k].as_u64().unwrap());
         // The stage's update sums its norm over the stages: one f32, kept twice.
         assert_eq!(exchanged, 8, "{plan}");
-        let held = allocated + exchanged;
+        assert_eq!(pipelined, messages * message, "{plan}");
+        let held = allocated + exchanged + pipelined;
         let reserve = mslc_plan::parallel::estimate::executor_reserve(held);
         assert_eq!(total, held + reserve, "{plan}");
         // More than the analytic model: the stage runs a forward and an update beside its step.

@@ -4,6 +4,8 @@
 //! micro-batch while the later stages take the last one — and the transfer of whole arrays of
 //! any dtype between ranks.
 
+pub mod messages;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -50,15 +52,11 @@ pub fn forward_micro_batches(
                 .clone();
             let mut values = vec![0f32; shape.iter().product()];
             comm(exec)?.recv(rank_of(crossing.peer), &mut values)?;
-            let array = NpyArray::from_f32(shape, &values).map_err(|e| missing(e.to_string()))?;
-            exec.set_input(&crossing.name, &array)?;
+            exec.set_input_f32(&crossing.name, &shape, &values)?;
         }
         exec.run()?;
         for crossing in &cut.sends {
-            let (_, values) = exec
-                .output_f32(&crossing.name)
-                .ok_or_else(|| missing(format!("no output `{}` to send", crossing.name)))?;
-            comm(exec)?.send(rank_of(crossing.peer), &values)?;
+            exec.send_output(&crossing.name, rank_of(crossing.peer))?;
         }
         for (name, out) in cut.outputs.iter().zip(&mut outputs) {
             let array = exec

@@ -22,7 +22,8 @@ use mslc_core::program::Model;
 use mslc_io::npy::NpyArray;
 
 use crate::compile::{compile_graph, lower_verified, CompileError, CompileOptions, Compiled};
-use crate::train::{TensorSplits, DATA_AXIS, PIPELINE_AXIS, TENSOR_AXIS};
+use crate::pipeline::messages::{held_message_bytes, Link};
+use crate::train::{CompiledTrain, StageStep, TensorSplits, DATA_AXIS, PIPELINE_AXIS, TENSOR_AXIS};
 
 /// The [`CompileError::stage`] of a model that Megatron's rewrite cannot split as the plan
 /// asks (E0972).
@@ -54,6 +55,52 @@ pub fn rank_memory<'a>(
         messages = messages.max(m.kept_message_bytes);
     }
     ExecutorMemory::of(buffers.saturating_add(scratch), messages, threads)
+}
+
+/// The memory of each stage of a pipeline whose stages run `steps` (each one's step and cut)
+/// under `pipeline`'s schedule, on `threads` executor threads: its programs
+/// ([`rank_memory`]) and the most bytes of messages its device holds
+/// ([`held_message_bytes`](crate::pipeline::messages::held_message_bytes); on an interleaved
+/// device's first chunk, the others counting none), the values each cut carries sized as the
+/// receiving step's inputs, as f32 (what the stages send).
+pub fn stage_memory(
+    steps: &[(CompiledTrain, StageStep)],
+    pipeline: &PipelineLayout,
+    threads: usize,
+) -> Vec<ExecutorMemory> {
+    let links: Vec<Link> = steps
+        .iter()
+        .enumerate()
+        .flat_map(|(to, (step, cut))| {
+            let module = &step.compiled.module;
+            cut.cut.receives.iter().map(move |c| Link {
+                from: c.peer,
+                to,
+                bytes: module
+                    .inputs()
+                    .find(|(name, _)| *name == c.name)
+                    .map_or(0, |(_, v)| {
+                        module.values[v as usize].ty.numel().saturating_mul(4)
+                    }),
+            })
+        })
+        .collect();
+    let held = held_message_bytes(
+        pipeline.schedule,
+        steps.len(),
+        pipeline.micro_batches,
+        &links,
+    );
+    // A device's messages are counted on its first stage (the others of an interleaved
+    // device are its later chunks).
+    steps
+        .iter()
+        .enumerate()
+        .map(|(s, (step, cut))| {
+            let programs = std::iter::once(&step.compiled.memory).chain(cut.programs());
+            rank_memory(programs, threads).with_pipelined(held.get(s).copied().unwrap_or(0))
+        })
+        .collect()
 }
 
 /// One rank's forward program of `model`: what one device compiles, rewritten first for one

@@ -1093,6 +1093,37 @@ impl Executor {
         self.value_f32(Stored::Output(name))
     }
 
+    /// Output `name` of the last run as f32 values: borrowed where it is stored as f32,
+    /// converted otherwise; `None` for an unknown name. What a pipeline stage sends, with no
+    /// copy beside the message.
+    pub fn output_values(&self, name: &str) -> Option<Cow<'_, [f32]>> {
+        let (slot, bytes) = self.stored_slot(Stored::Output(name))?;
+        Some(match (slot.dtype, f32_view(bytes)) {
+            (DType::F32, Some(values)) => Cow::Borrowed(values),
+            _ => Cow::Owned(slot_f32(slot, bytes)),
+        })
+    }
+
+    /// Sends output `name` of the last run to rank `to` over this executor's collectives
+    /// ([`Executor::output_values`]: straight from its buffer where it is stored as f32).
+    pub fn send_output(&mut self, name: &str, to: usize) -> ExecResult<()> {
+        let mut comm = self.comm.take().ok_or_else(|| {
+            ExecError::new(
+                ExecErrorKind::Input,
+                format!("no collectives to send `{name}` over"),
+            )
+        })?;
+        let sent = match self.output_values(name) {
+            Some(values) => comm.send(to, &values),
+            None => Err(ExecError::new(
+                ExecErrorKind::Input,
+                format!("no output `{name}` to send"),
+            )),
+        };
+        self.comm = Some(comm);
+        sent
+    }
+
     /// The current value of `which` as f32, with its shape; `None` for an unknown name.
     pub fn value_f32(&self, which: Stored<'_>) -> Option<(Vec<usize>, Vec<f32>)> {
         let (slot, bytes) = self.stored_slot(which)?;

@@ -85,8 +85,24 @@ pub struct StageRuntime {
     pub turn_timeout: Duration,
 }
 
-/// Values received for one micro-batch in flight: (input name, value).
-type Received = Vec<(String, NpyArray)>;
+/// A value received from another stage: the input it sets, its shape and its values (kept as
+/// received, with no array copy beside them).
+struct Message {
+    name: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+impl Message {
+    /// Sets `exec`'s input of this message's name to it.
+    fn set_into(&self, exec: &mut Executor) -> Res<()> {
+        exec.set_input_f32(&self.name, &self.shape, &self.values)
+            .map_err(|e| data_error(e.message))
+    }
+}
+
+/// Values received for one micro-batch in flight.
+type Received = Vec<Message>;
 
 impl Trainer {
     /// Makes this the loop of one pipeline stage: `runtime` its forward and update (set up by
@@ -240,17 +256,12 @@ impl Trainer {
     ) -> Res<f64> {
         self.data.feed(&mut self.exec, rows)?;
         set_seed(&mut self.exec, seed)?;
-        for (name, array) in &received {
-            self.exec
-                .set_input(name, array)
-                .map_err(|e| data_error(e.message))?;
+        for message in &received {
+            message.set_into(&mut self.exec)?;
         }
         for c in &stage.cut.sends {
             let name = grad_from(&c.name, c.peer);
-            let array = receive(&mut self.exec, &name, stage.ranks[c.peer])?;
-            self.exec
-                .set_input(&name, &array)
-                .map_err(|e| data_error(e.message))?;
+            receive(&mut self.exec, &name, stage.ranks[c.peer])?.set_into(&mut self.exec)?;
         }
         self.exec.run().map_err(|e| self.run_error(e, loss_scale))?;
         let mut loss = 0.0;
@@ -263,12 +274,8 @@ impl Trainer {
                 .map_err(TrainRunError::of_run)?;
         }
         for c in &stage.cut.receives {
-            let (_, values) = self
-                .exec
-                .output_f32(&grad_of(&c.name))
-                .ok_or_else(|| run_missing(&grad_of(&c.name)))?;
-            comm(&mut self.exec)?
-                .send(stage.ranks[c.peer], &values)
+            self.exec
+                .send_output(&grad_of(&c.name), stage.ranks[c.peer])
                 .map_err(TrainRunError::of_run)?;
         }
         if !last {
@@ -289,18 +296,15 @@ impl Trainer {
     ) -> Res<Received> {
         let mut received = Vec::with_capacity(stage.cut.receives.len());
         for c in &stage.cut.receives {
-            let array = receive(&mut self.exec, &c.name, stage.ranks[c.peer])?;
-            received.push((c.name.clone(), array));
+            received.push(receive(&mut self.exec, &c.name, stage.ranks[c.peer])?);
         }
         let Some(forward) = stage.forward.as_mut() else {
             return Ok(received);
         };
         self.data.feed(forward, rows)?;
         set_seed(forward, seed)?;
-        for (name, array) in &received {
-            forward
-                .set_input(name, array)
-                .map_err(|e| data_error(e.message))?;
+        for message in &received {
+            message.set_into(forward)?;
         }
         // The forward's collectives (tensor parallelism within the stage) and parameters are
         // this rank's; it updates the stage's running statistics, once per micro-batch.
@@ -309,8 +313,8 @@ impl Trainer {
             forward.write_back(buffers).map_err(TrainRunError::of_run)
         })?;
         for c in &stage.cut.sends {
-            let (_, values) = forward
-                .output_f32(&c.name)
+            let values = forward
+                .output_values(&c.name)
                 .ok_or_else(|| run_missing(&c.name))?;
             comm(&mut self.exec)?
                 .send(stage.ranks[c.peer], &values)
@@ -548,7 +552,7 @@ fn sum_over_stages(
 }
 
 /// Receives the value of input `name` of `exec`'s module (of its shape, as f32) from `from`.
-fn receive(exec: &mut Executor, name: &str, from: usize) -> Res<NpyArray> {
+fn receive(exec: &mut Executor, name: &str, from: usize) -> Res<Message> {
     let shape: Vec<usize> = exec
         .module()
         .inputs()
@@ -562,7 +566,11 @@ fn receive(exec: &mut Executor, name: &str, from: usize) -> Res<NpyArray> {
     comm(exec)?
         .recv(from, &mut values)
         .map_err(TrainRunError::of_run)?;
-    NpyArray::from_f32(shape, &values).map_err(|e| data_error(e.to_string()))
+    Ok(Message {
+        name: name.to_string(),
+        shape,
+        values,
+    })
 }
 
 fn set_seed(exec: &mut Executor, seed: i64) -> Res<()> {

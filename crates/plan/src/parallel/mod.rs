@@ -63,8 +63,8 @@ impl DeviceGroup {
 /// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
 /// executor keeps each thread's kernel scratch, staging buffers, weights packed ahead for the
 /// GEMMs of a program that does not change them, on a pipeline stage a forward and an update
-/// program beside the step, and, on the threads backend, the last contributions of its
-/// collectives.
+/// program beside the step and the messages it holds, and, on the threads backend, the last
+/// contributions of its collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ExecutorMemory {
     /// Executor threads per rank.
@@ -74,7 +74,11 @@ pub struct ExecutorMemory {
     /// Bytes the rank's collectives leave in the threads backend's exchanges, which keep the
     /// contributions of their last rounds (not the executor's to allocate).
     pub exchanged: u64,
-    /// `allocated` and `exchanged` with the executor's reserve
+    /// Bytes of a pipeline stage's messages it holds at most: the values it received for
+    /// its micro-batches in flight, a backward's received gradients, and its sends not yet
+    /// taken (0 off a pipeline; an interleaved device's on its first chunk).
+    pub pipelined: u64,
+    /// `allocated`, `exchanged` and `pipelined` with the executor's reserve
     /// ([`estimate::executor_reserve`]): the peak a rank's resident memory is planned not to
     /// exceed.
     pub total: u64,
@@ -84,14 +88,32 @@ impl ExecutorMemory {
     /// The memory of a rank whose programs allocate `allocated` bytes on `threads` threads and
     /// whose collectives leave `exchanged` bytes in the exchanges.
     pub fn of(allocated: u64, exchanged: u64, threads: usize) -> ExecutorMemory {
-        let held = allocated.saturating_add(exchanged);
-        let reserve = estimate::executor_reserve(held);
+        Self::holding(allocated, exchanged, 0, threads)
+    }
+
+    /// This memory on a pipeline stage that holds `pipelined` bytes of messages at most.
+    pub fn with_pipelined(self, pipelined: u64) -> ExecutorMemory {
+        Self::holding(self.allocated, self.exchanged, pipelined, self.threads)
+    }
+
+    fn holding(allocated: u64, exchanged: u64, pipelined: u64, threads: usize) -> ExecutorMemory {
+        let held = allocated
+            .saturating_add(exchanged)
+            .saturating_add(pipelined);
         ExecutorMemory {
             threads,
             allocated,
             exchanged,
-            total: held.saturating_add(reserve),
+            pipelined,
+            total: held.saturating_add(estimate::executor_reserve(held)),
         }
+    }
+
+    /// Bytes held before the reserve.
+    fn held(&self) -> u64 {
+        self.allocated
+            .saturating_add(self.exchanged)
+            .saturating_add(self.pipelined)
     }
 
     /// The planned peak with `transient` bytes held between steps beside the step's buffers
@@ -99,17 +121,22 @@ impl ExecutorMemory {
     /// reserve, whose slack the step's transients leave free between steps, and add what
     /// exceeds it.
     pub fn with_transient(&self, transient: u64) -> u64 {
-        let reserve = self.total - self.allocated.saturating_add(self.exchanged);
+        let reserve = self.total - self.held();
         self.total.saturating_add(transient.saturating_sub(reserve))
     }
 
     /// What `parts` hold together on `threads` threads (the chunk-ranks of an interleaved
     /// device).
     pub fn together(parts: impl IntoIterator<Item = ExecutorMemory>, threads: usize) -> Self {
-        let (allocated, exchanged) = parts.into_iter().fold((0u64, 0u64), |(a, e), m| {
-            (a.saturating_add(m.allocated), e.saturating_add(m.exchanged))
-        });
-        ExecutorMemory::of(allocated, exchanged, threads)
+        let (allocated, exchanged, pipelined) =
+            parts.into_iter().fold((0u64, 0u64, 0u64), |(a, e, p), m| {
+                (
+                    a.saturating_add(m.allocated),
+                    e.saturating_add(m.exchanged),
+                    p.saturating_add(m.pipelined),
+                )
+            });
+        Self::holding(allocated, exchanged, pipelined, threads)
     }
 }
 
