@@ -11,7 +11,9 @@
 //! states) gives the same losses, and its gathered checkpoint the same weights and optimizer
 //! states. Pipelines ([`pipeline_training`]) run one stage per process, and under the
 //! interleaved schedule each process's chunk-stages as threads of it
-//! ([`interleaved_training`]). Without mpiexec installed the test fails.
+//! ([`interleaved_training`]). Each process's measured peak memory stays above its plan,
+//! within 5 % on the pipeline rows ([`memory_within_the_plan`]). Without mpiexec installed
+//! the test fails.
 
 #[path = "shared/tolerance.rs"]
 mod tolerance;
@@ -524,7 +526,7 @@ fn pipeline_training(dir: &Path) {
     println!("mpiexec -n 2 mslc run --mpi: pipelined logits match one device within 1e-5");
     interleaved_training(dir, model, &ids);
     large_messages_both_ways(dir);
-    pipeline_memory_within_the_plan(dir);
+    memory_within_the_plan(dir);
 }
 
 /// The tiny LLaMA of 4 layers over 2 devices under Megatron-LM's interleaved schedule (2 chunks
@@ -582,12 +584,16 @@ fn interleaved_training(dir: &Path, model: &str, ids: &[i64]) {
 }
 
 /// Issue 10's bound on a rank's memory, under MPI: two steps of the two-stage pipeline of
-/// examples/tiny_llama.msl's model (8 layers, 1F1B; and 4 layers interleaved over 2 chunks a
-/// process), each process's measured peak against its plan — never below it, at most 5 %
-/// above. The plan counts the messages a stage holds (what it received for its micro-batches
-/// in flight, its sends not yet taken: `mslc_driver::pipeline::messages`); without them the
-/// interleaved run measured 0.1-0.3 % above its plan.
-fn pipeline_memory_within_the_plan(dir: &Path) {
+/// examples/tiny_llama.msl's model (1F1B; and interleaved over 2 chunks a process), each
+/// process's measured peak against its plan — never below it, at most 5 % above. The plan
+/// counts the messages a stage holds (what it received for its micro-batches in flight, its
+/// sends not yet taken: `mslc_driver::pipeline::messages`); without them the interleaved run
+/// measured 0.1-0.3 % above its plan. And 32 steps of the 2 MiB tensor-parallel tiny LLaMA
+/// of [`tensor_parallel_training`] stay above the measured peak (MPICH's own state grows over
+/// the first steps, by up to 436 KB on it: `MPI_PROCESS_RESERVE`; before, it measured 14 %
+/// above its plan); on a rank that small the reserves alone are 20 % of the plan, so only the
+/// bound below is held.
+fn memory_within_the_plan(dir: &Path) {
     let tokens: Vec<i64> = (0..16 * 129).map(|i| (i * 37 + 11) % 1000).collect();
     let data = dir.join("memory-tokens.npy");
     write_npy(&data, &NpyArray::from_i64(vec![16, 129], &tokens).unwrap()).unwrap();
@@ -595,22 +601,31 @@ fn pipeline_memory_within_the_plan(dir: &Path) {
     let model = std::fs::read_to_string(dir.join("llama-pp.msl")).unwrap();
     let model = &model[..model.find("parallel PP").expect("the model part")];
     std::fs::write(dir.join("memory-il.msl"), format!("{model}{interleaved}")).unwrap();
-    for (source, extra) in [("llama-pp.msl", None), ("memory-il.msl", Some("layers=4"))] {
+    let tiny = [&["--steps", "32"][..], &llama_flags()].concat();
+    for (source, data, extra, within) in [
+        (
+            "llama-pp.msl",
+            data.clone(),
+            vec!["--steps", "2"],
+            Some(0.05),
+        ),
+        (
+            "memory-il.msl",
+            data.clone(),
+            vec!["--steps", "2"],
+            Some(0.05),
+        ),
+        ("llama.msl", dir.join("tokens.npy"), tiny, None),
+    ] {
         let mut cmd = mslc(dir, &["mpiexec", "-n", "2"]);
         cmd.args(["--message-format", "json", "train"])
             .arg(dir.join(source))
             .arg("--data")
             .arg(&data)
-            .args(["--init-seed", "0", "--steps", "2", "--mpi"]);
-        if let Some(set) = extra {
-            cmd.args(["--set", set]);
-        }
+            .args(["--init-seed", "0", "--mpi"])
+            .args(&extra);
         let (code, stdout, stderr) = run_limited(cmd);
-        assert_eq!(
-            code, 0,
-            "{source}:
-{stdout}{stderr}"
-        );
+        assert_eq!(code, 0, "{source}:\n{stdout}{stderr}");
         let summary = stdout
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -627,7 +642,9 @@ fn pipeline_memory_within_the_plan(dir: &Path) {
             100.0 * over
         );
         assert!(planned >= measured, "{source}: below the measured peak");
-        assert!(over <= 0.05, "{source}: {:.1} % over", 100.0 * over);
+        if let Some(within) = within {
+            assert!(over <= within, "{source}: {:.1} % over", 100.0 * over);
+        }
     }
 }
 

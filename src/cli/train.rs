@@ -432,6 +432,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             rank,
             device: (device, chunks),
             others: (others_total, devices_here.saturating_sub(1)),
+            library: world.library_reserve(),
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
@@ -468,6 +469,9 @@ struct Summary<'a> {
     device: (ExecutorMemory, usize),
     /// The other devices this process runs: what their plans hold together, and how many.
     others: (u64, usize),
+    /// What the process holds beside its devices' plans for the collectives' library
+    /// ([`World::library_reserve`]), shared among its devices.
+    library: u64,
 }
 
 /// Rank 0's loop: steps with the progress line, metrics, gradient dump and checkpoints, then
@@ -490,6 +494,7 @@ fn lead(
         rank,
         device: (device, chunks),
         others: (others_planned, others_count),
+        library,
     } = summary;
     let (per_epoch, dropped) = trainer.epoch_shape();
     let mut notes: Vec<String> = tuning.iter().map(|t| t.to_string()).collect();
@@ -517,7 +522,12 @@ fn lead(
     };
     let first = trainer.state().step;
     let bar = progress_bar(args.steps.saturating_sub(first));
+    // Every step's metrics, for the summary: their bytes are planned with the run (kept whole,
+    // so none of the vector's growth is left over; a count too large to reserve just grows).
     let mut history: Vec<StepMetrics> = Vec::new();
+    let steps_left = usize::try_from(args.steps.saturating_sub(first)).unwrap_or(usize::MAX);
+    let _ = history.try_reserve_exact(steps_left);
+    let history_bytes = (history.capacity() * std::mem::size_of::<StepMetrics>()) as u64;
     let mut written = Vec::new();
     let tokens = trainer.state().batch as f64 * f64::from(grad_accum);
     while trainer.state().step < args.steps {
@@ -647,14 +657,16 @@ fn lead(
             )
         }
     };
-    let planned = base.saturating_add(beyond);
+    let planned = base
+        .saturating_add(beyond)
+        .saturating_add(library.saturating_add(history_bytes) / devices_here);
     let per = match chunks {
         1 => "per rank".to_string(),
         n => format!("per device (its {n} chunk-ranks)"),
     };
     if let Some(m) = measured {
         text.push_str(&format!(
-            "  measured: peak resident memory {} {per} over the run, planned peak {}{} with the {} % + {} reserve{} ({:+.1} %)\n",
+            "  measured: peak resident memory {} {per} over the run, planned peak {}{} with the {} % + {} reserve{}{} ({:+.1} %)\n",
             mslc_core::units::human_bytes(m),
             mslc_core::units::human_bytes(planned),
             match others_planned == device.total * others_count as u64 {
@@ -666,6 +678,13 @@ fn lead(
             },
             100.0 * mslc_plan::parallel::estimate::EXECUTOR_RESERVE,
             mslc_core::units::human_bytes(mslc_plan::parallel::estimate::EXECUTOR_FIXED_RESERVE),
+            match library {
+                0 => String::new(),
+                l => format!(
+                    ", {} for MPI",
+                    mslc_core::units::human_bytes(l / devices_here)
+                ),
+            },
             match (staging, others_count, beyond) {
                 (0, _, _) => String::new(),
                 (n, _, 0) => format!(

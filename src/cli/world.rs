@@ -152,6 +152,17 @@ impl World {
         failure
     }
 
+    /// What this process holds beside its devices' plans for the collectives' library: under
+    /// MPI, [`MPI_PROCESS_RESERVE`](mslc_plan::parallel::estimate::MPI_PROCESS_RESERVE); none on
+    /// the threads backend, whose exchanges the plans count.
+    pub fn library_reserve(&self) -> u64 {
+        match self {
+            World::One | World::Threads(..) => 0,
+            #[cfg(feature = "mpi")]
+            World::Mpi(..) => mslc_plan::parallel::estimate::MPI_PROCESS_RESERVE,
+        }
+    }
+
     /// Whether this process runs a rank of an MPI world other than 0 (which reports for it).
     pub fn follower(&self) -> bool {
         match self {

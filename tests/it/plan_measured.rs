@@ -133,8 +133,11 @@ fn the_planned_peak_per_rank_is_within_5_percent_above_the_measured_one() {
         let source = source(&dir, ranks, level);
         let (planned, measured, per_device) = planned_and_measured(&source, &data, ranks, &[]);
         assert_eq!(per_device, 1);
-        // `mslc build`'s plan gives the same peak per rank for this machine's executor.
-        assert_eq!(built_executor_total(&dir, &source, ranks), planned);
+        // `mslc build`'s plan gives the same peak per rank for this machine's executor, and the
+        // run adds the two steps' metrics it keeps for its summary (shared by its ranks).
+        let history = 2 * std::mem::size_of::<mslc_driver::trainer::StepMetrics>() as u64;
+        let built = built_executor_total(&dir, &source, ranks);
+        assert_eq!(built + history / ranks as u64, planned);
         let what = format!("{ranks} rank(s), optimizer sharding {level:?}");
         assert_within_5_percent_above(&what, planned, measured);
     }

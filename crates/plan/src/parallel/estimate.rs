@@ -33,6 +33,15 @@ pub const EXECUTOR_RESERVE: f64 = 0.045;
 /// with sequence parallelism: 1.57–1.71 MiB measured) and put small ranks below their plan.
 pub const EXECUTOR_FIXED_RESERVE: u64 = 192 * 1024;
 
+/// What a device's process holds under MPI beyond its planned buffers and the executor's
+/// reserve: MPICH's own state, which grows over a run's first steps (a 2 MiB tensor-parallel
+/// rank of the tiny LLaMA of `tests/mpi_train.rs` measured 92 KB above its plan after one
+/// step, 300–340 KB after 4, 430–436 KB after 16 to 400; a pipeline stage of it 513 KB after
+/// 600, a data-parallel classifier's 231 KB after 200), and the fixed part of a process that
+/// ranks sharing one on the threads backend split among them. MPICH 4.0 over shared memory,
+/// one machine.
+pub const MPI_PROCESS_RESERVE: u64 = 768 * 1024;
+
 /// The executor's reserve beside `held` planned bytes: [`EXECUTOR_RESERVE`] of them and
 /// [`EXECUTOR_FIXED_RESERVE`].
 pub fn executor_reserve(held: u64) -> u64 {
