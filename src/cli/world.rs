@@ -153,13 +153,13 @@ impl World {
     }
 
     /// What this process holds beside its devices' plans for the collectives' library: under
-    /// MPI, [`MPI_PROCESS_RESERVE`](mslc_plan::parallel::estimate::MPI_PROCESS_RESERVE); none on
-    /// the threads backend, whose exchanges the plans count.
+    /// MPI, [`mpi_reserve`](mslc_plan::parallel::estimate::mpi_reserve) for the world's
+    /// processes; none on the threads backend, whose exchanges the plans count.
     pub fn library_reserve(&self) -> u64 {
         match self {
             World::One | World::Threads(..) => 0,
             #[cfg(feature = "mpi")]
-            World::Mpi(..) => mslc_plan::parallel::estimate::MPI_PROCESS_RESERVE,
+            World::Mpi(w, _) => mslc_plan::parallel::estimate::mpi_reserve(w.size()),
         }
     }
 
