@@ -1695,7 +1695,13 @@ impl<'a> Memory<'a> {
         };
         let mut ints: &[i64] = &[];
         let mut stages = in_stage.iter_mut();
-        for ((view, &v), &mode) in views.iter_mut().zip(step_inputs).zip(&plan.prepared.modes) {
+        // A weight packed ahead that the kernel reads only packed is not converted (it is when
+        // it is packed again): the kernel reads the weight's view only for its shape.
+        let packed_already = plan.prepared.packed_b.is_some()
+            && !self.repack
+            && !plan.prepared.kernel.reads_packed_b();
+        let inputs = views.iter_mut().zip(step_inputs).zip(&plan.prepared.modes);
+        for (j, ((view, &v), &mode)) in inputs.enumerate() {
             let slot = &self.slots[v as usize];
             let stage = stages.next();
             // SAFETY (all `bytes` calls): no output slice exists yet.
@@ -1703,6 +1709,7 @@ impl<'a> Memory<'a> {
                 (Mode::Direct | Mode::CopyIn, _) => {
                     f32_view(unsafe { self.bytes(v) }).unwrap_or(&[])
                 }
+                (Mode::Convert, _) if j == 1 && packed_already => &[],
                 (Mode::Convert, Some(stage)) => {
                     let buf = stage.f32s_mut(slot.numel);
                     load_f32(slot.dtype, unsafe { self.bytes(v) }, buf);

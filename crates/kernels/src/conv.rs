@@ -286,6 +286,19 @@ pub fn conv2d_packed_weight_len(
     Ok(WeightLayout::new(&[], w_shape, groups, plane, params)?.packed_len())
 }
 
+/// Whether [`conv2d`] given its weights packed ahead still reads the weights themselves: on
+/// the patches' left, with few enough output channels per group for the GEMM's small-m path,
+/// which multiplies its left operand unpacked ([`Gemm::run_packed`]).
+pub fn conv2d_reads_packed_weight(
+    w_shape: &[usize],
+    groups: usize,
+    plane: usize,
+    params: &MatmulParams,
+) -> bool {
+    let og = w_shape.first().copied().unwrap_or(0) / groups.max(1);
+    !weights_right(plane, params) && og <= params.small_m
+}
+
 /// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
 /// call, so that a weight which does not change is packed once.
 pub fn pack_conv2d_weight(
@@ -328,11 +341,17 @@ pub fn conv2d(
     packed_w: Option<&[f32]>,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    let g = Conv2dCall::new(x, w, attrs)?;
+    check_len("conv2d", "x", x.data.len(), x.shape)?;
+    let g = Conv2dCall::of_shapes("conv2d", x.shape, w.shape, attrs)?;
     check_len("conv2d", "out", out.len(), &g.output_shape())?;
     let groups = attrs.groups;
     let (cg, og) = (g.c / groups, g.o / groups);
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
+    // With the weights packed ahead only their shape is read, but where the GEMM multiplies
+    // them unpacked.
+    if packed_w.is_none() || conv2d_reads_packed_weight(w.shape, groups, plane, params) {
+        check_len("conv2d", "w", w.data.len(), w.shape)?;
+    }
     let layout = WeightLayout::new(w.data, w.shape, groups, plane, params)?;
     if out.is_empty() {
         return Ok(());

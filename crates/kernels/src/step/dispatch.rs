@@ -56,6 +56,18 @@ impl StepKernel {
         }
     }
 
+    /// Whether the kernel, given input 1 packed ahead, reads input 1 itself too (a conv2d whose
+    /// weights the small-m GEMM multiplies unpacked): where it does not, the executor need not
+    /// convert a weight stored in another dtype on every run.
+    pub fn reads_packed_b(&self) -> bool {
+        match self {
+            StepKernel::Conv2d(attrs, params, w_shape, plane) => {
+                conv::conv2d_reads_packed_weight(w_shape, attrs.groups, *plane, params)
+            }
+            _ => false,
+        }
+    }
+
     /// Packs input 1 `b` into `dst` ([`StepKernel::packed_b_len`] floats) for
     /// [`StepKernel::run_with_packed_b`]: done once for a weight that does not change.
     pub fn pack_b(&self, b: &[f32], dst: &mut [f32]) -> KernelResult<()> {
