@@ -344,78 +344,78 @@ fn transformer_ops() {
     Case::new(Op::CausalMask, attrs).check(r::causal_mask(4));
 }
 
-/// A conv2d weight stored in f16 that is packed ahead is converted and packed by the first
-/// run alone: the later runs read the packed copy and not the weight (it was converted to f32
-/// on every run, only to be thrown away: 1.6–1.8 ms of each 3×3 conv of resnet50's last stage
-/// at 64×64), with the first run's bits, in either layout, within f16's rounding of the
-/// reference.
-#[test]
-fn an_f16_weight_packed_ahead_gives_every_run_the_same_bits() {
+/// A conv2d of x [2, 4, H, W] by a weight [6, 4, 3, 3] that is a parameter, packed ahead by
+/// the executor, both of `dtype` (values drawn from `seed` and rounded to it), stride
+/// `stride`, padding 1: an executor on `threads` threads with the weight loaded and x set,
+/// and the reference's output.
+fn packed_conv(
+    hw: [usize; 2],
+    stride: usize,
+    dtype: DType,
+    seed: u64,
+    threads: usize,
+) -> (mslc_exec::Executor, Vec<f32>) {
     use mslc_artifact::Storage;
-    for (hw, stride) in [([3, 3], 2), ([5, 6], 1)] {
-        let attrs = Attrs::new()
-            .with("stride", vec![stride as i64; 2])
-            .with("padding", vec![1i64, 1]);
-        let (xs, ws) = ([2, 4, hw[0], hw[1]], [6, 4, 3, 3]);
-        let half = |v: Vec<f32>| -> Vec<f32> {
-            v.into_iter()
+    use mslc_io::safetensors::StDType;
+    let attrs = Attrs::new()
+        .with("stride", vec![stride as i64; 2])
+        .with("padding", vec![1i64, 1]);
+    let (xs, ws) = ([2, 4, hw[0], hw[1]], [6, 4, 3, 3]);
+    let stored = |v: Vec<f32>| -> Vec<f32> {
+        match dtype {
+            DType::F16 => v
+                .into_iter()
                 .map(|x| half::f16::from_f32(x).to_f32())
-                .collect()
-        };
-        let x = half(rand(7, 2 * 4 * hw[0] * hw[1], -1.0, 1.0));
-        let w = half(rand(8, 216, -1.0, 1.0));
-        let types = [xs, ws].map(|s| TensorType::new(DType::F16, s.map(|d| d as i64).to_vec()));
-        let mut module = one_step(Op::Conv2d, attrs, &types);
-        module.values[1].storage = Storage::Param {
-            path: "w".into(),
-            init: mslc_core::program::Init::Ones,
-            trainable: true,
-        };
-        let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
-        assert!(
-            needs.steps[0].packed_b.is_some(),
-            "the weight is packed ahead"
-        );
-        let conv = Conv2dAttrs {
-            stride: [stride; 2],
-            padding: [1, 1],
-            ..Conv2dAttrs::default()
-        };
-        let (xt, wt) = (
-            TensorRef::new("x", &x, &xs).unwrap(),
-            TensorRef::new("w", &w, &ws).unwrap(),
-        );
-        let want = r::conv2d(xt, wt, &conv).unwrap();
-        let mut exec = super::common::executor(module, 2);
-        let bytes: Vec<u8> = w
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect();
-        let weight = mslc_io::safetensors::TensorRef {
-            name: "w",
-            dtype: mslc_io::safetensors::StDType::F16,
-            shape: &ws,
-            data: &bytes,
-        };
-        exec.load_weights([weight]).unwrap();
-        exec.set_input("x0", &array(DType::F16, &xs, &x)).unwrap();
-        let runs: Vec<Vec<u32>> = (0..3)
-            .map(|_| {
-                exec.run().unwrap();
-                let got = exec.output_f32("y").unwrap().1;
-                assert_close(
-                    "f16 conv2d, weight packed ahead",
-                    &got,
-                    &want.data,
-                    1e-2,
-                    1e-2,
-                );
-                got.iter().map(|v| v.to_bits()).collect()
-            })
-            .collect();
-        assert_eq!(runs[0], runs[1], "{hw:?}");
-        assert_eq!(runs[0], runs[2], "{hw:?}");
-    }
+                .collect(),
+            _ => v,
+        }
+    };
+    let x = stored(rand(seed, 2 * 4 * hw[0] * hw[1], -1.0, 1.0));
+    let w = stored(rand(seed + 1, 216, -1.0, 1.0));
+    let types = [xs, ws].map(|s| TensorType::new(dtype, s.map(|d| d as i64).to_vec()));
+    let mut module = one_step(Op::Conv2d, attrs, &types);
+    module.values[1].storage = Storage::Param {
+        path: "w".into(),
+        init: mslc_core::program::Init::Ones,
+        trainable: true,
+    };
+    let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
+    assert!(
+        needs.steps[0].packed_b.is_some(),
+        "the weight is packed ahead"
+    );
+    let conv = Conv2dAttrs {
+        stride: [stride; 2],
+        padding: [1, 1],
+        ..Conv2dAttrs::default()
+    };
+    let (xt, wt) = (
+        TensorRef::new("x", &x, &xs).unwrap(),
+        TensorRef::new("w", &w, &ws).unwrap(),
+    );
+    let want = r::conv2d(xt, wt, &conv).unwrap();
+    let mut exec = super::common::executor(module, threads);
+    let (bytes, st): (Vec<u8>, _) = match dtype {
+        DType::F16 => (
+            w.iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            StDType::F16,
+        ),
+        _ => (
+            w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            StDType::F32,
+        ),
+    };
+    let weight = mslc_io::safetensors::TensorRef {
+        name: "w",
+        dtype: st,
+        shape: &ws,
+        data: &bytes,
+    };
+    exec.load_weights([weight]).unwrap();
+    exec.set_input("x0", &array(dtype, &xs, &x)).unwrap();
+    (exec, want.data)
 }
 
 /// A conv2d weight that is a parameter is packed once ahead by the executor, in the layout
@@ -423,53 +423,35 @@ fn an_f16_weight_packed_ahead_gives_every_run_the_same_bits() {
 /// their left for many (5×6) — the reference's values either way, on 1 and 2 threads.
 #[test]
 fn conv_weights_packed_ahead_match_the_reference_in_either_layout() {
-    use mslc_artifact::Storage;
     for (hw, stride) in [([3, 3], 2), ([5, 6], 1)] {
-        let attrs = Attrs::new()
-            .with("stride", vec![stride as i64; 2])
-            .with("padding", vec![1i64, 1]);
-        let (xs, ws) = ([2, 4, hw[0], hw[1]], [6, 4, 3, 3]);
-        let (x, w) = (
-            rand(5, 2 * 4 * hw[0] * hw[1], -1.0, 1.0),
-            rand(6, 216, -1.0, 1.0),
-        );
-        let types = [xs, ws].map(|s| TensorType::new(DType::F32, s.map(|d| d as i64).to_vec()));
-        let mut module = one_step(Op::Conv2d, attrs, &types);
-        module.values[1].storage = Storage::Param {
-            path: "w".into(),
-            init: mslc_core::program::Init::Ones,
-            trainable: true,
-        };
-        let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
-        assert!(
-            needs.steps[0].packed_b.is_some(),
-            "the weight is packed ahead"
-        );
-        let conv = Conv2dAttrs {
-            stride: [stride; 2],
-            padding: [1, 1],
-            ..Conv2dAttrs::default()
-        };
-        let (xt, wt) = (
-            TensorRef::new("x", &x, &xs).unwrap(),
-            TensorRef::new("w", &w, &ws).unwrap(),
-        );
-        let want = r::conv2d(xt, wt, &conv).unwrap();
         for threads in [1, 2] {
-            let mut exec = super::common::executor(module.clone(), threads);
-            let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let weight = mslc_io::safetensors::TensorRef {
-                name: "w",
-                dtype: mslc_io::safetensors::StDType::F32,
-                shape: &ws,
-                data: &bytes,
-            };
-            exec.load_weights([weight]).unwrap();
-            exec.set_input("x0", &array(DType::F32, &xs, &x)).unwrap();
+            let (mut exec, want) = packed_conv(hw, stride, DType::F32, 5, threads);
             exec.run().unwrap();
             let got = exec.output_f32("y").unwrap().1;
-            assert_close("conv2d, weight packed ahead", &got, &want.data, ATOL, RTOL);
+            assert_close("conv2d, weight packed ahead", &got, &want, ATOL, RTOL);
         }
+    }
+}
+
+/// A conv2d weight stored in f16 that is packed ahead is converted and packed by the first
+/// run alone: the later runs read the packed copy and not the weight (it was converted to f32
+/// on every run, only to be thrown away: 1.6–1.8 ms of each 3×3 conv of resnet50's last stage
+/// at 64×64), with the first run's bits, in either layout, within f16's rounding of the
+/// reference.
+#[test]
+fn an_f16_weight_packed_ahead_gives_every_run_the_same_bits() {
+    for (hw, stride) in [([3, 3], 2), ([5, 6], 1)] {
+        let (mut exec, want) = packed_conv(hw, stride, DType::F16, 7, 2);
+        let runs: Vec<Vec<u32>> = (0..3)
+            .map(|_| {
+                exec.run().unwrap();
+                let got = exec.output_f32("y").unwrap().1;
+                assert_close("f16 conv2d, weight packed ahead", &got, &want, 1e-2, 1e-2);
+                got.iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        assert_eq!(runs[0], runs[1], "{hw:?}");
+        assert_eq!(runs[0], runs[2], "{hw:?}");
     }
 }
 
