@@ -16,7 +16,7 @@ use mslc_core::diag::{Code, Diagnostic};
 use mslc_core::units::human_bytes;
 use mslc_driver::artifacts::{artifact_files, json};
 use mslc_driver::compile::Compiled;
-use mslc_driver::ranks::{self, RankLayout};
+use mslc_driver::ranks::{self, PipelineLayout, RankLayout};
 use mslc_driver::train::{
     compile_train_ranked, compile_train_stage, CompiledTrain, StageStep, TrainOptions, DATA_AXIS,
     PIPELINE_AXIS, TENSOR_AXIS,
@@ -57,8 +57,8 @@ pub fn rank_artifacts(
         Ok(layout) => layout,
         Err(e) => return Ok(Some(not_written(&e.message))),
     };
-    let built = match layout.pipeline {
-        Some(_) => stage_artifacts(args, checked, entry, plan, &layout),
+    let built = match &layout.pipeline {
+        Some(pipeline) => stage_artifacts(args, checked, entry, plan, &layout, pipeline),
         None => rank_artifact(args, checked, entry, plan, &layout),
     };
     match built {
@@ -139,14 +139,15 @@ fn program_files(
     artifact_files(dir, name, compiled, mir)
 }
 
-/// The programs of a plan with pipeline stages: per stage its step and (but the last) its
-/// forward, and `TRAIN.ranks.json` with every stage's cut.
+/// The programs of a plan with pipeline stages (`pipeline`, `layout`'s): per stage its step
+/// and (but the last) its forward, and `TRAIN.ranks.json` with every stage's cut.
 fn stage_artifacts(
     args: &BuildArgs,
     checked: &Checked,
     entry: &str,
     plan: &PlanFile,
     layout: &RankLayout,
+    pipeline: &PipelineLayout,
 ) -> Result<RankArtifacts, Box<Diagnostic>> {
     let threads = ranks::threads_per_rank(None, usize::try_from(plan.devices).unwrap_or(1));
     let dir = &args.out_dir;
@@ -189,10 +190,7 @@ fn stage_artifacts(
         steps.iter().map(|(c, cut)| (c, Some(cut))).collect();
     let description = ranks_description(layout, plan, &with_cuts, &format!("{entry}.stageS.rank"));
     files.push((dir.join(format!("{entry}.ranks.json")), json(&description)));
-    let (micro, schedule) = layout
-        .pipeline
-        .as_ref()
-        .map_or((1, String::new()), |p| (p.micro_batches, p.schedule.name()));
+    let (micro, schedule) = (pipeline.micro_batches, pipeline.schedule.name());
     // Under an interleaved schedule each chunk of a device is a rank of its own.
     let ranks = match layout.interleaved() {
         true => format!("{} ranks on {} devices", layout.ranks(), plan.devices),
@@ -214,10 +212,7 @@ fn stage_artifacts(
             "stages": programs,
             "description": format!("{entry}.ranks.json"),
         }),
-        memory: match &layout.pipeline {
-            Some(pipeline) => ranks::stage_memory(&steps, pipeline, threads),
-            None => Vec::new(),
-        },
+        memory: ranks::stage_memory(&steps, pipeline, threads),
     })
 }
 

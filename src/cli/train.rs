@@ -390,21 +390,20 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         Some(&first) => first,
         None => ranks::rank_memory([&arena], exec_options.threads),
     };
-    // What pipeline device `d` holds: every stage it runs (under an interleaved schedule,
+    // What each pipeline device holds: every stage it runs (under an interleaved schedule,
     // chunk k for every k that is d modulo the devices of the pipeline); off a pipeline, a
     // rank's.
-    let device_memory = |d: usize| match layout.pipeline.as_ref() {
-        Some(p) => ExecutorMemory::together(
-            stage_memory
-                .iter()
-                .enumerate()
-                .filter(|&(s, _)| p.device_of(s) == d)
-                .map(|(_, &memory)| memory),
-            exec_options.threads,
-        ),
-        None => rank,
+    let device_memory: Vec<ExecutorMemory> = match layout.pipeline.as_ref() {
+        Some(p) => (0..p.devices)
+            .map(|d| {
+                let stages = stage_memory.iter().enumerate();
+                let mine = stages.filter(|&(s, _)| p.device_of(s) == d);
+                ExecutorMemory::together(mine.map(|(_, &m)| m), exec_options.threads)
+            })
+            .collect(),
+        None => vec![rank],
     };
-    let device = device_memory(0);
+    let device = device_memory[0];
     // The process's peak is measured over every device it runs and shared among them, so
     // what the others plan to hold joins device 0's in the comparison: on a pipeline, the
     // other stages' ranks hold other programs. A device's later chunks come with its first.
@@ -415,7 +414,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
             let stage = layout.coords(*r).stage;
             match layout.pipeline.as_ref() {
                 Some(p) if stage >= p.devices => None,
-                Some(p) => Some(device_memory(p.device_of(stage)).total),
+                Some(p) => Some(device_memory[p.device_of(stage)].total),
                 None => Some(rank.total),
             }
         })

@@ -104,6 +104,34 @@ pub fn schedule_passes(schedule: Schedule, stages: usize, stage: usize, micro: u
     passes
 }
 
+/// The passes of stage `stage` of `stages` ([`schedule_passes`]), each with its position in its
+/// device's order under an interleaved schedule ([`chunk_turns`]): the order a stage's loop
+/// runs them in, and what the plan of its messages follows.
+pub fn stage_passes(
+    schedule: Schedule,
+    stages: usize,
+    stage: usize,
+    micro: usize,
+) -> Vec<(Option<usize>, Pass)> {
+    match chunk_turns(schedule, stages, stage, micro) {
+        Some(turns) => turns
+            .into_iter()
+            .map(|(at, pass)| (Some(at), pass))
+            .collect(),
+        None => schedule_passes(schedule, stages, stage, micro)
+            .into_iter()
+            .map(|pass| (None, pass))
+            .collect(),
+    }
+}
+
+/// The devices a pipeline of `stages` stages runs on under `schedule`: as many as the stages,
+/// but under an interleaved schedule, whose stages are chunks (stage `k` on device
+/// `k mod devices`, as [`chunk_turns`] places them).
+pub fn schedule_devices(schedule: Schedule, stages: usize) -> usize {
+    (stages / schedule.chunks().max(1) as usize).max(1)
+}
+
 /// Under an interleaved schedule, the passes of chunk-stage `stage` of `stages` with each one's
 /// position in its device's order of one update ([`device_order`]); `None` for the other
 /// schedules, whose stages are devices.
@@ -117,7 +145,7 @@ pub fn chunk_turns(
         return None;
     };
     let v = usize::try_from(v).ok().filter(|&v| v > 0)?;
-    let devices = (stages / v).max(1);
+    let devices = schedule_devices(schedule, stages);
     let (device, chunk) = (stage % devices, stage / devices);
     let order = device_order(devices, v, device, micro);
     let mine = order

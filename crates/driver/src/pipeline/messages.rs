@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use mslc_plan::parallel::estimate::Schedule;
 
-use super::{chunk_turns, schedule_passes, Pass};
+use super::{schedule_devices, stage_passes, Pass};
 
 /// A value that crosses a pipeline's cut: stage `from` sends it to stage `to` in each
 /// forward, and `to` sends its gradient back in each backward, `bytes` each way.
@@ -44,14 +44,7 @@ enum Event {
     Send(Message),
 }
 
-/// The devices a pipeline of `stages` stages runs on under `schedule`: as many as the stages,
-/// but under an interleaved schedule, whose stages are chunks (stage `k` on device
-/// `k mod devices`, as [`chunk_turns`] places them).
-pub fn devices(schedule: Schedule, stages: usize) -> usize {
-    (stages / schedule.chunks().max(1) as usize).max(1)
-}
-
-/// The most bytes of pipeline messages each device ([`devices`]) holds at once over one update
+/// The most bytes of pipeline messages each device ([`schedule_devices`]) holds at once over one update
 /// of `micro` micro-batches under `schedule`, `stages` stages' cuts crossed by `links`: the
 /// received values its stages keep for their micro-batches in flight and a backward's
 /// received gradients, plus its sends not yet taken.
@@ -70,32 +63,12 @@ pub fn held_message_bytes(
         .collect()
 }
 
-/// The passes of stage `stage`, each with its position in its device's order under an
-/// interleaved schedule.
-fn passes(
-    schedule: Schedule,
-    stages: usize,
-    stage: usize,
-    micro: usize,
-) -> Vec<(Option<usize>, Pass)> {
-    match chunk_turns(schedule, stages, stage, micro) {
-        Some(turns) => turns
-            .into_iter()
-            .map(|(at, pass)| (Some(at), pass))
-            .collect(),
-        None => schedule_passes(schedule, stages, stage, micro)
-            .into_iter()
-            .map(|pass| (None, pass))
-            .collect(),
-    }
-}
-
 /// The most bytes each device keeps of what its stages received: each micro-batch's received
 /// values from its forward to its backward, and during a backward that micro-batch's values
 /// with the gradients the backward receives. A device's stages run one pass at a time, in
 /// its order.
 fn received_bytes(schedule: Schedule, stages: usize, micro: usize, links: &[Link]) -> Vec<u64> {
-    let devices = devices(schedule, stages);
+    let devices = schedule_devices(schedule, stages);
     let sum = |of: &dyn Fn(&Link) -> bool| -> u64 {
         links.iter().filter(|l| of(l)).map(|l| l.bytes).sum()
     };
@@ -106,7 +79,9 @@ fn received_bytes(schedule: Schedule, stages: usize, micro: usize, links: &[Link
             let mut order: Vec<(usize, usize, Pass)> = (device..stages)
                 .step_by(devices)
                 .flat_map(|s| {
-                    let passes = passes(schedule, stages, s, micro).into_iter().enumerate();
+                    let passes = stage_passes(schedule, stages, s, micro)
+                        .into_iter()
+                        .enumerate();
                     passes.map(move |(i, (at, pass))| (at.unwrap_or(i), s, pass))
                 })
                 .collect();
@@ -152,7 +127,7 @@ fn events(
         gradient,
     };
     let mut events = Vec::new();
-    for (position, pass) in passes(schedule, stages, stage, micro) {
+    for (position, pass) in stage_passes(schedule, stages, stage, micro) {
         events.extend(position.map(Event::Start));
         match pass {
             Pass::Forward(j) => {
@@ -182,7 +157,7 @@ fn unreceived_send_bytes(
     micro: usize,
     links: &[Link],
 ) -> Vec<u64> {
-    let devices = devices(schedule, stages);
+    let devices = schedule_devices(schedule, stages);
     let events: Vec<Vec<Event>> = (0..stages)
         .map(|s| events(schedule, stages, s, micro, links))
         .collect();
@@ -215,8 +190,7 @@ fn unreceived_send_bytes(
                 match waits_for {
                     Some(None) => break,
                     Some(Some(before)) => {
-                        let before = before.clone();
-                        for (mine, theirs) in clocks[s].iter_mut().zip(before) {
+                        for (mine, &theirs) in clocks[s].iter_mut().zip(before) {
                             *mine = (*mine).max(theirs);
                         }
                     }

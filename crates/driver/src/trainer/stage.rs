@@ -32,7 +32,7 @@ use super::{
     comm, data_error, micro_seed, run_missing, zero_inputs, FileKind, Res, StepMetrics,
     TrainRunError, Trainer,
 };
-use crate::pipeline::{chunk_turns, recv_bytes, schedule_passes, send_bytes, Pass, Turns};
+use crate::pipeline::{recv_bytes, send_bytes, stage_passes, Pass, Turns};
 use crate::train::{accumulator, grad_from, grad_of, write_backs, GRAD_NORM, LOSS, OVERFLOW};
 use crate::train_mode::SEED;
 use mslc_ir::shard::zero::DP_INDEX;
@@ -191,17 +191,7 @@ impl Trainer {
         let mut losses = 0.0;
         let (stages, micro) = (stage.ranks.len(), rows.len());
         // Each pass, with its position in the device's order under an interleaved schedule.
-        let passes: Vec<(Option<usize>, Pass)> =
-            match chunk_turns(stage.schedule, stages, stage.stage, micro) {
-                Some(turns) => turns
-                    .into_iter()
-                    .map(|(at, pass)| (Some(at), pass))
-                    .collect(),
-                None => schedule_passes(stage.schedule, stages, stage.stage, micro)
-                    .into_iter()
-                    .map(|pass| (None, pass))
-                    .collect(),
-            };
+        let passes = stage_passes(stage.schedule, stages, stage.stage, micro);
         let chunks = stage.schedule.chunks().max(1) as usize;
         for (position, pass) in passes {
             let turn = stage.turns.clone().zip(position);

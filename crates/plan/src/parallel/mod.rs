@@ -97,16 +97,16 @@ impl ExecutorMemory {
     }
 
     fn holding(allocated: u64, exchanged: u64, pipelined: u64, threads: usize) -> ExecutorMemory {
-        let held = allocated
-            .saturating_add(exchanged)
-            .saturating_add(pipelined);
-        ExecutorMemory {
+        let mut memory = ExecutorMemory {
             threads,
             allocated,
             exchanged,
             pipelined,
-            total: held.saturating_add(estimate::executor_reserve(held)),
-        }
+            total: 0,
+        };
+        let held = memory.held();
+        memory.total = held.saturating_add(estimate::executor_reserve(held));
+        memory
     }
 
     /// Bytes held before the reserve.
