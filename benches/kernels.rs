@@ -17,7 +17,7 @@ use mslc_kernels::attention::{attention, attention_lse, AttentionParams};
 use mslc_kernels::attention_grad::attention_grad;
 use mslc_kernels::convert;
 use mslc_kernels::matmul::{
-    matmul, Epilogue, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel,
+    matmul, Epilogue, GemmPlan, Isa, MatmulOptions, MatmulParams, MicroKernel, PackedB,
 };
 use mslc_kernels::par::RowParams;
 use mslc_kernels::{rope, TensorRef};
@@ -147,7 +147,7 @@ fn bench_weights(threads: usize, m: usize, k: usize, n: usize) {
         small_m: 0,
         ..MatmulParams::default()
     };
-    let mut packed = vec![0.0f32; plan.packed_b_len(&default).expect("kernel")];
+    let mut packed = vec![0.0f32; plan.packed_b_values(&default).expect("kernel")];
     plan.pack_b(&b, &default, &mut packed).expect("pack");
     let plain = Epilogue::default();
     let (per_call, unpacked, once) = in_pool(threads, || {
@@ -160,7 +160,7 @@ fn bench_weights(threads: usize, m: usize, k: usize, n: usize) {
             black_box(&out);
         });
         let once = time(|| {
-            plan.run_prepacked(&a, &packed, plain, &default, &mut out)
+            plan.run_prepacked(&a, PackedB::F32(&packed), plain, &default, &mut out)
                 .expect("run");
             black_box(&out);
         });
@@ -227,7 +227,15 @@ fn bench_conv(threads: usize) {
         let mut out = vec![0.0f32; o * oh * oh];
         let timing = in_pool(threads, || {
             time(|| {
-                conv2d(xr, wr, &attrs, &params, Some(&packed), &mut out).expect("conv");
+                conv2d(
+                    xr,
+                    wr,
+                    &attrs,
+                    &params,
+                    Some(PackedB::F32(&packed)),
+                    &mut out,
+                )
+                .expect("conv");
                 black_box(&out);
             })
         });

@@ -460,6 +460,8 @@ const KERNEL_PARAM_BOUNDS: &[(&str, i64, i64)] = &[
     // GEMM rows up to which A is read unpacked (decode shapes; with B packed ahead).
     ("small_m", 0, 1 << 12),
     ("small_m_packed_b", 0, 1 << 12),
+    // GEMM rows up to which a weight stored in f16 is packed as f16.
+    ("half_b_rows", 0, 1 << 12),
     // Attention tiles: a block_q × block_k score tile per task.
     ("block_q", 1, 1 << 12),
     ("block_k", 1, 1 << 12),

@@ -35,7 +35,7 @@ use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows}
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
-use super::storage::{f32_view, load_f32, load_i64, store_f32};
+use super::storage::{f32_view, load_f32, load_i64, load_rows_f32, store_f32};
 use super::{init, weights};
 use mslc_core::units::human_bytes;
 use mslc_kernels::step::CollectiveStep;
@@ -1710,6 +1710,11 @@ impl<'a> Memory<'a> {
                     f32_view(unsafe { self.bytes(v) }).unwrap_or(&[])
                 }
                 (Mode::Convert, _) if j == 1 && packed_already => &[],
+                (Mode::Convert, Some(stage)) if j == 1 && plan.prepared.kernel.gathers_rows() => {
+                    let buf = stage.f32s_mut(slot.numel);
+                    load_rows_f32(slot.dtype, unsafe { self.bytes(v) }, &slot.shape, ints, buf);
+                    buf
+                }
                 (Mode::Convert, Some(stage)) => {
                     let buf = stage.f32s_mut(slot.numel);
                     load_f32(slot.dtype, unsafe { self.bytes(v) }, buf);

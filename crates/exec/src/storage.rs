@@ -15,6 +15,31 @@ pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
     (head.is_empty() && tail.is_empty()).then_some(mid)
 }
 
+/// As [`load_f32`] for a `[V, H]` table (`shape`) of which only the rows `ids` names are read
+/// (an embedding's): those rows are decoded into their places in `dst`, the others left as
+/// they are; ids outside the table are skipped (the kernel reports them). The whole table
+/// where the ids are as many as its rows.
+pub fn load_rows_f32(dtype: DType, src: &[u8], shape: &[usize], ids: &[i64], dst: &mut [f32]) {
+    let (&[rows, width], Ok(size)) = (shape, usize::try_from(dtype.size_bytes())) else {
+        return load_f32(dtype, src, dst);
+    };
+    if ids.len() >= rows {
+        return load_f32(dtype, src, dst);
+    }
+    for &id in ids {
+        let Some(row) = usize::try_from(id).ok().filter(|&r| r < rows) else {
+            continue;
+        };
+        let (at, len) = (row * width, width);
+        if let (Some(from), Some(to)) = (
+            src.get(at * size..(at + len) * size),
+            dst.get_mut(at..at + len),
+        ) {
+            load_f32(dtype, from, to);
+        }
+    }
+}
+
 /// Decodes `src` (elements of `dtype`) into `dst` as f32; `dst.len()` elements are read.
 pub fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
     match dtype {
@@ -207,5 +232,23 @@ mod tests {
         load_f32(DType::BF16, &bytes, &mut back);
         assert_eq!(back[0], 1.0);
         assert_eq!(f32_view(&[0u8; 8]).map(<[f32]>::len), Some(2));
+    }
+
+    /// An embedding's f16 table of 4 rows × 3: the rows the ids name are decoded into their
+    /// places, the others untouched; ids outside the table are skipped; as many ids as rows
+    /// decode the whole table.
+    #[test]
+    fn only_the_rows_an_embedding_reads_are_decoded() {
+        let table: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let mut bytes = vec![0u8; 12 * 2];
+        store_f32(DType::F16, &table, &mut bytes);
+        let mut out = vec![-1.0f32; 12];
+        load_rows_f32(DType::F16, &bytes, &[4, 3], &[2, -1, 7], &mut out);
+        let want = [
+            -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 6.0, 7.0, 8.0, -1.0, -1.0, -1.0,
+        ];
+        assert_eq!(out, want);
+        load_rows_f32(DType::F16, &bytes, &[4, 3], &[0, 0, 0, 0], &mut out);
+        assert_eq!(out, table);
     }
 }

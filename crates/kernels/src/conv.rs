@@ -8,7 +8,7 @@ use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::{MatmulParams, MicroKernel};
+use super::matmul::{half_panels, MatmulParams, MicroKernel, PackedB};
 use super::par;
 use super::scratch::with_scratch;
 use super::shape::check_len;
@@ -274,7 +274,7 @@ impl<'a> WeightLayout<'a> {
     }
 }
 
-/// Floats of `w` (shape `w_shape`, `groups` groups) packed ahead by [`pack_conv2d_weight`]
+/// Values of `w` (shape `w_shape`, `groups` groups) packed ahead by [`pack_conv2d_weight`]
 /// for the micro-kernel `params` choose and a conv2d of `plane` output positions per image
 /// (which decides how the product is laid out: [`weights_right`]).
 pub fn conv2d_packed_weight_len(
@@ -299,6 +299,13 @@ pub fn conv2d_reads_packed_weight(
     !weights_right(plane, params) && og <= params.small_m
 }
 
+/// Whether a conv2d of `plane` output positions per image whose weights are stored in f16
+/// (`w_is_f16`) packs them ahead as f16 ([`pack_conv2d_weight_half`]): where they are the
+/// right operand of a product the unpacked-A path takes ([`half_panels`]).
+pub fn conv2d_half_weight(plane: usize, w_is_f16: bool, params: &MatmulParams) -> bool {
+    weights_right(plane, params) && half_panels(plane, w_is_f16, params)
+}
+
 /// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
 /// call, so that a weight which does not change is packed once.
 pub fn pack_conv2d_weight(
@@ -308,6 +315,42 @@ pub fn pack_conv2d_weight(
     params: &MatmulParams,
     dst: &mut [f32],
 ) -> KernelResult<()> {
+    let layout = packing_layout(w, groups, plane, params, dst.len())?;
+    match layout.right {
+        true => layout.packing().pack_b(true, dst),
+        false => layout.packing().pack_a(true, dst),
+    }
+    Ok(())
+}
+
+/// As [`pack_conv2d_weight`], into f16 panels, where [`conv2d_half_weight`] holds (the weights
+/// on the right): exact for weights stored in f16.
+pub fn pack_conv2d_weight_half(
+    w: TensorRef<'_>,
+    groups: usize,
+    plane: usize,
+    params: &MatmulParams,
+    dst: &mut [u16],
+) -> KernelResult<()> {
+    let layout = packing_layout(w, groups, plane, params, dst.len())?;
+    if !layout.right {
+        return Err(KernelError::new(
+            "conv2d",
+            "f16 panels are for weights on the right of the product only",
+        ));
+    }
+    layout.packing().pack_b_half(true, dst);
+    Ok(())
+}
+
+/// The layout of `w` for packing it into `dst_len` values, checked.
+fn packing_layout<'a>(
+    w: TensorRef<'a>,
+    groups: usize,
+    plane: usize,
+    params: &MatmulParams,
+    dst_len: usize,
+) -> KernelResult<WeightLayout<'a>> {
     if w.shape.len() != 4 || groups == 0 || !w.shape[0].is_multiple_of(groups) {
         return Err(KernelError::new(
             "conv2d",
@@ -319,18 +362,15 @@ pub fn pack_conv2d_weight(
     }
     check_len("conv2d", "w", w.data.len(), w.shape)?;
     let layout = WeightLayout::new(w.data, w.shape, groups, plane, params)?;
-    check_len("conv2d", "packed weight", dst.len(), &[layout.packed_len()])?;
-    match layout.right {
-        true => layout.packing().pack_b(true, dst),
-        false => layout.packing().pack_a(true, dst),
-    }
-    Ok(())
+    check_len("conv2d", "packed weight", dst_len, &[layout.packed_len()])?;
+    Ok(layout)
 }
 
 /// `conv2d(x, w)` into `out` (`[N, O, oh, ow]`): per (image, group), the input patches are laid
 /// out as a `[C/groups·kh·kw, oh·ow]` matrix (skipped for 1×1, stride-1, unpadded kernels, where
 /// the input already is that matrix) and multiplied by the group's weights on the packed GEMM —
-/// read from `packed_w` ([`pack_conv2d_weight`]) when given, same bits either way. With few
+/// read from `packed_w` ([`pack_conv2d_weight`], [`pack_conv2d_weight_half`]) when given, same
+/// bits either way. With few
 /// output positions ([`weights_right`]) the product is the patches' transpose times the
 /// weights' and its result is turned into `out`'s layout.
 pub fn conv2d(
@@ -338,7 +378,7 @@ pub fn conv2d(
     w: TensorRef<'_>,
     attrs: &Conv2dAttrs,
     params: &MatmulParams,
-    packed_w: Option<&[f32]>,
+    packed_w: Option<PackedB<'_>>,
     out: &mut [f32],
 ) -> KernelResult<()> {
     check_len("conv2d", "x", x.data.len(), x.shape)?;
@@ -360,9 +400,16 @@ pub fn conv2d(
     if let Some(p) = packed_w {
         check_len("conv2d", "packed weight", p.len(), &[layout.packed_len()])?;
     }
-    let (packed_a, packed_b) = match right {
-        true => (None, packed_w),
-        false => (packed_w, None),
+    let (packed_a, packed_b) = match (right, packed_w) {
+        (true, b) => (None, b),
+        (false, None) => (None, None),
+        (false, Some(PackedB::F32(a))) => (Some(a), None),
+        (false, Some(PackedB::F16(_))) => {
+            return Err(KernelError::new(
+                "conv2d",
+                "f16 panels are for weights on the right of the product only",
+            ))
+        }
     };
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     // Where problem i's `og × plane` block of `out` starts.
@@ -552,7 +599,7 @@ mod tests {
                     let mut packed = vec![f32::NAN; len];
                     pack_conv2d_weight(wtt, groups, plane, &params, &mut packed).unwrap();
                     let mut prepacked = vec![f32::NAN; want.data.len()];
-                    in_pool(2, || conv2d(xt, wtt, &attrs, &params, Some(&packed), &mut prepacked).unwrap());
+                    in_pool(2, || conv2d(xt, wtt, &attrs, &params, Some(PackedB::F32(&packed)), &mut prepacked).unwrap());
                     assert_same_bits("packed weights", &one, &prepacked);
                     let k = (cg * kh * kw) as f32;
                     assert_close_in(precision, "conv2d", &one, &want.data, 1e-6 * (k + 1.0), 1e-5);
@@ -568,7 +615,10 @@ mod tests {
         assert!(weights_right(4, &p) && !weights_right(64, &p));
         let (xs, ws) = ([2, 24, 2, 2], [40, 24, 3, 3]);
         let mut rng = Rng::new(5);
-        let (x, w) = (rng.vec(96 * 2, 1.0), rng.vec(40 * 24 * 9, 1.0));
+        // The weights' values are f16's (stored in f16), so that f16 panels hold them exactly.
+        let w: Vec<f32> = rng.vec(40 * 24 * 9, 1.0);
+        let w: Vec<f32> = w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        let x = rng.vec(96 * 2, 1.0);
         let (xt, wt) = (
             TensorRef::new("x", &x, &xs).unwrap(),
             TensorRef::new("w", &w, &ws).unwrap(),
@@ -584,20 +634,40 @@ mod tests {
         assert_eq!(len, 40usize.div_ceil(nr) * nr * 24 * 9);
         let mut packed = vec![f32::NAN; len];
         pack_conv2d_weight(wt, 1, 4, &p, &mut packed).unwrap();
-        for packed_w in [None, Some(&packed[..])] {
+        // And in f16 panels, as a weight stored in f16 is.
+        assert!(conv2d_half_weight(4, true, &p) && !conv2d_half_weight(4, false, &p));
+        let mut halves = vec![u16::MAX; len];
+        pack_conv2d_weight_half(wt, 1, 4, &p, &mut halves).unwrap();
+        let run = |packed_w: Option<PackedB<'_>>| {
             let mut out = vec![f32::NAN; want.data.len()];
             in_pool(2, || {
                 conv2d(xt, wt, &attrs, &p, packed_w, &mut out).unwrap()
             });
-            assert_close_in(
-                Precision::F32,
-                "conv2d",
-                &out,
-                &want.data,
-                1e-6 * 217.0,
-                1e-5,
-            );
+            out
+        };
+        let unpacked = run(None);
+        assert_close_in(
+            Precision::F32,
+            "conv2d",
+            &unpacked,
+            &want.data,
+            1e-6 * 217.0,
+            1e-5,
+        );
+        for packed_w in [PackedB::F32(&packed), PackedB::F16(&halves)] {
+            assert_same_bits("packed weights", &unpacked, &run(Some(packed_w)));
         }
+        // f16 panels are for the weights on the right only.
+        let wide = [2, 24, 8, 8];
+        let x = rng.vec(wide.iter().product(), 1.0);
+        let xt = TensorRef::new("x", &x, &wide).unwrap();
+        assert!(!conv2d_half_weight(64, true, &p));
+        let mut out = vec![0.0; 2 * 40 * 64];
+        let len = conv2d_packed_weight_len(&ws, 1, 64, &p).unwrap();
+        assert!(pack_conv2d_weight_half(wt, 1, 64, &p, &mut vec![0; len]).is_err());
+        let halves = vec![0; len];
+        let packed_w = Some(PackedB::F16(&halves));
+        assert!(conv2d(xt, wt, &attrs, &p, packed_w, &mut out).is_err());
     }
 
     #[test]
@@ -649,7 +719,15 @@ mod tests {
         assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, None, &mut out).is_ok());
         // Packed weights of another size are refused, not read out of bounds.
         let short = [0.0f32; 3];
-        assert!(conv2d(xt, w3, &Conv2dAttrs::default(), &p, Some(&short), &mut out).is_err());
+        assert!(conv2d(
+            xt,
+            w3,
+            &Conv2dAttrs::default(),
+            &p,
+            Some(PackedB::F32(&short)),
+            &mut out
+        )
+        .is_err());
         assert!(pack_conv2d_weight(w3, 2, 4, &p, &mut [0.0; 64]).is_err());
     }
 }

@@ -1,10 +1,13 @@
 //! Run-time CPU feature detection, in one place.
 
-/// True when the CPU has AVX2 and FMA, so the hand-vectorised paths may run.
+/// True when the CPU has AVX2 and FMA (and F16C, which every CPU with both has: the GEMM's
+/// row kernels widen f16 panels with it), so the hand-vectorised paths may run.
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -3,10 +3,10 @@
 //! compared with the reference and with each other.
 
 use mslc_artifact::Module;
-use mslc_core::ops::{Attrs, Op, TensorType};
+use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_kernels::binding::{KernelChoice, KernelKind};
 use mslc_kernels::step::{prepare, StepKernel};
-use mslc_kernels::TensorRef;
+use mslc_kernels::{convert, TensorRef};
 use mslc_plan::kernels::signature;
 
 /// A signature to tune, with its inputs.
@@ -109,7 +109,16 @@ impl Case {
                     ints = (0..len).map(|_| rng.below(bound) as i64).collect();
                     Vec::new()
                 } else {
-                    (0..len).map(|_| rng.uniform()).collect()
+                    // Values the operand's dtype holds, as the executor's are (a weight stored
+                    // in f16 may be packed in f16 panels, exactly).
+                    let values: Vec<f32> = (0..len).map(|_| rng.uniform()).collect();
+                    let mut held = values.clone();
+                    match inputs[j].dtype {
+                        DType::F16 => convert::round_through_f16(&values, &mut held),
+                        DType::BF16 => convert::round_through_bf16(&values, &mut held),
+                        _ => {}
+                    }
+                    held
                 }
             })
             .collect();

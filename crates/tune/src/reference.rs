@@ -34,7 +34,7 @@ pub fn reference_output(
                 None => Ok(p),
             }))
         }
-        StepKernel::Conv2d(attrs, ..) => text(reference::conv2d(x(0), x(1), attrs)),
+        StepKernel::Conv2d { attrs, .. } => text(reference::conv2d(x(0), x(1), attrs)),
         StepKernel::Attention { causal, scale, .. } => text(reference::attention(
             x(0),
             x(1),

@@ -72,6 +72,63 @@ pub struct Gemm<'a> {
     pub kernel: MicroKernel,
 }
 
+/// B packed ahead ([`Gemm::pack_b`], [`Gemm::pack_b_half`]): the panels as f32, or the same
+/// panels narrowed to f16 for a weight stored in f16 ([`super::MatmulParams::half_b_rows`]).
+#[derive(Clone, Copy, Debug)]
+pub enum PackedB<'a> {
+    /// f32 panels.
+    F32(&'a [f32]),
+    /// f16 panels (IEEE binary16 bits), widened exactly as they are read.
+    F16(&'a [u16]),
+}
+
+impl PackedB<'_> {
+    /// Values in the panels.
+    pub fn len(&self) -> usize {
+        match self {
+            PackedB::F32(p) => p.len(),
+            PackedB::F16(p) => p.len(),
+        }
+    }
+
+    /// Whether there are no panels.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Floats of a region of f32s that keeps `values` packed values: one per float, or two f16 per
+/// float when `half` (the executor's packed-weights region is f32s).
+pub fn region_floats(values: usize, half: bool) -> usize {
+    match half {
+        true => values.div_ceil(2),
+        false => values,
+    }
+}
+
+/// The first `values` packed values kept in `region` ([`region_floats`]), as the GEMM reads
+/// them; `None` when the region is too small.
+pub fn panels_in(region: &[f32], values: usize, half: bool) -> Option<PackedB<'_>> {
+    if region.len() < region_floats(values, half) {
+        return None;
+    }
+    Some(match half {
+        false => PackedB::F32(&region[..values]),
+        // SAFETY: the region's bytes hold at least `values` u16s (checked above), u16's
+        // alignment divides f32's, and every bit pattern is a valid u16.
+        true => PackedB::F16(unsafe {
+            std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), values)
+        }),
+    })
+}
+
+/// `region` as the u16s (f16 bits) [`Gemm::pack_b_half`] writes into.
+pub fn halves_mut(region: &mut [f32]) -> &mut [u16] {
+    // SAFETY: the same bytes, u16's alignment divides f32's, every bit pattern is valid for
+    // both, and the borrow of `region` is moved into the result.
+    unsafe { std::slice::from_raw_parts_mut(region.as_mut_ptr().cast::<u16>(), region.len() * 2) }
+}
+
 /// The one problem of a product of one A and one B into C at offset 0.
 const SINGLE: [Problem; 1] = [Problem {
     a: 0,
@@ -222,6 +279,24 @@ impl Gemm<'_> {
         });
     }
 
+    /// As [`Gemm::pack_b`], each value narrowed to f16 bits: exact where B's values are f16's
+    /// (a weight stored in f16), for the row kernels that widen them as they read.
+    pub fn pack_b_half(&self, parallel: bool, dst: &mut [u16]) {
+        let np = self.n.div_ceil(self.kernel.nr);
+        let (k, nr) = (self.k, self.kernel.nr);
+        if k == 0 || dst.is_empty() {
+            return;
+        }
+        par::for_each_chunk_mut(parallel, dst, k * nr, |i, d| {
+            with_scratch(k * nr, |panel| {
+                pack_b_panel(self.b[i / np], (i % np) * nr, nr, panel);
+                for (h, &v) in d.iter_mut().zip(&*panel) {
+                    *h = half::f16::from_f32(v).to_bits();
+                }
+            })
+        });
+    }
+
     /// Floats of every A operand packed whole by [`Gemm::pack_a`]: per A, its MR-row panels
     /// over all k, in the micro-kernel's geometry (independent of `mc`, `kc` and `nc`).
     pub fn packed_a_len(&self) -> usize {
@@ -244,17 +319,18 @@ impl Gemm<'_> {
     /// As [`Gemm::run`], reading B from `packed_b` (laid out by [`Gemm::pack_b`]) when given.
     /// Same bits either way.
     pub fn run_with(&self, c: &mut [f32], params: &MatmulParams, packed_b: Option<&[f32]>) {
-        self.run_packed(c, params, None, packed_b);
+        self.run_packed(c, params, None, packed_b.map(PackedB::F32));
     }
 
     /// As [`Gemm::run`], reading A from `packed_a` ([`Gemm::pack_a`]) and B from `packed_b`
-    /// ([`Gemm::pack_b`]) when given. Same bits either way.
+    /// ([`Gemm::pack_b`], [`Gemm::pack_b_half`]) when given. Same bits either way. f16 panels
+    /// are for the unpacked-A path; a product too tall for it widens them first.
     pub fn run_packed(
         &self,
         c: &mut [f32],
         params: &MatmulParams,
         packed_a: Option<&[f32]>,
-        packed_b: Option<&[f32]>,
+        packed_b: Option<PackedB<'_>>,
     ) {
         if self.m == 0 || self.n == 0 || self.problems.is_empty() {
             return;
@@ -298,7 +374,11 @@ impl Gemm<'_> {
         } else {
             self.packed_a_len()
         };
-        let b_len = if packed_b.is_some() {
+        let ahead_b = match packed_b {
+            Some(PackedB::F32(p)) => Some(p),
+            _ => None,
+        };
+        let b_len = if ahead_b.is_some() {
             0
         } else {
             self.packed_b_len()
@@ -307,6 +387,11 @@ impl Gemm<'_> {
         with_scratch(b_start + b_len, |buf| {
             let (own_a, own_b) = buf.split_at_mut(b_start);
             let own_a = &mut own_a[..a_len];
+            if let Some(PackedB::F16(panels)) = packed_b {
+                for (w, &h) in own_b.iter_mut().zip(panels) {
+                    *w = half::f16::from_bits(h).to_f32();
+                }
+            }
             if self.k > 0 {
                 let pack_a = packed_a.is_none().then_some(&mut *own_a);
                 let pack_b = packed_b.is_none().then_some(&mut *own_b);
@@ -314,8 +399,8 @@ impl Gemm<'_> {
             }
             let packed = Packed {
                 a: packed_a.unwrap_or(own_a),
-                b: packed_b.unwrap_or(own_b),
-                b_ahead: packed_b.is_some(),
+                b: ahead_b.unwrap_or(own_b),
+                b_ahead: ahead_b.is_some(),
             };
             let kc = params.kc.max(1);
             let c_ptr = SyncPtr(c.as_mut_ptr());
@@ -330,7 +415,8 @@ impl Gemm<'_> {
     /// As [`Gemm::run`] for a single product (see [`Gemm::single`]) whose B is the first
     /// columns of the operand `packed` holds ([`pack_operand`]). Same bits as [`Gemm::run`].
     pub fn run_on_packed_prefix(&self, c: &mut [f32], params: &MatmulParams, packed: &[f32]) {
-        self.run_packed(c, params, None, Some(&packed[..self.packed_b_len()]));
+        let packed = PackedB::F32(&packed[..self.packed_b_len()]);
+        self.run_packed(c, params, None, Some(packed));
     }
 
     /// Packs, when given, every A panel into `packed_a` and every B panel into `packed_b`.

@@ -15,6 +15,7 @@ use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::shape::{broadcast_shapes, check_len};
 use super::tensor::TensorRef;
+pub use gemm::{halves_mut, panels_in, region_floats, PackedB};
 pub use kernel::{Isa, MicroKernel};
 pub use plan::{Epilogue, GemmPlan};
 
@@ -48,6 +49,13 @@ pub struct MatmulParams {
     /// ([`default_small_m_packed_b`]) depends on the CPU.
     #[serde(default = "default_small_m_packed_b")]
     pub small_m_packed_b: usize,
+    /// Products of at most this many rows whose B is packed ahead from a weight stored in f16
+    /// keep its panels in f16, widened to f32 as the row kernels read them: exact (f16 → f32
+    /// loses nothing), and half the bytes a product streams from cache or memory, where few
+    /// rows leave it bound by those bytes rather than by its multiply-adds; 0 never does. Only
+    /// the unpacked-A path reads such panels (rows past `small_m_packed_b` never get them).
+    #[serde(default = "default_half_b_rows")]
+    pub half_b_rows: usize,
 }
 
 impl Default for MatmulParams {
@@ -70,6 +78,7 @@ impl Default for MatmulParams {
             isa: Isa::Auto,
             small_m: 8,
             small_m_packed_b: default_small_m_packed_b(),
+            half_b_rows: default_half_b_rows(),
         }
     }
 }
@@ -86,6 +95,21 @@ pub fn default_small_m_packed_b() -> usize {
         Ok(kernel) if kernel.isa == Isa::Avx512 => 1 << 12,
         _ => 8,
     }
+}
+
+/// Rows up to which a weight stored in f16 is packed as f16 ([`MatmulParams::half_b_rows`]).
+pub fn default_half_b_rows() -> usize {
+    HALF_B_ROWS
+}
+
+/// See [`default_half_b_rows`].
+const HALF_B_ROWS: usize = 128;
+
+/// Whether a product of `rows` rows whose B is packed ahead from a weight stored in f16
+/// (`b_is_f16`) keeps its panels in f16 ([`MatmulParams::half_b_rows`]): only where the
+/// unpacked-A path, whose row kernels widen them, takes it.
+pub fn half_panels(rows: usize, b_is_f16: bool, params: &MatmulParams) -> bool {
+    b_is_f16 && rows <= params.half_b_rows && rows <= params.small_m.max(params.small_m_packed_b)
 }
 
 /// The attributes of `matmul` / `fused_matmul`.

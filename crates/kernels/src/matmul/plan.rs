@@ -3,7 +3,7 @@
 //! at the operands, without allocating. The executor plans each step once at setup; the
 //! convenience [`super::matmul`] plans and runs in one call.
 
-use super::gemm::{BiasRef, Gemm, Problem};
+use super::gemm::{BiasRef, Gemm, PackedB, Problem};
 use super::pack::MatRef;
 use super::{matmul_output_shape, MatmulParams, MicroKernel};
 use crate::activation::Activation;
@@ -221,35 +221,68 @@ impl GemmPlan {
         self.launch(a, Right::Raw(b), epilogue, params, out)
     }
 
-    /// Floats B takes once packed by [`GemmPlan::pack_b`] for the micro-kernel `params` pick.
-    pub fn packed_b_len(&self, params: &MatmulParams) -> KernelResult<usize> {
+    /// Rows of the product (all batches of a row-major A against one B count as one taller
+    /// product): what decides the GEMM's path.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Values B takes once packed by [`GemmPlan::pack_b`] (or [`GemmPlan::pack_b_half`]) for
+    /// the micro-kernel `params` pick.
+    pub fn packed_b_values(&self, params: &MatmulParams) -> KernelResult<usize> {
         let nr = MicroKernel::select(params.isa)?.nr;
         Ok(self.b.len() * self.n.div_ceil(nr) * self.k * nr)
     }
 
-    /// Packs B into `dst` ([`GemmPlan::packed_b_len`] floats) in the layout the micro-kernel
+    /// Packs B into `dst` ([`GemmPlan::packed_b_values`] floats) in the layout the micro-kernel
     /// `params` pick reads, once, for [`GemmPlan::run_prepacked`] to use on every call (a
     /// weight does not change between calls).
     pub fn pack_b(&self, b: &[f32], params: &MatmulParams, dst: &mut [f32]) -> KernelResult<()> {
+        let len = dst.len();
+        self.packing(b, params, len, |g, parallel| g.pack_b(parallel, dst))
+    }
+
+    /// As [`GemmPlan::pack_b`], into f16 panels (exact where B's values are f16's: a weight
+    /// stored in f16), read by the unpacked-A path ([`MatmulParams::half_b_rows`]).
+    pub fn pack_b_half(
+        &self,
+        b: &[f32],
+        params: &MatmulParams,
+        dst: &mut [u16],
+    ) -> KernelResult<()> {
+        let len = dst.len();
+        self.packing(b, params, len, |g, parallel| g.pack_b_half(parallel, dst))
+    }
+
+    /// Checks B and a packing destination of `dst_len` values, then calls `pack` with the
+    /// product over B alone and whether to pack in parallel.
+    fn packing(
+        &self,
+        b: &[f32],
+        params: &MatmulParams,
+        dst_len: usize,
+        pack: impl FnOnce(&Gemm<'_>, bool),
+    ) -> KernelResult<()> {
         check_len("matmul", "b", b.len(), &[self.lens[1]])?;
         check_len(
             "matmul",
             "packed b",
-            dst.len(),
-            &[self.packed_b_len(params)?],
+            dst_len,
+            &[self.packed_b_values(params)?],
         )?;
         let b_refs: Vec<MatRef<'_>> = self.b.iter().map(|d| d.on(b)).collect();
-        self.gemm(&[], &b_refs, Epilogue::default(), params)?
-            .pack_b(rayon::current_num_threads() > 1, dst);
+        let gemm = self.gemm(&[], &b_refs, Epilogue::default(), params)?;
+        pack(&gemm, rayon::current_num_threads() > 1);
         Ok(())
     }
 
-    /// As [`GemmPlan::run`], with B already packed by [`GemmPlan::pack_b`] with the same
-    /// `params`: no packing of B at all. Same bits as `run`.
+    /// As [`GemmPlan::run`], with B already packed by [`GemmPlan::pack_b`] (or
+    /// [`GemmPlan::pack_b_half`]) with the same `params`: no packing of B at all. Same bits
+    /// as `run`.
     pub fn run_prepacked(
         &self,
         a: &[f32],
-        packed_b: &[f32],
+        packed_b: PackedB<'_>,
         epilogue: Epilogue<'_>,
         params: &MatmulParams,
         out: &mut [f32],
@@ -258,7 +291,7 @@ impl GemmPlan {
             "matmul",
             "packed b",
             packed_b.len(),
-            &[self.packed_b_len(params)?],
+            &[self.packed_b_values(params)?],
         )?;
         self.launch(a, Right::Packed(packed_b), epilogue, params, out)
     }
@@ -337,7 +370,7 @@ impl GemmPlan {
             &b_heap
         };
         self.gemm(a_refs, b_refs, epilogue, params)?
-            .run_with(out, params, packed_b);
+            .run_packed(out, params, None, packed_b);
         Ok(())
     }
 }
@@ -358,7 +391,7 @@ pub struct Epilogue<'a> {
 #[derive(Clone, Copy)]
 enum Right<'a> {
     Raw(&'a [f32]),
-    Packed(&'a [f32]),
+    Packed(PackedB<'a>),
 }
 
 #[cfg(test)]

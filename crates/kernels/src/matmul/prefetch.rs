@@ -12,14 +12,15 @@
 
 use std::ops::Range;
 
-/// Floats per 64-byte cache line.
-const LINE: usize = 16;
+/// Bytes of a cache line.
+const LINE_BYTES: usize = 64;
 
-/// Asks for steps `steps` of a B panel to be brought into L2: step `p` is the `width` floats
-/// at `panel[p * ldb..]`. Lines outside `panel` are skipped; nothing is read or written.
-pub(super) fn panel_steps(panel: &[f32], ldb: usize, width: usize, steps: Range<usize>) {
+/// Asks for steps `steps` of a B panel (f32 or f16) to be brought into L2: step `p` is the
+/// `width` values at `panel[p * ldb..]`. Lines outside `panel` are skipped; nothing is read or written.
+pub(super) fn panel_steps<T>(panel: &[T], ldb: usize, width: usize, steps: Range<usize>) {
+    let line_values = LINE_BYTES / std::mem::size_of::<T>().max(1);
     for p in steps {
-        for j in (0..width).step_by(LINE) {
+        for j in (0..width).step_by(line_values) {
             let at = p * ldb + j;
             if at < panel.len() {
                 line(panel[at..].as_ptr());
@@ -49,7 +50,7 @@ pub(super) fn next_panel(
 
 /// Prefetches the cache line holding `at` into L2 (a hint: no effect where unsupported).
 #[inline(always)]
-fn line(at: *const f32) {
+fn line<T>(at: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults, and SSE is part of the x86_64 baseline.
     unsafe {

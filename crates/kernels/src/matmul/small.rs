@@ -10,7 +10,7 @@
 //! packed first like the tiled path does. Every C element is still one chain of multiply-adds
 //! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
 
-use super::gemm::{block_range, Gemm};
+use super::gemm::{block_range, Gemm, PackedB};
 use super::kernel::{Isa, MAX_NR};
 use super::pack::pack_b_panel;
 use super::prefetch;
@@ -42,8 +42,9 @@ struct RowsCall {
     a: *const f32,
     a_rs: usize,
     a_cs: usize,
-    /// Step p of the panel (NR values) starts at `b + p * ldb`.
-    b: *const f32,
+    /// Step p of the panel (NR values: f32, or f16 bits for a kernel reading half panels)
+    /// starts `p * ldb` values past `b`.
+    b: *const u8,
     ldb: usize,
     /// Row i of the C tile starts at `c + i * ldc`.
     c: *mut f32,
@@ -54,12 +55,21 @@ struct RowsCall {
 /// A row kernel: computes the call's `R` rows (its const parameter) for one ISA.
 type RowsFn = unsafe fn(&RowsCall);
 
-/// The row kernel for `isa` (never `Auto`) and `rows` (1..=[`max_rows`] of `isa`).
-fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
+/// The row kernel for `isa` (never `Auto`) and `rows` (1..=[`max_rows`] of `isa`), reading
+/// f16 panels when `half`.
+fn rows_kernel(isa: Isa, rows: usize, half: bool) -> RowsFn {
+    match half {
+        true => rows_kernel_of::<true>(isa, rows),
+        false => rows_kernel_of::<false>(isa, rows),
+    }
+}
+
+/// [`rows_kernel`] for panels of f16 (`HALF`) or f32.
+fn rows_kernel_of<const HALF: bool>(isa: Isa, rows: usize) -> RowsFn {
     macro_rules! by_rows {
         ($f:ident: $($r:literal)+) => {
             match rows {
-                $($r => $f::<$r>,)+
+                $($r => $f::<$r, HALF>,)+
                 _ => unreachable!("no {isa:?} row kernel of {rows} rows"),
             }
         };
@@ -77,9 +87,9 @@ fn rows_kernel(isa: Isa, rows: usize) -> RowsFn {
 /// Where step 0 of B panel `jp` of operand `b` starts, and its row stride.
 #[derive(Clone, Copy)]
 enum PanelSource<'a> {
-    /// All panels packed (`Gemm::pack_b` layout), before the call (`ahead`: the weights,
-    /// cold in L3 or memory) or by it (still in cache).
-    Packed { panels: &'a [f32], ahead: bool },
+    /// All panels packed (`Gemm::pack_b` layout, or `Gemm::pack_b_half`'s), before the call
+    /// (`ahead`: the weights, cold in L3 or memory) or by it (still in cache).
+    Packed { panels: PackedB<'a>, ahead: bool },
     /// Full panels read in place from row-major B; the last, narrower panel of each B packed
     /// in `edge` (k × NR per B).
     Rows { edge: &'a [f32] },
@@ -91,7 +101,7 @@ pub(super) fn run(
     c: &mut [f32],
     params: &MatmulParams,
     parallel: bool,
-    packed_b: Option<&[f32]>,
+    packed_b: Option<PackedB<'_>>,
 ) {
     let (n, k, nr) = (g.n, g.k, g.kernel.nr);
     let np = n.div_ceil(nr);
@@ -117,7 +127,7 @@ pub(super) fn run(
             None => {
                 g.pack_b(parallel, buf);
                 PanelSource::Packed {
-                    panels: buf,
+                    panels: PackedB::F32(buf),
                     ahead: false,
                 }
             }
@@ -177,13 +187,24 @@ unsafe fn columns(
         row_range.clone().for_each(|r| row(r).fill(0.0));
     }
     // Step p0 of B panel jp onwards, and the distance between its steps.
-    let panel_at = move |jp: usize, p0: usize| -> (&[f32], usize) {
+    let panel_at = move |jp: usize, p0: usize| -> (PackedB<'_>, usize) {
+        let at = ((prob.b * np + jp) * k + p0) * nr;
         match source {
-            PanelSource::Packed { panels, .. } => {
-                (&panels[((prob.b * np + jp) * k + p0) * nr..], nr)
+            PanelSource::Packed {
+                panels: PackedB::F32(p),
+                ..
+            } => (PackedB::F32(&p[at..]), nr),
+            PanelSource::Packed {
+                panels: PackedB::F16(p),
+                ..
+            } => (PackedB::F16(&p[at..]), nr),
+            PanelSource::Rows { edge } if n - jp * nr < nr => {
+                (PackedB::F32(&edge[(prob.b * k + p0) * nr..]), nr)
             }
-            PanelSource::Rows { edge } if n - jp * nr < nr => (&edge[(prob.b * k + p0) * nr..], nr),
-            PanelSource::Rows { .. } => (&b.data[b.offset + p0 * b.rs + jp * nr..], b.rs),
+            PanelSource::Rows { .. } => (
+                PackedB::F32(&b.data[b.offset + p0 * b.rs + jp * nr..]),
+                b.rs,
+            ),
         }
     };
     let groups = row_range.len().div_ceil(max_rows);
@@ -208,21 +229,28 @@ unsafe fn columns(
             for (group, r0) in row_range.clone().step_by(max_rows).enumerate() {
                 if let Some(((next, next_ldb), steps)) = next {
                     let (q0, q1) = block_range(steps, groups, group);
-                    prefetch::panel_steps(next, next_ldb, nr, q0..q1);
+                    match next {
+                        PackedB::F32(p) => prefetch::panel_steps(p, next_ldb, nr, q0..q1),
+                        PackedB::F16(p) => prefetch::panel_steps(p, next_ldb, nr, q0..q1),
+                    }
                 }
                 let rows = max_rows.min(row_range.end - r0);
                 let last = a.offset + (r0 + rows - 1) * a.rs + (p0 + kcs - 1) * a.cs;
                 assert!(last < a.data.len(), "gemm: A rows outside their buffer");
                 // SAFETY: inside this task's columns (see `row`).
                 let c_tile = unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) };
-                let kernel = rows_kernel(g.kernel.isa, rows);
+                let (b_start, half) = match panel {
+                    PackedB::F32(p) => (p.as_ptr().cast::<u8>(), false),
+                    PackedB::F16(p) => (p.as_ptr().cast::<u8>(), true),
+                };
+                let kernel = rows_kernel(g.kernel.isa, rows, half);
                 let call = |c, ldc, accumulate| RowsCall {
                     k: kcs,
                     // SAFETY: the last element read is inside A (asserted above).
                     a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
                     a_rs: a.rs,
                     a_cs: a.cs,
-                    b: panel.as_ptr(),
+                    b: b_start,
                     ldb,
                     c,
                     ldc,
@@ -252,20 +280,39 @@ unsafe fn columns(
     g.epilogue(prob, row_range, col0, row);
 }
 
-/// Portable row kernel (NR = 16), with the portable micro-kernel's separate multiply and add.
+/// Step `p` of a row call's panel, as f32: the NR values there, widened from f16 when `HALF`.
+///
+/// # Safety
+/// The call's panel must hold step `p` (NR values of the panel's type).
+#[inline(always)]
+unsafe fn portable_step<const NR: usize, const HALF: bool>(x: &RowsCall, p: usize) -> [f32; NR] {
+    // SAFETY: the caller guarantees step p's NR values.
+    unsafe {
+        match HALF {
+            true => {
+                let at = x.b.cast::<u16>().add(p * x.ldb);
+                std::array::from_fn(|j| half::f16::from_bits(*at.add(j)).to_f32())
+            }
+            false => *x.b.cast::<f32>().add(p * x.ldb).cast::<[f32; NR]>(),
+        }
+    }
+}
+
+/// Portable row kernel (NR = 16), with the portable micro-kernel's separate multiply and add;
+/// its panel of f16 when `HALF`.
 ///
 /// # Safety
 /// The call's pointers must be valid for what [`RowsCall`] describes with NR = 16.
-unsafe fn portable_rows<const R: usize>(x: &RowsCall) {
+unsafe fn portable_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
     const NR: usize = 16;
     let mut acc = [[0.0f32; NR]; R];
     for p in 0..x.k {
         // SAFETY: step p of the panel holds NR values.
-        let bp = unsafe { std::slice::from_raw_parts(x.b.add(p * x.ldb), NR) };
+        let bp = unsafe { portable_step::<NR, HALF>(x, p) };
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: element (i, p) of A is inside it.
             let ai = unsafe { *x.a.add(i * x.a_rs + p * x.a_cs) };
-            for (v, &bj) in row.iter_mut().zip(bp) {
+            for (v, &bj) in row.iter_mut().zip(&bp) {
                 *v += ai * bj;
             }
         }
@@ -279,21 +326,32 @@ unsafe fn portable_rows<const R: usize>(x: &RowsCall) {
     }
 }
 
-/// AVX2+FMA row kernel (NR = 16): two accumulators per row.
+/// AVX2+FMA row kernel (NR = 16): two accumulators per row; its panel of f16 when `HALF`
+/// (widened by F16C, which every AVX2 CPU has: [`crate::cpu::has_avx2_fma`] checks it).
 ///
 /// # Safety
-/// As [`portable_rows`], and the CPU must support AVX2 and FMA.
+/// As [`portable_rows`], and the CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_rows<const R: usize>(x: &RowsCall) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
     use std::arch::x86_64::*;
     // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for p in 0..x.k {
-            let bp = x.b.add(p * x.ldb);
-            let b0 = _mm256_loadu_ps(bp);
-            let b1 = _mm256_loadu_ps(bp.add(8));
+            let (b0, b1) = match HALF {
+                true => {
+                    let bp = x.b.cast::<u16>().add(p * x.ldb);
+                    (
+                        _mm256_cvtph_ps(_mm_loadu_si128(bp.cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(bp.add(8).cast())),
+                    )
+                }
+                false => {
+                    let bp = x.b.cast::<f32>().add(p * x.ldb);
+                    (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+                }
+            };
             for (i, row) in acc.iter_mut().enumerate() {
                 let ai = _mm256_broadcast_ss(&*x.a.add(i * x.a_rs + p * x.a_cs));
                 row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
@@ -313,21 +371,31 @@ unsafe fn avx2_rows<const R: usize>(x: &RowsCall) {
     }
 }
 
-/// AVX-512F row kernel (NR = 32): two accumulators per row.
+/// AVX-512F row kernel (NR = 32): two accumulators per row; its panel of f16 when `HALF`.
 ///
 /// # Safety
 /// As [`portable_rows`] with NR = 32, and the CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_rows<const R: usize>(x: &RowsCall) {
+unsafe fn avx512_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
     use std::arch::x86_64::*;
     // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         for p in 0..x.k {
-            let bp = x.b.add(p * x.ldb);
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
+            let (b0, b1) = match HALF {
+                true => {
+                    let bp = x.b.cast::<u16>().add(p * x.ldb);
+                    (
+                        _mm512_cvtph_ps(_mm256_loadu_si256(bp.cast())),
+                        _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(16).cast())),
+                    )
+                }
+                false => {
+                    let bp = x.b.cast::<f32>().add(p * x.ldb);
+                    (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
+                }
+            };
             for (i, row) in acc.iter_mut().enumerate() {
                 let ai = _mm512_set1_ps(*x.a.add(i * x.a_rs + p * x.a_cs));
                 row[0] = _mm512_fmadd_ps(ai, b0, row[0]);

@@ -91,6 +91,8 @@ fn case() -> impl Strategy<Value = Case> {
                     isa,
                     small_m,
                     small_m_packed_b,
+                    // Read by the step that decides on f16 panels, not by the GEMM itself.
+                    half_b_rows: 0,
                 },
                 precision,
                 seed,
@@ -107,13 +109,15 @@ fn available_isas() -> Vec<Isa> {
         .collect()
 }
 
-/// Runs `c` through a [`GemmPlan`] with B packed ahead, as the executor does for weights.
+/// Runs `c` through a [`GemmPlan`] with B packed ahead, as the executor does for weights: in
+/// f16 panels when `half` (B's values must be f16's).
 fn run_prepacked(
     c: &Case,
     a: &[f32],
     b: &[f32],
     bias: Option<&[f32]>,
     multiplier: Option<&[f32]>,
+    half: bool,
 ) -> Vec<f32> {
     let plan = GemmPlan::new(
         &c.a_shape,
@@ -123,8 +127,13 @@ fn run_prepacked(
         c.transpose_b,
     )
     .unwrap();
-    let mut packed = vec![f32::NAN; plan.packed_b_len(&c.params).unwrap()];
-    plan.pack_b(b, &c.params, &mut packed).unwrap();
+    let values = plan.packed_b_values(&c.params).unwrap();
+    let mut region = vec![f32::NAN; region_floats(values, half)];
+    match half {
+        true => plan.pack_b_half(b, &c.params, &mut halves_mut(&mut region)[..values]),
+        false => plan.pack_b(b, &c.params, &mut region),
+    }
+    .unwrap();
     let out_shape =
         matmul_output_shape(&c.a_shape, &c.b_shape, c.transpose_a, c.transpose_b).unwrap();
     let mut out = vec![f32::NAN; out_shape.iter().product()];
@@ -133,7 +142,8 @@ fn run_prepacked(
         activation: c.activation,
         multiplier,
     };
-    plan.run_prepacked(a, &packed, epilogue, &c.params, &mut out)
+    let packed = panels_in(&region, values, half).unwrap();
+    plan.run_prepacked(a, packed, epilogue, &c.params, &mut out)
         .unwrap();
     out
 }
@@ -186,7 +196,9 @@ fn check(c: &Case) {
     let two = in_pool(2, || run_fast(c, &a, &b, bias.as_deref()));
     assert_same_bits("1 vs 2 threads", &one, &two);
     for threads in [1, 2] {
-        let packed = in_pool(threads, || run_prepacked(c, &a, &b, bias.as_deref(), None));
+        let packed = in_pool(threads, || {
+            run_prepacked(c, &a, &b, bias.as_deref(), None, false)
+        });
         assert_same_bits("B packed ahead vs per call", &one, &packed);
     }
     // A multiplier (SwiGLU's gate on its up product) gives the bits of a separate `mul`, on
@@ -198,15 +210,34 @@ fn check(c: &Case) {
         small_m_packed_b: 0,
         ..c.params.clone()
     };
-    for params in [c.params.clone(), tiled_params] {
+    for params in [c.params.clone(), tiled_params.clone()] {
         let c = Case {
             params,
             ..c.clone()
         };
         let gated = in_pool(2, || {
-            run_prepacked(&c, &a, &b, bias.as_deref(), Some(&multiplier))
+            run_prepacked(&c, &a, &b, bias.as_deref(), Some(&multiplier), false)
         });
         assert_same_bits("multiplier vs a separate mul", &separate, &gated);
+    }
+    // B's values made f16's (a weight stored in f16) and packed in f16 panels: the bits of the
+    // product over them as f32, on the unpacked-A path (whose row kernels widen the panels)
+    // and on the tiled one (which widens them first), on 1 and 2 threads.
+    let b16: Vec<f32> = b.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let want16 = in_pool(1, || run_fast(c, &a, &b16, bias.as_deref()));
+    for (params, threads) in [
+        (c.params.clone(), 1),
+        (c.params.clone(), 2),
+        (tiled_params, 2),
+    ] {
+        let c = Case {
+            params,
+            ..c.clone()
+        };
+        let halves = in_pool(threads, || {
+            run_prepacked(&c, &a, &b16, bias.as_deref(), None, true)
+        });
+        assert_same_bits("f16 panels vs f32", &want16, &halves);
     }
     // The unpacked-A path gives the tiled path's bits.
     let tiled = Case {

@@ -3,8 +3,9 @@
 
 use crate::elementwise::slice::{binary_in_place, binary_into, unary_in_place, unary_into};
 use crate::elementwise::{fused_elementwise, ElementwiseParams};
-use crate::matmul::Epilogue;
+use crate::matmul::{halves_mut, panels_in, region_floats, Epilogue, PackedB};
 use crate::par::for_each_chunk_mut;
+use crate::shape::check_len;
 use crate::{
     attention, attention_grad, conv, conv_grad, embedding, embedding_grad, loss, norm, norm_grad,
     optimizer, pool, pool_grad, reduce, reference, rope, softmax, transpose, KernelError,
@@ -47,10 +48,29 @@ impl StepKernel {
     /// Floats of input 1 packed ahead for a kernel that can read it so ([`StepKernel::pack_b`]),
     /// `None` for other kernels.
     pub fn packed_b_len(&self) -> Option<KernelResult<usize>> {
+        self.packed_values()
+            .map(|r| r.map(|(values, half)| region_floats(values, half)))
+    }
+
+    /// Values of input 1 packed ahead, and whether they are kept in f16 (two per float of the
+    /// region), for a kernel that reads it so.
+    fn packed_values(&self) -> Option<KernelResult<(usize, bool)>> {
         match self {
-            StepKernel::Matmul { plan, params, .. } => Some(plan.packed_b_len(params)),
-            StepKernel::Conv2d(attrs, params, w_shape, plane) => Some(
-                conv::conv2d_packed_weight_len(w_shape, attrs.groups, *plane, params),
+            StepKernel::Matmul {
+                plan,
+                params,
+                half_b,
+                ..
+            } => Some(plan.packed_b_values(params).map(|v| (v, *half_b))),
+            StepKernel::Conv2d {
+                attrs,
+                params,
+                w_shape,
+                plane,
+                half_w,
+            } => Some(
+                conv::conv2d_packed_weight_len(w_shape, attrs.groups, *plane, params)
+                    .map(|v| (v, *half_w)),
             ),
             _ => None,
         }
@@ -61,9 +81,13 @@ impl StepKernel {
     /// convert a weight stored in another dtype on every run.
     pub fn reads_packed_b(&self) -> bool {
         match self {
-            StepKernel::Conv2d(attrs, params, w_shape, plane) => {
-                conv::conv2d_reads_packed_weight(w_shape, attrs.groups, *plane, params)
-            }
+            StepKernel::Conv2d {
+                attrs,
+                params,
+                w_shape,
+                plane,
+                ..
+            } => conv::conv2d_reads_packed_weight(w_shape, attrs.groups, *plane, params),
             _ => false,
         }
     }
@@ -71,23 +95,67 @@ impl StepKernel {
     /// Packs input 1 `b` into `dst` ([`StepKernel::packed_b_len`] floats) for
     /// [`StepKernel::run_with_packed_b`]: done once for a weight that does not change.
     pub fn pack_b(&self, b: &[f32], dst: &mut [f32]) -> KernelResult<()> {
-        match self {
-            StepKernel::Matmul { plan, params, .. } => plan.pack_b(b, params, dst),
-            StepKernel::Conv2d(attrs, params, w_shape, plane) => conv::pack_conv2d_weight(
-                TensorRef {
-                    data: b,
-                    shape: w_shape,
-                },
-                attrs.groups,
-                *plane,
-                params,
-                dst,
-            ),
-            _ => Err(KernelError::new(
+        let not_packed = || {
+            KernelError::new(
                 "pack",
                 "only a matmul or a conv2d reads its weight packed ahead",
-            )),
+            )
+        };
+        let (values, half) = self.packed_values().ok_or_else(not_packed)??;
+        check_len(
+            "pack",
+            "packed region",
+            dst.len(),
+            &[region_floats(values, half)],
+        )?;
+        match (self, half) {
+            (StepKernel::Matmul { plan, params, .. }, false) => plan.pack_b(b, params, dst),
+            (StepKernel::Matmul { plan, params, .. }, true) => {
+                plan.pack_b_half(b, params, &mut halves_mut(dst)[..values])
+            }
+            (
+                StepKernel::Conv2d {
+                    attrs,
+                    params,
+                    w_shape,
+                    plane,
+                    ..
+                },
+                half,
+            ) => {
+                let w = TensorRef {
+                    data: b,
+                    shape: w_shape,
+                };
+                let (groups, plane) = (attrs.groups, *plane);
+                match half {
+                    false => conv::pack_conv2d_weight(w, groups, plane, params, dst),
+                    true => conv::pack_conv2d_weight_half(
+                        w,
+                        groups,
+                        plane,
+                        params,
+                        &mut halves_mut(dst)[..values],
+                    ),
+                }
+            }
+            _ => Err(not_packed()),
         }
+    }
+
+    /// The panels of input 1 kept in `region` ([`StepKernel::pack_b`]), as the GEMM reads
+    /// them.
+    fn panels<'r>(&self, region: &'r [f32]) -> KernelResult<PackedB<'r>> {
+        let (values, half) = self.packed_values().unwrap_or(Ok((region.len(), false)))?;
+        panels_in(region, values, half).ok_or_else(|| {
+            KernelError::new(
+                "pack",
+                format!(
+                    "a packed region of {} floats holds no {values} packed values",
+                    region.len()
+                ),
+            )
+        })
     }
 
     /// Runs the kernel on `io`, reading input 1 from `packed_b` (made by
@@ -136,6 +204,7 @@ impl StepKernel {
                 operands,
                 activation,
                 params,
+                ..
             } => {
                 let epilogue = Epilogue {
                     bias: operands.bias_index().map(|i| x(i).data),
@@ -143,7 +212,10 @@ impl StepKernel {
                     multiplier: operands.multiplier_index().map(|i| x(i).data),
                 };
                 match packed_b {
-                    Some(packed) => plan.run_prepacked(x(0).data, packed, epilogue, params, out)?,
+                    Some(region) => {
+                        let packed = self.panels(region)?;
+                        plan.run_prepacked(x(0).data, packed, epilogue, params, out)?
+                    }
                     None => plan.run(x(0).data, x(1).data, epilogue, params, out)?,
                 }
             }
@@ -170,7 +242,10 @@ impl StepKernel {
                 scale,
                 params,
             } => attention::attention(x(0), x(1), x(2), *causal, Some(*scale), params, out)?,
-            StepKernel::Conv2d(attrs, p, ..) => conv::conv2d(x(0), x(1), attrs, p, packed_b, out)?,
+            StepKernel::Conv2d { attrs, params, .. } => {
+                let packed = packed_b.map(|region| self.panels(region)).transpose()?;
+                conv::conv2d(x(0), x(1), attrs, params, packed, out)?
+            }
             StepKernel::Pool(kind, attrs, p) => pool::pool2d(x(0), *kind, attrs, p, out)?,
             StepKernel::AdaptivePool(size, p) => pool::adaptive_avg_pool2d(x(0), *size, p, out)?,
             StepKernel::CrossEntropy(attrs, p) => {

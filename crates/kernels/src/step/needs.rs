@@ -179,7 +179,12 @@ pub fn scratch_floats(
         // im2col: every output position of every image gets C/groups·kh·kw values; the GEMM
         // over them packs the patches (and the weights, when not packed ahead), padded to
         // micro-tiles; with the weights on the right, its result is turned into the output.
-        StepKernel::Conv2d(attrs, params, _, plane) => {
+        StepKernel::Conv2d {
+            attrs,
+            params,
+            plane,
+            ..
+        } => {
             let kdim: usize = inputs.get(1).map_or(0, |w| {
                 w.shape.iter().skip(1).map(|&d| d.max(0) as usize).product()
             });

@@ -4,9 +4,9 @@
 
 use crate::attention::AttentionParams;
 use crate::binding::{decode_params, KernelChoice, KernelKind};
-use crate::conv::Conv2dAttrs;
+use crate::conv::{conv2d_half_weight, Conv2dAttrs};
 use crate::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
-use crate::matmul::{GemmPlan, MatmulParams};
+use crate::matmul::{half_panels, GemmPlan, MatmulParams};
 use crate::par::RowParams;
 use crate::pool::{Pool2dAttrs, PoolKind};
 use crate::reduce::ReduceOp;
@@ -45,6 +45,8 @@ pub enum StepKernel {
         activation: Activation,
         /// GEMM tiling.
         params: MatmulParams,
+        /// B, packed ahead, is kept in f16 panels ([`crate::matmul::half_panels`]).
+        half_b: bool,
     },
     /// `transpose`.
     Transpose(Vec<i64>, TransposeParams),
@@ -73,9 +75,20 @@ pub enum StepKernel {
         /// Tiles.
         params: AttentionParams,
     },
-    /// `conv2d` with its weight's shape `[O, C/groups, kh, kw]` and its output positions per
-    /// image (oh·ow), for packing the weight ahead in the layout the product takes.
-    Conv2d(Conv2dAttrs, MatmulParams, [usize; 4], usize),
+    /// `conv2d`.
+    Conv2d {
+        /// Stride, padding, dilation, groups.
+        attrs: Conv2dAttrs,
+        /// The GEMM's tiling.
+        params: MatmulParams,
+        /// The weight's shape `[O, C/groups, kh, kw]`, for packing it ahead in the layout the
+        /// product takes.
+        w_shape: [usize; 4],
+        /// Output positions per image (oh·ow), which decide that layout.
+        plane: usize,
+        /// The weight, packed ahead, is kept in f16 panels ([`crate::conv::conv2d_half_weight`]).
+        half_w: bool,
+    },
     /// `max_pool2d` / `avg_pool2d`.
     Pool(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d`.
@@ -238,6 +251,13 @@ impl StepKernel {
             _ => None,
         }
     }
+
+    /// Whether the kernel reads only the rows of input 1 (a `[V, H]` table) that its integer
+    /// input names (`embedding`): a table stored in another dtype need only have those rows
+    /// converted.
+    pub fn gathers_rows(&self) -> bool {
+        matches!(self, StepKernel::Embedding(_))
+    }
 }
 
 /// Prepares a step of `op` with attributes `attrs` on the kernel `k` (bound to the op and
@@ -337,11 +357,14 @@ pub fn prepare(
                 a.bool("transpose_b").map_err(err)?,
             )
             .map_err(|e| e.to_string())?;
+            let params: MatmulParams = decode_params(k)?;
+            let half_b = half_panels(plan.rows(), inputs[1].dtype == DType::F16, &params);
             StepKernel::Matmul {
                 plan,
                 operands,
                 activation,
-                params: decode_params(k)?,
+                params,
+                half_b,
             }
         }
         Op::Transpose => StepKernel::Transpose(a.ints("perm").map_err(err)?, decode_params(k)?),
@@ -403,12 +426,15 @@ pub fn prepare(
             let plane = (g.window.out.iter())
                 .map(|&d| usize_of(d, "output size"))
                 .product::<Result<usize, _>>()?;
-            StepKernel::Conv2d(
-                conv_attrs(&g.window, g.groups)?,
-                decode_params(k)?,
+            let params: MatmulParams = decode_params(k)?;
+            let half_w = conv2d_half_weight(plane, inputs[1].dtype == DType::F16, &params);
+            StepKernel::Conv2d {
+                attrs: conv_attrs(&g.window, g.groups)?,
+                params,
                 w_shape,
                 plane,
-            )
+                half_w,
+            }
         }
         Op::Conv2dGradInput | Op::Conv2dGradWeight => {
             let (x, w) = if op == Op::Conv2dGradInput {
