@@ -194,10 +194,14 @@ pub(crate) fn weights_right(plane: usize, params: &MatmulParams) -> bool {
     plane <= WEIGHTS_RIGHT_PLANE.min(params.small_m.max(params.small_m_packed_b))
 }
 
-/// Most output positions per image for which [`weights_right`] holds: fewer than a micro-tile's
-/// 16 columns. At 16 (ResNet-50's 4×4 stage on a 64×64 image) the two layouts measured alike
-/// hot, and the patches-by-weights one faster in the network's forward, its weights cold.
-const WEIGHTS_RIGHT_PLANE: usize = 8;
+/// Most output positions per image for which [`weights_right`] holds. The row kernels read
+/// the weights' panels once per 12 positions and no packing of the patches, and a weight
+/// stored in f16 keeps f16 panels there ([`conv2d_half_weight`]): ResNet-50's forward (2-core
+/// AVX-512 Xeon, default f16 weights) is 1.3x faster at B = 1 on a 64×64 image with its
+/// 8×8, 4×4 and 2×2 stages so laid out than with only the 2×2 one (the bound was 8), 1.2x at
+/// B = 4, 1.07x on a 224×224 image (its 7×7 stage); with f32 weights 1.0-1.15x. At 256
+/// positions (16×16) it is no faster.
+const WEIGHTS_RIGHT_PLANE: usize = 64;
 
 /// How a conv2d's weights enter its GEMM, for a given number of output positions per image
 /// ([`weights_right`]): one definition for packing them ahead and for the product.
@@ -612,7 +616,7 @@ mod tests {
     fn few_output_positions_put_the_weights_on_the_right() {
         // ResNet-50's last stage on a 64×64 image: 2×2 positions, 3×3 taps over 24 channels.
         let p = MatmulParams::default();
-        assert!(weights_right(4, &p) && !weights_right(64, &p));
+        assert!(weights_right(4, &p) && weights_right(64, &p) && !weights_right(256, &p));
         let (xs, ws) = ([2, 24, 2, 2], [40, 24, 3, 3]);
         let mut rng = Rng::new(5);
         // The weights' values are f16's (stored in f16), so that f16 panels hold them exactly.
@@ -658,13 +662,13 @@ mod tests {
             assert_same_bits("packed weights", &unpacked, &run(Some(packed_w)));
         }
         // f16 panels are for the weights on the right only.
-        let wide = [2, 24, 8, 8];
+        let wide = [2, 24, 16, 16];
         let x = rng.vec(wide.iter().product(), 1.0);
         let xt = TensorRef::new("x", &x, &wide).unwrap();
-        assert!(!conv2d_half_weight(64, true, &p));
-        let mut out = vec![0.0; 2 * 40 * 64];
-        let len = conv2d_packed_weight_len(&ws, 1, 64, &p).unwrap();
-        assert!(pack_conv2d_weight_half(wt, 1, 64, &p, &mut vec![0; len]).is_err());
+        assert!(!conv2d_half_weight(256, true, &p));
+        let mut out = vec![0.0; 2 * 40 * 256];
+        let len = conv2d_packed_weight_len(&ws, 1, 256, &p).unwrap();
+        assert!(pack_conv2d_weight_half(wt, 1, 256, &p, &mut vec![0; len]).is_err());
         let halves = vec![0; len];
         let packed_w = Some(PackedB::F16(&halves));
         assert!(conv2d(xt, wt, &attrs, &p, packed_w, &mut out).is_err());
