@@ -3,12 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use mslc_core::ops::family::conv::window_len;
+use mslc_core::ops::DType;
 
 use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::pack::MatRef;
-use super::matmul::{half_panels, MatmulParams, MicroKernel, PackedB};
+use super::matmul::{half_panels, HalfType, MatmulParams, MicroKernel, PackedB};
 use super::par;
 use super::scratch::with_scratch;
 use super::shape::check_len;
@@ -303,11 +304,11 @@ pub fn conv2d_reads_packed_weight(
     !weights_right(plane, params) && og <= params.small_m
 }
 
-/// Whether a conv2d of `plane` output positions per image whose weights are stored in f16
-/// (`w_is_f16`) packs them ahead as f16 ([`pack_conv2d_weight_half`]): where they are the
-/// right operand of a product the unpacked-A path takes ([`half_panels`]).
-pub fn conv2d_half_weight(plane: usize, w_is_f16: bool, params: &MatmulParams) -> bool {
-    weights_right(plane, params) && half_panels(plane, w_is_f16, params)
+/// The 16-bit format a conv2d of `plane` output positions per image whose weights are stored
+/// as `dtype` packs them ahead in ([`pack_conv2d_weight_half`]): where they are the right
+/// operand of a product the unpacked-A path takes ([`half_panels`]).
+pub fn conv2d_half_weight(plane: usize, dtype: DType, params: &MatmulParams) -> Option<HalfType> {
+    half_panels(plane, dtype, params).filter(|_| weights_right(plane, params))
 }
 
 /// Packs `w` into `dst` ([`conv2d_packed_weight_len`] floats) as [`conv2d`] packs it on every
@@ -327,23 +328,24 @@ pub fn pack_conv2d_weight(
     Ok(())
 }
 
-/// As [`pack_conv2d_weight`], into f16 panels, where [`conv2d_half_weight`] holds (the weights
-/// on the right): exact for weights stored in f16.
+/// As [`pack_conv2d_weight`], into panels of `half`, where [`conv2d_half_weight`] says so
+/// (the weights on the right): exact for weights stored in that format.
 pub fn pack_conv2d_weight_half(
     w: TensorRef<'_>,
     groups: usize,
     plane: usize,
     params: &MatmulParams,
+    half: HalfType,
     dst: &mut [u16],
 ) -> KernelResult<()> {
     let layout = packing_layout(w, groups, plane, params, dst.len())?;
     if !layout.right {
         return Err(KernelError::new(
             "conv2d",
-            "f16 panels are for weights on the right of the product only",
+            "16-bit panels are for weights on the right of the product only",
         ));
     }
-    layout.packing().pack_b_half(true, dst);
+    layout.packing().pack_b_half(true, half, dst);
     Ok(())
 }
 
@@ -408,10 +410,10 @@ pub fn conv2d(
         (true, b) => (None, b),
         (false, None) => (None, None),
         (false, Some(PackedB::F32(a))) => (Some(a), None),
-        (false, Some(PackedB::F16(_))) => {
+        (false, Some(PackedB::Half(..))) => {
             return Err(KernelError::new(
                 "conv2d",
-                "f16 panels are for weights on the right of the product only",
+                "16-bit panels are for weights on the right of the product only",
             ))
         }
     };
@@ -639,9 +641,11 @@ mod tests {
         let mut packed = vec![f32::NAN; len];
         pack_conv2d_weight(wt, 1, 4, &p, &mut packed).unwrap();
         // And in f16 panels, as a weight stored in f16 is.
-        assert!(conv2d_half_weight(4, true, &p) && !conv2d_half_weight(4, false, &p));
+        let f16 = Some(HalfType::F16);
+        assert_eq!(conv2d_half_weight(4, DType::F16, &p), f16);
+        assert_eq!(conv2d_half_weight(4, DType::F32, &p), None);
         let mut halves = vec![u16::MAX; len];
-        pack_conv2d_weight_half(wt, 1, 4, &p, &mut halves).unwrap();
+        pack_conv2d_weight_half(wt, 1, 4, &p, HalfType::F16, &mut halves).unwrap();
         let run = |packed_w: Option<PackedB<'_>>| {
             let mut out = vec![f32::NAN; want.data.len()];
             in_pool(2, || {
@@ -658,19 +662,19 @@ mod tests {
             1e-6 * 217.0,
             1e-5,
         );
-        for packed_w in [PackedB::F32(&packed), PackedB::F16(&halves)] {
+        for packed_w in [PackedB::F32(&packed), PackedB::Half(&halves, HalfType::F16)] {
             assert_same_bits("packed weights", &unpacked, &run(Some(packed_w)));
         }
-        // f16 panels are for the weights on the right only.
+        // 16-bit panels are for the weights on the right only.
         let wide = [2, 24, 16, 16];
         let x = rng.vec(wide.iter().product(), 1.0);
         let xt = TensorRef::new("x", &x, &wide).unwrap();
-        assert!(!conv2d_half_weight(256, true, &p));
+        assert_eq!(conv2d_half_weight(256, DType::F16, &p), None);
         let mut out = vec![0.0; 2 * 40 * 256];
         let len = conv2d_packed_weight_len(&ws, 1, 256, &p).unwrap();
-        assert!(pack_conv2d_weight_half(wt, 1, 256, &p, &mut vec![0; len]).is_err());
-        let halves = vec![0; len];
-        let packed_w = Some(PackedB::F16(&halves));
+        let mut halves = vec![0; len];
+        assert!(pack_conv2d_weight_half(wt, 1, 256, &p, HalfType::F16, &mut halves).is_err());
+        let packed_w = Some(PackedB::Half(&halves, HalfType::F16));
         assert!(conv2d(xt, wt, &attrs, &p, packed_w, &mut out).is_err());
     }
 

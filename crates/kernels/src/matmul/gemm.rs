@@ -7,6 +7,8 @@
 //! L2). Bias and activation are applied to a tile once its last slab is done. Products of at
 //! most `small_m` rows take the unpacked-A path of [`super::small`] instead.
 
+use mslc_core::ops::DType;
+
 use super::kernel::{MicroKernel, MAX_MR, MAX_NR};
 use super::pack::{pack_a_panel, pack_b_panel, MatRef};
 use super::prefetch;
@@ -72,14 +74,52 @@ pub struct Gemm<'a> {
     pub kernel: MicroKernel,
 }
 
+/// A 16-bit float format B's panels are kept in, for a weight stored in it
+/// ([`super::MatmulParams::half_b_rows`]): narrowing its values loses nothing, and the row
+/// kernels widen them exactly as they read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfType {
+    /// IEEE binary16 (widened by vcvtph2ps).
+    F16,
+    /// bfloat16: an f32's upper 16 bits (widened by a shift).
+    Bf16,
+}
+
+impl HalfType {
+    /// The format a weight stored as `dtype` keeps its panels in, if a 16-bit one.
+    pub fn of(dtype: DType) -> Option<HalfType> {
+        match dtype {
+            DType::F16 => Some(HalfType::F16),
+            DType::BF16 => Some(HalfType::Bf16),
+            _ => None,
+        }
+    }
+
+    /// `v`'s bits in this format (exact when `v` is one of its values).
+    pub fn narrow(self, v: f32) -> u16 {
+        match self {
+            HalfType::F16 => half::f16::from_f32(v).to_bits(),
+            HalfType::Bf16 => half::bf16::from_f32(v).to_bits(),
+        }
+    }
+
+    /// The f32 of bits `h` in this format.
+    pub fn widen(self, h: u16) -> f32 {
+        match self {
+            HalfType::F16 => half::f16::from_bits(h).to_f32(),
+            HalfType::Bf16 => half::bf16::from_bits(h).to_f32(),
+        }
+    }
+}
+
 /// B packed ahead ([`Gemm::pack_b`], [`Gemm::pack_b_half`]): the panels as f32, or the same
-/// panels narrowed to f16 for a weight stored in f16 ([`super::MatmulParams::half_b_rows`]).
+/// panels narrowed to a 16-bit format.
 #[derive(Clone, Copy, Debug)]
 pub enum PackedB<'a> {
     /// f32 panels.
     F32(&'a [f32]),
-    /// f16 panels (IEEE binary16 bits), widened exactly as they are read.
-    F16(&'a [u16]),
+    /// 16-bit panels, widened exactly as they are read.
+    Half(&'a [u16], HalfType),
 }
 
 impl PackedB<'_> {
@@ -87,7 +127,7 @@ impl PackedB<'_> {
     pub fn len(&self) -> usize {
         match self {
             PackedB::F32(p) => p.len(),
-            PackedB::F16(p) => p.len(),
+            PackedB::Half(p, _) => p.len(),
         }
     }
 
@@ -97,32 +137,33 @@ impl PackedB<'_> {
     }
 }
 
-/// Floats of a region of f32s that keeps `values` packed values: one per float, or two f16 per
-/// float when `half` (the executor's packed-weights region is f32s).
-pub fn region_floats(values: usize, half: bool) -> usize {
+/// Floats of a region of f32s that keeps `values` packed values: one per float, or two 16-bit
+/// values per float when `half` (the executor's packed-weights region is f32s).
+pub fn region_floats(values: usize, half: Option<HalfType>) -> usize {
     match half {
-        true => values.div_ceil(2),
-        false => values,
+        Some(_) => values.div_ceil(2),
+        None => values,
     }
 }
 
 /// The first `values` packed values kept in `region` ([`region_floats`]), as the GEMM reads
 /// them; `None` when the region is too small.
-pub fn panels_in(region: &[f32], values: usize, half: bool) -> Option<PackedB<'_>> {
+pub fn panels_in(region: &[f32], values: usize, half: Option<HalfType>) -> Option<PackedB<'_>> {
     if region.len() < region_floats(values, half) {
         return None;
     }
     Some(match half {
-        false => PackedB::F32(&region[..values]),
+        None => PackedB::F32(&region[..values]),
         // SAFETY: the region's bytes hold at least `values` u16s (checked above), u16's
         // alignment divides f32's, and every bit pattern is a valid u16.
-        true => PackedB::F16(unsafe {
-            std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), values)
-        }),
+        Some(kind) => PackedB::Half(
+            unsafe { std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), values) },
+            kind,
+        ),
     })
 }
 
-/// `region` as the u16s (f16 bits) [`Gemm::pack_b_half`] writes into.
+/// `region` as the u16s [`Gemm::pack_b_half`] writes into.
 pub fn halves_mut(region: &mut [f32]) -> &mut [u16] {
     // SAFETY: the same bytes, u16's alignment divides f32's, every bit pattern is valid for
     // both, and the borrow of `region` is moved into the result.
@@ -279,9 +320,9 @@ impl Gemm<'_> {
         });
     }
 
-    /// As [`Gemm::pack_b`], each value narrowed to f16 bits: exact where B's values are f16's
-    /// (a weight stored in f16), for the row kernels that widen them as they read.
-    pub fn pack_b_half(&self, parallel: bool, dst: &mut [u16]) {
+    /// As [`Gemm::pack_b`], each value narrowed to `half`: exact where B's values are that
+    /// format's (a weight stored in it), for the row kernels that widen them as they read.
+    pub fn pack_b_half(&self, parallel: bool, half: HalfType, dst: &mut [u16]) {
         let np = self.n.div_ceil(self.kernel.nr);
         let (k, nr) = (self.k, self.kernel.nr);
         if k == 0 || dst.is_empty() {
@@ -291,7 +332,7 @@ impl Gemm<'_> {
             with_scratch(k * nr, |panel| {
                 pack_b_panel(self.b[i / np], (i % np) * nr, nr, panel);
                 for (h, &v) in d.iter_mut().zip(&*panel) {
-                    *h = half::f16::from_f32(v).to_bits();
+                    *h = half.narrow(v);
                 }
             })
         });
@@ -323,7 +364,7 @@ impl Gemm<'_> {
     }
 
     /// As [`Gemm::run`], reading A from `packed_a` ([`Gemm::pack_a`]) and B from `packed_b`
-    /// ([`Gemm::pack_b`], [`Gemm::pack_b_half`]) when given. Same bits either way. f16 panels
+    /// ([`Gemm::pack_b`], [`Gemm::pack_b_half`]) when given. Same bits either way. 16-bit panels
     /// are for the unpacked-A path; a product too tall for it widens them first.
     pub fn run_packed(
         &self,
@@ -387,9 +428,9 @@ impl Gemm<'_> {
         with_scratch(b_start + b_len, |buf| {
             let (own_a, own_b) = buf.split_at_mut(b_start);
             let own_a = &mut own_a[..a_len];
-            if let Some(PackedB::F16(panels)) = packed_b {
+            if let Some(PackedB::Half(panels, half)) = packed_b {
                 for (w, &h) in own_b.iter_mut().zip(panels) {
-                    *w = half::f16::from_bits(h).to_f32();
+                    *w = half.widen(h);
                 }
             }
             if self.k > 0 {

@@ -3,7 +3,7 @@
 //! at the operands, without allocating. The executor plans each step once at setup; the
 //! convenience [`super::matmul`] plans and runs in one call.
 
-use super::gemm::{BiasRef, Gemm, PackedB, Problem};
+use super::gemm::{BiasRef, Gemm, HalfType, PackedB, Problem};
 use super::pack::MatRef;
 use super::{matmul_output_shape, MatmulParams, MicroKernel};
 use crate::activation::Activation;
@@ -242,16 +242,20 @@ impl GemmPlan {
         self.packing(b, params, len, |g, parallel| g.pack_b(parallel, dst))
     }
 
-    /// As [`GemmPlan::pack_b`], into f16 panels (exact where B's values are f16's: a weight
-    /// stored in f16), read by the unpacked-A path ([`MatmulParams::half_b_rows`]).
+    /// As [`GemmPlan::pack_b`], into panels of `half` (exact where B's values are that
+    /// format's: a weight stored in it), read by the unpacked-A path
+    /// ([`MatmulParams::half_b_rows`]).
     pub fn pack_b_half(
         &self,
         b: &[f32],
         params: &MatmulParams,
+        half: HalfType,
         dst: &mut [u16],
     ) -> KernelResult<()> {
         let len = dst.len();
-        self.packing(b, params, len, |g, parallel| g.pack_b_half(parallel, dst))
+        self.packing(b, params, len, |g, parallel| {
+            g.pack_b_half(parallel, half, dst)
+        })
     }
 
     /// Checks B and a packing destination of `dst_len` values, then calls `pack` with the

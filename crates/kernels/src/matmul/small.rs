@@ -10,7 +10,7 @@
 //! packed first like the tiled path does. Every C element is still one chain of multiply-adds
 //! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
 
-use super::gemm::{block_range, Gemm, PackedB};
+use super::gemm::{block_range, Gemm, HalfType, PackedB};
 use super::kernel::{Isa, MAX_NR};
 use super::pack::pack_b_panel;
 use super::prefetch;
@@ -42,7 +42,7 @@ struct RowsCall {
     a: *const f32,
     a_rs: usize,
     a_cs: usize,
-    /// Step p of the panel (NR values: f32, or f16 bits for a kernel reading half panels)
+    /// Step p of the panel (NR values: f32, or 16-bit for a kernel reading half panels)
     /// starts `p * ldb` values past `b`.
     b: *const u8,
     ldb: usize,
@@ -55,21 +55,29 @@ struct RowsCall {
 /// A row kernel: computes the call's `R` rows (its const parameter) for one ISA.
 type RowsFn = unsafe fn(&RowsCall);
 
+/// Panels of f32 values (a row kernel's `P` parameter).
+const F32_PANELS: u8 = 0;
+/// Panels of f16 bits.
+const F16_PANELS: u8 = 1;
+/// Panels of bf16 bits.
+const BF16_PANELS: u8 = 2;
+
 /// The row kernel for `isa` (never `Auto`) and `rows` (1..=[`max_rows`] of `isa`), reading
-/// f16 panels when `half`.
-fn rows_kernel(isa: Isa, rows: usize, half: bool) -> RowsFn {
+/// panels of `half` (f32 when `None`).
+fn rows_kernel(isa: Isa, rows: usize, half: Option<HalfType>) -> RowsFn {
     match half {
-        true => rows_kernel_of::<true>(isa, rows),
-        false => rows_kernel_of::<false>(isa, rows),
+        None => rows_kernel_of::<F32_PANELS>(isa, rows),
+        Some(HalfType::F16) => rows_kernel_of::<F16_PANELS>(isa, rows),
+        Some(HalfType::Bf16) => rows_kernel_of::<BF16_PANELS>(isa, rows),
     }
 }
 
-/// [`rows_kernel`] for panels of f16 (`HALF`) or f32.
-fn rows_kernel_of<const HALF: bool>(isa: Isa, rows: usize) -> RowsFn {
+/// [`rows_kernel`] for panels of `P` ([`F32_PANELS`], [`F16_PANELS`], [`BF16_PANELS`]).
+fn rows_kernel_of<const P: u8>(isa: Isa, rows: usize) -> RowsFn {
     macro_rules! by_rows {
         ($f:ident: $($r:literal)+) => {
             match rows {
-                $($r => $f::<$r, HALF>,)+
+                $($r => $f::<$r, P>,)+
                 _ => unreachable!("no {isa:?} row kernel of {rows} rows"),
             }
         };
@@ -195,9 +203,9 @@ unsafe fn columns(
                 ..
             } => (PackedB::F32(&p[at..]), nr),
             PanelSource::Packed {
-                panels: PackedB::F16(p),
+                panels: PackedB::Half(p, half),
                 ..
-            } => (PackedB::F16(&p[at..]), nr),
+            } => (PackedB::Half(&p[at..], half), nr),
             PanelSource::Rows { edge } if n - jp * nr < nr => {
                 (PackedB::F32(&edge[(prob.b * k + p0) * nr..]), nr)
             }
@@ -231,7 +239,7 @@ unsafe fn columns(
                     let (q0, q1) = block_range(steps, groups, group);
                     match next {
                         PackedB::F32(p) => prefetch::panel_steps(p, next_ldb, nr, q0..q1),
-                        PackedB::F16(p) => prefetch::panel_steps(p, next_ldb, nr, q0..q1),
+                        PackedB::Half(p, _) => prefetch::panel_steps(p, next_ldb, nr, q0..q1),
                     }
                 }
                 let rows = max_rows.min(row_range.end - r0);
@@ -240,8 +248,8 @@ unsafe fn columns(
                 // SAFETY: inside this task's columns (see `row`).
                 let c_tile = unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) };
                 let (b_start, half) = match panel {
-                    PackedB::F32(p) => (p.as_ptr().cast::<u8>(), false),
-                    PackedB::F16(p) => (p.as_ptr().cast::<u8>(), true),
+                    PackedB::F32(p) => (p.as_ptr().cast::<u8>(), None),
+                    PackedB::Half(p, half) => (p.as_ptr().cast::<u8>(), Some(half)),
                 };
                 let kernel = rows_kernel(g.kernel.isa, rows, half);
                 let call = |c, ldc, accumulate| RowsCall {
@@ -280,35 +288,35 @@ unsafe fn columns(
     g.epilogue(prob, row_range, col0, row);
 }
 
-/// Step `p` of a row call's panel, as f32: the NR values there, widened from f16 when `HALF`.
+/// Step `p` of a row call's panel, as f32: the NR values there, widened from 16 bits when
+/// the panels are `P`'s.
 ///
 /// # Safety
 /// The call's panel must hold step `p` (NR values of the panel's type).
 #[inline(always)]
-unsafe fn portable_step<const NR: usize, const HALF: bool>(x: &RowsCall, p: usize) -> [f32; NR] {
+unsafe fn portable_step<const NR: usize, const P: u8>(x: &RowsCall, p: usize) -> [f32; NR] {
     // SAFETY: the caller guarantees step p's NR values.
     unsafe {
-        match HALF {
-            true => {
-                let at = x.b.cast::<u16>().add(p * x.ldb);
-                std::array::from_fn(|j| half::f16::from_bits(*at.add(j)).to_f32())
-            }
-            false => *x.b.cast::<f32>().add(p * x.ldb).cast::<[f32; NR]>(),
+        let halves = x.b.cast::<u16>().add(p * x.ldb);
+        match P {
+            F16_PANELS => std::array::from_fn(|j| HalfType::F16.widen(*halves.add(j))),
+            BF16_PANELS => std::array::from_fn(|j| HalfType::Bf16.widen(*halves.add(j))),
+            _ => *x.b.cast::<f32>().add(p * x.ldb).cast::<[f32; NR]>(),
         }
     }
 }
 
 /// Portable row kernel (NR = 16), with the portable micro-kernel's separate multiply and add;
-/// its panel of f16 when `HALF`.
+/// its panels of `P`.
 ///
 /// # Safety
 /// The call's pointers must be valid for what [`RowsCall`] describes with NR = 16.
-unsafe fn portable_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
+unsafe fn portable_rows<const R: usize, const P: u8>(x: &RowsCall) {
     const NR: usize = 16;
     let mut acc = [[0.0f32; NR]; R];
     for p in 0..x.k {
         // SAFETY: step p of the panel holds NR values.
-        let bp = unsafe { portable_step::<NR, HALF>(x, p) };
+        let bp = unsafe { portable_step::<NR, P>(x, p) };
         for (i, row) in acc.iter_mut().enumerate() {
             // SAFETY: element (i, p) of A is inside it.
             let ai = unsafe { *x.a.add(i * x.a_rs + p * x.a_cs) };
@@ -326,28 +334,35 @@ unsafe fn portable_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
     }
 }
 
-/// AVX2+FMA row kernel (NR = 16): two accumulators per row; its panel of f16 when `HALF`
-/// (widened by F16C, which every AVX2 CPU has: [`crate::cpu::has_avx2_fma`] checks it).
+/// AVX2+FMA row kernel (NR = 16): two accumulators per row; its panels of `P` (f16 widened by
+/// F16C, which every AVX2 CPU has: [`crate::cpu::has_avx2_fma`] checks it; bf16 by a shift).
 ///
 /// # Safety
 /// As [`portable_rows`], and the CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
+unsafe fn avx2_rows<const R: usize, const P: u8>(x: &RowsCall) {
     use std::arch::x86_64::*;
     // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for p in 0..x.k {
-            let (b0, b1) = match HALF {
-                true => {
-                    let bp = x.b.cast::<u16>().add(p * x.ldb);
+            let halves = x.b.cast::<u16>().add(p * x.ldb);
+            let (b0, b1) = match P {
+                F16_PANELS => (
+                    _mm256_cvtph_ps(_mm_loadu_si128(halves.cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(halves.add(8).cast())),
+                ),
+                BF16_PANELS => {
+                    // A bf16 is an f32's upper half: widen each to 32 bits, shift it up.
+                    let w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(halves.cast()));
+                    let w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(halves.add(8).cast()));
                     (
-                        _mm256_cvtph_ps(_mm_loadu_si128(bp.cast())),
-                        _mm256_cvtph_ps(_mm_loadu_si128(bp.add(8).cast())),
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w0)),
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w1)),
                     )
                 }
-                false => {
+                _ => {
                     let bp = x.b.cast::<f32>().add(p * x.ldb);
                     (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
                 }
@@ -371,27 +386,34 @@ unsafe fn avx2_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
     }
 }
 
-/// AVX-512F row kernel (NR = 32): two accumulators per row; its panel of f16 when `HALF`.
+/// AVX-512F row kernel (NR = 32): two accumulators per row; its panels of `P`.
 ///
 /// # Safety
 /// As [`portable_rows`] with NR = 32, and the CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn avx512_rows<const R: usize, const HALF: bool>(x: &RowsCall) {
+unsafe fn avx512_rows<const R: usize, const P: u8>(x: &RowsCall) {
     use std::arch::x86_64::*;
     // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         for p in 0..x.k {
-            let (b0, b1) = match HALF {
-                true => {
-                    let bp = x.b.cast::<u16>().add(p * x.ldb);
+            let halves = x.b.cast::<u16>().add(p * x.ldb);
+            let (b0, b1) = match P {
+                F16_PANELS => (
+                    _mm512_cvtph_ps(_mm256_loadu_si256(halves.cast())),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(halves.add(16).cast())),
+                ),
+                BF16_PANELS => {
+                    // A bf16 is an f32's upper half: widen each to 32 bits, shift it up.
+                    let w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(halves.cast()));
+                    let w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(halves.add(16).cast()));
                     (
-                        _mm512_cvtph_ps(_mm256_loadu_si256(bp.cast())),
-                        _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(16).cast())),
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w0)),
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w1)),
                     )
                 }
-                false => {
+                _ => {
                     let bp = x.b.cast::<f32>().add(p * x.ldb);
                     (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
                 }

@@ -110,14 +110,14 @@ fn available_isas() -> Vec<Isa> {
 }
 
 /// Runs `c` through a [`GemmPlan`] with B packed ahead, as the executor does for weights: in
-/// f16 panels when `half` (B's values must be f16's).
+/// panels of `half` when given (B's values must be that format's).
 fn run_prepacked(
     c: &Case,
     a: &[f32],
     b: &[f32],
     bias: Option<&[f32]>,
     multiplier: Option<&[f32]>,
-    half: bool,
+    half: Option<HalfType>,
 ) -> Vec<f32> {
     let plan = GemmPlan::new(
         &c.a_shape,
@@ -130,8 +130,8 @@ fn run_prepacked(
     let values = plan.packed_b_values(&c.params).unwrap();
     let mut region = vec![f32::NAN; region_floats(values, half)];
     match half {
-        true => plan.pack_b_half(b, &c.params, &mut halves_mut(&mut region)[..values]),
-        false => plan.pack_b(b, &c.params, &mut region),
+        Some(half) => plan.pack_b_half(b, &c.params, half, &mut halves_mut(&mut region)[..values]),
+        None => plan.pack_b(b, &c.params, &mut region),
     }
     .unwrap();
     let out_shape =
@@ -197,7 +197,7 @@ fn check(c: &Case) {
     assert_same_bits("1 vs 2 threads", &one, &two);
     for threads in [1, 2] {
         let packed = in_pool(threads, || {
-            run_prepacked(c, &a, &b, bias.as_deref(), None, false)
+            run_prepacked(c, &a, &b, bias.as_deref(), None, None)
         });
         assert_same_bits("B packed ahead vs per call", &one, &packed);
     }
@@ -216,28 +216,28 @@ fn check(c: &Case) {
             ..c.clone()
         };
         let gated = in_pool(2, || {
-            run_prepacked(&c, &a, &b, bias.as_deref(), Some(&multiplier), false)
+            run_prepacked(&c, &a, &b, bias.as_deref(), Some(&multiplier), None)
         });
         assert_same_bits("multiplier vs a separate mul", &separate, &gated);
     }
-    // B's values made f16's (a weight stored in f16) and packed in f16 panels: the bits of the
-    // product over them as f32, on the unpacked-A path (whose row kernels widen the panels)
-    // and on the tiled one (which widens them first), on 1 and 2 threads.
-    let b16: Vec<f32> = b.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
-    let want16 = in_pool(1, || run_fast(c, &a, &b16, bias.as_deref()));
-    for (params, threads) in [
-        (c.params.clone(), 1),
-        (c.params.clone(), 2),
-        (tiled_params, 2),
-    ] {
-        let c = Case {
-            params,
-            ..c.clone()
-        };
-        let halves = in_pool(threads, || {
-            run_prepacked(&c, &a, &b16, bias.as_deref(), None, true)
-        });
-        assert_same_bits("f16 panels vs f32", &want16, &halves);
+    // B's values made f16's or bf16's (a weight stored so) and packed in panels of that
+    // format: the bits of the product over them as f32, on the unpacked-A path (whose row
+    // kernels widen the panels) and on the tiled one (which widens them first), on 1 and 2
+    // threads.
+    for half in [HalfType::F16, HalfType::Bf16] {
+        let b16: Vec<f32> = b.iter().map(|&x| half.widen(half.narrow(x))).collect();
+        let want16 = in_pool(1, || run_fast(c, &a, &b16, bias.as_deref()));
+        let runs = [(&c.params, 1), (&c.params, 2), (&tiled_params, 2)];
+        for (params, threads) in runs {
+            let c = Case {
+                params: params.clone(),
+                ..c.clone()
+            };
+            let halves = in_pool(threads, || {
+                run_prepacked(&c, &a, &b16, bias.as_deref(), None, Some(half))
+            });
+            assert_same_bits("16-bit panels vs f32", &want16, &halves);
+        }
     }
     // The unpacked-A path gives the tiled path's bits.
     let tiled = Case {

@@ -3,7 +3,7 @@
 
 use crate::elementwise::slice::{binary_in_place, binary_into, unary_in_place, unary_into};
 use crate::elementwise::{fused_elementwise, ElementwiseParams};
-use crate::matmul::{halves_mut, panels_in, region_floats, Epilogue, PackedB};
+use crate::matmul::{halves_mut, panels_in, region_floats, Epilogue, HalfType, PackedB};
 use crate::par::for_each_chunk_mut;
 use crate::shape::check_len;
 use crate::{
@@ -52,9 +52,9 @@ impl StepKernel {
             .map(|r| r.map(|(values, half)| region_floats(values, half)))
     }
 
-    /// Values of input 1 packed ahead, and whether they are kept in f16 (two per float of the
-    /// region), for a kernel that reads it so.
-    fn packed_values(&self) -> Option<KernelResult<(usize, bool)>> {
+    /// Values of input 1 packed ahead, and the 16-bit format they are kept in (two per float
+    /// of the region) if any, for a kernel that reads it so.
+    fn packed_values(&self) -> Option<KernelResult<(usize, Option<HalfType>)>> {
         match self {
             StepKernel::Matmul {
                 plan,
@@ -109,9 +109,9 @@ impl StepKernel {
             &[region_floats(values, half)],
         )?;
         match (self, half) {
-            (StepKernel::Matmul { plan, params, .. }, false) => plan.pack_b(b, params, dst),
-            (StepKernel::Matmul { plan, params, .. }, true) => {
-                plan.pack_b_half(b, params, &mut halves_mut(dst)[..values])
+            (StepKernel::Matmul { plan, params, .. }, None) => plan.pack_b(b, params, dst),
+            (StepKernel::Matmul { plan, params, .. }, Some(half)) => {
+                plan.pack_b_half(b, params, half, &mut halves_mut(dst)[..values])
             }
             (
                 StepKernel::Conv2d {
@@ -129,12 +129,13 @@ impl StepKernel {
                 };
                 let (groups, plane) = (attrs.groups, *plane);
                 match half {
-                    false => conv::pack_conv2d_weight(w, groups, plane, params, dst),
-                    true => conv::pack_conv2d_weight_half(
+                    None => conv::pack_conv2d_weight(w, groups, plane, params, dst),
+                    Some(half) => conv::pack_conv2d_weight_half(
                         w,
                         groups,
                         plane,
                         params,
+                        half,
                         &mut halves_mut(dst)[..values],
                     ),
                 }
@@ -146,7 +147,7 @@ impl StepKernel {
     /// The panels of input 1 kept in `region` ([`StepKernel::pack_b`]), as the GEMM reads
     /// them.
     fn panels<'r>(&self, region: &'r [f32]) -> KernelResult<PackedB<'r>> {
-        let (values, half) = self.packed_values().unwrap_or(Ok((region.len(), false)))?;
+        let (values, half) = self.packed_values().unwrap_or(Ok((region.len(), None)))?;
         panels_in(region, values, half).ok_or_else(|| {
             KernelError::new(
                 "pack",

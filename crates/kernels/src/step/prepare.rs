@@ -6,7 +6,7 @@ use crate::attention::AttentionParams;
 use crate::binding::{decode_params, KernelChoice, KernelKind};
 use crate::conv::{conv2d_half_weight, Conv2dAttrs};
 use crate::elementwise::{BinaryOp, CastTarget, ElementwiseParams, Instr, Program, UnaryOp};
-use crate::matmul::{half_panels, GemmPlan, MatmulParams};
+use crate::matmul::{half_panels, GemmPlan, HalfType, MatmulParams};
 use crate::par::RowParams;
 use crate::pool::{Pool2dAttrs, PoolKind};
 use crate::reduce::ReduceOp;
@@ -45,8 +45,9 @@ pub enum StepKernel {
         activation: Activation,
         /// GEMM tiling.
         params: MatmulParams,
-        /// B, packed ahead, is kept in f16 panels ([`crate::matmul::half_panels`]).
-        half_b: bool,
+        /// The 16-bit format B's panels are kept in when packed ahead
+        /// ([`crate::matmul::half_panels`]).
+        half_b: Option<HalfType>,
     },
     /// `transpose`.
     Transpose(Vec<i64>, TransposeParams),
@@ -86,8 +87,9 @@ pub enum StepKernel {
         w_shape: [usize; 4],
         /// Output positions per image (oh·ow), which decide that layout.
         plane: usize,
-        /// The weight, packed ahead, is kept in f16 panels ([`crate::conv::conv2d_half_weight`]).
-        half_w: bool,
+        /// The 16-bit format the weight's panels are kept in when packed ahead
+        /// ([`crate::conv::conv2d_half_weight`]).
+        half_w: Option<HalfType>,
     },
     /// `max_pool2d` / `avg_pool2d`.
     Pool(PoolKind, Pool2dAttrs, RowParams),
@@ -358,7 +360,7 @@ pub fn prepare(
             )
             .map_err(|e| e.to_string())?;
             let params: MatmulParams = decode_params(k)?;
-            let half_b = half_panels(plan.rows(), inputs[1].dtype == DType::F16, &params);
+            let half_b = half_panels(plan.rows(), inputs[1].dtype, &params);
             StepKernel::Matmul {
                 plan,
                 operands,
@@ -427,7 +429,7 @@ pub fn prepare(
                 .map(|&d| usize_of(d, "output size"))
                 .product::<Result<usize, _>>()?;
             let params: MatmulParams = decode_params(k)?;
-            let half_w = conv2d_half_weight(plane, inputs[1].dtype == DType::F16, &params);
+            let half_w = conv2d_half_weight(plane, inputs[1].dtype, &params);
             StepKernel::Conv2d {
                 attrs: conv_attrs(&g.window, g.groups)?,
                 params,
