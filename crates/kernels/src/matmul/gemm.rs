@@ -328,13 +328,25 @@ impl Gemm<'_> {
         if k == 0 || dst.is_empty() {
             return;
         }
+        // Each panel is packed a slab of steps at a time on the stack, then narrowed: no
+        // scratch buffer (which would outgrow what the module plans per thread) is asked for.
+        const SLAB: usize = 64;
         par::for_each_chunk_mut(parallel, dst, k * nr, |i, d| {
-            with_scratch(k * nr, |panel| {
-                pack_b_panel(self.b[i / np], (i % np) * nr, nr, panel);
-                for (h, &v) in d.iter_mut().zip(&*panel) {
+            let b = self.b[i / np];
+            let mut slab = [0.0f32; SLAB * MAX_NR];
+            for p0 in (0..k).step_by(SLAB) {
+                let steps = SLAB.min(k - p0);
+                let rows = MatRef {
+                    offset: b.offset + p0 * b.rs,
+                    rows: steps,
+                    ..b
+                };
+                let slab = &mut slab[..steps * nr];
+                pack_b_panel(rows, (i % np) * nr, nr, slab);
+                for (h, &v) in d[p0 * nr..][..steps * nr].iter_mut().zip(&*slab) {
                     *h = half.narrow(v);
                 }
-            })
+            }
         });
     }
 
