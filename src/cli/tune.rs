@@ -168,16 +168,7 @@ fn execute(args: &TuneArgs, reporter: &Reporter) -> Result<(String, serde_json::
     let name = loaded.module.name.clone();
     let default = loaded.module.clone();
     let module = loaded.unfused(unfused.clone())?;
-    let mut cases = Case::of_module(&module);
-    cases.retain(|c| !unfused.contains(&c.signature));
-    // The fused ops of the subgraphs left unfused too: should the whole-model confirmation
-    // drop the unfused decisions, the forward it keeps runs them, and tuning the model again
-    // then finds every signature known instead of searching them (and confirming) anew.
-    let fused: Vec<Case> = Case::of_module(&default)
-        .into_iter()
-        .filter(|d| !cases.iter().any(|c| c.signature == d.signature))
-        .collect();
-    cases.extend(fused);
+    let cases = Case::to_tune(&default, &module, &unfused);
     options.budget = budget
         .saturating_sub(start.elapsed())
         .saturating_sub(budget.mul_f64(CONFIRM_SHARE));

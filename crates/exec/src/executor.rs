@@ -1710,7 +1710,7 @@ impl<'a> Memory<'a> {
                     f32_view(unsafe { self.bytes(v) }).unwrap_or(&[])
                 }
                 (Mode::Convert, _) if j == 1 && packed_already => &[],
-                (Mode::Convert, Some(stage)) if j == 1 && plan.prepared.kernel.gathers_rows() => {
+                (Mode::ConvertRows, Some(stage)) => {
                     let buf = stage.f32s_mut(slot.numel);
                     load_rows_f32(slot.dtype, unsafe { self.bytes(v) }, &slot.shape, ints, buf);
                     buf

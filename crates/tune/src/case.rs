@@ -2,6 +2,8 @@
 //! seeded inputs of those shapes — the same bytes for every candidate, so their outputs can be
 //! compared with the reference and with each other.
 
+use std::collections::BTreeSet;
+
 use mslc_artifact::Module;
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_kernels::binding::{KernelChoice, KernelKind};
@@ -68,6 +70,23 @@ impl Case {
             }
             cases.push(case);
         }
+        cases
+    }
+
+    /// The signatures a tuning run searches: those of `graph`, the module compiled with the
+    /// subgraphs `unfused` names left unfused (those fused ops no longer in it), and the fused
+    /// ops of those subgraphs from `default`, the module compiled by default: should the
+    /// whole-model confirmation drop the unfused decisions, the forward it keeps runs them, and
+    /// tuning the model again then finds every signature known instead of searching them (and
+    /// confirming) anew.
+    pub fn to_tune(default: &Module, graph: &Module, unfused: &BTreeSet<String>) -> Vec<Case> {
+        let mut cases = Case::of_module(graph);
+        cases.retain(|c| !unfused.contains(&c.signature));
+        let fused: Vec<Case> = Case::of_module(default)
+            .into_iter()
+            .filter(|d| !cases.iter().any(|c| c.signature == d.signature))
+            .collect();
+        cases.extend(fused);
         cases
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_core::program::Init;
 use mslc_kernels::binding::{choose_kernel, KernelChoice};
+use mslc_kernels::matmul::HalfType;
 use mslc_kernels::step::StepKernel;
 
 use mslc_artifact::Module;
@@ -457,6 +458,21 @@ fn fused_matmul_and_norm_subgraphs_are_decided_and_the_fusion_pass_honours_them(
         ..PassContext::default()
     };
     let (unfused, stats) = fused_module(matmul_norm_graph(), &planted);
+    // Kernel tuning then searches the unfused ops and the fused ones both, whichever the
+    // whole-model confirmation keeps.
+    let tuned: BTreeSet<String> = Case::to_tune(&module, &unfused, &planted.unfused)
+        .into_iter()
+        .map(|c| c.signature)
+        .collect();
+    let of = |m: &Module| Case::of_module(m).into_iter().map(|c| c.signature);
+    assert!(
+        of(&module).chain(of(&unfused)).all(|s| tuned.contains(&s)),
+        "{tuned:?}"
+    );
+    assert!(
+        planted.unfused.iter().all(|s| tuned.contains(s)),
+        "{tuned:?}"
+    );
     assert_eq!(stats.rewrites.get("fuse.matmul_left_unfused"), Some(&1));
     assert_eq!(stats.rewrites.get("fuse.norm_left_unfused"), Some(&2));
     let ops: Vec<Op> = unfused.steps.iter().map(|s| s.op).collect();
@@ -548,4 +564,27 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].rejected, None, "{:?}", out[0]);
     assert_eq!(out[0].source, Source::Measured);
+}
+
+/// A case seeds an operand stored in f16 or bf16 with values of that dtype, as the executor
+/// holds them (a weight packed in 16-bit panels is then exact, and passes the guard), and an
+/// f32 operand with f32 values.
+#[test]
+fn a_case_seeds_each_operand_with_values_of_its_dtype() {
+    let ty = |dtype, shape: &[i64]| TensorType::new(dtype, shape.to_vec());
+    for (dtype, half) in [(DType::F16, HalfType::F16), (DType::BF16, HalfType::Bf16)] {
+        let round = |v: f32| half.widen(half.narrow(v));
+        let (a, b, out) = (
+            ty(DType::F32, &[4, 64]),
+            ty(dtype, &[64, 8]),
+            ty(DType::F32, &[4, 8]),
+        );
+        let case = Case::new("s".into(), Op::Matmul, Attrs::new(), vec![a, b], out, 0);
+        let views = case.views();
+        assert!(views[1].data.iter().all(|&v| round(v) == v), "{dtype}");
+        assert!(
+            views[0].data.iter().any(|&v| round(v) != v),
+            "f32 beside {dtype}"
+        );
+    }
 }

@@ -135,6 +135,22 @@ impl PackedB<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The panels from value `at` on.
+    pub(super) fn from(self, at: usize) -> Self {
+        match self {
+            PackedB::F32(p) => PackedB::F32(&p[at..]),
+            PackedB::Half(p, half) => PackedB::Half(&p[at..], half),
+        }
+    }
+
+    /// Where the panels start, and their 16-bit format (`None`: f32), for a row kernel.
+    pub(super) fn start(self) -> (*const u8, Option<HalfType>) {
+        match self {
+            PackedB::F32(p) => (p.as_ptr().cast(), None),
+            PackedB::Half(p, half) => (p.as_ptr().cast(), Some(half)),
+        }
+    }
 }
 
 /// Floats of a region of f32s that keeps `values` packed values: one per float, or two 16-bit

@@ -196,16 +196,10 @@ unsafe fn columns(
     }
     // Step p0 of B panel jp onwards, and the distance between its steps.
     let panel_at = move |jp: usize, p0: usize| -> (PackedB<'_>, usize) {
-        let at = ((prob.b * np + jp) * k + p0) * nr;
         match source {
-            PanelSource::Packed {
-                panels: PackedB::F32(p),
-                ..
-            } => (PackedB::F32(&p[at..]), nr),
-            PanelSource::Packed {
-                panels: PackedB::Half(p, half),
-                ..
-            } => (PackedB::Half(&p[at..], half), nr),
+            PanelSource::Packed { panels, .. } => {
+                (panels.from(((prob.b * np + jp) * k + p0) * nr), nr)
+            }
             PanelSource::Rows { edge } if n - jp * nr < nr => {
                 (PackedB::F32(&edge[(prob.b * k + p0) * nr..]), nr)
             }
@@ -247,10 +241,7 @@ unsafe fn columns(
                 assert!(last < a.data.len(), "gemm: A rows outside their buffer");
                 // SAFETY: inside this task's columns (see `row`).
                 let c_tile = unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) };
-                let (b_start, half) = match panel {
-                    PackedB::F32(p) => (p.as_ptr().cast::<u8>(), None),
-                    PackedB::Half(p, half) => (p.as_ptr().cast::<u8>(), Some(half)),
-                };
+                let (b_start, half) = panel.start();
                 let kernel = rows_kernel(g.kernel.isa, rows, half);
                 let call = |c, ldc, accumulate| RowsCall {
                     k: kcs,

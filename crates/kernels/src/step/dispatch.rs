@@ -39,6 +39,14 @@ pub struct Operands<'a> {
     pub more_outs: [Option<&'a mut [f32]>; MAX_OUTPUTS - 1],
 }
 
+/// The error for packing, or reading packed, the weight of a kernel that takes none so.
+fn not_packed() -> KernelError {
+    KernelError::new(
+        "pack",
+        "only a matmul or a conv2d reads its weight packed ahead",
+    )
+}
+
 impl StepKernel {
     /// Runs the kernel on `io`.
     pub fn run(&self, io: Operands<'_>) -> KernelResult<()> {
@@ -95,12 +103,6 @@ impl StepKernel {
     /// Packs input 1 `b` into `dst` ([`StepKernel::packed_b_len`] floats) for
     /// [`StepKernel::run_with_packed_b`]: done once for a weight that does not change.
     pub fn pack_b(&self, b: &[f32], dst: &mut [f32]) -> KernelResult<()> {
-        let not_packed = || {
-            KernelError::new(
-                "pack",
-                "only a matmul or a conv2d reads its weight packed ahead",
-            )
-        };
         let (values, half) = self.packed_values().ok_or_else(not_packed)??;
         check_len(
             "pack",
@@ -147,7 +149,7 @@ impl StepKernel {
     /// The panels of input 1 kept in `region` ([`StepKernel::pack_b`]), as the GEMM reads
     /// them.
     fn panels<'r>(&self, region: &'r [f32]) -> KernelResult<PackedB<'r>> {
-        let (values, half) = self.packed_values().unwrap_or(Ok((region.len(), None)))?;
+        let (values, half) = self.packed_values().ok_or_else(not_packed)??;
         panels_in(region, values, half).ok_or_else(|| {
             KernelError::new(
                 "pack",

@@ -20,6 +20,10 @@ pub enum OperandMode {
     Direct,
     /// Converted to f32 in a staging buffer.
     Convert,
+    /// A `[V, H]` table of which only the rows the step's integer input names are converted
+    /// to f32, in their places in a staging buffer (`embedding`'s, [`StepKernel::gathers_rows`]):
+    /// the integer input comes first, so its ids are staged when the table is.
+    ConvertRows,
     /// Copied to a staging buffer first, because the output overwrites it.
     CopyAliased,
     /// Already in the output slice (the kernel works in place).
@@ -54,6 +58,8 @@ impl OperandMode {
             }
         } else if is_f32 {
             OperandMode::Direct
+        } else if j == 1 && kernel.gathers_rows() {
+            OperandMode::ConvertRows
         } else {
             OperandMode::Convert
         }
@@ -78,7 +84,7 @@ impl Staging {
         let numel = numel(ty);
         match mode {
             OperandMode::Ints => self.ints = self.ints.max(numel.saturating_mul(8)),
-            OperandMode::Convert | OperandMode::CopyAliased => {
+            OperandMode::Convert | OperandMode::ConvertRows | OperandMode::CopyAliased => {
                 if self.inputs.len() <= j {
                     self.inputs.resize(j + 1, 0);
                 }

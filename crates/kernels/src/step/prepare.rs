@@ -645,4 +645,40 @@ mod tests {
         let three = [f32s(&[4, 8]), f32s(&[8, 5]), f32s(&[4, 5])];
         assert!(prepare(Op::FusedMatmul, &attrs, &choice, &three, &f32s(&[4, 5])).is_ok());
     }
+
+    /// A weight stored in f16 or bf16 and read by a product of few rows keeps 16-bit panels
+    /// (half the packed region); one of more rows than `half_b_rows`, or stored in f32, keeps
+    /// f32 panels. An embedding's table stored in f16 has only its rows converted.
+    #[test]
+    fn weights_stored_in_16_bits_keep_16_bit_panels_where_rows_are_few() {
+        use super::super::needs::OperandMode;
+        use crate::matmul::HalfType;
+        let ty = |dtype, shape: &[i64]| TensorType::new(dtype, shape.to_vec());
+        let matmul = |rows: i64, dtype| {
+            let inputs = [ty(DType::F32, &[rows, 64]), ty(dtype, &[64, 96])];
+            let choice = choose_kernel(Op::Matmul);
+            let out = ty(DType::F32, &[rows, 96]);
+            prepare(Op::Matmul, &Attrs::new(), &choice, &inputs, &out).unwrap()
+        };
+        let half = |k: &StepKernel| match k {
+            StepKernel::Matmul { half_b, .. } => *half_b,
+            _ => unreachable!("a matmul"),
+        };
+        let rows = MatmulParams::default().half_b_rows as i64;
+        assert_eq!(half(&matmul(1, DType::F16)), Some(HalfType::F16));
+        assert_eq!(half(&matmul(rows, DType::BF16)), Some(HalfType::Bf16));
+        assert_eq!(half(&matmul(rows + 1, DType::F16)), None);
+        assert_eq!(half(&matmul(1, DType::F32)), None);
+        let len = |k: StepKernel| k.packed_b_len().unwrap().unwrap();
+        assert_eq!(2 * len(matmul(1, DType::F16)), len(matmul(1, DType::F32)));
+        let table = |dtype| {
+            let inputs = [ty(DType::I64, &[1, 4]), ty(dtype, &[100, 16])];
+            let choice = choose_kernel(Op::Embedding);
+            let out = ty(DType::F32, &[1, 4, 16]);
+            let kernel = prepare(Op::Embedding, &Attrs::new(), &choice, &inputs, &out).unwrap();
+            OperandMode::of(&kernel, 1, dtype, false, true)
+        };
+        assert_eq!(table(DType::F16), OperandMode::ConvertRows);
+        assert_eq!(table(DType::F32), OperandMode::Direct);
+    }
 }
