@@ -124,7 +124,14 @@ pub fn pool2d(
     check_len("pool2d", "out", out.len(), &shape)?;
     let [_, _, oh, ow] = shape;
     let (h, w) = (x.shape[2], x.shape[3]);
-    for_each_row_group(params, x.data.len(), out, oh * ow, |first, chunk| {
+    // Tasks are sized by the input they read (a plane's output is a quarter of it or less).
+    let planes_per_task = (params.task_elems / (h * w).max(1)).max(1);
+    let task = RowParams {
+        task_elems: planes_per_task * oh * ow,
+        ..params.clone()
+    };
+    for_each_row_group(&task, x.data.len(), out, oh * ow, |first, chunk| {
+        let mut columns = vec![0.0f32; w];
         for (p, dst) in chunk.chunks_exact_mut(oh * ow).enumerate() {
             let plane = &x.data[(first + p) * h * w..][..h * w];
             for (oy, row) in dst.chunks_exact_mut(ow).enumerate() {
@@ -133,11 +140,42 @@ pub fn pool2d(
                 let y1 = (start + attrs.kernel[0])
                     .saturating_sub(attrs.padding[0])
                     .min(h);
-                pool_row(plane, w, (y0, y1), kind, attrs, row);
+                match kind {
+                    PoolKind::Max => max_row(plane, w, (y0, y1), attrs, &mut columns, row),
+                    PoolKind::Avg => pool_row(plane, w, (y0, y1), kind, attrs, row),
+                }
             }
         }
     });
     Ok(())
+}
+
+/// One output row of a max pooling, the window's rows reduced first into `columns` (one
+/// maximum per input column, over whole rows at a time, which vectorizes), then each output's
+/// columns of it. The maximum of a set is the same whatever the order (a NaN wins either way),
+/// so this is [`pool_row`]'s result.
+fn max_row(
+    plane: &[f32],
+    w: usize,
+    rows: (usize, usize),
+    a: &Pool2dAttrs,
+    columns: &mut [f32],
+    out: &mut [f32],
+) {
+    columns.fill(f32::NEG_INFINITY);
+    for y in rows.0..rows.1 {
+        for (c, &v) in columns.iter_mut().zip(&plane[y * w..][..w]) {
+            *c = max_step(*c, v);
+        }
+    }
+    for (ox, o) in out.iter_mut().enumerate() {
+        let start = ox * a.stride[1];
+        let x0 = start.saturating_sub(a.padding[1]);
+        let x1 = (start + a.kernel[1]).saturating_sub(a.padding[1]).min(w);
+        *o = columns[x0..x1]
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &v| max_step(m, v));
+    }
 }
 
 /// `adaptive_avg_pool2d` of `x [N, C, H, W]` into `out` (`[N, C, oh, ow]`), planes in parallel.
@@ -218,6 +256,25 @@ mod tests {
             assert_same_bits("threads", &one, &in_pool(2, run));
             assert_close_in(precision, "adaptive", &one, &want.data, 1e-6, 1e-6);
         }
+    }
+
+    #[test]
+    fn a_nan_in_a_max_window_wins_wherever_it_stands() {
+        // 1 x 1 x 4 x 4, 3 x 3 windows, stride 2, padding 1: 2 x 2 outputs, the NaN at (2, 3)
+        // in the windows of outputs (1, 1) only — in a column the row reduction keeps.
+        let mut x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        x[2 * 4 + 3] = f32::NAN;
+        let t = TensorRef::new("t", &x, &[1, 1, 4, 4]).unwrap();
+        let attrs = Pool2dAttrs {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let mut out = [0.0; 4];
+        let params = RowParams::default();
+        pool2d(t, PoolKind::Max, &attrs, &params, &mut out).unwrap();
+        assert_eq!(out[..3], [5.0, 7.0, 13.0]);
+        assert!(out[3].is_nan());
     }
 
     #[test]
