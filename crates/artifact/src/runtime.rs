@@ -24,6 +24,10 @@ pub struct PreparedStep {
     /// Per output after the first (of a multi-output op): f32 and written straight into its
     /// buffer (else through staging, after output 0's).
     pub more_direct: Vec<bool>,
+    /// Output 0 is input 0's bytes as they stand (a reshape, or a copy of the same dtype, whose
+    /// output the plan places over its operand): nothing to run. Without it, a value stored in
+    /// f16 would be widened, copied and narrowed back onto itself.
+    pub unchanged: bool,
     /// Where in the packed-weights region input 1 is kept packed (floats), when it depends on
     /// parameters alone (a parameter, or a hoisted value) and the kernel reads it packed: it
     /// is packed after the parameters change, not on every call. Steps applying the same op
@@ -114,11 +118,16 @@ impl RuntimeNeeds {
                 )));
             }
             let out_direct = out.dtype == DType::F32;
+            let unchanged = matches!(kernel, StepKernel::Copy)
+                && in_arena
+                && more.is_empty()
+                && types.first().is_some_and(|t| t.dtype == out.dtype);
             let modes = types
                 .iter()
                 .enumerate()
                 .map(|(j, t)| {
                     let mode = match (updates_in_place, overwritten.contains(&j)) {
+                        _ if unchanged => OperandMode::InPlace,
                         (true, true) => OperandMode::InPlace,
                         (true, false) if j == 0 => OperandMode::CopyIn,
                         _ => OperandMode::of(&kernel, j, t.dtype, aliased == Some(j), out_direct),
@@ -130,7 +139,7 @@ impl RuntimeNeeds {
             let more_direct: Vec<bool> = more.iter().map(|&m| ty(m).dtype == DType::F32).collect();
             let staged = std::iter::once((o, out_direct))
                 .chain(more.iter().copied().zip(more_direct.iter().copied()))
-                .filter(|&(_, direct)| !direct)
+                .filter(|&(_, direct)| !direct && !unchanged)
                 .map(|(v, _)| ty(v));
             staging.need_outputs(staged);
             let packed_b = match kernel.packed_b_len() {
@@ -172,6 +181,7 @@ impl RuntimeNeeds {
                 modes,
                 out_direct,
                 more_direct,
+                unchanged,
                 packed_b,
             });
         }

@@ -940,7 +940,10 @@ impl Executor {
                     } else {
                         *hoisted_ready
                     };
-                    if (plan.hoisted && ready) || (!plan.hoisted && needed.is_some_and(|n| !n[s])) {
+                    if (plan.hoisted && ready)
+                        || (!plan.hoisted && needed.is_some_and(|n| !n[s]))
+                        || plan.prepared.unchanged
+                    {
                         times[s] = None;
                         continue;
                     }
@@ -1300,7 +1303,9 @@ impl Executor {
             .collect()
     }
 
-    /// Per-step timings of the last run (`None` for hoisted steps it skipped).
+    /// Per-step timings of the last run (`None` for the steps it skipped: hoisted ones already
+    /// computed, those the run does not need, and those with nothing to do
+    /// ([`PreparedStep::unchanged`](mslc_artifact::runtime::PreparedStep::unchanged))).
     pub fn step_times(&self) -> &[Option<StepTime>] {
         &self.times
     }

@@ -210,17 +210,20 @@ fn parameter_only_steps_run_once_per_parameter_change() {
     );
     exec.init_params(1);
     exec.seed_input("tokens", 2).unwrap();
+    // Reshapes over their own f16 bytes never run (`a_reshape_over_its_own_f16_bytes_is_not_run`).
+    let needs = mslc_artifact::runtime::RuntimeNeeds::of(exec.module()).unwrap();
+    let unchanged = needs.steps.iter().filter(|p| p.unchanged).count();
     exec.run().unwrap();
     let first = exec.output_f32("logits").unwrap().1;
     let all = exec.step_times().iter().flatten().count();
     exec.run().unwrap();
-    let skipped = exec.step_times().iter().filter(|t| t.is_none()).count();
+    let skipped = exec.step_times().iter().filter(|t| t.is_none()).count() - unchanged;
     assert!(
         skipped >= casts,
         "{skipped} steps skipped, {casts} weight casts"
     );
     assert_eq!(skipped, hoisted(exec.module()));
-    assert_eq!(all, exec.module().steps.len());
+    assert_eq!(all + unchanged, exec.module().steps.len());
     // The hoisted f16 weights survived the arena's reuse: same logits.
     assert_eq!(first, exec.output_f32("logits").unwrap().1);
     // New parameters recompute them, but not the hoisted values that read no parameter
@@ -418,4 +421,58 @@ fn kernels_stay_within_the_scratch_each_thread_reserves() {
         );
         eprintln!("{what}: largest scratch request {asked} f32, reserved {reserved}");
     }
+}
+
+#[test]
+fn a_reshape_over_its_own_f16_bytes_is_not_run() {
+    // Under O2 the attention's heads are split and merged by reshapes of f16 values, which the
+    // plan places over their operands: the executor leaves those bytes as they are, instead of
+    // widening, copying and narrowing them back.
+    let amp = AmpConfig::new(AmpLevel::O2, DType::F16);
+    let module = compile_with(
+        "examples/tiny_llama.msl",
+        &[("layers", "1")],
+        true,
+        Some(amp),
+    );
+    let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
+    let skipped: Vec<_> = module
+        .steps
+        .iter()
+        .zip(&needs.steps)
+        .filter(|(_, prepared)| prepared.unchanged)
+        .map(|(step, _)| step)
+        .collect();
+    assert!(skipped.len() >= 3, "{} steps left unrun", skipped.len());
+    for step in &skipped {
+        let (x, y) = (
+            &module.values[step.inputs[0] as usize],
+            &module.values[step.outputs[0] as usize],
+        );
+        assert_eq!(step.op, Op::Reshape);
+        assert_eq!((x.ty.dtype, y.ty.dtype), (DType::F16, DType::F16));
+        assert_eq!(x.storage, y.storage, "a reshape over its operand's bytes");
+    }
+    // They do not run, and the logits are the f32 model's, to f16's precision.
+    let logits = |module: Module| {
+        let mut exec = executor(module, 2);
+        exec.init_params(1);
+        exec.seed_input("tokens", 2).unwrap();
+        exec.run().unwrap();
+        let ran = (exec.module().steps.iter().zip(exec.step_times()))
+            .filter(|(step, time)| step.op == Op::Reshape && time.is_some())
+            .count();
+        (exec.output_f32("logits").unwrap().1, ran)
+    };
+    let (want, _) = logits(compile_file(
+        "examples/tiny_llama.msl",
+        &[("layers", "1")],
+        true,
+    ));
+    let reshapes = module.steps.iter().filter(|s| s.op == Op::Reshape).count();
+    let left = reshapes - skipped.len();
+    let (got, ran) = logits(module);
+    assert_eq!(ran, left);
+    let max = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert_close("O2 logits", &got, &want, 2e-2 * max, 0.0);
 }
