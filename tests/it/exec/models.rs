@@ -165,16 +165,21 @@ fn repeated_runs_give_the_same_result() {
     assert!(slices[0]["args"]["kernel"].is_string());
 }
 
-#[test]
-fn parameter_only_steps_run_once_per_parameter_change() {
-    // Under O2 every weight is cast to f16 by a step that reads only that weight.
+/// tiny_llama with one layer, compiled fused under O2 with f16 compute.
+fn one_layer_llama_in_f16() -> Module {
     let amp = AmpConfig::new(AmpLevel::O2, DType::F16);
-    let module = compile_with(
+    compile_with(
         "examples/tiny_llama.msl",
         &[("layers", "1")],
         true,
         Some(amp),
-    );
+    )
+}
+
+#[test]
+fn parameter_only_steps_run_once_per_parameter_change() {
+    // Under O2 every weight is cast to f16 by a step that reads only that weight.
+    let module = one_layer_llama_in_f16();
     let casts = module
         .steps
         .iter()
@@ -428,13 +433,7 @@ fn a_reshape_over_its_own_f16_bytes_is_not_run() {
     // Under O2 the attention's heads are split and merged by reshapes of f16 values, which the
     // plan places over their operands: the executor leaves those bytes as they are, instead of
     // widening, copying and narrowing them back.
-    let amp = AmpConfig::new(AmpLevel::O2, DType::F16);
-    let module = compile_with(
-        "examples/tiny_llama.msl",
-        &[("layers", "1")],
-        true,
-        Some(amp),
-    );
+    let module = one_layer_llama_in_f16();
     let needs = mslc_artifact::runtime::RuntimeNeeds::of(&module).unwrap();
     let skipped: Vec<_> = module
         .steps
