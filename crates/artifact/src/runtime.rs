@@ -24,15 +24,26 @@ pub struct PreparedStep {
     /// Per output after the first (of a multi-output op): f32 and written straight into its
     /// buffer (else through staging, after output 0's).
     pub more_direct: Vec<bool>,
-    /// Output 0 is input 0's bytes as they stand (a reshape, or a copy of the same dtype, whose
-    /// output the plan places over its operand): nothing to run. Without it, a value stored in
-    /// f16 would be widened, copied and narrowed back onto itself.
-    pub unchanged: bool,
+    /// How the step moves its bytes without a kernel, where it is a copy (a reshape, a cast, an
+    /// inference-mode dropout) that can.
+    pub copy: Option<CopyStep>,
     /// Where in the packed-weights region input 1 is kept packed (floats), when it depends on
     /// parameters alone (a parameter, or a hoisted value) and the kernel reads it packed: it
     /// is packed after the parameters change, not on every call. Steps applying the same op
     /// and kernel to the same weight share one range.
     pub packed_b: Option<Range<usize>>,
+}
+
+/// A copy step that needs no kernel and no staging. Through staging, a value stored in f16
+/// was widened, copied and narrowed: three passes, for what is none or one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyStep {
+    /// Output 0 is input 0's bytes as they stand (a reshape, or a copy of the same dtype, whose
+    /// output the plan places over its operand): nothing to run.
+    Unchanged,
+    /// Input 0's bytes converted straight into the output's own buffer in one pass: the same
+    /// dtype (a byte copy), or one side f32 (a widening or a narrowing).
+    Convert,
 }
 
 /// Every step prepared, with the staging and scratch they need.
@@ -118,28 +129,39 @@ impl RuntimeNeeds {
                 )));
             }
             let out_direct = out.dtype == DType::F32;
-            let unchanged = matches!(kernel, StepKernel::Copy)
-                && in_arena
-                && more.is_empty()
-                && types.first().is_some_and(|t| t.dtype == out.dtype);
+            let copy = match (&kernel, types.as_slice()) {
+                (StepKernel::Copy, [x]) if more.is_empty() => {
+                    let same = x.dtype == out.dtype;
+                    match aliased {
+                        Some(0) if in_arena && same => Some(CopyStep::Unchanged),
+                        None if same || x.dtype == DType::F32 || out_direct => {
+                            Some(CopyStep::Convert)
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
             let modes = types
                 .iter()
                 .enumerate()
                 .map(|(j, t)| {
                     let mode = match (updates_in_place, overwritten.contains(&j)) {
-                        _ if unchanged => OperandMode::InPlace,
                         (true, true) => OperandMode::InPlace,
                         (true, false) if j == 0 => OperandMode::CopyIn,
                         _ => OperandMode::of(&kernel, j, t.dtype, aliased == Some(j), out_direct),
                     };
-                    staging.need(mode, j, t);
+                    // A copy step reads its operand's bytes as they are.
+                    if copy.is_none() {
+                        staging.need(mode, j, t);
+                    }
                     mode
                 })
                 .collect();
             let more_direct: Vec<bool> = more.iter().map(|&m| ty(m).dtype == DType::F32).collect();
             let staged = std::iter::once((o, out_direct))
                 .chain(more.iter().copied().zip(more_direct.iter().copied()))
-                .filter(|&(_, direct)| !direct && !unchanged)
+                .filter(|&(_, direct)| !direct && copy.is_none())
                 .map(|(v, _)| ty(v));
             staging.need_outputs(staged);
             let packed_b = match kernel.packed_b_len() {
@@ -181,7 +203,7 @@ impl RuntimeNeeds {
                 modes,
                 out_direct,
                 more_direct,
-                unchanged,
+                copy,
                 packed_b,
             });
         }

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use mslc_artifact::runtime::{PreparedStep, RuntimeNeeds};
+use mslc_artifact::runtime::{CopyStep, PreparedStep, RuntimeNeeds};
 use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::{DType, TensorType};
@@ -35,7 +35,7 @@ use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows}
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
-use super::storage::{f32_view, load_f32, load_i64, load_rows_f32, store_f32};
+use super::storage::{convert_bytes, f32_view, load_f32, load_i64, load_rows_f32, store_f32};
 use super::{init, weights};
 use mslc_core::units::human_bytes;
 use mslc_kernels::step::CollectiveStep;
@@ -942,7 +942,7 @@ impl Executor {
                     };
                     if (plan.hoisted && ready)
                         || (!plan.hoisted && needed.is_some_and(|n| !n[s]))
-                        || plan.prepared.unchanged
+                        || plan.prepared.copy == Some(CopyStep::Unchanged)
                     {
                         times[s] = None;
                         continue;
@@ -1304,8 +1304,8 @@ impl Executor {
     }
 
     /// Per-step timings of the last run (`None` for the steps it skipped: hoisted ones already
-    /// computed, those the run does not need, and those with nothing to do
-    /// ([`PreparedStep::unchanged`](mslc_artifact::runtime::PreparedStep::unchanged))).
+    /// computed, those the run does not need, and copies with nothing to do
+    /// ([`CopyStep::Unchanged`])).
     pub fn step_times(&self) -> &[Option<StepTime>] {
         &self.times
     }
@@ -1592,6 +1592,16 @@ impl<'a> Memory<'a> {
         let in_f32 = match &plan.prepared.kernel {
             // Only output 0's f32 result is kept in `out_stage` as it is.
             _ if out != step.outputs[0] => None,
+            // A copy converts its operand's bytes as they are: an f32 operand is its f32 result.
+            _ if plan.prepared.copy.is_some() => {
+                let x = step.inputs[0];
+                let f32_operand = module.values[x as usize].ty.dtype == DType::F32;
+                // SAFETY: as above.
+                let bytes = operands.bytes(x, || unsafe { self.bytes(x) });
+                (low_precision && f32_operand)
+                    .then(|| f32_view(bytes).map(F32Result::of))
+                    .flatten()
+            }
             // A program rounds its low-precision steps inside the kernel: evaluate it again
             // without those roundings.
             StepKernel::Fused(program, params) | StepKernel::Binary(_, Some(program), params) => {
@@ -1675,6 +1685,35 @@ impl<'a> Memory<'a> {
         }
     }
 
+    /// Runs a [`CopyStep::Convert`] step: input `x`'s bytes converted straight into output `y`'s
+    /// own buffer.
+    ///
+    /// # Safety
+    /// As [`Memory::run_step`]'s; `x` and `y` do not overlap (a copy step converts only
+    /// between buffers of their own).
+    unsafe fn convert_copy(&mut self, x: u32, y: u32) -> ExecResult<()> {
+        let (from, slot) = (self.slots[x as usize].dtype, &self.slots[y as usize]);
+        let dst = self.output_ptr(slot.place);
+        if let Place::Param(p) = slot.place {
+            self.overwritten.push(p);
+        }
+        // SAFETY: both inside their regions (validated) and disjoint; no other view exists.
+        let (src, dst) = unsafe {
+            (
+                self.bytes(x),
+                std::slice::from_raw_parts_mut(dst, slot.bytes),
+            )
+        };
+        if convert_bytes(from, src, slot.dtype, dst) {
+            Ok(())
+        } else {
+            Err(module_error(format!(
+                "a copy from {from} to {} that is not one conversion",
+                slot.dtype
+            )))
+        }
+    }
+
     /// Runs one step.
     ///
     /// # Safety
@@ -1690,6 +1729,9 @@ impl<'a> Memory<'a> {
         int_stage: &mut AlignedBuf,
         out_stage: &mut AlignedBuf,
     ) -> ExecResult<()> {
+        if plan.prepared.copy == Some(CopyStep::Convert) {
+            return self.convert_copy(step_inputs[0], outputs[0]);
+        }
         let mut inline = [NO_TENSOR; INLINE_INPUTS];
         let mut spilled = Vec::new();
         let views: &mut [TensorRef<'_>] = if step_inputs.len() <= INLINE_INPUTS {

@@ -1,6 +1,7 @@
 //! Whole models through the executor: tiny_llama against an independent NumPy implementation
 //! of HF LLaMA, fused against unfused graphs, 1 against 2 threads, in-place steps.
 
+use mslc_artifact::runtime::CopyStep;
 use mslc_artifact::Module;
 
 use mslc_io::npy::{read_npy, write_npy, NpyArray};
@@ -217,7 +218,9 @@ fn parameter_only_steps_run_once_per_parameter_change() {
     exec.seed_input("tokens", 2).unwrap();
     // Reshapes over their own f16 bytes never run (`a_reshape_over_its_own_f16_bytes_is_not_run`).
     let needs = mslc_artifact::runtime::RuntimeNeeds::of(exec.module()).unwrap();
-    let unchanged = needs.steps.iter().filter(|p| p.unchanged).count();
+    let unchanged = (needs.steps.iter())
+        .filter(|p| p.copy == Some(CopyStep::Unchanged))
+        .count();
     exec.run().unwrap();
     let first = exec.output_f32("logits").unwrap().1;
     let all = exec.step_times().iter().flatten().count();
@@ -439,7 +442,7 @@ fn a_reshape_over_its_own_f16_bytes_is_not_run() {
         .steps
         .iter()
         .zip(&needs.steps)
-        .filter(|(_, prepared)| prepared.unchanged)
+        .filter(|(_, prepared)| prepared.copy == Some(CopyStep::Unchanged))
         .map(|(step, _)| step)
         .collect();
     assert!(skipped.len() >= 3, "{} steps left unrun", skipped.len());

@@ -80,6 +80,23 @@ fn check_numerics_finds_the_op_that_overflows() {
         "{err}"
     );
 
+    // An input beyond f16 overflows where it is cast to f16 (a copy step, which converts the
+    // operand's bytes straight into its own: the f32 result is the operand itself).
+    let (code, _, err) = run(
+        s(&source),
+        &filled(&dir, "1e5.npy", 1e5),
+        &["--check-numerics"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("`cast` in `proj` produced NaN or infinity (forward, step 0)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("stays finite (abs max 1e5), beyond the range of f16"),
+        "{err}"
+    );
+
     // The same from the built artifact, without the source to point at.
     let out = dir.path("out");
     let (code, _, err) = mslc(&["build", s(&source), "-o", s(&out)]);
