@@ -55,7 +55,8 @@ pub fn load_rows_f32(dtype: DType, src: &[u8], shape: &[usize], ids: &[i64], dst
 const CONVERT_TASK: usize = 1 << 13;
 
 /// Runs `convert` over matching chunks of `src` (elements of `size` bytes) and `dst`, in
-/// parallel where there are enough of them.
+/// parallel where there are enough of them and the caller runs in a pool of several threads
+/// (an executor's: outside one, as when weights are read, no pool is started for it).
 fn convert_chunks<T: Sync, U: Send>(
     src: &[T],
     size: usize,
@@ -64,7 +65,8 @@ fn convert_chunks<T: Sync, U: Send>(
     convert: impl Fn(&[T], &mut [U]) + Sync,
 ) {
     let values = dst.len() / per_value.max(1);
-    if values < 2 * CONVERT_TASK || rayon::current_num_threads() < 2 {
+    let in_pool = rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1;
+    if values < 2 * CONVERT_TASK || !in_pool {
         return convert(src, dst);
     }
     dst.par_chunks_mut(CONVERT_TASK * per_value)
@@ -276,7 +278,10 @@ mod tests {
         // Not a whole number of tasks, so that the last chunk is short.
         let n = 5 * CONVERT_TASK / 2 + 3;
         let values: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 7e4).collect();
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
         for dtype in [DType::F16, DType::BF16, DType::F32, DType::I32] {
             let size = dtype.size_bytes() as usize;
             let (mut serial, mut parallel) = (vec![0u8; n * size], vec![1u8; n * size]);

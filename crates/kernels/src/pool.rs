@@ -131,7 +131,8 @@ pub fn pool2d(
         ..params.clone()
     };
     for_each_row_group(&task, x.data.len(), out, oh * ow, |first, chunk| {
-        let mut columns = vec![0.0f32; w];
+        // On the stack: a warm step allocates nothing.
+        let mut columns = [0.0f32; MAX_ROW_COLUMNS];
         for (p, dst) in chunk.chunks_exact_mut(oh * ow).enumerate() {
             let plane = &x.data[(first + p) * h * w..][..h * w];
             for (oy, row) in dst.chunks_exact_mut(ow).enumerate() {
@@ -141,14 +142,20 @@ pub fn pool2d(
                     .saturating_sub(attrs.padding[0])
                     .min(h);
                 match kind {
-                    PoolKind::Max => max_row(plane, w, (y0, y1), attrs, &mut columns, row),
-                    PoolKind::Avg => pool_row(plane, w, (y0, y1), kind, attrs, row),
+                    PoolKind::Max if w <= MAX_ROW_COLUMNS => {
+                        max_row(plane, w, (y0, y1), attrs, &mut columns[..w], row)
+                    }
+                    _ => pool_row(plane, w, (y0, y1), kind, attrs, row),
                 }
             }
         }
     });
     Ok(())
 }
+
+/// Widest input row [`max_row`] takes (its column maxima live on the stack); wider ones are
+/// pooled a window at a time.
+const MAX_ROW_COLUMNS: usize = 1024;
 
 /// One output row of a max pooling, the window's rows reduced first into `columns` (one
 /// maximum per input column, over whole rows at a time, which vectorizes), then each output's
@@ -275,6 +282,22 @@ mod tests {
         pool2d(t, PoolKind::Max, &attrs, &params, &mut out).unwrap();
         assert_eq!(out[..3], [5.0, 7.0, 13.0]);
         assert!(out[3].is_nan());
+    }
+
+    #[test]
+    fn rows_wider_than_the_stack_buffer_are_pooled_a_window_at_a_time() {
+        let (h, w) = (3, MAX_ROW_COLUMNS + 3);
+        let (x, shape) = (Rng::new(7).vec(h * w, 2.0), [1, 1, h, w]);
+        let t = TensorRef::new("t", &x, &shape).unwrap();
+        let attrs = Pool2dAttrs {
+            kernel: [2, 3],
+            stride: [1, 2],
+            padding: [1, 1],
+        };
+        let want = reference::pool2d(t, PoolKind::Max, &attrs).unwrap();
+        let mut out = vec![f32::NAN; want.data.len()];
+        pool2d(t, PoolKind::Max, &attrs, &RowParams::default(), &mut out).unwrap();
+        assert_same_bits("wide rows", &out, &want.data);
     }
 
     #[test]
