@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use mslc_core::ops::{DType, TensorType};
+use mslc_kernels::convert;
 use mslc_kernels::step::needs::{scratch_bytes_per_thread, scratch_floats};
 use mslc_kernels::step::{prepare, OperandMode, Staging, StepKernel};
 
@@ -130,16 +131,11 @@ impl RuntimeNeeds {
             }
             let out_direct = out.dtype == DType::F32;
             let copy = match (&kernel, types.as_slice()) {
-                (StepKernel::Copy, [x]) if more.is_empty() => {
-                    let same = x.dtype == out.dtype;
-                    match aliased {
-                        Some(0) if in_arena && same => Some(CopyStep::Unchanged),
-                        None if same || x.dtype == DType::F32 || out_direct => {
-                            Some(CopyStep::Convert)
-                        }
-                        _ => None,
-                    }
-                }
+                (StepKernel::Copy, [x]) if more.is_empty() => match aliased {
+                    Some(0) if in_arena && x.dtype == out.dtype => Some(CopyStep::Unchanged),
+                    None if convert::one_pass(x.dtype, out.dtype) => Some(CopyStep::Convert),
+                    _ => None,
+                },
                 _ => None,
             };
             let modes = types

@@ -127,28 +127,24 @@ fn load_f32_serial(dtype: DType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Converts `src` (elements of `from`) into `dst` (elements of `to`, as many) in one pass: a
-/// byte copy for the same dtype, [`load_f32`] into f32, [`store_f32`] from f32. `false` (and
-/// nothing written) for any other pair, which needs f32 between, or for f32 bytes that are not
-/// aligned as f32.
+/// Converts `src` (elements of `from`) into `dst` (elements of `to`, as many) in one pass
+/// ([`convert::one_pass`]): a byte copy for the same dtype, [`load_f32`] into f32,
+/// [`store_f32`] from f32. `false` (and nothing written) for any other pair, which needs f32
+/// between, or for f32 bytes that are not aligned as f32.
 pub fn convert_bytes(from: DType, src: &[u8], to: DType, dst: &mut [u8]) -> bool {
+    if !convert::one_pass(from, to) {
+        return false;
+    }
     if from == to {
         let n = src.len().min(dst.len());
         dst[..n].copy_from_slice(&src[..n]);
         return true;
     }
-    match (from, to) {
-        (_, DType::F32) => match f32_view_mut(dst) {
-            Some(dst) => load_f32(from, src, dst),
-            None => return false,
-        },
-        (DType::F32, _) => match f32_view(src) {
-            Some(src) => store_f32(to, src, dst),
-            None => return false,
-        },
-        _ => return false,
+    match to {
+        DType::F32 => f32_view_mut(dst).map(|dst| load_f32(from, src, dst)),
+        _ => f32_view(src).map(|src| store_f32(to, src, dst)),
     }
-    true
+    .is_some()
 }
 
 /// Decodes integer (or bool) elements of `dtype` into `dst` exactly; float elements are
@@ -294,6 +290,35 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&back), bits(&back_parallel), "{dtype}");
         }
+    }
+
+    #[test]
+    fn conversions_outside_a_pool_run_on_the_calling_thread() {
+        // Reading weights happens outside the executor's pool: no pool is started for it.
+        let (src, mut dst) = (
+            vec![0u8; 4 * CONVERT_TASK * 4],
+            vec![0f32; 4 * CONVERT_TASK],
+        );
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        convert_chunks(&src, 4, &mut dst, 1, |s, d| {
+            assert_eq!(rayon::current_thread_index(), None);
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            load_f32_serial(DType::F32, s, d);
+        });
+        assert_eq!(calls.into_inner(), 1);
+        // Inside a pool of two, the same call splits into tasks.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        pool.install(|| {
+            convert_chunks(&src, 4, &mut dst, 1, |s, d| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                load_f32_serial(DType::F32, s, d);
+            })
+        });
+        assert_eq!(calls.into_inner(), 4);
     }
 
     #[test]

@@ -328,6 +328,15 @@ pub fn pack_conv2d_weight(
     Ok(())
 }
 
+/// The error for weights in 16-bit panels on the left of the product, where the tiled
+/// micro-kernels read f32 panels only: packing them so, or handing them to [`conv2d`].
+fn half_panels_on_the_left() -> KernelError {
+    KernelError::new(
+        "conv2d",
+        "16-bit panels are for weights on the right of the product only",
+    )
+}
+
 /// As [`pack_conv2d_weight`], into panels of `half`, where [`conv2d_half_weight`] says so
 /// (the weights on the right): exact for weights stored in that format.
 pub fn pack_conv2d_weight_half(
@@ -340,10 +349,7 @@ pub fn pack_conv2d_weight_half(
 ) -> KernelResult<()> {
     let layout = packing_layout(w, groups, plane, params, dst.len())?;
     if !layout.right {
-        return Err(KernelError::new(
-            "conv2d",
-            "16-bit panels are for weights on the right of the product only",
-        ));
+        return Err(half_panels_on_the_left());
     }
     layout.packing().pack_b_half(true, half, dst);
     Ok(())
@@ -410,12 +416,7 @@ pub fn conv2d(
         (true, b) => (None, b),
         (false, None) => (None, None),
         (false, Some(PackedB::F32(a))) => (Some(a), None),
-        (false, Some(PackedB::Half(..))) => {
-            return Err(KernelError::new(
-                "conv2d",
-                "16-bit panels are for weights on the right of the product only",
-            ))
-        }
+        (false, Some(PackedB::Half(..))) => return Err(half_panels_on_the_left()),
     };
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     // Where problem i's `og × plane` block of `out` starts.

@@ -3,6 +3,7 @@
 //! stays NaN.
 
 use half::{bf16, f16};
+use mslc_core::ops::DType;
 
 use super::cpu::{dispatch_avx2, has_f16c};
 use super::error::{KernelError, KernelResult};
@@ -15,6 +16,13 @@ fn same_len(op: &'static str, a: usize, b: usize) -> KernelResult<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether values stored as `from` convert to `to` in one pass, without f32 between: the same
+/// type (a byte copy), or either side f32 (a widening or a narrowing). A copy step between such
+/// a pair needs no staging (`mslc_artifact::runtime::CopyStep::Convert`).
+pub fn one_pass(from: DType, to: DType) -> bool {
+    from == to || from == DType::F32 || to == DType::F32
 }
 
 /// Widens f16 values to f32 (exact).
