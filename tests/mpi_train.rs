@@ -11,8 +11,8 @@
 //! states) gives the same losses, and its gathered checkpoint the same weights and optimizer
 //! states. Pipelines ([`pipeline_training`]) run one stage per process, and under the
 //! interleaved schedule each process's chunk-stages as threads of it
-//! ([`interleaved_training`]). Each process's measured peak memory stays above its plan,
-//! within 5 % on the pipeline rows ([`memory_within_the_plan`]). Without mpiexec installed
+//! ([`interleaved_training`]). Each process's measured peak memory stays below its plan,
+//! within 5 % ([`memory_within_the_plan`]: pipelines, tensor parallel, 2 × 2 on 4 processes). Without mpiexec installed
 //! the test fails.
 
 #[path = "shared/tolerance.rs"]
@@ -590,11 +590,11 @@ fn interleaved_training(dir: &Path, model: &str, ids: &[i64]) {
 /// sends not yet taken: `mslc_driver::pipeline::messages`); without them the interleaved run
 /// measured 0.1-0.3 % above its plan. And 32 steps of the 2 MiB tensor-parallel tiny LLaMA
 /// of [`tensor_parallel_training`], and 100 steps of examples/mlp.msl on its 4 devices (2 × 2
-/// data and tensor parallel, `mpiexec -n 4`), stay above the measured peak: MPICH's own state
-/// grows over the first steps and with the processes, by up to 436 KB on the first and 1.3 MB
-/// on the second (`mslc_plan::parallel::estimate::mpi_reserve`; before, they measured 14 % and
-/// 5.6 % above their plans). On ranks that small the reserves are 20–40 % of the plan, so
-/// only that bound is held.
+/// data and tensor parallel, `mpiexec -n 4`), within 5 % too: MPI's shared-memory transport is
+/// brought to its steady state before the first step (`MpiWorld::warm_up`) and planned as
+/// `mslc_plan::parallel::estimate::mpi_reserve` (measured +2.5 to +4.0 % and +1.7 to +2.5 %
+/// at 1 to 400 steps; before the warm-up MPICH's state grew over the first steps, and these
+/// rows measured 12-14 % and 4.3 % above their plans).
 fn memory_within_the_plan(dir: &Path) {
     let tokens: Vec<i64> = (0..16 * 129).map(|i| (i * 37 + 11) % 1000).collect();
     let data = dir.join("memory-tokens.npy");
@@ -621,11 +621,11 @@ fn memory_within_the_plan(dir: &Path) {
     std::fs::copy(example, dir.join("mlp.msl")).unwrap();
     let (two, four) = (["mpiexec", "-n", "2"], ["mpiexec", "-n", "4"]);
     let short = vec!["--steps", "2"];
-    for (source, launcher, data, extra, within) in [
-        ("llama-pp.msl", two, data.clone(), short.clone(), Some(0.05)),
-        ("memory-il.msl", two, data.clone(), short, Some(0.05)),
-        ("llama.msl", two, dir.join("tokens.npy"), tiny, None),
-        ("mlp.msl", four, mlp, vec!["--steps", "100"], None),
+    for (source, launcher, data, extra) in [
+        ("llama-pp.msl", two, data.clone(), short.clone()),
+        ("memory-il.msl", two, data.clone(), short),
+        ("llama.msl", two, dir.join("tokens.npy"), tiny),
+        ("mlp.msl", four, mlp, vec!["--steps", "100"]),
     ] {
         let mut cmd = mslc(dir, &launcher);
         cmd.args(["--message-format", "json", "train"])
@@ -652,9 +652,7 @@ fn memory_within_the_plan(dir: &Path) {
             100.0 * over
         );
         assert!(planned >= measured, "{source}: below the measured peak");
-        if let Some(within) = within {
-            assert!(over <= within, "{source}: {:.1} % over", 100.0 * over);
-        }
+        assert!(over <= 0.05, "{source}: {:.1} % over", 100.0 * over);
     }
 }
 

@@ -380,6 +380,10 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
     let chunks = layout.ranks() / layout.devices().max(1);
     let devices_here = ranks.len().div_ceil(chunks.max(1));
     let measured_from = mslc_exec::limits::reset_peak_rss().map(|mark| (mark, devices_here));
+    // Under MPI the transport's shared memory reaches its steady state here, inside the
+    // measurement (the plan's `mpi_reserve` counts it), so the peak does not depend on how
+    // many steps the run takes.
+    world.warm_up();
     // Each stage's programs (its step, and its forward and update on the step's parameters)
     // and messages.
     let stage_memory = match &layout.pipeline {

@@ -153,13 +153,25 @@ impl World {
     }
 
     /// What this process holds beside its devices' plans for the collectives' library: under
-    /// MPI, [`mpi_reserve`](mslc_plan::parallel::estimate::mpi_reserve) for the world's
-    /// processes; none on the threads backend, whose exchanges the plans count.
+    /// MPI, [`mpi_reserve`](mslc_plan::parallel::estimate::mpi_reserve) for the processes on
+    /// this machine; none on the threads backend, whose exchanges the plans count.
     pub fn library_reserve(&self) -> u64 {
         match self {
             World::One | World::Threads(..) => 0,
             #[cfg(feature = "mpi")]
-            World::Mpi(w, _) => mslc_plan::parallel::estimate::mpi_reserve(w.size()),
+            World::Mpi(w, _) => {
+                mslc_plan::parallel::estimate::mpi_reserve(w.processes_on_this_machine())
+            }
+        }
+    }
+
+    /// Under MPI, brings the transport's memory to its steady state before the first step
+    /// ([`MpiWorld::warm_up`](mslc_exec::collectives::mpi::MpiWorld::warm_up)), so a run's
+    /// peak is what the plan's reserve counts whether it runs one step or a thousand.
+    pub fn warm_up(&self) {
+        #[cfg(feature = "mpi")]
+        if let World::Mpi(w, _) = self {
+            w.warm_up()
         }
     }
 

@@ -34,23 +34,20 @@ pub const EXECUTOR_RESERVE: f64 = 0.045;
 pub const EXECUTOR_FIXED_RESERVE: u64 = 192 * 1024;
 
 /// What a device's process holds under MPI beyond its planned buffers and the executor's
-/// reserve, [`mpi_reserve`]: MPICH's own state, which grows over a run's first steps and with
-/// the processes it talks to, and the fixed part of a process that ranks sharing one on the
-/// threads backend split among them. Measured with MPICH 4.0 over shared memory on one
-/// machine, past the plan without it: 2 processes, the 2 MiB tensor-parallel tiny LLaMA of
-/// `tests/mpi_train.rs` 92 KB after one step, 300–340 KB after 4, 430–436 KB after 16 to 400,
-/// a pipeline stage of it 513 KB after 600, a data-parallel classifier 231 KB after 200; 4
-/// processes, examples/mlp.msl (2 × 2 data and tensor parallel) 1.30 MB after 100 to 400.
-pub const MPI_PROCESS_RESERVE: u64 = 256 * 1024;
-/// The part of [`mpi_reserve`] per other process of the world.
-pub const MPI_PEER_RESERVE: u64 = 448 * 1024;
+/// reserve, for each other process on its machine ([`mpi_reserve`]): MPI's shared-memory
+/// transport, which the process brings to its steady state before the first step by
+/// exchanging messages with each of them (`mslc_exec::collectives::mpi::MpiWorld::warm_up`),
+/// so its run holds the same after one step or a thousand. Measured with MPICH 4.0 on UCX
+/// over shared memory, past the plan without it: on 2 processes the 2 MiB tensor-parallel
+/// tiny LLaMA of `tests/mpi_train.rs` 750–800 KB after 1 to 400 steps (before the warm-up:
+/// 92 KB after one step, 430 KB after 16 and more), a pipeline stage of it 763 KB after 600;
+/// on 4 processes examples/mlp.msl (2 × 2 data and tensor parallel) 2.39–2.43 MB after 1 to
+/// 400 steps. Processes on other machines are reached over the network, untried here.
+pub const MPI_PEER_RESERVE: u64 = 840 * 1024;
 
-/// [`MPI_PROCESS_RESERVE`] and [`MPI_PEER_RESERVE`] for each other process of a world of
-/// `processes`.
+/// [`MPI_PEER_RESERVE`] for each other of the `processes` on a device's machine.
 pub fn mpi_reserve(processes: usize) -> u64 {
-    MPI_PEER_RESERVE
-        .saturating_mul(processes.saturating_sub(1) as u64)
-        .saturating_add(MPI_PROCESS_RESERVE)
+    MPI_PEER_RESERVE.saturating_mul(processes.saturating_sub(1) as u64)
 }
 
 /// The executor's reserve beside `held` planned bytes: [`EXECUTOR_RESERVE`] of them and
