@@ -170,8 +170,8 @@ impl World {
     /// peak is what the plan's reserve counts whether it runs one step or a thousand.
     pub fn warm_up(&self) {
         #[cfg(feature = "mpi")]
-        if let World::Mpi(w, _) = self {
-            w.warm_up()
+        if let World::Mpi(w, timeout) = self {
+            w.warm_up(*timeout)
         }
     }
 

@@ -178,9 +178,9 @@ impl MpiWorld {
     /// no pair waiting on another). Over MPICH 4.0 on UCX a process's resident set grew by
     /// 100 KB after one step of a small model and by 390 KB after 32 as messages reached more
     /// of the transport's cells; after this it has grown by 776 KiB before the first step and
-    /// stays there, which the plan's `mpi_reserve` counts. Blocks until every process on the
-    /// machine has called it, as the communicator splits of [`MpiWorld::ranks`] do.
-    pub fn warm_up(&self) {
+    /// stays there, which the plan's `mpi_reserve` counts. A process that does not take part
+    /// within `timeout` stops the job (E0973), as a rank that never reaches a collective does.
+    pub fn warm_up(&self, timeout: Duration) {
         let node = &self.node;
         let Some(me) = node.iter().position(|&p| p == self.world.rank()) else {
             return;
@@ -188,19 +188,29 @@ impl MpiWorld {
         let send = [0u8; WARM_UP_BYTES];
         let mut recv = [0u8; WARM_UP_BYTES];
         for shift in 1..node.len() {
-            let to = self.world.process_at_rank(node[(me + shift) % node.len()]);
-            let from = self
-                .world
-                .process_at_rank(node[(me + node.len() - shift) % node.len()]);
+            let to = node[(me + shift) % node.len()];
+            let from = node[(me + node.len() - shift) % node.len()];
+            let hung = || {
+                format!(
+                    "process {}: the first messages to process {to} and from process {from} \
+                     did not go through",
+                    node[me]
+                )
+            };
             for _ in 0..WARM_UP_ROUNDS {
-                mpi::point_to_point::send_receive_into_with_tags(
-                    &send[..],
-                    &to,
-                    WARM_UP_TAG,
-                    &mut recv[..],
-                    &from,
-                    WARM_UP_TAG,
-                );
+                mpi::request::scope(|scope| {
+                    let sent = self.world.process_at_rank(to).immediate_send_with_tag(
+                        scope,
+                        &send[..],
+                        WARM_UP_TAG,
+                    );
+                    let received = self
+                        .world
+                        .process_at_rank(from)
+                        .immediate_receive_into_with_tag(scope, &mut recv[..], WARM_UP_TAG);
+                    complete_within(&self.world, timeout, received, hung);
+                    complete_within(&self.world, timeout, sent, hung);
+                });
             }
         }
     }
@@ -500,31 +510,10 @@ impl MpiRank {
         message.matched_receive_into(data);
         Ok(())
     }
-    /// Polls `poll` until it gives a value, spinning briefly (collectives and messages
-    /// usually meet within microseconds), then without holding the core; past the timeout,
-    /// says what `hung` describes and aborts the MPI job, since an operation in flight cannot
-    /// be called off and every rank must stop.
-    fn within<T>(&self, hung: impl FnOnce() -> String, mut poll: impl FnMut() -> Option<T>) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(done) = poll() {
-                return done;
-            }
-            let waited = start.elapsed();
-            if waited >= self.timeout {
-                eprintln!(
-                    "error[E0973]: rank {}: {} within {:.1} s (hung?); aborting the MPI job",
-                    self.rank,
-                    hung(),
-                    self.timeout.as_secs_f64()
-                );
-                abort_job(&self.world, 1)
-            }
-            match waited < Duration::from_millis(5) {
-                true => std::thread::yield_now(),
-                false => std::thread::sleep(Duration::from_micros(200)),
-            }
-        }
+    /// [`poll_within`] this rank's timeout, `hung` saying what did not come.
+    fn within<T>(&self, hung: impl FnOnce() -> String, poll: impl FnMut() -> Option<T>) -> T {
+        let hung = || format!("rank {}: {}", self.rank, hung());
+        poll_within(&self.world, self.timeout, hung, poll)
     }
 
     /// Forgets the sends whose receivers have taken their messages.
@@ -554,14 +543,8 @@ impl MpiRank {
         request: mpi::request::Request<'a, D, S>,
         hung: impl FnOnce() -> String,
     ) {
-        let mut pending = Some(request);
-        self.within(hung, || match pending.take()?.test() {
-            Ok(_) => Some(()),
-            Err(request) => {
-                pending = Some(request);
-                None
-            }
-        })
+        let hung = || format!("rank {}: {}", self.rank, hung());
+        complete_within(&self.world, self.timeout, request, hung)
     }
 
     /// What a member of group `axis` that never reached collective `what` failed to do.
@@ -690,6 +673,54 @@ const OUTPUT_DRAIN: Duration = Duration::from_millis(300);
 
 /// Ends every process of the job with `status` (MPI_Abort), once this process's output had
 /// time to reach mpiexec: the launcher stops forwarding output when it kills the processes,
+/// Polls `poll` until it gives a value, spinning briefly (collectives and messages usually
+/// meet within microseconds), then without holding the core; past `timeout`, says what `hung`
+/// describes and aborts the MPI job, since an operation in flight cannot be called off and
+/// every process must stop.
+fn poll_within<T>(
+    world: &SimpleCommunicator,
+    timeout: Duration,
+    hung: impl FnOnce() -> String,
+    mut poll: impl FnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(done) = poll() {
+            return done;
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            eprintln!(
+                "error[E0973]: {} within {:.1} s (hung?); aborting the MPI job",
+                hung(),
+                timeout.as_secs_f64()
+            );
+            abort_job(world, 1)
+        }
+        match waited < Duration::from_millis(5) {
+            true => std::thread::yield_now(),
+            false => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+}
+
+/// Waits for `request` to complete within `timeout` ([`poll_within`]).
+fn complete_within<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
+    world: &SimpleCommunicator,
+    timeout: Duration,
+    request: mpi::request::Request<'a, D, S>,
+    hung: impl FnOnce() -> String,
+) {
+    let mut pending = Some(request);
+    poll_within(world, timeout, hung, || match pending.take()?.test() {
+        Ok(_) => Some(()),
+        Err(request) => {
+            pending = Some(request);
+            None
+        }
+    })
+}
+
 /// and an abort at once lost the message saying why (seen under CI: an empty stderr).
 fn abort_job(world: &impl Communicator, status: i32) -> ! {
     let _ = std::io::stdout().flush();
