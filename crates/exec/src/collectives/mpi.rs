@@ -668,11 +668,6 @@ impl Collectives for MpiRank {
     }
 }
 
-/// How long a process that ends the job gives mpiexec to forward what it wrote.
-const OUTPUT_DRAIN: Duration = Duration::from_millis(300);
-
-/// Ends every process of the job with `status` (MPI_Abort), once this process's output had
-/// time to reach mpiexec: the launcher stops forwarding output when it kills the processes,
 /// Polls `poll` until it gives a value, spinning briefly (collectives and messages usually
 /// meet within microseconds), then without holding the core; past `timeout`, says what `hung`
 /// describes and aborts the MPI job, since an operation in flight cannot be called off and
@@ -721,6 +716,11 @@ fn complete_within<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
     })
 }
 
+/// How long a process that ends the job gives mpiexec to forward what it wrote.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(300);
+
+/// Ends every process of the job with `status` (MPI_Abort), once this process's output had
+/// time to reach mpiexec: the launcher stops forwarding output when it kills the processes,
 /// and an abort at once lost the message saying why (seen under CI: an empty stderr).
 fn abort_job(world: &impl Communicator, status: i32) -> ! {
     let _ = std::io::stdout().flush();
