@@ -4,9 +4,11 @@
 //! then again with two ranks per process as threads of it (an interleaved pipeline's chunks:
 //! 4 ranks along `pp` on 2 processes, and a `pp` × `dp` mesh of 8 on 4), whose `pp` groups
 //! have several members in one process. Each MPI rank runs the same collectives on both
-//! backends — the threads one in-process, all ranks as threads — and requires the same bits. Last, a rank that hangs before a collective, and one that hangs
-//! before the message its peer waits for: the other says so after its timeout and aborts the
-//! job, well before the hung rank would have arrived.
+//! backends — the threads one in-process, all ranks as threads — and requires the same bits
+//! (and finds every process on this one machine). Last, a rank that hangs before a collective,
+//! one that hangs before the message its peer waits for, and one that hangs before the
+//! transport's warm-up: the other says so after its timeout and aborts the job, well before
+//! the hung rank would have arrived.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -105,8 +107,8 @@ fn threads_results(mesh: Mesh, rank: usize) -> Vec<Vec<f32>> {
 }
 
 /// One rank of a hung-rank run: rank 1 sleeps [`HUNG_FOR`] before its part of `what` (an
-/// all-reduce, or the send rank 0 receives), rank 0 waits 1 s for it, then says so and aborts
-/// the job.
+/// all-reduce, the send rank 0 receives, or the warm-up of MPI's transport that `mslc train`
+/// runs before its first step), rank 0 waits 1 s for it, then says so and aborts the job.
 fn hung_child(what: &str) -> ExitCode {
     let (mesh, processes) = layout("2");
     let world = match MpiWorld::init() {
@@ -127,6 +129,11 @@ fn hung_child(what: &str) -> ExitCode {
     };
     if me.rank() == 1 {
         std::thread::sleep(HUNG_FOR);
+    }
+    if what == "warm_up" {
+        world.warm_up(Duration::from_secs(1));
+        println!("rank {}: the warm-up completed", me.rank());
+        return ExitCode::SUCCESS;
     }
     let mut data = values(me.rank(), 4);
     let done = match (what, me.rank()) {
@@ -153,6 +160,16 @@ fn child(name: &str) -> ExitCode {
             return ExitCode::from(3);
         }
     };
+    // One machine: every process of the world shares it (what the warm-up and MPI's
+    // memory reserve reach).
+    if world.processes_on_this_machine() != world.size() {
+        eprintln!(
+            "{} of {} processes found on this machine",
+            world.processes_on_this_machine(),
+            world.size()
+        );
+        return ExitCode::FAILURE;
+    }
     let ranks = match world.ranks(mesh.clone(), &processes, DEFAULT_TIMEOUT) {
         Ok(ranks) => ranks,
         Err(e) => {
@@ -249,9 +266,16 @@ fn main() -> ExitCode {
     let hangs = [
         (
             "all_reduce",
-            "a member of its group on mesh axis `dp` did not reach the all_reduce",
+            "rank 0: a member of its group on mesh axis `dp` did not reach the all_reduce",
         ),
-        ("recv", "rank 1 did not send the message it was waited for"),
+        (
+            "recv",
+            "rank 0: rank 1 did not send the message it was waited for",
+        ),
+        (
+            "warm_up",
+            "process 0: the first messages to process 1 and from process 1 did not go through",
+        ),
     ];
     for (what, said) in hangs {
         let mut hung = Command::new("mpiexec");
@@ -261,7 +285,7 @@ fn main() -> ExitCode {
         let took = start.elapsed();
         assert!(!ok, "{out}");
         assert!(
-            out.contains("E0973") && out.contains(&format!("rank 0: {said} within 1.0 s")),
+            out.contains("E0973") && out.contains(&format!("{said} within 1.0 s")),
             "{out}"
         );
         assert!(took < HUNG_FOR / 2, "took {took:?}:\n{out}");
