@@ -664,7 +664,10 @@ mod tests {
             StepKernel::Matmul { half_b, .. } => *half_b,
             _ => unreachable!("a matmul"),
         };
-        let rows = MatmulParams::default().half_b_rows as i64;
+        // The most rows the unpacked-A path takes with B packed ahead (4,096 on AVX-512, 8 on
+        // AVX2), at most `half_b_rows`.
+        let p = MatmulParams::default();
+        let rows = p.half_b_rows.min(p.small_m.max(p.small_m_packed_b)) as i64;
         assert_eq!(half(&matmul(1, DType::F16)), Some(HalfType::F16));
         assert_eq!(half(&matmul(rows, DType::BF16)), Some(HalfType::Bf16));
         assert_eq!(half(&matmul(rows + 1, DType::F16)), None);
