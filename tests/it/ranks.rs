@@ -1817,13 +1817,25 @@ train Piped for TinyLlama {
     let message = plan["collectives"][0]["bytes"].as_u64().unwrap();
     assert_eq!(message, 2048, "{plan}");
     for (stage, messages) in [(0, 3), (1, 4)] {
-        let [allocated, exchanged, pipelined, total] =
-            ["allocated", "exchanged", "pipelined", "total"]
+        let [allocated, programs, exchanged, pipelined, total] =
+            ["allocated", "programs", "exchanged", "pipelined", "total"]
                 .map(|k| executor(stage)[k].as_u64().unwrap());
         // The stage's update sums its norm over the stages: one f32, kept twice.
         assert_eq!(exchanged, 8, "{plan}");
         assert_eq!(pipelined, messages * message, "{plan}");
-        let held = allocated + exchanged + pipelined;
+        // What the executor keeps for the stage's three programs, by their steps.
+        let steps: usize = ["rank", "forward", "update"]
+            .iter()
+            .map(|p| out.join(format!("Piped.stage{stage}.{p}.mir")))
+            .filter(|path| path.exists())
+            .map(|path| {
+                let bytes = std::fs::read(path).unwrap();
+                mslc_artifact::decode(&bytes).unwrap().module.steps.len()
+            })
+            .sum();
+        let per_step = mslc_plan::memory::EXECUTOR_BYTES_PER_STEP;
+        assert_eq!(programs, per_step * steps as u64, "{plan}");
+        let held = allocated + programs + exchanged + pipelined;
         let reserve = mslc_plan::parallel::estimate::executor_reserve(held);
         assert_eq!(total, held + reserve, "{plan}");
         // More than the analytic model: the stage runs a forward and an update beside its step.

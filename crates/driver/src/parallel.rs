@@ -911,10 +911,11 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
         ));
         if let Some(e) = &g.executor {
             lines.push(format!(
-                "             on this machine's executor: {} per rank ({} allocated by its compiled programs on {} thread(s), with the fragmentation reserve)",
+                "             on this machine's executor: {} per rank ({} allocated by its compiled programs on {} thread(s), {} kept for the programs themselves, with the fragmentation reserve)",
                 gib(e.total),
                 gib(e.allocated),
-                e.threads
+                e.threads,
+                gib(e.programs)
             ));
         }
     }

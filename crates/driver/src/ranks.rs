@@ -16,7 +16,7 @@ use mslc_ir::shard::zero::ZeroShard;
 use mslc_plan::memory::MemoryPlan;
 use mslc_plan::parallel::estimate::Schedule;
 use mslc_plan::parallel::workload::layer_key;
-use mslc_plan::parallel::{ExecutorMemory, PlanFile};
+use mslc_plan::parallel::{ExecutorMemory, Held, PlanFile};
 
 use mslc_core::program::Model;
 use mslc_io::npy::NpyArray;
@@ -38,23 +38,27 @@ pub const STAGE_PIPELINE: &str = "pipeline";
 /// each program's memory plan, the parameters once — the first program's; the others run on
 /// them, lent ([`mslc_exec::Executor::swap_params`]) — and the threads' kernel scratch once,
 /// the largest any program asks for (they share the rank's pool, [`Executor::borrowing`]),
-/// and the contributions the threads backend's exchanges keep, the most any program's
-/// collectives leave there (they share the rank's exchanges): what `mslc train` measures
-/// against and `mslc build` reports for the host target.
+/// what the executor keeps for each prepared program, and the contributions the threads
+/// backend's exchanges keep, the most any program's collectives leave there (they share the
+/// rank's exchanges): what `mslc train` measures against and `mslc build` reports for the host
+/// target.
 ///
 /// [`Executor::borrowing`]: mslc_exec::Executor::borrowing
 pub fn rank_memory<'a>(
     programs: impl IntoIterator<Item = &'a MemoryPlan>,
     threads: usize,
 ) -> ExecutorMemory {
-    let (mut buffers, mut scratch, mut messages) = (0u64, 0u64, 0u64);
+    let (mut buffers, mut scratch) = (0u64, 0u64);
+    let mut held = Held::default();
     for (i, m) in programs.into_iter().enumerate() {
         let borrowed = if i == 0 { 0 } else { m.params_bytes };
         buffers = buffers.saturating_add(m.total_bytes.saturating_sub(borrowed));
         scratch = scratch.max(m.scratch_bytes_per_thread.saturating_mul(threads as u64));
-        messages = messages.max(m.kept_message_bytes);
+        held.programs = held.programs.saturating_add(m.program_bytes);
+        held.exchanged = held.exchanged.max(m.kept_message_bytes);
     }
-    ExecutorMemory::of(buffers.saturating_add(scratch), messages, threads)
+    held.allocated = buffers.saturating_add(scratch);
+    ExecutorMemory::holding(held, threads)
 }
 
 /// The memory of each stage of a pipeline whose stages run `steps` (each one's step and cut)

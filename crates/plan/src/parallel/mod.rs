@@ -62,15 +62,18 @@ impl DeviceGroup {
 /// What one rank of `mslc train` allocates, known exactly once its programs are compiled:
 /// beside the model states and activations that [`Breakdown`] counts for any target, the bundled
 /// executor keeps each thread's kernel scratch, staging buffers, weights packed ahead for the
-/// GEMMs of a program that does not change them, on a pipeline stage a forward and an update
-/// program beside the step and the messages it holds, and, on the threads backend, the last
-/// contributions of its collectives.
+/// GEMMs of a program that does not change them, its prepared programs, on a pipeline stage a
+/// forward and an update program beside the step and the messages it holds, and, on the
+/// threads backend, the last contributions of its collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ExecutorMemory {
     /// Executor threads per rank.
     pub threads: usize,
     /// Bytes the rank's programs allocate: their memory plans and each thread's scratch.
     pub allocated: u64,
+    /// Bytes the executor keeps for the rank's prepared programs
+    /// ([`crate::memory::MemoryPlan::program_bytes`]).
+    pub programs: u64,
     /// Bytes the rank's collectives leave in the threads backend's exchanges, which keep the
     /// contributions of their last rounds (not the executor's to allocate).
     pub exchanged: u64,
@@ -78,42 +81,79 @@ pub struct ExecutorMemory {
     /// its micro-batches in flight, a backward's received gradients, and its sends not yet
     /// taken (0 off a pipeline; an interleaved device's on its first chunk).
     pub pipelined: u64,
-    /// `allocated`, `exchanged` and `pipelined` with the executor's reserve
+    /// `allocated`, `programs`, `exchanged` and `pipelined` with the executor's reserve
     /// ([`estimate::executor_reserve`]): the peak a rank's resident memory is planned not to
     /// exceed.
     pub total: u64,
 }
 
+/// The parts of an [`ExecutorMemory`] before its reserve, which [`ExecutorMemory::holding`]
+/// adds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Held {
+    /// [`ExecutorMemory::allocated`].
+    pub allocated: u64,
+    /// [`ExecutorMemory::programs`].
+    pub programs: u64,
+    /// [`ExecutorMemory::exchanged`].
+    pub exchanged: u64,
+    /// [`ExecutorMemory::pipelined`].
+    pub pipelined: u64,
+}
+
+impl Held {
+    /// Both together.
+    fn plus(self, other: Held) -> Held {
+        Held {
+            allocated: self.allocated.saturating_add(other.allocated),
+            programs: self.programs.saturating_add(other.programs),
+            exchanged: self.exchanged.saturating_add(other.exchanged),
+            pipelined: self.pipelined.saturating_add(other.pipelined),
+        }
+    }
+
+    /// Their sum.
+    fn bytes(self) -> u64 {
+        self.allocated
+            .saturating_add(self.programs)
+            .saturating_add(self.exchanged)
+            .saturating_add(self.pipelined)
+    }
+}
+
 impl ExecutorMemory {
-    /// The memory of a rank whose programs allocate `allocated` bytes on `threads` threads and
-    /// whose collectives leave `exchanged` bytes in the exchanges.
-    pub fn of(allocated: u64, exchanged: u64, threads: usize) -> ExecutorMemory {
-        Self::holding(allocated, exchanged, 0, threads)
+    /// The memory of a rank holding `held` on `threads` threads, with the executor's reserve.
+    pub fn holding(held: Held, threads: usize) -> ExecutorMemory {
+        let bytes = held.bytes();
+        ExecutorMemory {
+            threads,
+            allocated: held.allocated,
+            programs: held.programs,
+            exchanged: held.exchanged,
+            pipelined: held.pipelined,
+            total: bytes.saturating_add(estimate::executor_reserve(bytes)),
+        }
     }
 
     /// This memory on a pipeline stage that holds `pipelined` bytes of messages at most.
     pub fn with_pipelined(self, pipelined: u64) -> ExecutorMemory {
-        Self::holding(self.allocated, self.exchanged, pipelined, self.threads)
+        Self::holding(
+            Held {
+                pipelined,
+                ..self.held()
+            },
+            self.threads,
+        )
     }
 
-    fn holding(allocated: u64, exchanged: u64, pipelined: u64, threads: usize) -> ExecutorMemory {
-        let mut memory = ExecutorMemory {
-            threads,
-            allocated,
-            exchanged,
-            pipelined,
-            total: 0,
-        };
-        let held = memory.held();
-        memory.total = held.saturating_add(estimate::executor_reserve(held));
-        memory
-    }
-
-    /// Bytes held before the reserve.
-    fn held(&self) -> u64 {
-        self.allocated
-            .saturating_add(self.exchanged)
-            .saturating_add(self.pipelined)
+    /// The parts before the reserve.
+    fn held(&self) -> Held {
+        Held {
+            allocated: self.allocated,
+            programs: self.programs,
+            exchanged: self.exchanged,
+            pipelined: self.pipelined,
+        }
     }
 
     /// The planned peak with `transient` bytes held between steps beside the step's buffers
@@ -121,22 +161,17 @@ impl ExecutorMemory {
     /// reserve, whose slack the step's transients leave free between steps, and add what
     /// exceeds it.
     pub fn with_transient(&self, transient: u64) -> u64 {
-        let reserve = self.total - self.held();
+        let reserve = self.total - self.held().bytes();
         self.total.saturating_add(transient.saturating_sub(reserve))
     }
 
     /// What `parts` hold together on `threads` threads (the chunk-ranks of an interleaved
     /// device).
     pub fn together(parts: impl IntoIterator<Item = ExecutorMemory>, threads: usize) -> Self {
-        let (allocated, exchanged, pipelined) =
-            parts.into_iter().fold((0u64, 0u64, 0u64), |(a, e, p), m| {
-                (
-                    a.saturating_add(m.allocated),
-                    e.saturating_add(m.exchanged),
-                    p.saturating_add(m.pipelined),
-                )
-            });
-        Self::holding(allocated, exchanged, pipelined, threads)
+        let held = parts
+            .into_iter()
+            .fold(Held::default(), |sum, m| sum.plus(m.held()));
+        Self::holding(held, threads)
     }
 }
 
@@ -493,7 +528,12 @@ mod tests {
     /// only what exceeds it.
     #[test]
     fn a_transient_takes_the_reserve_first() {
-        let rank = ExecutorMemory::of(1_000_000, 0, 2);
+        let held = Held {
+            allocated: 900_000,
+            programs: 100_000,
+            ..Held::default()
+        };
+        let rank = ExecutorMemory::holding(held, 2);
         let reserve = rank.total - 1_000_000;
         assert_eq!(reserve, estimate::executor_reserve(1_000_000));
         assert_eq!(rank.with_transient(0), rank.total);
