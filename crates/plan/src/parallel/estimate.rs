@@ -23,7 +23,7 @@ pub const FRAGMENTATION: f64 = 0.05;
 /// The same reserve on mslc's own executor ([`super::ExecutorMemory`]), where every buffer is
 /// known and so is what it keeps for its prepared programs: what a rank holds beyond both — the
 /// allocator's slack and per-thread arenas, thread stacks, its loop's small state — measured
-/// 0.9–4.2 % above them over the runs of `tests/it/plan_measured.rs` (one device, data, tensor
+/// 0.8–4.0 % above them over the runs of `tests/it/plan_measured.rs` (one device, data, tensor
 /// and pipeline parallel, optimizer sharding, an interleaved device, checkpoints written and
 /// read) with this reserve, and 0.4–4.1 % under MPI (`tests/mpi_train.rs`): within the 5 %
 /// above the measured peak that issue 10 asks and never below it.
