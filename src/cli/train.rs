@@ -623,7 +623,7 @@ fn lead(
     };
     text.push_str(&format!(
         "  per rank: {} planned (buffers, staging, packed weights, scratch of {} thread(s)){which}, {} allocated\n",
-        mslc_core::units::human_bytes(rank.allocated),
+        mslc_core::units::human_bytes(rank.held.allocated),
         exec.threads(),
         mslc_core::units::human_bytes(allocated),
     ));
@@ -728,7 +728,7 @@ fn lead(
         "recompute": recompute,
         "allocated_arena_bytes": trainer.executor().arena_bytes(),
         "rank_memory": {
-            "planned_bytes": rank.allocated,
+            "planned_bytes": rank.held.allocated,
             "allocated_bytes": allocated,
             "params_bytes": arena.params_bytes,
             "inputs_bytes": arena.inputs_bytes,

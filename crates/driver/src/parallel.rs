@@ -913,9 +913,9 @@ pub fn summary_lines(train: &str, plan: &PlanFile) -> Vec<String> {
             lines.push(format!(
                 "             on this machine's executor: {} per rank ({} allocated by its compiled programs on {} thread(s), {} kept for the programs themselves, with the fragmentation reserve)",
                 gib(e.total),
-                gib(e.allocated),
+                gib(e.held.allocated),
                 e.threads,
-                gib(e.programs)
+                gib(e.held.programs)
             ));
         }
     }

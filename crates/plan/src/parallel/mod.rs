@@ -69,6 +69,18 @@ impl DeviceGroup {
 pub struct ExecutorMemory {
     /// Executor threads per rank.
     pub threads: usize,
+    /// What the rank holds before the reserve (its fields appear as the object's own).
+    #[serde(flatten)]
+    pub held: Held,
+    /// The `held` bytes with the executor's reserve ([`estimate::executor_reserve`]): the peak
+    /// a rank's resident memory is planned not to exceed.
+    pub total: u64,
+}
+
+/// The parts of an [`ExecutorMemory`] before its reserve, which [`ExecutorMemory::holding`]
+/// adds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Held {
     /// Bytes the rank's programs allocate: their memory plans and each thread's scratch.
     pub allocated: u64,
     /// Bytes the executor keeps for the rank's prepared programs
@@ -80,24 +92,6 @@ pub struct ExecutorMemory {
     /// Bytes of a pipeline stage's messages it holds at most: the values it received for
     /// its micro-batches in flight, a backward's received gradients, and its sends not yet
     /// taken (0 off a pipeline; an interleaved device's on its first chunk).
-    pub pipelined: u64,
-    /// `allocated`, `programs`, `exchanged` and `pipelined` with the executor's reserve
-    /// ([`estimate::executor_reserve`]): the peak a rank's resident memory is planned not to
-    /// exceed.
-    pub total: u64,
-}
-
-/// The parts of an [`ExecutorMemory`] before its reserve, which [`ExecutorMemory::holding`]
-/// adds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Held {
-    /// [`ExecutorMemory::allocated`].
-    pub allocated: u64,
-    /// [`ExecutorMemory::programs`].
-    pub programs: u64,
-    /// [`ExecutorMemory::exchanged`].
-    pub exchanged: u64,
-    /// [`ExecutorMemory::pipelined`].
     pub pipelined: u64,
 }
 
@@ -127,10 +121,7 @@ impl ExecutorMemory {
         let bytes = held.bytes();
         ExecutorMemory {
             threads,
-            allocated: held.allocated,
-            programs: held.programs,
-            exchanged: held.exchanged,
-            pipelined: held.pipelined,
+            held,
             total: bytes.saturating_add(estimate::executor_reserve(bytes)),
         }
     }
@@ -140,20 +131,10 @@ impl ExecutorMemory {
         Self::holding(
             Held {
                 pipelined,
-                ..self.held()
+                ..self.held
             },
             self.threads,
         )
-    }
-
-    /// The parts before the reserve.
-    fn held(&self) -> Held {
-        Held {
-            allocated: self.allocated,
-            programs: self.programs,
-            exchanged: self.exchanged,
-            pipelined: self.pipelined,
-        }
     }
 
     /// The planned peak with `transient` bytes held between steps beside the step's buffers
@@ -161,7 +142,7 @@ impl ExecutorMemory {
     /// reserve, whose slack the step's transients leave free between steps, and add what
     /// exceeds it.
     pub fn with_transient(&self, transient: u64) -> u64 {
-        let reserve = self.total - self.held().bytes();
+        let reserve = self.total - self.held.bytes();
         self.total.saturating_add(transient.saturating_sub(reserve))
     }
 
@@ -170,7 +151,7 @@ impl ExecutorMemory {
     pub fn together(parts: impl IntoIterator<Item = ExecutorMemory>, threads: usize) -> Self {
         let held = parts
             .into_iter()
-            .fold(Held::default(), |sum, m| sum.plus(m.held()));
+            .fold(Held::default(), |sum, m| sum.plus(m.held));
         Self::holding(held, threads)
     }
 }
