@@ -142,6 +142,30 @@ pub trait Collectives: Send {
     fn recv(&mut self, from: usize, data: &mut [f32]) -> ExecResult<()>;
 }
 
+/// Values summed per pass over the members (8 KiB: stays in L1 while every member's part is
+/// added).
+pub(crate) const SUM_CHUNK: usize = 2048;
+
+/// `out[i] = 0.0 + c₀[offset + i] + c₁[offset + i] + …` over the members' contributions in
+/// member order, one cache-sized chunk of `out` at a time, so each value is read once and
+/// `out` written once. Both backends sum with it, so every member of a group, on either
+/// backend, computes the same bits.
+pub(crate) fn sum_in_member_order<C>(out: &mut [f32], contributions: C, offset: usize)
+where
+    C: IntoIterator + Clone,
+    C::Item: AsRef<[f32]>,
+{
+    for (c, chunk) in out.chunks_mut(SUM_CHUNK).enumerate() {
+        let start = offset + c * SUM_CHUNK;
+        chunk.fill(0.0);
+        for contribution in contributions.clone() {
+            for (o, &x) in chunk.iter_mut().zip(&contribution.as_ref()[start..]) {
+                *o += x;
+            }
+        }
+    }
+}
+
 /// The error of a collective that cannot go ahead.
 pub(crate) fn collective_error(message: impl Into<String>) -> ExecError {
     ExecError::new(ExecErrorKind::Collective, message)

@@ -29,7 +29,7 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Tag;
 
-use super::{block_len, check_len, collective_error, Collectives, Mesh};
+use super::{block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh};
 use crate::error::ExecResult;
 
 /// One rank of a mesh over MPI.
@@ -578,12 +578,7 @@ impl MpiRank {
         let mut blocks = std::mem::take(&mut self.scratch.blocks);
         blocks.resize(send.len(), 0.0);
         self.share(what, axis, Share::Blocks, (send, &mut blocks[..send.len()]))?;
-        sum.fill(0.0);
-        for contribution in blocks[..send.len()].chunks_exact(sum.len().max(1)) {
-            for (s, &c) in sum.iter_mut().zip(contribution) {
-                *s += c;
-            }
-        }
+        sum_in_member_order(sum, blocks[..send.len()].chunks_exact(sum.len().max(1)), 0);
         self.scratch.blocks = blocks;
         Ok(())
     }

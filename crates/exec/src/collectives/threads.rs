@@ -28,7 +28,10 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{block_len, check_len, collective_error, Collectives, Mesh, DEFAULT_TIMEOUT};
+use super::{
+    block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh,
+    DEFAULT_TIMEOUT, SUM_CHUNK,
+};
 use crate::error::ExecResult;
 use mslc_kernels::step::runs_in_place;
 #[cfg(test)]
@@ -39,10 +42,6 @@ type Round = Arc<Vec<Vec<f32>>>;
 
 /// Each member's own buffer (address, length), by member: what an all-reduce in place shares.
 type Buffers = Vec<(usize, usize)>;
-
-/// Values summed per pass over the members (8 KiB: stays in L1 while every member's part is
-/// added).
-const SUM_CHUNK: usize = 2048;
 
 /// Where the members of one group meet.
 #[derive(Default)]
@@ -477,7 +476,7 @@ impl Collectives for ThreadRank {
         }
         let (round, _) = self.exchange(axis, data)?;
         self.same_lengths("all_reduce", &round, data.len())?;
-        sum_in_member_order(data, &round, 0);
+        sum_in_member_order(data, round.iter(), 0);
         Ok(())
     }
 
@@ -511,7 +510,7 @@ impl Collectives for ThreadRank {
         }
         let (round, member) = self.exchange(axis, send)?;
         self.same_lengths("reduce_scatter", &round, send.len())?;
-        sum_in_member_order(recv, &round, member * recv.len());
+        sum_in_member_order(recv, round.iter(), member * recv.len());
         Ok(())
     }
 
@@ -567,21 +566,6 @@ impl Collectives for ThreadRank {
         check_len(&format!("recv from rank {from}"), message.len(), data.len())?;
         data.copy_from_slice(&message);
         Ok(())
-    }
-}
-
-/// `out[i] = 0.0 + c₀[offset + i] + c₁[offset + i] + …` over the members' contributions in
-/// member order (every member computes the same bits), one cache-sized chunk of `out` at a
-/// time, so each value is read once and `out` written once.
-fn sum_in_member_order(out: &mut [f32], round: &[impl AsRef<[f32]>], offset: usize) {
-    for (c, chunk) in out.chunks_mut(SUM_CHUNK).enumerate() {
-        let start = offset + c * SUM_CHUNK;
-        chunk.fill(0.0);
-        for contribution in round {
-            for (o, &x) in chunk.iter_mut().zip(&contribution.as_ref()[start..]) {
-                *o += x;
-            }
-        }
     }
 }
 
