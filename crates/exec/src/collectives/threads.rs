@@ -328,20 +328,16 @@ impl ThreadRank {
         let (lo, hi) = (member * len / g, (member + 1) * len / g);
         let mut sum = [0.0f32; SUM_CHUNK];
         for start in (lo..hi).step_by(SUM_CHUNK) {
-            let sum = &mut sum[..SUM_CHUNK.min(hi - start)];
-            sum.fill(0.0);
-            for &(address, _) in &buffers {
+            let n = SUM_CHUNK.min(hi - start);
+            let sum = &mut sum[..n];
+            let members = buffers.iter().map(|&(address, _)| {
                 // SAFETY: every member's buffer holds `len` f32 and stays borrowed by its
                 // owner, who touches it only through this all-reduce until the second
                 // meeting below; slice `lo..hi` of each is read and written by this member
                 // alone.
-                let theirs = unsafe {
-                    std::slice::from_raw_parts((address as *const f32).add(start), sum.len())
-                };
-                for (s, &x) in sum.iter_mut().zip(theirs) {
-                    *s += x;
-                }
-            }
+                unsafe { std::slice::from_raw_parts((address as *const f32).add(start), n) }
+            });
+            sum_in_member_order(sum, members, 0);
             for &(address, _) in &buffers {
                 // SAFETY: as above.
                 let theirs = unsafe {
