@@ -592,8 +592,8 @@ fn interleaved_training(dir: &Path, model: &str, ids: &[i64]) {
 /// of [`tensor_parallel_training`], and 100 steps of examples/mlp.msl on its 4 devices (2 × 2
 /// data and tensor parallel, `mpiexec -n 4`), within 5 % too: MPI's shared-memory transport is
 /// brought to its steady state before the first step (`MpiWorld::warm_up`) and planned as
-/// `mslc_plan::parallel::estimate::mpi_reserve` (measured +2.4 to +4.1 % and +0.5 to +1.0 %,
-/// the pipeline rows +0.4 to +1.0 %; before the warm-up MPICH's state grew over the first
+/// `mslc_plan::parallel::estimate::mpi_reserve` (measured +0.9 to +1.1 % and +3.6 to +4.0 %,
+/// the pipeline rows +0.6 to +0.9 %; before the warm-up MPICH's state grew over the first
 /// steps, and these rows measured 12-14 % and 4.3 % above their plans).
 fn memory_within_the_plan(dir: &Path) {
     let tokens: Vec<i64> = (0..16 * 129).map(|i| (i * 37 + 11) % 1000).collect();

@@ -27,7 +27,8 @@ const HUNG_FOR: Duration = Duration::from_secs(60);
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// The meshes the children run, by the name [`CHILD`] gives, with the process of each rank:
-/// `2` and `4` one rank per process; `2x2` and `4x2` two per process, the `pp` ranks `k`
+/// `2`, `4` (2 × 2) and `1x4` (one group of 4, where the order of a sum shows in its bits)
+/// one rank per process; `2x2` and `4x2` two per process, the `pp` ranks `k`
 /// and `k + 2` on one (as an interleaved pipeline of 2 devices places its 4 chunks).
 fn layout(name: &str) -> (Mesh, Vec<usize>) {
     let axes = |axes: &[(&str, usize)]| {
@@ -36,6 +37,7 @@ fn layout(name: &str) -> (Mesh, Vec<usize>) {
     match name {
         "2" => (Mesh::line("dp", 2).unwrap(), vec![0, 1]),
         "4" => (axes(&[("dp", 2), ("mp", 2)]), (0..4).collect()),
+        "1x4" => (Mesh::line("dp", 4).unwrap(), (0..4).collect()),
         "2x2" => (Mesh::line("pp", 4).unwrap(), vec![0, 1, 0, 1]),
         "4x2" => {
             // Rank (k, replica) = 2k + replica on device (k mod 2, replica).
@@ -60,11 +62,17 @@ fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
     let mut results = Vec::new();
     for axis in 0..n_axes {
         let n = c.mesh().axes()[axis].1;
-        // 7 values pad to whole blocks; 8 split evenly over 2 and 4 members.
+        // 7 values do not split evenly over 2 or 4 members; 8 do.
         let mut reduced = values(rank, 7);
         c.all_reduce(axis, &mut reduced).map_err(|e| e.message)?;
         let mut even = values(rank, 8);
         c.all_reduce(axis, &mut even).map_err(|e| e.message)?;
+        // Fewer values than 4 members (some blocks empty), and a sum over several of the
+        // 2,048-value chunks the sums take, split unevenly.
+        let mut short = values(rank, 3);
+        c.all_reduce(axis, &mut short).map_err(|e| e.message)?;
+        let mut long = values(rank, 3 * 2048 + 5);
+        c.all_reduce(axis, &mut long).map_err(|e| e.message)?;
         let mut gathered = vec![0.0; 3 * n];
         c.all_gather(axis, &values(rank, 3), &mut gathered)
             .map_err(|e| e.message)?;
@@ -74,7 +82,7 @@ fn scenario(c: &mut dyn Collectives) -> Result<Vec<Vec<f32>>, String> {
         let mut swapped = vec![0.0; 2 * n];
         c.all_to_all(axis, &values(rank, 2 * n), &mut swapped)
             .map_err(|e| e.message)?;
-        results.extend([reduced, even, gathered, scattered, swapped]);
+        results.extend([reduced, even, short, long, gathered, scattered, swapped]);
     }
     let mut got = vec![0.0; 5];
     // Even ranks send first, odd ones receive first, so blocking sends cannot deadlock.
@@ -244,7 +252,7 @@ fn main() -> ExitCode {
         return child(&name);
     }
     let exe = std::env::current_exe().unwrap();
-    for name in ["2", "4", "2x2", "4x2"] {
+    for name in ["2", "4", "1x4", "2x2", "4x2"] {
         let (mesh, processes) = layout(name);
         let n = processes.iter().max().unwrap() + 1;
         let mut cmd = Command::new("mpiexec");
@@ -253,7 +261,7 @@ fn main() -> ExitCode {
         assert!(ok, "mpiexec -n {n} ({name}) failed:\n{out}");
         assert_eq!(out.matches("results match").count(), mesh.size(), "{out}");
         println!(
-            "mpiexec -n {n}: every one of {} ranks ({} per process) matches the threads backend",
+            "mpiexec -n {n} ({name}): every one of {} ranks ({} per process) matches the threads backend",
             mesh.size(),
             mesh.size() / n
         );
