@@ -107,7 +107,7 @@ pub(super) fn unreadable(m: String) -> Failure {
 
 /// Runs the model; the summary as text and as JSON (`None` in the ranks of an MPI world
 /// other than 0).
-fn execute(args: &RunArgs, world: World, reporter: &Reporter) -> world::Outcome {
+fn execute(args: &RunArgs, world: &World, reporter: &Reporter) -> world::Outcome {
     if args.threads == Some(0) || args.launch.ranks == Some(0) {
         let flag = if args.threads == Some(0) {
             "--threads"

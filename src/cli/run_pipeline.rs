@@ -48,7 +48,7 @@ type RankRun = (
 #[allow(clippy::too_many_arguments)]
 pub fn execute(
     args: &RunArgs,
-    world: World,
+    world: &World,
     arrays: &BTreeMap<String, NpyArray>,
     model: &Model,
     layout: &RankLayout,
@@ -145,13 +145,7 @@ pub fn execute(
         }
         Ok(())
     };
-    world::run_ranks(
-        &world,
-        world.ranks(layout, threads)?,
-        reporter,
-        lead,
-        follow,
-    )
+    world::run_ranks(world, world.ranks(layout, threads)?, reporter, lead, follow)
 }
 
 /// The model's outputs (name, type, value) in its order, gathered by rank 0: from each stage

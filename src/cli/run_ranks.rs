@@ -39,7 +39,7 @@ fn model_train<'c>(
 /// world).
 pub fn execute(
     args: &RunArgs,
-    world: World,
+    world: &World,
     arrays: BTreeMap<String, NpyArray>,
     reporter: &Reporter,
 ) -> world::Outcome {
@@ -114,7 +114,7 @@ pub fn execute(
     };
     let follow = |r, comm| rank(r, comm).map(drop);
     world::run_ranks(
-        &world,
+        world,
         world.ranks(&layout, threads)?,
         reporter,
         lead,

@@ -134,7 +134,7 @@ fn usage_checks(args: &TrainArgs) -> Result<(), Failure> {
 }
 
 /// The summary of rank 0; `None` in the other processes of an MPI world.
-fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcome {
+fn execute(args: &TrainArgs, world: &World, reporter: &Reporter) -> world::Outcome {
     usage_checks(args)?;
     let started = world.started();
     let pick = (args.entry.as_deref(), the_train as PickTrain);
@@ -439,7 +439,7 @@ fn execute(args: &TrainArgs, world: World, reporter: &Reporter) -> world::Outcom
         };
         lead(args, reporter, &checked, train, trainer, summary)
     };
-    world::run_ranks(&world, ranks, reporter, leader, follow)
+    world::run_ranks(world, ranks, reporter, leader, follow)
 }
 
 /// A pipeline stage's programs, each shared by the ranks of the process that run that stage.

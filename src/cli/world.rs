@@ -46,24 +46,53 @@ pub struct LaunchArgs {
 /// A command's summary as text and JSON; `None` in the ranks of an MPI world other than 0.
 pub type Outcome = Result<Option<(String, serde_json::Value)>, Failure>;
 
-/// Runs a command that may run ranks: the world `--ranks`/`--mpi` ask for, handed to
+/// Runs a command that may run ranks: the world `--ranks`/`--mpi` ask for, lent to
 /// `execute`; in the processes of an MPI world other than rank 0 nothing is printed (rank 0
 /// reports for all, and they exit with the status of what they found) unless a failure is
 /// their own ([`run_ranks`]). The exit status.
+///
+/// The world is dropped (MPI finalised) only once the outcome is printed, and a finalisation
+/// that has not returned after [`FINALIZE_GRACE`] ends the process with that status: over
+/// UCX's TCP transport, between processes on different machines, MPI_Finalize now and then
+/// never returns (openucx/ucx#8738, open: the transport stops progressing before its
+/// endpoints are flushed; one step of examples/mlp.msl on 4 processes, each in a namespace of
+/// its own named as another machine, hung there in 3 runs of 4 here), and such a run said
+/// nothing and never ended, though its steps and checkpoints were done.
 pub fn command(
     reporter: &Reporter,
     launch: &LaunchArgs,
-    execute: impl FnOnce(World) -> Outcome,
+    execute: impl FnOnce(&World) -> Outcome,
 ) -> u8 {
-    let outcome = World::of(launch).and_then(|world| {
-        reporter.mute(world.follower());
-        execute(world)
-    });
-    match outcome {
+    let world = match World::of(launch) {
+        Ok(world) => world,
+        Err(failure) => return reporter.finish(Err(failure)),
+    };
+    reporter.mute(world.follower());
+    let status = match execute(&world) {
         Ok(None) => 0,
         outcome => reporter.finish(outcome.map(Option::unwrap_or_default)),
+    };
+    #[cfg(feature = "mpi")]
+    if matches!(world, World::Mpi(..)) {
+        std::thread::spawn(move || {
+            std::thread::sleep(FINALIZE_GRACE);
+            eprintln!(
+                "warning: MPI_Finalize did not return within {} s (UCX's TCP transport, \
+                 openucx/ucx#8738); this process ends without it, its run complete (mpiexec \
+                 may report the ending as a bad termination)",
+                FINALIZE_GRACE.as_secs()
+            );
+            std::process::exit(i32::from(status))
+        });
     }
+    // The world drops here, finalising MPI, once the outcome is printed.
+    status
 }
+
+/// How long a process whose command is done waits for MPI_Finalize before it ends without it
+/// ([`command`]): finalising takes milliseconds when it works.
+#[cfg(feature = "mpi")]
+const FINALIZE_GRACE: Duration = Duration::from_secs(30);
 
 /// One rank this process runs: its number in the mesh and its collectives (none on a mesh of
 /// one device).
@@ -154,13 +183,15 @@ impl World {
 
     /// What this process holds beside its devices' plans for the collectives' library: under
     /// MPI, [`mpi_reserve`](mslc_plan::parallel::estimate::mpi_reserve) for the processes on
-    /// this machine; none on the threads backend, whose exchanges the plans count.
+    /// this machine and on others; none on the threads backend, whose exchanges the plans
+    /// count.
     pub fn library_reserve(&self) -> u64 {
         match self {
             World::One | World::Threads(..) => 0,
             #[cfg(feature = "mpi")]
             World::Mpi(w, _) => {
-                mslc_plan::parallel::estimate::mpi_reserve(w.processes_on_this_machine())
+                let here = w.processes_on_this_machine();
+                mslc_plan::parallel::estimate::mpi_reserve(here, w.size().saturating_sub(here))
             }
         }
     }

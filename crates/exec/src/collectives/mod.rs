@@ -166,6 +166,12 @@ where
     }
 }
 
+/// Member `i`'s block of a buffer of `len` values that a sum over `n` members splits, each
+/// member summing its own block: the blocks differ by at most one value, so none is padded.
+pub(crate) fn block_bounds(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
+    i * len / n..(i + 1) * len / n
+}
+
 /// The error of a collective that cannot go ahead.
 pub(crate) fn collective_error(message: impl Into<String>) -> ExecError {
     ExecError::new(ExecErrorKind::Collective, message)

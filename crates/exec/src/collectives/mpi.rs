@@ -30,7 +30,8 @@ use mpi::traits::*;
 use mpi::Tag;
 
 use super::{
-    block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh, SUM_CHUNK,
+    block_bounds, block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh,
+    SUM_CHUNK,
 };
 use crate::error::ExecResult;
 
@@ -779,12 +780,6 @@ impl Collectives for MpiRank {
         self.take(0, from, data, hung)
             .or_else(|sent| check_len(&format!("recv from rank {from}"), sent, data.len()))
     }
-}
-
-/// Member `i`'s block of a buffer of `len` values summed over `n` members: the threads
-/// backend's split (the blocks differ by at most one value, so none is padded).
-fn block_bounds(len: usize, n: usize, i: usize) -> std::ops::Range<usize> {
-    i * len / n..(i + 1) * len / n
 }
 
 /// Every member's part of this member's block, in member order: `own` for member `me`, the

@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh,
+    block_bounds, block_len, check_len, collective_error, sum_in_member_order, Collectives, Mesh,
     DEFAULT_TIMEOUT, SUM_CHUNK,
 };
 use crate::error::ExecResult;
@@ -325,7 +325,7 @@ impl ThreadRank {
         let (buffers, member) =
             self.meet_buffers("all_reduce", axis, (data.as_mut_ptr() as usize, len))?;
         let g = buffers.len();
-        let (lo, hi) = (member * len / g, (member + 1) * len / g);
+        let std::ops::Range { start: lo, end: hi } = block_bounds(len, g, member);
         let mut sum = [0.0f32; SUM_CHUNK];
         for start in (lo..hi).step_by(SUM_CHUNK) {
             let n = SUM_CHUNK.min(hi - start);
