@@ -130,12 +130,27 @@ fn run_on_two_stages_with_sequence_parallelism_matches_one_device() {
 /// give one device's losses on the batch of 8 within 1e-5 relative, and — gathered into one
 /// checkpoint by rank 0 — its weights and optimizer states within 1e-4 (each micro-batch's
 /// GEMMs round differently from the whole batch's, ~1e-7, and AdamW's `m / √v` turns that into
-/// up to ~2e-5 of a tensor's largest weight where a gradient is near zero).
+/// up to ~2e-5 of a tensor's largest weight where a gradient is near zero; one device
+/// accumulating the micro-batches rounds the same way as the stages, bit for bit, below).
 #[test]
 fn training_on_two_pipeline_stages_matches_one_device() {
     let dir = TestDir::new("pipeline-train-pp");
     let (src, checked) = llama_source_in(&dir, "pp.msl", PP, 2);
-    llama_training_parity(&dir, &src, &checked, "2", ADAMW_WEIGHTS_TOL);
+    llama_training_parity(&dir, (&src, &src), &checked, "2", ADAMW_WEIGHTS_TOL);
+}
+
+/// What is left between two pipeline stages and one device on the whole batch is the
+/// accumulation's own rounding: one device accumulating the same 4 micro-batches of 2
+/// (`grad_accum = 4`) gives the two stages' losses, final weights and optimizer states bit for
+/// bit.
+#[test]
+fn two_pipeline_stages_train_as_one_device_accumulating_their_micro_batches() {
+    let dir = TestDir::new("pipeline-train-accumulating");
+    let (src, checked) = llama_source_in(&dir, "pp.msl", PP, 2);
+    let accumulating = PP.replace("batch = 8", "batch = 8, grad_accum = 4");
+    assert_ne!(accumulating, PP);
+    let (single, _) = llama_source_in(&dir, "accumulating.msl", &accumulating, 2);
+    llama_training_parity(&dir, (&src, &single), &checked, "2", 0.0);
 }
 
 /// GPipe's order (every forward, then every backward) gives the same update.
@@ -145,7 +160,7 @@ fn training_under_gpipe_matches_one_device() {
     let decls = PP.replace("schedule: 1f1b", "schedule: gpipe");
     assert_ne!(decls, PP);
     let (src, checked) = llama_source_in(&dir, "gpipe.msl", &decls, 2);
-    llama_training_parity(&dir, &src, &checked, "2", ADAMW_WEIGHTS_TOL);
+    llama_training_parity(&dir, (&src, &src), &checked, "2", ADAMW_WEIGHTS_TOL);
 }
 
 /// The same on 2 replicas × 2 stages × 2 tensor-parallel ranks (8 ranks, 2 micro-batches of 2
@@ -157,7 +172,7 @@ fn training_under_gpipe_matches_one_device() {
 fn training_on_two_replicas_of_two_stages_of_two_tensor_ranks_matches_one_device() {
     let dir = TestDir::new("pipeline-train-mix");
     let (src, checked) = llama_source_in(&dir, "mix.msl", MIX, 2);
-    llama_training_parity(&dir, &src, &checked, "8", 2e-4);
+    llama_training_parity(&dir, (&src, &src), &checked, "8", 2e-4);
 }
 
 /// A pipeline's checkpoint is the whole model's, by parameter path, and its loop position
@@ -213,7 +228,7 @@ fn training_with_sequence_parallel_stages_matches_one_device() {
     let mode = "mode = semi_auto";
     let decls = MIX.replace(mode, &format!("{mode}\n    sequence_parallel = true"));
     let (src, checked) = llama_source_in(&dir, "mix-sp.msl", &decls, 2);
-    llama_training_parity(&dir, &src, &checked, "8", 2e-4);
+    llama_training_parity(&dir, (&src, &src), &checked, "8", 2e-4);
 }
 
 /// examples/tiny_llama.msl's own train — 2 replicas × 2 stages × Megatron over `mp: 2` with a
