@@ -525,7 +525,11 @@ fn mpi_is_its_own_launcher() {
 }
 
 /// examples/tiny_llama.msl's model (2 layers, hidden 32, vocab 64, S = 8) trained in f32 with
-/// AdamW on batches of 4 sequences, data parallel over 2 ranks against one device.
+/// AdamW on batches of 4 sequences, data parallel over 2 ranks against one device; and against
+/// one device accumulating the same two halves of each batch (`grad_accum = 2`), whose final
+/// weights are the ranks' bit for bit: the replicas' gradients are summed in replica order, as
+/// the micro-batches' are, so what separates the ranks from one device on the whole batch is
+/// the accumulation's own rounding.
 #[test]
 fn tiny_llama_data_parallel_on_two_ranks_matches_one_device() {
     let dir = TestDir::new("ranks-llama");
@@ -559,6 +563,15 @@ train Pretrain for TinyLlama {
     assert_eq!(single.len(), 10);
     assert_rel("losses", &ranked, &single, 1e-5);
     assert_same_final_weights(&one, &two, ADAMW_WEIGHTS_TOL);
+    let halves = decl.replace("batch = 4", "batch = 4, grad_accum = 2");
+    assert_ne!(halves, decl);
+    let halves = tiny_llama_with(&dir, "halves.msl", &halves);
+    let accumulating = dir.path("accumulating");
+    let accumulated = train(&halves, &data, &accumulating, "10", &sets);
+    // The weights are the same bits; a step's reported loss is combined from its halves'
+    // in another order (the replicas' all-reduced, the micro-batches' summed), ~1 ulp.
+    assert_rel("losses of grad_accum = 2", &ranked, &accumulated, 1e-7);
+    assert_same_final_weights(&accumulating, &two, 0.0);
 }
 
 /// Data parallelism overlaps each gradient's all-reduce with the rest of the backward (the

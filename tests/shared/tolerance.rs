@@ -9,8 +9,9 @@
 /// fp32 reassociation is ~1e-7 relative in a gradient, and AdamW's `m / √v` turns it into up to
 /// a few 1e-5 of a tensor's largest weight where an element's gradient is near zero (measured:
 /// 2.5e-5 on two data-parallel ranks, 9e-6 under tensor parallelism, ~2e-5 on two pipeline
-/// stages, whose rounding is that of accumulating micro-batches: one device accumulating the
-/// same micro-batches gives their bits, tests/it/pipeline.rs); the losses stay within 1e-5.
+/// stages; the replicas' and the stages' rounding is that of accumulating micro-batches: one
+/// device accumulating the same micro-batches gives their weights bit for bit, tests/it's
+/// ranks.rs and pipeline.rs); the losses stay within 1e-5.
 pub const ADAMW_WEIGHTS_TOL: f64 = 1e-4;
 
 /// ‖got − want‖∞ ≤ tol · ‖want‖∞.
