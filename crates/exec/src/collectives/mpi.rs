@@ -621,24 +621,9 @@ impl MpiRank {
         let (n, me) = (comm.size() as usize, comm.rank() as usize);
         let block = block_bounds(send.len(), n, me).len();
         others.resize(block * (n - 1), 0.0);
-        mpi::request::scope(|scope| {
-            let mut requests = Vec::with_capacity(2 * (n - 1));
-            let mut slots = &mut others[..];
-            for j in (0..n).filter(|&j| j != me) {
-                let (slot, rest) = std::mem::take(&mut slots).split_at_mut(block);
-                slots = rest;
-                let peer = comm.process_at_rank(j as i32);
-                requests.push(peer.immediate_receive_into_with_tag(scope, slot, SCATTER_TAG));
-            }
-            for j in (0..n).filter(|&j| j != me) {
-                let theirs = &send[block_bounds(send.len(), n, j)];
-                let peer = comm.process_at_rank(j as i32);
-                requests.push(peer.immediate_send_with_tag(scope, theirs, SCATTER_TAG));
-            }
-            for request in requests {
-                self.complete(request, || self.group_hung(what, axis));
-            }
-        });
+        let slots = split_blocks(others, std::iter::repeat_n(block, n - 1));
+        let theirs = |j| &send[block_bounds(send.len(), n, j)];
+        self.swap_over(comm, (what, axis, SCATTER_TAG), slots, theirs);
     }
 
     /// The second half of an all-reduce over `comm`, the communicator of group `axis`: sends
@@ -646,26 +631,53 @@ impl MpiRank {
     /// theirs into its place.
     fn gather_over(&self, comm: &SimpleCommunicator, axis: usize, data: &mut [f32]) {
         let (n, me, len) = (comm.size() as usize, comm.rank() as usize, data.len());
-        let mine = block_bounds(len, n, me);
-        let (mut before, rest) = data.split_at_mut(mine.start);
-        let (mine, mut after) = rest.split_at_mut(mine.len());
+        let mut blocks = split_blocks(data, (0..n).map(|j| block_bounds(len, n, j).len()));
+        let mine: &[f32] = blocks.remove(me);
+        self.swap_over(comm, ("all_reduce", axis, GATHER_TAG), blocks, |_| mine);
+    }
+
+    /// Over `comm`, the communicator of group `axis` (`what`), on `tag`: receives each other
+    /// member's message into the next of `slots` (in member order) and sends member `j`
+    /// `message(j)`, all at once, waiting at most the timeout for every one of them.
+    fn swap_over<'a>(
+        &self,
+        comm: &SimpleCommunicator,
+        (what, axis, tag): (&str, usize, Tag),
+        slots: Vec<&'a mut [f32]>,
+        message: impl Fn(usize) -> &'a [f32],
+    ) {
+        let (n, me) = (comm.size() as usize, comm.rank() as usize);
+        let others = || (0..n).filter(move |&j| j != me);
         mpi::request::scope(|scope| {
             let mut requests = Vec::with_capacity(2 * (n - 1));
-            for j in (0..n).filter(|&j| j != me) {
-                let side = if j < me { &mut before } else { &mut after };
-                let (slot, rest) = std::mem::take(side).split_at_mut(block_bounds(len, n, j).len());
-                *side = rest;
+            for (j, slot) in others().zip(slots) {
                 let peer = comm.process_at_rank(j as i32);
-                requests.push(peer.immediate_receive_into_with_tag(scope, slot, GATHER_TAG));
+                requests.push(peer.immediate_receive_into_with_tag(scope, slot, tag));
             }
-            for j in (0..n).filter(|&j| j != me) {
+            for j in others() {
                 let peer = comm.process_at_rank(j as i32);
-                requests.push(peer.immediate_send_with_tag(scope, &*mine, GATHER_TAG));
+                requests.push(peer.immediate_send_with_tag(scope, message(j), tag));
             }
             for request in requests {
-                self.complete(request, || self.group_hung("all_reduce", axis));
+                self.complete(request, || self.group_hung(what, axis));
             }
         });
+    }
+
+    /// Runs `sum` with the rank's buffer of received blocks when group `axis` has a
+    /// communicator (one member per process); `None` when its members are peers.
+    fn over_comm<T>(
+        &mut self,
+        axis: usize,
+        sum: impl FnOnce(&Self, &SimpleCommunicator, &mut Vec<f32>) -> T,
+    ) -> Option<T> {
+        let mut received = std::mem::take(&mut self.scratch.blocks);
+        let done = match self.axes.get(axis) {
+            Some(Route::Comm(comm)) => Some(sum(self, comm, &mut received)),
+            _ => None,
+        };
+        self.scratch.blocks = received;
+        done
     }
 
     /// Each member's block `b` of `send` (`n` blocks of `sum.len()`) summed over group `axis`
@@ -709,13 +721,12 @@ impl Collectives for MpiRank {
     fn all_reduce(&mut self, axis: usize, data: &mut [f32]) -> ExecResult<()> {
         self.agree("all_reduce", axis, data.len())?;
         let n = self.members(axis)?;
-        let mut others = std::mem::take(&mut self.scratch.blocks);
-        if let Route::Comm(comm) = self.route(axis)? {
-            self.all_reduce_over(comm, axis, data, &mut others);
-            self.scratch.blocks = others;
+        let summed = self.over_comm(axis, |rank, comm, others| {
+            rank.all_reduce_over(comm, axis, data, others)
+        });
+        if summed.is_some() {
             return Ok(());
         }
-        self.scratch.blocks = others;
         let block = data.len().div_ceil(n);
         let mut mine = std::mem::take(&mut self.scratch.mine);
         mine.resize(block, 0.0);
@@ -747,16 +758,15 @@ impl Collectives for MpiRank {
         let n = self.members(axis)?;
         check_len("reduce_scatter", send.len(), recv.len() * n)?;
         self.agree("reduce_scatter", axis, send.len())?;
-        let mut others = std::mem::take(&mut self.scratch.blocks);
-        if let Route::Comm(comm) = self.route(axis)? {
-            self.scatter_over(comm, "reduce_scatter", axis, send, &mut others);
+        let summed = self.over_comm(axis, |rank, comm, others| {
+            rank.scatter_over(comm, "reduce_scatter", axis, send, others);
             let me = comm.rank() as usize;
             let own = &send[me * recv.len()..][..recv.len()];
-            sum_in_member_order(recv, member_blocks((n, me), own, &others), 0);
-            self.scratch.blocks = others;
+            sum_in_member_order(recv, member_blocks((n, me), own, others), 0);
+        });
+        if summed.is_some() {
             return Ok(());
         }
-        self.scratch.blocks = others;
         self.sum_my_block("reduce_scatter", axis, send, recv)
     }
 
@@ -780,6 +790,16 @@ impl Collectives for MpiRank {
         self.take(0, from, data, hung)
             .or_else(|sent| check_len(&format!("recv from rank {from}"), sent, data.len()))
     }
+}
+
+/// `buffer` cut, from its start, into consecutive slices of `lens`.
+fn split_blocks(mut buffer: &mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
+    lens.map(|len| {
+        let (block, rest) = std::mem::take(&mut buffer).split_at_mut(len);
+        buffer = rest;
+        block
+    })
+    .collect()
 }
 
 /// Every member's part of this member's block, in member order: `own` for member `me`, the

@@ -785,6 +785,19 @@ fn stage(
 mod tests {
     use super::*;
 
+    /// A process reserves for every other process of the world: over shared memory for those
+    /// on its machine, over the network for those elsewhere; none when it is alone.
+    #[test]
+    fn mpi_reserve_counts_the_peers_on_this_machine_and_elsewhere() {
+        assert_eq!(mpi_reserve(1, 0), 0);
+        assert_eq!(mpi_reserve(4, 0), 3 * MPI_PEER_RESERVE);
+        assert_eq!(mpi_reserve(1, 3), 3 * MPI_NETWORK_PEER_RESERVE);
+        assert_eq!(
+            mpi_reserve(2, 6),
+            MPI_PEER_RESERVE + 6 * MPI_NETWORK_PEER_RESERVE
+        );
+    }
+
     fn layer(index: usize, params: u64, acts: u64) -> Segment {
         Segment {
             params,
