@@ -11,6 +11,7 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mslc_artifact::Module;
 use mslc_check::decls::Train;
+use mslc_check::policy::ParallelPolicy;
 use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Diagnostic};
 use mslc_driver::loss_scale::LossScaler;
@@ -783,11 +784,10 @@ pub fn check_for_ranks(
     let mut replicas = 1;
     if let Some(train) = train {
         if let Some((world, launcher)) = started {
-            let devices = train
-                .parallel
-                .map_or(1, |i| checked.decls.parallels[i].devices);
+            let parallel = train.parallel.map(|i| &checked.decls.parallels[i]);
+            let devices = parallel.map_or(1, |p| p.devices);
             ranks::check_world(devices, world, launcher)
-                .map_err(|e| Failure::Message(e.code, e.message))?;
+                .map_err(|e| emit(world_mismatch(train, parallel, world, e), &checked))?;
             replicas = batch_parts(&checked, train);
         }
         let dim = match train.model.and_then(|m| checked.models.get(m)) {
@@ -827,6 +827,37 @@ pub fn check_for_ranks(
     let layout = ranks::layout(plan.as_ref(), world, launcher)
         .map_err(|e| Failure::Message(e.code, e.message))?;
     Ok((checked, layout))
+}
+
+/// E0970 at the source of the device count: the train's mesh (or the train itself, when it
+/// has no `parallel` policy), with how to start as many ranks or plan for as many devices.
+fn world_mismatch(
+    train: &Train,
+    parallel: Option<&ParallelPolicy>,
+    world: usize,
+    e: ranks::RanksError,
+) -> Box<Diagnostic> {
+    let (file, span, label) = match parallel {
+        Some(p) => (
+            p.file,
+            p.mesh_span,
+            format!("this mesh has {} device(s)", p.devices),
+        ),
+        None => (
+            train.spec.file,
+            train.spec.name.span,
+            "this train has no `parallel` policy: one device".to_string(),
+        ),
+    };
+    let devices = parallel.map_or(1, |p| p.devices);
+    Box::new(
+        Diagnostic::error(e.code, file, span, e.message)
+            .with_label(label)
+            .with_help(format!(
+                "start {devices} rank(s) (`--ranks {devices}`, or `mpiexec -n {devices} … --mpi`), \
+                 or train under a `parallel` policy whose mesh has {world} device(s)"
+            )),
+    )
 }
 
 /// A bar with the step's metrics as its message, on stderr when it is a terminal.

@@ -461,6 +461,9 @@ fn the_world_must_match_the_plan_and_be_runnable() {
         stderr.contains("started 3 rank(s), but the plan has 2"),
         "{stderr}"
     );
+    // At the mesh that sets the device count, with the two ways out.
+    assert!(stderr.contains("this mesh has 2 device(s)"), "{stderr}");
+    assert!(stderr.contains("start 2 rank(s) (`--ranks 2`"), "{stderr}");
     let tensor = "mesh = { mp: 2 }\n    mode = semi_auto\n    shard \"hidden.weight\" = [mp, _]";
     let src = source(&dir, tensor, 8);
     let args = ["train", s(&src), "--init-seed", "0", "--data", s(&data)];
