@@ -131,15 +131,31 @@ fn forward(exec: &mut Executor) -> Result<f64, String> {
     repeat_for(|| exec.run().map_err(|e| e.message), MEASURE_TIME)
 }
 
-/// A candidate ready to time, or why it may not be kept.
-fn ready(c: &Candidate, threads: usize, want: &[Vec<f32>]) -> Result<Executor, String> {
+/// The unit roundoff of the coarsest float dtype `module` holds a value in: how far a kernel
+/// that sums in another order may move its outputs ([`check_output`]).
+fn coarsest_rounding(module: &Module) -> f64 {
+    module
+        .values
+        .iter()
+        .map(|v| v.ty.dtype.unit_roundoff())
+        .fold(0.0, f64::max)
+}
+
+/// A candidate ready to time, or why it may not be kept: its outputs must be the default's
+/// `want`, computed with values held at `rounding` at the coarsest.
+fn ready(
+    c: &Candidate,
+    threads: usize,
+    (want, rounding): (&[Vec<f32>], f64),
+) -> Result<Executor, String> {
     let mut exec = executor(&c.module, threads).map_err(|e| format!("cannot run: {e}"))?;
     let got = outputs(&mut exec).map_err(|e| format!("fails to run: {e}"))?;
     if got.len() != want.len() {
         return Err("its outputs differ from the default's".to_string());
     }
     for (g, w) in got.iter().zip(want) {
-        check_output(g, w).map_err(|e| format!("its outputs differ from the default's: {e}"))?;
+        check_output(g, w, rounding)
+            .map_err(|e| format!("its outputs differ from the default's: {e}"))?;
     }
     Ok(exec)
 }
@@ -154,7 +170,7 @@ pub fn confirm(
     stop: &AtomicBool,
 ) -> Result<Confirmation, String> {
     let mut base = executor(default, threads)?;
-    let want = outputs(&mut base)?;
+    let (want, rounding) = (outputs(&mut base)?, coarsest_rounding(default));
     let mut defaults: Vec<f64> = Vec::new();
     let mut tried: Vec<Tried> = Vec::new();
     let mut kept = (Kept::None, f64::INFINITY);
@@ -162,7 +178,7 @@ pub fn confirm(
         if stop.load(Ordering::Relaxed) || (i > 0 && kept.0 != Kept::None) {
             break;
         }
-        let mut exec = match ready(c, threads, &want) {
+        let mut exec = match ready(c, threads, (&want, rounding)) {
             Ok(e) => e,
             Err(why) => {
                 tried.push(Tried {

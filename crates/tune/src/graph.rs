@@ -397,17 +397,19 @@ fn reference(sub: &Subgraph, operands: &[Vec<f32>]) -> Result<Vec<f32>, String> 
         .map(|t| t.data)
 }
 
-/// A variant's seconds per run after checking its result against `want`.
+/// A variant's seconds per run after checking its result against `want`, which it may miss
+/// by the `rounding` of the dtype it is held in ([`check_output`]).
 fn checked_time(
     runner: &dyn VariantRunner,
     variant: Variant,
     exec: &mut Executor,
-    want: &[f32],
+    (want, rounding): (&[f32], f64),
 ) -> Result<f64, String> {
     runner
         .run(variant, exec)
         .map_err(|e| format!("fails to run: {e}"))?;
-    check_output(&runner.output(variant, exec)?, want).map_err(|e| format!("wrong result: {e}"))?;
+    check_output(&runner.output(variant, exec)?, want, rounding)
+        .map_err(|e| format!("wrong result: {e}"))?;
     repeat(|| runner.run(variant, exec))
 }
 
@@ -421,8 +423,9 @@ fn decide(
         .operands()
         .ok_or("an operand is not a float (nothing to gain from unfusing it)")?;
     let want = reference(sub, &operands).map_err(|e| format!("the reference fails: {e}"))?;
+    let want = (want.as_slice(), sub.output.dtype.unit_roundoff());
     let mut fused = prepare_variant(sub, Variant::Fused, &operands, threads)?;
-    let fused_s = checked_time(runner, Variant::Fused, &mut fused, &want)
+    let fused_s = checked_time(runner, Variant::Fused, &mut fused, want)
         .map_err(|e| format!("the fused op {e}"))?;
     let mut outcome = GraphOutcome {
         signature: sub.signature.clone(),
@@ -435,7 +438,7 @@ fn decide(
         source: Source::Measured,
     };
     let unfused = prepare_variant(sub, Variant::Unfused, &operands, threads).and_then(|mut u| {
-        let t = checked_time(runner, Variant::Unfused, &mut u, &want)?;
+        let t = checked_time(runner, Variant::Unfused, &mut u, want)?;
         Ok((u, t))
     });
     let (mut unfused, unfused_s) = match unfused {

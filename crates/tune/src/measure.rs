@@ -106,11 +106,14 @@ impl<'a> Candidate<'a> {
     ) -> Result<f64, String> {
         self.run_once(runner, out)
             .map_err(|e| format!("fails to run: {e}"))?;
-        check_output(out, reference).map_err(|e| format!("wrong result: {e}"))?;
+        check_output(out, reference, KERNEL_ROUNDING).map_err(|e| format!("wrong result: {e}"))?;
         self.time(runner, out)
             .map_err(|e| format!("fails to run: {e}"))
     }
 }
+
+/// The rounding of a kernel's own output, which it writes in f32 whatever the case's dtypes.
+pub(crate) const KERNEL_ROUNDING: f64 = f32::EPSILON as f64 / 2.0;
 
 /// Fewest timed runs per measurement.
 const MIN_SAMPLES: usize = 5;
@@ -161,8 +164,11 @@ pub fn robust_time(samples: &mut [f64]) -> f64 {
 
 /// Checks `got` against the reference `want`: same length, finite where the reference is, and
 /// within a tolerance scaled by the reference's largest magnitude (f32 accumulation in any
-/// order stays far inside it; a wrong tile, a missed row or a bad epilogue does not).
-pub fn check_output(got: &[f32], want: &[f32]) -> Result<(), String> {
+/// order stays far inside it; a wrong tile, a missed row or a bad epilogue does not). `rounding`
+/// is the unit roundoff ([`mslc_core::ops::DType::unit_roundoff`]) of the coarsest dtype `got` was held in on
+/// its way: a bf16 result is off its f32 reference by up to half a bf16 spacing, and by two
+/// when an unfused chain rounds its intermediate too.
+pub fn check_output(got: &[f32], want: &[f32], rounding: f64) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!(
             "{} values where the reference has {}",
@@ -174,7 +180,8 @@ pub fn check_output(got: &[f32], want: &[f32]) -> Result<(), String> {
         .iter()
         .filter(|w| w.is_finite())
         .fold(0.0f32, |m, w| m.max(w.abs()));
-    let tol = |w: f32| 1e-3 * (scale + w.abs()) + 1e-6;
+    let rounding = rounding as f32;
+    let tol = |w: f32| 1e-3 * (scale + w.abs()) + rounding * (scale + 2.0 * w.abs()) + 1e-6;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let same = if w.is_finite() {
             (g - w).abs() <= tol(w)
@@ -206,9 +213,25 @@ mod tests {
     #[test]
     fn outputs_are_checked_against_the_reference() {
         let want = [1.0, -2.0, 3.0];
-        assert!(check_output(&[1.0, -2.0, 3.0005], &want).is_ok());
-        assert!(check_output(&[1.0, -2.0, 3.1], &want).is_err());
-        assert!(check_output(&[1.0, -2.0], &want).is_err());
-        assert!(check_output(&[1.0, f32::NAN, 3.0], &want).is_err());
+        let f32_ = KERNEL_ROUNDING;
+        assert!(check_output(&[1.0, -2.0, 3.0005], &want, f32_).is_ok());
+        assert!(check_output(&[1.0, -2.0, 3.1], &want, f32_).is_err());
+        assert!(check_output(&[1.0, -2.0], &want, f32_).is_err());
+        assert!(check_output(&[1.0, f32::NAN, 3.0], &want, f32_).is_err());
+    }
+
+    /// A bf16 result is its f32 reference rounded (16.069 is 16.125 in bf16, whose spacing
+    /// there is 0.125): correct, though off by far more than f32 accumulation ever is; a bf16
+    /// result off by a few spacings is still wrong.
+    #[test]
+    fn a_result_held_in_bf16_may_be_off_by_its_rounding() {
+        let bf16 = mslc_core::ops::DType::BF16.unit_roundoff();
+        let want = [16.069405, -36.6, 2.0];
+        let rounded = want.map(|w| half::bf16::from_f32(w).to_f32());
+        assert_eq!(rounded[0], 16.125);
+        assert!(check_output(&rounded, &want, KERNEL_ROUNDING).is_err());
+        assert!(check_output(&rounded, &want, bf16).is_ok());
+        assert!(check_output(&[16.125, -36.6, 3.0], &want, bf16).is_err());
+        assert!(check_output(&[17.0, -36.6, 2.0], &want, bf16).is_err());
     }
 }

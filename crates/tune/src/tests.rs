@@ -25,7 +25,7 @@ use crate::graph::{
     host, tune_subgraphs, ExecRunner, GraphOutcome, Subgraph, Variant, VariantRunner,
 };
 use crate::kb::KnowledgeBase;
-use crate::measure::{check_output, CandidateRunner, KernelRunner, CONFIRM};
+use crate::measure::{check_output, CandidateRunner, KernelRunner, CONFIRM, KERNEL_ROUNDING};
 use crate::reference::reference_output;
 use crate::tuner::{tune, Observer, Options, Progress, Source};
 
@@ -316,7 +316,7 @@ fn subgraphs_are_decided_by_measuring_both_variants_and_kept() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kb.json");
     let stop = AtomicBool::new(false);
-    for dtype in [DType::F32, DType::F16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
         let (module, _) = fused_module(chain_graph(dtype), &PassContext::default());
         let subgraphs = Subgraph::of_module(&module);
         let mut kb = KnowledgeBase::default();
@@ -428,6 +428,28 @@ fn matmul_norm_graph() -> Graph {
     let y = op(&mut g, Op::Add, Attrs::new(), &[m, b2]);
     g.set_output("y", y);
     g
+}
+
+/// `relu(x @ w.T + b)` over `x: bf16[64, 784]`, `w: bf16[256, 784]`: `examples/mlp.msl`'s
+/// first layer, whose sums over 784 terms reach magnitudes where a bf16 spacing is 0.125.
+#[test]
+fn a_bf16_matmul_subgraph_is_checked_at_bf16_precision() {
+    let mut g = Graph::new("bf16_linear");
+    let bf16 = |shape: Vec<i64>| TensorType::new(DType::BF16, shape);
+    let x = g.add_input("x", bf16(vec![64, 784]));
+    let w = g.add_input("w", bf16(vec![256, 784]));
+    let b = g.add_input("b", bf16(vec![256]));
+    let flags = Attrs::new().with("transpose_b", true);
+    let mm = g.add_op(Op::Matmul, flags, &[x, w], "").unwrap()[0];
+    let a = g.add_op(Op::Add, Attrs::new(), &[mm, b], "").unwrap()[0];
+    let y = g.add_op(Op::Relu, Attrs::new(), &[a], "").unwrap()[0];
+    g.set_output("y", y);
+    let (module, _) = fused_module(g, &PassContext::default());
+    let out = decide_afresh(&Subgraph::of_module(&module));
+    assert_eq!(out.len(), 1);
+    // Both variants, rounded to bf16 (the unfused one twice), pass the f32 reference's check.
+    assert_eq!(out[0].source, Source::Measured, "{:?}", out[0]);
+    assert_eq!(out[0].rejected, None, "{:?}", out[0]);
 }
 
 #[test]
@@ -542,7 +564,7 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
     let want = reference_output(&kernel, case.op, &case.attrs, &views, case.ints())
         .unwrap()
         .unwrap();
-    check_output(&per_call, &want.data).unwrap();
+    check_output(&per_call, &want.data, KERNEL_ROUNDING).unwrap();
     // A right operand that is an input is packed by each call.
     let plain = matmul_case(8, 16, 8);
     assert!(!plain.b_packed_ahead);

@@ -61,6 +61,19 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// The largest relative error of rounding a real number to this dtype, 2^-p for p
+    /// significand bits (half the spacing at 1): what separates two correct results held in
+    /// it. 0 for the integers and `bool`, which hold their values exactly.
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            DType::F64 => f64::EPSILON / 2.0,
+            DType::F32 => f32::EPSILON as f64 / 2.0,
+            DType::F16 => 2f64.powi(-11),
+            DType::BF16 => 2f64.powi(-8),
+            DType::I64 | DType::I32 | DType::Bool => 0.0,
+        }
+    }
+
     /// True for the integer dtypes (`bool` is not one), which index-like inputs require.
     pub fn is_int(self) -> bool {
         matches!(self, DType::I64 | DType::I32)
@@ -113,6 +126,25 @@ mod tests {
         }
         assert_eq!(DType::parse("float32"), None);
         assert_eq!(DType::parse("F32"), None);
+    }
+
+    #[test]
+    fn unit_roundoff_is_half_the_spacing_above_one() {
+        // The next value after 1 is 1 + 2u: 1 + u rounds (to even) back to 1.
+        let next_f16 = half::f16::from_f32(1.0).to_bits() + 1;
+        assert_eq!(
+            half::f16::from_bits(next_f16).to_f64(),
+            1.0 + 2.0 * F16.unit_roundoff()
+        );
+        let next_bf16 = half::bf16::from_f32(1.0).to_bits() + 1;
+        assert_eq!(
+            half::bf16::from_bits(next_bf16).to_f64(),
+            1.0 + 2.0 * BF16.unit_roundoff()
+        );
+        assert_eq!(1.0f32 + F32.unit_roundoff() as f32, 1.0);
+        assert!(1.0f32 + 2.0 * F32.unit_roundoff() as f32 > 1.0);
+        assert_eq!(1.0 + F64.unit_roundoff(), 1.0);
+        assert_eq!(I32.unit_roundoff(), 0.0);
     }
 
     #[test]
