@@ -245,7 +245,7 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the first signature is saved, then interrupt.
+    // Wait until the first decision is saved, then interrupt.
     let start = Instant::now();
     while !db.exists() && start.elapsed() < Duration::from_secs(120) {
         std::thread::sleep(Duration::from_millis(2));
@@ -270,7 +270,10 @@ fn ctrl_c_stops_the_run_and_keeps_what_was_measured() {
     );
     let kb: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&db).unwrap()).unwrap();
-    assert!(!kb["records"].as_array().unwrap().is_empty());
+    // The first decision saved, a kernel's or a subgraph's (graph-level decisions come
+    // first), is there.
+    let saved = |key: &str| kb[key].as_array().unwrap().len();
+    assert!(saved("records") + saved("subgraphs") > 0, "{kb}");
 }
 
 /// tiny_llama, shrunk: under its f16 policy its scaled RMS norm output is cast and scaled in
