@@ -3,6 +3,7 @@
 //! compared with the reference and with each other.
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use mslc_artifact::Module;
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
@@ -29,12 +30,19 @@ pub struct Case {
     /// Whether the module's executor reads input 1 packed ahead (a weight:
     /// [`Module::packed_ahead`]), so candidates are timed without packing it per call.
     pub b_packed_ahead: bool,
+    /// The seeded inputs, generated when first read ([`Case::seeded`]).
+    seeded: OnceLock<Seeded>,
+    /// Input shapes as the kernels take them.
+    shapes: Vec<Vec<usize>>,
+}
+
+/// A case's seeded inputs.
+#[derive(Clone, Debug)]
+struct Seeded {
     /// Input data as f32 (empty for the integer input).
     data: Vec<Vec<f32>>,
     /// The integer input's values, when the kernel reads one.
     ints: Vec<i64>,
-    /// Input shapes as the kernels take them.
-    shapes: Vec<Vec<usize>>,
 }
 
 impl Case {
@@ -90,7 +98,8 @@ impl Case {
         cases
     }
 
-    /// A case for one step of `op`, its inputs seeded from the signature.
+    /// A case for one step of `op`, its inputs seeded from the signature (generated when first
+    /// read: a model whose signatures the knowledge base knows never measures them).
     pub fn new(
         signature: String,
         op: Op,
@@ -103,44 +112,6 @@ impl Case {
             .iter()
             .map(|t| t.shape.iter().map(|&d| d.max(0) as usize).collect())
             .collect();
-        let mut rng = Rng::new(
-            signature
-                .bytes()
-                .fold(0x5EED, |h, b| h.rotate_left(5) ^ u64::from(b)),
-        );
-        let integer = prepare(op, &attrs, &default_choice(op), &inputs, &output)
-            .ok()
-            .and_then(|k| k.integer_input());
-        let mut ints = Vec::new();
-        let data = shapes
-            .iter()
-            .enumerate()
-            .map(|(j, shape)| {
-                let len: usize = shape.iter().product();
-                if Some(j) == integer {
-                    // Ids index the embedding table's rows, labels the logits' classes.
-                    let bound = match op {
-                        Op::Embedding => shapes.get(1).and_then(|s| s.first()).copied(),
-                        _ => shapes.first().and_then(|s| s.last()).copied(),
-                    }
-                    .unwrap_or(1)
-                    .max(1);
-                    ints = (0..len).map(|_| rng.below(bound) as i64).collect();
-                    Vec::new()
-                } else {
-                    // Values the operand's dtype holds, as the executor's are (a weight stored
-                    // in f16 may be packed in f16 panels, exactly).
-                    let values: Vec<f32> = (0..len).map(|_| rng.uniform()).collect();
-                    let mut held = values.clone();
-                    match inputs[j].dtype {
-                        DType::F16 => convert::round_through_f16(&values, &mut held),
-                        DType::BF16 => convert::round_through_bf16(&values, &mut held),
-                        _ => {}
-                    }
-                    held
-                }
-            })
-            .collect();
         Case {
             signature,
             op,
@@ -149,10 +120,62 @@ impl Case {
             output,
             steps: vec![step],
             b_packed_ahead: false,
-            data,
-            ints,
+            seeded: OnceLock::new(),
             shapes,
         }
+    }
+
+    /// The inputs seeded from the signature: the float operands as f32 (empty for the integer
+    /// one) and the integer operand's values, when the kernel reads one.
+    fn seeded(&self) -> &Seeded {
+        self.seeded.get_or_init(|| {
+            let (op, shapes) = (self.op, &self.shapes);
+            let mut rng = Rng::new(
+                self.signature
+                    .bytes()
+                    .fold(0x5EED, |h, b| h.rotate_left(5) ^ u64::from(b)),
+            );
+            let integer = prepare(
+                op,
+                &self.attrs,
+                &default_choice(op),
+                &self.inputs,
+                &self.output,
+            )
+            .ok()
+            .and_then(|k| k.integer_input());
+            let mut ints = Vec::new();
+            let data = shapes
+                .iter()
+                .enumerate()
+                .map(|(j, shape)| {
+                    let len: usize = shape.iter().product();
+                    if Some(j) == integer {
+                        // Ids index the embedding table's rows, labels the logits' classes.
+                        let bound = match op {
+                            Op::Embedding => shapes.get(1).and_then(|s| s.first()).copied(),
+                            _ => shapes.first().and_then(|s| s.last()).copied(),
+                        }
+                        .unwrap_or(1)
+                        .max(1);
+                        ints = (0..len).map(|_| rng.below(bound) as i64).collect();
+                        Vec::new()
+                    } else {
+                        // Values the operand's dtype holds, as the executor's are (a weight
+                        // stored in f16 may be packed in f16 panels, exactly).
+                        let values: Vec<f32> = (0..len).map(|_| rng.uniform()).collect();
+                        let mut held = values.clone();
+                        match self.inputs[j].dtype {
+                            DType::F16 => convert::round_through_f16(&values, &mut held),
+                            DType::BF16 => convert::round_through_bf16(&values, &mut held),
+                            _ => {}
+                        }
+                        held
+                    }
+                })
+                .collect();
+            Seeded { data, ints }
+        })
     }
 
     /// The kernel family that runs this case.
@@ -182,7 +205,7 @@ impl Case {
             Some(len) => len.map_err(|e| e.to_string())?,
             None => return Ok(None),
         };
-        let (Some(b), true) = (self.data.get(1), len > 0) else {
+        let (Some(b), true) = (self.seeded().data.get(1), len > 0) else {
             return Ok(None);
         };
         let mut packed = vec![0.0; len];
@@ -192,7 +215,8 @@ impl Case {
 
     /// The inputs as kernel views.
     pub fn views(&self) -> Vec<TensorRef<'_>> {
-        self.data
+        self.seeded()
+            .data
             .iter()
             .zip(&self.shapes)
             .map(|(data, shape)| TensorRef { data, shape })
@@ -201,7 +225,7 @@ impl Case {
 
     /// The integer input's values (empty when the kernel reads none).
     pub fn ints(&self) -> &[i64] {
-        &self.ints
+        &self.seeded().ints
     }
 
     /// Elements of the result.
