@@ -56,7 +56,21 @@ fn tuning_fills_the_knowledge_base_that_a_second_run_and_build_reuse() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path("Mlp.tune.json")).unwrap()).unwrap();
     let outcomes = report["report"]["outcomes"].as_array().unwrap();
-    assert_eq!(outcomes.len(), 3, "three distinct matmul signatures");
+    let signature = |o: &serde_json::Value| o["signature"].as_str().unwrap().to_string();
+    let fused = outcomes
+        .iter()
+        .filter(|o| signature(o).starts_with("fused_matmul("))
+        .count();
+    assert_eq!(fused, 3, "three distinct matmul signatures: {outcomes:?}");
+    // Besides them, the ops of a subgraph that graph-level tuning measured faster unfused (the
+    // tiny model's products take microseconds, so either may win).
+    let unfused = report["subgraphs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["fused"] == false)
+        .count();
+    assert_eq!(outcomes.len() > 3, unfused > 0, "{report}");
     for o in outcomes {
         assert_eq!(o["source"], "measured", "{o}");
         let (d, t) = (
@@ -83,9 +97,17 @@ fn tuning_fills_the_knowledge_base_that_a_second_run_and_build_reuse() {
     args.extend(["--tune-db", s(&db), "-o", s(&out_dir)]);
     let (code, out, err) = mslc(&args);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("tuning:     3 signatures from"), "{out}");
+    // Every signature of the built forward was tuned: the three products, or the ops of the
+    // subgraphs left unfused in their place.
+    let tuned: usize = out
+        .split("tuning:")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(tuned >= 3 && tuned <= outcomes.len(), "{out}");
     let table = std::fs::read_to_string(out_dir.join("Mlp.kernels.toml")).unwrap();
-    assert_eq!(table.matches("measured_us = ").count(), 3, "{table}");
+    assert_eq!(table.matches("measured_us = ").count(), tuned, "{table}");
     assert!(table.contains("tuned = true"), "{table}");
 
     // Results for another device are not used.
