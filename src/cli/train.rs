@@ -19,7 +19,7 @@ use mslc_driver::parallel::plan_train;
 use mslc_driver::pipeline::Turns;
 use mslc_driver::ranks::{self, RankCoords, RankLayout};
 use mslc_driver::recompute::{MemoryRequest, RecomputeReport};
-use mslc_driver::select::Selection;
+use mslc_driver::select::{root_error, Selection};
 use mslc_driver::train::{
     batch_parts, choose_train, compile_train_ranked, compile_train_stage, micro_batch_dim,
     train_as_run, train_compile_options, CompiledTrain, StageStep, TrainOptions,
@@ -782,12 +782,11 @@ pub fn check_for_ranks(
     // A step takes one micro-batch of one replica, `batch / (grad_accum × replicas)` samples,
     // unless --dim sets the model's batch dim: check again with that size.
     let mut replicas = 1;
+    if let (Some(started), false) = (started, checked.has_errors()) {
+        check_world(&checked, train, started).map_err(|d| emit(d, &checked))?;
+    }
     if let Some(train) = train {
-        if let Some((world, launcher)) = started {
-            let parallel = train.parallel.map(|i| &checked.decls.parallels[i]);
-            let devices = parallel.map_or(1, |p| p.devices);
-            ranks::check_world(devices, world, launcher)
-                .map_err(|e| emit(world_mismatch(train, parallel, world, e), &checked))?;
+        if started.is_some() {
             replicas = batch_parts(&checked, train);
         }
         let dim = match train.model.and_then(|m| checked.models.get(m)) {
@@ -829,34 +828,68 @@ pub fn check_for_ranks(
     Ok((checked, layout))
 }
 
-/// E0970 at the source of the device count: the train's mesh (or the train itself, when it
-/// has no `parallel` policy), with how to start as many ranks or plan for as many devices.
+/// Checks that the `world` ranks `launcher` started are the device count of `train`'s plan
+/// (one without a train or a `parallel` policy): E0970 otherwise, at the source of that count
+/// ([`world_mismatch`]).
+fn check_world(
+    checked: &Checked,
+    train: Option<&Train>,
+    (world, launcher): (usize, &str),
+) -> Result<(), Box<Diagnostic>> {
+    let parallel = train
+        .and_then(|t| t.parallel)
+        .map(|i| &checked.decls.parallels[i]);
+    let devices = parallel.map_or(1, |p| p.devices);
+    ranks::check_world(devices, world, launcher)
+        .map_err(|e| world_mismatch(checked, train, parallel, world, e))
+}
+
+/// E0970 at the source of the device count: the train's mesh, or the train itself when it
+/// has no `parallel` policy, or the model when it has no train; with how to start as many
+/// ranks or plan for as many devices.
 fn world_mismatch(
-    train: &Train,
+    checked: &Checked,
+    train: Option<&Train>,
     parallel: Option<&ParallelPolicy>,
     world: usize,
     e: ranks::RanksError,
 ) -> Box<Diagnostic> {
-    let (file, span, label) = match parallel {
-        Some(p) => (
+    let devices = parallel.map_or(1, |p| p.devices);
+    let start =
+        format!("start {devices} rank(s) (`--ranks {devices}`, or `mpiexec -n {devices} … --mpi`)");
+    let (file, span, label, help) = match (train, parallel) {
+        (_, Some(p)) => (
             p.file,
             p.mesh_span,
-            format!("this mesh has {} device(s)", p.devices),
+            format!("this mesh has {devices} device(s)"),
+            format!(
+                "{start}, or give the train a `parallel` policy whose mesh has {world} device(s)"
+            ),
         ),
-        None => (
-            train.spec.file,
-            train.spec.name.span,
+        (Some(t), None) => (
+            t.spec.file,
+            t.spec.name.span,
             "this train has no `parallel` policy: one device".to_string(),
+            format!(
+                "{start}, or give the train a `parallel` policy whose mesh has {world} device(s)"
+            ),
         ),
+        (None, None) => {
+            return root_error(
+                checked,
+                e.code,
+                e.message,
+                format!(
+                    "without a `train` the model runs on one device: start one rank, or declare \
+                     a `train` of it with a `parallel` policy whose mesh has {world} device(s)"
+                ),
+            )
+        }
     };
-    let devices = parallel.map_or(1, |p| p.devices);
     Box::new(
         Diagnostic::error(e.code, file, span, e.message)
             .with_label(label)
-            .with_help(format!(
-                "start {devices} rank(s) (`--ranks {devices}`, or `mpiexec -n {devices} … --mpi`), \
-                 or train under a `parallel` policy whose mesh has {world} device(s)"
-            )),
+            .with_help(help),
     )
 }
 

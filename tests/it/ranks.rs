@@ -464,6 +464,16 @@ fn the_world_must_match_the_plan_and_be_runnable() {
     // At the mesh that sets the device count, with the two ways out.
     assert!(stderr.contains("this mesh has 2 device(s)"), "{stderr}");
     assert!(stderr.contains("start 2 rank(s) (`--ranks 2`"), "{stderr}");
+    // A model without a train runs on one device, and says so at the model.
+    let alone = dir.path("alone.msl");
+    let text = "import std.nn.Linear\nmodel M {\n    dims B = 4\n    input x: f32[B, 8]\n    \
+                output y = l: Linear(x, 4)\n}\n";
+    std::fs::write(&alone, text).unwrap();
+    let (code, _, stderr) = mslc(&["run", s(&alone), "--init-seed", "0", "--ranks", "2"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(stderr.matches("E0970").count(), 1, "{stderr}");
+    assert!(stderr.contains("alone.msl:2:7"), "{stderr}");
+    assert!(stderr.contains("without a `train`"), "{stderr}");
     let tensor = "mesh = { mp: 2 }\n    mode = semi_auto\n    shard \"hidden.weight\" = [mp, _]";
     let src = source(&dir, tensor, 8);
     let args = ["train", s(&src), "--init-seed", "0", "--data", s(&data)];
