@@ -9,7 +9,16 @@ use crate::testing::{
 use crate::TensorRef;
 use proptest::prelude::*;
 
-const CASTS: [CastTarget; 3] = [CastTarget::F16, CastTarget::Bf16, CastTarget::I32];
+/// Every cast target: each has its own loop in the evaluator.
+const CASTS: [CastTarget; 7] = [
+    CastTarget::F64,
+    CastTarget::F32,
+    CastTarget::F16,
+    CastTarget::Bf16,
+    CastTarget::I64,
+    CastTarget::I32,
+    CastTarget::Bool,
+];
 
 /// A random program over `inputs` inputs: loads first, then ops on earlier registers.
 fn program(inputs: usize, len: usize, rng: &mut Rng) -> Program {
