@@ -854,25 +854,16 @@ fn world_mismatch(
     world: usize,
     e: ranks::RanksError,
 ) -> Box<Diagnostic> {
-    let devices = parallel.map_or(1, |p| p.devices);
-    let start =
-        format!("start {devices} rank(s) (`--ranks {devices}`, or `mpiexec -n {devices} … --mpi`)");
-    let (file, span, label, help) = match (train, parallel) {
+    let (file, span, label) = match (train, parallel) {
         (_, Some(p)) => (
             p.file,
             p.mesh_span,
-            format!("this mesh has {devices} device(s)"),
-            format!(
-                "{start}, or give the train a `parallel` policy whose mesh has {world} device(s)"
-            ),
+            format!("this mesh has {} device(s)", p.devices),
         ),
         (Some(t), None) => (
             t.spec.file,
             t.spec.name.span,
             "this train has no `parallel` policy: one device".to_string(),
-            format!(
-                "{start}, or give the train a `parallel` policy whose mesh has {world} device(s)"
-            ),
         ),
         (None, None) => {
             return root_error(
@@ -886,6 +877,11 @@ fn world_mismatch(
             )
         }
     };
+    let devices = parallel.map_or(1, |p| p.devices);
+    let help = format!(
+        "start {devices} rank(s) (`--ranks {devices}`, or `mpiexec -n {devices} … --mpi`), or \
+         give the train a `parallel` policy whose mesh has {world} device(s)"
+    );
     Box::new(
         Diagnostic::error(e.code, file, span, e.message)
             .with_label(label)

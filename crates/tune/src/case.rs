@@ -282,3 +282,32 @@ impl Rng {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Listing a model's signatures seeds no inputs (re-tuning a known model measures nothing,
+    /// so it must not fill a 30522×768 embedding table either); the first read seeds them, the
+    /// same values for a clone listed apart.
+    #[test]
+    fn inputs_are_seeded_when_first_read() {
+        let f16 = |shape: Vec<i64>| TensorType::new(DType::F16, shape);
+        let case = || {
+            Case::new(
+                "mul(f16[4096,1024], f16[4096,1024])".into(),
+                Op::Mul,
+                Attrs::new(),
+                vec![f16(vec![4096, 1024]), f16(vec![4096, 1024])],
+                f16(vec![4096, 1024]),
+                0,
+            )
+        };
+        let (listed, other) = (case(), case());
+        assert!(listed.seeded.get().is_none());
+        let views = listed.views();
+        assert!(listed.seeded.get().is_some());
+        assert_eq!(views[0].data.len(), 4096 * 1024);
+        assert_eq!(views[1].data, other.views()[1].data);
+    }
+}

@@ -5,6 +5,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use mslc_core::ops::DType;
 use mslc_kernels::binding::KernelChoice;
 use mslc_kernels::step::{Operands, StepKernel};
 
@@ -113,7 +114,7 @@ impl<'a> Candidate<'a> {
 }
 
 /// The rounding of a kernel's own output, which it writes in f32 whatever the case's dtypes.
-pub(crate) const KERNEL_ROUNDING: f64 = f32::EPSILON as f64 / 2.0;
+pub(crate) const KERNEL_ROUNDING: f64 = DType::F32.unit_roundoff();
 
 /// Fewest timed runs per measurement.
 const MIN_SAMPLES: usize = 5;
@@ -165,7 +166,7 @@ pub fn robust_time(samples: &mut [f64]) -> f64 {
 /// Checks `got` against the reference `want`: same length, finite where the reference is, and
 /// within a tolerance scaled by the reference's largest magnitude (f32 accumulation in any
 /// order stays far inside it; a wrong tile, a missed row or a bad epilogue does not). `rounding`
-/// is the unit roundoff ([`mslc_core::ops::DType::unit_roundoff`]) of the coarsest dtype `got` was held in on
+/// is the unit roundoff ([`DType::unit_roundoff`]) of the coarsest dtype `got` was held in on
 /// its way: a bf16 result is off its f32 reference by up to half a bf16 spacing, and by two
 /// when an unfused chain rounds its intermediate too.
 pub fn check_output(got: &[f32], want: &[f32], rounding: f64) -> Result<(), String> {
@@ -225,7 +226,7 @@ mod tests {
     /// result off by a few spacings is still wrong.
     #[test]
     fn a_result_held_in_bf16_may_be_off_by_its_rounding() {
-        let bf16 = mslc_core::ops::DType::BF16.unit_roundoff();
+        let bf16 = DType::BF16.unit_roundoff();
         let want = [16.069405, -36.6, 2.0];
         let rounded = want.map(|w| half::bf16::from_f32(w).to_f32());
         assert_eq!(rounded[0], 16.125);

@@ -64,12 +64,12 @@ impl DType {
     /// The largest relative error of rounding a real number to this dtype, 2^-p for p
     /// significand bits (half the spacing at 1): what separates two correct results held in
     /// it. 0 for the integers and `bool`, which hold their values exactly.
-    pub fn unit_roundoff(self) -> f64 {
+    pub const fn unit_roundoff(self) -> f64 {
         match self {
             DType::F64 => f64::EPSILON / 2.0,
             DType::F32 => f32::EPSILON as f64 / 2.0,
-            DType::F16 => 2f64.powi(-11),
-            DType::BF16 => 2f64.powi(-8),
+            DType::F16 => 1.0 / 2048.0,
+            DType::BF16 => 1.0 / 256.0,
             DType::I64 | DType::I32 | DType::Bool => 0.0,
         }
     }
