@@ -139,10 +139,24 @@ fn a_planted_slower_decision_is_dropped_by_the_whole_model_confirmation() {
     let dir = TestDir::new("tune-confirm");
     let (code, _, err) = tune_model(&dir, &LARGER, &["--budget", "2s"]);
     assert_eq!(code, 0, "{err}");
-    // Plant GEMM blockings of one value each, recorded as a 30x win: each kernel on its own
-    // "measured" faster, the whole forward far slower.
+    // Plant GEMM blockings of one value each for the three products, recorded as a 30x win:
+    // each kernel on its own "measured" faster, the whole forward far slower. The subgraphs
+    // run fused, as a confirmation that dropped their unfused decisions leaves them: at these
+    // sizes a product with its bias is as fast either way, and an unfused decision adds
+    // records for the ops it leaves, which this test is not about.
     let mut kb = read_kb(&dir);
-    for r in kb["records"].as_array_mut().unwrap() {
+    for r in kb["subgraphs"].as_array_mut().unwrap() {
+        r["fused"] = serde_json::json!(true);
+    }
+    let records = kb["records"].as_array_mut().unwrap();
+    records.retain(|r| {
+        r["signature"]
+            .as_str()
+            .unwrap()
+            .starts_with("fused_matmul(")
+    });
+    assert_eq!(records.len(), 3, "{records:?}");
+    for r in records {
         assert_eq!(r["kernel"], "gemm", "{r}");
         for p in ["mc", "kc", "nc"] {
             r["params"][p] = serde_json::json!({ "Int": 1 });
