@@ -12,8 +12,9 @@
 //! states. Pipelines ([`pipeline_training`]) run one stage per process, and under the
 //! interleaved schedule each process's chunk-stages as threads of it
 //! ([`interleaved_training`]). Each process's measured peak memory stays below its plan,
-//! within 5 % ([`memory_within_the_plan`]: pipelines, tensor parallel, 2 × 2 on 4 processes). Without mpiexec installed
-//! the test fails.
+//! within 5 % ([`memory_within_the_plan`]: pipelines, tensor parallel, 2 × 2 on 4 processes). A
+//! rank that hangs or dies mid-training ends the job within seconds, leaving whole checkpoints
+//! ([`a_rank_that_hangs_or_dies`]). Without mpiexec installed the test fails.
 
 #[path = "shared/tolerance.rs"]
 mod tolerance;
@@ -367,6 +368,136 @@ fn main() {
     assert!(!stderr.contains("E0973"), "{stderr}");
     assert!(took < Duration::from_secs(60), "took {took:?}:\n{stderr}");
     println!("rank 0's own failure under mpiexec -n 2: reported, the job ended in {took:.1?}");
+
+    a_rank_that_hangs_or_dies(dir);
+}
+
+/// A rank that hangs mid-training (stopped with SIGSTOP) or dies (SIGKILL), while the job
+/// writes a checkpoint every step: the job ends within seconds instead of waiting forever —
+/// the hang through rank 0's collective timeout (E0973, blaming the group that did not
+/// arrive, then MPI_Abort), the death through mpiexec ending the job — and every checkpoint
+/// on disk is whole: the last one resumes.
+fn a_rank_that_hangs_or_dies(dir: &Path) {
+    for (signal, out) in [("STOP", "hang"), ("KILL", "die")] {
+        let ck = dir.join(out);
+        let mut cmd = mslc(dir, &["mpiexec", "-n", "2"]);
+        cmd.arg("train")
+            .arg(dir.join("net.msl"))
+            .args([
+                "--mpi",
+                "--threads",
+                "1",
+                "--steps",
+                "1000000",
+                "--save-every",
+                "1",
+            ])
+            .args(["--init-seed", "3", "--collective-timeout", "5", "--data"])
+            .arg(dir.join("data"))
+            .arg("--output-dir")
+            .arg(&ck)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut job = cmd.spawn().expect("mpiexec");
+        // Mid-training: once a few checkpoints are written.
+        let start = Instant::now();
+        while checkpoints(&ck).len() < 3 {
+            assert!(start.elapsed() < LIMIT, "no checkpoint in {LIMIT:?}");
+            assert!(job.try_wait().unwrap().is_none(), "the job ended by itself");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let rank1 = process_of_rank(&ck, 1);
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(rank1.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {rank1}");
+        let signalled = Instant::now();
+        let code = loop {
+            if let Some(code) = job.try_wait().unwrap() {
+                break code;
+            }
+            if signalled.elapsed() > Duration::from_secs(60) {
+                job.kill().ok();
+                Command::new("kill")
+                    .args(["-KILL", &rank1.to_string()])
+                    .status()
+                    .ok();
+                panic!("kill -{signal} of rank 1: the job still runs after 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = signalled.elapsed();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut job.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(!code.success(), "kill -{signal}: {stderr}");
+        if signal == "STOP" {
+            // Rank 0 waited the 5 s timeout in a gradient all-reduce, then said so.
+            assert!(
+                took >= Duration::from_secs(5) && took < Duration::from_secs(30),
+                "{took:?}"
+            );
+            assert!(
+                stderr.contains("E0973") && stderr.contains("did not reach"),
+                "{stderr}"
+            );
+        }
+        // Checkpoints are renamed into place whole: the last resumes for one more step.
+        let last = *checkpoints(&ck).last().unwrap();
+        let from = ck.join(format!("step-{last}"));
+        let (code, stdout, stderr) = train_with(
+            dir,
+            "net.msl",
+            (&dir.join("data"), &(last + 1).to_string()),
+            &format!("{out}-resumed"),
+            &["mpiexec", "-n", "2"],
+            &["--mpi", "--resume", from.to_str().unwrap()],
+        );
+        assert_eq!(code, 0, "resuming {from:?}:\n{stdout}{stderr}");
+        println!(
+            "SIG{signal} to rank 1 mid-training: the job ended in {took:.1?}; its last \
+             checkpoint, step {last}, resumes"
+        );
+    }
+}
+
+/// The steps of the checkpoints in `out`, ascending (none before it exists).
+fn checkpoints(out: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    steps.sort_unstable();
+    steps
+}
+
+/// The process id of MPI rank `rank` of the mslc job writing to `out` (MPICH's launcher
+/// gives each process its rank in `PMI_RANK`).
+fn process_of_rank(out: &Path, rank: usize) -> u32 {
+    let out = out.to_str().unwrap();
+    let want = format!("PMI_RANK={rank}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let read =
+                |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+            let has = |bytes: Vec<u8>, s: &str| bytes.split(|&b| b == 0).any(|p| p == s.as_bytes());
+            let cmdline = read("cmdline");
+            has(cmdline.clone(), env!("CARGO_BIN_EXE_mslc"))
+                && has(cmdline, out)
+                && has(read("environ"), &want)
+        })
+        .unwrap_or_else(|| panic!("no process of rank {rank} writing {out}"))
 }
 
 /// The tensor-parallel policy and train of the tiny LLaMA (tests/it/ranks.rs's too).
