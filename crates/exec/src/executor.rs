@@ -630,8 +630,18 @@ impl Executor {
     /// Sets every parameter, one at a time, to the f32 values `fill(path, init, type, values)`
     /// writes into a buffer of its type's element count: what a rank draws as its share of a
     /// parameter drawn whole, with one parameter's values beside the buffers at a time. The
-    /// first error `fill` returns stops it (the parameters are then not ready to run).
-    pub fn init_params_with<E>(
+    /// first error `fill` returns stops it (the parameters are then not ready to run). `fill`
+    /// runs on this executor's threads, where [`init::fill`] draws in parallel.
+    pub fn init_params_with<E: Send>(
+        &mut self,
+        fill: impl FnMut(&str, &Init, &TensorType, &mut [f32]) -> Result<(), E> + Send,
+    ) -> Result<(), E> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.init_params_on_this_thread(fill))
+    }
+
+    /// [`Executor::init_params_with`] on the calling thread.
+    fn init_params_on_this_thread<E>(
         &mut self,
         mut fill: impl FnMut(&str, &Init, &TensorType, &mut [f32]) -> Result<(), E>,
     ) -> Result<(), E> {

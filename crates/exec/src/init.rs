@@ -2,6 +2,7 @@
 //! own stream, keyed by the seed and its path, so values do not depend on the order of
 //! parameters, the thread count or the rest of the model.
 
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use mslc_core::program::Init;
@@ -38,9 +39,15 @@ pub fn fill(init: &Init, seed: u64, path: &str, out: &mut [f32]) {
     fill_at(init, seed, path, 0, out)
 }
 
+/// Elements one task of a parallel fill draws: even, so that a task's first element starts a
+/// Box–Muller pair when the block does, and large enough that a task outweighs its dispatch.
+const INIT_TASK: usize = 1 << 15;
+
 /// Fills `out` with elements `offset..offset + out.len()` of the values [`fill`] gives the
 /// whole parameter at `path` (row-major), the same bits, without drawing the others: what a
-/// rank holding a block of the parameter draws.
+/// rank holding a block of the parameter draws. Called in a pool of several threads (an
+/// executor's), it draws blocks of the parameter in parallel: every element's stream position
+/// is known, so the bits do not depend on the split.
 pub fn fill_at(init: &Init, seed: u64, path: &str, offset: usize, out: &mut [f32]) {
     let digest = Sha256::new()
         .chain_update(seed.to_le_bytes())
@@ -49,6 +56,22 @@ pub fn fill_at(init: &Init, seed: u64, path: &str, offset: usize, out: &mut [f32
     let mut key = [0u8; 8];
     key.copy_from_slice(&digest[..8]);
     let key = u64::from_le_bytes(key);
+    let in_pool = rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1;
+    if out.len() < 2 * INIT_TASK || !in_pool || is_constant(init) {
+        return draw(init, key, offset, out);
+    }
+    out.par_chunks_mut(INIT_TASK)
+        .enumerate()
+        .for_each(|(task, block)| draw(init, key, offset + task * INIT_TASK, block));
+}
+
+/// Whether `init` draws nothing (a fill with one value is memory-bound, not worth a split).
+fn is_constant(init: &Init) -> bool {
+    matches!(init, Init::Zeros | Init::Ones | Init::Constant { .. })
+}
+
+/// [`fill_at`] on the calling thread, from the parameter's stream `key`.
+fn draw(init: &Init, key: u64, offset: usize, out: &mut [f32]) {
     match *init {
         Init::Zeros => out.fill(0.0),
         Init::Ones => out.fill(1.0),
@@ -128,6 +151,42 @@ mod tests {
         assert!(a.iter().all(|&x| x == 1.0));
         fill(&Init::Zeros, 7, "z", &mut a);
         assert!(a.iter().all(|&x| x == 0.0));
+    }
+
+    /// Drawn in a pool of threads, in blocks of [`INIT_TASK`], a parameter and any block of
+    /// it (at an odd offset too, where each task's first pair straddles its start) get the
+    /// bits one thread draws.
+    #[test]
+    fn a_pool_draws_the_bits_one_thread_draws() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let len = 5 * INIT_TASK + 3;
+        for init in [
+            Init::Normal {
+                mean: 0.5,
+                std: 0.02,
+            },
+            Init::Uniform {
+                low: -1.0,
+                high: 3.0,
+            },
+        ] {
+            let mut serial = vec![0.0; len];
+            fill(&init, 3, "w", &mut serial);
+            for offset in [0, 1, INIT_TASK - 1] {
+                let mut parallel = vec![f32::NAN; len - offset];
+                pool.install(|| fill_at(&init, 3, "w", offset, &mut parallel));
+                assert!(
+                    parallel
+                        .iter()
+                        .zip(&serial[offset..])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{init:?} at {offset}"
+                );
+            }
+        }
     }
 
     /// Any block of a parameter, at an even or odd offset, gets the same bits as the block of
