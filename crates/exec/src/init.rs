@@ -153,6 +153,20 @@ mod tests {
         assert!(a.iter().all(|&x| x == 0.0));
     }
 
+    /// The initialisers that draw from the stream (the others fill one value).
+    fn drawn() -> [Init; 2] {
+        [
+            Init::Normal {
+                mean: 0.5,
+                std: 0.02,
+            },
+            Init::Uniform {
+                low: -1.0,
+                high: 3.0,
+            },
+        ]
+    }
+
     /// Drawn in a pool of threads, in blocks of [`INIT_TASK`], a parameter and any block of
     /// it (at an odd offset too, where each task's first pair straddles its start) get the
     /// bits one thread draws.
@@ -163,16 +177,7 @@ mod tests {
             .build()
             .unwrap();
         let len = 5 * INIT_TASK + 3;
-        for init in [
-            Init::Normal {
-                mean: 0.5,
-                std: 0.02,
-            },
-            Init::Uniform {
-                low: -1.0,
-                high: 3.0,
-            },
-        ] {
+        for init in drawn() {
             let mut serial = vec![0.0; len];
             fill(&init, 3, "w", &mut serial);
             for offset in [0, 1, INIT_TASK - 1] {
@@ -193,16 +198,7 @@ mod tests {
     /// the whole parameter drawn at once.
     #[test]
     fn a_block_draws_what_the_whole_draws_there() {
-        for init in [
-            Init::Normal {
-                mean: 0.5,
-                std: 0.02,
-            },
-            Init::Uniform {
-                low: -1.0,
-                high: 3.0,
-            },
-        ] {
+        for init in drawn() {
             let mut whole = vec![0.0; 101];
             fill(&init, 3, "w", &mut whole);
             for (offset, len) in [
