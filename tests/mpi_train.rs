@@ -20,7 +20,7 @@
 mod tolerance;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tolerance::{assert_rel_to_max, assert_same_weights, ADAMW_WEIGHTS_TOL, WEIGHTS_NORM_TOL};
@@ -93,13 +93,9 @@ fn run_limited(mut cmd: Command) -> (i32, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e} (is MPICH installed?)"));
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > LIMIT {
-            child.kill().ok();
-            panic!("{cmd:?} ran past {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if wait_within(&mut child, LIMIT).is_none() {
+        child.kill().ok();
+        panic!("{cmd:?} ran past {LIMIT:?}");
     }
     let out = child.wait_with_output().unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
@@ -108,6 +104,20 @@ fn run_limited(mut cmd: Command) -> (i32, String, String) {
         text(&out.stdout),
         text(&out.stderr),
     )
+}
+
+/// How `child` exited, once it has, if within `limit`.
+fn wait_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `mslc` under `launcher` (e.g. `mpiexec -n 2`, or nothing), isolated from the user's
@@ -132,11 +142,23 @@ fn mslc(dir: &Path, launcher: &[&str]) -> Command {
 fn train_with(
     dir: &Path,
     src: &str,
-    (data, steps): (&Path, &str),
+    data_steps: (&Path, &str),
     out: &str,
     launcher: &[&str],
     extra: &[&str],
 ) -> (i32, String, String) {
+    run_limited(train_command(dir, src, data_steps, out, launcher, extra))
+}
+
+/// The command [`train_with`] runs.
+fn train_command(
+    dir: &Path,
+    src: &str,
+    (data, steps): (&Path, &str),
+    out: &str,
+    launcher: &[&str],
+    extra: &[&str],
+) -> Command {
     let out = dir.join(out);
     let mut cmd = mslc(dir, launcher);
     cmd.arg("train")
@@ -148,7 +170,7 @@ fn train_with(
         .arg("--output-dir")
         .arg(&out)
         .args(extra);
-    run_limited(cmd)
+    cmd
 }
 
 /// The classifier's train for [`STEPS`] steps into `out`, under `launcher` with `extra` flags.
@@ -380,25 +402,27 @@ fn main() {
 fn a_rank_that_hangs_or_dies(dir: &Path) {
     for (signal, out) in [("STOP", "hang"), ("KILL", "die")] {
         let ck = dir.join(out);
-        let mut cmd = mslc(dir, &["mpiexec", "-n", "2"]);
-        cmd.arg("train")
-            .arg(dir.join("net.msl"))
-            .args([
-                "--mpi",
-                "--threads",
-                "1",
-                "--steps",
-                "1000000",
-                "--save-every",
-                "1",
-            ])
-            .args(["--init-seed", "3", "--collective-timeout", "5", "--data"])
-            .arg(dir.join("data"))
-            .arg("--output-dir")
-            .arg(&ck)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut job = cmd.spawn().expect("mpiexec");
+        let flags = [
+            "--mpi",
+            "--save-every",
+            "1",
+            "--init-seed",
+            "3",
+            "--collective-timeout",
+            "5",
+        ];
+        let mut job = train_command(
+            dir,
+            "net.msl",
+            (&dir.join("data"), "1000000"),
+            out,
+            &["mpiexec", "-n", "2"],
+            &flags,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpiexec");
         // Mid-training: once a few checkpoints are written.
         let start = Instant::now();
         while checkpoints(&ck).len() < 3 {
@@ -414,19 +438,13 @@ fn a_rank_that_hangs_or_dies(dir: &Path) {
             .unwrap();
         assert!(status.success(), "kill -{signal} {rank1}");
         let signalled = Instant::now();
-        let code = loop {
-            if let Some(code) = job.try_wait().unwrap() {
-                break code;
-            }
-            if signalled.elapsed() > Duration::from_secs(60) {
-                job.kill().ok();
-                Command::new("kill")
-                    .args(["-KILL", &rank1.to_string()])
-                    .status()
-                    .ok();
-                panic!("kill -{signal} of rank 1: the job still runs after 60 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(code) = wait_within(&mut job, Duration::from_secs(60)) else {
+            job.kill().ok();
+            Command::new("kill")
+                .args(["-KILL", &rank1.to_string()])
+                .status()
+                .ok();
+            panic!("kill -{signal} of rank 1: the job still runs after 60 s");
         };
         let took = signalled.elapsed();
         let mut stderr = String::new();
