@@ -36,12 +36,14 @@ pub fn parse_budget(text: &str) -> Result<Duration, String> {
     let seconds = value * scale;
     if seconds > MAX_BUDGET.as_secs_f64() {
         return Err(format!(
-            "a budget of `{text}` is over the limit of 24h; tuning converges in minutes, give less"
+            "a budget of `{text}` is over the limit of {}h; tuning converges in minutes, give less",
+            MAX_BUDGET.as_secs() / 3600
         ));
     }
     if seconds.is_nan() || seconds < MIN_BUDGET.as_secs_f64() {
         return Err(format!(
-            "a budget of `{text}` leaves no time to measure a kernel candidate; give at least 1s"
+            "a budget of `{text}` leaves no time to measure a kernel candidate; give at least {}s",
+            MIN_BUDGET.as_secs()
         ));
     }
     Ok(Duration::from_secs_f64(seconds))
