@@ -7,6 +7,8 @@ use sha2::{Digest, Sha256};
 
 use mslc_core::program::Init;
 
+use crate::storage::in_a_pool_of_several_threads;
+
 /// SplitMix64's increment: the state after `n` draws is the key plus `n` times it.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -56,8 +58,7 @@ pub fn fill_at(init: &Init, seed: u64, path: &str, offset: usize, out: &mut [f32
     let mut key = [0u8; 8];
     key.copy_from_slice(&digest[..8]);
     let key = u64::from_le_bytes(key);
-    let in_pool = rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1;
-    if out.len() < 2 * INIT_TASK || !in_pool || is_constant(init) {
+    if out.len() < 2 * INIT_TASK || !in_a_pool_of_several_threads() || is_constant(init) {
         return draw(init, key, offset, out);
     }
     out.par_chunks_mut(INIT_TASK)

@@ -54,9 +54,15 @@ pub fn load_rows_f32(dtype: DType, src: &[u8], shape: &[usize], ids: &[i64], dst
 /// conversions were 7.5 % of its forward, all on one thread.
 const CONVERT_TASK: usize = 1 << 13;
 
+/// Whether the caller runs in a pool of several threads (an executor's), where work on large
+/// buffers is split: outside one (as when weights are read before an executor exists) no
+/// pool is started for it.
+pub(crate) fn in_a_pool_of_several_threads() -> bool {
+    rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1
+}
+
 /// Runs `convert` over matching chunks of `src` (elements of `size` bytes) and `dst`, in
-/// parallel where there are enough of them and the caller runs in a pool of several threads
-/// (an executor's: outside one, as when weights are read, no pool is started for it).
+/// parallel where there are enough of them and [`in_a_pool_of_several_threads`].
 fn convert_chunks<T: Sync, U: Send>(
     src: &[T],
     size: usize,
@@ -65,8 +71,7 @@ fn convert_chunks<T: Sync, U: Send>(
     convert: impl Fn(&[T], &mut [U]) + Sync,
 ) {
     let values = dst.len() / per_value.max(1);
-    let in_pool = rayon::current_thread_index().is_some() && rayon::current_num_threads() > 1;
-    if values < 2 * CONVERT_TASK || !in_pool {
+    if values < 2 * CONVERT_TASK || !in_a_pool_of_several_threads() {
         return convert(src, dst);
     }
     dst.par_chunks_mut(CONVERT_TASK * per_value)
