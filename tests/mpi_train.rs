@@ -16,6 +16,8 @@
 //! rank that hangs or dies mid-training ends the job within seconds, leaving whole checkpoints
 //! ([`a_rank_that_hangs_or_dies`]). Without mpiexec installed the test fails.
 
+#[path = "shared/checkpoints.rs"]
+mod checkpoints;
 #[path = "shared/tolerance.rs"]
 mod tolerance;
 
@@ -23,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use checkpoints::checkpoints;
 use tolerance::{assert_rel_to_max, assert_same_weights, ADAMW_WEIGHTS_TOL, WEIGHTS_NORM_TOL};
 
 use mslc_io::npy::{write_npy, NpyArray};
@@ -478,24 +481,6 @@ fn a_rank_that_hangs_or_dies(dir: &Path) {
              checkpoint, step {last}, resumes"
         );
     }
-}
-
-/// The steps of the checkpoints in `out`, ascending (none before it exists).
-fn checkpoints(out: &Path) -> Vec<u64> {
-    let mut steps: Vec<u64> = std::fs::read_dir(out)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_prefix("step-")?
-                .parse()
-                .ok()
-        })
-        .collect();
-    steps.sort_unstable();
-    steps
 }
 
 /// The process id of MPI rank `rank` of the mslc job writing to `out` (MPICH's launcher

@@ -6,6 +6,8 @@
 mod build;
 mod build_script;
 mod cargo_mslc;
+#[path = "../shared/checkpoints.rs"]
+mod checkpoints;
 mod cli_check;
 mod exec;
 mod exit_status;

@@ -602,14 +602,7 @@ fn a_kill_during_saving_leaves_every_checkpoint_loadable() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    let mut steps: Vec<u64> = std::fs::read_dir(&out)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_prefix("step-").map(|k| k.parse().unwrap())
-        })
-        .collect();
-    steps.sort_unstable();
+    let steps = crate::checkpoints::checkpoints(&out);
     let last = *steps.last().expect("a complete checkpoint");
     for k in &steps {
         for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
