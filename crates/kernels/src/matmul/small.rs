@@ -92,24 +92,37 @@ fn rows_kernel_of<const P: u8>(isa: Isa, rows: usize) -> RowsFn {
     }
 }
 
-/// A kernel for one row over two adjacent full panels: the call's panel at `b`, and the
-/// second (same `ldb`) at its second argument; the row's C holds both panels' columns.
-type RowPairFn = unsafe fn(&RowsCall, *const u8);
+/// A kernel for one row over several adjacent full panels, whose starts are the slice (the
+/// call's `b` is the first; each steps by `ldb`); the row's C holds all their columns.
+type RowPanelsFn = unsafe fn(&RowsCall, &[*const u8]);
 
-/// The one-row, two-panel kernel of `isa` (never `Auto`) for panels of `half`, where one
-/// exists: AVX2's. Its one-row kernel waits on two chains of FMAs (four or five cycles each)
-/// per 64 bytes of B, too few loads in flight to stream a decode product's weights. With two
-/// panels per call, tiny_llama's 8-layer f32 decode forward (`mslc run … --dim S=1`) on a
-/// 2-core AVX2 EPYC went from 1.96 to 1.60 ms on 2 threads and from 3.3 to 2.3 ms on one,
-/// with the same bits. AVX-512's one row reads 128 bytes per pair of chains.
-fn row_pair_kernel(isa: Isa, half: Option<HalfType>) -> Option<RowPairFn> {
+/// Most full panels a one-row call takes ([`row_panels_kernel`]).
+const MAX_ROW_PANELS: usize = 4;
+
+/// The one-row kernel of `isa` (never `Auto`) over `count` full panels of `half` (2 or
+/// [`MAX_ROW_PANELS`]), where one exists: AVX2's. Its one-row kernel waits on two chains of
+/// FMAs (four or five cycles each) per 64 bytes of B, too few loads in flight to stream a
+/// decode product's weights. With four panels per call, tiny_llama's 8-layer f32 decode
+/// forward (`mslc run … --dim S=1`) on a 2-core AVX2 EPYC went from 2.1 to 1.6 ms on 2
+/// threads and from 3.3 to 2.1 ms on one (two panels: 1.7 and 2.3 ms), with the same bits.
+/// AVX-512's one row reads 128 bytes per pair of chains.
+fn row_panels_kernel(isa: Isa, half: Option<HalfType>, count: usize) -> Option<RowPanelsFn> {
+    macro_rules! of_width {
+        ($p:expr) => {
+            match count {
+                MAX_ROW_PANELS => Some(avx2_row_panels::<MAX_ROW_PANELS, { $p }> as RowPanelsFn),
+                2 => Some(avx2_row_panels::<2, { $p }> as RowPanelsFn),
+                _ => None,
+            }
+        };
+    }
     match (isa, half) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, None) => Some(avx2_row_pair::<F32_PANELS>),
+        (Isa::Avx2, None) => of_width!(F32_PANELS),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, Some(HalfType::F16)) => Some(avx2_row_pair::<F16_PANELS>),
+        (Isa::Avx2, Some(HalfType::F16)) => of_width!(F16_PANELS),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, Some(HalfType::Bf16)) => Some(avx2_row_pair::<BF16_PANELS>),
+        (Isa::Avx2, Some(HalfType::Bf16)) => of_width!(BF16_PANELS),
         _ => None,
     }
 }
@@ -240,10 +253,11 @@ unsafe fn columns(
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
         let accumulate = g.accumulate || p0 > 0;
-        // Whether panel jp was the second of the pair the previous panel's call computed.
-        let mut paired = false;
+        // Panels before this one that the call of an earlier panel computed too.
+        let mut taken = 0;
         for jp in panels.clone() {
-            if std::mem::take(&mut paired) {
+            if taken > 0 {
+                taken -= 1;
                 continue;
             }
             let cols = nr.min(n - jp * nr);
@@ -252,40 +266,53 @@ unsafe fn columns(
                 panel.len() >= (kcs - 1) * ldb + nr,
                 "gemm: B panel outside its buffer"
             );
-            if one_row && cols == nr && jp + 1 < panels.end && n - (jp + 1) * nr >= nr {
-                let (second, second_ldb) = panel_at(jp + 1, p0);
-                let (first_start, half) = panel.start();
-                let (second_start, second_half) = second.start();
-                if let (Some(pair), true) = (
-                    row_pair_kernel(g.kernel.isa, half),
-                    second_ldb == ldb && second_half == half,
-                ) {
-                    assert!(
-                        second.len() >= (kcs - 1) * ldb + nr,
-                        "gemm: B panel outside its buffer"
-                    );
-                    let r0 = row_range.start;
-                    let last = a.offset + r0 * a.rs + (p0 + kcs - 1) * a.cs;
-                    assert!(last < a.data.len(), "gemm: A rows outside their buffer");
-                    let call = RowsCall {
-                        k: kcs,
-                        // SAFETY: the last element read is inside A (asserted above).
-                        a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
-                        a_rs: a.rs,
-                        a_cs: a.cs,
-                        b: first_start,
-                        ldb,
-                        // SAFETY: columns jp * nr .. (jp + 2) * nr of row r0 are this task's.
-                        c: unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) },
-                        ldc,
-                        accumulate,
-                    };
-                    // SAFETY: both panels hold the call's steps (asserted above), C's row holds
-                    // both panels' columns, and `pair` only exists where this CPU runs it.
-                    unsafe { pair(&call, second_start) };
-                    paired = true;
-                    continue;
+            let (first_start, half) = panel.start();
+            // Full panels from jp on with this one's stride and format, up to the most a call takes.
+            let mut starts = [first_start; MAX_ROW_PANELS];
+            let mut count = 1;
+            while one_row
+                && count < MAX_ROW_PANELS
+                && jp + count < panels.end
+                && n - (jp + count) * nr >= nr
+            {
+                let (next, next_ldb) = panel_at(jp + count, p0);
+                let (next_start, next_half) = next.start();
+                if next_ldb != ldb || next_half != half || next.len() < (kcs - 1) * ldb + nr {
+                    break;
                 }
+                starts[count] = next_start;
+                count += 1;
+            }
+            // The kernels take 2 or MAX_ROW_PANELS panels: of 3, two now and one alone after.
+            let count = match count {
+                MAX_ROW_PANELS => MAX_ROW_PANELS,
+                2 | 3 => 2,
+                _ => 1,
+            };
+            if let Some(kernel) =
+                row_panels_kernel(g.kernel.isa, half, count).filter(|_| cols == nr)
+            {
+                let r0 = row_range.start;
+                let last = a.offset + r0 * a.rs + (p0 + kcs - 1) * a.cs;
+                assert!(last < a.data.len(), "gemm: A rows outside their buffer");
+                let call = RowsCall {
+                    k: kcs,
+                    // SAFETY: the last element read is inside A (asserted above).
+                    a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
+                    a_rs: a.rs,
+                    a_cs: a.cs,
+                    b: first_start,
+                    ldb,
+                    // SAFETY: columns jp * nr .. (jp + count) * nr of row r0 are this task's.
+                    c: unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) },
+                    ldc,
+                    accumulate,
+                };
+                // SAFETY: every panel holds the call's steps (checked above), C's row holds
+                // their columns, and `kernel` only exists where this CPU runs it.
+                unsafe { kernel(&call, &starts[..count]) };
+                taken = count - 1;
+                continue;
             }
             // The panel visited next (the next of this slab, else the first of the next slab),
             // prefetched a share before each row group's call on this one when B is cold.
@@ -415,31 +442,31 @@ unsafe fn avx2_rows<const R: usize, const P: u8>(x: &RowsCall) {
     }
 }
 
-/// AVX2+FMA kernel for one row over two adjacent full panels (NR = 16 each; [`RowPairFn`]):
-/// four accumulator chains, twice [`avx2_rows`]' for one row. Each C element is still one
-/// chain of FMAs in k order, so the bits are those of two `avx2_rows::<1, P>` calls.
+/// AVX2+FMA kernel for one row over W adjacent full panels (NR = 16 each; [`RowPanelsFn`]):
+/// 2·W accumulator chains, W times [`avx2_rows`]' for one row. Each C element is still one
+/// chain of FMAs in k order, so the bits are those of W `avx2_rows::<1, P>` calls.
 ///
 /// # Safety
-/// As [`avx2_rows`] with R = 1 for each panel; `second` holds the call's k steps at stride
-/// `ldb`, and the row of C holds 32 values at `x.c`.
+/// As [`avx2_rows`] with R = 1 for each panel; every panel holds the call's k steps at stride
+/// `ldb`, and the row of C holds 16·W values at `x.c`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_row_pair<const P: u8>(x: &RowsCall, second: *const u8) {
+unsafe fn avx2_row_panels<const W: usize, const P: u8>(x: &RowsCall, panels: &[*const u8]) {
     use std::arch::x86_64::*;
     // SAFETY: all pointer arithmetic stays within the extents the caller guarantees.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+        let mut acc = [[_mm256_setzero_ps(); 2]; W];
         for p in 0..x.k {
-            let (b0, b1) = avx2_step::<P>(x.b, p * x.ldb);
-            let (b2, b3) = avx2_step::<P>(second, p * x.ldb);
             let ai = _mm256_broadcast_ss(&*x.a.add(p * x.a_cs));
-            acc[0][0] = _mm256_fmadd_ps(ai, b0, acc[0][0]);
-            acc[0][1] = _mm256_fmadd_ps(ai, b1, acc[0][1]);
-            acc[1][0] = _mm256_fmadd_ps(ai, b2, acc[1][0]);
-            acc[1][1] = _mm256_fmadd_ps(ai, b3, acc[1][1]);
+            for (w, row) in acc.iter_mut().enumerate() {
+                let (b0, b1) = avx2_step::<P>(panels[w], p * x.ldb);
+                row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+            }
         }
-        avx2_store(x.c, &acc[0], x.accumulate);
-        avx2_store(x.c.add(16), &acc[1], x.accumulate);
+        for (w, row) in acc.iter().enumerate() {
+            avx2_store(x.c.add(16 * w), row, x.accumulate);
+        }
     }
 }
 

@@ -415,8 +415,8 @@ fn default_params_on_larger_and_tiny_shapes() {
     }
 }
 
-/// One-row products (decode shapes), whose AVX2 row path computes two full panels per call:
-/// an even and an odd number of full panels, a narrower last panel, k within one slab and over
+/// One-row products (decode shapes), whose AVX2 row path computes two or four full panels per
+/// call: 1, 2, 4, 5 and 7 full panels, a narrower last panel, k within one slab and over
 /// several, B row-major (read in place) and transposed (packed), a batch of rows that each take
 /// the path alone, an A read transposed, and every ISA this CPU runs. `check` compares their
 /// bits with the tiled path's, with B packed ahead in f32, f16 and bf16 panels, on 1 and 2
@@ -424,7 +424,7 @@ fn default_params_on_larger_and_tiny_shapes() {
 #[test]
 fn one_row_products_on_every_panel_layout() {
     for isa in available_isas() {
-        for (n, k) in [(32, 70), (45, 300), (64, 1), (80, 600), (16, 40)] {
+        for (n, k) in [(32, 70), (45, 300), (64, 1), (80, 600), (16, 40), (112, 9)] {
             for (transpose_a, transpose_b) in [(false, false), (false, true), (true, false)] {
                 let c = Case {
                     a_shape: vec![3, 1, k],
@@ -442,8 +442,16 @@ fn one_row_products_on_every_panel_layout() {
                     seed: (n * k) as u64,
                 };
                 check(&Case {
-                    a_shape: if transpose_a { vec![3, k, 1] } else { c.a_shape.clone() },
-                    b_shape: if transpose_b { vec![n, k] } else { c.b_shape.clone() },
+                    a_shape: if transpose_a {
+                        vec![3, k, 1]
+                    } else {
+                        c.a_shape.clone()
+                    },
+                    b_shape: if transpose_b {
+                        vec![n, k]
+                    } else {
+                        c.b_shape.clone()
+                    },
                     transpose_a,
                     transpose_b,
                     ..c.clone()
