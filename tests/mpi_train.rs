@@ -89,23 +89,32 @@ fn write_data(dir: &Path) -> PathBuf {
     data
 }
 
-/// Runs `cmd` to completion within [`LIMIT`]: (exit code, stdout, stderr).
+/// Runs `cmd` to completion within [`LIMIT`]: (exit code, stdout, stderr). Both pipes are
+/// read while it runs, so a command that writes more than a pipe holds does not stall on it.
 fn run_limited(mut cmd: Command) -> (i32, String, String) {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e} (is MPICH installed?)"));
-    if wait_within(&mut child, LIMIT).is_none() {
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        let mut pipe = pipe.unwrap();
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            pipe.read_to_end(&mut text).unwrap();
+            String::from_utf8_lossy(&text).to_string()
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let Some(status) = wait_within(&mut child, LIMIT) else {
         child.kill().ok();
         panic!("{cmd:?} ran past {LIMIT:?}");
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    };
     (
-        out.status.code().unwrap_or(-1),
-        text(&out.stdout),
-        text(&out.stderr),
+        status.code().unwrap_or(-1),
+        stdout.join().unwrap(),
+        stderr.join().unwrap(),
     )
 }
 
