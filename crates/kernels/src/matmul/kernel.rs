@@ -161,15 +161,34 @@ unsafe fn avx2_fma(
             bp = bp.add(NR);
         }
         for (i, row) in acc.iter().enumerate() {
-            let ci = c.add(i * ldc);
-            let (mut r0, mut r1) = (row[0], row[1]);
-            if accumulate {
-                r0 = _mm256_add_ps(_mm256_loadu_ps(ci), r0);
-                r1 = _mm256_add_ps(_mm256_loadu_ps(ci.add(8)), r1);
-            }
-            _mm256_storeu_ps(ci, r0);
-            _mm256_storeu_ps(ci.add(8), r1);
+            avx2_store(c.add(i * ldc), row, accumulate);
         }
+    }
+}
+
+/// Writes one row's two accumulators to the 16 values at `c`, added to what is there when
+/// `accumulate`.
+///
+/// # Safety
+/// `c` must hold 16 values, and the CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn avx2_store(
+    c: *mut f32,
+    row: &[std::arch::x86_64::__m256; 2],
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the 16 values.
+    unsafe {
+        let (mut r0, mut r1) = (row[0], row[1]);
+        if accumulate {
+            r0 = _mm256_add_ps(_mm256_loadu_ps(c), r0);
+            r1 = _mm256_add_ps(_mm256_loadu_ps(c.add(8)), r1);
+        }
+        _mm256_storeu_ps(c, r0);
+        _mm256_storeu_ps(c.add(8), r1);
     }
 }
 

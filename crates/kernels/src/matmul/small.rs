@@ -11,6 +11,8 @@
 //! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
 
 use super::gemm::{block_range, Gemm, HalfType, PackedB};
+#[cfg(target_arch = "x86_64")]
+use super::kernel::avx2_store;
 use super::kernel::{Isa, MAX_NR};
 use super::pack::pack_b_panel;
 use super::prefetch;
@@ -505,28 +507,6 @@ unsafe fn avx2_step<const P: u8>(
                 (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
             }
         }
-    }
-}
-
-/// Writes one row's two accumulators to the 16 values at `c`, added to what is there when
-/// `accumulate`.
-///
-/// # Safety
-/// `c` must hold 16 values, and the CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn avx2_store(c: *mut f32, row: &[std::arch::x86_64::__m256; 2], accumulate: bool) {
-    use std::arch::x86_64::*;
-    // SAFETY: the caller guarantees the 16 values.
-    unsafe {
-        let (mut r0, mut r1) = (row[0], row[1]);
-        if accumulate {
-            r0 = _mm256_add_ps(_mm256_loadu_ps(c), r0);
-            r1 = _mm256_add_ps(_mm256_loadu_ps(c.add(8)), r1);
-        }
-        _mm256_storeu_ps(c, r0);
-        _mm256_storeu_ps(c.add(8), r1);
     }
 }
 
