@@ -150,7 +150,8 @@ fn interleave(data: &[f32], starts: &[usize], k: usize, width: usize, dst: &mut 
 }
 
 /// [`pack_runs`] through 8×8 register transposes, eight runs at a time; a last group of fewer
-/// than eight runs is transposed with zero rows and only its own lanes stored.
+/// than eight runs is transposed with zero rows, and only its own lanes stored (but for a
+/// panel of fewer than eight runs, whose steps lie back to back: see the stores).
 ///
 /// # Safety
 /// AVX2 must be available, every `starts[j] + k <= data.len()`, and `dst.len() == k * W`.
@@ -206,7 +207,10 @@ unsafe fn pack_runs_avx2<const W: usize>(
                 ];
                 for (q, row) in rows.iter().enumerate() {
                     let at = out.add((p + q) * W + group);
-                    if width == 8 {
+                    // A panel narrower than 8 (AVX2's 6 rows) stores its steps as full vectors
+                    // in order, each spilling into the next step's lanes, which the next
+                    // store overwrites; only the last step stores its own lanes alone.
+                    if width == 8 || (W < 8 && q < 7) {
                         _mm256_storeu_ps(at, *row);
                     } else {
                         let lanes: [f32; 8] = std::mem::transmute(*row);
