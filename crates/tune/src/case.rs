@@ -27,9 +27,11 @@ pub struct Case {
     pub output: TensorType,
     /// The steps of the module with this signature.
     pub steps: Vec<usize>,
-    /// Whether the module's executor reads input 1 packed ahead (a weight:
-    /// [`Module::packed_ahead`]), so candidates are timed without packing it per call.
-    pub b_packed_ahead: bool,
+    /// Which inputs are the module's weights ([`Module::packed_ahead`]: fixed parameters and
+    /// values hoisted from them): read once per forward, from memory rather than a warm cache,
+    /// and so timed cold ([`crate::measure::Candidate::time`]); a weight at input 1 is packed
+    /// ahead ([`Case::b_packed_ahead`]).
+    pub weights: Vec<bool>,
     /// The seeded inputs, generated when first read ([`Case::seeded`]).
     seeded: OnceLock<Seeded>,
     /// Input shapes as the kernels take them.
@@ -66,10 +68,11 @@ impl Case {
             };
             let inputs: Vec<TensorType> = step.inputs.iter().map(ty).collect();
             let mut case = Case::new(sig, step.op, step.attrs.clone(), inputs, output, i);
-            case.b_packed_ahead = step
+            case.weights = step
                 .inputs
-                .get(1)
-                .is_some_and(|&b| packed_ahead[b as usize]);
+                .iter()
+                .map(|&v| packed_ahead[v as usize])
+                .collect();
             // A copy (cast, reshape) or a fill runs the same whatever its parameters say.
             if let Ok(StepKernel::Copy | StepKernel::Constant(_)) =
                 case.prepare(&case.default_choice())
@@ -112,6 +115,7 @@ impl Case {
             .iter()
             .map(|t| t.shape.iter().map(|&d| d.max(0) as usize).collect())
             .collect();
+        let weights = vec![false; inputs.len()];
         Case {
             signature,
             op,
@@ -119,7 +123,7 @@ impl Case {
             inputs,
             output,
             steps: vec![step],
-            b_packed_ahead: false,
+            weights,
             seeded: OnceLock::new(),
             shapes,
         }
@@ -194,11 +198,17 @@ impl Case {
         prepare(self.op, &self.attrs, choice, &self.inputs, &self.output)
     }
 
+    /// Whether the module's executor reads input 1 packed ahead (a weight), so candidates are
+    /// timed without packing it per call.
+    pub fn b_packed_ahead(&self) -> bool {
+        self.weights.get(1) == Some(&true)
+    }
+
     /// Input 1 packed for `kernel` as the executor packs a weight once at load, when this
     /// case's executor does ([`Case::b_packed_ahead`]) and the kernel reads it so; `None`
     /// otherwise (each call packs what it needs).
     pub fn pack_ahead(&self, kernel: &StepKernel) -> Result<Option<Vec<f32>>, String> {
-        if !self.b_packed_ahead {
+        if !self.b_packed_ahead() {
             return Ok(None);
         }
         let len = match kernel.packed_b_len() {

@@ -540,7 +540,9 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
         .iter()
         .find(|c| c.op == Op::FusedMatmul)
         .expect("the fused product");
-    assert!(case.b_packed_ahead);
+    assert!(case.b_packed_ahead());
+    // Its weight is the one operand timed cold: x, the bias and the multiplier are inputs.
+    assert_eq!(case.weights, [false, true, false, false]);
     let choice = case.default_choice();
     let kernel = case.prepare(&choice).unwrap();
     let packed = case
@@ -567,7 +569,7 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
     check_output(&per_call, &want.data, KERNEL_ROUNDING).unwrap();
     // A right operand that is an input is packed by each call.
     let plain = matmul_case(8, 16, 8);
-    assert!(!plain.b_packed_ahead);
+    assert!(!plain.b_packed_ahead());
     let kernel = plain.prepare(&plain.default_choice()).unwrap();
     assert_eq!(plain.pack_ahead(&kernel).unwrap(), None);
 
