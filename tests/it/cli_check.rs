@@ -141,6 +141,25 @@ fn a_root_cause_is_reported_once() {
         stderr.contains("standard library directory `/nonexistent` does not exist"),
         "{stderr}"
     );
+    // A directory that holds none of the standard library (a wrong path) is one error too, not
+    // one per import and one per `std.targets` reference.
+    let empty = tempfile::tempdir().unwrap();
+    let dir = empty.path().to_str().unwrap();
+    let args = [
+        "--message-format",
+        "json",
+        "check",
+        "examples/tiny_llama.msl",
+    ];
+    let out = mslc(&[&args[..], &["--stdlib", dir]].concat());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(codes(&out), vec!["E0101".to_string()]);
+    let out = mslc(&["check", "examples/tiny_llama.msl", "--stdlib", dir]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("holds no standard library module"),
+        "{stderr}"
+    );
 }
 
 #[test]

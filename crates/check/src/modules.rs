@@ -204,7 +204,8 @@ pub struct Modules {
     /// Loaded modules.
     pub modules: Vec<Module>,
     by_key: HashMap<ModuleKey, usize>,
-    /// Whether `--stdlib DIR` named no directory (reported once): `std.*` names are poisoned.
+    /// Whether `--stdlib DIR` named no standard library directory (reported once): `std.*`
+    /// names are poisoned.
     pub stdlib_missing: bool,
 }
 
@@ -492,7 +493,12 @@ impl<'a> Loader<'a> {
             return Some(index);
         }
         if let (ModuleKey::Std(_), Some(dir)) = (&key, self.stdlib_dir) {
-            if !dir.is_dir() {
+            let holds_std = || {
+                EMBEDDED_STDLIB
+                    .iter()
+                    .any(|(n, _)| dir.join(format!("{n}.msl")).is_file())
+            };
+            if !dir.is_dir() || !holds_std() {
                 self.stdlib_dir_missing(dir, file, span);
                 return None;
             }
@@ -538,14 +544,17 @@ impl<'a> Loader<'a> {
         }
     }
 
-    /// One error for a `--stdlib` directory that does not exist, at the first import that
-    /// needs it; later `std.*` imports fail silently.
+    /// One error for a `--stdlib` directory that does not exist or holds none of the standard
+    /// library's modules (a wrong path), at the first import that needs it; later `std.*`
+    /// imports and `std.targets` references fail silently.
     fn stdlib_dir_missing(&mut self, dir: &Path, file: FileId, span: Span) {
         if self.modules.stdlib_missing {
             return;
         }
         self.modules.stdlib_missing = true;
-        let what = if dir.exists() {
+        let what = if dir.is_dir() {
+            "holds no standard library module (`nn.msl`, `llm.msl`, …)"
+        } else if dir.exists() {
             "is not a directory"
         } else {
             "does not exist"
