@@ -10,7 +10,7 @@
 //! packed first like the tiled path does. Every C element is still one chain of multiply-adds
 //! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
 
-use super::gemm::{block_range, Gemm, HalfType, PackedB};
+use super::gemm::{block_range, Gemm, HalfType, PackedB, Problem};
 #[cfg(target_arch = "x86_64")]
 use super::kernel::avx2_store;
 use super::kernel::{Isa, MAX_NR};
@@ -250,12 +250,12 @@ unsafe fn columns(
     // Worth it for cold panels (not packed by this call) that several row groups reuse: a
     // panel that one row group reads once streams well enough (decode shapes: 6 % slower).
     let cold_and_reused = groups > 1 && !matches!(source, PanelSource::Packed { ahead: false, .. });
-    // One row (a decode product) takes two full panels per call where a kernel for that exists.
+    // One row (a decode product) takes several full panels per call where a kernel does.
     let one_row = row_range.len() == 1;
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
         let accumulate = g.accumulate || p0 > 0;
-        // Panels before this one that the call of an earlier panel computed too.
+        // Panels after the last one called that its call computed too.
         let mut taken = 0;
         for jp in panels.clone() {
             if taken > 0 {
@@ -268,53 +268,20 @@ unsafe fn columns(
                 panel.len() >= (kcs - 1) * ldb + nr,
                 "gemm: B panel outside its buffer"
             );
-            let (first_start, half) = panel.start();
-            // Full panels from jp on with this one's stride and format, up to the most a call takes.
-            let mut starts = [first_start; MAX_ROW_PANELS];
-            let mut count = 1;
-            while one_row
-                && count < MAX_ROW_PANELS
-                && jp + count < panels.end
-                && n - (jp + count) * nr >= nr
-            {
-                let (next, next_ldb) = panel_at(jp + count, p0);
-                let (next_start, next_half) = next.start();
-                if next_ldb != ldb || next_half != half || next.len() < (kcs - 1) * ldb + nr {
-                    break;
-                }
-                starts[count] = next_start;
-                count += 1;
-            }
-            // The kernels take 2 or MAX_ROW_PANELS panels: of 3, two now and one alone after.
-            let count = match count {
-                MAX_ROW_PANELS => MAX_ROW_PANELS,
-                2 | 3 => 2,
-                _ => 1,
-            };
-            if let Some(kernel) =
-                row_panels_kernel(g.kernel.isa, half, count).filter(|_| cols == nr)
-            {
-                let r0 = row_range.start;
-                let last = a.offset + r0 * a.rs + (p0 + kcs - 1) * a.cs;
-                assert!(last < a.data.len(), "gemm: A rows outside their buffer");
-                let call = RowsCall {
-                    k: kcs,
-                    // SAFETY: the last element read is inside A (asserted above).
-                    a: unsafe { a.data.as_ptr().add(a.offset + r0 * a.rs + p0 * a.cs) },
-                    a_rs: a.rs,
-                    a_cs: a.cs,
-                    b: first_start,
-                    ldb,
-                    // SAFETY: columns jp * nr .. (jp + count) * nr of row r0 are this task's.
-                    c: unsafe { c.get().add(prob.c_offset + r0 * ldc + jp * nr) },
-                    ldc,
+            if one_row {
+                let slab = Slab {
+                    p0,
+                    steps: kcs,
                     accumulate,
                 };
-                // SAFETY: every panel holds the call's steps (checked above), C's row holds
-                // their columns, and `kernel` only exists where this CPU runs it.
-                unsafe { kernel(&call, &starts[..count]) };
-                taken = count - 1;
-                continue;
+                // SAFETY: row `row_range.start` of these panels' columns is this task's.
+                taken = unsafe {
+                    one_row_call(g, prob, row_range.start, slab, jp..panels.end, &panel_at, c)
+                };
+                if taken > 0 {
+                    taken -= 1;
+                    continue;
+                }
             }
             // The panel visited next (the next of this slab, else the first of the next slab),
             // prefetched a share before each row group's call on this one when B is cold.
@@ -370,6 +337,81 @@ unsafe fn columns(
         }
     }
     g.epilogue(prob, row_range, col0, row);
+}
+
+/// Steps `[p0, p0 + steps)` of k, added to C when `accumulate` (C holds an earlier slab's sum).
+#[derive(Clone, Copy)]
+struct Slab {
+    p0: usize,
+    steps: usize,
+    accumulate: bool,
+}
+
+/// Computes slab `slab` of row `r` of problem `prob` for the full panels from `panels.start`
+/// on, as many as one call of a one-row kernel over several panels takes (they must share a
+/// stride and format: [`row_panels_kernel`]); how many it computed, 0 when no such call
+/// applies (no kernel for this ISA, or fewer than two full panels).
+///
+/// # Safety
+/// `c` must point to the output buffer of [`Gemm::run_with`], and no other thread may touch
+/// row `r` of these panels' columns of this problem's C block meanwhile.
+unsafe fn one_row_call<'b>(
+    g: &Gemm<'_>,
+    prob: Problem,
+    r: usize,
+    slab: Slab,
+    panels: std::ops::Range<usize>,
+    panel_at: &impl Fn(usize, usize) -> (PackedB<'b>, usize),
+    c: SyncPtr,
+) -> usize {
+    let (n, nr, a) = (g.n, g.kernel.nr, g.a[prob.a]);
+    let Slab {
+        p0,
+        steps,
+        accumulate,
+    } = slab;
+    let jp = panels.start;
+    let (panel, ldb) = panel_at(jp, p0);
+    let (first_start, half) = panel.start();
+    let mut starts = [first_start; MAX_ROW_PANELS];
+    let mut count = 0;
+    while count < MAX_ROW_PANELS && jp + count < panels.end && n - (jp + count) * nr >= nr {
+        let (next, next_ldb) = panel_at(jp + count, p0);
+        let (next_start, next_half) = next.start();
+        if next_ldb != ldb || next_half != half || next.len() < (steps - 1) * ldb + nr {
+            break;
+        }
+        starts[count] = next_start;
+        count += 1;
+    }
+    // The kernels take 2 or MAX_ROW_PANELS panels: of 3, two now and one alone after.
+    let count = match count {
+        MAX_ROW_PANELS => MAX_ROW_PANELS,
+        2 | 3 => 2,
+        _ => return 0,
+    };
+    let Some(kernel) = row_panels_kernel(g.kernel.isa, half, count) else {
+        return 0;
+    };
+    let last = a.offset + r * a.rs + (p0 + steps - 1) * a.cs;
+    assert!(last < a.data.len(), "gemm: A rows outside their buffer");
+    let call = RowsCall {
+        k: steps,
+        // SAFETY: the last element read is inside A (asserted above).
+        a: unsafe { a.data.as_ptr().add(a.offset + r * a.rs + p0 * a.cs) },
+        a_rs: a.rs,
+        a_cs: a.cs,
+        b: first_start,
+        ldb,
+        // SAFETY: columns jp * nr .. (jp + count) * nr of row r are the caller's.
+        c: unsafe { c.get().add(prob.c_offset + r * g.ldc + jp * nr) },
+        ldc: g.ldc,
+        accumulate,
+    };
+    // SAFETY: every panel holds the call's steps (checked above), C's row holds their
+    // columns, and `kernel` only exists where this CPU runs it.
+    unsafe { kernel(&call, &starts[..count]) };
+    count
 }
 
 /// Step `p` of a row call's panel, as f32: the NR values there, widened from 16 bits when
