@@ -95,9 +95,10 @@ impl<'a> Candidate<'a> {
     /// Seconds per run ([`repeat`]ed), with the case's weights evicted from every cache level
     /// before each timed run: a forward reads each weight once, from memory (or from the last
     /// level for a model whose weights all fit there), while a kernel run over and over finds
-    /// them in L1 or L2. Timed warm, a decode product's candidates that read its weights as f32
-    /// rather than f16 panels won 1.9× here and lost 1.6× in the forward. TVM's CPU runner
-    /// flushes its operands for the same reason (`enable_cpu_cache_flush`).
+    /// them in L1 or L2. Timed warm, tiny_llama's decode products picked candidates reading
+    /// their weights as f32 rather than f16 panels (up to 2× faster here), and the forward with
+    /// them took 1.66× as long. TVM's CPU runner flushes its operands for the same reason
+    /// (`enable_cpu_cache_flush`).
     pub fn time(&self, runner: &dyn CandidateRunner, out: &mut [f32]) -> Result<f64, String> {
         let views = self.case.views();
         let weights: Vec<&[f32]> = views

@@ -105,9 +105,9 @@ const MAX_ROW_PANELS: usize = 4;
 /// [`MAX_ROW_PANELS`]), where one exists: AVX2's. Its one-row kernel waits on two chains of
 /// FMAs (four or five cycles each) per 64 bytes of B, too few loads in flight to stream a
 /// decode product's weights. With four panels per call, tiny_llama's 8-layer f32 decode
-/// forward (`mslc run … --dim S=1`) on a 2-core AVX2 EPYC went from 2.1 to 1.6 ms on 2
-/// threads and from 3.3 to 2.1 ms on one (two panels: 1.7 and 2.3 ms), with the same bits.
-/// AVX-512's one row reads 128 bytes per pair of chains.
+/// forward (`mslc run … --dim S=1`) on a 2-core AVX2 EPYC went from 2.2 to 1.7 ms on 2
+/// threads and from 3.4 to 2.1 ms on one, with the same bits (four panels rather than two:
+/// 6–10 % faster). AVX-512's one row reads 128 bytes per pair of chains.
 fn row_panels_kernel(isa: Isa, half: Option<HalfType>, count: usize) -> Option<RowPanelsFn> {
     macro_rules! of_width {
         ($p:expr) => {
