@@ -250,8 +250,9 @@ unsafe fn columns(
     // Worth it for cold panels (not packed by this call) that several row groups reuse: a
     // panel that one row group reads once streams well enough (decode shapes: 6 % slower).
     let cold_and_reused = groups > 1 && !matches!(source, PanelSource::Packed { ahead: false, .. });
-    // One row (a decode product) takes several full panels per call where a kernel does.
-    let one_row = row_range.len() == 1;
+    // One row (a decode product) takes several full panels per call where this ISA has such
+    // a kernel (every panel format has one where f32 does); elsewhere no panel asks.
+    let one_row = row_range.len() == 1 && row_panels_kernel(g.kernel.isa, None, 2).is_some();
     for p0 in (0..k).step_by(kc) {
         let kcs = kc.min(k - p0);
         let accumulate = g.accumulate || p0 > 0;
