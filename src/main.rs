@@ -8,6 +8,9 @@ use mslc_driver::stack::on_compiler_stack;
 
 fn main() -> ExitCode {
     mslc_exec::limits::return_large_blocks();
+    // Tests of a build with the cargo feature `failpoints` configure its fail points here.
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
     let failure = match on_compiler_stack(cli::main) {
         Ok(code) => return code,
         Err(e) => e.to_string(),

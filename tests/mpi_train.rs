@@ -14,7 +14,9 @@
 //! ([`interleaved_training`]). Each process's measured peak memory stays below its plan,
 //! within 5 % ([`memory_within_the_plan`]: pipelines, tensor parallel, 2 × 2 on 4 processes). A
 //! rank that hangs or dies mid-training ends the job within seconds, leaving whole checkpoints
-//! ([`a_rank_that_hangs_or_dies`]). Without mpiexec installed the test fails.
+//! ([`a_rank_that_hangs_or_dies`]); processes whose MPI_Finalize hangs end on their own, their
+//! work done ([`a_finalisation_that_hangs`], cargo feature `failpoints`). Without mpiexec
+//! installed the test fails.
 
 #[path = "shared/checkpoints.rs"]
 mod checkpoints;
@@ -360,9 +362,11 @@ fn main() {
     let (code, stdout, stderr, got) = forward(dir, "net.msl", &args, at, &mpi, &["--mpi"]);
     assert_eq!(code, 0, "mpiexec -n 2 mslc run:\n{stdout}{stderr}");
     assert_eq!(stdout.matches("ran Net").count(), 1, "{stdout}{stderr}");
+    assert!(!stderr.contains("MPI_Finalize"), "{stderr}");
     assert_eq!(got.len(), 6 * CLASSES);
     assert_rel("data-parallel logits", &got, &want, 1e-5);
     println!("mpiexec -n 2 mslc run --mpi: data-parallel logits match one device within 1e-5");
+    a_finalisation_that_hangs(dir, &args, &want);
 
     tensor_parallel_training(dir);
     pipeline_training(dir);
@@ -490,6 +494,29 @@ fn a_rank_that_hangs_or_dies(dir: &Path) {
              checkpoint, step {last}, resumes"
         );
     }
+}
+
+/// Processes whose MPI_Finalize never returns, as over UCX's TCP transport between machines
+/// (the fail point `mpi-finalize` paused in both): the job ends once the 30 s grace is over,
+/// with the command's status and a warning, after writing what the command writes.
+fn a_finalisation_that_hangs(dir: &Path, args: &[&str], want: &[f64]) {
+    let hanging = ["env", "FAILPOINTS=mpi-finalize=pause", "mpiexec", "-n", "2"];
+    let start = Instant::now();
+    let at = ("fwd-hung", "logits");
+    let (code, stdout, stderr, got) = forward(dir, "net.msl", args, at, &hanging, &["--mpi"]);
+    let took = start.elapsed();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        took >= Duration::from_secs(30) && took < Duration::from_secs(60),
+        "took {took:?}:\n{stderr}"
+    );
+    let warning = "MPI_Finalize did not return within 30 s";
+    // Each process says so as it ends; once one has, mpiexec may end the job before the
+    // other's words reach it.
+    assert!(stderr.contains(warning), "{stderr}");
+    assert_eq!(stdout.matches("ran Net").count(), 1, "{stdout}{stderr}");
+    assert_rel("logits of a hung MPI_Finalize", &got, want, 1e-5);
+    println!("MPI_Finalize hanging in both processes: the job ended after {took:.1?}, status 0");
 }
 
 /// The process id of MPI rank `rank` of the mslc job writing to `out` (MPICH's launcher

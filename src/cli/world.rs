@@ -84,6 +84,10 @@ pub fn command(
             );
             std::process::exit(i32::from(status))
         });
+        // Where tests make finalisation hang (cargo feature `failpoints`,
+        // `FAILPOINTS=mpi-finalize=pause`), as UCX's does across machines.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("mpi-finalize");
     }
     // The world drops here, finalising MPI, once the outcome is printed.
     status
