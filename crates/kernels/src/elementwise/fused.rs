@@ -75,22 +75,29 @@ impl Layout {
         Self { shape, strides }
     }
 
-    /// Writes elements `start..start + dst.len()` of input `i` (broadcast) into `dst`.
+    /// Writes elements `start..start + dst.len()` of input `i` (broadcast) into `dst`, run by
+    /// run along the last dim, stepping the position in the others from one run to the next
+    /// rather than working it out anew: a short last dim (a `[C, 1, 1]` scale over 2×2 images)
+    /// makes a run of every few elements.
     fn gather(&self, i: usize, data: &[f32], start: usize, dst: &mut [f32]) {
         let strides = &self.strides[i];
         let last = self.shape.len() - 1;
-        let mut pos = start;
-        let end = start + dst.len();
-        while pos < end {
-            let mut rest = pos;
-            let mut offset = 0;
-            for d in (0..=last).rev() {
-                offset += (rest % self.shape[d]) * strides[d];
-                rest /= self.shape[d];
-            }
-            let run = (self.shape[last] - pos % self.shape[last]).min(end - pos);
-            let out = &mut dst[pos - start..pos - start + run];
-            match strides[last] {
+        let (columns, step) = (self.shape[last], strides[last]);
+        // Where `start` lies: its column, its index in every other dim, its offset in `data`.
+        let mut column = start % columns;
+        let mut index = vec![0; last];
+        let mut offset = column * step;
+        let mut rest = start / columns;
+        for d in (0..last).rev() {
+            index[d] = rest % self.shape[d];
+            offset += index[d] * strides[d];
+            rest /= self.shape[d];
+        }
+        let mut done = 0;
+        while done < dst.len() {
+            let run = (columns - column).min(dst.len() - done);
+            let out = &mut dst[done..done + run];
+            match step {
                 0 => out.fill(data[offset]),
                 1 => out.copy_from_slice(&data[offset..offset + run]),
                 s => out
@@ -98,7 +105,19 @@ impl Layout {
                     .enumerate()
                     .for_each(|(j, o)| *o = data[offset + j * s]),
             }
-            pos += run;
+            done += run;
+            // The next run starts the next row: column 0, the other dims counted up by one.
+            offset -= column * step;
+            column = 0;
+            for d in (0..last).rev() {
+                index[d] += 1;
+                offset += strides[d];
+                if index[d] < self.shape[d] {
+                    break;
+                }
+                offset -= strides[d] * self.shape[d];
+                index[d] = 0;
+            }
         }
     }
 }

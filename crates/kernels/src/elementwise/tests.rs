@@ -79,7 +79,7 @@ proptest! {
 
     #[test]
     fn blocks_broadcast_and_threads_do_not_change_bits(
-        out_shape in prop::collection::vec(1usize..6, 0..4),
+        out_shape in prop::collection::vec(1usize..6, 0..6),
         inputs in 1usize..4,
         len in 1usize..8,
         block in prop::sample::select(vec![1usize, 3, 16, 2048]),
