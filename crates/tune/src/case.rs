@@ -139,15 +139,15 @@ impl Case {
                     .bytes()
                     .fold(0x5EED, |h, b| h.rotate_left(5) ^ u64::from(b)),
             );
-            let integer = prepare(
+            let kernel = prepare(
                 op,
                 &self.attrs,
                 &default_choice(op),
                 &self.inputs,
                 &self.output,
             )
-            .ok()
-            .and_then(|k| k.integer_input());
+            .ok();
+            let integer = kernel.as_ref().and_then(StepKernel::integer_input);
             let mut ints = Vec::new();
             let data = shapes
                 .iter()
@@ -155,9 +155,11 @@ impl Case {
                 .map(|(j, shape)| {
                     let len: usize = shape.iter().product();
                     if Some(j) == integer {
-                        // Ids index the embedding table's rows, labels the logits' classes.
-                        let bound = match op {
-                            Op::Embedding => shapes.get(1).and_then(|s| s.first()).copied(),
+                        // Ids index the embedding table's rows (or its gradient's), labels
+                        // the logits' classes.
+                        let bound = match (op, &kernel) {
+                            (Op::Embedding, _) => shapes.get(1).and_then(|s| s.first()).copied(),
+                            (_, Some(StepKernel::EmbeddingGrad(vocab, _))) => Some(*vocab),
                             _ => shapes.first().and_then(|s| s.last()).copied(),
                         }
                         .unwrap_or(1)
@@ -167,7 +169,12 @@ impl Case {
                     } else {
                         // Values the operand's dtype holds, as the executor's are (a weight
                         // stored in f16 may be packed in f16 panels, exactly).
-                        let values: Vec<f32> = (0..len).map(|_| rng.uniform()).collect();
+                        // A batch norm's running variance (input 2) is never negative.
+                        let variance = op == Op::BatchNorm && j == 2;
+                        let values: Vec<f32> = (0..len)
+                            .map(|_| rng.uniform())
+                            .map(|v| if variance { v.abs() } else { v })
+                            .collect();
                         let mut held = values.clone();
                         match self.inputs[j].dtype {
                             DType::F16 => convert::round_through_f16(&values, &mut held),

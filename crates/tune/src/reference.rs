@@ -68,6 +68,22 @@ pub fn reference_output(
         StepKernel::CrossEntropy(attrs, _) => {
             text(reference::cross_entropy(x(0), ints, x(1).shape, attrs))
         }
+        StepKernel::CrossEntropyGrad(attrs, _) => {
+            let dloss = x(2).data.first().copied().unwrap_or(f32::NAN);
+            text(reference::cross_entropy_grad(
+                x(0),
+                ints,
+                x(1).shape,
+                dloss,
+                attrs,
+            ))
+        }
+        StepKernel::BatchNorm(eps, _) => text(reference::batch_norm(x(0), x(1), x(2), *eps)),
+        StepKernel::NormGrad(true, eps, _) => text(reference::rms_norm_grad(x(0), x(1), *eps)),
+        StepKernel::NormGrad(false, eps, _) => text(reference::layer_norm_grad(x(0), x(1), *eps)),
+        StepKernel::EmbeddingGrad(vocab, _) => {
+            text(reference::embedding_grad(ints, x(0).shape, x(1), *vocab))
+        }
         _ => return None,
     };
     Some(result)

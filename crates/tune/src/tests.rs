@@ -125,6 +125,70 @@ fn a_wrong_candidate_is_rejected_and_never_wins() {
     assert_eq!(o.candidates, 1, "only the default was measured");
 }
 
+/// Inference batch norm and the single-output kernels of a training step's backward
+/// (norm, embedding and cross-entropy gradients) are searched against their reference
+/// kernels like the forward's, not skipped.
+#[test]
+fn batch_norm_and_backward_kernels_are_searched() {
+    let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
+    let ids = TensorType::new(DType::I32, vec![4, 6]);
+    let eps = Attrs::new().with("eps", 1e-5f64);
+    let losses = Attrs::new()
+        .with("ignore_index", -100i64)
+        .with("label_smoothing", 0.1f64);
+    let cases = [
+        (
+            Op::BatchNorm,
+            Attrs::new().with("eps", 1e-5f64).with("momentum", 0.1f64),
+            vec![f32_of(&[2, 8, 5, 5]), f32_of(&[8]), f32_of(&[8])],
+            f32_of(&[2, 8, 5, 5]),
+        ),
+        (
+            Op::RmsNormGrad,
+            eps.clone(),
+            vec![f32_of(&[24, 32]), f32_of(&[24, 32])],
+            f32_of(&[24, 32]),
+        ),
+        (
+            Op::LayerNormGrad,
+            eps,
+            vec![f32_of(&[24, 32]), f32_of(&[24, 32])],
+            f32_of(&[24, 32]),
+        ),
+        (
+            Op::EmbeddingGrad,
+            Attrs::new().with("vocab", 50i64),
+            vec![ids.clone(), f32_of(&[4, 6, 16])],
+            f32_of(&[50, 16]),
+        ),
+        (
+            Op::CrossEntropyGrad,
+            losses,
+            vec![f32_of(&[4, 6, 40]), ids, f32_of(&[])],
+            f32_of(&[4, 6, 40]),
+        ),
+    ]
+    .map(|(op, attrs, inputs, output)| Case::new(format!("{op:?}"), op, attrs, inputs, output, 0));
+    let mut kb = KnowledgeBase::default();
+    let stop = AtomicBool::new(false);
+    let options = options(150 * cases.len() as u64);
+    let report = tune(
+        &cases,
+        &mut kb,
+        None,
+        &options,
+        &KernelRunner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap();
+    for o in &report.outcomes {
+        assert_eq!(o.source, Source::Measured, "{}", o.signature);
+        assert!(o.candidates >= 1, "{}", o.signature);
+        assert!(o.rejected.is_empty(), "{}: {:?}", o.signature, o.rejected);
+    }
+}
+
 #[test]
 fn a_second_run_reuses_the_knowledge_base_and_measures_nothing() {
     let dir = tempfile::tempdir().unwrap();
