@@ -23,8 +23,10 @@ pub struct Case {
     pub attrs: Attrs,
     /// The operand types.
     pub inputs: Vec<TensorType>,
-    /// The result type.
+    /// The result type (a multi-output step's first).
     pub output: TensorType,
+    /// A multi-output step's further result types, in order (`attention_grad`'s dk and dv).
+    pub more_outputs: Vec<TensorType>,
     /// The steps of the module with this signature.
     pub steps: Vec<usize>,
     /// Which inputs are the module's weights ([`Module::packed_ahead`]: fixed parameters and
@@ -68,6 +70,7 @@ impl Case {
             };
             let inputs: Vec<TensorType> = step.inputs.iter().map(ty).collect();
             let mut case = Case::new(sig, step.op, step.attrs.clone(), inputs, output, i);
+            case.more_outputs = step.outputs.iter().skip(1).map(ty).collect();
             case.weights = step
                 .inputs
                 .iter()
@@ -111,10 +114,7 @@ impl Case {
         output: TensorType,
         step: usize,
     ) -> Case {
-        let shapes: Vec<Vec<usize>> = inputs
-            .iter()
-            .map(|t| t.shape.iter().map(|&d| d.max(0) as usize).collect())
-            .collect();
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(kernel_shape).collect();
         let weights = vec![false; inputs.len()];
         Case {
             signature,
@@ -122,6 +122,7 @@ impl Case {
             attrs,
             inputs,
             output,
+            more_outputs: Vec::new(),
             steps: vec![step],
             weights,
             seeded: OnceLock::new(),
@@ -245,19 +246,28 @@ impl Case {
         &self.seeded().ints
     }
 
-    /// Elements of the result.
+    /// Elements of the results, which a candidate writes one after another.
     pub fn output_len(&self) -> usize {
-        self.output_shape().iter().product()
+        self.output_lens().iter().sum()
     }
 
-    /// The result's shape.
-    pub fn output_shape(&self) -> Vec<usize> {
-        self.output
-            .shape
-            .iter()
-            .map(|&d| d.max(0) as usize)
+    /// Elements of each result, in order.
+    pub fn output_lens(&self) -> Vec<usize> {
+        std::iter::once(&self.output)
+            .chain(&self.more_outputs)
+            .map(|t| kernel_shape(t).iter().product())
             .collect()
     }
+
+    /// The (first) result's shape.
+    pub fn output_shape(&self) -> Vec<usize> {
+        kernel_shape(&self.output)
+    }
+}
+
+/// A type's shape as the kernels take it.
+fn kernel_shape(t: &TensorType) -> Vec<usize> {
+    t.shape.iter().map(|&d| d.max(0) as usize).collect()
 }
 
 /// The binding's default kernel for `op`.

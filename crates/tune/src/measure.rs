@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use mslc_core::ops::DType;
 use mslc_kernels::binding::KernelChoice;
-use mslc_kernels::step::{Operands, StepKernel};
+use mslc_kernels::step::{Operands, StepKernel, MAX_OUTPUTS};
 
 use crate::case::Case;
 
@@ -40,13 +40,22 @@ impl CandidateRunner for KernelRunner {
     ) -> Result<(), String> {
         let inputs = case.views();
         let shape = case.output_shape();
+        let mut outputs = split_outputs(case, out).into_iter();
+        let out = outputs.next().ok_or("a step with no output")?;
+        let mut more_outs: [Option<&mut [f32]>; MAX_OUTPUTS - 1] = Default::default();
+        for (slot, more) in more_outs.iter_mut().zip(outputs.by_ref()) {
+            *slot = Some(more);
+        }
+        if outputs.next().is_some() {
+            return Err(format!("a step writes at most {MAX_OUTPUTS} outputs"));
+        }
         let io = Operands {
             inputs: &inputs,
             ints: case.ints(),
             out,
             out_shape: &shape,
             in_place: false,
-            more_outs: Default::default(),
+            more_outs,
         };
         kernel
             .run_with_packed_b(io, packed_b)
@@ -125,10 +134,44 @@ impl<'a> Candidate<'a> {
     ) -> Result<f64, String> {
         self.run_once(runner, out)
             .map_err(|e| format!("fails to run: {e}"))?;
-        check_output(out, reference, KERNEL_ROUNDING).map_err(|e| format!("wrong result: {e}"))?;
+        check_outputs(self.case, out, reference).map_err(|e| format!("wrong result: {e}"))?;
         self.time(runner, out)
             .map_err(|e| format!("fails to run: {e}"))
     }
+}
+
+/// A case's outputs, one after another in `out`, as slices of it.
+fn split_outputs<'o>(case: &Case, mut out: &'o mut [f32]) -> Vec<&'o mut [f32]> {
+    case.output_lens()
+        .into_iter()
+        .map(|len| {
+            let len = len.min(out.len());
+            let (this, rest) = std::mem::take(&mut out).split_at_mut(len);
+            out = rest;
+            this
+        })
+        .collect()
+}
+
+/// [`check_output`] of each of a case's outputs against the reference's, which lie one after
+/// another in `got` and `want` alike (each output's own scale sets its tolerance).
+fn check_outputs(case: &Case, got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return check_output(got, want, KERNEL_ROUNDING);
+    }
+    let lens = case.output_lens();
+    let mut start = 0;
+    for (i, len) in lens.iter().enumerate() {
+        let span = start..start + len;
+        check_output(&got[span.clone()], &want[span], KERNEL_ROUNDING).map_err(|e| {
+            match lens.len() {
+                1 => e,
+                _ => format!("output {i}: {e}"),
+            }
+        })?;
+        start += len;
+    }
+    Ok(())
 }
 
 /// The rounding of a kernel's own output, which it writes in f32 whatever the case's dtypes.

@@ -7,17 +7,19 @@ use mslc_kernels::elementwise::BinaryOp;
 use mslc_kernels::step::StepKernel;
 use mslc_kernels::{reference, Activation, KernelResult, Tensor, TensorRef};
 
-/// The reference result of `kernel` (prepared for a step of `op` with `attrs`) on `inputs`
-/// (an integer input's values in `ints`), or `None` when the kernel has no reference here.
+/// The reference results of `kernel` (prepared for a step of `op` with `attrs`) on `inputs`
+/// (an integer input's values in `ints`), a multi-output step's one after another, or `None`
+/// when the kernel has no reference here.
 pub fn reference_output(
     kernel: &StepKernel,
     op: Op,
     attrs: &Attrs,
     inputs: &[TensorRef<'_>],
     ints: &[i64],
-) -> Option<Result<Tensor, String>> {
+) -> Option<Result<Vec<f32>, String>> {
     let x = |i: usize| inputs[i];
-    let text = |r: KernelResult<Tensor>| r.map_err(|e| e.to_string());
+    let text = |r: KernelResult<Tensor>| r.map(|t| vec![t]).map_err(|e| e.to_string());
+    let texts = |r: KernelResult<Vec<Tensor>>| r.map_err(|e| e.to_string());
     let result = match kernel {
         StepKernel::Unary(u, _) => text(reference::unary(*u, x(0))),
         StepKernel::Binary(b, _, _) => text(reference::binary(*b, x(0), x(1))),
@@ -42,11 +44,32 @@ pub fn reference_output(
             *causal,
             Some(*scale),
         )),
-        // Multi-output steps are not searched: the tuner compares one output per candidate,
-        // so they keep their default parameters.
-        StepKernel::AttentionLse { .. }
-        | StepKernel::AttentionGrad { .. }
-        | StepKernel::NormAffineGrad(..) => return None,
+        StepKernel::AttentionLse { causal, scale, .. } => {
+            let (q, k, v, scale) = (x(0), x(1), x(2), Some(*scale));
+            texts(
+                reference::attention(q, k, v, *causal, scale).and_then(|out| {
+                    Ok(vec![
+                        out,
+                        reference::attention_lse(q, k, v, *causal, scale)?,
+                    ])
+                }),
+            )
+        }
+        StepKernel::AttentionGrad { causal, scale, .. } => texts(
+            (0..3)
+                .map(|wrt| {
+                    let [q, k, v, out, dout, lse] = [0, 1, 2, 3, 4, 5].map(x);
+                    reference::attention_grad(q, k, v, out, dout, lse, *causal, Some(*scale), wrt)
+                })
+                .collect(),
+        ),
+        StepKernel::NormAffineGrad(centered, eps, _) => texts(reference::norm_affine_grad(
+            *centered,
+            x(0),
+            x(1),
+            x(2),
+            *eps,
+        )),
         StepKernel::Transpose(perm, _) => text(reference::transpose(x(0), perm)),
         StepKernel::Reduce(rop, axes, keepdim, _) => {
             text(reference::reduce(x(0), *rop, axes, *keepdim))
@@ -84,7 +107,9 @@ pub fn reference_output(
         StepKernel::EmbeddingGrad(vocab, _) => {
             text(reference::embedding_grad(ints, x(0).shape, x(1), *vocab))
         }
+        // `adam_update` updates its operands in place: a run is not repeatable on the same
+        // inputs, so it keeps its default parameters (which never change its values).
         _ => return None,
     };
-    Some(result)
+    Some(result.map(|outputs| outputs.into_iter().flat_map(|t| t.data).collect()))
 }

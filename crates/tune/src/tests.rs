@@ -77,7 +77,11 @@ impl CandidateRunner for Planted {
         self.runs.fetch_add(1, Ordering::Relaxed);
         KernelRunner.run(case, choice, kernel, packed_b, out)?;
         if self.break_others && *choice != case.default_choice() {
-            out[out.len() / 2] += 0.5;
+            // The last output's middle value (a multi-output step writes its outputs one
+            // after another).
+            let last = case.output_lens().last().copied().unwrap_or(0);
+            let at = out.len() - last + last / 2;
+            out[at] += 0.5;
         }
         Ok(())
     }
@@ -125,9 +129,10 @@ fn a_wrong_candidate_is_rejected_and_never_wins() {
     assert_eq!(o.candidates, 1, "only the default was measured");
 }
 
-/// Inference batch norm and the single-output kernels of a training step's backward
-/// (norm, embedding and cross-entropy gradients) are searched against their reference
-/// kernels like the forward's, not skipped.
+/// Inference batch norm and the kernels of a training step's backward (norm, embedding and
+/// cross-entropy gradients; the multi-output attention with its log-sum-exps, attention
+/// gradient and affine norm gradients, each output checked) are searched against their
+/// reference kernels like the forward's, not skipped.
 #[test]
 fn batch_norm_and_backward_kernels_are_searched() {
     let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
@@ -168,7 +173,10 @@ fn batch_norm_and_backward_kernels_are_searched() {
             f32_of(&[4, 6, 40]),
         ),
     ]
-    .map(|(op, attrs, inputs, output)| Case::new(format!("{op:?}"), op, attrs, inputs, output, 0));
+    .map(|(op, attrs, inputs, output)| Case::new(format!("{op:?}"), op, attrs, inputs, output, 0))
+    .into_iter()
+    .chain(multi_output_cases())
+    .collect::<Vec<_>>();
     let mut kb = KnowledgeBase::default();
     let stop = AtomicBool::new(false);
     let options = options(150 * cases.len() as u64);
@@ -187,6 +195,85 @@ fn batch_norm_and_backward_kernels_are_searched() {
         assert!(o.candidates >= 1, "{}", o.signature);
         assert!(o.rejected.is_empty(), "{}: {:?}", o.signature, o.rejected);
     }
+}
+
+/// Steps of the backward that write several outputs.
+fn multi_output_cases() -> Vec<Case> {
+    let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
+    let (qkv, lse) = (f32_of(&[2, 20, 2, 8]), f32_of(&[2, 20, 2]));
+    let causal = Attrs::new().with("causal", true);
+    let eps = Attrs::new().with("eps", 1e-5f64);
+    let (x, w) = (f32_of(&[24, 32]), f32_of(&[32]));
+    let mut attention_grad_inputs = vec![qkv.clone(); 5];
+    attention_grad_inputs.push(lse.clone());
+    [
+        (
+            Op::AttentionLse,
+            causal.clone(),
+            vec![qkv.clone(); 3],
+            vec![qkv.clone(), lse],
+        ),
+        (
+            Op::AttentionGrad,
+            causal,
+            attention_grad_inputs,
+            vec![qkv; 3],
+        ),
+        (
+            Op::RmsNormScaleGrad,
+            eps.clone(),
+            vec![x.clone(), w.clone(), x.clone()],
+            vec![x.clone(), w.clone()],
+        ),
+        (
+            Op::LayerNormAffineGrad,
+            eps,
+            vec![x.clone(), w.clone(), x.clone()],
+            vec![x, w.clone(), w],
+        ),
+    ]
+    .into_iter()
+    .map(|(op, attrs, inputs, mut outputs)| {
+        let first = outputs.remove(0);
+        let mut case = Case::new(format!("{op:?}"), op, attrs, inputs, first, 0);
+        case.more_outputs = outputs;
+        case
+    })
+    .collect()
+}
+
+/// A candidate that is wrong only in a multi-output step's last output is rejected.
+#[test]
+fn a_candidate_wrong_in_a_later_output_is_rejected() {
+    let runner = Planted {
+        runs: AtomicUsize::new(0),
+        break_others: true,
+    };
+    let cases: Vec<Case> = multi_output_cases()
+        .into_iter()
+        .filter(|c| c.op == Op::AttentionGrad)
+        .collect();
+    let mut kb = KnowledgeBase::default();
+    let stop = AtomicBool::new(false);
+    let report = tune(
+        &cases,
+        &mut kb,
+        None,
+        &options(400),
+        &runner,
+        &stop,
+        &mut Quiet,
+    )
+    .unwrap();
+    let o = &report.outcomes[0];
+    assert_eq!(o.source, Source::Measured);
+    assert!(
+        o.rejected
+            .iter()
+            .any(|r| r.reason.starts_with("wrong result: output 2:")),
+        "{:?}",
+        o.rejected
+    );
 }
 
 #[test]
@@ -630,7 +717,7 @@ fn weights_are_timed_packed_ahead_as_the_executor_reads_them() {
     let want = reference_output(&kernel, case.op, &case.attrs, &views, case.ints())
         .unwrap()
         .unwrap();
-    check_output(&per_call, &want.data, KERNEL_ROUNDING).unwrap();
+    check_output(&per_call, &want, KERNEL_ROUNDING).unwrap();
     // A right operand that is an input is packed by each call.
     let plain = matmul_case(8, 16, 8);
     assert!(!plain.b_packed_ahead());

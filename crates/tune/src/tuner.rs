@@ -298,8 +298,7 @@ impl<'a> Tuning<'a> {
         let reference =
             reference_output(default.kernel(), case.op, &case.attrs, &views, case.ints())
                 .ok_or_else(|| "no reference kernel to check candidates against".to_string())?
-                .map_err(|e| format!("the reference kernel fails: {e}"))?
-                .data;
+                .map_err(|e| format!("the reference kernel fails: {e}"))?;
         let mut out = vec![0.0; case.output_len()];
         let t = default
             .checked_time(self.runner, &reference, &mut out)
