@@ -14,8 +14,9 @@ use crate::case::Case;
 /// Runs a prepared candidate kernel on a case's inputs. The tuner times and checks whatever
 /// this writes; tests wrap [`KernelRunner`] to plant wrong or failing candidates.
 pub trait CandidateRunner: Sync {
-    /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out`, reading input 1
-    /// from `packed_b` when given ([`Case::pack_ahead`]).
+    /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out` (a multi-output
+    /// step's outputs one after another), reading input 1 from `packed_b` when given
+    /// ([`Case::pack_ahead`]).
     fn run(
         &self,
         case: &Case,
