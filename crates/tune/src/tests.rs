@@ -27,7 +27,7 @@ use crate::graph::{
 use crate::kb::KnowledgeBase;
 use crate::measure::{check_output, CandidateRunner, KernelRunner, CONFIRM, KERNEL_ROUNDING};
 use crate::reference::reference_output;
-use crate::tuner::{tune, Observer, Options, Progress, Source};
+use crate::tuner::{tune, Observer, Options, Outcome, Progress, Source};
 
 fn matmul_case(m: i64, k: i64, n: i64) -> Case {
     let a = TensorType::new(DType::F32, vec![m, k]);
@@ -93,17 +93,18 @@ impl Observer for Quiet {
     fn progress(&mut self, _: &Progress<'_>) {}
 }
 
-#[test]
-fn a_wrong_candidate_is_rejected_and_never_wins() {
+/// Tunes `cases` with every candidate but the default corrupted ([`Planted`]): the first
+/// signature's outcome, once checked that it was measured and that a candidate was rejected
+/// for a reason starting with `reason`.
+fn tune_planting_wrong_candidates(cases: &[Case], reason: &str) -> Outcome {
     let runner = Planted {
         runs: AtomicUsize::new(0),
         break_others: true,
     };
-    let cases = [matmul_case(24, 40, 36)];
     let mut kb = KnowledgeBase::default();
     let stop = AtomicBool::new(false);
     let report = tune(
-        &cases,
+        cases,
         &mut kb,
         None,
         &options(400),
@@ -112,19 +113,23 @@ fn a_wrong_candidate_is_rejected_and_never_wins() {
         &mut Quiet,
     )
     .unwrap();
-    let o = &report.outcomes[0];
+    let o = report.outcomes.into_iter().next().expect("an outcome");
     assert_eq!(o.source, Source::Measured);
+    assert!(
+        o.rejected.iter().any(|r| r.reason.starts_with(reason)),
+        "{:?}",
+        o.rejected
+    );
+    o
+}
+
+#[test]
+fn a_wrong_candidate_is_rejected_and_never_wins() {
+    let o = tune_planting_wrong_candidates(&[matmul_case(24, 40, 36)], "wrong result");
     assert_eq!(
         o.params,
         choose_kernel(Op::Matmul).params,
         "the default stays"
-    );
-    assert!(
-        o.rejected
-            .iter()
-            .any(|r| r.reason.starts_with("wrong result")),
-        "{:?}",
-        o.rejected
     );
     assert_eq!(o.candidates, 1, "only the default was measured");
 }
@@ -245,35 +250,11 @@ fn multi_output_cases() -> Vec<Case> {
 /// A candidate that is wrong only in a multi-output step's last output is rejected.
 #[test]
 fn a_candidate_wrong_in_a_later_output_is_rejected() {
-    let runner = Planted {
-        runs: AtomicUsize::new(0),
-        break_others: true,
-    };
     let cases: Vec<Case> = multi_output_cases()
         .into_iter()
         .filter(|c| c.op == Op::AttentionGrad)
         .collect();
-    let mut kb = KnowledgeBase::default();
-    let stop = AtomicBool::new(false);
-    let report = tune(
-        &cases,
-        &mut kb,
-        None,
-        &options(400),
-        &runner,
-        &stop,
-        &mut Quiet,
-    )
-    .unwrap();
-    let o = &report.outcomes[0];
-    assert_eq!(o.source, Source::Measured);
-    assert!(
-        o.rejected
-            .iter()
-            .any(|r| r.reason.starts_with("wrong result: output 2:")),
-        "{:?}",
-        o.rejected
-    );
+    tune_planting_wrong_candidates(&cases, "wrong result: output 2:");
 }
 
 #[test]
