@@ -76,23 +76,21 @@ impl Layout {
     }
 
     /// Writes elements `start..start + dst.len()` of input `i` (broadcast) into `dst`, run by
-    /// run along the last dim, stepping the position in the others from one run to the next
-    /// rather than working it out anew: a short last dim (a `[C, 1, 1]` scale over 2×2 images)
-    /// makes a run of every few elements.
+    /// run along the last dim. From one run to the next the offset steps along the dim before
+    /// the last, and is worked out anew only when that dim wraps: a short last dim (a
+    /// `[C, 1, 1]` scale over 2×2 images) makes a run of every few elements.
     fn gather(&self, i: usize, data: &[f32], start: usize, dst: &mut [f32]) {
         let strides = &self.strides[i];
         let last = self.shape.len() - 1;
         let (columns, step) = (self.shape[last], strides[last]);
-        // Where `start` lies: its column, its index in every other dim, its offset in `data`.
+        // The dim before the last, and its stride (a one-row stand-in for a 1-D layout).
+        let (rows, row_step) = match last {
+            0 => (1, 0),
+            _ => (self.shape[last - 1], strides[last - 1]),
+        };
         let mut column = start % columns;
-        let mut index = vec![0; last];
-        let mut offset = column * step;
-        let mut rest = start / columns;
-        for d in (0..last).rev() {
-            index[d] = rest % self.shape[d];
-            offset += index[d] * strides[d];
-            rest /= self.shape[d];
-        }
+        let mut row = start / columns % rows;
+        let mut offset = self.offset(i, start);
         let mut done = 0;
         while done < dst.len() {
             let run = (columns - column).min(dst.len() - done);
@@ -106,19 +104,26 @@ impl Layout {
                     .for_each(|(j, o)| *o = data[offset + j * s]),
             }
             done += run;
-            // The next run starts the next row: column 0, the other dims counted up by one.
-            offset -= column * step;
+            row += 1;
+            offset = if row < rows {
+                offset - column * step + row_step
+            } else {
+                row = 0;
+                self.offset(i, start + done)
+            };
             column = 0;
-            for d in (0..last).rev() {
-                index[d] += 1;
-                offset += strides[d];
-                if index[d] < self.shape[d] {
-                    break;
-                }
-                offset -= strides[d] * self.shape[d];
-                index[d] = 0;
-            }
         }
+    }
+
+    /// Where output element `pos` reads input `i`.
+    fn offset(&self, i: usize, pos: usize) -> usize {
+        let mut rest = pos;
+        let mut offset = 0;
+        for (&len, &stride) in self.shape.iter().zip(&self.strides[i]).rev() {
+            offset += (rest % len) * stride;
+            rest /= len;
+        }
+        offset
     }
 }
 
