@@ -248,15 +248,14 @@ impl Case {
 
     /// Elements of the results, which a candidate writes one after another.
     pub fn output_len(&self) -> usize {
-        self.output_lens().iter().sum()
+        self.output_lens().sum()
     }
 
     /// Elements of each result, in order.
-    pub fn output_lens(&self) -> Vec<usize> {
+    pub fn output_lens(&self) -> impl Iterator<Item = usize> + '_ {
         std::iter::once(&self.output)
             .chain(&self.more_outputs)
-            .map(|t| kernel_shape(t).iter().product())
-            .collect()
+            .map(|t| kernel_dims(t).product())
     }
 
     /// The (first) result's shape.
@@ -265,9 +264,14 @@ impl Case {
     }
 }
 
+/// A type's dims as the kernels take them.
+fn kernel_dims(t: &TensorType) -> impl Iterator<Item = usize> + '_ {
+    t.shape.iter().map(|&d| d.max(0) as usize)
+}
+
 /// A type's shape as the kernels take it.
 fn kernel_shape(t: &TensorType) -> Vec<usize> {
-    t.shape.iter().map(|&d| d.max(0) as usize).collect()
+    kernel_dims(t).collect()
 }
 
 /// The binding's default kernel for `op`.

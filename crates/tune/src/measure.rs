@@ -41,15 +41,7 @@ impl CandidateRunner for KernelRunner {
     ) -> Result<(), String> {
         let inputs = case.views();
         let shape = case.output_shape();
-        let mut outputs = split_outputs(case, out).into_iter();
-        let out = outputs.next().ok_or("a step with no output")?;
-        let mut more_outs: [Option<&mut [f32]>; MAX_OUTPUTS - 1] = Default::default();
-        for (slot, more) in more_outs.iter_mut().zip(outputs.by_ref()) {
-            *slot = Some(more);
-        }
-        if outputs.next().is_some() {
-            return Err(format!("a step writes at most {MAX_OUTPUTS} outputs"));
-        }
+        let (out, more_outs) = split_outputs(case, out)?;
         let io = Operands {
             inputs: &inputs,
             ints: case.ints(),
@@ -141,17 +133,26 @@ impl<'a> Candidate<'a> {
     }
 }
 
-/// A case's outputs, one after another in `out`, as slices of it.
-fn split_outputs<'o>(case: &Case, mut out: &'o mut [f32]) -> Vec<&'o mut [f32]> {
-    case.output_lens()
-        .into_iter()
-        .map(|len| {
-            let len = len.min(out.len());
-            let (this, rest) = std::mem::take(&mut out).split_at_mut(len);
-            out = rest;
-            this
-        })
-        .collect()
+/// A case's outputs, one after another in `out`: the first, and the slots of the rest as a
+/// step's operands take them.
+type SplitOutputs<'o> = (&'o mut [f32], [Option<&'o mut [f32]>; MAX_OUTPUTS - 1]);
+
+/// `out` cut into a case's outputs ([`SplitOutputs`]), allocating nothing: a timed run does it.
+fn split_outputs<'o>(case: &Case, out: &'o mut [f32]) -> Result<SplitOutputs<'o>, String> {
+    let mut lens = case.output_lens();
+    let first = lens.next().unwrap_or(0).min(out.len());
+    let (first, mut rest) = out.split_at_mut(first);
+    let mut more: [Option<&mut [f32]>; MAX_OUTPUTS - 1] = Default::default();
+    for (i, len) in lens.enumerate() {
+        let slot = more
+            .get_mut(i)
+            .ok_or_else(|| format!("a step writes at most {MAX_OUTPUTS} outputs"))?;
+        let len = len.min(rest.len());
+        let (this, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        *slot = Some(this);
+        rest = tail;
+    }
+    Ok((first, more))
 }
 
 /// [`check_output`] of each of a case's outputs against the reference's, which lie one after
@@ -160,14 +161,13 @@ fn check_outputs(case: &Case, got: &[f32], want: &[f32]) -> Result<(), String> {
     if got.len() != want.len() {
         return check_output(got, want, KERNEL_ROUNDING);
     }
-    let lens = case.output_lens();
     let mut start = 0;
-    for (i, len) in lens.iter().enumerate() {
+    for (i, len) in case.output_lens().enumerate() {
         let span = start..start + len;
         check_output(&got[span.clone()], &want[span], KERNEL_ROUNDING).map_err(|e| {
-            match lens.len() {
-                1 => e,
-                _ => format!("output {i}: {e}"),
+            match case.more_outputs.is_empty() {
+                true => e,
+                false => format!("output {i}: {e}"),
             }
         })?;
         start += len;

@@ -79,7 +79,7 @@ impl CandidateRunner for Planted {
         if self.break_others && *choice != case.default_choice() {
             // The last output's middle value (a multi-output step writes its outputs one
             // after another).
-            let last = case.output_lens().last().copied().unwrap_or(0);
+            let last = case.output_lens().last().unwrap_or(0);
             let at = out.len() - last + last / 2;
             out[at] += 0.5;
         }
