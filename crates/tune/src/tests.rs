@@ -744,3 +744,41 @@ fn a_case_seeds_each_operand_with_values_of_its_dtype() {
         );
     }
 }
+
+/// Operands seeded within what their op reads: an embedding gradient's ids over the whole
+/// table (not only below the ids' last dim), a batch norm's running variance nonnegative.
+#[test]
+fn a_case_seeds_ids_and_variances_its_op_can_read() {
+    let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
+    let ids = TensorType::new(DType::I32, vec![8, 6]);
+    let vocab = 50;
+    let grad = Case::new(
+        "e".into(),
+        Op::EmbeddingGrad,
+        Attrs::new().with("vocab", vocab),
+        vec![ids, f32_of(&[8, 6, 4])],
+        f32_of(&[vocab, 4]),
+        0,
+    );
+    let drawn = grad.ints();
+    assert_eq!(drawn.len(), 48);
+    assert!(
+        drawn.iter().all(|&id| (0..vocab).contains(&id)),
+        "{drawn:?}"
+    );
+    assert!(drawn.iter().any(|&id| id >= 6), "{drawn:?}");
+    let norm = Case::new(
+        "b".into(),
+        Op::BatchNorm,
+        Attrs::new().with("eps", 1e-5f64).with("momentum", 0.1f64),
+        vec![f32_of(&[2, 64, 3, 3]), f32_of(&[64]), f32_of(&[64])],
+        f32_of(&[2, 64, 3, 3]),
+        0,
+    );
+    let views = norm.views();
+    assert!(views[2].data.iter().all(|&v| v >= 0.0));
+    assert!(
+        views[1].data.iter().any(|&v| v < 0.0),
+        "the mean is not the variance"
+    );
+}
