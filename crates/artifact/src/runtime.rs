@@ -108,11 +108,11 @@ impl RuntimeNeeds {
             };
             // adam_update overwrites m and v together, and p with them or else p's copy in
             // the first output's own place, all f32, or none of them.
-            let updates_in_place =
-                matches!(kernel, StepKernel::AdamUpdate(..)) && !overwritten.is_empty();
-            let copies_p = overwritten == [2, 3] && !in_arena;
+            let updated = kernel.updated_operands();
+            let updates_in_place = !updated.is_empty() && !overwritten.is_empty();
+            let copies_p = updated.get(1..) == Some(overwritten.as_slice()) && !in_arena;
             if updates_in_place
-                && (!(overwritten == [0, 2, 3] || copies_p)
+                && (!(overwritten == updated || copies_p)
                     || types.iter().any(|t| t.dtype != DType::F32))
             {
                 return Err(at(

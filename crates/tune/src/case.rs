@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use mslc_artifact::Module;
+use mslc_artifact::{Module, Storage};
 use mslc_core::ops::{Attrs, DType, Op, TensorType};
 use mslc_kernels::binding::{KernelChoice, KernelKind};
 use mslc_kernels::step::{prepare, StepKernel};
@@ -34,6 +34,10 @@ pub struct Case {
     /// and so timed cold ([`crate::measure::Candidate::time`]); a weight at input 1 is packed
     /// ahead ([`Case::b_packed_ahead`]).
     pub weights: Vec<bool>,
+    /// Whether the module's step updates its operands in place (a train step's
+    /// `adam_update` overwrites the parameter and its moments): a run then starts from those
+    /// operands in its outputs ([`Case::start_state`]), as the executor's does.
+    pub in_place: bool,
     /// The seeded inputs, generated when first read ([`Case::seeded`]).
     seeded: OnceLock<Seeded>,
     /// Input shapes as the kernels take them.
@@ -76,6 +80,10 @@ impl Case {
                 .iter()
                 .map(|&v| packed_ahead[v as usize])
                 .collect();
+            case.in_place = step
+                .outputs
+                .iter()
+                .any(|&v| matches!(module.values[v as usize].storage, Storage::Overwrite { .. }));
             // A copy (cast, reshape) or a fill runs the same whatever its parameters say.
             if let Ok(StepKernel::Copy | StepKernel::Constant(_)) =
                 case.prepare(&case.default_choice())
@@ -125,6 +133,7 @@ impl Case {
             more_outputs: Vec::new(),
             steps: vec![step],
             weights,
+            in_place: false,
             seeded: OnceLock::new(),
             shapes,
         }
@@ -170,11 +179,13 @@ impl Case {
                     } else {
                         // Values the operand's dtype holds, as the executor's are (a weight
                         // stored in f16 may be packed in f16 panels, exactly).
-                        // A batch norm's running variance (input 2) is never negative.
-                        let variance = op == Op::BatchNorm && j == 2;
+                        // A batch norm's running variance (input 2) is never negative, nor
+                        // are Adam's second moment and step scalars (inputs 3 to 6).
+                        let nonnegative =
+                            matches!((op, j), (Op::BatchNorm, 2) | (Op::AdamUpdate, 3..));
                         let values: Vec<f32> = (0..len)
                             .map(|_| rng.uniform())
-                            .map(|v| if variance { v.abs() } else { v })
+                            .map(|v| if nonnegative { v.abs() } else { v })
                             .collect();
                         let mut held = values.clone();
                         match self.inputs[j].dtype {
@@ -256,6 +267,24 @@ impl Case {
         std::iter::once(&self.output)
             .chain(&self.more_outputs)
             .map(|t| kernel_dims(t).product())
+    }
+
+    /// Puts into `out` (the case's outputs one after another) what an update in place finds
+    /// there before it runs ([`Case::in_place`]): the operands `kernel` overwrites, output by
+    /// output ([`StepKernel::updated_operands`]). Nothing for a case that is not in place.
+    pub fn start_state(&self, kernel: &StepKernel, out: &mut [f32]) {
+        if !self.in_place {
+            return;
+        }
+        let data = &self.seeded().data;
+        let mut at = 0;
+        for (&j, len) in kernel.updated_operands().iter().zip(self.output_lens()) {
+            if let (Some(dst), Some(src)) = (out.get_mut(at..at + len), data.get(j)) {
+                let n = len.min(src.len());
+                dst[..n].copy_from_slice(&src[..n]);
+            }
+            at += len;
+        }
     }
 
     /// The (first) result's shape.

@@ -15,7 +15,8 @@ use crate::case::Case;
 /// this writes; tests wrap [`KernelRunner`] to plant wrong or failing candidates.
 pub trait CandidateRunner: Sync {
     /// Runs `kernel` (prepared from `choice`) on `case`'s inputs into `out` (a multi-output
-    /// step's outputs one after another), reading input 1 from `packed_b` when given
+    /// step's outputs one after another, holding the operands it updates for an update in
+    /// place: [`Case::start_state`]), reading input 1 from `packed_b` when given
     /// ([`Case::pack_ahead`]).
     fn run(
         &self,
@@ -47,7 +48,7 @@ impl CandidateRunner for KernelRunner {
             ints: case.ints(),
             out,
             out_shape: &shape,
-            in_place: false,
+            in_place: case.in_place,
             more_outs,
         };
         kernel
@@ -84,7 +85,8 @@ impl<'a> Candidate<'a> {
         &self.kernel
     }
 
-    /// Runs once into `out`, turning a panic inside the kernel into an error.
+    /// Runs once into `out` (which holds the case's [`Case::start_state`]), turning a panic
+    /// inside the kernel into an error.
     pub fn run_once(&self, runner: &dyn CandidateRunner, out: &mut [f32]) -> Result<(), String> {
         let (case, choice, kernel) = (self.case, &self.choice, &self.kernel);
         let packed_b = self.packed_b.as_deref();
@@ -100,7 +102,9 @@ impl<'a> Candidate<'a> {
     /// them in L1 or L2. Timed warm, tiny_llama's decode products picked candidates reading
     /// their weights as f32 rather than f16 panels (up to 2× faster here), and the forward with
     /// them took 1.66× as long. TVM's CPU runner flushes its operands for the same reason
-    /// (`enable_cpu_cache_flush`).
+    /// (`enable_cpu_cache_flush`). An update in place starts each run from its state
+    /// ([`Case::start_state`]), evicted too: a train step updates each parameter and its
+    /// moments once, from memory.
     pub fn time(&self, runner: &dyn CandidateRunner, out: &mut [f32]) -> Result<f64, String> {
         let views = self.case.views();
         let weights: Vec<&[f32]> = views
@@ -110,9 +114,17 @@ impl<'a> Candidate<'a> {
             .map(|(v, _)| v.data)
             .chain(self.packed_b.as_deref())
             .collect();
+        let out = std::cell::RefCell::new(out);
         repeat_with(
-            || weights.iter().for_each(|w| evict(w)),
-            || self.run_once(runner, out),
+            || {
+                weights.iter().for_each(|w| evict(w));
+                if self.case.in_place {
+                    let mut out = out.borrow_mut();
+                    self.case.start_state(&self.kernel, &mut out);
+                    evict(&out);
+                }
+            },
+            || self.run_once(runner, &mut out.borrow_mut()),
             MIN_TIME,
         )
     }
@@ -125,6 +137,7 @@ impl<'a> Candidate<'a> {
         reference: &[f32],
         out: &mut [f32],
     ) -> Result<f64, String> {
+        self.case.start_state(&self.kernel, out);
         self.run_once(runner, out)
             .map_err(|e| format!("fails to run: {e}"))?;
         check_outputs(self.case, out, reference).map_err(|e| format!("wrong result: {e}"))?;

@@ -4,6 +4,7 @@
 
 use mslc_core::ops::{resolve_attrs, Attrs, Op};
 use mslc_kernels::elementwise::BinaryOp;
+use mslc_kernels::reference::AdamAttrs;
 use mslc_kernels::step::StepKernel;
 use mslc_kernels::{reference, Activation, KernelResult, Tensor, TensorRef};
 
@@ -107,8 +108,21 @@ pub fn reference_output(
         StepKernel::EmbeddingGrad(vocab, _) => {
             text(reference::embedding_grad(ints, x(0).shape, x(1), *vocab))
         }
-        // `adam_update` updates its operands in place: a run is not repeatable on the same
-        // inputs, so it keeps its default parameters (which never change its values).
+        StepKernel::AdamUpdate([beta1, beta2, eps, weight_decay], decoupled, _) => {
+            let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
+            let attrs = AdamAttrs {
+                beta1: *beta1,
+                beta2: *beta2,
+                eps: *eps,
+                weight_decay: *weight_decay,
+                decoupled: *decoupled,
+            };
+            texts(reference::adam_update(
+                [0, 1, 2, 3].map(x),
+                [4, 5, 6].map(scalar),
+                &attrs,
+            ))
+        }
         _ => return None,
     };
     Some(result.map(|outputs| outputs.into_iter().flat_map(|t| t.data).collect()))

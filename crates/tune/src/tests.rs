@@ -25,7 +25,9 @@ use crate::graph::{
     host, tune_subgraphs, ExecRunner, GraphOutcome, Subgraph, Variant, VariantRunner,
 };
 use crate::kb::KnowledgeBase;
-use crate::measure::{check_output, CandidateRunner, KernelRunner, CONFIRM, KERNEL_ROUNDING};
+use crate::measure::{
+    check_output, Candidate, CandidateRunner, KernelRunner, CONFIRM, KERNEL_ROUNDING,
+};
 use crate::reference::reference_output;
 use crate::tuner::{tune, Observer, Options, Outcome, Progress, Source};
 
@@ -136,8 +138,8 @@ fn a_wrong_candidate_is_rejected_and_never_wins() {
 
 /// Inference batch norm and the kernels of a training step's backward (norm, embedding and
 /// cross-entropy gradients; the multi-output attention with its log-sum-exps, attention
-/// gradient and affine norm gradients, each output checked) are searched against their
-/// reference kernels like the forward's, not skipped.
+/// gradient and affine norm gradients, each output checked) and its optimizer update (in
+/// place) are searched against their reference kernels like the forward's, not skipped.
 #[test]
 fn batch_norm_and_backward_kernels_are_searched() {
     let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
@@ -244,7 +246,56 @@ fn multi_output_cases() -> Vec<Case> {
         case.more_outputs = outputs;
         case
     })
+    .chain([adam_case()])
     .collect()
+}
+
+/// A train step's AdamW update of a 3,000-element parameter, in place: its outputs p, m and v
+/// overwrite its operands p, m and v.
+fn adam_case() -> Case {
+    let (state, scalar) = (
+        TensorType::new(DType::F32, vec![3000]),
+        TensorType::new(DType::F32, vec![]),
+    );
+    let attrs = Attrs::new()
+        .with("beta1", 0.9f64)
+        .with("beta2", 0.95f64)
+        .with("eps", 1e-8f64)
+        .with("weight_decay", 0.1f64)
+        .with("decoupled", true);
+    let mut inputs = vec![state.clone(); 4];
+    inputs.extend([scalar.clone(), scalar.clone(), scalar]);
+    let mut case = Case::new("AdamUpdate".into(), Op::AdamUpdate, attrs, inputs, state, 0);
+    case.more_outputs = vec![case.output.clone(); 2];
+    case.in_place = true;
+    case
+}
+
+/// An update in place starts every run from its state, as a train step's does: after the
+/// check's run, the warm-up and every timed run, its outputs hold one step's update (the
+/// reference's), not one per run.
+#[test]
+fn an_update_in_place_starts_every_run_from_its_state() {
+    let case = adam_case();
+    let candidate = Candidate::new(&case, case.default_choice()).unwrap();
+    let views = case.views();
+    let want = reference_output(
+        candidate.kernel(),
+        case.op,
+        &case.attrs,
+        &views,
+        case.ints(),
+    )
+    .unwrap()
+    .unwrap();
+    let mut out = vec![f32::NAN; case.output_len()];
+    candidate
+        .checked_time(&KernelRunner, &want, &mut out)
+        .unwrap();
+    check_output(&out, &want, KERNEL_ROUNDING).unwrap();
+    // Run once more from where the runs left it, it is two steps on: the check would see it.
+    candidate.run_once(&KernelRunner, &mut out).unwrap();
+    assert!(check_output(&out, &want, KERNEL_ROUNDING).is_err());
 }
 
 /// A candidate that is wrong only in a multi-output step's last output is rejected.

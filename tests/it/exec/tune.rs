@@ -448,6 +448,16 @@ fn a_train_entry_of_a_source_tunes_its_training_step() {
             .any(|s| s.starts_with("matmul(") && s.contains("transpose_a=true")),
         "the backward is tuned too: {signatures:?}"
     );
+    // So is the optimizer's update, in place as the step runs it.
+    let adam = outcomes
+        .iter()
+        .find(|o| {
+            o["signature"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("adam_update("))
+        })
+        .expect("an adam_update signature");
+    assert_eq!(adam["source"], "measured", "{adam}");
     let mut args = vec!["build"];
     args.extend(model);
     args.extend(["--entry", "Classify", "--tune-db", s(&db), "-o", s(&dir.0)]);

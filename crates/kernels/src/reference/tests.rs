@@ -412,3 +412,44 @@ fn losses_by_hand() {
     let mse = mse_loss(t(&[1.0, 2.0], &[2]), t(&[0.0], &[1])).unwrap();
     close(&mse, &[], &[2.5]);
 }
+
+/// Adam's first step moves each element by the learning rate against its gradient's sign
+/// (`m̂ / √v̂ = ±1`): AdamW after its decay `p − lr·wd·p` (1 → 0.999 → 0.899), Adam with the
+/// decay folded into the gradient (g = 0.5 + 0.01 → 1 − 0.1); a second element with a
+/// negative gradient moves up.
+#[test]
+fn adam_update_by_hand() {
+    let (lr, beta1, beta2) = (0.1f32, 0.9, 0.999);
+    let scalars = [lr, lr / (1.0 - beta1 as f32), (1.0 - beta2 as f32).sqrt()];
+    let (p, g, zeros) = ([1.0, 2.0], [0.5, -0.25], [0.0, 0.0]);
+    let shape = [2];
+    let attrs = |decoupled| AdamAttrs {
+        beta1,
+        beta2,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        decoupled,
+    };
+    for (decoupled, want_p, want_g) in [
+        (true, [0.899, 2.098], [0.5, -0.25]),
+        (false, [0.9, 2.1], [0.51, -0.23]),
+    ] {
+        let state = [
+            t(&p, &shape),
+            t(&g, &shape),
+            t(&zeros, &shape),
+            t(&zeros, &shape),
+        ];
+        let got = adam_update(state, scalars, &attrs(decoupled)).unwrap();
+        close(&got[0], &shape, &want_p);
+        close(&got[1], &shape, &want_g.map(|g| 0.1 * g));
+        close(&got[2], &shape, &want_g.map(|g| 0.001 * g * g));
+    }
+    let short = [
+        t(&p, &shape),
+        t(&g, &shape),
+        t(&zeros[..1], &[1]),
+        t(&zeros, &shape),
+    ];
+    assert!(adam_update(short, scalars, &attrs(true)).is_err());
+}

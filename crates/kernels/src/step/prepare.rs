@@ -236,6 +236,16 @@ impl StepKernel {
         )
     }
 
+    /// The operands an update in place finds in its outputs and overwrites there, output by
+    /// output (`adam_update`'s p, m and v, run with `Operands::in_place`); none for any other
+    /// kernel.
+    pub fn updated_operands(&self) -> &'static [usize] {
+        match self {
+            StepKernel::AdamUpdate(..) => &[0, 2, 3],
+            _ => &[],
+        }
+    }
+
     /// Tells a step that depends on the rank's place on a mesh axis (a dropout over a block
     /// of a split tensor) that place: `place(axis)`, `None` when the mesh has no such axis.
     pub fn place_on(&mut self, place: &dyn Fn(&str) -> Option<usize>) {

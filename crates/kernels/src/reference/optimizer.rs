@@ -1,0 +1,74 @@
+//! The reference optimizer update: one Adam / AdamW step (`adam_update`), written from
+//! `torch.optim`'s formulas element by element, in f64.
+
+use crate::error::{KernelError, KernelResult};
+use crate::shape::check_len;
+use crate::tensor::{Tensor, TensorRef};
+
+/// `adam_update`'s attributes (docs/ops.md): the moments' decay rates, the eps added to the
+/// root of v, the weight decay, and whether that decay is AdamW's decoupled `p − lr·wd·p`
+/// (else Adam's `g + wd·p`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamAttrs {
+    /// β1, the first moment's decay rate.
+    pub beta1: f64,
+    /// β2, the second moment's decay rate.
+    pub beta2: f64,
+    /// Added to the bias-corrected root of v.
+    pub eps: f64,
+    /// The weight decay (0: none).
+    pub weight_decay: f64,
+    /// AdamW's decoupled decay.
+    pub decoupled: bool,
+}
+
+/// The new `[p, m, v]` of one Adam / AdamW step from `[p, g, m, v]` (one shape) and the
+/// step's scalars `[lr, step_size, bc2_sqrt]` (`step_size = lr / (1 − β1^t)`,
+/// `bc2_sqrt = √(1 − β2^t)`).
+pub fn adam_update(
+    [p, g, m, v]: [TensorRef<'_>; 4],
+    [lr, step_size, bc2_sqrt]: [f32; 3],
+    attrs: &AdamAttrs,
+) -> KernelResult<Vec<Tensor>> {
+    const OP: &str = "adam_update";
+    for (name, x) in [("p", p), ("g", g), ("m", m), ("v", v)] {
+        check_len(OP, name, x.data.len(), x.shape)?;
+        if x.shape != p.shape {
+            return Err(KernelError::new(
+                OP,
+                format!("{name} {:?} must have p's shape {:?}", x.shape, p.shape),
+            ));
+        }
+    }
+    let (lr, step_size, bc2_sqrt) = (f64::from(lr), f64::from(step_size), f64::from(bc2_sqrt));
+    let AdamAttrs {
+        beta1,
+        beta2,
+        eps,
+        weight_decay: wd,
+        decoupled,
+    } = *attrs;
+    let n = p.data.len();
+    let mut out = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
+    for i in 0..n {
+        let [mut pi, mut gi, mi, vi] = [p, g, m, v].map(|x| f64::from(x.data[i]));
+        if decoupled {
+            pi -= lr * wd * pi;
+        } else {
+            gi += wd * pi;
+        }
+        let mi = beta1 * mi + (1.0 - beta1) * gi;
+        let vi = beta2 * vi + (1.0 - beta2) * gi * gi;
+        let pi = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
+        for (o, x) in out.iter_mut().zip([pi, mi, vi]) {
+            o[i] = x as f32;
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|data| Tensor {
+            shape: p.shape.to_vec(),
+            data,
+        })
+        .collect())
+}
