@@ -98,7 +98,7 @@ impl KernelKind {
     pub fn for_op(op: Op) -> KernelKind {
         match op {
             Op::Matmul | Op::FusedMatmul => KernelKind::Gemm,
-            Op::Conv2d => KernelKind::Im2colGemm,
+            Op::Conv2d | Op::Conv2dGradInput | Op::Conv2dGradWeight => KernelKind::Im2colGemm,
             Op::Attention | Op::AttentionLse | Op::AttentionGrad => KernelKind::FlashAttention,
             Op::Transpose => KernelKind::Transpose,
             Op::Dropout => KernelKind::Reference,
@@ -129,8 +129,6 @@ impl KernelKind {
             | Op::RmsNormScaleGrad
             | Op::LayerNormAffineGrad
             | Op::EmbeddingGrad
-            | Op::Conv2dGradInput
-            | Op::Conv2dGradWeight
             | Op::MaxPool2dGrad
             | Op::AvgPool2dGrad
             | Op::AdaptiveAvgPool2dGrad => KernelKind::Rowwise,

@@ -171,7 +171,7 @@ impl Conv2dCall {
 
 /// The GEMM left operands of `w` (`[O, C/groups, kh, kw]`): per group, its `[O/groups,
 /// C/groups·kh·kw]` block of rows.
-fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
+pub(crate) fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
     let (og, kdim) = (shape[0] / groups.max(1), shape[1..].iter().product());
     (0..groups)
         .map(|grp| MatRef {
@@ -537,7 +537,7 @@ const IM2COL_TASK: usize = 1 << 13;
 /// The outputs `[lo, hi)` of a window axis (`out` long) whose tap `offset` (tap index times
 /// dilation) lands inside an input of `len` padded by `pad`: those before and after read
 /// padding. Input index of output `o` inside: `o·stride + offset − pad`.
-fn inside_range(
+pub(crate) fn inside_range(
     out: usize,
     len: usize,
     stride: usize,
@@ -557,7 +557,13 @@ fn inside_range(
 /// output position. The taps advance by counting, not by dividing per row, and each row is
 /// zeros where its window reads padding and a copy (stride 1) or a strided gather between,
 /// with no test per value.
-fn im2col_rows(x: &[f32], g: &Conv2dCall, a: &Conv2dAttrs, first_row: usize, dst: &mut [f32]) {
+pub(crate) fn im2col_rows(
+    x: &[f32],
+    g: &Conv2dCall,
+    a: &Conv2dAttrs,
+    first_row: usize,
+    dst: &mut [f32],
+) {
     let cg = g.c / a.groups;
     let kdim = cg * g.kh * g.kw;
     let (mut problem, tap) = (first_row / kdim, first_row % kdim);

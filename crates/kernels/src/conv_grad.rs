@@ -1,10 +1,26 @@
-//! The gradients of conv2d: w.r.t. its input (a transposed convolution, each task owning input
-//! planes) and w.r.t. its weight (each task owning output channels' weight rows). Work is split
-//! over outputs only, so results do not depend on the thread count.
+//! The gradients of conv2d, on the packed GEMM as the forward runs (im2col + GEMM):
+//! - w.r.t. the input: per (image, group), the group's weights' transpose times dy gives the
+//!   gradient of every patch value (`[C/groups·kh·kw, oh·ow]`, or its transpose with few output
+//!   positions: [`weights_right`]), which col2im adds into the input planes they were read from,
+//!   each task owning whole planes; a 1×1, stride-1, unpadded kernel's product is the input
+//!   gradient itself;
+//! - w.r.t. the weight: per group, dy's rows times the patches' transpose, the images laid end
+//!   to end along the product's depth (in chunks of images, each chunk added to the last).
+//!
+//! Work is split over output tiles and planes only, so results do not depend on the thread
+//! count.
 
-use super::conv::{Conv2dAttrs, Conv2dCall};
+use super::activation::Activation;
+use super::conv::{
+    im2col_rows, inside_range, weight_blocks, weights_right, Conv2dAttrs, Conv2dCall,
+};
 use super::error::{KernelError, KernelResult};
-use super::par::{for_each_row_group, RowParams};
+use super::matmul::gemm::{Gemm, Problem};
+use super::matmul::kernel::{MAX_MR, MAX_NR};
+use super::matmul::pack::MatRef;
+use super::matmul::{MatmulParams, MicroKernel};
+use super::par;
+use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
 
@@ -24,24 +40,15 @@ fn check_dy(op: &'static str, dy: TensorRef<'_>, call: &Conv2dCall) -> KernelRes
     Ok(())
 }
 
-/// For output positions `0..out` along one axis and tap `tap`, the range of output positions
-/// whose input index `o·stride + tap·dilation − pad` lies in `0..len`, and that index for the
-/// first of them.
-fn valid_outputs(
-    out: usize,
-    tap: usize,
-    stride: usize,
-    dilation: usize,
-    pad: usize,
-    len: usize,
-) -> std::ops::Range<usize> {
-    let offset = tap * dilation;
-    // o·stride + offset ≥ pad  ⇔  o ≥ ceil((pad − offset) / stride).
-    let lo = pad.saturating_sub(offset).div_ceil(stride);
-    // o·stride + offset − pad < len  ⇔  o < ceil((len + pad − offset) / stride).
-    let hi = (len + pad).saturating_sub(offset).div_ceil(stride).min(out);
-    lo..hi.max(lo)
-}
+/// Most f32 of patch gradients (or of patches and dy's rows) laid out at once: whole images,
+/// at least one.
+const COLS_LIMIT: usize = 1 << 23;
+
+/// col2im work (input values) below which it runs on the calling thread.
+const COL2IM_PARALLEL: usize = 1 << 15;
+
+/// Input values per col2im task (whole planes; at least one).
+const COL2IM_TASK: usize = 1 << 13;
 
 /// `conv2d_grad_input(dy, w)` into `out` (`[N, C, H, W]` with `size = [H, W]`):
 /// `dx[n, c, iy, ix] = Σ dy[n, o, oy, ox] · w[o, c, ky, kx]` over the taps that read the cell.
@@ -50,8 +57,21 @@ pub fn conv2d_grad_input(
     w: TensorRef<'_>,
     a: &Conv2dAttrs,
     size: [usize; 2],
-    params: &RowParams,
+    params: &MatmulParams,
     out: &mut [f32],
+) -> KernelResult<()> {
+    grad_input(dy, w, a, size, params, out, COLS_LIMIT)
+}
+
+/// [`conv2d_grad_input`], laying out at most `cols_limit` patch gradients at once.
+fn grad_input(
+    dy: TensorRef<'_>,
+    w: TensorRef<'_>,
+    a: &Conv2dAttrs,
+    size: [usize; 2],
+    params: &MatmulParams,
+    out: &mut [f32],
+    cols_limit: usize,
 ) -> KernelResult<()> {
     const OP: &str = "conv2d_grad_input";
     check_len(OP, "w", w.data.len(), w.shape)?;
@@ -62,40 +82,135 @@ pub fn conv2d_grad_input(
     let g = Conv2dCall::of_shapes(OP, &xs, w.shape, a)?;
     check_dy(OP, dy, &g)?;
     check_len(OP, "out", out.len(), &xs)?;
-    let og = g.o / a.groups;
-    let plane = g.h * g.w;
-    let work = out
-        .len()
-        .saturating_add(dy.data.len())
-        .saturating_mul(g.kh * g.kw);
-    for_each_row_group(params, work, out, plane, |first, chunk| {
-        chunk.fill(0.0);
-        for (p, dx) in chunk.chunks_exact_mut(plane).enumerate() {
-            let (ni, ic) = ((first + p) / g.c, (first + p) % g.c);
-            let (group, ci) = (ic / cg, ic % cg);
-            for oc in group * og..(group + 1) * og {
-                let dyp = &dy.data[(ni * g.o + oc) * g.oh * g.ow..][..g.oh * g.ow];
-                for ky in 0..g.kh {
-                    let ys = valid_outputs(g.oh, ky, a.stride[0], a.dilation[0], a.padding[0], g.h);
-                    for kx in 0..g.kw {
-                        let wv = w.data[((oc * cg + ci) * g.kh + ky) * g.kw + kx];
-                        let xs =
-                            valid_outputs(g.ow, kx, a.stride[1], a.dilation[1], a.padding[1], g.w);
-                        for oy in ys.clone() {
-                            let iy = oy * a.stride[0] + ky * a.dilation[0] - a.padding[0];
-                            let src = &dyp[oy * g.ow..][..g.ow];
-                            let dst = &mut dx[iy * g.w..][..g.w];
-                            for ox in xs.clone() {
-                                let ix = ox * a.stride[1] + kx * a.dilation[1] - a.padding[1];
-                                dst[ix] += src[ox] * wv;
-                            }
+    if out.is_empty() {
+        return Ok(());
+    }
+    let groups = a.groups;
+    let og = g.o / groups;
+    let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
+    let kernel = MicroKernel::select(params.isa)?;
+    let right = weights_right(plane, params);
+    let weights: Vec<MatRef<'_>> = weight_blocks(w.data, w.shape, groups)
+        .into_iter()
+        .map(|block| if right { block } else { block.t() })
+        .collect();
+    // Problem i = (image i / groups, group i % groups): dy's `og × plane` block, or its
+    // transpose with the weights on the right.
+    let dy_block = |i: usize| {
+        let block = MatRef {
+            data: dy.data,
+            offset: (i / groups * g.o + i % groups * og) * plane,
+            rs: plane,
+            cs: 1,
+            rows: og,
+            cols: plane,
+        };
+        if right {
+            block.t()
+        } else {
+            block
+        }
+    };
+    // The patch gradients of images [n0, n1) into `c`: problem i's block at
+    // `(i − n0·groups)·kdim·plane`, or, `into_dx`, at its group's channels of dx.
+    let product = |n0: usize, n1: usize, c: &mut [f32], into_dx: bool| {
+        let blocks: Vec<MatRef<'_>> = (n0 * groups..n1 * groups).map(dy_block).collect();
+        let problems: Vec<Problem> = (n0 * groups..n1 * groups)
+            .enumerate()
+            .map(|(j, i)| {
+                let (a, b) = if right {
+                    (j, i % groups)
+                } else {
+                    (i % groups, j)
+                };
+                let c_offset = match into_dx {
+                    true => (i / groups * g.c + i % groups * cg) * plane,
+                    false => j * kdim * plane,
+                };
+                Problem {
+                    a,
+                    b,
+                    c_offset,
+                    bias_offset: 0,
+                }
+            })
+            .collect();
+        let (m, n, a, b, ldc) = match right {
+            true => (plane, kdim, &blocks, &weights, kdim),
+            false => (kdim, plane, &weights, &blocks, plane),
+        };
+        let gemm = Gemm {
+            m,
+            n,
+            k: og,
+            a,
+            b,
+            problems: &problems,
+            ldc,
+            accumulate: false,
+            bias: None,
+            activation: Activation::NONE,
+            multiplier: None,
+            kernel,
+        };
+        gemm.run(c, params);
+    };
+    let direct = g.kh == 1 && g.kw == 1 && a.stride == [1, 1] && a.padding == [0, 0];
+    if direct && !right {
+        product(0, g.n, out, true);
+        return Ok(());
+    }
+    let per_image = groups * kdim * plane;
+    let images = images_per_chunk(per_image, g.n, cols_limit);
+    let image_len = g.c * g.h * g.w;
+    for n0 in (0..g.n).step_by(images) {
+        let n1 = (n0 + images).min(g.n);
+        with_scratch((n1 - n0) * per_image, |cols| {
+            product(n0, n1, cols, false);
+            col2im(cols, &g, a, right, &mut out[n0 * image_len..n1 * image_len]);
+        });
+    }
+    Ok(())
+}
+
+/// Adds patch gradients back into the input planes they were read from: `cols` holds, per
+/// (image, group) of the images `dx` covers, the `[C/groups·kh·kw, oh·ow]` gradients (their
+/// transpose when `right`). Each task owns whole planes of `dx` and adds their taps in one
+/// order, so the sums do not depend on the thread count.
+fn col2im(cols: &[f32], g: &Conv2dCall, a: &Conv2dAttrs, right: bool, dx: &mut [f32]) {
+    let cg = g.c / a.groups;
+    let (kdim, plane, area) = (cg * g.kh * g.kw, g.oh * g.ow, g.h * g.w);
+    // Where tap t's value at output position p lies in its problem's block.
+    let (tap_step, position_step) = if right { (1, kdim) } else { (plane, 1) };
+    let parallel = dx.len().saturating_mul(g.kh * g.kw) >= COL2IM_PARALLEL;
+    let planes = (COL2IM_TASK / area.max(1)).max(1);
+    par::for_each_chunk_mut(parallel, dx, planes * area, |task, chunk| {
+        for (k, dst) in chunk.chunks_exact_mut(area).enumerate() {
+            let index = task * planes + k;
+            let (image, channel) = (index / g.c, index % g.c);
+            let (group, ci) = (channel / cg, channel % cg);
+            let block = (image * a.groups + group) * kdim * plane;
+            dst.fill(0.0);
+            for ky in 0..g.kh {
+                let (y0, y1) =
+                    inside_range(g.oh, g.h, a.stride[0], a.padding[0], ky * a.dilation[0]);
+                for kx in 0..g.kw {
+                    let (x0, x1) =
+                        inside_range(g.ow, g.w, a.stride[1], a.padding[1], kx * a.dilation[1]);
+                    let tap = block + ((ci * g.kh + ky) * g.kw + kx) * tap_step;
+                    for oy in y0..y1 {
+                        let iy = oy * a.stride[0] + ky * a.dilation[0] - a.padding[0];
+                        let row = &mut dst[iy * g.w..][..g.w];
+                        let from = tap + oy * g.ow * position_step;
+                        for ox in x0..x1 {
+                            let ix = ox * a.stride[1] + kx * a.dilation[1] - a.padding[1];
+                            row[ix] += cols[from + ox * position_step];
                         }
                     }
                 }
             }
         }
     });
-    Ok(())
 }
 
 /// `conv2d_grad_weight(x, dy)` into `out` (`[O, C/groups, kh, kw]` with `kernel = [kh, kw]`):
@@ -105,8 +220,21 @@ pub fn conv2d_grad_weight(
     dy: TensorRef<'_>,
     a: &Conv2dAttrs,
     kernel: [usize; 2],
-    params: &RowParams,
+    params: &MatmulParams,
     out: &mut [f32],
+) -> KernelResult<()> {
+    grad_weight(x, dy, a, kernel, params, out, COLS_LIMIT)
+}
+
+/// [`conv2d_grad_weight`], laying out at most `cols_limit` patches and dy values at once.
+fn grad_weight(
+    x: TensorRef<'_>,
+    dy: TensorRef<'_>,
+    a: &Conv2dAttrs,
+    kernel: [usize; 2],
+    params: &MatmulParams,
+    out: &mut [f32],
+    cols_limit: usize,
 ) -> KernelResult<()> {
     const OP: &str = "conv2d_grad_weight";
     check_len(OP, "x", x.data.len(), x.shape)?;
@@ -124,37 +252,131 @@ pub fn conv2d_grad_weight(
     let g = Conv2dCall::of_shapes(OP, x.shape, &ws, a)?;
     check_dy(OP, dy, &g)?;
     check_len(OP, "out", out.len(), &ws)?;
-    let og = g.o / a.groups;
-    let row = cg * g.kh * g.kw;
-    let work = dy.data.len().saturating_mul(row);
-    for_each_row_group(params, work, out, row, |first, chunk| {
-        for (r, dw) in chunk.chunks_exact_mut(row).enumerate() {
-            let oc = first + r;
-            let group = oc / og;
-            for (tap, slot) in dw.iter_mut().enumerate() {
-                let (ci, ky, kx) = (tap / (g.kh * g.kw), tap / g.kw % g.kh, tap % g.kw);
-                let ic = group * cg + ci;
-                let ys = valid_outputs(g.oh, ky, a.stride[0], a.dilation[0], a.padding[0], g.h);
-                let xs = valid_outputs(g.ow, kx, a.stride[1], a.dilation[1], a.padding[1], g.w);
-                let mut acc = 0.0f32;
-                for ni in 0..g.n {
-                    let dyp = &dy.data[(ni * g.o + oc) * g.oh * g.ow..][..g.oh * g.ow];
-                    let xp = &x.data[(ni * g.c + ic) * g.h * g.w..][..g.h * g.w];
-                    for oy in ys.clone() {
-                        let iy = oy * a.stride[0] + ky * a.dilation[0] - a.padding[0];
-                        let src = &dyp[oy * g.ow..][..g.ow];
-                        let xr = &xp[iy * g.w..][..g.w];
-                        for ox in xs.clone() {
-                            acc +=
-                                src[ox] * xr[ox * a.stride[1] + kx * a.dilation[1] - a.padding[1]];
-                        }
-                    }
+    let groups = a.groups;
+    let og = g.o / groups;
+    let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
+    let micro = MicroKernel::select(params.isa)?;
+    // No image or no output position: nothing reaches the weights.
+    out.fill(0.0);
+    if plane == 0 {
+        return Ok(());
+    }
+    let per_image = (groups * kdim + g.o) * plane;
+    let images = images_per_chunk(per_image, g.n, cols_limit);
+    for n0 in (0..g.n).step_by(images) {
+        let n1 = (n0 + images).min(g.n);
+        let depth = (n1 - n0) * plane;
+        with_scratch((n1 - n0) * per_image, |buf| {
+            let (patches, rows) = buf.split_at_mut(groups * kdim * depth);
+            // Patch row (group, tap) of every image, end to end.
+            let parallel = patches.len() >= COL2IM_PARALLEL;
+            par::for_each_chunk_mut(parallel, patches, depth, |row, dst| {
+                let (group, tap) = (row / kdim, row % kdim);
+                for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
+                    im2col_rows(
+                        x.data,
+                        &g,
+                        a,
+                        ((n0 + k) * groups + group) * kdim + tap,
+                        image,
+                    );
                 }
-                *slot = acc;
+            });
+            // dy's row of each output channel, the images end to end.
+            for (channel, dst) in rows.chunks_exact_mut(depth).enumerate() {
+                for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
+                    image.copy_from_slice(&dy.data[((n0 + k) * g.o + channel) * plane..][..plane]);
+                }
             }
-        }
-    });
+            let (patches, rows) = (&*patches, &*rows);
+            let dy_rows: Vec<MatRef<'_>> = (0..groups)
+                .map(|group| MatRef {
+                    data: rows,
+                    offset: group * og * depth,
+                    rs: depth,
+                    cs: 1,
+                    rows: og,
+                    cols: depth,
+                })
+                .collect();
+            let patch_columns: Vec<MatRef<'_>> = (0..groups)
+                .map(|group| MatRef {
+                    data: patches,
+                    offset: group * kdim * depth,
+                    rs: 1,
+                    cs: depth,
+                    rows: depth,
+                    cols: kdim,
+                })
+                .collect();
+            let problems: Vec<Problem> = (0..groups)
+                .map(|group| Problem {
+                    a: group,
+                    b: group,
+                    c_offset: group * og * kdim,
+                    bias_offset: 0,
+                })
+                .collect();
+            let gemm = Gemm {
+                m: og,
+                n: kdim,
+                k: depth,
+                a: &dy_rows,
+                b: &patch_columns,
+                problems: &problems,
+                ldc: kdim,
+                accumulate: true,
+                bias: None,
+                activation: Activation::NONE,
+                multiplier: None,
+                kernel: micro,
+            };
+            gemm.run(out, params);
+        });
+    }
     Ok(())
+}
+
+/// Images whose patch gradients (or patches and dy rows), `per_image` f32 each, are laid out
+/// together: as many as `cols_limit` holds, at least one, at most the `n` there are.
+fn images_per_chunk(per_image: usize, n: usize, cols_limit: usize) -> usize {
+    (cols_limit / per_image.max(1)).clamp(1, n.max(1))
+}
+
+/// An upper bound on the largest scratch (f32) one call of [`conv2d_grad_weight`] (`weight`)
+/// or [`conv2d_grad_input`] asks for at once, for the convolution of weight shape `w`
+/// (`[O, C/groups, kh, kw]`) and output shape `dy` with `groups` groups: the
+/// patch gradients (or the patches and dy's rows) of a chunk of images, or the GEMM's packed
+/// operands — each dy block and weight block, or each chunk's dy rows and patches, padded to
+/// micro-tiles.
+pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usize) -> usize {
+    let dim = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0);
+    let kdim: usize = w.iter().skip(1).product();
+    let (n, channels) = (dim(dy, 0), dim(dy, 1));
+    let plane = dim(dy, 2).saturating_mul(dim(dy, 3));
+    let tile = MAX_MR.max(MAX_NR);
+    let (cols, packed) = if weight {
+        let per_image = groups
+            .saturating_mul(kdim)
+            .saturating_add(channels)
+            .saturating_mul(plane);
+        let cols = per_image.saturating_mul(images_per_chunk(per_image, n, COLS_LIMIT));
+        let depth = cols / per_image.max(1) * plane;
+        (
+            cols,
+            cols.saturating_add(tile.saturating_mul(depth).saturating_mul(2 * groups)),
+        )
+    } else {
+        let per_image = groups.saturating_mul(kdim).saturating_mul(plane);
+        let cols = per_image.saturating_mul(images_per_chunk(per_image, n, COLS_LIMIT));
+        let operands: usize = [w, dy].iter().map(|s| s.iter().product::<usize>()).sum();
+        let blocks = n.saturating_mul(groups).saturating_add(groups);
+        let pads = tile
+            .saturating_mul(channels.max(kdim))
+            .saturating_mul(blocks);
+        (cols, operands.saturating_add(pads))
+    };
+    cols.max(packed).saturating_add(16)
 }
 
 #[cfg(test)]
@@ -164,19 +386,68 @@ mod tests {
     use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
     use proptest::prelude::*;
 
+    /// GEMM tilings that take each path: the defaults; no small-m path (the patch gradients
+    /// never transposed); tiny blocks that cut every product into several k-slabs and tasks.
+    fn tilings() -> [MatmulParams; 3] {
+        let tiny = MatmulParams {
+            mc: 12,
+            kc: 8,
+            nc: 32,
+            tasks_per_thread: 4,
+            min_parallel_flops: 0,
+            ..MatmulParams::default()
+        };
+        let no_small_m = MatmulParams {
+            small_m: 0,
+            small_m_packed_b: 0,
+            ..MatmulParams::default()
+        };
+        [MatmulParams::default(), no_small_m, tiny]
+    }
+
+    /// The input and weight gradients of a convolution of `x` by `w` with output gradient `dy`
+    /// (laying out at most `cols_limit` values at once) against the f64 reference within the
+    /// f32 sums' rounding, and the same bits on 1 and 2 threads.
+    fn check_both(
+        (x, w, dy): (TensorRef<'_>, TensorRef<'_>, TensorRef<'_>),
+        a: &Conv2dAttrs,
+        params: &MatmulParams,
+        cols_limit: usize,
+    ) {
+        let (size, kernel) = ([x.shape[2], x.shape[3]], [w.shape[2], w.shape[3]]);
+        let want = reference::conv2d_grad_input(dy, w, a, size).unwrap();
+        let run = || {
+            let mut out = vec![f32::NAN; x.data.len()];
+            grad_input(dy, w, a, size, params, &mut out, cols_limit).unwrap();
+            out
+        };
+        let one = in_pool(1, run);
+        assert_same_bits("dx threads", &one, &in_pool(2, run));
+        assert_close("dx", &one, &want.data, 1e-4, 1e-4);
+        let want = reference::conv2d_grad_weight(x, dy, a, kernel).unwrap();
+        let run = || {
+            let mut out = vec![f32::NAN; w.data.len()];
+            grad_weight(x, dy, a, kernel, params, &mut out, cols_limit).unwrap();
+            out
+        };
+        let one = in_pool(1, run);
+        assert_same_bits("dw threads", &one, &in_pool(2, run));
+        assert_close("dw", &one, &want.data, 1e-4, 1e-4);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(40))]
 
-        /// Both gradients against the f64 reference, with stride, padding, dilation and groups;
-        /// 1 and 2 threads agree bit for bit. Tolerance: f32 sums of at most a few hundred
-        /// products of O(1) values.
+        /// Both gradients against the f64 reference, with stride, padding, dilation and groups,
+        /// on every path of the GEMM, the images laid out whole or one at a time. Tolerance:
+        /// f32 sums of at most a few hundred products of O(1) values.
         #[test]
         fn fast_matches_reference(
-            n in 1usize..3, cg in 1usize..3, og in 1usize..3, groups in 1usize..3,
+            n in 1usize..4, cg in 1usize..3, og in 1usize..3, groups in 1usize..3,
             h in 1usize..8, w in 1usize..8, kh in 1usize..4, kw in 1usize..4,
             stride in (1usize..3, 1usize..3), padding in (0usize..3, 0usize..3),
             dilation in (1usize..3, 1usize..3),
-            task in prop::sample::select(vec![1usize, 30, 1 << 14]),
+            tiling in 0usize..3, whole in any::<bool>(),
             seed in any::<u64>(),
         ) {
             let a = Conv2dAttrs {
@@ -196,30 +467,93 @@ mod tests {
             let x = rng.vec(xs.iter().product(), 1.0);
             let wv = rng.vec(ws.iter().product(), 1.0);
             let dy = rng.vec(ys.iter().product(), 1.0);
-            let (xt, wt, dyt) = (
+            let tensors = (
                 TensorRef::new("t", &x, &xs).unwrap(),
                 TensorRef::new("t", &wv, &ws).unwrap(),
                 TensorRef::new("t", &dy, &ys).unwrap(),
             );
-            let params = RowParams { task_elems: task, min_parallel_elems: 0 };
-            let want = reference::conv2d_grad_input(dyt, wt, &a, [h, w]).unwrap();
-            let run = || {
-                let mut out = vec![f32::NAN; x.len()];
-                conv2d_grad_input(dyt, wt, &a, [h, w], &params, &mut out).unwrap();
-                out
+            let cols_limit = if whole { COLS_LIMIT } else { 1 };
+            check_both(tensors, &a, &tilings()[tiling], cols_limit);
+        }
+    }
+
+    /// ResNet's shapes: a 1×1 kernel over 1×1 and 7×7 planes (the product straight into dx,
+    /// or transposed and added back), a strided 3×3 and the 7×7 stem, 2 images in chunks of
+    /// one and whole; wide enough that the GEMM splits over both threads.
+    #[test]
+    fn network_shapes_match_the_reference() {
+        let mut rng = Rng::new(11);
+        let shapes = [
+            ([2, 64, 1, 1], [96, 64, 1, 1], 1, 0),
+            ([2, 32, 7, 7], [48, 32, 1, 1], 1, 0),
+            ([2, 16, 9, 9], [24, 16, 3, 3], 2, 1),
+            ([2, 3, 20, 20], [16, 3, 7, 7], 2, 3),
+        ];
+        for (xs, ws, stride, pad) in shapes {
+            let a = Conv2dAttrs {
+                stride: [stride; 2],
+                padding: [pad; 2],
+                ..Conv2dAttrs::default()
             };
-            let one = in_pool(1, run);
-            assert_same_bits("dx threads", &one, &in_pool(2, run));
-            assert_close("dx", &one, &want.data, 1e-4, 1e-4);
-            let want = reference::conv2d_grad_weight(xt, dyt, &a, [kh, kw]).unwrap();
-            let run = || {
-                let mut out = vec![f32::NAN; wv.len()];
-                conv2d_grad_weight(xt, dyt, &a, [kh, kw], &params, &mut out).unwrap();
-                out
-            };
-            let one = in_pool(1, run);
-            assert_same_bits("dw threads", &one, &in_pool(2, run));
-            assert_close("dw", &one, &want.data, 1e-4, 1e-4);
+            let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
+                .unwrap()
+                .output_shape();
+            let x = rng.vec(xs.iter().product(), 1.0);
+            let wv = rng.vec(ws.iter().product(), 1.0);
+            let dy = rng.vec(ys.iter().product(), 1.0);
+            let tensors = (
+                TensorRef::new("t", &x, &xs).unwrap(),
+                TensorRef::new("t", &wv, &ws).unwrap(),
+                TensorRef::new("t", &dy, &ys).unwrap(),
+            );
+            for params in &tilings() {
+                for cols_limit in [1, COLS_LIMIT] {
+                    check_both(tensors, &a, params, cols_limit);
+                }
+            }
+        }
+    }
+
+    /// The scratch bound covers the largest request of either gradient, whatever the tiling.
+    #[test]
+    fn requests_stay_within_the_scratch_bound() {
+        let mut rng = Rng::new(5);
+        let (xs, ws) = ([3, 24, 6, 6], [40, 12, 3, 3]);
+        let a = Conv2dAttrs {
+            padding: [1, 1],
+            groups: 2,
+            ..Conv2dAttrs::default()
+        };
+        let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
+            .unwrap()
+            .output_shape();
+        let x = rng.vec(xs.iter().product(), 1.0);
+        let wv = rng.vec(ws.iter().product(), 1.0);
+        let dy = rng.vec(ys.iter().product(), 1.0);
+        let (xt, wt, dyt) = (
+            TensorRef::new("t", &x, &xs).unwrap(),
+            TensorRef::new("t", &wv, &ws).unwrap(),
+            TensorRef::new("t", &dy, &ys).unwrap(),
+        );
+        for params in &tilings() {
+            let asked = in_pool(1, || {
+                let mut dx = vec![0.0; x.len()];
+                conv2d_grad_input(dyt, wt, &a, [6, 6], params, &mut dx).unwrap();
+                crate::scratch::largest_request()
+            });
+            assert!(
+                asked <= conv2d_grad_scratch(false, &ws, &ys, 2),
+                "dx asked {asked}"
+            );
+            let asked = in_pool(1, || {
+                let mut dw = vec![0.0; wv.len()];
+                conv2d_grad_weight(xt, dyt, &a, [3, 3], params, &mut dw).unwrap();
+                crate::scratch::largest_request()
+            });
+            assert!(
+                asked <= conv2d_grad_scratch(true, &ws, &ys, 2),
+                "dw asked {asked}"
+            );
         }
     }
 
@@ -230,7 +564,7 @@ mod tests {
         let dy = TensorRef::new("t", &x[..4], &[1, 1, 2, 2]).unwrap();
         let mut out = [0.0; 9];
         let a = Conv2dAttrs::default();
-        let p = RowParams::default();
+        let p = MatmulParams::default();
         assert!(conv2d_grad_weight(xt, dy, &a, [2, 2], &p, &mut out[..4]).is_err());
         assert!(conv2d_grad_weight(xt, dy, &a, [3, 3], &p, &mut out[..4]).is_err());
         assert!(conv2d_grad_weight(xt, dy, &a, [3, 3], &p, &mut out).is_ok());

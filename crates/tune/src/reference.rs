@@ -108,6 +108,18 @@ pub fn reference_output(
         StepKernel::EmbeddingGrad(vocab, _) => {
             text(reference::embedding_grad(ints, x(0).shape, x(1), *vocab))
         }
+        StepKernel::Conv2dGradInput(attrs, size, _) => {
+            text(reference::conv2d_grad_input(x(0), x(1), attrs, *size))
+        }
+        StepKernel::Conv2dGradWeight(attrs, kernel, _) => {
+            text(reference::conv2d_grad_weight(x(0), x(1), attrs, *kernel))
+        }
+        StepKernel::PoolGrad(kind, attrs, _) => {
+            text(reference::pool2d_grad(x(0), x(1), *kind, attrs))
+        }
+        StepKernel::AdaptivePoolGrad(size, _) => {
+            text(reference::adaptive_avg_pool2d_grad(x(0), x(1), *size))
+        }
         StepKernel::AdamUpdate([beta1, beta2, eps, weight_decay], decoupled, _) => {
             let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
             let attrs = AdamAttrs {

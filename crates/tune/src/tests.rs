@@ -138,8 +138,9 @@ fn a_wrong_candidate_is_rejected_and_never_wins() {
 
 /// Inference batch norm and the kernels of a training step's backward (norm, embedding and
 /// cross-entropy gradients; the multi-output attention with its log-sum-exps, attention
-/// gradient and affine norm gradients, each output checked) and its optimizer update (in
-/// place) are searched against their reference kernels like the forward's, not skipped.
+/// gradient and affine norm gradients, each output checked; convolution and pool gradients)
+/// and its optimizer update (in place) are searched against their reference kernels like the
+/// forward's, not skipped.
 #[test]
 fn batch_norm_and_backward_kernels_are_searched() {
     let f32_of = |shape: &[i64]| TensorType::new(DType::F32, shape.to_vec());
@@ -180,6 +181,8 @@ fn batch_norm_and_backward_kernels_are_searched() {
             f32_of(&[4, 6, 40]),
         ),
     ]
+    .into_iter()
+    .chain(convolution_backward_cases())
     .map(|(op, attrs, inputs, output)| Case::new(format!("{op:?}"), op, attrs, inputs, output, 0))
     .into_iter()
     .chain(multi_output_cases())
@@ -202,6 +205,59 @@ fn batch_norm_and_backward_kernels_are_searched() {
         assert!(o.candidates >= 1, "{}", o.signature);
         assert!(o.rejected.is_empty(), "{}: {:?}", o.signature, o.rejected);
     }
+}
+
+/// A convolutional network's backward steps (ResNet's): a strided, padded convolution's input
+/// and weight gradients and those of its max and adaptive average pools, in f16 as ResNet
+/// trains them: `(op, attrs, inputs, output)`.
+fn convolution_backward_cases() -> [(Op, Attrs, Vec<TensorType>, TensorType); 4] {
+    let f16_of = |shape: &[i64]| TensorType::new(DType::F16, shape.to_vec());
+    let pairs = |attrs: Attrs, names: [(&str, [i64; 2]); 3]| {
+        names
+            .into_iter()
+            .fold(attrs, |a, (name, pair)| a.with(name, pair.to_vec()))
+    };
+    let conv = |last: (&str, [i64; 2])| {
+        let a = Attrs::new()
+            .with("groups", 1i64)
+            .with("dilation", vec![1i64, 1]);
+        pairs(a, [("stride", [2, 2]), ("padding", [1, 1]), last])
+    };
+    let (x, w, dy) = (
+        f16_of(&[2, 8, 9, 9]),
+        f16_of(&[16, 8, 3, 3]),
+        f16_of(&[2, 16, 5, 5]),
+    );
+    let pool = pairs(
+        Attrs::new(),
+        [("kernel", [3, 3]), ("stride", [2, 2]), ("padding", [1, 1])],
+    );
+    [
+        (
+            Op::Conv2dGradInput,
+            conv(("size", [9, 9])),
+            vec![dy.clone(), w.clone()],
+            x.clone(),
+        ),
+        (
+            Op::Conv2dGradWeight,
+            conv(("kernel", [3, 3])),
+            vec![x.clone(), dy],
+            w,
+        ),
+        (
+            Op::MaxPool2dGrad,
+            pool,
+            vec![x.clone(), f16_of(&[2, 8, 5, 5])],
+            x.clone(),
+        ),
+        (
+            Op::AdaptiveAvgPool2dGrad,
+            Attrs::new().with("output", vec![1i64, 1]),
+            vec![x.clone(), f16_of(&[2, 8, 1, 1])],
+            x,
+        ),
+    ]
 }
 
 /// Steps of the backward that write several outputs.

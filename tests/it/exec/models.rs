@@ -401,21 +401,38 @@ fn precision_flag_overrides_the_trains_policy() {
 /// No kernel asks a pool thread for more scratch than the module reserves per thread (a larger
 /// request would allocate while running, outside the memory plan): the tiny LLaMA's training
 /// step (GEMMs and their gradients, attention and its gradient, cross-entropy, fused
-/// elementwise programs) and ResNet-50's forward at 64 × 64 (convolutions, pooling), on 2
-/// threads.
+/// elementwise programs), ResNet-50's forward at 64 × 64 (convolutions, pooling) and its
+/// training step at 32 × 32 (the convolutions' and pools' gradients), on 2 threads.
 #[test]
 fn kernels_stay_within_the_scratch_each_thread_reserves() {
     let dir = TestDir::new("exec-scratch");
-    let out = dir.path("out");
-    let example = root().join("examples/tiny_llama.msl");
-    let mut args = vec!["build", s(&example), "--entry", "Pretrain", "-o", s(&out)];
-    args.extend(crate::ranks::llama_flags());
-    let (code, stdout, stderr) = mslc(&args);
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    let bytes = std::fs::read(out.join("Pretrain.mir")).unwrap();
-    let step = mslc_artifact::decode(&bytes).unwrap().module;
+    let step = |file: &str, entry: &str, flags: &[&str]| {
+        let out = dir.path(entry);
+        let example = root().join(file);
+        let mut args = vec!["build", s(&example), "--entry", entry, "-o", s(&out)];
+        args.extend(flags);
+        let (code, stdout, stderr) = mslc(&args);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let bytes = std::fs::read(out.join(format!("{entry}.mir"))).unwrap();
+        mslc_artifact::decode(&bytes).unwrap().module
+    };
+    let llama = step(
+        "examples/tiny_llama.msl",
+        "Pretrain",
+        &crate::ranks::llama_flags(),
+    );
+    let resnet_step = step(
+        "examples/resnet50.msl",
+        "ImageNet",
+        &["--dim", "B=2", "--dim", "R=32"],
+    );
     let resnet = compile_sized("examples/resnet50.msl", &[], &[("B", "1"), ("R", "64")]);
-    for (what, module) in [("training step", step), ("resnet50", resnet)] {
+    let modules = [
+        ("training step", llama),
+        ("resnet50", resnet),
+        ("resnet50 training step", resnet_step),
+    ];
+    for (what, module) in modules {
         let mut exec = executor(module, 2);
         exec.init_params(3);
         for input in exec.unset_inputs() {

@@ -5,6 +5,7 @@
 use mslc_core::ops::{DType, TensorType};
 
 use super::prepare::StepKernel;
+use crate::conv_grad::conv2d_grad_scratch;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
 use crate::norm_grad::norm_affine_grad_scratch;
 use crate::reduce::square_sum_scratch;
@@ -213,6 +214,17 @@ pub fn scratch_floats(
                 .saturating_add(pad)
                 .saturating_add(turned)
                 + 16
+        }
+        StepKernel::Conv2dGradInput(attrs, ..) | StepKernel::Conv2dGradWeight(attrs, ..) => {
+            let shape = |t: &TensorType| -> Vec<usize> {
+                t.shape.iter().map(|&d| d.max(0) as usize).collect()
+            };
+            let weight = matches!(kernel, StepKernel::Conv2dGradWeight(..));
+            let (w, dy) = match weight {
+                true => (output, &inputs[1]),
+                false => (&inputs[1], &inputs[0]),
+            };
+            conv2d_grad_scratch(weight, &shape(w), &shape(dy), attrs.groups)
         }
         StepKernel::Collective(c) => {
             let shape: Vec<usize> = inputs

@@ -146,10 +146,10 @@ pub enum StepKernel {
         /// Tiles and thread split.
         params: AttentionParams,
     },
-    /// `conv2d_grad_input` with the input's spatial size.
-    Conv2dGradInput(Conv2dAttrs, [usize; 2], RowParams),
-    /// `conv2d_grad_weight` with the kernel's spatial size.
-    Conv2dGradWeight(Conv2dAttrs, [usize; 2], RowParams),
+    /// `conv2d_grad_input` with the input's spatial size and its GEMM's tiling.
+    Conv2dGradInput(Conv2dAttrs, [usize; 2], MatmulParams),
+    /// `conv2d_grad_weight` with the kernel's spatial size and its GEMM's tiling.
+    Conv2dGradWeight(Conv2dAttrs, [usize; 2], MatmulParams),
     /// `max_pool2d_grad` / `avg_pool2d_grad`.
     PoolGrad(PoolKind, Pool2dAttrs, RowParams),
     /// `adaptive_avg_pool2d_grad`.
