@@ -184,7 +184,6 @@ fn batch_norm_and_backward_kernels_are_searched() {
     .into_iter()
     .chain(convolution_backward_cases())
     .map(|(op, attrs, inputs, output)| Case::new(format!("{op:?}"), op, attrs, inputs, output, 0))
-    .into_iter()
     .chain(multi_output_cases())
     .collect::<Vec<_>>();
     let mut kb = KnowledgeBase::default();
