@@ -1,7 +1,7 @@
 //! The gradients of conv2d, on the packed GEMM as the forward runs (im2col + GEMM):
 //! - w.r.t. the input: per (image, group), the group's weights' transpose times dy gives the
-//!   gradient of every patch value (`[C/groups·kh·kw, oh·ow]`, or its transpose with few output
-//!   positions: [`weights_right`]), which col2im adds into the input planes they were read from,
+//!   gradient of every patch value (`[C/groups·kh·kw, oh·ow]`, or its transpose with as few
+//!   output positions as the GEMM's row kernels take), which col2im adds into the input planes they were read from,
 //!   each task owning whole planes; a 1×1, stride-1, unpadded kernel's product is the input
 //!   gradient itself;
 //! - w.r.t. the weight: per group, dy's rows times the patches' transpose, the images laid end
@@ -11,9 +11,7 @@
 //! count.
 
 use super::activation::Activation;
-use super::conv::{
-    im2col_rows, inside_range, weight_blocks, weights_right, Conv2dAttrs, Conv2dCall,
-};
+use super::conv::{im2col_rows, inside_range, weight_blocks, Conv2dAttrs, Conv2dCall};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::kernel::{MAX_MR, MAX_NR};
@@ -89,7 +87,10 @@ fn grad_input(
     let og = g.o / groups;
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
     let kernel = MicroKernel::select(params.isa)?;
-    let right = weights_right(plane, params);
+    // The patch gradients transposed only where the positions are few enough for the row
+    // kernels, which read A in place (the weights are not packed ahead here, as the forward's
+    // may be; [`weights_right`] counts that); otherwise a 1×1 kernel's product lands in dx.
+    let right = plane <= params.small_m;
     let weights: Vec<MatRef<'_>> = weight_blocks(w.data, w.shape, groups)
         .into_iter()
         .map(|block| if right { block } else { block.t() })
