@@ -34,9 +34,10 @@ pub struct Case {
     /// and so timed cold ([`crate::measure::Candidate::time`]); a weight at input 1 is packed
     /// ahead ([`Case::b_packed_ahead`]).
     pub weights: Vec<bool>,
-    /// Whether the module's step updates its operands in place (a train step's
-    /// `adam_update` overwrites the parameter and its moments): a run then starts from those
-    /// operands in its outputs ([`Case::start_state`]), as the executor's does.
+    /// Whether the module's step is an update in place (a train step's `adam_update`
+    /// overwrites the parameter and its moments: [`StepKernel::updated_operands`]): a run then
+    /// starts from those operands in its outputs ([`Case::start_state`]), as the executor's
+    /// does.
     pub in_place: bool,
     /// The seeded inputs, generated when first read ([`Case::seeded`]).
     seeded: OnceLock<Seeded>,
@@ -80,16 +81,18 @@ impl Case {
                 .iter()
                 .map(|&v| packed_ahead[v as usize])
                 .collect();
-            case.in_place = step
-                .outputs
-                .iter()
-                .any(|&v| matches!(module.values[v as usize].storage, Storage::Overwrite { .. }));
+            let kernel = case.prepare(&case.default_choice());
             // A copy (cast, reshape) or a fill runs the same whatever its parameters say.
-            if let Ok(StepKernel::Copy | StepKernel::Constant(_)) =
-                case.prepare(&case.default_choice())
-            {
+            if let Ok(StepKernel::Copy | StepKernel::Constant(_)) = kernel {
                 continue;
             }
+            // An update whose results overwrite its operands runs so; a unary or binary op
+            // over its operand's bytes computes the same out of place.
+            let updates = kernel.is_ok_and(|k| !k.updated_operands().is_empty());
+            case.in_place = updates
+                && step.outputs.iter().any(|&v| {
+                    matches!(module.values[v as usize].storage, Storage::Overwrite { .. })
+                });
             cases.push(case);
         }
         cases

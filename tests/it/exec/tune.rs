@@ -466,3 +466,36 @@ fn a_train_entry_of_a_source_tunes_its_training_step() {
     let table = std::fs::read_to_string(dir.path("Classify.kernels.toml")).unwrap();
     assert!(table.contains("tuned = true"), "{table}");
 }
+
+/// A step whose SGD updates overwrite their parameters (`p − lr·g` over p's own bytes, run in
+/// place by the executor) is tuned as it computes: every signature's default passes the
+/// correctness guard, none is skipped as wrong (a case run in place without its operand in its
+/// output would be).
+#[test]
+fn an_sgd_step_tunes_the_updates_over_its_parameters() {
+    let dir = TestDir::new("tune-sgd");
+    let source = std::fs::read_to_string(super::common::root().join("examples/mlp.msl")).unwrap();
+    let adam = "optimizer = adam(lr: 1e-3, betas: (0.9, 0.999))";
+    assert!(
+        source.contains(adam),
+        "examples/mlp.msl's optimizer changed"
+    );
+    let sgd = dir.path("mlp_sgd.msl");
+    std::fs::write(
+        &sgd,
+        source.replace(adam, "optimizer = sgd(lr: 0.1, momentum: 0.9)"),
+    )
+    .unwrap();
+    let model = [s(&sgd), "--set", "inputs=64", "--set", "hidden=32"];
+    let (code, out, err) = tune_model(&dir, &model, &["--entry", "Classify", "--budget", "3s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path("Classify.tune.json")).unwrap())
+            .unwrap();
+    let outcomes = report["report"]["outcomes"].as_array().unwrap();
+    assert!(outcomes.len() > 10, "{out}");
+    for o in outcomes {
+        let skipped = o["source"]["skipped"].as_str().unwrap_or("");
+        assert!(!skipped.contains("default kernel"), "{o}");
+    }
+}
