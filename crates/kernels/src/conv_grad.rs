@@ -58,19 +58,6 @@ pub fn conv2d_grad_input(
     params: &MatmulParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    grad_input(dy, w, a, size, params, out, COLS_LIMIT)
-}
-
-/// [`conv2d_grad_input`], laying out at most `cols_limit` patch gradients at once.
-fn grad_input(
-    dy: TensorRef<'_>,
-    w: TensorRef<'_>,
-    a: &Conv2dAttrs,
-    size: [usize; 2],
-    params: &MatmulParams,
-    out: &mut [f32],
-    cols_limit: usize,
-) -> KernelResult<()> {
     const OP: &str = "conv2d_grad_input";
     check_len(OP, "w", w.data.len(), w.shape)?;
     let (&[n, ..], &[_, cg, ..]) = (dy.shape, w.shape) else {
@@ -162,7 +149,7 @@ fn grad_input(
         return Ok(());
     }
     let per_image = groups * kdim * plane;
-    let images = images_per_chunk(per_image, g.n, cols_limit);
+    let images = images_per_chunk(per_image, g.n);
     let image_len = g.c * g.h * g.w;
     for n0 in (0..g.n).step_by(images) {
         let n1 = (n0 + images).min(g.n);
@@ -224,19 +211,6 @@ pub fn conv2d_grad_weight(
     params: &MatmulParams,
     out: &mut [f32],
 ) -> KernelResult<()> {
-    grad_weight(x, dy, a, kernel, params, out, COLS_LIMIT)
-}
-
-/// [`conv2d_grad_weight`], laying out at most `cols_limit` patches and dy values at once.
-fn grad_weight(
-    x: TensorRef<'_>,
-    dy: TensorRef<'_>,
-    a: &Conv2dAttrs,
-    kernel: [usize; 2],
-    params: &MatmulParams,
-    out: &mut [f32],
-    cols_limit: usize,
-) -> KernelResult<()> {
     const OP: &str = "conv2d_grad_weight";
     check_len(OP, "x", x.data.len(), x.shape)?;
     let (&[_, c, ..], &[_, o, ..]) = (x.shape, dy.shape) else {
@@ -263,7 +237,7 @@ fn grad_weight(
         return Ok(());
     }
     let per_image = (groups * kdim + g.o) * plane;
-    let images = images_per_chunk(per_image, g.n, cols_limit);
+    let images = images_per_chunk(per_image, g.n);
     for n0 in (0..g.n).step_by(images) {
         let n1 = (n0 + images).min(g.n);
         let depth = (n1 - n0) * plane;
@@ -339,9 +313,9 @@ fn grad_weight(
 }
 
 /// Images whose patch gradients (or patches and dy rows), `per_image` f32 each, are laid out
-/// together: as many as `cols_limit` holds, at least one, at most the `n` there are.
-fn images_per_chunk(per_image: usize, n: usize, cols_limit: usize) -> usize {
-    (cols_limit / per_image.max(1)).clamp(1, n.max(1))
+/// together: as many as [`COLS_LIMIT`] holds, at least one, at most the `n` there are.
+fn images_per_chunk(per_image: usize, n: usize) -> usize {
+    (COLS_LIMIT / per_image.max(1)).clamp(1, n.max(1))
 }
 
 /// An upper bound on the largest scratch (f32) one call of [`conv2d_grad_weight`] (`weight`)
@@ -361,7 +335,7 @@ pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usiz
             .saturating_mul(kdim)
             .saturating_add(channels)
             .saturating_mul(plane);
-        let cols = per_image.saturating_mul(images_per_chunk(per_image, n, COLS_LIMIT));
+        let cols = per_image.saturating_mul(images_per_chunk(per_image, n));
         let depth = cols / per_image.max(1) * plane;
         (
             cols,
@@ -369,7 +343,7 @@ pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usiz
         )
     } else {
         let per_image = groups.saturating_mul(kdim).saturating_mul(plane);
-        let cols = per_image.saturating_mul(images_per_chunk(per_image, n, COLS_LIMIT));
+        let cols = per_image.saturating_mul(images_per_chunk(per_image, n));
         let operands: usize = [w, dy].iter().map(|s| s.iter().product::<usize>()).sum();
         let blocks = n.saturating_mul(groups).saturating_add(groups);
         let pads = tile
@@ -407,19 +381,18 @@ mod tests {
     }
 
     /// The input and weight gradients of a convolution of `x` by `w` with output gradient `dy`
-    /// (laying out at most `cols_limit` values at once) against the f64 reference within the
-    /// f32 sums' rounding, and the same bits on 1 and 2 threads.
+    /// against the f64 reference within the f32 sums' rounding, and the same bits on 1 and 2
+    /// threads.
     fn check_both(
         (x, w, dy): (TensorRef<'_>, TensorRef<'_>, TensorRef<'_>),
         a: &Conv2dAttrs,
         params: &MatmulParams,
-        cols_limit: usize,
     ) {
         let (size, kernel) = ([x.shape[2], x.shape[3]], [w.shape[2], w.shape[3]]);
         let want = reference::conv2d_grad_input(dy, w, a, size).unwrap();
         let run = || {
             let mut out = vec![f32::NAN; x.data.len()];
-            grad_input(dy, w, a, size, params, &mut out, cols_limit).unwrap();
+            conv2d_grad_input(dy, w, a, size, params, &mut out).unwrap();
             out
         };
         let one = in_pool(1, run);
@@ -428,7 +401,7 @@ mod tests {
         let want = reference::conv2d_grad_weight(x, dy, a, kernel).unwrap();
         let run = || {
             let mut out = vec![f32::NAN; w.data.len()];
-            grad_weight(x, dy, a, kernel, params, &mut out, cols_limit).unwrap();
+            conv2d_grad_weight(x, dy, a, kernel, params, &mut out).unwrap();
             out
         };
         let one = in_pool(1, run);
@@ -440,15 +413,15 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(40))]
 
         /// Both gradients against the f64 reference, with stride, padding, dilation and groups,
-        /// on every path of the GEMM, the images laid out whole or one at a time. Tolerance:
-        /// f32 sums of at most a few hundred products of O(1) values.
+        /// on every path of the GEMM. Tolerance: f32 sums of at most a few hundred products of
+        /// O(1) values.
         #[test]
         fn fast_matches_reference(
             n in 1usize..4, cg in 1usize..3, og in 1usize..3, groups in 1usize..3,
             h in 1usize..8, w in 1usize..8, kh in 1usize..4, kw in 1usize..4,
             stride in (1usize..3, 1usize..3), padding in (0usize..3, 0usize..3),
             dilation in (1usize..3, 1usize..3),
-            tiling in 0usize..3, whole in any::<bool>(),
+            tiling in 0usize..3,
             seed in any::<u64>(),
         ) {
             let a = Conv2dAttrs {
@@ -473,14 +446,13 @@ mod tests {
                 TensorRef::new("t", &wv, &ws).unwrap(),
                 TensorRef::new("t", &dy, &ys).unwrap(),
             );
-            let cols_limit = if whole { COLS_LIMIT } else { 1 };
-            check_both(tensors, &a, &tilings()[tiling], cols_limit);
+            check_both(tensors, &a, &tilings()[tiling]);
         }
     }
 
-    /// ResNet's shapes: a 1×1 kernel over 1×1 and 7×7 planes (the product straight into dx,
-    /// or transposed and added back), a strided 3×3 and the 7×7 stem, 2 images in chunks of
-    /// one and whole; wide enough that the GEMM splits over both threads.
+    /// ResNet's shapes: a 1×1 kernel over 1×1 and 7×7 planes (transposed and added back, or
+    /// the product straight into dx), a strided 3×3 and the 7×7 stem, 2 images; wide enough
+    /// that the GEMM splits over both threads.
     #[test]
     fn network_shapes_match_the_reference() {
         let mut rng = Rng::new(11);
@@ -508,11 +480,37 @@ mod tests {
                 TensorRef::new("t", &dy, &ys).unwrap(),
             );
             for params in &tilings() {
-                for cols_limit in [1, COLS_LIMIT] {
-                    check_both(tensors, &a, params, cols_limit);
-                }
+                check_both(tensors, &a, params);
             }
         }
+    }
+
+    /// Images too many to lay out at once go in chunks (3 of 4 images, then the last): the
+    /// input gradient's col2im lands each chunk in its images, the weight gradient adds each
+    /// chunk's product to the last.
+    #[test]
+    fn images_are_laid_out_in_chunks() {
+        let mut rng = Rng::new(17);
+        let (xs, ws) = ([4, 64, 64, 64], [8, 64, 3, 3]);
+        let a = Conv2dAttrs {
+            padding: [1, 1],
+            ..Conv2dAttrs::default()
+        };
+        let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
+            .unwrap()
+            .output_shape();
+        let (kdim, plane) = (64 * 9, 64 * 64);
+        assert_eq!(images_per_chunk(kdim * plane, 4), 3);
+        assert_eq!(images_per_chunk((kdim + 8) * plane, 4), 3);
+        let x = rng.vec(xs.iter().product(), 1.0);
+        let wv = rng.vec(ws.iter().product(), 1.0);
+        let dy = rng.vec(ys.iter().product(), 1.0);
+        let tensors = (
+            TensorRef::new("t", &x, &xs).unwrap(),
+            TensorRef::new("t", &wv, &ws).unwrap(),
+            TensorRef::new("t", &dy, &ys).unwrap(),
+        );
+        check_both(tensors, &a, &MatmulParams::default());
     }
 
     /// The scratch bound covers the largest request of either gradient, whatever the tiling.
