@@ -358,6 +358,7 @@ pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usiz
 mod tests {
     use super::*;
     use crate::reference;
+    use crate::tensor::Tensor;
     use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
     use proptest::prelude::*;
 
@@ -380,6 +381,32 @@ mod tests {
         [MatmulParams::default(), no_small_m, tiny]
     }
 
+    /// Random input, weights and output gradient of a convolution (their owner).
+    struct Operands {
+        shapes: [[usize; 4]; 3],
+        values: [Vec<f32>; 3],
+    }
+
+    impl Operands {
+        /// Values in [-1, 1) for a convolution of `xs` by `ws` with `a`; `None` where the
+        /// window does not fit.
+        fn random(xs: [usize; 4], ws: [usize; 4], a: &Conv2dAttrs, rng: &mut Rng) -> Option<Self> {
+            let ys = Conv2dCall::of_shapes("t", &xs, &ws, a).ok()?.output_shape();
+            let shapes = [xs, ws, ys];
+            let values = shapes.map(|s| rng.vec(s.iter().product(), 1.0));
+            Some(Operands { shapes, values })
+        }
+
+        /// x, w and dy.
+        fn views(&self) -> (TensorRef<'_>, TensorRef<'_>, TensorRef<'_>) {
+            let [x, w, dy] = [0, 1, 2].map(|i| TensorRef {
+                data: &self.values[i],
+                shape: &self.shapes[i],
+            });
+            (x, w, dy)
+        }
+    }
+
     /// The input and weight gradients of a convolution of `x` by `w` with output gradient `dy`
     /// against the f64 reference within the f32 sums' rounding, and the same bits on 1 and 2
     /// threads.
@@ -389,24 +416,26 @@ mod tests {
         params: &MatmulParams,
     ) {
         let (size, kernel) = ([x.shape[2], x.shape[3]], [w.shape[2], w.shape[3]]);
-        let want = reference::conv2d_grad_input(dy, w, a, size).unwrap();
-        let run = || {
-            let mut out = vec![f32::NAN; x.data.len()];
-            conv2d_grad_input(dy, w, a, size, params, &mut out).unwrap();
-            out
+        let check = |what: &str, want: Tensor, grad: &(dyn Fn(&mut [f32]) + Sync)| {
+            let run = || {
+                let mut out = vec![f32::NAN; want.data.len()];
+                grad(&mut out);
+                out
+            };
+            let one = in_pool(1, run);
+            assert_same_bits(what, &one, &in_pool(2, run));
+            assert_close(what, &one, &want.data, 1e-4, 1e-4);
         };
-        let one = in_pool(1, run);
-        assert_same_bits("dx threads", &one, &in_pool(2, run));
-        assert_close("dx", &one, &want.data, 1e-4, 1e-4);
-        let want = reference::conv2d_grad_weight(x, dy, a, kernel).unwrap();
-        let run = || {
-            let mut out = vec![f32::NAN; w.data.len()];
-            conv2d_grad_weight(x, dy, a, kernel, params, &mut out).unwrap();
-            out
-        };
-        let one = in_pool(1, run);
-        assert_same_bits("dw threads", &one, &in_pool(2, run));
-        assert_close("dw", &one, &want.data, 1e-4, 1e-4);
+        check(
+            "dx",
+            reference::conv2d_grad_input(dy, w, a, size).unwrap(),
+            &|out| conv2d_grad_input(dy, w, a, size, params, out).unwrap(),
+        );
+        check(
+            "dw",
+            reference::conv2d_grad_weight(x, dy, a, kernel).unwrap(),
+            &|out| conv2d_grad_weight(x, dy, a, kernel, params, out).unwrap(),
+        );
     }
 
     proptest! {
@@ -431,22 +460,11 @@ mod tests {
                 groups,
             };
             let (c, o) = (cg * groups, og * groups);
-            let xs = [n, c, h, w];
-            let ws = [o, cg, kh, kw];
-            let Ok(call) = Conv2dCall::of_shapes("t", &xs, &ws, &a) else {
+            let operands = Operands::random([n, c, h, w], [o, cg, kh, kw], &a, &mut Rng::new(seed));
+            let Some(operands) = operands else {
                 return Ok(()); // the window does not fit
             };
-            let ys = call.output_shape();
-            let mut rng = Rng::new(seed);
-            let x = rng.vec(xs.iter().product(), 1.0);
-            let wv = rng.vec(ws.iter().product(), 1.0);
-            let dy = rng.vec(ys.iter().product(), 1.0);
-            let tensors = (
-                TensorRef::new("t", &x, &xs).unwrap(),
-                TensorRef::new("t", &wv, &ws).unwrap(),
-                TensorRef::new("t", &dy, &ys).unwrap(),
-            );
-            check_both(tensors, &a, &tilings()[tiling]);
+            check_both(operands.views(), &a, &tilings()[tiling]);
         }
     }
 
@@ -468,19 +486,9 @@ mod tests {
                 padding: [pad; 2],
                 ..Conv2dAttrs::default()
             };
-            let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
-                .unwrap()
-                .output_shape();
-            let x = rng.vec(xs.iter().product(), 1.0);
-            let wv = rng.vec(ws.iter().product(), 1.0);
-            let dy = rng.vec(ys.iter().product(), 1.0);
-            let tensors = (
-                TensorRef::new("t", &x, &xs).unwrap(),
-                TensorRef::new("t", &wv, &ws).unwrap(),
-                TensorRef::new("t", &dy, &ys).unwrap(),
-            );
+            let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
             for params in &tilings() {
-                check_both(tensors, &a, params);
+                check_both(operands.views(), &a, params);
             }
         }
     }
@@ -496,21 +504,11 @@ mod tests {
             padding: [1, 1],
             ..Conv2dAttrs::default()
         };
-        let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
-            .unwrap()
-            .output_shape();
         let (kdim, plane) = (64 * 9, 64 * 64);
         assert_eq!(images_per_chunk(kdim * plane, 4), 3);
         assert_eq!(images_per_chunk((kdim + 8) * plane, 4), 3);
-        let x = rng.vec(xs.iter().product(), 1.0);
-        let wv = rng.vec(ws.iter().product(), 1.0);
-        let dy = rng.vec(ys.iter().product(), 1.0);
-        let tensors = (
-            TensorRef::new("t", &x, &xs).unwrap(),
-            TensorRef::new("t", &wv, &ws).unwrap(),
-            TensorRef::new("t", &dy, &ys).unwrap(),
-        );
-        check_both(tensors, &a, &MatmulParams::default());
+        let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
+        check_both(operands.views(), &a, &MatmulParams::default());
     }
 
     /// The scratch bound covers the largest request of either gradient, whatever the tiling.
@@ -523,34 +521,26 @@ mod tests {
             groups: 2,
             ..Conv2dAttrs::default()
         };
-        let ys = Conv2dCall::of_shapes("t", &xs, &ws, &a)
-            .unwrap()
-            .output_shape();
-        let x = rng.vec(xs.iter().product(), 1.0);
-        let wv = rng.vec(ws.iter().product(), 1.0);
-        let dy = rng.vec(ys.iter().product(), 1.0);
-        let (xt, wt, dyt) = (
-            TensorRef::new("t", &x, &xs).unwrap(),
-            TensorRef::new("t", &wv, &ws).unwrap(),
-            TensorRef::new("t", &dy, &ys).unwrap(),
-        );
+        let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
+        let (xt, wt, dyt) = operands.views();
+        let ys = dyt.shape;
         for params in &tilings() {
             let asked = in_pool(1, || {
-                let mut dx = vec![0.0; x.len()];
+                let mut dx = vec![0.0; xt.data.len()];
                 conv2d_grad_input(dyt, wt, &a, [6, 6], params, &mut dx).unwrap();
                 crate::scratch::largest_request()
             });
             assert!(
-                asked <= conv2d_grad_scratch(false, &ws, &ys, 2),
+                asked <= conv2d_grad_scratch(false, &ws, ys, 2),
                 "dx asked {asked}"
             );
             let asked = in_pool(1, || {
-                let mut dw = vec![0.0; wv.len()];
+                let mut dw = vec![0.0; wt.data.len()];
                 conv2d_grad_weight(xt, dyt, &a, [3, 3], params, &mut dw).unwrap();
                 crate::scratch::largest_request()
             });
             assert!(
-                asked <= conv2d_grad_scratch(true, &ws, &ys, 2),
+                asked <= conv2d_grad_scratch(true, &ws, ys, 2),
                 "dw asked {asked}"
             );
         }
