@@ -42,10 +42,12 @@ fn check_dy(op: &'static str, dy: TensorRef<'_>, call: &Conv2dCall) -> KernelRes
 /// at least one.
 const COLS_LIMIT: usize = 1 << 23;
 
-/// col2im work (input values) below which it runs on the calling thread.
+/// col2im work (input values), or patch values laid out, below which it runs on the calling
+/// thread.
 const COL2IM_PARALLEL: usize = 1 << 15;
 
-/// Input values per col2im task (whole planes; at least one).
+/// Input values per col2im task (whole planes), or patch values per task laying them out (whole
+/// rows); at least one plane or row.
 const COL2IM_TASK: usize = 1 << 13;
 
 /// `conv2d_grad_input(dy, w)` into `out` (`[N, C, H, W]` with `size = [H, W]`):
@@ -243,18 +245,17 @@ pub fn conv2d_grad_weight(
         let depth = (n1 - n0) * plane;
         with_scratch((n1 - n0) * per_image, |buf| {
             let (patches, rows) = buf.split_at_mut(groups * kdim * depth);
-            // Patch row (group, tap) of every image, end to end.
+            // Patch row (group, tap) of every image, end to end; whole rows per task.
             let parallel = patches.len() >= COL2IM_PARALLEL;
-            par::for_each_chunk_mut(parallel, patches, depth, |row, dst| {
-                let (group, tap) = (row / kdim, row % kdim);
-                for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
-                    im2col_rows(
-                        x.data,
-                        &g,
-                        a,
-                        ((n0 + k) * groups + group) * kdim + tap,
-                        image,
-                    );
+            let rows_per_task = (COL2IM_TASK / depth).max(1);
+            par::for_each_chunk_mut(parallel, patches, rows_per_task * depth, |task, dst| {
+                for (r, dst) in dst.chunks_exact_mut(depth).enumerate() {
+                    let row = task * rows_per_task + r;
+                    let (group, tap) = (row / kdim, row % kdim);
+                    for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
+                        let first_row = ((n0 + k) * groups + group) * kdim + tap;
+                        im2col_rows(x.data, &g, a, first_row, image);
+                    }
                 }
             });
             // dy's row of each output channel, the images end to end.
