@@ -727,3 +727,37 @@ fn attention_with_broadcast_keys_is_not_fused() {
     assert!(!stats.rewrites.contains_key("fuse.attention"), "{stats:?}");
     mslc_ir::verify(&g).unwrap();
 }
+
+/// A reduction's gradient broadcasts per-channel values over an activation only to combine
+/// them elementwise (batch norm's backward): the fused chain reads the values before the
+/// broadcast, which is then dead and dropped. A broadcast that sets the chain's shape (every
+/// other operand smaller) stays.
+#[test]
+fn fused_chains_read_values_before_their_broadcasts() {
+    let f32_of = |shape: Vec<i64>| TensorType::new(DType::F32, shape);
+    let mut g = Graph::new("broadcasts");
+    let x = g.add_input("x", f32_of(vec![8, 4, 2, 2]));
+    let s = g.add_input("s", f32_of(vec![1, 4, 1, 1]));
+    let t = g.add_input("t", f32_of(vec![4, 1, 1]));
+    let op = |g: &mut Graph, op: Op, attrs: Attrs, args: &[mslc_ir::ValueRef]| {
+        g.add_op(op, attrs, args, "").unwrap()[0]
+    };
+    let full = Attrs::new().with("shape", vec![8i64, 4, 2, 2]);
+    let b = op(&mut g, Op::BroadcastTo, full.clone(), &[s]);
+    let m = op(&mut g, Op::Mul, Attrs::new(), &[x, b]);
+    let y = op(&mut g, Op::Neg, Attrs::new(), &[m]);
+    g.set_output("y", y);
+    // Here the broadcast alone gives the chain its shape.
+    let c = op(&mut g, Op::BroadcastTo, full, &[t]);
+    let d = op(&mut g, Op::Add, Attrs::new(), &[c, s]);
+    let z = op(&mut g, Op::Relu, Attrs::new(), &[d]);
+    g.set_output("z", z);
+    let report = pipeline(&["fuse", "dce"]).run(&mut g, &cx()).unwrap();
+    assert_eq!(op_count(&g, Op::FusedElementwise), 2, "{}", to_text(&g));
+    assert_eq!(op_count(&g, Op::BroadcastTo), 1, "{}", to_text(&g));
+    let output = |name: &str| g.outputs.iter().find(|(n, _)| n == name).unwrap().1;
+    let fused_y = output("y");
+    assert_eq!(g.inputs(fused_y.node), vec![x, s], "{}", to_text(&g));
+    assert_eq!(g.ty(fused_y).shape, vec![8, 4, 2, 2]);
+    assert!(report.rewrites_by_label.contains_key("fuse.elementwise"));
+}

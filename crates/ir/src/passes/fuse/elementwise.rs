@@ -12,7 +12,7 @@ use crate::passes::rewrite::{add_like, replace_with};
 use crate::passes::{PassContext, PassStats};
 use crate::{Graph, NodeId, ValueRef};
 use mslc_core::ops::family::program::{ElementwiseProgram, Operand, Step};
-use mslc_core::ops::{Attrs, Op, OpError};
+use mslc_core::ops::{broadcast, Attrs, Op, OpError};
 
 /// Whether node `id` can be a step (or, when fused already, several steps) of a program.
 fn fusable(g: &Graph, id: NodeId) -> bool {
@@ -123,6 +123,33 @@ fn program(g: &Graph, members: &[NodeId]) -> Result<(ElementwiseProgram, Vec<Val
     Ok((ElementwiseProgram { steps }, inputs))
 }
 
+/// Reads each of a fused op's `inputs` that a `broadcast_to` produced from that op's own
+/// operand instead, where the program's own broadcasting gives the same values: the operands
+/// must still broadcast to the chain's output `shape` exactly. The expanded copy is then never
+/// written (a reduction's gradient, such as batch norm's, broadcasts per-channel values over
+/// a whole activation only to combine them elementwise).
+fn read_before_broadcasts(g: &Graph, inputs: &mut [ValueRef], shape: &[i64]) {
+    for i in 0..inputs.len() {
+        let v = inputs[i];
+        if g.node(v.node).op() != Some(Op::BroadcastTo) {
+            continue;
+        }
+        let Some(&operand) = g.inputs(v.node).first() else {
+            continue;
+        };
+        let unchanged = inputs
+            .iter()
+            .enumerate()
+            .try_fold(Vec::new(), |acc, (j, x)| {
+                let x = if j == i { operand } else { *x };
+                broadcast(&acc, &g.ty(x).shape)
+            });
+        if unchanged.as_deref() == Some(shape) {
+            inputs[i] = operand;
+        }
+    }
+}
+
 /// Fuses every chain of two or more elementwise ops, except the chains `cx.unfused` names.
 pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Result<(), OpError> {
     let order = topo(g)?;
@@ -136,7 +163,9 @@ pub(super) fn run(g: &mut Graph, cx: &PassContext, stats: &mut PassStats) -> Res
         if members.len() < 2 {
             continue;
         }
-        let (program, inputs) = program(g, &members)?;
+        let (program, mut inputs) = program(g, &members)?;
+        let shape = g.node(root).outputs[0].shape.clone();
+        read_before_broadcasts(g, &mut inputs, &shape);
         let attrs = Attrs::new().with("program", program.to_string().as_str());
         let fused = add_like(g, root, Op::FusedElementwise, attrs, &inputs)?;
         if left_unfused(g, cx, fused.node) {
