@@ -169,11 +169,12 @@ impl Conv2dCall {
     }
 }
 
-/// The GEMM left operands of `w` (`[O, C/groups, kh, kw]`): per group, its `[O/groups,
-/// C/groups·kh·kw]` block of rows.
-pub(crate) fn weight_blocks<'a>(w: &'a [f32], shape: &[usize], groups: usize) -> Vec<MatRef<'a>> {
-    let (og, kdim) = (shape[0] / groups.max(1), shape[1..].iter().product());
-    (0..groups)
+/// `blocks` equal blocks of rows of the row-major matrix `w` of `shape` (the first dim its rows,
+/// the rest its columns): a conv2d's weights (`[O, C/groups, kh, kw]`) per group, its
+/// `[O/groups, C/groups·kh·kw]` GEMM operand; or a gradient's dy rows per (image, group).
+pub(crate) fn row_blocks<'a>(w: &'a [f32], shape: &[usize], blocks: usize) -> Vec<MatRef<'a>> {
+    let (og, kdim) = (shape[0] / blocks.max(1), shape[1..].iter().product());
+    (0..blocks)
         .map(|grp| MatRef {
             data: w,
             offset: grp * og * kdim,
@@ -211,7 +212,7 @@ struct WeightLayout<'a> {
     right: bool,
     /// The micro-kernel, which fixes the packed geometry.
     kernel: MicroKernel,
-    /// Per group, its `[O/groups, C/groups·kh·kw]` block of rows ([`weight_blocks`]), or that
+    /// Per group, its `[O/groups, C/groups·kh·kw]` block of rows ([`row_blocks`]), or that
     /// block transposed when the weights are on the right.
     operands: Vec<MatRef<'a>>,
 }
@@ -226,7 +227,7 @@ impl<'a> WeightLayout<'a> {
     ) -> KernelResult<Self> {
         let kernel = MicroKernel::select(params.isa)?;
         let right = weights_right(plane, params);
-        let blocks = weight_blocks(w, shape, groups);
+        let blocks = row_blocks(w, shape, groups);
         let operands = match right {
             false => blocks,
             true => (blocks.into_iter())

@@ -11,7 +11,7 @@
 //! count.
 
 use super::activation::Activation;
-use super::conv::{im2col_rows, inside_range, weight_blocks, Conv2dAttrs, Conv2dCall};
+use super::conv::{im2col_rows, inside_range, row_blocks, Conv2dAttrs, Conv2dCall};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::kernel::{MAX_MR, MAX_NR};
@@ -80,31 +80,20 @@ pub fn conv2d_grad_input(
     // kernels, which read A in place (the weights are not packed ahead here, as the forward's
     // may be; [`weights_right`] counts that); otherwise a 1×1 kernel's product lands in dx.
     let right = plane <= params.small_m;
-    let weights: Vec<MatRef<'_>> = weight_blocks(w.data, w.shape, groups)
+    let weights: Vec<MatRef<'_>> = row_blocks(w.data, w.shape, groups)
         .into_iter()
         .map(|block| if right { block } else { block.t() })
         .collect();
     // Problem i = (image i / groups, group i % groups): dy's `og × plane` block, or its
     // transpose with the weights on the right.
-    let dy_block = |i: usize| {
-        let block = MatRef {
-            data: dy.data,
-            offset: (i / groups * g.o + i % groups * og) * plane,
-            rs: plane,
-            cs: 1,
-            rows: og,
-            cols: plane,
-        };
-        if right {
-            block.t()
-        } else {
-            block
-        }
-    };
+    let dy_blocks: Vec<MatRef<'_>> = row_blocks(dy.data, &[g.n * g.o, plane], g.n * groups)
+        .into_iter()
+        .map(|block| if right { block.t() } else { block })
+        .collect();
     // The patch gradients of images [n0, n1) into `c`: problem i's block at
     // `(i − n0·groups)·kdim·plane`, or, `into_dx`, at its group's channels of dx.
     let product = |n0: usize, n1: usize, c: &mut [f32], into_dx: bool| {
-        let blocks: Vec<MatRef<'_>> = (n0 * groups..n1 * groups).map(dy_block).collect();
+        let blocks = &dy_blocks[n0 * groups..n1 * groups];
         let problems: Vec<Problem> = (n0 * groups..n1 * groups)
             .enumerate()
             .map(|(j, i)| {
@@ -126,8 +115,8 @@ pub fn conv2d_grad_input(
             })
             .collect();
         let (m, n, a, b, ldc) = match right {
-            true => (plane, kdim, &blocks, &weights, kdim),
-            false => (kdim, plane, &weights, &blocks, plane),
+            true => (plane, kdim, blocks, &weights[..], kdim),
+            false => (kdim, plane, &weights[..], blocks, plane),
         };
         let gemm = Gemm {
             m,
@@ -234,8 +223,8 @@ pub fn conv2d_grad_weight(
     let (kdim, plane) = (cg * g.kh * g.kw, g.oh * g.ow);
     let micro = MicroKernel::select(params.isa)?;
     // No image or no output position: nothing reaches the weights.
-    out.fill(0.0);
-    if plane == 0 {
+    if plane == 0 || g.n == 0 {
+        out.fill(0.0);
         return Ok(());
     }
     let per_image = (groups * kdim + g.o) * plane;
@@ -265,26 +254,12 @@ pub fn conv2d_grad_weight(
                 }
             }
             let (patches, rows) = (&*patches, &*rows);
-            let dy_rows: Vec<MatRef<'_>> = (0..groups)
-                .map(|group| MatRef {
-                    data: rows,
-                    offset: group * og * depth,
-                    rs: depth,
-                    cs: 1,
-                    rows: og,
-                    cols: depth,
-                })
-                .collect();
-            let patch_columns: Vec<MatRef<'_>> = (0..groups)
-                .map(|group| MatRef {
-                    data: patches,
-                    offset: group * kdim * depth,
-                    rs: 1,
-                    cs: depth,
-                    rows: depth,
-                    cols: kdim,
-                })
-                .collect();
+            let dy_rows = row_blocks(rows, &[g.o, depth], groups);
+            let patch_columns: Vec<MatRef<'_>> =
+                row_blocks(patches, &[groups * kdim, depth], groups)
+                    .into_iter()
+                    .map(MatRef::t)
+                    .collect();
             let problems: Vec<Problem> = (0..groups)
                 .map(|group| Problem {
                     a: group,
@@ -301,7 +276,8 @@ pub fn conv2d_grad_weight(
                 b: &patch_columns,
                 problems: &problems,
                 ldc: kdim,
-                accumulate: true,
+                // The first chunk writes the gradient, each later one adds to it.
+                accumulate: n0 > 0,
                 bias: None,
                 activation: Activation::NONE,
                 multiplier: None,
