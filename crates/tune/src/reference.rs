@@ -19,6 +19,8 @@ pub fn reference_output(
     ints: &[i64],
 ) -> Option<Result<Vec<f32>, String>> {
     let x = |i: usize| inputs[i];
+    // A scalar operand's value (NaN where the operand is empty, which the check then reports).
+    let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
     let text = |r: KernelResult<Tensor>| r.map(|t| vec![t]).map_err(|e| e.to_string());
     let texts = |r: KernelResult<Vec<Tensor>>| r.map_err(|e| e.to_string());
     let result = match kernel {
@@ -92,16 +94,13 @@ pub fn reference_output(
         StepKernel::CrossEntropy(attrs, _) => {
             text(reference::cross_entropy(x(0), ints, x(1).shape, attrs))
         }
-        StepKernel::CrossEntropyGrad(attrs, _) => {
-            let dloss = x(2).data.first().copied().unwrap_or(f32::NAN);
-            text(reference::cross_entropy_grad(
-                x(0),
-                ints,
-                x(1).shape,
-                dloss,
-                attrs,
-            ))
-        }
+        StepKernel::CrossEntropyGrad(attrs, _) => text(reference::cross_entropy_grad(
+            x(0),
+            ints,
+            x(1).shape,
+            scalar(2),
+            attrs,
+        )),
         StepKernel::BatchNorm(eps, _) => text(reference::batch_norm(x(0), x(1), x(2), *eps)),
         StepKernel::NormGrad(true, eps, _) => text(reference::rms_norm_grad(x(0), x(1), *eps)),
         StepKernel::NormGrad(false, eps, _) => text(reference::layer_norm_grad(x(0), x(1), *eps)),
@@ -121,7 +120,6 @@ pub fn reference_output(
             text(reference::adaptive_avg_pool2d_grad(x(0), x(1), *size))
         }
         StepKernel::AdamUpdate([beta1, beta2, eps, weight_decay], decoupled, _) => {
-            let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
             let attrs = AdamAttrs {
                 beta1: *beta1,
                 beta2: *beta2,
