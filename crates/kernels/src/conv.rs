@@ -1,4 +1,5 @@
 //! `conv2d` as im2col + the packed GEMM, and the attribute checks shared with the reference.
+//! [`patches`] lays out (and, for the input gradient, walks back) the patch matrices.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +16,9 @@ use super::scratch::with_scratch;
 use super::shape::check_len;
 use super::tensor::TensorRef;
 use super::transpose::{transpose, TransposeParams};
+
+pub(crate) mod patches;
+use patches::{im2col_rows, patch_chunks, PatchChunk, PATCH_PARALLEL, PATCH_TASK};
 
 /// The attributes of `conv2d` (PyTorch semantics, NCHW, no bias).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,9 +387,10 @@ fn packing_layout<'a>(
 /// out as a `[C/groups·kh·kw, oh·ow]` matrix (skipped for 1×1, stride-1, unpadded kernels, where
 /// the input already is that matrix) and multiplied by the group's weights on the packed GEMM —
 /// read from `packed_w` ([`pack_conv2d_weight`], [`pack_conv2d_weight_half`]) when given, same
-/// bits either way. With few
-/// output positions ([`weights_right`]) the product is the patches' transpose times the
-/// weights' and its result is turned into `out`'s layout.
+/// bits either way. With few output positions ([`weights_right`]) the product is the patches'
+/// transpose times the weights' and its result is turned into `out`'s layout. Patches are laid
+/// out a chunk at a time ([`patches::patch_chunks`]): whole images, or runs of one image's
+/// positions where its patches alone exceed the limit.
 pub fn conv2d(
     x: TensorRef<'_>,
     w: TensorRef<'_>,
@@ -422,17 +427,19 @@ pub fn conv2d(
     let direct = g.kh == 1 && g.kw == 1 && attrs.stride == [1, 1] && attrs.padding == [0, 0];
     // Where problem i's `og × plane` block of `out` starts.
     let out_offset = |i: usize| (i / groups * g.o + i % groups * og) * plane;
-    // Multiplies images [n0, n1): problem i = (image, group) reads its patches at
-    // `cols[(i - n0·groups)·col_offset..]`; with the weights on the right, into `turned`
-    // (`plane × og` per problem), then turned into `out`'s `og × plane`.
-    let mut run = |cols: &[f32], col_offset: usize, n0: usize, n1: usize, turned: &mut [f32]| {
-        let count = (n1 - n0) * groups;
+    // Multiplies the chunk's images and positions: problem i = (image, group) reads its
+    // patches (`kdim × positions`) at `cols[(i − n0·groups)·col_offset..]`; with the weights
+    // on the right, into `turned` (`positions × og` per problem), then turned into `out`'s
+    // `og × plane`.
+    let mut run = |cols: &[f32], col_offset: usize, chunk: PatchChunk, turned: &mut [f32]| {
+        let (n0, p0, np) = (chunk.n0, chunk.p0, chunk.positions().len());
+        let count = chunk.images() * groups;
         let problems: Vec<Problem> = (0..count)
             .map(|j| {
                 let i = n0 * groups + j;
                 let c_offset = match right {
-                    true => j * plane * og,
-                    false => out_offset(i),
+                    true => j * np * og,
+                    false => out_offset(i) + p0,
                 };
                 let (weight, patch) = (i % groups, j);
                 let (a, b) = if right {
@@ -448,12 +455,12 @@ pub fn conv2d(
                 }
             })
             .collect();
-        // Patches as `kdim × plane` (weights on the left) or their transpose.
+        // Patches as `kdim × positions` (weights on the left) or their transpose.
         let patches: Vec<MatRef<'_>> = (0..count)
             .map(|j| {
                 let (rs, cs, rows, cols_) = match right {
-                    true => (1, plane, plane, kdim),
-                    false => (plane, 1, kdim, plane),
+                    true => (1, np, np, kdim),
+                    false => (np, 1, kdim, np),
                 };
                 MatRef {
                     data: cols,
@@ -465,9 +472,9 @@ pub fn conv2d(
                 }
             })
             .collect();
-        let (m, n, a, b) = match right {
-            true => (plane, og, &patches[..], &weights[..]),
-            false => (og, plane, &weights[..], &patches[..]),
+        let (m, n, a, b, ldc) = match right {
+            true => (np, og, &patches[..], &weights[..], og),
+            false => (og, np, &weights[..], &patches[..], plane),
         };
         let gemm = Gemm {
             m,
@@ -476,7 +483,7 @@ pub fn conv2d(
             a,
             b,
             problems: &problems,
-            ldc: n,
+            ldc,
             accumulate: false,
             bias: None,
             activation: Activation::NONE,
@@ -489,123 +496,47 @@ pub fn conv2d(
         }
         gemm.run_packed(turned, params, packed_a, packed_b);
         let shape = [plane, og];
-        for (j, block) in turned.chunks_exact(plane * og).enumerate() {
+        for (j, block) in turned.chunks_exact(np * og).enumerate() {
             let dst = &mut out[out_offset(n0 * groups + j)..][..og * plane];
-            let block = TensorRef::new("conv2d", block, &shape)?;
-            transpose(block, &[1, 0], &TransposeParams::default(), dst)?;
+            if np == plane {
+                let block = TensorRef::new("conv2d", block, &shape)?;
+                transpose(block, &[1, 0], &TransposeParams::default(), dst)?;
+                continue;
+            }
+            for (r, channel) in dst.chunks_exact_mut(plane).enumerate() {
+                for (p, v) in channel[p0..p0 + np].iter_mut().enumerate() {
+                    *v = block[p * og + r];
+                }
+            }
         }
         Ok(())
     };
-    let turned_len = |images: usize| {
-        if right {
-            images * groups * plane * og
-        } else {
-            0
-        }
+    let turned_len = |chunk: &PatchChunk| match right {
+        true => chunk.images() * groups * chunk.positions().len() * og,
+        false => 0,
     };
     if direct {
         // Image n, group grp starts at channel grp·cg of image n: offset i·cg·H·W.
-        return with_scratch(turned_len(g.n), |turned| {
-            run(x.data, cg * plane, 0, g.n, turned)
+        let whole = PatchChunk::whole(g.n, plane);
+        return with_scratch(turned_len(&whole), |turned| {
+            run(x.data, cg * plane, whole, turned)
         });
     }
-    let per_image = groups * kdim * plane;
-    let images = (IM2COL_LIMIT / per_image.max(1)).clamp(1, g.n);
-    for n0 in (0..g.n).step_by(images) {
-        let n1 = (n0 + images).min(g.n);
-        let cols_len = (n1 - n0) * per_image;
-        with_scratch(cols_len + turned_len(n1 - n0), |buf| {
+    for chunk in patch_chunks(g.n, plane, groups * kdim) {
+        let np = chunk.positions().len();
+        let cols_len = chunk.images() * groups * kdim * np;
+        with_scratch(cols_len + turned_len(&chunk), |buf| {
             let (cols, turned) = buf.split_at_mut(cols_len);
-            let parallel = cols.len() >= IM2COL_PARALLEL;
-            let rows = (IM2COL_TASK / plane).max(1);
-            par::for_each_chunk_mut(parallel, cols, rows * plane, |task, dst| {
-                im2col_rows(x.data, &g, attrs, n0 * groups * kdim + task * rows, dst);
+            let parallel = cols.len() >= PATCH_PARALLEL;
+            let rows = (PATCH_TASK / np).max(1);
+            par::for_each_chunk_mut(parallel, cols, rows * np, |task, dst| {
+                let first_row = chunk.n0 * groups * kdim + task * rows;
+                im2col_rows(x.data, &g, attrs, first_row, chunk.positions(), dst);
             });
-            run(cols, kdim * plane, n0, n1, turned)
+            run(cols, kdim * np, chunk, turned)
         })?;
     }
     Ok(())
-}
-
-/// im2col buffers smaller than this are filled on the calling thread.
-const IM2COL_PARALLEL: usize = 1 << 15;
-/// Most f32 of patches laid out at once (whole images; at least one).
-const IM2COL_LIMIT: usize = 1 << 23;
-
-/// Patch values filled per parallel task (whole rows of the patch matrices).
-const IM2COL_TASK: usize = 1 << 13;
-
-/// The outputs `[lo, hi)` of a window axis (`out` long) whose tap `offset` (tap index times
-/// dilation) lands inside an input of `len` padded by `pad`: those before and after read
-/// padding. Input index of output `o` inside: `o·stride + offset − pad`.
-pub(crate) fn inside_range(
-    out: usize,
-    len: usize,
-    stride: usize,
-    pad: usize,
-    offset: usize,
-) -> (usize, usize) {
-    let lo = pad.saturating_sub(offset).div_ceil(stride).min(out);
-    let hi = (len + pad)
-        .checked_sub(offset)
-        .map_or(0, |n| n.div_ceil(stride))
-        .clamp(lo, out);
-    (lo, hi)
-}
-
-/// Fills rows `[first_row, first_row + dst.len() / plane)` of the stacked patch matrices: row
-/// `r` is problem `r / kdim` (image, group), kernel tap `(ci, i, j)` = `r % kdim`, one value per
-/// output position. The taps advance by counting, not by dividing per row, and each row is
-/// zeros where its window reads padding and a copy (stride 1) or a strided gather between,
-/// with no test per value.
-pub(crate) fn im2col_rows(
-    x: &[f32],
-    g: &Conv2dCall,
-    a: &Conv2dAttrs,
-    first_row: usize,
-    dst: &mut [f32],
-) {
-    let cg = g.c / a.groups;
-    let kdim = cg * g.kh * g.kw;
-    let (mut problem, tap) = (first_row / kdim, first_row % kdim);
-    let (mut ci, mut i, mut j) = (tap / (g.kh * g.kw), tap / g.kw % g.kh, tap % g.kw);
-    let [sy, sx] = a.stride;
-    for row in dst.chunks_exact_mut(g.oh * g.ow) {
-        let (n, grp) = (problem / a.groups, problem % a.groups);
-        let channel = &x[((n * g.c + grp * cg + ci) * g.h) * g.w..][..g.h * g.w];
-        let (y0, y1) = inside_range(g.oh, g.h, sy, a.padding[0], i * a.dilation[0]);
-        let (x0, x1) = inside_range(g.ow, g.w, sx, a.padding[1], j * a.dilation[1]);
-        row[..y0 * g.ow].fill(0.0);
-        row[y1 * g.ow..].fill(0.0);
-        for (oy, out_row) in (y0..y1).zip(row[y0 * g.ow..y1 * g.ow].chunks_exact_mut(g.ow)) {
-            out_row[..x0].fill(0.0);
-            out_row[x1..].fill(0.0);
-            if x0 == x1 {
-                continue;
-            }
-            let iy = oy * sy + i * a.dilation[0] - a.padding[0];
-            let start = iy * g.w + x0 * sx + j * a.dilation[1] - a.padding[1];
-            let inside = &mut out_row[x0..x1];
-            if sx == 1 {
-                inside.copy_from_slice(&channel[start..start + inside.len()]);
-            } else {
-                let src = &channel[start..=start + (inside.len() - 1) * sx];
-                for (v, taps) in inside.iter_mut().zip(src.chunks(sx)) {
-                    *v = taps[0];
-                }
-            }
-        }
-        j += 1;
-        if j == g.kw {
-            (j, i) = (0, i + 1);
-            if i == g.kh {
-                (i, ci) = (0, ci + 1);
-                if ci == cg {
-                    (ci, problem) = (0, problem + 1);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -747,7 +678,7 @@ mod tests {
 
     #[test]
     fn large_images_are_laid_out_one_chunk_at_a_time() {
-        // Each padded image has more patch values than half of IM2COL_LIMIT: two chunks.
+        // Each padded image has more patch values than half of PATCH_LIMIT: two chunks.
         let side = 2047;
         let xs = [2, 1, side, side];
         let x = Rng::new(9).vec(xs.iter().product(), 1.0);
@@ -757,11 +688,57 @@ mod tests {
             padding: [1, 1],
             ..Conv2dAttrs::default()
         };
-        assert!((side + 2) * (side + 2) > IM2COL_LIMIT / 2);
+        assert!((side + 2) * (side + 2) > patches::PATCH_LIMIT / 2);
         let want = reference::conv2d(xt, wt, &attrs).unwrap();
         let mut out = vec![f32::NAN; want.data.len()];
         conv2d(xt, wt, &attrs, &MatmulParams::default(), None, &mut out).unwrap();
         assert_same_bits("chunked conv2d", &out, &want.data);
+    }
+
+    /// An image whose patches alone exceed the limit is laid out a run of its positions at a
+    /// time, the runs starting and ending inside output rows: with many positions (weights on
+    /// the left, the product into `out`'s columns) and with few (weights on the right, each
+    /// run's product turned into its columns), packed ahead or not. Tolerance: f32 sums of 27
+    /// and of 2.4 M products of values in [-1, 1).
+    #[test]
+    fn an_image_too_large_is_laid_out_in_runs_of_positions() {
+        let mut rng = Rng::new(21);
+        let many = ([2, 3, 1000, 700], [2, 3, 3, 3], [2, 1], 1, 1e-4);
+        let few = ([1, 9, 513, 513], [2, 9, 512, 512], [1, 1], 0, 2e-2);
+        for (xs, ws, stride, pad, atol) in [many, few] {
+            let attrs = Conv2dAttrs {
+                stride,
+                padding: [pad; 2],
+                ..Conv2dAttrs::default()
+            };
+            let g = Conv2dCall::of_shapes("t", &xs, &ws, &attrs).unwrap();
+            let (kdim, plane) = (ws[1] * ws[2] * ws[3], g.oh * g.ow);
+            let (images, positions) = patches::chunk_shape(xs[0], plane, kdim);
+            assert_eq!(images, 1);
+            assert!(positions < plane && plane % positions != 0);
+            let (x, w) = (
+                rng.vec(xs.iter().product(), 1.0),
+                rng.vec(ws.iter().product(), 1.0),
+            );
+            let (xt, wt) = (
+                TensorRef::new("t", &x, &xs).unwrap(),
+                TensorRef::new("t", &w, &ws).unwrap(),
+            );
+            let want = reference::conv2d(xt, wt, &attrs).unwrap();
+            let p = MatmulParams::default();
+            let mut packed = vec![0.0; conv2d_packed_weight_len(&ws, 1, plane, &p).unwrap()];
+            pack_conv2d_weight(wt, 1, plane, &p, &mut packed).unwrap();
+            for packed_w in [None, Some(PackedB::F32(&packed))] {
+                let run = || {
+                    let mut out = vec![f32::NAN; want.data.len()];
+                    conv2d(xt, wt, &attrs, &p, packed_w, &mut out).unwrap();
+                    out
+                };
+                let one = in_pool(1, run);
+                assert_same_bits("threads", &one, &in_pool(2, run));
+                assert_close_in(Precision::F32, "runs", &one, &want.data, atol, 1e-4);
+            }
+        }
     }
 
     #[test]

@@ -1,17 +1,24 @@
 //! The gradients of conv2d, on the packed GEMM as the forward runs (im2col + GEMM):
 //! - w.r.t. the input: per (image, group), the group's weights' transpose times dy gives the
 //!   gradient of every patch value (`[C/groups·kh·kw, oh·ow]`, or its transpose with as few
-//!   output positions as the GEMM's row kernels take), which col2im adds into the input planes they were read from,
-//!   each task owning whole planes; a 1×1, stride-1, unpadded kernel's product is the input
-//!   gradient itself;
+//!   output positions as the GEMM's row kernels take), which col2im adds into the input planes
+//!   they were read from, each task owning whole planes; a 1×1, stride-1, unpadded kernel's
+//!   product is the input gradient itself;
 //! - w.r.t. the weight: per group, dy's rows times the patches' transpose, the images laid end
-//!   to end along the product's depth (in chunks of images, each chunk added to the last).
+//!   to end along the product's depth (in chunks, each chunk added to the last).
+//!
+//! Both lay out chunks of whole images, or of one image's output positions where an image's
+//! patches alone exceed the limit ([`crate::conv::patches`]), so a call's scratch stays bounded
+//! however large the window.
 //!
 //! Work is split over output tiles and planes only, so results do not depend on the thread
 //! count.
 
 use super::activation::Activation;
-use super::conv::{im2col_rows, inside_range, row_blocks, Conv2dAttrs, Conv2dCall};
+use super::conv::patches::{
+    chunk_shape, col2im, im2col_rows, patch_chunks, PatchChunk, PATCH_PARALLEL, PATCH_TASK,
+};
+use super::conv::{row_blocks, Conv2dAttrs, Conv2dCall};
 use super::error::{KernelError, KernelResult};
 use super::matmul::gemm::{Gemm, Problem};
 use super::matmul::kernel::{MAX_MR, MAX_NR};
@@ -37,18 +44,6 @@ fn check_dy(op: &'static str, dy: TensorRef<'_>, call: &Conv2dCall) -> KernelRes
     }
     Ok(())
 }
-
-/// Most f32 of patch gradients (or of patches and dy's rows) laid out at once: whole images,
-/// at least one.
-const COLS_LIMIT: usize = 1 << 23;
-
-/// col2im work (input values), or patch values laid out, below which it runs on the calling
-/// thread.
-const COL2IM_PARALLEL: usize = 1 << 15;
-
-/// Input values per col2im task (whole planes), or patch values per task laying them out (whole
-/// rows); at least one plane or row.
-const COL2IM_TASK: usize = 1 << 13;
 
 /// `conv2d_grad_input(dy, w)` into `out` (`[N, C, H, W]` with `size = [H, W]`):
 /// `dx[n, c, iy, ix] = Σ dy[n, o, oy, ox] · w[o, c, ky, kx]` over the taps that read the cell.
@@ -84,17 +79,29 @@ pub fn conv2d_grad_input(
         .into_iter()
         .map(|block| if right { block } else { block.t() })
         .collect();
-    // Problem i = (image i / groups, group i % groups): dy's `og × plane` block, or its
-    // transpose with the weights on the right.
-    let dy_blocks: Vec<MatRef<'_>> = row_blocks(dy.data, &[g.n * g.o, plane], g.n * groups)
-        .into_iter()
-        .map(|block| if right { block.t() } else { block })
-        .collect();
-    // The patch gradients of images [n0, n1) into `c`: problem i's block at
-    // `(i − n0·groups)·kdim·plane`, or, `into_dx`, at its group's channels of dx.
-    let product = |n0: usize, n1: usize, c: &mut [f32], into_dx: bool| {
-        let blocks = &dy_blocks[n0 * groups..n1 * groups];
-        let problems: Vec<Problem> = (n0 * groups..n1 * groups)
+    // Problem i = (image i / groups, group i % groups): dy's `og × plane` block.
+    let dy_blocks = row_blocks(dy.data, &[g.n * g.o, plane], g.n * groups);
+    // The patch gradients of the chunk's images at its positions into `c`: problem i's block
+    // at `(i − n0·groups)·kdim·positions`, or, `into_dx`, at its group's channels of dx.
+    let product = |chunk: PatchChunk, c: &mut [f32], into_dx: bool| {
+        let (p0, np) = (chunk.p0, chunk.positions().len());
+        // dy's columns at the chunk's positions, transposed with the weights on the right.
+        let blocks: Vec<MatRef<'_>> = dy_blocks[chunk.n0 * groups..chunk.n1 * groups]
+            .iter()
+            .map(|&block| {
+                let columns = MatRef {
+                    offset: block.offset + p0,
+                    cols: np,
+                    ..block
+                };
+                if right {
+                    columns.t()
+                } else {
+                    columns
+                }
+            })
+            .collect();
+        let problems: Vec<Problem> = (chunk.n0 * groups..chunk.n1 * groups)
             .enumerate()
             .map(|(j, i)| {
                 let (a, b) = if right {
@@ -104,7 +111,7 @@ pub fn conv2d_grad_input(
                 };
                 let c_offset = match into_dx {
                     true => (i / groups * g.c + i % groups * cg) * plane,
-                    false => j * kdim * plane,
+                    false => j * kdim * np,
                 };
                 Problem {
                     a,
@@ -115,8 +122,8 @@ pub fn conv2d_grad_input(
             })
             .collect();
         let (m, n, a, b, ldc) = match right {
-            true => (plane, kdim, blocks, &weights[..], kdim),
-            false => (kdim, plane, &weights[..], blocks, plane),
+            true => (np, kdim, &blocks[..], &weights[..], kdim),
+            false => (kdim, np, &weights[..], &blocks[..], np),
         };
         let gemm = Gemm {
             m,
@@ -136,60 +143,22 @@ pub fn conv2d_grad_input(
     };
     let direct = g.kh == 1 && g.kw == 1 && a.stride == [1, 1] && a.padding == [0, 0];
     if direct && !right {
-        product(0, g.n, out, true);
+        let whole = PatchChunk::whole(g.n, plane);
+        product(whole, out, true);
         return Ok(());
     }
-    let per_image = groups * kdim * plane;
-    let images = images_per_chunk(per_image, g.n);
     let image_len = g.c * g.h * g.w;
-    for n0 in (0..g.n).step_by(images) {
-        let n1 = (n0 + images).min(g.n);
-        with_scratch((n1 - n0) * per_image, |cols| {
-            product(n0, n1, cols, false);
-            col2im(cols, &g, a, right, &mut out[n0 * image_len..n1 * image_len]);
-        });
+    for chunk in patch_chunks(g.n, plane, groups * kdim) {
+        let dx = &mut out[chunk.n0 * image_len..chunk.n1 * image_len];
+        with_scratch(
+            chunk.images() * groups * kdim * chunk.positions().len(),
+            |cols| {
+                product(chunk, cols, false);
+                col2im(cols, &g, a, right, chunk, dx);
+            },
+        );
     }
     Ok(())
-}
-
-/// Adds patch gradients back into the input planes they were read from: `cols` holds, per
-/// (image, group) of the images `dx` covers, the `[C/groups·kh·kw, oh·ow]` gradients (their
-/// transpose when `right`). Each task owns whole planes of `dx` and adds their taps in one
-/// order, so the sums do not depend on the thread count.
-fn col2im(cols: &[f32], g: &Conv2dCall, a: &Conv2dAttrs, right: bool, dx: &mut [f32]) {
-    let cg = g.c / a.groups;
-    let (kdim, plane, area) = (cg * g.kh * g.kw, g.oh * g.ow, g.h * g.w);
-    // Where tap t's value at output position p lies in its problem's block.
-    let (tap_step, position_step) = if right { (1, kdim) } else { (plane, 1) };
-    let parallel = dx.len().saturating_mul(g.kh * g.kw) >= COL2IM_PARALLEL;
-    let planes = (COL2IM_TASK / area.max(1)).max(1);
-    par::for_each_chunk_mut(parallel, dx, planes * area, |task, chunk| {
-        for (k, dst) in chunk.chunks_exact_mut(area).enumerate() {
-            let index = task * planes + k;
-            let (image, channel) = (index / g.c, index % g.c);
-            let (group, ci) = (channel / cg, channel % cg);
-            let block = (image * a.groups + group) * kdim * plane;
-            dst.fill(0.0);
-            for ky in 0..g.kh {
-                let (y0, y1) =
-                    inside_range(g.oh, g.h, a.stride[0], a.padding[0], ky * a.dilation[0]);
-                for kx in 0..g.kw {
-                    let (x0, x1) =
-                        inside_range(g.ow, g.w, a.stride[1], a.padding[1], kx * a.dilation[1]);
-                    let tap = block + ((ci * g.kh + ky) * g.kw + kx) * tap_step;
-                    for oy in y0..y1 {
-                        let iy = oy * a.stride[0] + ky * a.dilation[0] - a.padding[0];
-                        let row = &mut dst[iy * g.w..][..g.w];
-                        let from = tap + oy * g.ow * position_step;
-                        for ox in x0..x1 {
-                            let ix = ox * a.stride[1] + kx * a.dilation[1] - a.padding[1];
-                            row[ix] += cols[from + ox * position_step];
-                        }
-                    }
-                }
-            }
-        }
-    });
 }
 
 /// `conv2d_grad_weight(x, dy)` into `out` (`[O, C/groups, kh, kw]` with `kernel = [kh, kw]`):
@@ -227,30 +196,30 @@ pub fn conv2d_grad_weight(
         out.fill(0.0);
         return Ok(());
     }
-    let per_image = (groups * kdim + g.o) * plane;
-    let images = images_per_chunk(per_image, g.n);
-    for n0 in (0..g.n).step_by(images) {
-        let n1 = (n0 + images).min(g.n);
-        let depth = (n1 - n0) * plane;
-        with_scratch((n1 - n0) * per_image, |buf| {
+    let per_position = groups * kdim + g.o;
+    for (index, chunk) in patch_chunks(g.n, plane, per_position).enumerate() {
+        let (n0, p0, np) = (chunk.n0, chunk.p0, chunk.positions().len());
+        let depth = chunk.images() * np;
+        with_scratch(depth * per_position, |buf| {
             let (patches, rows) = buf.split_at_mut(groups * kdim * depth);
             // Patch row (group, tap) of every image, end to end; whole rows per task.
-            let parallel = patches.len() >= COL2IM_PARALLEL;
-            let rows_per_task = (COL2IM_TASK / depth).max(1);
+            let parallel = patches.len() >= PATCH_PARALLEL;
+            let rows_per_task = (PATCH_TASK / depth).max(1);
             par::for_each_chunk_mut(parallel, patches, rows_per_task * depth, |task, dst| {
                 for (r, dst) in dst.chunks_exact_mut(depth).enumerate() {
                     let row = task * rows_per_task + r;
                     let (group, tap) = (row / kdim, row % kdim);
-                    for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
+                    for (k, image) in dst.chunks_exact_mut(np).enumerate() {
                         let first_row = ((n0 + k) * groups + group) * kdim + tap;
-                        im2col_rows(x.data, &g, a, first_row, image);
+                        im2col_rows(x.data, &g, a, first_row, chunk.positions(), image);
                     }
                 }
             });
-            // dy's row of each output channel, the images end to end.
+            // dy's row of each output channel at the chunk's positions, the images end to end.
             for (channel, dst) in rows.chunks_exact_mut(depth).enumerate() {
-                for (k, image) in dst.chunks_exact_mut(plane).enumerate() {
-                    image.copy_from_slice(&dy.data[((n0 + k) * g.o + channel) * plane..][..plane]);
+                for (k, image) in dst.chunks_exact_mut(np).enumerate() {
+                    let first = ((n0 + k) * g.o + channel) * plane + p0;
+                    image.copy_from_slice(&dy.data[first..][..np]);
                 }
             }
             let (patches, rows) = (&*patches, &*rows);
@@ -277,7 +246,7 @@ pub fn conv2d_grad_weight(
                 problems: &problems,
                 ldc: kdim,
                 // The first chunk writes the gradient, each later one adds to it.
-                accumulate: n0 > 0,
+                accumulate: index > 0,
                 bias: None,
                 activation: Activation::NONE,
                 multiplier: None,
@@ -287,12 +256,6 @@ pub fn conv2d_grad_weight(
         });
     }
     Ok(())
-}
-
-/// Images whose patch gradients (or patches and dy rows), `per_image` f32 each, are laid out
-/// together: as many as [`COLS_LIMIT`] holds, at least one, at most the `n` there are.
-fn images_per_chunk(per_image: usize, n: usize) -> usize {
-    (COLS_LIMIT / per_image.max(1)).clamp(1, n.max(1))
 }
 
 /// An upper bound on the largest scratch (f32) one call of [`conv2d_grad_weight`] (`weight`)
@@ -308,19 +271,21 @@ pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usiz
     let plane = dim(dy, 2).saturating_mul(dim(dy, 3));
     let tile = MAX_MR.max(MAX_NR);
     let (cols, packed) = if weight {
-        let per_image = groups
-            .saturating_mul(kdim)
-            .saturating_add(channels)
-            .saturating_mul(plane);
-        let cols = per_image.saturating_mul(images_per_chunk(per_image, n));
-        let depth = cols / per_image.max(1) * plane;
+        let per_position = groups.saturating_mul(kdim).saturating_add(channels);
+        let (images, positions) = chunk_shape(n, plane, per_position);
+        let depth = images.saturating_mul(positions);
+        let cols = depth.saturating_mul(per_position);
         (
             cols,
             cols.saturating_add(tile.saturating_mul(depth).saturating_mul(2 * groups)),
         )
     } else {
-        let per_image = groups.saturating_mul(kdim).saturating_mul(plane);
-        let cols = per_image.saturating_mul(images_per_chunk(per_image, n));
+        let per_position = groups.saturating_mul(kdim);
+        let (images, positions) = chunk_shape(n, plane, per_position);
+        let cols = images
+            .saturating_mul(positions)
+            .saturating_mul(per_position);
+        // A 1×1 kernel's product takes every image at once.
         let operands: usize = [w, dy].iter().map(|s| s.iter().product::<usize>()).sum();
         let blocks = n.saturating_mul(groups).saturating_add(groups);
         let pads = tile
@@ -334,6 +299,7 @@ pub fn conv2d_grad_scratch(weight: bool, w: &[usize], dy: &[usize], groups: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conv::patches::PATCH_LIMIT;
     use crate::reference;
     use crate::tensor::Tensor;
     use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
@@ -482,10 +448,50 @@ mod tests {
             ..Conv2dAttrs::default()
         };
         let (kdim, plane) = (64 * 9, 64 * 64);
-        assert_eq!(images_per_chunk(kdim * plane, 4), 3);
-        assert_eq!(images_per_chunk((kdim + 8) * plane, 4), 3);
+        assert_eq!(chunk_shape(4, plane, kdim), (3, plane));
+        assert_eq!(chunk_shape(4, plane, kdim + 8), (3, plane));
         let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
         check_both(operands.views(), &a, &MatmulParams::default());
+    }
+
+    /// An image whose patches (or patch gradients) alone exceed the limit goes a run of its
+    /// positions at a time, the runs starting and ending inside output rows: col2im adds each
+    /// run into the planes the first one wrote, the weight gradient adds each run's product.
+    /// With many positions (the patch gradients as `kdim × positions`) and with few (their
+    /// transpose); a strided window reads by gather. Both within the scratch bound.
+    #[test]
+    fn an_image_too_large_is_laid_out_in_runs_of_positions() {
+        let mut rng = Rng::new(23);
+        let many = ([2, 3, 1000, 700], [2, 3, 3, 3], [2, 1], 1);
+        let few = ([1, 9, 513, 513], [1, 9, 512, 512], [1, 1], 0);
+        for (xs, ws, stride, pad) in [many, few] {
+            let a = Conv2dAttrs {
+                stride,
+                padding: [pad; 2],
+                ..Conv2dAttrs::default()
+            };
+            let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
+            let (xt, wt, dyt) = operands.views();
+            let (kdim, plane) = (ws[1] * ws[2] * ws[3], dyt.shape[2] * dyt.shape[3]);
+            for per_position in [kdim, kdim + ws[0]] {
+                let (images, positions) = chunk_shape(xs[0], plane, per_position);
+                assert_eq!(images, 1);
+                assert!(positions < plane && plane % positions != 0);
+            }
+            check_both((xt, wt, dyt), &a, &MatmulParams::default());
+            let p = MatmulParams::default();
+            let asked = in_pool(1, || {
+                let mut dw = vec![0.0; wt.data.len()];
+                conv2d_grad_weight(xt, dyt, &a, [ws[2], ws[3]], &p, &mut dw).unwrap();
+                let mut dx = vec![0.0; xt.data.len()];
+                conv2d_grad_input(dyt, wt, &a, [xs[2], xs[3]], &p, &mut dx).unwrap();
+                crate::scratch::largest_request()
+            });
+            let bound = conv2d_grad_scratch(true, &ws, dyt.shape, 1)
+                .max(conv2d_grad_scratch(false, &ws, dyt.shape, 1));
+            assert!(asked <= bound, "asked {asked} of {bound}");
+            assert!(asked < 4 * PATCH_LIMIT);
+        }
     }
 
     /// The scratch bound covers the largest request of either gradient, whatever the tiling.

@@ -5,6 +5,7 @@
 use mslc_core::ops::{DType, TensorType};
 
 use super::prepare::StepKernel;
+use crate::conv::patches::chunk_shape;
 use crate::conv_grad::conv2d_grad_scratch;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
 use crate::norm_grad::norm_affine_grad_scratch;
@@ -183,9 +184,10 @@ pub fn scratch_floats(
             let v = dim(&inputs[0], inputs[0].rank().saturating_sub(1));
             input(0).checked_div(v).unwrap_or(0).max(v)
         }
-        // im2col: every output position of every image gets C/groups·kh·kw values; the GEMM
-        // over them packs the patches (and the weights, when not packed ahead), padded to
-        // micro-tiles; with the weights on the right, its result is turned into the output.
+        // im2col: every output position of a chunk of images (or of one image's positions)
+        // gets C·kh·kw values; the GEMM over them packs the patches (and the weights, when not
+        // packed ahead), padded to micro-tiles; with the weights on the right, its result is
+        // turned into the output.
         StepKernel::Conv2d {
             attrs,
             params,
@@ -195,11 +197,13 @@ pub fn scratch_floats(
             let kdim: usize = inputs.get(1).map_or(0, |w| {
                 w.shape.iter().skip(1).map(|&d| d.max(0) as usize).product()
             });
-            let patches = kdim
-                .saturating_mul(dim(output, 0))
-                .saturating_mul(dim(output, 2))
-                .saturating_mul(dim(output, 3));
-            let problems = dim(output, 0).saturating_mul(attrs.groups) + attrs.groups;
+            let n = dim(output, 0);
+            let per_position = kdim.saturating_mul(attrs.groups);
+            let (images, positions) = chunk_shape(n, *plane, per_position);
+            let patches = images
+                .saturating_mul(positions)
+                .saturating_mul(per_position);
+            let problems = n.saturating_mul(attrs.groups) + attrs.groups;
             let pad = MAX_MR
                 .max(MAX_NR)
                 .saturating_mul(kdim)
