@@ -274,8 +274,10 @@ mod tests {
         // A position alone over the limit: one at a time.
         assert_eq!(chunk_shape(3, 5, PATCH_LIMIT * 2), (1, 1));
         // No positions: each chunk of images once, empty.
-        let empty: Vec<_> = patch_chunks(2, 0, 5).map(|c| c.positions()).collect();
-        assert_eq!(empty, [0..0]);
+        let empty: Vec<_> = patch_chunks(2, 0, 5)
+            .map(|c| (c.n0, c.n1, c.p0, c.p1))
+            .collect();
+        assert_eq!(empty, [(0, 2, 0, 0)]);
     }
 
     #[test]
