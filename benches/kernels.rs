@@ -497,7 +497,7 @@ fn bench_adam(threads: usize) {
     let [p, g, m] = [21, 22, 23].map(|seed| data(n, seed));
     let v: Vec<f32> = data(n, 24).iter().map(|x| x.abs()).collect();
     let [mut p_out, mut m_out, mut v_out] = [0, 1, 2].map(|_| vec![0.0f32; n]);
-    let step = AdamStep::new(0.9, 0.999, 1e-8, 0.1, true, 1e-4, 1e-3, 0.03);
+    let step = AdamStep::new(0.9, 0.999, 1e-8, 0.1, true, [1e-4, 1e-3, 0.03, 1.0]);
     let params = ElementwiseParams::default();
     let (best, median) = in_pool(threads, || {
         time(|| {

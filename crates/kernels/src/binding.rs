@@ -117,6 +117,7 @@ impl KernelKind {
             | Op::Embedding
             | Op::Sum
             | Op::SquareSum
+            | Op::SquareSumFinite
             | Op::Mean
             | Op::Max
             | Op::MaxPool2d

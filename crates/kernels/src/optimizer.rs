@@ -28,21 +28,22 @@ pub struct AdamStep {
     pub step_size: f32,
     /// `√(1 − β2^t)`.
     pub bc2_sqrt: f32,
+    /// What the gradient is multiplied by first: the clipping coefficient, the reciprocal of
+    /// the loss scale (1: neither).
+    pub g_scale: f32,
 }
 
 impl AdamStep {
     /// The step of attributes `beta1`, `beta2`, `eps`, `weight_decay`, `decoupled` and scalar
-    /// inputs `lr`, `step_size`, `bc2_sqrt`; each attribute rounded to f32 as a graph constant.
-    #[allow(clippy::too_many_arguments)]
+    /// inputs `lr`, `step_size`, `bc2_sqrt`, `g_scale`; each attribute rounded to f32 as a
+    /// graph constant.
     pub fn new(
         beta1: f64,
         beta2: f64,
         eps: f64,
         weight_decay: f64,
         decoupled: bool,
-        lr: f32,
-        step_size: f32,
-        bc2_sqrt: f32,
+        [lr, step_size, bc2_sqrt, g_scale]: [f32; 4],
     ) -> AdamStep {
         AdamStep {
             beta1: [beta1 as f32, (1.0 - beta1) as f32],
@@ -53,6 +54,7 @@ impl AdamStep {
             lr,
             step_size,
             bc2_sqrt,
+            g_scale,
         }
     }
 }
@@ -60,7 +62,8 @@ impl AdamStep {
 /// One element's Adam step: the new `[p, m, v]` from `p`, `g`, `m`, `v` (`lr_wd` is
 /// `s.lr · s.weight_decay`, computed once per call).
 #[inline(always)]
-fn update_one(s: &AdamStep, lr_wd: f32, [mut p, mut g, m, v]: [f32; 4]) -> [f32; 3] {
+fn update_one(s: &AdamStep, lr_wd: f32, [mut p, g, m, v]: [f32; 4]) -> [f32; 3] {
+    let mut g = g * s.g_scale;
     if s.weight_decay != 0.0 && s.decoupled {
         p -= p * lr_wd;
     } else if s.weight_decay != 0.0 {
@@ -146,12 +149,13 @@ unsafe fn update_streaming(
         splat(s.beta2[1]),
     );
     let (bc2, eps, step_size) = (splat(s.bc2_sqrt), splat(s.eps), splat(s.step_size));
+    let g_scale = splat(s.g_scale);
     for i in (head..body_end).step_by(LANES) {
         // SAFETY: i + LANES <= body_end <= n, inside every slice; the destinations at i are
         // 32-byte aligned (head aligned p_out, and the others share its misalignment).
         unsafe {
             let load = |x: &[f32]| _mm256_loadu_ps(x.as_ptr().add(i));
-            let (mut pv, mut gv) = (load(p), load(g));
+            let (mut pv, mut gv) = (load(p), _mm256_mul_ps(load(g), g_scale));
             if decay && s.decoupled {
                 pv = _mm256_sub_ps(pv, _mm256_mul_ps(pv, lr_wd));
             } else if decay {
@@ -263,15 +267,17 @@ mod tests {
     use crate::testing::{assert_same_bits, in_pool, Rng};
 
     /// Against the update written as the unfused graph computes it, element by element in f32
-    /// (same bits), for Adam and AdamW with and without decay; 1 and 2 threads agree. The three
+    /// (same bits), for Adam and AdamW with and without decay, the gradient multiplied first
+    /// (by a clipping coefficient, say) or not; 1 and 2 threads agree. The three
     /// results are slices of one buffer 8-aligned apart, as a plan's buffers are, so the
     /// streaming path runs, with heads and tails (blocks of 777).
     #[test]
     fn matches_the_unfused_update_bit_for_bit() {
         let n = 5000;
         let [p, g, m, v] = random_state(n, 3);
-        for (wd, decoupled) in [(0.0, true), (0.1, true), (0.01, false)] {
-            let step = AdamStep::new(0.9, 0.95, 1e-8, wd, decoupled, 3e-4, 3e-3, 0.2);
+        let cases = [(0.0, true, 1.0), (0.1, true, 0.37), (0.01, false, 0.37)];
+        for (wd, decoupled, g_scale) in cases {
+            let step = AdamStep::new(0.9, 0.95, 1e-8, wd, decoupled, [3e-4, 3e-3, 0.2, g_scale]);
             let params = ElementwiseParams {
                 block: 777,
                 min_parallel_elems: 0,
@@ -291,7 +297,7 @@ mod tests {
             assert_same_bits("threads", &got.concat(), &in_pool(2, run).concat());
             let (wd32, lr_wd) = (wd as f32, 3e-4f32 * wd as f32);
             for i in 0..n {
-                let (mut pi, mut gi) = (p[i], g[i]);
+                let (mut pi, mut gi) = (p[i], g[i] * g_scale);
                 if wd > 0.0 && decoupled {
                     pi = pi - pi * lr_wd;
                 } else if wd > 0.0 {
@@ -327,7 +333,7 @@ mod tests {
             min_parallel_elems: 0,
         };
         for (wd, decoupled) in [(0.0, true), (0.1, true), (0.01, false)] {
-            let step = AdamStep::new(0.9, 0.999, 1e-8, wd, decoupled, 1e-3, 2e-3, 0.3);
+            let step = AdamStep::new(0.9, 0.999, 1e-8, wd, decoupled, [1e-3, 2e-3, 0.3, 1.0]);
             let mut want = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
             let [a, b, c] = &mut want;
             adam_update(&step, [&p, &g, &m, &v], &params, [a, b, c]).unwrap();
@@ -343,14 +349,14 @@ mod tests {
         }
         let mut short = [vec![0.0; n], vec![0.0; n], vec![0.0; n - 1]];
         let [a, b, c] = &mut short;
-        let step = AdamStep::new(0.9, 0.999, 1e-8, 0.0, true, 1e-3, 1e-3, 1.0);
+        let step = AdamStep::new(0.9, 0.999, 1e-8, 0.0, true, [1e-3, 1e-3, 1.0, 1.0]);
         assert!(adam_update_in_place(&step, &g, &params, [a, b, c]).is_err());
     }
 
     #[test]
     fn lengths_and_block_are_checked() {
         let x = [1.0f32; 4];
-        let step = AdamStep::new(0.9, 0.99, 1e-8, 0.0, true, 1e-3, 1e-3, 1.0);
+        let step = AdamStep::new(0.9, 0.99, 1e-8, 0.0, true, [1e-3, 1e-3, 1.0, 1.0]);
         let p = ElementwiseParams::default();
         let (mut a, mut b, mut c) = ([0.0; 4], [0.0; 4], [0.0; 3]);
         assert!(adam_update(&step, [&x, &x, &x, &x], &p, [&mut a, &mut b, &mut c]).is_err());

@@ -162,23 +162,34 @@ pub fn reduce(
 /// (its bits) never depends on the pool.
 const SQUARE_SUM_PART: usize = 1 << 15;
 
-/// Scratch (in f32) [`square_sum`] asks for on `len` elements: one partial sum per part.
+/// Scratch (in f32) [`square_sum`] asks for on `len` elements: one partial sum per part, and
+/// one overflow check per part.
 pub fn square_sum_scratch(len: usize) -> usize {
-    len.div_ceil(SQUARE_SUM_PART)
+    2 * len.div_ceil(SQUARE_SUM_PART)
 }
 
 /// `square_sum`: `Σ x²` over all of `x` (0 for none), parts of [`SQUARE_SUM_PART`] elements
 /// summed with lane sums, in parallel when `params` allow, the parts added in order in f64.
-pub fn square_sum(x: &[f32], params: &RowParams) -> f32 {
-    let parts = square_sum_scratch(x.len());
+/// With `check`, also `Σ x·0` from the same pass ([`rows::sum_times_zero`] of each part while
+/// it is in cache): 0, or NaN where any element is infinite or NaN (`square_sum_finite`); 0
+/// without.
+pub fn square_sum(x: &[f32], check: bool, params: &RowParams) -> (f32, f32) {
+    let parts = x.len().div_ceil(SQUARE_SUM_PART);
     let parallel = x.len() >= params.min_parallel_elems;
-    with_scratch(parts, |sums| {
-        par::for_each_chunk_mut(parallel, sums, 1, |part, sum| {
+    with_scratch(2 * parts, |sums| {
+        par::for_each_chunk_mut(parallel, sums, 2, |part, sum| {
             let at = part * SQUARE_SUM_PART;
             let chunk = &x[at..(at + SQUARE_SUM_PART).min(x.len())];
             sum[0] = rows::sum_sq_dev(chunk, 0.0);
+            sum[1] = if check {
+                rows::sum_times_zero(chunk)
+            } else {
+                0.0
+            };
         });
-        sums.iter().map(|&s| f64::from(s)).sum::<f64>() as f32
+        let total = sums.iter().step_by(2).map(|&s| f64::from(s)).sum::<f64>() as f32;
+        let finite = sums.iter().skip(1).step_by(2).fold(0.0, |a, &c| a + c);
+        (total, finite)
     })
 }
 
@@ -294,9 +305,10 @@ mod tests {
             5 * SQUARE_SUM_PART - 3,
         ] {
             let x = rng.vec(len, 3.0);
-            let one = in_pool(1, || square_sum(&x, &params));
-            let two = in_pool(2, || square_sum(&x, &params));
+            let (one, finite) = in_pool(1, || square_sum(&x, true, &params));
+            let two = in_pool(2, || square_sum(&x, false, &params)).0;
             assert_eq!(one.to_bits(), two.to_bits(), "length {len}");
+            assert_eq!(finite.to_bits(), 0, "length {len}");
             let shape = [len];
             let want = reference::square_sum(TensorRef::new("x", &x, &shape).unwrap()).unwrap();
             let tol = 1e-5 * want.data[0].max(1.0);
@@ -306,8 +318,28 @@ mod tests {
                 want.data[0]
             );
         }
-        assert_eq!(square_sum(&[f32::INFINITY, 1.0], &params), f32::INFINITY);
-        assert!(square_sum(&[f32::NAN], &params).is_nan());
+    }
+
+    /// The overflow check finds an infinite or NaN element in any part (its square sum is
+    /// infinite or NaN too), and only those: finite elements whose squares overflow leave it 0.
+    #[test]
+    fn square_sum_checks_for_non_finite_elements() {
+        let params = RowParams {
+            min_parallel_elems: 0,
+            ..RowParams::default()
+        };
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            for at in [0, 5, SQUARE_SUM_PART + 3] {
+                let mut x = vec![-1.5; 2 * SQUARE_SUM_PART];
+                x[at] = bad;
+                let (total, finite) = in_pool(2, || square_sum(&x, true, &params));
+                assert!(finite.is_nan(), "{bad} at {at}");
+                assert!(!total.is_finite(), "{bad} at {at}");
+                assert_eq!(square_sum(&x, false, &params).1, 0.0);
+            }
+        }
+        let (total, finite) = square_sum(&[3e38, -3e38, 1.0], true, &params);
+        assert_eq!((total, finite.to_bits()), (f32::INFINITY, 0));
     }
 
     #[test]

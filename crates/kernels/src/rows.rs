@@ -63,6 +63,11 @@ fn sum_sq_dev_body(xs: &[f32], mean: f32) -> f32 {
 }
 
 #[inline(always)]
+fn sum_times_zero_body(xs: &[f32]) -> f32 {
+    lane_sum(xs, |x| x * 0.0)
+}
+
+#[inline(always)]
 fn sum_dev_body(xs: &[f32], shift: f32) -> f32 {
     lane_sum(xs, |x| x - shift)
 }
@@ -126,6 +131,11 @@ dispatch_avx2! {
 dispatch_avx2! {
     /// Σ (x - mean)².
     pub fn sum_sq_dev(xs: &[f32], mean: f32) -> f32 = sum_sq_dev_body;
+}
+dispatch_avx2! {
+    /// Σ x·0: 0 where every value is finite, NaN where any is infinite or NaN (the loss
+    /// scaling's overflow check).
+    pub fn sum_times_zero(xs: &[f32]) -> f32 = sum_times_zero_body;
 }
 dispatch_avx2! {
     /// Σ (x - shift): with `shift` near the values, each difference is exact, so this recovers

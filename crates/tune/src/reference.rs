@@ -77,7 +77,8 @@ pub fn reference_output(
         StepKernel::Reduce(rop, axes, keepdim, _) => {
             text(reference::reduce(x(0), *rop, axes, *keepdim))
         }
-        StepKernel::SquareSum(_) => text(reference::square_sum(x(0))),
+        StepKernel::SquareSum(false, _) => text(reference::square_sum(x(0))),
+        StepKernel::SquareSum(true, _) => texts(reference::square_sum_finite(x(0))),
         StepKernel::Softmax(axis, false, _) => text(reference::softmax(x(0), *axis)),
         StepKernel::Softmax(axis, true, _) => text(reference::log_softmax(x(0), *axis)),
         StepKernel::RmsNorm(eps, false, _) => text(reference::rms_norm(x(0), *eps)),
@@ -127,9 +128,14 @@ pub fn reference_output(
                 weight_decay: *weight_decay,
                 decoupled: *decoupled,
             };
+            let g_scale = match inputs.len() > 7 {
+                true => scalar(7),
+                false => 1.0,
+            };
+            let [lr, step_size, bc2_sqrt] = [4, 5, 6].map(scalar);
             texts(reference::adam_update(
                 [0, 1, 2, 3].map(x),
-                [4, 5, 6].map(scalar),
+                [lr, step_size, bc2_sqrt, g_scale],
                 &attrs,
             ))
         }

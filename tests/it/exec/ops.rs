@@ -245,6 +245,17 @@ fn reductions_and_softmax() {
         Case::new(Op::SquareSum, Attrs::new()).input(DType::F32, &[3, 5], rand(5, 15, -2.0, 2.0));
     let want = r::square_sum(case.x(0)).unwrap();
     case.check(want);
+    // And with the overflow check: 0 for finite values, NaN with an infinite one among them.
+    for bad in [None, Some(f32::INFINITY)] {
+        let mut x = rand(6, 15, -2.0, 2.0);
+        if let Some(bad) = bad {
+            x[7] = bad;
+        }
+        let case = Case::new(Op::SquareSumFinite, Attrs::new()).input(DType::F32, &[3, 5], x);
+        let want = r::square_sum_finite(case.x(0)).unwrap();
+        assert_eq!(want[1].data[0].is_nan(), bad.is_some());
+        case.check(concatenated(&want.iter().collect::<Vec<_>>()));
+    }
     for axis in [-1i64, 0] {
         let case = Case::new(Op::Softmax, Attrs::new().with("axis", axis)).input(
             DType::F32,
@@ -741,9 +752,13 @@ fn covering_test(op: Op) -> fn() {
         Op::Constant | Op::Cast | Op::Dropout | Op::Reshape => constant_cast_dropout_reshape,
         Op::Matmul | Op::FusedMatmul => matmul_and_fused_matmul,
         Op::Transpose | Op::BroadcastTo | Op::Concat | Op::Slice | Op::Select => layout_ops,
-        Op::Sum | Op::Mean | Op::Max | Op::SquareSum | Op::Softmax | Op::LogSoftmax => {
-            reductions_and_softmax
-        }
+        Op::Sum
+        | Op::Mean
+        | Op::Max
+        | Op::SquareSum
+        | Op::SquareSumFinite
+        | Op::Softmax
+        | Op::LogSoftmax => reductions_and_softmax,
         Op::RmsNorm | Op::RmsNormScale | Op::LayerNorm | Op::LayerNormAffine | Op::BatchNorm => {
             norms
         }

@@ -241,6 +241,7 @@ op_table! {
     // Optimizer updates (a training step builds them)
     AdamUpdate = "adam_update" => optim::ADAM_UPDATE,
     SquareSum = "square_sum" => optim::SQUARE_SUM,
+    SquareSumFinite = "square_sum_finite" => optim::SQUARE_SUM_FINITE,
     // Collectives (the sharding pass inserts them; the executor runs them)
     AllReduce = "all_reduce" => collective::ALL_REDUCE,
     ParallelCopy = "parallel_copy" => collective::PARALLEL_COPY,
@@ -330,7 +331,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 77);
+        assert_eq!(Op::ALL.len(), 78);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

@@ -29,7 +29,7 @@ pub use nn_grad::{
 };
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
 pub use optimizer::{adam_update, AdamAttrs};
-pub use reduce::{log_softmax, reduce, softmax, square_sum};
+pub use reduce::{log_softmax, reduce, softmax, square_sum, square_sum_finite};
 
 #[cfg(test)]
 mod tests;

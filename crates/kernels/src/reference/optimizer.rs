@@ -23,11 +23,11 @@ pub struct AdamAttrs {
 }
 
 /// The new `[p, m, v]` of one Adam / AdamW step from `[p, g, m, v]` (one shape) and the
-/// step's scalars `[lr, step_size, bc2_sqrt]` (`step_size = lr / (1 − β1^t)`,
-/// `bc2_sqrt = √(1 − β2^t)`).
+/// step's scalars `[lr, step_size, bc2_sqrt, g_scale]` (`step_size = lr / (1 − β1^t)`,
+/// `bc2_sqrt = √(1 − β2^t)`, the gradient multiplied by `g_scale` first).
 pub fn adam_update(
     [p, g, m, v]: [TensorRef<'_>; 4],
-    [lr, step_size, bc2_sqrt]: [f32; 3],
+    [lr, step_size, bc2_sqrt, g_scale]: [f32; 4],
     attrs: &AdamAttrs,
 ) -> KernelResult<Vec<Tensor>> {
     const OP: &str = "adam_update";
@@ -52,6 +52,7 @@ pub fn adam_update(
     let mut out = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
     for i in 0..n {
         let [mut pi, mut gi, mi, vi] = [p, g, m, v].map(|x| f64::from(x.data[i]));
+        gi *= f64::from(g_scale);
         if decoupled {
             pi -= lr * wd * pi;
         } else {

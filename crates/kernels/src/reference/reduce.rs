@@ -1,4 +1,5 @@
-//! Reference reductions (`sum`, `mean`, `max`, `square_sum`) and `softmax` / `log_softmax`.
+//! Reference reductions (`sum`, `mean`, `max`, `square_sum`, `square_sum_finite`) and
+//! `softmax` / `log_softmax`.
 
 use crate::error::{KernelError, KernelResult};
 use crate::reduce::{axes_mask, reduced_shape, ReduceOp};
@@ -10,6 +11,14 @@ pub fn square_sum(x: TensorRef<'_>) -> KernelResult<Tensor> {
     check_len("square_sum", "x", x.data.len(), x.shape)?;
     let total: f64 = x.data.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     Tensor::new("square_sum", vec![], vec![total as f32])
+}
+
+/// `square_sum_finite`: [`square_sum`] and `Σ x·0` in f64 (0 where every element is finite,
+/// NaN where any is not), two scalars.
+pub fn square_sum_finite(x: TensorRef<'_>) -> KernelResult<Vec<Tensor>> {
+    let check: f64 = x.data.iter().map(|&v| f64::from(v) * 0.0).sum();
+    let check = Tensor::new("square_sum_finite", vec![], vec![check as f32])?;
+    Ok(vec![square_sum(x)?, check])
 }
 
 /// `sum` / `mean` / `max` over `axes`.

@@ -416,11 +416,13 @@ fn losses_by_hand() {
 /// Adam's first step moves each element by the learning rate against its gradient's sign
 /// (`m̂ / √v̂ = ±1`): AdamW after its decay `p − lr·wd·p` (1 → 0.999 → 0.899), Adam with the
 /// decay folded into the gradient (g = 0.5 + 0.01 → 1 − 0.1); a second element with a
-/// negative gradient moves up.
+/// negative gradient moves up. A gradient twice as large with a gradient scale of ½ is the same
+/// gradient.
 #[test]
 fn adam_update_by_hand() {
     let (lr, beta1, beta2) = (0.1f32, 0.9, 0.999);
-    let scalars = [lr, lr / (1.0 - beta1 as f32), (1.0 - beta2 as f32).sqrt()];
+    let step = [lr, lr / (1.0 - beta1 as f32), (1.0 - beta2 as f32).sqrt()];
+    let scalars = [step[0], step[1], step[2], 1.0];
     let (p, g, zeros) = ([1.0, 2.0], [0.5, -0.25], [0.0, 0.0]);
     let shape = [2];
     let attrs = |decoupled| AdamAttrs {
@@ -440,10 +442,16 @@ fn adam_update_by_hand() {
             t(&zeros, &shape),
             t(&zeros, &shape),
         ];
-        let got = adam_update(state, scalars, &attrs(decoupled)).unwrap();
-        close(&got[0], &shape, &want_p);
-        close(&got[1], &shape, &want_g.map(|g| 0.1 * g));
-        close(&got[2], &shape, &want_g.map(|g| 0.001 * g * g));
+        let doubled = g.map(|x| 2.0 * x);
+        let mut halved = state;
+        halved[1] = t(&doubled, &shape);
+        let scaled = [step[0], step[1], step[2], 0.5];
+        for (state, scalars) in [(state, scalars), (halved, scaled)] {
+            let got = adam_update(state, scalars, &attrs(decoupled)).unwrap();
+            close(&got[0], &shape, &want_p);
+            close(&got[1], &shape, &want_g.map(|g| 0.1 * g));
+            close(&got[2], &shape, &want_g.map(|g| 0.001 * g * g));
+        }
     }
     let short = [
         t(&p, &shape),

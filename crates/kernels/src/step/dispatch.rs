@@ -304,8 +304,16 @@ impl StepKernel {
             StepKernel::NormGrad(false, eps, p) => {
                 norm_grad::layer_norm_grad(x(0), x(1), *eps, p, out)?
             }
-            StepKernel::SquareSum(p) => {
-                copy_into("square_sum", out, &[reduce::square_sum(x(0).data, p)])?
+            StepKernel::SquareSum(false, p) => copy_into(
+                "square_sum",
+                out,
+                &[reduce::square_sum(x(0).data, false, p).0],
+            )?,
+            StepKernel::SquareSum(true, p) => {
+                let [finite] = more_outputs("square_sum_finite", more_outs)?;
+                let (total, check) = reduce::square_sum(x(0).data, true, p);
+                copy_into("square_sum_finite", out, &[total])?;
+                copy_into("square_sum_finite", finite, &[check])?
             }
             StepKernel::NormAffineGrad(false, eps, p) => {
                 let [dw] = more_outputs("rms_norm_scale_grad", more_outs)?;
@@ -329,16 +337,13 @@ impl StepKernel {
             }
             StepKernel::AdamUpdate([beta1, beta2, eps, wd], decoupled, p) => {
                 let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
-                let step = optimizer::AdamStep::new(
-                    *beta1,
-                    *beta2,
-                    *eps,
-                    *wd,
-                    *decoupled,
-                    scalar(4),
-                    scalar(5),
-                    scalar(6),
-                );
+                // Without a gradient scale the gradient is read as it is.
+                let g_scale = match inputs.len() > 7 {
+                    true => scalar(7),
+                    false => 1.0,
+                };
+                let scalars = [scalar(4), scalar(5), scalar(6), g_scale];
+                let step = optimizer::AdamStep::new(*beta1, *beta2, *eps, *wd, *decoupled, scalars);
                 let [m, v] = more_outputs("adam_update", more_outs)?;
                 match in_place {
                     // The outputs already hold p, m and v (an update in place).

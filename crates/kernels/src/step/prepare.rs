@@ -121,8 +121,9 @@ pub enum StepKernel {
     /// `layer_norm_affine_grad` (true) / `rms_norm_scale_grad` (false) with eps: dx, then the
     /// parameter gradients as outputs 1 (and 2).
     NormAffineGrad(bool, f64, RowParams),
-    /// `square_sum`: `Σ x²` over the whole input.
-    SquareSum(RowParams),
+    /// `square_sum`: `Σ x²` over the whole input; `square_sum_finite` (`true`): and the
+    /// overflow check `Σ x·0` from the same pass, a second output.
+    SquareSum(bool, RowParams),
     /// `embedding_grad` (input 0 read as integers) into a table of this many rows.
     EmbeddingGrad(usize, RowParams),
     /// `attention_lse`: the output and, as output 1, the log-sum-exps.
@@ -516,7 +517,9 @@ pub fn prepare(
             a.float("eps").map_err(err)?,
             decode_params(k)?,
         ),
-        Op::SquareSum => StepKernel::SquareSum(decode_params(k)?),
+        Op::SquareSum | Op::SquareSumFinite => {
+            StepKernel::SquareSum(op == Op::SquareSumFinite, decode_params(k)?)
+        }
         Op::RmsNormScaleGrad | Op::LayerNormAffineGrad => StepKernel::NormAffineGrad(
             op == Op::LayerNormAffineGrad,
             a.float("eps").map_err(err)?,

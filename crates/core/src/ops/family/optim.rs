@@ -9,15 +9,17 @@ use crate::ops::shape::fmt_dims;
 use crate::ops::spec::{Arity, CostRule, OpCtx, OpSpec, PrecisionClass};
 use crate::ops::{DType, TensorType};
 
-/// `adam_update(p, g, m, v, lr, step_size, bc2_sqrt)`: one Adam / AdamW step of parameter `p`
-/// with gradient `g` and moments `m`, `v`, giving the new `p`, `m`, `v` (three outputs), as
+/// `adam_update(p, g, m, v, lr, step_size, bc2_sqrt[, g_scale])`: one Adam / AdamW step of
+/// parameter `p` with gradient `g` (times the scalar `g_scale` where given: the clipping
+/// coefficient and the loss scale's reciprocal, read with the gradient rather than in a pass
+/// of their own) and moments `m`, `v`, giving the new `p`, `m`, `v` (three outputs), as
 /// `torch.optim.Adam` / `AdamW` compute it: with `decoupled` (AdamW) `p ← p − lr·wd·p`, else
 /// `g ← g + wd·p`; `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`,
 /// `p ← p − step_size · m / (√v / bc2_sqrt + eps)`, where the scalar inputs carry the step's
 /// learning rate, `lr / (1 − β1^t)` and `√(1 − β2^t)`.
 pub const ADAM_UPDATE: OpSpec = OpSpec {
-    inputs: &["p", "g", "m", "v", "lr", "step_size", "bc2_sqrt"],
-    arity: Arity::Exact(7),
+    inputs: &["p", "g", "m", "v", "lr", "step_size", "bc2_sqrt", "g_scale"],
+    arity: Arity::Between(7, 8),
     attrs: &[
         AttrSpec::required("beta1", AttrKind::Float),
         AttrSpec::required("beta2", AttrKind::Float),
@@ -50,13 +52,28 @@ pub const SQUARE_SUM: OpSpec = OpSpec {
     shard: None,
 };
 
+/// `square_sum_finite(x)`: `square_sum(x)` and the loss scaling's overflow check of `x` from
+/// the same pass: `Σ x²` and `Σ x·0` (0, or NaN where any element is infinite or NaN: the
+/// check PyTorch's `GradScaler` and MindSpore's overflow status make), two scalars of x's
+/// (float) dtype. A training step that skips overflowing steps builds it; no gradient.
+pub const SQUARE_SUM_FINITE: OpSpec = OpSpec {
+    infer: infer_square_sum_finite,
+    cost: CostRule::PerInput(4),
+    ..SQUARE_SUM
+};
+
 fn infer_square_sum(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
     ctx.float_input(0)?;
     Ok(vec![TensorType::new(ctx.input(0).dtype, Vec::<i64>::new())])
 }
 
+fn infer_square_sum_finite(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let sum = infer_square_sum(ctx)?;
+    Ok([sum.clone(), sum].concat())
+}
+
 fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
-    for i in 0..7 {
+    for i in 0..ctx.inputs.len() {
         if ctx.input(i).dtype != DType::F32 {
             return Err(OpError::at(
                 i,
@@ -78,7 +95,7 @@ fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             ));
         }
     }
-    for i in 4..7 {
+    for i in 4..ctx.inputs.len() {
         ctx.expect_rank(i, 0, "a scalar")?;
     }
     Ok(vec![p.clone(), p.clone(), p.clone()])
@@ -106,6 +123,13 @@ mod tests {
         assert!(err(Op::SquareSum, Attrs::new(), &[t(DType::I32, &[2])])
             .message
             .contains("expects a float tensor"));
+        let both = infer(Op::SquareSumFinite, &Attrs::new(), &[t(DType::F16, &[2])]).unwrap();
+        assert_eq!(both, [t(DType::F16, &[]), t(DType::F16, &[])]);
+        assert!(
+            err(Op::SquareSumFinite, Attrs::new(), &[t(DType::I32, &[2])])
+                .message
+                .contains("expects a float tensor")
+        );
     }
 
     #[test]
@@ -133,8 +157,16 @@ mod tests {
         assert!(err(Op::AdamUpdate, attrs(), &bad)
             .message
             .contains("must be f32"));
-        let mut bad = ins;
+        let mut bad = ins.clone();
         bad[5] = f32t(&[1]);
         assert_eq!(err(Op::AdamUpdate, attrs(), &bad).input, Some(5));
+        // The optional gradient scale: a scalar f32 like the others.
+        let mut scaled = ins.to_vec();
+        scaled.push(f32t(&[]));
+        assert_eq!(infer(Op::AdamUpdate, &attrs(), &scaled).unwrap().len(), 3);
+        scaled[7] = f32t(&[2]);
+        assert_eq!(err(Op::AdamUpdate, attrs(), &scaled).input, Some(7));
+        scaled[7] = t(DType::F16, &[]);
+        assert_eq!(err(Op::AdamUpdate, attrs(), &scaled).input, Some(7));
     }
 }
