@@ -248,6 +248,39 @@ fn updates_are_computed_in_place_and_behind_a_guard_where_the_loss_scale_may_ski
     }
 }
 
+/// Under a loss scale that skips overflowing steps, each gradient is read once for its norm
+/// and the overflow check (`square_sum_finite`, one per parameter, and no `square_sum` or
+/// `sum` of the gradients beside it), and no pass of its own unscales a gradient: the
+/// reciprocal of the scale multiplies the sums and, inside the update, each gradient.
+#[test]
+fn a_scaled_step_reads_each_gradient_once_for_its_norm_and_overflow_check() {
+    let dir = TestDir::new("amp-one-read");
+    let source = source_with(&dir, &policy("Amp", "f16", "fixed(1024)"), "batch = 8");
+    let out = dir.path("out");
+    let mut args = vec!["build", s(&source), "--entry", "Fit", "-o", s(&out)];
+    args.extend_from_slice(&SIZES);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "mslc build:\n{stdout}\n{stderr}");
+    let (code, listing, stderr) = mslc(&["inspect", s(&out.join("Fit.mir"))]);
+    assert_eq!(code, 0, "mslc inspect:\n{stderr}");
+    let steps = |op: &str| -> Vec<&str> {
+        listing
+            .lines()
+            .filter(|l| l.contains(&format!(" = {op}(")) && l.ends_with("# train"))
+            .collect()
+    };
+    let parameters = 2 * 9 + 3;
+    assert_eq!(steps("square_sum_finite").len(), parameters, "{listing}");
+    assert!(steps("square_sum").is_empty() && steps("sum").is_empty());
+    // Only scalars are multiplied on their own (the reciprocal, its square, the norm's sum).
+    for step in steps("mul") {
+        assert!(
+            step.contains(": f32[] "),
+            "a gradient unscaled in a pass of its own: {step}"
+        );
+    }
+}
+
 /// With `grad_accum`, the overflow check sees the gradients summed over the update's
 /// micro-batches: an update that overflows is skipped whole, the scale follows MindSpore's
 /// manager as without accumulation, and a skipped update changes no weight or state.

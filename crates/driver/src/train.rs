@@ -1260,7 +1260,19 @@ impl<'g> Builder<'g> {
         accumulate: bool,
     ) -> Built<Vec<TrainedParam>> {
         let scalar = TensorType::new(DType::F32, vec![]);
-        let grads = self.unscale(grads, scale)?;
+        // Accumulated gradients are unscaled where each micro-batch's is added (one fused pass).
+        // Otherwise f32 gradients stay scaled until the update reads them, the loss scale's
+        // reciprocal folded into the update's own pass and into the sums over all gradients,
+        // rather than a pass of its own over every gradient. For a power-of-two scale the
+        // values are the same bits (scaling by a power of two is exact).
+        let f32_grads = grads.iter().all(|&g| self.g.ty(g).dtype == DType::F32);
+        let (grads, unscale_later) = match scale {
+            Some(s) if !accumulate && f32_grads => {
+                let one = self.scalar(1.0)?;
+                (grads.to_vec(), Some(self.bin(Op::Div, one, s)?))
+            }
+            _ => (self.unscale(grads, scale)?, None),
+        };
         let summed = match accumulate {
             true => self.accumulate(params, &grads)?,
             false => grads,
@@ -1304,23 +1316,40 @@ impl<'g> Builder<'g> {
                     .copied(),
             )
         });
-        if options.loss_scale.skips_overflow() {
-            // g · 0 is 0 for a finite g and NaN for an infinite or NaN one.
-            let zero = self.scalar(0.0)?;
-            let overflow = self.total(grads, &order, |b, g| {
-                let product = b.bin(Op::Mul, g, zero)?;
-                b.op(Op::Sum, Attrs::new(), &[product])
+        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it (of scaled gradients, times
+        // the reciprocal's square). Where overflowing steps are skipped, the same pass over
+        // each gradient sums g · 0 too: 0 for a finite g, NaN for an infinite or NaN one.
+        let skips = options.loss_scale.skips_overflow();
+        let mut checks = std::collections::HashMap::new();
+        let mut total = self.total(grads, &order, |b, g| match skips {
+            true => {
+                let sums = b.ops(Op::SquareSumFinite, Attrs::new(), &[g])?;
+                checks.insert(g, sums[1]);
+                Ok(sums[0])
+            }
+            false => b.op(Op::SquareSum, Attrs::new(), &[g]),
+        })?;
+        if skips {
+            let overflow = self.total(grads, &order, |_, g| {
+                checks
+                    .get(&g)
+                    .copied()
+                    .ok_or_else(|| "no overflow check".to_string())
             })?;
             self.g.set_output(OVERFLOW, overflow);
         }
-        // Global 2-norm: √(Σ Σ g²), as clip_grad_norm_ computes it.
-        let total = self.total(grads, &order, |b, g| {
-            b.op(Op::SquareSum, Attrs::new(), &[g])
-        })?;
+        if let Some(inverse) = unscale_later {
+            let square = self.bin(Op::Mul, inverse, inverse)?;
+            total = self.bin(Op::Mul, total, square)?;
+        }
         let norm = self.op(Op::Sqrt, Attrs::new(), &[total])?;
         self.g.set_output(GRAD_NORM, norm);
         if options.expose_grads {
             for ((path, _), &g) in params.iter().zip(grads) {
+                let g = match unscale_later {
+                    Some(inverse) => self.bin(Op::Mul, g, inverse)?,
+                    None => g,
+                };
                 self.g.set_output(&format!("{GRAD_PREFIX}{path}"), g);
             }
         }
@@ -1335,6 +1364,12 @@ impl<'g> Builder<'g> {
                 Some(self.bin(Op::Minimum, ratio, one)?)
             }
             None => None,
+        };
+        // What each gradient is multiplied by as the update reads it: the clipping and the
+        // reciprocal of the loss scale, one scalar.
+        let coef = match (coef, unscale_later) {
+            (Some(c), Some(inverse)) => Some(self.bin(Op::Mul, inverse, c)?),
+            (c, inverse) => c.or(inverse),
         };
         let lr = self.g.add_input(LR, scalar.clone());
         let adam = match opt.kind {
@@ -1353,9 +1388,10 @@ impl<'g> Builder<'g> {
                 Some(z) if z.level == 2 => (self.own_slice(z, *p)?, g),
                 _ => (*p, g),
             };
-            let g = match coef {
-                Some(c) => self.bin(Op::Mul, g, c)?,
-                None => g,
+            // Adam multiplies its gradient itself; SGD's update reads `g · coef` in its pass.
+            let g = match (coef, adam) {
+                (Some(c), None) => self.bin(Op::Mul, g, c)?,
+                _ => g,
             };
             let excluded = spec.no_decay.iter().any(|(pat, _)| pat.matches(path));
             let wd = if excluded { 0.0 } else { opt.weight_decay };
@@ -1368,7 +1404,8 @@ impl<'g> Builder<'g> {
             let (new_p, new_states) = match adam {
                 None => self.sgd(opt, p, g, wd, lr, &state_in)?,
                 Some((step_size, bc2)) => {
-                    self.adam(opt, p, g, wd, lr, step_size, bc2, &state_in)?
+                    let scalars = [lr, step_size, bc2].into_iter().chain(coef).collect();
+                    self.adam(opt, p, g, wd, scalars, &state_in)?
                 }
             };
             // Levels 1 and 2 gather the updated slices into the whole parameter.
@@ -1424,18 +1461,16 @@ impl<'g> Builder<'g> {
         Ok((self.bin(Op::Sub, p, step)?, states))
     }
 
-    /// `torch.optim.Adam` (L2 decay in the gradient) or `AdamW` (decoupled decay): returns the
-    /// new parameter and first and second moments.
-    #[allow(clippy::too_many_arguments)]
+    /// `torch.optim.Adam` (L2 decay in the gradient) or `AdamW` (decoupled decay) with the
+    /// step's `scalars` (`lr`, `step_size`, `bc2_sqrt`, and what the gradient is multiplied by
+    /// where anything is): returns the new parameter and first and second moments.
     fn adam(
         &mut self,
         opt: &Optimizer,
         p: ValueRef,
         g: ValueRef,
         wd: f64,
-        lr: ValueRef,
-        step_size: ValueRef,
-        bc2_sqrt: ValueRef,
+        scalars: Vec<ValueRef>,
         state: &[ValueRef],
     ) -> Built<(ValueRef, Vec<ValueRef>)> {
         let [m, v] = state else {
@@ -1448,11 +1483,8 @@ impl<'g> Builder<'g> {
             .with("eps", opt.eps)
             .with("weight_decay", wd)
             .with("decoupled", opt.kind == OptimizerKind::AdamW);
-        let outs = self.ops(
-            Op::AdamUpdate,
-            attrs,
-            &[p, g, *m, *v, lr, step_size, bc2_sqrt],
-        )?;
+        let inputs: Vec<ValueRef> = [p, g, *m, *v].into_iter().chain(scalars).collect();
+        let outs = self.ops(Op::AdamUpdate, attrs, &inputs)?;
         Ok((outs[0], vec![outs[1], outs[2]]))
     }
 }

@@ -3,7 +3,10 @@
 //! the chain when an elementwise op produces it, only the chain reads it, it is not a model
 //! output and it has the chain's output shape; existing `fused_elementwise` ops are inlined,
 //! so fusing again only merges. A chain whose fused op's signature is in `cx.unfused` (a
-//! tuning decision) is left as it is, and none of its ops joins another chain.
+//! tuning decision) is left as it is, and none of its ops joins another chain. A fused chain
+//! reads a `broadcast_to`'s operand rather than its expanded copy wherever its operands still
+//! broadcast to the chain's output shape (the program broadcasts them itself); the copy is
+//! then dead.
 
 use std::collections::{HashMap, HashSet};
 
