@@ -543,7 +543,9 @@ pub fn conv2d(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{
+        assert_close_in, assert_same_bits, in_pool, on_one_and_two_threads, Precision, Rng,
+    };
     use proptest::prelude::*;
 
     proptest! {
@@ -583,8 +585,7 @@ mod tests {
                         conv2d(xt, wtt, &attrs, &params, None, &mut out).unwrap();
                         out
                     };
-                    let one = in_pool(1, run);
-                    assert_same_bits("threads", &one, &in_pool(2, run));
+                    let one = on_one_and_two_threads(run);
                     // The weights packed once give the same bits.
                     let plane = want.shape[2] * want.shape[3];
                     let len = conv2d_packed_weight_len(&ws, groups, plane, &params).unwrap();
@@ -734,8 +735,7 @@ mod tests {
                     conv2d(xt, wt, &attrs, &p, packed_w, &mut out).unwrap();
                     out
                 };
-                let one = in_pool(1, run);
-                assert_same_bits("threads", &one, &in_pool(2, run));
+                let one = on_one_and_two_threads(run);
                 assert_close_in(Precision::F32, "runs", &one, &want.data, atol, 1e-4);
             }
         }

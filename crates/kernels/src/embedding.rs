@@ -52,7 +52,7 @@ pub fn embedding(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{assert_same_bits, on_one_and_two_threads, Precision, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -76,8 +76,7 @@ mod tests {
                 embedding(&ids, &[n], t, &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_same_bits("reference", &one, &want.data);
         }
     }

@@ -50,7 +50,7 @@ pub fn embedding_grad(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
+    use crate::testing::{assert_close, on_one_and_two_threads, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -76,8 +76,7 @@ mod tests {
                 embedding_grad(&ids, &[n], g, v, &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_close("embedding_grad", &one, &want.data, 1e-5, 1e-5);
         }
     }

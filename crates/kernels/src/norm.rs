@@ -211,7 +211,9 @@ pub fn batch_norm(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{
+        assert_close_in, assert_same_bits, in_pool, on_one_and_two_threads, Precision, Rng,
+    };
     use proptest::prelude::*;
 
     proptest! {
@@ -254,8 +256,7 @@ mod tests {
                 }
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_close_in(precision, "norm", &one, &want.data, 2e-5, 1e-5);
         }
     }

@@ -284,7 +284,7 @@ pub fn norm_affine_grad(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
+    use crate::testing::{assert_close, assert_same_bits, in_pool, on_one_and_two_threads, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -323,8 +323,7 @@ mod tests {
                 }
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             // dx is O(r·|dy|); r reaches 1/√eps for constant rows, hence the relative part.
             let scale = want.data.iter().fold(1.0f32, |m, v| m.max(v.abs()));
             assert_close("norm grad", &one, &want.data, 5e-5 * scale, 1e-4);

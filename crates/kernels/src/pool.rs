@@ -218,7 +218,9 @@ pub fn adaptive_avg_pool2d(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{
+        assert_close_in, assert_same_bits, on_one_and_two_threads, Precision, Rng,
+    };
     use proptest::prelude::*;
 
     proptest! {
@@ -247,8 +249,7 @@ mod tests {
                         pool2d(t, kind, &attrs, &params, &mut out).unwrap();
                         out
                     };
-                    let one = in_pool(1, run);
-                    assert_same_bits("threads", &one, &in_pool(2, run));
+                    let one = on_one_and_two_threads(run);
                     assert_close_in(precision, "pool2d", &one, &want.data, 1e-6, 1e-6);
                 }
             }
@@ -259,8 +260,7 @@ mod tests {
                 adaptive_avg_pool2d(t, output, &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_close_in(precision, "adaptive", &one, &want.data, 1e-6, 1e-6);
         }
     }

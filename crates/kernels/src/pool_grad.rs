@@ -134,7 +134,7 @@ pub fn adaptive_avg_pool2d_grad(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close, assert_same_bits, in_pool, Rng};
+    use crate::testing::{assert_close, on_one_and_two_threads, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -170,8 +170,7 @@ mod tests {
                         pool2d_grad(xt, dyt, kind, &a, &params, &mut out).unwrap();
                         out
                     };
-                    let one = in_pool(1, run);
-                    assert_same_bits("threads", &one, &in_pool(2, run));
+                    let one = on_one_and_two_threads(run);
                     assert_close("pool grad", &one, &want.data, 1e-5, 1e-5);
                 }
             }
@@ -184,8 +183,7 @@ mod tests {
                 adaptive_avg_pool2d_grad(xt, dyt, [oh, ow], &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_close("adaptive grad", &one, &want.data, 1e-5, 1e-5);
         }
     }

@@ -117,7 +117,9 @@ pub fn rope_cached(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{
+        assert_close_in, assert_same_bits, in_pool, on_one_and_two_threads, Precision, Rng,
+    };
     use proptest::prelude::*;
 
     proptest! {
@@ -140,8 +142,7 @@ mod tests {
                 rope(t, theta, &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             // The table computed once gives the same bits as the angles computed per call.
             let mut table = vec![f32::NAN; 2 * s * half];
             rope_table(theta, s, 2 * half, &mut table).unwrap();

@@ -124,7 +124,7 @@ dispatch_avx512! {
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_close_in, assert_same_bits, in_pool, Precision, Rng};
+    use crate::testing::{assert_close_in, on_one_and_two_threads, Precision, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -149,8 +149,7 @@ mod tests {
                 if log { log_softmax(t, axis, &params, &mut out) } else { softmax(t, axis, &params, &mut out) }.unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_close_in(precision, "softmax", &one, &want.data, 1e-6, 1e-5);
         }
     }

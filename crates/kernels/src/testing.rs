@@ -134,6 +134,14 @@ pub fn assert_same_values(what: &str, a: &[f32], b: &[f32]) {
     }
 }
 
+/// Runs `run` on 1 and on 2 threads and asserts the same bits (results must not depend on
+/// the pool); returns them.
+pub fn on_one_and_two_threads(run: impl Fn() -> Vec<f32> + Sync) -> Vec<f32> {
+    let one = in_pool(1, &run);
+    assert_same_bits("threads", &one, &in_pool(2, &run));
+    one
+}
+
 /// Runs `f` inside a rayon pool of exactly `threads` threads.
 pub fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()

@@ -208,7 +208,7 @@ fn tiled(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::testing::{assert_same_bits, in_pool, Rng};
+    use crate::testing::{assert_same_bits, on_one_and_two_threads, Rng};
     use proptest::prelude::*;
 
     proptest! {
@@ -236,8 +236,7 @@ mod tests {
                 transpose(t, &perm, &params, &mut out).unwrap();
                 out
             };
-            let one = in_pool(1, run);
-            assert_same_bits("threads", &one, &in_pool(2, run));
+            let one = on_one_and_two_threads(run);
             assert_same_bits("reference", &one, &want.data);
         }
     }
