@@ -699,22 +699,23 @@ mod tests {
     /// An image whose patches alone exceed the limit is laid out a run of its positions at a
     /// time, the runs starting and ending inside output rows: with many positions (weights on
     /// the left, the product into `out`'s columns) and with few (weights on the right, each
-    /// run's product turned into its columns), packed ahead or not. Tolerance: f32 sums of 27
-    /// and of 2.4 M products of values in [-1, 1).
+    /// run's product turned into its columns), packed ahead or not; the first in two groups.
+    /// Tolerance: f32 sums of 18 and of 2.4 M products of values in [-1, 1).
     #[test]
     fn an_image_too_large_is_laid_out_in_runs_of_positions() {
         let mut rng = Rng::new(21);
-        let many = ([2, 3, 1000, 700], [2, 3, 3, 3], [2, 1], 1, 1e-4);
-        let few = ([1, 9, 513, 513], [2, 9, 512, 512], [1, 1], 0, 2e-2);
-        for (xs, ws, stride, pad, atol) in [many, few] {
+        let many = ([2, 4, 1000, 700], [4, 2, 3, 3], [2, 1], 1, 2, 1e-4);
+        let few = ([1, 9, 513, 513], [2, 9, 512, 512], [1, 1], 0, 1, 2e-2);
+        for (xs, ws, stride, pad, groups, atol) in [many, few] {
             let attrs = Conv2dAttrs {
                 stride,
                 padding: [pad; 2],
+                groups,
                 ..Conv2dAttrs::default()
             };
             let g = Conv2dCall::of_shapes("t", &xs, &ws, &attrs).unwrap();
             let (kdim, plane) = (ws[1] * ws[2] * ws[3], g.oh * g.ow);
-            let (images, positions) = patches::chunk_shape(xs[0], plane, kdim);
+            let (images, positions) = patches::chunk_shape(xs[0], plane, groups * kdim);
             assert_eq!(images, 1);
             assert!(positions < plane && plane % positions != 0);
             let (x, w) = (
@@ -727,8 +728,9 @@ mod tests {
             );
             let want = reference::conv2d(xt, wt, &attrs).unwrap();
             let p = MatmulParams::default();
-            let mut packed = vec![0.0; conv2d_packed_weight_len(&ws, 1, plane, &p).unwrap()];
-            pack_conv2d_weight(wt, 1, plane, &p, &mut packed).unwrap();
+            let len = conv2d_packed_weight_len(&ws, groups, plane, &p).unwrap();
+            let mut packed = vec![0.0; len];
+            pack_conv2d_weight(wt, groups, plane, &p, &mut packed).unwrap();
             for packed_w in [None, Some(PackedB::F32(&packed))] {
                 let run = || {
                     let mut out = vec![f32::NAN; want.data.len()];

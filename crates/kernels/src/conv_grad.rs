@@ -458,22 +458,24 @@ mod tests {
     /// positions at a time, the runs starting and ending inside output rows: col2im adds each
     /// run into the planes the first one wrote, the weight gradient adds each run's product.
     /// With many positions (the patch gradients as `kdim × positions`) and with few (their
-    /// transpose); a strided window reads by gather. Both within the scratch bound.
+    /// transpose); a strided window reads by gather; the first in two groups. Both within the
+    /// scratch bound.
     #[test]
     fn an_image_too_large_is_laid_out_in_runs_of_positions() {
         let mut rng = Rng::new(23);
-        let many = ([2, 3, 1000, 700], [2, 3, 3, 3], [2, 1], 1);
-        let few = ([1, 9, 513, 513], [1, 9, 512, 512], [1, 1], 0);
-        for (xs, ws, stride, pad) in [many, few] {
+        let many = ([2, 4, 1000, 700], [4, 2, 3, 3], [2, 1], 1, 2);
+        let few = ([1, 9, 513, 513], [1, 9, 512, 512], [1, 1], 0, 1);
+        for (xs, ws, stride, pad, groups) in [many, few] {
             let a = Conv2dAttrs {
                 stride,
                 padding: [pad; 2],
+                groups,
                 ..Conv2dAttrs::default()
             };
             let operands = Operands::random(xs, ws, &a, &mut rng).unwrap();
             let (xt, wt, dyt) = operands.views();
             let (kdim, plane) = (ws[1] * ws[2] * ws[3], dyt.shape[2] * dyt.shape[3]);
-            for per_position in [kdim, kdim + ws[0]] {
+            for per_position in [groups * kdim, groups * kdim + ws[0]] {
                 let (images, positions) = chunk_shape(xs[0], plane, per_position);
                 assert_eq!(images, 1);
                 assert!(positions < plane && plane % positions != 0);
@@ -487,8 +489,8 @@ mod tests {
                 conv2d_grad_input(dyt, wt, &a, [xs[2], xs[3]], &p, &mut dx).unwrap();
                 crate::scratch::largest_request()
             });
-            let bound = conv2d_grad_scratch(true, &ws, dyt.shape, 1)
-                .max(conv2d_grad_scratch(false, &ws, dyt.shape, 1));
+            let bound = conv2d_grad_scratch(true, &ws, dyt.shape, groups)
+                .max(conv2d_grad_scratch(false, &ws, dyt.shape, groups));
             assert!(asked <= bound, "asked {asked} of {bound}");
             assert!(asked < 4 * PATCH_LIMIT);
         }
