@@ -57,12 +57,12 @@ let s:ops = [
       \ 'constant', 'conv2d', 'conv2d_grad_input', 'conv2d_grad_weight', 'cross_entropy',
       \ 'cross_entropy_grad', 'div', 'dropout', 'embedding', 'embedding_grad', 'erf', 'exp',
       \ 'fused_elementwise', 'fused_matmul', 'gelu', 'gelu_tanh', 'layer_norm',
-      \ 'layer_norm_affine', 'layer_norm_affine_grad', 'layer_norm_grad', 'log', 'log_softmax', 'matmul', 'max',
-      \ 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss', 'mul', 'neg',
-      \ 'parallel_copy', 'pow', 'rank_slice', 'reciprocal', 'reduce_scatter', 'relu', 'reshape', 'rms_norm',
-      \ 'rms_norm_grad', 'rms_norm_scale', 'rms_norm_scale_grad', 'rope', 'rope_cached', 'rope_table', 'rsqrt', 'select',
-      \ 'sigmoid', 'sign', 'silu', 'slice', 'softmax', 'softplus', 'sqrt', 'square_sum', 'sub', 'sum',
-      \ 'tanh',
+      \ 'layer_norm_affine', 'layer_norm_affine_grad', 'layer_norm_grad', 'log', 'log_softmax',
+      \ 'matmul', 'max', 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss',
+      \ 'mul', 'neg', 'parallel_copy', 'pow', 'rank_slice', 'reciprocal', 'reduce_scatter', 'relu',
+      \ 'reshape', 'rms_norm', 'rms_norm_grad', 'rms_norm_scale', 'rms_norm_scale_grad', 'rope',
+      \ 'rope_cached', 'rope_table', 'rsqrt', 'select', 'sigmoid', 'sign', 'silu', 'slice',
+      \ 'softmax', 'softplus', 'sqrt', 'square_sum', 'square_sum_finite', 'sub', 'sum', 'tanh',
       \ 'transpose'
       \ ]
 let s:lib_functions = [
