@@ -105,7 +105,7 @@ fn run_in_row(positions: &Range<usize>, ow: usize, oy: usize) -> (Range<usize>, 
 /// The outputs `[lo, hi)` of a window axis (`out` long) whose tap `offset` (tap index times
 /// dilation) lands inside an input of `len` padded by `pad`: those before and after read
 /// padding. Input index of output `o` inside: `o·stride + offset − pad`.
-pub(crate) fn inside_range(
+fn inside_range(
     out: usize,
     len: usize,
     stride: usize,
