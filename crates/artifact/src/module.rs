@@ -64,11 +64,13 @@ pub enum Storage {
 /// ([`Storage::Overwrite`]): input 0 for a step of one output (elementwise or not: a kernel
 /// that cannot work in place reads a copy), for a fused elementwise program any operand of the
 /// output's type (not broadcast; read from a copy: a gradient sum `acc + g` whose program
-/// numbers `acc` last), `adam_update`'s p, m and v for its new p, m and v.
+/// numbers `acc` last), `adam_update`'s p, m and v for its new p, m and v, `sgd_update`'s p and
+/// buf for its new p and buf.
 pub fn may_overwrite(module: &Module, step: &Step, output: usize, operand: usize) -> bool {
     let ty = |v: u32| &module.values[v as usize].ty;
     match (step.op, step.outputs.len(), output) {
         (Op::AdamUpdate, 3, k) => [0, 2, 3].get(k) == Some(&operand),
+        (Op::SgdUpdate, 2, k) => [0, 2].get(k) == Some(&operand),
         (Op::FusedElementwise, 1, 0) => step
             .inputs
             .get(operand)

@@ -106,8 +106,9 @@ impl RuntimeNeeds {
                 true => Some(0),
                 false => overwritten.first().copied(),
             };
-            // adam_update overwrites m and v together, and p with them or else p's copy in
-            // the first output's own place, all f32, or none of them.
+            // An update overwrites its states together (adam_update's m and v, sgd_update's
+            // buf), and p with them or else p's copy in the first output's own place, all f32,
+            // or none of them.
             let updated = kernel.updated_operands();
             let updates_in_place = !updated.is_empty() && !overwritten.is_empty();
             let copies_p = updated.get(1..) == Some(overwritten.as_slice()) && !in_arena;
@@ -116,7 +117,7 @@ impl RuntimeNeeds {
                     || types.iter().any(|t| t.dtype != DType::F32))
             {
                 return Err(at(
-                    "an update in place overwrites m and v together, and p with \
+                    "an update in place overwrites its states together, and p with \
                      them or in a place of its own, all f32"
                         .into(),
                 ));

@@ -1113,18 +1113,6 @@ impl<'g> Builder<'g> {
         self.op(Op::Constant, attrs, &[])
     }
 
-    /// `x * k` for a compile-time `k`.
-    fn scale(&mut self, x: ValueRef, k: f64) -> Built<ValueRef> {
-        let k = self.scalar(k)?;
-        self.bin(Op::Mul, x, k)
-    }
-
-    /// `a * x + b * y` for compile-time `a`, `b`.
-    fn lerp(&mut self, a: f64, x: ValueRef, b: f64, y: ValueRef) -> Built<ValueRef> {
-        let (ax, by) = (self.scale(x, a)?, self.scale(y, b)?);
-        self.bin(Op::Add, ax, by)
-    }
-
     /// `Σ_g f(g)` (each `f(g)` a scalar) over the gradients of the parameters `order` lists
     /// (indices, in the order to sum); under tensor parallelism the split parameters' sum is
     /// summed over the group first (each rank holds a share of those gradients).
@@ -1388,11 +1376,6 @@ impl<'g> Builder<'g> {
                 Some(z) if z.level == 2 => (self.own_slice(z, *p)?, g),
                 _ => (*p, g),
             };
-            // Adam multiplies its gradient itself; SGD's update reads `g · coef` in its pass.
-            let g = match (coef, adam) {
-                (Some(c), None) => self.bin(Op::Mul, g, c)?,
-                _ => g,
-            };
             let excluded = spec.no_decay.iter().any(|(pat, _)| pat.matches(path));
             let wd = if excluded { 0.0 } else { opt.weight_decay };
             let states = state_names(opt, path);
@@ -1402,7 +1385,25 @@ impl<'g> Builder<'g> {
                 .map(|s| self.g.add_input(s, ty.clone()))
                 .collect();
             let (new_p, new_states) = match adam {
-                None => self.sgd(opt, p, g, wd, lr, &state_in)?,
+                // The fused updates multiply their gradient themselves; SGD without momentum
+                // reads `g · coef + wd · p` in its one elementwise pass.
+                None if state_in.is_empty() => {
+                    let mut g = match coef {
+                        Some(c) => self.bin(Op::Mul, g, c)?,
+                        None => g,
+                    };
+                    if wd > 0.0 {
+                        let decay = self.scalar(wd)?;
+                        let decayed = self.bin(Op::Mul, p, decay)?;
+                        g = self.bin(Op::Add, g, decayed)?;
+                    }
+                    let step = self.bin(Op::Mul, g, lr)?;
+                    (self.bin(Op::Sub, p, step)?, Vec::new())
+                }
+                None => {
+                    let scalars = [lr].into_iter().chain(coef).collect();
+                    self.sgd(opt, p, g, wd, scalars, &state_in)?
+                }
                 Some((step_size, bc2)) => {
                     let scalars = [lr, step_size, bc2].into_iter().chain(coef).collect();
                     self.adam(opt, p, g, wd, scalars, &state_in)?
@@ -1430,35 +1431,28 @@ impl<'g> Builder<'g> {
         Ok(trained)
     }
 
-    /// `torch.optim.SGD` (dampening 0): returns the new parameter and momentum buffer.
+    /// `torch.optim.SGD` with momentum (dampening 0) with the step's `scalars` (`lr`, and what
+    /// the gradient is multiplied by where anything is): returns the new parameter and momentum
+    /// buffer, from one fused pass.
     fn sgd(
         &mut self,
         opt: &Optimizer,
         p: ValueRef,
         g: ValueRef,
         wd: f64,
-        lr: ValueRef,
+        scalars: Vec<ValueRef>,
         state: &[ValueRef],
     ) -> Built<(ValueRef, Vec<ValueRef>)> {
-        let g = if wd > 0.0 {
-            self.lerp(1.0, g, wd, p)?
-        } else {
-            g
+        let [buf] = state else {
+            return Err("SGD with momentum needs one buffer".to_string());
         };
-        let (d, states) = match state {
-            [buf] => {
-                let new_buf = self.lerp(opt.momentum, *buf, 1.0, g)?;
-                let d = if opt.nesterov {
-                    self.lerp(1.0, g, opt.momentum, new_buf)?
-                } else {
-                    new_buf
-                };
-                (d, vec![new_buf])
-            }
-            _ => (g, Vec::new()),
-        };
-        let step = self.bin(Op::Mul, d, lr)?;
-        Ok((self.bin(Op::Sub, p, step)?, states))
+        let attrs = Attrs::new()
+            .with("momentum", opt.momentum)
+            .with("weight_decay", wd)
+            .with("nesterov", opt.nesterov);
+        let inputs: Vec<ValueRef> = [p, g, *buf].into_iter().chain(scalars).collect();
+        let outs = self.ops(Op::SgdUpdate, attrs, &inputs)?;
+        Ok((outs[0], vec![outs[1]]))
     }
 
     /// `torch.optim.Adam` (L2 decay in the gradient) or `AdamW` (decoupled decay) with the

@@ -102,7 +102,9 @@ impl KernelKind {
             Op::Attention | Op::AttentionLse | Op::AttentionGrad => KernelKind::FlashAttention,
             Op::Transpose => KernelKind::Transpose,
             Op::Dropout => KernelKind::Reference,
-            _ if op.spec().elementwise || matches!(op, Op::FusedElementwise | Op::AdamUpdate) => {
+            _ if op.spec().elementwise
+                || matches!(op, Op::FusedElementwise | Op::AdamUpdate | Op::SgdUpdate) =>
+            {
                 KernelKind::Elementwise
             }
             Op::Softmax

@@ -139,6 +139,18 @@ pub fn reference_output(
                 &attrs,
             ))
         }
+        StepKernel::SgdUpdate(attrs, nesterov, _) => {
+            let g_scale = match inputs.len() > 4 {
+                true => scalar(4),
+                false => 1.0,
+            };
+            texts(reference::sgd_update(
+                [0, 1, 2].map(x),
+                *attrs,
+                *nesterov,
+                [scalar(3), g_scale],
+            ))
+        }
         _ => return None,
     };
     Some(result.map(|outputs| outputs.into_iter().flat_map(|t| t.data).collect()))

@@ -61,9 +61,9 @@ let s:ops = [
       \ 'matmul', 'max', 'max_pool2d', 'max_pool2d_grad', 'maximum', 'mean', 'minimum', 'mse_loss',
       \ 'mul', 'neg', 'parallel_copy', 'pow', 'rank_slice', 'reciprocal', 'reduce_scatter', 'relu',
       \ 'reshape', 'rms_norm', 'rms_norm_grad', 'rms_norm_scale', 'rms_norm_scale_grad', 'rope',
-      \ 'rope_cached', 'rope_table', 'rsqrt', 'select', 'sigmoid', 'sign', 'silu', 'slice',
-      \ 'softmax', 'softplus', 'sqrt', 'square_sum', 'square_sum_finite', 'sub', 'sum', 'tanh',
-      \ 'transpose'
+      \ 'rope_cached', 'rope_table', 'rsqrt', 'select', 'sgd_update', 'sigmoid', 'sign', 'silu',
+      \ 'slice', 'softmax', 'softplus', 'sqrt', 'square_sum', 'square_sum_finite', 'sub', 'sum',
+      \ 'tanh', 'transpose'
       \ ]
 let s:lib_functions = [
       \ 'zeros', 'ones', 'normal', 'uniform', 'adamw', 'adam', 'sgd', 'dynamic', 'fixed'

@@ -694,7 +694,7 @@ fn an_update_over_its_input_is_the_update_into_buffers_of_its_own() {
         [false, true, false],
         [true, true, false],
     ] {
-        rejected(adam(kinds), "overwrites m and v together");
+        rejected(adam(kinds), "overwrites its states together");
     }
     // `y ← x0 + x0` over x0 reads it twice; over x1 it writes an operand its kernel cannot.
     let add = |name: &str, inputs: Vec<u32>| {

@@ -788,6 +788,7 @@ fn covering_test(op: Op) -> fn() {
             collectives_on_two_ranks
         }
         Op::AdamUpdate => adam_update_as_torch,
+        Op::SgdUpdate => sgd_update_as_torch,
     }
 }
 
@@ -827,6 +828,43 @@ fn adam_update_as_torch() {
             let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
             let new_p = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
             for (k, x) in [new_p, mi, vi].into_iter().enumerate() {
+                want[k].push(x as f32);
+            }
+        }
+        let data = want.concat();
+        case.check(Tensor::new("outputs", vec![data.len()], data).unwrap());
+    }
+}
+
+/// SGD with momentum as `torch.optim.SGD` steps (dampening 0): plain, with decay and a gradient
+/// scale, and Nesterov's.
+#[test]
+fn sgd_update_as_torch() {
+    let (lr, momentum) = (0.1f64, 0.9f64);
+    let [p, g, buf] = [21, 22, 23].map(|seed| rand(seed, 15, -1.0, 1.0));
+    for (wd, nesterov, g_scale) in [
+        (0.0, false, None),
+        (1e-2, false, Some(0.25)),
+        (1e-2, true, None),
+    ] {
+        let attrs = Attrs::new()
+            .with("momentum", momentum)
+            .with("weight_decay", wd)
+            .with("nesterov", nesterov);
+        let mut case = Case::new(Op::SgdUpdate, attrs);
+        for x in [&p, &g, &buf] {
+            case = case.input(DType::F32, &[3, 5], x.clone());
+        }
+        case = case.input(DType::F32, &[], vec![lr as f32]);
+        if let Some(s) = g_scale {
+            case = case.input(DType::F32, &[], vec![s as f32]);
+        }
+        let mut want = vec![Vec::new(); 2];
+        for i in 0..15 {
+            let gi = g[i] as f64 * g_scale.unwrap_or(1.0) + wd * p[i] as f64;
+            let bi = momentum * buf[i] as f64 + gi;
+            let d = if nesterov { gi + momentum * bi } else { bi };
+            for (k, x) in [p[i] as f64 - lr * d, bi].into_iter().enumerate() {
                 want[k].push(x as f32);
             }
         }

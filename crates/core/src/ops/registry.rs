@@ -240,6 +240,7 @@ op_table! {
     AdaptiveAvgPool2dGrad = "adaptive_avg_pool2d_grad" => conv::ADAPTIVE_AVG_POOL2D_GRAD,
     // Optimizer updates (a training step builds them)
     AdamUpdate = "adam_update" => optim::ADAM_UPDATE,
+    SgdUpdate = "sgd_update" => optim::SGD_UPDATE,
     SquareSum = "square_sum" => optim::SQUARE_SUM,
     SquareSumFinite = "square_sum_finite" => optim::SQUARE_SUM_FINITE,
     // Collectives (the sharding pass inserts them; the executor runs them)
@@ -331,7 +332,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
             assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
         }
-        assert_eq!(Op::ALL.len(), 78);
+        assert_eq!(Op::ALL.len(), 79);
         assert_eq!(Op::from_name("Add"), None);
         assert!(serde_json::from_str::<Op>("\"frobnicate\"")
             .unwrap_err()

@@ -28,7 +28,7 @@ pub use nn_grad::{
     embedding_grad, layer_norm_grad, norm_affine_grad, pool2d_grad, rms_norm_grad,
 };
 pub use norm::{batch_norm, layer_norm, layer_norm_affine, rms_norm, rms_norm_scale};
-pub use optimizer::{adam_update, AdamAttrs};
+pub use optimizer::{adam_update, sgd_update, AdamAttrs};
 pub use reduce::{log_softmax, reduce, softmax, square_sum, square_sum_finite};
 
 #[cfg(test)]

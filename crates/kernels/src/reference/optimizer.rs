@@ -1,5 +1,6 @@
-//! The reference optimizer update: one Adam / AdamW step (`adam_update`), written from
-//! `torch.optim`'s formulas element by element, in f64.
+//! The reference optimizer updates: one Adam / AdamW step (`adam_update`) and one step of SGD
+//! with momentum (`sgd_update`), written from `torch.optim`'s formulas element by element, in
+//! f64.
 
 use crate::error::{KernelError, KernelResult};
 use crate::shape::check_len;
@@ -62,6 +63,46 @@ pub fn adam_update(
         let vi = beta2 * vi + (1.0 - beta2) * gi * gi;
         let pi = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
         for (o, x) in out.iter_mut().zip([pi, mi, vi]) {
+            o[i] = x as f32;
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|data| Tensor {
+            shape: p.shape.to_vec(),
+            data,
+        })
+        .collect())
+}
+
+/// The new `[p, buf]` of one step of SGD with momentum (`torch.optim.SGD`, dampening 0) from
+/// `[p, g, buf]` (one shape), the attributes `[momentum, weight_decay]`, `nesterov`, and the
+/// step's scalars `[lr, g_scale]` (the gradient multiplied by `g_scale` first).
+pub fn sgd_update(
+    [p, g, buf]: [TensorRef<'_>; 3],
+    [momentum, weight_decay]: [f64; 2],
+    nesterov: bool,
+    [lr, g_scale]: [f32; 2],
+) -> KernelResult<Vec<Tensor>> {
+    const OP: &str = "sgd_update";
+    for (name, x) in [("p", p), ("g", g), ("buf", buf)] {
+        check_len(OP, name, x.data.len(), x.shape)?;
+        if x.shape != p.shape {
+            return Err(KernelError::new(
+                OP,
+                format!("{name} {:?} must have p's shape {:?}", x.shape, p.shape),
+            ));
+        }
+    }
+    let (lr, g_scale) = (f64::from(lr), f64::from(g_scale));
+    let n = p.data.len();
+    let mut out = [vec![0f32; n], vec![0f32; n]];
+    for i in 0..n {
+        let [pi, gi, bi] = [p, g, buf].map(|x| f64::from(x.data[i]));
+        let gi = gi * g_scale + weight_decay * pi;
+        let bi = momentum * bi + gi;
+        let d = if nesterov { gi + momentum * bi } else { bi };
+        for (o, x) in out.iter_mut().zip([pi - lr * d, bi]) {
             o[i] = x as f32;
         }
     }

@@ -354,6 +354,22 @@ impl StepKernel {
                     }
                 }
             }
+            StepKernel::SgdUpdate([momentum, wd], nesterov, p) => {
+                let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
+                let g_scale = match inputs.len() > 4 {
+                    true => scalar(4),
+                    false => 1.0,
+                };
+                let step = optimizer::SgdStep::new(*momentum, *wd, *nesterov, [scalar(3), g_scale]);
+                let [buf] = more_outputs("sgd_update", more_outs)?;
+                match in_place {
+                    true => optimizer::sgd_update_in_place(&step, x(1).data, p, [out, buf])?,
+                    false => {
+                        let inputs = [x(0).data, x(1).data, x(2).data];
+                        optimizer::sgd_update(&step, inputs, p, [out, buf])?
+                    }
+                }
+            }
             StepKernel::AttentionGrad {
                 causal,
                 scale,

@@ -138,6 +138,8 @@ pub enum StepKernel {
     /// `adam_update` with β1, β2, eps, weight decay and decoupled (its attributes; the step's
     /// scalars are read from inputs 4–6 when it runs): p, and m and v as outputs 1 and 2.
     AdamUpdate([f64; 4], bool, ElementwiseParams),
+    /// `sgd_update`: `[momentum, weight_decay]`, nesterov, block size.
+    SgdUpdate([f64; 2], bool, ElementwiseParams),
     /// `attention_grad`: dq, and dk and dv as outputs 1 and 2.
     AttentionGrad {
         /// Causal mask.
@@ -238,11 +240,12 @@ impl StepKernel {
     }
 
     /// The operands an update in place finds in its outputs and overwrites there, output by
-    /// output (`adam_update`'s p, m and v, run with `Operands::in_place`); none for any other
-    /// kernel.
+    /// output (`adam_update`'s p, m and v, `sgd_update`'s p and buf, run with
+    /// `Operands::in_place`); none for any other kernel.
     pub fn updated_operands(&self) -> &'static [usize] {
         match self {
             StepKernel::AdamUpdate(..) => &[0, 2, 3],
+            StepKernel::SgdUpdate(..) => &[0, 2],
             _ => &[],
         }
     }
@@ -538,6 +541,14 @@ pub fn prepare(
                 .try_into()
                 .map_err(|_| "four attributes".to_string())?,
             a.bool("decoupled").map_err(err)?,
+            decode_params(k)?,
+        ),
+        Op::SgdUpdate => StepKernel::SgdUpdate(
+            [
+                a.float("momentum").map_err(err)?,
+                a.float("weight_decay").map_err(err)?,
+            ],
+            a.bool("nesterov").map_err(err)?,
             decode_params(k)?,
         ),
         Op::AttentionLse | Op::AttentionGrad => {

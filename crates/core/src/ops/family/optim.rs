@@ -36,6 +36,24 @@ pub const ADAM_UPDATE: OpSpec = OpSpec {
     shard: None,
 };
 
+/// `sgd_update(p, g, buf, lr[, g_scale])`: one step of SGD with momentum of parameter `p` with
+/// gradient `g` (times the scalar `g_scale` where given) and momentum buffer `buf`, giving the
+/// new `p` and `buf` (two outputs), as `torch.optim.SGD` computes it (dampening 0; MindSpore's
+/// `ApplyMomentum`): `g ← g + wd·p`, `buf ← momentum·buf + g`, `p ← p − lr·d` with `d = buf`,
+/// or `g + momentum·buf` with `nesterov`.
+pub const SGD_UPDATE: OpSpec = OpSpec {
+    inputs: &["p", "g", "buf", "lr", "g_scale"],
+    arity: Arity::Between(4, 5),
+    attrs: &[
+        AttrSpec::required("momentum", AttrKind::Float),
+        AttrSpec::defaulted("weight_decay", ConstAttr::Float(0.0)),
+        AttrSpec::defaulted("nesterov", ConstAttr::Bool(false)),
+    ],
+    infer: infer_sgd_update,
+    cost: CostRule::PerInput(6),
+    ..ADAM_UPDATE
+};
+
 /// `square_sum(x)`: `Σ x²` over every element, a scalar of x's (float) dtype — one term of the
 /// global gradient norm (MindSpore's `SquareSumAll`, used by its `clip_by_global_norm`), read in
 /// one pass instead of a squared copy and its sum. A training step builds it; no gradient.
@@ -73,6 +91,18 @@ fn infer_square_sum_finite(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
 }
 
 fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let p = infer_update(ctx, 4)?;
+    Ok(vec![p.clone(), p.clone(), p])
+}
+
+fn infer_sgd_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
+    let p = infer_update(ctx, 3)?;
+    Ok(vec![p.clone(), p])
+}
+
+/// Checks an update's inputs: f32 all, the first `tensors` of p's shape, the rest scalars;
+/// returns p's type.
+fn infer_update(ctx: &OpCtx, tensors: usize) -> Result<TensorType, OpError> {
     for i in 0..ctx.inputs.len() {
         if ctx.input(i).dtype != DType::F32 {
             return Err(OpError::at(
@@ -82,7 +112,7 @@ fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
         }
     }
     let p = ctx.input(0);
-    for i in 1..4 {
+    for i in 1..tensors {
         if ctx.input(i).shape != p.shape {
             return Err(OpError::at(
                 i,
@@ -95,10 +125,10 @@ fn infer_adam_update(ctx: &OpCtx) -> Result<Vec<TensorType>, OpError> {
             ));
         }
     }
-    for i in 4..ctx.inputs.len() {
+    for i in tensors..ctx.inputs.len() {
         ctx.expect_rank(i, 0, "a scalar")?;
     }
-    Ok(vec![p.clone(), p.clone(), p.clone()])
+    Ok(p.clone())
 }
 
 #[cfg(test)]
@@ -168,5 +198,23 @@ mod tests {
         assert_eq!(err(Op::AdamUpdate, attrs(), &scaled).input, Some(7));
         scaled[7] = t(DType::F16, &[]);
         assert_eq!(err(Op::AdamUpdate, attrs(), &scaled).input, Some(7));
+    }
+
+    #[test]
+    fn sgd_update_gives_the_parameter_and_its_buffer() {
+        let (p, s) = (f32t(&[4, 3]), f32t(&[]));
+        let momentum = Attrs::new().with("momentum", 0.9);
+        for ins in [
+            vec![p.clone(), p.clone(), p.clone(), s.clone()],
+            vec![p.clone(), p.clone(), p.clone(), s.clone(), s.clone()],
+        ] {
+            let outs = infer(Op::SgdUpdate, &momentum, &ins).unwrap();
+            assert_eq!(outs, [p.clone(), p.clone()]);
+        }
+        let bad = [p.clone(), p.clone(), f32t(&[3, 4]), s.clone()];
+        assert_eq!(err(Op::SgdUpdate, momentum.clone(), &bad).input, Some(2));
+        let bad = [p.clone(), p.clone(), p.clone(), f32t(&[2])];
+        assert_eq!(err(Op::SgdUpdate, momentum.clone(), &bad).input, Some(3));
+        assert!(infer(Op::SgdUpdate, &Attrs::new(), &[p.clone(), p.clone(), p, s]).is_err());
     }
 }
