@@ -31,16 +31,6 @@ pub fn adam_update(
     [lr, step_size, bc2_sqrt, g_scale]: [f32; 4],
     attrs: &AdamAttrs,
 ) -> KernelResult<Vec<Tensor>> {
-    const OP: &str = "adam_update";
-    for (name, x) in [("p", p), ("g", g), ("m", m), ("v", v)] {
-        check_len(OP, name, x.data.len(), x.shape)?;
-        if x.shape != p.shape {
-            return Err(KernelError::new(
-                OP,
-                format!("{name} {:?} must have p's shape {:?}", x.shape, p.shape),
-            ));
-        }
-    }
     let (lr, step_size, bc2_sqrt) = (f64::from(lr), f64::from(step_size), f64::from(bc2_sqrt));
     let AdamAttrs {
         beta1,
@@ -49,30 +39,18 @@ pub fn adam_update(
         weight_decay: wd,
         decoupled,
     } = *attrs;
-    let n = p.data.len();
-    let mut out = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
-    for i in 0..n {
-        let [mut pi, mut gi, mi, vi] = [p, g, m, v].map(|x| f64::from(x.data[i]));
-        gi *= f64::from(g_scale);
+    let names = ["p", "g", "m", "v"];
+    per_element("adam_update", names, [p, g, m, v], |[mut p, g, m, v]| {
+        let mut g = g * f64::from(g_scale);
         if decoupled {
-            pi -= lr * wd * pi;
+            p -= lr * wd * p;
         } else {
-            gi += wd * pi;
+            g += wd * p;
         }
-        let mi = beta1 * mi + (1.0 - beta1) * gi;
-        let vi = beta2 * vi + (1.0 - beta2) * gi * gi;
-        let pi = pi - step_size * mi / (vi.sqrt() / bc2_sqrt + eps);
-        for (o, x) in out.iter_mut().zip([pi, mi, vi]) {
-            o[i] = x as f32;
-        }
-    }
-    Ok(out
-        .into_iter()
-        .map(|data| Tensor {
-            shape: p.shape.to_vec(),
-            data,
-        })
-        .collect())
+        let m = beta1 * m + (1.0 - beta1) * g;
+        let v = beta2 * v + (1.0 - beta2) * g * g;
+        [p - step_size * m / (v.sqrt() / bc2_sqrt + eps), m, v]
+    })
 }
 
 /// The new `[p, buf]` of one step of SGD with momentum (`torch.optim.SGD`, dampening 0) from
@@ -84,32 +62,50 @@ pub fn sgd_update(
     nesterov: bool,
     [lr, g_scale]: [f32; 2],
 ) -> KernelResult<Vec<Tensor>> {
-    const OP: &str = "sgd_update";
-    for (name, x) in [("p", p), ("g", g), ("buf", buf)] {
-        check_len(OP, name, x.data.len(), x.shape)?;
-        if x.shape != p.shape {
+    let (lr, g_scale) = (f64::from(lr), f64::from(g_scale));
+    per_element(
+        "sgd_update",
+        ["p", "g", "buf"],
+        [p, g, buf],
+        |[p, g, buf]| {
+            let g = g * g_scale + weight_decay * p;
+            let buf = momentum * buf + g;
+            let d = if nesterov { g + momentum * buf } else { buf };
+            [p - lr * d, buf]
+        },
+    )
+}
+
+/// An update's `O` results, element by element in f64 from its `I` tensors (`names`, one shape,
+/// p's first).
+fn per_element<const I: usize, const O: usize>(
+    op: &'static str,
+    names: [&str; I],
+    inputs: [TensorRef<'_>; I],
+    f: impl Fn([f64; I]) -> [f64; O],
+) -> KernelResult<Vec<Tensor>> {
+    let shape = inputs[0].shape;
+    for (name, x) in names.into_iter().zip(inputs) {
+        check_len(op, name, x.data.len(), x.shape)?;
+        if x.shape != shape {
             return Err(KernelError::new(
-                OP,
-                format!("{name} {:?} must have p's shape {:?}", x.shape, p.shape),
+                op,
+                format!("{name} {:?} must have p's shape {shape:?}", x.shape),
             ));
         }
     }
-    let (lr, g_scale) = (f64::from(lr), f64::from(g_scale));
-    let n = p.data.len();
-    let mut out = [vec![0f32; n], vec![0f32; n]];
+    let n = inputs[0].data.len();
+    let mut out: Vec<Vec<f32>> = vec![Vec::with_capacity(n); O];
     for i in 0..n {
-        let [pi, gi, bi] = [p, g, buf].map(|x| f64::from(x.data[i]));
-        let gi = gi * g_scale + weight_decay * pi;
-        let bi = momentum * bi + gi;
-        let d = if nesterov { gi + momentum * bi } else { bi };
-        for (o, x) in out.iter_mut().zip([pi - lr * d, bi]) {
-            o[i] = x as f32;
+        let results = f(inputs.map(|x| f64::from(x.data[i])));
+        for (o, x) in out.iter_mut().zip(results) {
+            o.push(x as f32);
         }
     }
     Ok(out
         .into_iter()
         .map(|data| Tensor {
-            shape: p.shape.to_vec(),
+            shape: shape.to_vec(),
             data,
         })
         .collect())
