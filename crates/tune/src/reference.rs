@@ -21,6 +21,8 @@ pub fn reference_output(
     let x = |i: usize| inputs[i];
     // A scalar operand's value (NaN where the operand is empty, which the check then reports).
     let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
+    // An update's optional gradient scale: 1 where absent.
+    let g_scale = |i: usize| if i < inputs.len() { scalar(i) } else { 1.0 };
     let text = |r: KernelResult<Tensor>| r.map(|t| vec![t]).map_err(|e| e.to_string());
     let texts = |r: KernelResult<Vec<Tensor>>| r.map_err(|e| e.to_string());
     let result = match kernel {
@@ -128,29 +130,19 @@ pub fn reference_output(
                 weight_decay: *weight_decay,
                 decoupled: *decoupled,
             };
-            let g_scale = match inputs.len() > 7 {
-                true => scalar(7),
-                false => 1.0,
-            };
             let [lr, step_size, bc2_sqrt] = [4, 5, 6].map(scalar);
             texts(reference::adam_update(
                 [0, 1, 2, 3].map(x),
-                [lr, step_size, bc2_sqrt, g_scale],
+                [lr, step_size, bc2_sqrt, g_scale(7)],
                 &attrs,
             ))
         }
-        StepKernel::SgdUpdate(attrs, nesterov, _) => {
-            let g_scale = match inputs.len() > 4 {
-                true => scalar(4),
-                false => 1.0,
-            };
-            texts(reference::sgd_update(
-                [0, 1, 2].map(x),
-                *attrs,
-                *nesterov,
-                [scalar(3), g_scale],
-            ))
-        }
+        StepKernel::SgdUpdate(attrs, nesterov, _) => texts(reference::sgd_update(
+            [0, 1, 2].map(x),
+            *attrs,
+            *nesterov,
+            [scalar(3), g_scale(4)],
+        )),
         _ => return None,
     };
     Some(result.map(|outputs| outputs.into_iter().flat_map(|t| t.data).collect()))

@@ -177,6 +177,10 @@ impl StepKernel {
             more_outs,
         } = io;
         let x = |i: usize| inputs[i];
+        // A scalar operand's value; an update's optional gradient scale is 1 where absent (the
+        // gradient read as it is).
+        let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
+        let g_scale = |i: usize| if i < inputs.len() { scalar(i) } else { 1.0 };
         match self {
             StepKernel::Constant(v) => out.fill(*v),
             StepKernel::Copy => {
@@ -336,13 +340,7 @@ impl StepKernel {
                 attention::attention_lse(x(0), x(1), x(2), *causal, Some(*scale), params, out, lse)?
             }
             StepKernel::AdamUpdate([beta1, beta2, eps, wd], decoupled, p) => {
-                let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
-                // Without a gradient scale the gradient is read as it is.
-                let g_scale = match inputs.len() > 7 {
-                    true => scalar(7),
-                    false => 1.0,
-                };
-                let scalars = [scalar(4), scalar(5), scalar(6), g_scale];
+                let scalars = [scalar(4), scalar(5), scalar(6), g_scale(7)];
                 let step = optimizer::AdamStep::new(*beta1, *beta2, *eps, *wd, *decoupled, scalars);
                 let [m, v] = more_outputs("adam_update", more_outs)?;
                 match in_place {
@@ -355,12 +353,8 @@ impl StepKernel {
                 }
             }
             StepKernel::SgdUpdate([momentum, wd], nesterov, p) => {
-                let scalar = |i: usize| x(i).data.first().copied().unwrap_or(f32::NAN);
-                let g_scale = match inputs.len() > 4 {
-                    true => scalar(4),
-                    false => 1.0,
-                };
-                let step = optimizer::SgdStep::new(*momentum, *wd, *nesterov, [scalar(3), g_scale]);
+                let scalars = [scalar(3), g_scale(4)];
+                let step = optimizer::SgdStep::new(*momentum, *wd, *nesterov, scalars);
                 let [buf] = more_outputs("sgd_update", more_outs)?;
                 match in_place {
                     true => optimizer::sgd_update_in_place(&step, x(1).data, p, [out, buf])?,
