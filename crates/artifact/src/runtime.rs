@@ -8,7 +8,9 @@ use std::ops::Range;
 
 use mslc_core::ops::{DType, TensorType};
 use mslc_kernels::convert;
-use mslc_kernels::step::needs::{scratch_bytes_per_thread, scratch_floats};
+use mslc_kernels::step::needs::{
+    scratch_bytes_per_thread, scratch_bytes_while_running, scratch_floats,
+};
 use mslc_kernels::step::{prepare, OperandMode, Staging, StepKernel};
 
 use crate::{Module, Step, Storage};
@@ -225,9 +227,14 @@ impl RuntimeNeeds {
         (self.message_floats as u64).saturating_mul(2 * 4)
     }
 
-    /// Bytes of kernel scratch each pool thread holds.
+    /// Bytes of the kernel scratch buffers each pool thread keeps.
     pub fn scratch_bytes_per_thread(&self) -> u64 {
         scratch_bytes_per_thread(self.scratch_floats)
+    }
+
+    /// Bytes of scratch a step asking for more than a kept buffer allocates while it runs.
+    pub fn scratch_bytes_while_running(&self) -> u64 {
+        scratch_bytes_while_running(self.scratch_floats)
     }
 }
 

@@ -53,7 +53,10 @@ pub fn rank_memory<'a>(
     for (i, m) in programs.into_iter().enumerate() {
         let borrowed = if i == 0 { 0 } else { m.params_bytes };
         buffers = buffers.saturating_add(m.total_bytes.saturating_sub(borrowed));
-        scratch = scratch.max(m.scratch_bytes_per_thread.saturating_mul(threads as u64));
+        scratch = scratch.max(
+            (m.scratch_bytes_per_thread.saturating_mul(threads as u64))
+                .saturating_add(m.scratch_bytes_while_running),
+        );
         held.programs = held.programs.saturating_add(m.program_bytes);
         held.exchanged = held.exchanged.max(m.kept_message_bytes);
     }

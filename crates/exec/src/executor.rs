@@ -250,8 +250,11 @@ impl Executor {
         let packed_bytes = needs.packed_bytes();
         if let Some(limit) = options.memory_limit {
             // The plan's buffers (parameters, inputs, arena, hoisted region), its staging, and
-            // the kernels' scratch for each of this run's threads.
-            let scratch_total = scratch_bytes.saturating_mul(threads as u64);
+            // the kernels' scratch for each of this run's threads, with what the most
+            // demanding step allocates while it runs.
+            let scratch_total = scratch_bytes
+                .saturating_mul(threads as u64)
+                .saturating_add(needs.scratch_bytes_while_running());
             let need = planned
                 .saturating_add(staging)
                 .saturating_add(packed_bytes)
@@ -459,9 +462,9 @@ impl Executor {
         }
     }
 
-    /// The scratch (f32) each pool thread holds ready per buffer, from the module's steps, and
-    /// the largest a kernel has asked of a pool thread so far: a request above the first makes
-    /// the kernel allocate while it runs, outside the memory plan.
+    /// The largest scratch request (f32) the memory plan counts for the module's steps, and
+    /// the largest a kernel has asked of a pool thread so far: a request above the first would
+    /// allocate outside the memory plan.
     pub fn scratch_floats(&self) -> (usize, usize) {
         let asked = self
             .pool

@@ -491,6 +491,69 @@ mod tests {
         }
     }
 
+    /// The memory plan's per-step scratch bound (`step::needs::scratch_floats`) covers the
+    /// largest request of the forward and of the gradient, whatever the tiling: long and short
+    /// sequences, S ≠ T, grouped heads, causal or not.
+    #[test]
+    fn requests_stay_within_the_scratch_bound() {
+        use crate::step::prepare::StepKernel;
+        use mslc_core::ops::{DType, TensorType};
+        let mut rng = Rng::new(8);
+        let ty = |shape: [usize; 4]| TensorType::new(DType::F32, shape.map(|d| d as i64));
+        let shapes = [
+            (1, 300, 520, 4, 2, 128),
+            (2, 1, 700, 2, 1, 64),
+            (1, 257, 3, 3, 3, 8),
+        ];
+        for (b, s, t, hq, hkv, d) in shapes {
+            let (qs, ks) = ([b, s, hq, d], [b, t, hkv, d]);
+            let q = rng.vec(b * s * hq * d, 1.0);
+            let (k, v) = (rng.vec(b * t * hkv * d, 1.0), rng.vec(b * t * hkv * d, 1.0));
+            let (qt, kt, vt) = (
+                TensorRef::new("t", &q, &qs).unwrap(),
+                TensorRef::new("t", &k, &ks).unwrap(),
+                TensorRef::new("t", &v, &ks).unwrap(),
+            );
+            for (block_q, block_k) in [(32, 128), (1, 5), (256, 512)] {
+                for causal in [false, true] {
+                    let params = AttentionParams {
+                        block_q,
+                        block_k,
+                        min_parallel_flops: 0,
+                        isa: Isa::Auto,
+                    };
+                    let asked = in_pool(1, || {
+                        let (mut o, mut l) = (vec![0.0; q.len()], vec![0.0; b * s * hq]);
+                        attention::attention_lse(qt, kt, vt, causal, None, &params, &mut o, &mut l)
+                            .unwrap();
+                        let ls = [b, s, hq];
+                        let (ot, lt) = (
+                            TensorRef::new("t", &o, &qs).unwrap(),
+                            TensorRef::new("t", &l, &ls).unwrap(),
+                        );
+                        let mut g = [q.len(), k.len(), v.len()].map(|n| vec![0.0; n]);
+                        let [dq, dk, dv] = &mut g;
+                        attention_grad(qt, kt, vt, ot, ot, lt, causal, None, &params, dq, dk, dv)
+                            .unwrap();
+                        crate::scratch::largest_request()
+                    });
+                    let kernel = StepKernel::AttentionGrad {
+                        causal,
+                        scale: 1.0,
+                        params,
+                    };
+                    let inputs = [ty(qs), ty(ks), ty(ks)];
+                    let bound =
+                        crate::step::needs::scratch_floats(&kernel, &inputs, &ty(qs), false);
+                    assert!(
+                        asked <= bound,
+                        "{qs:?} {ks:?} blocks ({block_q}, {block_k}): asked {asked} of {bound}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn gradient_and_lse_shapes_are_checked() {
         let x = [0.5f32; 4];

@@ -739,6 +739,30 @@ mod tests {
                 };
                 let one = on_one_and_two_threads(run);
                 assert_close_in(Precision::F32, "runs", &one, &want.data, atol, 1e-4);
+                // The memory plan's per-thread scratch covers what a run of positions asks.
+                let asked = in_pool(1, || {
+                    let _ = run();
+                    crate::scratch::largest_request()
+                });
+                let kernel = crate::step::prepare::StepKernel::Conv2d {
+                    attrs,
+                    params: p.clone(),
+                    w_shape: ws,
+                    plane,
+                    half_w: None,
+                };
+                let ty = |shape: &[usize]| {
+                    let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                    mslc_core::ops::TensorType::new(mslc_core::ops::DType::F32, shape)
+                };
+                let ys = [xs[0], ws[0], g.oh, g.ow];
+                let bound = crate::step::needs::scratch_floats(
+                    &kernel,
+                    &[ty(&xs), ty(&ws)],
+                    &ty(&ys),
+                    packed_w.is_some(),
+                );
+                assert!(asked <= bound, "asked {asked} of {bound}");
             }
         }
     }

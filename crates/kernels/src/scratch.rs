@@ -30,9 +30,14 @@ pub fn largest_request() -> usize {
 pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     LARGEST.with(|l| l.set(l.get().max(len)));
     let lines_needed = len.div_ceil(16);
-    let mut lines = IDLE
-        .with(|idle| idle.borrow_mut().pop())
-        .unwrap_or_default();
+    // A request larger than the pool keeps gets a buffer of its own, freed after it, and
+    // leaves the kept buffers as they are (the memory plan counts it beside them).
+    let mut lines = match lines_needed * 16 > KEEP_LIMIT {
+        true => Vec::new(),
+        false => IDLE
+            .with(|idle| idle.borrow_mut().pop())
+            .unwrap_or_default(),
+    };
     if lines.len() < lines_needed {
         lines.resize(lines_needed, Line([0.0; 16]));
     }
@@ -99,5 +104,28 @@ mod tests {
             assert_eq!(idle.len(), 3);
             assert!(idle.iter().all(|b| b.len() * 16 >= 1000));
         });
+    }
+
+    /// A request above what the pool keeps neither takes a kept buffer (which it would grow
+    /// and then free) nor is kept: the kept buffers are there, as warmed, after it.
+    #[test]
+    fn a_request_larger_than_kept_buffers_leaves_them_as_they_are() {
+        assert!(try_warm(KEEP_LIMIT, 3));
+        let kept = || {
+            IDLE.with(|idle| {
+                idle.borrow()
+                    .iter()
+                    .map(|b| b.as_ptr() as usize)
+                    .collect::<Vec<_>>()
+            })
+        };
+        let before = kept();
+        assert_eq!(before.len(), 3);
+        with_scratch(KEEP_LIMIT + 1, |big| {
+            assert_eq!(big.len(), KEEP_LIMIT + 1);
+            assert_eq!(kept(), before);
+        });
+        assert_eq!(kept(), before);
+        assert!(largest_request() > KEEP_LIMIT);
     }
 }

@@ -57,8 +57,12 @@ pub struct MemoryPlan {
     /// raw parameter is kept too: it is what weights load into and other steps may read).
     pub packed_bytes: u64,
     /// Bytes of kernel scratch (packed GEMM panels, im2col patches, tiles) each executor
-    /// thread holds, sized for the most demanding step.
+    /// thread keeps, sized for the most demanding step (each buffer at most 32 MiB).
     pub scratch_bytes_per_thread: u64,
+    /// Bytes of scratch the most demanding step allocates while it runs, once per executor,
+    /// where it asks for more than a kept buffer holds (a GEMM over two large activations
+    /// packs both whole); 0 where every request fits a kept buffer.
+    pub scratch_bytes_while_running: u64,
     /// Max over the schedule of the bytes live at once: no plan for this order can do better.
     pub lower_bound_bytes: u64,
     /// `arena_bytes / lower_bound_bytes`.
@@ -243,6 +247,7 @@ impl MemoryPlan {
         let needs = RuntimeNeeds::of(module).map_err(MemoryError::Step)?;
         self.staging_bytes = needs.staging.bytes();
         self.scratch_bytes_per_thread = needs.scratch_bytes_per_thread();
+        self.scratch_bytes_while_running = needs.scratch_bytes_while_running();
         self.packed_bytes = needs.packed_bytes();
         self.kept_message_bytes = needs.kept_message_bytes();
         self.program_bytes = EXECUTOR_BYTES_PER_STEP.saturating_mul(module.steps.len() as u64);
@@ -361,6 +366,7 @@ pub fn plan_memory(module: &mut Module, overwrite: bool) -> Result<MemoryPlan, M
         staging_bytes: 0,
         packed_bytes: 0,
         scratch_bytes_per_thread: 0,
+        scratch_bytes_while_running: 0,
         lower_bound_bytes: plan.lower_bound_bytes,
         ratio: plan.ratio(),
         params_bytes,
@@ -468,6 +474,7 @@ mod tests {
         // Negations and an add without a fused program take no kernel scratch, so the module
         // reserves none per thread.
         assert_eq!(plan.scratch_bytes_per_thread, 0);
+        assert_eq!(plan.scratch_bytes_while_running, 0);
     }
 
     #[test]

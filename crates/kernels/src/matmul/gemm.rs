@@ -122,7 +122,27 @@ pub enum PackedB<'a> {
     Half(&'a [u16], HalfType),
 }
 
+/// The form B reaches a product in: what decides, with its rows, the product's path and the
+/// scratch it asks for ([`Gemm::scratch_parts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RightForm {
+    /// B's own rows or columns, packed by the call where it packs.
+    Raw,
+    /// f32 panels packed ahead.
+    PackedF32,
+    /// 16-bit panels packed ahead (widened into scratch on the packed-A path).
+    PackedHalf,
+}
+
 impl PackedB<'_> {
+    /// The form these panels give B.
+    pub fn form(&self) -> RightForm {
+        match self {
+            PackedB::F32(_) => RightForm::PackedF32,
+            PackedB::Half(..) => RightForm::PackedHalf,
+        }
+    }
+
     /// Values in the panels.
     pub fn len(&self) -> usize {
         match self {
@@ -316,6 +336,59 @@ impl Gemm<'_> {
         self.run_with(c, params, None);
     }
 
+    /// Whether a call with B in `form` multiplies A unpacked (few rows: the small-m path).
+    fn unpacked_a(&self, params: &MatmulParams, form: RightForm) -> bool {
+        let small_m = match form {
+            RightForm::Raw => params.small_m,
+            _ => params.small_m.max(params.small_m_packed_b),
+        };
+        self.m <= small_m
+    }
+
+    /// Whether the unpacked-A path reads B's full panels in place from its rows.
+    pub(super) fn reads_b_in_place(&self) -> bool {
+        self.b.iter().all(|b| b.cs == 1)
+    }
+
+    /// The scratch (f32) a call with B in `form` asks for, in one request, as A's part and
+    /// B's: on the unpacked-A path, B's packing (none when packed ahead, only each B's last,
+    /// narrower panel where its rows are read in place); otherwise A's packing (none when
+    /// `packed_a`) and B's (none when packed ahead in f32; 16-bit panels are widened),
+    /// B's part starting on a 16-float line. What the memory plan reserves for a matmul.
+    pub fn scratch_parts(
+        &self,
+        params: &MatmulParams,
+        packed_a: bool,
+        form: RightForm,
+    ) -> (usize, usize) {
+        if self.m == 0 || self.n == 0 || self.problems.is_empty() {
+            return (0, 0);
+        }
+        if self.unpacked_a(params, form) {
+            let nr = self.kernel.nr;
+            let b = match form {
+                RightForm::Raw if self.reads_b_in_place() => {
+                    usize::from(self.n % nr != 0) * self.b.len() * self.k * nr
+                }
+                RightForm::Raw => self.packed_b_len(),
+                RightForm::PackedF32 | RightForm::PackedHalf => 0,
+            };
+            return (0, b);
+        }
+        let a = if packed_a { 0 } else { self.packed_a_len() };
+        let b = match form {
+            RightForm::PackedF32 => 0,
+            RightForm::Raw | RightForm::PackedHalf => self.packed_b_len(),
+        };
+        (a, b)
+    }
+
+    /// The floats of [`Gemm::scratch_parts`] as one request.
+    pub fn scratch_len(&self, params: &MatmulParams, packed_a: bool, form: RightForm) -> usize {
+        let (a, b) = self.scratch_parts(params, packed_a, form);
+        a.next_multiple_of(16).saturating_add(b)
+    }
+
     /// Floats of every B operand packed whole by [`Gemm::pack_b`]: per B, its NR-column panels
     /// over all k, in the micro-kernel's geometry. The layout depends on the kernel's NR only,
     /// not on `mc`, `kc` or `nc`.
@@ -430,27 +503,15 @@ impl Gemm<'_> {
         let parallel = params.tasks_per_thread > 0
             && rayon::current_num_threads() > 1
             && flops >= params.min_parallel_flops;
-        let small_m = match packed_b {
-            Some(_) => params.small_m.max(params.small_m_packed_b),
-            None => params.small_m,
-        };
-        if self.m <= small_m {
+        let form = packed_b.map_or(RightForm::Raw, |p| p.form());
+        if self.unpacked_a(params, form) {
             return small::run(self, c, params, parallel, packed_b);
         }
         let grid = Grid::new(self, params, parallel);
-        let a_len = if packed_a.is_some() {
-            0
-        } else {
-            self.packed_a_len()
-        };
+        let (a_len, b_len) = self.scratch_parts(params, packed_a.is_some(), form);
         let ahead_b = match packed_b {
             Some(PackedB::F32(p)) => Some(p),
             _ => None,
-        };
-        let b_len = if ahead_b.is_some() {
-            0
-        } else {
-            self.packed_b_len()
         };
         let b_start = a_len.next_multiple_of(16);
         with_scratch(b_start + b_len, |buf| {

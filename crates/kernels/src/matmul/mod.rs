@@ -16,7 +16,7 @@ use super::activation::Activation;
 use super::error::{KernelError, KernelResult};
 use super::shape::{broadcast_shapes, check_len};
 use super::tensor::TensorRef;
-pub use gemm::{halves_mut, panels_in, region_floats, HalfType, PackedB};
+pub use gemm::{halves_mut, panels_in, region_floats, HalfType, PackedB, RightForm};
 pub use kernel::{Isa, MicroKernel};
 pub use plan::{Epilogue, GemmPlan};
 

@@ -3,7 +3,7 @@
 //! at the operands, without allocating. The executor plans each step once at setup; the
 //! convenience [`super::matmul`] plans and runs in one call.
 
-use super::gemm::{BiasRef, Gemm, HalfType, PackedB, Problem};
+use super::gemm::{BiasRef, Gemm, HalfType, PackedB, Problem, RightForm};
 use super::pack::MatRef;
 use super::{matmul_output_shape, MatmulParams, MicroKernel};
 use crate::activation::Activation;
@@ -232,6 +232,15 @@ impl GemmPlan {
     pub fn packed_b_values(&self, params: &MatmulParams) -> KernelResult<usize> {
         let nr = MicroKernel::select(params.isa)?.nr;
         Ok(self.b.len() * self.n.div_ceil(nr) * self.k * nr)
+    }
+
+    /// The scratch (f32) one call asks for with B in `form` ([`Gemm::scratch_len`]): what the
+    /// memory plan reserves for this product.
+    pub fn scratch_floats(&self, params: &MatmulParams, form: RightForm) -> KernelResult<usize> {
+        let a: Vec<MatRef<'_>> = self.a.iter().map(|d| d.on(&[])).collect();
+        let b: Vec<MatRef<'_>> = self.b.iter().map(|d| d.on(&[])).collect();
+        let gemm = self.gemm(&a, &b, Epilogue::default(), params)?;
+        Ok(gemm.scratch_len(params, false, form))
     }
 
     /// Packs B into `dst` ([`GemmPlan::packed_b_values`] floats) in the layout the micro-kernel

@@ -10,7 +10,7 @@
 //! packed first like the tiled path does. Every C element is still one chain of multiply-adds
 //! over each `kc` slab, added to C slab after slab, so the bits equal the tiled path's.
 
-use super::gemm::{block_range, Gemm, HalfType, PackedB, Problem};
+use super::gemm::{block_range, Gemm, HalfType, PackedB, Problem, RightForm};
 #[cfg(target_arch = "x86_64")]
 use super::kernel::avx2_store;
 use super::kernel::{Isa, MAX_NR};
@@ -150,14 +150,9 @@ pub(super) fn run(
 ) {
     let (n, k, nr) = (g.n, g.k, g.kernel.nr);
     let np = n.div_ceil(nr);
-    let in_place = g.b.iter().all(|b| b.cs == 1);
-    let edge = n % nr != 0;
-    let own = match packed_b {
-        Some(_) => 0,
-        None if in_place => usize::from(edge) * g.b.len() * k * nr,
-        None => g.packed_b_len(),
-    };
-    with_scratch(own, |buf| {
+    let in_place = g.reads_b_in_place();
+    let form = packed_b.map_or(RightForm::Raw, |p| p.form());
+    with_scratch(g.scratch_parts(params, false, form).1, |buf| {
         let source = match packed_b {
             Some(panels) => PanelSource::Packed {
                 panels,

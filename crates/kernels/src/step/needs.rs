@@ -8,8 +8,10 @@ use super::prepare::StepKernel;
 use crate::conv::patches::chunk_shape;
 use crate::conv_grad::conv2d_grad_scratch;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
+use crate::matmul::RightForm;
 use crate::norm_grad::norm_affine_grad_scratch;
 use crate::reduce::square_sum_scratch;
+use crate::rows::LANES;
 use crate::scratch::KEEP_LIMIT;
 
 /// Scratch buffers each pool thread gets at setup (kernels nest up to this many).
@@ -121,12 +123,14 @@ fn numel(ty: &TensorType) -> usize {
 }
 
 /// An upper bound on the largest scratch (in f32) one step's kernel asks for at once (kernels
-/// nest requests, each at most this): the packed operands of a GEMM, a fused program's
-/// registers, an attention's tiles (and the GEMMs on them), a reduction's moved input, a
-/// softmax's strided row, a cross-entropy's losses or row, im2col patches — capped at what the
-/// scratch pool keeps; a right operand the executor keeps packed (`packed_ahead`: a weight) is
-/// not packed again. Every pool thread gets [`SCRATCH_BUFFERS`] buffers this large at setup,
-/// so no kernel allocates scratch while running (`scratch::largest_request` checks it).
+/// nest requests, each at most this, their sum too): the packed operands of a GEMM, a fused
+/// program's registers, an attention's tiles (and the GEMMs on them), a reduction's moved
+/// input, a softmax's strided row, a cross-entropy's losses or row, im2col patches; a right
+/// operand the executor keeps packed (`packed_ahead`: a weight) is not packed again. Every pool
+/// thread gets [`SCRATCH_BUFFERS`] buffers this large (at most what the scratch pool keeps) at
+/// setup, so no kernel allocates scratch while running unless it asks for more than the pool
+/// keeps (`scratch::largest_request` checks it): [`scratch_bytes_per_thread`] and
+/// [`scratch_bytes_while_running`] count the two.
 pub fn scratch_floats(
     kernel: &StepKernel,
     inputs: &[TensorType],
@@ -136,33 +140,51 @@ pub fn scratch_floats(
     let dim = |t: &TensorType, i: usize| t.shape.get(i).map_or(0, |&d| d.max(0) as usize);
     let input = |j: usize| inputs.get(j).map_or(0, numel);
     let floats = match kernel {
-        // Every A and B packed whole, each matrix's rows or columns padded to a micro-tile.
-        StepKernel::Matmul { .. } => {
-            let padded = |t: &TensorType| {
-                let r = t.rank();
-                let (rows, cols) = (dim(t, r.saturating_sub(2)), dim(t, r.saturating_sub(1)));
-                let matrices = numel(t).checked_div(rows * cols).unwrap_or(0);
-                let pad = MAX_MR.max(MAX_NR).saturating_mul(rows + cols);
-                numel(t).saturating_add(matrices.max(1).saturating_mul(pad))
+        // What the GEMM's path packs: B's panels (or its edge) with few rows, A and B
+        // otherwise, a right operand packed ahead not again.
+        StepKernel::Matmul {
+            plan,
+            params,
+            half_b,
+            ..
+        } => {
+            let form = match (packed_ahead, half_b) {
+                (false, _) => RightForm::Raw,
+                (true, None) => RightForm::PackedF32,
+                (true, Some(_)) => RightForm::PackedHalf,
             };
-            let packed = if packed_ahead { 1 } else { 2 };
-            inputs.iter().take(packed).map(padded).sum::<usize>() + 16
+            // A kernel no ISA of this machine runs was refused when the step was prepared.
+            plan.scratch_floats(params, form).unwrap_or(0)
         }
         StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
             (program.instrs.len() + 1).saturating_mul(p.block)
         }
-        // One head's tiles at most, and the GEMMs over them; the gradient's row sums of
-        // every query.
+        // The gradient's row sums of every query, and inside them one thread's tile or task
+        // and a GEMM over a pair of tiles.
         StepKernel::Attention { params, .. }
         | StepKernel::AttentionLse { params, .. }
         | StepKernel::AttentionGrad { params, .. } => {
             let (q, k) = (&inputs[0], &inputs[1]);
             let (s, t, d) = (dim(q, 1), dim(k, 1), dim(q, 3));
-            let extent = s + t + d;
-            let tiles = (extent + 64).saturating_mul(extent);
-            let blocks = 2 * params.block_q.saturating_mul(params.block_k);
-            let rows = dim(q, 0) * s * dim(q, 2);
-            tiles.saturating_add(blocks).max(rows)
+            let (bq, bk) = (params.block_q, params.block_k);
+            // A tile's (or a head's width's) side, padded to micro-tiles: a product over a
+            // pair of tiles packs both operands at most this square.
+            let side = bq.max(bk).max(d).saturating_add(MAX_MR.max(MAX_NR));
+            let product = side.saturating_mul(side).saturating_mul(2);
+            // A forward tile: its packed queries, its scores, accumulators and statistics.
+            let tile = side.saturating_mul(d).saturating_add(
+                (bk.saturating_add(4 + LANES))
+                    .saturating_mul(bq)
+                    .saturating_add(bq.saturating_mul(d)),
+            );
+            // A gradient task: its kv head's dk and dv, a query head's dq, one pair of tiles'
+            // weights and score gradients, a key tile packed twice.
+            let task = (t.saturating_mul(2).saturating_add(s))
+                .saturating_mul(d)
+                .saturating_add(bq.saturating_mul(bk).saturating_mul(2))
+                .saturating_add(side.saturating_mul(d).saturating_mul(2));
+            let rows = dim(q, 0).saturating_mul(s).saturating_mul(dim(q, 2));
+            rows.saturating_add(tile.max(task)).saturating_add(product)
         }
         StepKernel::Reduce(..) => input(0),
         StepKernel::Softmax(axis, ..) => {
@@ -245,10 +267,23 @@ pub fn scratch_floats(
         // optimizer step) reserves none per thread.
         _ => return 0,
     };
-    floats.saturating_add(1 << 16).min(KEEP_LIMIT)
+    floats.saturating_add(1 << 16)
 }
 
-/// Bytes of scratch each pool thread holds for a module whose largest step asks for `floats`.
+/// Bytes of the scratch buffers each pool thread keeps for a module whose largest step asks
+/// for `floats` ([`scratch_floats`]): [`SCRATCH_BUFFERS`] of them, each at most what the pool
+/// keeps ([`KEEP_LIMIT`]).
 pub fn scratch_bytes_per_thread(floats: usize) -> u64 {
-    (floats as u64) * 4 * SCRATCH_BUFFERS as u64
+    (floats.min(KEEP_LIMIT) as u64).saturating_mul(4 * SCRATCH_BUFFERS as u64)
+}
+
+/// Bytes a step asking for more scratch than a kept buffer holds allocates while it runs,
+/// beside the kept buffers: its whole request, once (steps run one at a time, and their large
+/// requests are made by the thread running the step: a GEMM's packed operands, a
+/// convolution's patches); 0 where every request fits a kept buffer.
+pub fn scratch_bytes_while_running(floats: usize) -> u64 {
+    match floats > KEEP_LIMIT {
+        true => (floats as u64).saturating_mul(4),
+        false => 0,
+    }
 }

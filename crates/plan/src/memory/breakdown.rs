@@ -27,7 +27,8 @@ pub struct Breakdown {
     pub activations: u64,
     /// Everything else: arena bytes free at the peak (fragmentation), the hoisted region of
     /// parameter-only values, the buffers receiving the updated parameters and states, staging
-    /// buffers, packed weights and one thread's kernel scratch.
+    /// buffers, packed weights, one thread's kernel scratch, and the scratch the most
+    /// demanding step allocates while it runs.
     pub workspace: u64,
 }
 
@@ -140,7 +141,8 @@ impl Breakdown {
                 .saturating_add(plan.next_bytes)
                 .saturating_add(plan.staging_bytes)
                 .saturating_add(plan.packed_bytes)
-                .saturating_add(plan.scratch_bytes_per_thread),
+                .saturating_add(plan.scratch_bytes_per_thread)
+                .saturating_add(plan.scratch_bytes_while_running),
         }
     }
 }
@@ -240,7 +242,7 @@ mod tests {
         assert_eq!(b.optimizer_states, 1024);
         assert_eq!(
             b.total(),
-            plan.total_bytes + plan.scratch_bytes_per_thread,
+            plan.total_bytes + plan.scratch_bytes_per_thread + plan.scratch_bytes_while_running,
             "{b:?}"
         );
         // At the peak (the mul), `a` (forward) and `a * w` (backward) are live, with the loss.
