@@ -1309,8 +1309,8 @@ impl Executor {
             .outputs
             .iter()
             .filter(|(name, _)| {
-                self.output_f32(name)
-                    .is_some_and(|(_, v)| v.iter().any(|x| !x.is_finite()))
+                self.output_values(name)
+                    .is_some_and(|v| v.iter().any(|x| !x.is_finite()))
             })
             .map(|(name, _)| name.clone())
             .collect()
