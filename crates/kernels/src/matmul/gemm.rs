@@ -368,7 +368,7 @@ impl Gemm<'_> {
             let nr = self.kernel.nr;
             let b = match form {
                 RightForm::Raw if self.reads_b_in_place() => {
-                    usize::from(self.n % nr != 0) * self.b.len() * self.k * nr
+                    usize::from(!self.n.is_multiple_of(nr)) * self.b.len() * self.k * nr
                 }
                 RightForm::Raw => self.packed_b_len(),
                 RightForm::PackedF32 | RightForm::PackedHalf => 0,
