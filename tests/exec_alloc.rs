@@ -19,6 +19,8 @@ struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// The most bytes live at once since it was last reset to the live bytes.
+static PEAK_BYTES: AtomicUsize = AtomicUsize::new(0);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 // SAFETY: forwards every call to the system allocator unchanged; only counts.
@@ -30,7 +32,8 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as the caller's.
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            let live = LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
         }
         ptr
     }
@@ -49,7 +52,8 @@ unsafe impl GlobalAlloc for Counting {
         let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+            let live = LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed) + new_size;
+            PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
         }
         new
     }
@@ -131,6 +135,29 @@ fn a_warm_forward_pass_allocates_nothing() {
             );
         }
     }
+}
+
+/// Drawing the parameters from a seed writes each f32 parameter straight into its buffer:
+/// the most bytes live while it runs stay below one copy of the largest parameter (mlp's
+/// 784 × 256 weight, 803 KB; the whole-parameter copy it replaced was that much above).
+#[test]
+fn drawing_f32_parameters_holds_no_copy_of_them() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let module = compiled("examples/mlp.msl", &[], false).module;
+    let largest = (module.values.iter())
+        .filter(|v| matches!(v.storage, mslc_artifact::Storage::Param { .. }))
+        .map(|v| v.ty.bytes() as usize)
+        .max()
+        .unwrap();
+    let mut exec = warm_executor(module, 1);
+    let before = LIVE_BYTES.load(Ordering::SeqCst);
+    PEAK_BYTES.store(before, Ordering::SeqCst);
+    exec.init_params(7);
+    let above = PEAK_BYTES.load(Ordering::SeqCst) - before;
+    assert!(
+        above < largest / 4,
+        "{above} bytes above the buffers while drawing (largest parameter {largest})"
+    );
 }
 
 /// The live bytes once they stop changing: the threads of a dropped pool free their

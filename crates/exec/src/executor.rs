@@ -35,7 +35,9 @@ use super::inputs::{fill_input, fill_input_f32, fill_input_raw, fill_input_rows}
 use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
-use super::storage::{convert_bytes, f32_view, load_f32, load_i64, load_rows_f32, store_f32};
+use super::storage::{
+    convert_bytes, f32_view, f32_view_mut, load_f32, load_i64, load_rows_f32, store_f32,
+};
 use super::{init, weights};
 use mslc_core::units::human_bytes;
 use mslc_kernels::step::CollectiveStep;
@@ -655,9 +657,20 @@ impl Executor {
         self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
         self.params_ready = false;
         for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
-            let mut values = vec![0f32; ty.checked_numel().unwrap_or(0) as usize];
+            let n = ty.checked_numel().unwrap_or(0) as usize;
+            let bytes = buf.bytes_mut();
+            // An f32 parameter is drawn straight into its buffer (not through a copy of its
+            // values beside every buffer: GPT-2's embedding, 154 MB); another dtype through
+            // one parameter's f32 values.
+            if ty.dtype == DType::F32 && bytes.len() == 4 * n {
+                if let Some(values) = f32_view_mut(bytes) {
+                    fill(path, how, ty, values)?;
+                    continue;
+                }
+            }
+            let mut values = vec![0f32; n];
             fill(path, how, ty, &mut values)?;
-            store_f32(ty.dtype, &values, buf.bytes_mut());
+            store_f32(ty.dtype, &values, bytes);
         }
         self.params_ready = true;
         self.hoisted_ready = false;

@@ -17,7 +17,7 @@ pub fn f32_view(bytes: &[u8]) -> Option<&[f32]> {
 }
 
 /// `bytes` as f32s, mutably, when they are aligned and a whole number of them.
-fn f32_view_mut(bytes: &mut [u8]) -> Option<&mut [f32]> {
+pub(crate) fn f32_view_mut(bytes: &mut [u8]) -> Option<&mut [f32]> {
     // SAFETY: every bit pattern is a valid f32; `align_to_mut` only yields an aligned middle.
     let (head, mid, tail) = unsafe { bytes.align_to_mut::<f32>() };
     (head.is_empty() && tail.is_empty()).then_some(mid)
