@@ -97,7 +97,11 @@ pub fn execute(
             exec.set_input(input, array).map_err(|e| e.message)?;
         }
         let times = run::timed_runs(args, &mut exec, Some(&sources), reporter, rank == 0)?;
-        let outputs = gathered_outputs(&mut exec, &gather)?;
+        // Gathered only where they are written (every rank has the same arguments).
+        let outputs = match args.output_dir {
+            Some(_) => gathered_outputs(&mut exec, &gather)?,
+            None => Vec::new(),
+        };
         Ok::<_, Failure>((exec, times, outputs, ignored))
     };
     let lead = |comm| {
