@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mslc_artifact::validate::file_in;
-use mslc_artifact::write::{check_manifest, write_all_or_nothing, ManifestCheck};
+use mslc_artifact::write::{check_manifest, write_parts_all_or_nothing, ManifestCheck};
 use mslc_artifact::{decode, read_mir, Module};
 use mslc_check::{check_path, Checked};
 use mslc_core::diag::{Code, Severity, Sources};
@@ -302,7 +302,8 @@ pub(super) fn finish(
     arrays: Vec<(String, String, NpyArray)>,
     profile: Option<String>,
 ) -> Result<(String, serde_json::Value), Failure> {
-    let mut files = Vec::new();
+    // Each output's header and its data where it lies, written without a copy of either.
+    let mut headers = Vec::new();
     if let Some(dir) = &args.output_dir {
         if dir.exists() && !dir.is_dir() {
             return Err(Failure::Message(
@@ -319,16 +320,21 @@ pub(super) fn finish(
                 format!("cannot create `{}`: {e}", dir.display()),
             )
         })?;
-        for (name, ty, array) in arrays {
-            let path = file_in(dir, &name, "npy").map_err(|m| format!("output `{name}`: {m}"))?;
-            summary.outputs.push((name, ty, path.clone()));
-            files.push((path, array.to_npy_bytes()));
+        for (name, ty, array) in &arrays {
+            let path = file_in(dir, name, "npy").map_err(|m| format!("output `{name}`: {m}"))?;
+            summary
+                .outputs
+                .push((name.clone(), ty.clone(), path.clone()));
+            headers.push((path, array.header_bytes(), array.data()));
         }
     }
-    if let (Some(path), Some(json)) = (&args.profile, profile) {
-        files.push((path.clone(), json.into_bytes()));
+    let mut files: Vec<(PathBuf, Vec<&[u8]>)> = (headers.iter())
+        .map(|(path, header, data)| (path.clone(), vec![header.as_slice(), *data]))
+        .collect();
+    if let (Some(path), Some(json)) = (&args.profile, &profile) {
+        files.push((path.clone(), vec![json.as_bytes()]));
     }
-    write_all_or_nothing(&files).map_err(|e| Failure::Message(Code::E0600, e.to_string()))?;
+    write_parts_all_or_nothing(&files).map_err(|e| Failure::Message(Code::E0600, e.to_string()))?;
     Ok((summary.text(), summary.json()))
 }
 

@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,20 @@ impl fmt::Display for WriteError {
 /// Targets that exist and are not regular files (devices, FIFOs) are written into directly,
 /// after the regular files are in place, never renamed over.
 pub fn write_all_or_nothing(files: &[(PathBuf, Vec<u8>)]) -> Result<(), WriteError> {
+    let parts: Vec<(PathBuf, Vec<&[u8]>)> = (files.iter())
+        .map(|(path, bytes)| (path.clone(), vec![bytes.as_slice()]))
+        .collect();
+    write_parts_all_or_nothing(&parts)
+}
+
+/// [`write_all_or_nothing`] of files given as parts written one after the other (a header and
+/// data borrowed where it lies), so that no file's whole contents need be copied first.
+pub fn write_parts_all_or_nothing(files: &[(PathBuf, Vec<&[u8]>)]) -> Result<(), WriteError> {
+    let write_parts = |path: &Path, parts: &[&[u8]]| -> io::Result<File> {
+        let mut file = File::create(path)?;
+        parts.iter().try_for_each(|part| file.write_all(part))?;
+        Ok(file)
+    };
     let (special, regular): (Vec<_>, Vec<_>) = files.iter().partition(|(p, _)| is_special(p));
     let mut staged: Vec<(PathBuf, &Path)> = Vec::new();
     let cleanup = |staged: &[(PathBuf, &Path)]| {
@@ -63,8 +77,7 @@ pub fn write_all_or_nothing(files: &[(PathBuf, Vec<u8>)]) -> Result<(), WriteErr
     for (path, bytes) in &regular {
         let result = temp_path(path).and_then(|tmp| {
             staged.push((tmp.clone(), path.as_path()));
-            fs::write(&tmp, bytes)?;
-            File::open(&tmp)?.sync_all()
+            write_parts(&tmp, bytes)?.sync_all()
         });
         if let Err(error) = result {
             cleanup(&staged);
@@ -88,7 +101,7 @@ pub fn write_all_or_nothing(files: &[(PathBuf, Vec<u8>)]) -> Result<(), WriteErr
         replaced.push(path.to_path_buf());
     }
     for (path, bytes) in special {
-        if let Err(error) = fs::write(path, bytes) {
+        if let Err(error) = write_parts(path, bytes) {
             return Err(WriteError {
                 path: path.clone(),
                 error,
@@ -403,6 +416,24 @@ mod tests {
         assert_eq!(err.path, blocker);
         assert_eq!(err.replaced, vec![dir.path().join("a")]);
         assert!(err.to_string().contains("already hold the new contents"));
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 2, "no temporaries are left");
+    }
+
+    #[test]
+    fn a_file_given_in_parts_holds_them_end_to_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::write(&a, b"old").unwrap();
+        let data = vec![7u8; 100_000];
+        let files = vec![
+            (a.clone(), vec![&b"head"[..], &[], &data[..]]),
+            (b.clone(), vec![]),
+        ];
+        write_parts_all_or_nothing(&files).unwrap();
+        let written = fs::read(&a).unwrap();
+        assert_eq!((&written[..4], &written[4..]), (&b"head"[..], &data[..]));
+        assert!(fs::read(&b).unwrap().is_empty());
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(names.len(), 2, "no temporaries are left");
     }

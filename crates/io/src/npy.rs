@@ -221,21 +221,22 @@ impl NpyArray {
 
     /// The array as `.npy` file bytes (format 1.0).
     pub fn to_npy_bytes(&self) -> Vec<u8> {
-        let mut bytes = self.preamble();
+        let mut bytes = self.header_bytes();
         bytes.extend_from_slice(&self.data);
         bytes
     }
 
     /// Writes the array as a `.npy` file (format 1.0) to `writer`.
     pub fn write_to(&self, mut writer: impl Write) -> Result<(), NpyError> {
-        writer.write_all(&self.preamble())?;
+        writer.write_all(&self.header_bytes())?;
         writer.write_all(&self.data)?;
         Ok(())
     }
 
-    /// Magic, version 1.0, header length and header, padded with spaces and a newline so that
-    /// the data starts at a multiple of 64 bytes, as NumPy does.
-    fn preamble(&self) -> Vec<u8> {
+    /// What a `.npy` file holds before [`NpyArray::data`]: magic, version 1.0, header length and
+    /// header, padded with spaces and a newline so that the data starts at a multiple of 64
+    /// bytes, as NumPy does.
+    pub fn header_bytes(&self) -> Vec<u8> {
         let dict = header::format(self.dtype.descr(), &self.shape);
         let unpadded = MAGIC.len() + 4 + dict.len() + 1;
         let padding = unpadded.next_multiple_of(64) - unpadded;
