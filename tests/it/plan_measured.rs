@@ -233,6 +233,20 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
     assert_within_5_percent_above("level-3 slices from --weights", planned, measured);
 }
 
+/// A dataset for examples/mlp.msl in `dir`: `rows` images of U(−1, 1) values drawn from
+/// `seed`, and labels cycling over the ten classes.
+fn mlp_data(dir: &TestDir, rows: usize, seed: u64) -> PathBuf {
+    let data = dir.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let images = Rng(seed).vec(rows * 784, -1.0, 1.0);
+    let images = NpyArray::from_f32(vec![rows, 784], &images).unwrap();
+    write_npy(data.join("images.npy"), &images).unwrap();
+    let labels: Vec<i64> = (0..rows).map(|i| (i * 3 % 10) as i64).collect();
+    let labels = NpyArray::from_i64(vec![rows], &labels).unwrap();
+    write_npy(data.join("labels.npy"), &labels).unwrap();
+    data
+}
+
 /// Reading a file holds a transient before the first step — a tensor's pages of the file, and
 /// the share cut from them where it is not read in place — that the plan takes out of its
 /// reserve and adds beyond it: on examples/mlp.msl, a model small enough that one weight's
@@ -244,14 +258,7 @@ fn saving_and_loading_checkpoints_stays_within_the_plan() {
 fn reading_a_large_tensor_of_a_small_model_stays_within_the_plan() {
     let dir = TestDir::new("plan-measured-reading");
     let example = root().join("examples/mlp.msl");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let images = Rng(23).vec(256 * 784, -1.0, 1.0);
-    let images = NpyArray::from_f32(vec![256, 784], &images).unwrap();
-    write_npy(data.join("images.npy"), &images).unwrap();
-    let labels: Vec<i64> = (0..256).map(|i| (i * 3 % 10) as i64).collect();
-    let labels = NpyArray::from_i64(vec![256], &labels).unwrap();
-    write_npy(data.join("labels.npy"), &labels).unwrap();
+    let data = mlp_data(&dir, 256, 23);
     let out = dir.path("ckpt");
     let saving = ["--output-dir", s(&out), "--save-every", "2"];
     // Four ranks (tp 2 x dp 2) gathering each tensor while rank 0 writes it: rank 0 holds
@@ -280,15 +287,7 @@ fn reading_a_large_tensor_of_a_small_model_stays_within_the_plan() {
 fn a_step_asking_for_more_scratch_than_a_thread_keeps_stays_within_the_plan() {
     let dir = TestDir::new("plan-measured-large-scratch");
     let example = root().join("examples/mlp.msl");
-    let data = dir.path("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let rows = 16384;
-    let images = Rng(5).vec(rows * 784, -1.0, 1.0);
-    let images = NpyArray::from_f32(vec![rows, 784], &images).unwrap();
-    write_npy(data.join("images.npy"), &images).unwrap();
-    let labels: Vec<i64> = (0..rows).map(|i| (i * 7 % 10) as i64).collect();
-    let labels = NpyArray::from_i64(vec![rows], &labels).unwrap();
-    write_npy(data.join("labels.npy"), &labels).unwrap();
+    let data = mlp_data(&dir, 16384, 5);
     let batch = ["--dim", "B=16384"];
     let (planned, measured, _) = planned_and_measured(&example, &data, 1, &batch);
     assert_within_5_percent_above("a batch of 16,384", planned, measured);
