@@ -192,34 +192,38 @@ pub fn adam_update(
     params: &ElementwiseParams,
     out: [&mut [f32]; 3],
 ) -> KernelResult<()> {
-    let n = inputs[0].len();
-    if inputs.iter().any(|x| x.len() != n) || out.iter().any(|x| x.len() != n) {
-        return Err(KernelError::new(
-            "adam_update",
-            "p, g, m, v and the three results must have one length",
-        ));
-    }
     let [p, g, m, v] = inputs;
-    for_each_block("adam_update", params, out, |at, [p_out, m_out, v_out]| {
-        let r = at..at + p_out.len();
-        let (p, g, m, v) = (&p[r.clone()], &g[r.clone()], &m[r.clone()], &v[r]);
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu::has_avx2_fma() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked just above); every slice has
-            // p_out's length.
-            return unsafe { update_streaming(step, [p, g, m, v], [p_out, m_out, v_out]) };
-        }
-        // Without AVX2, the portable build of the same operations.
-        update_body(step, [p, g, m, v], [p_out, m_out, v_out]);
-    })
+    let operands = "p, g, m, v and the three results";
+    for_each_block(
+        "adam_update",
+        operands,
+        params,
+        &inputs,
+        out,
+        |at, [p_out, m_out, v_out]| {
+            let r = at..at + p_out.len();
+            let (p, g, m, v) = (&p[r.clone()], &g[r.clone()], &m[r.clone()], &v[r]);
+            #[cfg(target_arch = "x86_64")]
+            if crate::cpu::has_avx2_fma() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above); every slice has
+                // p_out's length.
+                return unsafe { update_streaming(step, [p, g, m, v], [p_out, m_out, v_out]) };
+            }
+            // Without AVX2, the portable build of the same operations.
+            update_body(step, [p, g, m, v], [p_out, m_out, v_out]);
+        },
+    )
 }
 
 /// Runs `f(at, blocks)` on the blocks of `params.block` elements, starting at element `at`, of
-/// `N` slices of one length (the callers check it; in parallel for slices of
-/// `params.min_parallel_elems` or more).
+/// `N` slices (in parallel for slices of `params.min_parallel_elems` or more), after checking
+/// that they and the slices `f` reads (`reads`) have one length: an error naming `operands`
+/// otherwise.
 fn for_each_block<const N: usize>(
     op: &'static str,
+    operands: &str,
     params: &ElementwiseParams,
+    reads: &[&[f32]],
     slices: [&mut [f32]; N],
     f: impl Fn(usize, [&mut [f32]; N]) + Sync,
 ) -> KernelResult<()> {
@@ -227,10 +231,10 @@ fn for_each_block<const N: usize>(
         return Err(KernelError::new(op, "block must be at least 1"));
     }
     let n = slices.first().map_or(0, |x| x.len());
-    if slices.iter().any(|x| x.len() != n) {
+    if slices.iter().any(|x| x.len() != n) || reads.iter().any(|x| x.len() != n) {
         return Err(KernelError::new(
             op,
-            "the updated slices must have one length",
+            format!("{operands} must have one length"),
         ));
     }
     let ptrs = slices.map(|x| SyncPtr(x.as_mut_ptr()));
@@ -254,16 +258,15 @@ pub fn adam_update_in_place(
     params: &ElementwiseParams,
     state: [&mut [f32]; 3],
 ) -> KernelResult<()> {
-    let n = g.len();
-    if state.iter().any(|x| x.len() != n) {
-        return Err(KernelError::new(
-            "adam_update",
-            "p, g, m and v must have one length",
-        ));
-    }
-    for_each_block("adam_update", params, state, |at, [p, m, v]| {
-        update_in_place(step, &g[at..at + p.len()], p, m, v)
-    })
+    let operands = "p, g, m and v";
+    for_each_block(
+        "adam_update",
+        operands,
+        params,
+        &[g],
+        state,
+        |at, [p, m, v]| update_in_place(step, &g[at..at + p.len()], p, m, v),
+    )
 }
 
 /// The constants of one step of SGD with momentum (the op's attributes and scalar inputs, in
@@ -351,17 +354,18 @@ pub fn sgd_update(
     params: &ElementwiseParams,
     out: [&mut [f32]; 2],
 ) -> KernelResult<()> {
-    let n = out[0].len();
-    if inputs.iter().any(|x| x.len() != n) {
-        return Err(KernelError::new(
-            "sgd_update",
-            "p, g, buf and the two results must have one length",
-        ));
-    }
-    for_each_block("sgd_update", params, out, |at, [p_out, buf_out]| {
-        let r = at..at + p_out.len();
-        sgd_into(step, inputs.map(|x| &x[r.clone()]), [p_out, buf_out]);
-    })
+    let operands = "p, g, buf and the two results";
+    for_each_block(
+        "sgd_update",
+        operands,
+        params,
+        &inputs,
+        out,
+        |at, [p_out, buf_out]| {
+            let r = at..at + p_out.len();
+            sgd_into(step, inputs.map(|x| &x[r.clone()]), [p_out, buf_out]);
+        },
+    )
 }
 
 /// [`sgd_update`] in place: `state = [p, buf]` becomes the new parameter and buffer (the same
@@ -372,15 +376,15 @@ pub fn sgd_update_in_place(
     params: &ElementwiseParams,
     state: [&mut [f32]; 2],
 ) -> KernelResult<()> {
-    if state[0].len() != g.len() {
-        return Err(KernelError::new(
-            "sgd_update",
-            "p, g and buf must have one length",
-        ));
-    }
-    for_each_block("sgd_update", params, state, |at, [p, buf]| {
-        sgd_in_place(step, &g[at..at + p.len()], p, buf)
-    })
+    let operands = "p, g and buf";
+    for_each_block(
+        "sgd_update",
+        operands,
+        params,
+        &[g],
+        state,
+        |at, [p, buf]| sgd_in_place(step, &g[at..at + p.len()], p, buf),
+    )
 }
 
 #[cfg(test)]
