@@ -1385,25 +1385,7 @@ impl<'g> Builder<'g> {
                 .map(|s| self.g.add_input(s, ty.clone()))
                 .collect();
             let (new_p, new_states) = match adam {
-                // The fused updates multiply their gradient themselves; SGD without momentum
-                // reads `g · coef + wd · p` in its one elementwise pass.
-                None if state_in.is_empty() => {
-                    let mut g = match coef {
-                        Some(c) => self.bin(Op::Mul, g, c)?,
-                        None => g,
-                    };
-                    if wd > 0.0 {
-                        let decay = self.scalar(wd)?;
-                        let decayed = self.bin(Op::Mul, p, decay)?;
-                        g = self.bin(Op::Add, g, decayed)?;
-                    }
-                    let step = self.bin(Op::Mul, g, lr)?;
-                    (self.bin(Op::Sub, p, step)?, Vec::new())
-                }
-                None => {
-                    let scalars = [lr].into_iter().chain(coef).collect();
-                    self.sgd(opt, p, g, wd, scalars, &state_in)?
-                }
+                None => self.sgd(opt, p, g, wd, (lr, coef), &state_in)?,
                 Some((step_size, bc2)) => {
                     let scalars = [lr, step_size, bc2].into_iter().chain(coef).collect();
                     self.adam(opt, p, g, wd, scalars, &state_in)?
@@ -1431,28 +1413,44 @@ impl<'g> Builder<'g> {
         Ok(trained)
     }
 
-    /// `torch.optim.SGD` with momentum (dampening 0) with the step's `scalars` (`lr`, and what
-    /// the gradient is multiplied by where anything is): returns the new parameter and momentum
-    /// buffer, from one fused pass.
+    /// `torch.optim.SGD` (dampening 0) with the step's `lr` and what the gradient is multiplied
+    /// by, if anything (`coef`): returns the new parameter and momentum buffer. With momentum
+    /// one fused pass (`sgd_update`, which multiplies its gradient itself); without, one
+    /// elementwise chain `p − lr · (g · coef + wd · p)`.
     fn sgd(
         &mut self,
         opt: &Optimizer,
         p: ValueRef,
         g: ValueRef,
         wd: f64,
-        scalars: Vec<ValueRef>,
+        (lr, coef): (ValueRef, Option<ValueRef>),
         state: &[ValueRef],
     ) -> Built<(ValueRef, Vec<ValueRef>)> {
-        let [buf] = state else {
-            return Err("SGD with momentum needs one buffer".to_string());
-        };
-        let attrs = Attrs::new()
-            .with("momentum", opt.momentum)
-            .with("weight_decay", wd)
-            .with("nesterov", opt.nesterov);
-        let inputs: Vec<ValueRef> = [p, g, *buf].into_iter().chain(scalars).collect();
-        let outs = self.ops(Op::SgdUpdate, attrs, &inputs)?;
-        Ok((outs[0], vec![outs[1]]))
+        match state {
+            [] => {
+                let mut g = match coef {
+                    Some(c) => self.bin(Op::Mul, g, c)?,
+                    None => g,
+                };
+                if wd > 0.0 {
+                    let decay = self.scalar(wd)?;
+                    let decayed = self.bin(Op::Mul, p, decay)?;
+                    g = self.bin(Op::Add, g, decayed)?;
+                }
+                let step = self.bin(Op::Mul, g, lr)?;
+                Ok((self.bin(Op::Sub, p, step)?, Vec::new()))
+            }
+            [buf] => {
+                let attrs = Attrs::new()
+                    .with("momentum", opt.momentum)
+                    .with("weight_decay", wd)
+                    .with("nesterov", opt.nesterov);
+                let inputs: Vec<ValueRef> = [p, g, *buf, lr].into_iter().chain(coef).collect();
+                let outs = self.ops(Op::SgdUpdate, attrs, &inputs)?;
+                Ok((outs[0], vec![outs[1]]))
+            }
+            _ => Err("SGD with momentum needs one buffer".to_string()),
+        }
     }
 
     /// `torch.optim.Adam` (L2 decay in the gradient) or `AdamW` (decoupled decay) with the
