@@ -160,6 +160,35 @@ fn drawing_f32_parameters_holds_no_copy_of_them() {
     );
 }
 
+/// `mslc run` checks its outputs for NaN and writes them (`--output-dir`) where they lie: the
+/// most bytes live while it views and checks every output stay far below one copy of the
+/// logits (tiny LLaMA's `[B, S, 1000]` f32, 2 MB); the view holds the output's values.
+#[test]
+fn outputs_are_viewed_and_checked_without_a_copy() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let module = compiled("examples/tiny_llama.msl", &[("layers", "1")], false).module;
+    let exec = warm_executor(module, 1);
+    let names: Vec<String> = (exec.module().outputs.iter())
+        .map(|(n, _)| n.clone())
+        .collect();
+    let logits = exec.output_npy("logits").unwrap();
+    let before = LIVE_BYTES.load(Ordering::SeqCst);
+    PEAK_BYTES.store(before, Ordering::SeqCst);
+    let views: Vec<_> = names.iter().map(|n| exec.output_view(n).unwrap()).collect();
+    assert!(exec.nonfinite_outputs().is_empty());
+    let above = PEAK_BYTES.load(Ordering::SeqCst) - before;
+    assert!(
+        above < logits.data().len() / 16,
+        "{above} bytes above the buffers while viewing outputs (logits {} bytes)",
+        logits.data().len()
+    );
+    let view = &views[names.iter().position(|n| n == "logits").unwrap()];
+    assert_eq!(
+        (view.dtype(), view.shape(), view.data()),
+        (logits.dtype(), logits.shape(), logits.data())
+    );
+}
+
 /// The live bytes once they stop changing: the threads of a dropped pool free their
 /// thread-local scratch as they exit, after the drop returns.
 fn settled_live_bytes() -> usize {

@@ -22,7 +22,7 @@ use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selec
 use mslc_driver::train::TensorSplits;
 use mslc_exec::limits::{available_memory, parse_size};
 use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor};
-use mslc_io::npy::{read_npy, NpyArray};
+use mslc_io::npy::{read_npy, NpyArray, NpyView};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 use mslc_ir::shard::pipeline::StageCut;
 use mslc_kernels::peak::Peak;
@@ -186,13 +186,13 @@ fn execute(args: &RunArgs, world: &World, reporter: &Reporter) -> world::Outcome
     if let Some(p) = &peak {
         mslc_driver::host::remember(p);
     }
-    // The outputs as arrays only where they are written: a copy of each otherwise held for
-    // nothing (GPT-2's logits at B=8: 1.6 GB).
+    // The outputs where they lie, written from there: a copy of each would be held beside the
+    // plan (GPT-2's logits at B=8: 1.6 GB).
     let mut arrays = Vec::new();
     let written = args.output_dir.is_some().then_some(&exec.module().outputs);
     for (name, v) in written.into_iter().flatten() {
         let array = exec
-            .output_npy(name)
+            .output_view(name)
             .ok_or_else(|| format!("output `{name}` cannot be written as .npy"))?;
         let ty = exec.module().values[*v as usize].ty.to_string();
         arrays.push((name.clone(), ty, array));
@@ -299,7 +299,7 @@ pub(super) fn timed_runs(
 pub(super) fn finish(
     args: &RunArgs,
     mut summary: RunSummary,
-    arrays: Vec<(String, String, NpyArray)>,
+    arrays: Vec<(String, String, NpyView<'_>)>,
     profile: Option<String>,
 ) -> Result<(String, serde_json::Value), Failure> {
     // Each output's header and its data where it lies, written without a copy of either.

@@ -190,6 +190,9 @@ pub(super) fn finish_rank0(
         profile: args.profile.clone(),
     };
     let profile = args.profile.as_ref().map(|_| exec.profile_json());
+    let outputs = (outputs.into_iter())
+        .map(|(name, ty, array)| (name, ty, array.into()))
+        .collect();
     let done = run::finish(args, summary, outputs, profile)?;
     run::warn_nonfinite(exec, reporter);
     Ok(done)

@@ -17,7 +17,7 @@ use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::{DType, TensorType};
 use mslc_core::program::Init;
-use mslc_io::npy::{NpyArray, NpyDType};
+use mslc_io::npy::{NpyArray, NpyDType, NpyView};
 use mslc_io::safetensors::TensorRef as StTensor;
 use mslc_kernels::elementwise::{fused_elementwise, ElementwiseParams, Program};
 use mslc_kernels::par;
@@ -1219,6 +1219,12 @@ impl Executor {
     /// Output `name` of the last run as an array in its own dtype (bf16, which `.npy` lacks,
     /// widened to f32).
     pub fn output_npy(&self, name: &str) -> Option<NpyArray> {
+        self.output_view(name).map(NpyView::into_array)
+    }
+
+    /// Output `name` of the last run where it lies, in its own dtype, to be written without a
+    /// copy; bf16, which `.npy` lacks, widened to f32 in a copy of its own.
+    pub fn output_view(&self, name: &str) -> Option<NpyView<'_>> {
         let (slot, bytes) = self.output_slot(name)?;
         let npy = match slot.dtype {
             DType::F32 => NpyDType::F32,
@@ -1229,10 +1235,10 @@ impl Executor {
             DType::Bool => NpyDType::Bool,
             DType::BF16 => {
                 let (shape, values) = self.output_f32(name)?;
-                return NpyArray::from_f32(shape, &values).ok();
+                return NpyArray::from_f32(shape, &values).ok().map(NpyView::from);
             }
         };
-        NpyArray::new(npy, slot.shape.clone(), bytes.to_vec()).ok()
+        NpyView::new(npy, slot.shape.clone(), bytes).ok()
     }
 
     /// Makes each output `name` of the last run the value of the input or parameter of the same

@@ -12,6 +12,7 @@ mod tests;
 
 use super::atomic::write_atomic;
 use super::floats::{self, FloatLayout};
+use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -233,24 +234,99 @@ impl NpyArray {
         Ok(())
     }
 
-    /// What a `.npy` file holds before [`NpyArray::data`]: magic, version 1.0, header length and
-    /// header, padded with spaces and a newline so that the data starts at a multiple of 64
-    /// bytes, as NumPy does.
+    /// What a `.npy` file holds before [`NpyArray::data`] ([`header_bytes`]).
     pub fn header_bytes(&self) -> Vec<u8> {
-        let dict = header::format(self.dtype.descr(), &self.shape);
-        let unpadded = MAGIC.len() + 4 + dict.len() + 1;
-        let padding = unpadded.next_multiple_of(64) - unpadded;
-        // With at most MAX_DIMS dimensions the header stays far below 65,535 bytes.
-        let header_len = (dict.len() + padding + 1) as u16;
-        let mut bytes = Vec::with_capacity(unpadded + padding);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&[1, 0]);
-        bytes.extend_from_slice(&header_len.to_le_bytes());
-        bytes.extend_from_slice(dict.as_bytes());
-        bytes.resize(bytes.len() + padding, b' ');
-        bytes.push(b'\n');
-        bytes
+        header_bytes(self.dtype, &self.shape)
     }
+}
+
+/// An array whose data stays where it lies (an executor's buffer) or is owned: what writing a
+/// `.npy` file needs, so writing a value needs no copy of it. Construction checks that the
+/// bytes match the shape, as [`NpyArray::new`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyView<'a> {
+    dtype: NpyDType,
+    shape: Vec<usize>,
+    data: Cow<'a, [u8]>,
+}
+
+impl<'a> NpyView<'a> {
+    /// A view of `dtype` and `shape` over `data`, which must be exactly
+    /// `product(shape) * dtype.size()` bytes.
+    pub fn new(
+        dtype: NpyDType,
+        shape: Vec<usize>,
+        data: impl Into<Cow<'a, [u8]>>,
+    ) -> Result<Self, NpyError> {
+        let data = data.into();
+        let expected = data_bytes(dtype, &shape)?;
+        if data.len() as u64 != expected {
+            return Err(NpyErrorKind::DataLength {
+                expected,
+                found: data.len() as u64,
+            }
+            .into());
+        }
+        Ok(NpyView { dtype, shape, data })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> NpyDType {
+        self.dtype
+    }
+
+    /// The dimensions; empty for a scalar.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The elements' bytes, little-endian, row-major.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// What a `.npy` file holds before [`NpyView::data`] ([`header_bytes`]).
+    pub fn header_bytes(&self) -> Vec<u8> {
+        header_bytes(self.dtype, &self.shape)
+    }
+
+    /// The array, its data copied where it was borrowed.
+    pub fn into_array(self) -> NpyArray {
+        NpyArray {
+            dtype: self.dtype,
+            shape: self.shape,
+            data: self.data.into_owned(),
+        }
+    }
+}
+
+impl From<NpyArray> for NpyView<'static> {
+    fn from(array: NpyArray) -> Self {
+        NpyView {
+            dtype: array.dtype,
+            shape: array.shape,
+            data: Cow::Owned(array.data),
+        }
+    }
+}
+
+/// What a `.npy` file of `dtype` and `shape` holds before its data: magic, version 1.0, header
+/// length and header, padded with spaces and a newline so that the data starts at a multiple
+/// of 64 bytes, as NumPy does.
+fn header_bytes(dtype: NpyDType, shape: &[usize]) -> Vec<u8> {
+    let dict = header::format(dtype.descr(), shape);
+    let unpadded = MAGIC.len() + 4 + dict.len() + 1;
+    let padding = unpadded.next_multiple_of(64) - unpadded;
+    // With at most MAX_DIMS dimensions the header stays far below 65,535 bytes.
+    let header_len = (dict.len() + padding + 1) as u16;
+    let mut bytes = Vec::with_capacity(unpadded + padding);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&[1, 0]);
+    bytes.extend_from_slice(&header_len.to_le_bytes());
+    bytes.extend_from_slice(dict.as_bytes());
+    bytes.resize(bytes.len() + padding, b' ');
+    bytes.push(b'\n');
+    bytes
 }
 
 /// Reads the `.npy` file at `path`.

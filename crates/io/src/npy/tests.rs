@@ -223,6 +223,24 @@ fn construction_checks_the_data_length() {
         "array has 65 dimensions, more than the 64 allowed"
     );
     assert!(NpyArray::new(NpyDType::U8, vec![1; 64], vec![0]).is_ok());
+    let err = NpyView::new(NpyDType::F32, vec![2, 2], &[0u8; 12][..]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "array data is 12 bytes but its shape and type call for 16"
+    );
+}
+
+/// A view over borrowed bytes is the array's file, header and data, and the array again.
+#[test]
+fn a_view_writes_what_its_array_writes() {
+    let array = test_array(NpyDType::F16, &[3, 5]);
+    let view = NpyView::new(array.dtype(), array.shape().to_vec(), array.data()).unwrap();
+    assert_eq!(
+        [view.header_bytes(), view.data().to_vec()].concat(),
+        array.to_npy_bytes()
+    );
+    assert_eq!(view.into_array(), array);
+    assert_eq!(NpyView::from(array.clone()).into_array(), array);
 }
 
 /// A file with the given version and header dict, padded like NumPy, followed by `data`.
