@@ -139,9 +139,10 @@ fn a_warm_forward_pass_allocates_nothing() {
 
 /// Drawing the parameters from a seed writes each f32 parameter straight into its buffer:
 /// the most bytes live while it runs stay below one copy of the largest parameter (mlp's
-/// 784 × 256 weight, 803 KB; the whole-parameter copy it replaced was that much above).
+/// 784 × 256 weight, 803 KB; the whole-parameter copy it replaced was that much above); and
+/// seeding an f32 input, below a copy of it.
 #[test]
-fn drawing_f32_parameters_holds_no_copy_of_them() {
+fn drawing_f32_parameters_and_inputs_holds_no_copy_of_them() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let module = compiled("examples/mlp.msl", &[], false).module;
     let largest = (module.values.iter())
@@ -157,6 +158,20 @@ fn drawing_f32_parameters_holds_no_copy_of_them() {
     assert!(
         above < largest / 4,
         "{above} bytes above the buffers while drawing (largest parameter {largest})"
+    );
+    // So is a seeded f32 input (mlp's images).
+    let (name, v) = exec.module().inputs().next().unwrap();
+    let (name, image) = (
+        name.to_string(),
+        exec.module().values[v as usize].ty.bytes() as usize,
+    );
+    let before = LIVE_BYTES.load(Ordering::SeqCst);
+    PEAK_BYTES.store(before, Ordering::SeqCst);
+    exec.seed_input(&name, 3).unwrap();
+    let above = PEAK_BYTES.load(Ordering::SeqCst) - before;
+    assert!(
+        above < image / 4,
+        "{above} bytes above the buffers while seeding (the images {image})"
     );
 }
 

@@ -36,7 +36,7 @@ use super::limits::exact_bytes;
 use super::numerics::{F32Result, NumericsFault, OperandRange};
 use super::profile::{chrome_trace, StepTime, WorkerTimes};
 use super::storage::{
-    convert_bytes, f32_view, f32_view_mut, load_f32, load_i64, load_rows_f32, store_f32,
+    convert_bytes, draw_into, f32_view, load_f32, load_i64, load_rows_f32, store_f32,
 };
 use super::{init, weights};
 use mslc_core::units::human_bytes;
@@ -657,20 +657,7 @@ impl Executor {
         self.param_stamps.iter_mut().for_each(|s| *s = new_stamp());
         self.params_ready = false;
         for ((path, how, ty), buf) in params.zip(self.params.iter_mut()) {
-            let n = ty.checked_numel().unwrap_or(0) as usize;
-            let bytes = buf.bytes_mut();
-            // An f32 parameter is drawn straight into its buffer (not through a copy of its
-            // values beside every buffer: GPT-2's embedding, 154 MB); another dtype through
-            // one parameter's f32 values.
-            if ty.dtype == DType::F32 && bytes.len() == 4 * n {
-                if let Some(values) = f32_view_mut(bytes) {
-                    fill(path, how, ty, values)?;
-                    continue;
-                }
-            }
-            let mut values = vec![0f32; n];
-            fill(path, how, ty, &mut values)?;
-            store_f32(ty.dtype, &values, bytes);
+            draw_into(ty, buf.bytes_mut(), |values| fill(path, how, ty, values))?;
         }
         self.params_ready = true;
         self.hoisted_ready = false;
@@ -763,31 +750,33 @@ impl Executor {
     /// nothing). Returns the integer bound used, if any.
     pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
         let (k, v) = self.input_index(name)?;
-        let ty = self.module.values[v as usize].ty.clone();
-        let n = ty.checked_numel().unwrap_or(0) as usize;
-        let mut values = vec![0f32; n];
-        let bound = if ty.dtype.is_float() {
-            let normal = mslc_core::program::Init::Normal {
-                mean: 0.0,
-                std: 1.0,
-            };
-            init::fill(&normal, seed, name, &mut values);
-            None
-        } else {
-            let bound = self.index_bound(v);
-            if let Some(b) = bound {
+        let ty = &self.module.values[v as usize].ty;
+        let bound = match ty.dtype.is_float() {
+            true => None,
+            false => self.index_bound(v),
+        };
+        let drawn = draw_into(ty, self.inputs[k].bytes_mut(), |values| {
+            if ty.dtype.is_float() {
+                let normal = mslc_core::program::Init::Normal {
+                    mean: 0.0,
+                    std: 1.0,
+                };
+                init::fill(&normal, seed, name, values);
+            } else if let Some(b) = bound {
                 let uniform = mslc_core::program::Init::Uniform {
                     low: 0.0,
                     high: b as f64,
                 };
-                init::fill(&uniform, seed, name, &mut values);
+                init::fill(&uniform, seed, name, values);
                 values
                     .iter_mut()
                     .for_each(|x| *x = x.floor().min((b - 1) as f32));
             }
-            bound
-        };
-        store_f32(ty.dtype, &values, self.inputs[k].bytes_mut());
+            Ok::<(), std::convert::Infallible>(())
+        });
+        if let Err(never) = drawn {
+            match never {}
+        }
         self.inputs_set[k] = true;
         Ok(bound)
     }
