@@ -435,12 +435,13 @@ fn validate_names(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
-/// `DIR/NAME.EXT` for a name read from a module, refused unless `name` is an identifier, so the
-/// path stays inside `dir` whatever the module says.
+/// `DIR/NAME.EXT` for a name read from a module, refused unless `name` is an identifier or a
+/// parameter-like path (a training step's `lm_head.weight.exp_avg`: no separator, no empty or
+/// dot-only part), so the path stays inside `dir` whatever the module says.
 pub fn file_in(dir: &Path, name: &str, ext: &str) -> Result<PathBuf, String> {
-    if !is_identifier(name) {
+    if !is_value_name(name) {
         return Err(format!(
-            "{name:?} is not an identifier, so it cannot name a file in {}",
+            "{name:?} is neither an identifier nor a parameter path, so it cannot name a file in {}",
             dir.display()
         ));
     }
@@ -546,7 +547,13 @@ mod tests {
     fn file_in_keeps_paths_inside_the_directory() {
         let dir = Path::new("od");
         assert_eq!(file_in(dir, "y", "npy").unwrap(), Path::new("od/y.npy"));
-        for bad in ["../../x", "/abs/x", "..", ".", ""] {
+        assert_eq!(
+            file_in(dir, "layers.0.weight.exp_avg", "npy").unwrap(),
+            Path::new("od/layers.0.weight.exp_avg.npy")
+        );
+        for bad in [
+            "../../x", "/abs/x", "..", ".", "", "a/b", "a..b", ".a", "a.",
+        ] {
             assert!(file_in(dir, bad, "npy").is_err(), "{bad:?}");
         }
     }
