@@ -21,7 +21,7 @@ use mslc_driver::ranks::{
 use mslc_driver::select::{choose_model, compile_options, dims_from_inputs, Selection};
 use mslc_driver::train::TensorSplits;
 use mslc_exec::limits::{available_memory, parse_size};
-use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor};
+use mslc_exec::{ExecError, ExecErrorKind, ExecOptions, Executor, Seeded};
 use mslc_io::npy::{read_npy, NpyArray, NpyView};
 use mslc_io::safetensors::{SafetensorsBytes, SafetensorsFile};
 use mslc_ir::shard::pipeline::StageCut;
@@ -42,7 +42,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.safetensors")]
     pub weights: Option<PathBuf>,
     /// Initialise parameters from their declared init with this seed instead of loading them
-    /// (inputs not given are seeded too).
+    /// (inputs not given are seeded too: floats N(0, 1), ids below what they index, a training
+    /// step's optimizer states zero and its float scalars 1, as before its first update).
     #[arg(long, value_name = "N")]
     pub init_seed: Option<u64>,
     /// An input value: `--input tokens=tokens.npy`.
@@ -177,8 +178,8 @@ fn execute(args: &RunArgs, world: &World, reporter: &Reporter) -> world::Outcome
     let mut seeded = Vec::new();
     if let Some(seed) = args.init_seed {
         for input in exec.unset_inputs() {
-            let bound = exec.seed_input(&input, seed).map_err(|e| e.message)?;
-            seeded.push((input, bound));
+            let how = exec.seed_input(&input, seed).map_err(|e| e.message)?;
+            seeded.push((input, how));
         }
     }
     let times = timed_runs(args, &mut exec, sources.as_ref(), reporter, true)?;
@@ -374,8 +375,8 @@ pub(super) struct RunSummary {
     pub hoisted_bytes: usize,
     /// The kernel table read, and what applying it did.
     pub kernel_table: Option<(PathBuf, String)>,
-    /// Inputs not given and seeded, with the id bound used for integer ones.
-    pub seeded: Vec<(String, Option<u64>)>,
+    /// Inputs not given and seeded, with what they were given.
+    pub seeded: Vec<(String, Seeded)>,
     /// Framework bookkeeping buffers of the weights file left out: name, what they are.
     pub ignored_weights: Vec<(String, &'static str)>,
     /// Name, type and file of every written output.
@@ -425,8 +426,8 @@ impl RunSummary {
         if let Some((path, applied)) = &self.kernel_table {
             s.push_str(&format!("  kernels: {}: {applied}\n", path.display()));
         }
-        for (input, bound) in &self.seeded {
-            let what = bound.map_or("N(0, 1) values".to_string(), |b| format!("ids in [0, {b})"));
+        for (input, how) in &self.seeded {
+            let what = how.describe();
             s.push_str(&format!("  input:   {input} not given: seeded {what}\n"));
         }
         for (what, names) in group_ignored(&self.ignored_weights) {
@@ -452,7 +453,13 @@ impl RunSummary {
         let seeded: Vec<_> = self
             .seeded
             .iter()
-            .map(|(name, bound)| serde_json::json!({ "input": name, "id_bound": bound }))
+            .map(|(name, how)| {
+                serde_json::json!({
+                    "input": name,
+                    "values": how.describe(),
+                    "id_bound": how.id_bound(),
+                })
+            })
             .collect();
         let outputs: Vec<_> = self
             .outputs

@@ -792,6 +792,61 @@ fn bad_input_is_a_coded_error_naming_the_file() {
     assert_eq!(error_codes(&stderr, &stdout), ["E0631"]);
 }
 
+/// `mslc run` of a built training step, without data, runs it as the step before the first
+/// update: Adam's states seeded with zeros, its float scalars (learning rate, bias
+/// corrections, loss scale) with 1, so the update applies (under the dynamic loss scale too)
+/// and every output is finite — written under the dotted paths training modules name them by.
+/// Seeded from N(0, 1) as before, the second moments are negative and the update NaN.
+#[test]
+fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
+    let dir = TestDir::new("train_run_seeded");
+    let source = std::fs::read_to_string(root().join("examples/mlp.msl")).unwrap();
+    let model_end = source.find("// bf16 keeps").expect("the model part");
+    let path = dir.path("mlp_run.msl");
+    std::fs::write(
+        &path,
+        format!(
+            "{}\nprecision Scaled {{\n    level = O1\n    compute = bf16\n    \
+             loss_scale = dynamic(init: 65536)\n}}\n{}\n",
+            &source[..model_end],
+            train_decl("optimizer = adam(lr: 1e-3)\n    precision = Scaled")
+        ),
+    )
+    .unwrap();
+    let built = dir.path("built");
+    let mut args = vec!["build", s(&path), "--entry", "Fit", "-o", s(&built)];
+    args.extend_from_slice(&SETS);
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let out = dir.path("out");
+    let mir = built.join("Fit.mir");
+    let (code, stdout, stderr) =
+        mslc(&["run", s(&mir), "--init-seed", "3", "--output-dir", s(&out)]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for line in [
+        "head.weight.exp_avg_sq not given: seeded zeros (state the step carries",
+        "train.lr not given: seeded 1 (a float scalar)",
+        "train.loss_scale not given: seeded 1 (a float scalar)",
+        "labels not given: seeded ids in [0, 10)",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
+    }
+    assert!(!stderr.contains("W0003"), "{stderr}");
+    let read = |name: &str| {
+        read_npy(out.join(format!("{name}.npy")))
+            .unwrap()
+            .to_f32()
+            .unwrap()
+    };
+    assert_eq!(read("overflow"), [0.0]);
+    for name in ["loss", "grad_norm", "head.weight", "head.weight.exp_avg_sq"] {
+        let values = read(name);
+        assert!(values.iter().all(|v| v.is_finite()), "{name}: {values:?}");
+    }
+    // The update ran: the second moments hold squared gradients.
+    assert!(read("head.weight.exp_avg_sq").iter().any(|&v| v > 0.0));
+}
+
 #[test]
 fn a_train_without_trainable_parameters_is_refused() {
     let dir = TestDir::new("train-none");

@@ -42,6 +42,47 @@ use super::{init, weights};
 use mslc_core::units::human_bytes;
 use mslc_kernels::step::CollectiveStep;
 
+/// The values [`Executor::seed_input`] gave an input not given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seeded {
+    /// Floats drawn from N(0, 1): a model's activations, images, embeddings.
+    Normal,
+    /// Integers uniform in `[0, bound)`: ids or labels, below the rows of the table or the
+    /// classes they index.
+    Ids(u64),
+    /// Zeros: integers that index nothing.
+    Zeros,
+    /// Zeros for state the module carries from run to run (an output of the same name: a
+    /// training step's optimizer states and gradient sums), their value before the first
+    /// update; drawn values would make an Adam second moment negative and the update NaN.
+    State,
+    /// 1 for a float scalar (a training step's learning rate, bias corrections and loss
+    /// scale): positive and finite, so the step runs its update as training does, where
+    /// N(0, 1) draws would flip the update or, below a loss scale, skip it as overflowing.
+    One,
+}
+
+impl Seeded {
+    /// What the input holds, for a run's summary.
+    pub fn describe(self) -> String {
+        match self {
+            Seeded::Normal => "N(0, 1) values".to_string(),
+            Seeded::Ids(bound) => format!("ids in [0, {bound})"),
+            Seeded::Zeros => "zeros".to_string(),
+            Seeded::State => "zeros (state the step carries, before the first update)".to_string(),
+            Seeded::One => "1 (a float scalar)".to_string(),
+        }
+    }
+
+    /// The integer bound used, if any.
+    pub fn id_bound(self) -> Option<u64> {
+        match self {
+            Seeded::Ids(bound) => Some(bound),
+            _ => None,
+        }
+    }
+}
+
 /// How to run.
 #[derive(Clone, Debug, Default)]
 pub struct ExecOptions {
@@ -745,32 +786,39 @@ impl Executor {
             .collect()
     }
 
-    /// Sets input `name` to deterministic values from `seed`: floats from N(0, 1), integers
-    /// uniform below the size of the table or class count they index (0 when they index
-    /// nothing). Returns the integer bound used, if any.
-    pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Option<u64>> {
+    /// Sets input `name` to deterministic values from `seed`, for a run without data (timing,
+    /// profiling, tuning): what [`Seeded`] says, by what the input is to the module.
+    pub fn seed_input(&mut self, name: &str, seed: u64) -> ExecResult<Seeded> {
         let (k, v) = self.input_index(name)?;
         let ty = &self.module.values[v as usize].ty;
-        let bound = match ty.dtype.is_float() {
-            true => None,
-            false => self.index_bound(v),
+        let carried = self.module.outputs.iter().any(|(n, _)| n == name);
+        let how = match (carried, ty.dtype.is_float(), ty.rank()) {
+            (true, ..) => Seeded::State,
+            (false, true, 0) => Seeded::One,
+            (false, true, _) => Seeded::Normal,
+            (false, false, _) => self.index_bound(v).map_or(Seeded::Zeros, Seeded::Ids),
         };
         let drawn = draw_into(ty, self.inputs[k].bytes_mut(), |values| {
-            if ty.dtype.is_float() {
-                let normal = mslc_core::program::Init::Normal {
-                    mean: 0.0,
-                    std: 1.0,
-                };
-                init::fill(&normal, seed, name, values);
-            } else if let Some(b) = bound {
-                let uniform = mslc_core::program::Init::Uniform {
-                    low: 0.0,
-                    high: b as f64,
-                };
-                init::fill(&uniform, seed, name, values);
-                values
-                    .iter_mut()
-                    .for_each(|x| *x = x.floor().min((b - 1) as f32));
+            match how {
+                Seeded::State | Seeded::Zeros => values.fill(0.0),
+                Seeded::One => values.fill(1.0),
+                Seeded::Normal => {
+                    let normal = mslc_core::program::Init::Normal {
+                        mean: 0.0,
+                        std: 1.0,
+                    };
+                    init::fill(&normal, seed, name, values);
+                }
+                Seeded::Ids(b) => {
+                    let uniform = mslc_core::program::Init::Uniform {
+                        low: 0.0,
+                        high: b as f64,
+                    };
+                    init::fill(&uniform, seed, name, values);
+                    values
+                        .iter_mut()
+                        .for_each(|x| *x = x.floor().min((b - 1) as f32));
+                }
             }
             Ok::<(), std::convert::Infallible>(())
         });
@@ -778,7 +826,7 @@ impl Executor {
             match never {}
         }
         self.inputs_set[k] = true;
-        Ok(bound)
+        Ok(how)
     }
 
     /// The number of rows (embedding) or classes (cross-entropy) value `v` indexes.

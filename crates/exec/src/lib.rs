@@ -16,5 +16,5 @@ mod storage;
 pub mod weights;
 
 pub use error::{ExecError, ExecErrorKind, ExecResult};
-pub use executor::{ExecOptions, Executor, Stored};
+pub use executor::{ExecOptions, Executor, Seeded, Stored};
 pub use profile::StepTime;
