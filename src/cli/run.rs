@@ -42,8 +42,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.safetensors")]
     pub weights: Option<PathBuf>,
     /// Initialise parameters from their declared init with this seed instead of loading them
-    /// (inputs not given are seeded too: floats N(0, 1), ids below what they index, a training
-    /// step's optimizer states zero and its float scalars 1, as before its first update).
+    /// (inputs not given are seeded too: floats N(0, 1), ids below what they index; a training
+    /// step's optimizer states zero, its learning rate 0 and its other float scalars 1).
     #[arg(long, value_name = "N")]
     pub init_seed: Option<u64>,
     /// An input value: `--input tokens=tokens.npy`.

@@ -793,10 +793,11 @@ fn bad_input_is_a_coded_error_naming_the_file() {
 }
 
 /// `mslc run` of a built training step, without data, runs it as the step before the first
-/// update: Adam's states seeded with zeros, its float scalars (learning rate, bias
-/// corrections, loss scale) with 1, so the update applies (under the dynamic loss scale too)
-/// and every output is finite — written under the dotted paths training modules name them by.
-/// Seeded from N(0, 1) as before, the second moments are negative and the update NaN.
+/// update: Adam's states seeded with zeros, its learning rate and step size with 0, its bias
+/// correction and loss scale with 1, so the whole step runs (under the dynamic loss scale too,
+/// which does not skip it), every output is finite — written under the dotted paths training
+/// modules name them by — and the parameters stay as they were. Seeded from N(0, 1) as
+/// before, the second moments are negative and the update NaN.
 #[test]
 fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
     let dir = TestDir::new("train_run_seeded");
@@ -825,7 +826,9 @@ fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
     assert_eq!(code, 0, "{stdout}{stderr}");
     for line in [
         "head.weight.exp_avg_sq not given: seeded zeros (state the step carries",
-        "train.lr not given: seeded 1 (a float scalar)",
+        "train.lr not given: seeded 0 (the update leaves the parameters as they are)",
+        "train.step_size not given: seeded 0 (the update leaves the parameters as they are)",
+        "train.bias_correction2_sqrt not given: seeded 1 (a float scalar)",
         "train.loss_scale not given: seeded 1 (a float scalar)",
         "labels not given: seeded ids in [0, 10)",
     ] {
@@ -843,8 +846,63 @@ fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
         let values = read(name);
         assert!(values.iter().all(|v| v.is_finite()), "{name}: {values:?}");
     }
-    // The update ran: the second moments hold squared gradients.
+    // The update ran: the second moments hold squared gradients; with no step, the new
+    // parameters are the seeded ones.
     assert!(read("head.weight.exp_avg_sq").iter().any(|&v| v > 0.0));
+    let bytes = mslc_artifact::read_mir(&mir).unwrap();
+    let module = mslc_artifact::decode(&bytes).unwrap().module;
+    let mut exec = mslc_exec::Executor::new(module, &Default::default()).unwrap();
+    exec.init_params(3);
+    for input in exec.unset_inputs() {
+        exec.seed_input(&input, 3).unwrap();
+    }
+    exec.run().unwrap();
+    for (path, _, before) in exec.params_f32() {
+        assert_eq!(exec.output_f32(&path).unwrap().1, before, "{path}");
+    }
+}
+
+/// `mslc tune` confirms a training step's kernel decisions on a run seeded as above: tiny
+/// LLaMA's AdamW step with its GEMMs blocked otherwise sums in another order, and its outputs
+/// stay within the rounding the comparison allows. With a learning rate of 1, Adam's first
+/// update (`lr · sign(g)` where a gradient is far above `eps`) turns that rounding, on
+/// gradients near `eps`, into differences of the whole step (`value 51804 is -0.13326173, the
+/// reference kernel gives -0.13441464`), and every decision was rejected.
+#[test]
+fn a_training_steps_kernel_decisions_are_confirmed_on_its_seeded_run() {
+    let dir = TestDir::new("train_confirm_seeded");
+    let source = std::fs::read_to_string(root().join("examples/tiny_llama.msl")).unwrap();
+    let model_end = source.find("// f16 has a narrow").expect("the model part");
+    let path = dir.path("llama_fit.msl");
+    let train = "train Fit for TinyLlama {\n    labels: i32[B, S]\n    \
+                 loss = cross_entropy(logits, labels)\n    \
+                 optimizer = adamw(lr: 1e-4, betas: (0.9, 0.95), weight_decay: 0.1)\n    \
+                 batch = 4\n}\n";
+    std::fs::write(&path, format!("{}\n{train}", &source[..model_end])).unwrap();
+    let built = dir.path("built");
+    let sizes = ["--set", "layers=2", "--dim", "B=4", "--dim", "S=128"];
+    let args = [
+        &["build", s(&path), "--entry", "Fit", "-o", s(&built)][..],
+        &sizes,
+    ]
+    .concat();
+    let (code, stdout, stderr) = mslc(&args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let bytes = mslc_artifact::read_mir(&built.join("Fit.mir")).unwrap();
+    let module = mslc_artifact::decode(&bytes).unwrap().module;
+    let mut blocked = module.clone();
+    for step in &mut blocked.steps {
+        if step.kernel.name == "gemm" {
+            (step.kernel.params).insert("kc".into(), mslc_kernels::binding::KernelParam::Int(8));
+        }
+    }
+    let candidate = mslc_tune::confirm::Candidate {
+        kept: mslc_tune::confirm::Kept::All,
+        module: blocked,
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let confirmed = mslc_tune::confirm::confirm(&module, &[candidate], 1, &stop).unwrap();
+    assert_eq!(confirmed.tried[0].rejected, None);
 }
 
 #[test]

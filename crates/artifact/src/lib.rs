@@ -3,6 +3,7 @@
 pub mod binary;
 pub mod module;
 pub mod runtime;
+pub mod training;
 pub mod validate;
 pub mod write;
 

@@ -70,16 +70,7 @@ use crate::select::{amp_config, choose_policy, compile_options, root_error, Sele
 pub const LOSS: &str = "loss";
 /// Output: the global 2-norm of the gradients, before clipping.
 pub const GRAD_NORM: &str = "grad_norm";
-/// Input: the learning rate of this update.
-pub const LR: &str = "train.lr";
-/// Input (Adam): `lr / (1 − β1^t)` for update `t` (from 1).
-pub const STEP_SIZE: &str = "train.step_size";
-/// Input (Adam): `√(1 − β2^t)` for update `t` (from 1).
-pub const BC2_SQRT: &str = "train.bias_correction2_sqrt";
-/// Input (loss scaling): the scale this step multiplies its loss by.
-pub const LOSS_SCALE: &str = "train.loss_scale";
-/// The scalar inputs the loop sets before each step (those the module has).
-pub const SCALAR_INPUTS: [&str; 4] = [LR, STEP_SIZE, BC2_SQRT, LOSS_SCALE];
+pub use mslc_artifact::training::{BC2_SQRT, LOSS_SCALE, LR, SCALAR_INPUTS, STEP_SIZE};
 /// Output (when the loss scaling skips overflowing steps): 0 when every unscaled gradient is
 /// finite, NaN otherwise — the sum over all gradients of `sum(g · 0)`.
 pub const OVERFLOW: &str = "overflow";

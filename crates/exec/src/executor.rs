@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mslc_artifact::runtime::{CopyStep, PreparedStep, RuntimeNeeds};
+use mslc_artifact::training::STEP_SCALES;
 use mslc_artifact::validate::validate;
 use mslc_artifact::{Module, Step, Storage};
 use mslc_core::ops::{DType, TensorType};
@@ -56,9 +57,16 @@ pub enum Seeded {
     /// training step's optimizer states and gradient sums), their value before the first
     /// update; drawn values would make an Adam second moment negative and the update NaN.
     State,
-    /// 1 for a float scalar (a training step's learning rate, bias corrections and loss
-    /// scale): positive and finite, so the step runs its update as training does, where
-    /// N(0, 1) draws would flip the update or, below a loss scale, skip it as overflowing.
+    /// 0 for a training step's learning rate and Adam's step size
+    /// ([`mslc_artifact::training::STEP_SCALES`]): the step computes its gradients, norm,
+    /// optimizer states and update, and leaves the parameters as they are. Any other value
+    /// is made up, and Adam's first update, `lr · sign(g)` where a gradient is far above
+    /// `eps`, would turn the rounding of gradients near 0 into differences of the whole
+    /// learning rate between two equally right kernels (what a tuner compares).
+    NoStep,
+    /// 1 for another float scalar (Adam's bias correction, a loss scale, which then changes
+    /// nothing): positive and finite, where N(0, 1) draws would flip a correction's sign or,
+    /// as a loss scale, skip the step as overflowing.
     One,
 }
 
@@ -70,6 +78,7 @@ impl Seeded {
             Seeded::Ids(bound) => format!("ids in [0, {bound})"),
             Seeded::Zeros => "zeros".to_string(),
             Seeded::State => "zeros (state the step carries, before the first update)".to_string(),
+            Seeded::NoStep => "0 (the update leaves the parameters as they are)".to_string(),
             Seeded::One => "1 (a float scalar)".to_string(),
         }
     }
@@ -794,13 +803,14 @@ impl Executor {
         let carried = self.module.outputs.iter().any(|(n, _)| n == name);
         let how = match (carried, ty.dtype.is_float(), ty.rank()) {
             (true, ..) => Seeded::State,
+            (false, true, 0) if STEP_SCALES.contains(&name) => Seeded::NoStep,
             (false, true, 0) => Seeded::One,
             (false, true, _) => Seeded::Normal,
             (false, false, _) => self.index_bound(v).map_or(Seeded::Zeros, Seeded::Ids),
         };
         let drawn = draw_into(ty, self.inputs[k].bytes_mut(), |values| {
             match how {
-                Seeded::State | Seeded::Zeros => values.fill(0.0),
+                Seeded::State | Seeded::Zeros | Seeded::NoStep => values.fill(0.0),
                 Seeded::One => values.fill(1.0),
                 Seeded::Normal => {
                     let normal = mslc_core::program::Init::Normal {
