@@ -867,7 +867,9 @@ fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
 /// stay within the rounding the comparison allows. With a learning rate of 1, Adam's first
 /// update (`lr · sign(g)` where a gradient is far above `eps`) turns that rounding, on
 /// gradients near `eps`, into differences of the whole step (`value 51804 is -0.13326173, the
-/// reference kernel gives -0.13441464`), and every decision was rejected.
+/// reference kernel gives -0.13441464`), and every decision was rejected. A candidate that
+/// computes something else is rejected, and the report still gives the default's time (it
+/// said 0 ms when no candidate was timed).
 #[test]
 fn a_training_steps_kernel_decisions_are_confirmed_on_its_seeded_run() {
     let dir = TestDir::new("train_confirm_seeded");
@@ -900,9 +902,25 @@ fn a_training_steps_kernel_decisions_are_confirmed_on_its_seeded_run() {
         kept: mslc_tune::confirm::Kept::All,
         module: blocked,
     };
+    // A candidate that computes something else (a norm's `eps` changed) is rejected; the
+    // default is timed all the same.
+    let mut wrong = module.clone();
+    let norm = (wrong.steps.iter_mut())
+        .find(|step| step.attrs.get("eps").is_some())
+        .expect("a norm");
+    norm.attrs.insert("eps", 0.5);
+    let wrong = mslc_tune::confirm::Candidate {
+        kept: mslc_tune::confirm::Kept::Kernels,
+        module: wrong,
+    };
     let stop = std::sync::atomic::AtomicBool::new(false);
     let confirmed = mslc_tune::confirm::confirm(&module, &[candidate], 1, &stop).unwrap();
     assert_eq!(confirmed.tried[0].rejected, None);
+    let refused = mslc_tune::confirm::confirm(&module, &[wrong], 1, &stop).unwrap();
+    let why = refused.tried[0].rejected.as_deref().unwrap_or_default();
+    assert!(why.starts_with("its outputs differ"), "{why:?}");
+    assert_eq!(refused.kept, mslc_tune::confirm::Kept::None);
+    assert!(refused.default_ms > 0.0 && refused.tuned_ms == refused.default_ms);
 }
 
 #[test]
