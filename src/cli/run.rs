@@ -199,6 +199,7 @@ fn execute(args: &RunArgs, world: &World, reporter: &Reporter) -> world::Outcome
         arrays.push((name.clone(), ty, array));
     }
     let summary = RunSummary {
+        pass: pass_name(exec.module()),
         model: name,
         threads: exec.threads(),
         ranks: None,
@@ -358,9 +359,19 @@ pub(super) fn warn_nonfinite(exec: &Executor, reporter: &Reporter) {
     }
 }
 
+/// What one run of `module` is, for the summary: a forward pass, or a training step's update.
+pub(super) fn pass_name(module: &Module) -> &'static str {
+    match module.is_training_step() {
+        true => "training step",
+        false => "forward",
+    }
+}
+
 /// What a run did, for the summary.
 pub(super) struct RunSummary {
     pub model: String,
+    /// What one run is: `forward`, or `training step` for a module that replaces parameters.
+    pub pass: &'static str,
     pub threads: usize,
     /// Under `--ranks`/`--mpi`: how many ranks ran the forward, how (data × tensor parallel)
     /// and by what launcher; the times and memory are rank 0's.
@@ -404,13 +415,15 @@ impl RunSummary {
             )
         });
         let mut s = format!(
-            "ran {} on {} thread(s), {} iteration(s)\n  time:    {:.3} ms per forward (median; best {:.3} ms)\n  compute: {:.3} GFLOP per forward, {:.1} GFLOP/s{versus}\n",
+            "ran {} on {} thread(s), {} iteration(s)\n  time:    {:.3} ms per {} (median; best {:.3} ms)\n  compute: {:.3} GFLOP per {}, {:.1} GFLOP/s{versus}\n",
             self.model,
             self.threads,
             self.times.len(),
             median * 1e3,
+            self.pass,
             best * 1e3,
             self.flops as f64 / 1e9,
+            self.pass,
             rate / 1e9,
         );
         if let Some((n, how)) = &self.ranks {

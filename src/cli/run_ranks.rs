@@ -175,6 +175,7 @@ pub(super) fn finish_rank0(
 ) -> Result<(String, serde_json::Value), Failure> {
     let exec = ran.exec;
     let summary = RunSummary {
+        pass: run::pass_name(exec.module()),
         model: exec.module().name.clone(),
         threads: exec.threads(),
         ranks: Some(ran.ranks),

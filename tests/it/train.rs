@@ -831,6 +831,7 @@ fn a_training_step_run_on_seeded_inputs_updates_as_before_the_first_update() {
         "train.bias_correction2_sqrt not given: seeded 1 (a float scalar)",
         "train.loss_scale not given: seeded 1 (a float scalar)",
         "labels not given: seeded ids in [0, 10)",
+        "ms per training step (median",
     ] {
         assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
     }

@@ -220,6 +220,15 @@ impl Module {
         })
     }
 
+    /// Whether a run replaces parameters (outputs named by their paths): a training step, whose
+    /// run is one update rather than a forward pass.
+    pub fn is_training_step(&self) -> bool {
+        self.fixed_params()
+            .iter()
+            .zip(&self.values)
+            .any(|(fixed, v)| !fixed && matches!(v.storage, Storage::Param { .. }))
+    }
+
     /// Per value, whether it is a parameter that no run replaces (no output of its path): what
     /// values computed once and kept across runs (hoisted, packed ahead) may derive from. A
     /// training step replaces its trained parameters every run, so anything derived from them
