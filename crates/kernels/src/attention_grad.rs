@@ -290,21 +290,13 @@ pub fn attention_grad(
     let kernel = MicroKernel::select(params.isa)?;
     let (block_q, block_k) = (params.block_q, params.block_k);
     let group = hq / hkv;
-    // Query heads per task: the whole group, or a share of it when there are few kv heads.
-    let splits = MIN_TASKS.div_ceil(b * hkv).clamp(1, group);
-    let per_task = group.div_ceil(splits);
-    let splits = group.div_ceil(per_task);
+    let (splits, per_task) = group_splits(b, hq, hkv);
     let kv_len = t * d;
-    // With split groups, each split's dk / dv go to a part of their own, added up after.
-    let mut parts = vec![
-        0f32;
-        if splits > 1 {
-            2 * splits * b * hkv * kv_len
-        } else {
-            0
-        }
-    ];
-    with_scratch(b * s * hq, |delta| {
+    // With split groups, each split's dk / dv go to a part of their own (every row written by
+    // its task), added up after.
+    let parts_len = split_parts_len(b, hq, hkv, t, d);
+    with_scratch(b * s * hq + parts_len, |buf| {
+        let (delta, parts) = buf.split_at_mut(b * s * hq);
         // delta = rowsum(dout ∘ out), once per query row.
         for (r, dl) in delta.iter_mut().enumerate() {
             let at = r * d..(r + 1) * d;
@@ -383,26 +375,45 @@ pub fn attention_grad(
                 }
             });
         });
-    });
-    if splits > 1 {
-        // Each kv head's parts, added in split order.
-        for (part, grad) in [dk, dv].into_iter().enumerate() {
-            for pair in 0..b * hkv {
-                let (bi, kh) = (pair / hkv, pair % hkv);
-                for j in 0..t {
-                    let row = &mut grad[((bi * t + j) * hkv + kh) * d..][..d];
-                    row.fill(0.0);
-                    for split in 0..splits {
-                        let at = ((part * splits + split) * b * hkv + pair) * kv_len + j * d;
-                        for (x, &y) in row.iter_mut().zip(&parts[at..at + d]) {
-                            *x += y;
+        if splits > 1 {
+            // Each kv head's parts, added in split order.
+            for (part, grad) in [dk, dv].into_iter().enumerate() {
+                for pair in 0..b * hkv {
+                    let (bi, kh) = (pair / hkv, pair % hkv);
+                    for j in 0..t {
+                        let row = &mut grad[((bi * t + j) * hkv + kh) * d..][..d];
+                        row.fill(0.0);
+                        for split in 0..splits {
+                            let at = ((part * splits + split) * b * hkv + pair) * kv_len + j * d;
+                            for (x, &y) in row.iter_mut().zip(&parts[at..at + d]) {
+                                *x += y;
+                            }
                         }
                     }
                 }
             }
         }
-    }
+    });
     Ok(())
+}
+
+/// How many tasks share a kv head's group of query heads, and how many query heads each
+/// takes: the whole group, or a share of it when there are few kv heads (`b · hkv` below
+/// [`MIN_TASKS`]).
+fn group_splits(b: usize, hq: usize, hkv: usize) -> (usize, usize) {
+    let group = (hq / hkv.max(1)).max(1);
+    let splits = MIN_TASKS.div_ceil((b * hkv).max(1)).clamp(1, group);
+    let per_task = group.div_ceil(splits);
+    (group.div_ceil(per_task), per_task)
+}
+
+/// Floats of the parts split groups write their dk and dv to before they are added up (0
+/// without splits): scratch of the calling thread, beside the query rows' sums.
+pub(crate) fn split_parts_len(b: usize, hq: usize, hkv: usize, t: usize, d: usize) -> usize {
+    match group_splits(b, hq, hkv).0 {
+        1 => 0,
+        splits => (2 * splits * b * hkv).saturating_mul(t).saturating_mul(d),
+    }
 }
 
 /// Copies `row` to `dst + at`.
@@ -504,6 +515,8 @@ mod tests {
             (1, 300, 520, 4, 2, 128),
             (2, 1, 700, 2, 1, 64),
             (1, 257, 3, 3, 3, 8),
+            // One kv head for eight query heads: eight tasks, each adding dk / dv parts.
+            (1, 64, 96, 8, 1, 32),
         ];
         for (b, s, t, hq, hkv, d) in shapes {
             let (qs, ks) = ([b, s, hq, d], [b, t, hkv, d]);

@@ -5,6 +5,7 @@
 use mslc_core::ops::{DType, TensorType};
 
 use super::prepare::StepKernel;
+use crate::attention_grad::split_parts_len;
 use crate::conv::patches::chunk_shape;
 use crate::conv_grad::conv2d_grad_scratch;
 use crate::matmul::kernel::{MAX_MR, MAX_NR};
@@ -159,8 +160,8 @@ pub fn scratch_floats(
         StepKernel::Fused(program, p) | StepKernel::Binary(_, Some(program), p) => {
             (program.instrs.len() + 1).saturating_mul(p.block)
         }
-        // The gradient's row sums of every query, and inside them one thread's tile or task
-        // and a GEMM over a pair of tiles.
+        // The gradient's row sums of every query (and its split groups' parts), and inside
+        // them one thread's tile or task and a GEMM over a pair of tiles.
         StepKernel::Attention { params, .. }
         | StepKernel::AttentionLse { params, .. }
         | StepKernel::AttentionGrad { params, .. } => {
@@ -184,7 +185,16 @@ pub fn scratch_floats(
                 .saturating_add(bq.saturating_mul(bk).saturating_mul(2))
                 .saturating_add(side.saturating_mul(d).saturating_mul(2));
             let rows = dim(q, 0).saturating_mul(s).saturating_mul(dim(q, 2));
-            rows.saturating_add(tile.max(task)).saturating_add(product)
+            // The gradient's dk and dv parts of split query-head groups, beside the rows.
+            let parts = match kernel {
+                StepKernel::AttentionGrad { .. } => {
+                    split_parts_len(dim(q, 0), dim(q, 2), dim(k, 2), t, d)
+                }
+                _ => 0,
+            };
+            (rows.saturating_add(parts))
+                .saturating_add(tile.max(task))
+                .saturating_add(product)
         }
         StepKernel::Reduce(..) => input(0),
         StepKernel::Softmax(axis, ..) => {
