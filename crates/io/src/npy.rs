@@ -121,14 +121,7 @@ impl NpyArray {
     /// An array of `dtype` and `shape` holding `data`, which must be exactly
     /// `product(shape) * dtype.size()` bytes.
     pub fn new(dtype: NpyDType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self, NpyError> {
-        let expected = data_bytes(dtype, &shape)?;
-        if data.len() as u64 != expected {
-            return Err(NpyErrorKind::DataLength {
-                expected,
-                found: data.len() as u64,
-            }
-            .into());
-        }
+        check_data_len(dtype, &shape, data.len())?;
         Ok(NpyArray { dtype, shape, data })
     }
 
@@ -259,25 +252,8 @@ impl<'a> NpyView<'a> {
         data: impl Into<Cow<'a, [u8]>>,
     ) -> Result<Self, NpyError> {
         let data = data.into();
-        let expected = data_bytes(dtype, &shape)?;
-        if data.len() as u64 != expected {
-            return Err(NpyErrorKind::DataLength {
-                expected,
-                found: data.len() as u64,
-            }
-            .into());
-        }
+        check_data_len(dtype, &shape, data.len())?;
         Ok(NpyView { dtype, shape, data })
-    }
-
-    /// The element type.
-    pub fn dtype(&self) -> NpyDType {
-        self.dtype
-    }
-
-    /// The dimensions; empty for a scalar.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
     }
 
     /// The elements' bytes, little-endian, row-major.
@@ -308,6 +284,19 @@ impl From<NpyArray> for NpyView<'static> {
             data: Cow::Owned(array.data),
         }
     }
+}
+
+/// Whether `len` bytes are exactly the data of a `dtype` array of `shape`.
+fn check_data_len(dtype: NpyDType, shape: &[usize], len: usize) -> Result<(), NpyError> {
+    let expected = data_bytes(dtype, shape)?;
+    if len as u64 != expected {
+        return Err(NpyErrorKind::DataLength {
+            expected,
+            found: len as u64,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// What a `.npy` file of `dtype` and `shape` holds before its data: magic, version 1.0, header
