@@ -808,33 +808,27 @@ impl Executor {
             (false, true, _) => Seeded::Normal,
             (false, false, _) => self.index_bound(v).map_or(Seeded::Zeros, Seeded::Ids),
         };
-        let drawn = draw_into(ty, self.inputs[k].bytes_mut(), |values| {
-            match how {
-                Seeded::State | Seeded::Zeros | Seeded::NoStep => values.fill(0.0),
-                Seeded::One => values.fill(1.0),
-                Seeded::Normal => {
-                    let normal = mslc_core::program::Init::Normal {
-                        mean: 0.0,
-                        std: 1.0,
-                    };
-                    init::fill(&normal, seed, name, values);
-                }
-                Seeded::Ids(b) => {
-                    let uniform = mslc_core::program::Init::Uniform {
-                        low: 0.0,
-                        high: b as f64,
-                    };
-                    init::fill(&uniform, seed, name, values);
-                    values
-                        .iter_mut()
-                        .for_each(|x| *x = x.floor().min((b - 1) as f32));
-                }
+        draw_into(ty, self.inputs[k].bytes_mut(), |values| match how {
+            Seeded::State | Seeded::Zeros | Seeded::NoStep => values.fill(0.0),
+            Seeded::One => values.fill(1.0),
+            Seeded::Normal => {
+                let normal = mslc_core::program::Init::Normal {
+                    mean: 0.0,
+                    std: 1.0,
+                };
+                init::fill(&normal, seed, name, values);
             }
-            Ok::<(), std::convert::Infallible>(())
+            Seeded::Ids(b) => {
+                let uniform = mslc_core::program::Init::Uniform {
+                    low: 0.0,
+                    high: b as f64,
+                };
+                init::fill(&uniform, seed, name, values);
+                values
+                    .iter_mut()
+                    .for_each(|x| *x = x.floor().min((b - 1) as f32));
+            }
         });
-        if let Err(never) = drawn {
-            match never {}
-        }
         self.inputs_set[k] = true;
         Ok(how)
     }

@@ -24,14 +24,15 @@ fn f32_view_mut(bytes: &mut [u8]) -> Option<&mut [f32]> {
 }
 
 /// Sets `bytes`, a stored value of type `ty`, to the f32 values `draw` writes into a slice of
-/// its element count: straight into the buffer where it holds f32 (a seeded parameter or
-/// input has no copy of its values beside the buffers: GPT-2's embedding, 154 MB; ResNet-50's
-/// images at B=32, 19 MB), else through one vector of them, converted.
-pub(crate) fn draw_into<E>(
+/// its element count, and returns what `draw` returns: straight into the buffer where it holds
+/// f32 (a seeded parameter or input has no copy of its values beside the buffers: GPT-2's
+/// embedding, 154 MB; ResNet-50's images at B=32, 19 MB), else through one vector of them,
+/// converted (also when `draw` reports a failure: its caller then holds the value unready).
+pub(crate) fn draw_into<R>(
     ty: &TensorType,
     bytes: &mut [u8],
-    draw: impl FnOnce(&mut [f32]) -> Result<(), E>,
-) -> Result<(), E> {
+    draw: impl FnOnce(&mut [f32]) -> R,
+) -> R {
     let n = ty.checked_numel().unwrap_or(0) as usize;
     if ty.dtype == DType::F32 && bytes.len() == 4 * n {
         if let Some(values) = f32_view_mut(bytes) {
@@ -39,9 +40,9 @@ pub(crate) fn draw_into<E>(
         }
     }
     let mut values = vec![0f32; n];
-    draw(&mut values)?;
+    let drawn = draw(&mut values);
     store_f32(ty.dtype, &values, bytes);
-    Ok(())
+    drawn
 }
 
 /// As [`load_f32`] for a `[V, H]` table (`shape`) of which only the rows `ids` names are read
