@@ -376,25 +376,36 @@ pub fn attention_grad(
             });
         });
         if splits > 1 {
-            // Each kv head's parts, added in split order.
-            for (part, grad) in [dk, dv].into_iter().enumerate() {
-                for pair in 0..b * hkv {
-                    let (bi, kh) = (pair / hkv, pair % hkv);
-                    for j in 0..t {
-                        let row = &mut grad[((bi * t + j) * hkv + kh) * d..][..d];
-                        row.fill(0.0);
-                        for split in 0..splits {
-                            let at = ((part * splits + split) * b * hkv + pair) * kv_len + j * d;
-                            for (x, &y) in row.iter_mut().zip(&parts[at..at + d]) {
-                                *x += y;
-                            }
-                        }
+            add_split_parts(parts, [dk, dv], [b, t, hkv, d], splits);
+        }
+    });
+    Ok(())
+}
+
+/// Sets `dk` and `dv` (`[b, t, hkv, d]`) to the sums of the parts split query-head groups
+/// wrote, each kv head's added in split order.
+fn add_split_parts(
+    parts: &[f32],
+    grads: [&mut [f32]; 2],
+    [b, t, hkv, d]: [usize; 4],
+    splits: usize,
+) {
+    let kv_len = t * d;
+    for (part, grad) in grads.into_iter().enumerate() {
+        for pair in 0..b * hkv {
+            let (bi, kh) = (pair / hkv, pair % hkv);
+            for j in 0..t {
+                let row = &mut grad[((bi * t + j) * hkv + kh) * d..][..d];
+                row.fill(0.0);
+                for split in 0..splits {
+                    let at = ((part * splits + split) * b * hkv + pair) * kv_len + j * d;
+                    for (x, &y) in row.iter_mut().zip(&parts[at..at + d]) {
+                        *x += y;
                     }
                 }
             }
         }
-    });
-    Ok(())
+    }
 }
 
 /// How many tasks share a kv head's group of query heads, and how many query heads each
